@@ -1,0 +1,3 @@
+from onnxfuse.cli import main
+
+main()

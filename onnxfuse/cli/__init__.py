@@ -1,0 +1,47 @@
+"""The ``onnxfuse`` command line: click commands that parse options, call the library, render with rich.
+
+Each command lives in its own module and is registered on :data:`main` below. No logic lives here:
+errors raised by the library carry their exit code (see :mod:`onnxfuse.errors`) and are printed as one
+line, without a traceback (``ONNXFUSE_DEBUG=1`` shows it).
+"""
+
+from __future__ import annotations
+
+import click
+
+from onnxfuse import __version__
+from onnxfuse.cli.common import EXIT_CODES_HELP
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EXIT_CODES_HELP,
+)
+@click.version_option(__version__, prog_name="onnxfuse")
+def main() -> None:
+    """Make ONNX models faster on NVIDIA GPUs under ONNX Runtime, without changing their answers.
+
+    \b
+    Examples:
+      onnxfuse optimize model.onnx model.opt.onnx
+      onnxfuse optimize model.onnx out.onnx --explain --json report.json
+      onnxfuse rules
+    """
+
+
+def _register() -> None:
+    from onnxfuse.cli import optimize_cmd, rules_cmd
+
+    main.add_command(optimize_cmd.optimize)
+    main.add_command(rules_cmd.rules)
+    for module_name, attr in (("diff_cmd", "diff"), ("bench_cmd", "bench")):
+        try:
+            module = __import__(f"onnxfuse.cli.{module_name}", fromlist=[attr])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"onnxfuse.cli.{module_name}":
+                raise
+            continue
+        main.add_command(getattr(module, attr))
+
+
+_register()

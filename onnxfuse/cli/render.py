@@ -1,0 +1,100 @@
+"""Rich renderings of library results. Presentation only: every number comes from the library."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from onnxfuse.errors import ModelSaveError
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def rules_table(counts: dict[str, int], cleanup: dict[str, int]) -> Table:
+    table = Table(title="Rewrites", title_justify="left")
+    table.add_column("rule")
+    table.add_column("applied", justify="right")
+    for name, n in counts.items():
+        table.add_row(name, str(n), style=None if n else "dim")
+    for name, n in cleanup.items():
+        if n:
+            table.add_row(f"cleanup: {name}", str(n), style="dim")
+    return table
+
+
+def ops_table(before: dict[str, int], after: dict[str, int]) -> Table:
+    table = Table(title="Nodes by op type", title_justify="left")
+    table.add_column("op")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    for op in sorted(set(before) | set(after), key=lambda o: (-before.get(o, 0), o)):
+        b, a = before.get(op, 0), after.get(op, 0)
+        style = "dim" if a == b else ("green" if a < b else "yellow")
+        table.add_row(op, str(b), str(a), style=style)
+    table.add_row("[bold]total[/]", f"[bold]{sum(before.values())}[/]", f"[bold]{sum(after.values())}[/]")
+    return table
+
+
+def comparison_table(title: str, comparisons, label_a: str = "original", label_b: str = "optimized") -> Table:
+    table = Table(title=title, title_justify="left")
+    for col, just in (("output", "left"), ("shape", "left"), ("max abs", "right"), ("max rel", "right"),
+                      ("tolerance", "right"), ("result", "left")):
+        table.add_column(col, justify=just)
+    for c in comparisons:
+        verdict = "[green]pass[/]" if c.passed else f"[red]FAIL[/]{' (' + c.error + ')' if c.error else ''}"
+        table.add_row(c.name, "x".join(str(d) for d in c.shape) or "scalar", _fmt(c.max_abs), _fmt(c.max_rel),
+                      f"rtol {c.rtol:.0e}, atol {c.atol:.1e}", verdict)
+    return table
+
+
+def refusals_table(refusals) -> Table:
+    table = Table(title="Refused candidates (--explain)", title_justify="left")
+    table.add_column("rule")
+    table.add_column("node")
+    table.add_column("reason")
+    for r in refusals:
+        table.add_row(r.rule, r.node, r.reason)
+    return table
+
+
+def details_table(details: list[dict]) -> Table:
+    table = Table(title="Rewrites applied (--explain)", title_justify="left")
+    table.add_column("rule")
+    table.add_column("what")
+    for d in details:
+        rest = {k: v for k, v in d.items() if k != "rule"}
+        table.add_row(d.get("rule", ""), ", ".join(f"{k}={v}" for k, v in rest.items()))
+    return table
+
+
+def write_json(path: str | Path, payload: dict) -> None:
+    """Write a JSON report atomically enough for CI (write then rename)."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
+        tmp.replace(p)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ModelSaveError(f"{p}: cannot write JSON report ({exc.strerror or exc})") from None
+
+
+def _json_default(obj):
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    return str(obj)

@@ -1,0 +1,35 @@
+"""``onnxfuse rules``: list the rewrite rules, their targets and what they do."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.table import Table
+
+from onnxfuse.cli.common import handle_errors, stdout
+from onnxfuse.rewrites import RULES
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@handle_errors
+def rules(as_json: bool) -> None:
+    """List the rewrite rules in the order they run.
+
+    \b
+    Examples:
+      onnxfuse rules
+      onnxfuse optimize in.onnx out.onnx --skip fold-scale-bias
+    """
+    rows = [{"name": r.name, "targets": sorted(r.targets), "description": r.description} for r in RULES]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="Rewrite rules (in run order)", title_justify="left")
+    table.add_column("rule")
+    table.add_column("targets")
+    table.add_column("what it does")
+    for row in rows:
+        table.add_row(row["name"], ", ".join(row["targets"]), row["description"])
+    stdout.print(table)

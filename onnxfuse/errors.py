@@ -1,0 +1,55 @@
+"""Errors onnxfuse raises on purpose, each carrying the process exit code the CLI maps it to.
+
+Exit codes are a contract with CI pipelines (documented in the README and in ``--help``):
+
+* 0 — success
+* 1 — user or model error (bad file, bad model, unwritable output, runtime failure)
+* 2 — usage error (bad command line)
+* 3 — validation failed (the optimized model's outputs drifted beyond tolerance)
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_USER_ERROR = 1
+EXIT_USAGE = 2
+EXIT_VALIDATION_FAILED = 3
+
+
+class OnnxfuseError(Exception):
+    """Base class: a one-line, user-facing message and an exit code. Never shown with a traceback."""
+
+    exit_code = EXIT_USER_ERROR
+
+
+class ModelLoadError(OnnxfuseError):
+    """The input model could not be read or is not a valid ONNX model."""
+
+
+class ModelSaveError(OnnxfuseError):
+    """The output model could not be written (nothing is left behind when this is raised)."""
+
+
+class RuntimeFailure(OnnxfuseError):
+    """ONNX Runtime could not create a session or run the model."""
+
+
+class InputsError(OnnxfuseError):
+    """User-supplied inputs (``--inputs``, ``--shape``) do not fit the model."""
+
+
+class UsageError(OnnxfuseError):
+    """The command line is inconsistent (unknown rule name, bad --shape syntax, ...)."""
+
+    exit_code = EXIT_USAGE
+
+
+class ValidationFailed(OnnxfuseError):
+    """The optimized model does not reproduce the original's outputs within tolerance."""
+
+    exit_code = EXIT_VALIDATION_FAILED
+
+    def __init__(self, message: str, culprit: str | None = None, report=None):
+        super().__init__(message)
+        self.culprit = culprit
+        self.report = report

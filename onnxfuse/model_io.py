@@ -1,0 +1,219 @@
+"""Reading and writing ONNX models safely.
+
+Why this module exists: a CI step must never corrupt its input or leave a half-written output behind,
+and every problem with a file has to become one clear sentence rather than a protobuf traceback.
+
+* ``load_model`` reads a model (with its external data), and turns every way a file can be wrong into a
+  :class:`ModelLoadError` naming the file.
+* ``save_model`` writes atomically: everything goes to a temporary name in the destination folder,
+  is checked with ``onnx.checker``, and is renamed into place only when complete. Models of 2 GB or
+  more are written with external data (``<output>.data`` beside the model).
+* ``to_graph`` / ``to_model`` convert to and from onnx-graphsurgeon graphs while keeping what
+  graphsurgeon would otherwise drop: IR version, producer, model metadata, doc string and opset imports.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from onnxfuse.errors import ModelLoadError, ModelSaveError
+
+#: protobuf's hard limit for one serialized message; larger models need external data.
+PROTOBUF_LIMIT = 2**31 - 1
+#: Leave room for the rest of the proto when deciding whether tensors must go external.
+_EXTERNAL_THRESHOLD = PROTOBUF_LIMIT - 64 * 2**20
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or exc.__class__.__name__
+    return " ".join(text.splitlines()[0].split())
+
+
+def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
+    """Load ``path`` with its external data; raise :class:`ModelLoadError` with one clear line on failure."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file")
+    if p.is_dir():
+        raise ModelLoadError(f"{p}: is a directory, expected an .onnx file")
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        raise ModelLoadError(f"{p}: cannot read ({_first_line(exc)})") from None
+    if size == 0:
+        raise ModelLoadError(f"{p}: file is empty")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise ModelLoadError(f"{p}: not a valid ONNX model (protobuf parse failed: {_first_line(exc)})") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{p}: cannot read ({_first_line(exc)})") from None
+    except Exception as exc:  # protobuf raises assorted types on garbage input
+        raise ModelLoadError(f"{p}: not a valid ONNX model ({_first_line(exc)})") from None
+    if model.ir_version <= 0 or not model.HasField("graph") or len(model.graph.output) == 0:
+        raise ModelLoadError(f"{p}: not a valid ONNX model (no graph, outputs or IR version)")
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
+    except FileNotFoundError as exc:
+        missing = getattr(exc, "filename", None) or _first_line(exc)
+        raise ModelLoadError(f"{p}: external data file is missing: {missing}") from None
+    except Exception as exc:
+        raise ModelLoadError(f"{p}: cannot load external data ({_first_line(exc)})") from None
+    if check:
+        check_model(model, name=str(p), error=ModelLoadError)
+    return model
+
+
+def check_model(model: onnx.ModelProto, name: str, error: type = ModelLoadError) -> None:
+    """Run ``onnx.checker`` (by path for models too large to serialize) and raise ``error`` on failure."""
+    try:
+        if model.ByteSize() < _EXTERNAL_THRESHOLD:
+            onnx.checker.check_model(model)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                tmp_path = Path(tmp) / "model.onnx"
+                _write(model, tmp_path)
+                onnx.checker.check_model(str(tmp_path))
+    except onnx.checker.ValidationError as exc:
+        raise error(f"{name}: invalid ONNX model: {_first_line(exc)}") from None
+
+
+def _needs_external_data(model: onnx.ModelProto) -> bool:
+    return model.ByteSize() >= _EXTERNAL_THRESHOLD
+
+
+def _write(model: onnx.ModelProto, path: Path) -> None:
+    if _needs_external_data(model):
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            size_threshold=1024,
+        )
+    else:
+        onnx.save_model(model, str(path))
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """True when ``a`` and ``b`` name the same file (also through symlinks or relative paths)."""
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists():
+        return os.path.samefile(pa, pb)
+    return pa.resolve() == pb.resolve()
+
+
+def check_output_path(path: str | os.PathLike, input_path=None, force: bool = False) -> Path:
+    """Fail early (before any long work) if ``path`` cannot receive the output; return its folder."""
+    out = Path(path)
+    if input_path is not None and not force and same_file(out, input_path):
+        raise ModelSaveError(f"{out}: output is the same file as the input; choose another path or pass --force")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise ModelSaveError(f"{out}: output directory {parent} does not exist")
+    if out.is_dir():
+        raise ModelSaveError(f"{out}: is a directory")
+    if not os.access(parent, os.W_OK):
+        raise ModelSaveError(f"{out}: output directory {parent} is not writable")
+    return parent
+
+
+def save_model(
+    model: onnx.ModelProto,
+    path: str | os.PathLike,
+    input_path: str | os.PathLike | None = None,
+    force: bool = False,
+    check: bool = True,
+) -> Path:
+    """Write ``model`` to ``path`` atomically; refuse to overwrite ``input_path`` unless ``force``.
+
+    The model is checked with ``onnx.checker`` before anything reaches its final name, so a failure at
+    any point leaves the destination exactly as it was.
+    """
+    out = Path(path)
+    parent = check_output_path(out, input_path, force)
+    if check:
+        check_model(model, name=str(out), error=ModelSaveError)
+    try:
+        tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    except OSError as exc:
+        raise ModelSaveError(f"{out}: cannot write to {parent} ({_first_line(exc)})") from None
+    try:
+        tmp_model = tmp_dir / out.name
+        _write(model, tmp_model)
+        data = tmp_dir / (out.name + ".data")
+        if data.exists():
+            os.replace(data, parent / data.name)
+        os.replace(tmp_model, out)
+    except OSError as exc:
+        raise ModelSaveError(f"{out}: cannot write ({_first_line(exc)})") from None
+    finally:
+        for leftover in tmp_dir.glob("*"):
+            leftover.unlink(missing_ok=True)
+        tmp_dir.rmdir()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# onnx-graphsurgeon round trip
+
+
+def to_graph(model: onnx.ModelProto):
+    """Import ``model`` into an onnx-graphsurgeon graph."""
+    import onnx_graphsurgeon as gs
+
+    return gs.import_onnx(model)
+
+
+def _node_domains(graph: onnx.GraphProto, acc: set[str]) -> set[str]:
+    for node in graph.node:
+        acc.add(node.domain or "")
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _node_domains(attr.g, acc)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    _node_domains(g, acc)
+    return acc
+
+
+def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
+    """Export ``graph`` and restore the model-level fields of ``template`` that graphsurgeon drops.
+
+    Opset imports are those of the template, plus version 1 of any new domain a rewrite introduced
+    (``com.microsoft``, ``ai.onnxfuse``). Stale value_info is dropped by the export itself.
+    """
+    import onnx_graphsurgeon as gs
+
+    model = gs.export_onnx(graph, do_type_check=False)
+    model.ir_version = template.ir_version
+    model.producer_name = template.producer_name
+    model.producer_version = template.producer_version
+    model.domain = template.domain
+    model.model_version = template.model_version
+    model.doc_string = template.doc_string
+    del model.metadata_props[:]
+    model.metadata_props.extend(template.metadata_props)
+    del model.opset_import[:]
+    model.opset_import.extend(template.opset_import)
+    known = {o.domain for o in model.opset_import}
+    for domain in sorted(_node_domains(model.graph, set()) - known):
+        if domain in ("", "ai.onnx"):
+            continue
+        model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
+    return model
+
+
+def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+    """Set (or replace) one metadata_props entry."""
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+            return
+    model.metadata_props.add(key=key, value=value)

@@ -1,0 +1,210 @@
+"""The ``optimize`` pipeline as a plain function: load → rewrite → check → validate → save.
+
+The CLI only parses options into :class:`OptimizeOptions`, calls :func:`optimize_file` and renders
+the :class:`OptimizeResult`. When validation fails, :func:`find_culprit` re-applies the rules that
+changed the model as growing prefixes (binary search) to name the first rule whose rewrites break the
+outputs; nothing is written and :class:`~onnxfuse.errors.ValidationFailed` carries the culprit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from onnxfuse import model_io
+from onnxfuse.errors import ModelSaveError, ValidationFailed
+from onnxfuse.rewrites import ApplyReport, Rule, apply_rules, select_rules
+from onnxfuse.validate import ValidationReport, make_inputs, validate_models
+from onnxfuse.validate.inputs import Inputs
+
+#: Metadata key recording which onnxfuse produced a model (and with which rules).
+METADATA_KEY = "onnxfuse"
+
+
+@dataclass
+class OptimizeOptions:
+    target: str = "cuda"
+    only: list[str] | None = None
+    skip: list[str] | None = None
+    validate: bool = True
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    inputs_path: str | None = None
+    seed: int = 0
+    rtol: float | None = None
+    atol: float | None = None
+    provider: str = "auto"
+    force: bool = False
+    rules: list[Rule] | None = None  # a custom rule pool (tests, plugins); None = the registry
+
+
+@dataclass
+class OptimizeResult:
+    input_path: str
+    output_path: str | None
+    target: str
+    rules: list[str]
+    applied: ApplyReport
+    ops_before: dict[str, int]
+    ops_after: dict[str, int]
+    rewrite_seconds: float
+    validation: ValidationReport | None = None
+    validation_seconds: float = 0.0
+    total_seconds: float = 0.0
+    custom_library: str | None = None
+    extra: dict = field(default_factory=dict)
+    model: onnx.ModelProto | None = field(default=None, repr=False)  # the optimized model (not reported)
+
+    @property
+    def nodes_before(self) -> int:
+        return sum(self.ops_before.values())
+
+    @property
+    def nodes_after(self) -> int:
+        return sum(self.ops_after.values())
+
+    def to_dict(self) -> dict:
+        return {
+            "input": self.input_path,
+            "output": self.output_path,
+            "target": self.target,
+            "rules": self.rules,
+            "rewrites": self.applied.to_dict(),
+            "nodes": {"before": self.nodes_before, "after": self.nodes_after},
+            "ops_before": self.ops_before,
+            "ops_after": self.ops_after,
+            "custom_library": self.custom_library,
+            "validation": self.validation.to_dict() if self.validation else None,
+            "timings": {
+                "rewrite_s": round(self.rewrite_seconds, 4),
+                "validation_s": round(self.validation_seconds, 4),
+                "total_s": round(self.total_seconds, 4),
+            },
+            **self.extra,
+        }
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Node count per op type (``domain::Op`` for non-standard domains), main graph only."""
+    counts = Counter(
+        (f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type) for n in model.graph.node
+    )
+    return dict(sorted(counts.items()))
+
+
+def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.ModelProto, ApplyReport]:
+    """Apply ``rules`` to a copy of ``model``; the input proto is never modified."""
+    graph = model_io.to_graph(model)
+    report = apply_rules(graph, rules)
+    out = model_io.to_model(graph, model)
+    return out, report
+
+
+def custom_library_needed(model: onnx.ModelProto) -> str | None:
+    """The custom-op domain the model needs a library for, if any (ONNX Runtime's contrib ops don't)."""
+    from onnxfuse.custom_ops import DOMAIN
+
+    return DOMAIN if any(o.domain == DOMAIN for o in model.opset_import) else None
+
+
+def find_culprit(
+    original: onnx.ModelProto,
+    rules: list[Rule],
+    applied: ApplyReport,
+    inputs: Inputs,
+    options: OptimizeOptions,
+    reference: dict,
+) -> str | None:
+    """Name the first rule (in run order) whose rewrites make validation fail, by bisecting prefixes."""
+    active = [r for r in rules if applied.counts.get(r.name, 0) > 0]
+    lo, hi = 0, len(active)  # prefix of length lo passes (the original), length hi fails
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        candidate, _ = rewrite_model(original, active[:mid])
+        report = validate_models(original, candidate, inputs, options.provider, options.rtol, options.atol,
+                                 reference=reference)
+        if report.passed:
+            lo = mid
+        else:
+            hi = mid
+    return active[hi - 1].name if active else None
+
+
+def optimize_model(
+    model: onnx.ModelProto,
+    options: OptimizeOptions,
+    progress: Callable[[str], None] | None = None,
+    source: str = "<model>",
+) -> OptimizeResult:
+    """Optimize an in-memory model; validate unless disabled. Raises ValidationFailed on drift."""
+    step = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    rules = select_rules(options.target, options.only, options.skip, options.rules)
+    step("rewriting")
+    optimized, applied = rewrite_model(model, rules)
+    model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
+    step("checking")
+    model_io.check_model(optimized, name="optimized model", error=ModelSaveError)
+    rewrite_seconds = time.perf_counter() - t0
+    result = OptimizeResult(
+        input_path=source,
+        output_path=None,
+        target=options.target,
+        rules=[r.name for r in rules],
+        applied=applied,
+        ops_before=op_counts(model),
+        ops_after=op_counts(optimized),
+        rewrite_seconds=rewrite_seconds,
+        custom_library=custom_library_needed(optimized),
+    )
+    result.model = optimized
+    if options.validate:
+        step("validating")
+        t1 = time.perf_counter()
+        inputs = make_inputs(model, options.shapes, options.seed, options.inputs_path)
+        from onnxfuse.validate import run_model
+
+        reference = run_model(model, inputs, options.provider, name="original model")
+        report = validate_models(model, optimized, inputs, options.provider, options.rtol, options.atol,
+                                 reference=reference)
+        result.validation = report
+        if not report.passed:
+            step("searching for the rule responsible")
+            culprit = find_culprit(model, rules, applied, inputs, options, reference)
+            result.validation_seconds = time.perf_counter() - t1
+            result.total_seconds = time.perf_counter() - t0
+            failing = ", ".join(report.failing())
+            blame = f"; culprit rule: {culprit} (rerun with --skip {culprit})" if culprit else ""
+            raise ValidationFailed(
+                f"validation failed: output(s) {failing} differ beyond tolerance{blame}; nothing was written",
+                culprit=culprit,
+                report=result,
+            )
+        result.validation_seconds = time.perf_counter() - t1
+    result.total_seconds = time.perf_counter() - t0
+    return result
+
+
+def optimize_file(
+    input_path: str | Path,
+    output_path: str | Path,
+    options: OptimizeOptions,
+    progress: Callable[[str], None] | None = None,
+) -> OptimizeResult:
+    """Load ``input_path``, optimize, validate, and write ``output_path`` atomically."""
+    step = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    model_io.check_output_path(output_path, input_path, options.force)
+    step("loading")
+    model = model_io.load_model(input_path)
+    result = optimize_model(model, options, progress, source=str(input_path))
+    step("saving")
+    model_io.save_model(result.model, output_path, input_path=input_path, force=options.force,
+                        check=False)
+    result.output_path = str(output_path)
+    result.total_seconds = time.perf_counter() - t0
+    return result

@@ -1,0 +1,98 @@
+"""Graph rewrite rules: the registry, rule selection, and ``apply_rules``.
+
+Adding a rule = one file defining a :class:`~onnxfuse.rewrites.base.Rule` subclass + one line in
+``RULES`` below. Order matters: rules run in list order (folding first, then ONNX Runtime contrib
+patterns, then generic elementwise fusion, which takes whatever is left).
+"""
+
+from __future__ import annotations
+
+from onnxfuse.errors import UsageError
+from onnxfuse.rewrites.base import TARGETS, ApplyReport, Refusal, Rule
+from onnxfuse.rewrites.cleanup import cleanup
+
+# --- the registry: one line per rule, in the order they run -------------------------------------
+from onnxfuse.rewrites.fold_batchnorm import FoldBatchNormIntoConv, FoldBatchNormIntoConvTranspose, FoldBatchNormIntoGemm
+from onnxfuse.rewrites.fold_scale_bias import FoldScaleBias
+
+RULES: list[Rule] = [
+    FoldBatchNormIntoConv(),
+    FoldBatchNormIntoConvTranspose(),
+    FoldBatchNormIntoGemm(),
+    FoldScaleBias(),
+]
+# ---------------------------------------------------------------------------------------------------
+
+#: Safety net against a rule that keeps matching its own output.
+MAX_PASSES_PER_RULE = 64
+
+
+def rule_names() -> list[str]:
+    return [r.name for r in RULES]
+
+
+def _parse_names(spec) -> list[str]:
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        spec = [spec]
+    names: list[str] = []
+    for item in spec:
+        names.extend(n.strip() for n in item.split(",") if n.strip())
+    return names
+
+
+def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] | None = None) -> list[Rule]:
+    """The rules to run for ``target``, restricted by ``only`` and ``skip`` (comma-separated names)."""
+    if target not in TARGETS:
+        raise UsageError(f"unknown target {target!r}; choose one of: {', '.join(TARGETS)}")
+    pool = RULES if rules is None else rules
+    known = {r.name for r in pool}
+    only_names, skip_names = _parse_names(only), _parse_names(skip)
+    for n in only_names + skip_names:
+        if n not in known:
+            raise UsageError(f"unknown rule {n!r}; `onnxfuse rules` lists them: {', '.join(sorted(known))}")
+    chosen = [r for r in pool if target in r.targets]
+    if only_names:
+        chosen = [r for r in chosen if r.name in only_names]
+    return [r for r in chosen if r.name not in skip_names]
+
+
+def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
+    """Apply ``rules`` in order to ``graph`` (in place), each until it stops matching.
+
+    Cleanup runs first, after every pass that changed something, and last. Returns a count per rule
+    (every selected rule appears, zero included), the refusals (deduplicated) and rewrite details.
+    """
+    report = ApplyReport(counts={r.name: 0 for r in rules})
+    seen: set[Refusal] = set()
+
+    def _cleanup():
+        for key, n in cleanup(graph).items():
+            report.cleanup[key] = report.cleanup.get(key, 0) + n
+
+    _cleanup()
+    for rule in rules:
+        for _ in range(MAX_PASSES_PER_RULE):
+            applied = 0
+            for match in list(rule.match(graph)):
+                reason = rule.check(graph, match)
+                if reason:
+                    refusal = Refusal(rule.name, rule.anchor_name(match), reason)
+                    if refusal not in seen:
+                        seen.add(refusal)
+                        report.refusals.append(refusal)
+                    continue
+                detail = rule.rewrite(graph, match)
+                applied += 1
+                if detail:
+                    report.details.append({"rule": rule.name, **detail})
+            report.counts[rule.name] += applied
+            if not applied:
+                break
+            _cleanup()
+    _cleanup()
+    return report
+
+
+__all__ = ["RULES", "Rule", "Refusal", "ApplyReport", "TARGETS", "apply_rules", "select_rules", "rule_names"]

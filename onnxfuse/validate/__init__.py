@@ -1,0 +1,82 @@
+"""Validation: run the original and the optimized model on the same inputs and compare every output.
+
+Both models run on ONNX Runtime with its own graph optimizations disabled, so any difference found is
+onnxfuse's doing. The CUDA provider is used when a GPU is really usable, else the CPU provider.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance
+from onnxfuse.validate.inputs import Inputs, make_inputs, parse_shape_options
+from onnxfuse.validate.session import cuda_available, make_session, resolve_provider, run_session
+
+
+@dataclass
+class ValidationReport:
+    provider: str
+    outputs: list[Comparison] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.outputs)
+
+    def failing(self) -> list[str]:
+        return [c.name for c in self.outputs if not c.passed]
+
+    def to_dict(self) -> dict:
+        return {
+            "passed": self.passed,
+            "provider": self.provider,
+            "outputs": [c.to_dict() for c in self.outputs],
+            "notes": list(self.notes),
+        }
+
+
+def run_model(model: onnx.ModelProto, inputs: Inputs, provider: str = "auto", name: str = "model") -> dict:
+    """Outputs of ``model`` on ``inputs`` (graph optimizations off)."""
+    session = make_session(model, provider=provider, optimization="disable", name=name)
+    return run_session(session, inputs.feeds, name=name)
+
+
+def compare_outputs(reference: dict, candidate: dict, rtol=None, atol=None) -> list[Comparison]:
+    results = []
+    for name, ref in reference.items():
+        if name not in candidate:
+            results.append(Comparison(name=name, dtype=str(ref.dtype), shape=list(ref.shape), passed=False,
+                                      rtol=0.0, atol=0.0, mismatch_fraction=1.0, error="output missing"))
+            continue
+        results.append(compare_arrays(name, ref, candidate[name], rtol=rtol, atol=atol))
+    return results
+
+
+def validate_models(
+    original: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    inputs: Inputs,
+    provider: str = "auto",
+    rtol: float | None = None,
+    atol: float | None = None,
+    reference: dict | None = None,
+) -> ValidationReport:
+    """Compare every output of ``optimized`` with ``original`` on ``inputs``.
+
+    ``reference`` (the original's outputs) may be passed in to avoid re-running the original when
+    validating several candidates, as the culprit search does.
+    """
+    kind = resolve_provider(provider)
+    if reference is None:
+        reference = run_model(original, inputs, kind, name="original model")
+    got = run_model(optimized, inputs, kind, name="optimized model")
+    return ValidationReport(provider=kind, outputs=compare_outputs(reference, got, rtol, atol), notes=list(inputs.notes))
+
+
+__all__ = [
+    "Comparison", "Inputs", "ValidationReport", "compare_arrays", "compare_outputs", "cuda_available",
+    "default_tolerance", "make_inputs", "make_session", "parse_shape_options", "resolve_provider",
+    "run_model", "run_session", "validate_models",
+]

@@ -1,0 +1,161 @@
+"""Seeded model inputs from a model's signature, or the user's own from an .npz file.
+
+Both ``optimize`` (validation) and ``diff``/``bench`` draw inputs here, so every command feeds a model
+the same data for the same seed and shapes. Dynamic dimensions come from ``--shape NAME:D0,D1,...``;
+any left unspecified default to 1, and that is reported as a note (never silently).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from onnxfuse.errors import InputsError, UsageError
+
+
+@dataclass
+class InputSpec:
+    name: str
+    dtype: np.dtype
+    shape: list  # ints, or str/None for dynamic dimensions
+
+
+@dataclass
+class Inputs:
+    feeds: dict[str, np.ndarray]
+    notes: list[str] = field(default_factory=list)
+    seed: int | None = None
+    source: str = "random"
+
+    def shapes(self) -> dict[str, list[int]]:
+        return {k: list(v.shape) for k, v in self.feeds.items()}
+
+
+def _np_dtype(elem_type: int) -> np.dtype:
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        raise InputsError(f"unsupported input element type {onnx.TensorProto.DataType.Name(elem_type)}") from None
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The model's real inputs (graph inputs that are not initializers)."""
+    inits = {t.name for t in model.graph.initializer}
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise InputsError(f"input {vi.name!r} is not a tensor; onnxfuse only feeds tensor inputs")
+        shape: list = []
+        if tt.HasField("shape"):
+            for d in tt.shape.dim:
+                if d.HasField("dim_value") and d.dim_value > 0:
+                    shape.append(int(d.dim_value))
+                else:
+                    shape.append(d.dim_param or None)
+        specs.append(InputSpec(vi.name, _np_dtype(tt.elem_type), shape))
+    return specs
+
+
+def parse_shape_options(values) -> dict[str, list[int]]:
+    """Parse repeated ``NAME:D0,D1,...`` options (``NAME:`` alone means a scalar)."""
+    shapes: dict[str, list[int]] = {}
+    for value in values or ():
+        name, sep, dims = value.rpartition(":")
+        if not sep or not name:
+            raise UsageError(f"--shape {value!r}: expected NAME:D0,D1,... (e.g. input:1,3,224,224)")
+        try:
+            shapes[name] = [int(d) for d in dims.split(",") if d.strip()] if dims.strip() else []
+        except ValueError:
+            raise UsageError(f"--shape {value!r}: dimensions must be integers") from None
+        if any(d < 0 for d in shapes[name]):
+            raise UsageError(f"--shape {value!r}: dimensions must be non-negative")
+    return shapes
+
+
+def _random(rng: np.random.Generator, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        # Small non-negative integers: valid as indices, token ids and sizes in most models.
+        return rng.integers(0, 8, size=shape).astype(dtype)
+    if np.issubdtype(dtype, np.floating) or dtype.kind == "V" or str(dtype) == "bfloat16":
+        return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+    raise InputsError(f"cannot generate random data of type {dtype}")
+
+
+def resolve_shape(spec: InputSpec, shapes: dict[str, list[int]], notes: list[str]) -> list[int]:
+    if spec.name in shapes:
+        given = shapes[spec.name]
+        if spec.shape and len(given) != len(spec.shape):
+            raise InputsError(f"--shape {spec.name}: model expects rank {len(spec.shape)}, got {len(given)}")
+        for want, got in zip(spec.shape, given):
+            if isinstance(want, int) and want != got:
+                raise InputsError(f"--shape {spec.name}: dimension {want} is fixed in the model, got {got}")
+        return list(given)
+    out = []
+    defaulted = []
+    for d in spec.shape:
+        if isinstance(d, int):
+            out.append(d)
+        else:
+            out.append(1)
+            defaulted.append(str(d) if d else "?")
+    if defaulted:
+        notes.append(
+            f"input {spec.name!r}: dynamic dimension(s) {', '.join(defaulted)} set to 1 "
+            f"(use --shape {spec.name}:{','.join(str(x) for x in out)} to choose)"
+        )
+    return out
+
+
+def make_inputs(
+    model: onnx.ModelProto,
+    shapes: dict[str, list[int]] | None = None,
+    seed: int = 0,
+    npz_path: str | Path | None = None,
+) -> Inputs:
+    """Inputs for ``model``: from ``npz_path`` when given, else seeded standard-normal data."""
+    specs = input_specs(model)
+    shapes = shapes or {}
+    unknown = set(shapes) - {s.name for s in specs}
+    if unknown:
+        raise InputsError(
+            f"--shape names unknown input(s) {', '.join(sorted(unknown))}; model inputs: "
+            f"{', '.join(s.name for s in specs) or '(none)'}"
+        )
+    if npz_path is not None:
+        return _load_npz(specs, Path(npz_path))
+    notes: list[str] = []
+    rng = np.random.default_rng(seed)
+    feeds = {s.name: _random(rng, s.dtype, resolve_shape(s, shapes, notes)) for s in specs}
+    return Inputs(feeds=feeds, notes=notes, seed=seed, source="random")
+
+
+def _load_npz(specs: list[InputSpec], path: Path) -> Inputs:
+    if not path.is_file():
+        raise InputsError(f"{path}: no such inputs file")
+    try:
+        data = np.load(path, allow_pickle=False)
+        arrays = {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise InputsError(f"{path}: not a readable .npz file ({exc.__class__.__name__})") from None
+    feeds = {}
+    for spec in specs:
+        if spec.name not in arrays:
+            raise InputsError(f"{path}: no array named {spec.name!r} (model inputs: {', '.join(s.name for s in specs)})")
+        arr = arrays[spec.name]
+        if arr.dtype != spec.dtype:
+            raise InputsError(f"{path}: {spec.name!r} has dtype {arr.dtype}, model expects {spec.dtype}")
+        if spec.shape and (
+            len(arr.shape) != len(spec.shape)
+            or any(isinstance(w, int) and w != g for w, g in zip(spec.shape, arr.shape))
+        ):
+            raise InputsError(f"{path}: {spec.name!r} has shape {list(arr.shape)}, model expects {spec.shape}")
+        feeds[spec.name] = arr
+    return Inputs(feeds=feeds, notes=[], seed=None, source=str(path))

@@ -1,0 +1,124 @@
+"""Creating ONNX Runtime sessions: provider choice, our custom-op library, quiet CUDA probing.
+
+On a machine without a GPU, onnxruntime-gpu still *lists* the CUDA provider, and a session that asks
+for it prints red errors about missing libraries before falling back to the CPU. So whether CUDA
+really works is decided once, by creating a tiny session with ONNX Runtime's logging silenced and
+reading ``session.get_providers()``; after that only working providers are requested.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import onnx
+
+from onnxfuse.errors import RuntimeFailure, UsageError
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+#: ONNX Runtime log severity: 3 = errors only, 4 = fatal only.
+_QUIET = 4
+
+
+def _ort():
+    import onnxruntime as ort
+
+    return ort
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_available() -> bool:
+    """True when ONNX Runtime can really run on a CUDA GPU here (probed once, silently)."""
+    ort = _ort()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    previous = None
+    try:
+        ort.set_default_logger_severity(_QUIET)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = _QUIET
+        sess = ort.InferenceSession(
+            model.SerializeToString(), opts, providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+        )
+        return "CUDAExecutionProvider" in sess.get_providers()
+    except Exception:
+        return False
+    finally:
+        ort.set_default_logger_severity(previous if previous is not None else 2)
+
+
+def resolve_provider(provider: str) -> str:
+    """Map ``auto``/``cpu``/``cuda`` to the provider that will actually run (``cuda`` or ``cpu``)."""
+    provider = (provider or "auto").lower()
+    if provider == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if provider not in PROVIDERS:
+        raise UsageError(f"unknown provider {provider!r}; choose auto, cpu or cuda")
+    if provider == "cuda" and not cuda_available():
+        raise RuntimeFailure("the CUDA provider was requested but no usable CUDA GPU was found")
+    return provider
+
+
+def uses_custom_ops(model: onnx.ModelProto) -> bool:
+    """True when the model contains our FusedElementwise op (and so needs our library)."""
+    from onnxfuse.custom_ops import DOMAIN
+
+    return any(o.domain == DOMAIN for o in model.opset_import)
+
+
+def make_session(
+    model: onnx.ModelProto,
+    provider: str = "auto",
+    optimization: str = "disable",
+    name: str = "model",
+    provider_options: dict | None = None,
+):
+    """An ``InferenceSession`` for ``model`` on ``provider`` ('auto', 'cpu' or 'cuda').
+
+    ``optimization`` is ONNX Runtime's graph optimization level: 'disable', 'basic', 'extended' or
+    'all'. Validation uses 'disable' so what is compared is onnxfuse's rewrites, not ONNX Runtime's.
+    Raises :class:`RuntimeFailure` with one line when ONNX Runtime refuses the model.
+    """
+    ort = _ort()
+    kind = resolve_provider(provider)
+    levels = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    if uses_custom_ops(model):
+        from onnxfuse.custom_ops import session_options
+
+        opts = session_options()
+    else:
+        opts = ort.SessionOptions()
+    opts.graph_optimization_level = levels[optimization]
+    opts.log_severity_level = 3
+    providers: list = ["CPUExecutionProvider"]
+    if kind == "cuda":
+        providers = [("CUDAExecutionProvider", provider_options or {}), "CPUExecutionProvider"]
+    try:
+        data = model.SerializeToString()
+    except ValueError:
+        raise RuntimeFailure(f"{name}: model is too large to pass to ONNX Runtime in memory") from None
+    try:
+        return ort.InferenceSession(data, opts, providers=providers)
+    except Exception as exc:
+        first = " ".join(str(exc).strip().splitlines()[0].split()) if str(exc).strip() else type(exc).__name__
+        raise RuntimeFailure(f"{name}: ONNX Runtime cannot load the model: {first}") from None
+
+
+def run_session(session, feeds: dict, name: str = "model", output_names: list[str] | None = None) -> dict:
+    """Run and return ``{output name: array}``; errors become :class:`RuntimeFailure`."""
+    names = output_names or [o.name for o in session.get_outputs()]
+    try:
+        values = session.run(names, feeds)
+    except Exception as exc:
+        first = " ".join(str(exc).strip().splitlines()[0].split()) if str(exc).strip() else type(exc).__name__
+        raise RuntimeFailure(f"{name}: ONNX Runtime failed to run the model: {first}") from None
+    return dict(zip(names, values))
