@@ -1,26 +1,218 @@
-"""Fold BatchNormalization into Conv / ConvTranspose / Gemm (work in progress)."""
-from onnxfuse.rewrites.base import Rule
+"""Fold an inference-mode BatchNormalization into the Conv, ConvTranspose, Gemm or MatMul feeding it.
+
+The maths. In inference, BatchNormalization is a per-channel affine map over axis 1:
+
+    BN(y) = (y − μ)·γ/√(σ²+ε) + β = y·s + t,   s = γ/√(σ²+ε),   t = β − μ·s
+
+and every producer below is linear in its weight, with a bias added per output channel, so
+
+    Conv:           W'[o, ...] = W[o, ...]·s[o]                    b' = (b − μ)·s + β  (b = 0 when absent)
+    ConvTranspose:  W has layout (C_in, C_out/g, k...): output channel o = g·(C_out/g) + j lives in
+                    W[g·C_in/g : (g+1)·C_in/g, j, ...], which is scaled by s[o];  b' as for Conv
+    Gemm:           Y = α·A'·B' + β_g·C  →  B'' = B'·diag(s) (columns of B, rows when transB=1),
+                    C' = β_g·C·s + t (C broadcast with the channel vector; C = 0 when absent), β_g' = 1
+    MatMul:         A·B with A of rank 2 and B a constant (K, N): rewritten to Gemm(A, B·diag(s), t)
+                    with α = β_g = 1, which is A·B'' + t by definition of Gemm — one node and exactly the
+                    folded formula. When A's rank is not 2, BatchNormalization's channel axis (1) is not
+                    MatMul's feature axis (the last), so the fold is refused.
+
+All arithmetic is done in float64 and cast back once to the weight's dtype (so an fp16 model with fp32
+BatchNorm statistics folds as exactly as fp16 allows); see :mod:`onnxfuse.rewrites._weights`.
+
+Refused, each with a reason: BatchNormalization in training mode (``training_mode=1``, ``is_test=0`` or
+more than one output), ``spatial=0``, parameters or weights that are not constants, the intermediate
+tensor read by another node or being a graph output, channel counts that disagree, non-float or
+mismatched dtypes, σ²+ε ≤ 0, and results that overflow the weight dtype. A weight shared with another
+node is folded into a copy: the other node keeps the original.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxfuse.rewrites._weights import (
+    bypass,
+    cast_back,
+    constant_value,
+    f64,
+    float_dtype_problem,
+    is_default_domain,
+    plan_affine,
+    producer_of,
+    set_param,
+    sole_consumer_problem,
+)
+from onnxfuse.rewrites.base import Rule, is_alive
+
+_BN_PARAMS = ("scale", "B", "mean", "var")
 
 
-class FoldBatchNormIntoConv(Rule):
+def batchnorm_affine(graph, bn):
+    """``(reason, scale, shift)`` for an inference BatchNormalization: ``BN(y) = y·scale + shift``."""
+    if not is_default_domain(bn):
+        return f"BatchNormalization is in domain {bn.domain!r}", None, None
+    if len(bn.inputs) != 5:
+        return f"BatchNormalization has {len(bn.inputs)} inputs; expected 5", None, None
+    if int(bn.attrs.get("training_mode", 0)) != 0:
+        return "BatchNormalization is in training mode (training_mode=1)", None, None
+    if "is_test" in bn.attrs and int(bn.attrs["is_test"]) == 0:
+        return "BatchNormalization is in training mode (is_test=0)", None, None
+    outputs = [t for t in bn.outputs if not t.is_empty()]
+    if len(outputs) != 1 or bn.outputs[0].is_empty():
+        return f"BatchNormalization has {len(outputs)} outputs (training statistics)", None, None
+    if int(bn.attrs.get("spatial", 1)) != 1:
+        return "BatchNormalization has spatial=0 (per-element statistics)", None, None
+    values = {}
+    for name, tensor in zip(_BN_PARAMS, bn.inputs[1:]):
+        v = constant_value(graph, tensor)
+        if v is None:
+            return f"BatchNormalization {name} {tensor.name!r} is not a constant", None, None
+        problem = float_dtype_problem((f"BatchNormalization {name}", v.dtype))
+        if problem:
+            return problem, None, None
+        values[name] = v
+    shapes = {v.shape for v in values.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+        return f"BatchNormalization parameters have shapes {sorted(shapes)}; unknown channel count", None, None
+    denom = f64(values["var"]) + float(bn.attrs.get("epsilon", 1e-5))
+    if not np.all(denom > 0):
+        return "BatchNormalization has var + epsilon <= 0", None, None
+    scale = f64(values["scale"]) / np.sqrt(denom)
+    shift = f64(values["B"]) - f64(values["mean"]) * scale
+    return None, scale, shift
+
+
+class _FoldBatchNorm(Rule):
+    producers: tuple[str, ...] = ()
+
+    def __init__(self):
+        self._planned = None  # (bn, plan) from the last successful check, consumed by rewrite
+
+    def match(self, graph):
+        for node in graph.nodes:
+            if node.op != "BatchNormalization" or not node.inputs:
+                continue
+            p = producer_of(node.inputs[0])
+            if p is not None and p.op in self.producers and is_default_domain(p):
+                yield node
+
+    def check(self, graph, bn):
+        self._planned = None
+        if not is_alive(bn):
+            return "BatchNormalization was already rewritten"
+        x = bn.inputs[0]
+        p = producer_of(x)
+        if p is None or p.op not in self.producers or not is_alive(p):
+            return "the input is no longer produced by " + "/".join(self.producers)
+        reason = sole_consumer_problem(graph, x, bn)
+        if reason:
+            return reason
+        reason, scale, shift = batchnorm_affine(graph, bn)
+        if reason:
+            return reason
+        reason, plan = self._plan(graph, p, scale, shift)
+        if reason:
+            return reason
+        self._planned = (bn, plan)
+        return None
+
+    def _plan(self, graph, p, scale, shift):
+        return plan_affine(graph, p, scale, shift)
+
+    def rewrite(self, graph, bn):
+        planned = self._planned
+        if planned is None or planned[0] is not bn:
+            reason = self.check(graph, bn)
+            if reason:
+                raise RuntimeError(f"{self.name}: rewrite of {bn.name!r} without a passing check: {reason}")
+            planned = self._planned
+        self._planned = None
+        plan = planned[1]
+        modes = plan.apply(graph)
+        producer = plan.node
+        bypass(graph, producer, bn)
+        detail = {"node": producer.name, "op": producer.op, "folded": bn.name}
+        if "copy" in modes.values():
+            detail["copied"] = sorted(k for k, v in modes.items() if v == "copy")
+        return detail
+
+
+class FoldBatchNormIntoConv(_FoldBatchNorm):
     name = "fold-batchnorm-conv"
-    description = "Fold an inference BatchNormalization into the preceding Conv"
-
-    def match(self, graph):
-        return []
+    description = "Fold an inference BatchNormalization into the Conv before it (any groups, N-d)"
+    producers = ("Conv",)
 
 
-class FoldBatchNormIntoConvTranspose(Rule):
+class FoldBatchNormIntoConvTranspose(_FoldBatchNorm):
     name = "fold-batchnorm-convtranspose"
-    description = "Fold an inference BatchNormalization into the preceding ConvTranspose"
-
-    def match(self, graph):
-        return []
+    description = "Fold an inference BatchNormalization into the ConvTranspose before it (any groups)"
+    producers = ("ConvTranspose",)
 
 
-class FoldBatchNormIntoGemm(Rule):
+class _MatMulPlan:
+    """Replace a 2-D MatMul by Gemm(A, B·diag(s), t): computed by check, written by apply."""
+
+    def __init__(self, matmul, new_b, new_c):
+        self.node = matmul
+        self.new_b = new_b
+        self.new_c = new_c
+
+    def apply(self, graph):
+        import onnx_graphsurgeon as gs
+
+        mm = self.node
+        a, b, out = mm.inputs[0], mm.inputs[1], mm.outputs[0]
+        mm.inputs.clear()
+        mm.outputs.clear()
+        gemm = gs.Node("Gemm", name=mm.name, attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0},
+                       inputs=[a, b], outputs=[out])
+        graph.nodes.append(gemm)
+        self.node = gemm
+        return {"B": set_param(graph, gemm, 1, self.new_b, role="B"),
+                "C": set_param(graph, gemm, 2, self.new_c, role="C")}
+
+
+def _rank(tensor):
+    if tensor.shape is not None:
+        return len(tensor.shape)
+    p = producer_of(tensor)
+    if p is not None and p.op in ("Flatten", "Gemm"):
+        return 2
+    return None
+
+
+class FoldBatchNormIntoGemm(_FoldBatchNorm):
     name = "fold-batchnorm-gemm"
-    description = "Fold an inference BatchNormalization into the preceding Gemm or MatMul"
+    description = "Fold an inference BatchNormalization into the Gemm (or 2-D MatMul with constant weight) before it"
+    producers = ("Gemm", "MatMul")
 
-    def match(self, graph):
-        return []
+    def _plan(self, graph, p, scale, shift):
+        if p.op == "Gemm":
+            return plan_affine(graph, p, scale, shift)
+        if len(p.inputs) != 2:
+            return "MatMul has an unexpected number of inputs", None
+        w = constant_value(graph, p.inputs[1])
+        if w is None:
+            return f"MatMul weight {p.inputs[1].name!r} is not a constant", None
+        if w.ndim != 2:
+            return f"MatMul weight has rank {w.ndim}; only a constant 2-D weight is folded", None
+        problem = float_dtype_problem(("MatMul weight", w.dtype))
+        if problem:
+            return problem, None
+        rank = _rank(p.inputs[0])
+        if rank is None:
+            return "MatMul input rank is unknown; BatchNormalization's channel axis may not be the feature axis", None
+        if rank != 2:
+            return (f"MatMul input has rank {rank}: BatchNormalization normalizes axis 1, "
+                    f"not MatMul's feature axis (the last)"), None
+        channels = int(w.shape[1])
+        if scale.shape != (channels,):
+            return f"BatchNormalization has {scale.size} channels but MatMul produces {channels}", None
+        new_b = cast_back(f64(w) * scale.reshape(1, channels), w.dtype)
+        new_c = cast_back(shift, w.dtype)
+        if new_b is None or new_c is None:
+            return f"folded MatMul weight or bias overflows {w.dtype.name}", None
+        return None, _MatMulPlan(p, new_b, new_c)
+
+
+__all__ = ["FoldBatchNormIntoConv", "FoldBatchNormIntoConvTranspose", "FoldBatchNormIntoGemm", "batchnorm_affine"]

@@ -1,0 +1,341 @@
+"""Helpers shared by the folding rules: reading constants, float64 maths, casting back, copy-on-write.
+
+Folding rules change a node's *parameters* (a Conv's weight and bias, a Gemm's B and C), never its
+data inputs. The helpers here make that safe:
+
+* :func:`constant_value` reads a tensor that is fixed at run time: an initializer (``gs.Constant``) or
+  the output of an ONNX ``Constant`` node. A graph input is never constant, even when an initializer
+  of the same name gives it a default, because the caller may feed it.
+* :func:`f64` widens to float64; folding maths is done there so that the only rounding is the final
+  :func:`cast_back` to the weight's dtype (an fp16 weight with fp32 BatchNorm statistics is then as
+  exact as fp16 allows). :func:`cast_back` refuses (returns ``None``) when the cast would overflow.
+* :func:`set_param` writes a new value for one input of one node. When the old tensor is read by that
+  node alone, it is updated in place (its name is kept); when anything else reads it (weights shared by
+  two convolutions, a Constant node's output, a graph output) the node gets a fresh *copy* and every
+  other reader keeps the original.
+* :func:`producer_of` / :func:`sole_consumer_problem` describe the structure a fold relies on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+#: Weight dtypes the folding rules handle (numpy has no bfloat16).
+FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _const_node_value(node) -> np.ndarray | None:
+    attrs = node.attrs
+    if "value" in attrs and isinstance(attrs["value"], gs.Constant):
+        return np.asarray(attrs["value"].values)
+    if "value_float" in attrs:
+        return np.asarray(attrs["value_float"], dtype=np.float32)
+    if "value_floats" in attrs:
+        return np.asarray(attrs["value_floats"], dtype=np.float32)
+    return None
+
+
+def constant_value(graph, tensor) -> np.ndarray | None:
+    """The value of ``tensor`` when it is fixed at run time, else ``None``."""
+    if tensor is None or tensor.is_empty():
+        return None
+    if any(t is tensor for t in graph.inputs):
+        return None
+    if isinstance(tensor, gs.Constant):
+        return np.asarray(tensor.values)
+    if len(tensor.inputs) == 1:
+        node = tensor.inputs[0]
+        if node.op == "Constant" and node.domain in ("", "ai.onnx", None):
+            return _const_node_value(node)
+    return None
+
+
+def f64(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float64)
+
+
+def cast_back(values64: np.ndarray, dtype) -> np.ndarray | None:
+    """Round float64 results to ``dtype``; ``None`` when a finite value would become inf (overflow)."""
+    out = np.asarray(values64).astype(dtype)
+    if not np.array_equal(np.isfinite(out), np.isfinite(values64)):
+        return None
+    return out
+
+
+def float_dtype_problem(*named: tuple[str, np.dtype | None]) -> str | None:
+    """A refusal reason when any of ``(what, dtype)`` is not a float dtype the folds handle."""
+    for what, dtype in named:
+        if dtype is None:
+            continue
+        if np.dtype(dtype) not in FLOAT_DTYPES:
+            return f"{what} has dtype {np.dtype(dtype).name}; only float16/float32/float64 are folded"
+    return None
+
+
+def producer_of(tensor):
+    """The node writing ``tensor``, or ``None`` (graph input, initializer)."""
+    return tensor.inputs[0] if len(tensor.inputs) == 1 else None
+
+
+def is_graph_output(graph, tensor) -> bool:
+    return any(t is tensor for t in graph.outputs)
+
+
+def sole_consumer_problem(graph, tensor, consumer) -> str | None:
+    """A refusal reason unless ``consumer`` is the only reader of ``tensor`` and it is not a graph output."""
+    if is_graph_output(graph, tensor):
+        return f"intermediate tensor {tensor.name!r} is also a graph output"
+    readers = [n for n in tensor.outputs if n is not consumer]
+    if readers:
+        return f"intermediate tensor {tensor.name!r} is also read by {readers[0].name or readers[0].op!r}"
+    if sum(1 for t in consumer.inputs if t is tensor) != 1:
+        return f"intermediate tensor {tensor.name!r} is read more than once by {consumer.name!r}"
+    return None
+
+
+def _owned_by(graph, tensor, node) -> bool:
+    """True when ``node`` is the only reader of the initializer ``tensor`` (so it may change in place)."""
+    return (
+        isinstance(tensor, gs.Constant)
+        and len(tensor.outputs) == 1
+        and tensor.outputs[0] is node
+        and sum(1 for t in node.inputs if t is tensor) == 1
+        and not is_graph_output(graph, tensor)
+        and not any(t is tensor for t in graph.inputs)
+    )
+
+
+class NameAllocator:
+    """Hands out tensor names unused in ``graph`` (names are collected once, then tracked)."""
+
+    def __init__(self, graph):
+        self._graph = graph
+        self._used: set[str] | None = None
+
+    def __call__(self, base: str) -> str:
+        if self._used is None:
+            self._used = set(self._graph.tensors().keys())
+        name, i = base, 1
+        while name in self._used:
+            name = f"{base}_{i}"
+            i += 1
+        self._used.add(name)
+        return name
+
+
+def set_param(graph, node, index: int, values: np.ndarray, role: str = "param") -> str:
+    """Give ``node.inputs[index]`` the value ``values`` (copy-on-write); returns ``"in-place"`` or ``"copy"``.
+
+    ``index`` may equal ``len(node.inputs)`` to append an absent optional input (a Conv bias, a Gemm C).
+    """
+    values = np.ascontiguousarray(values)
+    old = node.inputs[index] if index < len(node.inputs) else None
+    if old is not None and not old.is_empty() and _owned_by(graph, old, node):
+        old.values = values
+        return "in-place"
+    if old is not None and not old.is_empty():
+        base = f"{old.name}_folded"
+    else:
+        base = f"{node.name or node.op}_{role}"
+    fresh = gs.Constant(NameAllocator(graph)(base), values)
+    if index < len(node.inputs):
+        node.inputs[index] = fresh
+    else:
+        while len(node.inputs) < index:
+            node.inputs.append(gs.Variable.empty())
+        node.inputs.append(fresh)
+    return "copy" if old is not None and not old.is_empty() else "new"
+
+
+def bypass(graph, first, second) -> None:
+    """Make ``first`` write ``second``'s output and disconnect ``second`` (cleanup removes it).
+
+    Downstream tensor names, including graph outputs, are kept.
+    """
+    out = second.outputs[0]
+    second.inputs.clear()
+    second.outputs.clear()
+    first.outputs[0] = out  # graphsurgeon's synchronized lists detach ``mid`` from ``first``
+
+
+def broadcast_channel_problem(shape, out_rank: int, channels: int, channel_axis: int = 1):
+    """Check a constant of ``shape`` against an output of rank ``out_rank`` with ``channels`` on ``channel_axis``.
+
+    Returns a refusal reason, or ``None`` when the constant broadcasts per channel. The constant may be scalar-like (all ones) or vary along the channel axis only; it must not add
+    dimensions to the output (rank above ``out_rank``) nor vary along batch or spatial axes.
+    """
+    shape = tuple(int(d) for d in shape)
+    if len(shape) > out_rank:
+        return f"constant of shape {shape} would broadcast the rank-{out_rank} output to rank {len(shape)}"
+    padded = (1,) * (out_rank - len(shape)) + shape
+    for axis, d in enumerate(padded):
+        if d == 1:
+            continue
+        if axis == channel_axis and d == channels:
+            continue
+        if axis == channel_axis:
+            return f"constant of shape {shape} has {d} entries on the channel axis, the output has {channels} channels"
+        return f"constant of shape {shape} varies along output axis {axis}, not only per channel"
+    return None
+
+
+def per_channel_vector(values: np.ndarray, out_rank: int, channels: int, channel_axis: int = 1) -> np.ndarray:
+    """A float64 vector of length ``channels`` from a constant already accepted by :func:`broadcast_channel_problem`."""
+    v = f64(values)
+    padded = v.reshape((1,) * (out_rank - v.ndim) + v.shape)
+    return np.broadcast_to(padded.reshape(-1) if padded.size > 1 else padded.reshape(1), (channels,)).copy()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Folding a per-channel affine map ``y -> y*scale + shift`` into the node producing ``y``.
+#
+# BatchNormalization (scale = γ/√(σ²+ε), shift = β − μ·scale) and constant Mul/Add/Sub/Div are all such
+# maps, so both rule modules share this one implementation. ``plan_affine`` does every check and all the
+# arithmetic (float64, one rounding back to the weight dtype) and returns either a refusal reason or a
+# plan whose ``apply()`` only writes the precomputed parameters.
+
+#: Producers an affine map can be folded into, and the channel axis of their output.
+AFFINE_PRODUCERS = ("Conv", "ConvTranspose", "Gemm")
+
+
+def is_default_domain(node) -> bool:
+    return node.domain in ("", "ai.onnx", None)
+
+
+class AffinePlan:
+    """Precomputed parameters for a producer; ``apply()`` writes them and returns how weights were written."""
+
+    def __init__(self, node, writes, attrs=None):
+        self.node = node
+        self.writes = writes  # [(input index, values, role)]
+        self.attrs = attrs or {}
+
+    def apply(self, graph) -> dict[str, str]:
+        modes = {}
+        for index, values, role in self.writes:
+            modes[role] = set_param(graph, self.node, index, values, role=role)
+        self.node.attrs.update(self.attrs)
+        return modes
+
+
+def _optional_input(node, index):
+    if index < len(node.inputs) and not node.inputs[index].is_empty():
+        return node.inputs[index]
+    return None
+
+
+def producer_geometry(graph, node):
+    """``(reason, weight, out_rank, channels)`` for a Conv / ConvTranspose / Gemm producer."""
+    what = node.op
+    if not is_default_domain(node):
+        return f"{what} is in domain {node.domain!r}", None, None, None
+    if len(node.inputs) < 2 or len(node.outputs) != 1:
+        return f"{what} has an unexpected number of inputs or outputs", None, None, None
+    w = constant_value(graph, node.inputs[1])
+    if w is None:
+        return f"{what} weight {node.inputs[1].name!r} is not a constant", None, None, None
+    problem = float_dtype_problem((f"{what} weight", w.dtype))
+    if problem:
+        return problem, None, None, None
+    if what in ("Conv", "ConvTranspose"):
+        if w.ndim < 3:
+            return f"{what} weight has rank {w.ndim}; expected at least 3", None, None, None
+        if what == "Conv":
+            return None, w, w.ndim, int(w.shape[0])
+        group = int(node.attrs.get("group", 1))
+        if group < 1 or w.shape[0] % group:
+            return f"ConvTranspose group={group} does not divide its {w.shape[0]} input channels", None, None, None
+        return None, w, w.ndim, int(w.shape[1]) * group
+    if what == "Gemm":
+        if w.ndim != 2:
+            return f"Gemm B has rank {w.ndim}; expected 2", None, None, None
+        trans_b = int(node.attrs.get("transB", 0))
+        return None, w, 2, int(w.shape[0] if trans_b else w.shape[1])
+    return f"cannot fold into {what}", None, None, None
+
+
+def plan_affine(graph, node, scale: np.ndarray, shift: np.ndarray):
+    """Plan folding ``y*scale + shift`` (float64 vectors over output channels) into ``node``.
+
+    Returns ``(reason, None)`` on refusal, else ``(None, AffinePlan)``. Parameters whose value does not
+    change (weights under a pure shift, a bias that would stay zero) are not rewritten, so a weight
+    shared with another node is only copied when it really changes.
+    """
+    reason, w, _, channels = producer_geometry(graph, node)
+    if reason:
+        return reason, None
+    scale = f64(scale).reshape(-1)
+    shift = f64(shift).reshape(-1)
+    if scale.shape != (channels,) or shift.shape != (channels,):
+        return f"{scale.size} channels to fold but {node.op} produces {channels}", None
+    if not (np.all(np.isfinite(scale)) and np.all(np.isfinite(shift))):
+        return "the folded scale or shift is not finite", None
+    dtype = w.dtype
+    scales = not np.all(scale == 1.0)
+    writes = []
+    attrs = {}
+
+    if node.op in ("Conv", "ConvTranspose"):
+        bias_t = _optional_input(node, 2)
+        bias = None
+        if bias_t is not None:
+            bias = constant_value(graph, bias_t)
+            if bias is None:
+                return f"{node.op} bias {bias_t.name!r} is not a constant", None
+            if bias.dtype != dtype:
+                return f"dtype mismatch: {node.op} bias is {bias.dtype.name}, weight is {dtype.name}", None
+            if bias.shape != (channels,):
+                return f"{node.op} bias has shape {bias.shape}; expected ({channels},)", None
+        if scales:
+            if node.op == "Conv":
+                w64 = f64(w) * scale.reshape((channels,) + (1,) * (w.ndim - 1))
+            else:
+                group = int(node.attrs.get("group", 1))
+                cin, cout_g = w.shape[0], w.shape[1]
+                # output channel o = g*(C_out/group) + j lives in W[g*Cin/group:(g+1)*Cin/group, j, ...]
+                grouped = f64(w).reshape((group, cin // group, cout_g) + w.shape[2:])
+                grouped = grouped * scale.reshape((group, 1, cout_g) + (1,) * (w.ndim - 2))
+                w64 = grouped.reshape(w.shape)
+            new_w = cast_back(w64, dtype)
+            if new_w is None:
+                return f"folded {node.op} weight overflows {dtype.name}", None
+            writes.append((1, new_w, "weight"))
+        b64 = (f64(bias) if bias is not None else np.zeros(channels)) * scale + shift
+        if bias is not None or np.any(b64 != 0):
+            new_b = cast_back(b64, dtype)
+            if new_b is None:
+                return f"folded {node.op} bias overflows {dtype.name}", None
+            writes.append((2, new_b, "bias"))
+        return None, AffinePlan(node, writes)
+
+    # Gemm: Y = alpha·A'·B' + beta·C  →  alpha·A'·(B'·diag(scale)) + (beta·C·scale + shift), beta = 1
+    trans_b = int(node.attrs.get("transB", 0))
+    beta = float(node.attrs.get("beta", 1.0))
+    c_t = _optional_input(node, 2)
+    c = None
+    if c_t is not None:
+        c = constant_value(graph, c_t)
+        if c is None:
+            return f"Gemm C {c_t.name!r} is not a constant", None
+        if c.dtype != dtype:
+            return f"dtype mismatch: Gemm C is {c.dtype.name}, B is {dtype.name}", None
+        if c.ndim > 2 or (c.ndim >= 1 and c.shape[-1] not in (1, channels)):
+            return f"Gemm C of shape {c.shape} does not broadcast to (M, {channels})", None
+    if scales:
+        b64 = f64(w) * (scale.reshape(channels, 1) if trans_b else scale.reshape(1, channels))
+        new_b = cast_back(b64, dtype)
+        if new_b is None:
+            return f"folded Gemm B overflows {dtype.name}", None
+        writes.append((1, new_b, "B"))
+    if c is not None and beta != 0.0:
+        c64 = beta * f64(c) * scale + shift  # broadcasts C's shape with (channels,)
+    else:
+        c64 = shift
+    if c is not None or np.any(c64 != 0):
+        new_c = cast_back(c64, dtype)
+        if new_c is None:
+            return f"folded Gemm C overflows {dtype.name}", None
+        writes.append((2, new_c, "C"))
+        attrs["beta"] = 1.0
+    return None, AffinePlan(node, writes, attrs)
