@@ -123,21 +123,36 @@ def make_inputs(
     """Inputs for ``model``: from ``npz_path`` when given, else seeded standard-normal data."""
     specs = input_specs(model)
     shapes = shapes or {}
-    unknown = set(shapes) - {s.name for s in specs}
+    check_shape_names(specs, shapes)
+    if npz_path is not None:
+        return load_npz(specs, Path(npz_path))
+    return random_inputs(specs, shapes, seed)
+
+
+def check_shape_names(specs: list[InputSpec], shapes: dict[str, list[int]]) -> None:
+    """Raise :class:`InputsError` when ``--shape`` names an input the model does not have."""
+    unknown = set(shapes or {}) - {s.name for s in specs}
     if unknown:
         raise InputsError(
             f"--shape names unknown input(s) {', '.join(sorted(unknown))}; model inputs: "
             f"{', '.join(s.name for s in specs) or '(none)'}"
         )
-    if npz_path is not None:
-        return _load_npz(specs, Path(npz_path))
+
+
+def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = None, seed: int = 0) -> Inputs:
+    """The seeded draw :func:`make_inputs` makes, for explicit ``specs``.
+
+    Floating inputs are drawn in float32 and cast to the spec's dtype, so specs that differ only in
+    float precision (an fp16 model and its fp32 original) get the same values for the same seed.
+    """
     notes: list[str] = []
     rng = np.random.default_rng(seed)
-    feeds = {s.name: _random(rng, s.dtype, resolve_shape(s, shapes, notes)) for s in specs}
+    feeds = {s.name: _random(rng, s.dtype, resolve_shape(s, shapes or {}, notes)) for s in specs}
     return Inputs(feeds=feeds, notes=notes, seed=seed, source="random")
 
 
-def _load_npz(specs: list[InputSpec], path: Path) -> Inputs:
+def load_npz(specs: list[InputSpec], path: Path) -> Inputs:
+    """Inputs for ``specs`` from an .npz file, checked against each spec's dtype and fixed dimensions."""
     if not path.is_file():
         raise InputsError(f"{path}: no such inputs file")
     try:
@@ -159,3 +174,6 @@ def _load_npz(specs: list[InputSpec], path: Path) -> Inputs:
             raise InputsError(f"{path}: {spec.name!r} has shape {list(arr.shape)}, model expects {spec.shape}")
         feeds[spec.name] = arr
     return Inputs(feeds=feeds, notes=[], seed=None, source=str(path))
+
+
+_load_npz = load_npz  # the earlier private name
