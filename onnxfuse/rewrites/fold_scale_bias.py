@@ -66,8 +66,9 @@ class FoldScaleBias(Rule):
         for node in graph.nodes:
             if node.op not in _OPS or not is_default_domain(node) or len(node.inputs) != 2:
                 continue
+            # Only a constant operand makes the op a scale or bias; Add(conv, residual) is not a candidate.
             for idx in (0, 1):
-                if _foldable_producer(node.inputs[idx]) is not None:
+                if _foldable_producer(node.inputs[idx]) is not None and constant_value(graph, node.inputs[1 - idx]) is not None:
                     yield (node, idx)
                     break
 

@@ -1,0 +1,94 @@
+"""Small helpers shared by tests: load test models, optimize, run on ONNX Runtime CPU, compare outputs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTDATA = ROOT / "testdata"
+
+_NP_DTYPES = {
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.DOUBLE: np.float64,
+    onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.INT32: np.int32,
+}
+
+
+def load_testdata(name: str) -> onnx.ModelProto:
+    """A committed model from testdata/ by file name (``.onnx`` optional)."""
+    return onnx.load(str(TESTDATA / (name if name.endswith(".onnx") else name + ".onnx")))
+
+
+def make_models_module():
+    """testdata/make_models.py as a module (its builders, ``MODELS``, ``build_all``)."""
+    spec = importlib.util.spec_from_file_location("onnxfuse_testdata_make_models", TESTDATA / "make_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def optimize(model: onnx.ModelProto, only=None, skip=None, target: str = "cuda"):
+    """Apply the selected rules to a copy of ``model``; return ``(optimized model, ApplyReport)``."""
+    from onnxfuse.model_io import to_graph, to_model
+    from onnxfuse.rewrites import apply_rules, select_rules
+
+    original = onnx.ModelProto()
+    original.CopyFrom(model)
+    graph = to_graph(original)
+    report = apply_rules(graph, select_rules(target, only=only, skip=skip))
+    return to_model(graph, model), report
+
+
+def op_types(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0, dim: int = 2) -> dict[str, np.ndarray]:
+    """Seeded standard-normal inputs for every graph input (symbolic dimensions become ``dim``)."""
+    rng = np.random.default_rng(seed)
+    inits = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for inp in model.graph.input:
+        if inp.name in inits:
+            continue
+        tt = inp.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else dim for d in tt.shape.dim]
+        feeds[inp.name] = rng.standard_normal(shape).astype(_NP_DTYPES[tt.elem_type])
+    return feeds
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``model`` on ONNX Runtime's CPU provider with graph optimizations off; outputs by name."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+def assert_same_outputs(original, optimized, rtol: float = 1e-5, atol: float | None = None, seed: int = 0, dim: int = 2):
+    """Outputs of both models on the same seeded inputs agree: ``|a−b| ≤ atol + rtol·|a|`` elementwise.
+
+    ``atol`` defaults to ``rtol`` times the largest output magnitude (a fold reorders roundings, so
+    elements near zero carry absolute, not relative, error). Returns the outputs of ``original``.
+    """
+    feeds = random_feeds(original, seed=seed, dim=dim)
+    want = run_ort(original, feeds)
+    got = run_ort(optimized, feeds)
+    assert sorted(want) == sorted(got), (sorted(want), sorted(got))
+    for name, a in want.items():
+        b = got[name]
+        assert a.shape == b.shape and a.dtype == b.dtype, (name, a.shape, b.shape, a.dtype, b.dtype)
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        tol = rtol * float(np.max(np.abs(a64), initial=0.0)) if atol is None else atol
+        np.testing.assert_allclose(b64, a64, rtol=rtol, atol=tol, err_msg=f"output {name!r}")
+    return want
