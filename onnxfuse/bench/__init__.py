@@ -1,0 +1,35 @@
+"""GPU timing of ONNX models on ONNX Runtime: IOBinding, warm-up, percentiles, CUDA graphs, profiling.
+
+The library never imports click or rich. Entry points:
+
+* :func:`time_model` — one model, one configuration → :class:`BenchResult`;
+* :func:`time_models` — several models interleaved under one configuration;
+* :func:`compare_models` — original vs optimized → :class:`ComparisonResult` (the ``optimize`` hook);
+* :func:`profile` — per-op time and node/kernel counts from ONNX Runtime's profiler;
+* :func:`gpu_unavailable_reason` — None, or the one line saying timing needs a CUDA GPU.
+"""
+
+from onnxfuse.bench.compare import ComparisonResult, compare_models, time_models
+from onnxfuse.bench.inputs import batch_shapes
+from onnxfuse.bench.profile import ProfileResult, profile
+from onnxfuse.bench.runner import (
+    NO_GPU_MESSAGE,
+    BenchConfig,
+    BenchResult,
+    NoGPU,
+    OutputSpec,
+    Timer,
+    gpu_unavailable_reason,
+    probe_output_specs,
+    require_gpu,
+    time_model,
+)
+from onnxfuse.bench.stats import LatencyStats, percentile, speedup, summarize
+from onnxfuse.bench.trace import OpStat, TraceSummary, load_trace, summarize_trace
+
+__all__ = [
+    "NO_GPU_MESSAGE", "BenchConfig", "BenchResult", "ComparisonResult", "LatencyStats", "NoGPU", "OpStat",
+    "OutputSpec", "ProfileResult", "Timer", "TraceSummary", "batch_shapes", "compare_models",
+    "gpu_unavailable_reason", "load_trace", "percentile", "probe_output_specs", "profile", "require_gpu",
+    "speedup", "summarize", "summarize_trace", "time_model", "time_models",
+]

@@ -1,0 +1,156 @@
+"""Timing an original and an optimized model side by side: the hook ``onnxfuse optimize`` calls.
+
+Both models get the same inputs, the same ONNX Runtime settings (``ORT_ENABLE_ALL``, IOBinding on the
+GPU) and the same time budget, taken in alternating rounds (A, B, A, B, …) so that clock or thermal
+drift during the measurement hits both alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from onnxfuse.bench.profile import ProfileResult, profile
+from onnxfuse.bench.runner import NO_GPU_MESSAGE, BenchConfig, BenchResult, Progress, Timer, gpu_unavailable_reason
+from onnxfuse.bench.stats import speedup
+from onnxfuse.errors import OnnxfuseError
+from onnxfuse.validate.inputs import Inputs
+
+
+@dataclass
+class ComparisonResult:
+    """Latency of the original and the optimized model. ``status``: ok, no-gpu or failed."""
+
+    status: str
+    device: str
+    cuda_graph: bool
+    original: BenchResult | None = None
+    optimized: BenchResult | None = None
+    nodes_original: int = 0
+    nodes_optimized: int = 0
+    profile_original: ProfileResult | None = None
+    profile_optimized: ProfileResult | None = None
+    message: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def speedup(self) -> float | None:
+        """Original median / optimized median (>1: the optimized model is faster)."""
+        if not (self.original and self.optimized):
+            return None
+        return speedup(self.original.stats.median_ms, self.optimized.stats.median_ms)
+
+    @property
+    def kernels_original(self) -> float | None:
+        return self.profile_original.summary.kernels_per_run if self.profile_original else None
+
+    @property
+    def kernels_optimized(self) -> float | None:
+        return self.profile_optimized.summary.kernels_per_run if self.profile_optimized else None
+
+    def to_dict(self) -> dict:
+        sp = self.speedup
+        return {
+            "status": self.status,
+            "message": self.message,
+            "device": self.device,
+            "cuda_graph": self.cuda_graph,
+            "speedup": None if sp is None else round(sp, 4),
+            "nodes": {"original": self.nodes_original, "optimized": self.nodes_optimized},
+            "kernels_per_run": {"original": self.kernels_original, "optimized": self.kernels_optimized},
+            "original": self.original.to_dict() if self.original else None,
+            "optimized": self.optimized.to_dict() if self.optimized else None,
+            "profile": {
+                "original": self.profile_original.to_dict() if self.profile_original else None,
+                "optimized": self.profile_optimized.to_dict() if self.profile_optimized else None,
+            } if (self.profile_original or self.profile_optimized) else None,
+            "notes": list(self.notes),
+        }
+
+
+def time_models(models: list[tuple[str, onnx.ModelProto, Inputs]], config: BenchConfig, rounds: int = 3,
+                progress: Progress | None = None) -> list[BenchResult]:
+    """Time several models under one configuration, interleaved in ``rounds`` rounds.
+
+    The budget (``time_budget_s`` and ``iterations``) is per model, split across the rounds.
+    Raises :class:`~onnxfuse.bench.runner.NoGPU` / :class:`~onnxfuse.errors.RuntimeFailure`.
+    """
+    config.validate()
+    step = progress or (lambda _m, _f: None)
+    rounds = max(1, rounds)
+    n = len(models)
+    timers: list[Timer] = []
+    try:
+        for i, (name, model, inputs) in enumerate(models):
+            step(f"{name}: creating session", 0.1 * i / n)
+            timers.append(Timer(model, inputs, config, name=name))
+        for i, timer in enumerate(timers):
+            step(f"{timer.name}: warm-up", 0.1 + 0.1 * i / n)
+            timer.warmup()
+        per_round_iters = None if config.iterations is None else max(1, -(-config.iterations // rounds))
+        per_round_budget = None if config.time_budget_s is None else config.time_budget_s / rounds
+        floor = max(1, -(-config.min_iterations // rounds))
+        for r in range(rounds):
+            for i, timer in enumerate(timers):
+                remaining = None if config.iterations is None else config.iterations - len(timer.samples_ms)
+                if remaining is not None and remaining <= 0:
+                    continue
+                iters = per_round_iters if remaining is None else min(per_round_iters, remaining)
+                timer.sample(iters, per_round_budget, min_iterations=floor)
+                step(f"{timer.name}: round {r + 1}/{rounds}", 0.2 + 0.8 * (r * n + i + 1) / (rounds * n))
+        return [t.result() for t in timers]
+    finally:
+        for t in timers:
+            t.close()
+
+
+def compare_models(
+    original: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    inputs: Inputs,
+    config: BenchConfig | None = None,
+    *,
+    profile_ops: bool = False,
+    profile_runs: int = 20,
+    rounds: int = 3,
+    progress: Progress | None = None,
+) -> ComparisonResult:
+    """Time ``original`` and ``optimized`` on the same ``inputs``; never raises for a missing GPU.
+
+    Returns ``status="no-gpu"`` with :data:`NO_GPU_MESSAGE` where ``config.device`` is ``cuda`` and no GPU
+    is usable (the caller prints the message and carries on), ``status="failed"`` with a one-line message
+    when ONNX Runtime cannot load or run a model. ``progress(message, fraction)`` is called along the way.
+    """
+    config = config or BenchConfig()
+    config.validate()
+    step = progress or (lambda _m, _f: None)
+    result = ComparisonResult(status="ok", device=config.device, cuda_graph=config.cuda_graph,
+                              nodes_original=len(original.graph.node), nodes_optimized=len(optimized.graph.node))
+    if config.device == "cuda" and gpu_unavailable_reason():
+        result.status, result.message = "no-gpu", NO_GPU_MESSAGE
+        return result
+    timing_share = 0.7 if profile_ops else 1.0
+
+    def timing_step(message: str, fraction: float) -> None:
+        step(message, fraction * timing_share)
+
+    try:
+        result.original, result.optimized = time_models(
+            [("original", original, inputs), ("optimized", optimized, inputs)], config, rounds=rounds,
+            progress=timing_step,
+        )
+        if profile_ops:
+            result.profile_original = profile(original, inputs, config, name="original", runs=profile_runs,
+                                              progress=lambda m, f: step(m, 0.7 + 0.15 * f))
+            result.profile_optimized = profile(optimized, inputs, config, name="optimized", runs=profile_runs,
+                                               progress=lambda m, f: step(m, 0.85 + 0.15 * f))
+            result.notes.extend(result.profile_original.summary.notes[:1])
+    except OnnxfuseError as exc:
+        result.status, result.message = "failed", str(exc)
+    step("timing done", 1.0)
+    return result

@@ -1,0 +1,94 @@
+"""Per-op time and counts from ONNX Runtime's profiler: which ops a run spends its time in, how many
+nodes (and, when the trace has them, GPU kernels) a run launches.
+
+Profiling runs without CUDA graphs (a replayed graph has no per-node records), after warm-up, and the
+warm-up runs are left out of the averages.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+import onnx
+
+from onnxfuse.bench.runner import BenchConfig, Progress, Timer
+from onnxfuse.bench.trace import TraceSummary, load_trace, summarize_trace
+from onnxfuse.errors import RuntimeFailure
+from onnxfuse.validate.inputs import Inputs
+from onnxfuse.validate.session import resolve_provider, uses_custom_ops
+
+
+@dataclass
+class ProfileResult:
+    name: str
+    device: str
+    summary: TraceSummary
+
+    def to_dict(self, top: int = 10) -> dict:
+        return {"name": self.name, "device": self.device, **self.summary.to_dict(top)}
+
+
+def _profiling_session_factory(prefix: str):
+    """Like :func:`onnxfuse.validate.session.make_session`, with ONNX Runtime's profiler switched on."""
+
+    def factory(model, provider, optimization, name, provider_options=None):
+        import onnxruntime as ort
+
+        kind = resolve_provider(provider)
+        if uses_custom_ops(model):
+            from onnxfuse.custom_ops import session_options
+
+            opts = session_options()
+        else:
+            opts = ort.SessionOptions()
+        opts.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[optimization]
+        opts.log_severity_level = 3
+        opts.enable_profiling = True
+        opts.profile_file_prefix = prefix
+        providers: list = ["CPUExecutionProvider"]
+        if kind == "cuda":
+            providers = [("CUDAExecutionProvider", provider_options or {}), "CPUExecutionProvider"]
+        try:
+            return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+        except Exception as exc:
+            first = " ".join(str(exc).strip().splitlines()[0].split()) if str(exc).strip() else type(exc).__name__
+            raise RuntimeFailure(f"{name}: ONNX Runtime cannot load the model: {first}") from None
+
+    return factory
+
+
+def profile(model: onnx.ModelProto, inputs: Inputs, config: BenchConfig | None = None, name: str = "model",
+            runs: int = 20, progress: Progress | None = None, keep_trace: str | None = None) -> ProfileResult:
+    """Profile ``runs`` runs after warm-up; per-op time (host-side node time) and per-run counts.
+
+    ``keep_trace``: a path to copy the raw trace to (for chrome://tracing or Perfetto).
+    """
+    base = config or BenchConfig()
+    cfg = BenchConfig(device=base.device, warmup=max(1, base.warmup), iterations=runs, time_budget_s=None,
+                      min_iterations=1, cuda_graph=False, optimization=base.optimization,
+                      device_id=base.device_id, provider_options=dict(base.provider_options))
+    step = progress or (lambda _m, _f: None)
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-profile-") as tmp:
+        step(f"{name}: profiling", 0.0)
+        timer = Timer(model, inputs, cfg, name=name, session_factory=_profiling_session_factory(os.path.join(tmp, "ort")))
+        try:
+            timer.warmup()
+            timer.sample(runs, None, min_iterations=1)
+            path = timer.session.end_profiling()
+        finally:
+            timer.close()
+        events = load_trace(path)
+        if keep_trace:
+            import shutil
+
+            shutil.copyfile(path, keep_trace)
+    summary = summarize_trace(events, skip_runs=cfg.effective_warmup)
+    step(f"{name}: profiled", 1.0)
+    return ProfileResult(name=name, device=cfg.device, summary=summary)
