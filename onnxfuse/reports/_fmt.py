@@ -1,0 +1,59 @@
+"""Number formatting shared by the text report builders."""
+
+from __future__ import annotations
+
+import math
+
+
+def num(x, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return str(x).lower()
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        if x == 0:
+            return "0"
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def percent(x) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0%"
+    if x < 0.0001:
+        return "<0.01%"
+    return f"{100 * x:.2f}%"
+
+
+def shape(s) -> str:
+    return "×".join(str(d) for d in s) if s else "scalar"
+
+
+def worst(c) -> str:
+    """'[i, j] A=… B=…' for a Comparison's worst element, or '-'."""
+    if c.worst_index is None or c.error:
+        return "-"
+    sample = c.extra.get("worst_sample")
+    where = ("s" + str(sample) + " " if sample is not None else "") + str(list(c.worst_index))
+    return f"{where}: A={num(c.worst_ref, 6)} B={num(c.worst_got, 6)}"
+
+
+def tolerance(c) -> str:
+    return f"rtol {c.rtol:.1e}, atol {c.atol:.1e}"
+
+
+def one_line(c) -> str:
+    """A failing comparison in one line (JUnit messages, summaries)."""
+    if c.error:
+        return f"{c.name}: {c.error}"
+    return (f"{c.name}: max abs {num(c.max_abs)}, max rel {num(c.max_rel)}, {percent(c.mismatch_fraction)} of "
+            f"elements beyond {tolerance(c)}"
+            + (f", {c.nonfinite_mismatches} NaN/Inf mismatch(es)" if c.nonfinite_mismatches else ""))

@@ -1,0 +1,33 @@
+"""The ``diff`` JSON report: a stable schema (``docs/diff-report.schema.json``, version :data:`SCHEMA_VERSION`).
+
+Strict JSON: NaN and Infinity are written as ``null``. Fields may be added in later versions; none
+is removed or renamed without bumping ``schema_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from onnxfuse.reports._io import clean_json, write_text
+
+SCHEMA_VERSION = 1
+
+
+def schema_path() -> Path:
+    """Path of the committed JSON Schema (present in a source checkout)."""
+    return Path(__file__).resolve().parents[2] / "docs" / "diff-report.schema.json"
+
+
+def diff_json(report) -> dict:
+    """The JSON-ready dict of a :class:`onnxfuse.diff.DiffReport` (non-finite floats → ``None``)."""
+    return clean_json(report.to_dict())
+
+
+def write_json(path: str | os.PathLike, payload) -> Path:
+    """Write ``payload`` (a dict, or anything with ``to_dict()``) as strict, indented JSON, atomically."""
+    if hasattr(payload, "to_dict"):
+        payload = payload.to_dict()
+    text = json.dumps(clean_json(payload), indent=2, allow_nan=False) + "\n"
+    return write_text(path, text, what="JSON report")

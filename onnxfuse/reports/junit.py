@@ -1,0 +1,85 @@
+"""JUnit XML reports: one testcase per compared tensor, failures carrying the metrics."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from onnxfuse.reports import _fmt
+
+
+def _details(c) -> str:
+    lines = [f"tensor: {c.name}", f"shape: {_fmt.shape(c.shape)}  dtype: {c.dtype}"
+             + (f" vs {c.extra['dtype_b']}" if c.extra.get("dtype_b") else "")]
+    if c.error:
+        lines.append(f"error: {c.error}")
+    else:
+        lines += [
+            f"max_abs: {_fmt.num(c.max_abs, 6)}", f"max_rel: {_fmt.num(c.max_rel, 6)}",
+            f"mean_abs: {_fmt.num(c.mean_abs, 6)}", f"rms: {_fmt.num(c.rms, 6)}", f"cosine: {_fmt.num(c.cosine, 8)}",
+            f"mismatch_fraction: {_fmt.num(c.mismatch_fraction, 6)}",
+            f"nonfinite_mismatches: {c.nonfinite_mismatches}",
+            f"worst element: {_fmt.worst(c)}",
+        ]
+    lines.append(f"tolerance: {_fmt.tolerance(c)}")
+    return "\n".join(lines)
+
+
+def _suite(parent, suite_name: str, comparisons, seconds: float | None) -> ET.Element:
+    comparisons = list(comparisons)
+    failures = sum(not c.passed for c in comparisons)
+    attrs = {"name": suite_name, "tests": str(len(comparisons)), "failures": str(failures), "errors": "0",
+             "skipped": "0"}
+    if seconds is not None:
+        attrs["time"] = f"{seconds:.3f}"
+    suite = ET.SubElement(parent, "testsuite", attrs) if parent is not None else ET.Element("testsuite", attrs)
+    for c in comparisons:
+        case = ET.SubElement(suite, "testcase", {"classname": suite_name, "name": c.name, "time": "0"})
+        if not c.passed:
+            failure = ET.SubElement(case, "failure", {"message": _fmt.one_line(c), "type": "DriftBeyondTolerance"})
+            failure.text = _details(c)
+        else:
+            ET.SubElement(case, "system-out").text = _details(c)
+    return suite
+
+
+def comparisons_junit(suite_name: str, comparisons, seconds: float | None = None) -> str:
+    """A ``<testsuites>`` document with one suite named ``suite_name``; each comparison is a testcase."""
+    root = ET.Element("testsuites", {"name": suite_name})
+    suite = _suite(root, suite_name, comparisons, seconds)
+    root.set("tests", suite.get("tests"))
+    root.set("failures", suite.get("failures"))
+    return _to_string(root)
+
+
+def diff_junit(report, suite_name: str = "onnxfuse.diff") -> str:
+    """JUnit XML for a ``diff`` report: each *output* is a testcase (intermediates are diagnostic and
+    appear in the suite's system-out, with the first divergence)."""
+    root = ET.Element("testsuites", {"name": suite_name})
+    suite = _suite(root, suite_name, report.outputs, report.seconds)
+    props = ET.Element("properties")
+    for key, value in (("model_a", report.model_a), ("model_b", report.model_b),
+                       ("provider_a", report.provider_a), ("provider_b", report.provider_b),
+                       ("seed", report.inputs.get("seed")), ("samples", report.inputs.get("samples"))):
+        ET.SubElement(props, "property", {"name": key, "value": "" if value is None else str(value)})
+    suite.insert(0, props)
+    lines = []
+    if report.first_divergence:
+        fd = report.first_divergence
+        lines.append(f"first divergence: {fd['kind']} {fd['name']}"
+                     + (f" ({fd['op_type']} node {fd['node']})" if fd.get("op_type") else "")
+                     + f", max abs {_fmt.num(fd['max_abs'])}")
+    if report.intermediates_checked:
+        bad = [c for c in report.intermediates if not c.passed]
+        lines.append(f"intermediates: {len(report.intermediates)} compared, {len(bad)} beyond tolerance")
+        lines += ["  " + _fmt.one_line(c) for c in bad[:50]]
+    lines += [f"note: {n}" for n in report.notes]
+    if lines:
+        ET.SubElement(suite, "system-out").text = "\n".join(lines)
+    root.set("tests", suite.get("tests"))
+    root.set("failures", suite.get("failures"))
+    return _to_string(root)
+
+
+def _to_string(root: ET.Element) -> str:
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -1,0 +1,78 @@
+"""Markdown reports, e.g. for a GitHub Actions job summary (``$GITHUB_STEP_SUMMARY``)."""
+
+from __future__ import annotations
+
+from onnxfuse.reports import _fmt
+
+_HEADER = ("| | tensor | shape | max abs | max rel | mean abs | RMS | cosine | beyond tol | worst element | "
+           "tolerance |\n|---|---|---|---:|---:|---:|---:|---:|---:|---|---|\n")
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _row(c) -> str:
+    mark = "✅" if c.passed else "❌"
+    name = f"`{_cell(c.name)}`" + (f" → `{_cell(c.extra['name_b'])}`" if c.extra.get("name_b") else "")
+    if c.error:
+        return f"| {mark} | {name} | {_fmt.shape(c.shape)} | {_cell(c.error)} | | | | | | | |\n"
+    nf = f" ({c.nonfinite_mismatches} NaN/Inf)" if c.nonfinite_mismatches else ""
+    return (f"| {mark} | {name} | {_fmt.shape(c.shape)} | {_fmt.num(c.max_abs)} | {_fmt.num(c.max_rel)} | "
+            f"{_fmt.num(c.mean_abs)} | {_fmt.num(c.rms)} | {_fmt.num(c.cosine, 6)} | "
+            f"{_fmt.percent(c.mismatch_fraction)}{nf} | {_cell(_fmt.worst(c))} | {_fmt.tolerance(c)} |\n")
+
+
+def comparisons_table(comparisons) -> str:
+    """A Markdown table of comparisons (one row each)."""
+    return _HEADER + "".join(_row(c) for c in comparisons)
+
+
+def comparisons_markdown(title: str, comparisons, notes=None, level: int = 2) -> str:
+    """A titled section: verdict line, metrics table, notes. Reusable by any command."""
+    comparisons = list(comparisons)
+    failed = [c for c in comparisons if not c.passed]
+    verdict = (f"**✅ pass**: {len(comparisons)} tensor(s) within tolerance" if not failed else
+               f"**❌ FAIL**: {len(failed)} of {len(comparisons)} tensor(s) beyond tolerance")
+    out = [f"{'#' * level} {title}\n\n", verdict + "\n\n"]
+    if comparisons:
+        out.append(comparisons_table(comparisons) + "\n")
+    for note in notes or ():
+        out.append(f"> note: {_cell(note)}\n")
+    return "".join(out)
+
+
+def diff_markdown(report, max_intermediates: int = 50) -> str:
+    """The whole ``diff`` report: models, inputs, outputs, first divergence, intermediates."""
+    status = "✅ pass" if report.passed else "❌ FAIL"
+    inputs = report.inputs
+    shapes = ", ".join(f"`{k}` {_fmt.shape(v)} {report.inputs['dtypes_a'].get(k, '')}"
+                       for k, v in inputs["shapes"].items()) or "(none)"
+    src = f"seed {inputs['seed']}" if inputs.get("seed") is not None else f"file `{inputs['source']}`"
+    out = [
+        f"## onnxfuse diff: {status}\n\n",
+        f"- **A**: `{report.model_a}` on {report.provider_a.upper()}\n",
+        f"- **B**: `{report.model_b}` on {report.provider_b.upper()}\n",
+        f"- **inputs**: {src}, {inputs['samples']} sample(s); {shapes}\n",
+    ]
+    fd = report.first_divergence
+    if fd:
+        where = f" ({fd['op_type']} node `{_cell(fd['node'])}`)" if fd.get("op_type") else ""
+        out.append(f"- **first divergence**: {fd['kind']} `{_cell(fd['name'])}`{where}, max abs "
+                   f"{_fmt.num(fd['max_abs'])}\n")
+    out.append("\n")
+    out.append(comparisons_markdown("Outputs", report.outputs, level=3))
+    if report.intermediates_checked:
+        failed = [c for c in report.intermediates if not c.passed]
+        out.append(f"\n### Intermediate tensors\n\n{len(report.intermediates)} compared in topological order, "
+                   f"{len(failed)} beyond tolerance.\n\n")
+        if failed:
+            shown = failed[:max_intermediates]
+            out.append("<details><summary>Tensors beyond tolerance"
+                       + (f" (first {len(shown)})" if len(shown) < len(failed) else "") + "</summary>\n\n")
+            out.append(comparisons_table(shown) + "\n</details>\n")
+    if report.notes:
+        out.append("\n")
+        for note in report.notes:
+            out.append(f"> note: {_cell(note)}\n")
+    return "".join(out)
