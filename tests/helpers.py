@@ -92,3 +92,22 @@ def assert_same_outputs(original, optimized, rtol: float = 1e-5, atol: float | N
         tol = rtol * float(np.max(np.abs(a64), initial=0.0)) if atol is None else atol
         np.testing.assert_allclose(b64, a64, rtol=rtol, atol=tol, err_msg=f"output {name!r}")
     return want
+
+
+def make_model(nodes, inputs, outputs, inits=(), opset: int = 15) -> onnx.ModelProto:
+    """A model from ``onnx.helper`` parts (IR 8, default domain at ``opset``)."""
+    graph = onnx.helper.make_graph(list(nodes), "test", list(inputs), list(outputs), list(inits))
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=8)
+
+
+def vi(name: str, shape, dtype=onnx.TensorProto.FLOAT):
+    return onnx.helper.make_tensor_value_info(name, dtype, shape)
+
+
+def snapshot(model: onnx.ModelProto):
+    """What a refused rewrite must leave alone: nodes (op, inputs, outputs) and the values of the
+    initializers they read (cleanup may drop unused ones)."""
+    nodes = [(n.op_type, tuple(n.input), tuple(n.output)) for n in model.graph.node]
+    used = {name for n in model.graph.node for name in n.input}
+    inits = {i.name: onnx.numpy_helper.to_array(i).tobytes() for i in model.graph.initializer if i.name in used}
+    return nodes, inits

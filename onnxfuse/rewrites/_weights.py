@@ -57,7 +57,8 @@ def f64(values) -> np.ndarray:
 
 def cast_back(values64: np.ndarray, dtype) -> np.ndarray | None:
     """Round float64 results to ``dtype``; ``None`` when a finite value would become inf (overflow)."""
-    out = np.asarray(values64).astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.asarray(values64).astype(dtype)
     if not np.array_equal(np.isfinite(out), np.isfinite(values64)):
         return None
     return out
