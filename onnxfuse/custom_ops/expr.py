@@ -953,8 +953,7 @@ def _pretty_float(value: float, dtype: str) -> float:
     if math.isfinite(value) and value != exact:
         return value  # caller gave a value that is not a dtype value; keep it exactly
     short = float(str(stored[()]))
-    if np.array_equal(round_to_dtype(np.float64(short), dtype).view(np.uint8),
-                      stored.view(np.uint8)):
+    if round_to_dtype(np.float64(short), dtype).tobytes() == stored.tobytes():
         return short
     return exact
 
@@ -977,6 +976,7 @@ class ProgramBuilder:
         self._scope = _Scope()
         self._counters = {"x": 0, "c": 0, "t": 0}
         self._const_cache: dict[tuple, str] = {}
+        self._outputs: list[str] = []
 
     def _fresh(self, prefix: str) -> str:
         while True:
@@ -1025,10 +1025,16 @@ class ProgramBuilder:
         return name
 
     def output(self, name: str) -> None:
-        self._scope.add_output(name)
+        """Mark ``name`` as the next output. Outputs may be declared while ops are still being
+        added (the rewriter often knows an output before its consumers); they print last."""
+        if name not in self._scope.dtypes:
+            raise ProgramError(f"output {name!r} is not defined")
+        self._outputs.append(name)
 
     def build(self) -> Program:
-        return self._scope.finish()
+        """The finished program (the builder can keep going and build again)."""
+        s = self._scope
+        return Program(LANGUAGE_VERSION, s.inputs, s.consts, s.ops, self._outputs).validate()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1203,16 +1209,15 @@ def onnx_equivalent_model(program: Program, shapes: Sequence[Sequence[int]], *, 
         out = f"out:{i}"
         dtype = dtypes[n]
         src = n
+        if dtype == "bfloat16" and bfloat16_io == "float32":
+            src = cast(src, "float32")  # before Expand: ORT's CPU Expand has no bfloat16 kernel
+            dtype = "float32"
         if vshape[n] != full:
             if shape_name is None:
                 shape_name = fresh("full_shape")
                 inits.append(numpy_helper.from_array(np.asarray(full, dtype=np.int64), shape_name))
-            src = node("Expand", [n, shape_name], "expand")
-        if dtype == "bfloat16" and bfloat16_io == "float32":
-            node("Cast", [src], "cast", out=out, to=ONNX_DTYPE["float32"])
-            dtype = "float32"
-        else:
-            node("Identity", [src], "out", out=out)
+            src = node("Expand", [src, shape_name], "expand")
+        node("Identity", [src], "out", out=out)
         graph_outputs.append(helper.make_tensor_value_info(out, ONNX_DTYPE[dtype], full))
 
     graph = helper.make_graph(nodes, "fused_elementwise_reference", graph_inputs, graph_outputs, inits)
