@@ -1,0 +1,37 @@
+"""What a timing was taken on (versions, GPU), for reports: numbers from different machines differ."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+
+
+def gpu_names() -> list[str]:
+    """Names of the NVIDIA GPUs (``nvidia-smi``), or [] where there is none or it cannot be asked."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def environment(device: str | None = None) -> dict:
+    import onnx
+    import onnxruntime as ort
+
+    from onnxfuse import __version__
+
+    return {
+        "onnxfuse": __version__,
+        "onnxruntime": ort.__version__,
+        "onnx": onnx.__version__,
+        "python": platform.python_version(),
+        "device": device,
+        "gpus": gpu_names() if device != "cpu" else [],
+        "cpu": platform.processor() or platform.machine(),
+    }
