@@ -67,7 +67,7 @@ def latency_table(results, title: str) -> Table:
         table.add_column(col, justify="right")
     base = results[0].stats.median_ms if results else None
     if len(results) > 1:
-        table.add_column("speed-up", justify="right", no_wrap=True)
+        table.add_column("speed-up", justify="right")
     for r in results:
         s = r.stats
         row = [r.name, *(_ms(x) for x in (s.median_ms, s.p90_ms, s.p99_ms, s.min_ms, s.mean_ms)),
