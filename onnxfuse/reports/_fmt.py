@@ -39,7 +39,7 @@ def shape(s) -> str:
 
 def worst(c) -> str:
     """'[i, j] A=… B=…' for a Comparison's worst element, or '-'."""
-    if c.worst_index is None or c.error:
+    if c.worst_index is None or c.error or (c.max_abs == 0 and not c.nonfinite_mismatches):
         return "-"
     sample = c.extra.get("worst_sample")
     where = ("s" + str(sample) + " " if sample is not None else "") + str(list(c.worst_index))

@@ -1,0 +1,186 @@
+"""``onnxfuse diff A B``: run two models on the same inputs and report how far apart they are."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from onnxfuse.cli.common import EXIT_CODES_HELP, fail, handle_errors, input_options, stderr, stdout
+from onnxfuse.diff import DEFAULT_BATCH_SIZE, diff_models, parse_tol_options
+from onnxfuse.errors import ValidationFailed
+from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown, write_json, write_text
+from onnxfuse.validate.inputs import parse_shape_options
+
+DIFF_HELP = """Run models A and B on the same inputs and compare every output.
+
+Inputs are seeded random data drawn from A's signature (or --inputs), cast to each model's own input
+dtypes, so an fp16 model and its fp32 original see the same values. Each side runs on its own
+provider, so CPU-vs-GPU and fp32-vs-fp16 are both one command. For every output: max abs/rel error,
+mean abs error, RMS error, cosine similarity, the fraction of elements beyond tolerance, the worst
+element, and NaN/Inf mismatches. A is the reference. --intermediates also compares every tensor the
+two models share by name (or through B's `onnxfuse.tensor_map` metadata), in topological order, and
+names the first one that drifts beyond tolerance.
+
+\b
+Examples:
+  onnxfuse diff model.onnx model.opt.onnx
+  onnxfuse diff model.onnx model.onnx --provider-a cpu --provider-b cuda
+  onnxfuse diff model.fp32.onnx model.fp16.onnx --samples 4 --tol logits:1e-2:1e-3
+  onnxfuse diff a.onnx b.onnx --intermediates --json diff.json --html diff.html
+  onnxfuse diff a.onnx b.onnx --shape input:8,3,224,224 --markdown "$GITHUB_STEP_SUMMARY" --junit diff.xml
+
+Tolerance per element: |B - A| <= atol + rtol * |A|. Defaults depend on dtype (the looser of the two
+sides: fp32 rtol 1e-4, fp16 1e-2; atol scaled by the tensor's largest magnitude); --rtol/--atol
+replace them for every tensor, --tol NAME:RTOL:ATOL for one tensor. Only outputs decide the exit
+code; intermediate drift is diagnostic.
+"""
+
+PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
+
+
+@click.command(help=DIFF_HELP, epilog=EXIT_CODES_HELP.replace("validation failed: outputs differ beyond tolerance "
+                                                               "(nothing written)",
+                                                               "drift: an output differs beyond tolerance"))
+@click.argument("model_a", metavar="A", type=click.Path(dir_okay=True))
+@click.argument("model_b", metavar="B", type=click.Path(dir_okay=True))
+@click.option("--provider-a", type=PROVIDER, default="auto", show_default=True, help="Provider that runs A.")
+@click.option("--provider-b", type=PROVIDER, default="auto", show_default=True, help="Provider that runs B.")
+@input_options
+@click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Number of random draws (seeds SEED, SEED+1, ...); metrics cover all of them.")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance for every tensor (default: by dtype).")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance for every tensor (default: by dtype and scale).")
+@click.option("--tol", "tols", multiple=True, metavar="NAME:RTOL:ATOL",
+              help="Tolerance for one output or tensor (repeatable), e.g. logits:1e-3:1e-5.")
+@click.option("--intermediates", is_flag=True, help="Also compare every tensor both models share, and name the "
+                                                    "first one that drifts beyond tolerance.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE, show_default=True,
+              help="With --intermediates: tensors exposed per run (bounds memory).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the report as JSON "
+              "(schema: docs/diff-report.schema.json).")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
+              help="Write a Markdown summary (appended when PATH is $GITHUB_STEP_SUMMARY).")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
+              help="Write JUnit XML: each output a testcase, failures with their metrics.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+              help="Write a self-contained HTML report with an error histogram per output.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors (and the failure line on drift).")
+@handle_errors
+def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, samples, rtol, atol, tols,
+         intermediates, batch_size, json_path, markdown_path, junit_path, html_path, quiet) -> None:
+    shape_map = parse_shape_options(shapes)
+    tolerances = parse_tol_options(tols)
+    _check_report_paths(json_path, markdown_path, junit_path, html_path)
+
+    status = contextlib.nullcontext() if quiet else stderr.status("comparing…", spinner="dots")
+    with status as live:
+        def progress(message: str) -> None:
+            if live is not None:
+                live.update(f"{message}…")
+
+        report = diff_models(
+            model_a, model_b, shapes=shape_map, seed=seed, inputs_path=inputs_path, samples=samples,
+            provider_a=provider_a.lower(), provider_b=provider_b.lower(), rtol=rtol, atol=atol,
+            tolerances=tolerances, intermediates=intermediates, batch_size=batch_size,
+            histograms=html_path is not None or json_path is not None, progress=progress,
+        )
+
+    if json_path:
+        write_json(json_path, report)
+    if markdown_path:
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        append = bool(summary) and Path(summary).resolve() == Path(markdown_path).resolve()
+        write_text(markdown_path, diff_markdown(report) + "\n", what="Markdown report", append=append)
+    if junit_path:
+        write_text(junit_path, diff_junit(report), what="JUnit report")
+    if html_path:
+        write_text(html_path, diff_html(report), what="HTML report")
+
+    if not quiet:
+        _print_report(report)
+    if not report.passed:
+        bad = [c for c in report.outputs if not c.passed]
+        fail(ValidationFailed(f"{len(bad)} of {len(report.outputs)} output(s) differ beyond tolerance: "
+                              + "; ".join(_fmt.one_line(c) for c in bad[:3])
+                              + (" …" if len(bad) > 3 else "")), ValidationFailed.exit_code)
+
+
+def _check_report_paths(*paths) -> None:
+    """Fail before the (possibly long) comparison when a report cannot be written."""
+    from onnxfuse.errors import ModelSaveError
+
+    for p in filter(None, paths):
+        path = Path(p)
+        parent = path.parent if str(path.parent) else Path(".")
+        if path.is_dir():
+            raise ModelSaveError(f"{path}: is a directory, cannot write a report there")
+        if not parent.is_dir():
+            raise ModelSaveError(f"{path}: directory {parent} does not exist")
+
+
+def _table(title: str, comparisons, positions: bool = False) -> Table:
+    """Metrics table; on a narrow terminal mean abs, RMS and the worst element are left to the reports."""
+    wide = stdout.width >= 130
+    table = Table(title=title, title_justify="left")
+    if positions:
+        table.add_column("#", justify="right")
+        table.add_column("op")
+    columns = [("tensor", "left"), ("shape", "left"), ("max abs", "right"), ("max rel", "right")]
+    if wide:
+        columns += [("mean abs", "right"), ("RMS", "right")]
+    columns += [("cosine", "right"), ("beyond tol", "right")]
+    if wide:
+        columns += [("worst element", "left")]
+    columns += [("result", "left")]
+    for col, just in columns:
+        table.add_column(col, justify=just, overflow="fold", no_wrap=col not in ("tensor", "worst element"))
+    for c in comparisons:
+        name = escape(c.name + (f" → {c.extra['name_b']}" if c.extra.get("name_b") else ""))
+        pre = [str(c.extra.get("position", "")), c.extra.get("op_type", "")] if positions else []
+        if c.error:
+            blanks = [""] * (len(columns) - 3)
+            table.add_row(*pre, name, _fmt.shape(c.shape), *blanks, f"[red]FAIL[/] ({escape(c.error)})")
+            continue
+        beyond = _fmt.percent(c.mismatch_fraction)
+        if c.nonfinite_mismatches:
+            beyond += f" ({c.nonfinite_mismatches} NaN/Inf)"
+        verdict = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
+        row = [name, _fmt.shape(c.shape), _fmt.num(c.max_abs), _fmt.num(c.max_rel)]
+        if wide:
+            row += [_fmt.num(c.mean_abs), _fmt.num(c.rms)]
+        row += [_fmt.num(c.cosine, 6), beyond]
+        if wide:
+            row += [escape(_fmt.worst(c))]
+        table.add_row(*pre, *row, verdict)
+    return table
+
+
+def _print_report(report, max_rows: int = 20) -> None:
+    inputs = report.inputs
+    src = f"seed {inputs['seed']}" if inputs.get("seed") is not None else f"inputs from {inputs['source']}"
+    shapes = ", ".join(f"{k} {_fmt.shape(v)}" for k, v in inputs["shapes"].items()) or "no inputs"
+    stdout.print(f"A: {report.model_a} ({report.provider_a.upper()})   B: {report.model_b} "
+                 f"({report.provider_b.upper()})", markup=False)
+    stdout.print(f"inputs: {src}, {inputs['samples']} sample(s); {shapes}", markup=False)
+    stdout.print(_table("Outputs", report.outputs))
+    if report.intermediates_checked:
+        bad = [c for c in report.intermediates if not c.passed]
+        if bad:
+            shown = bad[:max_rows]
+            more = f" (first {len(shown)} of {len(bad)}; all in --json/--html)" if len(bad) > len(shown) else ""
+            stdout.print(_table(f"Intermediate tensors beyond tolerance{more}", shown, positions=True))
+        stdout.print(f"intermediates: {len(report.intermediates)} compared, {len(bad)} beyond tolerance")
+    fd = report.first_divergence
+    if fd:
+        where = escape(f" ({fd['op_type']} node {fd['node']!r})") if fd.get("op_type") else ""
+        stdout.print(f"[bold]first divergence:[/] {fd['kind']} [bold]{escape(fd['name'])}[/]{where}, "
+                     f"max abs {_fmt.num(fd['max_abs'])}", highlight=False)
+    for note in report.notes:
+        stdout.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    verdict = "[green]pass[/]: all outputs within tolerance" if report.passed else "[red]FAIL[/]: drift beyond tolerance"
+    stdout.print(f"{verdict} ({report.seconds:.2f} s)")
