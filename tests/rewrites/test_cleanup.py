@@ -1,0 +1,124 @@
+"""Cleanup passes: Identity removal (graph outputs included), dead nodes, unused initializers."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from helpers import assert_same_outputs, make_model, op_types, run_ort, vi
+from onnxfuse.model_io import to_graph, to_model
+from onnxfuse.rewrites import apply_rules
+from onnxfuse.rewrites.cleanup import cleanup
+
+
+def _clean(model):
+    graph = to_graph(model)
+    counts = cleanup(graph)
+    out = to_model(graph, model)
+    onnx.checker.check_model(out, full_check=True)
+    return out, counts
+
+
+def _node(op, inputs, outputs, **attrs):
+    return helper.make_node(op, inputs, outputs, name=outputs[0] + "_node", **attrs)
+
+
+X = vi("x", ["N", 3])
+
+
+def test_identity_between_nodes_is_removed():
+    model = make_model([_node("Relu", ["x"], ["r"]), _node("Identity", ["r"], ["i"]), _node("Sigmoid", ["i"], ["y"])],
+                       [X], [vi("y", ["N", 3])])
+    out, counts = _clean(model)
+    assert op_types(out) == ["Relu", "Sigmoid"]
+    assert counts["identity"] == 1
+    assert list(out.graph.node[1].input) == ["r"]
+    assert_same_outputs(model, out)
+
+
+def test_identity_to_graph_output_keeps_the_output_name():
+    model = make_model([_node("Relu", ["x"], ["r"]), _node("Identity", ["r"], ["y"])], [X], [vi("y", ["N", 3])])
+    out, counts = _clean(model)
+    assert op_types(out) == ["Relu"]
+    assert counts["identity"] == 1
+    assert [o.name for o in out.graph.output] == ["y"]
+    assert list(out.graph.node[0].output) == ["y"]
+    assert_same_outputs(model, out)
+
+
+def test_identity_to_graph_output_with_other_readers():
+    nodes = [_node("Relu", ["x"], ["r"]), _node("Identity", ["r"], ["y"]), _node("Sigmoid", ["r"], ["z"])]
+    model = make_model(nodes, [X], [vi("y", ["N", 3]), vi("z", ["N", 3])])
+    out, counts = _clean(model)
+    assert op_types(out) == ["Relu", "Sigmoid"]
+    assert [o.name for o in out.graph.output] == ["y", "z"]
+    assert list(out.graph.node[1].input) == ["y"]
+    assert_same_outputs(model, out)
+
+
+def test_identity_chain_to_graph_output():
+    nodes = [_node("Relu", ["x"], ["r"]), _node("Identity", ["r"], ["i"]), _node("Identity", ["i"], ["y"])]
+    model = make_model(nodes, [X], [vi("y", ["N", 3])])
+    out, counts = _clean(model)
+    assert op_types(out) == ["Relu"]
+    assert counts["identity"] == 2
+    assert_same_outputs(model, out)
+
+
+def test_identity_from_graph_input_or_initializer_to_output_is_kept():
+    init = numpy_helper.from_array(np.arange(3, dtype=np.float32), "w")
+    nodes = [_node("Identity", ["x"], ["y"]), _node("Identity", ["w"], ["z"])]
+    model = make_model(nodes, [X], [vi("y", ["N", 3]), vi("z", [3])], [init])
+    out, counts = _clean(model)
+    assert op_types(out) == ["Identity", "Identity"]
+    assert counts["identity"] == 0
+    assert_same_outputs(model, out)
+
+
+def test_identity_between_two_graph_outputs_is_kept():
+    nodes = [_node("Relu", ["x"], ["r"]), _node("Identity", ["r"], ["y"])]
+    model = make_model(nodes, [X], [vi("r", ["N", 3]), vi("y", ["N", 3])])
+    out, counts = _clean(model)
+    assert op_types(out) == ["Relu", "Identity"]
+    assert_same_outputs(model, out)
+
+
+def test_dead_nodes_and_unused_initializers_are_removed_unused_inputs_kept():
+    inits = [numpy_helper.from_array(np.ones(3, np.float32), "used"),
+             numpy_helper.from_array(np.ones(3, np.float32), "unused")]
+    nodes = [_node("Add", ["x", "used"], ["y"]), _node("Relu", ["x"], ["dead1"]), _node("Neg", ["dead1"], ["dead2"])]
+    model = make_model(nodes, [X, vi("spare", [2])], [vi("y", ["N", 3])], inits)
+    out, counts = _clean(model)
+    assert op_types(out) == ["Add"]
+    assert counts["dead-node"] == 2
+    assert [i.name for i in out.graph.initializer] == ["used"]
+    assert [i.name for i in out.graph.input] == ["x", "spare"]
+
+
+def test_identity_inside_a_subgraph_is_removed():
+    then_g = helper.make_graph([_node("Relu", ["x"], ["t"]), _node("Identity", ["t"], ["then_out"])], "then", [],
+                               [vi("then_out", ["N", 3])])
+    else_g = helper.make_graph([_node("Neg", ["x"], ["e"]), _node("Identity", ["e"], ["else_out"])], "else", [],
+                               [vi("else_out", ["N", 3])])
+    nodes = [helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_g, else_branch=else_g)]
+    model = make_model(nodes, [X, vi("cond", [], TensorProto.BOOL)], [vi("y", ["N", 3])])
+    out, counts = _clean(model)
+    assert counts["identity"] == 2
+    for attr in out.graph.node[0].attribute:
+        assert [n.op_type for n in attr.g.node] in (["Relu"], ["Neg"])
+    for cond in (True, False):
+        feeds = {"x": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), "cond": np.array(cond)}
+        np.testing.assert_array_equal(run_ort(model, feeds)["y"], run_ort(out, feeds)["y"])
+
+
+def test_apply_rules_runs_cleanup_and_reports_it():
+    nodes = [_node("Identity", ["x"], ["i"]), _node("Relu", ["i"], ["y"]), _node("Sigmoid", ["x"], ["dead"])]
+    model = make_model(nodes, [X], [vi("y", ["N", 3])])
+    graph = to_graph(model)
+    report = apply_rules(graph, [])
+    assert report.cleanup == {"identity": 1, "dead-node": 1}
+    assert report.total == 0
+    out = to_model(graph, model)
+    assert op_types(out) == ["Relu"]
+    assert_same_outputs(model, out)
