@@ -1,0 +1,144 @@
+"""The FusedElementwise custom op: its contract and the library that implements it.
+
+A ``FusedElementwise`` node (domain :data:`DOMAIN`, op type :data:`OP_TYPE`, opset
+:data:`OPSET_VERSION`) evaluates a small elementwise program, carried as the readable string
+attribute :data:`PROGRAM_ATTR` (language: ``docs/program-language.md``), over its inputs broadcast
+together. Any number of inputs (of mixed dtypes) and outputs; every output has the broadcast shape.
+
+The op is implemented by a C++ shared library built with the package (``_fused_ops.so``, see
+``setup.py``) that ONNX Runtime loads by path: a CPU kernel that interprets the program over blocks
+of elements, and a CUDA kernel generated from the program and compiled with NVRTC for the GPU in
+hand on first use (cached in memory and under ``$XDG_CACHE_HOME/onnxfuse/kernels``;
+``ONNXFUSE_KERNEL_CACHE=0`` disables the disk cache).
+
+This module imports nothing heavy: ``onnxruntime`` is imported only by :func:`session_options`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+    import onnxruntime
+
+#: ONNX domain of the fused op (add ``onnx.helper.make_opsetid(DOMAIN, OPSET_VERSION)`` to models).
+DOMAIN = "ai.onnxfuse"
+#: ONNX op type of the fused op.
+OP_TYPE = "FusedElementwise"
+#: Opset version of :data:`DOMAIN` that the library implements.
+OPSET_VERSION = 1
+#: Name of the node's string attribute holding the program.
+PROGRAM_ATTR = "program"
+#: Version of the program language (the number in the ``onnxfuse.elementwise N`` header).
+LANGUAGE_VERSION = 1
+
+#: Environment variable: use this library file instead of the one built with the package.
+LIBRARY_ENV = "ONNXFUSE_LIBRARY"
+#: Environment variable read by the library: ':'-separated libnvrtc files to try first.
+NVRTC_ENV = "ONNXFUSE_NVRTC_PATH"
+
+_LIBRARY_NAME = "_fused_ops.so"
+
+__all__ = [
+    "DOMAIN", "OP_TYPE", "OPSET_VERSION", "PROGRAM_ATTR", "LANGUAGE_VERSION",
+    "LibraryNotFoundError", "library_path", "session_options", "make_node", "opset_import",
+    "nvrtc_library_path",
+]
+
+
+class LibraryNotFoundError(RuntimeError):
+    """The compiled custom-op library is missing (the package was not built/installed)."""
+
+
+def library_path() -> str:
+    """Absolute path of the compiled FusedElementwise library for ONNX Runtime.
+
+    ``$ONNXFUSE_LIBRARY`` overrides it. Raises :class:`LibraryNotFoundError` with the fix when the
+    library was not built.
+    """
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        if not os.path.isfile(override):
+            raise LibraryNotFoundError(f"{LIBRARY_ENV}={override} does not exist")
+        return os.path.abspath(override)
+    path = Path(__file__).resolve().parent / _LIBRARY_NAME
+    if not path.is_file():
+        raise LibraryNotFoundError(
+            f"onnxfuse's custom-op library is missing ({path}). It is compiled when the package is "
+            'installed: reinstall with `pip install -e ".[dev]"` (or `pip install .`) from the '
+            "source tree, which needs a C++17 compiler (g++) and ONNX Runtime's C headers "
+            "(fetched automatically, or set ONNXRUNTIME_INCLUDE_DIR)."
+        )
+    return str(path)
+
+
+def nvrtc_library_path() -> str | None:
+    """libnvrtc from the ``nvidia-cuda-nvrtc`` wheel, if installed (else None)."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        for sub in ("cu13/lib", "cuda_nvrtc/lib", "cu12/lib"):
+            d = Path(root) / sub
+            if not d.is_dir():
+                continue
+            for name in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"):
+                if (d / name).is_file():
+                    return str(d / name)
+    return None
+
+
+def _export_nvrtc_path() -> None:
+    """Let the library find the wheel's libnvrtc (the system's is tried after it)."""
+    found = nvrtc_library_path()
+    if not found:
+        return
+    current = os.environ.get(NVRTC_ENV, "")
+    parts = [p for p in current.split(":") if p]
+    if found not in parts:
+        os.environ[NVRTC_ENV] = ":".join(parts + [found])
+
+
+def session_options(base: "onnxruntime.SessionOptions | None" = None) -> "onnxruntime.SessionOptions":
+    """``onnxruntime.SessionOptions`` with the FusedElementwise library registered.
+
+    ``base`` is modified and returned when given. Registering twice on the same options is
+    harmless to avoid but not needed: call this once per options object.
+    """
+    import onnxruntime as ort
+
+    opts = base if base is not None else ort.SessionOptions()
+    _export_nvrtc_path()
+    opts.register_custom_ops_library(library_path())
+    return opts
+
+
+def opset_import() -> "onnx.OperatorSetIdProto":
+    """The opset import a model using the fused op needs."""
+    import onnx.helper
+
+    return onnx.helper.make_opsetid(DOMAIN, OPSET_VERSION)
+
+
+def make_node(
+    program: str,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    name: str | None = None,
+    **kwargs: Any,
+) -> "onnx.NodeProto":
+    """A FusedElementwise ``NodeProto`` running ``program`` (text) on ``inputs``."""
+    import onnx.helper
+
+    return onnx.helper.make_node(
+        OP_TYPE, list(inputs), list(outputs), name=name, domain=DOMAIN,
+        **{PROGRAM_ATTR: program}, **kwargs,
+    )

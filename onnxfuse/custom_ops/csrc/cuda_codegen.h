@@ -1,0 +1,39 @@
+// Program -> CUDA C++ source for NVRTC. The source starts with ops.h (embedded at build time), so
+// the device maths is the same text the CPU kernel is compiled from.
+#ifndef ONNXFUSE_CUDA_CODEGEN_H_
+#define ONNXFUSE_CUDA_CODEGEN_H_
+
+#include <string>
+
+#include "program.h"
+
+namespace onnxfuse {
+
+// Kernel variants (bit flags). The runtime compiles all of them in one module.
+enum CudaVariant : int {
+  kVariantFastVec = 1,     // every input has the output's shape or is a single element; V elements
+                           // per thread with 128-bit loads/stores (pointers 16-byte aligned), scalar tail
+  kVariantFastScalar = 2,  // same inputs, one element per thread (any alignment)
+  kVariantBroadcast = 4,   // general broadcasting through per-input strides (up to kMaxDims dims)
+  kVariantAll = 7,
+};
+constexpr int kMaxDims = 8;
+constexpr int kBlockThreads = 256;
+
+struct CudaSource {
+  std::string code;
+  int vec = 4;   // elements per thread of the vectorized kernel
+  int nin = 0, nout = 0;
+};
+
+// Kernel names: ofx_fast_vec_{32,64}, ofx_fast_scalar_{32,64}, ofx_bcast_{32,64} (32/64: index width).
+CudaSource cuda_source(const Program& prog, int variants);
+
+// Byte size of the kernel-parameter struct for nin inputs and nout outputs; its layout is
+//   const void* in[nin]; void* out[nout]; long long n; long long scalar_mask; int ndim; int pad;
+//   long long dims[8]; long long strides[nin][8];
+inline size_t cuda_params_size(int nin, int nout) { return 8 * (nin + nout) + 24 + 8 * kMaxDims + 8 * kMaxDims * nin; }
+
+}  // namespace onnxfuse
+
+#endif  // ONNXFUSE_CUDA_CODEGEN_H_

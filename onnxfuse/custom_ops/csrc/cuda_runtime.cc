@@ -1,0 +1,545 @@
+// NVRTC compilation, kernel cache (memory + disk) and launches through the CUDA driver API.
+// Everything CUDA is declared here and resolved with dlopen/dlsym on first use.
+#include "cuda_runtime.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+namespace onnxfuse {
+
+namespace {
+
+constexpr int kCacheVersion = 1;
+
+// ------------------------------------------------------------------ driver API declarations
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st* CUcontext;
+typedef struct CUmod_st* CUmodule;
+typedef struct CUfunc_st* CUfunction;
+typedef struct CUstream_st* CUstream;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+
+struct Driver {
+  bool ok = false;
+  std::string error;
+  CUresult (*cuInit)(unsigned int);
+  CUresult (*cuDriverGetVersion)(int*);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuCtxPushCurrent)(CUcontext);
+  CUresult (*cuCtxPopCurrent)(CUcontext*);
+  CUresult (*cuCtxGetCurrent)(CUcontext*);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void**, void**);
+  CUresult (*cuGetErrorString)(CUresult, const char**);
+  std::string err_str(CUresult r) const {
+    const char* s = nullptr;
+    if (cuGetErrorString && cuGetErrorString(r, &s) == 0 && s) return std::string(s) + " (" + std::to_string(r) + ")";
+    return "CUDA driver error " + std::to_string(r);
+  }
+};
+
+// ------------------------------------------------------------------ NVRTC declarations
+typedef int nvrtcResult;
+typedef struct _nvrtcProgram* nvrtcProgram;
+struct Nvrtc {
+  bool ok = false;
+  std::string error;
+  std::string path;
+  int major = 0, minor = 0;
+  const char* (*nvrtcGetErrorString)(nvrtcResult);
+  nvrtcResult (*nvrtcVersion)(int*, int*);
+  nvrtcResult (*nvrtcCreateProgram)(nvrtcProgram*, const char*, const char*, int, const char* const*, const char* const*);
+  nvrtcResult (*nvrtcDestroyProgram)(nvrtcProgram*);
+  nvrtcResult (*nvrtcCompileProgram)(nvrtcProgram, int, const char* const*);
+  nvrtcResult (*nvrtcGetProgramLogSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetProgramLog)(nvrtcProgram, char*);
+  nvrtcResult (*nvrtcGetPTXSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetPTX)(nvrtcProgram, char*);
+  nvrtcResult (*nvrtcGetCUBINSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetCUBIN)(nvrtcProgram, char*);
+  nvrtcResult (*nvrtcGetNumSupportedArchs)(int*);
+  nvrtcResult (*nvrtcGetSupportedArchs)(int*);
+};
+
+template <class F>
+bool sym(void* h, const char* name, F* out, std::string* err) {
+  *out = reinterpret_cast<F>(dlsym(h, name));
+  if (!*out) {
+    *err += std::string(err->empty() ? "" : "; ") + "missing symbol " + name;
+    return false;
+  }
+  return true;
+}
+
+std::mutex g_mu;
+
+Driver& driver() {
+  static Driver d;
+  static bool tried = false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (tried) return d;
+  tried = true;
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    d.error = std::string("cannot load the CUDA driver (libcuda.so.1): ") + dlerror();
+    return d;
+  }
+  std::string e;
+  bool ok = sym(h, "cuInit", &d.cuInit, &e) & sym(h, "cuDriverGetVersion", &d.cuDriverGetVersion, &e) &
+            sym(h, "cuDeviceGet", &d.cuDeviceGet, &e) & sym(h, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute, &e) &
+            sym(h, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain, &e) &
+            sym(h, "cuCtxPushCurrent_v2", &d.cuCtxPushCurrent, &e) & sym(h, "cuCtxPopCurrent_v2", &d.cuCtxPopCurrent, &e) &
+            sym(h, "cuCtxGetCurrent", &d.cuCtxGetCurrent, &e) & sym(h, "cuCtxSetCurrent", &d.cuCtxSetCurrent, &e) &
+            sym(h, "cuModuleLoadData", &d.cuModuleLoadData, &e) &
+            sym(h, "cuModuleGetFunction", &d.cuModuleGetFunction, &e) & sym(h, "cuLaunchKernel", &d.cuLaunchKernel, &e) &
+            sym(h, "cuGetErrorString", &d.cuGetErrorString, &e);
+  if (!ok) {
+    d.error = "the CUDA driver is missing entry points: " + e;
+    return d;
+  }
+  CUresult r = d.cuInit(0);
+  if (r != 0) {
+    d.error = "cuInit failed: " + d.err_str(r);
+    return d;
+  }
+  d.ok = true;
+  return d;
+}
+
+std::vector<std::string> nvrtc_candidates() {
+  std::vector<std::string> c;
+  if (const char* p = std::getenv("ONNXFUSE_NVRTC_PATH")) {
+    std::string s(p);
+    size_t st = 0;
+    while (st <= s.size()) {  // ':'-separated list of files
+      size_t e = s.find(':', st);
+      if (e == std::string::npos) e = s.size();
+      if (e > st) c.push_back(s.substr(st, e - st));
+      st = e + 1;
+    }
+  }
+  for (const char* n : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) c.push_back(n);
+  std::vector<std::string> roots;
+  for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
+    if (const char* p = std::getenv(env)) roots.push_back(p);
+  roots.push_back("/usr/local/cuda");
+  for (const auto& r : roots)
+    for (const char* sub : {"/lib64/", "/targets/x86_64-linux/lib/", "/targets/sbsa-linux/lib/"})
+      for (const char* n : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) c.push_back(r + sub + n);
+  return c;
+}
+
+Nvrtc& nvrtc() {
+  static Nvrtc n;
+  static bool tried = false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (tried) return n;
+  tried = true;
+  void* h = nullptr;
+  std::string tried_list;
+  for (const auto& cand : nvrtc_candidates()) {
+    h = dlopen(cand.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h) {
+      n.path = cand;
+      break;
+    }
+    tried_list += (tried_list.empty() ? "" : ", ") + cand;
+  }
+  if (!h) {
+    n.error = "cannot load NVRTC (tried " + tried_list +
+              "); install the nvidia-cuda-nvrtc wheel or the CUDA toolkit, or set ONNXFUSE_NVRTC_PATH to libnvrtc.so";
+    return n;
+  }
+  std::string e;
+  bool ok = sym(h, "nvrtcGetErrorString", &n.nvrtcGetErrorString, &e) & sym(h, "nvrtcVersion", &n.nvrtcVersion, &e) &
+            sym(h, "nvrtcCreateProgram", &n.nvrtcCreateProgram, &e) &
+            sym(h, "nvrtcDestroyProgram", &n.nvrtcDestroyProgram, &e) &
+            sym(h, "nvrtcCompileProgram", &n.nvrtcCompileProgram, &e) &
+            sym(h, "nvrtcGetProgramLogSize", &n.nvrtcGetProgramLogSize, &e) &
+            sym(h, "nvrtcGetProgramLog", &n.nvrtcGetProgramLog, &e) & sym(h, "nvrtcGetPTXSize", &n.nvrtcGetPTXSize, &e) &
+            sym(h, "nvrtcGetPTX", &n.nvrtcGetPTX, &e);
+  // Optional (CUDA >= 11.1 / 11.2).
+  n.nvrtcGetCUBINSize = reinterpret_cast<decltype(n.nvrtcGetCUBINSize)>(dlsym(h, "nvrtcGetCUBINSize"));
+  n.nvrtcGetCUBIN = reinterpret_cast<decltype(n.nvrtcGetCUBIN)>(dlsym(h, "nvrtcGetCUBIN"));
+  n.nvrtcGetNumSupportedArchs = reinterpret_cast<decltype(n.nvrtcGetNumSupportedArchs)>(dlsym(h, "nvrtcGetNumSupportedArchs"));
+  n.nvrtcGetSupportedArchs = reinterpret_cast<decltype(n.nvrtcGetSupportedArchs)>(dlsym(h, "nvrtcGetSupportedArchs"));
+  if (!ok) {
+    n.error = n.path + " is missing entry points: " + e;
+    return n;
+  }
+  n.nvrtcVersion(&n.major, &n.minor);
+  n.ok = true;
+  return n;
+}
+
+// 64-bit FNV-1a, twice with different offsets -> 128-bit hex key.
+std::string hash_hex(const std::string& s) {
+  uint64_t h1 = 1469598103934665603ull, h2 = 0x84222325cbf29ce4ull ^ 0x9e3779b97f4a7c15ull;
+  for (unsigned char c : s) {
+    h1 = (h1 ^ c) * 1099511628211ull;
+    h2 = (h2 ^ c) * 0x100000001b3ull + 0x9e37ull;
+  }
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h1), static_cast<unsigned long long>(h2));
+  return buf;
+}
+
+struct Stats {
+  long compiles = 0, disk_hits = 0, memory_hits = 0, disk_writes = 0;
+  double compile_ms = 0, load_ms = 0, last_compile_ms = 0, last_disk_load_ms = 0;
+  std::string last_key, last_arch;
+} g_stats;
+
+std::string cache_dir() {
+  const char* off = std::getenv("ONNXFUSE_KERNEL_CACHE");
+  if (off && (std::string(off) == "0" || std::string(off) == "off" || std::string(off) == "false")) return "";
+  std::string base;
+  if (off && off[0] == '/') return off;  // an explicit folder
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) base = x;
+  else if (const char* home = std::getenv("HOME"); home && *home) base = std::string(home) + "/.cache";
+  else return "";
+  return base + "/onnxfuse/kernels";
+}
+
+void mkdirs(const std::string& path) {
+  std::string cur;
+  size_t st = 0;
+  while (st < path.size()) {
+    size_t e = path.find('/', st + 1);
+    if (e == std::string::npos) e = path.size();
+    cur = path.substr(0, e);
+    if (!cur.empty()) mkdir(cur.c_str(), 0755);
+    st = e;
+  }
+}
+
+bool read_file(const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+// Disk entry: "ONNXFUSE-KERNEL <version>\n<key>\n<source length>\n<source><binary>"
+bool disk_load(const std::string& dir, const std::string& key, const std::string& source, std::string* bin) {
+  if (dir.empty()) return false;
+  std::string data;
+  if (!read_file(dir + "/" + hash_hex(key) + ".bin", &data)) return false;
+  std::string head = "ONNXFUSE-KERNEL " + std::to_string(kCacheVersion) + "\n" + key + "\n" +
+                     std::to_string(source.size()) + "\n";
+  if (data.compare(0, head.size(), head) != 0) return false;
+  if (data.compare(head.size(), source.size(), source) != 0) return false;
+  *bin = data.substr(head.size() + source.size());
+  return !bin->empty();
+}
+
+void disk_store(const std::string& dir, const std::string& key, const std::string& source, const std::string& bin) {
+  if (dir.empty()) return;
+  mkdirs(dir);
+  std::string path = dir + "/" + hash_hex(key) + ".bin";
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    if (!f) return;
+    f << "ONNXFUSE-KERNEL " << kCacheVersion << "\n" << key << "\n" << source.size() << "\n" << source << bin;
+    if (!f) {
+      std::remove(tmp.c_str());
+      return;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
+  else g_stats.disk_writes++;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+bool nvrtc_compile(const std::string& source, const std::string& arch, std::string* binary, std::string* log) {
+  Nvrtc& nv = nvrtc();
+  if (!nv.ok) {
+    *log = nv.error;
+    return false;
+  }
+  nvrtcProgram prog = nullptr;
+  nvrtcResult r = nv.nvrtcCreateProgram(&prog, source.c_str(), "onnxfuse_fused.cu", 0, nullptr, nullptr);
+  if (r != 0) {
+    *log = std::string("nvrtcCreateProgram failed: ") + nv.nvrtcGetErrorString(r);
+    return false;
+  }
+  std::string arch_opt = "--gpu-architecture=" + arch;
+  const char* opts[] = {arch_opt.c_str(), "--std=c++17", "--fmad=true", "-DONNXFUSE_NVRTC=1"};
+  r = nv.nvrtcCompileProgram(prog, 4, opts);
+  size_t log_size = 0;
+  nv.nvrtcGetProgramLogSize(prog, &log_size);
+  std::string lg(log_size, '\0');
+  if (log_size > 1) nv.nvrtcGetProgramLog(prog, &lg[0]);
+  while (!lg.empty() && (lg.back() == '\0' || lg.back() == '\n')) lg.pop_back();
+  *log = lg;
+  bool ok = r == 0;
+  if (!ok) {
+    *log = std::string("NVRTC ") + std::to_string(nv.major) + "." + std::to_string(nv.minor) + " (" + nv.path +
+           ") failed: " + nv.nvrtcGetErrorString(r) + "\n" + lg;
+  } else {
+    bool cubin = arch.rfind("sm_", 0) == 0;
+    size_t sz = 0;
+    if (cubin) {
+      if (!nv.nvrtcGetCUBINSize || !nv.nvrtcGetCUBIN) {
+        *log = "this NVRTC cannot produce CUBIN";
+        ok = false;
+      } else {
+        nv.nvrtcGetCUBINSize(prog, &sz);
+        binary->assign(sz, '\0');
+        nv.nvrtcGetCUBIN(prog, &(*binary)[0]);
+      }
+    } else {
+      nv.nvrtcGetPTXSize(prog, &sz);
+      binary->assign(sz, '\0');
+      nv.nvrtcGetPTX(prog, &(*binary)[0]);  // NUL-terminated, as cuModuleLoadData wants
+    }
+  }
+  nv.nvrtcDestroyProgram(&prog);
+  return ok;
+}
+
+struct CudaModule {
+  CUmodule module = nullptr;
+  CUcontext ctx = nullptr;
+  CUfunction fn[3][2] = {{nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}};  // [variant][64-bit]
+};
+
+namespace {
+std::map<std::string, std::shared_ptr<CudaModule>>& module_cache() {
+  static auto* m = new std::map<std::string, std::shared_ptr<CudaModule>>();  // never freed: outlives ORT
+  return *m;
+}
+std::map<std::string, std::string>& binary_cache() {
+  static auto* m = new std::map<std::string, std::string>();
+  return *m;
+}
+std::mutex g_cache_mu;
+}  // namespace
+
+std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, std::string* err) {
+  Driver& d = driver();
+  if (!d.ok) {
+    *err = d.error;
+    return nullptr;
+  }
+  const int nin = static_cast<int>(prog.inputs.size()), nout = static_cast<int>(prog.outputs.size());
+  if (nin > 48 || nout > 64 || cuda_params_size(nin, nout) > 4096) {
+    *err = "too many inputs/outputs for one CUDA kernel (at most 48 inputs and 64 outputs)";
+    return nullptr;
+  }
+  CUdevice dev;
+  CUresult r = d.cuDeviceGet(&dev, device);
+  if (r != 0) {
+    *err = "cuDeviceGet(" + std::to_string(device) + ") failed: " + d.err_str(r);
+    return nullptr;
+  }
+  int maj = 0, min = 0;
+  d.cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+  d.cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+  int cc = maj * 10 + min;
+
+  CudaSource src = cuda_source(prog, kVariantAll);
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  Nvrtc& nv = nvrtc();
+  if (!nv.ok) {
+    *err = nv.error;
+    return nullptr;
+  }
+  // Pick the target: CUBIN for the device when NVRTC knows it, else PTX for the newest virtual
+  // architecture NVRTC supports that is not newer than the device (the driver JIT-compiles it).
+  std::string arch = "sm_" + std::to_string(cc);
+  if (nv.nvrtcGetNumSupportedArchs && nv.nvrtcGetSupportedArchs) {
+    int na = 0;
+    nv.nvrtcGetNumSupportedArchs(&na);
+    std::vector<int> archs(na > 0 ? na : 0);
+    if (na > 0) nv.nvrtcGetSupportedArchs(archs.data());
+    bool known = false;
+    int best = 0;
+    for (int a : archs) {
+      known = known || a == cc;
+      if (a <= cc && a > best) best = a;
+    }
+    if (!known && best > 0) arch = "compute_" + std::to_string(best);
+  }
+  const std::string key = "v" + std::to_string(kCacheVersion) + " " + arch + " nvrtc" + std::to_string(nv.major) + "." +
+                          std::to_string(nv.minor) + " " + hash_hex(src.code);
+  const std::string mkey = key + " dev" + std::to_string(device);
+  g_stats.last_key = key;
+  g_stats.last_arch = arch;
+
+  auto it = module_cache().find(mkey);
+  std::shared_ptr<CudaModule> mod;
+  if (it != module_cache().end()) {
+    g_stats.memory_hits++;
+    mod = it->second;
+  } else {
+    std::string bin;
+    auto bit = binary_cache().find(key);
+    const std::string dir = cache_dir();
+    bool from_disk = false;
+    if (bit != binary_cache().end()) {
+      bin = bit->second;
+      g_stats.memory_hits++;
+    } else {
+      auto t0 = std::chrono::steady_clock::now();
+      if (disk_load(dir, key, src.code, &bin)) {
+        from_disk = true;
+        g_stats.disk_hits++;
+        g_stats.last_disk_load_ms = ms_since(t0);
+      } else {
+        std::string log;
+        if (!nvrtc_compile(src.code, arch, &bin, &log)) {
+          *err = "NVRTC could not compile the kernel for this program:\n" + prog.text + "\n--- NVRTC log ---\n" + log;
+          return nullptr;
+        }
+        g_stats.compiles++;
+        g_stats.last_compile_ms = ms_since(t0);
+        g_stats.compile_ms += g_stats.last_compile_ms;
+      }
+    }
+    // Load into the device's primary context (the one the CUDA runtime, and so ONNX Runtime, uses).
+    auto t1 = std::chrono::steady_clock::now();
+    mod = std::make_shared<CudaModule>();
+    r = d.cuDevicePrimaryCtxRetain(&mod->ctx, dev);
+    if (r != 0) {
+      *err = "cuDevicePrimaryCtxRetain failed: " + d.err_str(r);
+      return nullptr;
+    }
+    d.cuCtxPushCurrent(mod->ctx);
+    r = d.cuModuleLoadData(&mod->module, bin.data());
+    if (r != 0 && from_disk) {  // stale cache entry (e.g. PTX newer than the driver): recompile
+      std::string log;
+      if (!nvrtc_compile(src.code, arch, &bin, &log)) {
+        CUcontext dummy;
+        d.cuCtxPopCurrent(&dummy);
+        *err = "NVRTC could not compile the kernel for this program:\n" + prog.text + "\n--- NVRTC log ---\n" + log;
+        return nullptr;
+      }
+      g_stats.compiles++;
+      from_disk = false;
+      r = d.cuModuleLoadData(&mod->module, bin.data());
+    }
+    if (r == 0) {
+      const char* names[3] = {"ofx_fast_vec", "ofx_fast_scalar", "ofx_bcast"};
+      for (int v = 0; v < 3 && r == 0; ++v)
+        for (int w = 0; w < 2 && r == 0; ++w)
+          r = d.cuModuleGetFunction(&mod->fn[v][w], mod->module, (std::string(names[v]) + (w ? "_64" : "_32")).c_str());
+    }
+    CUcontext dummy;
+    d.cuCtxPopCurrent(&dummy);
+    if (r != 0) {
+      *err = "loading the compiled kernel failed: " + d.err_str(r) + " (arch " + arch + ")";
+      return nullptr;
+    }
+    g_stats.load_ms += ms_since(t1);
+    binary_cache()[key] = bin;
+    if (!from_disk && bit == binary_cache().end()) disk_store(dir, key, src.code, bin);
+    module_cache()[mkey] = mod;
+  }
+  std::unique_ptr<CudaKernel> k(new CudaKernel());
+  k->module_ = mod;
+  k->nin_ = nin;
+  k->nout_ = nout;
+  k->vec_ = src.vec;
+  k->device_ = device;
+  return k;
+}
+
+bool CudaKernel::launch(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream,
+                        std::string* err) const {
+  Driver& d = driver();
+  if (L.n == 0) return true;
+  // Kernel-parameter struct, laid out as in cuda_params_size().
+  alignas(16) unsigned char buf[4096];
+  const size_t size = cuda_params_size(nin_, nout_);
+  std::memset(buf, 0, size);
+  unsigned char* p = buf;
+  std::memcpy(p, in, 8 * nin_);
+  p += 8 * nin_;
+  std::memcpy(p, out, 8 * nout_);
+  p += 8 * nout_;
+  long long n = L.n, mask = 0;
+  for (int k = 0; k < nin_; ++k)
+    if (L.kind[k] == BroadcastLayout::kScalar) mask |= 1ll << k;
+  std::memcpy(p, &n, 8);
+  std::memcpy(p + 8, &mask, 8);
+  int variant;
+  if (L.all_fast()) {
+    bool aligned = true;
+    for (int k = 0; k < nin_; ++k)
+      if (L.kind[k] == BroadcastLayout::kFull) aligned = aligned && reinterpret_cast<uintptr_t>(in[k]) % 16 == 0;
+    for (int j = 0; j < nout_; ++j) aligned = aligned && reinterpret_cast<uintptr_t>(out[j]) % 16 == 0;
+    variant = aligned ? 0 : 1;
+  } else {
+    variant = 2;
+    int nd = static_cast<int>(L.dims.size());
+    if (nd > kMaxDims) {
+      *err = "broadcast needs " + std::to_string(nd) + " dimensions after merging; the CUDA kernel handles " +
+             std::to_string(kMaxDims);
+      return false;
+    }
+    std::memcpy(p + 16, &nd, 4);
+    long long* dims = reinterpret_cast<long long*>(p + 24);
+    for (int i = 0; i < nd; ++i) dims[i] = L.dims[i];
+    long long* strides = dims + kMaxDims;
+    for (int k = 0; k < nin_; ++k)
+      for (int i = 0; i < nd; ++i) strides[k * kMaxDims + i] = L.strides[k][i];
+  }
+  long long threads = L.n;
+  if (variant == 0) threads = L.n / vec_ + L.n % vec_;
+  const bool wide = L.n > 2147483647ll;
+  long long blocks = (threads + kBlockThreads - 1) / kBlockThreads;
+  if (blocks > 2147483647ll) {
+    *err = "tensor too large for one launch";
+    return false;
+  }
+  CUfunction fn = module_->fn[variant][wide ? 1 : 0];
+  CUcontext cur = nullptr;
+  if (d.cuCtxGetCurrent(&cur) != 0 || cur == nullptr) d.cuCtxSetCurrent(module_->ctx);
+  void* args[] = {buf};
+  CUresult r = d.cuLaunchKernel(fn, static_cast<unsigned>(blocks), 1, 1, kBlockThreads, 1, 1, 0,
+                                static_cast<CUstream>(stream), args, nullptr);
+  if (r != 0) {
+    *err = "cuLaunchKernel failed: " + d.err_str(r);
+    return false;
+  }
+  return true;
+}
+
+std::string cuda_stats_json() {
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  std::ostringstream s;
+  s << "{\"compiles\": " << g_stats.compiles << ", \"disk_hits\": " << g_stats.disk_hits
+    << ", \"memory_hits\": " << g_stats.memory_hits << ", \"disk_writes\": " << g_stats.disk_writes
+    << ", \"compile_ms\": " << g_stats.compile_ms << ", \"last_compile_ms\": " << g_stats.last_compile_ms
+    << ", \"last_disk_load_ms\": " << g_stats.last_disk_load_ms << ", \"load_ms\": " << g_stats.load_ms
+    << ", \"last_arch\": \"" << g_stats.last_arch << "\", \"cache_dir\": \"" << cache_dir() << "\"}";
+  return s.str();
+}
+
+}  // namespace onnxfuse

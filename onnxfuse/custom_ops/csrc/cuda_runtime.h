@@ -1,0 +1,40 @@
+// CUDA side of FusedElementwise: the driver API and NVRTC, loaded with dlopen only when a CUDA
+// kernel is created (no CUDA headers or libraries needed to build or to load this library).
+#ifndef ONNXFUSE_CUDA_RUNTIME_H_
+#define ONNXFUSE_CUDA_RUNTIME_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "broadcast.h"
+#include "cuda_codegen.h"
+#include "program.h"
+
+namespace onnxfuse {
+
+struct CudaModule;  // a loaded CUmodule with its kernels
+
+class CudaKernel {
+ public:
+  // Generates, compiles (NVRTC, cached in memory and on disk) and loads the kernels of `prog` for
+  // CUDA device `device`. Returns nullptr and sets *err (with the NVRTC log) on failure.
+  static std::unique_ptr<CudaKernel> create(const Program& prog, int device, std::string* err);
+  // Launches on `stream` (a CUstream / cudaStream_t). No host synchronisation, no allocation.
+  bool launch(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream, std::string* err) const;
+
+ private:
+  std::shared_ptr<CudaModule> module_;
+  int nin_ = 0, nout_ = 0, vec_ = 4;
+  int device_ = 0;
+};
+
+// Compiles CUDA source to PTX (arch like "compute_90") or CUBIN ("sm_90") with NVRTC; for tests.
+bool nvrtc_compile(const std::string& source, const std::string& arch, std::string* binary, std::string* log);
+
+// JSON with counters: compiles, disk_hits, memory_hits, compile_ms, load_ms, last_source_hash, nvrtc.
+std::string cuda_stats_json();
+
+}  // namespace onnxfuse
+
+#endif  // ONNXFUSE_CUDA_RUNTIME_H_

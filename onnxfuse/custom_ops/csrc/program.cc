@@ -1,0 +1,612 @@
+// Parser for the FusedElementwise program language, version 1 (docs/program-language.md).
+#include "program.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+
+#include "ops.h"
+
+namespace onnxfuse {
+
+namespace {
+
+const char* kDTypeNames[kNumDTypes] = {"float32", "float16", "bfloat16", "int32", "int64", "bool"};
+
+const OpInfo kOps[] = {
+    {"Add", 2, "ofx_add"},           {"Sub", 2, "ofx_sub"},
+    {"Mul", 2, "ofx_mul"},           {"Div", 2, "ofx_div"},
+    {"Pow", 2, "ofx_pow"},           {"Min", 2, "ofx_min"},
+    {"Max", 2, "ofx_max"},           {"Neg", 1, "ofx_neg"},
+    {"Abs", 1, "ofx_abs"},           {"Sign", 1, "ofx_sign"},
+    {"Exp", 1, "ofx_exp"},           {"Log", 1, "ofx_log"},
+    {"Sqrt", 1, "ofx_sqrt"},         {"Reciprocal", 1, "ofx_reciprocal"},
+    {"Sin", 1, "ofx_sin"},           {"Cos", 1, "ofx_cos"},
+    {"Tanh", 1, "ofx_tanh"},         {"Erf", 1, "ofx_erf"},
+    {"Floor", 1, "ofx_floor"},       {"Ceil", 1, "ofx_ceil"},
+    {"Round", 1, "ofx_round"},       {"Sigmoid", 1, "ofx_sigmoid"},
+    {"Relu", 1, "ofx_relu"},         {"Softplus", 1, "ofx_softplus"},
+    {"Softsign", 1, "ofx_softsign"}, {"Mish", 1, "ofx_mish"},
+    {"HardSwish", 1, "ofx_hard_swish"}, {"LeakyRelu", 1, "ofx_leaky_relu"},
+    {"Elu", 1, "ofx_elu"},           {"Celu", 1, "ofx_celu"},
+    {"Selu", 1, "ofx_selu"},         {"HardSigmoid", 1, "ofx_hard_sigmoid"},
+    {"Gelu", 1, "ofx_gelu"},         {"Clip", 1, "ofx_clip"},
+    {"Identity", 1, "ofx_identity"}, {"Cast", 1, "ofx_cast"},
+    {"Where", 3, "ofx_where"},       {"Equal", 2, "ofx_equal"},
+    {"Less", 2, "ofx_less"},         {"LessOrEqual", 2, "ofx_less_equal"},
+    {"Greater", 2, "ofx_greater"},   {"GreaterOrEqual", 2, "ofx_greater_equal"},
+    {"Not", 1, "ofx_not"},           {"And", 2, "ofx_and"},
+    {"Or", 2, "ofx_or"},             {"Xor", 2, "ofx_xor"},
+};
+static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(Op::NumOps), "op table");
+
+// ------------------------------------------------------------------ lexer
+enum class Tok { Ident, Number, Punct, End };
+struct Token {
+  Tok kind;
+  std::string text;
+};
+
+bool is_ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// Strict number grammar: [+-]? ( decimal | hexfloat | inf | nan ), checked before strtod.
+//   decimal : digits [. digits?] [(e|E) [+-]? digits] | . digits [(e|E) [+-]? digits]
+//   hexfloat: 0(x|X) (hexdigits [. hexdigits?] | . hexdigits) (p|P) [+-]? digits
+bool valid_number(const std::string& s) {
+  size_t i = 0, n = s.size();
+  if (i < n && (s[i] == '+' || s[i] == '-')) ++i;
+  std::string rest = s.substr(i);
+  if (rest == "inf" || rest == "nan") return true;
+  auto digits = [&](bool hex) {
+    size_t st = i;
+    while (i < n && (hex ? std::isxdigit(static_cast<unsigned char>(s[i])) : std::isdigit(static_cast<unsigned char>(s[i])))) ++i;
+    return i - st;
+  };
+  bool hex = false;
+  if (i + 1 < n && s[i] == '0' && (s[i + 1] == 'x' || s[i + 1] == 'X')) {
+    hex = true;
+    i += 2;
+  }
+  size_t intd = digits(hex), fracd = 0;
+  if (i < n && s[i] == '.') {
+    ++i;
+    fracd = digits(hex);
+  }
+  if (intd + fracd == 0) return false;
+  if (hex) {
+    if (i >= n || (s[i] != 'p' && s[i] != 'P')) return false;
+    ++i;
+    if (i < n && (s[i] == '+' || s[i] == '-')) ++i;
+    if (digits(false) == 0) return false;
+  } else if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < n && (s[i] == '+' || s[i] == '-')) ++i;
+    if (digits(false) == 0) return false;
+  }
+  return i == n;
+}
+
+bool lex_line(const std::string& line, std::vector<Token>* toks, std::string* err) {
+  size_t i = 0, n = line.size();
+  while (i < n) {
+    char c = line[i];
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v') {
+      ++i;
+      continue;
+    }
+    if (is_ident_start(c)) {
+      size_t st = i;
+      while (i < n && is_ident_char(line[i])) ++i;
+      toks->push_back({Tok::Ident, line.substr(st, i - st)});
+      continue;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == '+' || c == '-') {
+      size_t st = i;
+      ++i;
+      bool hex = false;
+      if (c == '+' || c == '-') {
+        // a signed number or signed inf/nan
+        if (i < n && is_ident_start(line[i])) {
+          while (i < n && is_ident_char(line[i])) ++i;
+          toks->push_back({Tok::Number, line.substr(st, i - st)});
+          continue;
+        }
+      }
+      while (i < n) {
+        char d = line[i];
+        if (d == 'x' || d == 'X') hex = true;
+        if (is_ident_char(d) || d == '.') {
+          ++i;
+        } else if ((d == '+' || d == '-') &&
+                   (hex ? (line[i - 1] == 'p' || line[i - 1] == 'P') : (line[i - 1] == 'e' || line[i - 1] == 'E'))) {
+          ++i;
+        } else {
+          break;
+        }
+      }
+      toks->push_back({Tok::Number, line.substr(st, i - st)});
+      continue;
+    }
+    if (std::strchr(":=()[],", c) != nullptr) {
+      toks->push_back({Tok::Punct, std::string(1, c)});
+      ++i;
+      continue;
+    }
+    *err = std::string("unexpected character '") + c + "'";
+    return false;
+  }
+  toks->push_back({Tok::End, ""});
+  return true;
+}
+
+struct ParseError {
+  std::string msg;
+};
+
+class LineParser {
+ public:
+  explicit LineParser(std::vector<Token> t) : toks_(std::move(t)) {}
+  const Token& peek(size_t k = 0) const { return toks_[std::min(pos_ + k, toks_.size() - 1)]; }
+  Token next() {
+    Token t = peek();
+    if (pos_ < toks_.size() - 1) ++pos_;
+    return t;
+  }
+  bool at_punct(const char* p) const { return peek().kind == Tok::Punct && peek().text == p; }
+  void expect_punct(const char* p, const char* what) {
+    if (!at_punct(p)) throw ParseError{std::string("expected '") + p + "' " + what + ", found " + describe(peek())};
+    next();
+  }
+  std::string expect_ident(const char* what) {
+    if (peek().kind != Tok::Ident) throw ParseError{std::string("expected ") + what + ", found " + describe(peek())};
+    return next().text;
+  }
+  void expect_end() {
+    if (peek().kind != Tok::End) throw ParseError{"unexpected " + describe(peek()) + " at end of statement"};
+  }
+  static std::string describe(const Token& t) {
+    if (t.kind == Tok::End) return "end of line";
+    return "'" + t.text + "'";
+  }
+
+ private:
+  std::vector<Token> toks_;
+  size_t pos_ = 0;
+};
+
+double parse_number_text(const std::string& s) {
+  if (!valid_number(s)) throw ParseError{"invalid number '" + s + "'"};
+  std::string body = s;
+  bool neg = false;
+  if (!body.empty() && (body[0] == '+' || body[0] == '-')) {
+    neg = body[0] == '-';
+    body = body.substr(1);
+  }
+  double v;
+  if (body == "inf") {
+    v = HUGE_VAL;
+  } else if (body == "nan") {
+    v = std::nan("");
+  } else {
+    errno = 0;
+    char* end = nullptr;
+    v = std::strtod(body.c_str(), &end);
+    if (end == nullptr || *end != '\0') throw ParseError{"invalid number '" + s + "'"};
+    // strtod gives +-HUGE_VAL on overflow, like Python's float() gives inf... Python raises
+    // OverflowError only for int(); float('1e999') is inf. Accept it the same way.
+  }
+  return neg ? -v : v;
+}
+
+bool is_plain_integer(const std::string& s) {
+  size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+  if (i >= s.size()) return false;
+  for (size_t k = i; k < s.size(); ++k)
+    if (!std::isdigit(static_cast<unsigned char>(s[k]))) return false;
+  return true;
+}
+
+// Attribute descriptors per op.
+struct AttrSpec {
+  const char* name;
+  bool numeric;  // number, else bare word
+  double def;
+};
+
+std::vector<AttrSpec> attr_specs(Op op) {
+  switch (op) {
+    case Op::LeakyRelu: return {{"alpha", true, 0.01}};
+    case Op::Elu: return {{"alpha", true, 1.0}};
+    case Op::Celu: return {{"alpha", true, 1.0}};
+    case Op::Selu: return {{"alpha", true, 1.67326319217681884765625}, {"gamma", true, 1.05070102214813232421875}};
+    case Op::HardSigmoid: return {{"alpha", true, 0.2}, {"beta", true, 0.5}};
+    case Op::Gelu: return {{"approximate", false, 0}};
+    case Op::Clip: return {{"min", true, -HUGE_VAL}, {"max", true, HUGE_VAL}};
+    case Op::Cast: return {{"to", false, 0}};
+    default: return {};
+  }
+}
+
+enum class TypeRule {
+  Arith,        // same dtype, float or int -> same
+  FloatBinary,  // same float dtype -> same (Pow)
+  FloatUnary,   // float -> same
+  SignedUnary,  // float or int -> same (Neg Abs Sign Relu Clip)
+  Any,          // Identity
+  Cast,
+  Where,
+  Equal,        // same dtype (any) -> bool
+  Compare,      // same dtype, float or int -> bool
+  BoolUnary,
+  BoolBinary,
+};
+
+TypeRule type_rule(Op op) {
+  switch (op) {
+    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Min: case Op::Max:
+      return TypeRule::Arith;
+    case Op::Pow: return TypeRule::FloatBinary;
+    case Op::Neg: case Op::Abs: case Op::Sign: case Op::Relu: case Op::Clip:
+      return TypeRule::SignedUnary;
+    case Op::Identity: return TypeRule::Any;
+    case Op::Cast: return TypeRule::Cast;
+    case Op::Where: return TypeRule::Where;
+    case Op::Equal: return TypeRule::Equal;
+    case Op::Less: case Op::LessOrEqual: case Op::Greater: case Op::GreaterOrEqual:
+      return TypeRule::Compare;
+    case Op::Not: return TypeRule::BoolUnary;
+    case Op::And: case Op::Or: case Op::Xor: return TypeRule::BoolBinary;
+    default: return TypeRule::FloatUnary;
+  }
+}
+
+// Round a float constant to its storage dtype; check integer constants.
+void set_const_value(Value* v, const std::string& text) {
+  if (is_float(v->dtype)) {
+    double d = parse_number_text(text);
+    if (v->dtype == DType::F32) d = static_cast<double>(static_cast<float>(d));
+    else if (v->dtype == DType::F16) d = ofx_h2f(ofx_f2h(static_cast<float>(d)));
+    else d = ofx_bf2f(ofx_f2bf(static_cast<float>(d)));
+    // Note: float32 -> float16 double rounding (float64 -> float32 -> float16) can differ from a
+    // direct float64 -> float16 rounding only for values within 2^-29 relative of a float16 tie;
+    // printers never produce such constants for float16 values.
+    v->fconst = d;
+    return;
+  }
+  int64_t iv;
+  if (is_plain_integer(text)) {
+    errno = 0;
+    long long ll = std::strtoll(text.c_str(), nullptr, 10);
+    if (errno == ERANGE) throw ParseError{"constant " + text + " is out of range for " + dtype_name(v->dtype)};
+    iv = ll;
+  } else {
+    double d = parse_number_text(text);
+    if (!(d == std::floor(d)) || std::isinf(d) || d >= 9223372036854775808.0 || d < -9223372036854775808.0)
+      throw ParseError{"constant " + text + " is not a valid " + std::string(dtype_name(v->dtype)) + " value"};
+    iv = static_cast<int64_t>(d);
+  }
+  if (v->dtype == DType::I32 && (iv < INT32_MIN || iv > INT32_MAX))
+    throw ParseError{"constant " + text + " is out of range for int32"};
+  if (v->dtype == DType::BOOL && iv != 0 && iv != 1)
+    throw ParseError{"bool constant must be 0 or 1, got " + text};
+  v->iconst = iv;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ dtype helpers
+const char* dtype_name(DType t) { return kDTypeNames[static_cast<int>(t)]; }
+bool dtype_from_name(const std::string& s, DType* out) {
+  for (int i = 0; i < kNumDTypes; ++i)
+    if (s == kDTypeNames[i]) {
+      *out = static_cast<DType>(i);
+      return true;
+    }
+  return false;
+}
+bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+bool is_int(DType t) { return t == DType::I32 || t == DType::I64; }
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+    case DType::I64: return 8;
+    case DType::BOOL: return 1;
+  }
+  return 0;
+}
+int dtype_to_onnx(DType t) {
+  switch (t) {
+    case DType::F32: return 1;
+    case DType::F16: return 10;
+    case DType::BF16: return 16;
+    case DType::I32: return 6;
+    case DType::I64: return 7;
+    case DType::BOOL: return 9;
+  }
+  return 0;
+}
+bool dtype_from_onnx(int onnx, DType* out) {
+  for (int i = 0; i < kNumDTypes; ++i)
+    if (dtype_to_onnx(static_cast<DType>(i)) == onnx) {
+      *out = static_cast<DType>(i);
+      return true;
+    }
+  return false;
+}
+const OpInfo& op_info(Op op) { return kOps[static_cast<int>(op)]; }
+
+// ------------------------------------------------------------------ parser
+bool parse_program(const std::string& text, Program* out, std::string* err) {
+  Program prog;
+  prog.text = text;
+  std::unordered_map<std::string, int> names;
+  std::map<std::string, Op> op_by_name;
+  for (int i = 0; i < static_cast<int>(Op::NumOps); ++i) op_by_name[kOps[i].name] = static_cast<Op>(i);
+
+  enum Stage { kHeader, kInputs, kOps, kOutputs } stage = kHeader;
+  int lineno = 0;
+  size_t pos = 0;
+  try {
+    while (pos <= text.size()) {
+      size_t nl = text.find('\n', pos);
+      if (nl == std::string::npos) nl = text.size();
+      std::string line = text.substr(pos, nl - pos);
+      pos = nl + 1;
+      ++lineno;
+      size_t hash = line.find('#');
+      if (hash != std::string::npos) line = line.substr(0, hash);
+      std::vector<Token> toks;
+      std::string lex_err;
+      if (!lex_line(line, &toks, &lex_err)) throw ParseError{lex_err};
+      if (toks.size() == 1) continue;  // blank
+      LineParser p(std::move(toks));
+
+      if (stage == kHeader) {
+        // onnxfuse.elementwise VERSION  -> lexed as Ident("onnxfuse") Number(".elementwise")? No:
+        // '.' starts a number token, so match the raw text instead.
+        std::string s = line;
+        size_t a = s.find_first_not_of(" \t\r\f\v");
+        size_t b = s.find_last_not_of(" \t\r\f\v");
+        s = s.substr(a, b - a + 1);
+        const std::string magic = "onnxfuse.elementwise";
+        if (s.compare(0, magic.size(), magic) != 0 ||
+            (s.size() > magic.size() && s[magic.size()] != ' ' && s[magic.size()] != '\t'))
+          throw ParseError{"expected header 'onnxfuse.elementwise 1'"};
+        std::string ver = s.substr(magic.size());
+        size_t va = ver.find_first_not_of(" \t");
+        ver = va == std::string::npos ? "" : ver.substr(va);
+        bool digits = !ver.empty();
+        for (char c : ver) digits = digits && std::isdigit(static_cast<unsigned char>(c));
+        if (!digits) throw ParseError{"expected a language version number after 'onnxfuse.elementwise'"};
+        if (ver != "1") throw ParseError{"unsupported program language version " + ver + " (this build reads version 1)"};
+        stage = kInputs;
+        continue;
+      }
+
+      const Token& t0 = p.peek();
+      bool kw = t0.kind == Tok::Ident && p.peek(1).kind == Tok::Ident;
+      auto define = [&](const std::string& name) {
+        if (names.count(name)) throw ParseError{"'" + name + "' is already defined"};
+        names[name] = static_cast<int>(prog.values.size());
+      };
+      auto read_dtype = [&]() {
+        std::string d = p.expect_ident("a dtype");
+        DType t;
+        if (!dtype_from_name(d, &t)) throw ParseError{"unknown dtype '" + d + "'"};
+        return t;
+      };
+      auto lookup = [&](const std::string& name) {
+        auto it = names.find(name);
+        if (it == names.end()) throw ParseError{"'" + name + "' is not defined"};
+        return it->second;
+      };
+
+      if (kw && t0.text == "input") {
+        if (stage != kInputs) throw ParseError{"input declarations must come before operations and outputs"};
+        p.next();
+        std::string name = p.expect_ident("an input name");
+        p.expect_punct(":", "after the input name");
+        DType t = read_dtype();
+        p.expect_end();
+        define(name);
+        Value v{Value::kInput, name, t};
+        v.input_index = static_cast<int>(prog.inputs.size());
+        prog.inputs.push_back(static_cast<int>(prog.values.size()));
+        prog.values.push_back(v);
+      } else if (kw && t0.text == "const") {
+        p.next();
+        std::string name = p.expect_ident("a constant name");
+        p.expect_punct(":", "after the constant name");
+        DType t = read_dtype();
+        p.expect_punct("=", "after the constant's dtype");
+        Token num = p.next();
+        if (num.kind != Tok::Number && !(num.kind == Tok::Ident && (num.text == "inf" || num.text == "nan")))
+          throw ParseError{"expected a number, found " + LineParser::describe(num)};
+        p.expect_end();
+        Value v{Value::kConst, name, t};
+        set_const_value(&v, num.text);
+        define(name);
+        prog.values.push_back(v);
+      } else if (kw && t0.text == "output") {
+        p.next();
+        std::string name = p.expect_ident("an output name");
+        p.expect_end();
+        prog.outputs.push_back(lookup(name));
+        stage = kOutputs;
+      } else {
+        // NAME: DTYPE = OP[attrs](args)
+        if (stage == kOutputs) throw ParseError{"operations must come before outputs"};
+        if (prog.inputs.empty()) throw ParseError{"a program needs at least one input before its operations"};
+        stage = kOps;
+        std::string name = p.expect_ident("a statement ('input', 'const', 'output' or NAME: DTYPE = OP(...))");
+        p.expect_punct(":", "after the result name");
+        DType t = read_dtype();
+        p.expect_punct("=", "after the result dtype");
+        std::string opname = p.expect_ident("an op name");
+        auto oit = op_by_name.find(opname);
+        if (oit == op_by_name.end()) throw ParseError{"unknown op '" + opname + "'"};
+        Op op = oit->second;
+        Instr ins;
+        ins.op = op;
+        std::vector<AttrSpec> specs = attr_specs(op);
+        std::map<std::string, Token> attrs;
+        if (p.at_punct("[")) {
+          p.next();
+          while (true) {
+            std::string key = p.expect_ident("an attribute name");
+            p.expect_punct("=", "after the attribute name");
+            Token val = p.next();
+            if (val.kind != Tok::Number && val.kind != Tok::Ident)
+              throw ParseError{"expected an attribute value, found " + LineParser::describe(val)};
+            if (attrs.count(key)) throw ParseError{"attribute '" + key + "' given twice"};
+            attrs[key] = val;
+            if (p.at_punct(",")) {
+              p.next();
+              continue;
+            }
+            p.expect_punct("]", "to close the attribute list");
+            break;
+          }
+        }
+        p.expect_punct("(", "before the arguments");
+        if (!p.at_punct(")")) {
+          while (true) {
+            ins.args.push_back(lookup(p.expect_ident("an argument name")));
+            if (p.at_punct(",")) {
+              p.next();
+              continue;
+            }
+            break;
+          }
+        }
+        p.expect_punct(")", "after the arguments");
+        p.expect_end();
+        const OpInfo& info = op_info(op);
+        if (static_cast<int>(ins.args.size()) != info.arity)
+          throw ParseError{std::string(info.name) + " takes " + std::to_string(info.arity) + " argument" +
+                           (info.arity == 1 ? "" : "s") + ", got " + std::to_string(ins.args.size())};
+        // attributes
+        double nums[2] = {0, 0};
+        int ni = 0;
+        bool have_to = false;
+        for (const auto& kv : attrs) {
+          bool known = false;
+          for (const auto& s : specs) known = known || kv.first == s.name;
+          if (!known) throw ParseError{std::string(info.name) + " has no attribute '" + kv.first + "'"};
+        }
+        for (const auto& s : specs) {
+          auto it = attrs.find(s.name);
+          if (s.numeric) {
+            double v = s.def;
+            if (it != attrs.end()) {
+              const Token& tv = it->second;
+              if (tv.kind == Tok::Ident && tv.text != "inf" && tv.text != "nan")
+                throw ParseError{std::string("attribute '") + s.name + "' of " + info.name + " must be a number, got '" + tv.text + "'"};
+              v = parse_number_text(tv.text);
+            }
+            nums[ni++] = v;
+          } else if (op == Op::Cast) {
+            if (it == attrs.end()) throw ParseError{"Cast needs attribute 'to'"};
+            if (it->second.kind != Tok::Ident || !dtype_from_name(it->second.text, &ins.to))
+              throw ParseError{"attribute 'to' of Cast must be a dtype, got '" + it->second.text + "'"};
+            have_to = true;
+          } else if (op == Op::Gelu) {
+            if (it != attrs.end()) {
+              const std::string& w = it->second.text;
+              if (it->second.kind != Tok::Ident || (w != "none" && w != "tanh"))
+                throw ParseError{"attribute 'approximate' of Gelu must be 'none' or 'tanh', got '" + w + "'"};
+              ins.approximate_tanh = w == "tanh";
+            }
+          }
+        }
+        (void)have_to;
+        ins.a = nums[0];
+        ins.b = nums[1];
+        // types
+        std::vector<DType> at;
+        for (int a : ins.args) at.push_back(prog.values[a].dtype);
+        auto same = [&](size_t from) {
+          for (size_t k = from + 1; k < at.size(); ++k)
+            if (at[k] != at[from])
+              throw ParseError{std::string(info.name) + " operands must share one dtype, got " + dtype_name(at[from]) +
+                               " and " + dtype_name(at[k])};
+        };
+        auto need = [&](bool ok, const char* what) {
+          if (!ok) throw ParseError{std::string(info.name) + " needs " + what + " operands, got " + dtype_name(at[0])};
+        };
+        DType rt = DType::F32;
+        switch (type_rule(op)) {
+          case TypeRule::Arith: same(0); need(is_float(at[0]) || is_int(at[0]), "numeric (float or int)"); rt = at[0]; break;
+          case TypeRule::FloatBinary: same(0); need(is_float(at[0]), "float"); rt = at[0]; break;
+          case TypeRule::FloatUnary: need(is_float(at[0]), "float"); rt = at[0]; break;
+          case TypeRule::SignedUnary: need(is_float(at[0]) || is_int(at[0]), "numeric (float or int)"); rt = at[0]; break;
+          case TypeRule::Any: rt = at[0]; break;
+          case TypeRule::Cast: rt = ins.to; break;
+          case TypeRule::Where:
+            if (at[0] != DType::BOOL)
+              throw ParseError{std::string("Where's condition must be bool, got ") + dtype_name(at[0])};
+            same(1);
+            rt = at[1];
+            break;
+          case TypeRule::Equal: same(0); rt = DType::BOOL; break;
+          case TypeRule::Compare: same(0); need(is_float(at[0]) || is_int(at[0]), "numeric (float or int)"); rt = DType::BOOL; break;
+          case TypeRule::BoolUnary: need(at[0] == DType::BOOL, "bool"); rt = DType::BOOL; break;
+          case TypeRule::BoolBinary: same(0); need(at[0] == DType::BOOL, "bool"); rt = DType::BOOL; break;
+        }
+        if (op == Op::Clip) {
+          if (std::isnan(ins.a) || std::isnan(ins.b)) throw ParseError{"Clip bounds must not be nan"};
+          if (is_int(at[0])) {
+            double lim_lo = at[0] == DType::I32 ? -2147483648.0 : -9223372036854775808.0;
+            double lim_hi = at[0] == DType::I32 ? 2147483647.0 : 9223372036854775807.0;
+            double bounds[2] = {ins.a, ins.b};
+            int64_t ib[2];
+            for (int k = 0; k < 2; ++k) {
+              double d = bounds[k];
+              if (std::isinf(d)) {
+                ib[k] = d < 0 ? (at[0] == DType::I32 ? INT32_MIN : INT64_MIN) : (at[0] == DType::I32 ? INT32_MAX : INT64_MAX);
+              } else {
+                if (d != std::floor(d) || d < lim_lo || d > lim_hi)
+                  throw ParseError{"Clip bound " + std::to_string(d) + " is not a valid " + dtype_name(at[0]) + " value"};
+                ib[k] = static_cast<int64_t>(d);
+              }
+            }
+            ins.ilo = ib[0];
+            ins.ihi = ib[1];
+          }
+        }
+        if (t != rt)
+          throw ParseError{"'" + name + "' is declared " + dtype_name(t) + " but " + info.name + " gives " + dtype_name(rt)};
+        define(name);
+        ins.result = static_cast<int>(prog.values.size());
+        prog.values.push_back(Value{Value::kOp, name, t});
+        prog.instrs.push_back(ins);
+      }
+    }
+  } catch (const ParseError& e) {
+    *err = "line " + std::to_string(lineno) + ": " + e.msg;
+    return false;
+  }
+  if (stage == kHeader) {
+    *err = "line 1: expected header 'onnxfuse.elementwise 1' (the program is empty)";
+    return false;
+  }
+  if (prog.inputs.empty()) {
+    *err = "line " + std::to_string(lineno) + ": a program needs at least one input";
+    return false;
+  }
+  if (prog.outputs.empty()) {
+    *err = "line " + std::to_string(lineno) + ": a program needs at least one output";
+    return false;
+  }
+  *out = std::move(prog);
+  return true;
+}
+
+}  // namespace onnxfuse
