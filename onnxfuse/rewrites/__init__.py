@@ -14,12 +14,14 @@ from onnxfuse.rewrites.cleanup import cleanup
 # --- the registry: one line per rule, in the order they run -------------------------------------
 from onnxfuse.rewrites.fold_batchnorm import FoldBatchNormIntoConv, FoldBatchNormIntoConvTranspose, FoldBatchNormIntoGemm
 from onnxfuse.rewrites.fold_scale_bias import FoldScaleBias
+from onnxfuse.rewrites.fuse_elementwise import FuseElementwiseRegions
 
 RULES: list[Rule] = [
     FoldBatchNormIntoConv(),
     FoldBatchNormIntoConvTranspose(),
     FoldBatchNormIntoGemm(),
     FoldScaleBias(),
+    FuseElementwiseRegions(),  # last: takes whatever elementwise ops are left
 ]
 # ---------------------------------------------------------------------------------------------------
 

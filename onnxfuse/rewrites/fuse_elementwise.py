@@ -1,0 +1,717 @@
+"""Fuse connected regions of elementwise ops into one ``FusedElementwise`` node (target ``cuda``).
+
+What it does
+------------
+Every op the FusedElementwise language can express (``onnxfuse.custom_ops.expr.OP_TABLE``, plus
+lowerings: n-ary Sum/Min/Max/Mean become binary chains, Clip with constant bounds becomes
+``Clip[min=, max=]``, PRelu becomes ``Where(Less(x, 0), Mul(x, slope), x)``) is a *fusible node*.
+Maximal connected groups of fusible nodes become one node of domain ``ai.onnxfuse`` whose
+``program`` attribute holds the computation as readable text (docs/program-language.md):
+
+* the node's inputs are the region's inputs (in order of first use), including non-scalar constant
+  tensors (initializers stay initializers);
+* scalar constants (one element, and not raising the rank of the op that reads them) are written
+  into the program as ``const`` lines, exactly (ProgramBuilder prints the shortest text that
+  reads back to the same value);
+* the node's outputs are the values the rest of the graph still needs: values read outside the
+  region (also by nodes inside If/Loop bodies) and graph outputs. They keep their tensor objects,
+  hence their names, so nothing is recomputed or lost. Intermediate values disappear.
+
+The op's contract is that *every output has the broadcast shape of all node inputs*. So a value
+that leaves the region must be provably that large. Shapes come from ONNX shape inference (plus a
+small pass giving known shape-preserving com.microsoft ops the shape of their first input) merged
+with our own symbolic broadcasting; a dimension is known (int), symbolic (``dim_param``, equal only
+to the same name) or unknown. An input ``i`` fits an output ``v`` when ``i`` is an ancestor of
+``v`` in the region (then it is part of ``v``'s broadcast) or when, dimension by dimension from the
+right, ``i``'s dim is 1 or provably equal to ``v``'s, with ``rank(i) <= rank(v)``; scalars always fit.
+Unknown shapes therefore only fuse when the proof goes through (e.g. all inputs share one symbolic
+shape, or the others are per-channel constants of known shape).
+
+Region algorithm: see :mod:`onnxfuse.rewrites._regions` (greedy growth in topological order with
+a contracted-graph cycle check, then splitting regions whose outputs break the shape contract).
+Single-op regions are left alone (refusal "single op"): one fused node saves nothing.
+Subgraphs (If/Loop/Scan bodies) are left intact; their nodes are not fused, and a value they read
+from the outer graph is treated as read outside any region.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxfuse.rewrites._regions import partition
+from onnxfuse.rewrites.base import Rule, is_alive
+
+# Elementwise ONNX ops that the language cannot express: reported (with a reason), never fused.
+_UNSUPPORTED_ELEMENTWISE = frozenset({
+    "Mod", "IsNaN", "IsInf", "BitShift", "ThresholdedRelu", "Shrink", "Tan", "Asin", "Acos", "Atan",
+    "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
+    "CastLike",
+})
+# Lowered (not 1:1 with the language).
+_LOWERED = frozenset({"Sum", "Mean", "Min", "Max", "Clip", "PRelu"})
+# com.microsoft ops whose first output has the dtype and shape of their first input.
+_CONTRIB_SAME_SHAPE = frozenset({
+    "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "LayerNormalization", "SkipLayerNormalization",
+    "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "BiasAdd",
+})
+# Node attributes that do not change the value computed for the dtypes the language has.
+_IGNORED_ATTRS = {"Cast": {"saturate", "round_mode"}}
+
+
+def _expr():
+    from onnxfuse.custom_ops import expr
+
+    return expr
+
+
+# --------------------------------------------------------------------------------------------------
+# Shapes and dtypes
+# --------------------------------------------------------------------------------------------------
+
+Dim = "int | str | None"
+
+
+def _dims_from_proto(tp: onnx.TypeProto):
+    if not tp.HasField("tensor_type"):
+        return None, None
+    tt = tp.tensor_type
+    elem = tt.elem_type or None
+    if not tt.HasField("shape"):
+        return elem, None
+    dims = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return elem, tuple(dims)
+
+
+def _np_to_onnx(dt) -> int | None:
+    if dt is None:
+        return None
+    try:
+        return int(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt)))
+    except Exception:
+        return None
+
+
+def _gs_shape(t: gs.Tensor):
+    shape = getattr(t, "shape", None)
+    if shape is None:
+        return None
+    return tuple(d if isinstance(d, (int, str)) or d is None else None for d in
+                 (int(x) if isinstance(x, (int, np.integer)) else (x if isinstance(x, str) and x else None)
+                  for x in shape))
+
+
+def infer_value_info(graph: gs.Graph) -> dict[str, tuple[int | None, tuple | None]]:
+    """name -> (ONNX elem type or None, shape tuple or None) for every tensor we can learn about."""
+    info: dict[str, tuple[int | None, tuple | None]] = {}
+    for name, t in graph.tensors().items():
+        if isinstance(t, gs.Constant):
+            info[name] = (_np_to_onnx(t.dtype), tuple(int(d) for d in t.shape))
+        else:
+            info[name] = (_np_to_onnx(t.dtype), _gs_shape(t))
+    try:
+        model = gs.export_onnx(graph, do_type_check=False)
+    except Exception:
+        return info
+    contrib = [n for n in model.graph.node if n.domain == "com.microsoft" and n.op_type in _CONTRIB_SAME_SHAPE]
+    for _ in range(4):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception:
+            break
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+            elem, dims = _dims_from_proto(vi.type)
+            old_elem, old_dims = info.get(vi.name, (None, None))
+            info[vi.name] = (elem or old_elem, dims if dims is not None else old_dims)
+        changed = False
+        known = {vi.name for vi in model.graph.value_info}
+        for n in contrib:
+            if not n.input or not n.output:
+                continue
+            src, dst = n.input[0], n.output[0]
+            s_elem, s_dims = info.get(src, (None, None))
+            d_elem, d_dims = info.get(dst, (None, None))
+            if s_elem and (d_elem is None or d_dims is None) and dst not in known:
+                info[dst] = (d_elem or s_elem, d_dims if d_dims is not None else s_dims)
+                vi = onnx.helper.make_tensor_value_info(dst, info[dst][0], list(info[dst][1]) if info[dst][1] is not None else None)
+                model.graph.value_info.append(vi)
+                changed = True
+        if not changed:
+            break
+    return info
+
+
+def bcast_dim(a, b):
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    if a is None or b is None:
+        other = b if a is None else a
+        return other if isinstance(other, int) else None
+    if a == b:
+        return a
+    return None
+
+
+def bcast_shapes(shapes):
+    """Multidirectional broadcast of shapes with symbolic/unknown dims; None if a rank is unknown."""
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for s in shapes:
+        for k, d in enumerate(s):
+            j = rank - len(s) + k
+            out[j] = bcast_dim(out[j], d)
+    return tuple(out)
+
+
+def fits(small, big) -> bool:
+    """True when broadcasting ``small`` into ``big`` provably leaves ``big`` unchanged."""
+    if small is not None and len(small) == 0:
+        return True
+    if small is None or big is None or len(small) > len(big):
+        return False
+    for d, b in zip(reversed(small), reversed(big)):
+        if d == 1:
+            continue
+        if d is None or b is None or d != b:
+            return False
+    return True
+
+
+def _fmt_shape(s) -> str:
+    if s is None:
+        return "unknown"
+    return "[" + ",".join("?" if d is None else str(d) for d in s) + "]"
+
+
+# --------------------------------------------------------------------------------------------------
+# Lowering one ONNX node to program steps
+# --------------------------------------------------------------------------------------------------
+
+
+def const_value(t: gs.Tensor, max_size: int = 1):
+    """The value of a constant tensor (initializer or Constant node output) if it has at most
+    ``max_size`` elements, else None. Returns (array, True) or (None, is_constant)."""
+    if isinstance(t, gs.Constant):
+        if int(np.prod(t.shape)) > max_size:
+            return None, True
+        return np.asarray(t.values), True
+    if len(t.inputs) == 1 and t.inputs[0].op == "Constant" and t.inputs[0].domain in ("", "ai.onnx", None):
+        attrs = t.inputs[0].attrs
+        if "value" in attrs:
+            v = attrs["value"]
+            arr = np.asarray(v.values) if isinstance(v, gs.Constant) else np.asarray(v)
+        elif "value_float" in attrs:
+            arr = np.asarray(attrs["value_float"], dtype=np.float32)
+        elif "value_int" in attrs:
+            arr = np.asarray(attrs["value_int"], dtype=np.int64)
+        elif "value_floats" in attrs:
+            arr = np.asarray(attrs["value_floats"], dtype=np.float32)
+        elif "value_ints" in attrs:
+            arr = np.asarray(attrs["value_ints"], dtype=np.int64)
+        else:
+            return None, True
+        if arr.size > max_size:
+            return None, True
+        return arr, True
+    return None, False
+
+
+def _scalar(arr: np.ndarray, dtype: str):
+    """The single element of ``arr`` as a Python number (exact) for a program of ``dtype``."""
+    flat = np.asarray(arr).reshape(-1)
+    if dtype == "bool":
+        return bool(flat[0])
+    if dtype in ("int32", "int64"):
+        return int(flat[0])
+    return float(flat.astype(np.float64)[0])
+
+
+@dataclass
+class Lowering:
+    """How one ONNX node becomes program statements.
+
+    ``operands``: the node inputs the program reads as data. ``steps``: (op_type, args, attrs) where
+    an arg is an operand index (int), ("s", j) for the result of step j, or ("n", number) for a
+    number in the operands' dtype. The last step's result is the node's output.
+    """
+
+    node: Any
+    operands: list
+    steps: list
+    dtype: str = ""
+    shape: tuple | None = None
+    folded: dict = field(default_factory=dict)  # operand index -> python scalar
+
+
+class _Refuse(Exception):
+    pass
+
+
+def _opset(graph) -> int:
+    return int(getattr(graph, "opset", None) or 13)
+
+
+def lower_node(node, graph, dtype_of) -> Lowering:
+    """A :class:`Lowering` for ``node``, or raise _Refuse(reason)."""
+    expr = _expr()
+    op = node.op
+    if node.domain not in ("", "ai.onnx", None):
+        raise _Refuse(f"op {node.domain}::{op} is not a standard ONNX op")
+    if any(isinstance(v, gs.Graph) for v in node.attrs.values()):
+        raise _Refuse("op has a subgraph")
+    if len(node.outputs) != 1:
+        raise _Refuse(f"{op} with {len(node.outputs)} outputs")
+    inputs = [t for t in node.inputs]
+    present = [t for t in inputs if t.name != ""]
+
+    def need_attrs_subset(allowed):
+        extra = set(node.attrs) - set(allowed) - _IGNORED_ATTRS.get(op, set())
+        if extra:
+            raise _Refuse(f"attribute {sorted(extra)[0]} is not supported")
+
+    def _const_scalar(t, what):
+        arr, is_const = const_value(t)
+        if arr is None or arr.size != 1:
+            raise _Refuse(f"{what} is not a constant scalar")
+        return arr
+
+    if op in _UNSUPPORTED_ELEMENTWISE:
+        raise _Refuse(f"{op} is not in the FusedElementwise language")
+    if op in ("Sum", "Min", "Max", "Mean"):
+        need_attrs_subset(())
+        if not present or len(present) != len(inputs):
+            raise _Refuse(f"{op} with missing inputs")
+        base = {"Sum": "Add", "Mean": "Add", "Min": "Min", "Max": "Max"}[op]
+        if len(present) == 1:
+            steps = [("Identity", [0], {})]
+        else:
+            steps = [(base, [0, 1], {})]
+            for k in range(2, len(present)):
+                steps.append((base, [("s", len(steps) - 1), k], {}))
+        if op == "Mean" and len(present) > 1:
+            steps.append(("Div", [("s", len(steps) - 1), ("n", float(len(present)))], {}))
+        return Lowering(node, present, steps)
+    if op == "Clip":
+        if not inputs or inputs[0].name == "":
+            raise _Refuse("Clip without input")
+        attrs = {}
+        if _opset(graph) < 11 or len(inputs) == 1:
+            need_attrs_subset(("min", "max"))
+            if "min" in node.attrs:
+                attrs["min"] = float(node.attrs["min"])
+            if "max" in node.attrs:
+                attrs["max"] = float(node.attrs["max"])
+        else:
+            need_attrs_subset(())
+        d = dtype_of(inputs[0])
+        for k, key in ((1, "min"), (2, "max")):
+            if len(inputs) > k and inputs[k].name != "":
+                arr = _const_scalar(inputs[k], f"Clip {key}")
+                attrs[key] = _scalar(arr, d if d else "float32")
+        return Lowering(node, [inputs[0]], [("Clip", [0], attrs)])
+    if op == "PRelu":
+        need_attrs_subset(())
+        return Lowering(node, present, [("Less", [0, ("n", 0)], {}), ("Mul", [0, 1], {}),
+                                        ("Where", [("s", 0), ("s", 1), 0], {})])
+    spec = expr.op_spec(op)
+    if spec is None:
+        raise _Refuse(f"{op} is not elementwise")
+    if op == "Gelu" and _opset(graph) < 20:
+        raise _Refuse("Gelu needs opset 20")
+    if len(present) != spec.arity or len(inputs) != spec.arity:
+        raise _Refuse(f"{op} with {len(present)} inputs")
+    need_attrs_subset([a.name for a in spec.attrs])
+    attrs = {}
+    for a in spec.attrs:
+        if a.name in node.attrs:
+            v = node.attrs[a.name]
+            if a.kind == "dtype":
+                if not isinstance(v, (int, np.integer)):
+                    v = _np_to_onnx(v) or 0
+                name = expr.DTYPE_FROM_ONNX.get(int(v))
+                if name is None:
+                    raise _Refuse(f"Cast to ONNX dtype {onnx.TensorProto.DataType.Name(int(v)).lower()} is not supported")
+                v = name
+            elif isinstance(v, bytes):
+                v = v.decode()
+            attrs[a.name] = v
+    if op == "Cast" and "to" not in attrs:
+        raise _Refuse("Cast without 'to'")
+    return Lowering(node, present, [(op, list(range(len(present))), attrs)])
+
+
+# --------------------------------------------------------------------------------------------------
+# Analysis of a graph: fusible nodes, their dtypes and shapes
+# --------------------------------------------------------------------------------------------------
+
+_CANDIDATES = None
+
+
+def _candidate_ops() -> frozenset:
+    global _CANDIDATES
+    if _CANDIDATES is None:
+        _CANDIDATES = frozenset(_expr().OP_TABLE) | _LOWERED | _UNSUPPORTED_ELEMENTWISE
+    return _CANDIDATES
+
+
+@dataclass
+class Region:
+    nodes: list  # gs nodes in topological order
+    inputs: list  # gs tensors, node input order
+    outputs: list  # gs tensors, node output order
+    lowerings: list
+    reason: str | None = None
+    program: Any = None
+
+
+class _Analysis:
+    def __init__(self, graph: gs.Graph):
+        expr = _expr()
+        self.graph = graph
+        self.nodes = list(graph.nodes)
+        self.index = {id(n): i for i, n in enumerate(self.nodes)}
+        self.info = infer_value_info(graph)
+        self.graph_outputs = {id(t) for t in graph.outputs}
+        # Owner of subgraph nodes: the top-level node whose body holds them.
+        self.owner: dict[int, int] = {}
+        for i, n in enumerate(self.nodes):
+            for v in n.attrs.values():
+                for g in (v if isinstance(v, list) else [v]):
+                    if isinstance(g, gs.Graph):
+                        self._own(g, i)
+        self.dtypes: dict[str, str | None] = {}
+        self.shapes: dict[str, tuple | None] = {}
+        self.lowered: dict[int, Lowering] = {}
+        self.refused: dict[int, str] = {}
+        cands = _candidate_ops()
+        for i, n in enumerate(self.nodes):
+            if n.op not in cands or n.domain not in ("", "ai.onnx", None):
+                continue
+            try:
+                low = lower_node(n, graph, self.dtype_of)
+                self._type(low)
+                self.lowered[i] = low
+            except _Refuse as r:
+                self.refused[i] = str(r)
+            except expr.ProgramError as e:
+                self.refused[i] = e.problem
+        self.consumers: list[list[int]] = [[] for _ in self.nodes]
+        self.producers: list[list[int]] = [[] for _ in self.nodes]
+        for i, n in enumerate(self.nodes):
+            for t in n.outputs:
+                for c in t.outputs:
+                    j = self._top(c)
+                    if j is not None and j != i and j not in self.consumers[i]:
+                        self.consumers[i].append(j)
+                        self.producers[j].append(i)
+
+    def _own(self, g: gs.Graph, top: int):
+        for n in g.nodes:
+            self.owner[id(n)] = top
+            for v in n.attrs.values():
+                for sub in (v if isinstance(v, list) else [v]):
+                    if isinstance(sub, gs.Graph):
+                        self._own(sub, top)
+
+    def _top(self, node) -> int | None:
+        j = self.index.get(id(node))
+        return j if j is not None else self.owner.get(id(node))
+
+    # dtype / shape of any tensor
+    def dtype_of(self, t) -> str | None:
+        if t.name in self.dtypes:
+            return self.dtypes[t.name]
+        elem = self.info.get(t.name, (None, None))[0]
+        return _expr().DTYPE_FROM_ONNX.get(elem) if elem else None
+
+    def elem_name(self, t) -> str:
+        elem = self.info.get(t.name, (None, None))[0]
+        if not elem:
+            return "unknown"
+        return onnx.TensorProto.DataType.Name(elem).lower()
+
+    def shape_of(self, t):
+        if t.name in self.shapes:
+            return self.shapes[t.name]
+        return self.info.get(t.name, (None, None))[1]
+
+    def _type(self, low: Lowering):
+        """Fill ``low.dtype``/``shape``/``folded``; refuse on unsupported dtypes or constants only."""
+        expr = _expr()
+        node = low.node
+        op_dtypes = []
+        for t in low.operands:
+            d = self.dtype_of(t)
+            if d is None:
+                raise _Refuse(f"input {t.name!r} has dtype {self.elem_name(t)}, not supported by the language"
+                              if self.info.get(t.name, (None,))[0] else f"dtype of input {t.name!r} is unknown")
+            op_dtypes.append(d)
+        consts = []
+        for t in low.operands:
+            arr, is_const = const_value(t)
+            consts.append((arr, is_const))
+        if all(c for _, c in consts):
+            raise _Refuse("all inputs are constant (constant folding, not fusion)")
+        shapes = [self.shape_of(t) for t in low.operands]
+        # Scalar constants fold into the program unless they would raise the op's rank.
+        for k, (arr, is_const) in enumerate(consts):
+            if arr is None or arr.size != 1:
+                continue
+            others = [shapes[j] for j in range(len(shapes)) if j != k and not (consts[j][0] is not None)]
+            rank_ok = arr.ndim == 0 or any(s is not None and len(s) >= arr.ndim for s in others)
+            if rank_ok:
+                low.folded[k] = _scalar(arr, op_dtypes[k])
+        # Pow's exponent may have another dtype in ONNX; a folded constant takes the base's dtype.
+        if node.op == "Pow" and op_dtypes[1] != op_dtypes[0]:
+            if 1 in low.folded and op_dtypes[0] in expr.FLOAT_DTYPES:
+                v = low.folded[1]
+                if float(v) != float(np.float32(v)):
+                    raise _Refuse("Pow exponent not exactly representable")
+                low.folded[1] = float(v)
+                op_dtypes[1] = op_dtypes[0]
+            else:
+                raise _Refuse(f"Pow of {op_dtypes[0]} by {op_dtypes[1]}")
+        # Result dtype through the steps (validates dtypes against OP_TABLE).
+        results: list[str] = []
+        for op_type, args, attrs in low.steps:
+            arg_dt = []
+            for a in args:
+                if isinstance(a, int):
+                    arg_dt.append(op_dtypes[a])
+                elif a[0] == "s":
+                    arg_dt.append(results[a[1]])
+                else:
+                    arg_dt.append(None)
+            spec = expr.op_spec(op_type)
+            data = [d for d in arg_dt if d is not None]
+            fill = data[1] if spec.cond_first and len(data) > 1 else (data[0] if data else None)
+            arg_dt = [d if d is not None else fill for d in arg_dt]
+            results.append(expr.result_dtype(op_type, arg_dt, attrs))
+        low.dtype = results[-1]
+        out = node.outputs[0]
+        inferred = self.info.get(out.name, (None, None))
+        if inferred[0] and expr.DTYPE_FROM_ONNX.get(inferred[0]) not in (None, low.dtype):
+            raise _Refuse(f"inferred dtype of {out.name!r} disagrees with the op's")
+        mine = bcast_shapes(shapes)
+        theirs = inferred[1]
+        if mine is None:
+            shape = theirs
+        elif theirs is not None and len(theirs) == len(mine):
+            shape = tuple(m if m is not None else t for m, t in zip(mine, theirs))
+        else:
+            shape = mine
+        low.shape = shape
+        self.dtypes[out.name] = low.dtype
+        self.shapes[out.name] = shape
+
+    # ---- region checks ----------------------------------------------------------------------------
+    def dynamic_operands(self, i):
+        low = self.lowered[i]
+        return [t for k, t in enumerate(low.operands) if k not in low.folded]
+
+    def region_io(self, members):
+        """(inputs, outputs) tensors of a region given by node indices (sorted)."""
+        produced = {}
+        for i in members:
+            produced[id(self.nodes[i].outputs[0])] = i
+        inputs, seen = [], set()
+        for i in sorted(members):
+            for t in self.dynamic_operands(i):
+                if id(t) not in produced and id(t) not in seen:
+                    seen.add(id(t))
+                    inputs.append(t)
+        return inputs, produced
+
+    def escapes(self, i, members, final: bool, upto: int) -> bool:
+        t = self.nodes[i].outputs[0]
+        if id(t) in self.graph_outputs:
+            return True
+        for c in t.outputs:
+            j = self._top(c)
+            if j is None or j in members:
+                continue
+            if final or j not in self.lowered or j < upto or self.index.get(id(c)) is None:
+                return True
+        return False
+
+    def ancestors_inputs(self, i, members, produced):
+        seen_nodes, stack, ins = {i}, [i], set()
+        while stack:
+            x = stack.pop()
+            for t in self.dynamic_operands(x):
+                p = produced.get(id(t))
+                if p is None:
+                    ins.add(id(t))
+                elif p not in seen_nodes:
+                    seen_nodes.add(p)
+                    stack.append(p)
+        return ins
+
+    def check(self, members: frozenset, final: bool, upto: int):
+        inputs, produced = self.region_io(members)
+        for i in sorted(members):
+            if not self.escapes(i, members, final, upto):
+                continue
+            v = self.nodes[i].outputs[0]
+            vshape = self.shapes.get(v.name)
+            anc = self.ancestors_inputs(i, members, produced)
+            for t in inputs:
+                if id(t) in anc:
+                    continue
+                if not fits(self.shape_of(t), vshape):
+                    return i, (f"{v.name!r} {_fmt_shape(vshape)} is used outside but region input "
+                               f"{t.name!r} {_fmt_shape(self.shape_of(t))} may broadcast it larger")
+        return None
+
+    def regions(self) -> list[Region]:
+        n = len(self.nodes)
+        fusible = [i in self.lowered for i in range(n)]
+        parts, notes = partition(n, fusible, self.consumers, self.producers, self.check)
+        out: list[Region] = []
+        for i, why in sorted(self.refused.items()):
+            out.append(Region([self.nodes[i]], [], [], [], reason=why))
+        for members in parts:
+            nodes = [self.nodes[i] for i in members]
+            if len(members) == 1:
+                note = notes.get(members[0])
+                out.append(Region(nodes, [], [], [], reason="single op" + (f" ({note})" if note else "")))
+                continue
+            inputs, _ = self.region_io(set(members))
+            outputs = [self.nodes[i].outputs[0] for i in members if self.escapes(i, set(members), True, n)]
+            out.append(Region(nodes, inputs, outputs, [self.lowered[i] for i in members]))
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The rule
+# --------------------------------------------------------------------------------------------------
+
+
+def build_program(region: Region, analysis_dtypes: dict, dtype_of):
+    """The Program for ``region`` (ProgramBuilder validates every statement)."""
+    expr = _expr()
+    b = expr.ProgramBuilder()
+    names: dict[int, str] = {}
+    for t in region.inputs:
+        names[id(t)] = b.input(dtype_of(t))
+    for low in region.lowerings:
+        op_names = []
+        for k, t in enumerate(low.operands):
+            if k in low.folded:
+                dt = dtype_of(t)
+                if low.node.op == "Pow" and k == 1:
+                    dt = dtype_of(low.operands[0])
+                op_names.append(b.const(low.folded[k], dt))
+            else:
+                op_names.append(names[id(t)])
+        results: list[str] = []
+        for op_type, args, attrs in low.steps:
+            real = []
+            for a in args:
+                if isinstance(a, int):
+                    real.append(op_names[a])
+                elif a[0] == "s":
+                    real.append(results[a[1]])
+                else:
+                    real.append(a[1])
+            results.append(b.op(op_type, real, **attrs))
+        names[id(low.node.outputs[0])] = results[-1]
+    for t in region.outputs:
+        b.output(names[id(t)])
+    return b.build()
+
+
+class FuseElementwiseRegions(Rule):
+    """Replace each maximal connected region of elementwise ops by one FusedElementwise node.
+
+    Region algorithm (details in :mod:`onnxfuse.rewrites._regions`): nodes are visited in
+    topological order; a fusible node joins the regions of its fusible producers unless that would
+    create a cycle once regions are contracted, or would make a value that certainly leaves the
+    region smaller than the region's broadcast shape. Then every region is checked with its final
+    membership and split where an outgoing value could be smaller than the fused op's output shape
+    (its contract: every output has the broadcast shape of all inputs). Regions of one op are
+    refused ("single op"); every op that could not join a region is reported with a reason.
+    """
+
+    name = "fuse-elementwise"
+    description = "Fuse connected regions of elementwise ops into one FusedElementwise node (ai.onnxfuse)"
+    targets = frozenset({"cuda"})
+
+    def __init__(self):
+        self._counter = 0
+
+    def match(self, graph):
+        analysis = _Analysis(graph)
+        self._dtype_of = analysis.dtype_of
+        self._dtypes = analysis.dtypes
+        self._shapes = analysis.shapes
+        self._names = {n.name for n in graph.nodes}
+        return analysis.regions()
+
+    def anchor_name(self, match) -> str:
+        n = match.nodes[0]
+        return n.name or n.op
+
+    def check(self, graph, match: Region) -> str | None:
+        if match.reason:
+            return match.reason
+        if not all(is_alive(n) for n in match.nodes):
+            return "region changed during this pass"
+        try:
+            match.program = build_program(match, self._dtypes, self._dtype_of)
+        except Exception as exc:  # ProgramError: a lowering bug, never a broken model
+            return f"program rejected: {getattr(exc, 'problem', exc)}"
+        return None
+
+    def _fresh_name(self, base: str) -> str:
+        name = base
+        k = 1
+        while name in self._names:
+            name = f"{base}_{k}"
+            k += 1
+        self._names.add(name)
+        return name
+
+    def rewrite(self, graph, match: Region):
+        from onnxfuse.custom_ops import expr
+
+        text = match.program.to_text()
+        first = match.nodes[0].name or match.nodes[0].op
+        name = self._fresh_name(f"{first}/FusedElementwise")
+        dtypes = match.program.output_dtypes()
+        kept = {id(t) for t in match.outputs}
+        absorbed = [n.outputs[0].name for n in match.nodes if n.outputs and id(n.outputs[0]) not in kept]
+        for node in match.nodes:
+            node.inputs.clear()
+            node.outputs.clear()
+        for t, dt in zip(match.outputs, dtypes):
+            t.dtype = expr.numpy_dtype(dt)
+            shape = self._shapes.get(t.name)
+            t.shape = list(shape) if shape is not None else None
+        fused = gs.Node(op=expr.OP_TYPE, name=name, domain=expr.DOMAIN, attrs={"program": text},
+                        inputs=list(match.inputs), outputs=list(match.outputs))
+        graph.nodes.append(fused)
+        return {
+            "node": name,
+            "ops": [n.name or n.op for n in match.nodes],
+            "op_types": [n.op for n in match.nodes],
+            "inputs": [t.name for t in match.inputs],
+            "outputs": [t.name for t in match.outputs],
+            "absorbed": absorbed,
+            "program": text,
+        }
