@@ -22,6 +22,7 @@ from helpers import (
 )
 
 BN_RULES = "fold-batchnorm-conv,fold-batchnorm-convtranspose,fold-batchnorm-gemm"
+FOLD_RULES = BN_RULES + ",fold-scale-bias"
 
 
 # --- the committed models ---------------------------------------------------------------------------
@@ -59,7 +60,7 @@ def test_torchvision_export_has_no_batchnorm_left():
     """mobilenet_v2 (width 0.35) exported by torch with BN kept: all 52 fold, outputs within 1e-4 relative."""
     model = load_testdata("mobilenet_v2_w035")
     assert op_types(model).count("BatchNormalization") == 52
-    out, report = optimize(model)
+    out, report = optimize(model, only=FOLD_RULES)
     assert report.counts["fold-batchnorm-conv"] == 52
     assert "BatchNormalization" not in op_types(out)
     assert op_types(out).count("Conv") == 52
@@ -325,3 +326,32 @@ def test_make_models_is_deterministic_and_small(tmp_path):
     readme = (TESTDATA / "README.md").read_text()
     for name in [*mm.MODELS, "mobilenet_v2_w035"]:
         assert f"`{name}.onnx`" in readme, f"{name}.onnx is not described in testdata/README.md"
+
+
+def test_hundred_layer_cnn_folds_quickly():
+    """A 100 × (Conv+BN+ReLU) stack: every BN folds, outputs agree, and folding takes well under 5 s."""
+    import time
+
+    from onnxfuse.model_io import to_graph, to_model
+    from onnxfuse.rewrites import apply_rules, select_rules
+
+    rng = np.random.default_rng(100)
+    nodes, inits, x = [], [], "x"
+    for i in range(100):
+        inits += [numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32), f"w{i}"),
+                  *_bn_inits(rng, 8, f"bn{i}")]
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+                  helper.make_node("BatchNormalization", [f"c{i}", *(f"bn{i}.{k}" for k in "gbmv")], [f"b{i}"],
+                                   name=f"bn{i}"),
+                  helper.make_node("Relu", [f"b{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    model = make_model(nodes, [vi("x", ["N", 8, 8, 8])], [vi(x, ["N", 8, 8, 8])], inits)
+    graph = to_graph(model)
+    start = time.perf_counter()
+    report = apply_rules(graph, select_rules(only=FOLD_RULES))
+    elapsed = time.perf_counter() - start
+    assert report.counts["fold-batchnorm-conv"] == 100
+    assert elapsed < 5.0, elapsed
+    out = to_model(graph, model)
+    assert op_types(out) == ["Conv", "Relu"] * 100
+    assert_same_outputs(model, out, rtol=1e-4)
