@@ -128,7 +128,7 @@ def compare_models(
     """
     config = config or BenchConfig()
     config.validate()
-    step = progress or (lambda _m, _f: None)
+    step = _monotonic(progress)
     result = ComparisonResult(status="ok", device=config.device, cuda_graph=config.cuda_graph,
                               nodes_original=len(original.graph.node), nodes_optimized=len(optimized.graph.node))
     if config.device == "cuda" and gpu_unavailable_reason():
@@ -152,5 +152,25 @@ def compare_models(
             result.notes.extend(result.profile_original.summary.notes[:1])
     except OnnxfuseError as exc:
         result.status, result.message = "failed", str(exc)
+    except Exception as exc:  # e.g. the custom-op library is missing: still a status, never a crash
+        result.status, result.message = "failed", f"{type(exc).__name__}: {_first_line(exc)}"
     step("timing done", 1.0)
     return result
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(exc).__name__
+
+
+def _monotonic(progress: Progress | None) -> Progress:
+    """``progress`` with fractions clamped to 0..1 and never going backwards."""
+    if progress is None:
+        return lambda _m, _f: None
+    last = [0.0]
+
+    def step(message: str, fraction: float) -> None:
+        last[0] = max(last[0], min(1.0, max(0.0, fraction)))
+        progress(message, last[0])
+
+    return step

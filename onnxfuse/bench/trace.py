@@ -97,12 +97,13 @@ def _is_kernel(event: dict) -> bool:
     return str(event.get("cat", "")).lower() == "kernel"
 
 
-def summarize_trace(events: list[dict], skip_runs: int = 0) -> TraceSummary:
-    """Per-op time and counts, averaged per run.
+def summarize_trace(events: list[dict] | dict, skip_runs: int = 0) -> TraceSummary:
+    """Per-op time and counts, averaged per run (``events``: a trace's event list or its JSON object).
 
     ``skip_runs`` drops the first runs' records (warm-up, CUDA-graph capture) using the ``model_run``
     records' start times; without ``model_run`` records everything counts as one run.
     """
+    events = events_of(events)
     runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
                   key=lambda e: e.get("ts", 0))
     start_ts = None
