@@ -1,0 +1,126 @@
+"""CLI tests for `onnxfuse bench`: real CPU timing of a tiny model, the "needs a GPU" line and exit
+codes, option checks, JSON and --profile output."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+import tiny_models
+from onnxfuse.cli import bench_cmd, main
+
+FAST = ["--warmup", "1", "--time-budget", "0.05"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_help_has_examples():
+    r = invoke("bench", "--help")
+    assert r.exit_code == 0
+    assert "Examples:" in r.output and "onnxfuse bench model.onnx model.opt.onnx" in r.output
+    for opt in ("--batch", "--shape", "--inputs", "--seed", "--cuda-graph", "--iterations", "--warmup",
+                "--time-budget", "--device", "--json", "--quiet", "--profile"):
+        assert opt in r.output
+
+
+def test_cpu_timing_one_model(tiny_path):
+    r = invoke("bench", tiny_path, "--device", "cpu", *FAST)
+    assert r.exit_code == 0, r.output
+    assert "Latency (CPU" in r.output and "tiny" in r.output and "median" in r.output
+
+
+def test_cpu_two_models_json(tmp_path, tiny_path):
+    other = tmp_path / "other.onnx"
+    onnx.save(tiny_models.conv_relu_add(), str(other))
+    out = tmp_path / "r.json"
+    r = invoke("bench", tiny_path, other, "--device", "cpu", "--batch", "2", "--iterations", "7",
+               "--warmup", "1", "--json", out)
+    assert r.exit_code == 0, r.output
+    assert "than tiny" in r.output
+    data = json.loads(out.read_text())
+    assert data["ok"] is True and data["config"]["device"] == "cpu"
+    assert [m["name"] for m in data["models"]] == ["tiny", "other"]
+    for m in data["models"]:
+        assert m["latency_ms"]["count"] == 7
+        assert m["shapes"] == {"x": [2, 3, 8, 8]} and m["device"] == "cpu"
+    assert data["speedup"] > 0 and data["environment"]["onnxruntime"]
+
+
+def test_quiet_prints_nothing(tiny_path):
+    r = invoke("bench", tiny_path, "--device", "cpu", "--quiet", *FAST)
+    assert r.exit_code == 0 and r.output == ""
+
+
+def test_profile_tables(tiny_path, tmp_path):
+    out = tmp_path / "p.json"
+    r = invoke("bench", tiny_path, "--device", "cpu", "--profile", "--json", out, *FAST)
+    assert r.exit_code == 0, r.output
+    assert "top ops by time" in r.output and "top ops by count" in r.output and "nodes/run" in r.output
+    prof = json.loads(out.read_text())["profiles"][0]
+    assert prof["nodes_per_run"] > 0 and prof["top_by_time"] and prof["kernels_per_run"] is None
+
+
+def test_needs_a_gpu(monkeypatch, tiny_path, tmp_path):
+    monkeypatch.setattr(bench_cmd, "gpu_unavailable_reason", lambda: "timing needs a CUDA GPU (none is usable here)")
+    out = tmp_path / "e.json"
+    r = CliRunner().invoke(main, ["bench", str(tiny_path), "--json", str(out)])
+    assert r.exit_code == 1
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "timing needs a CUDA GPU" in lines[0] and "--device cpu" in lines[0]
+    assert "Traceback" not in r.output
+    assert json.loads(out.read_text())["ok"] is False
+    # --device cpu still works on that machine
+    r = CliRunner().invoke(main, ["bench", str(tiny_path), "--device", "cpu", *FAST])
+    assert r.exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "extra, code, message",
+    [
+        (["--device", "cpu", "--cuda-graph"], 2, "CUDA graphs need --device cuda"),
+        (["--device", "cpu", "--iterations", "0"], 2, "--iterations"),
+        (["--device", "cpu", "--time-budget", "-1"], 2, "--time-budget"),
+        (["--device", "cpu", "--batch", "0"], 2, "--batch"),
+        (["--device", "cpu", "--shape", "nope:1,2"], 1, "unknown input"),
+        (["--device", "tpu"], 2, "tpu"),
+    ],
+)
+def test_bad_options(tiny_path, extra, code, message):
+    r = CliRunner().invoke(main, ["bench", str(tiny_path), *extra])
+    assert r.exit_code == code, r.output
+    assert message in r.output and "Traceback" not in r.output
+
+
+def test_batch_with_inputs_is_a_usage_error(tiny_path, tmp_path):
+    npz = tmp_path / "x.npz"
+    np.savez(npz, x=np.zeros((1, 3, 8, 8), np.float32))
+    r = CliRunner().invoke(main, ["bench", str(tiny_path), "--device", "cpu", "--batch", "2", "--inputs", str(npz)])
+    assert r.exit_code == 2 and "--batch" in r.output
+    r = CliRunner().invoke(main, ["bench", str(tiny_path), "--device", "cpu", "--inputs", str(npz), *FAST])
+    assert r.exit_code == 0, r.output
+
+
+def test_fixed_batch_model(tmp_path):
+    path = tmp_path / "fixed.onnx"
+    onnx.save(tiny_models.conv_relu_add(batch=1), str(path))
+    r = CliRunner().invoke(main, ["bench", str(path), "--device", "cpu", "--batch", "4"])
+    assert r.exit_code == 1 and "fixed shape" in r.output
+
+
+def test_missing_model(tmp_path):
+    r = CliRunner().invoke(main, ["bench", str(tmp_path / "nope.onnx"), "--device", "cpu"])
+    assert r.exit_code == 1 and "no such file" in r.output and "Traceback" not in r.output
+
+
+def test_dynamic_dims_note(tmp_path):
+    path = tmp_path / "two.onnx"
+    onnx.save(tiny_models.two_inputs(), str(path))
+    r = invoke("bench", path, "--device", "cpu", "--batch", "3", *FAST)
+    assert r.exit_code == 0, r.output
+    assert "note:" in r.output and "seq" in r.output
