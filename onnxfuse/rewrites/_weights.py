@@ -107,28 +107,23 @@ def _owned_by(graph, tensor, node) -> bool:
     )
 
 
-class NameAllocator:
-    """Hands out tensor names unused in ``graph`` (names are collected once, then tracked)."""
-
-    def __init__(self, graph):
-        self._graph = graph
-        self._used: set[str] | None = None
-
-    def __call__(self, base: str) -> str:
-        if self._used is None:
-            self._used = set(self._graph.tensors().keys())
-        name, i = base, 1
-        while name in self._used:
-            name = f"{base}_{i}"
-            i += 1
-        self._used.add(name)
-        return name
+def unique_name(graph, base: str) -> str:
+    """``base``, or ``base_1``, ``base_2`` … : the first name no tensor of ``graph`` uses."""
+    used = graph.tensors().keys()
+    name, i = base, 1
+    while name in used:
+        name = f"{base}_{i}"
+        i += 1
+    return name
 
 
 def set_param(graph, node, index: int, values: np.ndarray, role: str = "param") -> str:
-    """Give ``node.inputs[index]`` the value ``values`` (copy-on-write); returns ``"in-place"`` or ``"copy"``.
+    """Give ``node.inputs[index]`` the value ``values``, copy-on-write.
 
-    ``index`` may equal ``len(node.inputs)`` to append an absent optional input (a Conv bias, a Gemm C).
+    Returns ``"in-place"`` (the initializer was read by ``node`` alone and keeps its name), ``"copy"`` (the
+    old tensor is shared, a Constant node's output or a graph output: ``node`` now reads a new initializer
+    named ``<old>_folded`` and every other reader keeps the original) or ``"new"`` (an absent optional input,
+    such as a Conv bias or a Gemm C, was added; ``index`` may be ``len(node.inputs)``).
     """
     values = np.ascontiguousarray(values)
     old = node.inputs[index] if index < len(node.inputs) else None
@@ -139,7 +134,7 @@ def set_param(graph, node, index: int, values: np.ndarray, role: str = "param") 
         base = f"{old.name}_folded"
     else:
         base = f"{node.name or node.op}_{role}"
-    fresh = gs.Constant(NameAllocator(graph)(base), values)
+    fresh = gs.Constant(unique_name(graph, base), values)
     if index < len(node.inputs):
         node.inputs[index] = fresh
     else:
@@ -157,14 +152,15 @@ def bypass(graph, first, second) -> None:
     out = second.outputs[0]
     second.inputs.clear()
     second.outputs.clear()
-    first.outputs[0] = out  # graphsurgeon's synchronized lists detach ``mid`` from ``first``
+    first.outputs[0] = out  # graphsurgeon's synchronized lists also detach the old tensor from ``first``
 
 
 def broadcast_channel_problem(shape, out_rank: int, channels: int, channel_axis: int = 1):
     """Check a constant of ``shape`` against an output of rank ``out_rank`` with ``channels`` on ``channel_axis``.
 
-    Returns a refusal reason, or ``None`` when the constant broadcasts per channel. The constant may be scalar-like (all ones) or vary along the channel axis only; it must not add
-    dimensions to the output (rank above ``out_rank``) nor vary along batch or spatial axes.
+    Returns a refusal reason, or ``None`` when the constant broadcasts per channel. The constant may be
+    scalar-like (all ones) or vary along the channel axis only; it must not add dimensions to the output
+    (rank above ``out_rank``) nor vary along batch or spatial axes.
     """
     shape = tuple(int(d) for d in shape)
     if len(shape) > out_rank:
