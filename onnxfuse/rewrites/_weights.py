@@ -117,6 +117,24 @@ def unique_name(graph, base: str) -> str:
     return name
 
 
+class NameAllocator:
+    """Hands out tensor names unused in ``graph``, tracking the ones it gave (for several new tensors at once)."""
+
+    def __init__(self, graph):
+        self._graph = graph
+        self._used: set[str] | None = None
+
+    def __call__(self, base: str) -> str:
+        if self._used is None:
+            self._used = set(self._graph.tensors().keys())
+        name, i = base, 1
+        while name in self._used:
+            name = f"{base}_{i}"
+            i += 1
+        self._used.add(name)
+        return name
+
+
 def set_param(graph, node, index: int, values: np.ndarray, role: str = "param") -> str:
     """Give ``node.inputs[index]`` the value ``values``, copy-on-write.
 
