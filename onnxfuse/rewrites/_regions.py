@@ -90,6 +90,7 @@ def partition(
     consumers: Sequence[Sequence[int]],
     producers: Sequence[Sequence[int]],
     check: CheckFn,
+    label: Callable[[int], str] = lambda i: f"#{i}",
 ) -> tuple[list[list[int]], dict[int, str]]:
     """Regions (sorted member lists, sorted by first member) and notes on why nodes were kept apart.
 
@@ -116,7 +117,7 @@ def partition(
                 members |= groups[g]
             via = _creates_cycle(members, consumers, group_of, groups, i)
             if via is not None:
-                return None, f"joining would create a cycle through node #{via}"
+                return None, f"joining would create a cycle through {label(via)}"
             verdict = check(frozenset(members), False, i)
             if verdict is not None:
                 return None, verdict[1]
@@ -136,6 +137,8 @@ def partition(
                         chosen, members = chosen + [g], m
                     else:
                         last_why = why
+                        for x in groups[g]:
+                            notes.setdefault(x, f"not joined with {label(i)}: {why}")
                 if last_why and len(chosen) < len(cand):
                     notes[i] = last_why
         gid = next_gid

@@ -581,7 +581,8 @@ class _Analysis:
     def regions(self) -> list[Region]:
         n = len(self.nodes)
         fusible = [i in self.lowered for i in range(n)]
-        parts, notes = partition(n, fusible, self.consumers, self.producers, self.check)
+        parts, notes = partition(n, fusible, self.consumers, self.producers, self.check,
+                                 label=lambda i: f"{self.nodes[i].op} {self.nodes[i].name!r}")
         out: list[Region] = []
         for i, why in sorted(self.refused.items()):
             out.append(Region([self.nodes[i]], [], [], [], reason=why))
@@ -661,7 +662,13 @@ class FuseElementwiseRegions(Rule):
         self._dtypes = analysis.dtypes
         self._shapes = analysis.shapes
         self._names = {n.name for n in graph.nodes}
-        return analysis.regions()
+        regions = analysis.regions()
+        # A later pass over the same graph sees the ops refused earlier again (often with less
+        # context, since their neighbours are fused by then): report each op once, the first time.
+        reported = graph.__dict__.setdefault("_onnxfuse_fuse_reported", set())
+        fresh = [r for r in regions if not (r.reason and id(r.nodes[0]) in reported)]
+        reported.update(id(r.nodes[0]) for r in regions if r.reason)
+        return fresh
 
     def anchor_name(self, match) -> str:
         n = match.nodes[0]
