@@ -266,17 +266,28 @@ TypeRule type_rule(Op op) {
   }
 }
 
+// float64 -> float32/float16/bfloat16, rounded once to nearest even (as numpy does). For the
+// 16-bit types go through float32 rounded to odd, which makes the double rounding exact.
+double round_to_float_dtype(double d, DType t) {
+  float f = static_cast<float>(d);
+  if (t == DType::F32 || std::isnan(d) || std::isinf(f)) {
+    if (t == DType::F32 || std::isnan(d)) return f;
+  }
+  if (std::isfinite(f) && static_cast<double>(f) != d) {
+    if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);  // toward zero
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= 1u;  // sticky: round to odd
+    std::memcpy(&f, &u, 4);
+  }
+  if (t == DType::F16) return ofx_h2f(ofx_f2h(f));
+  return ofx_bf2f(ofx_f2bf(f));
+}
+
 // Round a float constant to its storage dtype; check integer constants.
 void set_const_value(Value* v, const std::string& text) {
   if (is_float(v->dtype)) {
-    double d = parse_number_text(text);
-    if (v->dtype == DType::F32) d = static_cast<double>(static_cast<float>(d));
-    else if (v->dtype == DType::F16) d = ofx_h2f(ofx_f2h(static_cast<float>(d)));
-    else d = ofx_bf2f(ofx_f2bf(static_cast<float>(d)));
-    // Note: float32 -> float16 double rounding (float64 -> float32 -> float16) can differ from a
-    // direct float64 -> float16 rounding only for values within 2^-29 relative of a float16 tie;
-    // printers never produce such constants for float16 values.
-    v->fconst = d;
+    v->fconst = round_to_float_dtype(parse_number_text(text), v->dtype);
     return;
   }
   int64_t iv;
@@ -286,10 +297,8 @@ void set_const_value(Value* v, const std::string& text) {
     if (errno == ERANGE) throw ParseError{"constant " + text + " is out of range for " + dtype_name(v->dtype)};
     iv = ll;
   } else {
-    double d = parse_number_text(text);
-    if (!(d == std::floor(d)) || std::isinf(d) || d >= 9223372036854775808.0 || d < -9223372036854775808.0)
-      throw ParseError{"constant " + text + " is not a valid " + std::string(dtype_name(v->dtype)) + " value"};
-    iv = static_cast<int64_t>(d);
+    parse_number_text(text);  // reports malformed numbers first
+    throw ParseError{"constant of dtype " + std::string(dtype_name(v->dtype)) + " must be an integer literal, got " + text};
   }
   if (v->dtype == DType::I32 && (iv < INT32_MIN || iv > INT32_MAX))
     throw ParseError{"constant " + text + " is out of range for int32"};
@@ -351,7 +360,7 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
   for (int i = 0; i < static_cast<int>(Op::NumOps); ++i) op_by_name[kOps[i].name] = static_cast<Op>(i);
 
   enum Stage { kHeader, kInputs, kOps, kOutputs } stage = kHeader;
-  int lineno = 0;
+  int lineno = 0, last_nonblank = 1;
   size_t pos = 0;
   try {
     while (pos <= text.size()) {
@@ -366,6 +375,7 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
       std::string lex_err;
       if (!lex_line(line, &toks, &lex_err)) throw ParseError{lex_err};
       if (toks.size() == 1) continue;  // blank
+      last_nonblank = lineno;
       LineParser p(std::move(toks));
 
       if (stage == kHeader) {
@@ -382,10 +392,13 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
         std::string ver = s.substr(magic.size());
         size_t va = ver.find_first_not_of(" \t");
         ver = va == std::string::npos ? "" : ver.substr(va);
-        bool digits = !ver.empty();
-        for (char c : ver) digits = digits && std::isdigit(static_cast<unsigned char>(c));
+        bool digits = is_plain_integer(ver);
         if (!digits) throw ParseError{"expected a language version number after 'onnxfuse.elementwise'"};
-        if (ver != "1") throw ParseError{"unsupported program language version " + ver + " (this build reads version 1)"};
+        std::string vdig = ver;
+        if (!vdig.empty() && (vdig[0] == '+' || vdig[0] == '-')) vdig = vdig.substr(1);
+        size_t nz = vdig.find_first_not_of('0');
+        bool is_one = ver[0] != '-' && nz != std::string::npos && vdig.substr(nz) == "1";
+        if (!is_one) throw ParseError{"unsupported program language version " + ver + " (this build reads version 1)"};
         stage = kInputs;
         continue;
       }
@@ -393,6 +406,8 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
       const Token& t0 = p.peek();
       bool kw = t0.kind == Tok::Ident && p.peek(1).kind == Tok::Ident;
       auto define = [&](const std::string& name) {
+        if (name == "input" || name == "const" || name == "output" || name == "inf" || name == "nan")
+          throw ParseError{"'" + name + "' is a reserved word and cannot name a value"};
         if (names.count(name)) throw ParseError{"'" + name + "' is already defined"};
         names[name] = static_cast<int>(prog.values.size());
       };
@@ -421,6 +436,7 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
         prog.inputs.push_back(static_cast<int>(prog.values.size()));
         prog.values.push_back(v);
       } else if (kw && t0.text == "const") {
+        if (stage == kOutputs) throw ParseError{"const after an output line (output lines come last)"};
         p.next();
         std::string name = p.expect_ident("a constant name");
         p.expect_punct(":", "after the constant name");
@@ -494,6 +510,7 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
                            (info.arity == 1 ? "" : "s") + ", got " + std::to_string(ins.args.size())};
         // attributes
         double nums[2] = {0, 0};
+        std::string num_text[2];
         int ni = 0;
         bool have_to = false;
         for (const auto& kv : attrs) {
@@ -510,6 +527,7 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
               if (tv.kind == Tok::Ident && tv.text != "inf" && tv.text != "nan")
                 throw ParseError{std::string("attribute '") + s.name + "' of " + info.name + " must be a number, got '" + tv.text + "'"};
               v = parse_number_text(tv.text);
+              num_text[ni] = tv.text;
             }
             nums[ni++] = v;
           } else if (op == Op::Cast) {
@@ -561,20 +579,29 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
           case TypeRule::BoolBinary: same(0); need(at[0] == DType::BOOL, "bool"); rt = DType::BOOL; break;
         }
         if (op == Op::Clip) {
-          if (std::isnan(ins.a) || std::isnan(ins.b)) throw ParseError{"Clip bounds must not be nan"};
-          if (is_int(at[0])) {
+          if (is_float(at[0])) {  // bounds are values of the operand's dtype
+            ins.a = round_to_float_dtype(ins.a, at[0]);
+            ins.b = round_to_float_dtype(ins.b, at[0]);
+          } else {
             double lim_lo = at[0] == DType::I32 ? -2147483648.0 : -9223372036854775808.0;
             double lim_hi = at[0] == DType::I32 ? 2147483647.0 : 9223372036854775807.0;
             double bounds[2] = {ins.a, ins.b};
             int64_t ib[2];
             for (int k = 0; k < 2; ++k) {
               double d = bounds[k];
+              if (!num_text[k].empty() && !std::isinf(d) && !is_plain_integer(num_text[k]))
+                throw ParseError{std::string("attribute ") + (k ? "max" : "min") + " of Clip must be an integer literal for " +
+                                 dtype_name(at[0]) + ", got " + num_text[k]};
               if (std::isinf(d)) {
                 ib[k] = d < 0 ? (at[0] == DType::I32 ? INT32_MIN : INT64_MIN) : (at[0] == DType::I32 ? INT32_MAX : INT64_MAX);
               } else {
-                if (d != std::floor(d) || d < lim_lo || d > lim_hi)
-                  throw ParseError{"Clip bound " + std::to_string(d) + " is not a valid " + dtype_name(at[0]) + " value"};
-                ib[k] = static_cast<int64_t>(d);
+                errno = 0;
+                long long ll = std::strtoll(num_text[k].c_str(), nullptr, 10);
+                if (errno == ERANGE || static_cast<double>(ll) < lim_lo || static_cast<double>(ll) > lim_hi ||
+                    (at[0] == DType::I32 && (ll < INT32_MIN || ll > INT32_MAX)))
+                  throw ParseError{std::string("attribute ") + (k ? "max" : "min") + " of Clip: " + num_text[k] +
+                                   " is out of range for " + dtype_name(at[0])};
+                ib[k] = ll;
               }
             }
             ins.ilo = ib[0];
@@ -598,11 +625,11 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
     return false;
   }
   if (prog.inputs.empty()) {
-    *err = "line " + std::to_string(lineno) + ": a program needs at least one input";
+    *err = "line " + std::to_string(last_nonblank) + ": a program needs at least one input";
     return false;
   }
   if (prog.outputs.empty()) {
-    *err = "line " + std::to_string(lineno) + ": a program needs at least one output";
+    *err = "line " + std::to_string(last_nonblank) + ": a program needs at least one output";
     return false;
   }
   *out = std::move(prog);
