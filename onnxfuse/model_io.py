@@ -202,12 +202,31 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
     model.metadata_props.extend(template.metadata_props)
     del model.opset_import[:]
     model.opset_import.extend(template.opset_import)
+    _restore_initializer_inputs(model, template)
     known = {o.domain for o in model.opset_import}
     for domain in sorted(_node_domains(model.graph, set()) - known):
         if domain in ("", "ai.onnx"):
             continue
         model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     return model
+
+
+def _restore_initializer_inputs(model: onnx.ModelProto, template: onnx.ModelProto) -> None:
+    """Keep the signature of models that list initializers as graph inputs (older exporters do).
+
+    graphsurgeon turns such inputs into plain constants. Where the initializer survives the rewrites
+    unchanged in name, it is listed as an input again, in its original position; one that a rewrite
+    consumed (folded into another weight) can no longer be overridden and is left out.
+    """
+    inits = {t.name for t in template.graph.initializer}
+    listed = [vi for vi in template.graph.input if vi.name in inits]
+    if not listed:
+        return
+    present = {vi.name for vi in model.graph.input}
+    kept = {t.name for t in model.graph.initializer}
+    for vi in listed:
+        if vi.name in kept and vi.name not in present:
+            model.graph.input.append(vi)
 
 
 def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:

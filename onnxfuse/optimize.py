@@ -168,7 +168,7 @@ def optimize_model(
         inputs = make_inputs(model, options.shapes, options.seed, options.inputs_path)
         from onnxfuse.validate import run_model
 
-        reference = run_model(model, inputs, options.provider, name="original model")
+        reference = run_model(model, inputs, options.provider, name=source)
         report = validate_models(model, optimized, inputs, options.provider, options.rtol, options.atol,
                                  reference=reference)
         result.validation = report

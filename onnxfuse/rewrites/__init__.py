@@ -69,11 +69,14 @@ def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
     report = ApplyReport(counts={r.name: 0 for r in rules})
     seen: set[Refusal] = set()
 
-    def _cleanup():
+    def _cleanup(count_dead: bool = False):
+        # Only the first sweep's dead nodes were dead in the input; later sweeps remove what rules
+        # bypassed, which the rule counts already report.
         for key, n in cleanup(graph).items():
-            report.cleanup[key] = report.cleanup.get(key, 0) + n
+            if key != "dead-node" or count_dead:
+                report.cleanup[key] = report.cleanup.get(key, 0) + n
 
-    _cleanup()
+    _cleanup(count_dead=True)
     for rule in rules:
         for _ in range(MAX_PASSES_PER_RULE):
             applied = 0
