@@ -73,10 +73,12 @@ class ComparisonResult:
         }
 
 
-def time_models(models: list[tuple[str, onnx.ModelProto, Inputs]], config: BenchConfig, rounds: int = 3,
+def time_models(models: list[tuple], config: BenchConfig, rounds: int = 3,
                 progress: Progress | None = None) -> list[BenchResult]:
     """Time several models under one configuration, interleaved in ``rounds`` rounds.
 
+    ``models``: ``(name, model, inputs)`` tuples, optionally with a fourth item, the model's output
+    specs from an earlier plain run (saves a probing run in CUDA-graph mode; see ``BenchResult.output_specs``).
     The budget (``time_budget_s`` and ``iterations``) is per model, split across the rounds.
     Raises :class:`~onnxfuse.bench.runner.NoGPU` / :class:`~onnxfuse.errors.RuntimeFailure`.
     """
@@ -86,9 +88,9 @@ def time_models(models: list[tuple[str, onnx.ModelProto, Inputs]], config: Bench
     n = len(models)
     timers: list[Timer] = []
     try:
-        for i, (name, model, inputs) in enumerate(models):
+        for i, (name, model, inputs, *specs) in enumerate(models):
             step(f"{name}: creating session", 0.1 * i / n)
-            timers.append(Timer(model, inputs, config, name=name))
+            timers.append(Timer(model, inputs, config, name=name, output_specs=specs[0] if specs else None))
         for i, timer in enumerate(timers):
             step(f"{timer.name}: warm-up", 0.1 + 0.1 * i / n)
             timer.warmup()
