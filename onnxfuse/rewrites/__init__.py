@@ -14,6 +14,10 @@ from onnxfuse.rewrites.cleanup import cleanup
 # --- the registry: one line per rule, in the order they run -------------------------------------
 from onnxfuse.rewrites.fold_batchnorm import FoldBatchNormIntoConv, FoldBatchNormIntoConvTranspose, FoldBatchNormIntoGemm
 from onnxfuse.rewrites.fold_scale_bias import FoldScaleBias
+from onnxfuse.rewrites.contrib_gelu import ContribBiasGelu, ContribFastGelu, ContribGelu, ContribQuickGelu
+from onnxfuse.rewrites.contrib_layernorm import ContribLayerNorm, ContribSkipLayerNorm
+from onnxfuse.rewrites.contrib_softmax_matmul import ContribFusedMatMulScale, ContribFusedMatMulTranspose
+from onnxfuse.rewrites.contrib_fused_conv import ContribFusedConv
 from onnxfuse.rewrites.fuse_elementwise import FuseElementwiseRegions
 
 RULES: list[Rule] = [
@@ -21,6 +25,15 @@ RULES: list[Rule] = [
     FoldBatchNormIntoConvTranspose(),
     FoldBatchNormIntoGemm(),
     FoldScaleBias(),
+    ContribQuickGelu(),
+    ContribGelu(),
+    ContribFastGelu(),
+    ContribBiasGelu(),
+    ContribSkipLayerNorm(),
+    ContribLayerNorm(),
+    ContribFusedMatMulTranspose(),
+    ContribFusedMatMulScale(),
+    ContribFusedConv(),  # contrib-bias-softmax is CUDA-only (no CPU kernel): not registered by default
     FuseElementwiseRegions(),  # last: takes whatever elementwise ops are left
 ]
 # ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,96 @@
+"""Conv (+ Add of a same-shaped tensor) + Relu → com.microsoft FusedConv(activation="Relu").
+
+The maths: ``FusedConv(X, W, B, Z) = Relu(Conv(X, W, B) + Z)``; without Z it is ``Relu(Conv(X, W, B))``.
+On CUDA, ONNX Runtime runs it as one cuDNN ``ConvolutionBiasActivationForward`` call (the residual Add
+and the Relu ride on the convolution's epilogue); on the CPU as Conv with a fused activation / sum.
+
+Conditions as conv_activation_fusion.cc's CUDA branch: float32 only (the CUDA FusedConv kernel); Relu
+is the only activation (the one the CUDA kernel implements); the Conv output is read only by the
+Relu / the Add and is not a graph output; the Add's other operand Z must have *exactly* the Conv
+output's shape (known, dims equal as numbers or the same named dim-param; cuDNN adds Z without
+broadcasting — ONNX Runtime's own fusion does not check this, we do) and must not be the Conv output
+itself; the Add output is read only by the Relu. All Conv attributes are kept.
+
+**Candidate for GPU measurement**: cuDNN's fused conv-bias-activation path is not always faster than
+separate Conv + Add + Relu kernels (it depends on the cuDNN algorithm chosen, layout and shape), and
+ONNX Runtime's CUDA provider already applies this fusion itself at session load with graph
+optimizations enabled. Whether rewriting ahead of time pays is to be measured on the GPU.
+"""
+
+from __future__ import annotations
+
+from onnxfuse.rewrites._contrib import (
+    FP32,
+    ContribRule,
+    dtype_problem,
+    first_known_dtype,
+    fuse,
+    is_op,
+    nodes_of,
+    only_read_by,
+    other_input,
+    shape_of,
+    shapes_equal,
+)
+
+
+class ContribFusedConv(ContribRule):
+    name = "contrib-fused-conv"
+    description = "Conv (+ Add of a same-shaped tensor) + Relu in float32 → com.microsoft FusedConv (GPU-measurement candidate)"
+
+    def match(self, graph):
+        return nodes_of(graph, "Conv")
+
+    def analyze(self, graph, node):
+        if len(node.outputs) != 1 or len(node.inputs) < 2:
+            return "Conv has an unexpected number of inputs or outputs", None
+        y = node.outputs[0]
+        readers = list(y.outputs)
+        if len(readers) != 1:
+            return f"Conv output {y.name!r} is read by {len(readers)} nodes", None
+        nxt = readers[0]
+        problem = only_read_by(graph, y, [nxt])
+        if problem:
+            return problem, None
+        dtype = first_known_dtype(graph, node.inputs[1], node.inputs[0], y)
+        problem = dtype_problem(dtype, (FP32,), "Conv")
+        if problem:
+            return problem, None
+        if is_op(nxt, "Relu"):
+            return None, ([node, nxt], None, nxt.outputs[0])
+        if not is_op(nxt, "Add") or len(nxt.inputs) != 2:
+            return f"Conv output flows into {nxt.op}, not Relu or Add", None
+        z = other_input(nxt, y)
+        if z is None:
+            return "the Add adds the Conv output to itself", None
+        add_out = nxt.outputs[0]
+        relu = add_out.outputs[0] if len(add_out.outputs) == 1 else None
+        if not is_op(relu, "Relu"):
+            return "the Add is not followed by a Relu (only)", None
+        problem = only_read_by(graph, add_out, [relu])
+        if problem:
+            return problem, None
+        sy, sz = shape_of(graph, y), shape_of(graph, z)
+        if sy is None or sz is None:
+            return "shapes of the Conv output and the added tensor unknown (run shape inference first)", None
+        if not shapes_equal(sy, sz):
+            return f"added tensor of shape {sz} is not provably the Conv output's shape {sy}", None
+        return None, ([node, nxt, relu], z, relu.outputs[0])
+
+    def apply(self, graph, node, plan):
+        nodes, z, out = plan
+        inputs = list(node.inputs)
+        if z is not None:
+            from onnxfuse.rewrites._contrib import empty_input
+
+            while len(inputs) < 3:
+                inputs.append(empty_input())
+            inputs = inputs[:3] + [z]
+        attrs = dict(node.attrs)
+        attrs["activation"] = "Relu"
+        fuse(graph, nodes, "FusedConv", inputs, out, attrs=attrs,
+             name=f"{node.name}/FusedConv" if node.name else None)
+        return {"op": "com.microsoft.FusedConv", "activation": "Relu", "with_add": z is not None}
+
+
+RULES = [ContribFusedConv()]

@@ -1,0 +1,395 @@
+"""Decomposed layer normalization → LayerNormalization / com.microsoft SkipLayerNormalization.
+
+The maths: over the last k axes of x (the normalized shape),
+
+    μ = mean(x),   σ² = mean((x − μ)²),   y = (x − μ) / √(σ² + ε) · γ + β
+
+Exporters below opset 17 (no ONNX LayerNormalization yet) write it as
+
+    ReduceMean(x) → Sub(x, μ) → Pow(·, 2) → ReduceMean → Add(ε) → Sqrt → Div(x − μ, ·) [→ Mul γ] [→ Add β]
+
+Accepted variants: Mul(d, d) for the square; ``Mul(d, Reciprocal(Sqrt(·)))`` for the division (the
+tf2onnx style); the duplicated Sub of old PyTorch exports; ε or γ or β on either side of their Add/Mul;
+γ/β absent (ones / no bias); ReduceMean axes as attribute (opset < 18) or constant input (opset ≥ 18);
+both ReduceMeans over the same trailing axes with keepdims=1.
+
+* ``contrib-skip-layernorm``: when x itself is ``Add(a, b)`` of two tensors of provably equal shape
+  (rank 2 or 3: ONNX Runtime's kernel takes no other; dims equal as numbers or as the same named
+  dim-param) and the normalization is over the last axis only, the Add and the normalization become
+  ``com.microsoft.SkipLayerNormalization(a, b, γ, β)``; an ``Add(y, c)`` with c a constant 1-D bias
+  feeding one side is absorbed too (its ``bias`` input), as in skip_layer_norm_fusion.cc. It also turns
+  an existing ONNX ``LayerNormalization`` preceded by such an Add into SkipLayerNormalization.
+  Element types float16/float (the kernel's); works at any opset (com.microsoft domain).
+* ``contrib-layernorm``: the remaining decomposed forms become ONNX ``LayerNormalization`` (axis = −k,
+  epsilon = ε, stash_type = 1, i.e. float32 statistics) — the op ONNX Runtime's own LayerNormFusion
+  emits. This needs default-domain opset ≥ 17: ONNX Runtime also registers the op in the ONNX domain for
+  opsets 1–16, but ``onnx.checker`` rejects it there, and ``com.microsoft.LayerNormalization`` is not a
+  registered op in ONNX Runtime 1.31. Below opset 17 the rule refuses with that reason.
+
+Conditions as layer_norm_fusion.cc: every intermediate read only inside the pattern and not a graph
+output; γ/β constants broadcasting over the normalized shape only (they are materialized to exactly
+that shape when they are scalars); the normalized shape must be known when γ/β are present.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxfuse.rewrites._contrib import (
+    FP16,
+    FP32,
+    FP64,
+    ContribRule,
+    consumers,
+    dtype_of,
+    dtype_problem,
+    empty_input,
+    first_known_dtype,
+    fuse,
+    int_attr,
+    internal_problem,
+    is_op,
+    last_dim,
+    new_constant,
+    nodes_of,
+    only_read_by,
+    other_input,
+    rank_of,
+    scalar_constant,
+    shape_of,
+    shapes_equal,
+)
+from onnxfuse.rewrites._weights import constant_value, is_graph_output, producer_of
+
+#: Default-domain opset that introduced LayerNormalization.
+LAYERNORM_OPSET = 17
+
+
+class LayerNormMatch:
+    def __init__(self, **kw):
+        self.x = kw["x"]
+        self.k = kw["k"]  # number of normalized trailing axes
+        self.eps = kw["eps"]
+        self.gamma = kw.get("gamma")  # tensor or None
+        self.beta = kw.get("beta")
+        self.nodes = kw["nodes"]
+        self.root = kw["root"]
+        self.x_readers = kw["x_readers"]  # the pattern's nodes that read x
+        self.dtype = kw.get("dtype")
+
+
+def _reduce_axes(graph, node):
+    """``(reason, axes)`` for a ReduceMean with keepdims=1 and explicit axes."""
+    if int_attr(node, "keepdims", 1) != 1:
+        return f"{node.name or 'ReduceMean'} has keepdims=0", None
+    if "axes" in node.attrs:
+        return None, [int(a) for a in node.attrs["axes"]]
+    if len(node.inputs) > 1 and not node.inputs[1].is_empty():
+        axes = constant_value(graph, node.inputs[1])
+        if axes is None:
+            return f"{node.name or 'ReduceMean'} axes are not constant", None
+        return None, [int(a) for a in np.asarray(axes).reshape(-1)]
+    return f"{node.name or 'ReduceMean'} reduces over all axes", None
+
+
+def _trailing_k(graph, x, axes):
+    """The number k when ``axes`` are exactly the last k axes of x, else ``None``."""
+    if not axes:
+        return None
+    if any(a >= 0 for a in axes):
+        r = rank_of(graph, x)
+        if r is None:
+            return None
+        axes = [a - r if a >= 0 else a for a in axes]
+    k = len(axes)
+    return k if sorted(axes) == list(range(-k, 0)) else None
+
+
+def _single_reader(graph, tensor):
+    readers = consumers(tensor)
+    if len(readers) != 1 or is_graph_output(graph, tensor):
+        return None
+    return readers[0]
+
+
+def match_decomposed(graph, rm1):
+    """Match the decomposed form anchored at its first ReduceMean; ``(reason, LayerNormMatch)``."""
+    if len(rm1.outputs) != 1 or not rm1.inputs:
+        return "ReduceMean has an unexpected number of inputs or outputs", None
+    reason, axes = _reduce_axes(graph, rm1)
+    if reason:
+        return reason, None
+    x, mu = rm1.inputs[0], rm1.outputs[0]
+    k = _trailing_k(graph, x, axes)
+    if k is None:
+        return f"ReduceMean axes {axes} are not the trailing axes of {x.name!r}", None
+    subs = consumers(mu)
+    if not subs or len(subs) > 2 or is_graph_output(graph, mu):
+        return "the mean is not read by one or two Subs only", None
+    for s in subs:
+        if not is_op(s, "Sub") or s.inputs[0] is not x or s.inputs[1] is not mu:
+            return f"the mean is read by {s.op}, not by Sub(x, mean)", None
+    readers = [(s.outputs[0], r) for s in subs for r in consumers(s.outputs[0])]
+    if len(readers) != 2 or any(is_graph_output(graph, s.outputs[0]) for s in subs):
+        return "x − mean is not read exactly by the square and the division", None
+
+    def is_square(d, n):
+        if is_op(n, "Pow") and n.inputs[0] is d:
+            e = scalar_constant(graph, n.inputs[1])
+            return e is not None and float(e.reshape(())) == 2.0
+        return is_op(n, "Mul") and n.inputs[0] is d and n.inputs[1] is d
+
+    sq = [(d, n) for d, n in readers if is_square(d, n)]
+    if len(sq) != 1:
+        return "no (x − mean)² node", None
+    (d_sq, sq_node), = sq
+    (d_div, div_node), = [(d, n) for d, n in readers if n is not sq_node]
+
+    rm2 = _single_reader(graph, sq_node.outputs[0])
+    if not is_op(rm2, "ReduceMean") or rm2.inputs[0] is not sq_node.outputs[0]:
+        return "the square is not read by a ReduceMean only", None
+    reason, axes2 = _reduce_axes(graph, rm2)
+    if reason:
+        return reason, None
+    if _trailing_k(graph, sq_node.outputs[0], axes2) != k:
+        return f"the two ReduceMeans reduce different axes ({axes} vs {axes2})", None
+    add_eps = _single_reader(graph, rm2.outputs[0])
+    if not is_op(add_eps, "Add"):
+        return "the variance is not read by an Add(ε) only", None
+    eps_t = other_input(add_eps, rm2.outputs[0])
+    eps = scalar_constant(graph, eps_t) if eps_t is not None else None
+    if eps is None or eps.ndim > 0 and rank_of(graph, x) is None:
+        return "ε is not a scalar constant", None
+    sqrt = _single_reader(graph, add_eps.outputs[0])
+    if not is_op(sqrt, "Sqrt"):
+        return "variance + ε is not read by a Sqrt only", None
+    nodes = [rm1, *subs, sq_node, rm2, add_eps, sqrt]
+    std = sqrt.outputs[0]
+    if is_op(div_node, "Div"):
+        if div_node.inputs[0] is not d_div or div_node.inputs[1] is not std:
+            return "the division is not (x − mean) / √(σ² + ε)", None
+    elif is_op(div_node, "Mul"):
+        recip = producer_of(other_input(div_node, d_div)) if other_input(div_node, d_div) is not None else None
+        if not is_op(recip, "Reciprocal") or recip.inputs[0] is not std:
+            return "the product is not (x − mean) · 1/√(σ² + ε)", None
+        nodes.append(recip)
+    else:
+        return f"x − mean is read by {div_node.op}, not a Div", None
+    nodes.append(div_node)
+    root = div_node
+    gamma = beta = None
+    nxt = _single_reader(graph, root.outputs[0])
+    if is_op(nxt, "Mul"):
+        g = other_input(nxt, root.outputs[0])
+        if g is not None and constant_value(graph, g) is not None:
+            gamma, root = g, nxt
+            nodes.append(nxt)
+            nxt = _single_reader(graph, root.outputs[0])
+    if is_op(nxt, "Add"):
+        b = other_input(nxt, root.outputs[0])
+        if b is not None and constant_value(graph, b) is not None:
+            beta, root = b, nxt
+            nodes.append(nxt)
+    problem = internal_problem(graph, nodes, root)
+    if problem:
+        return problem, None
+    dtype = first_known_dtype(graph, eps_t, *(t for t in (gamma, beta) if t is not None), x)
+    return None, LayerNormMatch(x=x, k=k, eps=float(eps.reshape(())), gamma=gamma, beta=beta, nodes=nodes,
+                                root=root, x_readers=[rm1, *subs], dtype=dtype)
+
+
+def match_standard(graph, ln):
+    """An ONNX LayerNormalization node as a :class:`LayerNormMatch` (normalizing the last axis only)."""
+    if len(ln.inputs) < 2 or ln.inputs[1].is_empty():
+        return "LayerNormalization has no scale input", None
+    if len(ln.outputs) > 1 and any(o.outputs or is_graph_output(graph, o) for o in ln.outputs[1:]):
+        return "LayerNormalization's mean / inverse std outputs are used", None
+    axis = int_attr(ln, "axis", -1)
+    x = ln.inputs[0]
+    r = rank_of(graph, x)
+    if not (axis == -1 or (r is not None and axis == r - 1)):
+        return f"LayerNormalization axis={axis} is not the last axis", None
+    beta = ln.inputs[2] if len(ln.inputs) > 2 and not ln.inputs[2].is_empty() else None
+    return None, LayerNormMatch(x=x, k=1, eps=float(ln.attrs.get("epsilon", 1e-5)), gamma=ln.inputs[1], beta=beta,
+                                nodes=[ln], root=ln, x_readers=[ln],
+                                dtype=first_known_dtype(graph, ln.inputs[1], x))
+
+
+def _affine_param(graph, tensor, norm_shape, rank, what, role):
+    """``(reason, tensor)``: γ/β as a constant of exactly the normalized shape (reused when it already is)."""
+    value = constant_value(graph, tensor)
+    if value is None:
+        return f"{what} {tensor.name!r} is not a constant", None
+    if tuple(value.shape) == tuple(norm_shape):
+        return None, tensor
+    if rank is not None and value.ndim > rank:
+        return f"{what} of shape {value.shape} would broadcast x to a higher rank", None
+    k = len(norm_shape)
+    lead = value.shape[: max(value.ndim - k, 0)]
+    if any(d != 1 for d in lead):
+        return f"{what} of shape {value.shape} varies outside the normalized axes", None
+    tail = value.reshape(value.shape[len(lead):])
+    try:
+        full = np.broadcast_to(tail, norm_shape)
+    except ValueError:
+        return f"{what} of shape {value.shape} does not broadcast to the normalized shape {tuple(norm_shape)}", None
+    return None, new_constant(graph, f"{tensor.name}_{role}", full.copy())
+
+
+def _norm_shape(graph, x, k):
+    s = shape_of(graph, x)
+    if s is None or len(s) < k:
+        return None
+    tail = s[len(s) - k:]
+    return tuple(int(d) for d in tail) if all(isinstance(d, (int, np.integer)) for d in tail) else None
+
+
+def _params(graph, m, dtype):
+    """``(reason, gamma_tensor, beta_tensor_or_None)`` over the normalized shape."""
+    norm_shape = _norm_shape(graph, m.x, m.k)
+    if norm_shape is None:
+        if m.k == 1:
+            d = last_dim(graph, m.x)
+            norm_shape = (d,) if d is not None else None
+    if norm_shape is None:
+        return f"normalized shape of {m.x.name!r} unknown (run shape inference first)", None, None
+    rank = rank_of(graph, m.x)
+    if m.gamma is None:
+        gamma = new_constant(graph, f"{m.x.name}_ln_scale", np.ones(norm_shape, dtype=dtype))
+    else:
+        reason, gamma = _affine_param(graph, m.gamma, norm_shape, rank, "γ", "ln_scale")
+        if reason:
+            return reason, None, None
+    beta = None
+    if m.beta is not None:
+        reason, beta = _affine_param(graph, m.beta, norm_shape, rank, "β", "ln_bias")
+        if reason:
+            return reason, None, None
+    return None, gamma, beta
+
+
+def _mean_candidate(node) -> bool:
+    """A ReduceMean whose result is read by Subs only: the first node of a decomposed LayerNorm."""
+    if not is_op(node, "ReduceMean") or len(node.outputs) != 1:
+        return False
+    readers = consumers(node.outputs[0])
+    return bool(readers) and all(is_op(r, "Sub") for r in readers)
+
+
+class ContribSkipLayerNorm(ContribRule):
+    name = "contrib-skip-layernorm"
+    description = "Add(a, b) of equal shapes (+ optional 1-D bias Add) → LayerNorm becomes com.microsoft SkipLayerNormalization"
+
+    def match(self, graph):
+        return [n for n in graph.nodes if is_op(n, "LayerNormalization") or _mean_candidate(n)]
+
+    def analyze(self, graph, node):
+        if node.op == "ReduceMean":
+            reason, m = match_decomposed(graph, node)
+        else:
+            reason, m = match_standard(graph, node)
+        if reason:
+            return reason, None
+        if m.k != 1:
+            return f"normalizes the last {m.k} axes; SkipLayerNormalization normalizes the last one", None
+        add = producer_of(m.x)
+        if not is_op(add, "Add") or len(add.inputs) != 2:
+            return "LayerNorm input is not produced by an Add", None
+        problem = only_read_by(graph, m.x, m.x_readers)
+        if problem:
+            return problem, None
+        a, b = add.inputs
+        sa, sb = shape_of(graph, a), shape_of(graph, b)
+        if sa is None or sb is None:
+            return "shapes of the Add's inputs unknown (run shape inference first)", None
+        if len(sa) not in (2, 3) or not shapes_equal(sa, sb):
+            return f"Add inputs of shapes {sa} and {sb} are not provably equal rank-2/3 shapes", None
+        d = sa[-1]
+        if not isinstance(d, (int, np.integer)):
+            return "hidden size (last dimension) unknown", None
+        dtype = m.dtype or first_known_dtype(graph, a, b)
+        problem = dtype_problem(dtype, (FP16, FP32), "SkipLayerNormalization input")
+        if problem:
+            return problem, None
+        inp, skip, bias, bias_add = a, b, None, None
+        for first, second in ((a, b), (b, a)):
+            p = producer_of(first)
+            if not is_op(p, "Add") or len(p.inputs) != 2 or only_read_by(graph, first, [add]):
+                continue
+            for j in (1, 0):
+                c = constant_value(graph, p.inputs[j])
+                y = p.inputs[1 - j]
+                if (c is not None and c.ndim == 1 and c.shape[0] == d and constant_value(graph, y) is None
+                        and shapes_equal(shape_of(graph, y), sa)):
+                    inp, skip, bias, bias_add = y, second, p.inputs[j], p
+                    break
+            if bias is not None:
+                break
+        reason, gamma, beta = _params_1d(graph, m, int(d), dtype)
+        if reason:
+            return reason, None
+        return None, (m, add, inp, skip, gamma, beta, bias, bias_add)
+
+    def apply(self, graph, node, plan):
+        m, add, inp, skip, gamma, beta, bias, bias_add = plan
+        inputs = [inp, skip, gamma, beta if beta is not None else empty_input()]
+        if bias is not None:
+            inputs.append(bias)
+        nodes = list(m.nodes) + [add] + ([bias_add] if bias_add is not None else [])
+        fuse(graph, nodes, "SkipLayerNormalization", inputs, m.root.outputs[0], attrs={"epsilon": m.eps},
+             name=f"{m.root.name}/SkipLayerNorm" if m.root.name else None)
+        return {"op": "com.microsoft.SkipLayerNormalization", "input": inp.name, "skip": skip.name,
+                "bias": bias is not None, "replaced": len(nodes)}
+
+
+def _params_1d(graph, m, d, dtype):
+    """γ/β of shape (d,) for SkipLayerNormalization."""
+    rank = rank_of(graph, m.x)
+    if m.gamma is None:
+        gamma = new_constant(graph, f"{m.x.name}_ln_scale", np.ones((d,), dtype=dtype))
+    else:
+        reason, gamma = _affine_param(graph, m.gamma, (d,), rank, "γ", "ln_scale")
+        if reason:
+            return reason, None, None
+    beta = None
+    if m.beta is not None:
+        reason, beta = _affine_param(graph, m.beta, (d,), rank, "β", "ln_bias")
+        if reason:
+            return reason, None, None
+    return None, gamma, beta
+
+
+class ContribLayerNorm(ContribRule):
+    name = "contrib-layernorm"
+    description = "decomposed ReduceMean/Sub/Pow/…/Div(/Mul γ/Add β) → LayerNormalization (opset ≥ 17)"
+
+    def match(self, graph):
+        return [n for n in graph.nodes if _mean_candidate(n)]
+
+    def analyze(self, graph, node):
+        reason, m = match_decomposed(graph, node)
+        if reason:
+            return reason, None
+        opset = int(getattr(graph, "opset", 0) or 0)
+        if opset < LAYERNORM_OPSET:
+            return (f"model opset {opset} < {LAYERNORM_OPSET}: ONNX LayerNormalization does not exist there "
+                    "(onnx.checker rejects it; com.microsoft has no LayerNormalization)"), None
+        problem = dtype_problem(m.dtype, (FP16, FP32, FP64), "LayerNormalization input")
+        if problem:
+            return problem, None
+        reason, gamma, beta = _params(graph, m, m.dtype)
+        if reason:
+            return reason, None
+        return None, (m, gamma, beta)
+
+    def apply(self, graph, node, plan):
+        m, gamma, beta = plan
+        inputs = [m.x, gamma] + ([beta] if beta is not None else [])
+        fuse(graph, m.nodes, "LayerNormalization", inputs, m.root.outputs[0],
+             attrs={"axis": -m.k, "epsilon": m.eps, "stash_type": 1}, domain="",
+             name=f"{m.root.name}/LayerNorm" if m.root.name else None)
+        return {"op": "LayerNormalization", "input": m.x.name, "axis": -m.k, "epsilon": m.eps,
+                "replaced": len(m.nodes)}
+
+
+RULES = [ContribSkipLayerNorm(), ContribLayerNorm()]
