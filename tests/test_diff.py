@@ -376,3 +376,25 @@ def test_cli_help_has_examples():
     assert result.exit_code == 0
     assert "Examples:" in result.output and "onnxfuse diff model.onnx model.opt.onnx" in result.output
     assert "Exit codes" in result.output
+
+
+def test_subgraph_tensors_are_skipped():
+    """Tensors inside an If body are not exposed (they cannot be graph outputs); the If output is compared."""
+    def branch(name, op):
+        out = helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)
+        return helper.make_graph([helper.make_node(op, ["x"], [f"{name}_inner"]),
+                                  helper.make_node("Identity", [f"{name}_inner"], [f"{name}_out"])], name, [], [out])
+
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["cond"]),
+        helper.make_node("If", ["cond"], ["picked"], then_branch=branch("then", "Relu"),
+                         else_branch=branch("else", "Neg")),
+        helper.make_node("MatMul", ["picked", "W"], ["y"]),
+    ]
+    model = _model(nodes, [numpy_helper.from_array(np.float32(0), "zero"), numpy_helper.from_array(weights(), "W")])
+    report = diff_models(model, model, shapes={"x": [2, K]}, intermediates=True, provider_a="cpu", provider_b="cpu")
+    names = [c.name for c in report.intermediates]
+    assert "s" in names and "picked" in names
+    assert not any("inner" in n or n.endswith("_out") for n in names)
+    assert report.passed
