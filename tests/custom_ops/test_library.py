@@ -1,0 +1,551 @@
+"""The FusedElementwise custom-op library on ONNX Runtime's CPU provider.
+
+Every op of the language (expr.OP_TABLE) in every dtype it takes runs as a FusedElementwise node
+and is compared with the same computation as an *unfused* graph of standard ONNX ops on ONNX Runtime
+(expr.onnx_equivalent_model), with a few hand-built reference graphs as an independent check, and
+with expr.evaluate (numpy, ONNX semantics). Also: broadcasting layouts, multiple outputs, large
+tensors (ONNX Runtime's thread pool), Cast between every pair of dtypes, and malformed programs,
+which both parsers must reject, naming the same line, when the session is created.
+
+The helpers at the top are reused by tests/gpu/test_fused_cuda.py.
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from onnxfuse.custom_ops import DOMAIN, OPSET_VERSION, make_node, session_options
+from onnxfuse.custom_ops import expr
+
+ONNX_TYPE = {"float32": 1, "float16": 10, "bfloat16": 16, "int32": 6, "int64": 7, "bool": 9}
+# Tolerances of the fused kernels vs an unfused ONNX Runtime graph (fp32 maths for half types).
+RTOL = {"float32": 1e-6, "float16": 1e-2, "bfloat16": 2e-2}
+ATOL = {"float32": 1e-6, "float16": 1e-2, "bfloat16": 2e-2}
+
+
+def io_dtype(dtype: str) -> str:
+    """onnxruntime's Python API cannot feed/fetch bfloat16: such graph inputs/outputs are float32."""
+    return "float32" if dtype == "bfloat16" else dtype
+
+
+def fused_model(text: str, shapes, *, ir_version: int = 10) -> onnx.ModelProto:
+    """A model with one FusedElementwise node running ``text``; graph inputs are the program inputs,
+    outputs ``out:i``. bfloat16 inputs/outputs are float32 at the graph boundary with exact Casts."""
+    prog = expr.parse(text)
+    pre, post, inputs, outputs, node_ins, node_outs = [], [], [], [], [], []
+    for (name, dt), shape in zip(prog.inputs, shapes):
+        inputs.append(helper.make_tensor_value_info(name, ONNX_TYPE[io_dtype(dt)], list(shape)))
+        if dt == "bfloat16":
+            pre.append(helper.make_node("Cast", [name], [name + ":bf16"], to=ONNX_TYPE["bfloat16"]))
+            node_ins.append(name + ":bf16")
+        else:
+            node_ins.append(name)
+    for i, dt in enumerate(prog.output_dtypes()):
+        out = f"out:{i}"
+        if dt == "bfloat16":
+            node_outs.append(out + ":bf16")
+            post.append(helper.make_node("Cast", [out + ":bf16"], [out], to=ONNX_TYPE["float32"]))
+        else:
+            node_outs.append(out)
+        outputs.append(helper.make_tensor_value_info(out, ONNX_TYPE[io_dtype(dt)], None))
+    nodes = pre + [make_node(text, node_ins, node_outs, name="fused")] + post
+    graph = helper.make_graph(nodes, "fused", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
+                                                   helper.make_opsetid(DOMAIN, OPSET_VERSION)],
+                             ir_version=ir_version)
+
+
+def reference_model(text: str, shapes) -> onnx.ModelProto:
+    return expr.onnx_equivalent_model(expr.parse(text), shapes, bfloat16_io="float32")
+
+
+def random_input(rng: np.random.Generator, dtype: str, shape, kind: str = "any") -> np.ndarray:
+    """Test data for one input; ``kind``: any, positive, nonzero, small."""
+    shape = tuple(shape)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype in ("int32", "int64"):
+        lo = 1 if kind == "positive" else -50
+        a = rng.integers(lo, 50, size=shape).astype(dtype)
+        if kind in ("nonzero", "positive"):
+            a[a == 0] = 7
+        return a
+    if kind == "positive":
+        a = rng.uniform(0.1, 4.0, size=shape)
+    elif kind == "small":
+        a = rng.uniform(-2.0, 2.0, size=shape)
+    else:
+        a = rng.standard_normal(shape) * 2.0
+        if kind == "nonzero":
+            a[np.abs(a) < 0.05] = 0.5
+    a = a.astype(np.float32)
+    if dtype == "float16":
+        return a.astype(np.float16)
+    if dtype == "bfloat16":  # bfloat16-representable float32 values
+        return expr.round_to_dtype(a, "bfloat16").astype(np.float32)
+    return a
+
+
+def compare(got: np.ndarray, want: np.ndarray, dtype: str, what: str = "", scale: float = 1.0) -> None:
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    if dtype in RTOL:
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=RTOL[dtype] * scale,
+                                   atol=ATOL[dtype] * scale, equal_nan=True, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+
+
+# ------------------------------------------------------------------------------------------ sessions
+
+import onnxruntime as ort  # noqa: E402
+
+ort.set_default_logger_severity(3)
+
+
+def fused_session(text: str, shapes, providers=("CPUExecutionProvider",), provider_options=None,
+                  threads: int = 1):
+    so = session_options()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    model = fused_model(text, shapes)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=list(providers),
+                                provider_options=provider_options)
+
+
+def reference_session(text: str, shapes, providers=("CPUExecutionProvider",), provider_options=None):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(reference_model(text, shapes).SerializeToString(), so,
+                                providers=list(providers), provider_options=provider_options)
+
+
+def run_positional(sess, arrays) -> list:
+    """Run with inputs given in graph-input order (names differ between fused and reference)."""
+    return sess.run(None, {i.name: a for i, a in zip(sess.get_inputs(), arrays)})
+
+
+def feeds_for(text: str, arrays) -> dict:
+    prog = expr.parse(text)
+    return {name: a for (name, _), a in zip(prog.inputs, arrays)}
+
+
+def numpy_reference(text: str, arrays) -> list:
+    """expr.evaluate on the declared dtypes, outputs as fetched from ORT (bfloat16 -> float32)."""
+    prog = expr.parse(text)
+    ins = [expr.round_to_dtype(a, dt) if dt == "bfloat16" else a for a, (_, dt) in zip(arrays, prog.inputs)]
+    outs = expr.evaluate(prog, ins)
+    return [o.astype(np.float32) if dt == "bfloat16" else o for o, dt in zip(outs, prog.output_dtypes())]
+
+
+# Test data per op: which inputs need special ranges.
+DATA_KIND = {"Log": "positive", "Sqrt": "positive", "Reciprocal": "nonzero", "Div": "nonzero",
+             "Pow": "positive", "Exp": "small", "Sin": "small", "Cos": "small", "Elu": "small",
+             "Celu": "small", "Selu": "small", "Mish": "small", "Softplus": "small"}
+# Transcendental ops where ONNX Runtime's CPU kernels (MLAS approximations) and libm differ by
+# more than 1e-6 relative: allowed a few more float32 ulps.
+LOOSE = {"Erf": 4.0, "Gelu": 4.0, "Tanh": 4.0, "Mish": 4.0, "Softplus": 4.0, "Sigmoid": 4.0, "Pow": 4.0,
+         "Exp": 2.0, "Log": 2.0, "Sin": 2.0, "Cos": 2.0, "Selu": 2.0, "Elu": 2.0, "Celu": 2.0}
+
+
+def single_op_program(op: str, dtype: str) -> tuple[str, list[str]]:
+    """Program text applying ``op`` to fresh inputs of ``dtype`` (Where: bool condition)."""
+    spec = expr.OP_TABLE[op]
+    ins = []
+    if spec.cond_first:
+        ins.append(("c", "bool"))
+    for k in range(spec.arity - len(ins)):
+        ins.append((f"x{k}", dtype))
+    res = "bool" if spec.result == "bool" else dtype
+    attrs = ""
+    if op == "Clip":
+        attrs = "[min=-1, max=2]" if dtype in ("int32", "int64") else "[min=-1.5, max=2.25]"
+    elif op == "LeakyRelu":
+        attrs = "[alpha=0.2]"
+    elif op == "Gelu":
+        attrs = ""
+    lines = ["onnxfuse.elementwise 1"] + [f"input {n}: {t}" for n, t in ins]
+    lines.append(f"y: {res} = {op}{attrs}({', '.join(n for n, _ in ins)})")
+    lines.append("output y")
+    return "\n".join(lines) + "\n", [t for _, t in ins]
+
+
+def op_cases():
+    for op, spec in expr.OP_TABLE.items():
+        if op == "Cast":
+            continue
+        for dt in expr.DTYPES:
+            if dt in spec.dtypes:
+                yield op, dt
+
+
+def run_op_case(op: str, dtype: str, providers=("CPUExecutionProvider",), provider_options=None,
+                shape=(3, 5, 7)) -> None:
+    text, in_dtypes = single_op_program(op, dtype)
+    rng = np.random.default_rng(abs(hash((op, dtype))) % 2**32)
+    kind = DATA_KIND.get(op, "any")
+    arrays = []
+    for k, dt in enumerate(in_dtypes):
+        arrays.append(random_input(rng, dt, shape, kind if (k == 1 or op not in ("Div", "Pow")) else "any"))
+    if op == "Pow":
+        arrays[1] = rng.uniform(-2, 2, size=shape).astype(np.float32)
+        arrays[1] = arrays[1].astype(np.float16) if dtype == "float16" else (
+            expr.round_to_dtype(arrays[1], "bfloat16").astype(np.float32) if dtype == "bfloat16" else arrays[1])
+    if op in ("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Min", "Max") and dtype != "bool":
+        arrays[1].reshape(-1)[::3] = arrays[0].reshape(-1)[::3]  # some ties
+    shapes = [a.shape for a in arrays]
+    feeds = feeds_for(text, arrays)
+    got = fused_session(text, shapes, providers, provider_options).run(None, feeds)
+    want = run_positional(reference_session(text, shapes, providers, provider_options), arrays)
+    out_dt = "bool" if expr.OP_TABLE[op].result == "bool" else dtype
+    scale = LOOSE.get(op, 1.0)
+    for g, w in zip(got, want):
+        compare(g, w, out_dt, f"{op}({dtype}) vs unfused ONNX Runtime", scale)
+    for g, w in zip(got, numpy_reference(text, arrays)):
+        compare(g, w, out_dt, f"{op}({dtype}) vs expr.evaluate", scale)
+
+
+# ------------------------------------------------------------------------------------------- tests
+
+def test_constants_and_library():
+    from onnxfuse import custom_ops
+
+    assert (custom_ops.DOMAIN, custom_ops.OP_TYPE, custom_ops.OPSET_VERSION, custom_ops.PROGRAM_ATTR) == (
+        expr.DOMAIN, expr.OP_TYPE, expr.DOMAIN_OPSET, "program")
+    import os
+
+    assert os.path.isfile(custom_ops.library_path())
+
+
+def test_op_table_matches_cpp():
+    """The C++ parser knows exactly the ops of expr.OP_TABLE."""
+    from onnxfuse.custom_ops.codegen import check_program
+
+    for op in expr.OP_TABLE:
+        if op == "Cast":
+            continue
+        dt = "bool" if "float32" not in expr.OP_TABLE[op].dtypes else "float32"
+        text, _ = single_op_program(op, dt)
+        assert check_program(text) is None, (op, check_program(text))
+    bad = "onnxfuse.elementwise 1\ninput x: float32\ny: float32 = Softmax(x)\noutput y\n"
+    assert "line 3" in check_program(bad) and "Softmax" in check_program(bad)
+
+
+@pytest.mark.parametrize("op,dtype", list(op_cases()))
+def test_op_vs_unfused_graph(op, dtype):
+    run_op_case(op, dtype)
+
+
+@pytest.mark.parametrize("src", expr.DTYPES)
+def test_cast_all_pairs(src):
+    targets = [t for t in expr.DTYPES if t != src]
+    lines = ["onnxfuse.elementwise 1", f"input x: {src}"]
+    for k, t in enumerate(targets):
+        lines.append(f"y{k}: {t} = Cast[to={t}](x)")
+    lines += [f"output y{k}" for k in range(len(targets))]
+    text = "\n".join(lines)
+    rng = np.random.default_rng(1)
+    if src in expr.FLOAT_DTYPES:  # keep float -> int casts defined (in range)
+        x = random_input(rng, src, (4, 33), "any") * 10
+        x = x.astype(np.float16) if src == "float16" else x
+        if src == "bfloat16":
+            x = expr.round_to_dtype(x, "bfloat16").astype(np.float32)
+        x.reshape(-1)[:4] = [0.0, -0.0, 0.5, -2.5]
+    else:
+        x = random_input(rng, src, (4, 33))
+    got = fused_session(text, [x.shape]).run(None, {"x": x})
+    want = run_positional(reference_session(text, [x.shape]), [x])
+    for g, w, t in zip(got, want, targets):
+        np.testing.assert_array_equal(g, w, err_msg=f"Cast {src} -> {t}")
+    for g, w, t in zip(got, numpy_reference(text, [x]), targets):
+        np.testing.assert_array_equal(g, w, err_msg=f"Cast {src} -> {t} (numpy)")
+
+
+SILU_CHAIN = """onnxfuse.elementwise 1
+input x: float32
+input s: float32
+const half: float32 = 0.5
+const one: float32 = 1
+t0: float32 = Sigmoid(x)
+t1: float32 = Mul(x, t0)
+t2: float32 = Mul(t1, half)
+t3: float32 = Add(t2, one)
+t4: float32 = Tanh(t3)
+t5: float32 = Mul(t4, s)
+output t5
+output t1
+"""
+
+
+def handmade_reference(shape_x, shape_s):
+    """tanh(x*sigmoid(x)*0.5+1)*s and x*sigmoid(x) as plain ONNX nodes (independent of expr.py)."""
+    T = onnx.TensorProto
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["t0"]),
+        helper.make_node("Mul", ["x", "t0"], ["t1"]),
+        helper.make_node("Mul", ["t1", "half"], ["t2"]),
+        helper.make_node("Add", ["t2", "one"], ["t3"]),
+        helper.make_node("Tanh", ["t3"], ["t4"]),
+        helper.make_node("Mul", ["t4", "s"], ["out:0"]),
+        helper.make_node("Mul", ["t1", "ones"], ["out:1"]),  # broadcast t1 to the full shape
+    ]
+    full = np.broadcast_shapes(shape_x, shape_s)
+    inits = [helper.make_tensor("half", T.FLOAT, [], [0.5]), helper.make_tensor("one", T.FLOAT, [], [1.0]),
+             onnx.numpy_helper.from_array(np.ones(full, np.float32), "ones")]
+    g = helper.make_graph(nodes, "ref", [helper.make_tensor_value_info("x", T.FLOAT, list(shape_x)),
+                                         helper.make_tensor_value_info("s", T.FLOAT, list(shape_s))],
+                          [helper.make_tensor_value_info("out:0", T.FLOAT, None),
+                           helper.make_tensor_value_info("out:1", T.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+
+
+BROADCASTS = {
+    "same": ((2, 3, 4, 5), (2, 3, 4, 5)),
+    "scalar": ((2, 3, 4, 5), ()),
+    "one-element": ((2, 3, 4, 5), (1, 1, 1, 1)),
+    "per-channel NCHW": ((2, 3, 4, 5), (1, 3, 1, 1)),
+    "per-channel CHW": ((2, 3, 4, 5), (3, 1, 1)),
+    "trailing": ((2, 3, 4, 5), (5,)),
+    "leading ones": ((1, 1, 4, 5), (2, 3, 1, 1)),
+    "both broadcast": ((2, 1, 4, 1), (1, 3, 1, 5)),
+    "x smaller": ((4, 5), (2, 3, 4, 5)),
+    "zero-size": ((0, 3, 4), (3, 1)),
+    "scalar x": ((), (7,)),
+}
+
+
+@pytest.mark.parametrize("case", list(BROADCASTS))
+def test_broadcast_layouts(case):
+    shape_x, shape_s = BROADCASTS[case]
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(shape_x).astype(np.float32)
+    s = rng.standard_normal(shape_s).astype(np.float32)
+    got = fused_session(SILU_CHAIN, [shape_x, shape_s]).run(None, {"x": x, "s": s})
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    ref = ort.InferenceSession(handmade_reference(shape_x, shape_s).SerializeToString(), so,
+                               providers=["CPUExecutionProvider"])
+    want = ref.run(None, {"x": x, "s": s})
+    for g, w in zip(got, want):
+        compare(g, w, "float32", case, scale=4.0)
+    for g, w in zip(got, numpy_reference(SILU_CHAIN, [x, s])):
+        compare(g, w, "float32", case + " (numpy)", scale=4.0)
+
+
+def test_output_shape_and_types_inferred():
+    text = SILU_CHAIN.replace("output t5\noutput t1", "t6: float16 = Cast[to=float16](t1)\n"
+                              "t7: bool = Less(x, s)\noutput t5\noutput t6\noutput t7\noutput x")
+    sess = fused_session(text, [("N", 3, 1, 5), (3, 4, 1)])
+    outs = sess.get_outputs()
+    assert [o.type for o in outs] == ["tensor(float)", "tensor(float16)", "tensor(bool)", "tensor(float)"]
+    assert outs[0].shape == ["N", 3, 4, 5]
+    x = np.random.default_rng(3).standard_normal((2, 3, 1, 5)).astype(np.float32)
+    s = np.ones((3, 4, 1), np.float32)
+    res = sess.run(None, {"x": x, "s": s})
+    assert [r.shape for r in res] == [(2, 3, 4, 5)] * 4  # every output has the broadcast shape
+    np.testing.assert_array_equal(res[3], np.broadcast_to(x, (2, 3, 4, 5)))
+
+
+def test_multi_output_mixed_dtypes_and_repeats():
+    text = """onnxfuse.elementwise 1
+input a: float16
+input b: int64
+input m: bool
+const k: int64 = 3
+const z: float16 = 0
+b3: int64 = Mul(b, k)
+bf: float16 = Cast[to=float16](b3)
+s: float16 = Add(a, bf)
+r: float16 = Relu(s)
+w: float16 = Where(m, r, z)
+nm: bool = Not(m)
+output w
+output b3
+output w
+output nm
+output a
+"""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((8, 16)).astype(np.float16)
+    b = rng.integers(-5, 5, (16,)).astype(np.int64)
+    m = rng.random((8, 1)) < 0.5
+    feeds = {"a": a, "b": b, "m": m}
+    got = fused_session(text, [a.shape, b.shape, m.shape]).run(None, feeds)
+    want = run_positional(reference_session(text, [a.shape, b.shape, m.shape]), [a, b, m])
+    for g, w, dt in zip(got, want, ["float16", "int64", "float16", "bool", "float16"]):
+        compare(g, w, dt, "multi-output")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_large_tensor_thread_pool(dtype):
+    """Several blocks and ONNX Runtime's intra-op thread pool (ParallelFor), odd size."""
+    text = SILU_CHAIN.replace("float32", dtype)
+    rng = np.random.default_rng(5)
+    x = random_input(rng, dtype, (3, 100_003))
+    s = random_input(rng, dtype, (3, 1))
+    feeds = {"x": x, "s": s}
+    got = fused_session(text, [x.shape, s.shape], threads=2).run(None, feeds)
+    want = run_positional(reference_session(text, [x.shape, s.shape]), [x, s])
+    for g, w in zip(got, want):
+        compare(g, w, dtype, "large", scale=4.0)
+
+
+def test_half_intermediates_are_kept_in_float32():
+    """float16 arithmetic is carried out in float32 and rounded at outputs (spec: Data types)."""
+    text = """onnxfuse.elementwise 1
+input x: float16
+const big: float16 = 60000
+a: float16 = Add(x, big)
+b: float16 = Sub(a, big)
+output b
+"""
+    x = np.array([1.0, 2.0, 3.0], np.float16)
+    (got,) = fused_session(text, [x.shape]).run(None, {"x": x})
+    np.testing.assert_array_equal(got, x)  # 60001 would round to 60000 in float16
+
+
+def test_special_values():
+    text = """onnxfuse.elementwise 1
+input x: float32
+const pinf: float32 = inf
+const ninf: float32 = -inf
+const qnan: float32 = nan
+const hx: float32 = 0x1.8p+1
+a: float32 = Min(x, pinf)
+b: float32 = Max(a, ninf)
+c: float32 = Add(b, hx)
+d: bool = Equal(x, qnan)
+e: float32 = Clip[min=-inf, max=inf](c)
+output e
+output d
+"""
+    x = np.array([0.0, -1.0, np.inf, -np.inf, 2.5], np.float32)
+    e, d = fused_session(text, [x.shape]).run(None, {"x": x})
+    np.testing.assert_array_equal(e, x + 3.0)
+    assert not d.any()
+
+
+def test_int_semantics():
+    text = """onnxfuse.elementwise 1
+input a: int32
+input b: int32
+q: int32 = Div(a, b)
+c: int32 = Clip[min=-3, max=4](a)
+n: int32 = Neg(a)
+output q
+output c
+output n
+"""
+    a = np.array([7, -7, 7, -7, 0, 2147483647, -2147483647], np.int32)
+    b = np.array([2, 2, -2, -2, 5, 1, 3], np.int32)
+    q, c, n = fused_session(text, [a.shape, b.shape]).run(None, {"a": a, "b": b})
+    np.testing.assert_array_equal(q, [3, -3, -3, 3, 0, 2147483647, -715827882])  # toward zero
+    np.testing.assert_array_equal(c, np.clip(a, -3, 4))
+    np.testing.assert_array_equal(n, -a)
+
+
+# ------------------------------------------------------------------------------- malformed programs
+
+BAD_PROGRAMS = [
+    ("", 1, "header"),
+    ("onnxfuse.elementwise 2\ninput x: float32\noutput x\n", 1, "version"),
+    ("onnxfuse.elementwise 1\ninput x: float32\n\ny: float32 = Sigmoidx(x)\noutput y\n", 4, "Sigmoidx"),
+    ("onnxfuse.elementwise 1\ninput x: float32\ny: float32 = Add(x)\noutput y\n", 3, "argument"),
+    ("onnxfuse.elementwise 1\ninput x: float32\ny: float16 = Relu(x)\noutput y\n", 3, "float16"),
+    ("onnxfuse.elementwise 1\ninput x: float32\ny: float32 = Relu(z)\noutput y\n", 3, "'z'"),
+    ("onnxfuse.elementwise 1\ninput x: float32\nx: float32 = Relu(x)\noutput x\n", 3, "'x'"),
+    ("onnxfuse.elementwise 1\ninput x: int32\ny: int32 = Exp(x)\noutput y\n", 3, "Exp"),
+    ("onnxfuse.elementwise 1\ninput x: float32\ny: float32 = LeakyRelu[beta=1](x)\noutput y\n", 3, "beta"),
+    ("onnxfuse.elementwise 1\ninput x: float32\ny: float32 = Cast(x)\noutput y\n", 3, "to"),
+    ("onnxfuse.elementwise 1\ninput x: float32\ny: float32 = Gelu[approximate=fast](x)\noutput y\n", 3, "approximate"),
+    ("onnxfuse.elementwise 1\ninput x: float32\nconst c: int32 = 1.5\noutput x\n", 3, "1.5"),
+    ("onnxfuse.elementwise 1\ninput x: float32\nconst c: float32 = 1_000\noutput x\n", 3, ""),
+    ("onnxfuse.elementwise 1\ninput x: float32\ny: float32 = Relu(x\noutput y\n", 3, ""),
+    ("onnxfuse.elementwise 1\ninput x: float32\noutput y\n", 3, "'y'"),
+    ("onnxfuse.elementwise 1\ninput x: float32\n", 2, "output"),
+    ("onnxfuse.elementwise 1\ninput x: float32\noutput x\ny: float32 = Relu(x)\n", 4, "output"),
+    ("onnxfuse.elementwise 1\ninput x: float32 $\noutput x\n", 2, ""),
+    ("onnxfuse.elementwise 1\ninput x: float99\noutput x\n", 2, "float99"),
+    ("onnxfuse.elementwise 1\ninput x: int32\ny: int32 = Clip[min=0.5](x)\noutput y\n", 3, "Clip"),
+    ("onnxfuse.elementwise 1\ninput x: bool\ny: bool = Less(x, x)\noutput y\n", 3, "Less"),
+    ("onnxfuse.elementwise 1\ninput x: float32\nc: float32 = Where(x, x, x)\noutput c\n", 3, "bool"),
+    ("onnxfuse.elementwise 1\ninput x: float32\ninf: float32 = Relu(x)\noutput inf\n", 3, ""),
+]
+
+
+@pytest.mark.parametrize("text,line,word", BAD_PROGRAMS, ids=[f"bad{i}" for i in range(len(BAD_PROGRAMS))])
+def test_malformed_program_rejected_at_session_creation(text, line, word):
+    from onnxfuse.custom_ops.codegen import check_program
+
+    with pytest.raises(expr.ProgramError) as py_err:
+        expr.parse(text)
+    assert py_err.value.line == line
+    cpp = check_program(text)
+    assert cpp is not None and cpp.startswith(f"line {line}:"), cpp
+    assert word in cpp, cpp
+    node = make_node(text, ["x"], ["y"])
+    T = onnx.TensorProto
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, 1)],
+                          ir_version=10)
+    with pytest.raises(Exception) as e:
+        so = session_options()
+        so.log_severity_level = 3
+        ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    msg = str(e.value)
+    assert f"line {line}:" in msg and "invalid program" in msg, msg
+
+
+def _mutations(text: str):
+    """Deterministic single-edit variants of a valid program (for parser agreement)."""
+    lines = text.split("\n")
+    subs = [("float32", "float16"), ("float32", "int32"), ("(", "["), (")", ""), (",", ""), (":", ""),
+            ("=", "=="), ("x", "inf"), ("0.5", "0x1p-1"), ("0.5", "5e-1"), ("0.5", "0x1.0"), ("0.5", ".5e"),
+            ("1", "01"), ("1", "+1"), ("1", "1.0"), ("Mul", "mul"), ("t1", "t9"), ("output", "output output"),
+            ("input", "const"), ("half", "input"), (" ", "  "), ("alpha=0.01", "alpha=nan"),
+            ("alpha=0.01", "alpha=x"), ("alpha=0.01", "alpha=inf"), ("alpha=0.01", ""), ("[alpha=0.01]", "[]")]
+    for i, ln in enumerate(lines):
+        yield "\n".join(lines[:i] + lines[i + 1:])  # drop a line
+        yield "\n".join(lines[:i] + [ln, ln] + lines[i + 1:])  # repeat a line
+        for a, b in subs:
+            if a in ln:
+                yield "\n".join(lines[:i] + [ln.replace(a, b, 1)] + lines[i + 1:])
+
+
+def test_parsers_agree_on_mutations():
+    """The C++ and Python parsers accept and reject the same programs, naming the same line."""
+    from onnxfuse.custom_ops.codegen import check_program
+
+    base = """onnxfuse.elementwise 1
+input x: float32
+input k: int64
+const half: float32 = 0.5
+t0: float32 = Sigmoid(x)
+t1: float32 = Mul(x, t0)
+t2: float32 = Mul(t1, half)
+t3: float32 = LeakyRelu[alpha=0.01](t2)  # comment
+t4: float16 = Cast[to=float16](t3)
+c1: int64 = Clip[min=1, max=inf](k)
+output t4
+output t1
+output c1
+"""
+    n = 0
+    for text in _mutations(base):
+        try:
+            expr.parse(text)
+            py = None
+        except expr.ProgramError as e:
+            py = e.line
+        cpp = check_program(text)
+        cpp_line = None if cpp is None else int(cpp.split(":")[0].split()[1])
+        assert (py is None) == (cpp is None) and py == cpp_line, f"python: {py}, C++: {cpp!r}\n{text}"
+        n += 1
+    assert n > 100
