@@ -515,6 +515,11 @@ class _Analysis:
             shape = tuple(m if m is not None else t for m, t in zip(mine, theirs))
         else:
             shape = mine
+        ints = ("int32", "int64")
+        if shape is not None and len(shape) <= 1 and (low.dtype in ints or any(d in ints for d in op_dtypes)):
+            # Shape arithmetic (Shape -> Gather -> Add/Div -> Slice...): ONNX Runtime keeps it on
+            # the CPU; a custom op there would cost device round trips and block constant folding.
+            raise _Refuse(f"shape computation (integer op of rank {len(shape)}): left to ONNX Runtime")
         low.shape = shape
         self.dtypes[out.name] = low.dtype
         self.shapes[out.name] = shape

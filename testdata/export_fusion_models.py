@@ -1,0 +1,232 @@
+"""Export the small real-architecture models used by tests/rewrites/test_fusion_real_models.py.
+
+Run with a Python that has torch and torchvision (not needed by the package or its tests):
+
+    /work/torchenv/bin/python testdata/export_fusion_models.py
+
+Weights are random (seeded) and BatchNorm statistics are randomised, so nothing is downloaded; every
+model is exported with the TorchScript exporter (``dynamo=False``) at a fixed opset, in eval mode (the
+exporter folds BatchNorm into Conv), with a dynamic batch dimension named ``batch``:
+
+* ``mobilenet_v3_small_w025_opset13.onnx``: torchvision mobilenet_v3_small, width 0.25, 10 classes,
+  64x64 input. At opset 13 HardSwish becomes ``HardSigmoid`` + ``Mul`` (HardSwish is opset 14), and
+  the squeeze-excite gate is ``HardSigmoid`` on an [N,C,1,1] tensor multiplied into [N,C,H,W].
+* ``efficientnet_blocks_opset13.onnx``: MBConv blocks with SiLU written as ``x * sigmoid(x)``,
+  squeeze-excite and residual adds.
+* ``yolo_conv_bn_silu_opset13.onnx``: a YOLO-style backbone/neck: Conv-BN-SiLU (``nn.SiLU`` exports
+  as ``Sigmoid`` + ``Mul`` at opset 13), C2f-like split/concat bottlenecks, an upsample path.
+* ``convnext_blocks_opset13.onnx``: ConvNeXt blocks: depthwise 7x7 conv, channels-last LayerNorm
+  (decomposed at opset 13: ReduceMean, Sub, Pow, Add, Sqrt, Div, Mul, Add), Linear, exact GELU
+  (decomposed: Div, Erf, Add, Mul, Mul), Linear, layer-scale Mul and the residual Add.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+OPSET = 13
+
+
+def _randomize_bn(model: nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, (nn.BatchNorm2d, nn.BatchNorm1d)):
+            n = m.num_features
+            m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(n, generator=g) * 0.5 + 0.75)
+            m.weight.data.copy_(torch.rand(n, generator=g) * 0.5 + 0.75)
+            m.bias.data.copy_(torch.randn(n, generator=g) * 0.1)
+
+
+# ---- EfficientNet-like --------------------------------------------------------------------------
+
+
+class SiLU(nn.Module):  # written out, as EfficientNet ports often do
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+
+class ConvBNAct(nn.Sequential):
+    def __init__(self, cin, cout, k=1, s=1, groups=1, act=True):
+        layers = [nn.Conv2d(cin, cout, k, s, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+        if act:
+            layers.append(SiLU())
+        super().__init__(*layers)
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, c, r):
+        super().__init__()
+        self.fc1 = nn.Conv2d(c, r, 1)
+        self.fc2 = nn.Conv2d(r, c, 1)
+        self.act = SiLU()
+
+    def forward(self, x):
+        s = F.adaptive_avg_pool2d(x, 1)
+        s = torch.sigmoid(self.fc2(self.act(self.fc1(s))))
+        return x * s
+
+
+class MBConv(nn.Module):
+    def __init__(self, cin, cout, expand, stride):
+        super().__init__()
+        mid = cin * expand
+        self.use_res = stride == 1 and cin == cout
+        self.expand = ConvBNAct(cin, mid, 1) if expand != 1 else nn.Identity()
+        self.dw = ConvBNAct(mid, mid, 3, stride, groups=mid)
+        self.se = SqueezeExcite(mid, max(1, cin // 4))
+        self.project = ConvBNAct(mid, cout, 1, act=False)
+
+    def forward(self, x):
+        y = self.project(self.se(self.dw(self.expand(x))))
+        return x + y if self.use_res else y
+
+
+class EfficientNetBlocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = ConvBNAct(3, 16, 3, 2)
+        self.blocks = nn.Sequential(MBConv(16, 16, 1, 1), MBConv(16, 24, 4, 2), MBConv(24, 24, 4, 1),
+                                    MBConv(24, 40, 4, 2), MBConv(40, 40, 4, 1))
+        self.head = ConvBNAct(40, 96, 1)
+        self.fc = nn.Linear(96, 10)
+
+    def forward(self, x):
+        x = self.head(self.blocks(self.stem(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# ---- YOLO-style ---------------------------------------------------------------------------------
+
+
+class YConv(nn.Module):
+    def __init__(self, cin, cout, k=1, s=1):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, k, s, k // 2, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, c, shortcut=True):
+        super().__init__()
+        self.cv1 = YConv(c, c, 3)
+        self.cv2 = YConv(c, c, 3)
+        self.add = shortcut
+
+    def forward(self, x):
+        y = self.cv2(self.cv1(x))
+        return x + y if self.add else y
+
+
+class C2f(nn.Module):
+    def __init__(self, cin, cout, n=1, shortcut=True):
+        super().__init__()
+        self.c = cout // 2
+        self.cv1 = YConv(cin, 2 * self.c, 1)
+        self.cv2 = YConv((2 + n) * self.c, cout, 1)
+        self.m = nn.ModuleList(Bottleneck(self.c, shortcut) for _ in range(n))
+
+    def forward(self, x):
+        y = list(self.cv1(x).chunk(2, 1))
+        y.extend(m(y[-1]) for m in self.m)
+        return self.cv2(torch.cat(y, 1))
+
+
+class YoloNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.b0 = YConv(3, 8, 3, 2)
+        self.b1 = YConv(8, 16, 3, 2)
+        self.c1 = C2f(16, 16, 1)
+        self.b2 = YConv(16, 32, 3, 2)
+        self.c2 = C2f(32, 32, 2)
+        self.b3 = YConv(32, 48, 3, 2)
+        self.c3 = C2f(48, 48, 1)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.n1 = C2f(48 + 32, 32, 1, shortcut=False)
+        self.head = nn.Conv2d(32, 3 * 9, 1)
+
+    def forward(self, x):
+        p3 = self.c2(self.b2(self.c1(self.b1(self.b0(x)))))
+        p4 = self.c3(self.b3(p3))
+        y = self.n1(torch.cat([self.up(p4), p3], 1))
+        return self.head(y)
+
+
+# ---- ConvNeXt -----------------------------------------------------------------------------------
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim, layer_scale=1e-1):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(layer_scale * (1 + torch.rand(dim)))
+
+    def forward(self, x):
+        y = self.dwconv(x).permute(0, 2, 3, 1)
+        y = self.pwconv2(self.act(self.pwconv1(self.norm(y))))
+        y = (self.gamma * y).permute(0, 3, 1, 2)
+        return x + y
+
+
+class ConvNeXtBlocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 4, 4)
+        self.blocks = nn.Sequential(ConvNeXtBlock(32), ConvNeXtBlock(32), ConvNeXtBlock(32))
+        self.norm = nn.LayerNorm(32)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.blocks(self.stem(x))
+        return self.fc(self.norm(x.mean((-2, -1))))
+
+
+def _mobilenet_v3():
+    import torchvision
+
+    return torchvision.models.mobilenet_v3_small(width_mult=0.25, num_classes=10)
+
+
+MODELS = {
+    "mobilenet_v3_small_w025_opset13": (_mobilenet_v3, (1, 3, 64, 64)),
+    "efficientnet_blocks_opset13": (EfficientNetBlocks, (1, 3, 64, 64)),
+    "yolo_conv_bn_silu_opset13": (YoloNet, (1, 3, 64, 64)),
+    "convnext_blocks_opset13": (ConvNeXtBlocks, (1, 3, 32, 32)),
+}
+
+
+def export(name: str, seed: int = 0) -> Path:
+    make, shape = MODELS[name]
+    torch.manual_seed(seed)
+    model = make().eval()
+    _randomize_bn(model, seed + 1)
+    x = torch.randn(*shape)
+    path = HERE / f"{name}.onnx"
+    torch.onnx.export(model, (x,), str(path), opset_version=OPSET, dynamo=False, input_names=["input"],
+                      output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    return path
+
+
+def main(names=None) -> None:
+    for i, name in enumerate(names or MODELS):
+        path = export(name, seed=i)
+        print(f"{path.name}: {path.stat().st_size / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or None)
