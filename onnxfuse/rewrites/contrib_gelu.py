@@ -92,11 +92,13 @@ def _match_activation(graph, anchor, inner_check, outer_target, max_outer_steps=
 
     t = anchor.outputs[0]
     cur = t
-    root, outer = None, None
+    root, outer, poly = None, None, None
     for _ in range(max_outer_steps):
         readers = consumers(cur)
         if len(readers) != 1 or is_graph_output(graph, cur):
-            return f"intermediate tensor {cur.name!r} is read more than once or is a graph output", None
+            if poly is None:
+                return f"{anchor.op} output {cur.name!r} is read more than once or is a graph output", None
+            break
         nxt = readers[0]
         if not is_op(nxt, *POLY_OPS):
             return f"{anchor.op} result flows into {nxt.op}, not the expected product", None
@@ -110,7 +112,8 @@ def _match_activation(graph, anchor, inner_check, outer_target, max_outer_steps=
             break
         cur = nxt.outputs[0]
     if root is None:
-        return f"no expression of the expected form around {anchor.op} (last seen: {poly})", None
+        return (f"no expression of the expected form around {anchor.op} up to {cur.name!r} "
+                f"(last seen: {poly})"), None
 
     nodes = []
     for n in inner.nodes + [anchor] + outer.nodes:

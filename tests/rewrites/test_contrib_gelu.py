@@ -1,0 +1,265 @@
+"""Gelu / FastGelu / BiasGelu / QuickGelu rules: positives in several export styles, near-misses, numerics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from contrib_testlib import fuse, ops, parse, refusals, same_outputs, to_dtype
+
+from onnxfuse.rewrites.contrib_gelu import ContribBiasGelu, ContribFastGelu, ContribGelu, ContribQuickGelu
+
+GELU, FAST, BIAS, QUICK = ContribGelu(), ContribFastGelu(), ContribBiasGelu(), ContribQuickGelu()
+
+HEAD = "g (float[2,5,8] x) => (float[2,5,8] y) {\n"
+
+# --- Gelu (erf form) ---------------------------------------------------------------------------
+
+GELU_FORMS = {
+    # ONNX Runtime's documented form: (0.5·x)·(1 + erf(x/√2))
+    "ort": """
+        s = Constant <value = float {1.4142135}> ()
+        d = Div(x, s)
+        e = Erf(d)
+        one = Constant <value = float {1.0}> ()
+        a = Add(e, one)
+        h = Constant <value = float {0.5}> ()
+        xh = Mul(x, h)
+        y = Mul(xh, a)
+    """,
+    # PyTorch's legacy export: (x·(erf(x/√2) + 1))·0.5
+    "torch": """
+        s = Constant <value = float {1.4142135}> ()
+        d = Div(x, s)
+        e = Erf(d)
+        one = Constant <value = float {1.0}> ()
+        a = Add(one, e)
+        m = Mul(x, a)
+        h = Constant <value = float {0.5}> ()
+        y = Mul(m, h)
+    """,
+    # Mul by 1/√2 instead of Div by √2; 0.5 on the left of x
+    "mul_sqrt_half": """
+        s = Constant <value = float {0.70710678}> ()
+        d = Mul(s, x)
+        e = Erf(d)
+        one = Constant <value = float {1.0}> ()
+        a = Add(e, one)
+        h = Constant <value = float {0.5}> ()
+        hx = Mul(h, x)
+        y = Mul(a, hx)
+    """,
+    # x·(0.5 + 0.5·erf(x/√2))
+    "distributed": """
+        s = Constant <value = float {1.4142135}> ()
+        d = Div(x, s)
+        e = Erf(d)
+        h = Constant <value = float {0.5}> ()
+        eh = Mul(e, h)
+        a = Add(eh, h)
+        y = Mul(x, a)
+    """,
+}
+
+
+@pytest.mark.parametrize("form", sorted(GELU_FORMS))
+def test_gelu_forms_fuse_and_match(form):
+    model = parse(HEAD + GELU_FORMS[form] + "}")
+    out, report = fuse(model, GELU)
+    assert report.counts[GELU.name] == 1, refusals(report)
+    assert ops(out) == {"com.microsoft:Gelu": 1}
+    assert out.graph.node[0].input[0] == "x" and out.graph.node[0].output[0] == "y"
+    same_outputs(model, out)
+
+
+def test_gelu_float16_fuses():
+    model = to_dtype(parse(HEAD + GELU_FORMS["torch"] + "}"), np.float16)
+    out, report = fuse(model, GELU)
+    assert ops(out) == {"com.microsoft:Gelu": 1}
+    same_outputs(model, out, rtol=1e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize(
+    "old,new,why",
+    [
+        ("float {1.4142135}", "float {1.5}", "argument of Erf"),  # wrong divisor
+        ("h = Constant <value = float {0.5}>", "h = Constant <value = float {0.6}>", "no expression"),  # wrong 0.5
+        ("h = Constant <value = float {0.5}> ()", "h = Constant <value = float[1,1,1,1] {0.5}> ()", "broadcasts"),
+    ],
+)
+def test_gelu_near_misses(old, new, why):
+    model = parse(HEAD + GELU_FORMS["torch"].replace(old, new) + "}" if "1,1,1,1" not in new else
+                  "g (float[2,5,8] x) => (float[1,2,5,8] y) {\n" + GELU_FORMS["torch"].replace(old, new) + "}")
+    out, report = fuse(model, GELU)
+    assert report.counts[GELU.name] == 0
+    assert "com.microsoft:Gelu" not in ops(out)
+    assert any(why in r for r in refusals(report, GELU)), refusals(report)
+
+
+def test_gelu_refuses_shared_intermediate():
+    # erf(x/√2) is also a graph output: removing it would break the model
+    model = parse("g (float[2,5,8] x) => (float[2,5,8] y, float[2,5,8] e) {\n" + GELU_FORMS["torch"] + "}")
+    out, report = fuse(model, GELU)
+    assert report.counts[GELU.name] == 0
+    assert any("graph output" in r or "read more than once" in r for r in refusals(report, GELU)), refusals(report)
+
+
+def test_gelu_refuses_two_different_inputs():
+    body = GELU_FORMS["torch"].replace("m = Mul(x, a)", "m = Mul(z, a)")
+    model = parse("g (float[2,5,8] x, float[2,5,8] z) => (float[2,5,8] y) {\n" + body + "}")
+    out, report = fuse(model, GELU)
+    assert report.counts[GELU.name] == 0
+
+
+# --- FastGelu (tanh form) ---------------------------------------------------------------------------
+
+FAST_TAIL = """
+    t = Tanh(inner)
+    one = Constant <value = float {1.0}> ()
+    a = Add(t, one)
+    h = Constant <value = float {0.5}> ()
+    xh = Mul(x, h)
+    y = Mul(xh, a)
+"""
+
+FAST_FORMS = {
+    "pow": """
+        three = Constant <value = float {3.0}> ()
+        p = Pow(x, three)
+        c = Constant <value = float {0.044715}> ()
+        pc = Mul(p, c)
+        s = Add(x, pc)
+        k = Constant <value = float {0.7978845608}> ()
+        inner = Mul(s, k)
+    """,
+    "mulmul": """
+        xx = Mul(x, x)
+        p = Mul(xx, x)
+        c = Constant <value = float {0.044715}> ()
+        pc = Mul(c, p)
+        s = Add(pc, x)
+        k = Constant <value = float {0.7978845608}> ()
+        inner = Mul(k, s)
+    """,
+    # ONNX Runtime's first formula: (k·x)·(1 + 0.044715·x·x)
+    "ort_first": """
+        c = Constant <value = float {0.044715}> ()
+        m1 = Mul(c, x)
+        m2 = Mul(m1, x)
+        one1 = Constant <value = float {1.0}> ()
+        a1 = Add(m2, one1)
+        k = Constant <value = float {0.7978845834732056}> ()
+        m4 = Mul(x, k)
+        inner = Mul(a1, m4)
+    """,
+}
+
+
+@pytest.mark.parametrize("form", sorted(FAST_FORMS))
+def test_fast_gelu_forms(form):
+    model = parse(HEAD + FAST_FORMS[form] + FAST_TAIL + "}")
+    out, report = fuse(model, GELU, FAST)
+    assert report.counts[FAST.name] == 1, refusals(report)
+    assert ops(out) == {"com.microsoft:FastGelu": 1}
+    same_outputs(model, out)
+
+
+def test_fast_gelu_wrong_cubic_coefficient_refused():
+    model = parse(HEAD + FAST_FORMS["pow"].replace("0.044715", "0.05") + FAST_TAIL + "}")
+    out, report = fuse(model, FAST)
+    assert report.counts[FAST.name] == 0
+    assert "Tanh" in ops(out)
+
+
+def test_fast_gelu_wrong_power_refused():
+    model = parse(HEAD + FAST_FORMS["pow"].replace("{3.0}", "{2.0}") + FAST_TAIL + "}")
+    out, report = fuse(model, FAST)
+    assert report.counts[FAST.name] == 0
+
+
+def test_fast_gelu_double_refused():
+    model = to_dtype(parse(HEAD + FAST_FORMS["pow"] + FAST_TAIL + "}"), np.float64)
+    out, report = fuse(model, FAST)
+    assert report.counts[FAST.name] == 0
+    assert any("float64" in r for r in refusals(report, FAST)), refusals(report)
+
+
+# --- BiasGelu ----------------------------------------------------------------------------------------------
+
+def _bias_model(act_body: str, bias_shape=(8,)):
+    rng = np.random.default_rng(0)
+    inits = {"W": rng.standard_normal((6, 8)).astype(np.float32),
+             "b": rng.standard_normal(bias_shape).astype(np.float32)}
+    body = "mm = MatMul(v, W)\nx = Add(mm, b)\n" + act_body
+    return parse("g (float[2,5,6] v) => (float[2,5,8] y) {\n" + body + "}", inits=inits)
+
+
+def test_bias_gelu():
+    model = _bias_model(GELU_FORMS["torch"])
+    out, report = fuse(model, GELU, BIAS)
+    assert report.counts[BIAS.name] == 1, refusals(report)
+    assert ops(out) == {"MatMul": 1, "com.microsoft:BiasGelu": 1}
+    same_outputs(model, out)
+
+
+def test_fast_gelu_with_bias():
+    model = _bias_model(FAST_FORMS["pow"] + FAST_TAIL)
+    out, report = fuse(model, FAST, BIAS)
+    assert ops(out) == {"MatMul": 1, "com.microsoft:FastGelu": 1}
+    node = [n for n in out.graph.node if n.op_type == "FastGelu"][0]
+    assert list(node.input) == ["mm", "b"]
+    same_outputs(model, out)
+
+
+def test_bias_gelu_refuses_broadcast_scalar_bias():
+    model = _bias_model(GELU_FORMS["torch"], bias_shape=(1,))
+    out, report = fuse(model, GELU, BIAS)
+    assert report.counts[GELU.name] == 1 and report.counts[BIAS.name] == 0
+    assert any("1 entries" in r for r in refusals(report, BIAS)), refusals(report)
+
+
+def test_bias_gelu_refuses_shared_add():
+    rng = np.random.default_rng(0)
+    inits = {"W": rng.standard_normal((6, 8)).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32)}
+    body = "mm = MatMul(v, W)\nx = Add(mm, b)\n" + GELU_FORMS["torch"]
+    model = parse("g (float[2,5,6] v) => (float[2,5,8] y, float[2,5,8] x) {\n" + body + "}", inits=inits)
+    out, report = fuse(model, GELU, BIAS)
+    assert report.counts[BIAS.name] == 0
+    assert "com.microsoft:Gelu" in ops(out)
+
+
+# --- QuickGelu ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "body,alpha",
+    [
+        ("s = Sigmoid(x)\ny = Mul(x, s)", 1.0),  # SiLU
+        ("c = Constant <value = float {1.702}> ()\nax = Mul(x, c)\ns = Sigmoid(ax)\ny = Mul(s, x)", 1.702),
+        ("c = Constant <value = float {1.702}> ()\nax = Mul(c, x)\ns = Sigmoid(ax)\ny = Mul(x, s)", 1.702),
+    ],
+)
+def test_quick_gelu(body, alpha):
+    model = parse(HEAD + body + "}")
+    out, report = fuse(model, QUICK)
+    assert ops(out) == {"com.microsoft:QuickGelu": 1}, refusals(report)
+    attr = {a.name: a.f for a in out.graph.node[0].attribute}
+    assert attr["alpha"] == pytest.approx(alpha, rel=1e-6)
+    same_outputs(model, out)
+
+
+@pytest.mark.parametrize(
+    "inputs,body",
+    [
+        ("float[2,5,8] x, float[2,5,8] z", "s = Sigmoid(z)\ny = Mul(x, s)"),  # sigmoid of another tensor
+        ("float[2,5,8] x", "c = Constant <value = float {1.0}> ()\nxc = Add(x, c)\ns = Sigmoid(xc)\ny = Mul(x, s)"),
+    ],
+)
+def test_quick_gelu_near_misses(inputs, body):
+    model = parse(f"g ({inputs}) => (float[2,5,8] y) {{\n{body}}}")
+    out, report = fuse(model, QUICK)
+    assert report.counts[QUICK.name] == 0
+
+
+def test_quick_gelu_refuses_sigmoid_graph_output():
+    model = parse("g (float[2,5,8] x) => (float[2,5,8] y, float[2,5,8] s) {\ns = Sigmoid(x)\ny = Mul(x, s)}")
+    out, report = fuse(model, QUICK)
+    assert report.counts[QUICK.name] == 0
