@@ -92,9 +92,12 @@ def make_session(
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }
     if uses_custom_ops(model):
-        from onnxfuse.custom_ops import session_options
+        from onnxfuse.custom_ops import LibraryNotFoundError, session_options
 
-        opts = session_options()
+        try:
+            opts = session_options()
+        except LibraryNotFoundError as exc:
+            raise RuntimeFailure(f"{name}: {exc}") from None
     else:
         opts = ort.SessionOptions()
     opts.graph_optimization_level = levels[optimization]
