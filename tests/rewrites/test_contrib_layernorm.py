@@ -1,0 +1,189 @@
+"""LayerNormalization / SkipLayerNormalization rules from decomposed forms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from contrib_testlib import fuse, ops, parse, refusals, same_outputs, to_dtype
+
+from onnxfuse.rewrites.contrib_layernorm import ContribLayerNorm, ContribSkipLayerNorm
+
+LN, SKIP = ContribLayerNorm(), ContribSkipLayerNorm()
+RNG = np.random.default_rng(0)
+GB = {"gamma": (RNG.random(8) + 0.5).astype(np.float32), "beta": RNG.standard_normal(8).astype(np.float32)}
+
+
+def ln_body(x="x", axes="<axes = [-1]>", axes_input="", square="sq = Pow(d, two)", divide="n = Div(d, sd)",
+            affine="m = Mul(n, gamma)\ny = Add(m, beta)", eps="1e-5"):
+    return f"""
+        mu = ReduceMean {axes} ({x}{axes_input})
+        d = Sub({x}, mu)
+        two = Constant <value = float {{2.0}}> ()
+        {square}
+        var = ReduceMean {axes} (sq{axes_input})
+        eps = Constant <value = float {{{eps}}}> ()
+        ve = Add(var, eps)
+        sd = Sqrt(ve)
+        {divide}
+        {affine}
+    """
+
+
+def model(body, opset=17, inputs="float[2,5,8] x", outputs="float[2,5,8] y", inits=GB):
+    return parse(f"g ({inputs}) => ({outputs}) {{\n{body}\n}}", opset=opset, inits=inits)
+
+
+# --- LayerNormalization ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"square": "sq = Mul(d, d)"},
+        {"divide": "r = Reciprocal(sd)\nn = Mul(d, r)"},  # tf2onnx style
+        {"affine": "m = Mul(gamma, n)\ny = Add(beta, m)"},
+        {"affine": "y = Mul(n, gamma)"},  # no β
+        {"affine": "y = Identity(n)"},  # neither γ nor β
+        {"eps": "1e-12"},
+    ],
+    ids=["pow", "mul-square", "reciprocal", "swapped", "no-beta", "no-affine", "eps"],
+)
+def test_layernorm_forms(kwargs):
+    m = model(ln_body(**kwargs))
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 1, refusals(report)
+    assert set(ops(out)) == {"LayerNormalization"}
+    node = out.graph.node[0]
+    attrs = {a.name: a for a in node.attribute}
+    assert attrs["axis"].i == -1
+    assert attrs["epsilon"].f == pytest.approx(float(kwargs.get("eps", "1e-5")), rel=1e-6)
+    same_outputs(m, out)
+
+
+def test_layernorm_two_trailing_axes():
+    gamma = (RNG.random((5, 8)) + 0.5).astype(np.float32)
+    m = model(ln_body(axes="<axes = [1, 2]>", affine="y = Mul(n, gamma)"), inits={"gamma": gamma})
+    out, report = fuse(m, LN)
+    assert ops(out) == {"LayerNormalization": 1}, refusals(report)
+    assert {a.name: a.i for a in out.graph.node[0].attribute}["axis"] == -2
+    same_outputs(m, out)
+
+
+def test_layernorm_opset18_axes_input():
+    body = 'ax = Constant <value = int64[1] {-1}> ()\n' + ln_body(axes="", axes_input=", ax")
+    m = model(body, opset=18)
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 1, refusals(report)
+    same_outputs(m, out)
+
+
+def test_layernorm_float16():
+    m = to_dtype(model(ln_body()), np.float16)
+    out, report = fuse(m, LN)
+    assert ops(out) == {"LayerNormalization": 1}, refusals(report)
+    same_outputs(m, out, rtol=1e-2, atol=1e-2)
+
+
+def test_layernorm_refused_below_opset17():
+    m = model(ln_body(), opset=14)
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 0
+    assert any("opset 14 < 17" in r for r in refusals(report, LN)), refusals(report)
+
+
+@pytest.mark.parametrize(
+    "kwargs,why",
+    [
+        ({"axes": "<axes = [1]>"}, "trailing axes"),  # middle axis
+        ({"square": "three = Constant <value = float {3.0}> ()\nsq = Pow(d, three)"}, "mean)²"),
+        ({"divide": "n = Div(sd, d)"}, "division"),
+    ],
+)
+def test_layernorm_near_misses(kwargs, why):
+    m = model(ln_body(**kwargs))
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 0
+    assert any(why in r for r in refusals(report, LN)), refusals(report)
+
+
+def test_layernorm_refuses_shared_intermediate():
+    m = model(ln_body(), outputs="float[2,5,8] y, float[2,5,1] var")
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 0
+    assert any("graph output" in r or "only" in r for r in refusals(report, LN)), refusals(report)
+
+
+def test_layernorm_different_reduce_axes_refused():
+    body = ln_body().replace("var = ReduceMean <axes = [-1]>", "var = ReduceMean <axes = [-2, -1]>")
+    m = model(body)
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 0
+
+
+# --- SkipLayerNormalization --------------------------------------------------------------------------------
+
+
+def skip_model(opset=17, bias=False, shapes=("float[2,5,8] a", "float[2,5,8] b"), extra_out=""):
+    inits = dict(GB)
+    pre = "x = Add(a, b)"
+    if bias:
+        inits["bias"] = RNG.standard_normal(8).astype(np.float32)
+        pre = "ab = Add(a, bias)\nx = Add(ab, b)"
+    return model(pre + ln_body(), opset=opset, inputs=", ".join(shapes), outputs="float[2,5,8] y" + extra_out,
+                 inits=inits)
+
+
+@pytest.mark.parametrize("opset", [14, 17])
+def test_skip_layernorm(opset):
+    m = skip_model(opset=opset)
+    out, report = fuse(m, SKIP, LN)
+    assert report.counts[SKIP.name] == 1, refusals(report)
+    assert ops(out) == {"com.microsoft:SkipLayerNormalization": 1}
+    same_outputs(m, out)
+
+
+def test_skip_layernorm_with_bias():
+    m = skip_model(bias=True)
+    out, report = fuse(m, SKIP)
+    assert ops(out) == {"com.microsoft:SkipLayerNormalization": 1}, refusals(report)
+    node = out.graph.node[0]
+    assert list(node.input) == ["a", "b", "gamma", "beta", "bias"]
+    same_outputs(m, out)
+
+
+def test_skip_layernorm_on_standard_layernorm():
+    m = parse("g (float[2,5,8] a, float[2,5,8] b) => (float[2,5,8] y) {\nx = Add(a, b)\n"
+              "y = LayerNormalization <axis = -1, epsilon = 1e-6> (x, gamma, beta)\n}", inits=GB)
+    out, report = fuse(m, SKIP)
+    assert ops(out) == {"com.microsoft:SkipLayerNormalization": 1}, refusals(report)
+    same_outputs(m, out)
+
+
+def test_skip_layernorm_refuses_broadcast_add():
+    m = skip_model(shapes=("float[2,5,8] a", "float[1,5,8] b"))
+    out, report = fuse(m, SKIP, LN)
+    assert report.counts[SKIP.name] == 0
+    assert report.counts[LN.name] == 1  # the plain LayerNorm still applies
+    assert any("not provably equal" in r for r in refusals(report, SKIP)), refusals(report)
+    same_outputs(m, out)
+
+
+def test_skip_layernorm_refuses_shared_sum():
+    m = skip_model(extra_out=", float[2,5,8] x")
+    out, report = fuse(m, SKIP)
+    assert report.counts[SKIP.name] == 0
+
+
+def test_skip_layernorm_refuses_rank4():
+    m = parse("g (float[1,2,5,8] a, float[1,2,5,8] b) => (float[1,2,5,8] y) {\nx = Add(a, b)\n" + ln_body() + "}",
+              inits=GB)
+    out, report = fuse(m, SKIP)
+    assert report.counts[SKIP.name] == 0
+
+
+def test_skip_layernorm_refuses_double():
+    m = to_dtype(skip_model(), np.float64)
+    out, report = fuse(m, SKIP)
+    assert report.counts[SKIP.name] == 0
+    assert any("float64" in r for r in refusals(report, SKIP)), refusals(report)
