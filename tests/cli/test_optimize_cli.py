@@ -74,7 +74,7 @@ def test_optimize_folds_and_validates(model_path, tmp_path):
     out = tmp_path / "out.onnx"
     report = tmp_path / "report.json"
     before = digest(model_path)
-    result = run(["optimize", model_path, out, "--json", report])
+    result = run(["optimize", model_path, out, "--json", report, "--target", "onnx"])
     assert result.exit_code == 0, result.output + result.stderr
     assert digest(model_path) == before
     optimized = onnx.load(out)
@@ -164,7 +164,7 @@ class _BreakConvWeights(Rule):
 def test_validation_failure_names_culprit_and_writes_nothing(model_path, tmp_path, monkeypatch):
     monkeypatch.setattr("onnxfuse.rewrites.RULES", RULES + [_BreakConvWeights()])
     out, report = tmp_path / "o.onnx", tmp_path / "r.json"
-    result = run(["optimize", model_path, out, "--json", report])
+    result = run(["optimize", model_path, out, "--json", report, "--target", "onnx"])
     assert result.exit_code == 3
     assert not out.exists()
     assert "test-break-conv" in result.stderr.strip().splitlines()[-1]
@@ -172,14 +172,23 @@ def test_validation_failure_names_culprit_and_writes_nothing(model_path, tmp_pat
     assert data["ok"] is False and data["culprit"] == "test-break-conv" and data["exit_code"] == 3
     assert data["validation"]["passed"] is False
     # the same model passes when the culprit is skipped
-    assert run(["optimize", model_path, out, "--skip", "test-break-conv"]).exit_code == 0
+    assert run(["optimize", model_path, out, "--skip", "test-break-conv", "--target", "onnx"]).exit_code == 0
 
 
 def test_tolerance_options_flip_the_verdict(model_path, tmp_path, monkeypatch):
     monkeypatch.setattr("onnxfuse.rewrites.RULES", RULES + [_BreakConvWeights()])
     # doubling the weights is a huge change: even a loose tolerance rejects it, an absurd one accepts it
-    assert run(["optimize", model_path, tmp_path / "a.onnx", "--rtol", "0.5"]).exit_code == 3
-    assert run(["optimize", model_path, tmp_path / "b.onnx", "--rtol", "10", "--atol", "1e6"]).exit_code == 0
+    onnx_only = ["--target", "onnx"]
+    assert run(["optimize", model_path, tmp_path / "a.onnx", "--rtol", "0.5", *onnx_only]).exit_code == 3
+    assert run(["optimize", model_path, tmp_path / "b.onnx", "--rtol", "10", "--atol", "1e6", *onnx_only]).exit_code == 0
+
+
+def test_default_target_folds_and_fuses(model_path, tmp_path):
+    out = tmp_path / "out.onnx"
+    result = run(["optimize", model_path, out, "--quiet"])
+    assert result.exit_code == 0, result.stderr
+    ops = [n.op_type for n in onnx.load(out).graph.node]
+    assert "BatchNormalization" not in ops and len(ops) <= 2
 
 
 # --------------------------------------------------------------------------------------------------
