@@ -10,6 +10,7 @@ import click
 from onnxfuse.cli import render
 from onnxfuse.cli.common import EXIT_CODES_HELP, fail, input_options, stderr, stdout
 from onnxfuse.errors import OnnxfuseError, ValidationFailed
+from onnxfuse.reports import write_json
 from onnxfuse.optimize import OptimizeOptions, optimize_file
 from onnxfuse.rewrites import TARGETS
 from onnxfuse.validate.inputs import parse_shape_options
@@ -68,13 +69,13 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
             if not quiet and exc.report.validation is not None:
                 stderr.print(render.comparison_table("Validation", exc.report.validation.outputs))
             if json_path:
-                render.write_json(json_path, {"ok": False, "exit_code": exc.exit_code, "error": str(exc),
+                write_json(json_path, {"ok": False, "exit_code": exc.exit_code, "error": str(exc),
                                               "culprit": exc.culprit, **exc.report.to_dict()})
         fail(exc, exc.exit_code)
     except OnnxfuseError as exc:
         if json_path:
             with contextlib.suppress(OnnxfuseError):
-                render.write_json(json_path, {"ok": False, "exit_code": exc.exit_code, "error": str(exc)})
+                write_json(json_path, {"ok": False, "exit_code": exc.exit_code, "error": str(exc)})
         fail(exc, exc.exit_code)
     except Exception as exc:  # an onnxfuse bug: one line, never a traceback (ONNXFUSE_DEBUG=1 shows it)
         import os
@@ -85,7 +86,7 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
                           "please report it"), 1)
 
     if json_path:
-        render.write_json(json_path, {"ok": True, "exit_code": 0, **result.to_dict()})
+        write_json(json_path, {"ok": True, "exit_code": 0, **result.to_dict()})
     if quiet:
         return
     stdout.print(render.rules_table(result.applied.counts, result.applied.cleanup))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from rich.table import Table
 
-from onnxfuse.errors import ModelSaveError
+from onnxfuse.reports import write_json  # noqa: F401  (re-exported for commands)
+
 
 
 def _fmt(x) -> str:
@@ -73,28 +71,3 @@ def details_table(details: list[dict]) -> Table:
         rest = {k: v for k, v in d.items() if k != "rule"}
         table.add_row(d.get("rule", ""), ", ".join(f"{k}={v}" for k, v in rest.items()))
     return table
-
-
-def write_json(path: str | Path, payload: dict) -> None:
-    """Write a JSON report atomically enough for CI (write then rename)."""
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
-        tmp.replace(p)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ModelSaveError(f"{p}: cannot write JSON report ({exc.strerror or exc})") from None
-
-
-def _json_default(obj):
-    try:
-        import numpy as np
-
-        if isinstance(obj, np.generic):
-            return obj.item()
-        if isinstance(obj, np.ndarray):
-            return obj.tolist()
-    except ImportError:  # pragma: no cover
-        pass
-    return str(obj)
