@@ -225,11 +225,16 @@ class BuildExt(build_ext):
 fused_ops = Extension(
     "onnxfuse.custom_ops._fused_ops",
     sources=[str(p.relative_to(ROOT)) for p in sorted(CSRC.glob("*.cc"))],
-    depends=[str(p.relative_to(ROOT)) for p in sorted(CSRC.glob("*.h"))],
+    depends=[str(p.relative_to(ROOT)) for p in sorted(CSRC.glob("*.h"))] + ["onnxfuse/custom_ops/csrc/exports.map"],
     language="c++",
-    extra_compile_args=["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-Wall",
+    extra_compile_args=["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-ffunction-sections",
+                        "-fdata-sections", "-Wall",
                         "-Wno-unused-function"],
-    extra_link_args=["-static-libstdc++", "-static-libgcc", "-ldl", "-Wl,--as-needed"],
+    # Static libstdc++ with every symbol but ours kept private (version script): the library then
+    # loads next to any other libstdc++ in the process (numpy, ONNX Runtime) without mixing state,
+    # and needs no GLIBCXX of the machine it runs on. libgcc_s stays dynamic (present everywhere).
+    extra_link_args=["-static-libstdc++", f"-Wl,--version-script={CSRC / 'exports.map'}",
+                     "-Wl,--gc-sections", "-Wl,-Bsymbolic", "-ldl", "-Wl,--as-needed"],
 )
 
 setup(ext_modules=[fused_ops], cmdclass={"build_ext": BuildExt})
