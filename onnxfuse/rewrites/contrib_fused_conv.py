@@ -22,6 +22,7 @@ from __future__ import annotations
 from onnxfuse.rewrites._contrib import (
     FP32,
     ContribRule,
+    consumers,
     dtype_problem,
     first_known_dtype,
     fuse,
@@ -45,7 +46,7 @@ class ContribFusedConv(ContribRule):
         if len(node.outputs) != 1 or len(node.inputs) < 2:
             return "Conv has an unexpected number of inputs or outputs", None
         y = node.outputs[0]
-        readers = list(y.outputs)
+        readers = consumers(y)
         if len(readers) != 1:
             return f"Conv output {y.name!r} is read by {len(readers)} nodes", None
         nxt = readers[0]
