@@ -1,0 +1,860 @@
+#!/usr/bin/env python3
+"""Model-zoo benchmark: onnxfuse-optimized vs original under ONNX Runtime, and torch.compile, on one GPU.
+
+For each model (random weights; nothing is downloaded):
+
+1. build it in PyTorch (eval mode) and export it with the legacy TorchScript exporter (``dynamo=False``,
+   ``do_constant_folding=False``, dynamic batch, opset 14 by default) so BatchNormalization stays in the
+   graph (checked to be inference-mode) and LayerNorm/GELU stay decomposed;
+2. ``onnxfuse.optimize.optimize_model`` with validation on;
+3. for every batch size and with/without CUDA graphs, in one process: the original and the optimized
+   model under ONNX Runtime ``ORT_ENABLE_ALL`` (IOBinding on the GPU, interleaved rounds), PyTorch eager,
+   and ``torch.compile`` (CUDA graphs: ``mode="reduce-overhead"``); failures are recorded, not fatal;
+4. an fp16 variant (the module in ``.half()`` with fp32 inputs/outputs cast inside the graph), original
+   and optimized, timed, with its drift against the fp32 model's outputs.
+
+Each model runs in its own child process (``--no-isolate`` to turn that off), so a crash, a CUDA error
+or a hang in one model costs only that model; results are written after every measurement, so a run
+stopped by ``--deadline`` or killed still leaves JSON, Markdown and an SVG chart behind.
+
+Usage (repo root, onnxruntime-gpu importable, torch/torchvision/transformers installed)::
+
+    python benchmarks/zoo.py --quick --out /tmp/zoo                # < 8 minutes, every model
+    python benchmarks/zoo.py --models resnet50,bert_base --out DIR --time-budget 1
+    python benchmarks/zoo.py --report-only --out DIR --merge A/results.json B/results.json
+
+Never imported by the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+DEFAULT_MODELS = ["resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "yolo_silu",
+                  "bert_base", "vit_b_16"]
+BERT_SEQ = 128
+
+
+def log(msg: str) -> None:
+    print(f"[zoo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------- models
+
+
+def _yolo_module():
+    import torch
+    from torch import nn
+
+    class ConvBNSiLU(nn.Module):
+        def __init__(self, c_in, c_out, k=1, s=1):
+            super().__init__()
+            self.conv = nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False)
+            self.bn = nn.BatchNorm2d(c_out, eps=1e-3, momentum=0.03)
+            self.act = nn.SiLU()
+
+        def forward(self, x):
+            return self.act(self.bn(self.conv(x)))
+
+    class Bottleneck(nn.Module):
+        def __init__(self, c, shortcut=True):
+            super().__init__()
+            self.cv1, self.cv2, self.add = ConvBNSiLU(c, c, 3), ConvBNSiLU(c, c, 3), shortcut
+
+        def forward(self, x):
+            y = self.cv2(self.cv1(x))
+            return x + y if self.add else y
+
+    class C2f(nn.Module):  # CSP-style: split, bottlenecks on one half, concat everything, 1x1
+        def __init__(self, c_in, c_out, n=1, shortcut=True):
+            super().__init__()
+            self.c = c_out // 2
+            self.cv1 = ConvBNSiLU(c_in, 2 * self.c, 1)
+            self.cv2 = ConvBNSiLU((2 + n) * self.c, c_out, 1)
+            self.m = nn.ModuleList(Bottleneck(self.c, shortcut) for _ in range(n))
+
+        def forward(self, x):
+            y = list(self.cv1(x).chunk(2, 1))
+            for m in self.m:
+                y.append(m(y[-1]))
+            return self.cv2(torch.cat(y, 1))
+
+    class SPPF(nn.Module):
+        def __init__(self, c_in, c_out):
+            super().__init__()
+            self.cv1, self.cv2 = ConvBNSiLU(c_in, c_in // 2), ConvBNSiLU(c_in * 2, c_out)
+            self.pool = nn.MaxPool2d(5, 1, 2)
+
+        def forward(self, x):
+            x = self.cv1(x)
+            y1 = self.pool(x)
+            y2 = self.pool(y1)
+            return self.cv2(torch.cat([x, y1, y2, self.pool(y2)], 1))
+
+    class Detector(nn.Module):  # ~YOLOv8-s shaped: backbone, FPN/PAN neck, 3 heads
+        def __init__(self, nc=80, reg=16):
+            super().__init__()
+            self.stem = nn.Sequential(ConvBNSiLU(3, 32, 3, 2), ConvBNSiLU(32, 64, 3, 2), C2f(64, 64, 1))
+            self.p3 = nn.Sequential(ConvBNSiLU(64, 128, 3, 2), C2f(128, 128, 2))
+            self.p4 = nn.Sequential(ConvBNSiLU(128, 256, 3, 2), C2f(256, 256, 2))
+            self.p5 = nn.Sequential(ConvBNSiLU(256, 512, 3, 2), C2f(512, 512, 1), SPPF(512, 512))
+            self.up = nn.Upsample(scale_factor=2, mode="nearest")
+            self.n4 = C2f(512 + 256, 256, 1, False)
+            self.n3 = C2f(256 + 128, 128, 1, False)
+            self.d3 = ConvBNSiLU(128, 128, 3, 2)
+            self.m4 = C2f(128 + 256, 256, 1, False)
+            self.d4 = ConvBNSiLU(256, 256, 3, 2)
+            self.m5 = C2f(256 + 512, 512, 1, False)
+            no = nc + 4 * reg
+            self.heads = nn.ModuleList(
+                nn.Sequential(ConvBNSiLU(c, 128, 3), ConvBNSiLU(128, 128, 3), nn.Conv2d(128, no, 1))
+                for c in (128, 256, 512)
+            )
+
+        def forward(self, x):
+            p3 = self.p3(self.stem(x))
+            p4 = self.p4(p3)
+            p5 = self.p5(p4)
+            n4 = self.n4(torch.cat([self.up(p5), p4], 1))
+            n3 = self.n3(torch.cat([self.up(n4), p3], 1))
+            o4 = self.m4(torch.cat([self.d3(n3), n4], 1))
+            o5 = self.m5(torch.cat([self.d4(o4), p5], 1))
+            outs = [h(f).flatten(2) for h, f in zip(self.heads, (n3, o4, o5))]
+            return torch.cat(outs, 2)
+
+    return Detector()
+
+
+class Spec:
+    """How to build, export and feed one model."""
+
+    def __init__(self, name, build, input_names, image=None, seq=None):
+        self.name, self.build, self.input_names, self.image, self.seq = name, build, input_names, image, seq
+
+    def example(self, batch: int, device="cpu"):
+        import torch
+
+        g = torch.Generator().manual_seed(batch)
+        if self.seq:
+            ids = torch.randint(0, 30522, (batch, self.seq), generator=g)
+            return (ids.to(device), torch.ones(batch, self.seq, dtype=torch.int64, device=device))
+        return (torch.randn(batch, 3, self.image, self.image, generator=g).to(device),)
+
+    def feeds(self, batch: int) -> dict:
+        return {n: t.numpy() for n, t in zip(self.input_names, self.example(batch))}
+
+
+def _torchvision(name):
+    def build():
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None)
+
+    return build
+
+
+def _bert():
+    import torch
+    import transformers
+
+    cfg = transformers.BertConfig()  # bert-base-uncased's shape: 12 layers, 768 hidden, 12 heads
+    try:
+        bert = transformers.BertModel(cfg, add_pooling_layer=False, attn_implementation="eager")
+    except TypeError:
+        cfg._attn_implementation = "eager"
+        bert = transformers.BertModel(cfg, add_pooling_layer=False)
+
+    class Bert(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    return Bert()
+
+
+SPECS = {s.name: s for s in [
+    Spec("resnet50", _torchvision("resnet50"), ["input"], image=224),
+    Spec("mobilenet_v3_large", _torchvision("mobilenet_v3_large"), ["input"], image=224),
+    Spec("efficientnet_b0", _torchvision("efficientnet_b0"), ["input"], image=224),
+    Spec("convnext_tiny", _torchvision("convnext_tiny"), ["input"], image=224),
+    Spec("yolo_silu", _yolo_module, ["images"], image=640),
+    Spec("bert_base", _bert, ["input_ids", "attention_mask"], seq=BERT_SEQ),
+    Spec("vit_b_16", _torchvision("vit_b_16"), ["input"], image=224),
+]}
+
+
+def build_module(spec: Spec, seed: int = 0):
+    import torch
+
+    torch.manual_seed(seed)
+    module = spec.build().eval()
+    # Random weights leave BatchNorm's running statistics at 0/1; make them non-trivial so folding them
+    # is really tested (a fold that ignored mean/var would still pass with identity statistics).
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) * 0.5 + 0.75)
+    return module
+
+
+class HalfIO:
+    """Wrap a module: cast floating inputs to fp16, run the .half() module, cast outputs back to fp32."""
+
+    def __new__(cls, module):
+        import torch
+
+        class _Half(torch.nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.m = m.half()
+
+            def forward(self, *args):
+                args = [a.half() if a.is_floating_point() else a for a in args]
+                return self.m(*args).float()
+
+        return _Half(module)
+
+
+# --------------------------------------------------------------------------------------------- export
+
+
+def export(spec: Spec, module, path: Path, opset: int, device: str = "cpu") -> dict:
+    import torch
+
+    torch.backends.mha.set_fastpath_enabled(False)  # nn.MultiheadAttention's fused path has no ONNX export
+    t0 = time.perf_counter()
+    args = spec.example(1, device)
+    dynamic = {n: {0: "batch"} for n in spec.input_names}
+    dynamic["output"] = {0: "batch"}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer warnings
+        kwargs = dict(opset_version=opset, do_constant_folding=False, input_names=spec.input_names,
+                      output_names=["output"], dynamic_axes=dynamic)
+        try:
+            torch.onnx.export(module.to(device), args, str(path), dynamo=False, **kwargs)
+        except TypeError:  # torch older than 2.5: no dynamo argument, the legacy exporter is the default
+            torch.onnx.export(module.to(device), args, str(path), **kwargs)
+    module.to("cpu")
+    return {"seconds": round(time.perf_counter() - t0, 2), "opset": opset, **check_export(path)}
+
+
+def check_export(path: Path) -> dict:
+    """Op counts of interest and the BatchNormalization nodes' mode (must be inference)."""
+    import collections
+
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    training = []
+    for n in model.graph.node:
+        if n.op_type == "BatchNormalization":
+            mode = next((onnx.helper.get_attribute_value(a) for a in n.attribute if a.name == "training_mode"), 0)
+            if mode or len([o for o in n.output if o]) > 1:
+                training.append(n.name)
+    if training:
+        raise RuntimeError(f"export has training-mode BatchNormalization nodes: {training[:3]}")
+    interesting = ("BatchNormalization", "LayerNormalization", "Gelu", "Erf", "HardSwish", "HardSigmoid",
+                   "Sigmoid", "ReduceMean", "Softmax", "MatMul", "Conv")
+    return {"nodes": len(model.graph.node), "ops": {k: ops[k] for k in interesting if ops[k]},
+            "batchnorm_inference_mode": True}
+
+
+# --------------------------------------------------------------------------------------------- timing
+
+
+def time_torch(fn, args, warmup: int, budget: float, min_iters: int, device: str, before=None) -> dict:
+    """Latency of ``fn(*args)``: CUDA events around each call, and host wall time like ONNX Runtime's."""
+    import torch
+
+    from onnxfuse.bench.stats import should_stop, summarize
+
+    cuda = device == "cuda"
+    with torch.inference_mode():
+        for _ in range(warmup):
+            if before:
+                before()
+            fn(*args)
+        if cuda:
+            torch.cuda.synchronize()
+        events, wall = [], []
+        start = time.perf_counter()
+        while not should_stop(len(wall), time.perf_counter() - start, iterations=None, time_budget_s=budget,
+                              min_iterations=min_iters):
+            if before:
+                before()
+            t0 = time.perf_counter_ns()
+            if cuda:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn(*args)
+                e.record()
+                e.synchronize()
+                events.append(s.elapsed_time(e))
+            else:
+                fn(*args)
+            wall.append((time.perf_counter_ns() - t0) / 1e6)
+    out = {"latency_ms": summarize(wall).to_dict()}
+    if events:
+        out["cuda_event_ms"] = summarize(events).to_dict()
+    return out
+
+
+# --------------------------------------------------------------------------------------------- one model
+
+
+class Recorder:
+    """Accumulates one model's results and rewrites its part file after every change."""
+
+    def __init__(self, path: Path, name: str):
+        self.path = path
+        self.data = {"model": name, "info": {}, "timings": [], "errors": []}
+        self.save()
+
+    def info(self, key, value):
+        self.data["info"][key] = value
+        self.save()
+
+    def timing(self, **record):
+        self.data["timings"].append(record)
+        self.save()
+
+    def error(self, stage: str, exc: BaseException):
+        text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        log(f"  {stage} FAILED: {text}")
+        if os.environ.get("ZOO_DEBUG"):
+            traceback.print_exc()
+        self.data["errors"].append({"stage": stage, "error": text[:500]})
+        self.save()
+
+    def save(self):
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        tmp.replace(self.path)
+
+
+def run_model(name: str, args, part: Path) -> None:
+    import torch  # before onnxruntime, so both use the CUDA libraries torch loaded
+    import onnx
+
+    from onnxfuse.bench import BenchConfig, time_models
+    from onnxfuse.optimize import OptimizeOptions, op_counts, optimize_model
+    from onnxfuse.validate import compare_arrays, run_model as ort_outputs
+    from onnxfuse.validate.inputs import Inputs
+
+    rec = Recorder(part, name)
+    spec = SPECS[name]
+    device = args.device
+    deadline = args.deadline_at or float("inf")
+    work = Path(args.out) / "models"
+    work.mkdir(parents=True, exist_ok=True)
+
+    def late(stage: str) -> bool:
+        if time.time() > deadline:
+            rec.data["errors"].append({"stage": stage, "error": "skipped: deadline reached"})
+            rec.save()
+            log(f"  {stage}: skipped (deadline)")
+            return True
+        return False
+
+    torch.backends.cudnn.benchmark = True
+    log(f"{name}: export (opset {args.opset})")
+    module = build_module(spec)
+    path = work / f"{name}.onnx"
+    rec.info("export", export(spec, module, path, args.opset))
+    original = onnx.load(str(path))
+
+    def inputs_for(batch: int) -> Inputs:
+        return Inputs(feeds=spec.feeds(batch), seed=batch, source="zoo")
+
+    def optimize(model, label: str, rtol=None, atol=None):
+        import numpy as np
+
+        npz = work / f"{name}.{label}.inputs.npz"
+        np.savez(npz, **spec.feeds(1))
+        opts = OptimizeOptions(target=args.target, validate=True, inputs_path=str(npz), provider="auto",
+                               rtol=rtol, atol=atol)
+        t0 = time.perf_counter()
+        try:
+            result = optimize_model(model, opts, source=label)
+            out = result.model
+            info = {"validation": "pass", "worst_max_rel": max((c.max_rel for c in result.validation.outputs),
+                                                              default=0.0)}
+        except Exception as exc:  # ValidationFailed carries the result: time it anyway, flagged
+            report = getattr(exc, "report", None)
+            if report is None or report.model is None:
+                raise
+            result, out = report, report.model
+            info = {"validation": f"FAILED: {exc}"}
+        info.update(seconds=round(time.perf_counter() - t0, 2), nodes_before=result.nodes_before,
+                    nodes_after=result.nodes_after, rewrites=result.applied.counts,
+                    custom_library=result.custom_library, ops_after=op_counts(out))
+        return out, info
+
+    log(f"{name}: optimize + validate")
+    optimized, info = optimize(original, "fp32")
+    rec.info("optimize", info)
+    log(f"  {info['nodes_before']} → {info['nodes_after']} nodes, validation {info['validation']}")
+
+    def ort_cells(variant: str, models: list, batches) -> None:
+        for batch in batches:
+            inputs = inputs_for(batch)
+            specs: dict = {}
+            for graph in args.graph_modes:
+                if late(f"{variant} b{batch} graph={graph}"):
+                    return
+                cfg = BenchConfig(device=device, warmup=args.warmup, time_budget_s=args.time_budget,
+                                  min_iterations=args.min_iterations, cuda_graph=graph)
+                jobs = [(label, m, inputs, specs.get(label)) for label, m in models]
+                try:
+                    results = time_models(jobs, cfg, rounds=args.rounds)
+                except Exception as exc:
+                    rec.error(f"{variant} b{batch} graph={graph}", exc)
+                    for label, _ in models:
+                        rec.timing(variant=f"{variant}-{label}", batch=batch, cuda_graph=graph, status="failed",
+                                   error=str(exc)[:300])
+                    continue
+                for (label, _), r in zip(models, results):
+                    specs[label] = r.output_specs
+                    rec.timing(variant=f"{variant}-{label}", batch=batch, cuda_graph=graph, status="ok",
+                               latency_ms=r.stats.to_dict(), nodes=r.nodes)
+                msg = ", ".join(f"{label} {r.stats.median_ms:.3f} ms" for (label, _), r in zip(models, results))
+                log(f"  {variant} b{batch}{' graph' if graph else ''}: {msg}")
+                gc.collect()
+
+    ort_cells("ort", [("original", original), ("optimized", optimized)], args.batches)
+
+    # ---- PyTorch: eager and torch.compile on the same module
+    if args.torch != "none" and not late("torch"):
+        tdev = torch.device(device)
+        module = module.to(tdev)
+        variants = []
+        if args.torch in ("eager", "all"):
+            variants.append(("torch-eager", None))
+        if args.torch in ("compile", "all") and device == "cuda":
+            variants += [("torch-compile", "default"), ("torch-compile-cudagraphs", "reduce-overhead")]
+        for variant, mode in variants:
+            graph = mode == "reduce-overhead"
+            if graph and True not in args.graph_modes or not graph and False not in args.graph_modes:
+                continue
+            fn = module
+            before = None
+            if mode:
+                torch._dynamo.reset()
+                fn = torch.compile(module, mode=mode, dynamic=False)
+                if graph:
+                    before = torch.compiler.cudagraph_mark_step_begin
+            batches = args.batches if mode is None else (args.compile_batches or args.batches)
+            for batch in batches:
+                if late(f"{variant} b{batch}"):
+                    break
+                example = spec.example(batch, device)
+                try:
+                    t0 = time.perf_counter()
+                    with torch.inference_mode():
+                        if before:
+                            before()
+                        fn(*example)
+                        if device == "cuda":
+                            torch.cuda.synchronize()
+                    first = time.perf_counter() - t0
+                    r = time_torch(fn, example, args.warmup, args.time_budget, args.min_iterations, device, before)
+                    rec.timing(variant=variant, batch=batch, cuda_graph=graph, status="ok",
+                               first_call_s=round(first, 2), **r)
+                    log(f"  {variant} b{batch}: {r['latency_ms']['median_ms']:.3f} ms (first call {first:.1f} s)")
+                except Exception as exc:
+                    rec.error(f"{variant} b{batch}", exc)
+                    rec.timing(variant=variant, batch=batch, cuda_graph=graph, status="failed", error=str(exc)[:300])
+            del fn
+            gc.collect()
+        module = module.to("cpu")
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+    # ---- fp16: the module in .half(), fp32 inputs/outputs cast inside the graph
+    if args.fp16 and device == "cuda" and not late("fp16"):
+        try:
+            log(f"{name}: fp16 export")
+            path16 = work / f"{name}.fp16.onnx"
+            half = HalfIO(build_module(spec))
+            rec.info("export_fp16", export(spec, half, path16, args.opset, device="cuda"))
+            del half
+            torch.cuda.empty_cache()
+            original16 = onnx.load(str(path16))
+            optimized16, info16 = optimize(original16, "fp16", rtol=1e-2, atol=1e-2)
+            rec.info("optimize_fp16", info16)
+            batch = args.batches[0]
+            ref = ort_outputs(original, inputs_for(batch), "cuda", name="fp32 original")
+            drift = {}
+            for label, m in (("original", original16), ("optimized", optimized16)):
+                got = ort_outputs(m, inputs_for(batch), "cuda", name=f"fp16 {label}")
+                c = compare_arrays("output", ref["output"], got["output"], rtol=1e-2, atol=1e-2)
+                drift[label] = {"batch": batch, "max_abs": c.max_abs, "max_rel": c.max_rel, "cosine": c.cosine,
+                                "mean_abs": c.mean_abs, "within_1e-2": c.passed}
+            rec.info("fp16_drift_vs_fp32", drift)
+            log(f"  fp16 drift vs fp32: max_abs {drift['optimized']['max_abs']:.3g}, "
+                f"cosine {drift['optimized']['cosine']:.6f}")
+            keep = args.graph_modes
+            args.graph_modes = args.fp16_graph_modes or args.graph_modes
+            try:
+                ort_cells("ort-fp16", [("original", original16), ("optimized", optimized16)],
+                          args.fp16_batches or args.batches)
+            finally:
+                args.graph_modes = keep
+        except Exception as exc:
+            rec.error("fp16", exc)
+    log(f"{name}: done")
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def environment() -> dict:
+    env = {}
+    try:
+        from onnxfuse.bench.env import environment as ort_env
+
+        env.update(ort_env("cuda"))
+    except Exception as exc:  # pragma: no cover
+        env["error"] = str(exc)
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["cuda_torch"] = torch.version.cuda
+        if torch.cuda.is_available():
+            env["gpu_torch"] = torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    for mod in ("torchvision", "transformers"):
+        try:
+            env[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    env["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return env
+
+
+def _median(records, variant, batch, graph):
+    for r in records:
+        if r["variant"] == variant and r["batch"] == batch and r["cuda_graph"] == graph:
+            return r["latency_ms"]["median_ms"] if r.get("status") == "ok" else None
+    return None
+
+
+def _cells(models: dict):
+    """Rows for the table and the chart: one per (model, batch, CUDA graph) that has any timing."""
+    rows = []
+    for name, data in models.items():
+        t = data.get("timings", [])
+        keys = sorted({(r["batch"], r["cuda_graph"]) for r in t})
+        for batch, graph in keys:
+            m = lambda v: _median(t, v, batch, graph)  # noqa: E731
+            tc = m("torch-compile-cudagraphs") if graph else m("torch-compile")
+            rows.append(dict(model=name, batch=batch, graph=graph, orig=m("ort-original"), opt=m("ort-optimized"),
+                             eager=m("torch-eager") if not graph else None, compile=tc,
+                             fp16_orig=m("ort-fp16-original"), fp16_opt=m("ort-fp16-optimized")))
+    return rows
+
+
+def _f(x, digits=3):
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _ratio(a, b):
+    return None if not a or not b else a / b
+
+
+def markdown(results: dict) -> str:
+    env = results.get("environment", {})
+    lines = [
+        "# onnxfuse model-zoo benchmark", "",
+        f"GPU: {env.get('gpu_torch') or ', '.join(env.get('gpus', [])) or '?'}; onnxruntime {env.get('onnxruntime')}, "
+        f"torch {env.get('torch')}, onnx {env.get('onnx')}; {env.get('date', '')}", "",
+        f"Command: `{results.get('command', '')}`", "",
+        *(["**CPU smoke test (--device cpu): these numbers say nothing about GPU speed.**", ""]
+          if results.get("config", {}).get("device") == "cpu" else []),
+        "Median latency in ms (host wall clock per run, IOBinding on GPU memory, after warm-up; ONNX Runtime "
+        "at ORT_ENABLE_ALL for both models; torch.compile with mode=default, or reduce-overhead for the CUDA "
+        "graph rows). Speed-up = original / optimized. fp16: the module in .half() with fp32 I/O.", "",
+        "| model | batch | CUDA graph | nodes orig → opt | ORT orig | ORT onnxfuse | speed-up | torch eager "
+        "| torch.compile | fp16 orig | fp16 onnxfuse | fp16 speed-up |",
+        "|---|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in _cells(results["models"]):
+        info = results["models"][row["model"]].get("info", {})
+        opt = info.get("optimize", {})
+        nodes = f"{opt.get('nodes_before', '?')} → {opt.get('nodes_after', '?')}" if opt else "–"
+        sp = _ratio(row["orig"], row["opt"])
+        sp16 = _ratio(row["fp16_orig"], row["fp16_opt"])
+        lines.append(
+            f"| {row['model']} | {row['batch']} | {'yes' if row['graph'] else 'no'} | {nodes} | {_f(row['orig'])} "
+            f"| {_f(row['opt'])} | {_f(sp, 2) + '×' if sp else '–'} | {_f(row['eager'])} | {_f(row['compile'])} "
+            f"| {_f(row['fp16_orig'])} | {_f(row['fp16_opt'])} | {_f(sp16, 2) + '×' if sp16 else '–'} |"
+        )
+    lines += ["", "## Per model", ""]
+    for name, data in results["models"].items():
+        info = data.get("info", {})
+        opt, exp = info.get("optimize", {}), info.get("export", {})
+        lines.append(f"- **{name}**: export {exp.get('nodes', '?')} nodes, ops {exp.get('ops', {})}; "
+                     f"validation {opt.get('validation', '–')}; rewrites "
+                     f"{ {k: v for k, v in (opt.get('rewrites') or {}).items() if v} }")
+        drift = info.get("fp16_drift_vs_fp32")
+        if drift:
+            d = drift.get("optimized", {})
+            lines.append(f"  - fp16 (onnxfuse) vs fp32 at batch {d.get('batch')}: max abs {d.get('max_abs', 0):.3g}, "
+                         f"max rel {d.get('max_rel', 0):.3g}, cosine {d.get('cosine', 0):.6f}")
+        for err in data.get("errors", []):
+            lines.append(f"  - {err['stage']}: {err['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def svg_chart(results: dict) -> str:
+    """Grouped horizontal bars: speed-up over ONNX Runtime on the original model, per (model, batch, graph)."""
+    series = [("onnxfuse (ORT)", "opt", "#2b8a3e"), ("torch.compile", "compile", "#e67700"),
+              ("onnxfuse fp16", "fp16_opt", "#1c7ed6")]
+    rows = [r for r in _cells(results["models"]) if r["orig"]]
+    bar_h, gap, left, width = 12, 10, 230, 420
+    vals = [r["orig"] / r[k] for r in rows for _, k, _ in series if r.get(k)]
+    vmax = max([1.0] + vals) * 1.1
+    height = 60 + len(rows) * (len(series) * bar_h + gap)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 80}" height="{height}" '
+           'font-family="sans-serif" font-size="11">',
+           f'<text x="10" y="18" font-size="14">Speed-up over ONNX Runtime (ORT_ENABLE_ALL) on the original '
+           'model, median latency</text>']
+    for i, (label, _, color) in enumerate(series):
+        out.append(f'<rect x="{left + i * 140}" y="28" width="10" height="10" fill="{color}"/>'
+                   f'<text x="{left + i * 140 + 14}" y="37">{label}</text>')
+    x1 = left + width / vmax
+    out.append(f'<line x1="{x1:.1f}" y1="45" x2="{x1:.1f}" y2="{height - 5}" stroke="#888" stroke-dasharray="3,3"/>')
+    y = 50
+    for r in rows:
+        out.append(f'<text x="{left - 6}" y="{y + bar_h * 1.8:.0f}" text-anchor="end">{r["model"]} b{r["batch"]}'
+                   f'{" graph" if r["graph"] else ""}</text>')
+        for _, key, color in series:
+            v = r["orig"] / r[key] if r.get(key) else None
+            if v is not None:
+                w = width * v / vmax
+                out.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar_h - 2}" fill="{color}"/>'
+                           f'<text x="{left + w + 4:.1f}" y="{y + bar_h - 3}">{v:.2f}×</text>')
+            y += bar_h
+        y += gap
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_reports(out: Path, results: dict) -> None:
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    (out / "results.md").write_text(markdown(results))
+    (out / "speedup.svg").write_text(svg_chart(results))
+
+
+def collect(out: Path, models: list[str], base: dict) -> dict:
+    results = dict(base)
+    results.setdefault("models", {})
+    for name in models:
+        part = out / "parts" / f"{name}.json"
+        if part.exists():
+            try:
+                results["models"][name] = json.loads(part.read_text())
+            except json.JSONDecodeError as exc:
+                results["models"][name] = {"model": name, "errors": [{"stage": "collect", "error": str(exc)}]}
+        else:
+            results["models"].setdefault(name, {"model": name, "info": {}, "timings": [],
+                                                "errors": [{"stage": "run", "error": "no results"}]})
+    return results
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma list from {', '.join(SPECS)}")
+    p.add_argument("--batches", default="1,16", help="comma list of batch sizes (default 1,16)")
+    p.add_argument("--graph-modes", default="off,on", help="CUDA graphs: off, on or off,on")
+    p.add_argument("--out", default="benchmarks/results", help="folder for results.json/.md, speedup.svg, models/")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds of timed runs per model and cell (1.0)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up runs (10)")
+    p.add_argument("--min-iterations", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds original/optimized")
+    p.add_argument("--torch", choices=["none", "eager", "compile", "all"], default=None,
+                   help="PyTorch baselines (default all; --quick: eager)")
+    p.add_argument("--compile-batches", default=None, help="batches for torch.compile (default: --batches)")
+    p.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=True, help="fp16 variant")
+    p.add_argument("--fp16-batches", default=None, help="batches for fp16 timing (default: --batches)")
+    p.add_argument("--fp16-graph-modes", default=None, help="CUDA graph modes for fp16 (default: --graph-modes)")
+    p.add_argument("--opset", type=int, default=14)
+    p.add_argument("--target", default="cuda", help="onnxfuse optimize --target")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a smoke test only")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="stop starting new work after this many seconds (results so far are kept)")
+    p.add_argument("--quick", action="store_true",
+                   help="every model, batches 1 and 16, 0.2 s per cell, eager torch only, fp16 at batch 16 "
+                        "without CUDA graphs, deadline 420 s: under 8 minutes")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
+                   help="one child process per model (a crash costs one model)")
+    p.add_argument("--report-only", action="store_true", help="only rebuild the reports from --merge/--out")
+    p.add_argument("--merge", nargs="*", default=[], help="results.json files to merge into --out's report")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--deadline-at", type=float, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    def ints(s):
+        return [int(x) for x in s.split(",") if x.strip()] if s else None
+
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in SPECS]
+    if unknown:
+        p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(SPECS)}")
+    args.batches = ints(args.batches)
+
+    def modes(s):
+        if s is None:
+            return None
+        table = {"off": False, "on": True}
+        return [table[m.strip()] for m in s.split(",") if m.strip()]
+
+    args.graph_modes = modes(args.graph_modes)
+    args.fp16_graph_modes = modes(args.fp16_graph_modes)
+    if args.quick:
+        args.time_budget = 0.2 if args.time_budget is None else args.time_budget
+        args.warmup = 3 if args.warmup is None else args.warmup
+        args.torch = args.torch or "eager"
+        args.fp16_batches = args.fp16_batches or str(max(args.batches))
+        args.fp16_graph_modes = args.fp16_graph_modes or [False]
+        args.deadline = 420 if args.deadline is None else args.deadline
+        args.rounds = min(args.rounds, 2)
+    args.time_budget = 1.0 if args.time_budget is None else args.time_budget
+    args.warmup = 10 if args.warmup is None else args.warmup
+    args.torch = args.torch or "all"
+    args.compile_batches = ints(args.compile_batches)
+    args.fp16_batches = ints(args.fp16_batches) if isinstance(args.fp16_batches, str) else args.fp16_batches
+    if args.device == "cpu":
+        args.graph_modes = [False]
+        args.fp16 = False
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+
+    if args.child:  # one model, in this process
+        try:
+            run_model(args.child, args, out / "parts" / f"{args.child}.json")
+        except Exception as exc:
+            part = out / "parts" / f"{args.child}.json"
+            data = json.loads(part.read_text()) if part.exists() else {"model": args.child, "info": {},
+                                                                       "timings": [], "errors": []}
+            data["errors"].append({"stage": "run", "error": f"{type(exc).__name__}: {exc}"[:500]})
+            part.write_text(json.dumps(data, indent=1, default=str))
+            log(f"{args.child}: FAILED: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
+            return 1
+        return 0
+
+    base = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+            "config": {k: v for k, v in vars(args).items() if k not in ("child", "merge", "report_only")}}
+    if args.report_only:
+        merged = {"models": {}}
+        for f in args.merge or [out / "results.json"]:
+            data = json.loads(Path(f).read_text())
+            merged["models"].update(data.get("models", {}))
+            merged.setdefault("environment", data.get("environment", {}))
+            merged.setdefault("command", data.get("command", ""))
+            merged.setdefault("config", data.get("config", {}))
+        write_reports(out, merged)
+        log(f"wrote {out}/results.md, results.json, speedup.svg ({len(merged['models'])} models)")
+        return 0
+
+    t_start = time.time()
+    deadline_at = t_start + args.deadline if args.deadline else None
+    if args.device == "cuda":
+        from onnxfuse.bench import gpu_unavailable_reason
+
+        reason = gpu_unavailable_reason()
+        if reason:
+            log(f"{reason}; nothing to do (use --device cpu for a smoke test)")
+            return 1
+    base["environment"] = environment() if args.isolate else {}
+    log(f"models: {', '.join(args.models)}; batches {args.batches}; CUDA graphs {args.graph_modes}; "
+        f"{args.time_budget} s per cell; torch {args.torch}; fp16 {args.fp16}; deadline {args.deadline or 'none'}")
+    for name in args.models:
+        if deadline_at and time.time() > deadline_at - 20:
+            log(f"{name}: skipped (deadline)")
+            (out / "parts" / f"{name}.json").write_text(json.dumps(
+                {"model": name, "info": {}, "timings": [], "errors": [{"stage": "run", "error": "skipped: deadline"}]}))
+            continue
+        t0 = time.time()
+        if args.isolate:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name,
+                   *_forward(argv if argv is not None else sys.argv[1:])]
+            if deadline_at:
+                cmd += ["--deadline-at", str(deadline_at)]
+            timeout = (deadline_at - time.time() + 30) if deadline_at else None
+            try:
+                rc = subprocess.run(cmd, timeout=timeout, check=False).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+            if rc != 0:
+                log(f"{name}: child exited with {rc}")
+                part = out / "parts" / f"{name}.json"
+                if part.exists() and rc in ("timeout", -11, -6, 139, 134):
+                    data = json.loads(part.read_text())
+                    data["errors"].append({"stage": "run", "error": f"child process ended: {rc}"})
+                    part.write_text(json.dumps(data, indent=1, default=str))
+        else:
+            args.deadline_at = deadline_at
+            try:
+                run_model(name, args, out / "parts" / f"{name}.json")
+            except Exception as exc:
+                log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
+        log(f"{name}: {time.time() - t0:.0f} s")
+        if not args.isolate and not base.get("environment"):
+            base["environment"] = environment()
+        write_reports(out, collect(out, args.models[: args.models.index(name) + 1], base))
+    results = collect(out, args.models, base)
+    write_reports(out, results)
+    log(f"done in {time.time() - t_start:.0f} s: {out}/results.md, results.json, speedup.svg")
+    return 0
+
+
+def _forward(argv: list[str]) -> list[str]:
+    """The parent's arguments for a child, without --models (the child gets --child NAME instead)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--models":
+            skip = True
+            continue
+        if a.startswith("--models="):
+            continue
+        out.append(a)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
