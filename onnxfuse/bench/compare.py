@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 import onnx
 
 from onnxfuse.bench.profile import ProfileResult, profile
-from onnxfuse.bench.runner import NO_GPU_MESSAGE, BenchConfig, BenchResult, Progress, Timer, gpu_unavailable_reason
+from onnxfuse.bench.runner import (
+    NO_GPU_MESSAGE,
+    BenchConfig,
+    BenchResult,
+    Progress,
+    Timer,
+    first_line,
+    gpu_unavailable_reason,
+)
 from onnxfuse.bench.stats import speedup
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.validate.inputs import Inputs
@@ -155,14 +163,9 @@ def compare_models(
     except OnnxfuseError as exc:
         result.status, result.message = "failed", str(exc)
     except Exception as exc:  # e.g. the custom-op library is missing: still a status, never a crash
-        result.status, result.message = "failed", f"{type(exc).__name__}: {_first_line(exc)}"
+        result.status, result.message = "failed", f"{type(exc).__name__}: {first_line(exc)}"
     step("timing done", 1.0)
     return result
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return " ".join(text.splitlines()[0].split()) if text else type(exc).__name__
 
 
 def _monotonic(progress: Progress | None) -> Progress:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxfuse.bench.runner import BenchConfig, Progress, Timer
+from onnxfuse.bench.runner import BenchConfig, Progress, Timer, first_line
 from onnxfuse.bench.trace import TraceSummary, load_trace, summarize_trace
 from onnxfuse.errors import RuntimeFailure
 from onnxfuse.validate.inputs import Inputs
@@ -58,8 +58,7 @@ def _profiling_session_factory(prefix: str):
         try:
             return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
         except Exception as exc:
-            first = " ".join(str(exc).strip().splitlines()[0].split()) if str(exc).strip() else type(exc).__name__
-            raise RuntimeFailure(f"{name}: ONNX Runtime cannot load the model: {first}") from None
+            raise RuntimeFailure(f"{name}: ONNX Runtime cannot load the model: {first_line(exc)}") from None
 
     return factory
 

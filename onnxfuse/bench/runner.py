@@ -42,6 +42,12 @@ DEVICES = ("cuda", "cpu")
 Progress = Callable[[str, float], None]
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, whitespace collapsed (ONNX Runtime's messages run over many lines)."""
+    text = str(exc).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(exc).__name__
+
+
 class NoGPU(RuntimeFailure):
     """Timing on the GPU was asked for, but ONNX Runtime has no usable CUDA GPU here."""
 
@@ -213,8 +219,7 @@ class Timer:
             if self.config.device == "cuda":
                 self.binding.synchronize_outputs()
         except Exception as exc:
-            first = " ".join(str(exc).strip().splitlines()[0].split()) if str(exc).strip() else type(exc).__name__
-            raise RuntimeFailure(f"{self.name}: ONNX Runtime failed to run the model: {first}") from None
+            raise RuntimeFailure(f"{self.name}: ONNX Runtime failed to run the model: {first_line(exc)}") from None
         self.runs += 1
         return (time.perf_counter_ns() - t0) / 1e6
 
