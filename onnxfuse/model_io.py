@@ -229,6 +229,24 @@ def _restore_initializer_inputs(model: onnx.ModelProto, template: onnx.ModelProt
             model.graph.input.append(vi)
 
 
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with ONNX shape inference applied (the model itself when inference fails).
+
+    Inference is best-effort: ops ONNX has no schema for (contrib and custom domains) simply get no
+    shapes, and an inference error leaves the model as it was rather than stopping the optimizer.
+    """
+    try:
+        if model.ByteSize() < _EXTERNAL_THRESHOLD:
+            return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
+            _write(model, src)
+            onnx.shape_inference.infer_shapes_path(str(src), str(dst), strict_mode=False, data_prop=True)
+            return onnx.load(str(dst))
+    except Exception:
+        return model
+
+
 def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
     """Set (or replace) one metadata_props entry."""
     for prop in model.metadata_props:

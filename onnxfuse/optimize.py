@@ -97,8 +97,12 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.ModelProto, ApplyReport]:
-    """Apply ``rules`` to a copy of ``model``; the input proto is never modified."""
-    graph = model_io.to_graph(model)
+    """Apply ``rules`` to a copy of ``model``; the input proto is never modified.
+
+    Shapes are inferred first: several rules (SkipLayerNormalization, FusedConv with a residual, the
+    elementwise-region fusion) only fire when they can prove tensor shapes.
+    """
+    graph = model_io.to_graph(model_io.infer_shapes(model))
     report = apply_rules(graph, rules)
     out = model_io.to_model(graph, model)
     return out, report

@@ -82,14 +82,30 @@ def _random(rng: np.random.Generator, dtype: np.dtype, shape: list[int]) -> np.n
     if dtype == np.bool_:
         return rng.random(shape) < 0.5
     if np.issubdtype(dtype, np.integer):
-        # Small non-negative integers: valid as indices, token ids and sizes in most models.
-        return rng.integers(0, 8, size=shape).astype(dtype)
+        # 0 or 1: valid token ids, token-type ids, attention masks and indices in nearly every model
+        # (a BERT's token-type table has just two rows). Use --inputs for realistic integer data.
+        return rng.integers(0, 2, size=shape).astype(dtype)
     if np.issubdtype(dtype, np.floating) or dtype.kind == "V" or str(dtype) == "bfloat16":
         return rng.standard_normal(shape).astype(np.float32).astype(dtype)
     raise InputsError(f"cannot generate random data of type {dtype}")
 
 
-def resolve_shape(spec: InputSpec, shapes: dict[str, list[int]], notes: list[str]) -> list[int]:
+def dimension_symbols(specs: list[InputSpec], shapes: dict[str, list[int]]) -> dict[str, int]:
+    """Named dynamic dimensions fixed by ``--shape`` (``batch`` → 8), to apply to every other input.
+
+    Inputs that share a symbolic dimension (``input_ids`` and ``attention_mask`` both ``[batch,
+    sequence]``) must agree, so giving the shape of one of them sizes the others.
+    """
+    symbols: dict[str, int] = {}
+    for spec in specs:
+        for want, got in zip(spec.shape, shapes.get(spec.name, ())):
+            if isinstance(want, str) and want:
+                symbols.setdefault(want, got)
+    return symbols
+
+
+def resolve_shape(spec: InputSpec, shapes: dict[str, list[int]], notes: list[str],
+                  symbols: dict[str, int] | None = None) -> list[int]:
     if spec.name in shapes:
         given = shapes[spec.name]
         if spec.shape and len(given) != len(spec.shape):
@@ -103,6 +119,8 @@ def resolve_shape(spec: InputSpec, shapes: dict[str, list[int]], notes: list[str
     for d in spec.shape:
         if isinstance(d, int):
             out.append(d)
+        elif symbols and d in symbols:
+            out.append(symbols[d])
         else:
             out.append(1)
             defaulted.append(str(d) if d else "?")
@@ -147,7 +165,9 @@ def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = 
     """
     notes: list[str] = []
     rng = np.random.default_rng(seed)
-    feeds = {s.name: _random(rng, s.dtype, resolve_shape(s, shapes or {}, notes)) for s in specs}
+    shapes = shapes or {}
+    symbols = dimension_symbols(specs, shapes)
+    feeds = {s.name: _random(rng, s.dtype, resolve_shape(s, shapes, notes, symbols)) for s in specs}
     return Inputs(feeds=feeds, notes=notes, seed=seed, source="random")
 
 

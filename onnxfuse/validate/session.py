@@ -101,7 +101,8 @@ def make_session(
     else:
         opts = ort.SessionOptions()
     opts.graph_optimization_level = levels[optimization]
-    opts.log_severity_level = 3
+    # Errors are reported by onnxfuse itself, in one line; ONNX Runtime's own log would repeat them.
+    opts.log_severity_level = _QUIET
     providers: list = ["CPUExecutionProvider"]
     if kind == "cuda":
         providers = [("CUDAExecutionProvider", provider_options or {}), "CPUExecutionProvider"]
