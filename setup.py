@@ -111,9 +111,10 @@ def _fetch_debian_headers(dest: Path) -> Path:
             "-o", f"Dir::Etc::SourceParts={parts}",
             "-o", f"Dir::Cache={cache}",
             "-o", "Debug::NoLocking=1",
-            "-o", "APT::Sandbox::User=root" if os.geteuid() == 0 else "APT::Sandbox::User=",
             "-q",
         ]
+        if os.geteuid() == 0:  # apt would drop to _apt, which cannot write our private folders
+            opts[-1:-1] = ["-o", "APT::Sandbox::User=root"]
         _log(f"fetching {ORT_DEB_PACKAGE} ({ORT_DEB_SUITE}) with apt-get from {uri}")
         for args, cwd in ((["update"], None), (["download", ORT_DEB_PACKAGE], dl)):
             try:

@@ -549,3 +549,33 @@ output c1
         assert (py is None) == (cpp is None) and py == cpp_line, f"python: {py}, C++: {cpp!r}\n{text}"
         n += 1
     assert n > 100
+
+
+def test_all_scalar_inputs_give_rank0_outputs():
+    x, s = np.array(1.5, np.float32), np.array(2.0, np.float32)
+    got = fused_session(SILU_CHAIN, [(), ()]).run(None, {"x": x, "s": s})
+    assert [g.shape for g in got] == [(), ()]
+    for g, w in zip(got, numpy_reference(SILU_CHAIN, [x, s])):
+        compare(g, w, "float32", "rank 0", scale=4.0)
+
+
+def test_shapes_that_do_not_broadcast_fail_clearly():
+    sess = fused_session(SILU_CHAIN, [("a",), ("b",)])
+    with pytest.raises(Exception, match="does not broadcast"):
+        sess.run(None, {"x": np.ones(3, np.float32), "s": np.ones(4, np.float32)})
+
+
+def test_node_program_mismatch_fails_at_session_creation():
+    """Two node inputs for a one-input program: refused when the session is created."""
+    text = "onnxfuse.elementwise 1\ninput x: float32\ny: float32 = Relu(x)\noutput y\n"
+    T = onnx.TensorProto
+    g = helper.make_graph([make_node(text, ["x", "z"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, [3]),
+                           helper.make_tensor_value_info("z", T.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, 1)],
+                          ir_version=10)
+    so = session_options()
+    so.log_severity_level = 3
+    with pytest.raises(Exception, match="2 inputs and 1 outputs but its program declares 1 inputs"):
+        ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
