@@ -44,7 +44,7 @@ DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 
 HOW_TO_FIX = (
     "Set ONNXRUNTIME_INCLUDE_DIR to a folder containing ONNX Runtime's C/C++ API headers "
-    "(onnxruntime_c_api.h, onnxruntime_cxx_api.h, onnxruntime_lite_custom_op.h, version 1.16 or "
+    "(onnxruntime_c_api.h, onnxruntime_cxx_api.h, onnxruntime_lite_custom_op.h, version 1.21 or "
     "newer; e.g. the include/ folder of an onnxruntime release archive from "
     "https://github.com/microsoft/onnxruntime/releases) and build again."
 )

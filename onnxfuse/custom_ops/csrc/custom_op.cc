@@ -415,7 +415,13 @@ using namespace onnxfuse;
 
 OFX_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
-  if (!api) return nullptr;  // cannot even make a status; ONNX Runtime older than our headers
+  if (!api) {  // ONNX Runtime older than the headers we were built with: say so with its own API
+    const OrtApi* old = api_base->GetApi(1);
+    std::string msg = std::string("onnxfuse's FusedElementwise library needs ONNX Runtime API version ") +
+                      std::to_string(ORT_API_VERSION) + " or newer; this ONNX Runtime is " +
+                      api_base->GetVersionString();
+    return old ? old->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  }
   std::lock_guard<std::mutex> lock(g_reg_mu);
   g_api = api;
   Ort::InitApi(api);
