@@ -6,6 +6,7 @@ Exit codes are a contract with CI pipelines (documented in the README and in ``-
 * 1 — user or model error (bad file, bad model, unwritable output, runtime failure)
 * 2 — usage error (bad command line)
 * 3 — validation failed (the optimized model's outputs drifted beyond tolerance)
+* 4 — the optimized model is slower than ``--fail-on-slowdown`` allows (measured on the GPU)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ EXIT_OK = 0
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
 EXIT_VALIDATION_FAILED = 3
+EXIT_SLOWER = 4
 
 
 class OnnxfuseError(Exception):
@@ -52,4 +54,14 @@ class ValidationFailed(OnnxfuseError):
     def __init__(self, message: str, culprit: str | None = None, report=None):
         super().__init__(message)
         self.culprit = culprit
+        self.report = report
+
+
+class SlowerThanAllowed(OnnxfuseError):
+    """``--fail-on-slowdown RATIO``: the optimized model's median latency exceeds RATIO × the original's."""
+
+    exit_code = EXIT_SLOWER
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
         self.report = report

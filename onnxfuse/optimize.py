@@ -17,7 +17,7 @@ from typing import Callable
 import onnx
 
 from onnxfuse import model_io
-from onnxfuse.errors import ModelSaveError, ValidationFailed
+from onnxfuse.errors import ModelSaveError, SlowerThanAllowed, ValidationFailed
 from onnxfuse.rewrites import ApplyReport, Rule, apply_rules, select_rules
 from onnxfuse.validate import ValidationReport, make_inputs, validate_models
 from onnxfuse.validate.inputs import Inputs
@@ -40,6 +40,9 @@ class OptimizeOptions:
     provider: str = "auto"
     force: bool = False
     rules: list[Rule] | None = None  # a custom rule pool (tests, plugins); None = the registry
+    bench: bool = True  # time both models on the GPU after validation (skipped, with a note, without one)
+    bench_config: object | None = None  # onnxfuse.bench.BenchConfig; None = its defaults
+    fail_on_slowdown: float | None = None  # fail when optimized median > ratio × original median
 
 
 @dataclass
@@ -58,6 +61,7 @@ class OptimizeResult:
     custom_library: str | None = None
     extra: dict = field(default_factory=dict)
     model: onnx.ModelProto | None = field(default=None, repr=False)  # the optimized model (not reported)
+    timing: object | None = None  # onnxfuse.bench.ComparisonResult when timing ran (or was skipped)
 
     @property
     def nodes_before(self) -> int:
@@ -79,6 +83,7 @@ class OptimizeResult:
             "ops_after": self.ops_after,
             "custom_library": self.custom_library,
             "validation": self.validation.to_dict() if self.validation else None,
+            "timing": self.timing.to_dict() if self.timing is not None else None,
             "timings": {
                 "rewrite_s": round(self.rewrite_seconds, 4),
                 "validation_s": round(self.validation_seconds, 4),
@@ -143,6 +148,7 @@ def optimize_model(
     options: OptimizeOptions,
     progress: Callable[[str], None] | None = None,
     source: str = "<model>",
+    bench_progress: Callable[[str, float], None] | None = None,
 ) -> OptimizeResult:
     """Optimize an in-memory model; validate unless disabled. Raises ValidationFailed on drift."""
     step = progress or (lambda _msg: None)
@@ -166,6 +172,7 @@ def optimize_model(
         custom_library=custom_library_needed(optimized),
     )
     result.model = optimized
+    inputs = None
     if options.validate:
         step("validating")
         t1 = time.perf_counter()
@@ -189,8 +196,36 @@ def optimize_model(
                 report=result,
             )
         result.validation_seconds = time.perf_counter() - t1
+    if options.bench:
+        step("timing")
+        if inputs is None:
+            inputs = make_inputs(model, options.shapes, options.seed, options.inputs_path)
+        result.timing = time_both(model, optimized, inputs, options, bench_progress)
+        check_slowdown(result, options.fail_on_slowdown)
     result.total_seconds = time.perf_counter() - t0
     return result
+
+
+def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):
+    """Time both models on the GPU under ORT_ENABLE_ALL (``status='no-gpu'`` where there is none)."""
+    from onnxfuse.bench import BenchConfig, compare_models
+
+    config = options.bench_config if options.bench_config is not None else BenchConfig()
+    return compare_models(original, optimized, inputs, config, progress=progress)
+
+
+def check_slowdown(result: OptimizeResult, ratio: float | None) -> None:
+    """Raise :class:`SlowerThanAllowed` when timing ran and optimized > ``ratio`` × original (median)."""
+    timing = result.timing
+    if ratio is None or timing is None or timing.status != "ok":
+        return
+    before, after = timing.original.stats.median_ms, timing.optimized.stats.median_ms
+    if after > ratio * before:
+        raise SlowerThanAllowed(
+            f"optimized model is slower than allowed: median {after:.3f} ms vs {before:.3f} ms for the original "
+            f"(ratio {after / before:.3f} > --fail-on-slowdown {ratio}); nothing was written",
+            report=result,
+        )
 
 
 def optimize_file(
@@ -198,14 +233,15 @@ def optimize_file(
     output_path: str | Path,
     options: OptimizeOptions,
     progress: Callable[[str], None] | None = None,
+    bench_progress: Callable[[str, float], None] | None = None,
 ) -> OptimizeResult:
-    """Load ``input_path``, optimize, validate, and write ``output_path`` atomically."""
+    """Load ``input_path``, optimize, validate, time (with a GPU), and write ``output_path`` atomically."""
     step = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     model_io.check_output_path(output_path, input_path, options.force)
     step("loading")
     model = model_io.load_model(input_path)
-    result = optimize_model(model, options, progress, source=str(input_path))
+    result = optimize_model(model, options, progress, source=str(input_path), bench_progress=bench_progress)
     step("saving")
     model_io.save_model(result.model, output_path, input_path=input_path, force=options.force,
                         check=False)

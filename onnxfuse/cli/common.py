@@ -17,6 +17,7 @@ Exit codes:
   1  user or model error (bad file, invalid model, unwritable output, runtime failure)
   2  usage error (bad options)
   3  validation failed: outputs differ beyond tolerance (nothing written)
+  4  optimize --fail-on-slowdown: the optimized model is slower than allowed (nothing written)
 """
 
 stdout = Console(highlight=False)

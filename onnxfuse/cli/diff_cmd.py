@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import click
@@ -13,7 +12,7 @@ from rich.table import Table
 from onnxfuse.cli.common import EXIT_CODES_HELP, fail, handle_errors, input_options, stderr, stdout
 from onnxfuse.diff import DEFAULT_BATCH_SIZE, diff_models, parse_tol_options
 from onnxfuse.errors import ValidationFailed
-from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown, write_json, write_text
+from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown, write_json, write_markdown, write_text
 from onnxfuse.validate.inputs import parse_shape_options
 
 DIFF_HELP = """Run models A and B on the same inputs and compare every output.
@@ -93,9 +92,7 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, sa
     if json_path:
         write_json(json_path, report)
     if markdown_path:
-        summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        append = bool(summary) and Path(summary).resolve() == Path(markdown_path).resolve()
-        write_text(markdown_path, diff_markdown(report) + "\n", what="Markdown report", append=append)
+        write_markdown(markdown_path, diff_markdown(report) + "\n")
     if junit_path:
         write_text(junit_path, diff_junit(report), what="JUnit report")
     if html_path:

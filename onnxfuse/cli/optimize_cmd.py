@@ -9,19 +9,22 @@ import click
 
 from onnxfuse.cli import render
 from onnxfuse.cli.common import EXIT_CODES_HELP, fail, input_options, stderr, stdout
-from onnxfuse.errors import OnnxfuseError, ValidationFailed
-from onnxfuse.reports import write_json
+from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, ValidationFailed
+from onnxfuse.reports import write_json, write_markdown, write_text
+from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
 from onnxfuse.optimize import OptimizeOptions, optimize_file
 from onnxfuse.rewrites import TARGETS
 from onnxfuse.validate.inputs import parse_shape_options
 
 OPTIMIZE_HELP = """Optimize INPUT and write the result to OUTPUT.
 
-Folds BatchNormalization and constant scale/bias into Conv, ConvTranspose and Gemm weights, then
-checks the result: the original and optimized models run on ONNX Runtime (CUDA when a GPU is usable,
-else CPU) on the same seeded inputs, and every output must match within tolerance. If one does not,
-the rule responsible is named, nothing is written, and the exit code is 3. The input file is never
-modified; the output is written atomically.
+Folds BatchNormalization and constant scale/bias into Conv, ConvTranspose and Gemm weights, maps
+known patterns to ONNX Runtime's fused ops and collapses chains of elementwise ops into one
+FusedElementwise op, then checks the result: the original and optimized models run on ONNX Runtime
+(CUDA when a GPU is usable, else CPU) on the same seeded inputs, and every output must match within
+tolerance. If one does not, the rule responsible is named, nothing is written, and the exit code is 3.
+With a GPU, both models are then timed (ORT_ENABLE_ALL on both). The input file is never modified;
+the output is written atomically.
 
 \b
 Examples:
@@ -29,6 +32,8 @@ Examples:
   onnxfuse optimize model.onnx out.onnx --shape input:8,3,224,224 --json report.json
   onnxfuse optimize model.onnx out.onnx --skip fold-scale-bias --explain
   onnxfuse optimize model.onnx out.onnx --inputs sample.npz --rtol 1e-3 --quiet
+  onnxfuse optimize model.onnx out.onnx --target onnx      # standard ONNX ops only
+  onnxfuse optimize model.onnx out.onnx --fail-on-slowdown 1.0 --markdown "$GITHUB_STEP_SUMMARY"
 """
 
 
@@ -46,31 +51,39 @@ Examples:
 @click.option("--atol", type=float, default=None, help="Absolute tolerance (default depends on dtype and output scale).")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime provider used for validation.")
+@click.option("--no-bench", is_flag=True, help="Skip timing both models on the GPU after validation.")
+@click.option("--fail-on-slowdown", type=click.FloatRange(min=0, min_open=True), metavar="RATIO", default=None,
+              help="Exit 4 and write nothing when the optimized model's median GPU latency exceeds RATIO × the "
+                   "original's (e.g. 1.0, or 1.05 to allow 5% noise). Ignored without a GPU.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the report as JSON to this file.")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
+              help="Also write a Markdown summary (appended when PATH is $GITHUB_STEP_SUMMARY).")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
+              help="Also write JUnit XML: each validated output (and the latency check) is a test case.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 def optimize(input_path, output_path, target, only, skip, explain, no_validate, shapes, inputs_path, seed,
-             rtol, atol, provider, json_path, quiet, force) -> None:
+             rtol, atol, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
+             force) -> None:
     try:
         options = OptimizeOptions(
             target=target, only=list(only) or None, skip=list(skip) or None, validate=not no_validate,
             shapes=parse_shape_options(shapes), inputs_path=inputs_path, seed=seed, rtol=rtol, atol=atol,
-            provider=provider, force=force,
+            provider=provider, force=force, bench=not no_bench, fail_on_slowdown=fail_on_slowdown,
         )
-        status = contextlib.nullcontext() if quiet else stderr.status("optimizing…", spinner="dots")
-        with status as live:
-            def progress(message: str) -> None:
-                if live is not None:
-                    live.update(f"{message}…")
-
-            result = optimize_file(input_path, output_path, options, progress=progress)
-    except ValidationFailed as exc:
-        if exc.report is not None:
-            if not quiet and exc.report.validation is not None:
-                stderr.print(render.comparison_table("Validation", exc.report.validation.outputs))
-            if json_path:
-                write_json(json_path, {"ok": False, "exit_code": exc.exit_code, "error": str(exc),
-                                              "culprit": exc.culprit, **exc.report.to_dict()})
+        with render.progress_bar(disabled=quiet) as bar:
+            result = optimize_file(input_path, output_path, options, progress=bar.step,
+                                   bench_progress=bar.fraction)
+    except (ValidationFailed, SlowerThanAllowed) as exc:
+        report = exc.report
+        if report is not None:
+            if not quiet and report.validation is not None:
+                stderr.print(render.comparison_table("Validation", report.validation.outputs))
+            if not quiet and report.timing is not None:
+                stderr.print(render.timing_table(report.timing))
+            extra = {"culprit": exc.culprit} if isinstance(exc, ValidationFailed) else {}
+            _write_reports(report, json_path, markdown_path, junit_path, error=str(exc),
+                           exit_code=exc.exit_code, **extra)
         fail(exc, exc.exit_code)
     except OnnxfuseError as exc:
         if json_path:
@@ -85,8 +98,7 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
         fail(RuntimeError(f"internal error ({type(exc).__name__}: {exc}); rerun with ONNXFUSE_DEBUG=1 and "
                           "please report it"), 1)
 
-    if json_path:
-        write_json(json_path, {"ok": True, "exit_code": 0, **result.to_dict()})
+    _write_reports(result, json_path, markdown_path, junit_path)
     if quiet:
         return
     stdout.print(render.rules_table(result.applied.counts, result.applied.cleanup))
@@ -105,6 +117,11 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
             stdout.print(f"[yellow]note:[/] {note}")
     else:
         stdout.print("[yellow]validation skipped (--no-validate)[/]")
+    if result.timing is not None:
+        if result.timing.status == "ok":
+            stdout.print(render.timing_table(result.timing))
+        else:
+            stdout.print(f"[yellow]note:[/] {result.timing.message}")
     if result.custom_library:
         stdout.print(f"[yellow]note:[/] the output uses custom ops of domain {result.custom_library!r}: "
                      "run it with onnxfuse.custom_ops.session_options() (library: onnxfuse.custom_ops.library_path())")
@@ -112,3 +129,15 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
                  f"rewrite {result.rewrite_seconds:.2f} s, validation {result.validation_seconds:.2f} s, "
                  f"total {result.total_seconds:.2f} s")
     sys.stdout.flush()
+
+
+def _write_reports(result, json_path, markdown_path, junit_path, error: str | None = None, exit_code: int = 0,
+                   **extra) -> None:
+    """JSON, Markdown and JUnit reports of a finished (or failed-at-validation/timing) run."""
+    if json_path:
+        write_json(json_path, {"ok": error is None, "exit_code": exit_code, **({"error": error} if error else {}),
+                               **extra, **result.to_dict()})
+    if markdown_path:
+        write_markdown(markdown_path, optimize_markdown(result, error=error) + "\n")
+    if junit_path:
+        write_text(junit_path, optimize_junit(result, error=error), what="JUnit report")

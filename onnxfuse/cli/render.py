@@ -71,3 +71,57 @@ def details_table(details: list[dict]) -> Table:
         rest = {k: v for k, v in d.items() if k != "rule"}
         table.add_row(d.get("rule", ""), ", ".join(f"{k}={v}" for k, v in rest.items()))
     return table
+
+
+def timing_table(timing) -> Table:
+    """Original vs optimized latency (a ``onnxfuse.bench.ComparisonResult`` with status 'ok')."""
+    table = Table(title=f"Latency ({timing.original.label}, ORT_ENABLE_ALL on both)", title_justify="left")
+    for col in ("model", "median ms", "p90 ms", "p99 ms", "min ms", "runs", "nodes"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for name, r, nodes in (("original", timing.original, timing.nodes_original),
+                           ("optimized", timing.optimized, timing.nodes_optimized)):
+        s = r.stats
+        table.add_row(name, f"{s.median_ms:.3f}", f"{s.p90_ms:.3f}", f"{s.p99_ms:.3f}", f"{s.min_ms:.3f}",
+                      str(s.count), str(nodes))
+    sp = timing.speedup
+    colour = "green" if sp and sp >= 1 else "red"
+    table.caption = f"speed-up: [{colour}]{sp:.2f}×[/]" if sp else None
+    return table
+
+
+class _Bar:
+    """A rich progress bar on stderr whose description follows pipeline steps and whose bar follows timing."""
+
+    def __init__(self, disabled: bool):
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        from onnxfuse.cli.common import stderr
+
+        self._progress = None if disabled else Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+            console=stderr, transient=True,
+        )
+        self._task = None
+
+    def __enter__(self):
+        if self._progress is not None:
+            self._progress.__enter__()
+            self._task = self._progress.add_task("starting…", total=None)
+        return self
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+        return False
+
+    def step(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=f"{message}…", total=None)
+
+    def fraction(self, message: str, fraction: float) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=message, total=1.0, completed=fraction)
+
+
+def progress_bar(disabled: bool = False) -> _Bar:
+    return _Bar(disabled)

@@ -36,6 +36,16 @@ def write_text(path: str | os.PathLike, text: str, what: str = "report", append:
     return p
 
 
+def write_markdown(path: str | os.PathLike, text: str) -> Path:
+    """Write a Markdown report; append instead when ``path`` is ``$GITHUB_STEP_SUMMARY``.
+
+    A job summary collects every step's output, so replacing it would erase earlier steps' reports.
+    """
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    append = bool(summary) and Path(summary).resolve() == Path(path).resolve()
+    return write_text(path, text, what="Markdown report", append=append)
+
+
 def clean_json(value):
     """``value`` with NaN/Inf floats turned into ``None`` and numpy scalars into Python ones.
 

@@ -324,3 +324,76 @@ def test_rules_command_lists_registry():
     names = [r["name"] for r in json.loads(result.output)]
     assert names == [r.name for r in RULES]
     assert "fold-batchnorm-conv" in names
+
+
+# --------------------------------------------------------------------------------------------------
+# reports for CI, timing without a GPU, --fail-on-slowdown
+
+
+def test_markdown_and_junit_reports(model_path, tmp_path):
+    md, xml = tmp_path / "summary.md", tmp_path / "junit.xml"
+    result = run(["optimize", model_path, tmp_path / "o.onnx", "--markdown", md, "--junit", xml, "--quiet"])
+    assert result.exit_code == 0, result.stderr
+    text = md.read_text()
+    assert "onnxfuse optimize: ✅ ok" in text and "fold-batchnorm-conv ×1" in text and "`y`" in text
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(xml).getroot()
+    cases = root.findall(".//testcase")
+    assert [c.get("name") for c in cases][:1] == ["y"]
+    assert root.get("failures") == "0"
+
+
+def test_markdown_appends_to_github_step_summary(model_path, tmp_path, monkeypatch):
+    summary = tmp_path / "step_summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert run(["optimize", model_path, tmp_path / "o.onnx", "--markdown", summary, "-q"]).exit_code == 0
+    text = summary.read_text()
+    assert text.startswith("earlier step\n") and "onnxfuse optimize" in text
+
+
+def test_failed_validation_reports_fail_in_junit(model_path, tmp_path, monkeypatch):
+    monkeypatch.setattr("onnxfuse.rewrites.RULES", RULES + [_BreakConvWeights()])
+    xml = tmp_path / "junit.xml"
+    result = run(["optimize", model_path, tmp_path / "o.onnx", "--junit", xml, "--target", "onnx"])
+    assert result.exit_code == 3
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(xml).getroot()
+    assert root.get("failures") == "1"
+    assert root.find(".//testcase/failure") is not None
+
+
+@pytest.mark.skipif(__import__("onnxfuse.validate.session", fromlist=["x"]).cuda_available(),
+                    reason="checks the CPU-only behaviour")
+def test_timing_without_gpu_is_a_note_and_exit_0(model_path, tmp_path):
+    report = tmp_path / "r.json"
+    result = run(["optimize", model_path, tmp_path / "o.onnx", "--json", report, "--fail-on-slowdown", "1.0"])
+    assert result.exit_code == 0, result.stderr
+    assert "timing needs a CUDA GPU" in result.output
+    data = json.loads(report.read_text())
+    assert data["timing"]["status"] == "no-gpu"
+    result = run(["optimize", model_path, tmp_path / "o2.onnx", "--json", report, "--no-bench"])
+    assert result.exit_code == 0 and "timing needs" not in result.output
+    assert json.loads(report.read_text())["timing"] is None
+
+
+def test_fail_on_slowdown_decision():
+    from types import SimpleNamespace as NS
+
+    from onnxfuse.errors import SlowerThanAllowed
+    from onnxfuse.optimize import check_slowdown
+
+    def result(before, after):
+        timing = NS(status="ok", original=NS(stats=NS(median_ms=before)), optimized=NS(stats=NS(median_ms=after)))
+        return NS(timing=timing)
+
+    check_slowdown(result(1.0, 0.9), 1.0)
+    check_slowdown(result(1.0, 1.04), 1.05)
+    check_slowdown(result(1.0, 5.0), None)
+    check_slowdown(NS(timing=NS(status="no-gpu")), 1.0)
+    with pytest.raises(SlowerThanAllowed) as info:
+        check_slowdown(result(1.0, 1.2), 1.05)
+    assert info.value.exit_code == 4 and "1.200" in str(info.value)
+    assert run(["optimize", "x.onnx", "y.onnx", "--fail-on-slowdown", "0"]).exit_code == 2
