@@ -146,3 +146,179 @@ def test_compile_error_carries_log():
 def test_kernel_stats_without_gpu():
     stats = codegen.kernel_stats()
     assert stats["compiles"] == 0 and "cache_dir" in stats
+
+
+# ------------------------------------------------------------------ host side with a mock driver
+# A stand-in for libcuda.so.1 that accepts modules and records launches lets the library's CUDA
+# host code run here: NVRTC to CUBIN for the device's architecture, the memory and disk kernel
+# caches, the choice of kernel (vector / scalar / broadcast, 32/64-bit index), grid size and the
+# kernel-parameter block. Each scenario runs in a fresh process (the driver is loaded once per
+# process, and must not be the mock in a process that later uses a real GPU).
+
+MOCK_DRIVER = r"""
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+typedef int CUresult;
+static char g_names[32][64]; static int g_nnames;
+static unsigned g_grid, g_block; static void* g_stream; static unsigned char g_params[4096];
+static char g_last[64]; static int g_loads; static int g_launches; static int g_cubin;
+CUresult cuInit(unsigned f) { return 0; }
+CUresult cuDriverGetVersion(int* v) { *v = 13000; return 0; }
+CUresult cuDeviceGet(int* d, int o) { *d = o; return 0; }
+CUresult cuDeviceGetAttribute(int* v, int a, int d) { *v = a == 75 ? 9 : 0; return 0; }
+CUresult cuDevicePrimaryCtxRetain(void** c, int d) { *c = (void*)0x1000; return 0; }
+CUresult cuCtxPushCurrent_v2(void* c) { return 0; }
+CUresult cuCtxPopCurrent_v2(void** c) { *c = (void*)0x1000; return 0; }
+CUresult cuCtxGetCurrent(void** c) { *c = (void*)0x1000; return 0; }
+CUresult cuCtxSetCurrent(void* c) { return 0; }
+CUresult cuModuleLoadData(void** m, const void* image) {
+  g_loads++; g_cubin = memcmp(image, "\x7f" "ELF", 4) == 0; *m = (void*)0x2000; return 0; }
+CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
+  if (g_nnames >= 32) return 1;
+  strncpy(g_names[g_nnames], name, 63); *f = g_names[g_nnames]; g_nnames++; return 0; }
+CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                        unsigned bz, unsigned shm, void* stream, void** params, void** extra) {
+  strncpy(g_last, (const char*)f, 63); g_grid = gx; g_block = bx; g_stream = stream;
+  memcpy(g_params, params[0], sizeof g_params); g_launches++; return 0; }
+CUresult cuGetErrorString(CUresult r, const char** s) { *s = "mock error"; return 0; }
+int mock_state(char* last, unsigned* grid, unsigned* block, void** stream, unsigned char* params,
+               int* loads, int* cubin) {
+  strcpy(last, g_last); *grid = g_grid; *block = g_block; *stream = g_stream;
+  memcpy(params, g_params, sizeof g_params); *loads = g_loads; *cubin = g_cubin; return g_launches; }
+"""
+
+MOCK_CHILD = r"""
+import ctypes, json, os, struct, sys
+sys.path.insert(0, ROOT)
+from onnxfuse.custom_ops import codegen, library_path
+lib = ctypes.CDLL(library_path())
+mock = ctypes.CDLL(MOCK) if os.path.exists(MOCK) else None
+lib.onnxfuse_test_cuda_create.restype = ctypes.c_void_p
+lib.onnxfuse_test_cuda_create.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+lib.onnxfuse_test_cuda_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+    ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+    ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+err = ctypes.create_string_buffer(8192)
+k = lib.onnxfuse_test_cuda_create(PROGRAM.encode(), 0, err, len(err))
+out = {"created": bool(k), "error": err.value.decode(), "launches": []}
+for shapes, in_ptrs, out_ptrs in LAUNCHES:
+    ranks = (ctypes.c_int * len(shapes))(*[len(s) for s in shapes])
+    flat = [d for s in shapes for d in s]
+    dims = (ctypes.c_int64 * max(1, len(flat)))(*flat)
+    ins = (ctypes.c_void_p * len(in_ptrs))(*in_ptrs)
+    outs = (ctypes.c_void_p * len(out_ptrs))(*out_ptrs)
+    ok = lib.onnxfuse_test_cuda_launch(k, len(shapes), ranks, dims, ins, len(out_ptrs), outs, 0x77, err, len(err))
+    last = ctypes.create_string_buffer(64); grid = ctypes.c_uint(); block = ctypes.c_uint()
+    stream = ctypes.c_void_p(); params = ctypes.create_string_buffer(4096); loads = ctypes.c_int()
+    cubin = ctypes.c_int()
+    n = mock.mock_state(last, ctypes.byref(grid), ctypes.byref(block), ctypes.byref(stream), params,
+                        ctypes.byref(loads), ctypes.byref(cubin))
+    out["launches"].append({"ok": ok, "error": err.value.decode(), "kernel": last.value.decode(),
+                            "grid": grid.value, "block": block.value, "stream": stream.value,
+                            "params": params.raw.hex(), "count": n, "loads": loads.value, "cubin": cubin.value})
+out["stats"] = codegen.kernel_stats()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def mock_driver(tmp_path_factory):
+    import shutil
+    import subprocess
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler for the mock CUDA driver")
+    d = tmp_path_factory.mktemp("mockcuda")
+    (d / "mock.c").write_text(MOCK_DRIVER)
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(d / "libcuda_mock.so"), str(d / "mock.c")],
+                   check=True)
+    return d / "libcuda_mock.so"
+
+
+def run_mock(mock, cache_home, program: str, launches, extra_env=None) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ONNXFUSE_CUDA_DRIVER=str(mock), XDG_CACHE_HOME=str(cache_home))
+    env.pop("ONNXFUSE_KERNEL_CACHE", None)
+    from onnxfuse.custom_ops import nvrtc_library_path
+
+    if nvrtc_library_path():
+        env["ONNXFUSE_NVRTC_PATH"] = nvrtc_library_path()
+    env.update(extra_env or {})
+    root = str(Path(codegen.__file__).resolve().parents[2])
+    code = (f"ROOT = {root!r}\nMOCK = {str(mock)!r}\nPROGRAM = {program!r}\nLAUNCHES = {launches!r}\n"
+            + MOCK_CHILD)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def unpack_params(hexstr: str, nin: int, nout: int) -> dict:
+    import struct
+
+    b = bytes.fromhex(hexstr)
+    q = struct.unpack_from(f"<{nin + nout}Q", b, 0)
+    off = 8 * (nin + nout)
+    n, mask = struct.unpack_from("<qq", b, off)
+    (ndim,) = struct.unpack_from("<i", b, off + 16)
+    dims = struct.unpack_from("<8q", b, off + 24)
+    strides = [struct.unpack_from("<8q", b, off + 24 + 64 + 64 * k) for k in range(nin)]
+    return {"in": list(q[:nin]), "out": list(q[nin:]), "n": n, "mask": mask, "ndim": ndim,
+            "dims": list(dims[:ndim]), "strides": [list(s[:ndim]) for s in strides]}
+
+
+@needs_nvrtc
+def test_host_side_with_mock_driver(mock_driver, tmp_path):
+    text = "onnxfuse.elementwise 1\ninput x: float32\ninput s: float16\nc: float32 = Cast[to=float32](s)\n" \
+           "y: float32 = Mul(x, c)\nh: float16 = Cast[to=float16](y)\noutput y\noutput h\n"
+    A, B, O1, O2 = 0x10000, 0x20000, 0x30000, 0x40000
+    launches = [
+        ([(1000,), (1000,)], [A, B], [O1, O2]),            # fast, aligned -> vector kernel, V = 8
+        ([(1000,), ()], [A, B], [O1, O2]),                  # scalar input -> vector kernel, mask bit 1
+        ([(1000,), (1000,)], [A + 4, B], [O1, O2]),         # misaligned -> scalar kernel
+        ([(2, 3, 4, 5), (1, 3, 1, 1)], [A, B], [O1, O2]),   # per-channel -> broadcast kernel
+        ([(2, 3), (4, 1, 3)], [A, B], [O1, O2]),            # 3-d broadcast
+        ([(2**31 + 5,), ()], [A, B], [O1, O2]),             # > 2^31-1 elements -> 64-bit index
+        ([(0, 3), (3,)], [A, B], [O1, O2]),                 # empty: no launch
+        ([(3,), (4,)], [A, B], [O1, O2]),                   # shapes that do not broadcast
+    ]
+    first = run_mock(mock_driver, tmp_path, text, launches)
+    assert first["created"], first["error"]
+    L = first["launches"]
+    assert L[0]["ok"] and L[0]["kernel"] == "ofx_fast_vec_32" and L[0]["block"] == 256
+    assert L[0]["grid"] == (1000 // 8 + 1000 % 8 + 255) // 256 and L[0]["stream"] == 0x77
+    assert L[0]["cubin"] == 1 and L[0]["loads"] == 1  # CUBIN for sm_90 (mock device 9.0)
+    p = unpack_params(L[0]["params"], 2, 2)
+    assert p["in"] == [A, B] and p["out"] == [O1, O2] and p["n"] == 1000 and p["mask"] == 0
+    assert L[1]["kernel"] == "ofx_fast_vec_32" and unpack_params(L[1]["params"], 2, 2)["mask"] == 2
+    assert L[2]["kernel"] == "ofx_fast_scalar_32" and L[2]["grid"] == 4
+    assert L[3]["kernel"] == "ofx_bcast_32"
+    p = unpack_params(L[3]["params"], 2, 2)
+    assert p["n"] == 120 and p["dims"] == [2, 3, 20] and p["strides"] == [[60, 20, 1], [0, 1, 0]]
+    p = unpack_params(L[4]["params"], 2, 2)
+    assert L[4]["kernel"] == "ofx_bcast_32" and p["dims"] == [4, 2, 3]
+    assert p["strides"] == [[0, 3, 1], [3, 0, 1]]
+    assert L[5]["kernel"] == "ofx_fast_vec_64" and unpack_params(L[5]["params"], 2, 2)["n"] == 2**31 + 5
+    assert L[6]["ok"] and L[6]["count"] == L[5]["count"]  # nothing launched for 0 elements
+    assert not L[7]["ok"] and "does not broadcast" in L[7]["error"]
+    s1 = first["stats"]
+    assert s1["compiles"] == 1 and s1["disk_writes"] == 1 and s1["last_arch"] == "sm_90"
+
+    second = run_mock(mock_driver, tmp_path, text, launches[:1])  # fresh process, same cache
+    s2 = second["stats"]
+    assert s2["compiles"] == 0 and s2["disk_hits"] == 1 and second["launches"][0]["kernel"] == "ofx_fast_vec_32"
+
+    third = run_mock(mock_driver, tmp_path / "off", text, launches[:1], {"ONNXFUSE_KERNEL_CACHE": "0"})
+    assert third["stats"]["compiles"] == 1 and third["stats"]["disk_writes"] == 0
+    assert not (tmp_path / "off" / "onnxfuse").exists()
+
+
+@needs_nvrtc
+def test_driver_missing_is_a_clear_error(tmp_path):
+    r = run_mock(tmp_path / "no-such-libcuda.so", tmp_path, "onnxfuse.elementwise 1\ninput x: float32\noutput x\n", [])
+    assert not r["created"] and "cannot load the CUDA driver" in r["error"]

@@ -96,9 +96,12 @@ Driver& driver() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (tried) return d;
   tried = true;
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  // ONNXFUSE_CUDA_DRIVER: another driver library (tests use a mock that records launches).
+  const char* path = std::getenv("ONNXFUSE_CUDA_DRIVER");
+  if (!path || !*path) path = "libcuda.so.1";
+  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
-    d.error = std::string("cannot load the CUDA driver (libcuda.so.1): ") + dlerror();
+    d.error = std::string("cannot load the CUDA driver (") + path + "): " + dlerror();
     return d;
   }
   std::string e;

@@ -488,3 +488,48 @@ OFX_EXPORT long onnxfuse_cuda_stats(char* out, size_t out_size) {
 
 // Version of this library's program language.
 OFX_EXPORT int onnxfuse_language_version() { return 1; }
+
+// ------------------------------------------------------------------ test hooks
+// Create a CUDA kernel for a program and launch it on given shapes and device pointers without
+// ONNX Runtime. Used by tests with a mock CUDA driver (ONNXFUSE_CUDA_DRIVER) to check NVRTC
+// compilation, the kernel caches, kernel selection and the parameter block on machines without a
+// GPU. Not part of the library's interface.
+OFX_EXPORT void* onnxfuse_test_cuda_create(const char* program, int device, char* err, size_t err_size) {
+  try {
+    Program p;
+    std::string e;
+    std::unique_ptr<CudaKernel> k;
+    if (parse_program(program ? program : "", &p, &e)) k = CudaKernel::create(p, device, &e);
+    if (!k && err && err_size) {
+      std::strncpy(err, e.c_str(), err_size - 1);
+      err[err_size - 1] = '\0';
+    }
+    return k.release();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+OFX_EXPORT int onnxfuse_test_cuda_launch(void* kernel, int nin, const int* ranks, const int64_t* dims,
+                                         const void* const* in, int nout, void* const* out, void* stream,
+                                         char* err, size_t err_size) {
+  try {
+    std::vector<std::vector<int64_t>> shapes(nin);
+    for (int i = 0, off = 0; i < nin; off += ranks[i], ++i) shapes[i].assign(dims + off, dims + off + ranks[i]);
+    BroadcastLayout L;
+    std::string e;
+    bool ok = make_layout(shapes, &L, &e) &&
+              static_cast<CudaKernel*>(kernel)->launch(in, out, L, stream, &e);
+    (void)nout;
+    if (!ok && err && err_size) {
+      std::strncpy(err, e.c_str(), err_size - 1);
+      err[err_size - 1] = '\0';
+    }
+    return ok ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+OFX_EXPORT void onnxfuse_test_cuda_destroy(void* kernel) { delete static_cast<CudaKernel*>(kernel); }
+
