@@ -322,3 +322,10 @@ def test_host_side_with_mock_driver(mock_driver, tmp_path):
 def test_driver_missing_is_a_clear_error(tmp_path):
     r = run_mock(tmp_path / "no-such-libcuda.so", tmp_path, "onnxfuse.elementwise 1\ninput x: float32\noutput x\n", [])
     assert not r["created"] and "cannot load the CUDA driver" in r["error"]
+
+
+@needs_nvrtc
+def test_inputs_only_broadcast_do_not_force_the_broadcast_kernel(mock_driver, tmp_path):
+    text = "onnxfuse.elementwise 1\ninput x: float32\ninput z: float32\ny: float32 = Relu(x)\noutput y\n"
+    r = run_mock(mock_driver, tmp_path, text, [([(4, 2, 3), (4, 1, 1)], [0x10000, 0x20000], [0x30000])])
+    assert r["launches"][0]["kernel"] == "ofx_fast_vec_32", r

@@ -94,6 +94,10 @@ CpuEvaluator::CpuEvaluator(const Program& prog) : prog_(prog) {
     off += (compute_size(v.dtype) * kBlock + 63) / 64 * 64;
   }
   scratch_bytes_ = off;
+  used_.assign(prog.values.size(), false);
+  for (const auto& ins : prog.instrs)
+    for (int a : ins.args) used_[a] = true;
+  for (int o : prog.outputs) used_[o] = true;
 }
 
 void CpuEvaluator::run_block(const void* const* in, void* const* out, const BroadcastLayout& L, int64_t start,
@@ -111,6 +115,7 @@ void CpuEvaluator::run_block(const void* const* in, void* const* out, const Broa
   for (size_t vi = 0; vi < prog_.values.size(); ++vi) {
     const Value& v = prog_.values[vi];
     int id = static_cast<int>(vi);
+    if (!used_[vi]) continue;
     if (v.kind == Value::kInput) {
       size_t i = static_cast<size_t>(v.input_index);
       const void* src = in[i];

@@ -24,6 +24,7 @@ class CpuEvaluator {
   const Program& prog_;
   std::vector<size_t> offset_;  // byte offset of each value's block buffer in the scratch area
   size_t scratch_bytes_ = 0;
+  std::vector<bool> used_;      // per value: read by an op or an output
 };
 
 }  // namespace onnxfuse

@@ -116,6 +116,7 @@ CudaSource cuda_source(const Program& prog, int variants) {
   for (const auto& ins : prog.instrs)
     for (int a : ins.args) used[a] = true;
   for (int o : prog.outputs) used[o] = true;
+  for (int k = 0; k < nin; ++k) out.used_inputs.push_back(used[prog.inputs[k]]);
 
   size_t min_es = 8;
   for (int k = 0; k < nin; ++k)

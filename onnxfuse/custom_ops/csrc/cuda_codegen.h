@@ -4,6 +4,7 @@
 #define ONNXFUSE_CUDA_CODEGEN_H_
 
 #include <string>
+#include <vector>
 
 #include "program.h"
 
@@ -24,6 +25,7 @@ struct CudaSource {
   std::string code;
   int vec = 4;   // elements per thread of the vectorized kernel
   int nin = 0, nout = 0;
+  std::vector<bool> used_inputs;  // inputs the program reads (others only take part in broadcasting)
 };
 
 // Kernel names: ofx_fast_vec_{32,64}, ofx_fast_scalar_{32,64}, ofx_bcast_{32,64} (32/64: index width).

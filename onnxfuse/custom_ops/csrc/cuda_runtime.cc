@@ -470,6 +470,7 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
   k->nout_ = nout;
   k->vec_ = src.vec;
   k->device_ = device;
+  k->used_ = src.used_inputs;
   return k;
 }
 
@@ -487,15 +488,20 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
   std::memcpy(p, out, 8 * nout_);
   p += 8 * nout_;
   long long n = L.n, mask = 0;
-  for (int k = 0; k < nin_; ++k)
+  bool all_fast = true;  // inputs the program reads all have the output's shape or one element
+  for (int k = 0; k < nin_; ++k) {
+    if (!used_[k]) continue;
     if (L.kind[k] == BroadcastLayout::kScalar) mask |= 1ll << k;
+    all_fast = all_fast && L.kind[k] != BroadcastLayout::kGeneral;
+  }
   std::memcpy(p, &n, 8);
   std::memcpy(p + 8, &mask, 8);
   int variant;
-  if (L.all_fast()) {
+  if (all_fast) {
     bool aligned = true;
     for (int k = 0; k < nin_; ++k)
-      if (L.kind[k] == BroadcastLayout::kFull) aligned = aligned && reinterpret_cast<uintptr_t>(in[k]) % 16 == 0;
+      if (used_[k] && L.kind[k] == BroadcastLayout::kFull)
+        aligned = aligned && reinterpret_cast<uintptr_t>(in[k]) % 16 == 0;
     for (int j = 0; j < nout_; ++j) aligned = aligned && reinterpret_cast<uintptr_t>(out[j]) % 16 == 0;
     variant = aligned ? 0 : 1;
   } else {

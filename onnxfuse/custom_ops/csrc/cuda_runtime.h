@@ -27,6 +27,7 @@ class CudaKernel {
   std::shared_ptr<CudaModule> module_;
   int nin_ = 0, nout_ = 0, vec_ = 4;
   int device_ = 0;
+  std::vector<bool> used_;  // per input: read by the program
 };
 
 // Compiles CUDA source to PTX (arch like "compute_90") or CUBIN ("sm_90") with NVRTC; for tests.
