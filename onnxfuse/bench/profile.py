@@ -7,17 +7,18 @@ warm-up runs are left out of the averages.
 
 from __future__ import annotations
 
+import functools
+
 import os
 import tempfile
 from dataclasses import dataclass
 
 import onnx
 
-from onnxfuse.bench.runner import BenchConfig, Progress, Timer, first_line
+from onnxfuse.bench.runner import BenchConfig, Progress, Timer
 from onnxfuse.bench.trace import TraceSummary, load_trace, summarize_trace
-from onnxfuse.errors import RuntimeFailure
 from onnxfuse.validate.inputs import Inputs
-from onnxfuse.validate.session import resolve_provider, uses_custom_ops
+from onnxfuse.validate.session import make_session
 
 
 @dataclass
@@ -31,36 +32,13 @@ class ProfileResult:
 
 
 def _profiling_session_factory(prefix: str):
-    """Like :func:`onnxfuse.validate.session.make_session`, with ONNX Runtime's profiler switched on."""
+    """:func:`onnxfuse.validate.session.make_session` with ONNX Runtime's profiler switched on."""
 
-    def factory(model, provider, optimization, name, provider_options=None):
-        import onnxruntime as ort
-
-        kind = resolve_provider(provider)
-        if uses_custom_ops(model):
-            from onnxfuse.custom_ops import session_options
-
-            opts = session_options()
-        else:
-            opts = ort.SessionOptions()
-        opts.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[optimization]
-        opts.log_severity_level = 3
+    def configure(opts) -> None:
         opts.enable_profiling = True
         opts.profile_file_prefix = prefix
-        providers: list = ["CPUExecutionProvider"]
-        if kind == "cuda":
-            providers = [("CUDAExecutionProvider", provider_options or {}), "CPUExecutionProvider"]
-        try:
-            return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
-        except Exception as exc:
-            raise RuntimeFailure(f"{name}: ONNX Runtime cannot load the model: {first_line(exc)}") from None
 
-    return factory
+    return functools.partial(make_session, configure=configure)
 
 
 def profile(model: onnx.ModelProto, inputs: Inputs, config: BenchConfig | None = None, name: str = "model",

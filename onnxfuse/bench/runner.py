@@ -184,8 +184,9 @@ class Timer:
             if config.cuda_graph:
                 options["enable_cuda_graph"] = "1"
         factory = session_factory or make_session
+        # TF32 stays as ONNX Runtime sets it by default (on): the baseline users actually get.
         self.session = factory(model, provider=config.device, optimization=config.optimization, name=name,
-                               provider_options=options if config.device == "cuda" else None)
+                               provider_options=options if config.device == "cuda" else None, tf32=True)
         self.providers = list(self.session.get_providers())
         if config.device == "cuda" and "CUDAExecutionProvider" not in self.providers:
             raise NoGPU()

@@ -76,11 +76,14 @@ def make_session(
     optimization: str = "disable",
     name: str = "model",
     provider_options: dict | None = None,
+    tf32: bool = False,
+    configure=None,
 ):
     """An ``InferenceSession`` for ``model`` on ``provider`` ('auto', 'cpu' or 'cuda').
 
     ``optimization`` is ONNX Runtime's graph optimization level: 'disable', 'basic', 'extended' or
     'all'. Validation uses 'disable' so what is compared is onnxfuse's rewrites, not ONNX Runtime's.
+    TF32 math is off unless ``tf32`` (timing turns it on: ONNX Runtime's default, the fair baseline).
     Raises :class:`RuntimeFailure` with one line when ONNX Runtime refuses the model.
     """
     ort = _ort()
@@ -103,9 +106,18 @@ def make_session(
     opts.graph_optimization_level = levels[optimization]
     # Errors are reported by onnxfuse itself, in one line; ONNX Runtime's own log would repeat them.
     opts.log_severity_level = _QUIET
+    if configure is not None:
+        configure(opts)  # e.g. the profiler switches on enable_profiling
+    if configure is not None:
+        configure(opts)  # e.g. the profiler switches on enable_profiling
     providers: list = ["CPUExecutionProvider"]
     if kind == "cuda":
-        providers = [("CUDAExecutionProvider", provider_options or {}), "CPUExecutionProvider"]
+        cuda_options = dict(provider_options or {})
+        if not tf32:
+            # TF32 convolutions and matmuls (ONNX Runtime's default on Ampere and newer) err by ~1e-3
+            # relative: comparing two models under it would measure TF32 noise, not the rewrites.
+            cuda_options.setdefault("use_tf32", "0")
+        providers = [("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
     try:
         data = model.SerializeToString()
     except ValueError:
