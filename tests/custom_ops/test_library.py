@@ -66,6 +66,12 @@ def reference_model(text: str, shapes) -> onnx.ModelProto:
 def random_input(rng: np.random.Generator, dtype: str, shape, kind: str = "any") -> np.ndarray:
     """Test data for one input; ``kind``: any, positive, nonzero, small."""
     shape = tuple(shape)
+    # Always an ndarray: for shape () numpy 2 returns numpy *scalars* from arithmetic on 0-d arrays
+    # (``rng.standard_normal(()) * 2.0`` is an np.float64), and InferenceSession.run rejects those.
+    return np.asarray(_random_values(rng, dtype, shape, kind))
+
+
+def _random_values(rng: np.random.Generator, dtype: str, shape, kind: str):
     if dtype == "bool":
         return rng.random(shape) < 0.5
     if dtype in ("int32", "int64"):
@@ -79,7 +85,7 @@ def random_input(rng: np.random.Generator, dtype: str, shape, kind: str = "any")
     elif kind == "small":
         a = rng.uniform(-2.0, 2.0, size=shape)
     else:
-        a = rng.standard_normal(shape) * 2.0
+        a = np.asarray(rng.standard_normal(shape) * 2.0)
         if kind == "nonzero":
             a[np.abs(a) < 0.05] = 0.5
     a = a.astype(np.float32)

@@ -222,7 +222,7 @@ _CHILD = textwrap.dedent("""
     sess = ort.InferenceSession(h.fused_model(text, [(1000,), ()]).SerializeToString(), so,
                                 providers=["CUDAExecutionProvider"])
     t1 = time.perf_counter()
-    x = np.ones(1000, np.float32); s = np.float32(2.0).reshape(())
+    x = np.ones(1000, np.float32); s = np.asarray(2.0, dtype=np.float32)  # 0-d ndarray, not a scalar
     sess.run(None, {{"x": x, "s": s}})
     print(json.dumps(dict(codegen.kernel_stats(), session_s=t1 - t0)))
 """)
