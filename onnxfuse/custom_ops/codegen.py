@@ -11,7 +11,14 @@ through ctypes too, so a machine without a GPU can still check that every genera
 Kernel variants (bit flags, :data:`VARIANT_ALL` is what the library compiles at run time):
 :data:`VARIANT_FAST_VEC` (every input has the output's shape or one element; 128-bit loads and
 stores, scalar tail), :data:`VARIANT_FAST_SCALAR` (same, any alignment), :data:`VARIANT_BROADCAST`
-(per-input strides). Each comes with a 32-bit and a 64-bit index kernel.
+(per-input strides), :data:`VARIANT_BROADCAST_VEC` (per-input strides, innermost dim a multiple of the
+vector width, inputs contiguous or broadcast along it: 128-bit loads and stores). Each comes with a
+32-bit and a 64-bit index kernel.
+
+Ops whose declared dtype is float16/bfloat16 (Exp, Sigmoid, Tanh, Reciprocal, Div, Softsign,
+Gelu[approximate=tanh]) are generated with fast hardware approximations (``ofx_fast_*`` in the
+source; error bounds stated there, all far below half precision's rounding); float32 ops keep the
+accurate functions of ``csrc/ops.h``.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from functools import lru_cache
 from . import library_path, nvrtc_library_path
 
 __all__ = [
-    "VARIANT_FAST_VEC", "VARIANT_FAST_SCALAR", "VARIANT_BROADCAST", "VARIANT_ALL", "KERNEL_NAMES",
+    "VARIANT_FAST_VEC", "VARIANT_FAST_SCALAR", "VARIANT_BROADCAST", "VARIANT_BROADCAST_VEC", "VARIANT_ALL",
+    "KERNEL_NAMES",
     "NvrtcError", "NvrtcNotFoundError", "check_program", "cuda_source", "compile_ptx",
     "nvrtc_version", "kernel_stats",
 ]
@@ -32,11 +40,13 @@ __all__ = [
 VARIANT_FAST_VEC = 1
 VARIANT_FAST_SCALAR = 2
 VARIANT_BROADCAST = 4
-VARIANT_ALL = 7
+VARIANT_BROADCAST_VEC = 8
+VARIANT_ALL = 15
 KERNEL_NAMES = {
     VARIANT_FAST_VEC: ("ofx_fast_vec_32", "ofx_fast_vec_64"),
     VARIANT_FAST_SCALAR: ("ofx_fast_scalar_32", "ofx_fast_scalar_64"),
     VARIANT_BROADCAST: ("ofx_bcast_32", "ofx_bcast_64"),
+    VARIANT_BROADCAST_VEC: ("ofx_bcast_vec_32", "ofx_bcast_vec_64"),
 }
 
 

@@ -100,7 +100,103 @@ __device__ __forceinline__ void ofx_stv(T* s, const T (&d)[V]) {
     *reinterpret_cast<typename OfxVecT<B>::T*>(s) = x.u;
   }
 }
+
+// Two floats -> two float16 (lo in bits 0-15) / bfloat16, round to nearest even: one instruction
+// for the pair on sm_80+ (cvt.rn.{f16,bf16}x2.f32), identical to ofx_f2h / ofx_f2bf except NaN
+// payloads (any NaN stays a NaN).
+__device__ __forceinline__ unsigned int ofx_f2h2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned int u;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+  return u;
+#else
+  return (unsigned int)ofx_f2h(lo) | ((unsigned int)ofx_f2h(hi) << 16);
+#endif
+}
+__device__ __forceinline__ unsigned int ofx_f2bf2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned int u;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+  return u;
+#else
+  return (unsigned int)ofx_f2bf(lo) | ((unsigned int)ofx_f2bf(hi) << 16);
+#endif
+}
+
+// ---- Fast maths for ops whose declared dtype is float16 / bfloat16 -------------------------------
+// Their results are rounded to half precision (unit roundoff 2^-11 for float16, 2^-8 for bfloat16)
+// anyway; every function here has a relative error at most 2^-16 (bfloat16 tanh: 2^-10.987) wherever
+// the result is a normal float, i.e. 32x (8x) below that rounding. Bounds are the documented ones:
+// CUDA C++ Programming Guide, "Intrinsic Functions" (ulp = 2^-23 relative at worst) and the PTX ISA.
+// float32 ops keep the accurate ops.h functions. The CPU kernel is unchanged (ops.h).
+
+// IEEE a/b, or __fdividef where its bound holds: max 2 ulp for 2^-126 <= |b| <= 2^126. Outside it
+// (b zero, subnormal, > 2^126, inf, NaN) __fdividef returns 0 or NaN, so those take a / b.
+__device__ __forceinline__ float ofx_fast_div(float a, float b) {
+  const float ab = fabsf(b);
+  return (ab >= 0x1p-126f && ab <= 0x1p126f) ? __fdividef(a, b) : a / b;
+}
+__device__ __forceinline__ float ofx_fast_reciprocal(float x) { return ofx_fast_div(1.0f, x); }
+// __expf (ex2.approx.ftz of x*log2(e)): max 2 + floor(|1.173 x|) ulp. Finite non-zero float results
+// need |x| < 88.8, so at most 106 ulp = 2^-16.3 (float16's range, |x| < 17.4: 22 ulp = 2^-18.5).
+// Results below 2^-126 flush to 0 (absolute error < 2^-126; zero in float16 anyway).
+__device__ __forceinline__ float ofx_fast_exp(float x) { return __expf(x); }
+// 1 / (1 + e^-x). The denominator is >= 1, so __fdividef is within its bound (2 ulp) up to 2^126 and
+// gives 0 beyond (also for e^-x = inf, x -> -inf): true result < 2^-126. Error: e^-x's
+// (2 + floor(|1.173 x|) ulp, weighted by e/(1+e) <= 1) + 2.5 ulp, so <= 2^-16 while the result is
+// >= 2^-126 (|x| <= 87.4). x = +inf -> 1, NaN -> NaN.
+__device__ __forceinline__ float ofx_fast_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+// tanh without tanh.approx (whose documented bound, 2^-10.987, is float16's own rounding error):
+// |x| >= 1/4: 1 - 2/(e^{2|x|} + 1): e^{2|x|} within 23 ulp for 2|x| <= 18 (beyond, the result
+// rounds to 1 whatever the error), the quotient q <= 0.76 within 2^-18.3, so 1 - q >= tanh(1/4) =
+// 0.245 within 0.76 * 2^-18.3 / 0.245 = 2^-16.7 relative. |x| < 1/4: odd Taylor polynomial to x^7,
+// truncation error 62/2835 x^9 (relative 2^-21.5). Sign by copysign (tanh(-0) = -0, NaN -> NaN).
+__device__ __forceinline__ float ofx_fast_tanh(float x) {
+  const float a = fabsf(x);
+  const float q = __fdividef(2.0f, 1.0f + __expf(2.0f * a));
+  const float a2 = a * a;
+  const float p = fmaf(a * a2, fmaf(a2, fmaf(a2, -0.053968254f, 0.13333334f), -0.33333334f), a);
+  return copysignf(a < 0.25f ? p : 1.0f - q, x);
+}
+// bfloat16 tanh: tanh.approx.f32 (sm_75+, one MUFU op), max relative error 2^-10.987 (PTX ISA),
+// 1/8 of bfloat16's unit roundoff 2^-8. Not used for float16 (see ofx_fast_tanh), nor inside
+// Gelu (1 + tanh(u) cancels for u << 0).
+__device__ __forceinline__ float ofx_fast_tanh_bf16(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750 && !defined(OFX_NO_TANH_APPROX)
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return ofx_fast_tanh(x);
+#endif
+}
+// x / (1 + |x|): ofx_fast_div (2 ulp).
+__device__ __forceinline__ float ofx_fast_softsign(float x) { return ofx_fast_div(x, 1.0f + fabsf(x)); }
+// Gelu, tanh approximation: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3):
+// ofx_fast_sigmoid's bound (no cancellation for u << 0, unlike 1 + tanh(u)) + 0.5 ulp.
+__device__ __forceinline__ float ofx_fast_gelu_tanh(float x) {
+  const float u = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
+  return x * ofx_fast_sigmoid(2.0f * u);
+}
 )CUDA";
+
+// Fast-maths function for an op whose declared dtype is float16/bfloat16 (nullptr: use ops.h).
+const char* fast_cfunc(const Instr& ins, DType result) {
+  if (result != DType::F16 && result != DType::BF16) return nullptr;
+  switch (ins.op) {
+    case Op::Exp: return "ofx_fast_exp";
+    case Op::Sigmoid: return "ofx_fast_sigmoid";
+    case Op::Tanh: return result == DType::BF16 ? "ofx_fast_tanh_bf16" : "ofx_fast_tanh";
+    case Op::Reciprocal: return "ofx_fast_reciprocal";
+    case Op::Div: return "ofx_fast_div";
+    case Op::Softsign: return "ofx_fast_softsign";
+    case Op::Gelu: return ins.approximate_tanh ? "ofx_fast_gelu_tanh" : nullptr;
+    default: return nullptr;
+  }
+  // Not here, on purpose: Log (__logf's bound is absolute near 1: 2^-21.4, about one float16 ulp
+  // of a result near 2^-11), Pow/Sin/Cos (argument-dependent error), Elu/Celu/Selu/Softplus/Mish
+  // (expm1/log1p cancellation), Erf, Sqrt (already cheap).
+}
 
 }  // namespace
 
@@ -168,7 +264,12 @@ CudaSource cuda_source(const Program& prog, int variants) {
     DType t0 = prog.values[ins.args[0]].dtype;
     std::string a0 = vname(ins.args[0]);
     std::string expr;
-    switch (ins.op) {
+    const char* fast = fast_cfunc(ins, rv.dtype);
+    if (fast) {
+      expr = std::string(fast) + "(";
+      for (size_t k = 0; k < ins.args.size(); ++k) expr += (k ? ", " : "") + vname(ins.args[k]);
+      expr += ")";
+    } else switch (ins.op) {
       case Op::LeakyRelu: case Op::Elu: case Op::Celu:
         expr = std::string(info.cfunc) + "(" + a0 + ", " + flit(ins.a) + ")";
         break;
@@ -259,54 +360,92 @@ CudaSource cuda_source(const Program& prog, int variants) {
          "  if (i >= (IDX)p.n) return;\n  {\n"
       << scalar_body(fast_off) << "  }\n}\n\n";
   }
-  if (variants & kVariantFastVec) {
-    s << "template <typename IDX>\n__device__ __forceinline__ void ofx_fast_vec(const OfxParams& p) {\n"
-         "  const IDX nvec = (IDX)(p.n / OFX_V);\n"
-         "  const IDX t = (IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x;\n"
-         "  if (t < nvec) {\n    const IDX base = t * (IDX)OFX_V;\n";
+  // V elements of every read input into a<k>[OFX_V]: input k's element offset is vec_off(k) (a
+  // multiple of V: 128-bit loads), or scalar_off(k) when scalar_mask bit k is set (one load, V copies).
+  auto vec_loads = [&](auto scalar_off, auto vec_off) {
+    std::string b;
     for (int k = 0; k < nin; ++k) {
       int v = prog.inputs[k];
       if (!used[v]) continue;
       DType t = prog.values[v].dtype;
       std::string ks = std::to_string(k);
-      s << "    " << ctype(t) << " a" << ks << "[OFX_V];\n"
-        << "    if ((p.scalar_mask >> " << ks << ") & 1) {\n"
-        << "      const " << ctype(t) << " sv = " << load_conv(t, in_ptr(k) + "[0]") << ";\n"
-        << "#pragma unroll\n      for (int k = 0; k < OFX_V; ++k) a" << ks << "[k] = sv;\n"
-        << "    } else {\n      " << stype(t) << " r[OFX_V];\n"
-        << "      ofx_ldv<" << stype(t) << ", OFX_V>(r, " << in_ptr(k) << " + base);\n"
-        << "#pragma unroll\n      for (int k = 0; k < OFX_V; ++k) a" << ks << "[k] = " << load_conv(t, "r[k]") << ";\n"
-        << "    }\n";
+      b += std::string("    ") + ctype(t) + " a" + ks + "[OFX_V];\n" +
+           "    if ((p.scalar_mask >> " + ks + ") & 1) {\n" +
+           "      const " + ctype(t) + " sv = " + load_conv(t, in_ptr(k) + "[" + scalar_off(k) + "]") + ";\n" +
+           "#pragma unroll\n      for (int k = 0; k < OFX_V; ++k) a" + ks + "[k] = sv;\n" +
+           "    } else {\n      " + stype(t) + " r[OFX_V];\n" +
+           "      ofx_ldv<" + stype(t) + ", OFX_V>(r, " + in_ptr(k) + " + " + vec_off(k) + ");\n" +
+           "#pragma unroll\n      for (int k = 0; k < OFX_V; ++k) a" + ks + "[k] = " + load_conv(t, "r[k]") + ";\n" +
+           "    }\n";
     }
-    s << decl_outs("[OFX_V]");
-    s << "#pragma unroll\n    for (int k = 0; k < OFX_V; ++k) " << eval_call("[k]") << "\n";
+    return b;
+  };
+  // Evaluate V elements and store them at element index `base` of every output (128-bit stores;
+  // float16/bfloat16 converted in pairs).
+  auto vec_eval_store = [&]() {
+    std::string b = decl_outs("[OFX_V]");
+    b += "#pragma unroll\n    for (int k = 0; k < OFX_V; ++k) " + eval_call("[k]") + "\n";
     for (int j = 0; j < nout; ++j) {
       DType t = prog.values[prog.outputs[j]].dtype;
       std::string js = std::to_string(j);
-      s << "    {\n      " << stype(t) << " w[OFX_V];\n"
-        << "#pragma unroll\n      for (int k = 0; k < OFX_V; ++k) w[k] = " << store_conv(t, "o" + js + "[k]") << ";\n"
-        << "      ofx_stv<" << stype(t) << ", OFX_V>(" << out_ptr(j) << " + base, w);\n    }\n";
+      if ((t == DType::F16 || t == DType::BF16) && V % 2 == 0) {
+        b += "    {\n      unsigned int w[OFX_V / 2];\n"
+             "#pragma unroll\n      for (int k = 0; k < OFX_V / 2; ++k) w[k] = " +
+             std::string(t == DType::F16 ? "ofx_f2h2" : "ofx_f2bf2") + "(o" + js + "[2 * k], o" + js +
+             "[2 * k + 1]);\n      ofx_stv<unsigned int, OFX_V / 2>((unsigned int*)(" + out_ptr(j) +
+             " + base), w);\n    }\n";
+      } else {
+        b += std::string("    {\n      ") + stype(t) + " w[OFX_V];\n" +
+             "#pragma unroll\n      for (int k = 0; k < OFX_V; ++k) w[k] = " + store_conv(t, "o" + js + "[k]") + ";\n" +
+             "      ofx_stv<" + stype(t) + ", OFX_V>(" + out_ptr(j) + " + base, w);\n    }\n";
+      }
     }
+    return b;
+  };
+  auto broadcast_offsets = [&](const std::string& index) {  // off<k> of element `index`
+    std::string b;
+    for (int k = 0; k < nin; ++k)
+      if (used[prog.inputs[k]]) b += "  IDX off" + std::to_string(k) + " = 0;\n";
+    b += "  IDX rem = " + index + ";\n#pragma unroll\n  for (int j = 0; j < " + std::to_string(kMaxDims) +
+         "; ++j) {\n    const int d = p.ndim - 1 - j;\n    if (d < 0) break;\n"
+         "    const IDX dim = (IDX)p.dims[d];\n    const IDX c = rem % dim;\n    rem = rem / dim;\n";
+    for (int k = 0; k < nin; ++k)
+      if (used[prog.inputs[k]])
+        b += "    off" + std::to_string(k) + " += c * (IDX)p.strides[" + std::to_string(k) + "][d];\n";
+    return b + "  }\n";
+  };
+  auto off_name = [](int k) { return "off" + std::to_string(k); };
+
+  if (variants & kVariantFastVec) {
+    s << "template <typename IDX>\n__device__ __forceinline__ void ofx_fast_vec(const OfxParams& p) {\n"
+         "  const IDX nvec = (IDX)(p.n / OFX_V);\n"
+         "  const IDX t = (IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x;\n"
+         "  if (t < nvec) {\n    const IDX base = t * (IDX)OFX_V;\n";
+    s << vec_loads([](int) { return std::string("0"); }, [](int) { return std::string("base"); });
+    s << vec_eval_store();
     s << "  } else {\n    const IDX i = nvec * (IDX)OFX_V + (t - nvec);\n    if (i >= (IDX)p.n) return;\n"
       << scalar_body(fast_off) << "  }\n}\n\n";
+  }
+  if (variants & kVariantBroadcastVec) {
+    // Launched only when the innermost dim is a multiple of V (so the V elements of a thread share
+    // their outer coordinates and n % V == 0), every read input with a bit clear in scalar_mask has
+    // stride 1 along it and all its strides multiples of V, and the pointers loaded or stored with
+    // 128-bit accesses are 16-byte aligned.
+    s << "template <typename IDX>\n__device__ __forceinline__ void ofx_bcast_vec(const OfxParams& p) {\n"
+         "  const IDX base = ((IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x) * (IDX)OFX_V;\n"
+         "  if (base >= (IDX)p.n) return;\n"
+      << broadcast_offsets("base") << "  {\n"
+      << vec_loads(off_name, off_name) << vec_eval_store() << "  }\n}\n\n";
   }
   if (variants & kVariantBroadcast) {
     s << "template <typename IDX>\n__device__ __forceinline__ void ofx_bcast(const OfxParams& p) {\n"
          "  const IDX i = (IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x;\n"
-         "  if (i >= (IDX)p.n) return;\n";
-    std::string offs;
-    for (int k = 0; k < nin; ++k)
-      if (used[prog.inputs[k]]) s << "  IDX off" << k << " = 0;\n";
-    s << "  IDX rem = i;\n#pragma unroll\n  for (int j = 0; j < " << kMaxDims << "; ++j) {\n"
-      << "    const int d = p.ndim - 1 - j;\n    if (d < 0) break;\n"
-      << "    const IDX dim = (IDX)p.dims[d];\n    const IDX c = rem % dim;\n    rem = rem / dim;\n";
-    for (int k = 0; k < nin; ++k)
-      if (used[prog.inputs[k]]) s << "    off" << k << " += c * (IDX)p.strides[" << k << "][d];\n";
-    s << "  }\n  {\n" << scalar_body([](int k) { return "off" + std::to_string(k); }) << "  }\n}\n\n";
+         "  if (i >= (IDX)p.n) return;\n"
+      << broadcast_offsets("i") << "  {\n" << scalar_body(off_name) << "  }\n}\n\n";
   }
-  const char* names[3] = {"ofx_fast_vec", "ofx_fast_scalar", "ofx_bcast"};
-  const int flags[3] = {kVariantFastVec, kVariantFastScalar, kVariantBroadcast};
-  for (int v = 0; v < 3; ++v) {
+  const char* names[4] = {"ofx_fast_vec", "ofx_fast_scalar", "ofx_bcast", "ofx_bcast_vec"};
+  const int flags[4] = {kVariantFastVec, kVariantFastScalar, kVariantBroadcast, kVariantBroadcastVec};
+  for (int v = 0; v < 4; ++v) {
     if (!(variants & flags[v])) continue;
     s << "extern \"C\" __global__ void __launch_bounds__(" << kBlockThreads << ") " << names[v]
       << "_32(const OfxParams p) { " << names[v] << "<unsigned int>(p); }\n";

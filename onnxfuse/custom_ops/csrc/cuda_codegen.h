@@ -16,7 +16,10 @@ enum CudaVariant : int {
                            // per thread with 128-bit loads/stores (pointers 16-byte aligned), scalar tail
   kVariantFastScalar = 2,  // same inputs, one element per thread (any alignment)
   kVariantBroadcast = 4,   // general broadcasting through per-input strides (up to kMaxDims dims)
-  kVariantAll = 7,
+  kVariantBroadcastVec = 8,  // broadcasting where the innermost (merged) dim is a multiple of V and
+                             // every read input has stride 1 (128-bit loads) or 0 (one scalar load)
+                             // along it: V consecutive elements per thread, 128-bit stores
+  kVariantAll = 15,
 };
 constexpr int kMaxDims = 8;
 constexpr int kBlockThreads = 256;
@@ -28,12 +31,19 @@ struct CudaSource {
   std::vector<bool> used_inputs;  // inputs the program reads (others only take part in broadcasting)
 };
 
-// Kernel names: ofx_fast_vec_{32,64}, ofx_fast_scalar_{32,64}, ofx_bcast_{32,64} (32/64: index width).
+// Kernel names: ofx_fast_vec_{32,64}, ofx_fast_scalar_{32,64}, ofx_bcast_{32,64}, ofx_bcast_vec_{32,64}
+// (32/64: index width).
+//
+// Maths: ops whose declared dtype is float16/bfloat16 (Exp, Sigmoid, Tanh, Reciprocal, Div, Softsign,
+// Gelu[approximate=tanh]) call the ofx_fast_* functions of the prelude (hardware approximations, errors
+// stated there, all far below half precision's rounding); float32 ops call the ops.h functions.
 CudaSource cuda_source(const Program& prog, int variants);
 
 // Byte size of the kernel-parameter struct for nin inputs and nout outputs; its layout is
 //   const void* in[nin]; void* out[nout]; long long n; long long scalar_mask; int ndim; int pad;
 //   long long dims[8]; long long strides[nin][8];
+// scalar_mask bit k: fast kernels - input k is a single element; ofx_bcast_vec - input k has stride 0
+// along the innermost dim (one scalar load per thread); ofx_bcast ignores it.
 inline size_t cuda_params_size(int nin, int nout) { return 8 * (nin + nout) + 24 + 8 * kMaxDims + 8 * kMaxDims * nin; }
 
 }  // namespace onnxfuse

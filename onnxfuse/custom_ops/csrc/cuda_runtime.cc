@@ -21,6 +21,11 @@ namespace {
 
 constexpr int kCacheVersion = 1;
 
+// Kernels of a module, by the index launch() picks (names without the _32/_64 suffix).
+constexpr int kNumKernels = 4;
+constexpr int kFastVec = 0, kFastScalar = 1, kBcast = 2, kBcastVec = 3;
+const char* const kKernelNames[kNumKernels] = {"ofx_fast_vec", "ofx_fast_scalar", "ofx_bcast", "ofx_bcast_vec"};
+
 // ------------------------------------------------------------------ driver API declarations
 typedef int CUresult;
 typedef int CUdevice;
@@ -329,7 +334,7 @@ bool nvrtc_compile(const std::string& source, const std::string& arch, std::stri
 struct CudaModule {
   CUmodule module = nullptr;
   CUcontext ctx = nullptr;
-  CUfunction fn[3][2] = {{nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}};  // [variant][64-bit]
+  CUfunction fn[kNumKernels][2] = {};  // [kernel (kKernelNames)][64-bit index]
 };
 
 namespace {
@@ -448,10 +453,10 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
       r = d.cuModuleLoadData(&mod->module, bin.data());
     }
     if (r == 0) {
-      const char* names[3] = {"ofx_fast_vec", "ofx_fast_scalar", "ofx_bcast"};
-      for (int v = 0; v < 3 && r == 0; ++v)
+      for (int v = 0; v < kNumKernels && r == 0; ++v)
         for (int w = 0; w < 2 && r == 0; ++w)
-          r = d.cuModuleGetFunction(&mod->fn[v][w], mod->module, (std::string(names[v]) + (w ? "_64" : "_32")).c_str());
+          r = d.cuModuleGetFunction(&mod->fn[v][w], mod->module,
+                                    (std::string(kKernelNames[v]) + (w ? "_64" : "_32")).c_str());
     }
     CUcontext dummy;
     d.cuCtxPopCurrent(&dummy);
@@ -494,18 +499,17 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
     if (L.kind[k] == BroadcastLayout::kScalar) mask |= 1ll << k;
     all_fast = all_fast && L.kind[k] != BroadcastLayout::kGeneral;
   }
-  std::memcpy(p, &n, 8);
-  std::memcpy(p + 8, &mask, 8);
+  auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  bool outs_aligned = true;
+  for (int j = 0; j < nout_; ++j) outs_aligned = outs_aligned && aligned16(out[j]);
   int variant;
   if (all_fast) {
-    bool aligned = true;
+    bool aligned = outs_aligned;
     for (int k = 0; k < nin_; ++k)
-      if (used_[k] && L.kind[k] == BroadcastLayout::kFull)
-        aligned = aligned && reinterpret_cast<uintptr_t>(in[k]) % 16 == 0;
-    for (int j = 0; j < nout_; ++j) aligned = aligned && reinterpret_cast<uintptr_t>(out[j]) % 16 == 0;
-    variant = aligned ? 0 : 1;
+      if (used_[k] && L.kind[k] == BroadcastLayout::kFull) aligned = aligned && aligned16(in[k]);
+    variant = aligned ? kFastVec : kFastScalar;
   } else {
-    variant = 2;
+    variant = kBcast;
     int nd = static_cast<int>(L.dims.size());
     if (nd > kMaxDims) {
       *err = "broadcast needs " + std::to_string(nd) + " dimensions after merging; the CUDA kernel handles " +
@@ -518,9 +522,33 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
     long long* strides = dims + kMaxDims;
     for (int k = 0; k < nin_; ++k)
       for (int i = 0; i < nd; ++i) strides[k * kMaxDims + i] = L.strides[k][i];
+    // Vectorised broadcast (ofx_bcast_vec): the innermost dim is a multiple of V, so a thread's V
+    // consecutive elements share their outer coordinates; each read input has stride 0 along it (one
+    // scalar load: mask bit) or stride 1 with every stride a multiple of V and a 16-byte aligned
+    // pointer (then its offsets are multiples of V: aligned 128-bit loads); outputs 16-byte aligned.
+    bool vec_ok = outs_aligned && L.dims[nd - 1] % vec_ == 0;
+    long long vmask = 0;
+    for (int k = 0; k < nin_ && vec_ok; ++k) {
+      if (!used_[k]) continue;
+      const long long inner = L.strides[k][nd - 1];
+      if (inner == 0) {
+        vmask |= 1ll << k;
+      } else if (inner == 1 && aligned16(in[k])) {
+        for (int i = 0; i < nd; ++i) vec_ok = vec_ok && L.strides[k][i] % vec_ == 0;
+      } else {
+        vec_ok = false;
+      }
+    }
+    if (vec_ok) {
+      variant = kBcastVec;
+      mask = vmask;
+    }
   }
+  std::memcpy(p, &n, 8);
+  std::memcpy(p + 8, &mask, 8);
   long long threads = L.n;
-  if (variant == 0) threads = L.n / vec_ + L.n % vec_;
+  if (variant == kFastVec) threads = L.n / vec_ + L.n % vec_;
+  if (variant == kBcastVec) threads = L.n / vec_;
   const bool wide = L.n > 2147483647ll;
   long long blocks = (threads + kBlockThreads - 1) / kBlockThreads;
   if (blocks > 2147483647ll) {
