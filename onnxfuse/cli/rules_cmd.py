@@ -22,7 +22,8 @@ def rules(as_json: bool) -> None:
       onnxfuse rules
       onnxfuse optimize in.onnx out.onnx --skip fold-scale-bias
     """
-    rows = [{"name": r.name, "targets": sorted(r.targets), "description": r.description} for r in RULES]
+    rows = [{"name": r.name, "targets": sorted(r.targets), "opt_in": r.opt_in, "description": r.description}
+            for r in RULES]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -31,5 +32,6 @@ def rules(as_json: bool) -> None:
     table.add_column("targets")
     table.add_column("what it does")
     for row in rows:
-        table.add_row(row["name"], ", ".join(row["targets"]), row["description"])
+        targets = ", ".join(row["targets"]) + (" (opt-in: --only)" if row["opt_in"] else "")
+        table.add_row(row["name"], targets, row["description"])
     stdout.print(table)

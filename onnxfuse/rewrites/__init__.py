@@ -67,7 +67,7 @@ def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] |
     for n in only_names + skip_names:
         if n not in known:
             raise UsageError(f"unknown rule {n!r}; `onnxfuse rules` lists them: {', '.join(sorted(known))}")
-    chosen = [r for r in pool if target in r.targets]
+    chosen = [r for r in pool if target in r.targets and (not r.opt_in or r.name in only_names)]
     if only_names:
         chosen = [r for r in chosen if r.name in only_names]
     return [r for r in chosen if r.name not in skip_names]
