@@ -128,13 +128,78 @@ output t5
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("variant", [codegen.VARIANT_FAST_VEC, codegen.VARIANT_BROADCAST_VEC])
 @pytest.mark.parametrize("dtype,vec_load", [("float32", "v4.f32"), ("float16", "v4.u32"),
                                             ("bfloat16", "v4.u32")])
-def test_fast_kernel_uses_128_bit_accesses(dtype, vec_load):
-    text = f"onnxfuse.elementwise 1\ninput x: {dtype}\ny: {dtype} = Sigmoid(x)\noutput y\n"
-    ptx = codegen.compile_ptx(codegen.cuda_source(text, codegen.VARIANT_FAST_VEC), arch="compute_90")
+def test_vector_kernels_use_128_bit_accesses(dtype, vec_load, variant):
+    text = (f"onnxfuse.elementwise 1\ninput x: {dtype}\ninput s: {dtype}\nt: {dtype} = Sigmoid(x)\n"
+            f"y: {dtype} = Mul(t, s)\noutput y\n")
+    ptx = codegen.compile_ptx(codegen.cuda_source(text, variant), arch="compute_90")
     assert re.search(r"ld\.global(\.nc)?\." + re.escape(vec_load), ptx), "no 128-bit load"
     assert re.search(r"st\.global\." + re.escape(vec_load), ptx), "no 128-bit store"
+
+
+# Ops generated with fast approximations when their declared dtype is float16/bfloat16.
+FAST_OPS = {"Exp": "ofx_fast_exp", "Sigmoid": "ofx_fast_sigmoid", "Tanh": "ofx_fast_tanh",
+            "Reciprocal": "ofx_fast_reciprocal", "Div": "ofx_fast_div", "Softsign": "ofx_fast_softsign",
+            "Gelu[approximate=tanh]": "ofx_fast_gelu_tanh"}
+
+
+def fast_ops_program(dtype: str) -> str:
+    lines = ["onnxfuse.elementwise 1", f"input a: {dtype}", f"input b: {dtype}"]
+    for k, op in enumerate(FAST_OPS):
+        args = "a, b" if op == "Div" else "a"
+        lines.append(f"r{k}: {dtype} = {op}({args})")
+    lines.append(f"g: {dtype} = Gelu[approximate=none](a)")  # erf: accurate in every dtype
+    lines.append(f"l: {dtype} = Log(a)")                     # accurate in every dtype (see codegen)
+    return "\n".join(lines + [f"output r{k}" for k in range(len(FAST_OPS))] + ["output g", "output l"]) + "\n"
+
+
+@pytest.mark.parametrize("dtype", expr.FLOAT_DTYPES)
+def test_fast_maths_only_for_half_dtypes(dtype):
+    src = codegen.cuda_source(fast_ops_program(dtype))
+    start = src.index("void ofx_eval(")
+    body = src[start:src.index("\n}\n", start)]
+    for op, fn in FAST_OPS.items():
+        if op == "Tanh" and dtype == "bfloat16":
+            fn = "ofx_fast_tanh_bf16"
+        assert (f" = {fn}(" in body) == (dtype != "float32"), (op, dtype)
+    assert " = ofx_gelu(" in body and " = ofx_log(" in body
+    if dtype == "float32":
+        assert "ofx_fast_" not in body
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", expr.FLOAT_DTYPES)
+def test_fast_maths_compiles_to_approximate_instructions(dtype, arch):
+    """Every variant with the fast maths; tanh.approx (MUFU.TANH, sm_75+) for bfloat16 Tanh only,
+    approximate division for half dtypes only (float32 keeps IEEE division)."""
+    ptx = codegen.compile_ptx(codegen.cuda_source(fast_ops_program(dtype)), arch=arch)
+    assert sorted(re.findall(r"\.entry (\w+)\(", ptx)) == sorted(ALL_KERNELS)
+    assert ("tanh.approx.f32" in ptx) == (dtype == "bfloat16")
+    assert ("div.approx" in ptx) == (dtype != "float32")
+    assert "ex2.approx" in ptx  # float32's expf uses it too, after an accurate range reduction
+    if dtype == "float32":
+        assert "div.rn.f32" in ptx or "rcp.rn.f32" in ptx
+
+
+@needs_nvrtc
+def test_tanh_fallback_without_tanh_approx_compiles():
+    """The pre-sm_75 path of bfloat16 Tanh (NVRTC 13 cannot target sm_70; forced by a macro here)."""
+    ptx = codegen.compile_ptx(codegen.cuda_source(fast_ops_program("bfloat16")), arch="compute_90",
+                              options=("-DOFX_NO_TANH_APPROX=1",))
+    assert "tanh.approx" not in ptx and ".entry ofx_fast_vec_32(" in ptx
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("out_dtype,cvt", [("float16", "cvt.rn.f16x2.f32"), ("bfloat16", "cvt.rn.bf16x2.f32")])
+def test_half_outputs_converted_in_pairs(out_dtype, cvt):
+    text = f"onnxfuse.elementwise 1\ninput x: float32\ny: {out_dtype} = Cast[to={out_dtype}](x)\noutput y\n"
+    ptx = codegen.compile_ptx(codegen.cuda_source(text), arch="compute_90")
+    assert cvt in ptx
+    ptx75 = codegen.compile_ptx(codegen.cuda_source(text), arch="compute_75")  # sm_80+ instruction
+    assert cvt not in ptx75
 
 
 @needs_nvrtc
@@ -286,6 +351,12 @@ def test_host_side_with_mock_driver(mock_driver, tmp_path):
         ([(2**31 + 5,), ()], [A, B], [O1, O2]),             # > 2^31-1 elements -> 64-bit index
         ([(0, 3), (3,)], [A, B], [O1, O2]),                 # empty: no launch
         ([(3,), (4,)], [A, B], [O1, O2]),                   # shapes that do not broadcast
+        ([(2, 3, 4, 8), (1, 3, 1, 1)], [A, B], [O1, O2]),   # per-channel, inner 32 % 8 == 0 -> bcast_vec
+        ([(2, 3, 4, 8), (1, 3, 1, 1)], [A + 4, B], [O1, O2]),  # x misaligned -> bcast
+        ([(2, 3, 4, 8), (1, 3, 1, 1)], [A, B + 2], [O1, O2]),  # s (one load per thread) at any address
+        ([(2, 3, 4, 8), (1, 3, 1, 1)], [A, B], [O1, O2 + 8]),  # output misaligned -> bcast
+        ([(2, 2**30 + 8), (2, 1)], [A, B], [O1, O2]),       # > 2^31-1 elements -> bcast_vec_64
+        ([(2, 3, 4, 8), (8,)], [A, B], [O1, O2]),           # s along the inner dim (stride 1) -> bcast_vec
     ]
     first = run_mock(mock_driver, tmp_path, text, launches)
     assert first["created"], first["error"]
@@ -306,6 +377,18 @@ def test_host_side_with_mock_driver(mock_driver, tmp_path):
     assert L[5]["kernel"] == "ofx_fast_vec_64" and unpack_params(L[5]["params"], 2, 2)["n"] == 2**31 + 5
     assert L[6]["ok"] and L[6]["count"] == L[5]["count"]  # nothing launched for 0 elements
     assert not L[7]["ok"] and "does not broadcast" in L[7]["error"]
+    # per-channel: 3 dims [2, 3, 32] after merging; x contiguous along 32, s broadcast along it
+    assert L[3]["kernel"] == "ofx_bcast_32"  # inner dim 20 is not a multiple of 8
+    assert L[8]["ok"] and L[8]["kernel"] == "ofx_bcast_vec_32", L[8]
+    assert L[8]["grid"] == (192 // 8 + 255) // 256
+    p = unpack_params(L[8]["params"], 2, 2)
+    assert p["n"] == 192 and p["dims"] == [2, 3, 32] and p["strides"] == [[96, 32, 1], [0, 1, 0]]
+    assert p["mask"] == 0b10  # s: one scalar load per thread
+    assert L[9]["kernel"] == "ofx_bcast_32" and L[11]["kernel"] == "ofx_bcast_32"
+    assert L[10]["kernel"] == "ofx_bcast_vec_32"
+    assert L[12]["kernel"] == "ofx_bcast_vec_64" and L[12]["grid"] == ((2**31 + 16) // 8 + 255) // 256
+    assert unpack_params(L[12]["params"], 2, 2)["mask"] == 0b10
+    assert L[13]["kernel"] == "ofx_bcast_vec_32" and unpack_params(L[13]["params"], 2, 2)["mask"] == 0
     s1 = first["stats"]
     assert s1["compiles"] == 1 and s1["disk_writes"] == 1 and s1["last_arch"] == "sm_90"
 

@@ -524,7 +524,7 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
       for (int i = 0; i < nd; ++i) strides[k * kMaxDims + i] = L.strides[k][i];
     // Vectorised broadcast (ofx_bcast_vec): the innermost dim is a multiple of V, so a thread's V
     // consecutive elements share their outer coordinates; each read input has stride 0 along it (one
-    // scalar load: mask bit) or stride 1 with every stride a multiple of V and a 16-byte aligned
+    // scalar load: mask bit) or stride 1 with its outer strides multiples of V and a 16-byte aligned
     // pointer (then its offsets are multiples of V: aligned 128-bit loads); outputs 16-byte aligned.
     bool vec_ok = outs_aligned && L.dims[nd - 1] % vec_ == 0;
     long long vmask = 0;
@@ -534,7 +534,7 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
       if (inner == 0) {
         vmask |= 1ll << k;
       } else if (inner == 1 && aligned16(in[k])) {
-        for (int i = 0; i < nd; ++i) vec_ok = vec_ok && L.strides[k][i] % vec_ == 0;
+        for (int i = 0; i + 1 < nd; ++i) vec_ok = vec_ok && L.strides[k][i] % vec_ == 0;
       } else {
         vec_ok = false;
       }
