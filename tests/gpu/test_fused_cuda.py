@@ -115,6 +115,142 @@ def test_broadcast_and_fast_paths(case, dtype):
         H.compare(g, w, dtype, f"{case} {dtype}", scale=4.0)
 
 
+# Vectorised broadcast kernel (ofx_bcast_vec): innermost merged dim a multiple of V (4 for float32,
+# 8 for half types), inputs contiguous (128-bit loads) or broadcast (one load) along it.
+VEC_BROADCASTS = {
+    "per-channel NCHW, W*H % 8 == 0": ((2, 3, 4, 16), (1, 3, 1, 1)),
+    "row vector (s along the inner dim)": ((6, 32), (32,)),
+    "column vector": ((6, 32), (6, 1)),
+    "both broadcast, inner contiguous": ((2, 1, 16), (1, 3, 16)),
+    "x broadcast, s full": ((1, 3, 1, 8), (5, 3, 7, 8)),
+    "inner 20: vec for float32 only": ((2, 3, 4, 5), (1, 3, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(VEC_BROADCASTS))
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_vectorised_broadcast(case, dtype):
+    shape_x, shape_s = VEC_BROADCASTS[case]
+    text = H.SILU_CHAIN.replace("float32", dtype)
+    rng = np.random.default_rng(6)
+    x = H.random_input(rng, dtype, shape_x)
+    s = H.random_input(rng, dtype, shape_s)
+    got = cuda_fused_session(text, [shape_x, shape_s]).run(None, {"x": x, "s": s})
+    want = H.fused_session(text, [shape_x, shape_s]).run(None, {"x": x, "s": s})  # CPU kernel
+    for g, w in zip(got, want):
+        H.compare(g, w, dtype, f"{case} {dtype}", scale=4.0)
+
+
+@pytest.mark.parametrize("offset_elems", [0, 1, 4])
+def test_vectorised_broadcast_misaligned_falls_back(offset_elems):
+    """x and the outputs bound 4 bytes off 16-byte alignment: the scalar broadcast kernel."""
+    shape_x, shape_s = (4, 3, 8, 8), (1, 3, 1, 1)
+    n = int(np.prod(shape_x))
+    text = H.SILU_CHAIN
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(n + 8).astype(np.float32)
+    s = rng.standard_normal(shape_s).astype(np.float32)
+    sess = cuda_fused_session(text, [shape_x, shape_s])
+    xv, sv = _gpu_value(x), _gpu_value(s)
+    outs = [_gpu_value(np.zeros(n + 8, np.float32)) for _ in range(2)]
+    io = sess.io_binding()
+    off = 4 * offset_elems
+    io.bind_input("x", "cuda", 0, np.float32, list(shape_x), xv.data_ptr() + off)
+    io.bind_ortvalue_input("s", sv)
+    for i, o in enumerate(outs):
+        io.bind_output(f"out:{i}", "cuda", 0, np.float32, list(shape_x), o.data_ptr() + off)
+    sess.run_with_iobinding(io)
+    xs = x[offset_elems:offset_elems + n].reshape(shape_x)
+    want = H.fused_session(text, [shape_x, shape_s]).run(None, {"x": xs, "s": s})
+    for o, w in zip(outs, want):
+        got = o.numpy()[offset_elems:offset_elems + n].reshape(shape_x)
+        H.compare(got, w, "float32", f"offset {offset_elems}", scale=4.0)
+
+
+# --------------------------------------------------------- fast maths of float16/bfloat16 ops
+# Ops declared float16/bfloat16 use hardware approximations (codegen.FAST ops; bounds in the
+# generated source, all far below half precision's rounding). Checked on every finite value of
+# the dtype: the result is the correctly rounded exact value or one ulp next to it, or within 2^-120
+# of it in absolute terms (intermediates below 2^-126 flush to zero: bfloat16 has subnormals there).
+
+def _gelu_tanh(x):
+    u = np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-2 * u))  # = 0.5 x (1 + tanh(u)), without cancellation
+
+
+FAST_UNARY = {
+    "Exp": np.exp, "Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Tanh": np.tanh, "Reciprocal": lambda x: 1 / x,
+    "Softsign": lambda x: x / (1 + np.abs(x)), "Gelu[approximate=tanh]": _gelu_tanh,
+}
+
+
+def _ordered(bits16: np.ndarray) -> np.ndarray:
+    b = bits16.astype(np.int64)
+    return np.where(b & 0x8000, -(b & 0x7FFF), b)
+
+
+def _half_bits(a: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "float16":
+        return a.astype(np.float16).view(np.uint16)
+    return (np.ascontiguousarray(a, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)  # bf16 values
+
+
+def _all_values(dtype: str) -> np.ndarray:
+    bits = np.arange(65536, dtype=np.uint32)
+    if dtype == "float16":
+        v = bits.astype(np.uint16).view(np.float16)
+    else:
+        v = (bits << 16).view(np.float32)
+    return v[np.isfinite(v)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fast_maths_within_one_ulp_on_every_value(dtype):
+    ops = list(FAST_UNARY)
+    lines = ["onnxfuse.elementwise 1", f"input x: {dtype}"]
+    lines += [f"y{k}: {dtype} = {op}(x)" for k, op in enumerate(ops)]
+    lines += [f"output y{k}" for k in range(len(ops))]
+    text = "\n".join(lines) + "\n"
+    x = _all_values(dtype)
+    got = cuda_fused_session(text, [x.shape]).run(None, {"x": x})
+    x64 = x.astype(np.float64)
+    report = []
+    for op, g in zip(ops, got):
+        with np.errstate(all="ignore"):
+            exact = FAST_UNARY[op](x64)
+            want = exact.astype(np.float16) if dtype == "float16" else expr.round_to_dtype(
+                exact.astype(np.float32), "bfloat16").astype(np.float32)
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(g), nan), f"{op}: NaN pattern"
+        d = np.abs(_ordered(_half_bits(g[~nan], dtype)) - _ordered(_half_bits(want[~nan], dtype)))
+        with np.errstate(invalid="ignore"):  # inf - inf
+            d[np.abs(g[~nan].astype(np.float64) - want[~nan].astype(np.float64)) < 2.0 ** -120] = 0
+        report.append(f"{op}: max {d.max()} ulp, {np.mean(d > 0):.3%} off by one")
+        assert d.max() <= 1, f"{op} ({dtype}): {d.max()} ulp at x = {x[~nan][d.argmax()]}"
+    print(f"\n{dtype} fast maths vs exact (correctly rounded): " + "; ".join(report))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fast_division_within_one_ulp(dtype):
+    text = f"onnxfuse.elementwise 1\ninput a: {dtype}\ninput b: {dtype}\ny: {dtype} = Div(a, b)\noutput y\n"
+    rng = np.random.default_rng(8)
+    vals = _all_values(dtype)
+    a = rng.choice(vals, 1 << 20)
+    b = rng.choice(vals, 1 << 20)
+    (got,) = cuda_fused_session(text, [a.shape, b.shape]).run(None, {"a": a, "b": b})
+    with np.errstate(all="ignore"):
+        exact = a.astype(np.float64) / b.astype(np.float64)
+        want = exact.astype(np.float16) if dtype == "float16" else expr.round_to_dtype(
+            exact.astype(np.float32), "bfloat16").astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    d = np.abs(_ordered(_half_bits(got[~nan], dtype)) - _ordered(_half_bits(want[~nan], dtype)))
+    with np.errstate(invalid="ignore"):  # inf - inf
+        d[np.abs(got[~nan].astype(np.float64) - want[~nan].astype(np.float64)) < 2.0 ** -120] = 0
+    assert d.max() <= 1, f"Div: {d.max()} ulp at {a[~nan][d.argmax()]} / {b[~nan][d.argmax()]}"
+
+
 ODD_SIZES = [1, 2, 3, 7, 8, 9, 15, 17, 1023, 1025, 4097, 65_537, 1_000_003]
 
 
