@@ -64,11 +64,11 @@ __all__ = [
     "onnx_equivalent_model",
 ]
 
-LANGUAGE_VERSION = 1
+# The op's contract constants are defined once, in the package (which imports nothing heavy).
+from onnxfuse.custom_ops import DOMAIN, LANGUAGE_VERSION, OP_TYPE  # noqa: E402
+from onnxfuse.custom_ops import OPSET_VERSION as DOMAIN_OPSET  # noqa: E402
+
 HEADER = "onnxfuse.elementwise"
-DOMAIN = "ai.onnxfuse"
-OP_TYPE = "FusedElementwise"
-DOMAIN_OPSET = 1
 
 # --------------------------------------------------------------------------------------------------
 # Data types
