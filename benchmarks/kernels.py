@@ -1,13 +1,15 @@
 """Kernel benchmark: FusedElementwise's CUDA kernel vs the unfused ONNX Runtime graph vs a copy.
 
-For float32 and float16 at 1M, 16M and 64M elements:
+For float32 and float16 at 1M, 16M and 64M elements (and bfloat16 at the largest size):
 
 * ``copy``    - a device-to-device copy of the same bytes (torch ``copy_``): the memory-bound floor;
 * ``unfused`` - ``tanh(x*sigmoid(x)*0.5+1)`` as standard ONNX ops on ONNX Runtime's CUDA provider,
   ORT_ENABLE_ALL;
 * ``fused``   - the same computation as one FusedElementwise node (ORT_ENABLE_ALL);
 
-plus a broadcast case (per-channel scale and bias on NCHW: ``x*s+b``, s/b of shape [1,C,1,1]).
+plus a broadcast case (per-channel scale and bias on NCHW: ``x*s+b``, s/b of shape [1,C,1,1]) at 16M
+and 64M elements (at 16M a run can be shorter than ONNX Runtime's per-run host overhead, ~0.09 ms,
+which the CUDA-event timing then measures instead: see the 1M rows; ``--cuda-graph`` removes most of it).
 
 Every ONNX Runtime variant goes through the same harness: IOBinding on GPU-resident buffers (torch
 tensors), ONNX Runtime launching on a torch stream (``user_compute_stream``), warm-up, then
@@ -49,8 +51,11 @@ from onnxfuse.custom_ops import DOMAIN, OPSET_VERSION, make_node, session_option
 
 SIZES = [1 << 20, 16 << 20, 64 << 20]
 DTYPES = ["float32", "float16"]
-ONNX_T = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+ONNX_T = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 NP_T = {"float32": np.float32, "float16": np.float16}
+# IOBinding element types: numpy has no bfloat16, ORT takes the ONNX element type (an int) instead.
+BIND_T = {"float32": np.float32, "float16": np.float16, "bfloat16": TensorProto.BFLOAT16}
+ES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def chain_program(dtype: str) -> str:
@@ -89,9 +94,7 @@ def _model(nodes, inputs, outputs, inits=(), fused=False) -> onnx.ModelProto:
 def chain_models(dtype: str, n: int):
     T = ONNX_T[dtype]
     vi = [helper.make_tensor_value_info("x", T, [n])], [helper.make_tensor_value_info("y", T, [n])]
-    npdt = NP_T[dtype]
-    inits = [onnx.numpy_helper.from_array(np.array(0.5, npdt), "half"),
-             onnx.numpy_helper.from_array(np.array(1.0, npdt), "one")]
+    inits = [helper.make_tensor("half", T, [], [0.5]), helper.make_tensor("one", T, [], [1.0])]
     unfused = _model([helper.make_node("Sigmoid", ["x"], ["t0"]), helper.make_node("Mul", ["x", "t0"], ["t1"]),
                       helper.make_node("Mul", ["t1", "half"], ["t2"]), helper.make_node("Add", ["t2", "one"], ["t3"]),
                       helper.make_node("Tanh", ["t3"], ["y"])], *vi, inits)
@@ -165,10 +168,9 @@ class Harness:
         sess, created = self.session(model, fused)
         io = sess.io_binding()
         for name, t in tensors.items():
-            io.bind_input(name, "cuda", 0, NP_T[dtype], list(t.shape), t.data_ptr())
-        tdt = torch.float32 if dtype == "float32" else torch.float16
-        y = torch.empty(out_shape, dtype=tdt, device="cuda")
-        io.bind_output("y", "cuda", 0, NP_T[dtype], list(out_shape), y.data_ptr())
+            io.bind_input(name, "cuda", 0, BIND_T[dtype], list(t.shape), t.data_ptr())
+        y = torch.empty(out_shape, dtype=getattr(torch, dtype), device="cuda")
+        io.bind_output("y", "cuda", 0, BIND_T[dtype], list(out_shape), y.data_ptr())
         nosync = ort.RunOptions()
         nosync.add_run_config_entry("disable_synchronize_execution_providers", "1")
         for _ in range(self.warmup):
@@ -242,14 +244,20 @@ def main() -> None:
     h = Harness(torch, batch=5 if args.quick else 20, batches=3 if args.quick else 9,
                 host_runs=10 if args.quick else 50, warmup=3 if args.quick else 10, cuda_graph=args.cuda_graph)
     rows = []
-    for dtype in DTYPES:
-        tdt = torch.float32 if dtype == "float32" else torch.float16
-        es = 4 if dtype == "float32" else 2
-        cases = [("tanh(x*sigmoid(x)*0.5+1)", n, chain_models(dtype, n)) for n in args.sizes]
-        nchw = (32, 64, 128, 64)  # 16M elements
-        cases.append(("x*s+b, s,b per channel [1,64,1,1], x [32,64,128,64]", int(np.prod(nchw)),
-                      scale_bias_models(dtype, nchw)))
-        for name, n, (unfused, fused, in_shapes, out_shape) in cases:
+    plan = []  # (dtype, case name, elements, models thunk)
+    for dtype in DTYPES + ["bfloat16"]:
+        sizes = args.sizes if dtype in DTYPES else [max(args.sizes)]  # bfloat16: the largest size only
+        for n in sizes:
+            plan.append((dtype, "tanh(x*sigmoid(x)*0.5+1)", n, lambda d=dtype, n=n: chain_models(d, n)))
+        if dtype in DTYPES:
+            for nchw in [(32, 64, 128, 64), (32, 64, 256, 128)]:  # 16M and 64M elements
+                plan.append((dtype, f"x*s+b, s,b per channel [1,64,1,1], x [{','.join(map(str, nchw))}]",
+                             int(np.prod(nchw)), lambda d=dtype, s=nchw: scale_bias_models(d, s)))
+    for dtype, name, n, models in plan:
+        tdt = getattr(torch, dtype)
+        es = ES[dtype]
+        unfused, fused, in_shapes, out_shape = models()
+        try:
             g = torch.Generator(device="cuda").manual_seed(0)
             tensors = {k: torch.randn(s, generator=g, device="cuda", dtype=tdt) for k, s in in_shapes.items()}
             in_bytes = sum(int(np.prod(s)) * es for s in in_shapes.values())
@@ -273,6 +281,9 @@ def main() -> None:
             print(f"{dtype:8s} {n:>10d} {name[:28]:28s} copy {row['copy_ms']:.4f} ms  unfused {row['unfused_ms']:.4f} ms"
                   f"  fused {row['fused_ms']:.4f} ms  ({row['fused_vs_copy']:.0%} of copy speed)", flush=True)
             del tensors, u, f
+            torch.cuda.empty_cache()
+        except Exception as e:  # e.g. bfloat16 kernels ONNX Runtime's CUDA provider lacks
+            print(f"{dtype:8s} {n:>10d} {name[:28]:28s} FAILED: {str(e).splitlines()[0][:200]}", flush=True)
             torch.cuda.empty_cache()
 
     ct = compile_times()
