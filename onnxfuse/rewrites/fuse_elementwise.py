@@ -43,6 +43,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.contrib_layernorm import decomposed_layernorm_nodes
 from onnxfuse.rewrites._regions import partition
 from onnxfuse.rewrites.base import Rule, is_alive
 
@@ -399,8 +400,12 @@ class _Analysis:
         self.lowered: dict[int, Lowering] = {}
         self.refused: dict[int, str] = {}
         cands = _candidate_ops()
+        left_to_ort = decomposed_layernorm_nodes(graph)
         for i, n in enumerate(self.nodes):
             if n.op not in cands or n.domain not in ("", "ai.onnx", None):
+                continue
+            if id(n) in left_to_ort:
+                self.refused[i] = left_to_ort[id(n)]
                 continue
             try:
                 low = lower_node(n, graph, self.dtype_of)

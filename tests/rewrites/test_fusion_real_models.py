@@ -17,7 +17,8 @@ EXPECTED = {
     "mobilenet_v3_small_w025_opset13": (152, 114, 28),
     "efficientnet_blocks_opset13": (79, 58, 21),
     "yolo_conv_bn_silu_opset13": (134, 108, 22),
-    "convnext_blocks_opset13": (104, 43, 14),
+    # ConvNeXt's decomposed LayerNorms are left to ONNX Runtime's own LayerNormFusion (faster on the GPU).
+    "convnext_blocks_opset13": (104, 71, 6),
 }
 BERT = "bert_tiny_opset14"
 
@@ -56,9 +57,11 @@ def test_node_counts_and_reasons(name):
     # What stays unfused is a lone op that cannot join a region without a cycle (residual Adds
     # across convolutions, ReLUs whose consumer fused with the SE gate instead).
     # YOLO's chunk() also computes int64 slice bounds from Shape: refused as shape computations.
-    assert all(r.reason.startswith(("single op", "shape computation"))
+    # Decomposed LayerNorms (ConvNeXt) are refused on purpose: ONNX Runtime fuses them itself.
+    assert all(r.reason.startswith(("single op", "shape computation", "part of a decomposed LayerNorm",
+                                    "residual Add feeding a LayerNorm"))
                for r in report.refusals if r.rule == RULE), report.refusals
-    assert {n.op_type for n in left} <= {"Add", "Relu", "Mul", "Div"}
+    assert {n.op_type for n in left} <= {"Add", "Relu", "Mul", "Div", "Sub", "Pow", "Sqrt"}
     # Every fused node's outputs carry dtype and shape.
     vis = {v.name: v for v in list(out.graph.value_info) + list(out.graph.output)}
     for n in out.graph.node:
