@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Leave-one-rule-out timing: which rewrite makes a zoo model faster or slower on the GPU.
+
+For one model of ``benchmarks/zoo.py`` (fp32 or fp16), optimize with every rule, then with each rule
+that applied left out, and time all variants against the original in one interleaved run
+(ORT_ENABLE_ALL, IOBinding). A rule whose removal makes the model *faster* is costing time.
+
+Usage (repo root, on the GPU machine)::
+
+    python benchmarks/ablate.py --model bert_base --fp16 --batch 16 --out /tmp/ablate
+
+Never imported by the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import onnx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import zoo  # noqa: E402
+
+from onnxfuse.bench import BenchConfig, time_models  # noqa: E402
+from onnxfuse.optimize import rewrite_model  # noqa: E402
+from onnxfuse.rewrites import select_rules  # noqa: E402
+from onnxfuse.validate.inputs import Inputs  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, choices=sorted(zoo.SPECS))
+    ap.add_argument("--fp16", action="store_true")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--opset", type=int, default=14)
+    ap.add_argument("--time-budget", type=float, default=0.5)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: only to check the script")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = zoo.SPECS[args.model]
+    module = zoo.build_module(spec)
+    if args.fp16:
+        module = zoo.HalfIO(module)
+    path = out / f"{args.model}{'.fp16' if args.fp16 else ''}.onnx"
+    zoo.export(spec, module, path, args.opset, device="cuda" if args.fp16 and args.device == "cuda" else "cpu")
+    original = onnx.load(str(path))
+    rules = select_rules("cuda")
+    full, report = rewrite_model(original, rules)
+    applied = [r for r in rules if report.counts.get(r.name)]
+    variants = [("original", original), ("all rules", full)]
+    for rule in applied:
+        model, _ = rewrite_model(original, [r for r in rules if r is not rule])
+        variants.append((f"without {rule.name}", model))
+    feeds = spec.feeds(args.batch)
+    inputs = Inputs(feeds=feeds)
+    config = BenchConfig(device=args.device, time_budget_s=args.time_budget, warmup=10)
+    results = time_models([(name, m, inputs) for name, m in variants], config, rounds=3)
+    base = results[0].stats.median_ms
+    lines = [f"## {args.model} {'fp16' if args.fp16 else 'fp32'} batch {args.batch}: leave-one-rule-out",
+             "", "| variant | nodes | median ms | speed-up vs original |", "|---|---:|---:|---:|"]
+    rows = []
+    for (name, m), r in zip(variants, results):
+        rows.append({"variant": name, "nodes": len(m.graph.node), "median_ms": r.stats.median_ms})
+        lines.append(f"| {name} | {len(m.graph.node)} | {r.stats.median_ms:.3f} | {base / r.stats.median_ms:.2f}× |")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    (out / f"ablate-{args.model}{'-fp16' if args.fp16 else ''}.md").write_text(text + "\n")
+    (out / f"ablate-{args.model}{'-fp16' if args.fp16 else ''}.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
