@@ -46,3 +46,41 @@ def test_layernorm_parts_stay_standard_and_tail_fuses():
     assert any("LayerNormFusion" in r for r in reasons)
     assert any("SkipLayerNormFusion" in r for r in reasons)
     onnx.checker.check_model(out)
+
+
+SOFTMAX = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[2, 4, 8, 8] s, float[2, 1, 1, 8] mask) => (float[2, 4, 8, 8] y) <float k = {0.125}> {
+  sc = Mul(s, k)
+  a = Add(sc, mask)
+  y = Softmax<axis = -1>(a)
+}
+"""
+
+
+def test_add_before_softmax_is_left_for_bias_softmax():
+    out, report = rewrite_model(parser.parse_model(SOFTMAX), select_rules("cuda", only="fuse-elementwise"))
+    ops = [n.op_type for n in out.graph.node]
+    assert ops == ["Mul", "Add", "Softmax"], ops
+    assert any("BiasSoftmaxFusion" in r.reason for r in report.refusals)
+
+
+def test_fp16_layernorm_with_casts_is_left_alone():
+    text = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float16[2, 8, 16] x) => (float16[2, 8, 16] y) <float two = {2.0}, float eps = {1e-5}, float16 g1 = {1.5}, float16 b1 = {0.5}> {
+  mu = ReduceMean<axes = [-1]>(x)
+  d = Sub(x, mu)
+  df = Cast<to = 1>(d)
+  d2 = Pow(df, two)
+  var = ReduceMean<axes = [-1]>(d2)
+  ve = Add(var, eps)
+  sd = Sqrt(ve)
+  n = Div(df, sd)
+  nh = Cast<to = 10>(n)
+  g = Mul(nh, g1)
+  y = Add(g, b1)
+}
+"""
+    out, _ = rewrite_model(parser.parse_model(text), select_rules("cuda", only="fuse-elementwise"))
+    assert "FusedElementwise" not in [n.op_type for n in out.graph.node]
