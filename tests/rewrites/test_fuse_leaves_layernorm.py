@@ -68,7 +68,7 @@ def test_add_before_softmax_is_left_for_bias_softmax():
 def test_fp16_layernorm_with_casts_is_left_alone():
     text = """
 <ir_version: 8, opset_import: ["" : 13]>
-g (float16[2, 8, 16] x) => (float16[2, 8, 16] y) <float two = {2.0}, float eps = {1e-5}, float16 g1 = {1.5}, float16 b1 = {0.5}> {
+g (float16[2, 8, 16] x) => (float16[2, 8, 16] y) <float two = {2.0}, float eps = {1e-5}, float16 g1 = {15872}, float16 b1 = {14336}> {
   mu = ReduceMean<axes = [-1]>(x)
   d = Sub(x, mu)
   df = Cast<to = 1>(d)
