@@ -25,6 +25,8 @@ def main() -> None:
     Examples:
       onnxfuse optimize model.onnx model.opt.onnx
       onnxfuse optimize model.onnx out.onnx --explain --json report.json
+      onnxfuse diff model.onnx model.opt.onnx --intermediates
+      onnxfuse bench model.onnx model.opt.onnx --batch 16 --cuda-graph
       onnxfuse rules
     """
 
