@@ -27,6 +27,8 @@ from onnxfuse.errors import ModelLoadError, ModelSaveError
 PROTOBUF_LIMIT = 2**31 - 1
 #: Leave room for the rest of the proto when deciding whether tensors must go external.
 _EXTERNAL_THRESHOLD = PROTOBUF_LIMIT - 64 * 2**20
+#: Tensors smaller than this stay inline even in a model written with external data.
+_EXTERNAL_MIN_TENSOR = 1024
 
 
 def _first_line(exc: BaseException) -> str:
@@ -77,25 +79,32 @@ def check_model(model: onnx.ModelProto, name: str, error: type = ModelLoadError)
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 tmp_path = Path(tmp) / "model.onnx"
-                _write(model, tmp_path)
+                write_model(model, tmp_path)
                 onnx.checker.check_model(str(tmp_path))
     except onnx.checker.ValidationError as exc:
         raise error(f"{name}: invalid ONNX model: {_first_line(exc)}") from None
 
 
-def _needs_external_data(model: onnx.ModelProto) -> bool:
+def needs_external_data(model: onnx.ModelProto) -> bool:
+    """True when ``model`` is too large for one protobuf message (tensors must go to external data)."""
     return model.ByteSize() >= _EXTERNAL_THRESHOLD
 
 
-def _write(model: onnx.ModelProto, path: Path) -> None:
-    if _needs_external_data(model):
+def write_model(model: onnx.ModelProto, path: Path) -> None:
+    """Plain (non-atomic) write; external data beside it (``<name>.data``) when the model needs it."""
+    if needs_external_data(model):
+        # onnx converts the proto it saves in place (tensors become references to the file): write a
+        # copy, so the caller's model stays whole.
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        model = copy
         onnx.save_model(
             model,
             str(path),
             save_as_external_data=True,
             all_tensors_to_one_file=True,
             location=path.name + ".data",
-            size_threshold=1024,
+            size_threshold=_EXTERNAL_MIN_TENSOR,
         )
     else:
         onnx.save_model(model, str(path))
@@ -146,7 +155,7 @@ def save_model(
         raise ModelSaveError(f"{out}: cannot write to {parent} ({_first_line(exc)})") from None
     try:
         tmp_model = tmp_dir / out.name
-        _write(model, tmp_model)
+        write_model(model, tmp_model)
         data = tmp_dir / (out.name + ".data")
         if data.exists():
             os.replace(data, parent / data.name)
@@ -240,7 +249,7 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
             return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         with tempfile.TemporaryDirectory() as tmp:
             src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
-            _write(model, src)
+            write_model(model, src)
             onnx.shape_inference.infer_shapes_path(str(src), str(dst), strict_mode=False, data_prop=True)
             return onnx.load(str(dst))
     except Exception:

@@ -9,9 +9,12 @@ reading ``session.get_providers()``; after that only working providers are reque
 from __future__ import annotations
 
 import functools
+import tempfile
+from pathlib import Path
 
 import onnx
 
+from onnxfuse import model_io
 from onnxfuse.errors import RuntimeFailure, UsageError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -119,11 +122,14 @@ def make_session(
             cuda_options.setdefault("use_tf32", "0")
         providers = [("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
     try:
-        data = model.SerializeToString()
-    except ValueError:
-        raise RuntimeFailure(f"{name}: model is too large to pass to ONNX Runtime in memory") from None
-    try:
-        return ort.InferenceSession(data, opts, providers=providers)
+        if model_io.needs_external_data(model):
+            # Over protobuf's 2 GB limit: hand ONNX Runtime a file with external data instead of bytes.
+            # ONNX Runtime reads (or maps) the data while creating the session, so the folder can go.
+            with tempfile.TemporaryDirectory(prefix="onnxfuse-session-") as tmp:
+                path = Path(tmp) / "model.onnx"
+                model_io.write_model(model, path)
+                return ort.InferenceSession(str(path), opts, providers=providers)
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
     except Exception as exc:
         first = " ".join(str(exc).strip().splitlines()[0].split()) if str(exc).strip() else type(exc).__name__
         raise RuntimeFailure(f"{name}: ONNX Runtime cannot load the model: {first}") from None

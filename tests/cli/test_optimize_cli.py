@@ -397,3 +397,17 @@ def test_fail_on_slowdown_decision():
         check_slowdown(result(1.0, 1.2), 1.05)
     assert info.value.exit_code == 4 and "1.200" in str(info.value)
     assert run(["optimize", "x.onnx", "y.onnx", "--fail-on-slowdown", "0"]).exit_code == 2
+
+
+def test_models_over_the_protobuf_limit_take_the_external_data_path(model_path, tmp_path, monkeypatch):
+    """Pretend the 2 GB limit is tiny: the model must be saved with external data and validated through
+    a file (ONNX Runtime cannot take such a model as bytes), with the same verdict."""
+    monkeypatch.setattr("onnxfuse.model_io._EXTERNAL_THRESHOLD", 64)
+    monkeypatch.setattr("onnxfuse.model_io._EXTERNAL_MIN_TENSOR", 0)
+    out = tmp_path / "big.onnx"
+    result = run(["optimize", model_path, out, "--target", "onnx", "--json", tmp_path / "r.json"])
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "big.onnx.data").exists()
+    assert json.loads((tmp_path / "r.json").read_text())["validation"]["passed"] is True
+    reloaded = onnx.load(out)  # loads the external data back
+    assert "BatchNormalization" not in [n.op_type for n in reloaded.graph.node]
