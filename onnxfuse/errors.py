@@ -18,6 +18,13 @@ EXIT_VALIDATION_FAILED = 3
 EXIT_SLOWER = 4
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, whitespace collapsed: ONNX Runtime's and protobuf's messages run over
+    many lines, and every onnxfuse error is one line."""
+    text = str(exc).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(exc).__name__
+
+
 class OnnxfuseError(Exception):
     """Base class: a one-line, user-facing message and an exit code. Never shown with a traceback."""
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnxfuse.errors import ModelLoadError, ModelSaveError
+from onnxfuse.errors import ModelLoadError, ModelSaveError, first_line
 
 #: protobuf's hard limit for one serialized message; larger models need external data.
 PROTOBUF_LIMIT = 2**31 - 1
@@ -29,11 +29,6 @@ PROTOBUF_LIMIT = 2**31 - 1
 _EXTERNAL_THRESHOLD = PROTOBUF_LIMIT - 64 * 2**20
 #: Tensors smaller than this stay inline even in a model written with external data.
 _EXTERNAL_MIN_TENSOR = 1024
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or exc.__class__.__name__
-    return " ".join(text.splitlines()[0].split())
 
 
 def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
@@ -46,26 +41,26 @@ def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
     try:
         size = p.stat().st_size
     except OSError as exc:
-        raise ModelLoadError(f"{p}: cannot read ({_first_line(exc)})") from None
+        raise ModelLoadError(f"{p}: cannot read ({first_line(exc)})") from None
     if size == 0:
         raise ModelLoadError(f"{p}: file is empty")
     try:
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, RuntimeWarning, ValueError) as exc:
-        raise ModelLoadError(f"{p}: not a valid ONNX model (protobuf parse failed: {_first_line(exc)})") from None
+        raise ModelLoadError(f"{p}: not a valid ONNX model (protobuf parse failed: {first_line(exc)})") from None
     except OSError as exc:
-        raise ModelLoadError(f"{p}: cannot read ({_first_line(exc)})") from None
+        raise ModelLoadError(f"{p}: cannot read ({first_line(exc)})") from None
     except Exception as exc:  # protobuf raises assorted types on garbage input
-        raise ModelLoadError(f"{p}: not a valid ONNX model ({_first_line(exc)})") from None
+        raise ModelLoadError(f"{p}: not a valid ONNX model ({first_line(exc)})") from None
     if model.ir_version <= 0 or not model.HasField("graph") or len(model.graph.output) == 0:
         raise ModelLoadError(f"{p}: not a valid ONNX model (no graph, outputs or IR version)")
     try:
         onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
     except FileNotFoundError as exc:
-        missing = getattr(exc, "filename", None) or _first_line(exc)
+        missing = getattr(exc, "filename", None) or first_line(exc)
         raise ModelLoadError(f"{p}: external data file is missing: {missing}") from None
     except Exception as exc:
-        raise ModelLoadError(f"{p}: cannot load external data ({_first_line(exc)})") from None
+        raise ModelLoadError(f"{p}: cannot load external data ({first_line(exc)})") from None
     if check:
         check_model(model, name=str(p), error=ModelLoadError)
     return model
@@ -82,7 +77,7 @@ def check_model(model: onnx.ModelProto, name: str, error: type = ModelLoadError)
                 write_model(model, tmp_path)
                 onnx.checker.check_model(str(tmp_path))
     except onnx.checker.ValidationError as exc:
-        raise error(f"{name}: invalid ONNX model: {_first_line(exc)}") from None
+        raise error(f"{name}: invalid ONNX model: {first_line(exc)}") from None
 
 
 def needs_external_data(model: onnx.ModelProto) -> bool:
@@ -152,7 +147,7 @@ def save_model(
     try:
         tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
     except OSError as exc:
-        raise ModelSaveError(f"{out}: cannot write to {parent} ({_first_line(exc)})") from None
+        raise ModelSaveError(f"{out}: cannot write to {parent} ({first_line(exc)})") from None
     try:
         tmp_model = tmp_dir / out.name
         write_model(model, tmp_model)
@@ -161,7 +156,7 @@ def save_model(
             os.replace(data, parent / data.name)
         os.replace(tmp_model, out)
     except OSError as exc:
-        raise ModelSaveError(f"{out}: cannot write ({_first_line(exc)})") from None
+        raise ModelSaveError(f"{out}: cannot write ({first_line(exc)})") from None
     finally:
         for leftover in tmp_dir.glob("*"):
             leftover.unlink(missing_ok=True)

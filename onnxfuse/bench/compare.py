@@ -18,11 +18,10 @@ from onnxfuse.bench.runner import (
     BenchResult,
     Progress,
     Timer,
-    first_line,
     gpu_unavailable_reason,
 )
 from onnxfuse.bench.stats import speedup
-from onnxfuse.errors import OnnxfuseError
+from onnxfuse.errors import OnnxfuseError, first_line
 from onnxfuse.validate.inputs import Inputs
 
 

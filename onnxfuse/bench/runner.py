@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 
 from onnxfuse.bench.stats import LatencyStats, should_stop, summarize
-from onnxfuse.errors import RuntimeFailure, UsageError
+from onnxfuse.errors import RuntimeFailure, UsageError, first_line
 from onnxfuse.validate.inputs import Inputs
 from onnxfuse.validate.session import cuda_available, make_session
 
@@ -40,12 +40,6 @@ DEVICES = ("cuda", "cpu")
 
 #: ``progress(message, fraction)``: fraction of the whole job done, 0..1.
 Progress = Callable[[str, float], None]
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception's first line, whitespace collapsed (ONNX Runtime's messages run over many lines)."""
-    text = str(exc).strip()
-    return " ".join(text.splitlines()[0].split()) if text else type(exc).__name__
 
 
 class NoGPU(RuntimeFailure):

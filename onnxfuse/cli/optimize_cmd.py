@@ -8,7 +8,7 @@ import sys
 import click
 
 from onnxfuse.cli import render
-from onnxfuse.cli.common import EXIT_CODES_HELP, fail, input_options, stderr, stdout
+from onnxfuse.cli.common import EXIT_CODES_HELP, handle_errors, input_options, stderr, stdout
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, ValidationFailed
 from onnxfuse.reports import write_json, write_markdown, write_text
 from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
@@ -62,6 +62,7 @@ Examples:
               help="Also write JUnit XML: each validated output (and the latency check) is a test case.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
+@handle_errors
 def optimize(input_path, output_path, target, only, skip, explain, no_validate, shapes, inputs_path, seed,
              rtol, atol, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
              force) -> None:
@@ -75,6 +76,8 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
             result = optimize_file(input_path, output_path, options, progress=bar.step,
                                    bench_progress=bar.fraction)
     except (ValidationFailed, SlowerThanAllowed) as exc:
+        # The run got far enough to have a report: show it and write the requested files, then let
+        # handle_errors print the one-line error and exit with the code.
         report = exc.report
         if report is not None:
             if not quiet and report.validation is not None:
@@ -84,19 +87,12 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
             extra = {"culprit": exc.culprit} if isinstance(exc, ValidationFailed) else {}
             _write_reports(report, json_path, markdown_path, junit_path, error=str(exc),
                            exit_code=exc.exit_code, **extra)
-        fail(exc, exc.exit_code)
+        raise
     except OnnxfuseError as exc:
         if json_path:
             with contextlib.suppress(OnnxfuseError):
                 write_json(json_path, {"ok": False, "exit_code": exc.exit_code, "error": str(exc)})
-        fail(exc, exc.exit_code)
-    except Exception as exc:  # an onnxfuse bug: one line, never a traceback (ONNXFUSE_DEBUG=1 shows it)
-        import os
-
-        if os.environ.get("ONNXFUSE_DEBUG"):
-            raise
-        fail(RuntimeError(f"internal error ({type(exc).__name__}: {exc}); rerun with ONNXFUSE_DEBUG=1 and "
-                          "please report it"), 1)
+        raise
 
     _write_reports(result, json_path, markdown_path, junit_path)
     if quiet:

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 
 from onnxfuse import model_io
-from onnxfuse.errors import RuntimeFailure, UsageError
+from onnxfuse.errors import RuntimeFailure, UsageError, first_line
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 #: ONNX Runtime log severity: 3 = errors only, 4 = fatal only.
@@ -131,8 +131,7 @@ def make_session(
                 return ort.InferenceSession(str(path), opts, providers=providers)
         return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
     except Exception as exc:
-        first = " ".join(str(exc).strip().splitlines()[0].split()) if str(exc).strip() else type(exc).__name__
-        raise RuntimeFailure(f"{name}: ONNX Runtime cannot load the model: {first}") from None
+        raise RuntimeFailure(f"{name}: ONNX Runtime cannot load the model: {first_line(exc)}") from None
 
 
 def run_session(session, feeds: dict, name: str = "model", output_names: list[str] | None = None) -> dict:
@@ -141,6 +140,5 @@ def run_session(session, feeds: dict, name: str = "model", output_names: list[st
     try:
         values = session.run(names, feeds)
     except Exception as exc:
-        first = " ".join(str(exc).strip().splitlines()[0].split()) if str(exc).strip() else type(exc).__name__
-        raise RuntimeFailure(f"{name}: ONNX Runtime failed to run the model: {first}") from None
+        raise RuntimeFailure(f"{name}: ONNX Runtime failed to run the model: {first_line(exc)}") from None
     return dict(zip(names, values))

@@ -411,3 +411,9 @@ def test_models_over_the_protobuf_limit_take_the_external_data_path(model_path, 
     assert json.loads((tmp_path / "r.json").read_text())["validation"]["passed"] is True
     reloaded = onnx.load(out)  # loads the external data back
     assert "BatchNormalization" not in [n.op_type for n in reloaded.graph.node]
+
+
+def test_unwritable_report_path_is_one_line_not_a_traceback(model_path, tmp_path):
+    result = run(["optimize", model_path, tmp_path / "o.onnx", "--json", tmp_path / "no" / "r.json"])
+    assert result.exit_code == 1
+    one_line_error(result, "r.json", "does not exist")
