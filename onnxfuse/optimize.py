@@ -116,8 +116,9 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
 def custom_library_needed(model: onnx.ModelProto) -> str | None:
     """The custom-op domain the model needs a library for, if any (ONNX Runtime's contrib ops don't)."""
     from onnxfuse.custom_ops import DOMAIN
+    from onnxfuse.validate.session import uses_custom_ops
 
-    return DOMAIN if any(o.domain == DOMAIN for o in model.opset_import) else None
+    return DOMAIN if uses_custom_ops(model) else None
 
 
 def find_culprit(
