@@ -525,9 +525,20 @@ class _Analysis:
             # Shape arithmetic (Shape -> Gather -> Add/Div -> Slice...): ONNX Runtime keeps it on
             # the CPU; a custom op there would cost device round trips and block constant folding.
             raise _Refuse(f"shape computation (integer op of rank {len(shape)}): left to ONNX Runtime")
+        if shape is not None and all(d == 1 for d in shape) and not self._reads_graph_input(low):
+            # One-element arithmetic, e.g. attention's scale sqrt(1/sqrt(d)) computed from Shape:
+            # ONNX Runtime runs it on the CPU beside the shape ops. Fusing it (or folding it into the
+            # full-size op that reads it) saves no memory pass and made ViT-B/16 slower (docs/benchmarks.md).
+            raise _Refuse("scalar computation (one element): left to ONNX Runtime")
         low.shape = shape
         self.dtypes[out.name] = low.dtype
         self.shapes[out.name] = shape
+
+    def _reads_graph_input(self, low: Lowering) -> bool:
+        """True when a one-element op reads a graph input directly (a model's own scalar
+        arithmetic, which the user asked to fuse, rather than shape-derived glue)."""
+        inputs = {id(t) for t in self.graph.inputs}
+        return any(id(t) in inputs for t in low.operands)
 
     # ---- region checks ----------------------------------------------------------------------------
     def dynamic_operands(self, i):

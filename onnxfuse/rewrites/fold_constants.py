@@ -1,0 +1,145 @@
+"""Fold constant subgraphs, including size arithmetic that shape inference proves static.
+
+Why this rule exists
+--------------------
+Exporters compute sizes at run time (``Shape → Gather → Div → Concat → Reshape``) even where the
+weights fix them. torch's ``MultiheadAttention`` computes its scale ``sqrt(1/sqrt(head_dim))`` from
+``Shape(q)`` after a Reshape whose target shape is itself computed, so ONNX shape inference (and with
+it ONNX Runtime's own constant folding) loses ``head_dim``: ONNX Runtime evaluates that glue on the
+CPU at every inference, copies the scale to the GPU and multiplies q and k by it in two extra
+kernels per layer. Iterating shape inference (with data propagation) and onnx-graphsurgeon's
+constant folding (which folds ``Shape → Gather/Slice`` of static dimensions) until nothing changes
+recovers ``head_dim = 192 / 3`` and turns the scale into a constant, which
+``contrib-fused-matmul-scale`` then folds into the attention MatMul.
+
+Safety
+------
+* Only static dimensions (``dim_value``) are folded; dynamic ones (``dim_param`` or unknown) stay
+  computed. The model's own ``value_info`` is dropped before inference, so a stale annotation
+  written by an exporter cannot freeze a dynamic dimension: shapes come from the graph inputs'
+  declarations and the weights only.
+* Values are computed by ONNX Runtime's CPU provider (what onnx-graphsurgeon uses), i.e. by the
+  same kernels ONNX Runtime's constant folding uses on the original model: the rewrite is exact.
+* Results over :data:`SIZE_LIMIT` bytes stay unfolded, so a model never grows by more than that per
+  folded tensor (ONNX Runtime folds those itself at session start).
+* A failed evaluation leaves that part of the graph as it was (partitioned folding, errors ignored).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxfuse.rewrites.base import Rule
+
+#: Largest folded tensor, in bytes.
+SIZE_LIMIT = 1 << 20
+#: Rounds of (shape inference, constant folding); each round can uncover sizes for the next.
+MAX_ROUNDS = 6
+
+
+def _count_compute_nodes(graph: gs.Graph) -> int:
+    """Nodes other than Constant (turning a Constant node into an initializer folds nothing)."""
+    return sum(1 for n in graph.nodes if n.op != "Constant")
+
+
+def _quiet_graphsurgeon():
+    """onnx-graphsurgeon warns for every subgraph it cannot evaluate; those are expected here."""
+    level = gs.logger.G_LOGGER.severity
+    gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
+    return level
+
+
+def _ort_severity(level: int) -> None:
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(level)
+    except Exception:  # onnxruntime missing or too old: graphsurgeon then folds nothing anyway
+        pass
+
+
+def folded_copy(graph: gs.Graph) -> gs.Graph | None:
+    """A folded copy of ``graph``, or None when folding removes no computing node."""
+    from onnxfuse.model_io import infer_shapes
+
+    before = _count_compute_nodes(graph)
+    model = gs.export_onnx(graph.copy(), do_type_check=False)
+    del model.graph.value_info[:]
+    level = _quiet_graphsurgeon()
+    _ort_severity(3)  # graphsurgeon's evaluation sessions would print ONNX Runtime's warnings
+    try:
+        folded = None
+        for _ in range(MAX_ROUNDS):
+            model = infer_shapes(model)
+            g = gs.import_onnx(model)
+            n0 = len(g.nodes)
+            try:
+                g.fold_constants(fold_shapes=True, partitioning="basic", error_ok=True,
+                                 size_threshold=SIZE_LIMIT)
+            except Exception:  # graphsurgeon bug on an unusual graph: keep what we have
+                break
+            g.cleanup(remove_unused_graph_inputs=False).toposort()
+            folded = g
+            if len(g.nodes) == n0:
+                break
+            model = gs.export_onnx(g, do_type_check=False)
+    finally:
+        gs.logger.G_LOGGER.severity = level
+        _ort_severity(2)  # ONNX Runtime's default
+    if folded is None or _count_compute_nodes(folded) >= before:
+        return None
+    # Re-import from a fully inferred model, so later rules see shapes on every tensor.
+    model = infer_shapes(gs.export_onnx(folded, do_type_check=False))
+    return gs.import_onnx(model)
+
+
+def _install(graph: gs.Graph, new: gs.Graph) -> None:
+    """Make ``graph`` (the object the caller holds) contain ``new``'s nodes and signature."""
+    graph.nodes = new.nodes
+    graph.inputs = new.inputs
+    graph.outputs = new.outputs
+
+
+class FoldConstants(Rule):
+    """Evaluate every subgraph whose inputs are constant or static sizes, once, at optimization time.
+
+    Matches once per graph: one match per computing node that folding removes (so the report's count
+    is the number of nodes folded away); the first rewrite installs the folded graph, the others only
+    account for their node.
+    """
+
+    name = "fold-constants"
+    description = "Fold constant subgraphs, static size arithmetic included (Shape→Gather→Div→Reshape)"
+
+    def match(self, graph):
+        if graph.__dict__.get("_onnxfuse_folded"):
+            return []
+        graph.__dict__["_onnxfuse_folded"] = True
+        new = folded_copy(graph)
+        if new is None:
+            return []
+        old_ops = {}
+        for n in graph.nodes:
+            if n.op != "Constant":
+                old_ops[n.op] = old_ops.get(n.op, 0) + 1
+        for n in new.nodes:
+            if n.op in old_ops:
+                old_ops[n.op] -= 1
+        state = {"new": new, "installed": False,
+                 "ops": {op: k for op, k in sorted(old_ops.items()) if k > 0}}
+        removed = _count_compute_nodes(graph) - _count_compute_nodes(new)
+        return [(state, k) for k in range(removed)]
+
+    def anchor_name(self, match) -> str:
+        return "graph"
+
+    def rewrite(self, graph, match) -> dict[str, Any] | None:
+        state, k = match
+        if state["installed"]:
+            return None
+        _install(graph, state["new"])
+        state["installed"] = True
+        return {"folded_ops": state["ops"]}

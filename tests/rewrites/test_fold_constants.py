@@ -1,0 +1,183 @@
+"""fold-constants: static size arithmetic and constant subgraphs become initializers; dynamic sizes stay.
+
+The reference for every numeric check is ONNX Runtime on the original model, at batch sizes other
+than 1 so that a wrongly frozen dynamic dimension would show.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from contrib_testlib import parse, refusals
+
+import helpers
+from onnxfuse.rewrites import select_rules
+from onnxfuse.rewrites.fold_constants import FoldConstants, folded_copy
+
+# torch MultiheadAttention's scale, as the legacy exporter writes it: head_dim comes from Shape(q),
+# where q's shape went through a Reshape whose target is computed (Shape → Gather → Div → Concat),
+# so plain ONNX shape inference does not know it.
+ATTENTION_SCALE = """
+g (float[batch,6,32] x, float[batch,4,6,8] k) => (float[batch,4,6,6] y) {
+    s0 = Shape(x)
+    i0 = Constant <value = int64 {0}> ()
+    i1 = Constant <value = int64 {1}> ()
+    i2 = Constant <value = int64 {2}> ()
+    b = Gather <axis = 0> (s0, i0)
+    t = Gather <axis = 0> (s0, i1)
+    e = Gather <axis = 0> (s0, i2)
+    heads = Constant <value = int64 {4}> ()
+    hd = Div(e, heads)
+    ax = Constant <value = int64[1] {0}> ()
+    b1 = Unsqueeze(b, ax)
+    t1 = Unsqueeze(t, ax)
+    h1 = Unsqueeze(heads, ax)
+    d1 = Unsqueeze(hd, ax)
+    shp = Concat <axis = 0> (b1, t1, h1, d1)
+    q4 = Reshape(x, shp)
+    q = Transpose <perm = [0, 2, 1, 3]> (q4)
+    sq = Shape(q)
+    st = Constant <value = int64[1] {-1}> ()
+    en = Constant <value = int64[1] {9223372036854775807}> ()
+    last = Slice(sq, st, en)
+    lf = Cast <to = 1> (last)
+    r = Sqrt(lf)
+    one = Constant <value = float {1.0}> ()
+    inv = Div(one, r)
+    scale = Sqrt(inv)
+    qs = Mul(q, scale)
+    kt = Transpose <perm = [0, 1, 3, 2]> (k)
+    ks = Mul(kt, scale)
+    y = MatMul(qs, ks)
+}
+"""
+
+
+def _ops(model) -> Counter:
+    return Counter((f"{n.domain}:" if n.domain not in ("", "ai.onnx") else "") + n.op_type for n in model.graph.node)
+
+
+def _same(original, optimized, batch: int, rtol=1e-5, atol=1e-6):
+    feeds = helpers.random_feeds(original, seed=batch, dim=batch)
+    want = helpers.run_ort(original, feeds)
+    got = helpers.run_ort(optimized, feeds)
+    for name, a in want.items():
+        np.testing.assert_allclose(got[name], a, rtol=rtol, atol=atol, err_msg=f"{name} at batch {batch}")
+
+
+def test_plain_shape_inference_does_not_know_head_dim():
+    # Why the rule exists: without it, q's last dimension is unknown, so nothing downstream is constant.
+    m = onnx.shape_inference.infer_shapes(parse(ATTENTION_SCALE), data_prop=True)
+    q = next(v for v in m.graph.value_info if v.name == "q")
+    assert not q.type.tensor_type.shape.dim[3].HasField("dim_value")
+
+
+def test_attention_scale_folds_then_joins_the_matmul():
+    m = parse(ATTENTION_SCALE)
+    out, report = helpers.optimize(m)
+    assert report.counts["fold-constants"] > 0
+    ops = _ops(out)
+    # The scale became a constant, and contrib-fused-matmul-scale moved it into the MatMul's alpha.
+    assert "Sqrt" not in ops and "Cast" not in ops and "Mul" not in ops and "Div" not in ops, ops
+    assert ops["com.microsoft:FusedMatMul"] == 1
+    alpha = next(a.f for n in out.graph.node if n.op_type == "FusedMatMul" for a in n.attribute if a.name == "alpha")
+    assert alpha == pytest.approx(1 / np.sqrt(8), rel=1e-6)
+    # The batch size stays dynamic: its Shape/Gather is still computed.
+    assert ops["Shape"] >= 1 and ops["Gather"] >= 1
+    for batch in (1, 3):
+        _same(m, out, batch)
+
+
+def test_without_the_rule_the_scale_is_left_to_onnx_runtime():
+    m = parse(ATTENTION_SCALE)
+    out, report = helpers.optimize(m, skip="fold-constants")
+    reasons = refusals(report)
+    assert any(r.startswith("scalar computation") for r in reasons), reasons
+    assert _ops(out)["Sqrt"] == 2  # not pulled into a FusedElementwise on the GPU
+    _same(m, out, 2)
+
+
+def test_dynamic_dimension_is_not_frozen_by_a_stale_value_info():
+    m = parse("""
+    g (float[batch,4,8] x) => (float[batch,32] y) {
+        xr = Relu(x)
+        s = Shape(xr)
+        i0 = Constant <value = int64 {0}> ()
+        b = Gather <axis = 0> (s, i0)
+        ax = Constant <value = int64[1] {0}> ()
+        b1 = Unsqueeze(b, ax)
+        m1 = Constant <value = int64[1] {-1}> ()
+        shp = Concat <axis = 0> (b1, m1)
+        y = Reshape(xr, shp)
+    }
+    """)
+    # An exporter's annotation traced at batch 1: trusting it would fold the batch size to 1.
+    m.graph.value_info.append(onnx.helper.make_tensor_value_info("xr", onnx.TensorProto.FLOAT, [1, 4, 8]))
+    out, _ = helpers.optimize(m)
+    assert _ops(out)["Shape"] == 1
+    for batch in (1, 3, 5):
+        _same(m, out, batch)
+
+
+def test_static_reshape_target_folds_completely():
+    m = parse("""
+    g (float[2,4,8] x) => (float[2,32] y) {
+        s = Shape(x)
+        i0 = Constant <value = int64 {0}> ()
+        b = Gather <axis = 0> (s, i0)
+        ax = Constant <value = int64[1] {0}> ()
+        b1 = Unsqueeze(b, ax)
+        m1 = Constant <value = int64[1] {-1}> ()
+        shp = Concat <axis = 0> (b1, m1)
+        y = Reshape(x, shp)
+    }
+    """)
+    out, report = helpers.optimize(m)
+    assert _ops(out) == Counter({"Reshape": 1})
+    assert report.counts["fold-constants"] == 4  # Shape, Gather, Unsqueeze, Concat
+    _same(m, out, 2)
+
+
+def test_constant_graph_output_keeps_its_name_and_value():
+    m = parse("""
+    g (float[batch,3] x) => (float[batch,3] y, float[3] c2) {
+        c = Constant <value = float[3] {1.0, 2.0, 3.0}> ()
+        c2 = Mul(c, c)
+        y = Add(x, c2)
+    }
+    """)
+    out, _ = helpers.optimize(m, only="fold-constants")
+    assert [o.name for o in out.graph.output] == ["y", "c2"]
+    assert "Mul" not in _ops(out)
+    feeds = helpers.random_feeds(m, dim=4)
+    got = helpers.run_ort(out, feeds)
+    np.testing.assert_array_equal(got["c2"], np.array([1.0, 4.0, 9.0], np.float32))
+    _same(m, out, 4)
+
+
+def test_large_results_stay_computed():
+    m = parse("""
+    g (float[batch,512,1024] x) => (float[batch,512,1024] y) {
+        a = ConstantOfShape <value = float[1] {0.5}> (shp)
+        y = Add(x, a)
+    }
+    """, inits={"shp": np.array([512, 1024], np.int64)})
+    out, report = helpers.optimize(m, only="fold-constants")
+    assert report.counts["fold-constants"] == 0  # 2 MiB > SIZE_LIMIT
+    assert "ConstantOfShape" in _ops(out)
+
+
+def test_nothing_to_fold_leaves_graph_alone():
+    from onnxfuse.model_io import to_graph
+
+    m = parse("g (float[batch,3] x) => (float[batch,3] y) {\n y = Relu(x)\n}")
+    assert folded_copy(to_graph(m)) is None
+
+
+def test_rule_runs_first_for_every_target():
+    for target in ("cuda", "contrib", "onnx"):
+        names = [r.name for r in select_rules(target)]
+        assert names[0] == FoldConstants.name
