@@ -450,7 +450,9 @@ def run_model(name: str, args, part: Path) -> None:
         if args.torch in ("eager", "all"):
             variants.append(("torch-eager", None))
         if args.torch in ("compile", "all") and device == "cuda":
-            variants += [("torch-compile", "default"), ("torch-compile-cudagraphs", "reduce-overhead")]
+            variants += [(v, m) for v, m in (("torch-compile", "default"),
+                                             ("torch-compile-cudagraphs", "reduce-overhead"))
+                         if m in args.compile_modes]
         for variant, mode in variants:
             graph = mode == "reduce-overhead"
             if graph and True not in args.graph_modes or not graph and False not in args.graph_modes:
@@ -699,6 +701,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds original/optimized")
     p.add_argument("--torch", choices=["none", "eager", "compile", "all"], default=None,
                    help="PyTorch baselines (default all; --quick: eager)")
+    p.add_argument("--compile-modes", default="default,reduce-overhead",
+                   help="torch.compile modes: default (rows without CUDA graphs), reduce-overhead (with)")
     p.add_argument("--compile-batches", default=None, help="batches for torch.compile (default: --batches)")
     p.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=True, help="fp16 variant")
     p.add_argument("--fp16-batches", default=None, help="batches for fp16 timing (default: --batches)")
@@ -748,6 +752,10 @@ def parse_args(argv=None):
     args.warmup = 10 if args.warmup is None else args.warmup
     args.torch = args.torch or "all"
     args.compile_batches = ints(args.compile_batches)
+    args.compile_modes = [m.strip() for m in args.compile_modes.split(",") if m.strip()]
+    bad = set(args.compile_modes) - {"default", "reduce-overhead"}
+    if bad:
+        p.error(f"unknown --compile-modes {', '.join(sorted(bad))}; choose default, reduce-overhead")
     args.fp16_batches = ints(args.fp16_batches) if isinstance(args.fp16_batches, str) else args.fp16_batches
     if args.device == "cpu":
         args.graph_modes = [False]
