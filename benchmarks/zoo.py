@@ -212,6 +212,12 @@ def build_module(spec: Spec, seed: int = 0):
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                 m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
                 m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) * 0.5 + 0.75)
+        # Some initialisers zero whole tensors (torchvision's ViT zeroes its classifier head): the
+        # outputs would then be all zeros and validation would compare nothing. Give every all-zero
+        # parameter small random values instead.
+        for p in module.parameters():
+            if p.numel() > 1 and not p.detach().abs().sum():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     return module
 
 

@@ -18,6 +18,10 @@ exporter folds BatchNorm into Conv), with a dynamic batch dimension named ``batc
 * ``convnext_blocks_opset13.onnx``: ConvNeXt blocks: depthwise 7x7 conv, channels-last LayerNorm
   (decomposed at opset 13: ReduceMean, Sub, Pow, Add, Sqrt, Div, Mul, Add), Linear, exact GELU
   (decomposed: Div, Erf, Add, Mul, Mul), Linear, layer-scale Mul and the residual Add.
+* ``vit_blocks_opset14.onnx``: torchvision's VisionTransformer block structure, small: patch conv,
+  class token, position embedding, ``nn.MultiheadAttention`` (whose export computes the attention
+  scale ``sqrt(1/sqrt(head_dim))`` from ``Shape(q)`` behind a computed Reshape), decomposed
+  LayerNorm and exact GELU, residual adds. Opset 14.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
-OPSET = 13
 
 
 def _randomize_bn(model: nn.Module, seed: int) -> None:
@@ -196,6 +199,45 @@ class ConvNeXtBlocks(nn.Module):
         return self.fc(self.norm(x.mean((-2, -1))))
 
 
+# ---- ViT ----------------------------------------------------------------------------------------
+
+
+class ViTBlock(nn.Module):
+    """torchvision.models.vision_transformer.EncoderBlock, written out."""
+
+    def __init__(self, dim, heads, mlp):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim, eps=1e-6)
+        self.self_attention = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ln_2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp), nn.GELU(), nn.Linear(mlp, dim))
+
+    def forward(self, x):
+        y = self.ln_1(x)
+        y, _ = self.self_attention(y, y, y, need_weights=False)
+        x = x + y
+        return x + self.mlp(self.ln_2(x))
+
+
+class ViTBlocks(nn.Module):
+    def __init__(self, image=32, patch=8, dim=64, heads=4, mlp=128, layers=2, classes=10):
+        super().__init__()
+        self.dim = dim
+        self.conv_proj = nn.Conv2d(3, dim, patch, patch)
+        tokens = (image // patch) ** 2 + 1
+        self.class_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.pos_embedding = nn.Parameter(torch.randn(1, tokens, dim) * 0.02)
+        self.layers = nn.Sequential(*[ViTBlock(dim, heads, mlp) for _ in range(layers)])
+        self.ln = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        n = x.shape[0]
+        x = self.conv_proj(x).reshape(n, self.dim, -1).permute(0, 2, 1)
+        x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1) + self.pos_embedding
+        return self.head(self.ln(self.layers(x))[:, 0])
+
+
 def _mobilenet_v3():
     import torchvision
 
@@ -207,6 +249,7 @@ MODELS = {
     "efficientnet_blocks_opset13": (EfficientNetBlocks, (1, 3, 64, 64)),
     "yolo_conv_bn_silu_opset13": (YoloNet, (1, 3, 64, 64)),
     "convnext_blocks_opset13": (ConvNeXtBlocks, (1, 3, 32, 32)),
+    "vit_blocks_opset14": (ViTBlocks, (1, 3, 32, 32)),
 }
 
 
@@ -217,14 +260,15 @@ def export(name: str, seed: int = 0) -> Path:
     _randomize_bn(model, seed + 1)
     x = torch.randn(*shape)
     path = HERE / f"{name}.onnx"
-    torch.onnx.export(model, (x,), str(path), opset_version=OPSET, dynamo=False, input_names=["input"],
+    opset = int(name.rsplit("opset", 1)[1])
+    torch.onnx.export(model, (x,), str(path), opset_version=opset, dynamo=False, input_names=["input"],
                       output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
     return path
 
 
 def main(names=None) -> None:
-    for i, name in enumerate(names or MODELS):
-        path = export(name, seed=i)
+    for name in names or MODELS:
+        path = export(name, seed=list(MODELS).index(name))  # each model's seed is fixed
         print(f"{path.name}: {path.stat().st_size / 1024:.0f} KiB")
 
 
