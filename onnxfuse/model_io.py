@@ -238,7 +238,24 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
     Inference is best-effort: ops ONNX has no schema for (contrib and custom domains) simply get no
     shapes, and an inference error leaves the model as it was rather than stopping the optimizer.
+
+    The model's own ``value_info`` is ignored: an exporter's annotation can be stale (traced at
+    batch 1, say) and rules must not prove anything from it. Shapes come from the graph inputs and
+    the weights only. (It is set aside during inference and put back, so ``model`` is unchanged.)
     """
+    saved = []
+    for vi in model.graph.value_info:
+        kept = onnx.ValueInfoProto()
+        kept.CopyFrom(vi)
+        saved.append(kept)
+    del model.graph.value_info[:]
+    try:
+        return _infer(model)
+    finally:
+        model.graph.value_info.extend(saved)
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         if model.ByteSize() < _EXTERNAL_THRESHOLD:
             return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)

@@ -13,6 +13,7 @@ from onnxfuse.rewrites.cleanup import cleanup
 
 # --- the registry: one line per rule, in the order they run -------------------------------------
 from onnxfuse.rewrites.fold_constants import FoldConstants
+from onnxfuse.rewrites.reshape_target import ConstantReshapeTarget
 from onnxfuse.rewrites.fold_batchnorm import FoldBatchNormIntoConv, FoldBatchNormIntoConvTranspose, FoldBatchNormIntoGemm
 from onnxfuse.rewrites.fold_scale_bias import FoldScaleBias
 from onnxfuse.rewrites.contrib_gelu import ContribBiasGelu, ContribFastGelu, ContribGelu, ContribQuickGelu
@@ -23,6 +24,7 @@ from onnxfuse.rewrites.fuse_elementwise import FuseElementwiseRegions
 
 RULES: list[Rule] = [
     FoldConstants(),  # first: static sizes and constants let the pattern rules below match
+    ConstantReshapeTarget(),
     FoldBatchNormIntoConv(),
     FoldBatchNormIntoConvTranspose(),
     FoldBatchNormIntoGemm(),

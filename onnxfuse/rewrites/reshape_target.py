@@ -1,0 +1,228 @@
+"""Give a Reshape a constant target shape when only its dynamic sizes are computed.
+
+Why
+---
+Exporters write ``x.view(n, t, heads, d)`` as ``Reshape(x, Concat(Unsqueeze(Gather(Shape(y), 0)),
+[t], [heads], [d]))``: the batch size is read from some tensor's shape at run time even though the
+Reshape could infer it. After ``fold-constants`` has turned every static entry into a constant, what
+remains of each such chain is a few tiny CPU nodes (Shape, Gather, Unsqueeze, Mul, Concat) per
+Reshape. ONNX Runtime executes them on every run (ViT-B/16: hundreds of nodes), which at batch 1
+costs more host time than the GPU work they describe, and it refuses CUDA-graph capture of a model
+that has CPU nodes. ONNX Runtime's own ReshapeFusion only handles the case where the Shape is taken
+of the Reshape's own input.
+
+What
+----
+For ``Reshape(x, Concat(p₀, …, pₖ))`` (``allowzero`` 0) whose parts are constants or one-element
+computed values, the target becomes a constant:
+
+* a computed part that is ``x``'s own dimension at the same position (``Gather(Shape(x), i)``,
+  possibly through Unsqueeze/Squeeze/Cast/Slice), or another tensor's dimension that shape inference
+  named with the same symbol (``batch``), becomes ``0``, ONNX's "copy this dimension";
+* then, if exactly one computed part is left and no constant is ``-1``, it becomes ``-1`` ("infer").
+
+Exactness: ``0`` reproduces the copied value by definition. ``-1`` is inferred as the element count of
+``x`` divided by the product of the other entries; whenever the original Reshape succeeds that
+product times the computed value *is* the element count, so the inferred value equals the computed one
+(the constant entries are checked to be positive, so the division is defined). The one difference is
+a zero-size tensor whose computed entry is 0: the original then copies ``x``'s dimension at that
+position, ``-1`` infers 0. Refused: two or more computed entries that are not copies, multi-element
+computed parts that are not copies, ``allowzero=1`` with a zero constant, unknown part sizes.
+The Concat and its inputs stay when something else reads them; otherwise cleanup removes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse.rewrites._weights import producer_of
+from onnxfuse.rewrites.base import Rule, is_alive
+
+# Ops that pass a shape entry through unchanged (one element stays one element, value kept).
+_PASS_THROUGH = frozenset({"Unsqueeze", "Squeeze", "Identity", "Reshape", "Flatten"})
+
+
+def _const(tensor) -> np.ndarray | None:
+    if isinstance(tensor, gs.Constant):
+        return np.asarray(tensor.values)
+    node = producer_of(tensor)
+    if node is not None and node.op == "Constant" and isinstance(node.attrs.get("value"), gs.Constant):
+        return np.asarray(node.attrs["value"].values)
+    return None
+
+
+def _num_elements(tensor, depth: int = 0) -> int | None:
+    """Element count of a small shape value: from the graph's structure where shape inference gave
+    none (Unsqueeze of a Gather with a scalar index is one element), else from the tensor's shape."""
+    arr = _const(tensor)
+    if arr is not None:
+        return int(arr.size)
+    node = producer_of(tensor)
+    if node is not None and depth < 8:
+        if node.op in ("Unsqueeze", "Squeeze", "Identity", "Cast", "Neg", "Abs"):
+            return _num_elements(node.inputs[0], depth + 1)
+        if node.op == "Gather" and (idx := _const(node.inputs[1])) is not None:
+            return int(idx.size)
+        if node.op in ("Mul", "Add", "Sub", "Div") and len(node.inputs) == 2:
+            a, b = (_num_elements(t, depth + 1) for t in node.inputs)
+            if a is not None and b is not None and 1 in (a, b):
+                return max(a, b)
+        dims = _dims_of(tensor)
+        if dims is not None:
+            return len(dims[1])
+    shape = getattr(tensor, "shape", None)
+    if shape is None or any(not isinstance(d, (int, np.integer)) for d in shape):
+        return None
+    return int(np.prod(shape)) if len(shape) else 1
+
+
+def _dims_of(part):
+    """When ``part`` is ``Shape(src)[a:b]`` (through pass-through ops and Casts to int64), return
+    ``(src, [a, a+1, ...])`` with non-negative positions; else None."""
+    t = part
+    for _ in range(8):
+        node = producer_of(t)
+        if node is None:
+            return None
+        if node.op in _PASS_THROUGH or (node.op == "Cast" and int(node.attrs.get("to", 0)) == 7):
+            t = node.inputs[0]
+            continue
+        if node.op == "Gather" and int(node.attrs.get("axis", 0)) == 0:
+            shape_node = producer_of(node.inputs[0])
+            idx = _const(node.inputs[1])
+            if shape_node is None or shape_node.op != "Shape" or idx is None or idx.size != 1:
+                return None
+            src, positions = _shape_source(shape_node)
+            if src is None:
+                return None
+            i = int(idx.reshape(-1)[0])
+            i = i + len(positions) if i < 0 else i
+            if not 0 <= i < len(positions):
+                return None
+            return src, [positions[i]]
+        if node.op == "Shape":
+            src, positions = _shape_source(node)
+            return (src, positions) if src is not None else None
+        if node.op == "Slice":
+            shape_node = producer_of(node.inputs[0])
+            if shape_node is None or shape_node.op != "Shape":
+                return None
+            src, positions = _shape_source(shape_node)
+            starts, ends = _const(node.inputs[1]), _const(node.inputs[2])
+            extra = [_const(t) for t in node.inputs[3:] if t.name]
+            if src is None or starts is None or ends is None or starts.size != 1 or ends.size != 1:
+                return None
+            if any(e is None for e in extra):
+                return None
+            if len(extra) >= 1 and int(extra[0].reshape(-1)[0]) != 0:  # axes
+                return None
+            if len(extra) >= 2 and int(extra[1].reshape(-1)[0]) != 1:  # steps
+                return None
+            picked = positions[slice(int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0]))]
+            return (src, list(picked)) if picked else None
+        return None
+    return None
+
+
+def _shape_source(shape_node):
+    """``(tensor, positions)`` for a Shape node (its start/end attributes applied); (None, None) when
+    the source rank is unknown."""
+    src = shape_node.inputs[0]
+    shape = getattr(src, "shape", None)
+    if shape is None:
+        return None, None
+    positions = list(range(len(shape)))
+    start = shape_node.attrs.get("start")
+    end = shape_node.attrs.get("end")
+    if start is not None or end is not None:
+        positions = positions[slice(int(start) if start is not None else None, int(end) if end is not None else None)]
+    return src, positions
+
+
+def _copies(x, start: int, src, positions) -> bool:
+    """True when ``src``'s dimensions at ``positions`` are ``x``'s at ``start, start+1, ...``: the
+    same tensor at the same indices, or dimensions that shape inference gave the same symbolic name
+    (``batch``), which means the same value."""
+    if src is x:
+        return positions == list(range(start, start + len(positions)))
+    x_shape, s_shape = getattr(x, "shape", None), getattr(src, "shape", None)
+    if x_shape is None or s_shape is None or start + len(positions) > len(x_shape):
+        return False
+    for k, p in enumerate(positions):
+        a, b = x_shape[start + k], s_shape[p]
+        if not (isinstance(a, str) and a and a == b):
+            return False
+    return True
+
+
+class ConstantReshapeTarget(Rule):
+    """Reshape(x, Concat(computed sizes)) → Reshape(x, constant) with 0 (copy) / -1 (infer)."""
+
+    name = "constant-reshape-target"
+    description = "Reshape targets computed from Shape become constants with 0 (copy) and -1 (infer)"
+
+    def match(self, graph):
+        for node in graph.nodes:
+            if node.op != "Reshape" or len(node.inputs) != 2:
+                continue
+            concat = producer_of(node.inputs[1])
+            if concat is not None and concat.op == "Concat":
+                yield node
+
+    def plan(self, node) -> tuple[str | None, Any]:
+        x, target = node.inputs
+        concat = producer_of(target)
+        allowzero = int(node.attrs.get("allowzero", 0))
+        if concat is None or concat.op != "Concat" or int(concat.attrs.get("axis", 0)) not in (0, -1):
+            return "target is no longer a Concat", None
+        entries: list = []  # int constants, or ("copy", k) / ("computed", k)
+        computed = 0
+        for part in concat.inputs:
+            arr = _const(part)
+            if arr is not None:
+                entries.extend(int(v) for v in arr.reshape(-1))
+                continue
+            dims = _dims_of(part)
+            n = _num_elements(part)
+            if dims is not None and allowzero == 0 and _copies(x, len(entries), *dims):
+                entries.extend(["copy"] * len(dims[1]))
+                continue
+            if n != 1:
+                return (f"computed part {part.name!r} has {n if n is not None else 'an unknown number of'} "
+                        "elements and is not a copy of the input's dimensions"), None
+            entries.append("computed")
+            computed += 1
+        if computed == 0 and "copy" not in entries:
+            return "target is already constant (fold-constants leaves nothing to do)", None
+        if computed > 1:
+            return f"{computed} computed sizes (only one can be inferred with -1)", None
+        consts = [e for e in entries if isinstance(e, int)]
+        if computed == 1:
+            if -1 in consts:
+                return "a constant -1 is already present", None
+            if any(c <= 0 for c in consts):
+                return "a constant size is not positive (0 or negative): -1 could not be inferred safely", None
+        if allowzero == 1 and 0 in consts:
+            return "allowzero=1 with a zero size", None
+        shape = [0 if e == "copy" else (-1 if e == "computed" else e) for e in entries]
+        return None, np.asarray(shape, dtype=np.int64)
+
+    def check(self, graph, node) -> str | None:
+        if not is_alive(node):
+            return "Reshape already rewritten"
+        reason, _ = self.plan(node)
+        return reason
+
+    def rewrite(self, graph, node) -> dict[str, Any]:
+        _, shape = self.plan(node)
+        taken = graph.__dict__.setdefault("_onnxfuse_names", set(graph.tensors()))
+        base = f"{node.name or node.outputs[0].name}_target"
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        node.inputs[1] = gs.Constant(name, shape)
+        return {"node": node.name, "target": shape.tolist()}

@@ -1,0 +1,176 @@
+"""constant-reshape-target: computed Reshape targets become constants with 0 (copy) and -1 (infer).
+
+Each rewrite is checked against ONNX Runtime on the original at several sizes of the dynamic
+dimensions (a wrong 0 or -1 would give another shape or fail), and the refusals keep the graph.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+from contrib_testlib import fuse, parse, refusals
+
+import helpers
+from onnxfuse.rewrites.reshape_target import ConstantReshapeTarget
+
+RULE = ConstantReshapeTarget()
+
+
+def _ops(model) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def _target(model) -> list[int]:
+    node = next(n for n in model.graph.node if n.op_type == "Reshape")
+    init = {i.name: i for i in model.graph.initializer}
+    return onnx.numpy_helper.to_array(init[node.input[1]]).tolist()
+
+
+def _same(original, optimized, dims: dict[str, int]):
+    rng = np.random.default_rng(sum(dims.values()))
+    feeds = {}
+    for inp in original.graph.input:
+        shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in inp.type.tensor_type.shape.dim]
+        feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
+    want, got = helpers.run_ort(original, feeds), helpers.run_ort(optimized, feeds)
+    for name, a in want.items():
+        assert got[name].shape == a.shape, (name, dims)
+        np.testing.assert_array_equal(got[name], a)
+
+
+def test_one_computed_size_becomes_minus_one():
+    m = parse("""
+    g (float[batch,6,32] x) => (float[b2,3,32] y) {
+        s = Shape(x)
+        i0 = Constant <value = int64 {0}> ()
+        b = Gather <axis = 0> (s, i0)
+        two = Constant <value = int64 {2}> ()
+        bb = Mul(b, two)
+        ax = Constant <value = int64[1] {0}> ()
+        b1 = Unsqueeze(bb, ax)
+        rest = Constant <value = int64[2] {3, 32}> ()
+        shp = Concat <axis = 0> (b1, rest)
+        y = Reshape(x, shp)
+    }
+    """)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 1
+    assert _target(out) == [-1, 3, 32]
+    assert _ops(out) == Counter({"Reshape": 1})  # the whole size computation is gone
+    for batch in (1, 3, 4):
+        _same(m, out, {"batch": batch})
+
+
+def test_own_dimensions_become_copies():
+    m = parse("""
+    g (float[batch,seq,32] x) => (float[batch,seq,4,8] y) {
+        s = Shape(x)
+        a = Constant <value = int64[1] {0}> ()
+        e = Constant <value = int64[1] {2}> ()
+        bs = Slice(s, a, e)
+        rest = Constant <value = int64[2] {4, 8}> ()
+        shp = Concat <axis = 0> (bs, rest)
+        y = Reshape(x, shp)
+    }
+    """)
+    out, report = fuse(m, RULE)
+    assert _target(out) == [0, 0, 4, 8]
+    for dims in ({"batch": 2, "seq": 3}, {"batch": 1, "seq": 5}):
+        _same(m, out, dims)
+
+
+def test_same_symbol_on_another_tensor_is_a_copy():
+    # ViT's x.reshape(n, d, -1) with n read from the image, not from the conv output being reshaped.
+    m = parse("""
+    g (float[batch,3,8,8] img) => (float[batch,4,16] y) {
+        x = Conv <strides = [2, 2]> (img, w)
+        s = Shape(img)
+        i0 = Constant <value = int64 {0}> ()
+        n = Gather <axis = 0> (s, i0)
+        ax = Constant <value = int64[1] {0}> ()
+        n1 = Unsqueeze(n, ax)
+        rest = Constant <value = int64[2] {4, -1}> ()
+        shp = Concat <axis = 0> (n1, rest)
+        y = Reshape(x, shp)
+    }
+    """, inits={"w": np.random.default_rng(0).standard_normal((4, 3, 2, 2)).astype(np.float32)})
+    out, _ = fuse(m, RULE)
+    assert _target(out) == [0, 4, -1]
+    for batch in (1, 3):
+        _same(m, out, {"batch": batch})
+
+
+TWO_COMPUTED = """
+g (float[batch,seq,32] x, float[batch,seq] z) => (float[batch,seq,4,8] y) {
+    s = Shape(z)
+    i0 = Constant <value = int64 {0}> ()
+    i1 = Constant <value = int64 {1}> ()
+    b = Gather <axis = 0> (s, i0)
+    t = Gather <axis = 0> (s, i1)
+    ax = Constant <value = int64[1] {0}> ()
+    b1 = Unsqueeze(b, ax)
+    r = Relu(z)
+    s2 = Shape(r)
+    t0 = Gather <axis = 0> (s2, i1)
+    t1 = Unsqueeze(t0, ax)
+    rest = Constant <value = int64[2] {4, 8}> ()
+    shp = Concat <axis = 0> (b1, t1, rest)
+    y = Reshape(x, shp)
+}
+"""
+
+
+def test_two_unproven_sizes_are_refused():
+    # z's sizes carry their own symbols: nothing proves they are x's, and only one could be -1.
+    m = parse(TWO_COMPUTED.replace("float[batch,seq] z", "float[p,q] z"))
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 0
+    assert any("computed sizes" in r or "elements" in r for r in refusals(report, RULE)), refusals(report, RULE)
+    assert _ops(out)["Concat"] == 1
+
+
+def test_shape_inference_proves_both_sizes_are_copies():
+    m = parse(TWO_COMPUTED)
+    out, _ = fuse(m, RULE)  # z and x share the symbols batch and seq
+    assert _target(out) == [0, 0, 4, 8]
+    for dims in ({"batch": 2, "seq": 3}, {"batch": 3, "seq": 1}):
+        _same(m, out, dims)
+
+
+def test_allowzero_disables_copies():
+    m = parse("""
+    g (float[batch,seq,32] x) => (float[batch,seq,4,8] y) {
+        s = Shape(x)
+        a = Constant <value = int64[1] {0}> ()
+        e = Constant <value = int64[1] {2}> ()
+        bs = Slice(s, a, e)
+        rest = Constant <value = int64[2] {4, 8}> ()
+        shp = Concat <axis = 0> (bs, rest)
+        y = Reshape <allowzero = 1> (x, shp)
+    }
+    """)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 0
+    assert any("not a copy" in r for r in refusals(report, RULE)), refusals(report, RULE)
+
+
+def test_zero_constant_with_a_computed_size_is_refused():
+    m = parse("""
+    g (float[batch,6,32] x) => (float[b2,6,32] y) {
+        s = Shape(x)
+        i0 = Constant <value = int64 {0}> ()
+        b = Gather <axis = 0> (s, i0)
+        two = Constant <value = int64 {1}> ()
+        bb = Mul(b, two)
+        ax = Constant <value = int64[1] {0}> ()
+        b1 = Unsqueeze(bb, ax)
+        rest = Constant <value = int64[2] {0, 32}> ()
+        shp = Concat <axis = 0> (b1, rest)
+        y = Reshape(x, shp)
+    }
+    """)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 0
+    assert any("not positive" in r for r in refusals(report, RULE)), refusals(report, RULE)
