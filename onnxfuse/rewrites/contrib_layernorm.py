@@ -9,7 +9,8 @@ Exporters below opset 17 (no ONNX LayerNormalization yet) write it as
     ReduceMean(x) → Sub(x, μ) → Pow(·, 2) → ReduceMean → Add(ε) → Sqrt → Div(x − μ, ·) [→ Mul γ] [→ Add β]
 
 Accepted variants: Mul(d, d) for the square; ``Mul(d, Reciprocal(Sqrt(·)))`` for the division (the
-tf2onnx style); the duplicated Sub of old PyTorch exports; ε or γ or β on either side of their Add/Mul;
+tf2onnx style); TensorFlow/Keras's batch-norm-style form with γ folded into the reciprocal,
+``x·s + (β − μ·s)`` with ``s = γ/√(σ² + ε)`` (:func:`match_folded_scale`); the duplicated Sub of old PyTorch exports; ε or γ or β on either side of their Add/Mul;
 γ/β absent (ones / no bias); ReduceMean axes as attribute (opset < 18) or constant input (opset ≥ 18);
 both ReduceMeans over the same trailing axes with keepdims=1.
 
@@ -196,6 +197,112 @@ def match_decomposed(graph, rm1):
                                 root=root, x_readers=[rm1, *subs], dtype=dtype)
 
 
+def _square_of(graph, n, d) -> bool:
+    if is_op(n, "Pow") and n.inputs[0] is d:
+        e = scalar_constant(graph, n.inputs[1])
+        return e is not None and float(e.reshape(())) == 2.0
+    return is_op(n, "Mul") and n.inputs[0] is d and n.inputs[1] is d
+
+
+def match_folded_scale(graph, rm1):
+    """The tf2onnx / Keras form, γ folded into the reciprocal std and the mean subtracted after scaling
+    (TensorFlow's batch-norm-style LayerNorm: ``moments`` then ``x·s + (β − μ·s)``)::
+
+        μ = ReduceMean(x);  v = ReduceMean((x − μ)²);  s = Reciprocal(Sqrt(v + ε)) [· γ]
+        y = Add(Mul(x, s), Sub(β, Mul(μ, s)))      or, without β,  y = Sub(Mul(x, s), Mul(μ, s))
+
+    ``(reason, LayerNormMatch)``. y = (x − μ)·s + β, i.e. LayerNorm; the LayerNorm kernel computes it
+    with less cancellation than the decomposed form when |μ| ≫ σ.
+    """
+    if len(rm1.outputs) != 1 or not rm1.inputs:
+        return "ReduceMean has an unexpected number of inputs or outputs", None
+    reason, axes = _reduce_axes(graph, rm1)
+    if reason:
+        return reason, None
+    x, mu = rm1.inputs[0], rm1.outputs[0]
+    k = _trailing_k(graph, x, axes)
+    if k is None:
+        return f"ReduceMean axes {axes} are not the trailing axes of {x.name!r}", None
+    readers = consumers(mu)
+    subs = [r for r in readers if is_op(r, "Sub") and r.inputs[0] is x and r.inputs[1] is mu]
+    muls = [r for r in readers if is_op(r, "Mul")]
+    if len(readers) != 2 or len(subs) != 1 or len(muls) != 1 or is_graph_output(graph, mu):
+        return "the mean is not read by exactly Sub(x, mean) and Mul(mean, s)", None
+    sub, mul_mu = subs[0], muls[0]
+    sq = _single_reader(graph, sub.outputs[0])
+    if sq is None or not _square_of(graph, sq, sub.outputs[0]):
+        return "x − mean is not read by a square only", None
+    rm2 = _single_reader(graph, sq.outputs[0])
+    if not is_op(rm2, "ReduceMean"):
+        return "the square is not read by a ReduceMean only", None
+    reason, axes2 = _reduce_axes(graph, rm2)
+    if reason:
+        return reason, None
+    if _trailing_k(graph, sq.outputs[0], axes2) != k:
+        return f"the two ReduceMeans reduce different axes ({axes} vs {axes2})", None
+    add_eps = _single_reader(graph, rm2.outputs[0])
+    if not is_op(add_eps, "Add"):
+        return "the variance is not read by an Add(ε) only", None
+    eps_t = other_input(add_eps, rm2.outputs[0])
+    eps = scalar_constant(graph, eps_t) if eps_t is not None else None
+    if eps is None:
+        return "ε is not a scalar constant", None
+    sqrt = _single_reader(graph, add_eps.outputs[0])
+    if not is_op(sqrt, "Sqrt"):
+        return "variance + ε is not read by a Sqrt only", None
+    recip = _single_reader(graph, sqrt.outputs[0])
+    if not is_op(recip, "Reciprocal"):
+        return "the std is not read by a Reciprocal only", None
+    nodes = [rm1, sub, sq, rm2, add_eps, sqrt, recip]
+    scale, gamma = recip.outputs[0], None
+    g_mul = _single_reader(graph, scale)
+    if is_op(g_mul, "Mul"):
+        g = other_input(g_mul, scale)
+        if g is not None and constant_value(graph, g) is not None:
+            gamma, scale = g, g_mul.outputs[0]
+            nodes.append(g_mul)
+    s_readers = consumers(scale)
+    if is_graph_output(graph, scale) or len(s_readers) != 2 or mul_mu not in s_readers:
+        return "the scale is not read by exactly Mul(x, s) and Mul(mean, s)", None
+    if other_input(mul_mu, mu) is not scale:
+        return "Mul(mean, ·) does not multiply by the scale", None
+    (mul_x,) = [r for r in s_readers if r is not mul_mu]
+    if not is_op(mul_x, "Mul") or other_input(mul_x, scale) is not x:
+        return "the scale is not applied to x", None
+    xm, mm = mul_x.outputs[0], mul_mu.outputs[0]
+    beta = None
+    root = _single_reader(graph, xm)
+    if is_op(root, "Sub") and root.inputs[0] is xm and root.inputs[1] is mm:
+        nodes += [mul_x, mul_mu, root]
+    else:
+        sub_beta = _single_reader(graph, mm)
+        if not is_op(sub_beta, "Sub") or sub_beta.inputs[1] is not mm:
+            return "mean · s is not subtracted from β or from x · s", None
+        beta = sub_beta.inputs[0]
+        if constant_value(graph, beta) is None:
+            return "β is not a constant", None
+        if not is_op(root, "Add") or other_input(root, xm) is not sub_beta.outputs[0]:
+            return "x · s is not added to β − mean · s", None
+        nodes += [mul_x, mul_mu, sub_beta, root]
+    problem = internal_problem(graph, nodes, root)
+    if problem:
+        return problem, None
+    dtype = first_known_dtype(graph, eps_t, *(t for t in (gamma, beta) if t is not None), x)
+    return None, LayerNormMatch(x=x, k=k, eps=float(eps.reshape(())), gamma=gamma, beta=beta, nodes=nodes,
+                                root=root, x_readers=[rm1, sub, mul_x], dtype=dtype)
+
+
+def match_any_decomposed(graph, rm1):
+    """:func:`match_decomposed`, else :func:`match_folded_scale`; the first one's reason when neither."""
+    reason, m = match_decomposed(graph, rm1)
+    if m is not None:
+        return None, m
+    reason2, m2 = match_folded_scale(graph, rm1)
+    if m2 is not None:
+        return None, m2
+    return reason, None
+
+
 def match_standard(graph, ln):
     """An ONNX LayerNormalization node as a :class:`LayerNormMatch` (normalizing the last axis only)."""
     if len(ln.inputs) < 2 or ln.inputs[1].is_empty():
@@ -271,7 +378,7 @@ def _mean_candidate(node) -> bool:
     if not is_op(node, "ReduceMean") or len(node.outputs) != 1:
         return False
     readers = consumers(node.outputs[0])
-    return bool(readers) and all(is_op(r, "Sub") for r in readers)
+    return any(is_op(r, "Sub") for r in readers) and all(is_op(r, "Sub", "Mul") for r in readers)
 
 
 class ContribSkipLayerNorm(ContribRule):
@@ -283,7 +390,7 @@ class ContribSkipLayerNorm(ContribRule):
 
     def analyze(self, graph, node):
         if node.op == "ReduceMean":
-            reason, m = match_decomposed(graph, node)
+            reason, m = match_any_decomposed(graph, node)
         else:
             reason, m = match_standard(graph, node)
         if reason:
@@ -365,7 +472,7 @@ class ContribLayerNorm(ContribRule):
         return [n for n in graph.nodes if _mean_candidate(n)]
 
     def analyze(self, graph, node):
-        reason, m = match_decomposed(graph, node)
+        reason, m = match_any_decomposed(graph, node)
         if reason:
             return reason, None
         opset = int(getattr(graph, "opset", 0) or 0)

@@ -187,3 +187,69 @@ def test_skip_layernorm_refuses_double():
     out, report = fuse(m, SKIP)
     assert report.counts[SKIP.name] == 0
     assert any("float64" in r for r in refusals(report, SKIP)), refusals(report)
+
+
+# --- TensorFlow / Keras form: γ folded into the reciprocal, mean subtracted after scaling ----------
+
+
+def keras_body(x="x", scale="s = Mul(r, gamma)", tail="xs = Mul(x, s)\nms = Mul(mu, s)\nb = Sub(beta, ms)\ny = Add(xs, b)"):
+    return f"""
+        mu = ReduceMean <axes = [-1]> ({x})
+        d = Sub({x}, mu)
+        sq = Mul(d, d)
+        var = ReduceMean <axes = [-1]> (sq)
+        eps = Constant <value = float {{1e-3}}> ()
+        ve = Add(var, eps)
+        sd = Sqrt(ve)
+        r = Reciprocal(sd)
+        {scale}
+        {tail.replace("Mul(x, s)", f"Mul({x}, s)")}
+    """
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"tail": "xs = Mul(s, x)\nms = Mul(s, mu)\nb = Sub(beta, ms)\ny = Add(b, xs)"},  # operands swapped
+        {"tail": "xs = Mul(x, s)\nms = Mul(mu, s)\ny = Sub(xs, ms)"},  # no β
+        {"scale": "s = Identity(r)"},  # no γ
+    ],
+    ids=["keras", "swapped", "no-beta", "no-gamma"],
+)
+def test_keras_folded_scale_form(kwargs):
+    m = model(keras_body(**kwargs))
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 1, refusals(report)
+    assert set(ops(out)) == {"LayerNormalization"}
+    node = out.graph.node[0]
+    assert {a.name: a for a in node.attribute}["epsilon"].f == pytest.approx(1e-3, rel=1e-6)
+    same_outputs(m, out)
+
+
+@pytest.mark.parametrize(
+    "tail,why",
+    [
+        # the mean is also a graph output... here: read by a third op
+        ("xs = Mul(x, s)\nms = Mul(mu, s)\nb = Sub(beta, ms)\ny0 = Add(xs, b)\ny = Add(y0, mu)", "mean"),
+        # x is scaled by something else than s
+        ("s2 = Mul(s, s)\nxs = Mul(x, s2)\nms = Mul(mu, s)\nb = Sub(beta, ms)\ny = Add(xs, b)", "scale"),
+        # β − μ·s added to something other than x·s
+        ("xs = Mul(x, s)\nms = Mul(mu, s)\nb = Sub(beta, ms)\ny = Add(x, b)", "scale"),
+    ],
+    ids=["mean-reused", "other-scale", "not-x-times-s"],
+)
+def test_keras_form_near_misses(tail, why):
+    m = model(keras_body(tail=tail))
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 0
+    assert "LayerNormalization" not in ops(out)
+    same_outputs(m, out)
+
+
+def test_keras_form_after_residual_add_becomes_skip_layernorm():
+    body = "x = Add(a, b0)\n" + keras_body()
+    m = model(body, inputs="float[2,5,8] a, float[2,5,8] b0")
+    out, report = fuse(m, SKIP)
+    assert ops(out) == {"com.microsoft:SkipLayerNormalization": 1}, refusals(report)
+    same_outputs(m, out)
