@@ -111,8 +111,9 @@ def _single_reader(graph, tensor):
     return readers[0]
 
 
-def match_decomposed(graph, rm1):
-    """Match the decomposed form anchored at its first ReduceMean; ``(reason, LayerNormMatch)``."""
+def _mean_anchor(graph, rm1):
+    """``(reason, (x, mean, k, axes))`` for the first ReduceMean of a decomposed LayerNorm: keepdims=1
+    over the last k axes of x."""
     if len(rm1.outputs) != 1 or not rm1.inputs:
         return "ReduceMean has an unexpected number of inputs or outputs", None
     reason, axes = _reduce_axes(graph, rm1)
@@ -122,28 +123,12 @@ def match_decomposed(graph, rm1):
     k = _trailing_k(graph, x, axes)
     if k is None:
         return f"ReduceMean axes {axes} are not the trailing axes of {x.name!r}", None
-    subs = consumers(mu)
-    if not subs or len(subs) > 2 or is_graph_output(graph, mu):
-        return "the mean is not read by one or two Subs only", None
-    for s in subs:
-        if not is_op(s, "Sub") or s.inputs[0] is not x or s.inputs[1] is not mu:
-            return f"the mean is read by {s.op}, not by Sub(x, mean)", None
-    readers = [(s.outputs[0], r) for s in subs for r in consumers(s.outputs[0])]
-    if len(readers) != 2 or any(is_graph_output(graph, s.outputs[0]) for s in subs):
-        return "x − mean is not read exactly by the square and the division", None
+    return None, (x, mu, k, axes)
 
-    def is_square(d, n):
-        if is_op(n, "Pow") and n.inputs[0] is d:
-            e = scalar_constant(graph, n.inputs[1])
-            return e is not None and float(e.reshape(())) == 2.0
-        return is_op(n, "Mul") and n.inputs[0] is d and n.inputs[1] is d
 
-    sq = [(d, n) for d, n in readers if is_square(d, n)]
-    if len(sq) != 1:
-        return "no (x − mean)² node", None
-    (d_sq, sq_node), = sq
-    (d_div, div_node), = [(d, n) for d, n in readers if n is not sq_node]
-
+def _std_chain(graph, sq_node, x, k, axes):
+    """``(reason, (rm2, add_eps, eps_tensor, eps, sqrt))`` for the standard deviation of a decomposed
+    LayerNorm: ReduceMean over the same k trailing axes → Add(ε) → Sqrt, each read only by the next."""
     rm2 = _single_reader(graph, sq_node.outputs[0])
     if not is_op(rm2, "ReduceMean") or rm2.inputs[0] is not sq_node.outputs[0]:
         return "the square is not read by a ReduceMean only", None
@@ -162,6 +147,43 @@ def match_decomposed(graph, rm1):
     sqrt = _single_reader(graph, add_eps.outputs[0])
     if not is_op(sqrt, "Sqrt"):
         return "variance + ε is not read by a Sqrt only", None
+    return None, (rm2, add_eps, eps_t, eps, sqrt)
+
+
+def _square_of(graph, n, d) -> bool:
+    """True when node ``n`` computes d²: ``Pow(d, 2)`` or ``Mul(d, d)``."""
+    if is_op(n, "Pow") and n.inputs[0] is d:
+        e = scalar_constant(graph, n.inputs[1])
+        return e is not None and float(e.reshape(())) == 2.0
+    return is_op(n, "Mul") and n.inputs[0] is d and n.inputs[1] is d
+
+
+def match_decomposed(graph, rm1):
+    """Match the decomposed form anchored at its first ReduceMean; ``(reason, LayerNormMatch)``."""
+    reason, anchor = _mean_anchor(graph, rm1)
+    if reason:
+        return reason, None
+    x, mu, k, axes = anchor
+    subs = consumers(mu)
+    if not subs or len(subs) > 2 or is_graph_output(graph, mu):
+        return "the mean is not read by one or two Subs only", None
+    for s in subs:
+        if not is_op(s, "Sub") or s.inputs[0] is not x or s.inputs[1] is not mu:
+            return f"the mean is read by {s.op}, not by Sub(x, mean)", None
+    readers = [(s.outputs[0], r) for s in subs for r in consumers(s.outputs[0])]
+    if len(readers) != 2 or any(is_graph_output(graph, s.outputs[0]) for s in subs):
+        return "x − mean is not read exactly by the square and the division", None
+
+    sq = [(d, n) for d, n in readers if _square_of(graph, n, d)]
+    if len(sq) != 1:
+        return "no (x − mean)² node", None
+    (d_sq, sq_node), = sq
+    (d_div, div_node), = [(d, n) for d, n in readers if n is not sq_node]
+
+    reason, chain = _std_chain(graph, sq_node, x, k, axes)
+    if reason:
+        return reason, None
+    rm2, add_eps, eps_t, eps, sqrt = chain
     nodes = [rm1, *subs, sq_node, rm2, add_eps, sqrt]
     std = sqrt.outputs[0]
     if is_op(div_node, "Div"):
@@ -197,13 +219,6 @@ def match_decomposed(graph, rm1):
                                 root=root, x_readers=[rm1, *subs], dtype=dtype)
 
 
-def _square_of(graph, n, d) -> bool:
-    if is_op(n, "Pow") and n.inputs[0] is d:
-        e = scalar_constant(graph, n.inputs[1])
-        return e is not None and float(e.reshape(())) == 2.0
-    return is_op(n, "Mul") and n.inputs[0] is d and n.inputs[1] is d
-
-
 def match_folded_scale(graph, rm1):
     """The tf2onnx / Keras form, γ folded into the reciprocal std and the mean subtracted after scaling
     (TensorFlow's batch-norm-style LayerNorm: ``moments`` then ``x·s + (β − μ·s)``)::
@@ -214,15 +229,10 @@ def match_folded_scale(graph, rm1):
     ``(reason, LayerNormMatch)``. y = (x − μ)·s + β, i.e. LayerNorm; the LayerNorm kernel computes it
     with less cancellation than the decomposed form when |μ| ≫ σ.
     """
-    if len(rm1.outputs) != 1 or not rm1.inputs:
-        return "ReduceMean has an unexpected number of inputs or outputs", None
-    reason, axes = _reduce_axes(graph, rm1)
+    reason, anchor = _mean_anchor(graph, rm1)
     if reason:
         return reason, None
-    x, mu = rm1.inputs[0], rm1.outputs[0]
-    k = _trailing_k(graph, x, axes)
-    if k is None:
-        return f"ReduceMean axes {axes} are not the trailing axes of {x.name!r}", None
+    x, mu, k, axes = anchor
     readers = consumers(mu)
     subs = [r for r in readers if is_op(r, "Sub") and r.inputs[0] is x and r.inputs[1] is mu]
     muls = [r for r in readers if is_op(r, "Mul")]
@@ -232,24 +242,10 @@ def match_folded_scale(graph, rm1):
     sq = _single_reader(graph, sub.outputs[0])
     if sq is None or not _square_of(graph, sq, sub.outputs[0]):
         return "x − mean is not read by a square only", None
-    rm2 = _single_reader(graph, sq.outputs[0])
-    if not is_op(rm2, "ReduceMean"):
-        return "the square is not read by a ReduceMean only", None
-    reason, axes2 = _reduce_axes(graph, rm2)
+    reason, chain = _std_chain(graph, sq, x, k, axes)
     if reason:
         return reason, None
-    if _trailing_k(graph, sq.outputs[0], axes2) != k:
-        return f"the two ReduceMeans reduce different axes ({axes} vs {axes2})", None
-    add_eps = _single_reader(graph, rm2.outputs[0])
-    if not is_op(add_eps, "Add"):
-        return "the variance is not read by an Add(ε) only", None
-    eps_t = other_input(add_eps, rm2.outputs[0])
-    eps = scalar_constant(graph, eps_t) if eps_t is not None else None
-    if eps is None:
-        return "ε is not a scalar constant", None
-    sqrt = _single_reader(graph, add_eps.outputs[0])
-    if not is_op(sqrt, "Sqrt"):
-        return "variance + ε is not read by a Sqrt only", None
+    rm2, add_eps, eps_t, eps, sqrt = chain
     recip = _single_reader(graph, sqrt.outputs[0])
     if not is_op(recip, "Reciprocal"):
         return "the std is not read by a Reciprocal only", None

@@ -40,21 +40,26 @@ def _same(original, optimized, dims: dict[str, int]):
         np.testing.assert_array_equal(got[name], a)
 
 
-def test_one_computed_size_becomes_minus_one():
-    m = parse("""
-    g (float[batch,6,32] x) => (float[b2,3,32] y) {
+def _scaled_batch(factor: int, rest: str, out: str):
+    """Reshape(x, Concat(batch · factor, rest)): the first size is computed, the others constant."""
+    return parse(f"""
+    g (float[batch,6,32] x) => (float[{out}] y) {{
         s = Shape(x)
-        i0 = Constant <value = int64 {0}> ()
+        i0 = Constant <value = int64 {{0}}> ()
         b = Gather <axis = 0> (s, i0)
-        two = Constant <value = int64 {2}> ()
-        bb = Mul(b, two)
-        ax = Constant <value = int64[1] {0}> ()
+        f = Constant <value = int64 {{{factor}}}> ()
+        bb = Mul(b, f)
+        ax = Constant <value = int64[1] {{0}}> ()
         b1 = Unsqueeze(bb, ax)
-        rest = Constant <value = int64[2] {3, 32}> ()
+        rest = Constant <value = int64[2] {{{rest}}}> ()
         shp = Concat <axis = 0> (b1, rest)
         y = Reshape(x, shp)
-    }
+    }}
     """)
+
+
+def test_one_computed_size_becomes_minus_one():
+    m = _scaled_batch(2, "3, 32", "b2,3,32")
     out, report = fuse(m, RULE)
     assert report.counts[RULE.name] == 1
     assert _target(out) == [-1, 3, 32]
@@ -63,18 +68,23 @@ def test_one_computed_size_becomes_minus_one():
         _same(m, out, {"batch": batch})
 
 
-def test_own_dimensions_become_copies():
-    m = parse("""
-    g (float[batch,seq,32] x) => (float[batch,seq,4,8] y) {
+def _split_last_dim(allowzero: int = 0):
+    """x.view(*x.shape[:2], 4, 8): the first two sizes are a Slice of x's own Shape."""
+    return parse(f"""
+    g (float[batch,seq,32] x) => (float[batch,seq,4,8] y) {{
         s = Shape(x)
-        a = Constant <value = int64[1] {0}> ()
-        e = Constant <value = int64[1] {2}> ()
+        a = Constant <value = int64[1] {{0}}> ()
+        e = Constant <value = int64[1] {{2}}> ()
         bs = Slice(s, a, e)
-        rest = Constant <value = int64[2] {4, 8}> ()
+        rest = Constant <value = int64[2] {{4, 8}}> ()
         shp = Concat <axis = 0> (bs, rest)
-        y = Reshape(x, shp)
-    }
+        y = Reshape <allowzero = {allowzero}> (x, shp)
+    }}
     """)
+
+
+def test_own_dimensions_become_copies():
+    m = _split_last_dim()
     out, report = fuse(m, RULE)
     assert _target(out) == [0, 0, 4, 8]
     for dims in ({"batch": 2, "seq": 3}, {"batch": 1, "seq": 5}):
@@ -140,37 +150,14 @@ def test_shape_inference_proves_both_sizes_are_copies():
 
 
 def test_allowzero_disables_copies():
-    m = parse("""
-    g (float[batch,seq,32] x) => (float[batch,seq,4,8] y) {
-        s = Shape(x)
-        a = Constant <value = int64[1] {0}> ()
-        e = Constant <value = int64[1] {2}> ()
-        bs = Slice(s, a, e)
-        rest = Constant <value = int64[2] {4, 8}> ()
-        shp = Concat <axis = 0> (bs, rest)
-        y = Reshape <allowzero = 1> (x, shp)
-    }
-    """)
+    m = _split_last_dim(allowzero=1)
     out, report = fuse(m, RULE)
     assert report.counts[RULE.name] == 0
     assert any("not a copy" in r for r in refusals(report, RULE)), refusals(report, RULE)
 
 
 def test_zero_constant_with_a_computed_size_is_refused():
-    m = parse("""
-    g (float[batch,6,32] x) => (float[b2,6,32] y) {
-        s = Shape(x)
-        i0 = Constant <value = int64 {0}> ()
-        b = Gather <axis = 0> (s, i0)
-        two = Constant <value = int64 {1}> ()
-        bb = Mul(b, two)
-        ax = Constant <value = int64[1] {0}> ()
-        b1 = Unsqueeze(bb, ax)
-        rest = Constant <value = int64[2] {0, 32}> ()
-        shp = Concat <axis = 0> (b1, rest)
-        y = Reshape(x, shp)
-    }
-    """)
+    m = _scaled_batch(1, "0, 32", "batch,6,32")
     out, report = fuse(m, RULE)
     assert report.counts[RULE.name] == 0
     assert any("not positive" in r for r in refusals(report, RULE)), refusals(report, RULE)
