@@ -30,8 +30,9 @@ shape, or the others are per-channel constants of known shape).
 Region algorithm: see :mod:`onnxfuse.rewrites._regions` (greedy growth in topological order with
 a contracted-graph cycle check, then splitting regions whose outputs break the shape contract).
 Single-op regions are left alone (refusal "single op"): one fused node saves nothing.
-Subgraphs (If/Loop/Scan bodies) are left intact; their nodes are not fused, and a value they read
-from the outer graph is treated as read outside any region.
+Subgraphs (If branches, Loop/Scan bodies) are fused too, each on its own: a value a body reads
+from an enclosing graph is a region input there and counts as read outside any region of the
+enclosing graph; a body's outputs keep their names; regions never cross a graph boundary.
 """
 
 from __future__ import annotations
@@ -378,6 +379,18 @@ class Region:
     lowerings: list
     reason: str | None = None
     program: Any = None
+    analysis: Any = None  # the _Analysis that found it (dtypes and shapes of its graph)
+    graph: Any = None  # the graph (top level or an If/Loop/Scan body) the fused node goes into
+
+
+def _graphs(graph: gs.Graph):
+    """``graph`` and every subgraph (If branches, Loop and Scan bodies) below it, outermost first."""
+    yield graph
+    for node in graph.nodes:
+        for value in node.attrs.values():
+            for sub in (value if isinstance(value, list) else [value]):
+                if isinstance(sub, gs.Graph):
+                    yield from _graphs(sub)
 
 
 class _Analysis:
@@ -678,12 +691,16 @@ class FuseElementwiseRegions(Rule):
         self._counter = 0
 
     def match(self, graph):
-        analysis = _Analysis(graph)
-        self._dtype_of = analysis.dtype_of
-        self._dtypes = analysis.dtypes
-        self._shapes = analysis.shapes
-        self._names = {n.name for n in graph.nodes}
-        regions = analysis.regions()
+        graphs = list(_graphs(graph))
+        self._names = {n.name for g in graphs for n in g.nodes}
+        regions = []
+        # Each body is analysed on its own: values it reads from an enclosing graph are region
+        # inputs, its graph outputs are kept, and the fused node goes into the body.
+        for g in graphs:
+            analysis = _Analysis(g)
+            for r in analysis.regions():
+                r.analysis, r.graph = analysis, g
+                regions.append(r)
         # A later pass over the same graph sees the ops refused earlier again (often with less
         # context, since their neighbours are fused by then): report each op once, the first time.
         reported = graph.__dict__.setdefault("_onnxfuse_fuse_reported", set())
@@ -701,7 +718,7 @@ class FuseElementwiseRegions(Rule):
         if not all(is_alive(n) for n in match.nodes):
             return "region changed during this pass"
         try:
-            match.program = build_program(match, self._dtypes, self._dtype_of)
+            match.program = build_program(match, match.analysis.dtypes, match.analysis.dtype_of)
         except Exception as exc:  # ProgramError: a lowering bug, never a broken model
             return f"program rejected: {getattr(exc, 'problem', exc)}"
         return None
@@ -729,11 +746,11 @@ class FuseElementwiseRegions(Rule):
             node.outputs.clear()
         for t, dt in zip(match.outputs, dtypes):
             t.dtype = expr.numpy_dtype(dt)
-            shape = self._shapes.get(t.name)
+            shape = match.analysis.shapes.get(t.name)
             t.shape = list(shape) if shape is not None else None
         fused = gs.Node(op=expr.OP_TYPE, name=name, domain=expr.DOMAIN, attrs={"program": text},
                         inputs=list(match.inputs), outputs=list(match.outputs))
-        graph.nodes.append(fused)
+        (match.graph if match.graph is not None else graph).nodes.append(fused)
         return {
             "node": name,
             "ops": [n.name or n.op for n in match.nodes],

@@ -342,7 +342,7 @@ def test_dynamic_batch_dimension():
 
 
 @needs_library
-def test_if_subgraph_reading_region_values_is_unharmed():
+def test_if_branches_are_fused_on_their_own():
     m = parse("""
     g (float[2,3] x, bool c) => (float[2,3] y) {
       a = Relu(x)
@@ -358,12 +358,46 @@ def test_if_subgraph_reading_region_values_is_unharmed():
     assert set(node.output) == {"a", "b", "d"}  # all read by the bodies: kept, same names
     if_node = out.graph.node[1]
     bodies = {a.name: [n.op_type for n in a.g.node] for a in if_node.attribute}
-    assert bodies == {"then_branch": ["Neg", "Abs"], "else_branch": ["Add"]}
+    # Each branch is fused inside itself (Neg+Abs: one node); a lone Add stays ("single op").
+    assert bodies == {"then_branch": [FUSED], "else_branch": ["Add"]}
+    then = next(a.g for a in if_node.attribute if a.name == "then_branch")
+    assert list(then.node[0].input) == ["b"] and list(then.node[0].output) == ["t"]  # reads the outer b
     for flag in (True, False):
         feeds = feeds_for(m)
         feeds["c"] = np.array(flag)
         want, got = run(m, feeds), run(out, feeds)
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6)
+
+
+@needs_library
+def test_loop_body_is_fused_and_keeps_its_outputs():
+    # y_{k+1} = tanh(0.5 * y_k + x), also emitted as a scan output each iteration.
+    m = parse("""
+    g (float[batch,6] x, int64 n) => (float[batch,6] y, float[k,batch,6] ys) {
+      c = Constant <value = bool {1}> ()
+      y, ys = Loop(n, c, x) <body = body (int64 i, bool cin, float[batch,6] yin) => (bool cout, float[batch,6] yout, float[batch,6] scan) {
+          cout = Identity(cin)
+          h = Constant <value = float {0.5}> ()
+          t = Mul(yin, h)
+          u = Add(t, x)
+          yout = Tanh(u)
+          scan = Neg(yout)
+      }>
+    }""")
+    out, rep = fuse(m)
+    loop = next(n for n in out.graph.node if n.op_type == "Loop")
+    body = loop.attribute[0].g
+    ops = [n.op_type for n in body.node]
+    assert ops.count(FUSED) == 1 and not {"Mul", "Add", "Tanh", "Neg"} & set(ops), ops
+    fused = next(n for n in body.node if n.op_type == FUSED)
+    assert set(fused.output) == {"yout", "scan"}  # body outputs keep their names
+    assert "x" in fused.input  # read from the enclosing graph
+    for batch in (1, 3):
+        feeds = feeds_for(m, dims={"batch": batch})
+        feeds["n"] = np.array(4, dtype=np.int64)
+        want, got = run(m, feeds), run(out, feeds)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-7, err_msg=k)
 
 
 def test_single_op_is_left_alone():
