@@ -40,6 +40,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--opset", type=int, default=14)
     ap.add_argument("--time-budget", type=float, default=0.5)
+    ap.add_argument("--sessions", type=int, default=1, help="fresh sessions per variant, samples pooled")
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: only to check the script")
     args = ap.parse_args()
@@ -61,7 +62,7 @@ def main() -> int:
         variants.append((f"without {rule.name}", model))
     feeds = spec.feeds(args.batch)
     inputs = Inputs(feeds=feeds)
-    config = BenchConfig(device=args.device, time_budget_s=args.time_budget, warmup=10)
+    config = BenchConfig(device=args.device, time_budget_s=args.time_budget, warmup=10, sessions=args.sessions)
     results = time_models([(name, m, inputs) for name, m in variants], config, rounds=3)
     base = results[0].stats.median_ms
     lines = [f"## {args.model} {'fp16' if args.fp16 else 'fp32'} batch {args.batch}: leave-one-rule-out",

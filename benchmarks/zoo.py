@@ -428,7 +428,7 @@ def run_model(name: str, args, part: Path) -> None:
                 if late(f"{variant} b{batch} graph={graph}"):
                     return
                 cfg = BenchConfig(device=device, warmup=args.warmup, time_budget_s=args.time_budget,
-                                  min_iterations=args.min_iterations, cuda_graph=graph)
+                                  min_iterations=args.min_iterations, cuda_graph=graph, sessions=args.sessions)
                 jobs = [(label, m, inputs, specs.get(label)) for label, m in models]
                 try:
                     results = time_models(jobs, cfg, rounds=args.rounds)
@@ -705,6 +705,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=None, help="warm-up runs (10)")
     p.add_argument("--min-iterations", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds original/optimized")
+    p.add_argument("--sessions", type=int, default=1,
+                   help="fresh ONNX Runtime sessions per model and cell, samples pooled (evens out cuDNN's "
+                        "per-session algorithm choice; the time budget is split between them)")
     p.add_argument("--torch", choices=["none", "eager", "compile", "all"], default=None,
                    help="PyTorch baselines (default all; --quick: eager)")
     p.add_argument("--compile-modes", default="default,reduce-overhead",

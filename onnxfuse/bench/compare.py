@@ -7,7 +7,7 @@ drift during the measurement hits both alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
@@ -20,7 +20,7 @@ from onnxfuse.bench.runner import (
     Timer,
     gpu_unavailable_reason,
 )
-from onnxfuse.bench.stats import speedup
+from onnxfuse.bench.stats import speedup, summarize
 from onnxfuse.errors import OnnxfuseError, first_line
 from onnxfuse.validate.inputs import Inputs
 
@@ -87,10 +87,40 @@ def time_models(models: list[tuple], config: BenchConfig, rounds: int = 3,
     ``models``: ``(name, model, inputs)`` tuples, optionally with a fourth item, the model's output
     specs from an earlier plain run (saves a probing run in CUDA-graph mode; see ``BenchResult.output_specs``).
     The budget (``time_budget_s`` and ``iterations``) is per model, split across the rounds.
+    With ``config.sessions`` > 1 the whole measurement is repeated in that many fresh sessions (the
+    budget split between them) and each model's samples are pooled; the result notes each session's
+    median.
     Raises :class:`~onnxfuse.bench.runner.NoGPU` / :class:`~onnxfuse.errors.RuntimeFailure`.
     """
     config.validate()
     step = progress or (lambda _m, _f: None)
+    k = config.sessions
+    if k == 1:
+        return _time_session(models, config, rounds, step)
+    share = replace(config, sessions=1,
+                    time_budget_s=None if config.time_budget_s is None else config.time_budget_s / k,
+                    iterations=None if config.iterations is None else max(1, -(-config.iterations // k)),
+                    min_iterations=max(1, -(-config.min_iterations // k)))
+    runs: list[list[BenchResult]] = []
+    for s in range(k):
+        runs.append(_time_session(models, share, rounds,
+                                  lambda m, f, s=s: step(f"session {s + 1}/{k}: {m}", (s + f) / k)))
+        # Later sessions reuse the output specs the first one probed.
+        models = [(name, model, inputs, r.output_specs) for (name, model, inputs, *_), r in zip(models, runs[-1])]
+    return [pool_sessions([run[i] for run in runs]) for i in range(len(models))]
+
+
+def pool_sessions(results: list[BenchResult]) -> BenchResult:
+    """One result from the same model timed in several sessions: samples pooled, per-session medians noted."""
+    first = results[0]
+    samples = [x for r in results for x in r.samples_ms]
+    medians = ", ".join(f"{r.stats.median_ms:.3f}" for r in results)
+    notes = list(first.notes) + [f"{len(results)} sessions pooled; per-session medians (ms): {medians}"]
+    return replace(first, stats=summarize(samples), samples_ms=samples, notes=notes)
+
+
+def _time_session(models: list[tuple], config: BenchConfig, rounds: int, step: Progress) -> list[BenchResult]:
+    """One session per model, created, warmed up and sampled in interleaved rounds."""
     rounds = max(1, rounds)
     n = len(models)
     timers: list[Timer] = []

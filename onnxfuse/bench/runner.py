@@ -72,6 +72,10 @@ class BenchConfig:
     optimization: str = "all"
     device_id: int = 0
     provider_options: dict = field(default_factory=dict)
+    #: Fresh ONNX Runtime sessions per model; the budget is split across them and their samples pooled.
+    #: cuDNN picks convolution algorithms per session (by timing them once), so one session's latency
+    #: can be off by 10-20% on depthwise-heavy fp16 models; several sessions average that out.
+    sessions: int = 1
 
     def validate(self) -> None:
         if self.device not in DEVICES:
@@ -86,6 +90,8 @@ class BenchConfig:
             raise UsageError("--time-budget must be > 0 seconds")
         if self.iterations is None and self.time_budget_s is None:
             raise UsageError("give an iteration count or a time budget")
+        if self.sessions < 1:
+            raise UsageError("--sessions must be >= 1")
 
     @property
     def effective_warmup(self) -> int:
@@ -96,7 +102,7 @@ class BenchConfig:
         return {
             "device": self.device, "warmup": self.effective_warmup, "iterations": self.iterations,
             "time_budget_s": self.time_budget_s, "min_iterations": self.min_iterations,
-            "cuda_graph": self.cuda_graph, "optimization": self.optimization,
+            "cuda_graph": self.cuda_graph, "optimization": self.optimization, "sessions": self.sessions,
         }
 
 

@@ -42,6 +42,7 @@ Examples:
   onnxfuse bench model.onnx model.opt.onnx --cuda-graph --time-budget 5 --json bench.json
   onnxfuse bench bert.onnx --shape input_ids:8,128 --shape attention_mask:8,128 --profile
   onnxfuse bench model.onnx --device cpu --iterations 100 --warmup 5
+  onnxfuse bench model.onnx model.opt.onnx --batch 16 --sessions 3 --time-budget 3
 """
 
 
@@ -116,6 +117,9 @@ def profile_tables(prof, top: int) -> list[Table]:
 @click.option("--warmup", type=int, default=10, show_default=True, metavar="N", help="Untimed runs first.")
 @click.option("--time-budget", "time_budget", type=float, default=2.0, show_default=True, metavar="SECONDS",
               help="Stop timing a model after this long (at least 10 runs are made).")
+@click.option("--sessions", type=int, default=1, show_default=True, metavar="N",
+              help="Repeat in N fresh sessions per model (budget split, samples pooled): evens out "
+                   "cuDNN's per-session algorithm choice.")
 @click.option("--profile", "do_profile", is_flag=True,
               help="Also profile each model: top ops by time and by count, nodes (and kernels) per run.")
 @click.option("--top", type=int, default=10, show_default=True, help="Rows in the --profile tables.")
@@ -123,9 +127,9 @@ def profile_tables(prof, top: int) -> list[Table]:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
 @handle_errors
 def bench(model_path, model2_path, batch, shapes, inputs_path, seed, device, cuda_graph, iterations, warmup,
-          time_budget, do_profile, top, json_path, quiet) -> None:
+          time_budget, sessions, do_profile, top, json_path, quiet) -> None:
     config = BenchConfig(device=device, warmup=warmup, iterations=iterations, time_budget_s=time_budget,
-                         cuda_graph=cuda_graph)
+                         cuda_graph=cuda_graph, sessions=sessions)
     try:
         config.validate()
         if batch is not None and inputs_path:

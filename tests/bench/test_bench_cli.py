@@ -124,3 +124,36 @@ def test_dynamic_dims_note(tmp_path):
     r = invoke("bench", path, "--device", "cpu", "--batch", "3", *FAST)
     assert r.exit_code == 0, r.output
     assert "note:" in r.output and "seq" in r.output
+
+
+def test_sessions_pool_samples_from_fresh_sessions(tmp_path, tiny_path):
+    out = tmp_path / "r.json"
+    r = invoke("bench", tiny_path, tiny_path, "--device", "cpu", "--iterations", "9", "--sessions", "3",
+               "--warmup", "1", "--json", out)
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    assert data["config"]["sessions"] == 3
+    for m in data["models"]:
+        assert m["latency_ms"]["count"] == 9  # 3 sessions x 3 runs, pooled
+        note = next(n for n in m["notes"] if "sessions pooled" in n)
+        assert len(note.split(":")[-1].split(",")) == 3  # one median per session
+
+
+def test_sessions_must_be_positive(tiny_path):
+    r = invoke("bench", tiny_path, "--device", "cpu", "--sessions", "0", *FAST)
+    assert r.exit_code == 2 and "--sessions" in r.output
+
+
+def test_pool_sessions_statistics():
+    from onnxfuse.bench.compare import pool_sessions
+    from onnxfuse.bench.runner import BenchResult
+    from onnxfuse.bench.stats import summarize
+
+    def result(samples):
+        return BenchResult(name="m", device="cpu", cuda_graph=False, optimization="all", stats=summarize(samples),
+                           warmup=1, shapes={}, nodes=1, providers=["CPUExecutionProvider"], samples_ms=samples)
+
+    pooled = pool_sessions([result([1.0, 1.0, 1.0]), result([2.0, 2.0, 2.0]), result([3.0, 3.0, 3.0])])
+    assert pooled.stats.count == 9 and pooled.stats.median_ms == 2.0 and pooled.stats.min_ms == 1.0
+    assert pooled.samples_ms == [1.0] * 3 + [2.0] * 3 + [3.0] * 3
+    assert pooled.notes[-1].endswith("1.000, 2.000, 3.000")
