@@ -24,7 +24,9 @@ computed values, the target becomes a constant:
 Exactness: ``0`` reproduces the copied value by definition. ``-1`` is inferred as the element count of
 ``x`` divided by the product of the other entries; whenever the original Reshape succeeds that
 product times the computed value *is* the element count, so the inferred value equals the computed one
-(the constant entries are checked to be positive, so the division is defined). The one difference is
+(the constant entries are checked to be positive, so the division is defined). A copy proven by a
+shared symbolic name relies on the model's own declaration (in ONNX the same ``dim_param`` means the
+same size; ONNX Runtime does not check it, so inputs that break it are outside the contract). The one difference is
 a zero-size tensor whose computed entry is 0: the original then copies ``x``'s dimension at that
 position, ``-1`` infers 0. Refused: two or more computed entries that are not copies, multi-element
 computed parts that are not copies, ``allowzero=1`` with a zero constant, unknown part sizes.
