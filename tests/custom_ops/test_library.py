@@ -586,3 +586,33 @@ def test_node_program_mismatch_fails_at_session_creation():
     so.log_severity_level = 3
     with pytest.raises(Exception, match="2 inputs and 1 outputs but its program declares 1 inputs"):
         ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def test_layout_cache_follows_changing_shapes():
+    # One session (one kernel instance) run with shapes that change between calls and come back:
+    # the cached broadcast layout must be recomputed whenever the shapes differ.
+    text = "onnxfuse.elementwise 1\ninput x0: float32\ninput x1: float32\nt0: float32 = Mul(x0, x1)\noutput t0\n"
+    sess = fused_session(text, [["a", "b"], ["c", "d"]])
+    rng = np.random.default_rng(3)
+    for sx, sy in [((2, 5), (2, 5)), ((4, 5), (1, 5)), ((2, 5), (2, 5)), ((3, 1), (1, 7)), ((4, 5), (1, 5))]:
+        x = rng.standard_normal(sx).astype(np.float32)
+        y = rng.standard_normal(sy).astype(np.float32)
+        (got,) = run_positional(sess, [x, y])
+        np.testing.assert_array_equal(got, x * y, err_msg=f"{sx} x {sy}")
+
+
+def test_many_high_rank_inputs_take_the_uncached_path():
+    # 40 inputs of rank 8 make a shape key longer than the library keeps on the stack (256 entries).
+    n, shape = 40, (1, 2, 1, 2, 1, 2, 1, 3)
+    lines = ["onnxfuse.elementwise 1"] + [f"input x{i}: float32" for i in range(n)]
+    lines.append("t0: float32 = Add(x0, x1)")
+    for i in range(2, n):
+        lines.append(f"t{i - 1}: float32 = Add(t{i - 2}, x{i})")
+    lines.append(f"output t{n - 2}")
+    text = "\n".join(lines) + "\n"
+    sess = fused_session(text, [shape] * n)
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(n)]
+    for _ in range(2):
+        (got,) = run_positional(sess, arrays)
+        np.testing.assert_allclose(got, np.sum(arrays, axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)

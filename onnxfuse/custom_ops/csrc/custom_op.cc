@@ -99,19 +99,48 @@ OrtStatus* load_program(const OrtKernelInfo* info, Program* prog, std::string* n
   return nullptr;
 }
 
-// Shapes of inputs, data pointers, broadcast layout and allocated outputs for one Compute call.
+// The broadcast layout of the last input shapes a kernel saw. Computing a layout allocates a
+// dozen small vectors; a model runs each node with the same shapes call after call, so the layout
+// is reused while the shapes stay the same (the per-call host cost is what bounds small batches).
+// Compute may run concurrently on one kernel (several threads running a session): guarded.
+class LayoutCache {
+ public:
+  std::shared_ptr<const BroadcastLayout> find(const int64_t* key, size_t len) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (layout_ && key_.size() == len && std::equal(key, key + len, key_.begin())) return layout_;
+    return nullptr;
+  }
+  void store(const int64_t* key, size_t len, std::shared_ptr<const BroadcastLayout> layout) {
+    std::lock_guard<std::mutex> lock(mu_);
+    key_.assign(key, key + len);
+    layout_ = std::move(layout);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int64_t> key_;
+  std::shared_ptr<const BroadcastLayout> layout_;
+};
+
+// Data pointers, broadcast layout and allocated outputs for one Compute call.
 struct Io {
   std::vector<const void*> in;
   std::vector<void*> out;
-  BroadcastLayout layout;
+  std::shared_ptr<const BroadcastLayout> layout;
 };
 
-OrtStatus* prepare_io(OrtKernelContext* ctx, const Program& prog, const std::string& node, Io* io) {
+// Longest shape key kept on the stack: [rank_0, dims_0..., rank_1, dims_1..., ...].
+constexpr size_t kKeyMax = 256;
+
+OrtStatus* prepare_io(OrtKernelContext* ctx, LayoutCache* cache, const std::string& node, Io* io) {
   size_t nin = 0, nout = 0;
   OrtStatus* st;
   if ((st = g_api->KernelContext_GetInputCount(ctx, &nin))) return st;
   if ((st = g_api->KernelContext_GetOutputCount(ctx, &nout))) return st;
-  std::vector<std::vector<int64_t>> shapes(nin);
+  int64_t key[kKeyMax];
+  size_t klen = 0;
+  bool keyed = true;
+  std::vector<std::vector<int64_t>> shapes;  // filled only when the key does not fit
   io->in.resize(nin);
   for (size_t i = 0; i < nin; ++i) {
     const OrtValue* v = nullptr;
@@ -120,25 +149,51 @@ OrtStatus* prepare_io(OrtKernelContext* ctx, const Program& prog, const std::str
     if ((st = g_api->GetTensorTypeAndShape(v, &ti))) return st;
     size_t nd = 0;
     drop(g_api->GetDimensionsCount(ti, &nd));
-    shapes[i].resize(nd);
-    if (nd) drop(g_api->GetDimensions(ti, shapes[i].data(), nd));
+    if (keyed && klen + 1 + nd <= kKeyMax) {
+      key[klen++] = static_cast<int64_t>(nd);
+      if (nd) drop(g_api->GetDimensions(ti, key + klen, nd));
+      klen += nd;
+    } else {
+      if (keyed) {  // switch to the slow path: rebuild the shapes seen so far from the key
+        keyed = false;
+        for (size_t p = 0; p < klen;) {
+          size_t r = static_cast<size_t>(key[p++]);
+          shapes.emplace_back(key + p, key + p + r);
+          p += r;
+        }
+      }
+      shapes.emplace_back(nd);
+      if (nd) drop(g_api->GetDimensions(ti, shapes.back().data(), nd));
+    }
     g_api->ReleaseTensorTypeAndShapeInfo(ti);
     void* data = nullptr;
     if ((st = g_api->GetTensorMutableData(const_cast<OrtValue*>(v), &data))) return st;
     io->in[i] = data;
   }
-  std::string err;
-  if (!make_layout(shapes, &io->layout, &err)) return make_status(ORT_INVALID_ARGUMENT, error_prefix(node) + err);
+  io->layout = keyed ? cache->find(key, klen) : nullptr;
+  if (!io->layout) {
+    if (keyed) {
+      for (size_t p = 0; p < klen;) {
+        size_t r = static_cast<size_t>(key[p++]);
+        shapes.emplace_back(key + p, key + p + r);
+        p += r;
+      }
+    }
+    auto layout = std::make_shared<BroadcastLayout>();
+    std::string err;
+    if (!make_layout(shapes, layout.get(), &err)) return make_status(ORT_INVALID_ARGUMENT, error_prefix(node) + err);
+    io->layout = layout;
+    if (keyed) cache->store(key, klen, layout);
+  }
+  const BroadcastLayout& L = *io->layout;
   io->out.resize(nout);
   for (size_t j = 0; j < nout; ++j) {
     OrtValue* v = nullptr;
-    if ((st = g_api->KernelContext_GetOutput(ctx, j, io->layout.out_shape.data(), io->layout.out_shape.size(), &v)))
-      return st;
+    if ((st = g_api->KernelContext_GetOutput(ctx, j, L.out_shape.data(), L.out_shape.size(), &v))) return st;
     void* data = nullptr;
     if ((st = g_api->GetTensorMutableData(v, &data))) return st;
     io->out[j] = data;
   }
-  (void)prog;
   return nullptr;
 }
 
@@ -147,6 +202,7 @@ struct CpuKernel {
   Program prog;
   std::string node;
   std::unique_ptr<CpuEvaluator> eval;
+  LayoutCache layouts;
 
   struct Task {
     const CpuKernel* self;
@@ -157,14 +213,14 @@ struct CpuKernel {
     const Task* t = static_cast<const Task*>(p);
     int64_t b0 = static_cast<int64_t>(b) * t->per_batch;
     int64_t b1 = std::min(t->nblocks, b0 + t->per_batch);
-    t->self->eval->run_blocks(t->io->in.data(), t->io->out.data(), t->io->layout, b0, b1);
+    t->self->eval->run_blocks(t->io->in.data(), t->io->out.data(), *t->io->layout, b0, b1);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
     try {
       Io io;
-      if (OrtStatus* st = prepare_io(ctx, prog, node, &io)) return st;
-      const int64_t n = io.layout.n;
+      if (OrtStatus* st = prepare_io(ctx, &layouts, node, &io)) return st;
+      const int64_t n = io.layout->n;
       if (n == 0) return nullptr;
       const int64_t nblocks = (n + CpuEvaluator::kBlock - 1) / CpuEvaluator::kBlock;
       // Parallelise over ONNX Runtime's intra-op thread pool for large tensors.
@@ -176,7 +232,7 @@ struct CpuKernel {
         if (!st) return nullptr;
         g_api->ReleaseStatus(st);  // no thread pool: fall through to a serial run
       }
-      eval->run_blocks(io.in.data(), io.out.data(), io.layout, 0, nblocks);
+      eval->run_blocks(io.in.data(), io.out.data(), *io.layout, 0, nblocks);
       return nullptr;
     } catch (const std::exception& e) {
       return make_status(ORT_RUNTIME_EXCEPTION, error_prefix(node) + e.what());
@@ -191,16 +247,17 @@ struct CudaKernelOrt {
   Program prog;
   std::string node;
   std::unique_ptr<CudaKernel> kernel;
+  LayoutCache layouts;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
     try {
       Io io;
-      if (OrtStatus* st = prepare_io(ctx, prog, node, &io)) return st;
-      if (io.layout.n == 0) return nullptr;
+      if (OrtStatus* st = prepare_io(ctx, &layouts, node, &io)) return st;
+      if (io.layout->n == 0) return nullptr;
       void* stream = nullptr;
       if (OrtStatus* st = g_api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
       std::string err;
-      if (!kernel->launch(io.in.data(), io.out.data(), io.layout, stream, &err))
+      if (!kernel->launch(io.in.data(), io.out.data(), *io.layout, stream, &err))
         return make_status(ORT_RUNTIME_EXCEPTION, error_prefix(node) + err);
       return nullptr;
     } catch (const std::exception& e) {
