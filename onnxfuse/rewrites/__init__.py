@@ -35,8 +35,8 @@ RULES: list[Rule] = [
     ContribBiasGelu(),
     ContribSkipLayerNorm(),
     ContribLayerNorm(),
+    ContribFusedMatMulScale(),  # before the transpose rule, which also folds into the FusedMatMul it makes
     ContribFusedMatMulTranspose(),
-    ContribFusedMatMulScale(),
     ContribFusedConv(),  # contrib-bias-softmax is CUDA-only (no CPU kernel): not registered by default
     FuseElementwiseRegions(),  # last: takes whatever elementwise ops are left
 ]

@@ -68,3 +68,24 @@ def test_without_fold_constants_the_scale_stays_on_onnx_runtime():
     reasons = [r.reason for r in report.refusals if r.rule == "fuse-elementwise"]
     assert sum(r.startswith("scalar computation") for r in reasons) == 5 * LAYERS
     assert _ops(out)["FusedElementwise"] == 0
+
+
+def test_attention_scores_take_both_scale_and_transpose():
+    # contrib-fused-matmul-scale runs before contrib-fused-matmul-transpose, so q·kᵀ·α becomes one
+    # FusedMatMul(q, k, alpha, transB=1) in a single pass (the other order left kᵀ's Transpose).
+    out, _ = optimize(_load())
+    fused = [n for n in out.graph.node if n.op_type == "FusedMatMul"]
+    attrs = [{a.name: a for a in n.attribute} for n in fused]
+    assert len(fused) == LAYERS and all(a["transB"].i == 1 and "alpha" in a for a in attrs)
+
+
+@pytest.mark.parametrize("name", ["vit_blocks_opset14", "bert_tiny_opset14", "convnext_blocks_opset13",
+                                  "yolo_conv_bn_silu_opset13", "mobilenet_v2_w035"])
+def test_a_second_pass_finds_nothing(name):
+    path = TESTDATA / f"{name}.onnx"
+    if not path.exists():
+        pytest.skip(f"{path.name} not in testdata/")
+    once, _ = optimize(onnx.load(str(path)))
+    twice, report = optimize(once)
+    assert report.total == 0, {k: v for k, v in report.counts.items() if v}
+    assert len(twice.graph.node) == len(once.graph.node)
