@@ -197,3 +197,16 @@ def test_pipeline_shape_inference_ignores_and_keeps_the_models_value_info():
     r = next(v for v in inferred.graph.value_info if v.name == "r")
     assert r.type.tensor_type.shape.dim[0].dim_param == "batch"  # from the input, not the stale 1
     assert m.SerializeToString() == before  # the caller's model is unchanged
+
+
+def test_fp16_attention_scale_folds_exactly():
+    from contrib_testlib import to_dtype
+
+    # An fp16 export casts the size to float16 (Cast to=10) before the Sqrt.
+    m = to_dtype(parse(ATTENTION_SCALE.replace("Cast <to = 1>", "Cast <to = 10>")), np.float16)
+    out, report = helpers.optimize(m)
+    assert report.counts["fold-constants"] > 0
+    ops = _ops(out)
+    assert "Sqrt" not in ops and ops["com.microsoft:FusedMatMul"] == 1, ops
+    for batch in (1, 3):
+        _same(m, out, batch, rtol=2e-3, atol=2e-3)
