@@ -210,3 +210,32 @@ def test_fp16_attention_scale_folds_exactly():
     assert "Sqrt" not in ops and ops["com.microsoft:FusedMatMul"] == 1, ops
     for batch in (1, 3):
         _same(m, out, batch, rtol=2e-3, atol=2e-3)
+
+
+def test_an_op_that_cannot_be_evaluated_does_not_stop_the_rest():
+    # com.microsoft.BiasSoftmax has no CPU kernel in ONNX Runtime: evaluated with the rest, it would
+    # make the whole evaluation fail. Ops outside the ONNX domain are left out of folding, so the size
+    # arithmetic next to it still folds.
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (float[batch,4,8] x) => (float[batch,32] y, float[2,3] z) {
+        a = Constant <value = float[2,3] {1, 2, 3, 4, 5, 6}> ()
+        b = Constant <value = float[3] {0, 1, 2}> ()
+        z = com.microsoft.BiasSoftmax <axis = 1, is_inner_broadcast = 0> (a, b)
+        s = Shape(x)
+        i1 = Constant <value = int64 {1}> ()
+        d1 = Gather <axis = 0> (s, i1)
+        i2 = Constant <value = int64 {2}> ()
+        d2 = Gather <axis = 0> (s, i2)
+        p = Mul(d1, d2)
+        ax = Constant <value = int64[1] {0}> ()
+        p1 = Unsqueeze(p, ax)
+        m1 = Constant <value = int64[1] {-1}> ()
+        shp = Concat <axis = 0> (m1, p1)
+        y = Reshape(x, shp)
+    }""")
+    out, report = helpers.optimize(m, only="fold-constants")
+    ops = _ops(out)
+    assert ops["com.microsoft:BiasSoftmax"] == 1  # left as it was
+    assert "Mul" not in ops and "Concat" not in ops and "Shape" not in ops, ops  # 4·8 folded to [-1, 32]
+    assert report.counts["fold-constants"] == 6  # Shape, 2 Gathers, Mul, Unsqueeze, Concat
