@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites._weights import is_default_domain
 from onnxfuse.rewrites.base import Rule
 
 #: Largest folded tensor, in bytes.
@@ -86,7 +87,7 @@ def folded_copy(graph: gs.Graph) -> gs.Graph | None:
                 # partition-by-partition mode copies the graph per partition and recursed without
                 # end on such a failure here, so it is not used.
                 g.fold_constants(fold_shapes=True, partitioning=None, error_ok=True, size_threshold=SIZE_LIMIT,
-                                 should_exclude_node=_foreign)
+                                 should_exclude_node=lambda n: not is_default_domain(n))
             except Exception:  # graphsurgeon bug on an unusual graph: keep what we have
                 break
             g.cleanup(remove_unused_graph_inputs=False).toposort()
@@ -109,11 +110,6 @@ def _nbytes(t: gs.Constant) -> int:
         return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
     except Exception:
         return 0
-
-
-def _foreign(node) -> bool:
-    """Nodes outside the ONNX domain are not folded (see :func:`folded_copy`)."""
-    return node.domain not in ("", "ai.onnx", None)
 
 
 def _replace_reads(old, new) -> None:

@@ -38,41 +38,32 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites._weights import producer_of
-from onnxfuse.rewrites.base import Rule, is_alive
+from onnxfuse.rewrites._contrib import ContribRule, is_op, new_constant
+from onnxfuse.rewrites._weights import constant_value, producer_of
+from onnxfuse.rewrites.base import TARGETS
 
 # Ops that pass a shape entry through unchanged (one element stays one element, value kept).
 _PASS_THROUGH = frozenset({"Unsqueeze", "Squeeze", "Identity", "Reshape", "Flatten"})
 
 
-def _const(tensor) -> np.ndarray | None:
-    if isinstance(tensor, gs.Constant):
-        return np.asarray(tensor.values)
-    node = producer_of(tensor)
-    if node is not None and node.op == "Constant" and isinstance(node.attrs.get("value"), gs.Constant):
-        return np.asarray(node.attrs["value"].values)
-    return None
-
-
-def _num_elements(tensor, depth: int = 0) -> int | None:
+def _num_elements(graph, tensor, depth: int = 0) -> int | None:
     """Element count of a small shape value: from the graph's structure where shape inference gave
     none (Unsqueeze of a Gather with a scalar index is one element), else from the tensor's shape."""
-    arr = _const(tensor)
+    arr = constant_value(graph, tensor)
     if arr is not None:
         return int(arr.size)
     node = producer_of(tensor)
     if node is not None and depth < 8:
-        if node.op in ("Unsqueeze", "Squeeze", "Identity", "Cast", "Neg", "Abs"):
-            return _num_elements(node.inputs[0], depth + 1)
-        if node.op == "Gather" and (idx := _const(node.inputs[1])) is not None:
+        if is_op(node, "Unsqueeze", "Squeeze", "Identity", "Cast", "Neg", "Abs"):
+            return _num_elements(graph, node.inputs[0], depth + 1)
+        if is_op(node, "Gather") and (idx := constant_value(graph, node.inputs[1])) is not None:
             return int(idx.size)
-        if node.op in ("Mul", "Add", "Sub", "Div") and len(node.inputs) == 2:
-            a, b = (_num_elements(t, depth + 1) for t in node.inputs)
+        if is_op(node, "Mul", "Add", "Sub", "Div") and len(node.inputs) == 2:
+            a, b = (_num_elements(graph, t, depth + 1) for t in node.inputs)
             if a is not None and b is not None and 1 in (a, b):
                 return max(a, b)
-        dims = _dims_of(tensor)
+        dims = _dims_of(graph, tensor)
         if dims is not None:
             return len(dims[1])
     shape = getattr(tensor, "shape", None)
@@ -81,7 +72,7 @@ def _num_elements(tensor, depth: int = 0) -> int | None:
     return int(np.prod(shape)) if len(shape) else 1
 
 
-def _dims_of(part):
+def _dims_of(graph, part):
     """When ``part`` is ``Shape(src)[a:b]`` (through pass-through ops and Casts to int64), return
     ``(src, [a, a+1, ...])`` with non-negative positions; else None."""
     t = part
@@ -89,13 +80,13 @@ def _dims_of(part):
         node = producer_of(t)
         if node is None:
             return None
-        if node.op in _PASS_THROUGH or (node.op == "Cast" and int(node.attrs.get("to", 0)) == 7):
+        if is_op(node, *_PASS_THROUGH) or (is_op(node, "Cast") and int(node.attrs.get("to", 0)) == 7):
             t = node.inputs[0]
             continue
-        if node.op == "Gather" and int(node.attrs.get("axis", 0)) == 0:
+        if is_op(node, "Gather") and int(node.attrs.get("axis", 0)) == 0:
             shape_node = producer_of(node.inputs[0])
-            idx = _const(node.inputs[1])
-            if shape_node is None or shape_node.op != "Shape" or idx is None or idx.size != 1:
+            idx = constant_value(graph, node.inputs[1])
+            if not is_op(shape_node, "Shape") or idx is None or idx.size != 1:
                 return None
             src, positions = _shape_source(shape_node)
             if src is None:
@@ -105,16 +96,16 @@ def _dims_of(part):
             if not 0 <= i < len(positions):
                 return None
             return src, [positions[i]]
-        if node.op == "Shape":
+        if is_op(node, "Shape"):
             src, positions = _shape_source(node)
             return (src, positions) if src is not None else None
-        if node.op == "Slice":
+        if is_op(node, "Slice"):
             shape_node = producer_of(node.inputs[0])
-            if shape_node is None or shape_node.op != "Shape":
+            if not is_op(shape_node, "Shape"):
                 return None
             src, positions = _shape_source(shape_node)
-            starts, ends = _const(node.inputs[1]), _const(node.inputs[2])
-            extra = [_const(t) for t in node.inputs[3:] if t.name]
+            starts, ends = constant_value(graph, node.inputs[1]), constant_value(graph, node.inputs[2])
+            extra = [constant_value(graph, t) for t in node.inputs[3:] if t.name]
             if src is None or starts is None or ends is None or starts.size != 1 or ends.size != 1:
                 return None
             if any(e is None for e in extra):
@@ -160,38 +151,39 @@ def _copies(x, start: int, src, positions) -> bool:
     return True
 
 
-class ConstantReshapeTarget(Rule):
-    """Reshape(x, Concat(computed sizes)) → Reshape(x, constant) with 0 (copy) / -1 (infer)."""
+class ConstantReshapeTarget(ContribRule):
+    """Reshape(x, Concat(computed sizes)) → Reshape(x, constant) with 0 (copy) / -1 (infer).
+
+    Not a contrib op: it shares :class:`ContribRule`'s one-analysis check/rewrite and runs for every
+    target (the result is standard ONNX)."""
 
     name = "constant-reshape-target"
     description = "Reshape targets computed from Shape become constants with 0 (copy) and -1 (infer)"
+    targets = frozenset(TARGETS)
 
     def match(self, graph):
         for node in graph.nodes:
-            if node.op != "Reshape" or len(node.inputs) != 2:
-                continue
-            concat = producer_of(node.inputs[1])
-            if concat is not None and concat.op == "Concat":
+            if is_op(node, "Reshape") and len(node.inputs) == 2 and is_op(producer_of(node.inputs[1]), "Concat"):
                 yield node
 
-    def plan(self, node) -> tuple[str | None, Any]:
+    def analyze(self, graph, node) -> tuple[str | None, Any]:
         x, target = node.inputs
         concat = producer_of(target)
         allowzero = int(node.attrs.get("allowzero", 0))
-        if concat is None or concat.op != "Concat" or int(concat.attrs.get("axis", 0)) not in (0, -1):
+        if not is_op(concat, "Concat") or int(concat.attrs.get("axis", 0)) not in (0, -1):
             return "target is no longer a Concat", None
-        entries: list = []  # int constants, or ("copy", k) / ("computed", k)
+        entries: list = []  # int constants, "copy" or "computed"
         computed = 0
         for part in concat.inputs:
-            arr = _const(part)
+            arr = constant_value(graph, part)
             if arr is not None:
                 entries.extend(int(v) for v in arr.reshape(-1))
                 continue
-            dims = _dims_of(part)
-            n = _num_elements(part)
+            dims = _dims_of(graph, part)
             if dims is not None and allowzero == 0 and _copies(x, len(entries), *dims):
                 entries.extend(["copy"] * len(dims[1]))
                 continue
+            n = _num_elements(graph, part)
             if n != 1:
                 return (f"computed part {part.name!r} has {n if n is not None else 'an unknown number of'} "
                         "elements and is not a copy of the input's dimensions"), None
@@ -212,19 +204,6 @@ class ConstantReshapeTarget(Rule):
         shape = [0 if e == "copy" else (-1 if e == "computed" else e) for e in entries]
         return None, np.asarray(shape, dtype=np.int64)
 
-    def check(self, graph, node) -> str | None:
-        if not is_alive(node):
-            return "Reshape already rewritten"
-        reason, _ = self.plan(node)
-        return reason
-
-    def rewrite(self, graph, node) -> dict[str, Any]:
-        _, shape = self.plan(node)
-        taken = graph.__dict__.setdefault("_onnxfuse_names", set(graph.tensors()))
-        base = f"{node.name or node.outputs[0].name}_target"
-        name, k = base, 1
-        while name in taken:
-            name, k = f"{base}_{k}", k + 1
-        taken.add(name)
-        node.inputs[1] = gs.Constant(name, shape)
+    def apply(self, graph, node, shape) -> dict[str, Any]:
+        node.inputs[1] = new_constant(graph, f"{node.name or node.outputs[0].name}_target", shape)
         return {"node": node.name, "target": shape.tolist()}
