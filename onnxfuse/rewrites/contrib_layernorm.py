@@ -158,6 +158,24 @@ def _square_of(graph, n, d) -> bool:
     return is_op(n, "Mul") and n.inputs[0] is d and n.inputs[1] is d
 
 
+def _constant_operand(graph, node, op: str, tensor):
+    """The constant other operand when ``node`` is ``op(tensor, c)`` or ``op(c, tensor)``, else None."""
+    if not is_op(node, op):
+        return None
+    c = other_input(node, tensor)
+    return c if c is not None and constant_value(graph, c) is not None else None
+
+
+def _finish(graph, x, k, eps_t, eps, gamma, beta, nodes, root, x_readers):
+    """The :class:`LayerNormMatch` both decomposed forms end in, once its nodes are known to be private."""
+    problem = internal_problem(graph, nodes, root)
+    if problem:
+        return problem, None
+    dtype = first_known_dtype(graph, eps_t, *(t for t in (gamma, beta) if t is not None), x)
+    return None, LayerNormMatch(x=x, k=k, eps=float(eps.reshape(())), gamma=gamma, beta=beta, nodes=nodes,
+                                root=root, x_readers=x_readers, dtype=dtype)
+
+
 def match_decomposed(graph, rm1):
     """Match the decomposed form anchored at its first ReduceMean; ``(reason, LayerNormMatch)``."""
     reason, anchor = _mean_anchor(graph, rm1)
@@ -198,25 +216,17 @@ def match_decomposed(graph, rm1):
         return f"x − mean is read by {div_node.op}, not a Div", None
     nodes.append(div_node)
     root = div_node
-    gamma = beta = None
     nxt = _single_reader(graph, root.outputs[0])
-    if is_op(nxt, "Mul"):
-        g = other_input(nxt, root.outputs[0])
-        if g is not None and constant_value(graph, g) is not None:
-            gamma, root = g, nxt
-            nodes.append(nxt)
-            nxt = _single_reader(graph, root.outputs[0])
-    if is_op(nxt, "Add"):
-        b = other_input(nxt, root.outputs[0])
-        if b is not None and constant_value(graph, b) is not None:
-            beta, root = b, nxt
-            nodes.append(nxt)
-    problem = internal_problem(graph, nodes, root)
-    if problem:
-        return problem, None
-    dtype = first_known_dtype(graph, eps_t, *(t for t in (gamma, beta) if t is not None), x)
-    return None, LayerNormMatch(x=x, k=k, eps=float(eps.reshape(())), gamma=gamma, beta=beta, nodes=nodes,
-                                root=root, x_readers=[rm1, *subs], dtype=dtype)
+    gamma = _constant_operand(graph, nxt, "Mul", root.outputs[0])
+    if gamma is not None:
+        root = nxt
+        nodes.append(nxt)
+        nxt = _single_reader(graph, root.outputs[0])
+    beta = _constant_operand(graph, nxt, "Add", root.outputs[0])
+    if beta is not None:
+        root = nxt
+        nodes.append(nxt)
+    return _finish(graph, x, k, eps_t, eps, gamma, beta, nodes, root, [rm1, *subs])
 
 
 def match_folded_scale(graph, rm1):
@@ -250,13 +260,12 @@ def match_folded_scale(graph, rm1):
     if not is_op(recip, "Reciprocal"):
         return "the std is not read by a Reciprocal only", None
     nodes = [rm1, sub, sq, rm2, add_eps, sqrt, recip]
-    scale, gamma = recip.outputs[0], None
+    scale = recip.outputs[0]
     g_mul = _single_reader(graph, scale)
-    if is_op(g_mul, "Mul"):
-        g = other_input(g_mul, scale)
-        if g is not None and constant_value(graph, g) is not None:
-            gamma, scale = g, g_mul.outputs[0]
-            nodes.append(g_mul)
+    gamma = _constant_operand(graph, g_mul, "Mul", scale)
+    if gamma is not None:
+        scale = g_mul.outputs[0]
+        nodes.append(g_mul)
     s_readers = consumers(scale)
     if is_graph_output(graph, scale) or len(s_readers) != 2 or mul_mu not in s_readers:
         return "the scale is not read by exactly Mul(x, s) and Mul(mean, s)", None
@@ -280,12 +289,7 @@ def match_folded_scale(graph, rm1):
         if not is_op(root, "Add") or other_input(root, xm) is not sub_beta.outputs[0]:
             return "x · s is not added to β − mean · s", None
         nodes += [mul_x, mul_mu, sub_beta, root]
-    problem = internal_problem(graph, nodes, root)
-    if problem:
-        return problem, None
-    dtype = first_known_dtype(graph, eps_t, *(t for t in (gamma, beta) if t is not None), x)
-    return None, LayerNormMatch(x=x, k=k, eps=float(eps.reshape(())), gamma=gamma, beta=beta, nodes=nodes,
-                                root=root, x_readers=[rm1, sub, mul_x], dtype=dtype)
+    return _finish(graph, x, k, eps_t, eps, gamma, beta, nodes, root, [rm1, sub, mul_x])
 
 
 def match_any_decomposed(graph, rm1):
