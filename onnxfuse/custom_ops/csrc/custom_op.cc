@@ -132,6 +132,15 @@ struct Io {
 // Longest shape key kept on the stack: [rank_0, dims_0..., rank_1, dims_1..., ...].
 constexpr size_t kKeyMax = 256;
 
+// Appends the shapes a key holds ([rank, dims..., rank, dims..., ...]) to ``shapes``.
+void unpack_key(const int64_t* key, size_t len, std::vector<std::vector<int64_t>>* shapes) {
+  for (size_t p = 0; p < len;) {
+    size_t r = static_cast<size_t>(key[p++]);
+    shapes->emplace_back(key + p, key + p + r);
+    p += r;
+  }
+}
+
 OrtStatus* prepare_io(OrtKernelContext* ctx, LayoutCache* cache, const std::string& node, Io* io) {
   size_t nin = 0, nout = 0;
   OrtStatus* st;
@@ -154,13 +163,9 @@ OrtStatus* prepare_io(OrtKernelContext* ctx, LayoutCache* cache, const std::stri
       if (nd) drop(g_api->GetDimensions(ti, key + klen, nd));
       klen += nd;
     } else {
-      if (keyed) {  // switch to the slow path: rebuild the shapes seen so far from the key
+      if (keyed) {  // switch to the slow path: the shapes seen so far move out of the key
         keyed = false;
-        for (size_t p = 0; p < klen;) {
-          size_t r = static_cast<size_t>(key[p++]);
-          shapes.emplace_back(key + p, key + p + r);
-          p += r;
-        }
+        unpack_key(key, klen, &shapes);
       }
       shapes.emplace_back(nd);
       if (nd) drop(g_api->GetDimensions(ti, shapes.back().data(), nd));
@@ -172,13 +177,7 @@ OrtStatus* prepare_io(OrtKernelContext* ctx, LayoutCache* cache, const std::stri
   }
   io->layout = keyed ? cache->find(key, klen) : nullptr;
   if (!io->layout) {
-    if (keyed) {
-      for (size_t p = 0; p < klen;) {
-        size_t r = static_cast<size_t>(key[p++]);
-        shapes.emplace_back(key + p, key + p + r);
-        p += r;
-      }
-    }
+    if (keyed) unpack_key(key, klen, &shapes);
     auto layout = std::make_shared<BroadcastLayout>();
     std::string err;
     if (!make_layout(shapes, layout.get(), &err)) return make_status(ORT_INVALID_ARGUMENT, error_prefix(node) + err);
