@@ -383,14 +383,20 @@ class Region:
     graph: Any = None  # the graph (top level or an If/Loop/Scan body) the fused node goes into
 
 
+def _subgraphs(node):
+    """The graphs held in ``node``'s attributes (If branches, Loop and Scan bodies)."""
+    for value in node.attrs.values():
+        for sub in (value if isinstance(value, list) else [value]):
+            if isinstance(sub, gs.Graph):
+                yield sub
+
+
 def _graphs(graph: gs.Graph):
-    """``graph`` and every subgraph (If branches, Loop and Scan bodies) below it, outermost first."""
+    """``graph`` and every subgraph below it, outermost first."""
     yield graph
     for node in graph.nodes:
-        for value in node.attrs.values():
-            for sub in (value if isinstance(value, list) else [value]):
-                if isinstance(sub, gs.Graph):
-                    yield from _graphs(sub)
+        for sub in _subgraphs(node):
+            yield from _graphs(sub)
 
 
 class _Analysis:
@@ -401,13 +407,12 @@ class _Analysis:
         self.index = {id(n): i for i, n in enumerate(self.nodes)}
         self.info = infer_value_info(graph)
         self.graph_outputs = {id(t) for t in graph.outputs}
+        self.graph_inputs = {id(t) for t in graph.inputs}
         # Owner of subgraph nodes: the top-level node whose body holds them.
         self.owner: dict[int, int] = {}
         for i, n in enumerate(self.nodes):
-            for v in n.attrs.values():
-                for g in (v if isinstance(v, list) else [v]):
-                    if isinstance(g, gs.Graph):
-                        self._own(g, i)
+            for g in _subgraphs(n):
+                self._own(g, i)
         self.dtypes: dict[str, str | None] = {}
         self.shapes: dict[str, tuple | None] = {}
         self.lowered: dict[int, Lowering] = {}
@@ -441,10 +446,8 @@ class _Analysis:
     def _own(self, g: gs.Graph, top: int):
         for n in g.nodes:
             self.owner[id(n)] = top
-            for v in n.attrs.values():
-                for sub in (v if isinstance(v, list) else [v]):
-                    if isinstance(sub, gs.Graph):
-                        self._own(sub, top)
+            for sub in _subgraphs(n):
+                self._own(sub, top)
 
     def _top(self, node) -> int | None:
         j = self.index.get(id(node))
@@ -550,8 +553,7 @@ class _Analysis:
     def _reads_graph_input(self, low: Lowering) -> bool:
         """True when a one-element op reads a graph input directly (a model's own scalar
         arithmetic, which the user asked to fuse, rather than shape-derived glue)."""
-        inputs = {id(t) for t in self.graph.inputs}
-        return any(id(t) in inputs for t in low.operands)
+        return any(id(t) in self.graph_inputs for t in low.operands)
 
     # ---- region checks ----------------------------------------------------------------------------
     def dynamic_operands(self, i):
