@@ -191,7 +191,8 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
     """Export ``graph`` and restore the model-level fields of ``template`` that graphsurgeon drops.
 
     Opset imports are those of the template, plus version 1 of any new domain a rewrite introduced
-    (``com.microsoft``, ``ai.onnxfuse``). Stale value_info is dropped by the export itself.
+    (``com.microsoft``, ``ai.onnxfuse``); the default domain's is raised to ``graph.opset`` where a
+    rewrite raised that (``rewrites._opset``). Stale value_info is dropped by the export itself.
     """
     import onnx_graphsurgeon as gs
 
@@ -206,6 +207,10 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
     model.metadata_props.extend(template.metadata_props)
     del model.opset_import[:]
     model.opset_import.extend(template.opset_import)
+    raised = int(getattr(graph, "opset", 0) or 0)
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx") and raised > imp.version:
+            imp.version = raised
     _restore_initializer_inputs(model, template)
     known = {o.domain for o in model.opset_import}
     for domain in sorted(_node_domains(model.graph, set()) - known):

@@ -25,7 +25,11 @@ both ReduceMeans over the same trailing axes with keepdims=1.
   epsilon = ε, stash_type = 1, i.e. float32 statistics) — the op ONNX Runtime's own LayerNormFusion
   emits. This needs default-domain opset ≥ 17: ONNX Runtime also registers the op in the ONNX domain for
   opsets 1–16, but ``onnx.checker`` rejects it there, and ``com.microsoft.LayerNormalization`` is not a
-  registered op in ONNX Runtime 1.31. Below opset 17 the rule refuses with that reason.
+  registered op in ONNX Runtime 1.31. Below opset 17 the rule raises the model's opset to 17 when that
+  changes no node's meaning (:mod:`onnxfuse.rewrites._opset`), and refuses, naming the ops, otherwise.
+  Leaving the decomposed form to ONNX Runtime's LayerNormFusion is not enough: in ConvNeXt its
+  transpose optimizer moves the channels-last Transpose into the pattern first, and the LayerNorm then
+  runs as ReduceMean + Sub + SimplifiedLayerNormalization (docs/benchmarks.md).
 
 Conditions as layer_norm_fusion.cc: every intermediate read only inside the pattern and not a graph
 output; γ/β constants broadcasting over the normalized shape only (they are materialized to exactly
@@ -58,6 +62,7 @@ from onnxfuse.rewrites._contrib import (
     shape_of,
     shapes_equal,
 )
+from onnxfuse.rewrites._opset import opset_raise_problem, raise_opset
 from onnxfuse.rewrites._weights import constant_value, is_graph_output, producer_of
 
 #: Default-domain opset that introduced LayerNormalization.
@@ -466,7 +471,7 @@ def _params_1d(graph, m, d, dtype):
 
 class ContribLayerNorm(ContribRule):
     name = "contrib-layernorm"
-    description = "decomposed ReduceMean/Sub/Pow/…/Div(/Mul γ/Add β) → LayerNormalization (opset ≥ 17)"
+    description = "decomposed ReduceMean/Sub/Pow/…/Div(/Mul γ/Add β) → LayerNormalization (raises opset to 17)"
 
     def match(self, graph):
         return [n for n in graph.nodes if _mean_candidate(n)]
@@ -475,10 +480,9 @@ class ContribLayerNorm(ContribRule):
         reason, m = match_any_decomposed(graph, node)
         if reason:
             return reason, None
-        opset = int(getattr(graph, "opset", 0) or 0)
-        if opset < LAYERNORM_OPSET:
-            return (f"model opset {opset} < {LAYERNORM_OPSET}: ONNX LayerNormalization does not exist there "
-                    "(onnx.checker rejects it; com.microsoft has no LayerNormalization)"), None
+        problem = opset_raise_problem(graph, LAYERNORM_OPSET)
+        if problem:
+            return (f"ONNX LayerNormalization needs opset {LAYERNORM_OPSET}, and {problem}"), None
         problem = dtype_problem(m.dtype, (FP16, FP32, FP64), "LayerNormalization input")
         if problem:
             return problem, None
@@ -489,6 +493,7 @@ class ContribLayerNorm(ContribRule):
 
     def apply(self, graph, node, plan):
         m, gamma, beta = plan
+        raise_opset(graph, LAYERNORM_OPSET)
         inputs = [m.x, gamma] + ([beta] if beta is not None else [])
         fuse(graph, m.nodes, "LayerNormalization", inputs, m.root.outputs[0],
              attrs={"axis": -m.k, "epsilon": m.eps, "stash_type": 1}, domain="",
@@ -556,6 +561,12 @@ def _layernorm_like_nodes(graph, rm1) -> list | None:
     return found
 
 
+def _reserve_residual_add(graph, layernorm_input_reader, reserved: dict) -> None:
+    p = producer_of(layernorm_input_reader.inputs[0])
+    if is_op(p, "Add") and all(constant_value(graph, t) is None for t in p.inputs):
+        reserved[id(p)] = "residual Add feeding a LayerNorm: ONNX Runtime fuses both (SkipLayerNormFusion)"
+
+
 def decomposed_layernorm_nodes(graph) -> dict[int, str]:
     """``{id(node): reason}`` for the nodes of every decomposed LayerNorm still in ``graph``.
 
@@ -577,9 +588,11 @@ def decomposed_layernorm_nodes(graph) -> dict[int, str]:
         why = "part of a decomposed LayerNorm that ONNX Runtime fuses itself (LayerNormFusion)"
         for n in nodes:
             reserved[id(n)] = why
-        p = producer_of(node.inputs[0])
-        if is_op(p, "Add") and all(constant_value(graph, t) is None for t in p.inputs):
-            reserved[id(p)] = "residual Add feeding a LayerNorm: ONNX Runtime fuses both (SkipLayerNormFusion)"
+        _reserve_residual_add(graph, node, reserved)
+    # Likewise before a LayerNorm that is already one op (this module's, or the model's own).
+    for node in list(graph.nodes):
+        if is_op(node, "LayerNormalization") and node.inputs:
+            _reserve_residual_add(graph, node, reserved)
     # The attention-mask Add before a Softmax: ONNX Runtime's CUDA provider fuses the pair (BiasSoftmax).
     for node in list(graph.nodes):
         if is_op(node, "Softmax") and node.inputs:

@@ -383,6 +383,39 @@ class Region:
     graph: Any = None  # the graph (top level or an If/Loop/Scan body) the fused node goes into
 
 
+# Ops whose output depends on their input's shape only but is not a function of it.
+_NONDETERMINISTIC = frozenset({"RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"})
+
+
+def _shape_derived_tensors(nodes) -> set[int]:
+    """ids of the tensors whose values depend only on tensor *sizes*: constants, ``Constant``,
+    ``Shape`` and ``Size`` results, and anything computed from those alone. Bodies of If/Loop/Scan,
+    other domains and values from an enclosing graph count as data. ``nodes`` need not be in
+    topological order (rewrites append nodes): the set grows until it stops changing."""
+    derived: set[int] = set()
+    pending = []
+    for n in nodes:
+        if (n.domain or "") not in ("", "ai.onnx"):
+            continue
+        if n.op in ("Shape", "Size", "Constant"):
+            derived.update(id(t) for t in n.outputs)
+        elif n.op not in _NONDETERMINISTIC and not any(True for _ in _subgraphs(n)):
+            ins = [t for t in n.inputs if t.name or isinstance(t, gs.Constant)]
+            if ins:
+                pending.append((n, ins))
+    changed = True
+    while changed:
+        changed, rest = False, []
+        for n, ins in pending:
+            if all(isinstance(t, gs.Constant) or id(t) in derived for t in ins):
+                derived.update(id(t) for t in n.outputs)
+                changed = True
+            else:
+                rest.append((n, ins))
+        pending = rest
+    return derived
+
+
 def _subgraphs(node):
     """The graphs held in ``node``'s attributes (If branches, Loop and Scan bodies)."""
     for value in node.attrs.values():
@@ -417,6 +450,7 @@ class _Analysis:
         self.shapes: dict[str, tuple | None] = {}
         self.lowered: dict[int, Lowering] = {}
         self.refused: dict[int, str] = {}
+        self.shape_derived = _shape_derived_tensors(self.nodes)
         cands = _candidate_ops()
         left_to_ort = decomposed_layernorm_nodes(graph)
         for i, n in enumerate(self.nodes):
@@ -546,6 +580,13 @@ class _Analysis:
             # ONNX Runtime runs it on the CPU beside the shape ops. Fusing it (or folding it into the
             # full-size op that reads it) saves no memory pass and made ViT-B/16 slower (docs/benchmarks.md).
             raise _Refuse("scalar computation (one element): left to ONNX Runtime")
+        if all(id(t) in self.shape_derived for t in low.operands):
+            # Index and mask arithmetic on Range/Shape results (transformers' attention-mask
+            # construction): it depends on tensor sizes only. ONNX Runtime runs such chains on the CPU
+            # beside the shape ops; a CUDA custom op there costs host-device copies, and on BERT-base
+            # at batch 1 fusing two such regions made the model 7% slower (docs/benchmarks.md).
+            raise _Refuse("shape-derived computation (its inputs depend on tensor sizes only, not on "
+                          "data): left to ONNX Runtime")
         low.shape = shape
         self.dtypes[out.name] = low.dtype
         self.shapes[out.name] = shape

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from contrib_testlib import fuse, ops, parse, refusals, same_outputs, to_dtype
 
@@ -85,11 +86,33 @@ def test_layernorm_float16():
     same_outputs(m, out, rtol=1e-2, atol=1e-2)
 
 
-def test_layernorm_refused_below_opset17():
-    m = model(ln_body(), opset=14)
+@pytest.mark.parametrize("opset", [13, 14, 16])
+def test_layernorm_below_opset17_raises_the_opset(opset):
+    # Pow (13 → 15) and Identity (14 → 16) only gained element types on the way to 17: the raise
+    # changes no node's meaning, so the rule emits ONNX LayerNormalization and declares opset 17.
+    m = model(ln_body() + "\nz = Identity(y)", opset=opset, outputs="float[2,5,8] z")
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 1, refusals(report)
+    assert {o.domain: o.version for o in out.opset_import}[""] == 17
+    assert ops(out)["LayerNormalization"] == 1
+    onnx.checker.check_model(out, full_check=True)
+    same_outputs(m, out)
+
+
+def test_layernorm_below_opset17_refused_when_the_raise_changes_an_op():
+    # BatchNormalization-15 regrouped its type constraints: declaring 17 would re-read the node
+    # under another schema, so the rule refuses and names the op.
+    bn = """
+        s = Constant <value = float[5] {1, 1, 1, 1, 1}> ()
+        b = Constant <value = float[5] {0, 0, 0, 0, 0}> ()
+        z = BatchNormalization(y, s, b, b, s)
+    """
+    m = model(ln_body() + bn, opset=14, outputs="float[2,5,8] z")
     out, report = fuse(m, LN)
     assert report.counts[LN.name] == 0
-    assert any("opset 14 < 17" in r for r in refusals(report, LN)), refusals(report)
+    assert any("opset 14 → 17 would change the meaning of BatchNormalization" in r
+               for r in refusals(report, LN)), refusals(report)
+    assert {o.domain: o.version for o in out.opset_import}[""] == 14
 
 
 @pytest.mark.parametrize(

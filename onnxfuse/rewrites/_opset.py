@@ -1,0 +1,94 @@
+"""Raising a model's default-domain opset without changing what any of its nodes computes.
+
+Why: ONNX ``LayerNormalization`` exists from opset 17. Below that, ONNX Runtime is left to recognise
+the decomposed form itself, and it often cannot: in ConvNeXt its transpose optimizer first moves the
+channels-last Transpose into the LayerNorm, and what remains runs as ReduceMean + Sub +
+SimplifiedLayerNormalization (three kernels instead of one). Declaring opset 17 lets a rule emit the
+standard op, which ``onnx.checker`` accepts and every runtime knows.
+
+When it is exact: a node's meaning is given by the schema in force at the model's opset. Raising the
+opset is safe for a node when the schema in force at the new opset is the same one, or differs only
+by accepting more element types (Pow-15, Identity-16, Where-16…): same inputs and outputs, same
+attributes with the same defaults, and every type constraint keeps at least the types it had. A short
+list of optional attributes added later whose absence keeps the old behaviour (``Shape``'s
+``start``/``end``, ``ScatterND``/``ScatterElements``' ``reduction``) is accepted too. Anything else
+(BatchNormalization-15 regrouped its type constraints, RoiAlign-16 changed a default) blocks the raise,
+with the op named. Nodes inside If/Loop/Scan bodies are checked as well.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx_graphsurgeon as gs
+
+#: Attributes added by a later schema whose absence means the old behaviour, per op.
+_ADDED_OPTIONAL_ATTRS = {
+    "Shape": {"start", "end"},
+    "ScatterND": {"reduction"},
+    "ScatterElements": {"reduction"},
+}
+
+
+def _schema(op: str, opset: int):
+    try:
+        return onnx.defs.get_schema(op, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _same_meaning(op: str, old: int, new: int) -> bool:
+    a, b = _schema(op, old), _schema(op, new)
+    if a is None or b is None:
+        return False
+    if a.since_version == b.since_version:
+        return True
+    io = lambda s: ([(p.name, p.option, p.type_str) for p in s.inputs],  # noqa: E731
+                    [(p.name, p.option, p.type_str) for p in s.outputs])
+    if io(a) != io(b):
+        return False
+    added = set(b.attributes) - set(a.attributes)
+    if set(a.attributes) - set(b.attributes) or added - _ADDED_OPTIONAL_ATTRS.get(op, set()):
+        return False
+    if any(b.attributes[n].required for n in added):
+        return False
+    for name, attr in a.attributes.items():
+        other = b.attributes[name]
+        if attr.type != other.type or attr.required != other.required:
+            return False
+        if attr.default_value.SerializeToString() != other.default_value.SerializeToString():
+            return False
+    new_types = {c.type_param_str: set(c.allowed_type_strs) for c in b.type_constraints}
+    for c in a.type_constraints:
+        if not set(c.allowed_type_strs) <= new_types.get(c.type_param_str, set()):
+            return False
+    return True
+
+
+def _nodes(graph: gs.Graph):
+    for node in graph.nodes:
+        yield node
+        for value in node.attrs.values():
+            for sub in (value if isinstance(value, list) else [value]):
+                if isinstance(sub, gs.Graph):
+                    yield from _nodes(sub)
+
+
+def opset_raise_problem(graph: gs.Graph, target: int) -> str | None:
+    """Why ``graph``'s default-domain opset cannot be raised to ``target`` exactly, or ``None``."""
+    current = int(getattr(graph, "opset", 0) or 0)
+    if current >= target:
+        return None
+    if current <= 0:
+        return "the model's default-domain opset is unknown"
+    blocking = sorted({n.op for n in _nodes(graph)
+                       if (n.domain or "") in ("", "ai.onnx") and not _same_meaning(n.op, current, target)})
+    if blocking:
+        return (f"raising the model's opset {current} → {target} would change the meaning of "
+                f"{', '.join(blocking)}")
+    return None
+
+
+def raise_opset(graph: gs.Graph, target: int) -> None:
+    """Declare default-domain opset ``target`` (checked with :func:`opset_raise_problem` first)."""
+    if int(getattr(graph, "opset", 0) or 0) < target:
+        graph.opset = target
