@@ -20,6 +20,7 @@ from onnxfuse.rewrites.contrib_gelu import ContribBiasGelu, ContribFastGelu, Con
 from onnxfuse.rewrites.contrib_layernorm import ContribLayerNorm, ContribSkipLayerNorm
 from onnxfuse.rewrites.contrib_softmax_matmul import ContribFusedMatMulScale, ContribFusedMatMulTranspose
 from onnxfuse.rewrites.contrib_fused_conv import ContribFusedConv
+from onnxfuse.rewrites.conv_bias_lift import LiftConvBiasIntoElementwise
 from onnxfuse.rewrites.fuse_elementwise import FuseElementwiseRegions
 
 RULES: list[Rule] = [
@@ -38,6 +39,7 @@ RULES: list[Rule] = [
     ContribFusedMatMulScale(),  # before the transpose rule, which also folds into the FusedMatMul it makes
     ContribFusedMatMulTranspose(),
     ContribFusedConv(),  # contrib-bias-softmax is CUDA-only (no CPU kernel): not registered by default
+    LiftConvBiasIntoElementwise(),  # decides with fuse-elementwise's own region analysis
     FuseElementwiseRegions(),  # last: takes whatever elementwise ops are left
 ]
 # ---------------------------------------------------------------------------------------------------
