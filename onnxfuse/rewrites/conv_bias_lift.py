@@ -8,10 +8,12 @@ Conv's output are elementwise ops that fuse-elementwise turns into one FusedElem
 HardSwish, a residual Add…), the bias can be added there for free: the Conv loses its bias and
 ``Add(conv_out, bias)`` becomes the region's first instruction.
 
-Exactness: ``cudnnAddTensor`` computes ``1·bias + 1·y`` in float and rounds once to the tensor's type;
-the region computes ``y + bias`` in float and rounds once where it stores: the same value for float32.
-For float16/bfloat16 the region keeps the sum in float until its output (one rounding fewer), well within
-the half-precision tolerance validation applies.
+Exactness: on CUDA, ``cudnnAddTensor`` computes ``1·bias + 1·y`` in float and rounds once to the
+tensor's type; the region computes ``y + bias`` in float and rounds once: the same value for float32.
+ONNX Runtime's CPU Conv adds the bias inside its accumulation instead, so there the two differ by one
+rounding of the convolution sum (tests/rewrites/test_conv_bias_lift.py bounds it). For float16/bfloat16
+the region keeps the sum in float until its output (one rounding fewer), well within the
+half-precision tolerance validation applies.
 
 Which Convs: default-domain Conv with a constant 1-D bias of length C (the output channels), output of
 known rank ≥ 3 and float element type, not a graph output, read only by default-domain ops the

@@ -544,3 +544,46 @@ def test_regions_are_acyclic_with_two_regions_interleaved():
     to_graph(out).toposort()
     if _library_reason() is None:
         assert_same(m, out)
+
+
+# ---- size-only arithmetic ----------------------------------------------------------------------
+
+SIZE_ONLY = """
+    g (float[N, S] x) => (int64[S, S] m, float[N, S] y) {
+        shp = Shape(x)
+        one = Constant <value = int64[1] {1}> ()
+        n = Gather <axis = 0> (shp, one)
+        ns = Squeeze(n)
+        zero = Constant <value = int64 {0}> ()
+        step = Constant <value = int64 {1}> ()
+        r = Range(zero, ns, step)
+        ax0 = Constant <value = int64[1] {0}> ()
+        ax1 = Constant <value = int64[1] {1}> ()
+        row = Unsqueeze(r, ax0)
+        col = Unsqueeze(r, ax1)
+        a = Add(row, col)
+        m = Mul(a, a)
+        t = Tanh(x)
+        y = Mul(t, x)
+    }
+"""
+
+
+def test_size_only_arithmetic_is_left_to_onnx_runtime():
+    # [S, S] index arithmetic on Range(Shape(x)) results (how transformers builds attention masks):
+    # it depends on sizes only, so it stays with ONNX Runtime's CPU shape ops; the data chain fuses.
+    m = parse(SIZE_ONLY, opset=17)
+    out, report = fuse(m)
+    assert op_types(out).count("FusedElementwise") == 1
+    shape_derived = [r.node for r in report.refusals if r.reason.startswith("shape-derived computation")]
+    assert sorted(shape_derived) == ["Add", "Mul"]  # parser nodes are unnamed: reported by op
+    assert [n for n in out.graph.node if n.op_type in ("Add", "Mul")][0].input[0] == "row"
+
+
+@needs_library
+def test_same_arithmetic_on_data_is_fused():
+    m = parse(SIZE_ONLY.replace("r = Range(zero, ns, step)", "xi = Cast <to = 7> (x)\n        r = ReduceMax <axes = [0], keepdims = 0> (xi)"), opset=17)
+    out, report = fuse(m)
+    assert op_types(out).count("FusedElementwise") == 2
+    assert not any(why.startswith("shape-derived") for why in refusals(report).values())
+    assert_same(m, out)

@@ -84,3 +84,23 @@ g (float16[2, 8, 16] x) => (float16[2, 8, 16] y) <float two = {2.0}, float eps =
 """
     out, _ = rewrite_model(parser.parse_model(text), select_rules("cuda", only="fuse-elementwise"))
     assert "FusedElementwise" not in [n.op_type for n in out.graph.node]
+
+
+def test_residual_add_before_an_onnx_layernorm_is_left_for_skip_layernorm_fusion():
+    # The sum is read twice (the LayerNorm and the next residual), so contrib-skip-layernorm leaves
+    # it; ONNX Runtime's SkipLayerNormFusion takes Add + LayerNormalization together (its extra
+    # output carries the sum). fuse-elementwise must not pull the Add into a region with the bias Add.
+    model = parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 8, 16] x, float[2, 8, 16] r) => (float[2, 8, 16] y, float[2, 8, 16] s) <
+        float[16] bias = {1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1}, float[16] gamma = {1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1},
+        float[16] beta = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}> {
+      xb = Add(x, bias)
+      s = Add(xb, r)
+      y = LayerNormalization <axis = -1> (s, gamma, beta)
+    }
+    """)
+    out, report = rewrite_model(model, select_rules("cuda", only="fuse-elementwise"))
+    assert [n.op_type for n in out.graph.node] == ["Add", "Add", "LayerNormalization"]
+    reasons = [r.reason for r in report.refusals]
+    assert any("SkipLayerNormFusion" in why for why in reasons), reasons
