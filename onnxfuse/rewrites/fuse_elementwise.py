@@ -582,9 +582,9 @@ class _Analysis:
             raise _Refuse("scalar computation (one element): left to ONNX Runtime")
         if all(id(t) in self.shape_derived for t in low.operands):
             # Index and mask arithmetic on Range/Shape results (transformers' attention-mask
-            # construction): it depends on tensor sizes only. ONNX Runtime runs such chains on the CPU
-            # beside the shape ops; a CUDA custom op there costs host-device copies, and on BERT-base
-            # at batch 1 fusing two such regions made the model 7% slower (docs/benchmarks.md).
+            # construction, testdata/bert_tiny_opset14.onnx): it depends on tensor sizes only. ONNX
+            # Runtime keeps such chains beside its CPU shape ops; a CUDA custom op in the middle of
+            # them would add host-device copies and saves no memory pass on the GPU's real data.
             raise _Refuse("shape-derived computation (its inputs depend on tensor sizes only, not on "
                           "data): left to ONNX Runtime")
         low.shape = shape
