@@ -47,7 +47,7 @@ Examples:
 @click.option("--explain", is_flag=True, help="List every rewrite applied and every candidate refused, with the reason.")
 @click.option("--no-validate", is_flag=True, help="Skip comparing the optimized model's outputs with the original's.")
 @input_options
-@click.option("--rtol", type=float, default=None, help="Relative tolerance (default depends on dtype: fp32 1e-4, fp16 1e-2).")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance (default depends on dtype: fp32 1e-4, fp16 1e-2; a model that computes in fp16 is judged as fp16 even where its outputs are fp32).")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance (default depends on dtype and output scale).")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime provider used for validation.")

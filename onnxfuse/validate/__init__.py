@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance
+from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance, lowest_float_precision
 from onnxfuse.validate.inputs import Inputs, make_inputs, parse_shape_options
 from onnxfuse.validate.session import cuda_available, make_session, resolve_provider, run_session
 
@@ -43,14 +43,14 @@ def run_model(model: onnx.ModelProto, inputs: Inputs, provider: str = "auto", na
     return run_session(session, inputs.feeds, name=name)
 
 
-def compare_outputs(reference: dict, candidate: dict, rtol=None, atol=None) -> list[Comparison]:
+def compare_outputs(reference: dict, candidate: dict, rtol=None, atol=None, precision=None) -> list[Comparison]:
     results = []
     for name, ref in reference.items():
         if name not in candidate:
             results.append(Comparison(name=name, dtype=str(ref.dtype), shape=list(ref.shape), passed=False,
                                       rtol=0.0, atol=0.0, mismatch_fraction=1.0, error="output missing"))
             continue
-        results.append(compare_arrays(name, ref, candidate[name], rtol=rtol, atol=atol))
+        results.append(compare_arrays(name, ref, candidate[name], rtol=rtol, atol=atol, precision=precision))
     return results
 
 
@@ -66,17 +66,24 @@ def validate_models(
     """Compare every output of ``optimized`` with ``original`` on ``inputs``.
 
     ``reference`` (the original's outputs) may be passed in to avoid re-running the original when
-    validating several candidates, as the culprit search does.
+    validating several candidates, as the culprit search does. Default tolerances follow the least
+    precise float type the original computes in (a float32 output of a float16 model is judged as float16).
     """
     kind = resolve_provider(provider)
     if reference is None:
         reference = run_model(original, inputs, kind, name="original model")
     got = run_model(optimized, inputs, kind, name="optimized model")
-    return ValidationReport(provider=kind, outputs=compare_outputs(reference, got, rtol, atol), notes=list(inputs.notes))
+    precision = lowest_float_precision(original)
+    notes = list(inputs.notes)
+    if precision and (rtol is None or atol is None) and any(
+            str(a.dtype) not in (precision, "bool") and a.dtype.kind == "f" for a in reference.values()):
+        notes.append(f"the model computes in {precision}: its wider float outputs are compared with "
+                     f"{precision}'s default tolerance")
+    return ValidationReport(provider=kind, outputs=compare_outputs(reference, got, rtol, atol, precision), notes=notes)
 
 
 __all__ = [
     "Comparison", "Inputs", "ValidationReport", "compare_arrays", "compare_outputs", "cuda_available",
-    "default_tolerance", "make_inputs", "make_session", "parse_shape_options", "resolve_provider",
+    "default_tolerance", "lowest_float_precision", "make_inputs", "make_session", "parse_shape_options", "resolve_provider",
     "run_model", "run_session", "validate_models",
 ]

@@ -22,6 +22,36 @@ DEFAULT_TOLERANCES = {
 }
 
 
+def lowest_float_precision(model) -> str | None:
+    """``"bfloat16"`` or ``"float16"`` when ``model`` holds or computes tensors of that type anywhere
+    (inputs, outputs, initializers, annotated values, Cast targets, in subgraphs too), else ``None``."""
+    import onnx
+
+    found: set[int] = set()
+    half = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+
+    def visit(graph):
+        for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+            found.add(vi.type.tensor_type.elem_type)
+        found.update(t.data_type for t in graph.initializer)
+        for node in graph.node:
+            for a in node.attribute:
+                if node.op_type == "Cast" and a.name == "to":
+                    found.add(a.i)
+                elif a.type == onnx.AttributeProto.TENSOR:
+                    found.add(a.t.data_type)
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    visit(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for g in a.graphs:
+                        visit(g)
+
+    visit(model.graph)
+    if onnx.TensorProto.BFLOAT16 in found & half:
+        return "bfloat16"
+    return "float16" if onnx.TensorProto.FLOAT16 in found else None
+
+
 def default_tolerance(dtype, ref: np.ndarray | None = None) -> tuple[float, float]:
     """(rtol, atol) for ``dtype``; integers and bools must match exactly."""
     name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
@@ -70,12 +100,21 @@ def _finite_or_none(x: float) -> float | None:
 
 
 def compare_arrays(
-    name: str, ref: np.ndarray, got: np.ndarray, rtol: float | None = None, atol: float | None = None
+    name: str, ref: np.ndarray, got: np.ndarray, rtol: float | None = None, atol: float | None = None,
+    precision: str | None = None,
 ) -> Comparison:
-    """Compare ``got`` to ``ref`` (same shape expected; a mismatch is reported, not raised)."""
+    """Compare ``got`` to ``ref`` (same shape expected; a mismatch is reported, not raised).
+
+    ``precision``: the least precise float type the model computes in (``"float16"``…). A float output
+    of a model that computes in float16 carries float16 rounding whatever its own type, so its default
+    tolerance is the looser of its type's and ``precision``'s.
+    """
     ref = np.asarray(ref)
     got = np.asarray(got)
     d_rtol, d_atol = default_tolerance(ref.dtype, ref)
+    if precision is not None and np.issubdtype(ref.dtype, np.floating):
+        p_rtol, p_atol = default_tolerance(precision, ref)
+        d_rtol, d_atol = max(d_rtol, p_rtol), max(d_atol, p_atol)
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol
     base = dict(name=name, dtype=ref.dtype.name, shape=list(ref.shape), rtol=rtol, atol=atol)
