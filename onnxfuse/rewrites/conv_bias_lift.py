@@ -62,10 +62,19 @@ def _candidate_problem(graph, conv) -> str | None:
     return None
 
 
+def _fresh(taken: set[str], base: str) -> str:
+    """``base``, or ``base_1``, ``base_2``…: a node name not in ``taken`` (which then holds it)."""
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
 class _Lift:
     """One Conv's bias moved into a new ``Add`` (applied and reverted in place)."""
 
-    def __init__(self, graph, conv, names: NameAllocator):
+    def __init__(self, graph, conv, names: NameAllocator, node_names: set[str]):
         self.conv = conv
         self.out = conv.outputs[0]
         self.bias_tensor = conv.inputs[2]
@@ -74,7 +83,7 @@ class _Lift:
         self.bias = gs.Constant(names(f"{self.bias_tensor.name}/lifted"),
                                 np.ascontiguousarray(bias.reshape((bias.shape[0],) + (1,) * (rank - 2))))
         self.raw = gs.Variable(names(f"{self.out.name}/no_bias"), dtype=self.out.dtype, shape=self.out.shape)
-        self.add_name = names(f"{conv.name or 'Conv'}/bias")
+        self.add_name = _fresh(node_names, f"{conv.name or 'Conv'}/bias")
         self.add = None
         self.graph = graph
 
@@ -115,8 +124,8 @@ class LiftConvBiasIntoElementwise(Rule):
             candidates = [c for c in convs if problems[id(c)] is None]
             verdict: dict[int, str | None] = {}
             if candidates:
-                names = NameAllocator(g)
-                lifts = [_Lift(g, c, names) for c in candidates]
+                names, node_names = NameAllocator(g), {n.name for n in g.nodes}
+                lifts = [_Lift(g, c, names, node_names) for c in candidates]
                 for lift in lifts:
                     lift.apply()
                 try:
@@ -149,7 +158,7 @@ class LiftConvBiasIntoElementwise(Rule):
 
     def rewrite(self, graph, match):
         g, conv, _ = match
-        lift = _Lift(g, conv, NameAllocator(g))
+        lift = _Lift(g, conv, NameAllocator(g), {n.name for n in g.nodes})
         lift.apply()
         return {"conv": conv.name, "bias": lift.bias_tensor.name, "add": lift.add.name,
                 "output": lift.out.name}

@@ -149,3 +149,19 @@ def test_real_efficientnet_blocks():
     assert report.counts[RULE] == 24
     assert sum(len(n.input) == 3 for n in out.graph.node if n.op_type == "Conv") == 2
     assert_same(m, out, rtol=1e-4, atol=1e-5, dims={"batch": 2})
+
+
+def test_lifted_adds_of_unnamed_convs_get_distinct_names():
+    m = parse("""
+        g (float[2,4,8,8] x) => (float[2,6,8,8] y) {
+            c = Conv <pads = [1, 1, 1, 1]> (x, W, B)
+            r = Relu(c)
+            c2 = Conv (r, W2, B)
+            y = Relu(c2)
+        }
+    """, inits=[W, B, W2])
+    out, report = optimize(m, only=RULE)  # the Adds stay visible without fuse-elementwise
+    assert report.counts[RULE] == 2
+    adds = [n.name for n in out.graph.node if n.op_type == "Add"]
+    assert len(adds) == 2 and len(set(adds)) == 2, adds
+    assert sorted(d["add"] for d in report.details if d["rule"] == RULE) == sorted(adds)
