@@ -175,16 +175,20 @@ def to_graph(model: onnx.ModelProto):
     return gs.import_onnx(model)
 
 
-def _node_domains(graph: onnx.GraphProto, acc: set[str]) -> set[str]:
+def proto_graphs(graph: onnx.GraphProto):
+    """``graph`` and every subgraph in its nodes' attributes (If/Loop/Scan bodies), outermost first."""
+    yield graph
     for node in graph.node:
-        acc.add(node.domain or "")
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                _node_domains(attr.g, acc)
+                yield from proto_graphs(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    _node_domains(g, acc)
-    return acc
+                    yield from proto_graphs(g)
+
+
+def _node_domains(graph: onnx.GraphProto) -> set[str]:
+    return {node.domain or "" for g in proto_graphs(graph) for node in g.node}
 
 
 def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
@@ -213,7 +217,7 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
             imp.version = raised
     _restore_initializer_inputs(model, template)
     known = {o.domain for o in model.opset_import}
-    for domain in sorted(_node_domains(model.graph, set()) - known):
+    for domain in sorted(_node_domains(model.graph) - known):
         if domain in ("", "ai.onnx"):
             continue
         model.opset_import.append(onnx.helper.make_opsetid(domain, 1))

@@ -21,6 +21,8 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.base import graphs_within
+
 #: Attributes added by a later schema whose absence means the old behaviour, per op.
 _ADDED_OPTIONAL_ATTRS = {
     "Shape": {"start", "end"},
@@ -64,15 +66,6 @@ def _same_meaning(op: str, old: int, new: int) -> bool:
     return True
 
 
-def _nodes(graph: gs.Graph):
-    for node in graph.nodes:
-        yield node
-        for value in node.attrs.values():
-            for sub in (value if isinstance(value, list) else [value]):
-                if isinstance(sub, gs.Graph):
-                    yield from _nodes(sub)
-
-
 def opset_raise_problem(graph: gs.Graph, target: int) -> str | None:
     """Why ``graph``'s default-domain opset cannot be raised to ``target`` exactly, or ``None``."""
     current = int(getattr(graph, "opset", 0) or 0)
@@ -80,7 +73,7 @@ def opset_raise_problem(graph: gs.Graph, target: int) -> str | None:
         return None
     if current <= 0:
         return "the model's default-domain opset is unknown"
-    blocking = sorted({n.op for n in _nodes(graph)
+    blocking = sorted({n.op for g in graphs_within(graph) for n in g.nodes
                        if (n.domain or "") in ("", "ai.onnx") and not _same_meaning(n.op, current, target)})
     if blocking:
         return (f"raising the model's opset {current} → {target} would change the meaning of "

@@ -107,14 +107,19 @@ def _owned_by(graph, tensor, node) -> bool:
     )
 
 
-def unique_name(graph, base: str) -> str:
-    """``base``, or ``base_1``, ``base_2`` … : the first name no tensor of ``graph`` uses."""
-    used = graph.tensors().keys()
+def fresh_name(taken: set[str], base: str) -> str:
+    """``base``, or ``base_1``, ``base_2`` … : the first name not in ``taken``, which then holds it."""
     name, i = base, 1
-    while name in used:
+    while name in taken:
         name = f"{base}_{i}"
         i += 1
+    taken.add(name)
     return name
+
+
+def unique_name(graph, base: str) -> str:
+    """``base``, or ``base_1``, ``base_2`` … : the first name no tensor of ``graph`` uses."""
+    return fresh_name(set(graph.tensors().keys()), base)
 
 
 class NameAllocator:
@@ -127,12 +132,7 @@ class NameAllocator:
     def __call__(self, base: str) -> str:
         if self._used is None:
             self._used = set(self._graph.tensors().keys())
-        name, i = base, 1
-        while name in self._used:
-            name = f"{base}_{i}"
-            i += 1
-        self._used.add(name)
-        return name
+        return fresh_name(self._used, base)
 
 
 def set_param(graph, node, index: int, values: np.ndarray, role: str = "param") -> str:

@@ -102,3 +102,21 @@ def single_consumer(tensor) -> bool:
 
 def graph_output_names(graph) -> set[str]:
     return {t.name for t in graph.outputs}
+
+
+def subgraphs(node):
+    """The graphs held in ``node``'s attributes (If branches, Loop and Scan bodies)."""
+    import onnx_graphsurgeon as gs
+
+    for value in node.attrs.values():
+        for sub in (value if isinstance(value, list) else [value]):
+            if isinstance(sub, gs.Graph):
+                yield sub
+
+
+def graphs_within(graph):
+    """``graph`` and every subgraph below it, outermost first."""
+    yield graph
+    for node in graph.nodes:
+        for sub in subgraphs(node):
+            yield from graphs_within(sub)

@@ -29,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites._weights import NameAllocator, constant_value, is_default_domain, is_graph_output
-from onnxfuse.rewrites.base import Rule, is_alive
+from onnxfuse.rewrites._weights import NameAllocator, constant_value, fresh_name, is_default_domain, is_graph_output
+from onnxfuse.rewrites.base import Rule, graphs_within, is_alive
 
 _FLOAT = (np.float32, np.float16)
 
@@ -62,15 +62,6 @@ def _candidate_problem(graph, conv) -> str | None:
     return None
 
 
-def _fresh(taken: set[str], base: str) -> str:
-    """``base``, or ``base_1``, ``base_2``…: a node name not in ``taken`` (which then holds it)."""
-    name, i = base, 1
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    taken.add(name)
-    return name
-
-
 class _Lift:
     """One Conv's bias moved into a new ``Add`` (applied and reverted in place)."""
 
@@ -83,7 +74,7 @@ class _Lift:
         self.bias = gs.Constant(names(f"{self.bias_tensor.name}/lifted"),
                                 np.ascontiguousarray(bias.reshape((bias.shape[0],) + (1,) * (rank - 2))))
         self.raw = gs.Variable(names(f"{self.out.name}/no_bias"), dtype=self.out.dtype, shape=self.out.shape)
-        self.add_name = _fresh(node_names, f"{conv.name or 'Conv'}/bias")
+        self.add_name = fresh_name(node_names, f"{conv.name or 'Conv'}/bias")
         self.add = None
         self.graph = graph
 
@@ -113,10 +104,10 @@ class LiftConvBiasIntoElementwise(Rule):
     targets = frozenset({"cuda"})
 
     def match(self, graph):
-        from onnxfuse.rewrites.fuse_elementwise import _Analysis, _graphs
+        from onnxfuse.rewrites.fuse_elementwise import _Analysis
 
         found = []
-        for g in _graphs(graph):
+        for g in graphs_within(graph):
             convs = [n for n in g.nodes if n.op == "Conv" and is_default_domain(n)]
             if not convs:
                 continue

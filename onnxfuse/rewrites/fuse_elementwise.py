@@ -46,7 +46,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib_layernorm import decomposed_layernorm_nodes
 from onnxfuse.rewrites._regions import partition
-from onnxfuse.rewrites.base import Rule, is_alive
+from onnxfuse.rewrites._weights import fresh_name
+from onnxfuse.rewrites.base import Rule, graphs_within, is_alive, subgraphs
 
 # Elementwise ONNX ops that the language cannot express: reported (with a reason), never fused.
 _UNSUPPORTED_ELEMENTWISE = frozenset({
@@ -399,7 +400,7 @@ def _shape_derived_tensors(nodes) -> set[int]:
             continue
         if n.op in ("Shape", "Size", "Constant"):
             derived.update(id(t) for t in n.outputs)
-        elif n.op not in _NONDETERMINISTIC and not any(True for _ in _subgraphs(n)):
+        elif n.op not in _NONDETERMINISTIC and not any(True for _ in subgraphs(n)):
             ins = [t for t in n.inputs if t.name or isinstance(t, gs.Constant)]
             if ins:
                 pending.append((n, ins))
@@ -416,22 +417,6 @@ def _shape_derived_tensors(nodes) -> set[int]:
     return derived
 
 
-def _subgraphs(node):
-    """The graphs held in ``node``'s attributes (If branches, Loop and Scan bodies)."""
-    for value in node.attrs.values():
-        for sub in (value if isinstance(value, list) else [value]):
-            if isinstance(sub, gs.Graph):
-                yield sub
-
-
-def _graphs(graph: gs.Graph):
-    """``graph`` and every subgraph below it, outermost first."""
-    yield graph
-    for node in graph.nodes:
-        for sub in _subgraphs(node):
-            yield from _graphs(sub)
-
-
 class _Analysis:
     def __init__(self, graph: gs.Graph):
         expr = _expr()
@@ -444,7 +429,7 @@ class _Analysis:
         # Owner of subgraph nodes: the top-level node whose body holds them.
         self.owner: dict[int, int] = {}
         for i, n in enumerate(self.nodes):
-            for g in _subgraphs(n):
+            for g in subgraphs(n):
                 self._own(g, i)
         self.dtypes: dict[str, str | None] = {}
         self.shapes: dict[str, tuple | None] = {}
@@ -480,7 +465,7 @@ class _Analysis:
     def _own(self, g: gs.Graph, top: int):
         for n in g.nodes:
             self.owner[id(n)] = top
-            for sub in _subgraphs(n):
+            for sub in subgraphs(n):
                 self._own(sub, top)
 
     def _top(self, node) -> int | None:
@@ -734,7 +719,7 @@ class FuseElementwiseRegions(Rule):
         self._counter = 0
 
     def match(self, graph):
-        graphs = list(_graphs(graph))
+        graphs = list(graphs_within(graph))
         self._names = {n.name for g in graphs for n in g.nodes}
         regions = []
         # Each body is analysed on its own: values it reads from an enclosing graph are region
@@ -766,21 +751,12 @@ class FuseElementwiseRegions(Rule):
             return f"program rejected: {getattr(exc, 'problem', exc)}"
         return None
 
-    def _fresh_name(self, base: str) -> str:
-        name = base
-        k = 1
-        while name in self._names:
-            name = f"{base}_{k}"
-            k += 1
-        self._names.add(name)
-        return name
-
     def rewrite(self, graph, match: Region):
         from onnxfuse.custom_ops import expr
 
         text = match.program.to_text()
         first = match.nodes[0].name or match.nodes[0].op
-        name = self._fresh_name(f"{first}/FusedElementwise")
+        name = fresh_name(self._names, f"{first}/FusedElementwise")
         dtypes = match.program.output_dtypes()
         kept = {id(t) for t in match.outputs}
         absorbed = [n.outputs[0].name for n in match.nodes if n.outputs and id(n.outputs[0]) not in kept]

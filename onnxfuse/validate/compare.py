@@ -27,10 +27,10 @@ def lowest_float_precision(model) -> str | None:
     (inputs, outputs, initializers, annotated values, Cast targets, in subgraphs too), else ``None``."""
     import onnx
 
-    found: set[int] = set()
-    half = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    from onnxfuse.model_io import proto_graphs
 
-    def visit(graph):
+    found: set[int] = set()
+    for graph in proto_graphs(model.graph):
         for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
             found.add(vi.type.tensor_type.elem_type)
         found.update(t.data_type for t in graph.initializer)
@@ -40,14 +40,7 @@ def lowest_float_precision(model) -> str | None:
                     found.add(a.i)
                 elif a.type == onnx.AttributeProto.TENSOR:
                     found.add(a.t.data_type)
-                elif a.type == onnx.AttributeProto.GRAPH:
-                    visit(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    for g in a.graphs:
-                        visit(g)
-
-    visit(model.graph)
-    if onnx.TensorProto.BFLOAT16 in found & half:
+    if onnx.TensorProto.BFLOAT16 in found:
         return "bfloat16"
     return "float16" if onnx.TensorProto.FLOAT16 in found else None
 

@@ -37,6 +37,17 @@ def model(body, opset=17, inputs="float[2,5,8] x", outputs="float[2,5,8] y", ini
 # --- LayerNormalization ---------------------------------------------------------------------------
 
 
+def assert_one_layernorm(m, eps: float):
+    """``m`` becomes one LayerNormalization over the last axis with epsilon ``eps``, same outputs."""
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 1, refusals(report)
+    assert set(ops(out)) == {"LayerNormalization"}
+    attrs = {a.name: a for a in out.graph.node[0].attribute}
+    assert attrs["axis"].i == -1
+    assert attrs["epsilon"].f == pytest.approx(eps, rel=1e-6)
+    same_outputs(m, out)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -51,15 +62,7 @@ def model(body, opset=17, inputs="float[2,5,8] x", outputs="float[2,5,8] y", ini
     ids=["pow", "mul-square", "reciprocal", "swapped", "no-beta", "no-affine", "eps"],
 )
 def test_layernorm_forms(kwargs):
-    m = model(ln_body(**kwargs))
-    out, report = fuse(m, LN)
-    assert report.counts[LN.name] == 1, refusals(report)
-    assert set(ops(out)) == {"LayerNormalization"}
-    node = out.graph.node[0]
-    attrs = {a.name: a for a in node.attribute}
-    assert attrs["axis"].i == -1
-    assert attrs["epsilon"].f == pytest.approx(float(kwargs.get("eps", "1e-5")), rel=1e-6)
-    same_outputs(m, out)
+    assert_one_layernorm(model(ln_body(**kwargs)), float(kwargs.get("eps", "1e-5")))
 
 
 def test_layernorm_two_trailing_axes():
@@ -241,13 +244,7 @@ def keras_body(x="x", scale="s = Mul(r, gamma)", tail="xs = Mul(x, s)\nms = Mul(
     ids=["keras", "swapped", "no-beta", "no-gamma"],
 )
 def test_keras_folded_scale_form(kwargs):
-    m = model(keras_body(**kwargs))
-    out, report = fuse(m, LN)
-    assert report.counts[LN.name] == 1, refusals(report)
-    assert set(ops(out)) == {"LayerNormalization"}
-    node = out.graph.node[0]
-    assert {a.name: a for a in node.attribute}["epsilon"].f == pytest.approx(1e-3, rel=1e-6)
-    same_outputs(m, out)
+    assert_one_layernorm(model(keras_body(**kwargs)), 1e-3)
 
 
 @pytest.mark.parametrize(
