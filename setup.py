@@ -4,176 +4,65 @@ The C++ library (onnxfuse/custom_ops/csrc) is compiled as a setuptools Extension
 ``onnxfuse.custom_ops._fused_ops``. It is a plain shared library that ONNX Runtime loads by path
 (``SessionOptions.register_custom_ops_library``); Python never imports it.
 
-It needs ONNX Runtime's C/C++ API headers, which no PyPI wheel ships. They are found, in order:
+The build needs a C++17 compiler and nothing else:
 
-1. ``ONNXRUNTIME_INCLUDE_DIR``: a folder holding ``onnxruntime_cxx_api.h`` (or its
-   ``onnxruntime/`` subfolder);
-2. a cache of earlier fetches (``$XDG_CACHE_HOME/onnxfuse/ort-headers`` or
-   ``~/.cache/onnxfuse/ort-headers``);
-3. Debian's ``libonnxruntime-dev`` 1.21 package (trixie), downloaded with apt-get through the
-   machine's own configured Debian mirror (without touching the system's apt configuration),
-   checked against a pinned sha256 and unpacked with ``dpkg -x``.
+* ONNX Runtime's API comes from ``csrc/ort_abi.h``, the library's own declaration of the C API
+  entries it calls at their fixed positions (written by ``tools/gen_ort_abi.py`` from a real
+  ``onnxruntime_c_api.h``, proved against real headers by ``tests/test_ort_abi.py``). No ONNX
+  Runtime headers, no package manager, no download.
+* No CUDA headers: the library declares the few CUDA driver API and NVRTC entry points it uses and
+  dlopens ``libcuda.so.1`` / libnvrtc at run time, only when a CUDA kernel is created.
 
-No CUDA headers are needed: the library declares the few CUDA driver API and NVRTC entry points it
-uses and dlopens ``libcuda.so.1`` / libnvrtc at run time, only when a CUDA kernel is created.
+The library links no Python (no ``PyInit_``), so the wheel is tagged ``py3-none-<platform>``: one
+wheel serves every Python 3. The platform tag is ``manylinux_2_<N>_<arch>``, where N is the newest
+glibc symbol version the built library asks for (read from its ELF ``.gnu.version_r`` section) and
+arch comes from the library's ELF header, so a cross build is tagged for its target. libstdc++ is
+linked statically with its symbols kept private; libgcc_s, libc, libm and libdl are the only
+shared libraries it needs (all in every manylinux policy).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
+import shlex
 import shutil
-import subprocess
+import struct
 import sys
-import tempfile
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+try:  # setuptools >= 70.1 carries bdist_wheel itself
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # pragma: no cover - older setuptools with the wheel package
+    from wheel.bdist_wheel import bdist_wheel
+
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "onnxfuse" / "custom_ops" / "csrc"
+LIBRARY = "onnxfuse.custom_ops._fused_ops"
 
-ORT_DEB_PACKAGE = "libonnxruntime-dev"
-ORT_DEB_VERSION_PREFIX = "1.21"
-ORT_DEB_SUITE = "trixie"
-ORT_DEB_SHA256 = "14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08"
-DEBIAN_SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
-DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
-
-HOW_TO_FIX = (
-    "Set ONNXRUNTIME_INCLUDE_DIR to a folder containing ONNX Runtime's C/C++ API headers "
-    "(onnxruntime_c_api.h, onnxruntime_cxx_api.h, onnxruntime_lite_custom_op.h, version 1.21 or "
-    "newer; e.g. the include/ folder of an onnxruntime release archive from "
-    "https://github.com/microsoft/onnxruntime/releases) and build again."
-)
-
-
-class HeaderFetchError(RuntimeError):
-    pass
+# ELF e_machine -> the architecture name in wheel platform tags.
+ELF_MACHINES = {62: "x86_64", 183: "aarch64", 3: "i686", 21: "ppc64le", 22: "s390x", 243: "riscv64"}
 
 
 def _log(msg: str) -> None:
     print(f"onnxfuse build: {msg}", file=sys.stderr, flush=True)
 
 
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "onnxfuse"
-
-
-def _normalize_include_dir(path: Path) -> Path | None:
-    """Return the folder that directly holds onnxruntime_cxx_api.h, if any."""
-    for cand in (path, path / "onnxruntime", path / "onnxruntime" / "core" / "session",
-                 path / "include" / "onnxruntime", path / "include"):
-        if (cand / "onnxruntime_cxx_api.h").is_file():
-            return cand
-    return None
-
-
-def _debian_mirror_uri() -> str:
-    """The first Debian archive URI configured on this machine (never hard-coded here)."""
-    if not DEBIAN_SOURCES.is_file():
-        raise HeaderFetchError(f"{DEBIAN_SOURCES} not found (not a Debian system?)")
-    text = DEBIAN_SOURCES.read_text()
-    for stanza in re.split(r"\n\s*\n", text):
-        uris = re.findall(r"^URIs:\s*(.+)$", stanza, flags=re.M)
-        if not uris:
-            continue
-        for uri in uris[0].split():
-            if not uri.rstrip("/").endswith("-security"):
-                return uri
-    raise HeaderFetchError(f"no Debian archive URI found in {DEBIAN_SOURCES}")
-
-
-def _fetch_debian_headers(dest: Path) -> Path:
-    """Download libonnxruntime-dev from Debian trixie, verify, unpack; return its include dir."""
-    for tool in ("apt-get", "dpkg"):
-        if shutil.which(tool) is None:
-            raise HeaderFetchError(f"'{tool}' is not available")
-    uri = _debian_mirror_uri()
-    with tempfile.TemporaryDirectory(prefix="onnxfuse-ort-") as tmp:
-        tmpd = Path(tmp)
-        parts = tmpd / "sources.list.d"
-        lists = tmpd / "lists"
-        cache = tmpd / "cache"
-        dl = tmpd / "download"
-        for d in (parts, lists / "partial", cache / "archives" / "partial", dl):
-            d.mkdir(parents=True)
-        signed = f"Signed-By: {DEBIAN_KEYRING}\n" if DEBIAN_KEYRING.is_file() else ""
-        (parts / "onnxfuse-trixie.sources").write_text(
-            f"Types: deb\nURIs: {uri}\nSuites: {ORT_DEB_SUITE}\nComponents: main\n{signed}"
-        )
-        opts = [
-            "-o", f"Dir::State::Lists={lists}",
-            "-o", "Dir::Etc::SourceList=/dev/null",
-            "-o", f"Dir::Etc::SourceParts={parts}",
-            "-o", f"Dir::Cache={cache}",
-            "-o", "Debug::NoLocking=1",
-            "-q",
-        ]
-        if os.geteuid() == 0:  # apt would drop to _apt, which cannot write our private folders
-            opts[-1:-1] = ["-o", "APT::Sandbox::User=root"]
-        _log(f"fetching {ORT_DEB_PACKAGE} ({ORT_DEB_SUITE}) with apt-get from {uri}")
-        for args, cwd in ((["update"], None), (["download", ORT_DEB_PACKAGE], dl)):
-            try:
-                r = subprocess.run(["apt-get", *opts, *args], cwd=cwd, capture_output=True,
-                                   text=True, timeout=300)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise HeaderFetchError(f"apt-get {args[0]} failed: {e}") from e
-            if r.returncode != 0:
-                raise HeaderFetchError(
-                    f"apt-get {' '.join(args)} failed (exit {r.returncode}):\n"
-                    f"{(r.stdout + r.stderr).strip()[-2000:]}"
-                )
-        debs = sorted(dl.glob(f"{ORT_DEB_PACKAGE}_*.deb"))
-        if not debs:
-            raise HeaderFetchError(f"apt-get download produced no {ORT_DEB_PACKAGE} .deb")
-        deb = debs[0]
-        digest = hashlib.sha256(deb.read_bytes()).hexdigest()
-        if digest != ORT_DEB_SHA256:
-            raise HeaderFetchError(
-                f"{deb.name}: sha256 {digest} does not match the pinned {ORT_DEB_SHA256} "
-                f"(expected {ORT_DEB_PACKAGE} {ORT_DEB_VERSION_PREFIX}.x)"
-            )
-        root = tmpd / "root"
-        r = subprocess.run(["dpkg", "-x", str(deb), str(root)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise HeaderFetchError(f"dpkg -x {deb.name} failed: {r.stderr.strip()}")
-        found = [p.parent for p in root.rglob("onnxruntime_cxx_api.h")]
-        if not found:
-            raise HeaderFetchError(f"{deb.name} holds no onnxruntime_cxx_api.h")
-        staging = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(found[0], staging)
-        (staging / "SOURCE").write_text(f"{deb.name} sha256 {digest}\n")
-        shutil.rmtree(dest, ignore_errors=True)
-        staging.rename(dest)
-    _log(f"ONNX Runtime headers cached in {dest}")
-    return dest
-
-
-def find_ort_include_dir() -> Path:
-    env = os.environ.get("ONNXRUNTIME_INCLUDE_DIR")
-    if env:
-        inc = _normalize_include_dir(Path(env))
-        if inc is None:
-            raise HeaderFetchError(
-                f"ONNXRUNTIME_INCLUDE_DIR={env} holds no onnxruntime_cxx_api.h. {HOW_TO_FIX}"
-            )
-        return inc
-    cached = _cache_root() / f"ort-headers-{ORT_DEB_SHA256[:12]}"
-    if (cached / "onnxruntime_cxx_api.h").is_file():
-        return cached
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        return _fetch_debian_headers(cached)
-    except (HeaderFetchError, OSError) as e:
-        raise HeaderFetchError(
-            "could not obtain ONNX Runtime's C/C++ API headers (needed to build the "
-            f"FusedElementwise custom-op library): {e}\n{HOW_TO_FIX}"
-        ) from e
+def compiler_command() -> list[str]:
+    """The C++ compiler to use (``$CXX``, else g++, else c++/clang++); exits with one line if none."""
+    env = os.environ.get("CXX")
+    candidates = [shlex.split(env)] if env else [["g++"], ["c++"], ["clang++"]]
+    for cmd in candidates:
+        if cmd and shutil.which(cmd[0]):
+            return cmd
+    wanted = f"CXX={env!r} was not found" if env else "no C++ compiler (g++, c++ or clang++) on PATH"
+    raise SystemExit(
+        f"error: building onnxfuse from source needs a C++17 compiler: {wanted}. Install one "
+        "(Debian/Ubuntu: apt install g++; RHEL/Fedora: dnf install gcc-c++; conda: conda install "
+        "gxx_linux-64) or install a prebuilt onnxfuse wheel."
+    )
 
 
 def embed_header(src: Path, dst: Path) -> None:
@@ -189,13 +78,46 @@ def embed_header(src: Path, dst: Path) -> None:
         dst.write_text(out)
 
 
+def elf_platform(path: Path) -> tuple[str, tuple[int, int]]:
+    """(architecture, newest GLIBC_x.y version needed) of a 64-bit little-endian ELF shared library.
+
+    Walks the section headers to ``.gnu.version_r`` (SHT_GNU_verneed) and reads each needed
+    version's name from the string table it links to, as ``readelf -V`` would.
+    """
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise RuntimeError(f"{path}: not a 64-bit little-endian ELF file")
+    machine = struct.unpack_from("<H", data, 18)[0]
+    arch = ELF_MACHINES.get(machine)
+    if arch is None:
+        raise RuntimeError(f"{path}: unknown ELF machine {machine}")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    newest = (2, 17)  # the oldest glibc a manylinux tag names
+    for _name, sh_type, _flags, _addr, offset, _size, link, info, _align, _entsize in sections:
+        if sh_type != 0x6FFFFFFE:  # SHT_GNU_verneed
+            continue
+        strtab = sections[link][4]
+        pos = offset
+        for _ in range(info):  # sh_info: number of Verneed entries
+            _ver, cnt, _file, aux, nxt = struct.unpack_from("<HHIII", data, pos)
+            apos = pos + aux
+            for _ in range(cnt):
+                _hash, _flags2, _other, name_off, anext = struct.unpack_from("<IHHII", data, apos)
+                end = data.index(b"\0", strtab + name_off)
+                name = data[strtab + name_off:end].decode()
+                if name.startswith("GLIBC_") and name[6:].replace(".", "").isdigit():
+                    parts = tuple(int(p) for p in name[6:].split("."))[:2]
+                    newest = max(newest, (parts + (0,))[:2])
+                apos += anext
+            pos += nxt
+    return arch, newest
+
+
 class BuildExt(build_ext):
     def build_extensions(self):
-        try:
-            inc = find_ort_include_dir()
-        except HeaderFetchError as e:
-            raise SystemExit(f"error: {e}") from None
-        _log(f"using ONNX Runtime headers from {inc}")
+        cxx = compiler_command()
         gen = Path(self.build_temp) / "onnxfuse_gen"
         gen.mkdir(parents=True, exist_ok=True)
         embed_header(CSRC / "ops.h", gen / "ops_h.inc")
@@ -204,13 +126,11 @@ class BuildExt(build_ext):
             cmd = getattr(self.compiler, attr, None)
             if isinstance(cmd, list) and cmd:
                 cmd = [c for c in cmd if c not in ("-Wstrict-prototypes", "-g", "-O2", "-DNDEBUG")]
-                cxx = os.environ.get("CXX", "g++")
-                cmd[0] = cxx if attr != "linker_so" or cmd[0] in ("gcc", "cc") else cmd[0]
-                if attr == "linker_so":
-                    cmd[0] = cxx
+                cmd = cxx + cmd[1:]
                 self.compiler.set_executable(attr, cmd)
         for ext in self.extensions:
-            ext.include_dirs = [str(inc), str(gen), str(CSRC)] + list(ext.include_dirs)
+            ext.include_dirs = [str(gen), str(CSRC)] + list(ext.include_dirs)
+        _log(f"compiling the custom-op library with {' '.join(cxx)}")
         super().build_extensions()
 
     def get_ext_filename(self, ext_name):
@@ -223,8 +143,24 @@ class BuildExt(build_ext):
         return []  # there is no PyInit_ function to export
 
 
+class BdistWheel(bdist_wheel):
+    """Tag the wheel ``py3-none-manylinux_2_N_<arch>`` from the library it carries."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        build = self.get_finalized_command("build_ext")
+        lib = Path(build.get_ext_fullpath(LIBRARY))
+        if not lib.is_file():  # not built yet (tag asked early): fall back to the default
+            return super().get_tag()
+        arch, (major, minor) = elf_platform(lib)
+        return "py3", "none", f"manylinux_{major}_{minor}_{arch}"
+
+
 fused_ops = Extension(
-    "onnxfuse.custom_ops._fused_ops",
+    LIBRARY,
     sources=[str(p.relative_to(ROOT)) for p in sorted(CSRC.glob("*.cc"))],
     depends=[str(p.relative_to(ROOT)) for p in sorted(CSRC.glob("*.h"))] + ["onnxfuse/custom_ops/csrc/exports.map"],
     language="c++",
@@ -238,4 +174,4 @@ fused_ops = Extension(
                      "-Wl,--gc-sections", "-Wl,-Bsymbolic", "-ldl", "-Wl,--as-needed"],
 )
 
-setup(ext_modules=[fused_ops], cmdclass={"build_ext": BuildExt})
+setup(ext_modules=[fused_ops], cmdclass={"build_ext": BuildExt, "bdist_wheel": BdistWheel})
