@@ -24,6 +24,7 @@ shared libraries it needs (all in every manylinux policy).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import struct
@@ -118,6 +119,8 @@ def elf_platform(path: Path) -> tuple[str, tuple[int, int]]:
 class BuildExt(build_ext):
     def build_extensions(self):
         cxx = compiler_command()
+        # Objects of another compiler (a cross build, say) must not be reused: one folder per compiler.
+        self.build_temp = os.path.join(self.build_temp, re.sub(r"[^A-Za-z0-9_.+-]", "_", "_".join(cxx)))
         gen = Path(self.build_temp) / "onnxfuse_gen"
         gen.mkdir(parents=True, exist_ok=True)
         embed_header(CSRC / "ops.h", gen / "ops_h.inc")
@@ -170,7 +173,7 @@ fused_ops = Extension(
     # Static libstdc++ with every symbol but ours kept private (version script): the library then
     # loads next to any other libstdc++ in the process (numpy, ONNX Runtime) without mixing state,
     # and needs no GLIBCXX of the machine it runs on. libgcc_s stays dynamic (present everywhere).
-    extra_link_args=["-static-libstdc++", f"-Wl,--version-script={CSRC / 'exports.map'}",
+    extra_link_args=["-static-libstdc++", "-s", f"-Wl,--version-script={CSRC / 'exports.map'}",
                      "-Wl,--gc-sections", "-Wl,-Bsymbolic", "-ldl", "-Wl,--as-needed"],
 )
 
