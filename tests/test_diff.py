@@ -1,4 +1,4 @@
-"""`onnxfuse diff` and :func:`onnxfuse.diff.diff_models`: metrics on known perturbations, intermediates,
+"""`onnxfuse diff` and :func:`onnxfuse.drift.diff_models`: metrics on known perturbations, intermediates,
 exit codes, and the JSON report against its committed schema."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse.cli import main
-from onnxfuse.diff import TENSOR_MAP_KEY, diff_models, parse_tol_options
+from onnxfuse.drift import TENSOR_MAP_KEY, diff_models, parse_tol_options
 from onnxfuse.errors import InputsError, UsageError
 from onnxfuse.reports import schema_path
 from onnxfuse.validate.inputs import make_inputs

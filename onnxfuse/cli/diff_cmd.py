@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxfuse.cli.common import EXIT_CODES_HELP, fail, handle_errors, input_options, stderr, stdout
-from onnxfuse.diff import DEFAULT_BATCH_SIZE, diff_models, parse_tol_options
+from onnxfuse.drift import DEFAULT_BATCH_SIZE, diff_models, parse_tol_options
 from onnxfuse.errors import ValidationFailed
 from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown, write_json, write_markdown, write_text
 from onnxfuse.validate.inputs import parse_shape_options

@@ -12,7 +12,7 @@ from onnxfuse.cli.common import EXIT_CODES_HELP, handle_errors, input_options, s
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, ValidationFailed
 from onnxfuse.reports import write_json, write_markdown, write_text
 from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
-from onnxfuse.optimize import OptimizeOptions, optimize_file
+from onnxfuse.pipeline import OptimizeOptions, optimize_file
 from onnxfuse.rewrites import TARGETS
 from onnxfuse.validate.inputs import parse_shape_options
 

@@ -5,7 +5,7 @@ Library side only (no click, no rich), so every command can reuse them: ``diff``
 its validation results. Builders return strings; :func:`write_text` writes one atomically.
 
 Each builder works on :class:`onnxfuse.validate.compare.Comparison` objects (or on a
-:class:`onnxfuse.diff.DiffReport` for the ``diff_*`` variants) and never recomputes a metric.
+:class:`onnxfuse.drift.DiffReport` for the ``diff_*`` variants) and never recomputes a metric.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def schema_path() -> Path:
 
 
 def diff_json(report) -> dict:
-    """The JSON-ready dict of a :class:`onnxfuse.diff.DiffReport` (non-finite floats → ``None``)."""
+    """The JSON-ready dict of a :class:`onnxfuse.drift.DiffReport` (non-finite floats → ``None``)."""
     return clean_json(report.to_dict())
 
 

@@ -1,6 +1,6 @@
 """Markdown and JUnit reports for ``onnxfuse optimize`` (CI job summaries, test dashboards).
 
-Built from an :class:`onnxfuse.optimize.OptimizeResult`; the validation table reuses the same builders
+Built from an :class:`onnxfuse.pipeline.OptimizeResult`; the validation table reuses the same builders
 as ``diff``, so both commands' summaries look alike.
 """
 
