@@ -85,7 +85,7 @@ class DiffReport:
         return [c.name for c in self.intermediates if not c.passed]
 
     def to_dict(self) -> dict:
-        """The JSON report (schema: docs/diff-report.schema.json). Non-finite floats become null
+        """The JSON report (schema: :func:`onnxfuse.reports.schema_path`). Non-finite floats become null
         when written by :func:`onnxfuse.reports.write_json`."""
         outputs = []
         for c in self.outputs:

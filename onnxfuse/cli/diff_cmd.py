@@ -61,7 +61,7 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
 @click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE, show_default=True,
               help="With --intermediates: tensors exposed per run (bounds memory).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the report as JSON "
-              "(schema: docs/diff-report.schema.json).")
+              "(JSON Schema: onnxfuse/reports/schemas/diff-report.schema.json in the package).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
               help="Write a Markdown summary (appended when PATH is $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
