@@ -9,7 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from onnxfuse.cli.common import EXIT_CODES_HELP, fail, handle_errors, input_options, stderr, stdout
+from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, fail, handle_errors, input_options, stderr, stdout
 from onnxfuse.drift import DEFAULT_BATCH_SIZE, diff_models, parse_tol_options
 from onnxfuse.errors import ValidationFailed
 from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown, write_json, write_markdown, write_text
@@ -72,6 +72,7 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
 @handle_errors
 def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, samples, rtol, atol, tols,
          intermediates, batch_size, json_path, markdown_path, junit_path, html_path, quiet) -> None:
+    check_runtime(quiet)
     shape_map = parse_shape_options(shapes)
     tolerances = parse_tol_options(tols)
     _check_report_paths(json_path, markdown_path, junit_path, html_path)

@@ -8,7 +8,7 @@ import sys
 import click
 
 from onnxfuse.cli import render
-from onnxfuse.cli.common import EXIT_CODES_HELP, handle_errors, input_options, stderr, stdout
+from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, ValidationFailed
 from onnxfuse.reports import write_json, write_markdown, write_text
 from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
@@ -67,6 +67,7 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
              rtol, atol, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
              force) -> None:
     try:
+        check_runtime(quiet)
         options = OptimizeOptions(
             target=target, only=list(only) or None, skip=list(skip) or None, validate=not no_validate,
             shapes=parse_shape_options(shapes), inputs_path=inputs_path, seed=seed, rtol=rtol, atol=atol,
