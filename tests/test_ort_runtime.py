@@ -11,7 +11,9 @@ import ast
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import onnx
@@ -19,9 +21,10 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper
 
+import onnxfuse
 from onnxfuse import ort_runtime
 from onnxfuse.cli import main
-from onnxfuse.errors import OnnxRuntimeUnavailable
+from onnxfuse.errors import OnnxRuntimeConflictWarning, OnnxRuntimeUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 _real_version = importlib.metadata.version
@@ -155,6 +158,18 @@ def test_failing_import_is_broken_in_one_line(monkeypatch, tmp_path, model_path)
     assert data == {"ok": False, "exit_code": 1, "error": line.removeprefix("error: ")}
 
 
+def test_api_raises_the_documented_error(monkeypatch, tmp_path):
+    missing(monkeypatch)
+    with pytest.raises(OnnxRuntimeUnavailable) as info:
+        onnxfuse.optimize(tiny_model())
+    assert info.value.reason == "missing" and isinstance(info.value, onnxfuse.OnnxfuseError)
+    with pytest.raises(OnnxRuntimeUnavailable):
+        onnxfuse.diff(tiny_model(), tiny_model())
+    leftover_namespace(monkeypatch, tmp_path, {"onnxruntime": "1.32.0"})
+    with pytest.raises(OnnxRuntimeUnavailable) as info:
+        onnxfuse.optimize(tiny_model())
+    assert info.value.reason == "broken" and "pip install --force-reinstall onnxruntime" in str(info.value)
+
 
 def test_metadata_says_installed_but_nothing_imports(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
@@ -202,6 +217,13 @@ def test_both_installed_warning_is_silent_with_quiet_or_the_variable(both_instal
     assert result.exit_code == 0 and result.stderr == ""
 
 
+def test_api_warns_once_per_process(both_installed):
+    with pytest.warns(OnnxRuntimeConflictWarning, match="pip uninstall -y onnxruntime onnxruntime-gpu"):
+        onnxfuse.optimize(tiny_model(), target="onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OnnxRuntimeConflictWarning)
+        onnxfuse.diff(tiny_model(), tiny_model())
+
 
 def test_one_distribution_is_no_conflict(monkeypatch):
     monkeypatch.delenv(ort_runtime.IGNORE_CONFLICT_ENV, raising=False)
@@ -242,6 +264,22 @@ def test_every_onnxruntime_import_goes_through_the_helper():
             offenders[str(path.relative_to(ROOT))] = lines
     assert offenders == {}, f"import onnxruntime through onnxfuse.ort_runtime.import_onnxruntime(): {offenders}"
 
+
+def test_import_onnxfuse_is_light_and_the_library_never_imports_the_cli():
+    code = (
+        "import sys, onnxfuse\n"
+        "assert callable(onnxfuse.optimize) and callable(onnxfuse.diff), onnxfuse.optimize\n"
+        "heavy = [m for m in ('onnxruntime', 'onnx', 'numpy', 'onnx_graphsurgeon') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "import onnxfuse.pipeline, onnxfuse.drift, onnxfuse.reports, onnxfuse.bench, onnxfuse.validate\n"
+        "assert onnxfuse.OptimizeResult and onnxfuse.DiffReport and onnxfuse.ValidationFailed\n"
+        "ui = [m for m in ('click', 'rich', 'onnxfuse.cli') if m in sys.modules]\n"
+        "assert not ui, ui\n"
+        "assert 'onnxruntime' not in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_the_runtime_works_here():

@@ -10,7 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, fail, handle_errors, input_options, stderr, stdout
-from onnxfuse.drift import DEFAULT_BATCH_SIZE, diff_models, parse_tol_options
+from onnxfuse import api
+from onnxfuse.drift import DEFAULT_BATCH_SIZE, parse_tol_options
 from onnxfuse.errors import ValidationFailed
 from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown, write_json, write_markdown, write_text
 from onnxfuse.validate.inputs import parse_shape_options
@@ -83,8 +84,8 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, sa
             if live is not None:
                 live.update(f"{message}…")
 
-        report = diff_models(
-            model_a, model_b, shapes=shape_map, seed=seed, inputs_path=inputs_path, samples=samples,
+        report = api.diff(
+            model_a, model_b, shapes=shape_map, seed=seed, inputs=inputs_path, samples=samples,
             provider_a=provider_a.lower(), provider_b=provider_b.lower(), rtol=rtol, atol=atol,
             tolerances=tolerances, intermediates=intermediates, batch_size=batch_size,
             histograms=html_path is not None or json_path is not None, progress=progress,
