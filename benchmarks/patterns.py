@@ -4,7 +4,7 @@
 Issue 4 asks, for each known pattern, whether the contrib op (Gelu, FastGelu, BiasGelu, QuickGelu,
 FusedConv, LayerNormalization, SkipLayerNormalization) or FusedElementwise is faster on the GPU, so the
 faster one can be the default. For each pattern this builds a small model with the decomposed form,
-makes the variants with ``onnxfuse.optimize.rewrite_model`` restricted to one rule family, validates
+makes the variants with ``onnxfuse.pipeline.rewrite_model`` restricted to one rule family, validates
 each against the original on the GPU, and times them interleaved under ORT_ENABLE_ALL (the original
 gets ONNX Runtime's own fusions, the fair baseline).
 
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from onnxfuse.bench import BenchConfig, time_models  # noqa: E402
-from onnxfuse.optimize import rewrite_model  # noqa: E402
+from onnxfuse.pipeline import rewrite_model  # noqa: E402
 from onnxfuse.rewrites import select_rules  # noqa: E402
 from onnxfuse.validate import compare_outputs, make_inputs, run_model  # noqa: E402
 

@@ -6,7 +6,7 @@ For each model (random weights; nothing is downloaded):
 1. build it in PyTorch (eval mode) and export it with the legacy TorchScript exporter (``dynamo=False``,
    ``do_constant_folding=False``, dynamic batch, opset 14 by default) so BatchNormalization stays in the
    graph (checked to be inference-mode) and LayerNorm/GELU stay decomposed;
-2. ``onnxfuse.optimize.optimize_model`` with validation on;
+2. ``onnxfuse.pipeline.optimize_model`` with validation on;
 3. for every batch size and with/without CUDA graphs, in one process: the original and the optimized
    model under ONNX Runtime ``ORT_ENABLE_ALL`` (IOBinding on the GPU, interleaved rounds), PyTorch eager,
    and ``torch.compile`` (CUDA graphs: ``mode="reduce-overhead"``); failures are recorded, not fatal;
@@ -362,7 +362,7 @@ def run_model(name: str, args, part: Path) -> None:
     import onnx
 
     from onnxfuse.bench import BenchConfig, time_models
-    from onnxfuse.optimize import OptimizeOptions, op_counts, optimize_model
+    from onnxfuse.pipeline import OptimizeOptions, op_counts, optimize_model
     from onnxfuse.validate import compare_arrays, run_model as ort_outputs
     from onnxfuse.validate.inputs import Inputs
 

@@ -1,3 +1,59 @@
-"""onnxfuse: make ONNX models faster on NVIDIA GPUs under ONNX Runtime, without changing their answers."""
+"""onnxfuse: make ONNX models faster on NVIDIA GPUs under ONNX Runtime, without changing their answers.
+
+Python API (the command line calls the same functions)::
+
+    import onnxfuse
+
+    result = onnxfuse.optimize("model.onnx", "model.opt.onnx", inputs={"x": x})  # raises ValidationFailed on drift
+    result.model, result.validation, result.to_json()
+    report = onnxfuse.diff("model.onnx", "model.opt.onnx", samples=4)          # drift is reported: report.passed
+
+``import onnxfuse`` is light: ONNX Runtime, onnx and the rewrites load when first used. Errors are the
+classes of :mod:`onnxfuse.errors`, re-exported here; the result types load on first access.
+"""
 
 __version__ = "0.1.0"
+
+from onnxfuse.api import diff, optimize  # noqa: E402  (after __version__, which modules import from here)
+from onnxfuse.errors import (  # noqa: E402
+    InputsError,
+    ModelLoadError,
+    ModelSaveError,
+    OnnxfuseError,
+    OnnxRuntimeConflictWarning,
+    OnnxRuntimeUnavailable,
+    RuntimeFailure,
+    SlowerThanAllowed,
+    UsageError,
+    ValidationFailed,
+)
+
+#: Result types, imported on first access (they pull in onnx, numpy and the rewrites).
+_LAZY = {
+    "OptimizeResult": "onnxfuse.pipeline",
+    "DiffReport": "onnxfuse.drift",
+    "ValidationReport": "onnxfuse.validate",
+    "Comparison": "onnxfuse.validate.compare",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnxfuse' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "Comparison", "DiffReport", "InputsError", "ModelLoadError", "ModelSaveError", "OnnxRuntimeConflictWarning",
+    "OnnxRuntimeUnavailable", "OnnxfuseError", "OptimizeResult", "RuntimeFailure", "SlowerThanAllowed",
+    "UsageError", "ValidationFailed", "ValidationReport", "diff", "optimize", "__version__",
+]

@@ -64,6 +64,19 @@ class ValidationFailed(OnnxfuseError):
         self.report = report
 
 
+class OnnxRuntimeUnavailable(OnnxfuseError):
+    """ONNX Runtime cannot be used: not installed (``reason == "missing"``) or a broken installation
+    (``reason == "broken"``). The message is one line saying what to install (see :mod:`onnxfuse.ort_runtime`)."""
+
+    def __init__(self, message: str, reason: str = "missing"):
+        super().__init__(message)
+        self.reason = reason
+
+
+class OnnxRuntimeConflictWarning(UserWarning):
+    """Both ``onnxruntime`` and ``onnxruntime-gpu`` are installed: they overwrite each other's files."""
+
+
 class SlowerThanAllowed(OnnxfuseError):
     """``--fail-on-slowdown RATIO``: the optimized model's median latency exceeds RATIO × the original's."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,11 @@ if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
 import helpers  # noqa: E402
+
+# A developer's environment may hold both onnxruntime and onnxruntime-gpu (another package pulls in the
+# CPU one): the one-line warning every command would print about it is not what these tests examine.
+# tests/test_ort_runtime.py removes this to test the warning itself.
+os.environ.setdefault("ONNXFUSE_IGNORE_ORT_CONFLICT", "1")
 
 
 @pytest.fixture(scope="session")

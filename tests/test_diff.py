@@ -1,4 +1,4 @@
-"""`onnxfuse diff` and :func:`onnxfuse.diff.diff_models`: metrics on known perturbations, intermediates,
+"""`onnxfuse diff` and :func:`onnxfuse.drift.diff_models`: metrics on known perturbations, intermediates,
 exit codes, and the JSON report against its committed schema."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse.cli import main
-from onnxfuse.diff import TENSOR_MAP_KEY, diff_models, parse_tol_options
+from onnxfuse.drift import TENSOR_MAP_KEY, diff_models, parse_tol_options
 from onnxfuse.errors import InputsError, UsageError
-from onnxfuse.reports import schema_path
+from onnxfuse.reports import load_schema, schema_path
 from onnxfuse.validate.inputs import make_inputs
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -77,6 +77,17 @@ def save(model, tmp_path: Path, name: str) -> str:
 def validate_schema(payload: dict) -> None:
     schema = json.loads(schema_path().read_text())
     jsonschema.validate(payload, schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_schema_ships_inside_the_package():
+    """The schema is package data (installed with onnxfuse), not a file of the source checkout's docs/."""
+    import onnxfuse.reports
+
+    path = schema_path()
+    assert path.is_file()
+    assert Path(onnxfuse.reports.__file__).resolve().parent in path.parents
+    assert load_schema() == json.loads(path.read_text())
+    jsonschema.Draft202012Validator.check_schema(load_schema())
 
 
 def expected_error(seed=0, rows=ROWS):

@@ -22,9 +22,11 @@ def gpu_names() -> list[str]:
 
 def environment(device: str | None = None) -> dict:
     import onnx
-    import onnxruntime as ort
 
     from onnxfuse import __version__
+    from onnxfuse.ort_runtime import import_onnxruntime
+
+    ort = import_onnxruntime()
 
     return {
         "onnxfuse": __version__,

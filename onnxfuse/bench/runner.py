@@ -164,8 +164,9 @@ class Timer:
 
     def __init__(self, model: onnx.ModelProto, inputs: Inputs, config: BenchConfig, name: str = "model",
                  output_specs: list[OutputSpec] | None = None, session_factory=None):
-        import onnxruntime as ort
+        from onnxfuse.ort_runtime import import_onnxruntime
 
+        ort = import_onnxruntime()
         config.validate()
         if config.device == "cuda":
             require_gpu()

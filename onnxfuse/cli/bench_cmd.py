@@ -22,7 +22,7 @@ from onnxfuse.bench import (
 )
 from onnxfuse.bench.env import environment
 from onnxfuse.cli import render
-from onnxfuse.cli.common import EXIT_CODES_HELP, handle_errors, input_options, stderr, stdout
+from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
 from onnxfuse.errors import OnnxfuseError, UsageError
 from onnxfuse.validate.inputs import input_specs, make_inputs, parse_shape_options
 
@@ -131,6 +131,7 @@ def bench(model_path, model2_path, batch, shapes, inputs_path, seed, device, cud
     config = BenchConfig(device=device, warmup=warmup, iterations=iterations, time_budget_s=time_budget,
                          cuda_graph=cuda_graph, sessions=sessions)
     try:
+        check_runtime(quiet)
         config.validate()
         if batch is not None and inputs_path:
             raise UsageError("--batch cannot be combined with --inputs (the .npz fixes the shapes)")

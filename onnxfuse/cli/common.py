@@ -31,6 +31,18 @@ def fail(exc: BaseException, code: int) -> None:
     sys.exit(code)
 
 
+def check_runtime(quiet: bool = False) -> None:
+    """At the start of every command that runs models: ONNX Runtime must be importable (else its one-line
+    error, exit 1, through :func:`handle_errors`); a conflicting installation is one warning line on
+    stderr, not shown with ``--quiet``."""
+    from onnxfuse.ort_runtime import check_runtime as library_check
+
+    warning = library_check()
+    if warning and not quiet:
+        stderr.print("[bold yellow]warning:[/] ", end="", markup=True)
+        stderr.print(warning, markup=False, highlight=False, soft_wrap=True)
+
+
 def handle_errors(func):
     """Turn library errors into one line on stderr and their exit code; never show a traceback."""
 

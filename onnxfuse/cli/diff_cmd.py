@@ -9,8 +9,9 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from onnxfuse.cli.common import EXIT_CODES_HELP, fail, handle_errors, input_options, stderr, stdout
-from onnxfuse.diff import DEFAULT_BATCH_SIZE, diff_models, parse_tol_options
+from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, fail, handle_errors, input_options, stderr, stdout
+from onnxfuse import api
+from onnxfuse.drift import DEFAULT_BATCH_SIZE, parse_tol_options
 from onnxfuse.errors import ValidationFailed
 from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown, write_json, write_markdown, write_text
 from onnxfuse.validate.inputs import parse_shape_options
@@ -61,7 +62,7 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
 @click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE, show_default=True,
               help="With --intermediates: tensors exposed per run (bounds memory).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the report as JSON "
-              "(schema: docs/diff-report.schema.json).")
+              "(JSON Schema: onnxfuse/reports/schemas/diff-report.schema.json in the package).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
               help="Write a Markdown summary (appended when PATH is $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
@@ -72,6 +73,7 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
 @handle_errors
 def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, samples, rtol, atol, tols,
          intermediates, batch_size, json_path, markdown_path, junit_path, html_path, quiet) -> None:
+    check_runtime(quiet)
     shape_map = parse_shape_options(shapes)
     tolerances = parse_tol_options(tols)
     _check_report_paths(json_path, markdown_path, junit_path, html_path)
@@ -82,8 +84,8 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, sa
             if live is not None:
                 live.update(f"{message}…")
 
-        report = diff_models(
-            model_a, model_b, shapes=shape_map, seed=seed, inputs_path=inputs_path, samples=samples,
+        report = api.diff(
+            model_a, model_b, shapes=shape_map, seed=seed, inputs=inputs_path, samples=samples,
             provider_a=provider_a.lower(), provider_b=provider_b.lower(), rtol=rtol, atol=atol,
             tolerances=tolerances, intermediates=intermediates, batch_size=batch_size,
             histograms=html_path is not None or json_path is not None, progress=progress,

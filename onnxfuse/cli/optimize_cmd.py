@@ -8,11 +8,11 @@ import sys
 import click
 
 from onnxfuse.cli import render
-from onnxfuse.cli.common import EXIT_CODES_HELP, handle_errors, input_options, stderr, stdout
+from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, ValidationFailed
+from onnxfuse import api
 from onnxfuse.reports import write_json, write_markdown, write_text
 from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
-from onnxfuse.optimize import OptimizeOptions, optimize_file
 from onnxfuse.rewrites import TARGETS
 from onnxfuse.validate.inputs import parse_shape_options
 
@@ -67,14 +67,15 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
              rtol, atol, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
              force) -> None:
     try:
-        options = OptimizeOptions(
-            target=target, only=list(only) or None, skip=list(skip) or None, validate=not no_validate,
-            shapes=parse_shape_options(shapes), inputs_path=inputs_path, seed=seed, rtol=rtol, atol=atol,
-            provider=provider, force=force, bench=not no_bench, fail_on_slowdown=fail_on_slowdown,
-        )
+        check_runtime(quiet)
+        shape_map = parse_shape_options(shapes)
         with render.progress_bar(disabled=quiet) as bar:
-            result = optimize_file(input_path, output_path, options, progress=bar.step,
-                                   bench_progress=bar.fraction)
+            result = api.optimize(
+                input_path, output_path, inputs=inputs_path, target=target, only=list(only), skip=list(skip),
+                validate=not no_validate, shapes=shape_map, seed=seed, rtol=rtol, atol=atol, provider=provider,
+                bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, progress=bar.step,
+                bench_progress=bar.fraction,
+            )
     except (ValidationFailed, SlowerThanAllowed) as exc:
         # The run got far enough to have a report: show it and write the requested files, then let
         # handle_errors print the one-line error and exit with the code.
@@ -84,9 +85,7 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
                 stderr.print(render.comparison_table("Validation", report.validation.outputs))
             if not quiet and report.timing is not None:
                 stderr.print(render.timing_table(report.timing))
-            extra = {"culprit": exc.culprit} if isinstance(exc, ValidationFailed) else {}
-            _write_reports(report, json_path, markdown_path, junit_path, error=str(exc),
-                           exit_code=exc.exit_code, **extra)
+            _write_reports(report, json_path, markdown_path, junit_path)
         raise
     except OnnxfuseError as exc:
         if json_path:
@@ -127,13 +126,11 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
     sys.stdout.flush()
 
 
-def _write_reports(result, json_path, markdown_path, junit_path, error: str | None = None, exit_code: int = 0,
-                   **extra) -> None:
+def _write_reports(result, json_path, markdown_path, junit_path) -> None:
     """JSON, Markdown and JUnit reports of a finished (or failed-at-validation/timing) run."""
     if json_path:
-        write_json(json_path, {"ok": error is None, "exit_code": exit_code, **({"error": error} if error else {}),
-                               **extra, **result.to_dict()})
+        write_json(json_path, result.to_json())
     if markdown_path:
-        write_markdown(markdown_path, optimize_markdown(result, error=error) + "\n")
+        write_markdown(markdown_path, optimize_markdown(result, error=result.error) + "\n")
     if junit_path:
-        write_text(junit_path, optimize_junit(result, error=error), what="JUnit report")
+        write_text(junit_path, optimize_junit(result, error=result.error), what="JUnit report")

@@ -113,8 +113,9 @@ def session_options(base: "onnxruntime.SessionOptions | None" = None) -> "onnxru
     ``base`` is modified and returned when given. Registering twice on the same options is
     harmless to avoid but not needed: call this once per options object.
     """
-    import onnxruntime as ort
+    from onnxfuse.ort_runtime import import_onnxruntime
 
+    ort = import_onnxruntime()
     opts = base if base is not None else ort.SessionOptions()
     _export_nvrtc_path()
     opts.register_custom_ops_library(library_path())

@@ -5,7 +5,7 @@ Library side only (no click, no rich), so every command can reuse them: ``diff``
 its validation results. Builders return strings; :func:`write_text` writes one atomically.
 
 Each builder works on :class:`onnxfuse.validate.compare.Comparison` objects (or on a
-:class:`onnxfuse.diff.DiffReport` for the ``diff_*`` variants) and never recomputes a metric.
+:class:`onnxfuse.drift.DiffReport` for the ``diff_*`` variants) and never recomputes a metric.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 from onnxfuse.reports._io import clean_json, write_markdown, write_text
 from onnxfuse.reports.histogram import error_histogram, histogram_svg
 from onnxfuse.reports.html import diff_html
-from onnxfuse.reports.jsonreport import SCHEMA_VERSION, diff_json, schema_path, write_json
+from onnxfuse.reports.jsonreport import SCHEMA_VERSION, diff_json, load_schema, schema_path, write_json
 from onnxfuse.reports.junit import comparisons_junit, diff_junit
 from onnxfuse.reports.markdown import comparisons_markdown, diff_markdown
 
 __all__ = [
     "SCHEMA_VERSION", "clean_json", "comparisons_junit", "comparisons_markdown", "diff_html", "diff_json",
-    "diff_junit", "diff_markdown", "error_histogram", "histogram_svg", "schema_path", "write_json",
+    "diff_junit", "diff_markdown", "error_histogram", "histogram_svg", "load_schema", "schema_path", "write_json",
     "write_markdown", "write_text",
 ]

@@ -1,4 +1,5 @@
-"""The ``diff`` JSON report: a stable schema (``docs/diff-report.schema.json``, version :data:`SCHEMA_VERSION`).
+"""The ``diff`` JSON report: a stable schema (``onnxfuse/reports/schemas/diff-report.schema.json``,
+version :data:`SCHEMA_VERSION`), installed with the package: :func:`schema_path` and :func:`load_schema`.
 
 Strict JSON: NaN and Infinity are written as ``null``. Fields may be added in later versions; none
 is removed or renamed without bumping ``schema_version``.
@@ -15,13 +16,24 @@ from onnxfuse.reports._io import clean_json, write_text
 SCHEMA_VERSION = 1
 
 
+#: File name of the diff report's JSON Schema, in this package's ``schemas/`` folder.
+SCHEMA_FILE = "diff-report.schema.json"
+
+
 def schema_path() -> Path:
-    """Path of the committed JSON Schema (present in a source checkout)."""
-    return Path(__file__).resolve().parents[2] / "docs" / "diff-report.schema.json"
+    """Path of the diff report's JSON Schema, a data file of this package (``schemas/``)."""
+    return Path(__file__).resolve().parent / "schemas" / SCHEMA_FILE
+
+
+def load_schema() -> dict:
+    """The diff report's JSON Schema as a dict (read through :mod:`importlib.resources`)."""
+    from importlib.resources import files
+
+    return json.loads(files("onnxfuse.reports").joinpath("schemas", SCHEMA_FILE).read_text(encoding="utf-8"))
 
 
 def diff_json(report) -> dict:
-    """The JSON-ready dict of a :class:`onnxfuse.diff.DiffReport` (non-finite floats → ``None``)."""
+    """The JSON-ready dict of a :class:`onnxfuse.drift.DiffReport` (non-finite floats → ``None``)."""
     return clean_json(report.to_dict())
 
 

@@ -1,6 +1,6 @@
-"""Markdown and JUnit reports for ``onnxfuse optimize`` (CI job summaries, test dashboards).
+"""JSON, Markdown and JUnit reports for ``onnxfuse optimize`` (CI job summaries, test dashboards).
 
-Built from an :class:`onnxfuse.optimize.OptimizeResult`; the validation table reuses the same builders
+Built from an :class:`onnxfuse.pipeline.OptimizeResult`; the validation table reuses the same builders
 as ``diff``, so both commands' summaries look alike.
 """
 
@@ -8,8 +8,22 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from onnxfuse.errors import EXIT_VALIDATION_FAILED
+from onnxfuse.reports._io import clean_json
 from onnxfuse.reports.junit import _suite, _to_string
 from onnxfuse.reports.markdown import _cell, comparisons_markdown
+
+
+def optimize_json(result) -> dict:
+    """The ``--json`` report of a finished run, or of one that failed validation or the latency check
+    (``result.error`` set): ``ok``, ``exit_code``, ``error`` and ``culprit`` (after a failed validation),
+    then ``result.to_dict()``. Strict JSON values (NaN/Inf → ``None``)."""
+    head = {"ok": result.error is None, "exit_code": result.exit_code}
+    if result.error is not None:
+        head["error"] = result.error
+    if result.exit_code == EXIT_VALIDATION_FAILED:
+        head["culprit"] = result.culprit
+    return clean_json({**head, **result.to_dict()})
 
 
 def _timing_lines(timing) -> list[str]:
@@ -77,4 +91,4 @@ def optimize_junit(result, error: str | None = None, suite_name: str = "onnxfuse
     return _to_string(root)
 
 
-__all__ = ["optimize_markdown", "optimize_junit"]
+__all__ = ["optimize_json", "optimize_markdown", "optimize_junit"]

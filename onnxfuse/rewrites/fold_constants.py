@@ -55,11 +55,11 @@ def _quiet_graphsurgeon():
 
 
 def _ort_severity(level: int) -> None:
-    try:
-        import onnxruntime
+    from onnxfuse.ort_runtime import import_onnxruntime
 
-        onnxruntime.set_default_logger_severity(level)
-    except Exception:  # onnxruntime missing or too old: graphsurgeon then folds nothing anyway
+    try:
+        import_onnxruntime().set_default_logger_severity(level)
+    except Exception:  # onnxruntime missing, broken or too old: graphsurgeon then folds nothing anyway
         pass
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance, lowest_float_precision
-from onnxfuse.validate.inputs import Inputs, make_inputs, parse_shape_options
+from onnxfuse.validate.inputs import Inputs, make_inputs, make_samples, parse_shape_options
 from onnxfuse.validate.session import cuda_available, make_session, resolve_provider, run_session
 
 
@@ -43,6 +43,12 @@ def run_model(model: onnx.ModelProto, inputs: Inputs, provider: str = "auto", na
     return run_session(session, inputs.feeds, name=name)
 
 
+def run_samples(model: onnx.ModelProto, samples: list[Inputs], provider: str = "auto", name: str = "model") -> list[dict]:
+    """Outputs of ``model`` on each of ``samples``, in one session (graph optimizations off)."""
+    session = make_session(model, provider=provider, optimization="disable", name=name)
+    return [run_session(session, s.feeds, name=name) for s in samples]
+
+
 def compare_outputs(reference: dict, candidate: dict, rtol=None, atol=None, precision=None) -> list[Comparison]:
     results = []
     for name, ref in reference.items():
@@ -57,33 +63,54 @@ def compare_outputs(reference: dict, candidate: dict, rtol=None, atol=None, prec
 def validate_models(
     original: onnx.ModelProto,
     optimized: onnx.ModelProto,
-    inputs: Inputs,
+    inputs: Inputs | list[Inputs],
     provider: str = "auto",
     rtol: float | None = None,
     atol: float | None = None,
-    reference: dict | None = None,
+    reference: dict | list[dict] | None = None,
 ) -> ValidationReport:
-    """Compare every output of ``optimized`` with ``original`` on ``inputs``.
+    """Compare every output of ``optimized`` with ``original`` on ``inputs`` (one sample, or a list).
 
-    ``reference`` (the original's outputs) may be passed in to avoid re-running the original when
-    validating several candidates, as the culprit search does. Default tolerances follow the least
-    precise float type the original computes in (a float32 output of a float16 model is judged as float16).
+    ``reference`` (the original's outputs, one dict per sample) may be passed in to avoid re-running the
+    original when validating several candidates, as the culprit search does. Default tolerances follow
+    the least precise float type the original computes in (a float32 output of a float16 model is judged
+    as float16). With several samples an output passes when it passes on every sample, and its row is
+    the worst sample's (a failing one first, else the largest max abs error), numbered in
+    ``extra["worst_sample"]``.
     """
+    samples = [inputs] if isinstance(inputs, Inputs) else list(inputs)
     kind = resolve_provider(provider)
     if reference is None:
-        reference = run_model(original, inputs, kind, name="original model")
-    got = run_model(optimized, inputs, kind, name="optimized model")
+        references = run_samples(original, samples, kind, name="original model")
+    else:
+        references = [reference] if isinstance(reference, dict) else list(reference)
+    gots = run_samples(optimized, samples, kind, name="optimized model")
     precision = lowest_float_precision(original)
-    notes = list(inputs.notes)
+    notes = list(dict.fromkeys(n for s in samples for n in s.notes))
     if precision and (rtol is None or atol is None) and any(
-            a.dtype.kind == "f" and a.dtype.name != precision for a in reference.values()):
+            a.dtype.kind == "f" and a.dtype.name != precision for a in references[0].values()):
         notes.append(f"the model computes in {precision}: its wider float outputs are compared with "
                      f"{precision}'s default tolerance")
-    return ValidationReport(provider=kind, outputs=compare_outputs(reference, got, rtol, atol, precision), notes=notes)
+    per_sample = [compare_outputs(ref, got, rtol, atol, precision) for ref, got in zip(references, gots)]
+    return ValidationReport(provider=kind, outputs=_worst_of(per_sample), notes=notes)
+
+
+def _worst_of(per_sample: list[list[Comparison]]) -> list[Comparison]:
+    """Per output, the comparison of its worst sample (one sample: the comparisons as they are)."""
+    if len(per_sample) == 1:
+        return per_sample[0]
+    worst = []
+    for rows in zip(*per_sample):
+        k = max(range(len(rows)), key=lambda i: (not rows[i].passed, rows[i].max_abs))
+        row = rows[k]
+        row.passed = all(r.passed for r in rows)
+        row.extra["worst_sample"] = k
+        worst.append(row)
+    return worst
 
 
 __all__ = [
     "Comparison", "Inputs", "ValidationReport", "compare_arrays", "compare_outputs", "cuda_available",
-    "default_tolerance", "lowest_float_precision", "make_inputs", "make_session", "parse_shape_options", "resolve_provider",
-    "run_model", "run_session", "validate_models",
+    "default_tolerance", "lowest_float_precision", "make_inputs", "make_samples", "make_session", "parse_shape_options",
+    "resolve_provider", "run_model", "run_samples", "run_session", "validate_models",
 ]

@@ -1,12 +1,19 @@
-"""Seeded model inputs from a model's signature, or the user's own from an .npz file.
+"""Seeded model inputs from a model's signature, or the user's own: arrays in memory or an .npz file.
 
 Both ``optimize`` (validation) and ``diff``/``bench`` draw inputs here, so every command feeds a model
 the same data for the same seed and shapes. Dynamic dimensions come from ``--shape NAME:D0,D1,...``;
 any left unspecified default to 1, and that is reported as a note (never silently).
+
+User inputs (:func:`given_inputs`) come as a dict ``{input name: array}`` (one sample), a list of such
+dicts (several samples), or the path of an ``.npz`` file (one sample, ``--inputs``). Every one is
+checked against the model's signature the same way: each model input present, same dtype (no silent
+cast), fixed dimensions equal. Arrays for names the model does not take are ignored.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,6 +154,64 @@ def make_inputs(
     return random_inputs(specs, shapes, seed)
 
 
+def make_samples(
+    model: onnx.ModelProto,
+    shapes: dict[str, list[int]] | None = None,
+    seed: int = 0,
+    given=None,
+) -> list[Inputs]:
+    """The samples to run ``model`` on: the user's (``given``, see :func:`given_inputs`) when given,
+    else one seeded draw (as :func:`make_inputs`)."""
+    specs = input_specs(model)
+    check_shape_names(specs, shapes or {})
+    if given is None:
+        return [random_inputs(specs, shapes or {}, seed)]
+    return given_inputs(specs, given)
+
+
+def given_inputs(specs: list[InputSpec], given) -> list[Inputs]:
+    """User inputs as a list of samples: ``given`` is a dict ``{name: array}``, a list (or tuple) of such
+    dicts, or the path (str or ``os.PathLike``) of an ``.npz`` file. Raises :class:`InputsError` with one
+    line when they do not fit ``specs``."""
+    if isinstance(given, (str, os.PathLike)):
+        return [load_npz(specs, Path(given))]
+    if isinstance(given, Mapping):
+        return [from_arrays(specs, given)]
+    if isinstance(given, (list, tuple)):
+        if not given:
+            raise InputsError("inputs: the list of samples is empty")
+        if not all(isinstance(g, Mapping) for g in given):
+            raise InputsError("inputs: a list of samples must hold dicts {input name: array}")
+        many = len(given) > 1
+        return [from_arrays(specs, g, where=f"inputs[{i}]" if many else "inputs") for i, g in enumerate(given)]
+    raise InputsError(f"inputs: expected a dict {{input name: array}}, a list of such dicts or the path of an "
+                      f".npz file, got {type(given).__name__}")
+
+
+def from_arrays(specs: list[InputSpec], arrays: Mapping, where: str = "inputs") -> Inputs:
+    """One sample from in-memory arrays (anything ``numpy.asarray`` takes), checked like an .npz file."""
+    feeds = checked_feeds(specs, {str(k): np.asarray(v) for k, v in arrays.items()}, where)
+    return Inputs(feeds=feeds, notes=[], seed=None, source="arrays")
+
+
+def checked_feeds(specs: list[InputSpec], arrays: Mapping[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+    """``arrays`` restricted to ``specs``, each checked for presence, dtype and fixed dimensions."""
+    feeds = {}
+    for spec in specs:
+        if spec.name not in arrays:
+            raise InputsError(f"{where}: no array named {spec.name!r} (model inputs: {', '.join(s.name for s in specs)})")
+        arr = arrays[spec.name]
+        if arr.dtype != spec.dtype:
+            raise InputsError(f"{where}: {spec.name!r} has dtype {arr.dtype}, model expects {spec.dtype}")
+        if spec.shape and (
+            len(arr.shape) != len(spec.shape)
+            or any(isinstance(w, int) and w != g for w, g in zip(spec.shape, arr.shape))
+        ):
+            raise InputsError(f"{where}: {spec.name!r} has shape {list(arr.shape)}, model expects {spec.shape}")
+        feeds[spec.name] = arr
+    return feeds
+
+
 def check_shape_names(specs: list[InputSpec], shapes: dict[str, list[int]]) -> None:
     """Raise :class:`InputsError` when ``--shape`` names an input the model does not have."""
     unknown = set(shapes or {}) - {s.name for s in specs}
@@ -180,20 +245,7 @@ def load_npz(specs: list[InputSpec], path: Path) -> Inputs:
         arrays = {k: data[k] for k in data.files}
     except Exception as exc:
         raise InputsError(f"{path}: not a readable .npz file ({exc.__class__.__name__})") from None
-    feeds = {}
-    for spec in specs:
-        if spec.name not in arrays:
-            raise InputsError(f"{path}: no array named {spec.name!r} (model inputs: {', '.join(s.name for s in specs)})")
-        arr = arrays[spec.name]
-        if arr.dtype != spec.dtype:
-            raise InputsError(f"{path}: {spec.name!r} has dtype {arr.dtype}, model expects {spec.dtype}")
-        if spec.shape and (
-            len(arr.shape) != len(spec.shape)
-            or any(isinstance(w, int) and w != g for w, g in zip(spec.shape, arr.shape))
-        ):
-            raise InputsError(f"{path}: {spec.name!r} has shape {list(arr.shape)}, model expects {spec.shape}")
-        feeds[spec.name] = arr
-    return Inputs(feeds=feeds, notes=[], seed=None, source=str(path))
+    return Inputs(feeds=checked_feeds(specs, arrays, str(path)), notes=[], seed=None, source=str(path))
 
 
 _load_npz = load_npz  # the earlier private name

@@ -23,9 +23,9 @@ _QUIET = 4
 
 
 def _ort():
-    import onnxruntime as ort
+    from onnxfuse.ort_runtime import import_onnxruntime
 
-    return ort
+    return import_onnxruntime()
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,8 +109,6 @@ def make_session(
     opts.graph_optimization_level = levels[optimization]
     # Errors are reported by onnxfuse itself, in one line; ONNX Runtime's own log would repeat them.
     opts.log_severity_level = _QUIET
-    if configure is not None:
-        configure(opts)  # e.g. the profiler switches on enable_profiling
     if configure is not None:
         configure(opts)  # e.g. the profiler switches on enable_profiling
     providers: list = ["CPUExecutionProvider"]

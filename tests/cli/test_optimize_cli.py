@@ -383,7 +383,7 @@ def test_fail_on_slowdown_decision():
     from types import SimpleNamespace as NS
 
     from onnxfuse.errors import SlowerThanAllowed
-    from onnxfuse.optimize import check_slowdown
+    from onnxfuse.pipeline import check_slowdown
 
     def result(before, after):
         timing = NS(status="ok", original=NS(stats=NS(median_ms=before)), optimized=NS(stats=NS(median_ms=after)))

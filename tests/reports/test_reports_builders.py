@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from onnxfuse.diff import DiffReport
+from onnxfuse.drift import DiffReport
 from onnxfuse.reports import (clean_json, comparisons_junit, comparisons_markdown, diff_html, diff_json, diff_junit,
                               diff_markdown, error_histogram, histogram_svg, write_json, write_text)
 from onnxfuse.errors import ModelSaveError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 from onnx import parser
 
-from onnxfuse.optimize import rewrite_model
+from onnxfuse.pipeline import rewrite_model
 from onnxfuse.rewrites import select_rules
 
 MODEL = """

@@ -1,13 +1,16 @@
-"""The ``optimize`` pipeline as a plain function: load → rewrite → check → validate → save.
+"""The ``optimize`` pipeline as plain functions: load → rewrite → check → validate → time → save.
 
-The CLI only parses options into :class:`OptimizeOptions`, calls :func:`optimize_file` and renders
-the :class:`OptimizeResult`. When validation fails, :func:`find_culprit` re-applies the rules that
-changed the model as growing prefixes (binary search) to name the first rule whose rewrites break the
-outputs; nothing is written and :class:`~onnxfuse.errors.ValidationFailed` carries the culprit.
+:func:`run_pipeline` takes a path or a ``ModelProto`` and an optional output path; the Python API
+(:func:`onnxfuse.optimize`) and the CLI (through it) only turn their arguments into
+:class:`OptimizeOptions` and read the :class:`OptimizeResult`. When validation fails,
+:func:`find_culprit` re-applies the rules that changed the model as growing prefixes (binary search)
+to name the first rule whose rewrites break the outputs; nothing is written and
+:class:`~onnxfuse.errors.ValidationFailed` carries the culprit.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -17,9 +20,16 @@ from typing import Callable
 import onnx
 
 from onnxfuse import model_io
-from onnxfuse.errors import ModelSaveError, SlowerThanAllowed, ValidationFailed
+from onnxfuse.errors import (
+    EXIT_SLOWER,
+    EXIT_VALIDATION_FAILED,
+    ModelSaveError,
+    SlowerThanAllowed,
+    UsageError,
+    ValidationFailed,
+)
 from onnxfuse.rewrites import ApplyReport, Rule, apply_rules, select_rules
-from onnxfuse.validate import ValidationReport, make_inputs, validate_models
+from onnxfuse.validate import ValidationReport, make_samples, validate_models
 from onnxfuse.validate.inputs import Inputs
 
 #: Metadata key recording which onnxfuse produced a model (and with which rules).
@@ -33,7 +43,8 @@ class OptimizeOptions:
     skip: list[str] | None = None
     validate: bool = True
     shapes: dict[str, list[int]] = field(default_factory=dict)
-    inputs_path: str | None = None
+    inputs_path: str | None = None  # an .npz file (``--inputs``); or use ``inputs``
+    inputs: object | None = None  # {name: array}, a list of such dicts, or an .npz path (see validate.inputs.given_inputs)
     seed: int = 0
     rtol: float | None = None
     atol: float | None = None
@@ -62,6 +73,10 @@ class OptimizeResult:
     extra: dict = field(default_factory=dict)
     model: onnx.ModelProto | None = field(default=None, repr=False)  # the optimized model (not reported)
     timing: object | None = None  # onnxfuse.bench.ComparisonResult when timing ran (or was skipped)
+    # Set when the run ended in ValidationFailed / SlowerThanAllowed (the result is then the exception's .report):
+    error: str | None = None
+    exit_code: int = 0
+    culprit: str | None = None
 
     @property
     def nodes_before(self) -> int:
@@ -91,6 +106,22 @@ class OptimizeResult:
             },
             **self.extra,
         }
+
+    def to_json(self) -> dict:
+        """The report ``onnxfuse optimize --json`` writes for this run, as a JSON-ready dict: ``ok``,
+        ``exit_code`` (and ``error``/``culprit`` after a failure) followed by :meth:`to_dict`; NaN/Inf
+        become ``None``."""
+        from onnxfuse.reports.optimize_report import optimize_json
+
+        return optimize_json(self)
+
+    def save(self, path: str | os.PathLike, force: bool = False) -> Path:
+        """Write the optimized model to ``path`` atomically (as ``output`` does); refuses to overwrite the
+        input file unless ``force``. Sets :attr:`output_path`."""
+        source = self.input_path if self.input_path and Path(self.input_path).is_file() else None
+        out = model_io.save_model(self.model, path, input_path=source, force=force, check=False)
+        self.output_path = str(path)
+        return out
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -125,9 +156,9 @@ def find_culprit(
     original: onnx.ModelProto,
     rules: list[Rule],
     applied: ApplyReport,
-    inputs: Inputs,
+    inputs: Inputs | list[Inputs],
     options: OptimizeOptions,
-    reference: dict,
+    reference: dict | list[dict],
 ) -> str | None:
     """Name the first rule (in run order) whose rewrites make validation fail, by bisecting prefixes."""
     active = [r for r in rules if applied.counts.get(r.name, 0) > 0]
@@ -173,38 +204,45 @@ def optimize_model(
         custom_library=custom_library_needed(optimized),
     )
     result.model = optimized
-    inputs = None
+    samples = None
     if options.validate:
         step("validating")
         t1 = time.perf_counter()
-        inputs = make_inputs(model, options.shapes, options.seed, options.inputs_path)
-        from onnxfuse.validate import run_model
+        samples = sample_inputs(model, options)
+        from onnxfuse.validate import run_samples
 
-        reference = run_model(model, inputs, options.provider, name=source)
-        report = validate_models(model, optimized, inputs, options.provider, options.rtol, options.atol,
+        reference = run_samples(model, samples, options.provider, name=source)
+        report = validate_models(model, optimized, samples, options.provider, options.rtol, options.atol,
                                  reference=reference)
         result.validation = report
         if not report.passed:
             step("searching for the rule responsible")
-            culprit = find_culprit(model, rules, applied, inputs, options, reference)
+            culprit = find_culprit(model, rules, applied, samples, options, reference)
             result.validation_seconds = time.perf_counter() - t1
             result.total_seconds = time.perf_counter() - t0
             failing = ", ".join(report.failing())
             blame = f"; culprit rule: {culprit} (rerun with --skip {culprit})" if culprit else ""
-            raise ValidationFailed(
-                f"validation failed: output(s) {failing} differ beyond tolerance{blame}; nothing was written",
-                culprit=culprit,
-                report=result,
-            )
+            message = f"validation failed: output(s) {failing} differ beyond tolerance{blame}; nothing was written"
+            result.error, result.exit_code, result.culprit = message, EXIT_VALIDATION_FAILED, culprit
+            raise ValidationFailed(message, culprit=culprit, report=result)
         result.validation_seconds = time.perf_counter() - t1
     if options.bench:
         step("timing")
-        if inputs is None:
-            inputs = make_inputs(model, options.shapes, options.seed, options.inputs_path)
-        result.timing = time_both(model, optimized, inputs, options, bench_progress)
+        if samples is None:
+            samples = sample_inputs(model, options)
+        result.timing = time_both(model, optimized, samples[0], options, bench_progress)
         check_slowdown(result, options.fail_on_slowdown)
     result.total_seconds = time.perf_counter() - t0
     return result
+
+
+def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions) -> list[Inputs]:
+    """The samples validation runs on: the user's (``options.inputs`` or ``options.inputs_path``), else
+    one seeded draw. Timing uses the first."""
+    if options.inputs is not None and options.inputs_path is not None:
+        raise UsageError("give the inputs once: OptimizeOptions.inputs or inputs_path, not both")
+    given = options.inputs if options.inputs is not None else options.inputs_path
+    return make_samples(model, options.shapes, options.seed, given)
 
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):
@@ -222,11 +260,45 @@ def check_slowdown(result: OptimizeResult, ratio: float | None) -> None:
         return
     before, after = timing.original.stats.median_ms, timing.optimized.stats.median_ms
     if after > ratio * before:
-        raise SlowerThanAllowed(
-            f"optimized model is slower than allowed: median {after:.3f} ms vs {before:.3f} ms for the original "
-            f"(ratio {after / before:.3f} > --fail-on-slowdown {ratio}); nothing was written",
-            report=result,
-        )
+        message = (f"optimized model is slower than allowed: median {after:.3f} ms vs {before:.3f} ms for the "
+                   f"original (ratio {after / before:.3f} > --fail-on-slowdown {ratio}); nothing was written")
+        result.error, result.exit_code = message, EXIT_SLOWER
+        raise SlowerThanAllowed(message, report=result)
+
+
+def run_pipeline(
+    model: onnx.ModelProto | str | os.PathLike,
+    output_path: str | os.PathLike | None,
+    options: OptimizeOptions,
+    progress: Callable[[str], None] | None = None,
+    bench_progress: Callable[[str, float], None] | None = None,
+) -> OptimizeResult:
+    """Optimize ``model`` (a path, loaded with its external data, or a ``ModelProto``, never modified),
+    validate, time (with a GPU, when ``options.bench``), and write ``output_path`` atomically when given.
+
+    The output path is checked before any long work; nothing is written when anything fails.
+    """
+    step = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    input_path = None
+    if isinstance(model, (str, os.PathLike)):
+        input_path = model
+    elif not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"model must be a path or an onnx.ModelProto, not {type(model).__name__}")
+    if output_path is not None:
+        model_io.check_output_path(output_path, input_path, options.force)
+    if input_path is not None:
+        step("loading")
+        model = model_io.load_model(input_path)
+    source = str(input_path) if input_path is not None else "<model>"
+    result = optimize_model(model, options, progress, source=source, bench_progress=bench_progress)
+    if output_path is not None:
+        step("saving")
+        model_io.save_model(result.model, output_path, input_path=input_path, force=options.force,
+                            check=False)
+        result.output_path = str(output_path)
+    result.total_seconds = time.perf_counter() - t0
+    return result
 
 
 def optimize_file(
@@ -237,15 +309,4 @@ def optimize_file(
     bench_progress: Callable[[str, float], None] | None = None,
 ) -> OptimizeResult:
     """Load ``input_path``, optimize, validate, time (with a GPU), and write ``output_path`` atomically."""
-    step = progress or (lambda _msg: None)
-    t0 = time.perf_counter()
-    model_io.check_output_path(output_path, input_path, options.force)
-    step("loading")
-    model = model_io.load_model(input_path)
-    result = optimize_model(model, options, progress, source=str(input_path), bench_progress=bench_progress)
-    step("saving")
-    model_io.save_model(result.model, output_path, input_path=input_path, force=options.force,
-                        check=False)
-    result.output_path = str(output_path)
-    result.total_seconds = time.perf_counter() - t0
-    return result
+    return run_pipeline(input_path, output_path, options, progress, bench_progress)

@@ -4,10 +4,12 @@ Typical pairs: a model and its optimized copy, an fp32 model and its fp16 conver
 the CPU provider against the same model on CUDA. The library function is :func:`diff_models`; the
 command line (``onnxfuse diff``) only parses options and renders the :class:`DiffReport`.
 
-Inputs. One seeded draw (or the user's ``.npz``) is made from model A's signature, floating inputs in
-float32; each model receives that draw cast to its own input dtypes, so an fp16 model and its fp32
-original see the same values. ``samples`` draws use seeds ``seed, seed+1, ...``; every metric is then
-taken over all samples together (the worst element's index carries its sample in ``extra``).
+Inputs. One seeded draw is made from model A's signature, floating inputs in float32; each model
+receives that draw cast to its own input dtypes, so an fp16 model and its fp32 original see the same
+values. ``samples`` draws use seeds ``seed, seed+1, ...``; every metric is then taken over all samples
+together (the worst element's index carries its sample in ``extra``). The user's own inputs
+(``inputs``: a dict ``{name: array}``, a list of such dicts — one sample each — or an ``.npz`` path)
+replace the draws; they must have A's input dtypes.
 
 Comparison. In float64, per tensor, by :func:`onnxfuse.validate.compare.compare_arrays`. Model A is the
 reference (``worst_ref``/relative error are A's). Default tolerances are those of the *looser* of the
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,7 +46,7 @@ from onnxfuse import __version__
 from onnxfuse.errors import InputsError, ModelLoadError, UsageError
 from onnxfuse.reports.histogram import error_histogram
 from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance
-from onnxfuse.validate.inputs import Inputs, check_shape_names, input_specs, load_npz, random_inputs
+from onnxfuse.validate.inputs import Inputs, check_shape_names, given_inputs, input_specs, random_inputs
 from onnxfuse.validate.session import make_session, resolve_provider, run_session
 
 #: metadata_props key of an optimized model: JSON {absorbed tensor name: equivalent tensor name}.
@@ -84,8 +87,14 @@ class DiffReport:
     def failing_intermediates(self) -> list[str]:
         return [c.name for c in self.intermediates if not c.passed]
 
+    def to_json(self) -> dict:
+        """The report ``onnxfuse diff --json`` writes, as a JSON-ready dict (non-finite floats → ``None``)."""
+        from onnxfuse.reports._io import clean_json
+
+        return clean_json(self.to_dict())
+
     def to_dict(self) -> dict:
-        """The JSON report (schema: docs/diff-report.schema.json). Non-finite floats become null
+        """The JSON report (schema: :func:`onnxfuse.reports.schema_path`). Non-finite floats become null
         when written by :func:`onnxfuse.reports.write_json`."""
         outputs = []
         for c in self.outputs:
@@ -161,13 +170,14 @@ def _floating(dtype: np.dtype) -> bool:
     return np.issubdtype(dtype, np.floating) or str(dtype) == "bfloat16"
 
 
-def _draws(model_a, shapes, seed, inputs_path, samples) -> tuple[list[dict], Inputs]:
-    """``samples`` feeds dicts for model A's inputs, floating ones in float32 (not yet cast)."""
+def _draws(model_a, shapes, seed, given, samples) -> tuple[list[dict], Inputs]:
+    """``samples`` feeds dicts for model A's inputs, floating ones in float32 (not yet cast); or the
+    user's ``given`` inputs (one feeds dict per sample)."""
     specs = input_specs(model_a)
     check_shape_names(specs, shapes)
-    if inputs_path is not None:
-        loaded = load_npz(specs, Path(inputs_path))
-        return [loaded.feeds], loaded
+    if given is not None:
+        loaded = given_inputs(specs, given)
+        return [x.feeds for x in loaded], loaded[0]
     draw_specs = [replace(s, dtype=np.dtype(np.float32)) if _floating(s.dtype) else s for s in specs]
     draws = [random_inputs(draw_specs, shapes, seed + i) for i in range(samples)]
     return [d.feeds for d in draws], draws[0]
@@ -354,6 +364,7 @@ def diff_models(
     shapes: dict[str, list[int]] | None = None,
     seed: int = 0,
     inputs_path: str | Path | None = None,
+    inputs=None,
     samples: int = 1,
     provider_a: str = "auto",
     provider_b: str = "auto",
@@ -367,8 +378,9 @@ def diff_models(
 ) -> DiffReport:
     """Run ``model_a`` and ``model_b`` on the same inputs and compare them (see the module docstring).
 
-    Models may be given as ``ModelProto`` or as paths (loaded with :func:`onnxfuse.model_io.load_model`).
-    Raises :class:`UsageError` for inconsistent arguments, :class:`InputsError`, :class:`ModelLoadError`
+    Models may be given as ``ModelProto`` (never modified) or as paths (loaded with
+    :func:`onnxfuse.model_io.load_model`). ``inputs``: the user's inputs (a dict ``{name: array}``, a list
+    of such dicts, or an ``.npz`` path; ``inputs_path`` is the ``--inputs`` spelling of the last). Raises :class:`UsageError` for inconsistent arguments, :class:`InputsError`, :class:`ModelLoadError`
     or :class:`RuntimeFailure` for problems with the inputs or the models; drift is *reported*, never
     raised.
     """
@@ -378,8 +390,15 @@ def diff_models(
         raise UsageError("--samples must be at least 1")
     if batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
-    if inputs_path is not None and samples != 1:
-        raise UsageError("--samples cannot be combined with --inputs (the .npz file is one sample)")
+    if inputs is not None and inputs_path is not None:
+        raise UsageError("give the inputs once: inputs or inputs_path, not both")
+    given = inputs if inputs is not None else inputs_path
+    if given is not None and samples != 1:
+        if not isinstance(given, (list, tuple)):
+            what = "the .npz file is" if isinstance(given, (str, os.PathLike)) else "the inputs are"
+            raise UsageError(f"--samples cannot be combined with --inputs ({what} one sample)")
+        if samples != len(given):
+            raise UsageError(f"samples={samples} but {len(given)} input samples were given; leave samples out")
     for value, what in ((rtol, "--rtol"), (atol, "--atol")):
         if value is not None and (not math.isfinite(value) or value < 0):
             raise UsageError(f"{what} must be finite and non-negative")
@@ -390,7 +409,7 @@ def diff_models(
     b, path_b = _load(model_b, "B")
     kind_a, kind_b = resolve_provider(provider_a), resolve_provider(provider_b)
 
-    draws, first = _draws(a, shapes, seed, inputs_path, samples)
+    draws, first = _draws(a, shapes, seed, given, samples)
     feeds_a = [_cast_for(a, d, "A") for d in draws]
     feeds_b = [_cast_for(b, d, "B") for d in draws]
     notes = list(first.notes)

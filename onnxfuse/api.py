@@ -1,0 +1,175 @@
+"""The Python API: ``onnxfuse.optimize(...)`` and ``onnxfuse.diff(...)``.
+
+Both are thin: they turn keyword arguments into the pipeline's options and call the same library
+functions the command line calls (``onnxfuse optimize`` and ``onnxfuse diff`` call these very
+functions), so a script and a CI job get the same result and the same report. This module imports
+nothing heavy; ONNX Runtime, onnx and the rewrites load on the first call.
+
+Errors are the documented :mod:`onnxfuse.errors` classes, all subclasses of
+:class:`~onnxfuse.errors.OnnxfuseError` with a one-line message: :class:`~onnxfuse.errors.ValidationFailed`
+(``.culprit``: the rule responsible; ``.report``: the :class:`~onnxfuse.pipeline.OptimizeResult`),
+:class:`~onnxfuse.errors.SlowerThanAllowed`, :class:`~onnxfuse.errors.ModelLoadError`,
+:class:`~onnxfuse.errors.ModelSaveError`, :class:`~onnxfuse.errors.InputsError`,
+:class:`~onnxfuse.errors.UsageError` (unknown rule or target, inconsistent arguments),
+:class:`~onnxfuse.errors.RuntimeFailure` (ONNX Runtime cannot run a model) and
+:class:`~onnxfuse.errors.OnnxRuntimeUnavailable` (no usable ONNX Runtime installed). A model that is
+neither a path nor an ``onnx.ModelProto`` is a ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import onnx
+
+    from onnxfuse.drift import DiffReport
+    from onnxfuse.pipeline import OptimizeResult
+    from onnxfuse.rewrites.base import Rule
+
+    ModelLike = Union[str, os.PathLike, onnx.ModelProto]
+    InputsLike = Union[Mapping[str, np.ndarray], Sequence[Mapping[str, np.ndarray]], str, os.PathLike]
+
+
+def optimize(
+    model: ModelLike,
+    output: str | os.PathLike | None = None,
+    *,
+    inputs: InputsLike | None = None,
+    target: str = "cuda",
+    only: str | Sequence[str] | None = None,
+    skip: str | Sequence[str] | None = None,
+    validate: bool = True,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    rtol: float | None = None,
+    atol: float | None = None,
+    provider: str = "auto",
+    bench: bool = False,
+    force: bool = False,
+    fail_on_slowdown: float | None = None,
+    bench_config=None,
+    rules: list[Rule] | None = None,
+    progress: Callable[[str], None] | None = None,
+    bench_progress: Callable[[str, float], None] | None = None,
+) -> OptimizeResult:
+    """Optimize an ONNX model, validate it against the original, and return the result.
+
+    ``model``: a path (loaded with its external data) or an ``onnx.ModelProto`` (never modified).
+    ``output``: when given, the optimized model is written there atomically, as the CLI does (with
+    external data beside it over 2 GB); nothing is written when anything fails, and the input file
+    is not overwritten unless ``force``. Without it, nothing is written: use ``result.model`` or
+    ``result.save(path)``.
+
+    ``inputs``: the data validation runs both models on: a dict ``{input name: numpy array}`` (one
+    sample), a list of such dicts (several samples: each output must pass on every one), or the path
+    of an ``.npz`` file. Dtypes must match the model's inputs. Default: one seeded standard-normal draw
+    (``seed``), dynamic dimensions from ``shapes`` (``{"input": [8, 3, 224, 224]}``), else 1.
+
+    ``target``: ``"cuda"`` (everything, FusedElementwise included), ``"contrib"`` (only ONNX Runtime's
+    own fused ops) or ``"onnx"`` (standard ops only). ``only``/``skip``: rule names (a list or one
+    comma-separated string; ``onnxfuse rules`` lists them). ``rules``: a custom rule pool replacing the
+    registry (plugins, tests). ``validate=False`` skips validation. ``rtol``/``atol`` replace the
+    dtype-aware default tolerances. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
+
+    ``bench``: also time both models on the GPU (ORT_ENABLE_ALL on both; ``bench_config`` an
+    :class:`onnxfuse.bench.BenchConfig`). Off by default in the API, unlike the CLI: timing takes
+    seconds and says nothing without a GPU (the result then carries ``timing.status == "no-gpu"``).
+    ``fail_on_slowdown``: with ``bench``, raise :class:`~onnxfuse.errors.SlowerThanAllowed` when the
+    optimized median latency exceeds this ratio of the original's.
+
+    ``progress(message)`` and ``bench_progress(message, fraction)`` are optional callbacks for a UI.
+
+    Returns an :class:`~onnxfuse.pipeline.OptimizeResult`: ``.model`` (the optimized ``ModelProto``),
+    ``.validation`` (per-output metrics), ``.applied`` (rewrites and refusals), ``.ops_before`` /
+    ``.ops_after``, ``.timing``, ``.to_json()`` (the dict ``onnxfuse optimize --json`` writes) and
+    ``.save(path)``. Raises :class:`~onnxfuse.errors.ValidationFailed` (``.culprit`` names the rule,
+    ``.report.to_json()`` is the failure report) when an output drifts beyond tolerance.
+    """
+    from onnxfuse.ort_runtime import require_runtime
+
+    require_runtime()
+    from onnxfuse.pipeline import OptimizeOptions, run_pipeline
+
+    options = OptimizeOptions(
+        target=target, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
+        inputs=inputs, seed=seed, rtol=rtol, atol=atol, provider=provider, force=force, rules=rules,
+        bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown,
+    )
+    return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
+
+
+def diff(
+    a: ModelLike,
+    b: ModelLike,
+    *,
+    inputs: InputsLike | None = None,
+    samples: int = 1,
+    intermediates: bool = False,
+    rtol: float | None = None,
+    atol: float | None = None,
+    tolerances: Mapping[str, tuple[float, float]] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    provider_a: str = "auto",
+    provider_b: str = "auto",
+    batch_size: int | None = None,
+    histograms: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> DiffReport:
+    """Run models ``a`` and ``b`` on the same inputs and measure how far apart their outputs are.
+
+    ``a`` and ``b``: paths or ``onnx.ModelProto`` (never modified). ``a`` is the reference. Inputs are
+    ``samples`` seeded draws from A's signature (seeds ``seed``, ``seed+1``, ...; floating inputs cast
+    to each model's own dtypes, so an fp16 model and its fp32 original see the same values), or the
+    user's ``inputs``: a dict ``{input name: array}``, a list of such dicts (one per sample), or an
+    ``.npz`` path, in A's dtypes. ``shapes`` sizes dynamic dimensions.
+
+    Tolerance per element: ``|b - a| <= atol + rtol * |a|``; defaults depend on the dtype (the looser of
+    the two sides). ``rtol``/``atol`` replace them for every tensor, ``tolerances`` (``{name: (rtol,
+    atol)}``) for one. ``intermediates=True`` also compares every tensor the two models share and names
+    the first that drifts (``report.first_divergence``), ``batch_size`` tensors per run.
+    ``provider_a``/``provider_b``: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+
+    Drift is *reported, never raised*: check ``report.passed`` (True when every output is within
+    tolerance; intermediate drift is diagnostic). Returns a :class:`~onnxfuse.drift.DiffReport`:
+    ``.outputs`` / ``.intermediates`` (per-tensor metrics), ``.first_divergence``, ``.failing()``,
+    ``.to_json()`` (the dict ``onnxfuse diff --json`` writes; schema:
+    :func:`onnxfuse.reports.schema_path`). Errors (bad models, inputs or arguments) raise the
+    :mod:`onnxfuse.errors` classes.
+    """
+    from onnxfuse.ort_runtime import require_runtime
+
+    require_runtime()
+    from onnxfuse.drift import DEFAULT_BATCH_SIZE, diff_models
+
+    return diff_models(
+        a, b, shapes=_shapes(shapes), seed=seed, inputs=inputs, samples=samples, provider_a=provider_a,
+        provider_b=provider_b, rtol=rtol, atol=atol, tolerances=dict(tolerances or {}),
+        intermediates=intermediates, batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
+        histograms=histograms, progress=progress,
+    )
+
+
+def _names(value) -> list[str] | None:
+    """Rule names as the pipeline takes them (a list of comma-separated strings), None when empty."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else list(value)
+    return items or None
+
+
+def _shapes(shapes) -> dict[str, list[int]]:
+    """``{input name: [dims]}`` with integer, non-negative dimensions."""
+    from onnxfuse.errors import UsageError
+
+    out = {str(k): [int(d) for d in v] for k, v in (shapes or {}).items()}
+    for name, dims in out.items():
+        if any(d < 0 for d in dims):
+            raise UsageError(f"shapes[{name!r}]: dimensions must be non-negative, got {dims}")
+    return out
+
+
+__all__ = ["diff", "optimize"]
