@@ -68,9 +68,8 @@ def library_path() -> str:
     if not path.is_file():
         raise LibraryNotFoundError(
             f"onnxfuse's custom-op library is missing ({path}). It is compiled when the package is "
-            'installed: reinstall with `pip install -e ".[dev]"` (or `pip install .`) from the '
-            "source tree, which needs a C++17 compiler (g++) and ONNX Runtime's C headers "
-            "(fetched automatically, or set ONNXRUNTIME_INCLUDE_DIR)."
+            'installed: reinstall with `pip install -e ".[dev,cpu]"` (or `pip install .`) from the '
+            "source tree, which needs a C++17 compiler (g++ or clang++), or install a prebuilt wheel."
         )
     return str(path)
 
