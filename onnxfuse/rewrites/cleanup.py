@@ -3,7 +3,9 @@
 * Identity removal: an Identity only renames a tensor, so readers can read its input directly.
   When its output is a graph output, the producer of its input is made to write the graph output
   instead (the graph output keeps its name); an Identity between a graph input or initializer and a
-  graph output is kept, since that rename is the only thing producing the output.
+  graph output is kept, since that rename is the only thing producing the output. So is an Identity
+  whose input comes from an enclosing graph (``scopes``): the producer belongs to another graph and
+  cannot be made to write this graph's output.
 * Dead nodes and unused initializers are removed (graph inputs are kept: they are the model's
   signature), and nodes are sorted topologically, all through onnx-graphsurgeon, subgraphs included.
 """
@@ -12,25 +14,21 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.scopes import Scope
+
 
 def remove_identities(graph: gs.Graph) -> int:
     removed = 0
     outputs = {id(t) for t in graph.outputs}
-    graph_inputs = {id(t) for t in graph.inputs}
+    scope = Scope(graph)
     for node in list(graph.nodes):
         if node.op != "Identity" or len(node.inputs) != 1 or len(node.outputs) != 1:
             continue
         src, dst = node.inputs[0], node.outputs[0]
         if id(dst) in outputs:
-            producer_owned = (
-                len(src.inputs) == 1
-                and id(src) not in outputs
-                and id(src) not in graph_inputs
-                and not isinstance(src, gs.Constant)
-            )
-            if not producer_owned:
+            producer = scope.producer(src)  # None for inputs, constants and outer values
+            if producer is None or id(src) in outputs:
                 continue
-            producer = src.inputs[0]
             # Readers of src now read dst; the producer writes dst directly.
             for consumer in list(src.outputs):
                 if consumer is node:

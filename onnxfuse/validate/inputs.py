@@ -86,6 +86,12 @@ def parse_shape_options(values) -> dict[str, list[int]]:
 
 
 def _random(rng: np.random.Generator, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+    """Random data of ``dtype`` and ``shape``, always an ndarray (numpy returns a bare scalar for a
+    rank-0 draw, which ONNX Runtime refuses)."""
+    return np.asarray(_draw(rng, dtype, shape), dtype=dtype)
+
+
+def _draw(rng: np.random.Generator, dtype: np.dtype, shape: list[int]):
     if dtype == np.bool_:
         return rng.random(shape) < 0.5
     if np.issubdtype(dtype, np.integer):

@@ -1,0 +1,430 @@
+"""Random ONNX graphs for fuzzing the optimizer, and the check each one must pass.
+
+A generated model mixes elementwise ops with MatMul, Conv (+BatchNormalization), Reshape, Transpose,
+Reduce*, Softmax, Concat, Slice, Gather, Where, Cast, Expand, in float32, float16 or with an int64
+detour, and nests If branches and Loop bodies that read values of the enclosing graph (including the
+``y = f(x) if c else x`` shape exporters write: an else branch that is ``Identity`` of an outer value).
+Values stay in safe ranges (Sqrt/Log of |x|+1, Div by |x|+1) so that a wrong result cannot hide
+behind a NaN.
+
+:func:`check_seed` optimizes one model for one target and demands:
+
+* the output passes ``onnx.checker`` (full check) and ONNX Runtime loads it;
+* on the same random inputs its outputs match the original's, both run by ONNX Runtime on the CPU
+  (exact for integer and bool outputs; dtype-aware tolerances for floats, which rewrites such as
+  BatchNorm folding legitimately re-round);
+* a second ``optimize`` of the output changes nothing (idempotence).
+
+``tests/test_fuzz.py`` runs a small sample in CI; ``tools/fuzz_optimize.py`` runs thousands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+N, C, H, W = 2, 4, 3, 5
+
+
+@dataclass
+class Value:
+    name: str
+    dtype: int  # TensorProto element type
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Builder:
+    rng: np.random.Generator
+    nodes: list = field(default_factory=list)
+    inits: list = field(default_factory=list)
+    pool: list = field(default_factory=list)
+    counter: int = 0
+
+    def fresh(self, base: str) -> str:
+        self.counter += 1
+        return f"{base}_{self.counter}"
+
+    def const(self, array: np.ndarray, base: str = "c") -> str:
+        name = self.fresh(base)
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], out: Value, **attrs) -> Value:
+        self.nodes.append(helper.make_node(op, inputs, [out.name], name=self.fresh(op.lower()), **attrs))
+        self.pool.append(out)
+        return out
+
+    def pick(self, dtype: int | None = None, rank: int | None = None) -> Value | None:
+        cands = [v for v in self.pool if (dtype is None or v.dtype == dtype) and (rank is None or len(v.shape) == rank)]
+        return cands[int(self.rng.integers(len(cands)))] if cands else None
+
+
+def _np(dtype: int):
+    return helper.tensor_dtype_to_np_dtype(dtype)
+
+
+def _rand(rng, shape, dtype: int, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(_np(dtype))
+
+
+# No Floor/Ceil/Sign, and int casts only of graph inputs: a step function turns the one-ulp
+# re-rounding that exact-in-real-arithmetic rewrites (BatchNorm folding) cause into a jump of 1,
+# and ONNX Runtime's own CPU provider computes Floor(Cast<float16>(x)) without the float16 rounding
+# (x = 0.99991: ONNX says 1, ONNX Runtime 0), which would make the reference itself wrong.
+UNARY = ["Relu", "Neg", "Abs", "Sigmoid", "Tanh", "Erf", "Exp"]
+BINARY = ["Add", "Sub", "Mul", "Max", "Min"]
+
+
+def _unary(b: Builder, v: Value) -> Value:
+    op = UNARY[int(b.rng.integers(len(UNARY)))]
+    if v.dtype == TensorProto.INT64 and op not in ("Neg", "Abs"):
+        op = "Abs"  # ONNX Runtime's CPU provider has no int64 Relu
+    if op == "Exp":  # keep it finite: Exp(Tanh(x))
+        v = b.node("Tanh", [v.name], Value(b.fresh("t"), v.dtype, v.shape))
+    return b.node(op, [v.name], Value(b.fresh("u"), v.dtype, v.shape))
+
+
+def _safe_unary(b: Builder, v: Value) -> Value:
+    """Sqrt, Log or Reciprocal of |x| + 1: defined everywhere."""
+    a = b.node("Abs", [v.name], Value(b.fresh("a"), v.dtype, v.shape))
+    one = b.const(np.ones((), _np(v.dtype)), "one")
+    p = b.node("Add", [a.name, one], Value(b.fresh("p"), v.dtype, v.shape))
+    op = ["Sqrt", "Log", "Reciprocal"][int(b.rng.integers(3))]
+    return b.node(op, [p.name], Value(b.fresh("s"), v.dtype, v.shape))
+
+
+def _broadcast_partner(b: Builder, v: Value) -> str:
+    rank = len(v.shape)
+    choice = int(b.rng.integers(4))
+    if choice == 0:
+        shape = ()
+    elif choice == 1:
+        shape = (v.shape[-1],)
+    elif choice == 2 and rank == 4:
+        shape = (1, v.shape[1], 1, 1)
+    else:
+        same = [u for u in b.pool if u.shape == v.shape and u.dtype == v.dtype and u.name != v.name]
+        if same:
+            return same[int(b.rng.integers(len(same)))].name
+        shape = v.shape
+    if v.dtype == TensorProto.INT64:
+        return b.const(b.rng.integers(-3, 4, size=shape).astype(np.int64))
+    return b.const(_rand(b.rng, shape, v.dtype))
+
+
+def _binary(b: Builder, v: Value) -> Value:
+    op = BINARY[int(b.rng.integers(len(BINARY)))]
+    other = _broadcast_partner(b, v)
+    ins = [v.name, other] if b.rng.random() < 0.5 else [other, v.name]
+    return b.node(op, ins, Value(b.fresh("b"), v.dtype, v.shape))
+
+
+def _div(b: Builder, v: Value) -> Value:
+    den = _safe_unary(b, v) if v.dtype != TensorProto.INT64 else None
+    if den is None:
+        return _binary(b, v)
+    num = b.pick(v.dtype, len(v.shape)) or v
+    if num.shape != v.shape:
+        num = v
+    return b.node("Div", [num.name, den.name], Value(b.fresh("d"), v.dtype, v.shape))
+
+
+def _conv_bn(b: Builder, v: Value) -> Value:
+    c = v.shape[1]
+    w = b.const(_rand(b.rng, (c, c, 3, 3), v.dtype, 0.3), "w")
+    ins = [v.name, w]
+    if b.rng.random() < 0.5:
+        ins.append(b.const(_rand(b.rng, (c,), v.dtype, 0.1), "bias"))
+    out = b.node("Conv", ins, Value(b.fresh("conv"), v.dtype, v.shape), pads=[1, 1, 1, 1])
+    if b.rng.random() < 0.7:
+        scale = b.const(_rand(b.rng, (c,), v.dtype), "gamma")
+        bias = b.const(_rand(b.rng, (c,), v.dtype), "beta")
+        mean = b.const(_rand(b.rng, (c,), v.dtype, 0.1), "mean")
+        var = b.const((np.abs(_rand(b.rng, (c,), v.dtype)) + 0.5).astype(_np(v.dtype)), "var")
+        out = b.node("BatchNormalization", [out.name, scale, bias, mean, var],
+                     Value(b.fresh("bn"), v.dtype, v.shape), epsilon=1e-3)
+    return out
+
+
+def _matmul(b: Builder, v: Value) -> Value:
+    k = v.shape[-1]
+    w = b.const(_rand(b.rng, (k, k), v.dtype, 1 / np.sqrt(k)), "mm")
+    out = b.node("MatMul", [v.name, w], Value(b.fresh("mm"), v.dtype, v.shape))
+    if b.rng.random() < 0.5:
+        out = b.node("Add", [out.name, b.const(_rand(b.rng, (k,), v.dtype, 0.1), "mb")],
+                     Value(b.fresh("mb"), v.dtype, v.shape))
+    return out
+
+
+def _transpose(b: Builder, v: Value) -> Value:
+    perm = list(range(len(v.shape)))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    shape = tuple(v.shape[p] for p in perm)
+    return b.node("Transpose", [v.name], Value(b.fresh("tr"), v.dtype, shape), perm=perm)
+
+
+def _reshape_roundtrip(b: Builder, v: Value) -> Value:
+    flat = (v.shape[0], int(np.prod(v.shape[1:])))
+    r = b.node("Reshape", [v.name, b.const(np.array(flat, np.int64), "shp")], Value(b.fresh("rs"), v.dtype, flat))
+    r = _unary(b, r) if b.rng.random() < 0.5 else r
+    return b.node("Reshape", [r.name, b.const(np.array(v.shape, np.int64), "shp")],
+                  Value(b.fresh("rs"), v.dtype, v.shape))
+
+
+def _reduce(b: Builder, v: Value) -> Value:
+    op = ["ReduceMean", "ReduceSum", "ReduceMax"][int(b.rng.integers(3))]
+    shape = v.shape[:-1] + (1,)
+    if op == "ReduceSum":  # opset 13+: axes as an input
+        red = b.node(op, [v.name, b.const(np.array([-1], np.int64), "ax")], Value(b.fresh("r"), v.dtype, shape),
+                     keepdims=1)
+    else:
+        red = b.node(op, [v.name], Value(b.fresh("r"), v.dtype, shape), axes=[-1], keepdims=1)
+    return b.node("Sub", [v.name, red.name], Value(b.fresh("centred"), v.dtype, v.shape))
+
+
+def _softmax(b: Builder, v: Value) -> Value:
+    return b.node("Softmax", [v.name], Value(b.fresh("sm"), v.dtype, v.shape), axis=-1)
+
+
+def _concat_slice(b: Builder, v: Value) -> Value:
+    other = b.pick(v.dtype, len(v.shape))
+    if other is None or other.shape != v.shape:
+        other = v
+    cat_shape = (v.shape[0], 2 * v.shape[1]) + v.shape[2:]
+    cat = b.node("Concat", [other.name, v.name], Value(b.fresh("cat"), v.dtype, cat_shape), axis=1)
+    start = int(b.rng.integers(0, v.shape[1] + 1))
+    return b.node("Slice", [cat.name, b.const(np.array([start], np.int64), "st"),
+                            b.const(np.array([start + v.shape[1]], np.int64), "en"),
+                            b.const(np.array([1], np.int64), "ax")], Value(b.fresh("sl"), v.dtype, v.shape))
+
+
+def _gather(b: Builder, v: Value) -> Value:
+    idx = b.rng.permutation(v.shape[1]).astype(np.int64)
+    return b.node("Gather", [v.name, b.const(idx, "idx")], Value(b.fresh("ga"), v.dtype, v.shape), axis=1)
+
+
+def _where(b: Builder, v: Value) -> Value:
+    zero = b.const(np.zeros((), _np(v.dtype)), "zero")
+    cond = b.node("Greater", [v.name, zero], Value(b.fresh("gt"), TensorProto.BOOL, v.shape))
+    other = _broadcast_partner(b, v)
+    return b.node("Where", [cond.name, v.name, other], Value(b.fresh("wh"), v.dtype, v.shape))
+
+
+def _cast_detour(b: Builder, v: Value) -> Value:
+    if v.dtype == TensorProto.INT64:
+        return b.node("Cast", [v.name], Value(b.fresh("cf"), TensorProto.FLOAT, v.shape), to=TensorProto.FLOAT)
+    if v.name in ("x", "y"):  # through int64 (truncation of exact values), integer arithmetic, back
+        scaled = b.node("Mul", [v.name, b.const(np.array(4, _np(v.dtype)), "k")], Value(b.fresh("k"), v.dtype, v.shape))
+        i = b.node("Cast", [scaled.name], Value(b.fresh("ci"), TensorProto.INT64, v.shape), to=TensorProto.INT64)
+        i = _binary(b, i) if b.rng.random() < 0.7 else _unary(b, i)
+        return b.node("Cast", [i.name], Value(b.fresh("cb"), v.dtype, v.shape), to=v.dtype)
+    other = TensorProto.FLOAT16 if v.dtype == TensorProto.FLOAT else TensorProto.FLOAT
+    t = b.node("Cast", [v.name], Value(b.fresh("cx"), other, v.shape), to=other)
+    t = _unary(b, t)
+    return b.node("Cast", [t.name], Value(b.fresh("cb"), v.dtype, v.shape), to=v.dtype)
+
+
+def _expand(b: Builder, v: Value) -> Value:
+    src = b.const(_rand(b.rng, (1, v.shape[1]) + (1,) * (len(v.shape) - 2), v.dtype), "ex")
+    e = b.node("Expand", [src, b.const(np.array(v.shape, np.int64), "eshape")], Value(b.fresh("ex"), v.dtype, v.shape))
+    return b.node("Mul", [v.name, e.name], Value(b.fresh("em"), v.dtype, v.shape))
+
+
+def _sub_builder(b: Builder) -> Builder:
+    sub = Builder(b.rng)
+    sub.counter = b.counter + 1000  # names stay unique across the nesting
+    sub.pool = list(b.pool)  # outer values are readable inside
+    return sub
+
+
+def _branch(b: Builder, v: Value, depth: int, identity_ok: bool) -> tuple[onnx.GraphProto, Builder]:
+    sub = _sub_builder(b)
+    if identity_ok and b.rng.random() < 0.4:  # y = f(x) if c else x: Identity of an outer value
+        out = sub.node("Identity", [v.name], Value(sub.fresh("id"), v.dtype, v.shape))
+    else:
+        out = v
+        for _ in range(int(b.rng.integers(1, 4))):
+            out = _step(sub, out, depth + 1)
+            if out.shape != v.shape or out.dtype != v.dtype:
+                out = sub.node("Add", [v.name, v.name], Value(sub.fresh("dbl"), v.dtype, v.shape))
+    b.counter = sub.counter + 1000
+    graph = helper.make_graph(sub.nodes, sub.fresh("branch"), [],
+                              [helper.make_tensor_value_info(out.name, out.dtype, list(out.shape))], sub.inits)
+    return graph, sub
+
+
+def _if(b: Builder, v: Value, depth: int) -> Value:
+    # The condition reads the graph input, so re-rounding upstream can never flip the branch taken.
+    total = b.node("ReduceSum", ["x"], Value(b.fresh("tot"), v.dtype, ()), keepdims=0)
+    cond = b.node("Greater", [total.name, b.const(np.zeros((), _np(v.dtype)), "z")],
+                  Value(b.fresh("cond"), TensorProto.BOOL, ()))
+    then_g, _ = _branch(b, v, depth, identity_ok=False)
+    else_g, _ = _branch(b, v, depth, identity_ok=True)
+    return b.node("If", [cond.name], Value(b.fresh("if"), v.dtype, v.shape), then_branch=then_g, else_branch=else_g)
+
+
+def _loop(b: Builder, v: Value, depth: int) -> Value:
+    sub = _sub_builder(b)
+    it = Value(sub.fresh("iter"), TensorProto.INT64, ())
+    cin = Value(sub.fresh("cond_in"), TensorProto.BOOL, ())
+    carried = Value(sub.fresh("carry"), v.dtype, v.shape)
+    sub.pool.append(carried)
+    cout = sub.node("Identity", [cin.name], Value(sub.fresh("cond_out"), TensorProto.BOOL, ()))
+    sub.pool.remove(cout)
+    acc = sub.node("Add", [carried.name, v.name], Value(sub.fresh("acc"), v.dtype, v.shape))  # reads outer v
+    acc = _step(sub, acc, depth + 1)
+    if acc.shape != v.shape or acc.dtype != v.dtype:
+        acc = sub.node("Tanh", [carried.name], Value(sub.fresh("th"), v.dtype, v.shape))
+    else:
+        acc = sub.node("Tanh", [acc.name], Value(sub.fresh("th"), v.dtype, v.shape))
+    b.counter = sub.counter + 1000
+    body = helper.make_graph(
+        sub.nodes, sub.fresh("body"),
+        [helper.make_tensor_value_info(it.name, it.dtype, []), helper.make_tensor_value_info(cin.name, cin.dtype, []),
+         helper.make_tensor_value_info(carried.name, carried.dtype, list(carried.shape))],
+        [helper.make_tensor_value_info(cout.name, cout.dtype, []),
+         helper.make_tensor_value_info(acc.name, acc.dtype, list(acc.shape))], sub.inits)
+    trips = b.const(np.array(int(b.rng.integers(1, 4)), np.int64), "trips")
+    go = b.const(np.array(True), "go")
+    return b.node("Loop", [trips, go, v.name], Value(b.fresh("loop"), v.dtype, v.shape), body=body)
+
+
+STEPS = [(_unary, 6), (_binary, 6), (_safe_unary, 2), (_div, 1), (_conv_bn, 2), (_matmul, 2), (_transpose, 1),
+         (_reshape_roundtrip, 1), (_reduce, 1), (_softmax, 1), (_concat_slice, 1), (_gather, 1), (_where, 1),
+         (_cast_detour, 2), (_expand, 1)]
+NESTED = [(_if, 1), (_loop, 1)]
+
+
+def _step(b: Builder, v: Value, depth: int) -> Value:
+    table = STEPS + (NESTED if depth < 2 else [])
+    weights = np.array([w for _, w in table], float)
+    fn = table[int(b.rng.choice(len(table), p=weights / weights.sum()))][0]
+    if fn in (_conv_bn,) and (len(v.shape) != 4 or v.dtype == TensorProto.INT64):
+        fn = _unary
+    if fn in (_if, _loop):
+        return fn(b, v, depth) if v.dtype != TensorProto.INT64 else _binary(b, v)
+    if v.dtype == TensorProto.INT64 and fn not in (_unary, _binary, _cast_detour, _gather, _transpose):
+        fn = _binary
+    return fn(b, v)
+
+
+def random_model(seed: int, n_steps: int | None = None) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    b = Builder(rng)
+    dtype = [TensorProto.FLOAT, TensorProto.FLOAT, TensorProto.FLOAT16][seed % 3]
+    x = Value("x", dtype, (N, C, H, W))
+    b.pool.append(x)
+    inputs = [x]
+    if rng.random() < 0.5:
+        y = Value("y", dtype, (N, C, H, W))
+        b.pool.append(y)
+        inputs.append(y)
+    cur = x
+    for _ in range(n_steps or int(rng.integers(4, 14))):
+        src = cur if rng.random() < 0.7 else b.pick(dtype, 4) or cur
+        cur = _step(b, src, 0)
+        if cur.dtype != dtype and rng.random() < 0.5:
+            cur = _cast_detour(b, cur)
+    produced = [v for v in b.pool if v not in inputs]
+    outs = [cur] + [produced[int(i)] for i in rng.choice(len(produced), size=min(2, len(produced)), replace=False)]
+    seen, outputs = set(), []
+    for v in outs:
+        if v.name not in seen:
+            seen.add(v.name)
+            outputs.append(helper.make_tensor_value_info(v.name, v.dtype, list(v.shape)))
+    graph = helper.make_graph(b.nodes, f"fuzz_{seed}", [helper.make_tensor_value_info(v.name, v.dtype, list(v.shape))
+                                                       for v in inputs], outputs, b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    return model
+
+
+def random_inputs(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed + 1_000_003)
+    feeds = {}
+    for vi in model.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(shape).astype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+    return feeds
+
+
+TARGETS = ("cuda", "contrib", "onnx")
+
+
+def _run(model: onnx.ModelProto, feeds, custom: bool):
+    import onnxruntime as ort
+
+    from onnxfuse.custom_ops import session_options
+
+    opts = session_options() if custom else ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _close(ref: np.ndarray, got: np.ndarray, half: bool) -> bool:
+    if ref.shape != got.shape or ref.dtype != got.dtype:
+        return False
+    if ref.dtype.kind in "biu":
+        return bool(np.array_equal(ref, got))
+    r, g = ref.astype(np.float64), got.astype(np.float64)
+    finite = np.isfinite(r)
+    if not np.array_equal(finite, np.isfinite(g)) or not np.array_equal(r[~finite], g[~finite], equal_nan=True):
+        return False  # NaN and ±inf must sit at the same places with the same values
+    # A model that computes in float16 anywhere carries float16 rounding into its float32 outputs, and
+    # a fused float16 chain rounds once at its end where ONNX Runtime rounds after every op.
+    tol = 2e-2 if half or ref.dtype == np.float16 else 2e-4
+    scale = max(1.0, float(np.abs(r[finite]).max()) if finite.any() else 1.0)
+    return bool(np.allclose(r[finite], g[finite], rtol=tol, atol=tol * scale))
+
+
+def _computes_in_half(model: onnx.ModelProto) -> bool:
+    def walk(g: onnx.GraphProto) -> bool:
+        if any(t.data_type == TensorProto.FLOAT16 for t in g.initializer):
+            return True
+        for n in g.node:
+            for a in n.attribute:
+                if (n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT16) or (
+                        a.type == onnx.AttributeProto.GRAPH and walk(a.g)):
+                    return True
+        return False
+    return walk(model.graph) or any(v.type.tensor_type.elem_type == TensorProto.FLOAT16 for v in model.graph.input)
+
+
+def check_seed(seed: int, target: str | None = None) -> tuple[str, str]:
+    """('ok' | 'skip' | 'invalid' | 'wrong' | 'not-idempotent' | 'error', detail) for one seed."""
+    import onnxfuse
+
+    target = target or TARGETS[seed % len(TARGETS)]
+    model = random_model(seed)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        feeds = random_inputs(model, seed)
+        ref = _run(model, feeds, custom=False)
+    except Exception as e:  # the generator made a model ONNX Runtime rejects: not the optimizer's fault
+        return "skip", f"original: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    try:
+        result = onnxfuse.optimize(model, target=target, validate=False)
+    except Exception as e:
+        return "error", f"optimize ({target}): {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    out = result.model
+    try:
+        onnx.checker.check_model(out, full_check=True)
+        got = _run(out, feeds, custom=target == "cuda")
+    except Exception as e:
+        return "invalid", f"{target}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    half = _computes_in_half(model)
+    for i, (r, g) in enumerate(zip(ref, got)):
+        if not _close(r, g, half):
+            err = float(np.nanmax(np.abs(r.astype(np.float64) - g.astype(np.float64)))) if r.shape == g.shape else -1
+            return "wrong", f"{target}: output {i} ({out.graph.output[i].name}) max abs err {err:.3g}"
+    again = onnxfuse.optimize(out, target=target, validate=False)
+    changed = {k: v for k, v in again.applied.counts.items() if v}
+    if changed:
+        return "not-idempotent", f"{target}: second pass applied {changed}"
+    return "ok", target
