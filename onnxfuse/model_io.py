@@ -66,8 +66,9 @@ def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
     return model
 
 
-def check_model(model: onnx.ModelProto, name: str, error: type = ModelLoadError) -> None:
-    """Run ``onnx.checker`` (by path for models too large to serialize) and raise ``error`` on failure."""
+def validity_problem(model: onnx.ModelProto) -> str | None:
+    """What ``onnx.checker`` says is wrong with ``model`` (one line), or None when it is valid
+    (checked by path for models too large to serialize)."""
     try:
         if model.ByteSize() < _EXTERNAL_THRESHOLD:
             onnx.checker.check_model(model)
@@ -77,7 +78,15 @@ def check_model(model: onnx.ModelProto, name: str, error: type = ModelLoadError)
                 write_model(model, tmp_path)
                 onnx.checker.check_model(str(tmp_path))
     except onnx.checker.ValidationError as exc:
-        raise error(f"{name}: invalid ONNX model: {first_line(exc)}") from None
+        return first_line(exc)
+    return None
+
+
+def check_model(model: onnx.ModelProto, name: str, error: type = ModelLoadError) -> None:
+    """Run ``onnx.checker`` and raise ``error`` with its one-line complaint on failure."""
+    problem = validity_problem(model)
+    if problem is not None:
+        raise error(f"{name}: invalid ONNX model: {problem}")
 
 
 def needs_external_data(model: onnx.ModelProto) -> bool:

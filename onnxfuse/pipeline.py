@@ -21,6 +21,7 @@ import onnx
 
 from onnxfuse import model_io
 from onnxfuse.errors import (
+    first_line,
     EXIT_SLOWER,
     EXIT_VALIDATION_FAILED,
     ModelSaveError,
@@ -28,7 +29,7 @@ from onnxfuse.errors import (
     UsageError,
     ValidationFailed,
 )
-from onnxfuse.rewrites import ApplyReport, Rule, apply_rules, select_rules
+from onnxfuse.rewrites import ApplyReport, Rule, RuleFailed, apply_rules, select_rules
 from onnxfuse.validate import ValidationReport, make_samples, validate_models
 from onnxfuse.validate.inputs import Inputs
 
@@ -137,11 +138,54 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
 
     Shapes are inferred first: several rules (SkipLayerNormalization, FusedConv with a residual, the
     elementwise-region fusion) only fire when they can prove tensor shapes.
+
+    A rule that breaks is not the user's fault: when one raises, or the rewritten model fails the ONNX
+    checker, that rule is named (for a checker failure, by bisecting the rules that changed the
+    model: the shortest prefix whose result fails), dropped, and the rewrite starts again from the
+    input without it. The report lists every dropped rule with its reason (``ApplyReport.dropped``);
+    validation then judges what remains as usual.
     """
+    active = list(rules)
+    dropped: list[dict[str, str]] = []
+    while True:
+        try:
+            out, report = _rewrite_once(model, active)
+        except RuleFailed as e:
+            culprit, reason = e.rule, f"raised {type(e.error).__name__}: {first_line(e.error)}"
+        else:
+            problem = model_io.validity_problem(out)
+            if problem is None:
+                report.dropped = dropped
+                return out, report
+            culprit = _first_invalidating_rule(model, [r for r in active if report.counts.get(r.name)])
+            reason = f"its output fails the ONNX checker: {problem}"
+            if culprit is None:  # no single rule to blame (cleanup alone breaks it): say so plainly
+                raise ModelSaveError(f"optimized model: invalid ONNX model: {problem}")
+        dropped.append({"rule": culprit, "reason": reason})
+        active = [r for r in active if r.name != culprit]
+
+
+def _rewrite_once(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.ModelProto, ApplyReport]:
     graph = model_io.to_graph(model_io.infer_shapes(model))
     report = apply_rules(graph, rules)
-    out = model_io.to_model(graph, model)
-    return out, report
+    return model_io.to_model(graph, model), report
+
+
+def _first_invalidating_rule(model: onnx.ModelProto, changed: list[Rule]) -> str | None:
+    """The first rule (in run order) whose prefix of ``changed`` gives an invalid model; bisection."""
+    lo, hi = 0, len(changed)  # prefix of length lo is valid (the input was checked at load); hi is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            candidate, _ = _rewrite_once(model, changed[:mid])
+            valid = model_io.validity_problem(candidate) is None
+        except RuleFailed:
+            valid = False
+        if valid:
+            lo = mid
+        else:
+            hi = mid
+    return changed[hi - 1].name if changed else None
 
 
 def custom_library_needed(model: onnx.ModelProto) -> str | None:

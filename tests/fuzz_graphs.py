@@ -209,10 +209,13 @@ def _gather(b: Builder, v: Value) -> Value:
 
 
 def _where(b: Builder, v: Value) -> Value:
+    # Where(v > 0, v, k·v): continuous at 0, so a one-ulp re-rounding of v near 0 (BatchNorm folding
+    # in float16) moves the result by an ulp, not by the distance to an unrelated value.
     zero = b.const(np.zeros((), _np(v.dtype)), "zero")
     cond = b.node("Greater", [v.name, zero], Value(b.fresh("gt"), TensorProto.BOOL, v.shape))
-    other = _broadcast_partner(b, v)
-    return b.node("Where", [cond.name, v.name, other], Value(b.fresh("wh"), v.dtype, v.shape))
+    k = b.const(_rand(b.rng, (v.shape[-1],), v.dtype), "k")
+    scaled = b.node("Mul", [v.name, k], Value(b.fresh("kv"), v.dtype, v.shape))
+    return b.node("Where", [cond.name, v.name, scaled.name], Value(b.fresh("wh"), v.dtype, v.shape))
 
 
 def _cast_detour(b: Builder, v: Value) -> Value:

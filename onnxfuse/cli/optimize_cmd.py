@@ -96,6 +96,9 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
     _write_reports(result, json_path, markdown_path, junit_path)
     if quiet:
         return
+    for dropped in result.applied.dropped:
+        stderr.print(f"[yellow]warning:[/] rule {dropped['rule']} was dropped ({dropped['reason']}); "
+                     "the other rules were applied", soft_wrap=True)
     stdout.print(render.rules_table(result.applied.counts, result.applied.cleanup))
     stdout.print(render.ops_table(result.ops_before, result.ops_after))
     if explain:

@@ -52,7 +52,10 @@ def optimize_markdown(result, error: str | None = None) -> str:
     if error:
         out.append(f"- **error**: {_cell(error)}\n")
     applied = {k: v for k, v in result.applied.counts.items() if v}
-    out.append("- **rewrites**: " + (", ".join(f"{k} ×{v}" for k, v in applied.items()) or "none") + "\n\n")
+    out.append("- **rewrites**: " + (", ".join(f"{k} ×{v}" for k, v in applied.items()) or "none") + "\n")
+    for dropped in result.applied.dropped:
+        out.append(f"- ⚠️ **rule dropped**: `{dropped['rule']}`: {_cell(dropped['reason'])}\n")
+    out.append("\n")
     if result.custom_library:
         out.append(f"> needs the onnxfuse custom-op library (domain `{result.custom_library}`)\n\n")
     if result.validation is not None:
@@ -86,6 +89,11 @@ def optimize_junit(result, error: str | None = None, suite_name: str = "onnxfuse
         ET.SubElement(case, "error", {"message": error}).text = error
         suite.set("tests", str(int(suite.get("tests", "0")) + 1))
         suite.set("errors", str(int(suite.get("errors", "0")) + 1))
+    for dropped in result.applied.dropped:  # a broken rule, dropped: reported, not a failure
+        case = ET.SubElement(suite, "testcase", {"classname": suite_name, "name": f"rule {dropped['rule']}"})
+        ET.SubElement(case, "skipped", {"message": f"dropped: {dropped['reason']}"})
+        suite.set("tests", str(int(suite.get("tests", "0")) + 1))
+        suite.set("skipped", str(int(suite.get("skipped", "0")) + 1))
     root.set("tests", suite.get("tests"))
     root.set("failures", suite.get("failures"))
     return _to_string(root)

@@ -7,8 +7,8 @@ patterns, then generic elementwise fusion, which takes whatever is left).
 
 from __future__ import annotations
 
-from onnxfuse.errors import UsageError
-from onnxfuse.rewrites.base import TARGETS, ApplyReport, Refusal, Rule
+from onnxfuse.errors import OnnxfuseError, UsageError
+from onnxfuse.rewrites.base import TARGETS, ApplyReport, Refusal, Rule, RuleFailed
 from onnxfuse.rewrites.cleanup import cleanup
 
 # --- the registry: one line per rule, in the order they run -------------------------------------
@@ -97,26 +97,36 @@ def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
 
     _cleanup(count_dead=True)
     for rule in rules:
-        for _ in range(MAX_PASSES_PER_RULE):
-            applied = 0
-            for match in list(rule.match(graph)):
-                reason = rule.check(graph, match)
-                if reason:
-                    refusal = Refusal(rule.name, rule.anchor_name(match), reason)
-                    if refusal not in seen:
-                        seen.add(refusal)
-                        report.refusals.append(refusal)
-                    continue
-                detail = rule.rewrite(graph, match)
-                applied += 1
-                if detail:
-                    report.details.append({"rule": rule.name, **detail})
-            report.counts[rule.name] += applied
-            if not applied:
-                break
-            _cleanup()
+        try:
+            _apply_one(graph, rule, report, seen, _cleanup)
+        except (MemoryError, RuleFailed, OnnxfuseError):  # out of memory or environment: not the rule's bug
+            raise
+        except Exception as e:  # a broken rule: the pipeline drops it and applies the others
+            raise RuleFailed(rule.name, e) from e
     _cleanup()
     return report
 
 
-__all__ = ["RULES", "Rule", "Refusal", "ApplyReport", "TARGETS", "apply_rules", "select_rules", "rule_names"]
+def _apply_one(graph, rule: Rule, report: ApplyReport, seen: set[Refusal], cleanup_pass) -> None:
+    """One rule, pass after pass until it stops matching, with a cleanup after every changing pass."""
+    for _ in range(MAX_PASSES_PER_RULE):
+        applied = 0
+        for match in list(rule.match(graph)):
+            reason = rule.check(graph, match)
+            if reason:
+                refusal = Refusal(rule.name, rule.anchor_name(match), reason)
+                if refusal not in seen:
+                    seen.add(refusal)
+                    report.refusals.append(refusal)
+                continue
+            detail = rule.rewrite(graph, match)
+            applied += 1
+            if detail:
+                report.details.append({"rule": rule.name, **detail})
+        report.counts[rule.name] += applied
+        if not applied:
+            break
+        cleanup_pass()
+
+
+__all__ = ["RULES", "Rule", "Refusal", "RuleFailed", "ApplyReport", "TARGETS", "apply_rules", "select_rules", "rule_names"]

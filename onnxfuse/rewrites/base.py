@@ -35,14 +35,28 @@ class Refusal:
         return {"rule": self.rule, "node": self.node, "reason": self.reason}
 
 
+class RuleFailed(Exception):
+    """A rule raised while matching, checking or rewriting (or the cleanup after its pass did).
+
+    Not the user's fault and not the model's: the pipeline drops the rule, applies the others and
+    reports it (``ApplyReport.dropped``)."""
+
+    def __init__(self, rule: str, error: BaseException):
+        super().__init__(f"rule {rule} raised {type(error).__name__}: {error}")
+        self.rule = rule
+        self.error = error
+
+
 @dataclass
 class ApplyReport:
-    """What applying a list of rules did: a count per rule, refusals, and per-rewrite details."""
+    """What applying a list of rules did: a count per rule, refusals, per-rewrite details, and the
+    rules that were dropped because they broke (raised, or produced a model the ONNX checker rejects)."""
 
     counts: dict[str, int] = field(default_factory=dict)
     refusals: list[Refusal] = field(default_factory=list)
     details: list[dict[str, Any]] = field(default_factory=list)
     cleanup: dict[str, int] = field(default_factory=dict)
+    dropped: list[dict[str, str]] = field(default_factory=list)  # {"rule": name, "reason": one line}
 
     @property
     def total(self) -> int:
@@ -57,6 +71,7 @@ class ApplyReport:
             "cleanup": dict(self.cleanup),
             "refusals": [r.to_dict() for r in self.refusals],
             "details": list(self.details),
+            "dropped": [dict(d) for d in self.dropped],
         }
 
 

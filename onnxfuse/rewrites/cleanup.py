@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.base import graphs_within
 from onnxfuse.rewrites.scopes import Scope
 
 
@@ -54,10 +55,31 @@ def remove_identities(graph: gs.Graph) -> int:
     return removed
 
 
+def _all_nodes(graph: gs.Graph) -> list[gs.Node]:
+    return [n for g in graphs_within(graph) for n in g.nodes]
+
+
+def forget_dead_readers(before: list[gs.Node], graph: gs.Graph) -> None:
+    """Unlink every node of ``before`` that is no longer in ``graph`` or its subgraphs.
+
+    onnx-graphsurgeon removes a dead node from its graph, but the nodes *inside* a dead If/Loop stay
+    registered as readers of the outer values they read. A later rule would then see a reader that
+    no longer exists ("intermediate tensor is also read by ...") and refuse a rewrite that a second
+    run, importing the model afresh, makes: the optimizer was not idempotent (fuzz seeds 894, 2762).
+    """
+    live = {id(n) for n in _all_nodes(graph)}
+    for node in before:
+        if id(node) not in live:
+            node.inputs.clear()
+            node.outputs.clear()
+
+
 def cleanup(graph: gs.Graph) -> dict[str, int]:
     """Run every cleanup pass; return what each removed (for the report)."""
     before = len(graph.nodes)
+    everything = _all_nodes(graph)
     identities = remove_identities(graph)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    forget_dead_readers(everything, graph)
     dead = before - identities - len(graph.nodes)
     return {"identity": identities, "dead-node": max(dead, 0)}
