@@ -177,11 +177,38 @@ def save_model(
 # onnx-graphsurgeon round trip
 
 
+#: ONNX IR version from which an initializer listed among the graph inputs is a default value the
+#: caller may override (ONNX Runtime treats it as non-constant); below it, every initializer must be
+#: listed as an input and is a constant.
+OVERRIDABLE_IR_VERSION = 4
+
+
+def overridable_initializers(model: onnx.ModelProto) -> set[str]:
+    """Names of the initializers a caller may feed (listed among the graph inputs, IR version >= 4)."""
+    if model.ir_version < OVERRIDABLE_IR_VERSION:
+        return set()
+    inputs = {vi.name for vi in model.graph.input}
+    return {t.name for t in model.graph.initializer if t.name in inputs}
+
+
 def to_graph(model: onnx.ModelProto):
-    """Import ``model`` into an onnx-graphsurgeon graph."""
+    """Import ``model`` into an onnx-graphsurgeon graph.
+
+    Overridable initializers come in as graph inputs, not constants: graphsurgeon would make them
+    constants, and a rule would then fold a value the caller may replace at run time (BatchNorm folded
+    into a weight that stays an input under the same name gave outputs 0.44 off when a caller fed it).
+    :func:`to_model` puts their initializers back unchanged.
+    """
     import onnx_graphsurgeon as gs
 
-    return gs.import_onnx(model)
+    keep = overridable_initializers(model)
+    if not keep:
+        return gs.import_onnx(model)
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)  # only the graph's initializer list changes; the caller's proto is kept
+    del stripped.graph.initializer[:]
+    stripped.graph.initializer.extend(t for t in model.graph.initializer if t.name not in keep)
+    return gs.import_onnx(stripped)
 
 
 def proto_graphs(graph: onnx.GraphProto):
@@ -234,21 +261,29 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _restore_initializer_inputs(model: onnx.ModelProto, template: onnx.ModelProto) -> None:
-    """Keep the signature of models that list initializers as graph inputs (older exporters do).
+    """Keep the signature and meaning of models that list initializers as graph inputs.
 
-    graphsurgeon turns such inputs into plain constants. Where the initializer survives the rewrites
-    unchanged in name, it is listed as an input again, in its original position; one that a rewrite
-    consumed (folded into another weight) can no longer be overridden and is left out.
+    IR version >= 4: those initializers are overridable; :func:`to_graph` kept them as graph inputs,
+    so no rule touched them: their default values go back in unchanged (the inputs never left).
+    IR version < 4 (older model zoos): every initializer must be listed as an input, including the
+    ones rules created (a BatchNorm folded into a bias-less Conv adds a bias), and ones that rules
+    consumed are gone from both lists.
     """
-    inits = {t.name for t in template.graph.initializer}
-    listed = [vi for vi in template.graph.input if vi.name in inits]
-    if not listed:
+    if template.ir_version >= OVERRIDABLE_IR_VERSION:
+        keep = overridable_initializers(template)
+        if keep:
+            present = {t.name for t in model.graph.initializer}
+            model.graph.initializer.extend(t for t in template.graph.initializer if t.name in keep and t.name not in present)
         return
-    present = {vi.name for vi in model.graph.input}
-    kept = {t.name for t in model.graph.initializer}
-    for vi in listed:
-        if vi.name in kept and vi.name not in present:
+    listed = {vi.name for vi in model.graph.input}
+    inits = {t.name: t for t in model.graph.initializer}
+    for vi in template.graph.input:  # the surviving ones in their original order, then the new ones
+        if vi.name in inits and vi.name not in listed:
             model.graph.input.append(vi)
+            listed.add(vi.name)
+    for t in model.graph.initializer:
+        if t.name not in listed:
+            model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
