@@ -417,6 +417,15 @@ def _shape_derived_tensors(nodes) -> set[int]:
     return derived
 
 
+class _Summary:
+    """A group's region inputs (by tensor id) and the values its members produce (tensor id -> member)."""
+
+    __slots__ = ("inputs", "produced")
+
+    def __init__(self, inputs: dict, produced: dict):
+        self.inputs, self.produced = inputs, produced
+
+
 class _Analysis:
     def __init__(self, graph: gs.Graph):
         expr = _expr()
@@ -599,24 +608,24 @@ class _Analysis:
                     inputs.append(t)
         return inputs, produced
 
-    def escapes(self, i, members, final: bool, upto: int) -> bool:
+    def escapes(self, i, contains, final: bool, upto: int) -> bool:
         t = self.nodes[i].outputs[0]
         if id(t) in self.graph_outputs:
             return True
         for c in t.outputs:
             j = self._top(c)
-            if j is None or j in members:
+            if j is None or contains(j):
                 continue
             if final or j not in self.lowered or j < upto or self.index.get(id(c)) is None:
                 return True
         return False
 
-    def ancestors_inputs(self, i, members, produced):
+    def ancestors_inputs(self, i, produced_by):
         seen_nodes, stack, ins = {i}, [i], set()
         while stack:
             x = stack.pop()
             for t in self.dynamic_operands(x):
-                p = produced.get(id(t))
+                p = produced_by(id(t))
                 if p is None:
                     ins.add(id(t))
                 elif p not in seen_nodes:
@@ -624,26 +633,68 @@ class _Analysis:
                     stack.append(p)
         return ins
 
-    def check(self, members: frozenset, final: bool, upto: int):
+    # ---- the region judge (see _regions.Judge): summaries of groups, joined as groups merge ------
+    def state(self, members) -> "_Summary":
         inputs, produced = self.region_io(members)
-        for i in sorted(members):
-            if not self.escapes(i, members, final, upto):
+        return _Summary({id(t): t for t in inputs}, produced)
+
+    def join(self, states: list["_Summary"], i: int) -> "_Summary":
+        big = states[0]
+        for s in states[1:]:
+            big.produced.update(s.produced)
+        big.produced[id(self.nodes[i].outputs[0])] = i
+        merged = {}
+        for s in states:
+            for tid, t in s.inputs.items():
+                if tid not in big.produced:
+                    merged[tid] = t
+        for t in self.dynamic_operands(i):
+            if id(t) not in big.produced:
+                merged[id(t)] = t
+        big.inputs = merged
+        return big
+
+    def verdict(self, states, i, contains, boundary, final: bool, upto: int):
+        """The shape contract of the fused op: a value that leaves the region must have the region's
+        broadcast shape, i.e. no region input that is not its ancestor may broadcast it larger."""
+        out_i = id(self.nodes[i].outputs[0]) if i is not None else None
+
+        def produced_by(tid):
+            for s in states:
+                m = s.produced.get(tid)
+                if m is not None:
+                    return m
+            return i if tid == out_i else None
+
+        inputs = {}
+        for s in states:
+            for tid, t in s.inputs.items():
+                if produced_by(tid) is None:
+                    inputs[tid] = t
+        if i is not None:
+            for t in self.dynamic_operands(i):
+                if produced_by(id(t)) is None:
+                    inputs[id(t)] = t
+        for m in boundary:
+            if not self.escapes(m, contains, final, upto):
                 continue
-            v = self.nodes[i].outputs[0]
+            v = self.nodes[m].outputs[0]
             vshape = self.shapes.get(v.name)
-            anc = self.ancestors_inputs(i, members, produced)
-            for t in inputs:
-                if id(t) in anc:
-                    continue
-                if not fits(self.shape_of(t), vshape):
-                    return i, (f"{v.name!r} {_fmt_shape(vshape)} is used outside but region input "
+            larger = [t for t in inputs.values() if not fits(self.shape_of(t), vshape)]
+            if not larger:
+                continue
+            anc = self.ancestors_inputs(m, produced_by)  # only when needed: it walks the region
+            for t in larger:
+                if id(t) not in anc:
+                    return m, (f"{v.name!r} {_fmt_shape(vshape)} is used outside but region input "
                                f"{t.name!r} {_fmt_shape(self.shape_of(t))} may broadcast it larger")
         return None
 
     def regions(self) -> list[Region]:
         n = len(self.nodes)
         fusible = [i in self.lowered for i in range(n)]
-        parts, notes = partition(n, fusible, self.consumers, self.producers, self.check,
+        sink = [id(node.outputs[0]) in self.graph_outputs if node.outputs else False for node in self.nodes]
+        parts, notes = partition(n, fusible, self.consumers, self.producers, self, sink=sink,
                                  label=lambda i: f"{self.nodes[i].op} {self.nodes[i].name!r}")
         out: list[Region] = []
         for i, why in sorted(self.refused.items()):
@@ -655,7 +706,8 @@ class _Analysis:
                 out.append(Region(nodes, [], [], [], reason="single op" + (f" ({note})" if note else "")))
                 continue
             inputs, _ = self.region_io(set(members))
-            outputs = [self.nodes[i].outputs[0] for i in members if self.escapes(i, set(members), True, n)]
+            inside = set(members)
+            outputs = [self.nodes[i].outputs[0] for i in members if self.escapes(i, inside.__contains__, True, n)]
             out.append(Region(nodes, inputs, outputs, [self.lowered[i] for i in members]))
         return out
 
