@@ -39,6 +39,25 @@ class ModelSaveError(OnnxfuseError):
     """The output model could not be written (nothing is left behind when this is raised)."""
 
 
+class ResourceError(OnnxfuseError):
+    """The model does not fit: in memory, on disk (a full output folder or ``$TMPDIR``), or in protobuf's
+    2 GiB message limit. Exit code 1, like every user or model error; the message names what ran out."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) received by the command line; it exits with ``128 + signum`` (143, 130)
+    after deleting its temporary files. A subclass of ``KeyboardInterrupt`` so that code cleaning up
+    after Ctrl-C cleans up after SIGTERM too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 class RuntimeFailure(OnnxfuseError):
     """ONNX Runtime could not create a session or run the model."""
 

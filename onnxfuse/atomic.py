@@ -1,0 +1,337 @@
+"""All-or-nothing output: a model, its external data and the reports land together or not at all.
+
+Why: a CI job reads ``out.onnx``, ``out.onnx.data`` and ``report.json`` as one result. A run that fails
+(or is stopped with SIGTERM/SIGINT) half-way must leave the previous result exactly as it was, never a
+model beside another run's data, never a report describing a model that was not written.
+
+How (:class:`OutputSet`):
+
+1. Every file is written under a temporary name *in its destination folder* (``.out.onnx.3fa9c1d2.tmp``),
+   so the final step is a ``rename``, which is atomic within a file system. Temporary files are
+   created with mode ``0o666`` filtered by the umask, like any new file, so a model and its data get
+   the same permissions.
+2. :meth:`OutputSet.commit` renames them into place: external data first, then reports, the model
+   last. During the renames
+   * SIGINT and SIGTERM are deferred (:func:`deferred_signals`): a signal arriving there is acted on
+     once every file is in place, so a signal never splits a commit;
+   * the destination folders are locked with ``flock`` (an exclusive lock on the folder itself, so no
+     lock file is ever left behind). Two writers racing for the same ``out.onnx`` therefore commit one
+     after the other, each renaming its data *and* its model while holding the lock: the last one to
+     commit wins both files, and ``out.onnx`` always matches ``out.onnx.data``. (Without the lock, A
+     renaming data, B renaming data and model, then A renaming its model would leave A's model beside
+     B's data.) Where a file system cannot lock (rare: some network mounts), commits go unlocked.
+   * every file about to be replaced or removed is first hard-linked to a backup name, so an error in
+     the middle (a rename refused, a full disk while appending to the CI summary) puts every file back
+     as it was before the commit began: the commit is all-or-nothing even across several files.
+3. On any error or signal before the commit, :meth:`OutputSet.discard` (run by the ``with`` block)
+   deletes the temporary files: nothing is left behind.
+
+Readers are not locked out: a reader opening ``out.onnx`` during the few milliseconds of a commit can
+see the new data with the old model. Writers, which this module is about, never leave such a pair.
+
+Testing hook: ``ONNXFUSE_TEST_PAUSE=<point>:<marker file>`` makes :func:`pause_point` create the marker
+and wait (up to 30 s, or until a signal arrives) at ``<point>``, so a test can send SIGTERM at an exact
+moment of a save (``data-written``: temporary files written, before the commit; ``commit``: inside the
+commit, signals deferred).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+
+from onnxfuse.errors import ModelSaveError, ResourceError
+
+#: Signals deferred during a commit (and turned into a clean exit by the command line).
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+#: Paths committed by this process (the command line says whether an interrupted run wrote anything).
+committed_paths: list[str] = []
+
+_pending_signal = threading.Event()
+
+
+def _folder(path: Path) -> Path:
+    return path.parent if str(path.parent) else Path(".")
+
+
+def os_error_message(exc: OSError, path, what: str) -> str:
+    """One line for an ``OSError`` while writing ``what`` at ``path``; disk full and quota are named."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{path}: no space left on the device while writing the {what} ({reason})"
+    return f"{path}: cannot write the {what} ({reason})"
+
+
+def write_error(exc: OSError, path, what: str) -> ModelSaveError:
+    """The :class:`ModelSaveError` (or :class:`ResourceError` for a full disk) for ``exc``."""
+    cls = ResourceError if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ModelSaveError
+    return cls(os_error_message(exc, path, what))
+
+
+# ---------------------------------------------------------------------------------------------------
+# signals
+
+
+@contextlib.contextmanager
+def deferred_signals():
+    """Hold SIGINT/SIGTERM until the block ends, then act on the first one that arrived.
+
+    Works by swapping in a handler that only records the signal (Python handlers run in the main
+    thread, whichever thread the kernel delivered to, so masking one thread would not be enough).
+    On exit the previous handlers come back and a recorded signal is re-delivered to them: a handler
+    that raises (the command line's) raises here, the default action terminates the process. Outside
+    the main thread, where handlers cannot be changed, the block runs undeferred. Nests.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def record(signum, _frame):
+        pending.append(signum)
+        _pending_signal.set()
+
+    previous = {}
+    for sig in HANDLED_SIGNALS:
+        previous[sig] = signal.signal(sig, record)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _pending_signal.clear()
+        if pending:
+            sig = pending[0]
+            handler = previous[sig]
+            if callable(handler):
+                handler(sig, None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), sig)
+
+
+def pause_point(name: str) -> None:
+    """Testing hook (see the module docstring); does nothing unless ``ONNXFUSE_TEST_PAUSE`` names ``name``."""
+    spec = os.environ.get("ONNXFUSE_TEST_PAUSE", "")
+    point, _, marker = spec.partition(":")
+    if point != name or not marker:
+        return
+    Path(marker).write_text(str(os.getpid()))
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline and not _pending_signal.is_set():
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------------------------------
+# locking
+
+
+@contextlib.contextmanager
+def _locked(folders):
+    """Exclusive ``flock`` on each folder (sorted, so two writers never deadlock); unlocked where the
+    file system refuses."""
+    import fcntl
+
+    fds = []
+    try:
+        for folder in sorted({os.path.realpath(f) for f in folders}):
+            try:
+                fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                os.close(fd)
+                continue
+            fds.append(fd)
+        yield
+    finally:
+        for fd in reversed(fds):
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the transaction
+
+
+def new_temp_file(final: Path, suffix: str = "tmp") -> Path:
+    """Create an empty, uniquely named file beside ``final`` (``.<name>.<random>.<suffix>``, mode 0o666
+    minus the umask) and return its path."""
+    folder = _folder(final)
+    for _ in range(100):
+        tmp = folder / f".{final.name}.{secrets.token_hex(4)}.{suffix}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return tmp
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(final))
+
+
+class OutputSet:
+    """Files that must land together (see the module docstring). Use as a context manager::
+
+        with OutputSet() as out:
+            tmp = out.temp_for(Path("model.onnx"))   # write the model to tmp
+            out.write_text(Path("report.json"), text)
+            out.commit()                             # all renamed into place, or none
+
+    Leaving the block without :meth:`commit` (an error, a signal) deletes every temporary file.
+    Files are committed in the order they were added; add the model last.
+    """
+
+    def __init__(self):
+        self._staged: list[tuple[Path, Path, str]] = []  # (temporary, final, what)
+        self._removals: list[Path] = []
+        self._appends: list[tuple[Path, str, str]] = []
+        self.committed = False
+
+    def __enter__(self) -> OutputSet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.committed:
+            self.discard()
+
+    @property
+    def finals(self) -> list[Path]:
+        return [final for _, final, _ in self._staged]
+
+    def temp_for(self, final, what: str = "file") -> Path:
+        """A new empty temporary file that :meth:`commit` renames to ``final``."""
+        final = Path(final)
+        with deferred_signals():  # created and registered together, so discard() always finds it
+            try:
+                tmp = new_temp_file(final)
+            except OSError as exc:
+                raise write_error(exc, final, what) from None
+            self._staged.append((tmp, final, what))
+        return tmp
+
+    def write_text(self, final, text: str, what: str = "report") -> Path:
+        """Stage ``text`` (UTF-8) for ``final``."""
+        tmp = self.temp_for(final, what)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            raise write_error(exc, final, what) from None
+        return tmp
+
+    def append_text(self, final, text: str, what: str = "report") -> None:
+        """Append ``text`` to ``final`` at commit time (CI summary files collect every step's output)."""
+        self._appends.append((Path(final), text, what))
+
+    def remove(self, path) -> None:
+        """Delete ``path`` at commit time if it exists (a stale ``.data`` after an inline save)."""
+        self._removals.append(Path(path))
+
+    def discard(self) -> None:
+        """Delete the temporary files (nothing reaches a final name)."""
+        with deferred_signals():
+            for tmp, _, _ in self._staged:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            self._staged.clear()
+
+    def commit(self) -> None:
+        """Rename every staged file into place, then the removals and appends; all or nothing."""
+        folders = {_folder(f) for f in self.finals} | {_folder(p) for p in self._removals}
+        with deferred_signals(), _locked(folders):
+            pause_point("commit")
+            undo: list[tuple[Path, Path | None]] = []  # (final, its backup) for each replaced/created file
+            appended: list[tuple[Path, int | None]] = []
+            current = None
+            try:
+                for tmp, final, what in self._staged:
+                    current = (final, what)
+                    backup = _backup(final)
+                    try:
+                        os.replace(tmp, final)
+                    except OSError:
+                        _unlink_quietly(backup)
+                        raise
+                    undo.append((final, backup))
+                for path in self._removals:
+                    current = (path, "stale file")
+                    if path.is_file():
+                        backup = _backup(path)
+                        try:
+                            os.unlink(path)
+                        except OSError:
+                            _unlink_quietly(backup)
+                            raise
+                        undo.append((path, backup))
+                for path, text, what in self._appends:
+                    current = (path, what)
+                    size = path.stat().st_size if path.exists() else None
+                    appended.append((path, size))
+                    with open(path, "a", encoding="utf-8") as f:
+                        f.write(text)
+            except OSError as exc:
+                self._rollback(undo, appended)
+                self.discard()
+                path, what = current
+                raise write_error(exc, path, what) from None
+            for _, backup in undo:
+                _unlink_quietly(backup)
+            self._staged.clear()
+            self.committed = True
+            committed_paths.extend(str(f) for f, _ in undo)
+
+    @staticmethod
+    def _rollback(undo, appended) -> None:
+        for path, size in reversed(appended):
+            with contextlib.suppress(OSError):
+                if size is None:
+                    os.unlink(path)
+                else:
+                    os.truncate(path, size)
+        for final, backup in reversed(undo):
+            with contextlib.suppress(OSError):
+                if backup is not None:
+                    os.replace(backup, final)
+                else:
+                    os.unlink(final)
+
+
+def _unlink_quietly(path: Path | None) -> None:
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _backup(path: Path) -> Path | None:
+    """Hard-link ``path`` (when it exists) to a unique backup name beside it; None when there is nothing
+    to back up or the file system cannot link (the commit then cannot undo that one file)."""
+    if not path.is_file():
+        return None
+    folder = _folder(path)
+    for _ in range(100):
+        backup = folder / f".{path.name}.{secrets.token_hex(4)}.bak"
+        try:
+            os.link(path, backup)
+            return backup
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def write_file_atomically(path, text: str, what: str = "report") -> Path:
+    """One text file, atomically (temporary file in the same folder, then rename)."""
+    with OutputSet() as out:
+        out.write_text(path, text, what)
+        out.commit()
+    return Path(path)
