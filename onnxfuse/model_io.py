@@ -1,19 +1,31 @@
-"""Reading and writing ONNX models safely.
+"""Reading and writing ONNX models safely, whatever their size.
 
 Why this module exists: a CI step must never corrupt its input or leave a half-written output behind,
-and every problem with a file has to become one clear sentence rather than a protobuf traceback.
+every problem with a file has to become one clear sentence rather than a protobuf traceback, and a
+model over protobuf's 2 GiB limit must work like any other.
 
-* ``load_model`` reads a model (with its external data), and turns every way a file can be wrong into a
-  :class:`ModelLoadError` naming the file.
-* ``save_model`` writes atomically: everything goes to a temporary name in the destination folder,
-  is checked with ``onnx.checker``, and is renamed into place only when complete. Models of 2 GB or
-  more are written with external data (``<output>.data`` beside the model).
+* ``load_model`` reads a model and turns every way a file can be wrong into a :class:`ModelLoadError`
+  naming the file. External data is found relative to the **model's own folder** (never the working
+  directory). A model with :data:`~onnxfuse.lazy_weights.LAZY_MODEL_BYTES` (1 GiB) of weights or more is
+  loaded *lazily*: its large tensors stay in their files and are memory-mapped when a rule reads them
+  (:mod:`onnxfuse.lazy_weights` says how and why); smaller models are loaded whole, as before.
+* ``save_model`` writes atomically through :class:`onnxfuse.atomic.OutputSet`: temporary files in the
+  destination folder, renamed into place together (external data, then the model) under a folder
+  lock, or not at all. Models whose serialized size would reach 2 GiB are written with external data
+  (``<output>.data`` beside the model, large tensors 64 KiB-aligned); the weights are streamed from
+  their files, never serialized in memory. A later inline save of the same output removes the
+  ``.data`` the earlier one left.
+* Sizes are *measured without serializing* (:func:`onnxfuse.lazy_weights.size_bound`): upb's
+  ``ByteSize()`` serializes the message to count it, which raises over 2 GiB and costs a full copy below.
 * ``to_graph`` / ``to_model`` convert to and from onnx-graphsurgeon graphs while keeping what
-  graphsurgeon would otherwise drop: IR version, producer, model metadata, doc string and opset imports.
+  graphsurgeon would otherwise drop: IR version, producer, model metadata, doc string and opset imports;
+  for a lazy model, weights a rule did not change stay references and new ones go to the spill file.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -21,7 +33,9 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnxfuse.errors import ModelLoadError, ModelSaveError, first_line
+from onnxfuse import lazy_weights as lw
+from onnxfuse.atomic import OutputSet, pause_point, write_error
+from onnxfuse.errors import ModelLoadError, ModelSaveError, ResourceError, first_line
 
 #: protobuf's hard limit for one serialized message; larger models need external data.
 PROTOBUF_LIMIT = 2**31 - 1
@@ -30,9 +44,36 @@ _EXTERNAL_THRESHOLD = PROTOBUF_LIMIT - 64 * 2**20
 #: Tensors smaller than this stay inline even in a model written with external data.
 _EXTERNAL_MIN_TENSOR = 1024
 
+#: Weights (bytes) of the last model loaded from a file, for the out-of-memory message.
+last_model_weights = 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _tmpdir_error(exc: OSError, what: str) -> ResourceError | ModelSaveError:
+    """A one-line error for a failure to write temporary files (a full ``$TMPDIR`` above all)."""
+    folder = tempfile.gettempdir()
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ResourceError(f"no space left in the temporary folder {folder} while writing {what} "
+                             f"({exc.strerror}); free space there or set TMPDIR to a folder with room")
+    return ModelSaveError(f"cannot write {what} in the temporary folder {folder} ({exc.strerror or exc})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# loading
+
 
 def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
-    """Load ``path`` with its external data; raise :class:`ModelLoadError` with one clear line on failure."""
+    """Load ``path`` with its external data; raise :class:`ModelLoadError` with one clear line on failure.
+
+    A model with :data:`~onnxfuse.lazy_weights.LAZY_MODEL_BYTES` of weights or more comes back lazy: its
+    tensors over 1 MiB are references to their files (absolute paths, see :mod:`onnxfuse.lazy_weights`),
+    inline weights of a large ``.onnx`` file included. Either way no weight is read twice and the
+    working directory plays no part.
+    """
+    global last_model_weights
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"{p}: no such file")
@@ -44,42 +85,177 @@ def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
         raise ModelLoadError(f"{p}: cannot read ({first_line(exc)})") from None
     if size == 0:
         raise ModelLoadError(f"{p}: file is empty")
-    try:
-        model = onnx.load(str(p), load_external_data=False)
-    except (DecodeError, RuntimeWarning, ValueError) as exc:
-        raise ModelLoadError(f"{p}: not a valid ONNX model (protobuf parse failed: {first_line(exc)})") from None
-    except OSError as exc:
-        raise ModelLoadError(f"{p}: cannot read ({first_line(exc)})") from None
-    except Exception as exc:  # protobuf raises assorted types on garbage input
-        raise ModelLoadError(f"{p}: not a valid ONNX model ({first_line(exc)})") from None
+    model = _parse(p, size)
     if model.ir_version <= 0 or not model.HasField("graph") or len(model.graph.output) == 0:
         raise ModelLoadError(f"{p}: not a valid ONNX model (no graph, outputs or IR version)")
+    weights = lw.payload_bytes(model)
+    last_model_weights = weights
+    lazy = weights >= lw.LAZY_MODEL_BYTES
     try:
-        onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
-    except FileNotFoundError as exc:
-        missing = getattr(exc, "filename", None) or first_line(exc)
-        raise ModelLoadError(f"{p}: external data file is missing: {missing}") from None
-    except Exception as exc:
+        _resolve_external_data(model, p, lazy)
+    except OSError as exc:
         raise ModelLoadError(f"{p}: cannot load external data ({first_line(exc)})") from None
     if check:
         check_model(model, name=str(p), error=ModelLoadError)
     return model
 
 
-def validity_problem(model: onnx.ModelProto) -> str | None:
-    """What ``onnx.checker`` says is wrong with ``model`` (one line), or None when it is valid
-    (checked by path for models too large to serialize)."""
+def _parse(p: Path, size: int) -> onnx.ModelProto:
+    """The model proto of ``p`` without external data; a large file is parsed without its inline
+    weights (they become references into ``p``), so neither protobuf nor memory sees them."""
     try:
-        if model.ByteSize() < _EXTERNAL_THRESHOLD:
-            onnx.checker.check_model(model)
+        if size >= lw.LAZY_MODEL_BYTES:
+            stripped = lw.strip_inline_weights(p)
+            if stripped is not None:
+                return stripped[0]
+        return onnx.load(str(p), load_external_data=False)
+    except lw.WireError as exc:
+        raise ModelLoadError(f"{p}: not a valid ONNX model (protobuf parse failed: {exc})") from None
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        too_big = " (a file over protobuf's 2 GiB limit: store the weights as external data)" \
+            if size > PROTOBUF_LIMIT else ""
+        raise ModelLoadError(f"{p}: not a valid ONNX model (protobuf parse failed: {first_line(exc)}){too_big}") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{p}: cannot read ({first_line(exc)})") from None
+    except Exception as exc:  # protobuf raises assorted types on garbage input
+        raise ModelLoadError(f"{p}: not a valid ONNX model ({first_line(exc)})") from None
+
+
+def _all_tensors(model: onnx.ModelProto):
+    """(tensor, is a main-graph initializer) for every tensor of the model that can hold data."""
+    for g in proto_graphs(model.graph):
+        main = g is model.graph
+        for t in g.initializer:
+            yield t, main
+        for s in g.sparse_initializer:
+            yield s.values, False
+            yield s.indices, False
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    yield a.t, False
+                elif a.type == onnx.AttributeProto.TENSORS:
+                    for t in a.tensors:
+                        yield t, False
+
+
+def external_file(base: Path, location: str, tensor: str) -> Path:
+    """The file ``location`` names, relative to the model's folder ``base``; one-line
+    :class:`ModelLoadError` when it is absolute, leaves the folder, or is not a regular file (the same
+    rules as ``onnx`` and ONNX Runtime, which refuse such models)."""
+    if not location:
+        raise ModelLoadError(f"tensor {tensor!r} is stored externally but names no file")
+    if os.path.isabs(location):
+        raise ModelLoadError(f"tensor {tensor!r}: external data location {location!r} must be relative to the model's folder")
+    path = base / location
+    real_base = os.path.realpath(base)
+    if os.path.commonpath([real_base, os.path.realpath(path)]) != real_base:
+        raise ModelLoadError(f"tensor {tensor!r}: external data location {location!r} points outside the model's folder")
+    if not path.exists():
+        raise FileNotFoundError(errno.ENOENT, "external data file is missing", str(path))
+    if not path.is_file():
+        raise ModelLoadError(f"tensor {tensor!r}: external data {path} is not a regular file")
+    return path
+
+
+def _resolve_external_data(model: onnx.ModelProto, p: Path, lazy: bool) -> None:
+    """Make every external tensor either inline (read from its file) or, in a lazy model, a large main
+    graph initializer, a lazy reference (absolute path) checked against the file's size."""
+    base = p.parent.absolute()
+    for t, main in _all_tensors(model):
+        if not lw.is_external(t):
+            continue
+        if lw.is_lazy(t):  # a reference into p itself, made by strip_inline_weights
+            where = lw.file_range(t)
         else:
-            with tempfile.TemporaryDirectory() as tmp:
-                tmp_path = Path(tmp) / "model.onnx"
-                write_model(model, tmp_path)
-                onnx.checker.check_model(str(tmp_path))
+            info = lw.external_info(t)
+            try:
+                path = external_file(base, info.get("location", ""), t.name)
+                where = lw.file_range(t)
+                where = lw.FileRange(str(path), where.offset, where.length)
+            except FileNotFoundError as exc:
+                raise ModelLoadError(f"{p}: external data file is missing: {exc.filename}") from None
+            except ModelLoadError as exc:
+                raise ModelLoadError(f"{p}: {exc}") from None
+            end = where.offset + where.length
+            if end > os.path.getsize(where.path):
+                raise ModelLoadError(f"{p}: external data of tensor {t.name!r} ends at byte {end}, past the end "
+                                     f"of {where.path} ({os.path.getsize(where.path)} bytes): the file is truncated "
+                                     f"or belongs to another model")
+        if lazy and main and where.length > lw.LAZY_MIN_TENSOR:
+            lw.set_external(t, os.path.abspath(where.path), where.offset, where.length)
+        else:
+            data = lw.read_range(where)
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            t.raw_data = data
+
+
+@functools.lru_cache(maxsize=8)
+def _data_files(path: str, _stamp) -> tuple[str, ...]:
+    try:
+        p = Path(path)
+        model = _parse(p, p.stat().st_size)
+    except Exception:
+        return ()
+    files = set()
+    for t, _ in _all_tensors(model):
+        if lw.is_external(t):
+            location = lw.external_info(t).get("location", "")
+            if location:
+                files.add(os.path.realpath(location if os.path.isabs(location) else p.parent / location))
+    files.discard(os.path.realpath(p))  # references into the .onnx file itself (inline weights)
+    return tuple(sorted(files))
+
+
+def input_data_files(path: str | os.PathLike) -> list[str]:
+    """The external-data files (real paths) the model file ``path`` refers to; [] when unreadable."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    return list(_data_files(os.path.realpath(path), (st.st_mtime_ns, st.st_size)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# checking and measuring
+
+
+def validity_problem(model: onnx.ModelProto) -> str | None:
+    """What ``onnx.checker`` says is wrong with ``model`` (one line), or None when it is valid.
+
+    A lazy or large model is checked as a skeleton written to a temporary folder, its large tensors
+    pointing at an empty file: the checker verifies that external data exists, not its contents, so
+    nothing of the weights is serialized or copied.
+    """
+    try:
+        if lw.has_lazy(model) or lw.size_bound(model) >= _EXTERNAL_THRESHOLD:
+            _check_skeleton(model)
+        else:
+            onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         return first_line(exc)
     return None
+
+
+def _check_skeleton(model: onnx.ModelProto) -> None:
+    skeleton, payloads = lw.split_payloads(model, _EXTERNAL_MIN_TENSOR)
+    for t, p in zip(skeleton.graph.initializer, payloads):
+        if p is not None or lw.is_external(t):
+            lw.set_external(t, "weights.data", 0, lw.tensor_nbytes(t))
+    for t, main in _all_tensors(skeleton):
+        if lw.is_external(t) and not main:
+            lw.set_external(t, "weights.data", 0, lw.tensor_nbytes(t))
+    bound = lw.size_bound(skeleton) - sum(lw.tensor_nbytes(t) for t in skeleton.graph.initializer if lw.is_external(t))
+    if bound >= PROTOBUF_LIMIT:
+        raise ResourceError(f"the model without its weights is about {_gib(bound)}, over protobuf's 2 GiB limit")
+    try:
+        with tempfile.TemporaryDirectory(prefix="onnxfuse-check-") as tmp:
+            (Path(tmp) / "weights.data").touch()
+            (Path(tmp) / "model.onnx").write_bytes(skeleton.SerializeToString())
+            onnx.checker.check_model(str(Path(tmp) / "model.onnx"))
+    except OSError as exc:
+        raise _tmpdir_error(exc, "a copy of the model for the ONNX checker") from None
 
 
 def check_model(model: onnx.ModelProto, name: str, error: type = ModelLoadError) -> None:
@@ -90,28 +266,36 @@ def check_model(model: onnx.ModelProto, name: str, error: type = ModelLoadError)
 
 
 def needs_external_data(model: onnx.ModelProto) -> bool:
-    """True when ``model`` is too large for one protobuf message (tensors must go to external data)."""
-    return model.ByteSize() >= _EXTERNAL_THRESHOLD
+    """True when ``model`` must be written with external data for another program to read it: it holds
+    lazy references, or its serialized size (bounded without serializing) reaches the 2 GiB limit."""
+    return lw.has_lazy(model) or lw.size_bound(model) >= _EXTERNAL_THRESHOLD
 
 
-def write_model(model: onnx.ModelProto, path: Path) -> None:
-    """Plain (non-atomic) write; external data beside it (``<name>.data``) when the model needs it."""
-    if needs_external_data(model):
-        # onnx converts the proto it saves in place (tensors become references to the file): write a
-        # copy, so the caller's model stays whole.
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        model = copy
-        onnx.save_model(
-            model,
-            str(path),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=path.name + ".data",
-            size_threshold=_EXTERNAL_MIN_TENSOR,
-        )
-    else:
-        onnx.save_model(model, str(path))
+# ---------------------------------------------------------------------------------------------------
+# writing
+
+
+def write_model(model: onnx.ModelProto, path: Path, link_sources: bool = True) -> None:
+    """Plain (non-atomic) write for throw-away copies (ONNX Runtime sessions, tools); external data in
+    ``<name>.data`` beside it when :func:`needs_external_data`.
+
+    With ``link_sources``, a lazy model's source files are hard-linked beside ``path`` instead of copied
+    (ONNX Runtime refuses absolute and symlinked locations; a hard link is neither), so a session file
+    for a 2 GiB model costs a few kilobytes; sources on another file system are copied in the kernel.
+    """
+    path = Path(path)
+    if not needs_external_data(model):
+        with open(path, "wb") as f:
+            f.write(model.SerializeToString())
+        return
+    skeleton, payloads = lw.split_payloads(model, _EXTERNAL_MIN_TENSOR)
+    if link_sources:
+        lw.link_or_copy_sources(skeleton, payloads, path.parent, path.name)
+    data = path.with_name(path.name + ".data")
+    with open(path, "wb") as m, open(data, "wb") as d:
+        lw.write_external(m.fileno(), d.fileno(), data.name, skeleton, payloads)
+    if not any(p is not None for p in payloads):
+        data.unlink()
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -122,11 +306,32 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return pa.resolve() == pb.resolve()
 
 
+def data_path(out: str | os.PathLike) -> Path:
+    """Where :func:`save_model` puts ``out``'s external data: ``<out>.data`` beside it."""
+    out = Path(out)
+    return out.with_name(out.name + ".data")
+
+
 def check_output_path(path: str | os.PathLike, input_path=None, force: bool = False) -> Path:
-    """Fail early (before any long work) if ``path`` cannot receive the output; return its folder."""
+    """Fail early (before any long work) if ``path`` cannot receive the output; return its folder.
+
+    Refused even with ``force``: an output that *is* one of the input's external-data files, or whose
+    ``<output>.data`` would replace one without replacing the input model itself (the input would be
+    left pointing at another model's weights).
+    """
     out = Path(path)
-    if input_path is not None and not force and same_file(out, input_path):
-        raise ModelSaveError(f"{out}: output is the same file as the input; choose another path or pass --force")
+    if input_path is not None:
+        replaces_input = same_file(out, input_path)
+        if replaces_input and not force:
+            raise ModelSaveError(f"{out}: output is the same file as the input; choose another path or pass --force")
+        data = data_path(out)
+        for f in input_data_files(input_path):
+            if same_file(out, f):
+                raise ModelSaveError(f"{out}: is the external-data file of the input model {input_path}; "
+                                     "choose another output path")
+            if not replaces_input and same_file(data, f):
+                raise ModelSaveError(f"{out}: its external data would go to {data}, which holds the weights of "
+                                     f"the input model {input_path}; choose another output name")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise ModelSaveError(f"{out}: output directory {parent} does not exist")
@@ -143,33 +348,74 @@ def save_model(
     input_path: str | os.PathLike | None = None,
     force: bool = False,
     check: bool = True,
+    outputs: OutputSet | None = None,
 ) -> Path:
     """Write ``model`` to ``path`` atomically; refuse to overwrite ``input_path`` unless ``force``.
 
     The model is checked with ``onnx.checker`` before anything reaches its final name, so a failure at
-    any point leaves the destination exactly as it was.
+    any point leaves the destination exactly as it was. With ``outputs`` the files are only *staged* in
+    that :class:`~onnxfuse.atomic.OutputSet` (the caller adds its reports and commits them together);
+    without it they are committed here.
     """
     out = Path(path)
-    parent = check_output_path(out, input_path, force)
+    check_output_path(out, input_path, force)
     if check:
         check_model(model, name=str(out), error=ModelSaveError)
+    if outputs is not None:
+        stage_model(outputs, model, out)
+        return out
+    with OutputSet() as own:
+        stage_model(own, model, out)
+        own.commit()
+    return out
+
+
+def stage_model(outputs: OutputSet, model: onnx.ModelProto, out: Path) -> None:
+    """Write ``model`` to temporary files in ``out``'s folder, registered in ``outputs`` for commit:
+    inline when the whole file stays under the 2 GiB limit (computed exactly from the skeleton's parts
+    and the weights' lengths), else ``<out>.data`` + the model. Weights are streamed from their files
+    (or from the proto's own ``raw_data``, one tensor at a time); the proto is never serialized whole."""
+    out = Path(out)
+    skeleton, payloads = lw.split_payloads(model, _EXTERNAL_MIN_TENSOR)
+    data_final = data_path(out)
     try:
-        tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    except OSError as exc:
-        raise ModelSaveError(f"{out}: cannot write to {parent} ({first_line(exc)})") from None
+        external = lw.inline_size(skeleton, payloads) >= _EXTERNAL_THRESHOLD
+    except ValueError as exc:  # protobuf refuses to serialize the skeleton itself
+        raise ResourceError(f"{out}: the model cannot be serialized ({first_line(exc)})") from None
+    current = (out, "model")
     try:
-        tmp_model = tmp_dir / out.name
-        write_model(model, tmp_model)
-        data = tmp_dir / (out.name + ".data")
-        if data.exists():
-            os.replace(data, parent / data.name)
-        os.replace(tmp_model, out)
+        if external:
+            current = (data_final, "external data")
+            data_tmp = outputs.temp_for(data_final, "external data")
+            current = (out, "model")
+            model_tmp = outputs.temp_for(out, "model")
+            with open(data_tmp, "r+b") as d, open(model_tmp, "r+b") as m:
+                current = (data_final, "external data")
+                lw.write_external(m.fileno(), d.fileno(), data_final.name, skeleton, payloads)
+        else:
+            model_tmp = outputs.temp_for(out, "model")
+            with open(model_tmp, "r+b") as m:
+                lw.write_inline(m.fileno(), skeleton, payloads)
+            if data_final.is_file():
+                outputs.remove(data_final)  # the previous save's external data is stale now
     except OSError as exc:
-        raise ModelSaveError(f"{out}: cannot write ({first_line(exc)})") from None
-    finally:
-        for leftover in tmp_dir.glob("*"):
-            leftover.unlink(missing_ok=True)
-        tmp_dir.rmdir()
+        raise write_error(exc, *current) from None
+    pause_point("data-written")
+
+
+def make_lazy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A lazy copy of an in-memory ``model``: main-graph tensors over 1 MiB are appended to the spill
+    file (one at a time) and referenced. The copy costs the skeleton; ``model`` is unchanged."""
+    out = lw.model_without_initializers(model)
+    for t in model.graph.initializer:
+        if not lw.is_external(t) and t.HasField("raw_data") and lw.tensor_nbytes(t) > lw.LAZY_MIN_TENSOR:
+            try:
+                ref = lw.spill_raw(t)
+            except OSError as exc:
+                raise _tmpdir_error(exc, f"the weights of a {_gib(lw.payload_bytes(model))} model") from None
+            out.graph.initializer.append(ref)
+        else:
+            out.graph.initializer.add().CopyFrom(t)
     return out
 
 
@@ -198,17 +444,38 @@ def to_graph(model: onnx.ModelProto):
     constants, and a rule would then fold a value the caller may replace at run time (BatchNorm folded
     into a weight that stays an input under the same name gave outputs 0.44 off when a caller fed it).
     :func:`to_model` puts their initializers back unchanged.
+
+    Lazy tensors become :class:`~onnxfuse.lazy_weights.MappedValues`: reading ``.values`` maps the file
+    (read-only) instead of copying it. Their graphsurgeon ``data_location`` is cleared, since the values
+    carry their own reference (graphsurgeon would otherwise mark a replaced, inline value EXTERNAL).
     """
     import onnx_graphsurgeon as gs
 
     keep = overridable_initializers(model)
-    if not keep:
-        return gs.import_onnx(model)
-    stripped = onnx.ModelProto()
-    stripped.CopyFrom(model)  # only the graph's initializer list changes; the caller's proto is kept
-    del stripped.graph.initializer[:]
-    stripped.graph.initializer.extend(t for t in model.graph.initializer if t.name not in keep)
-    return gs.import_onnx(stripped)
+    if keep:
+        # Only the graph's initializer list changes; the caller's proto is kept. No weight is copied
+        # for a lazy model (its initializers are references).
+        model = lw.model_without_initializers(model, keep=lambda t: t.name not in keep)
+    graph = gs.import_onnx(model)
+    _adopt_lazy(graph)
+    return graph
+
+
+def _adopt_lazy(graph) -> None:
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
+
+    mapped = lw.mapped_values_class()
+    for t in graph.tensors().values():
+        if not isinstance(t, gs.Constant):
+            continue
+        values = t._values
+        if isinstance(values, LazyValues) and not isinstance(values, (SparseValues, mapped)) \
+                and isinstance(values.tensor, onnx.TensorProto) and lw.is_lazy(values.tensor):
+            ref = onnx.TensorProto()
+            ref.CopyFrom(values.tensor)
+            t._values = mapped(ref)
+            t.data_location = None
 
 
 def proto_graphs(graph: onnx.GraphProto):
@@ -233,9 +500,17 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
     Opset imports are those of the template, plus version 1 of any new domain a rewrite introduced
     (``com.microsoft``, ``ai.onnxfuse``); the default domain's is raised to ``graph.opset`` where a
     rewrite raised that (``rewrites._opset``). Stale value_info is dropped by the export itself.
+
+    Weights: a constant whose values still equal a lazy reference (never loaded, or loaded read-only)
+    is exported as that reference; when the model is lazy (the template is, or the graph's new arrays
+    reach :data:`~onnxfuse.lazy_weights.LAZY_MODEL_BYTES`), arrays over 1 MiB that rules created are
+    appended to the spill file and exported as references too. graphsurgeon would otherwise copy each
+    array twice (``tobytes()``, then into the proto). The graph's constants are switched to those
+    references, so it stays usable and its arrays can be freed.
     """
     import onnx_graphsurgeon as gs
 
+    _externalize(graph, lazy=lw.has_lazy(template))
     model = gs.export_onnx(graph, do_type_check=False)
     model.ir_version = template.ir_version
     model.producer_name = template.producer_name
@@ -258,6 +533,32 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
             continue
         model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     return model
+
+
+def _externalize(graph, lazy: bool) -> None:
+    import onnx_graphsurgeon as gs
+
+    mapped = lw.mapped_values_class()
+    constants = [t for t in graph.tensors().values() if isinstance(t, gs.Constant)]
+    if not lazy:
+        new_bytes = sum(t._values.nbytes for t in constants if lw.spillable(t._values)
+                        and lw.source_reference(t._values) is None)
+        lazy = new_bytes >= lw.LAZY_MODEL_BYTES
+    for t in constants:
+        values = t._values
+        if isinstance(values, mapped):
+            continue
+        ref = lw.source_reference(values)
+        if ref is None and lazy and lw.spillable(values) and t._export_dtype is None:
+            try:
+                ref = lw.spill_array(values, t.name)
+            except OSError as exc:
+                raise _tmpdir_error(exc, f"the optimized model's new weights ({_gib(values.nbytes)} for {t.name!r})") from None
+        if ref is not None:
+            fresh = onnx.TensorProto()
+            fresh.CopyFrom(ref)
+            t._values = mapped(fresh)
+            t.data_location = None
 
 
 def _restore_initializer_inputs(model: onnx.ModelProto, template: onnx.ModelProto) -> None:
@@ -309,14 +610,15 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference in memory, on the skeleton: a large in-memory model is made lazy first (its
+    weights to the spill file), so what is serialized for ONNX is kilobytes, never the weights."""
     try:
-        if model.ByteSize() < _EXTERNAL_THRESHOLD:
-            return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
-            write_model(model, src)
-            onnx.shape_inference.infer_shapes_path(str(src), str(dst), strict_mode=False, data_prop=True)
-            return onnx.load(str(dst))
+        if not lw.has_lazy(model) and (lw.payload_bytes(model) >= lw.LAZY_MODEL_BYTES
+                                       or lw.size_bound(model) >= _EXTERNAL_THRESHOLD):
+            model = make_lazy(model)
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except (ResourceError, ModelSaveError):
+        raise
     except Exception:
         return model
 
