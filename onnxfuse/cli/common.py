@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import signal
 import sys
+import threading
 
 import click
 from rich.console import Console
 
-from onnxfuse.errors import EXIT_USER_ERROR, OnnxfuseError
+from onnxfuse.errors import EXIT_USER_ERROR, Interrupted, OnnxfuseError
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -18,6 +21,7 @@ Exit codes:
   2  usage error (bad options)
   3  validation failed: outputs differ beyond tolerance (nothing written)
   4  optimize --fail-on-slowdown: the optimized model is slower than allowed (nothing written)
+  130, 143  interrupted by SIGINT (Ctrl-C) or SIGTERM: temporary files removed, nothing written
 """
 
 stdout = Console(highlight=False)
@@ -43,32 +47,103 @@ def check_runtime(quiet: bool = False) -> None:
         stderr.print(warning, markup=False, highlight=False, soft_wrap=True)
 
 
+def _terminate(signum, _frame):
+    raise Interrupted(signum)
+
+
+def install_signal_handlers() -> dict:
+    """SIGTERM (what CI runners, ``timeout`` and ``kill`` send) is handled like Ctrl-C: it raises
+    :class:`~onnxfuse.errors.Interrupted`, so every ``finally`` and ``with`` block on the way out deletes
+    its temporary files (output folders and ``$TMPDIR``), then the command exits 143 (SIGINT: 130).
+    Returns the previous handlers (for :func:`restore_signal_handlers`)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, _terminate)
+    return previous
+
+
+def restore_signal_handlers(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> None:
+    from onnxfuse.atomic import committed_paths
+
+    signum = getattr(exc, "signum", signal.SIGINT)
+    name = signal.Signals(signum).name
+    if committed_paths:
+        stderr.print(f"interrupted ({name}) after writing {', '.join(committed_paths)}", markup=False)
+    else:
+        stderr.print(f"interrupted ({name}); nothing was written", markup=False)
+    sys.exit(128 + signum)
+
+
+def _out_of_memory() -> None:
+    from onnxfuse.model_io import last_model_weights
+
+    size = f" (the model holds {last_model_weights / 2**30:.2f} GiB of weights; optimize needs about 1.5x " \
+        "that in memory, see docs/large-models.md)" if last_model_weights else ""
+    fail(RuntimeError(f"out of memory{size}"), EXIT_USER_ERROR)
+
+
 def handle_errors(func):
-    """Turn library errors into one line on stderr and their exit code; never show a traceback."""
+    """Turn library errors into one line on stderr and their exit code; never show a traceback.
+
+    Also: SIGTERM and SIGINT become a clean exit (143 / 130) after cleanup, an exhausted memory or disk
+    is one line naming it, not an internal error."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        from onnxfuse.atomic import committed_paths
+
+        committed_paths.clear()
+        previous = install_signal_handlers()
         try:
-            return func(*args, **kwargs)
-        except OnnxfuseError as exc:
-            if os.environ.get("ONNXFUSE_DEBUG"):
-                raise
-            fail(exc, exc.exit_code)
-        except KeyboardInterrupt:
-            stderr.print("interrupted; nothing was written")
-            sys.exit(130)
-        except (click.exceptions.Exit, click.ClickException, SystemExit):
-            raise
-        except Exception as exc:  # an onnxfuse bug: still one line, with a way to see more
-            if os.environ.get("ONNXFUSE_DEBUG"):
-                raise
-            fail(
-                RuntimeError(f"internal error ({type(exc).__name__}: {exc}); rerun with ONNXFUSE_DEBUG=1 "
-                             "for a traceback and please report it"),
-                EXIT_USER_ERROR,
-            )
+            return _run(func, args, kwargs)
+        finally:
+            restore_signal_handlers(previous)
 
     return wrapper
+
+
+def _run(func, args, kwargs):
+    """Call the command; map what it raises to one line and an exit code."""
+    try:
+        return func(*args, **kwargs)
+    except OnnxfuseError as exc:
+        if os.environ.get("ONNXFUSE_DEBUG"):
+            raise
+        fail(exc, exc.exit_code)
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
+    except (click.exceptions.Exit, click.ClickException, SystemExit):
+        raise
+    except MemoryError:
+        if os.environ.get("ONNXFUSE_DEBUG"):
+            raise
+        _out_of_memory()
+    except OSError as exc:
+        if os.environ.get("ONNXFUSE_DEBUG"):
+            raise
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" ({exc.filename})" if exc.filename else ""
+            fail(RuntimeError(f"no space left on the device{where}: free space, or set TMPDIR to a "
+                              "folder with room for temporary files"), EXIT_USER_ERROR)
+        _internal(exc)
+    except Exception as exc:  # an onnxfuse bug: still one line, with a way to see more
+        if os.environ.get("ONNXFUSE_DEBUG"):
+            raise
+        _internal(exc)
+
+
+def _internal(exc: BaseException) -> None:
+    fail(
+        RuntimeError(f"internal error ({type(exc).__name__}: {exc}); rerun with ONNXFUSE_DEBUG=1 "
+                     "for a traceback and please report it"),
+        EXIT_USER_ERROR,
+    )
 
 
 def input_options(func):

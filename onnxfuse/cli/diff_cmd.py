@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import click
 from rich.markup import escape
@@ -13,7 +12,9 @@ from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, fail, handle_err
 from onnxfuse import api
 from onnxfuse.drift import DEFAULT_BATCH_SIZE, parse_tol_options
 from onnxfuse.errors import ValidationFailed
-from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown, write_json, write_markdown, write_text
+from onnxfuse.atomic import OutputSet
+from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown
+from onnxfuse.reports._io import check_report_paths, json_text, stage_report
 from onnxfuse.validate.inputs import parse_shape_options
 
 DIFF_HELP = """Run models A and B on the same inputs and compare every output.
@@ -76,7 +77,8 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, sa
     check_runtime(quiet)
     shape_map = parse_shape_options(shapes)
     tolerances = parse_tol_options(tols)
-    _check_report_paths(json_path, markdown_path, junit_path, html_path)
+    check_report_paths({json_path: "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report",
+                        html_path: "HTML report"}, {model_a: "model A", model_b: "model B"})
 
     status = contextlib.nullcontext() if quiet else stderr.status("comparing…", spinner="dots")
     with status as live:
@@ -91,14 +93,17 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, sa
             histograms=html_path is not None or json_path is not None, progress=progress,
         )
 
-    if json_path:
-        write_json(json_path, report)
-    if markdown_path:
-        write_markdown(markdown_path, diff_markdown(report) + "\n")
-    if junit_path:
-        write_text(junit_path, diff_junit(report), what="JUnit report")
-    if html_path:
-        write_text(html_path, diff_html(report), what="HTML report")
+    # All reports land together or not at all (an error or a signal while writing leaves none).
+    with OutputSet() as out:
+        if json_path:
+            stage_report(out, json_path, json_text(report), "JSON report")
+        if markdown_path:
+            stage_report(out, markdown_path, diff_markdown(report) + "\n", "Markdown report")
+        if junit_path:
+            stage_report(out, junit_path, diff_junit(report), "JUnit report")
+        if html_path:
+            stage_report(out, html_path, diff_html(report), "HTML report")
+        out.commit()
 
     if not quiet:
         _print_report(report)
@@ -107,19 +112,6 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, sa
         fail(ValidationFailed(f"{len(bad)} of {len(report.outputs)} output(s) differ beyond tolerance: "
                               + "; ".join(_fmt.one_line(c) for c in bad[:3])
                               + (" …" if len(bad) > 3 else "")), ValidationFailed.exit_code)
-
-
-def _check_report_paths(*paths) -> None:
-    """Fail before the (possibly long) comparison when a report cannot be written."""
-    from onnxfuse.errors import ModelSaveError
-
-    for p in filter(None, paths):
-        path = Path(p)
-        parent = path.parent if str(path.parent) else Path(".")
-        if path.is_dir():
-            raise ModelSaveError(f"{path}: is a directory, cannot write a report there")
-        if not parent.is_dir():
-            raise ModelSaveError(f"{path}: directory {parent} does not exist")
 
 
 def _table(title: str, comparisons, positions: bool = False) -> Table:

@@ -10,8 +10,10 @@ import click
 from onnxfuse.cli import render
 from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, ValidationFailed
-from onnxfuse import api
-from onnxfuse.reports import write_json, write_markdown, write_text
+from onnxfuse import api, model_io
+from onnxfuse.atomic import OutputSet
+from onnxfuse.reports import write_json
+from onnxfuse.reports._io import check_report_paths, json_text, stage_report
 from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
 from onnxfuse.rewrites import TARGETS
 from onnxfuse.validate.inputs import parse_shape_options
@@ -69,13 +71,24 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
     try:
         check_runtime(quiet)
         shape_map = parse_shape_options(shapes)
+        # Every output path is checked before the (possibly long) run: nothing may be written when a
+        # report cannot be, and nothing is written until everything can be (see _save).
+        model_io.check_output_path(output_path, input_path, force)
+        check_report_paths(
+            {json_path: "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report"},
+            {output_path: "output model", str(model_io.data_path(output_path)): "output model's external data",
+             input_path: "input model", **{f: "input model's external data"
+                                           for f in model_io.input_data_files(input_path)}},
+        )
         with render.progress_bar(disabled=quiet) as bar:
             result = api.optimize(
-                input_path, output_path, inputs=inputs_path, target=target, only=list(only), skip=list(skip),
+                input_path, None, inputs=inputs_path, target=target, only=list(only), skip=list(skip),
                 validate=not no_validate, shapes=shape_map, seed=seed, rtol=rtol, atol=atol, provider=provider,
                 bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, progress=bar.step,
                 bench_progress=bar.fraction,
             )
+            bar.step("saving")
+            _save(result, input_path, output_path, force, json_path, markdown_path, junit_path)
     except (ValidationFailed, SlowerThanAllowed) as exc:
         # The run got far enough to have a report: show it and write the requested files, then let
         # handle_errors print the one-line error and exit with the code.
@@ -85,15 +98,17 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
                 stderr.print(render.comparison_table("Validation", report.validation.outputs))
             if not quiet and report.timing is not None:
                 stderr.print(render.timing_table(report.timing))
-            _write_reports(report, json_path, markdown_path, junit_path)
+            with OutputSet() as out:
+                _stage_reports(out, report, json_path, markdown_path, junit_path)
+                out.commit()
         raise
     except OnnxfuseError as exc:
         if json_path:
-            with contextlib.suppress(OnnxfuseError):
+            with contextlib.suppress(OnnxfuseError, OSError):
+                check_report_paths({json_path: "JSON report"})
                 write_json(json_path, {"ok": False, "exit_code": exc.exit_code, "error": str(exc)})
         raise
 
-    _write_reports(result, json_path, markdown_path, junit_path)
     if quiet:
         return
     for dropped in result.applied.dropped:
@@ -129,11 +144,22 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
     sys.stdout.flush()
 
 
-def _write_reports(result, json_path, markdown_path, junit_path) -> None:
-    """JSON, Markdown and JUnit reports of a finished (or failed-at-validation/timing) run."""
+def _save(result, input_path, output_path, force, json_path, markdown_path, junit_path) -> None:
+    """Write the model, its external data and the reports as one :class:`~onnxfuse.atomic.OutputSet`:
+    they land together or not at all (an error, SIGINT or SIGTERM before the commit leaves nothing)."""
+    result.output_path = str(output_path)
+    with OutputSet() as out:
+        _stage_reports(out, result, json_path, markdown_path, junit_path)
+        model_io.save_model(result.model, output_path, input_path=input_path, force=force, check=False,
+                            outputs=out)
+        out.commit()
+
+
+def _stage_reports(out, result, json_path, markdown_path, junit_path) -> None:
+    """JSON, Markdown and JUnit reports of a finished (or failed-at-validation/timing) run, staged in ``out``."""
     if json_path:
-        write_json(json_path, result.to_json())
+        stage_report(out, json_path, json_text(result.to_json()), "JSON report")
     if markdown_path:
-        write_markdown(markdown_path, optimize_markdown(result, error=result.error) + "\n")
+        stage_report(out, markdown_path, optimize_markdown(result, error=result.error) + "\n", "Markdown report")
     if junit_path:
-        write_text(junit_path, optimize_junit(result, error=result.error), what="JUnit report")
+        stage_report(out, junit_path, optimize_junit(result, error=result.error), "JUnit report")
