@@ -49,7 +49,7 @@ last_model_weights = 0
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _tmpdir_error(exc: OSError, what: str) -> ResourceError | ModelSaveError:
