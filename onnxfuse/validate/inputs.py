@@ -12,6 +12,7 @@ cast), fixed dimensions equal. Arrays for names the model does not take are igno
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -233,13 +234,64 @@ def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = 
 
     Floating inputs are drawn in float32 and cast to the spec's dtype, so specs that differ only in
     float precision (an fp16 model and its fp32 original) get the same values for the same seed.
+    Sizes are checked (:func:`check_input_sizes`) before anything is drawn.
     """
     notes: list[str] = []
     rng = np.random.default_rng(seed)
     shapes = shapes or {}
     symbols = dimension_symbols(specs, shapes)
-    feeds = {s.name: _random(rng, s.dtype, resolve_shape(s, shapes, notes, symbols)) for s in specs}
+    resolved = [(s, resolve_shape(s, shapes, notes, symbols)) for s in specs]
+    check_input_sizes(resolved)
+    feeds = {s.name: _random(rng, s.dtype, shape) for s, shape in resolved}
     return Inputs(feeds=feeds, notes=notes, seed=seed, source="random")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (``MemAvailable`` + free swap), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:2]}
+        return info["MemAvailable"] + info.get("SwapFree", 0)
+    except (OSError, KeyError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_input_sizes(resolved: list[tuple[InputSpec, list[int]]], available: int | None = None) -> None:
+    """Raise :class:`InputsError` naming the input when the random inputs cannot fit in memory.
+
+    Drawing an input of ``n`` elements holds ``n`` float64 values (numpy's normal and uniform
+    generators draw in float64; integers are drawn as int64) besides the result in the input's own
+    dtype, and every input stays alive for the run: the need is the sum of the inputs plus the largest
+    draw. Checked before any allocation, so a declared 1e12-element input (7.3 TiB while drawing) is
+    one line, not a ``MemoryError`` after minutes of swapping.
+    """
+    if not resolved:
+        return
+    sizes = [(spec, shape, math.prod(int(d) for d in shape)) for spec, shape in resolved]
+    total = sum(n * spec.dtype.itemsize for spec, _, n in sizes)
+    spec, shape, n = max(sizes, key=lambda x: x[2] * (8 + x[0].dtype.itemsize))
+    need = total + 8 * n
+    if available is None:
+        available = available_memory()
+    if available is None or need <= available:
+        return
+    raise InputsError(
+        f"input {spec.name!r}: shape {list(shape)} is {n:.3g} elements ({_human(n * spec.dtype.itemsize)} as "
+        f"{spec.dtype}, {_human(8 * n)} more while drawing it): the random inputs need {_human(need)}, "
+        f"{_human(available)} of memory is available; give smaller dynamic dimensions with --shape "
+        f"{spec.name}:... or your own data with --inputs")
 
 
 def load_npz(specs: list[InputSpec], path: Path) -> Inputs:
