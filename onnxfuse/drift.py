@@ -45,7 +45,7 @@ import onnx
 from onnxfuse import __version__
 from onnxfuse.errors import InputsError, ModelLoadError, UsageError
 from onnxfuse.reports.histogram import error_histogram
-from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance
+from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance, is_text
 from onnxfuse.validate.inputs import Inputs, check_shape_names, given_inputs, input_specs, random_inputs
 from onnxfuse.validate.session import make_session, resolve_provider, run_session
 
@@ -54,8 +54,8 @@ TENSOR_MAP_KEY = "onnxfuse.tensor_map"
 #: tensors exposed as extra graph outputs per run when comparing intermediates.
 DEFAULT_BATCH_SIZE = 64
 
-_NON_NUMERIC = {onnx.TensorProto.STRING, onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128,
-                onnx.TensorProto.UNDEFINED}
+#: Element types not compared (strings are: exactly, see validate.compare.compare_exactly).
+_NON_NUMERIC = {onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128, onnx.TensorProto.UNDEFINED}
 
 
 @dataclass
@@ -246,7 +246,7 @@ def compare_samples(name: str, refs: list[np.ndarray], gots: list[np.ndarray], r
             c.worst_index = c.worst_index[1:]
     if ref.dtype != got.dtype:
         c.extra.setdefault("dtype_b", got.dtype.name)
-    hist = error_histogram(ref, got) if histogram else None
+    hist = error_histogram(ref, got) if histogram and not (is_text(ref) or is_text(got)) else None
     return c, hist
 
 

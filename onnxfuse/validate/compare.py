@@ -88,6 +88,43 @@ class Comparison:
         return d
 
 
+def is_text(arr: np.ndarray) -> bool:
+    """True for string tensors (ONNX Runtime returns them as object arrays of ``str``) and bytes."""
+    return arr.dtype.kind in "OUS"
+
+
+def _show(value, limit: int = 40) -> str:
+    text = repr(value.decode("utf-8", "replace") if isinstance(value, bytes) else value)
+    return text if len(text) <= limit else text[: limit - 1] + "…'"
+
+
+def compare_exactly(name: str, ref: np.ndarray, got: np.ndarray) -> Comparison:
+    """Strings have no distance: equal or not, element by element (tolerances do not apply).
+
+    A mismatch is reported in ``error`` with how many elements differ and the first one, so every
+    report (tables, Markdown, JUnit, HTML) shows it as text; the numeric metrics stay 0 and
+    ``mismatch_fraction`` is the fraction of elements that differ."""
+    base = dict(name=name, dtype=ref.dtype.name, shape=list(ref.shape), rtol=0.0, atol=0.0,
+                extra={"comparison": "exact"})
+    if ref.dtype.kind in "OUS" and got.dtype.kind not in "OUS" or got.dtype.kind in "OUS" and ref.dtype.kind not in "OUS":
+        return Comparison(**base, passed=False, mismatch_fraction=1.0,
+                          error=f"dtype mismatch: {ref.dtype.name} vs {got.dtype.name}")
+    if ref.shape != got.shape:
+        return Comparison(**base, passed=False, mismatch_fraction=1.0,
+                          error=f"shape mismatch: {list(ref.shape)} vs {list(got.shape)}")
+    if ref.size == 0:
+        return Comparison(**base, passed=True)
+    equal = np.frompyfunc(lambda a, b: a == b, 2, 1)(ref, got).astype(bool)
+    bad = int(equal.size - np.count_nonzero(equal))
+    if not bad:
+        return Comparison(**base, passed=True)
+    first = np.unravel_index(int(np.argmin(equal)), ref.shape) if ref.ndim else ()
+    where = [int(i) for i in first]
+    return Comparison(**base, passed=False, mismatch_fraction=bad / equal.size, worst_index=where,
+                      error=f"strings differ at {bad} of {equal.size} element(s); first at {where}: "
+                            f"{_show(ref[first])} vs {_show(got[first])}")
+
+
 def _finite_or_none(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
 
@@ -104,6 +141,8 @@ def compare_arrays(
     """
     ref = np.asarray(ref)
     got = np.asarray(got)
+    if is_text(ref) or is_text(got):
+        return compare_exactly(name, ref, got)
     d_rtol, d_atol = default_tolerance(ref.dtype, ref)
     if precision is not None and np.issubdtype(ref.dtype, np.floating):
         p_rtol, p_atol = default_tolerance(precision, ref)
