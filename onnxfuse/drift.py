@@ -222,7 +222,12 @@ def _missing(name: str, ref, side: str) -> Comparison:
 
 def compare_samples(name: str, refs: list[np.ndarray], gots: list[np.ndarray], rtol=None, atol=None,
                     overrides=None, histogram: bool = False) -> tuple[Comparison, dict | None]:
-    """Compare one tensor over all samples at once (stacked), with dtype-aware default tolerances."""
+    """Compare one tensor over all samples at once (stacked), with dtype-aware default tolerances.
+
+    Tensors of more than :data:`CHUNK_ELEMENTS` elements (all samples together) are compared piece by
+    piece (:func:`_compare_pieces`), without stacking the samples: ``compare_arrays`` holds about 20
+    times a float32 tensor in float64 temporaries at once, which for a 1 GiB output was 20 GiB.
+    """
     overrides = overrides or {}
     same = len({r.shape for r in refs}) == 1 and {r.shape for r in refs} == {g.shape for g in gots}
     if len(refs) > 1 and not same:
@@ -232,22 +237,154 @@ def compare_samples(name: str, refs: list[np.ndarray], gots: list[np.ndarray], r
         c, h = results[k]
         c.extra["worst_sample"] = k
         return c, h
-    if len(refs) == 1:
-        ref, got = refs[0], gots[0]
+    refs, gots = [np.asarray(r) for r in refs], [np.asarray(g) for g in gots]
+    numeric = not any(is_text(x) for x in refs + gots)
+    if same and numeric and sum(r.size for r in refs) > CHUNK_ELEMENTS:
+        rt, at = _tolerance_pieces(name, refs, gots, rtol, atol, overrides)
+        c = _compare_pieces(name, refs, gots, rt, at)
+        hist = _histogram_pieces(refs, gots) if histogram else None
     else:
-        ref, got = np.stack(refs), np.stack(gots)
-    rt, at = _tolerance(name, ref, got, rtol, atol, overrides)
-    c = compare_arrays(name, ref, got, rtol=rt, atol=at)
+        if len(refs) == 1:
+            ref, got = refs[0], gots[0]
+        else:
+            ref, got = np.stack(refs), np.stack(gots)
+        rt, at = _tolerance(name, ref, got, rtol, atol, overrides)
+        c = compare_arrays(name, ref, got, rtol=rt, atol=at)
+        hist = error_histogram(ref, got) if histogram and numeric else None
     c.cosine = min(1.0, max(-1.0, c.cosine)) if math.isfinite(c.cosine) else c.cosine  # rounding: 1+1e-16
     if len(refs) > 1 and c.error is None:
         c.shape = c.shape[1:]
         if c.worst_index is not None and c.worst_index:
             c.extra["worst_sample"] = c.worst_index[0]
             c.worst_index = c.worst_index[1:]
-    if ref.dtype != got.dtype:
-        c.extra.setdefault("dtype_b", got.dtype.name)
-    hist = error_histogram(ref, got) if histogram and not (is_text(ref) or is_text(got)) else None
+    if refs[0].dtype != gots[0].dtype:
+        c.extra.setdefault("dtype_b", gots[0].dtype.name)
     return c, hist
+
+
+# ---------------------------------------------------------------------------------------------------
+# large tensors, piece by piece (the same numbers as compare_arrays / error_histogram on the whole)
+
+#: Elements compared at once for large tensors: ``compare_arrays``' float64 temporaries take about 60
+#: bytes per element, so a piece costs ~60 MiB whatever the tensor's size.
+CHUNK_ELEMENTS = 1 << 20
+
+
+def _pieces(arrays: list[np.ndarray]):
+    """(flat offset, piece) over the samples' elements in stacked (C) order, without stacking."""
+    offset = 0
+    for arr in arrays:
+        flat = arr.reshape(-1)
+        for start in range(0, flat.size, CHUNK_ELEMENTS):
+            yield offset + start, flat[start:start + CHUNK_ELEMENTS]
+        offset += flat.size
+
+
+def _tolerance_pieces(name, refs, gots, rtol, atol, overrides) -> tuple[float, float]:
+    """:func:`_tolerance` for the stacked samples: the default atol scales with max |finite ref|, taken
+    piece by piece (``default_tolerance`` with no array gives the unscaled value)."""
+    if name in overrides:
+        return overrides[name]
+    r1, a1 = default_tolerance(refs[0].dtype)
+    r2, a2 = default_tolerance(gots[0].dtype)
+    if atol is None and max(a1, a2) > 0:
+        scale = 0.0
+        floating = np.issubdtype(refs[0].dtype, np.floating)
+        for _, piece in _pieces(refs):
+            mag = np.abs(piece[np.isfinite(piece)] if floating else piece).astype(np.float64)
+            if mag.size:
+                scale = max(scale, float(mag.max()))
+        a1, a2 = a1 * max(1.0, scale), a2 * max(1.0, scale)
+    return (max(r1, r2) if rtol is None else rtol, max(a1, a2) if atol is None else atol)
+
+
+def _compare_pieces(name: str, refs, gots, rtol: float, atol: float) -> Comparison:
+    """``compare_arrays`` of the stacked samples (one sample: the tensor), computed piece by piece and
+    merged: maxima and counts exactly, means and norms from per-piece sums (equal up to float64
+    rounding of the summation order), the worst element as the first of the largest error."""
+    total = sum(r.size for r in refs)
+    shape = list(refs[0].shape) if len(refs) == 1 else [len(refs)] + list(refs[0].shape)
+    n_both = 0
+    sum_abs = sum_sq = dot = nr2 = ng2 = 0.0
+    mismatches = 0
+    nonfinite = 0
+    passed = True
+    max_abs = max_rel = 0.0
+    worst = None  # (score, flat index, worst_ref, worst_got)
+    for (offset, r), (_, g) in zip(_pieces(refs), _pieces(gots)):
+        c = compare_arrays(name, r, g, rtol=rtol, atol=atol)
+        both = np.isfinite(r) & np.isfinite(g)
+        k = int(np.count_nonzero(both))
+        rv, gv = r[both].astype(np.float64), g[both].astype(np.float64)
+        dot += float(np.dot(rv, gv))
+        nr2 += float(np.dot(rv, rv))
+        ng2 += float(np.dot(gv, gv))
+        del both, rv, gv
+        passed = passed and c.passed
+        if k:
+            max_abs = max(max_abs, c.max_abs)
+        max_rel = max(max_rel, c.max_rel)
+        n_both += k
+        sum_abs += c.mean_abs * k
+        sum_sq += c.rms ** 2 * k
+        mismatches += round(c.mismatch_fraction * r.size)
+        nonfinite += c.nonfinite_mismatches
+        score = math.inf if c.nonfinite_mismatches else (c.max_abs if k else -math.inf)
+        if worst is None or score > worst[0]:
+            worst = (score, offset + c.worst_index[0], c.worst_ref, c.worst_got)
+    nr, ng = math.sqrt(nr2), math.sqrt(ng2)
+    if nr == 0.0 and ng == 0.0:
+        cosine = 1.0
+    elif nr == 0.0 or ng == 0.0:
+        cosine = 0.0
+    else:
+        cosine = dot / (nr * ng)
+    index = [int(i) for i in np.unravel_index(worst[1], shape)] if shape else []
+    return Comparison(
+        name=name, dtype=refs[0].dtype.name, shape=shape, rtol=rtol, atol=atol, passed=passed,
+        max_abs=max_abs, max_rel=max_rel, mean_abs=sum_abs / n_both if n_both else 0.0,
+        rms=math.sqrt(sum_sq / n_both) if n_both else 0.0, cosine=cosine, mismatch_fraction=mismatches / total,
+        worst_index=index, worst_ref=worst[2], worst_got=worst[3], nonfinite_mismatches=nonfinite,
+        extra={"dtype_b": gots[0].dtype.name} if refs[0].dtype != gots[0].dtype else {},
+    )
+
+
+def _histogram_pieces(refs, gots, bins_per_decade: int = 2, max_bins: int = 40) -> dict:
+    """``error_histogram`` of the stacked samples in two passes over pieces (range, then counts); the
+    bins are computed by the same formulas, so the result is the same."""
+    zeros = nonfinite = 0
+    lo_err, hi_err = math.inf, 0.0
+    for (_, r), (_, g) in zip(_pieces(refs), _pieces(gots)):
+        r, g = r.astype(np.float64), g.astype(np.float64)
+        both = np.isfinite(r) & np.isfinite(g)
+        err = np.abs(g[both] - r[both])
+        nonzero = err[err > 0]
+        zeros += int(err.size - nonzero.size)
+        nonfinite += int((~both).sum())
+        if nonzero.size:
+            lo_err, hi_err = min(lo_err, float(nonzero.min())), max(hi_err, float(nonzero.max()))
+    hist = {"zeros": zeros, "edges": [], "counts": [], "nonfinite": nonfinite}
+    if hi_err == 0.0:
+        return hist
+    lo = math.floor(math.log10(lo_err) * bins_per_decade) / bins_per_decade
+    hi = math.ceil(math.log10(hi_err) * bins_per_decade) / bins_per_decade
+    n = max(1, round((hi - lo) * bins_per_decade))
+    if n > max_bins:
+        n = max_bins
+    if hi <= lo:
+        hi = lo + 1.0 / bins_per_decade
+    log_edges = np.linspace(lo, hi, n + 1)
+    counts = np.zeros(n, dtype=np.int64)
+    for (_, r), (_, g) in zip(_pieces(refs), _pieces(gots)):
+        r, g = r.astype(np.float64), g.astype(np.float64)
+        both = np.isfinite(r) & np.isfinite(g)
+        err = np.abs(g[both] - r[both])
+        nonzero = err[err > 0]
+        if nonzero.size:
+            counts += np.histogram(np.log10(nonzero), bins=log_edges)[0]
+    hist["edges"] = [float(10.0**e) for e in log_edges]
+    hist["counts"] = [int(c) for c in counts]
+    return hist
 
 
 # ---------------------------------------------------------------------------------------------------
