@@ -11,6 +11,11 @@ multiple of the model's weights.
     python benchmarks/large_model.py /tmp/big/model.onnx
     python benchmarks/large_model_memory.py /tmp/big/model.onnx /tmp/big/model.opt.onnx --target onnx
 
+``--store-new-weights`` measures the rule-side change docs/large-models.md proposes, without making
+it: ``rewrites._weights.set_param`` is wrapped so that each weight it writes goes through
+:func:`onnxfuse.model_io.store_weight` (to the spill file) at once, instead of piling up until the
+export.
+
 Never imported by the package.
 """
 
@@ -77,6 +82,8 @@ def main() -> None:
     ap.add_argument("output", type=Path)
     ap.add_argument("--target", default="onnx")
     ap.add_argument("--no-validate", action="store_true")
+    ap.add_argument("--store-new-weights", action="store_true",
+                    help="simulate rules handing new weights to model_io.store_weight (see the docstring)")
     args = ap.parse_args()
 
     import onnxfuse
@@ -99,6 +106,22 @@ def main() -> None:
         return to_model(graph, template)
 
     model_io.to_model = marked_to_model
+    if args.store_new_weights:
+        import sys
+
+        from onnxfuse.rewrites import _weights
+
+        set_param = _weights.set_param
+
+        def storing_set_param(graph, node, index, values, role="param"):
+            mode = set_param(graph, node, index, values, role)
+            t = node.inputs[index]
+            t.values = model_io.store_weight(graph, t._values)
+            return mode
+
+        for name, module in list(sys.modules.items()):  # rule modules import set_param by name
+            if name.startswith("onnxfuse.rewrites") and getattr(module, "set_param", None) is set_param:
+                module.set_param = storing_set_param
     t0 = time.perf_counter()
     with sampler:
         onnxfuse.optimize(str(args.model), str(args.output), target=args.target, validate=not args.no_validate,

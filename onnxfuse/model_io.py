@@ -298,6 +298,19 @@ def write_model(model: onnx.ModelProto, path: Path, link_sources: bool = True) -
         data.unlink()
 
 
+def session_source(model: onnx.ModelProto) -> tuple[bytes, dict]:
+    """For ONNX Runtime, without any file: ``(model bytes, {initializer name: read-only memory map})``.
+
+    The bytes are the skeleton (lazy tensors still absolute references, which ONNX Runtime would refuse
+    on their own); pass the maps with ``SessionOptions.add_external_initializers(names, [OrtValue.
+    ortvalue_from_numpy(a) for a in maps])``, which replaces those initializers before the locations
+    are looked at, and keep the OrtValues alive as long as the session. On the CPU ONNX Runtime uses
+    the mapped pages as they are: nothing is copied and nothing is written to ``$TMPDIR`` (the
+    :func:`write_model` route hard-links or, across file systems, copies the weights)."""
+    maps = {t.name: lw.map_tensor(t) for t in model.graph.initializer if lw.is_lazy(t)}
+    return model.SerializeToString(), maps
+
+
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     """True when ``a`` and ``b`` name the same file (also through symlinks or relative paths)."""
     pa, pb = Path(a), Path(b)
@@ -458,7 +471,23 @@ def to_graph(model: onnx.ModelProto):
         model = lw.model_without_initializers(model, keep=lambda t: t.name not in keep)
     graph = gs.import_onnx(model)
     _adopt_lazy(graph)
+    graph.__dict__["onnxfuse_lazy"] = lw.has_lazy(model)
     return graph
+
+
+def store_weight(graph, values):
+    """What a rule should give a graphsurgeon ``Constant`` for a weight it computed: in a lazy graph
+    (from a lazy model), an array over 1 MiB is appended to the spill file at once and returned as
+    :class:`~onnxfuse.lazy_weights.MappedValues`, so new weights never pile up in memory until
+    :func:`to_model`; otherwise ``values`` itself. (Folding 9 BatchNorms into 256 MiB weights holds all
+    nine new arrays until the export: 2.25 GiB; through this, one at a time.)"""
+    if graph.__dict__.get("onnxfuse_lazy") and lw.spillable(values):
+        try:
+            ref = lw.spill_array(values, "weight")
+        except OSError as exc:
+            raise _tmpdir_error(exc, f"a new weight ({_gib(values.nbytes)})") from None
+        return lw.mapped_values_class()(ref)
+    return values
 
 
 def _adopt_lazy(graph) -> None:

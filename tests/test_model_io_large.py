@@ -256,3 +256,39 @@ def test_out_of_memory_is_a_one_line_error(tmp_path, monkeypatch):
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "out of memory" in lines[0] and "internal error" not in lines[0], result.stderr
+
+
+def test_store_weight_spills_new_weights_of_a_lazy_graph(tmp_path, monkeypatch):
+    """The hook for rules: a new weight of a lazy graph goes to the spill file at once (mapped back on
+    read), so new weights do not pile up in memory until the export; elsewhere it is left alone."""
+    from onnxfuse import lazy_weights as lw
+    from onnxfuse import model_io
+
+    monkeypatch.setattr(lw, "LAZY_MODEL_BYTES", 1 << 20)
+    src = tmp_path / "in.onnx"
+    lm.build(src, layers=2)
+    graph = model_io.to_graph(model_io.load_model(src))
+    new = np.random.default_rng(0).standard_normal((640, 640)).astype(np.float32)
+    stored = model_io.store_weight(graph, new)
+    assert isinstance(stored, lw.mapped_values_class())
+    assert np.array_equal(stored.load(), new)
+    small = model_io.to_graph(onnx.load(str(src)))  # loaded whole: not lazy
+    assert model_io.store_weight(small, new) is new
+
+
+def test_session_source_runs_on_onnx_runtime_without_any_file(tmp_path, monkeypatch):
+    import onnxruntime as ort
+
+    from onnxfuse import lazy_weights as lw
+    from onnxfuse import model_io
+
+    monkeypatch.setattr(lw, "LAZY_MODEL_BYTES", 1 << 20)
+    src = tmp_path / "in.onnx"
+    lm.build(src, layers=2)
+    data, maps = model_io.session_source(model_io.load_model(src))
+    assert len(maps) == 2 and len(data) < 1 << 20
+    opts = ort.SessionOptions()
+    values = [ort.OrtValue.ortvalue_from_numpy(np.asarray(a)) for a in maps.values()]
+    opts.add_external_initializers(list(maps), values)
+    got = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"]).run(None, lm.feeds())[0]
+    np.testing.assert_array_equal(got, lm.run_model(src, lm.feeds())[0])
