@@ -24,6 +24,7 @@ from onnxfuse.bench.env import environment
 from onnxfuse.cli import render
 from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
 from onnxfuse.errors import OnnxfuseError, UsageError
+from onnxfuse.reports._io import check_report_paths
 from onnxfuse.validate.inputs import input_specs, make_inputs, parse_shape_options
 
 BENCH_HELP = """Time MODEL (and MODEL2, side by side) on ONNX Runtime.
@@ -132,6 +133,7 @@ def bench(model_path, model2_path, batch, shapes, inputs_path, seed, device, cud
                          cuda_graph=cuda_graph, sessions=sessions)
     try:
         check_runtime(quiet)
+        check_report_paths({json_path: "JSON report"}, {model_path: "model", model2_path: "second model"})
         config.validate()
         if batch is not None and inputs_path:
             raise UsageError("--batch cannot be combined with --inputs (the .npz fixes the shapes)")
