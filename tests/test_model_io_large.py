@@ -316,3 +316,40 @@ def test_graphsurgeon_exports_of_a_lazy_graph_hold_references(tmp_path, monkeypa
     assert all(lw.is_lazy(t) for t in big.values())
     assert np.isclose(np.asarray(w0.values).sum(), read)
     np.testing.assert_array_equal(lw.map_tensor(big["w1"]), lm.weights_of(src)["w1"] * 2)
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2_w035", "bert_tiny_opset14", "conv_bn_fp16", "shared_weights"])
+def test_streamed_inline_file_parses_to_the_same_model(tmp_path, name):
+    """save_model writes inline files in protobuf's wire format by hand (weights streamed); protobuf must
+    read back exactly the model it was given."""
+    from onnxfuse import model_io
+
+    from helpers import load_testdata
+
+    model = load_testdata(name)
+    model_io.save_model(model, tmp_path / "m.onnx", check=False)
+    assert onnx.ModelProto.FromString((tmp_path / "m.onnx").read_bytes()) == model
+
+
+def test_session_file_copies_what_it_cannot_link(tmp_path, monkeypatch):
+    """Sources on another file system than $TMPDIR cannot be hard-linked: their ranges are copied into the
+    session file's data (in the kernel), and ONNX Runtime reads the same model."""
+    import errno
+
+    from onnxfuse import lazy_weights as lw
+    from onnxfuse import model_io
+
+    monkeypatch.setattr(lw, "LAZY_MODEL_BYTES", 1 << 20)
+
+    def cross_device(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(lw, "_hard_link", cross_device)
+    src = tmp_path / "in.onnx"
+    lm.build(src, layers=2)
+    session = tmp_path / "session"
+    session.mkdir()
+    model_io.write_model(model_io.load_model(src), session / "model.onnx")
+    assert lm.listing(session) == ["model.onnx", "model.onnx.data"]
+    np.testing.assert_array_equal(lm.run_model(session / "model.onnx", lm.feeds())[0],
+                                  lm.run_model(src, lm.feeds())[0])
