@@ -7,6 +7,7 @@ Exit codes are a contract with CI pipelines (documented in the README and in ``-
 * 2 — usage error (bad command line)
 * 3 — validation failed (the optimized model's outputs drifted beyond tolerance)
 * 4 — the optimized model is slower than ``--fail-on-slowdown`` allows (measured on the GPU)
+* 130, 143 — interrupted by SIGINT or SIGTERM (128 + the signal's number; see :class:`Interrupted`)
 """
 
 from __future__ import annotations
