@@ -10,8 +10,8 @@ How (:class:`OutputSet`):
    so the final step is a ``rename``, which is atomic within a file system. Temporary files are
    created with mode ``0o666`` filtered by the umask, like any new file, so a model and its data get
    the same permissions.
-2. :meth:`OutputSet.commit` renames them into place: external data first, then reports, the model
-   last. During the renames
+2. :meth:`OutputSet.commit` renames them into place in the order they were staged (the command line
+   stages the reports, then the external data, the model last). During the renames
    * SIGINT and SIGTERM are deferred (:func:`deferred_signals`): a signal arriving there is acted on
      once every file is in place, so a signal never splits a commit;
    * the destination folders are locked with ``flock`` (an exclusive lock on the folder itself, so no
