@@ -44,6 +44,7 @@ def optimize(
     validate: bool = True,
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
     provider: str = "auto",
@@ -65,8 +66,10 @@ def optimize(
 
     ``inputs``: the data validation runs both models on: a dict ``{input name: numpy array}`` (one
     sample), a list of such dicts (several samples: each output must pass on every one), or the path
-    of an ``.npz`` file. Dtypes must match the model's inputs. Default: one seeded standard-normal draw
-    (``seed``), dynamic dimensions from ``shapes`` (``{"input": [8, 3, 224, 224]}``), else 1.
+    of an ``.npz`` file. Dtypes must match the model's inputs. Default: one seeded draw (``seed``):
+    floats standard normal, integer inputs in the range the graph implies (ids into an embedding of V
+    rows: ``[0, V-1]``; else 0 or 1), ``input_ranges={"input_ids": (0, 30521)}`` to choose (inclusive;
+    floats uniform); dynamic dimensions from ``shapes`` (``{"input": [8, 3, 224, 224]}``), else 1.
 
     ``target``: ``"cuda"`` (everything, FusedElementwise included), ``"contrib"`` (only ONNX Runtime's
     own fused ops) or ``"onnx"`` (standard ops only). ``only``/``skip``: rule names (a list or one
@@ -95,7 +98,8 @@ def optimize(
 
     options = OptimizeOptions(
         target=target, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
-        inputs=inputs, seed=seed, rtol=rtol, atol=atol, provider=provider, force=force, rules=rules,
+        inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), rtol=rtol, atol=atol, provider=provider,
+        force=force, rules=rules,
         bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown,
     )
     return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
@@ -113,6 +117,7 @@ def diff(
     tolerances: Mapping[str, tuple[float, float]] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None,
     provider_a: str = "auto",
     provider_b: str = "auto",
     batch_size: int | None = None,
@@ -125,7 +130,8 @@ def diff(
     ``samples`` seeded draws from A's signature (seeds ``seed``, ``seed+1``, ...; floating inputs cast
     to each model's own dtypes, so an fp16 model and its fp32 original see the same values), or the
     user's ``inputs``: a dict ``{input name: array}``, a list of such dicts (one per sample), or an
-    ``.npz`` path, in A's dtypes. ``shapes`` sizes dynamic dimensions.
+    ``.npz`` path, in A's dtypes. ``shapes`` sizes dynamic dimensions; integer inputs are drawn in the
+    range A's graph implies or ``input_ranges`` gives (as in :func:`optimize`).
 
     Tolerance per element: ``|b - a| <= atol + rtol * |a|``; defaults depend on the dtype (the looser of
     the two sides). ``rtol``/``atol`` replace them for every tensor, ``tolerances`` (``{name: (rtol,
@@ -149,7 +155,7 @@ def diff(
         a, b, shapes=_shapes(shapes), seed=seed, inputs=inputs, samples=samples, provider_a=provider_a,
         provider_b=provider_b, rtol=rtol, atol=atol, tolerances=dict(tolerances or {}),
         intermediates=intermediates, batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
-        histograms=histograms, progress=progress,
+        histograms=histograms, progress=progress, input_ranges=_ranges(input_ranges),
     )
 
 
@@ -159,6 +165,15 @@ def _names(value) -> list[str] | None:
         return None
     items = [value] if isinstance(value, str) else list(value)
     return items or None
+
+
+def _ranges(ranges) -> dict | None:
+    """``{name: (lo, hi)}`` (inclusive) → ValueRange objects, checked like ``--input-range``."""
+    if not ranges:
+        return None
+    from onnxfuse.validate.input_ranges import parse_range_options
+
+    return parse_range_options([f"{name}:{lo},{hi}" for name, (lo, hi) in ranges.items()])
 
 
 def _shapes(shapes) -> dict[str, list[int]]:

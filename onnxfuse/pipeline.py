@@ -47,6 +47,7 @@ class OptimizeOptions:
     inputs_path: str | None = None  # an .npz file (``--inputs``); or use ``inputs``
     inputs: object | None = None  # {name: array}, a list of such dicts, or an .npz path (see validate.inputs.given_inputs)
     seed: int = 0
+    input_ranges: dict | None = None  # name -> validate.input_ranges.ValueRange (``--input-range``)
     rtol: float | None = None
     atol: float | None = None
     provider: str = "auto"
@@ -286,7 +287,7 @@ def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions) -> list[Inpu
     if options.inputs is not None and options.inputs_path is not None:
         raise UsageError("give the inputs once: OptimizeOptions.inputs or inputs_path, not both")
     given = options.inputs if options.inputs is not None else options.inputs_path
-    return make_samples(model, options.shapes, options.seed, given)
+    return make_samples(model, options.shapes, options.seed, given, options.input_ranges)
 
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):

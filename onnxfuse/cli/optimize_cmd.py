@@ -15,6 +15,7 @@ from onnxfuse.reports import write_json, write_markdown, write_text
 from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
 from onnxfuse.rewrites import TARGETS
 from onnxfuse.validate.inputs import parse_shape_options
+from onnxfuse.cli.common import range_map
 
 OPTIMIZE_HELP = """Optimize INPUT and write the result to OUTPUT.
 
@@ -63,7 +64,7 @@ Examples:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 @handle_errors
-def optimize(input_path, output_path, target, only, skip, explain, no_validate, shapes, inputs_path, seed,
+def optimize(input_path, output_path, target, only, skip, explain, no_validate, shapes, inputs_path, seed, input_ranges,
              rtol, atol, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
              force) -> None:
     try:
@@ -72,7 +73,8 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
         with render.progress_bar(disabled=quiet) as bar:
             result = api.optimize(
                 input_path, output_path, inputs=inputs_path, target=target, only=list(only), skip=list(skip),
-                validate=not no_validate, shapes=shape_map, seed=seed, rtol=rtol, atol=atol, provider=provider,
+                validate=not no_validate, shapes=shape_map, seed=seed, input_ranges=range_map(input_ranges),
+                rtol=rtol, atol=atol, provider=provider,
                 bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, progress=bar.step,
                 bench_progress=bar.fraction,
             )

@@ -85,22 +85,45 @@ def parse_shape_options(values) -> dict[str, list[int]]:
     return shapes
 
 
-def _random(rng: np.random.Generator, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+def _random(rng: np.random.Generator, dtype: np.dtype, shape: list[int], value_range=None) -> np.ndarray:
     """Random data of ``dtype`` and ``shape``, always an ndarray (numpy returns a bare scalar for a
     rank-0 draw, which ONNX Runtime refuses)."""
-    return np.asarray(_draw(rng, dtype, shape), dtype=dtype)
+    return np.asarray(_draw(rng, dtype, shape, value_range), dtype=dtype)
 
 
-def _draw(rng: np.random.Generator, dtype: np.dtype, shape: list[int]):
+def _draw(rng: np.random.Generator, dtype: np.dtype, shape: list[int], value_range=None):
+    """bool: fair coin. Integers: uniform in the input's range, inclusive (``input_ranges``: what the
+    graph implies, or ``--input-range``), else 0 or 1 (masks, token types). Floats: standard normal,
+    or uniform in ``[lo, hi)`` with a range."""
     if dtype == np.bool_:
         return rng.random(shape) < 0.5
     if np.issubdtype(dtype, np.integer):
-        # 0 or 1: valid token ids, token-type ids, attention masks and indices in nearly every model
-        # (a BERT's token-type table has just two rows). Use --inputs for realistic integer data.
-        return rng.integers(0, 2, size=shape).astype(dtype)
+        info = np.iinfo(dtype)
+        lo, hi = (0, 1) if value_range is None else (int(np.ceil(value_range.lo)), int(np.floor(value_range.hi)))
+        lo, hi = max(lo, int(info.min)), min(hi, int(info.max))
+        return rng.integers(lo, hi + 1, size=shape, dtype=np.int64).astype(dtype)
     if np.issubdtype(dtype, np.floating) or dtype.kind == "V" or str(dtype) == "bfloat16":
+        if value_range is not None:
+            return rng.uniform(value_range.lo, value_range.hi, size=shape).astype(np.float32).astype(dtype)
         return rng.standard_normal(shape).astype(np.float32).astype(dtype)
     raise InputsError(f"cannot generate random data of type {dtype}")
+
+
+def value_ranges(model: onnx.ModelProto, given=None) -> tuple[dict, list[str]]:
+    """The ranges to draw ``model``'s inputs from: what the graph implies for integer inputs
+    (:mod:`onnxfuse.validate.input_ranges`), overridden by ``given`` (``--input-range``); and a note
+    for each implied one. Unknown names in ``given`` are usage errors."""
+    from onnxfuse.validate.input_ranges import implied_ranges
+
+    given = dict(given or {})
+    specs = input_specs(model)
+    unknown = set(given) - {s.name for s in specs}
+    if unknown:
+        raise UsageError(f"--input-range names unknown input(s) {', '.join(sorted(unknown))}; model inputs: "
+                         f"{', '.join(s.name for s in specs) or '(none)'}")
+    implied = {k: v for k, v in implied_ranges(model).items() if k not in given}
+    notes = [r.describe(k) for k, r in implied.items()]
+    return {**implied, **given}, notes
 
 
 def dimension_symbols(specs: list[InputSpec], shapes: dict[str, list[int]]) -> dict[str, int]:
@@ -150,14 +173,18 @@ def make_inputs(
     shapes: dict[str, list[int]] | None = None,
     seed: int = 0,
     npz_path: str | Path | None = None,
+    ranges=None,
 ) -> Inputs:
-    """Inputs for ``model``: from ``npz_path`` when given, else seeded standard-normal data."""
+    """Inputs for ``model``: from ``npz_path`` when given, else seeded random data (:func:`_draw`)."""
     specs = input_specs(model)
     shapes = shapes or {}
     check_shape_names(specs, shapes)
     if npz_path is not None:
         return load_npz(specs, Path(npz_path))
-    return random_inputs(specs, shapes, seed)
+    value_range, notes = value_ranges(model, ranges)
+    inputs = random_inputs(specs, shapes, seed, value_range)
+    inputs.notes.extend(notes)
+    return inputs
 
 
 def make_samples(
@@ -165,13 +192,17 @@ def make_samples(
     shapes: dict[str, list[int]] | None = None,
     seed: int = 0,
     given=None,
+    ranges=None,
 ) -> list[Inputs]:
     """The samples to run ``model`` on: the user's (``given``, see :func:`given_inputs`) when given,
-    else one seeded draw (as :func:`make_inputs`)."""
+    else one seeded draw (as :func:`make_inputs`, value ranges included)."""
     specs = input_specs(model)
     check_shape_names(specs, shapes or {})
     if given is None:
-        return [random_inputs(specs, shapes or {}, seed)]
+        value_range, notes = value_ranges(model, ranges)
+        inputs = random_inputs(specs, shapes or {}, seed, value_range)
+        inputs.notes.extend(notes)
+        return [inputs]
     return given_inputs(specs, given)
 
 
@@ -228,7 +259,8 @@ def check_shape_names(specs: list[InputSpec], shapes: dict[str, list[int]]) -> N
         )
 
 
-def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = None, seed: int = 0) -> Inputs:
+def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = None, seed: int = 0,
+                  ranges=None) -> Inputs:
     """The seeded draw :func:`make_inputs` makes, for explicit ``specs``.
 
     Floating inputs are drawn in float32 and cast to the spec's dtype, so specs that differ only in
@@ -238,7 +270,8 @@ def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = 
     rng = np.random.default_rng(seed)
     shapes = shapes or {}
     symbols = dimension_symbols(specs, shapes)
-    feeds = {s.name: _random(rng, s.dtype, resolve_shape(s, shapes, notes, symbols)) for s in specs}
+    ranges = ranges or {}
+    feeds = {s.name: _random(rng, s.dtype, resolve_shape(s, shapes, notes, symbols), ranges.get(s.name)) for s in specs}
     return Inputs(feeds=feeds, notes=notes, seed=seed, source="random")
 
 
