@@ -18,8 +18,12 @@ neither a path nor an ``onnx.ModelProto`` is a ``TypeError``.
 
 from __future__ import annotations
 
+import math
+
 import os
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
+
+from onnxfuse.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -96,6 +100,8 @@ def optimize(
     require_runtime()
     from onnxfuse.pipeline import OptimizeOptions, run_pipeline
 
+    _checked_numbers(rtol, atol, seed)
+
     options = OptimizeOptions(
         target=target, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
         inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), rtol=rtol, atol=atol, provider=provider,
@@ -151,6 +157,10 @@ def diff(
     require_runtime()
     from onnxfuse.drift import DEFAULT_BATCH_SIZE, diff_models
 
+    _checked_numbers(rtol, atol, seed)
+    for name, (t_rtol, t_atol) in dict(tolerances or {}).items():
+        _checked_numbers(t_rtol, t_atol, 0)
+
     return diff_models(
         a, b, shapes=_shapes(shapes), seed=seed, inputs=inputs, samples=samples, provider_a=provider_a,
         provider_b=provider_b, rtol=rtol, atol=atol, tolerances=dict(tolerances or {}),
@@ -165,6 +175,16 @@ def _names(value) -> list[str] | None:
         return None
     items = [value] if isinstance(value, str) else list(value)
     return items or None
+
+
+def _checked_numbers(rtol, atol, seed) -> None:
+    """Tolerances must be finite and >= 0 (``nan`` would turn every comparison into a pass), the seed
+    a non-negative integer: usage errors otherwise (exit 2 in the CLI)."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"--{name} {value}: a tolerance must be a finite number >= 0")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise UsageError(f"--seed {seed}: the seed must be an integer >= 0")
 
 
 def _ranges(ranges) -> dict | None:

@@ -175,6 +175,9 @@ def _draws(model_a, shapes, seed, given, samples, ranges=None) -> tuple[list[dic
     in the ranges A implies or ``ranges`` gives; or the user's ``given`` inputs (one per sample)."""
     specs = input_specs(model_a)
     check_shape_names(specs, shapes)
+    if given is not None and (shapes or ranges):
+        raise UsageError("--shape and --input-range size and draw random inputs; they cannot apply to given "
+                         "inputs (--inputs): give one or the other")
     if given is not None:
         loaded = given_inputs(specs, given)
         return [x.feeds for x in loaded], loaded[0]

@@ -198,6 +198,10 @@ def make_samples(
     else one seeded draw (as :func:`make_inputs`, value ranges included)."""
     specs = input_specs(model)
     check_shape_names(specs, shapes or {})
+    if given is not None and (shapes or ranges):
+        what = "--shape" if shapes else "--input-range"
+        raise UsageError(f"{what} sizes or draws random inputs; it cannot apply to given inputs (--inputs): "
+                         "give one or the other")
     if given is None:
         value_range, notes = value_ranges(model, ranges)
         inputs = random_inputs(specs, shapes or {}, seed, value_range)
@@ -250,10 +254,10 @@ def checked_feeds(specs: list[InputSpec], arrays: Mapping[str, np.ndarray], wher
 
 
 def check_shape_names(specs: list[InputSpec], shapes: dict[str, list[int]]) -> None:
-    """Raise :class:`InputsError` when ``--shape`` names an input the model does not have."""
+    """Raise :class:`UsageError` (exit 2) when ``--shape`` names an input the model does not have."""
     unknown = set(shapes or {}) - {s.name for s in specs}
     if unknown:
-        raise InputsError(
+        raise UsageError(
             f"--shape names unknown input(s) {', '.join(sorted(unknown))}; model inputs: "
             f"{', '.join(s.name for s in specs) or '(none)'}"
         )
