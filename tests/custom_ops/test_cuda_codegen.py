@@ -228,6 +228,8 @@ typedef int CUresult;
 static char g_names[32][64]; static int g_nnames;
 static unsigned g_grid, g_block; static void* g_stream; static unsigned char g_params[4096];
 static char g_last[64]; static int g_loads; static int g_launches; static int g_cubin;
+/* What it was asked to load (first 64 bytes of each image) and each launch's first 32 parameter bytes. */
+static unsigned char g_images[16][64]; static unsigned long long g_ptrs[4096][4];
 CUresult cuInit(unsigned f) { return 0; }
 CUresult cuDriverGetVersion(int* v) { *v = 13000; return 0; }
 CUresult cuDeviceGet(int* d, int o) { *d = o; return 0; }
@@ -238,6 +240,7 @@ CUresult cuCtxPopCurrent_v2(void** c) { *c = (void*)0x1000; return 0; }
 CUresult cuCtxGetCurrent(void** c) { *c = (void*)0x1000; return 0; }
 CUresult cuCtxSetCurrent(void* c) { return 0; }
 CUresult cuModuleLoadData(void** m, const void* image) {
+  if (g_loads < 16) memcpy(g_images[g_loads], image, 64);
   g_loads++; g_cubin = memcmp(image, "\x7f" "ELF", 4) == 0; *m = (void*)0x2000; return 0; }
 CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
   if (g_nnames >= 32) return 1;
@@ -245,12 +248,16 @@ CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
 CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shm, void* stream, void** params, void** extra) {
   strncpy(g_last, (const char*)f, 63); g_grid = gx; g_block = bx; g_stream = stream;
-  memcpy(g_params, params[0], sizeof g_params); g_launches++; return 0; }
+  memcpy(g_params, params[0], sizeof g_params);
+  if (g_launches < 4096) memcpy(g_ptrs[g_launches], params[0], sizeof g_ptrs[0]);
+  g_launches++; return 0; }
 CUresult cuGetErrorString(CUresult r, const char** s) { *s = "mock error"; return 0; }
 int mock_state(char* last, unsigned* grid, unsigned* block, void** stream, unsigned char* params,
                int* loads, int* cubin) {
   strcpy(last, g_last); *grid = g_grid; *block = g_block; *stream = g_stream;
   memcpy(params, g_params, sizeof g_params); *loads = g_loads; *cubin = g_cubin; return g_launches; }
+int mock_images(unsigned char* out) { memcpy(out, g_images, sizeof g_images); return g_loads; }
+int mock_ptrs(unsigned long long* out) { memcpy(out, g_ptrs, sizeof g_ptrs); return g_launches; }
 """
 
 MOCK_CHILD = r"""
@@ -265,8 +272,12 @@ lib.onnxfuse_test_cuda_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.
     ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
     ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
 err = ctypes.create_string_buffer(8192)
-k = lib.onnxfuse_test_cuda_create(PROGRAM.encode(), 0, err, len(err))
+exec(PRE)
+programs = PROGRAM if isinstance(PROGRAM, list) else [PROGRAM]
+k = lib.onnxfuse_test_cuda_create(programs[0].encode(), 0, err, len(err))
 out = {"created": bool(k), "error": err.value.decode(), "launches": []}
+for extra in programs[1:]:
+    out.setdefault("more_created", []).append(bool(lib.onnxfuse_test_cuda_create(extra.encode(), 0, err, len(err))))
 for shapes, in_ptrs, out_ptrs in LAUNCHES:
     ranks = (ctypes.c_int * len(shapes))(*[len(s) for s in shapes])
     flat = [d for s in shapes for d in s]
@@ -283,6 +294,13 @@ for shapes, in_ptrs, out_ptrs in LAUNCHES:
                             "grid": grid.value, "block": block.value, "stream": stream.value,
                             "params": params.raw.hex(), "count": n, "loads": loads.value, "cubin": cubin.value})
 out["stats"] = codegen.kernel_stats()
+if mock is not None:
+    images = ctypes.create_string_buffer(16 * 64)
+    n = mock.mock_images(images)
+    out["images"] = [images.raw[64 * i:64 * i + 64].hex() for i in range(min(n, 16))]
+    ptrs = (ctypes.c_ulonglong * (4096 * 4))()
+    n = mock.mock_ptrs(ptrs)
+    out["ptrs"] = [list(ptrs[4 * i:4 * i + 4]) for i in range(min(n, 4096))]
 print(json.dumps(out))
 """
 
@@ -302,7 +320,10 @@ def mock_driver(tmp_path_factory):
     return d / "libcuda_mock.so"
 
 
-def run_mock(mock, cache_home, program: str, launches, extra_env=None) -> dict:
+def run_mock(mock, cache_home, program, launches, extra_env=None, pre: str = "") -> dict:
+    """Runs MOCK_CHILD in a fresh process: creates a kernel for ``program`` (or one per program of a
+    list; launches use the first), after running ``pre`` (Python) there; the child's stderr is
+    returned as "stderr"."""
     import json
     import os
     import subprocess
@@ -317,10 +338,12 @@ def run_mock(mock, cache_home, program: str, launches, extra_env=None) -> dict:
     env.update(extra_env or {})
     root = str(Path(codegen.__file__).resolve().parents[2])
     code = (f"ROOT = {root!r}\nMOCK = {str(mock)!r}\nPROGRAM = {program!r}\nLAUNCHES = {launches!r}\n"
-            + MOCK_CHILD)
+            f"PRE = {pre!r}\n" + MOCK_CHILD)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["stderr"] = r.stderr
+    return out
 
 
 def unpack_params(hexstr: str, nin: int, nout: int) -> dict:

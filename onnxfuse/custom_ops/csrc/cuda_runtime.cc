@@ -3,23 +3,21 @@
 #include "cuda_runtime.h"
 
 #include <dlfcn.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
 
+#include "kernel_cache.h"
+
 namespace onnxfuse {
 
 namespace {
-
-constexpr int kCacheVersion = 1;
 
 // Kernels of a module, by the index launch() picks (names without the _32/_64 suffix).
 constexpr int kNumKernels = 4;
@@ -210,72 +208,31 @@ std::string hash_hex(const std::string& s) {
 }
 
 struct Stats {
-  long compiles = 0, disk_hits = 0, memory_hits = 0, disk_writes = 0;
+  long compiles = 0, disk_hits = 0, memory_hits = 0, disk_writes = 0, disk_rejects = 0;
   double compile_ms = 0, load_ms = 0, last_compile_ms = 0, last_disk_load_ms = 0;
-  std::string last_key, last_arch;
+  std::string last_key, last_entry, last_arch, last_disk_reject, disk_refused;
 } g_stats;
 
-std::string cache_dir() {
-  const char* off = std::getenv("ONNXFUSE_KERNEL_CACHE");
-  if (off && (std::string(off) == "0" || std::string(off) == "off" || std::string(off) == "false")) return "";
-  std::string base;
-  if (off && off[0] == '/') return off;  // an explicit folder
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) base = x;
-  else if (const char* home = std::getenv("HOME"); home && *home) base = std::string(home) + "/.cache";
-  else return "";
-  return base + "/onnxfuse/kernels";
+// A refused cache folder turns the disk cache off for this kernel, with one line on stderr per
+// process (the first reason; every refusal is in the stats' "disk_refused").
+void note_refused(const std::string& why) {
+  g_stats.disk_refused = why;
+  static std::atomic<bool> logged{false};
+  if (!logged.exchange(true))
+    std::fprintf(stderr, "onnxfuse: kernel disk cache not used: %s; compiling CUDA kernels in memory\n", why.c_str());
 }
 
-void mkdirs(const std::string& path) {
-  std::string cur;
-  size_t st = 0;
-  while (st < path.size()) {
-    size_t e = path.find('/', st + 1);
-    if (e == std::string::npos) e = path.size();
-    cur = path.substr(0, e);
-    if (!cur.empty()) mkdir(cur.c_str(), 0755);
-    st = e;
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else o += c;
   }
-}
-
-bool read_file(const std::string& path, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return true;
-}
-
-// Disk entry: "ONNXFUSE-KERNEL <version>\n<key>\n<source length>\n<source><binary>"
-bool disk_load(const std::string& dir, const std::string& key, const std::string& source, std::string* bin) {
-  if (dir.empty()) return false;
-  std::string data;
-  if (!read_file(dir + "/" + hash_hex(key) + ".bin", &data)) return false;
-  std::string head = "ONNXFUSE-KERNEL " + std::to_string(kCacheVersion) + "\n" + key + "\n" +
-                     std::to_string(source.size()) + "\n";
-  if (data.compare(0, head.size(), head) != 0) return false;
-  if (data.compare(head.size(), source.size(), source) != 0) return false;
-  *bin = data.substr(head.size() + source.size());
-  return !bin->empty();
-}
-
-void disk_store(const std::string& dir, const std::string& key, const std::string& source, const std::string& bin) {
-  if (dir.empty()) return;
-  mkdirs(dir);
-  std::string path = dir + "/" + hash_hex(key) + ".bin";
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) return;
-    f << "ONNXFUSE-KERNEL " << kCacheVersion << "\n" << key << "\n" << source.size() << "\n" << source << bin;
-    if (!f) {
-      std::remove(tmp.c_str());
-      return;
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
-  else g_stats.disk_writes++;
+  return o + "\"";
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -394,10 +351,11 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     }
     if (!known && best > 0) arch = "compute_" + std::to_string(best);
   }
-  const std::string key = "v" + std::to_string(kCacheVersion) + " " + arch + " nvrtc" + std::to_string(nv.major) + "." +
+  const std::string key = "v" + std::to_string(kKernelCacheVersion) + " " + arch + " nvrtc" + std::to_string(nv.major) + "." +
                           std::to_string(nv.minor) + " " + hash_hex(src.code);
   const std::string mkey = key + " dev" + std::to_string(device);
   g_stats.last_key = key;
+  g_stats.last_entry = KernelDiskCache::entry_name(key);
   g_stats.last_arch = arch;
 
   auto it = module_cache().find(mkey);
@@ -408,18 +366,27 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
   } else {
     std::string bin;
     auto bit = binary_cache().find(key);
-    const std::string dir = cache_dir();
+    KernelDiskCache disk;  // opened (and its folder checked) only when the binary is not in memory
     bool from_disk = false;
     if (bit != binary_cache().end()) {
       bin = bit->second;
       g_stats.memory_hits++;
     } else {
       auto t0 = std::chrono::steady_clock::now();
-      if (disk_load(dir, key, src.code, &bin)) {
+      const std::string dir = kernel_cache_dir();
+      std::string why;
+      if (!dir.empty() && !disk.open(dir, &why)) note_refused(why);
+      KernelDiskCache::Result found = disk.load(key, src.code, &bin, &why);
+      if (found == KernelDiskCache::kHit) {
         from_disk = true;
         g_stats.disk_hits++;
         g_stats.last_disk_load_ms = ms_since(t0);
       } else {
+        if (found == KernelDiskCache::kRejected) {  // never loaded; recompiled and rewritten below
+          g_stats.disk_rejects++;
+          g_stats.last_disk_reject = why;
+        }
+        bin.clear();
         std::string log;
         if (!nvrtc_compile(src.code, arch, &bin, &log)) {
           *err = "NVRTC could not compile the kernel for this program:\n" + prog.text + "\n--- NVRTC log ---\n" + log;
@@ -440,7 +407,7 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     }
     d.cuCtxPushCurrent(mod->ctx);
     r = d.cuModuleLoadData(&mod->module, bin.data());
-    if (r != 0 && from_disk) {  // stale cache entry (e.g. PTX newer than the driver): recompile
+    if (r != 0 && from_disk) {  // a verified entry the driver refuses (e.g. PTX newer than the driver): recompile
       std::string log;
       if (!nvrtc_compile(src.code, arch, &bin, &log)) {
         CUcontext dummy;
@@ -466,7 +433,10 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     }
     g_stats.load_ms += ms_since(t1);
     binary_cache()[key] = bin;
-    if (!from_disk && bit == binary_cache().end()) disk_store(dir, key, src.code, bin);
+    std::string why;
+    if (!from_disk && disk.is_open()) {
+      if (disk.store(key, src.code, bin, &why)) g_stats.disk_writes++;
+    }
     module_cache()[mkey] = mod;
   }
   std::unique_ptr<CudaKernel> k(new CudaKernel());
@@ -575,7 +545,9 @@ std::string cuda_stats_json() {
     << ", \"memory_hits\": " << g_stats.memory_hits << ", \"disk_writes\": " << g_stats.disk_writes
     << ", \"compile_ms\": " << g_stats.compile_ms << ", \"last_compile_ms\": " << g_stats.last_compile_ms
     << ", \"last_disk_load_ms\": " << g_stats.last_disk_load_ms << ", \"load_ms\": " << g_stats.load_ms
-    << ", \"last_arch\": \"" << g_stats.last_arch << "\", \"cache_dir\": \"" << cache_dir() << "\"}";
+    << ", \"disk_rejects\": " << g_stats.disk_rejects << ", \"last_disk_reject\": " << json_str(g_stats.last_disk_reject)
+    << ", \"disk_refused\": " << json_str(g_stats.disk_refused)
+    << ", \"last_entry\": " << json_str(g_stats.last_entry) << ", \"last_arch\": " << json_str(g_stats.last_arch) << ", \"cache_dir\": " << json_str(kernel_cache_dir()) << "}";
   return s.str();
 }
 

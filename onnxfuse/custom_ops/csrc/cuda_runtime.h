@@ -33,7 +33,10 @@ class CudaKernel {
 // Compiles CUDA source to PTX (arch like "compute_90") or CUBIN ("sm_90") with NVRTC; for tests.
 bool nvrtc_compile(const std::string& source, const std::string& arch, std::string* binary, std::string* log);
 
-// JSON with counters: compiles, disk_hits, memory_hits, compile_ms, load_ms, last_source_hash, nvrtc.
+// JSON with counters: compiles, disk_hits, memory_hits, disk_writes, disk_rejects (entries that
+// failed verification, never loaded), last_disk_reject, disk_refused (why the cache folder was not
+// used, "" if it was), times, last_entry (file name of the last kernel's
+// entry), last_arch, cache_dir.
 std::string cuda_stats_json();
 
 }  // namespace onnxfuse

@@ -25,6 +25,7 @@
 #include "cpu_kernel.h"
 #include "cuda_codegen.h"
 #include "cuda_runtime.h"
+#include "kernel_cache.h"
 #include "program.h"
 
 #define OFX_EXPORT extern "C" __attribute__((visibility("default")))
@@ -604,3 +605,13 @@ OFX_EXPORT int onnxfuse_test_cuda_launch(void* kernel, int nin, const int* ranks
 
 OFX_EXPORT void onnxfuse_test_cuda_destroy(void* kernel) { delete static_cast<CudaKernel*>(kernel); }
 
+// SHA-256 of `size` bytes as 64 hex digits and a NUL in out[65] (the kernel cache's checksum;
+// tests compare it with hashlib).
+OFX_EXPORT void onnxfuse_test_sha256(const void* data, size_t size, char* out) {
+  try {
+    std::string h = sha256_hex(data, size);
+    std::memcpy(out, h.c_str(), h.size() + 1);
+  } catch (...) {
+    out[0] = '\0';
+  }
+}
