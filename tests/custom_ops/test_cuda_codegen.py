@@ -346,16 +346,23 @@ def run_mock(mock, cache_home, program, launches, extra_env=None, pre: str = "")
     return out
 
 
+def max_dims(nin: int, nout: int) -> int:
+    """D, the size of the parameter block's dims[D] and strides[nin][D] (cuda_max_dims in C++):
+    16 (the rank limit) while the block fits in 4096 bytes, else as many as fit."""
+    return min(16, (4096 - 8 * (nin + nout) - 24) // (8 * (nin + 1)))
+
+
 def unpack_params(hexstr: str, nin: int, nout: int) -> dict:
     import struct
 
+    d = max_dims(nin, nout)
     b = bytes.fromhex(hexstr)
     q = struct.unpack_from(f"<{nin + nout}Q", b, 0)
     off = 8 * (nin + nout)
     n, mask = struct.unpack_from("<qq", b, off)
     (ndim,) = struct.unpack_from("<i", b, off + 16)
-    dims = struct.unpack_from("<8q", b, off + 24)
-    strides = [struct.unpack_from("<8q", b, off + 24 + 64 + 64 * k) for k in range(nin)]
+    dims = struct.unpack_from(f"<{d}q", b, off + 24)
+    strides = [struct.unpack_from(f"<{d}q", b, off + 24 + 8 * d + 8 * d * k) for k in range(nin)]
     return {"in": list(q[:nin]), "out": list(q[nin:]), "n": n, "mask": mask, "ndim": ndim,
             "dims": list(dims[:ndim]), "strides": [list(s[:ndim]) for s in strides]}
 
@@ -435,3 +442,64 @@ def test_inputs_only_broadcast_do_not_force_the_broadcast_kernel(mock_driver, tm
     text = "onnxfuse.elementwise 1\ninput x: float32\ninput z: float32\ny: float32 = Relu(x)\noutput y\n"
     r = run_mock(mock_driver, tmp_path, text, [([(4, 2, 3), (4, 1, 1)], [0x10000, 0x20000], [0x30000])])
     assert r["launches"][0]["kernel"] == "ofx_fast_vec_32", r
+
+
+def _strides(shape, out_rank):
+    """Element strides of a contiguous ``shape`` broadcast to rank ``out_rank`` (0 where size 1)."""
+    st, acc = [], 1
+    for d in reversed(shape):
+        st.append(0 if d == 1 else acc)
+        acc *= d
+    return [0] * (out_rank - len(shape)) + st[::-1]
+
+
+@needs_nvrtc
+def test_broadcast_of_rank_16_in_one_launch(mock_driver, tmp_path):
+    """Up to the rank limit (16) the broadcast kernels of small programs take every dim: a layout
+    whose 16 dims do not merge is one launch (the kernels took 8 dims, and such a layout failed)."""
+    text = "onnxfuse.elementwise 1\ninput x: float32\ninput y: float32\nz: float32 = Add(x, y)\noutput z\n"
+    assert "#define OFX_D 16\n" in codegen.cuda_source(text)
+    sx = (2,) * 16
+    sy = tuple(2 if i % 2 == 0 else 1 for i in range(16))
+    A, B, O = 0x10000, 0x20000, 0x30000
+    r = run_mock(mock_driver, tmp_path, text, [([sx, sy], [A, B], [O]),
+                                               ([sx + (2,), sy + (1,)], [A, B], [O])])
+    L = r["launches"]
+    assert L[0]["ok"] and L[0]["kernel"] == "ofx_bcast_32" and L[0]["count"] == 1, L[0]
+    p = unpack_params(L[0]["params"], 2, 1)
+    assert p["ndim"] == 16 and p["dims"] == [2] * 16 and p["n"] == 2 ** 16
+    assert p["strides"] == [_strides(sx, 16), _strides(sy, 16)]
+    assert not L[1]["ok"] and "rank 17 exceeds FusedElementwise's limit of 16" in L[1]["error"]
+    assert L[1]["count"] == 1  # nothing launched
+
+
+@needs_nvrtc
+def test_many_inputs_split_high_rank_layouts(mock_driver, tmp_path):
+    """40 inputs leave room for 11 dims in the 4 KB parameter block: a 16-dim layout is launched
+    once per coordinate of its 5 outer dims, with the pointers moved there."""
+    n = 40
+    lines = ["onnxfuse.elementwise 1"] + [f"input x{i}: float32" for i in range(n)]
+    lines.append("t0: float32 = Add(x0, x1)")
+    for i in range(2, n):
+        lines.append(f"t{i - 1}: float32 = Add(t{i - 2}, x{i})")
+    text = "\n".join(lines + [f"output t{n - 2}"]) + "\n"
+    assert max_dims(n, 1) == 11 and "#define OFX_D 11\n" in codegen.cuda_source(text)
+    sx = (2,) * 16
+    sy = tuple(2 if i % 2 == 0 else 1 for i in range(16))
+    shapes = [sx, sy] + [()] * (n - 2)
+    X, Y, O = 0x100000, 0x200000, 0x300000
+    ins = [X, Y] + [0x400000 + 16 * i for i in range(n - 2)]
+    r = run_mock(mock_driver, tmp_path, text, [(shapes, ins, [O])])
+    L = r["launches"][0]
+    assert L["ok"], L["error"]
+    assert L["count"] == 32 and len(r["ptrs"]) == 32  # 2**5 outer coordinates
+    stx, sty = _strides(sx, 16), _strides(sy, 16)
+    want = set()
+    for o in range(32):
+        coord = [(o >> (4 - i)) & 1 for i in range(5)]
+        want.add((X + 4 * sum(c * s for c, s in zip(coord, stx)), Y + 4 * sum(c * s for c, s in zip(coord, sty))))
+    assert {(p[0], p[1]) for p in r["ptrs"]} == want
+    p = unpack_params(L["params"], n, 1)  # the last launch: the last block of the output
+    assert p["ndim"] == 11 and p["n"] == 2 ** 11 and p["out"] == [O + 31 * 2 ** 11 * 4]
+    assert p["strides"][0] == stx[5:] and p["strides"][1] == sty[5:]
+    assert p["in"][2:] == ins[2:]

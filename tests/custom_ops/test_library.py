@@ -616,3 +616,102 @@ def test_many_high_rank_inputs_take_the_uncached_path():
     for _ in range(2):
         (got,) = run_positional(sess, arrays)
         np.testing.assert_allclose(got, np.sum(arrays, axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ rank limit
+# The library's broadcast rank limit (kMaxRank, custom_ops.MAX_RANK). Before it was checked, a rank-17
+# broadcast whose dims do not merge wrote past the CPU kernel's coordinate array (AddressSanitizer:
+# stack-buffer-overflow in gather) and half the results were wrong.
+
+RANK_ADD = "onnxfuse.elementwise 1\ninput x: float32\ninput y: float32\nz: float32 = Add(x, y)\noutput z\n"
+
+
+def unmergeable_shapes(rank: int):
+    """x: all 2s; y: 2 and 1 alternating, so no two neighbouring dims merge (rank dims remain)."""
+    return (2,) * rank, tuple(2 if i % 2 == 0 else 1 for i in range(rank))
+
+
+def rank_model(shapes) -> onnx.ModelProto:
+    T = onnx.TensorProto
+    g = helper.make_graph([make_node(RANK_ADD, ["x", "y"], ["z"], name="add")], "g",
+                          [helper.make_tensor_value_info(n, T.FLOAT, None if s is None else list(s))
+                           for n, s in zip("xy", shapes)],
+                          [helper.make_tensor_value_info("z", T.FLOAT, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, OPSET_VERSION)],
+                             ir_version=10)
+
+
+def rank_session(shapes):
+    so = session_options()
+    so.log_severity_level = 4
+    so.intra_op_num_threads = 2
+    return ort.InferenceSession(rank_model(shapes).SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def test_max_rank_matches_library():
+    import ctypes
+
+    from onnxfuse.custom_ops import MAX_RANK, library_path
+
+    assert ctypes.CDLL(library_path()).onnxfuse_max_rank() == MAX_RANK == 16
+
+
+@pytest.mark.parametrize("rank", [15, 16])
+def test_unmergeable_broadcast_up_to_the_limit(rank):
+    sx, sy = unmergeable_shapes(rank)
+    rng = np.random.default_rng(rank)
+    x, y = rng.standard_normal(sx).astype(np.float32), rng.standard_normal(sy).astype(np.float32)
+    for shapes in ([sx, sy], [None, None]):
+        (z,) = rank_session(shapes).run(None, {"x": x, "y": y})
+        np.testing.assert_array_equal(z, x + y)
+
+
+def test_rank_above_the_limit_fails_clearly():
+    sx, sy = unmergeable_shapes(17)
+    # Known ranks: refused when the session is created (shape inference).
+    with pytest.raises(Exception, match="rank 17 exceeds FusedElementwise's limit of 16"):
+        rank_session([sx, sy])
+    # Unknown ranks: refused when the node runs, before anything is computed.
+    sess = rank_session([None, None])
+    x, y = np.ones(sx, np.float32), np.ones(sy, np.float32)
+    with pytest.raises(Exception, match="rank 17 exceeds FusedElementwise's limit of 16"):
+        sess.run(None, {"x": x, "y": y})
+    # Even when the dims would merge (same shapes): the limit is on the rank, whatever the layout.
+    with pytest.raises(Exception, match="rank 17 exceeds FusedElementwise's limit of 16"):
+        sess.run(None, {"x": x, "y": x})
+    (z,) = sess.run(None, {"x": x[0], "y": y[0]})  # the session still works at rank 16
+    np.testing.assert_array_equal(z, x[0] + y[0])
+
+
+def _chain_model(rank: int) -> onnx.ModelProto:
+    """x (rank ``rank``, dims that do not merge with y's) -> Add y -> Relu -> Neg -> Abs."""
+    sx, sy = unmergeable_shapes(rank)
+    T = onnx.TensorProto
+    nodes = [helper.make_node("Add", ["x", "y"], ["a"], name="add"), helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("Neg", ["b"], ["c"], name="neg"), helper.make_node("Abs", ["c"], ["z"], name="abs")]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", T.FLOAT, list(sx)),
+                                           helper.make_tensor_value_info("y", T.FLOAT, list(sy))],
+                          [helper.make_tensor_value_info("z", T.FLOAT, list(sx))])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_fuse_elementwise_refuses_ranks_above_the_limit():
+    from helpers import optimize
+
+    from onnxfuse.custom_ops import MAX_RANK
+
+    out, report = optimize(_chain_model(MAX_RANK + 1), only="fuse-elementwise")
+    assert [n.op_type for n in out.graph.node] == ["Add", "Relu", "Neg", "Abs"]
+    reasons = {r.node: r.reason for r in report.refusals if r.rule == "fuse-elementwise"}
+    assert reasons == {n: "rank 17 exceeds FusedElementwise's limit of 16" for n in ("add", "relu", "neg", "abs")}
+    # At the limit the chain is one node, and it runs.
+    out, report = optimize(_chain_model(MAX_RANK), only="fuse-elementwise")
+    assert [n.op_type for n in out.graph.node] == ["FusedElementwise"]
+    sx, sy = unmergeable_shapes(MAX_RANK)
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal(sx).astype(np.float32), rng.standard_normal(sy).astype(np.float32)
+    so = session_options()
+    so.log_severity_level = 3
+    (z,) = ort.InferenceSession(out.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x, "y": y})
+    np.testing.assert_array_equal(z, np.abs(-np.maximum(x + y, 0)))
+

@@ -54,10 +54,10 @@ void gather(const S* src, C* dst, const BroadcastLayout& L, size_t i, int64_t st
     for (int k = 0; k < count; ++k) dst[k] = v;
     return;
   }
-  const int nd = static_cast<int>(L.dims.size());
+  const int nd = static_cast<int>(L.dims.size());  // <= kMaxRank: make_layout checks, run_block asserts
   const int64_t* dims = L.dims.data();
   const int64_t* st = L.strides[i].data();
-  int64_t coord[16];
+  int64_t coord[kMaxRank];
   int64_t rem = start, off = 0;
   for (int d = nd - 1; d >= 0; --d) {
     coord[d] = rem % dims[d];
@@ -102,6 +102,9 @@ CpuEvaluator::CpuEvaluator(const Program& prog) : prog_(prog) {
 
 void CpuEvaluator::run_block(const void* const* in, void* const* out, const BroadcastLayout& L, int64_t start,
                              int n) const {
+  // make_layout never gives more dims than kMaxRank; a layout built any other way must not reach
+  // gather()'s fixed coordinate array (the callers turn the exception into an OrtStatus).
+  if (L.dims.empty() || L.dims.size() > static_cast<size_t>(kMaxRank)) throw std::length_error(rank_limit_error(L.dims.size()));
   thread_local std::vector<unsigned char> scratch_storage;
   if (scratch_storage.size() < scratch_bytes_ + 64) scratch_storage.resize(scratch_bytes_ + 64);
   unsigned char* base = scratch_storage.data();

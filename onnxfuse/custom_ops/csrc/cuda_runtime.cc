@@ -313,8 +313,10 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     return nullptr;
   }
   const int nin = static_cast<int>(prog.inputs.size()), nout = static_cast<int>(prog.outputs.size());
-  if (nin > 48 || nout > 64 || cuda_params_size(nin, nout) > 4096) {
-    *err = "too many inputs/outputs for one CUDA kernel (at most 48 inputs and 64 outputs)";
+  if (nin > kCudaMaxInputs || nout > kCudaMaxOutputs || cuda_max_dims(nin, nout) < 1 ||
+      cuda_params_size(nin, nout) > static_cast<size_t>(kCudaParamBytes)) {
+    *err = "too many inputs/outputs for one CUDA kernel (at most " + std::to_string(kCudaMaxInputs) + " inputs and " +
+           std::to_string(kCudaMaxOutputs) + " outputs)";
     return nullptr;
   }
   CUdevice dev;
@@ -444,17 +446,19 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
   k->nin_ = nin;
   k->nout_ = nout;
   k->vec_ = src.vec;
+  k->max_dims_ = src.max_dims;
+  for (int i = 0; i < nin; ++i) k->in_bytes_.push_back(static_cast<int64_t>(dtype_size(prog.values[prog.inputs[i]].dtype)));
+  for (int j = 0; j < nout; ++j) k->out_bytes_.push_back(static_cast<int64_t>(dtype_size(prog.values[prog.outputs[j]].dtype)));
   k->device_ = device;
   k->used_ = src.used_inputs;
   return k;
 }
 
-bool CudaKernel::launch(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream,
-                        std::string* err) const {
+bool CudaKernel::launch_one(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream,
+                            std::string* err) const {
   Driver& d = driver();
-  if (L.n == 0) return true;
   // Kernel-parameter struct, laid out as in cuda_params_size().
-  alignas(16) unsigned char buf[4096];
+  alignas(16) unsigned char buf[kCudaParamBytes];
   const size_t size = cuda_params_size(nin_, nout_);
   std::memset(buf, 0, size);
   unsigned char* p = buf;
@@ -481,17 +485,16 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
   } else {
     variant = kBcast;
     int nd = static_cast<int>(L.dims.size());
-    if (nd > kMaxDims) {
-      *err = "broadcast needs " + std::to_string(nd) + " dimensions after merging; the CUDA kernel handles " +
-             std::to_string(kMaxDims);
+    if (nd > max_dims_) {  // launch() splits such layouts; never write past dims[]/strides[][]
+      *err = "internal error: " + std::to_string(nd) + " dimensions for a kernel that takes " + std::to_string(max_dims_);
       return false;
     }
     std::memcpy(p + 16, &nd, 4);
     long long* dims = reinterpret_cast<long long*>(p + 24);
     for (int i = 0; i < nd; ++i) dims[i] = L.dims[i];
-    long long* strides = dims + kMaxDims;
+    long long* strides = dims + max_dims_;
     for (int k = 0; k < nin_; ++k)
-      for (int i = 0; i < nd; ++i) strides[k * kMaxDims + i] = L.strides[k][i];
+      for (int i = 0; i < nd; ++i) strides[k * max_dims_ + i] = L.strides[k][i];
     // Vectorised broadcast (ofx_bcast_vec): the innermost dim is a multiple of V, so a thread's V
     // consecutive elements share their outer coordinates; each read input has stride 0 along it (one
     // scalar load: mask bit) or stride 1 with its outer strides multiples of V and a 16-byte aligned
@@ -534,6 +537,46 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
   if (r != 0) {
     *err = "cuLaunchKernel failed: " + d.err_str(r);
     return false;
+  }
+  return true;
+}
+
+bool CudaKernel::launch(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream,
+                        std::string* err) const {
+  if (L.n == 0) return true;
+  const int nd = static_cast<int>(L.dims.size());
+  if (nd > kMaxRank) {  // make_layout refuses these; nothing below is sized for them
+    *err = rank_limit_error(nd);
+    return false;
+  }
+  if (nd <= max_dims_) return launch_one(in, out, L, stream, err);
+  // More merged dims than this kernel's parameter block holds (programs with many inputs, see
+  // cuda_max_dims): one launch per coordinate of the `outer` outermost dims, each over the inner
+  // max_dims_ dims with the data pointers moved to that coordinate (outputs are contiguous, so
+  // their block is the next inner.n elements). Still no allocation and no synchronisation.
+  const int outer = nd - max_dims_;
+  BroadcastLayout inner;
+  inner.dims.assign(L.dims.begin() + outer, L.dims.end());
+  inner.out_shape = inner.dims;
+  inner.n = 1;
+  for (int64_t v : inner.dims) inner.n *= v;
+  inner.strides.resize(nin_);
+  for (int k = 0; k < nin_; ++k) inner.strides[k].assign(L.strides[k].begin() + outer, L.strides[k].end());
+  inner.kind.assign(nin_, BroadcastLayout::kGeneral);  // nd > 1 merged dims: some input is not full
+  std::vector<const void*> pin(nin_);
+  std::vector<void*> pout(nout_);
+  int64_t coord[kMaxRank] = {};
+  int64_t count = 1;
+  for (int i = 0; i < outer; ++i) count *= L.dims[i];
+  for (int64_t o = 0; o < count; ++o) {
+    for (int k = 0; k < nin_; ++k) {
+      int64_t off = 0;
+      for (int i = 0; i < outer; ++i) off += coord[i] * L.strides[k][i];
+      pin[k] = static_cast<const char*>(in[k]) + off * in_bytes_[k];
+    }
+    for (int j = 0; j < nout_; ++j) pout[j] = static_cast<char*>(out[j]) + o * inner.n * out_bytes_[j];
+    if (!launch_one(pin.data(), pout.data(), inner, stream, err)) return false;
+    for (int i = outer - 1; i >= 0 && ++coord[i] == L.dims[i]; --i) coord[i] = 0;
   }
   return true;
 }

@@ -93,10 +93,17 @@ OrtStatus* load_program(const OrtKernelInfo* info, Program* prog, std::string* n
     if ((st = g_api->KernelInfo_GetInputTypeInfo(info, i, &ti))) return st;
     const OrtTensorTypeAndShapeInfo* tsi = nullptr;
     ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    size_t rank = 0;  // 0 also when the rank is unknown: then make_layout checks it at run time
     if (!g_api->CastTypeInfoToTensorInfo(ti, &tsi) && tsi) {
       if (OrtStatus* s2 = g_api->GetTensorElementType(tsi, &et)) g_api->ReleaseStatus(s2);
+      if (OrtStatus* s2 = g_api->GetDimensionsCount(tsi, &rank)) g_api->ReleaseStatus(s2);
     }
     g_api->ReleaseTypeInfo(ti);
+    // A known rank above the limit fails when the session is created (ONNX Runtime only logs
+    // shape inference's error), not at the first run.
+    if (rank > static_cast<size_t>(kMaxRank))
+      return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + rank_limit_error(rank) + " (input " +
+                                                std::to_string(i) + " has " + std::to_string(rank) + " dimensions)");
     DType want = prog->values[prog->inputs[i]].dtype;
     if (et != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED && static_cast<int>(et) != dtype_to_onnx(want))
       return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + "input " + std::to_string(i) + " ('" +
@@ -230,6 +237,10 @@ struct CpuKernel {
       if (OrtStatus* st = prepare_io(ctx, &layouts, node, &io)) return st;
       const int64_t n = io.layout->n;
       if (n == 0) return nullptr;
+      // make_layout already refuses ranks above kMaxRank; checked again here, outside the thread
+      // pool, because run_block throws on such a layout and must not do so inside ParallelFor.
+      if (io.layout->dims.size() > static_cast<size_t>(kMaxRank))
+        return make_status(ORT_INVALID_ARGUMENT, error_prefix(node) + rank_limit_error(io.layout->dims.size()));
       const int64_t nblocks = (n + CpuEvaluator::kBlock - 1) / CpuEvaluator::kBlock;
       // Parallelise over ONNX Runtime's intra-op thread pool for large tensors.
       const int64_t per_batch = 16;  // 32K elements per task
@@ -357,6 +368,10 @@ OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
     if (have_all) {
       size_t rank = 0;
       for (const auto& s : shapes) rank = std::max(rank, s.size());
+      // No output shape for ranks above the limit (ONNX Runtime logs this error; the kernel's
+      // creation fails with it too, see load_program).
+      if (rank > static_cast<size_t>(kMaxRank))
+        return make_status(ORT_INVALID_GRAPH, std::string(kOpType) + ": " + rank_limit_error(rank));
       static std::atomic<long> counter{0};
       for (size_t a = 0; a < rank; ++a) {
         bool have_int = false, have_unknown = false;
@@ -557,6 +572,9 @@ OFX_EXPORT long onnxfuse_cuda_stats(char* out, size_t out_size) {
   }
   return static_cast<long>(s.size());
 }
+
+// FusedElementwise's limit on the broadcast rank (kMaxRank; onnxfuse.custom_ops.MAX_RANK).
+OFX_EXPORT int onnxfuse_max_rank() { return kMaxRank; }
 
 // Version of this library's program language.
 OFX_EXPORT int onnxfuse_language_version() { return 1; }
