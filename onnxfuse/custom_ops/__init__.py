@@ -34,6 +34,12 @@ OPSET_VERSION = 1
 PROGRAM_ATTR = "program"
 #: Version of the program language (the number in the ``onnxfuse.elementwise N`` header).
 LANGUAGE_VERSION = 1
+#: Largest broadcast rank (the largest input rank) a node may have. The library refuses higher
+#: ranks with an error (at session creation when the ranks are known, else when the node runs):
+#: its CPU kernel and CUDA kernels keep coordinates and strides in arrays of this size
+#: (``kMaxRank`` in csrc/broadcast.h, returned by the library's ``onnxfuse_max_rank()``; a test
+#: checks the two agree). fuse-elementwise leaves ops of higher rank unfused.
+MAX_RANK = 16
 
 #: Environment variable: use this library file instead of the one built with the package.
 LIBRARY_ENV = "ONNXFUSE_LIBRARY"
@@ -43,7 +49,7 @@ NVRTC_ENV = "ONNXFUSE_NVRTC_PATH"
 _LIBRARY_NAME = "_fused_ops.so"
 
 __all__ = [
-    "DOMAIN", "OP_TYPE", "OPSET_VERSION", "PROGRAM_ATTR", "LANGUAGE_VERSION",
+    "DOMAIN", "OP_TYPE", "OPSET_VERSION", "PROGRAM_ATTR", "LANGUAGE_VERSION", "MAX_RANK",
     "LibraryNotFoundError", "library_path", "session_options", "make_node", "opset_import",
     "nvrtc_library_path",
 ]

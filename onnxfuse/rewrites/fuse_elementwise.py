@@ -564,6 +564,12 @@ class _Analysis:
             shape = tuple(m if m is not None else t for m, t in zip(mine, theirs))
         else:
             shape = mine
+        from onnxfuse.custom_ops import MAX_RANK
+
+        rank = max([len(s) for s in shapes + [shape] if s is not None], default=0)
+        if rank > MAX_RANK:
+            # The op's broadcast rank limit; a region's rank is the largest of its ops' ranks.
+            raise _Refuse(f"rank {rank} exceeds FusedElementwise's limit of {MAX_RANK}")
         ints = ("int32", "int64")
         if shape is not None and len(shape) <= 1 and (low.dtype in ints or any(d in ints for d in op_dtypes)):
             # Shape arithmetic (Shape -> Gather -> Add/Div -> Slice...): ONNX Runtime keeps it on
