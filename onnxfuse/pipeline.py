@@ -257,6 +257,8 @@ def optimize_model(
         from onnxfuse.validate import run_samples
 
         reference = run_samples(model, samples, options.provider, name=source)
+        if options.inputs is None and options.inputs_path is None:
+            _add_second_size(model, samples, reference, options, source)
         report = validate_models(model, optimized, samples, options.provider, options.rtol, options.atol,
                                  reference=reference)
         result.validation = report
@@ -279,6 +281,28 @@ def optimize_model(
         check_slowdown(result, options.fail_on_slowdown)
     result.total_seconds = time.perf_counter() - t0
     return result
+
+
+def _add_second_size(model, samples: list, reference: list, options: OptimizeOptions, source: str) -> None:
+    """Append a sample at a second size of every dynamic dimension (and the original's outputs on it)
+    when the original runs there (:func:`onnxfuse.validate.inputs.second_size_candidates`); else a
+    note says validation ran at one size."""
+    from onnxfuse.errors import RuntimeFailure
+    from onnxfuse.validate import run_samples
+    from onnxfuse.validate.inputs import second_size_candidates
+
+    candidates = second_size_candidates(model, samples[0], options.seed, options.input_ranges)
+    for draw in candidates:
+        try:
+            (outputs,) = run_samples(model, [draw], options.provider, name=source)
+        except RuntimeFailure:
+            continue
+        samples.append(draw)
+        reference.append(outputs)
+        return
+    if candidates:
+        samples[0].notes.append("validated at one size only: the original model does not run with its dynamic "
+                                "dimensions one larger (use --shape to choose sizes)")
 
 
 def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions) -> list[Inputs]:

@@ -84,15 +84,37 @@ def validate_models(
         references = run_samples(original, samples, kind, name="original model")
     else:
         references = [reference] if isinstance(reference, dict) else list(reference)
-    gots = run_samples(optimized, samples, kind, name="optimized model")
+    gots = _run_each(optimized, samples, kind)
     precision = lowest_float_precision(original)
     notes = list(dict.fromkeys(n for s in samples for n in s.notes))
     if precision and (rtol is None or atol is None) and any(
             a.dtype.kind == "f" and a.dtype.name != precision for a in references[0].values()):
         notes.append(f"the model computes in {precision}: its wider float outputs are compared with "
                      f"{precision}'s default tolerance")
-    per_sample = [compare_outputs(ref, got, rtol, atol, precision) for ref, got in zip(references, gots)]
+    per_sample = [_failed_run(ref, got) if isinstance(got, str) else compare_outputs(ref, got, rtol, atol, precision)
+                  for ref, got in zip(references, gots)]
     return ValidationReport(provider=kind, outputs=_worst_of(per_sample), notes=notes)
+
+
+def _run_each(model, samples, kind) -> list:
+    """Outputs of ``model`` per sample, or the one-line error for a sample it cannot run on (the
+    original ran on it: the optimized model failing there is a validation failure, not the user's)."""
+    from onnxfuse.errors import RuntimeFailure
+
+    session = make_session(model, provider=kind, optimization="disable", name="optimized model")
+    out = []
+    for s in samples:
+        try:
+            out.append(run_session(session, s.feeds, name="optimized model"))
+        except RuntimeFailure as e:
+            out.append(str(e))
+    return out
+
+
+def _failed_run(reference: dict, error: str) -> list[Comparison]:
+    return [Comparison(name=name, dtype=str(ref.dtype), shape=list(ref.shape), passed=False, rtol=0.0, atol=0.0,
+                       mismatch_fraction=1.0, error=f"the optimized model fails on this input: {error}")
+            for name, ref in reference.items()]
 
 
 def _worst_of(per_sample: list[list[Comparison]]) -> list[Comparison]:

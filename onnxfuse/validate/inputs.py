@@ -210,6 +210,45 @@ def make_samples(
     return given_inputs(specs, given)
 
 
+def second_size_candidates(model: onnx.ModelProto, first: Inputs, seed: int = 0, ranges=None) -> list[Inputs]:
+    """Draws at a second size of every dynamic dimension, to run validation on as well as ``first``.
+
+    One size is blind to rewrites that specialise a shape (a Reshape target that copies a dimension
+    from another tensor because both carry the name ``N``). So every dynamic dimension is also tried
+    one larger than in ``first``: first with each (input, dimension) on its own size (dimensions
+    that share a symbolic name get different sizes: ONNX Runtime does not enforce shared names, and a
+    rewrite may not rely on them), then, for models that cannot run like that, with shared names
+    kept equal. The caller keeps the first candidate the original model runs on. Empty when the
+    model has no dynamic dimension.
+    """
+    specs = input_specs(model)
+    if not any(not isinstance(d, int) for s in specs for d in s.shape):
+        return []
+    value_range, _ = value_ranges(model, ranges)
+    seen: dict = {}
+    independent, by_name = {}, {}
+    for s in specs:
+        base = list(first.feeds[s.name].shape)
+        ind, con = list(base), list(base)
+        for k, d in enumerate(s.shape):
+            if isinstance(d, int):
+                continue
+            n = seen.get(d or None, 0)
+            seen[d or None] = n + 1
+            ind[k] = base[k] + 1 + n
+            con[k] = base[k] + 1
+        independent[s.name], by_name[s.name] = ind, con
+    out = []
+    for shapes, how in ((independent, "each dynamic dimension on its own size"),
+                        (by_name, "dynamic dimensions one larger, shared names equal")):
+        if out and shapes == by_name and by_name == independent:
+            break
+        draw = random_inputs(specs, shapes, seed + 1, value_range)
+        draw.notes = [f"second size ({how}): " + ", ".join(f"{k} {v}" for k, v in shapes.items())]
+        out.append(draw)
+    return out
+
+
 def given_inputs(specs: list[InputSpec], given) -> list[Inputs]:
     """User inputs as a list of samples: ``given`` is a dict ``{name: array}``, a list (or tuple) of such
     dicts, or the path (str or ``os.PathLike``) of an ``.npz`` file. Raises :class:`InputsError` with one
