@@ -476,7 +476,14 @@ def diff_models(
     if intermediates:
         report.intermediates_checked = True
         say("shape inference")
-        ia, ib = _infer(a, "A", report.notes), _infer(b, "B", report.notes)
+        # Tensors a FusedElementwise node computes internally become outputs of it, under their original
+        # names, so drift inside a fused region is found and named (custom_ops.expose_fused_values).
+        from onnxfuse.custom_ops import expose_fused_values
+
+        (wide_a, n_a), (wide_b, n_b) = expose_fused_values(a), expose_fused_values(b)
+        if n_a or n_b:
+            report.notes.append(f"{n_a + n_b} tensor(s) computed inside FusedElementwise nodes exposed for comparison")
+        ia, ib = _infer(wide_a, "A", report.notes), _infer(wide_b, "B", report.notes)
         pairs = _pairs(ia, ib, report.notes)
         for start in range(0, len(pairs), batch_size):
             batch = pairs[start:start + batch_size]

@@ -10,6 +10,7 @@ to name the first rule whose rewrites break the outputs; nothing is written and
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
@@ -234,6 +235,11 @@ def optimize_model(
     step("rewriting")
     optimized, applied = rewrite_model(model, rules)
     model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
+    fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
+    if fused_values:
+        from onnxfuse.custom_ops import FUSED_VALUES_KEY
+
+        model_io.set_metadata(optimized, FUSED_VALUES_KEY, json.dumps(fused_values, sort_keys=True))
     step("checking")
     model_io.check_model(optimized, name="optimized model", error=ModelSaveError)
     rewrite_seconds = time.perf_counter() - t0

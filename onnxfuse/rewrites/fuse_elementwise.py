@@ -380,6 +380,7 @@ class Region:
     lowerings: list
     reason: str | None = None
     program: Any = None
+    values: dict = field(default_factory=dict)  # member output tensor name -> program value name
     analysis: Any = None  # the _Analysis that found it (dtypes and shapes of its graph)
     graph: Any = None  # the graph (top level or an If/Loop/Scan body) the fused node goes into
 
@@ -752,6 +753,7 @@ def build_program(region: Region, analysis_dtypes: dict, dtype_of):
                     real.append(a[1])
             results.append(b.op(op_type, real, **attrs))
         names[id(low.node.outputs[0])] = results[-1]
+        region.values[low.node.outputs[0].name] = results[-1]
     for t in region.outputs:
         b.output(names[id(t)])
     return b.build()
@@ -835,5 +837,6 @@ class FuseElementwiseRegions(Rule):
             "inputs": [t.name for t in match.inputs],
             "outputs": [t.name for t in match.outputs],
             "absorbed": absorbed,
+            "values": {t: match.values[t] for t in absorbed if t in match.values},  # for diff --intermediates
             "program": text,
         }
