@@ -259,10 +259,7 @@ def optimize_model(
     if options.validate:
         step("validating")
         t1 = time.perf_counter()
-        samples = sample_inputs(model, options)
-        from onnxfuse.validate import run_samples
-
-        reference = run_samples(model, samples, options.provider, name=source)
+        samples, reference = _reference_run(model, options, source)
         if options.inputs is None and options.inputs_path is None:
             _add_second_size(model, samples, reference, options, source)
         report = validate_models(model, optimized, samples, options.provider, options.rtol, options.atol,
@@ -289,6 +286,40 @@ def optimize_model(
     return result
 
 
+#: Sizes tried, in order, for dynamic dimensions nobody sized when the original model cannot run at 1
+#: (a 3x3 Conv over H = W = 1, a pooling window wider than the input).
+DEFAULT_DIM_RETRIES = (8, 32, 224)
+
+
+def _reference_run(model, options: OptimizeOptions, source: str):
+    """The validation samples and the original's outputs on them. Unsized dynamic dimensions default
+    to 1; where the original cannot run at 1, to 8, 32 and then 224 (with a note); where it runs at
+    none of these, one line names the dimensions and the --shape to pass."""
+    from onnxfuse.errors import InputsError, RuntimeFailure
+    from onnxfuse.validate import run_samples
+    from onnxfuse.validate.inputs import input_specs, unsized_dimensions
+
+    samples = sample_inputs(model, options)
+    given = options.inputs is not None or options.inputs_path is not None
+    unsized = [] if given else unsized_dimensions(input_specs(model), options.shapes)
+    try:
+        return samples, run_samples(model, samples, options.provider, name=source)
+    except RuntimeFailure as first:
+        if not unsized:
+            raise
+        for size in DEFAULT_DIM_RETRIES:
+            retry = sample_inputs(model, options, default_dim=size)
+            try:
+                reference = run_samples(model, retry, options.provider, name=source)
+            except RuntimeFailure:
+                continue
+            retry[0].notes.append(f"the original model does not run with {', '.join(unsized)} set to 1 "
+                                  f"({first}); validated with {size}")
+            return retry, reference
+        raise InputsError(f"the original model does not run with dynamic dimension(s) {', '.join(unsized)} set to "
+                          f"1, 8, 32 or 224; give sizes with --shape NAME:D0,D1,... ({first})") from None
+
+
 def _add_second_size(model, samples: list, reference: list, options: OptimizeOptions, source: str) -> None:
     """Append a sample at a second size of every dynamic dimension (and the original's outputs on it)
     when the original runs there (:func:`onnxfuse.validate.inputs.second_size_candidates`); else a
@@ -311,13 +342,13 @@ def _add_second_size(model, samples: list, reference: list, options: OptimizeOpt
                                 "dimensions one larger (use --shape to choose sizes)")
 
 
-def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions) -> list[Inputs]:
+def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions, default_dim: int = 1) -> list[Inputs]:
     """The samples validation runs on: the user's (``options.inputs`` or ``options.inputs_path``), else
     one seeded draw. Timing uses the first."""
     if options.inputs is not None and options.inputs_path is not None:
         raise UsageError("give the inputs once: OptimizeOptions.inputs or inputs_path, not both")
     given = options.inputs if options.inputs is not None else options.inputs_path
-    return make_samples(model, options.shapes, options.seed, given, options.input_ranges)
+    return make_samples(model, options.shapes, options.seed, given, options.input_ranges, default_dim)
 
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):

@@ -61,7 +61,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
         shape: list = []
         if tt.HasField("shape"):
             for d in tt.shape.dim:
-                if d.HasField("dim_value") and d.dim_value > 0:
+                if d.HasField("dim_value") and d.dim_value >= 0:  # a declared 0 is a fixed, empty dimension
                     shape.append(int(d.dim_value))
                 else:
                     shape.append(d.dim_param or None)
@@ -141,7 +141,7 @@ def dimension_symbols(specs: list[InputSpec], shapes: dict[str, list[int]]) -> d
 
 
 def resolve_shape(spec: InputSpec, shapes: dict[str, list[int]], notes: list[str],
-                  symbols: dict[str, int] | None = None) -> list[int]:
+                  symbols: dict[str, int] | None = None, default: int = 1) -> list[int]:
     if spec.name in shapes:
         given = shapes[spec.name]
         if spec.shape and len(given) != len(spec.shape):
@@ -158,11 +158,11 @@ def resolve_shape(spec: InputSpec, shapes: dict[str, list[int]], notes: list[str
         elif symbols and d in symbols:
             out.append(symbols[d])
         else:
-            out.append(1)
+            out.append(default)
             defaulted.append(str(d) if d else "?")
     if defaulted:
         notes.append(
-            f"input {spec.name!r}: dynamic dimension(s) {', '.join(defaulted)} set to 1 "
+            f"input {spec.name!r}: dynamic dimension(s) {', '.join(defaulted)} set to {default} "
             f"(use --shape {spec.name}:{','.join(str(x) for x in out)} to choose)"
         )
     return out
@@ -193,6 +193,7 @@ def make_samples(
     seed: int = 0,
     given=None,
     ranges=None,
+    default_dim: int = 1,
 ) -> list[Inputs]:
     """The samples to run ``model`` on: the user's (``given``, see :func:`given_inputs`) when given,
     else one seeded draw (as :func:`make_inputs`, value ranges included)."""
@@ -204,10 +205,23 @@ def make_samples(
                          "give one or the other")
     if given is None:
         value_range, notes = value_ranges(model, ranges)
-        inputs = random_inputs(specs, shapes or {}, seed, value_range)
+        inputs = random_inputs(specs, shapes or {}, seed, value_range, default_dim)
         inputs.notes.extend(notes)
         return [inputs]
     return given_inputs(specs, given)
+
+
+def unsized_dimensions(specs: list[InputSpec], shapes: dict[str, list[int]]) -> list[str]:
+    """``input[axis] (name)`` for every dynamic dimension neither ``shapes`` nor a shared name sizes."""
+    symbols = dimension_symbols(specs, shapes or {})
+    out = []
+    for spec in specs:
+        if spec.name in (shapes or {}):
+            continue
+        for k, d in enumerate(spec.shape):
+            if not isinstance(d, int) and not (d and d in symbols):
+                out.append(f"{spec.name}[{k}]" + (f" ({d})" if d else ""))
+    return out
 
 
 def second_size_candidates(model: onnx.ModelProto, first: Inputs, seed: int = 0, ranges=None) -> list[Inputs]:
@@ -303,7 +317,7 @@ def check_shape_names(specs: list[InputSpec], shapes: dict[str, list[int]]) -> N
 
 
 def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = None, seed: int = 0,
-                  ranges=None) -> Inputs:
+                  ranges=None, default_dim: int = 1) -> Inputs:
     """The seeded draw :func:`make_inputs` makes, for explicit ``specs``.
 
     Floating inputs are drawn in float32 and cast to the spec's dtype, so specs that differ only in
@@ -314,7 +328,8 @@ def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = 
     shapes = shapes or {}
     symbols = dimension_symbols(specs, shapes)
     ranges = ranges or {}
-    feeds = {s.name: _random(rng, s.dtype, resolve_shape(s, shapes, notes, symbols), ranges.get(s.name)) for s in specs}
+    feeds = {s.name: _random(rng, s.dtype, resolve_shape(s, shapes, notes, symbols, default_dim), ranges.get(s.name))
+             for s in specs}
     return Inputs(feeds=feeds, notes=notes, seed=seed, source="random")
 
 
