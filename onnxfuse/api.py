@@ -51,6 +51,7 @@ def optimize(
     input_ranges: Mapping[str, tuple[float, float]] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    strict: bool = False,
     provider: str = "auto",
     bench: bool = False,
     force: bool = False,
@@ -79,7 +80,9 @@ def optimize(
     own fused ops) or ``"onnx"`` (standard ops only). ``only``/``skip``: rule names (a list or one
     comma-separated string; ``onnxfuse rules`` lists them). ``rules``: a custom rule pool replacing the
     registry (plugins, tests). ``validate=False`` skips validation. ``rtol``/``atol`` replace the
-    dtype-aware default tolerances. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
+    dtype-aware default tolerances. An output also passes when its error is within
+    :data:`onnxfuse.validate.FLOOR_MULTIPLE` times the original model's own noise floor (its outputs
+    with ONNX Runtime's optimizations off vs on); ``strict=True`` judges by tolerance alone. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
 
     ``bench``: also time both models on the GPU (ORT_ENABLE_ALL on both; ``bench_config`` an
     :class:`onnxfuse.bench.BenchConfig`). Off by default in the API, unlike the CLI: timing takes
@@ -104,7 +107,8 @@ def optimize(
 
     options = OptimizeOptions(
         target=target, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
-        inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), rtol=rtol, atol=atol, provider=provider,
+        inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), rtol=rtol, atol=atol, strict=strict,
+        provider=provider,
         force=force, rules=rules,
         bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown,
     )

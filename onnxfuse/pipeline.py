@@ -49,6 +49,7 @@ class OptimizeOptions:
     inputs: object | None = None  # {name: array}, a list of such dicts, or an .npz path (see validate.inputs.given_inputs)
     seed: int = 0
     input_ranges: dict | None = None  # name -> validate.input_ranges.ValueRange (``--input-range``)
+    strict: bool = False  # judge by tolerance alone, not also by the model's own noise floor
     rtol: float | None = None
     atol: float | None = None
     provider: str = "auto"
@@ -205,6 +206,7 @@ def find_culprit(
     inputs: Inputs | list[Inputs],
     options: OptimizeOptions,
     reference: dict | list[dict],
+    floor: dict[str, float] | None = None,
 ) -> str | None:
     """Name the first rule (in run order) whose rewrites make validation fail, by bisecting prefixes."""
     active = [r for r in rules if applied.counts.get(r.name, 0) > 0]
@@ -213,7 +215,7 @@ def find_culprit(
         mid = (lo + hi) // 2
         candidate, _ = rewrite_model(original, active[:mid])
         report = validate_models(original, candidate, inputs, options.provider, options.rtol, options.atol,
-                                 reference=reference)
+                                 reference=reference, floor=floor, strict=options.strict)
         if report.passed:
             lo = mid
         else:
@@ -262,12 +264,15 @@ def optimize_model(
         samples, reference = _reference_run(model, options, source)
         if options.inputs is None and options.inputs_path is None:
             _add_second_size(model, samples, reference, options, source)
+        from onnxfuse.validate import noise_floor
+
+        floor = noise_floor(model, samples, reference, options.provider, name=source)
         report = validate_models(model, optimized, samples, options.provider, options.rtol, options.atol,
-                                 reference=reference)
+                                 reference=reference, floor=floor, strict=options.strict)
         result.validation = report
         if not report.passed:
             step("searching for the rule responsible")
-            culprit = find_culprit(model, rules, applied, samples, options, reference)
+            culprit = find_culprit(model, rules, applied, samples, options, reference, floor)
             result.validation_seconds = time.perf_counter() - t1
             result.total_seconds = time.perf_counter() - t0
             failing = ", ".join(report.failing())
