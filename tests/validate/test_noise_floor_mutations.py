@@ -138,3 +138,22 @@ def test_real_rules_pass_and_report_their_multiple_of_the_floor(build):
     for c in result.validation.outputs:
         assert c.passed and "noise_floor" in c.extra and "floor_multiple" in c.extra
         assert c.to_dict()["noise_floor"] == c.extra["noise_floor"]  # in the JSON report too
+
+
+def test_every_report_shows_the_multiple_of_the_floor(tmp_path):
+    from click.testing import CliRunner
+
+    from onnxfuse.cli import main
+
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn(), path)
+    md, xml, js = tmp_path / "r.md", tmp_path / "r.xml", tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["optimize", str(path), str(tmp_path / "o.onnx"), "--no-bench", "--markdown", str(md),
+                                    "--junit", str(xml), "--json", str(js)], catch_exceptions=False)
+    assert res.exit_code == 0
+    assert "x floor" in res.stdout
+    assert "noise floor" in md.read_text() and "noise floor:" in xml.read_text()
+    import json
+
+    row = json.loads(js.read_text())["validation"]["outputs"][0]
+    assert row["noise_floor"] >= 0 and "floor_multiple" in row
