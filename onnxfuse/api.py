@@ -52,6 +52,8 @@ def optimize(
     rtol: float | None = None,
     atol: float | None = None,
     strict: bool = False,
+    samples: int = 2,
+    save_inputs: str | os.PathLike | None = None,
     provider: str = "auto",
     bench: bool = False,
     force: bool = False,
@@ -82,7 +84,9 @@ def optimize(
     registry (plugins, tests). ``validate=False`` skips validation. ``rtol``/``atol`` replace the
     dtype-aware default tolerances. An output also passes when its error is within
     :data:`onnxfuse.validate.FLOOR_MULTIPLE` times the original model's own noise floor (its outputs
-    with ONNX Runtime's optimizations off vs on); ``strict=True`` judges by tolerance alone. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
+    with ONNX Runtime's optimizations off vs on); ``strict=True`` judges by tolerance alone. Without
+    ``inputs``, validation runs on ``samples`` seeded draws plus one at a second size of every dynamic
+    dimension; ``save_inputs`` writes all of them to an .npz that ``inputs`` replays exactly. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
 
     ``bench``: also time both models on the GPU (ORT_ENABLE_ALL on both; ``bench_config`` an
     :class:`onnxfuse.bench.BenchConfig`). Off by default in the API, unlike the CLI: timing takes
@@ -108,6 +112,7 @@ def optimize(
     options = OptimizeOptions(
         target=target, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
         inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), rtol=rtol, atol=atol, strict=strict,
+        samples=_count(samples), save_inputs=None if save_inputs is None else os.fspath(save_inputs),
         provider=provider,
         force=force, rules=rules,
         bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown,
@@ -189,6 +194,12 @@ def _checked_numbers(rtol, atol, seed) -> None:
             raise UsageError(f"--{name} {value}: a tolerance must be a finite number >= 0")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise UsageError(f"--seed {seed}: the seed must be an integer >= 0")
+
+
+def _count(samples) -> int:
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise UsageError(f"--samples {samples}: need an integer >= 1")
+    return samples
 
 
 def _ranges(ranges) -> dict | None:

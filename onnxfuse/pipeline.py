@@ -50,6 +50,8 @@ class OptimizeOptions:
     seed: int = 0
     input_ranges: dict | None = None  # name -> validate.input_ranges.ValueRange (``--input-range``)
     strict: bool = False  # judge by tolerance alone, not also by the model's own noise floor
+    samples: int = 2  # seeded draws validation runs on (seeds seed, seed+1, ...), besides the second size
+    save_inputs: str | None = None  # write every sample validation used to this .npz (``--save-inputs``)
     rtol: float | None = None
     atol: float | None = None
     provider: str = "auto"
@@ -264,6 +266,10 @@ def optimize_model(
         samples, reference = _reference_run(model, options, source)
         if options.inputs is None and options.inputs_path is None:
             _add_second_size(model, samples, reference, options, source)
+        if options.save_inputs:
+            from onnxfuse.validate.inputs import save_samples
+
+            save_samples(samples, options.save_inputs)
         from onnxfuse.validate import noise_floor
 
         floor = noise_floor(model, samples, reference, options.provider, name=source)
@@ -353,7 +359,7 @@ def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions, default_dim:
     if options.inputs is not None and options.inputs_path is not None:
         raise UsageError("give the inputs once: OptimizeOptions.inputs or inputs_path, not both")
     given = options.inputs if options.inputs is not None else options.inputs_path
-    return make_samples(model, options.shapes, options.seed, given, options.input_ranges, default_dim)
+    return make_samples(model, options.shapes, options.seed, given, options.input_ranges, default_dim, options.samples)
 
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):

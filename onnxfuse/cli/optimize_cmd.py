@@ -50,6 +50,11 @@ Examples:
 @input_options
 @click.option("--rtol", type=float, default=None, help="Relative tolerance (default depends on dtype: fp32 1e-4, fp16 1e-2; a model that computes in fp16 is judged as fp16 even where its outputs are fp32).")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance (default depends on dtype and output scale).")
+@click.option("--samples", type=int, default=2, show_default=True,
+              help="Seeded random samples to validate on (seeds SEED, SEED+1, ...), besides one at a second size "
+                   "of every dynamic dimension.")
+@click.option("--save-inputs", "save_inputs", type=click.Path(dir_okay=False),
+              help="Write every sample validation used to this .npz; --inputs replays it exactly.")
 @click.option("--strict", is_flag=True, help="Judge by tolerance alone: an output beyond tolerance fails even when its "
                                              "error is within 10x the original model's own noise floor (its outputs "
                                              "with ONNX Runtime's optimizations off vs on).")
@@ -68,7 +73,7 @@ Examples:
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 @handle_errors
 def optimize(input_path, output_path, target, only, skip, explain, no_validate, shapes, inputs_path, seed, input_ranges,
-             rtol, atol, strict, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
+             rtol, atol, samples, save_inputs, strict, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
              force) -> None:
     try:
         check_runtime(quiet)
@@ -77,7 +82,7 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
             result = api.optimize(
                 input_path, output_path, inputs=inputs_path, target=target, only=list(only), skip=list(skip),
                 validate=not no_validate, shapes=shape_map, seed=seed, input_ranges=range_map(input_ranges),
-                rtol=rtol, atol=atol, strict=strict, provider=provider,
+                rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
                 bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, progress=bar.step,
                 bench_progress=bar.fraction,
             )

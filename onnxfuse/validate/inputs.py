@@ -194,6 +194,7 @@ def make_samples(
     given=None,
     ranges=None,
     default_dim: int = 1,
+    count: int = 1,
 ) -> list[Inputs]:
     """The samples to run ``model`` on: the user's (``given``, see :func:`given_inputs`) when given,
     else one seeded draw (as :func:`make_inputs`, value ranges included)."""
@@ -205,9 +206,9 @@ def make_samples(
                          "give one or the other")
     if given is None:
         value_range, notes = value_ranges(model, ranges)
-        inputs = random_inputs(specs, shapes or {}, seed, value_range, default_dim)
-        inputs.notes.extend(notes)
-        return [inputs]
+        draws = [random_inputs(specs, shapes or {}, seed + k, value_range, default_dim) for k in range(max(1, count))]
+        draws[0].notes.extend(notes)
+        return draws
     return given_inputs(specs, given)
 
 
@@ -268,7 +269,7 @@ def given_inputs(specs: list[InputSpec], given) -> list[Inputs]:
     dicts, or the path (str or ``os.PathLike``) of an ``.npz`` file. Raises :class:`InputsError` with one
     line when they do not fit ``specs``."""
     if isinstance(given, (str, os.PathLike)):
-        return [load_npz(specs, Path(given))]
+        return load_npz_samples(specs, Path(given))
     if isinstance(given, Mapping):
         return [from_arrays(specs, given)]
     if isinstance(given, (list, tuple)):
@@ -333,16 +334,52 @@ def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = 
     return Inputs(feeds=feeds, notes=notes, seed=seed, source="random")
 
 
-def load_npz(specs: list[InputSpec], path: Path) -> Inputs:
-    """Inputs for ``specs`` from an .npz file, checked against each spec's dtype and fixed dimensions."""
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise InputsError(f"{path}: no such inputs file")
     try:
         data = np.load(path, allow_pickle=False)
-        arrays = {k: data[k] for k in data.files}
+        return {k: data[k] for k in data.files}
     except Exception as exc:
         raise InputsError(f"{path}: not a readable .npz file ({exc.__class__.__name__})") from None
-    return Inputs(feeds=checked_feeds(specs, arrays, str(path)), notes=[], seed=None, source=str(path))
+
+
+def _samples_of(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]] | None:
+    """Several samples in one .npz: every key ``<k>/<input name>`` (what ``--save-inputs`` writes)."""
+    groups: dict[int, dict[str, np.ndarray]] = {}
+    for key, value in arrays.items():
+        k, sep, name = key.partition("/")
+        if not sep or not k.isdigit():
+            return None
+        groups.setdefault(int(k), {})[name] = value
+    return [groups[k] for k in sorted(groups)] if groups else None
+
+
+def load_npz(specs: list[InputSpec], path: Path) -> Inputs:
+    """Inputs for ``specs`` from an .npz file (its first sample when it holds several), checked against
+    each spec's dtype and fixed dimensions."""
+    return load_npz_samples(specs, path)[0]
+
+
+def load_npz_samples(specs: list[InputSpec], path: Path) -> list[Inputs]:
+    """Every sample of an .npz file: arrays named after the inputs (one sample), or ``<k>/<input>``
+    (several, as ``--save-inputs`` writes them)."""
+    arrays = _read_npz(path)
+    several = _samples_of(arrays)
+    if several is None:
+        return [Inputs(feeds=checked_feeds(specs, arrays, str(path)), notes=[], seed=None, source=str(path))]
+    return [Inputs(feeds=checked_feeds(specs, sample, f"{path} sample {k}"), notes=[], seed=None, source=str(path))
+            for k, sample in enumerate(several)]
+
+
+def save_samples(samples: list[Inputs], path: str | Path) -> None:
+    """Write ``samples`` as one .npz (``<k>/<input>`` keys), for ``--inputs`` to replay them exactly."""
+    arrays = {f"{k}/{name}": value for k, s in enumerate(samples) for name, value in s.feeds.items()}
+    try:
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+    except OSError as exc:
+        raise InputsError(f"--save-inputs {path}: cannot write ({exc.strerror or exc})") from None
 
 
 _load_npz = load_npz  # the earlier private name
