@@ -72,18 +72,25 @@ def noise_floor(original: onnx.ModelProto, samples: list[Inputs], reference: lis
                 name: str = "model") -> dict[str, float]:
     """Per output, how far two legitimate runs of the *original* model differ on the same inputs:
     ONNX Runtime with its graph optimizations off (the reference) and all on (how it is deployed:
-    fusions, layout changes, reordered sums). Differences below that are the model's own noise, not
+    fusions, layout changes, reordered sums), and on a GPU also the CUDA provider against the CPU
+    provider. Differences below that are the model's own noise, not
     a rewrite's fault; a model that amplifies rounding (ids 0/1 through an embedding, say) shows a high
     floor. {} when the optimized run fails (then only the tolerances judge)."""
     from onnxfuse.errors import RuntimeFailure
 
-    try:
-        session = make_session(original, provider=resolve_provider(provider), optimization="all", name=name)
-        deployed = [run_session(session, s.feeds, name=name) for s in samples]
-    except RuntimeFailure:
+    kind = resolve_provider(provider)
+    ways = [(kind, "all")] + ([("cpu", "disable")] if kind == "cuda" else [])  # and CPU against CUDA on a GPU
+    runs = []
+    for way_provider, level in ways:
+        try:
+            session = make_session(original, provider=way_provider, optimization=level, name=name)
+            runs.append([run_session(session, s.feeds, name=name) for s in samples])
+        except RuntimeFailure:
+            continue
+    if not runs:
         return {}
     floor: dict[str, float] = {}
-    for ref, dep in zip(reference, deployed):
+    for ref, dep in ((r, d) for deployed in runs for r, d in zip(reference, deployed)):
         for out, a in ref.items():
             b = dep.get(out)
             if b is None or a.shape != b.shape or a.dtype.kind not in "fc":
