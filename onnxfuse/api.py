@@ -18,8 +18,12 @@ neither a path nor an ``onnx.ModelProto`` is a ``TypeError``.
 
 from __future__ import annotations
 
+import math
+
 import os
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
+
+from onnxfuse.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -44,8 +48,12 @@ def optimize(
     validate: bool = True,
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    strict: bool = False,
+    samples: int = 2,
+    save_inputs: str | os.PathLike | None = None,
     provider: str = "auto",
     bench: bool = False,
     force: bool = False,
@@ -65,14 +73,20 @@ def optimize(
 
     ``inputs``: the data validation runs both models on: a dict ``{input name: numpy array}`` (one
     sample), a list of such dicts (several samples: each output must pass on every one), or the path
-    of an ``.npz`` file. Dtypes must match the model's inputs. Default: one seeded standard-normal draw
-    (``seed``), dynamic dimensions from ``shapes`` (``{"input": [8, 3, 224, 224]}``), else 1.
+    of an ``.npz`` file. Dtypes must match the model's inputs. Default: one seeded draw (``seed``):
+    floats standard normal, integer inputs in the range the graph implies (ids into an embedding of V
+    rows: ``[0, V-1]``; else 0 or 1), ``input_ranges={"input_ids": (0, 30521)}`` to choose (inclusive;
+    floats uniform); dynamic dimensions from ``shapes`` (``{"input": [8, 3, 224, 224]}``), else 1.
 
     ``target``: ``"cuda"`` (everything, FusedElementwise included), ``"contrib"`` (only ONNX Runtime's
     own fused ops) or ``"onnx"`` (standard ops only). ``only``/``skip``: rule names (a list or one
     comma-separated string; ``onnxfuse rules`` lists them). ``rules``: a custom rule pool replacing the
     registry (plugins, tests). ``validate=False`` skips validation. ``rtol``/``atol`` replace the
-    dtype-aware default tolerances. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
+    dtype-aware default tolerances. An output also passes when its error is within
+    :data:`onnxfuse.validate.FLOOR_MULTIPLE` times the original model's own noise floor (its outputs
+    with ONNX Runtime's optimizations off vs on); ``strict=True`` judges by tolerance alone. Without
+    ``inputs``, validation runs on ``samples`` seeded draws plus one at a second size of every dynamic
+    dimension; ``save_inputs`` writes all of them to an .npz that ``inputs`` replays exactly. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
 
     ``bench``: also time both models on the GPU (ORT_ENABLE_ALL on both; ``bench_config`` an
     :class:`onnxfuse.bench.BenchConfig`). Off by default in the API, unlike the CLI: timing takes
@@ -93,9 +107,14 @@ def optimize(
     require_runtime()
     from onnxfuse.pipeline import OptimizeOptions, run_pipeline
 
+    _checked_numbers(rtol, atol, seed)
+
     options = OptimizeOptions(
         target=target, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
-        inputs=inputs, seed=seed, rtol=rtol, atol=atol, provider=provider, force=force, rules=rules,
+        inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), rtol=rtol, atol=atol, strict=strict,
+        samples=_count(samples), save_inputs=None if save_inputs is None else os.fspath(save_inputs),
+        provider=provider,
+        force=force, rules=rules,
         bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown,
     )
     return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
@@ -113,6 +132,7 @@ def diff(
     tolerances: Mapping[str, tuple[float, float]] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None,
     provider_a: str = "auto",
     provider_b: str = "auto",
     batch_size: int | None = None,
@@ -125,7 +145,8 @@ def diff(
     ``samples`` seeded draws from A's signature (seeds ``seed``, ``seed+1``, ...; floating inputs cast
     to each model's own dtypes, so an fp16 model and its fp32 original see the same values), or the
     user's ``inputs``: a dict ``{input name: array}``, a list of such dicts (one per sample), or an
-    ``.npz`` path, in A's dtypes. ``shapes`` sizes dynamic dimensions.
+    ``.npz`` path, in A's dtypes. ``shapes`` sizes dynamic dimensions; integer inputs are drawn in the
+    range A's graph implies or ``input_ranges`` gives (as in :func:`optimize`).
 
     Tolerance per element: ``|b - a| <= atol + rtol * |a|``; defaults depend on the dtype (the looser of
     the two sides). ``rtol``/``atol`` replace them for every tensor, ``tolerances`` (``{name: (rtol,
@@ -145,11 +166,15 @@ def diff(
     require_runtime()
     from onnxfuse.drift import DEFAULT_BATCH_SIZE, diff_models
 
+    _checked_numbers(rtol, atol, seed)
+    for name, (t_rtol, t_atol) in dict(tolerances or {}).items():
+        _checked_numbers(t_rtol, t_atol, 0)
+
     return diff_models(
         a, b, shapes=_shapes(shapes), seed=seed, inputs=inputs, samples=samples, provider_a=provider_a,
         provider_b=provider_b, rtol=rtol, atol=atol, tolerances=dict(tolerances or {}),
         intermediates=intermediates, batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
-        histograms=histograms, progress=progress,
+        histograms=histograms, progress=progress, input_ranges=_ranges(input_ranges),
     )
 
 
@@ -159,6 +184,31 @@ def _names(value) -> list[str] | None:
         return None
     items = [value] if isinstance(value, str) else list(value)
     return items or None
+
+
+def _checked_numbers(rtol, atol, seed) -> None:
+    """Tolerances must be finite and >= 0 (``nan`` would turn every comparison into a pass), the seed
+    a non-negative integer: usage errors otherwise (exit 2 in the CLI)."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"--{name} {value}: a tolerance must be a finite number >= 0")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise UsageError(f"--seed {seed}: the seed must be an integer >= 0")
+
+
+def _count(samples) -> int:
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise UsageError(f"--samples {samples}: need an integer >= 1")
+    return samples
+
+
+def _ranges(ranges) -> dict | None:
+    """``{name: (lo, hi)}`` (inclusive) → ValueRange objects, checked like ``--input-range``."""
+    if not ranges:
+        return None
+    from onnxfuse.validate.input_ranges import parse_range_options
+
+    return parse_range_options([f"{name}:{lo},{hi}" for name, (lo, hi) in ranges.items()])
 
 
 def _shapes(shapes) -> dict[str, list[int]]:

@@ -46,7 +46,7 @@ from onnxfuse import __version__
 from onnxfuse.errors import InputsError, ModelLoadError, UsageError
 from onnxfuse.reports.histogram import error_histogram
 from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance, is_text
-from onnxfuse.validate.inputs import Inputs, check_shape_names, given_inputs, input_specs, random_inputs
+from onnxfuse.validate.inputs import Inputs, check_shape_names, given_inputs, input_specs, random_inputs, value_ranges
 from onnxfuse.validate.session import make_session, resolve_provider, run_session
 
 #: metadata_props key of an optimized model: JSON {absorbed tensor name: equivalent tensor name}.
@@ -170,16 +170,21 @@ def _floating(dtype: np.dtype) -> bool:
     return np.issubdtype(dtype, np.floating) or str(dtype) == "bfloat16"
 
 
-def _draws(model_a, shapes, seed, given, samples) -> tuple[list[dict], Inputs]:
-    """``samples`` feeds dicts for model A's inputs, floating ones in float32 (not yet cast); or the
-    user's ``given`` inputs (one feeds dict per sample)."""
+def _draws(model_a, shapes, seed, given, samples, ranges=None) -> tuple[list[dict], Inputs]:
+    """``samples`` feeds dicts for model A's inputs, floating ones in float32 (not yet cast), integers
+    in the ranges A implies or ``ranges`` gives; or the user's ``given`` inputs (one per sample)."""
     specs = input_specs(model_a)
     check_shape_names(specs, shapes)
+    if given is not None and (shapes or ranges):
+        raise UsageError("--shape and --input-range size and draw random inputs; they cannot apply to given "
+                         "inputs (--inputs): give one or the other")
     if given is not None:
         loaded = given_inputs(specs, given)
         return [x.feeds for x in loaded], loaded[0]
     draw_specs = [replace(s, dtype=np.dtype(np.float32)) if _floating(s.dtype) else s for s in specs]
-    draws = [random_inputs(draw_specs, shapes, seed + i) for i in range(samples)]
+    value_range, notes = value_ranges(model_a, ranges)
+    draws = [random_inputs(draw_specs, shapes, seed + i, value_range) for i in range(samples)]
+    draws[0].notes.extend(notes)
     return [d.feeds for d in draws], draws[0]
 
 
@@ -512,6 +517,7 @@ def diff_models(
     batch_size: int = DEFAULT_BATCH_SIZE,
     histograms: bool = True,
     progress: Callable[[str], None] | None = None,
+    input_ranges=None,
 ) -> DiffReport:
     """Run ``model_a`` and ``model_b`` on the same inputs and compare them (see the module docstring).
 
@@ -546,7 +552,7 @@ def diff_models(
     b, path_b = _load(model_b, "B")
     kind_a, kind_b = resolve_provider(provider_a), resolve_provider(provider_b)
 
-    draws, first = _draws(a, shapes, seed, given, samples)
+    draws, first = _draws(a, shapes, seed, given, samples, input_ranges)
     feeds_a = [_cast_for(a, d, "A") for d in draws]
     feeds_b = [_cast_for(b, d, "B") for d in draws]
     notes = list(first.notes)
@@ -607,7 +613,14 @@ def diff_models(
     if intermediates:
         report.intermediates_checked = True
         say("shape inference")
-        ia, ib = _infer(a, "A", report.notes), _infer(b, "B", report.notes)
+        # Tensors a FusedElementwise node computes internally become outputs of it, under their original
+        # names, so drift inside a fused region is found and named (custom_ops.expose_fused_values).
+        from onnxfuse.custom_ops import expose_fused_values
+
+        (wide_a, n_a), (wide_b, n_b) = expose_fused_values(a), expose_fused_values(b)
+        if n_a or n_b:
+            report.notes.append(f"{n_a + n_b} tensor(s) computed inside FusedElementwise nodes exposed for comparison")
+        ia, ib = _infer(wide_a, "A", report.notes), _infer(wide_b, "B", report.notes)
         pairs = _pairs(ia, ib, report.notes)
         for start in range(0, len(pairs), batch_size):
             batch = pairs[start:start + batch_size]

@@ -10,6 +10,7 @@ to name the first rule whose rewrites break the outputs; nothing is written and
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
@@ -47,6 +48,10 @@ class OptimizeOptions:
     inputs_path: str | None = None  # an .npz file (``--inputs``); or use ``inputs``
     inputs: object | None = None  # {name: array}, a list of such dicts, or an .npz path (see validate.inputs.given_inputs)
     seed: int = 0
+    input_ranges: dict | None = None  # name -> validate.input_ranges.ValueRange (``--input-range``)
+    strict: bool = False  # judge by tolerance alone, not also by the model's own noise floor
+    samples: int = 2  # seeded draws validation runs on (seeds seed, seed+1, ...), besides the second size
+    save_inputs: str | None = None  # write every sample validation used to this .npz (``--save-inputs``)
     rtol: float | None = None
     atol: float | None = None
     provider: str = "auto"
@@ -203,6 +208,7 @@ def find_culprit(
     inputs: Inputs | list[Inputs],
     options: OptimizeOptions,
     reference: dict | list[dict],
+    floor: dict[str, float] | None = None,
 ) -> str | None:
     """Name the first rule (in run order) whose rewrites make validation fail, by bisecting prefixes."""
     active = [r for r in rules if applied.counts.get(r.name, 0) > 0]
@@ -211,7 +217,7 @@ def find_culprit(
         mid = (lo + hi) // 2
         candidate, _ = rewrite_model(original, active[:mid])
         report = validate_models(original, candidate, inputs, options.provider, options.rtol, options.atol,
-                                 reference=reference)
+                                 reference=reference, floor=floor, strict=options.strict)
         if report.passed:
             lo = mid
         else:
@@ -233,6 +239,11 @@ def optimize_model(
     step("rewriting")
     optimized, applied = rewrite_model(model, rules)
     model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
+    fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
+    if fused_values:
+        from onnxfuse.custom_ops import FUSED_VALUES_KEY
+
+        model_io.set_metadata(optimized, FUSED_VALUES_KEY, json.dumps(fused_values, sort_keys=True))
     step("checking")
     model_io.check_model(optimized, name="optimized model", error=ModelSaveError)
     rewrite_seconds = time.perf_counter() - t0
@@ -252,16 +263,22 @@ def optimize_model(
     if options.validate:
         step("validating")
         t1 = time.perf_counter()
-        samples = sample_inputs(model, options)
-        from onnxfuse.validate import run_samples
+        samples, reference = _reference_run(model, options, source)
+        if options.inputs is None and options.inputs_path is None:
+            _add_second_size(model, samples, reference, options, source)
+        if options.save_inputs:
+            from onnxfuse.validate.inputs import save_samples
 
-        reference = run_samples(model, samples, options.provider, name=source)
+            save_samples(samples, options.save_inputs)
+        from onnxfuse.validate import noise_floor
+
+        floor = noise_floor(model, samples, reference, options.provider, name=source)
         report = validate_models(model, optimized, samples, options.provider, options.rtol, options.atol,
-                                 reference=reference)
+                                 reference=reference, floor=floor, strict=options.strict)
         result.validation = report
         if not report.passed:
             step("searching for the rule responsible")
-            culprit = find_culprit(model, rules, applied, samples, options, reference)
+            culprit = find_culprit(model, rules, applied, samples, options, reference, floor)
             result.validation_seconds = time.perf_counter() - t1
             result.total_seconds = time.perf_counter() - t0
             failing = ", ".join(report.failing())
@@ -280,13 +297,69 @@ def optimize_model(
     return result
 
 
-def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions) -> list[Inputs]:
+#: Sizes tried, in order, for dynamic dimensions nobody sized when the original model cannot run at 1
+#: (a 3x3 Conv over H = W = 1, a pooling window wider than the input).
+DEFAULT_DIM_RETRIES = (8, 32, 224)
+
+
+def _reference_run(model, options: OptimizeOptions, source: str):
+    """The validation samples and the original's outputs on them. Unsized dynamic dimensions default
+    to 1; where the original cannot run at 1, to 8, 32 and then 224 (with a note); where it runs at
+    none of these, one line names the dimensions and the --shape to pass."""
+    from onnxfuse.errors import InputsError, RuntimeFailure
+    from onnxfuse.validate import run_samples
+    from onnxfuse.validate.inputs import input_specs, unsized_dimensions
+
+    samples = sample_inputs(model, options)
+    given = options.inputs is not None or options.inputs_path is not None
+    unsized = [] if given else unsized_dimensions(input_specs(model), options.shapes)
+    try:
+        return samples, run_samples(model, samples, options.provider, name=source)
+    except RuntimeFailure as first:
+        if not unsized:
+            raise
+        for size in DEFAULT_DIM_RETRIES:
+            retry = sample_inputs(model, options, default_dim=size)
+            try:
+                reference = run_samples(model, retry, options.provider, name=source)
+            except RuntimeFailure:
+                continue
+            retry[0].notes.append(f"the original model does not run with {', '.join(unsized)} set to 1 "
+                                  f"({first}); validated with {size}")
+            return retry, reference
+        raise InputsError(f"the original model does not run with dynamic dimension(s) {', '.join(unsized)} set to "
+                          f"1, 8, 32 or 224; give sizes with --shape NAME:D0,D1,... ({first})") from None
+
+
+def _add_second_size(model, samples: list, reference: list, options: OptimizeOptions, source: str) -> None:
+    """Append a sample at a second size of every dynamic dimension (and the original's outputs on it)
+    when the original runs there (:func:`onnxfuse.validate.inputs.second_size_candidates`); else a
+    note says validation ran at one size."""
+    from onnxfuse.errors import RuntimeFailure
+    from onnxfuse.validate import run_samples
+    from onnxfuse.validate.inputs import second_size_candidates
+
+    candidates = second_size_candidates(model, samples[0], options.seed, options.input_ranges)
+    for draw in candidates:
+        try:
+            (outputs,) = run_samples(model, [draw], options.provider, name=source)
+        except RuntimeFailure:
+            continue
+        samples.append(draw)
+        reference.append(outputs)
+        return
+    if candidates:
+        samples[0].notes.append("validated at one size only: the original model does not run with its dynamic "
+                                "dimensions one larger (use --shape to choose sizes)")
+
+
+def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions, default_dim: int = 1) -> list[Inputs]:
     """The samples validation runs on: the user's (``options.inputs`` or ``options.inputs_path``), else
     one seeded draw. Timing uses the first."""
     if options.inputs is not None and options.inputs_path is not None:
         raise UsageError("give the inputs once: OptimizeOptions.inputs or inputs_path, not both")
     given = options.inputs if options.inputs is not None else options.inputs_path
-    return make_samples(model, options.shapes, options.seed, given)
+    return make_samples(model, options.shapes, options.seed, given, options.input_ranges, default_dim, options.samples)
 
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):

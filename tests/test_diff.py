@@ -235,7 +235,7 @@ def test_bad_arguments():
         diff_models(matmul(), matmul(), samples=0)
     with pytest.raises(UsageError, match="unknown tensor"):
         diff_models(matmul(), matmul(), tolerances={"nope": (0, 0)})
-    with pytest.raises(InputsError, match="unknown input"):
+    with pytest.raises(UsageError, match="unknown input"):  # a usage error (exit 2), not the model's
         diff_models(matmul(), matmul(), shapes={"nope": [1]})
     other = _model([helper.make_node("Identity", ["z"], ["y"])], [], x_shape=(K,))
     other.graph.input[0].name = "z"
@@ -355,7 +355,7 @@ def test_cli_inputs_npz(pair, tmp_path):
     (["{a}", "{a}", "--tol", "y:abc:1"], 2, "must be numbers"),
     (["{a}", "{a}", "--tol", "nope:1:1"], 2, "unknown tensor"),
     (["{a}", "{a}", "--shape", "x"], 2, "NAME:D0"),
-    (["{a}", "{a}", "--shape", "nope:1,2"], 1, "unknown input"),
+    (["{a}", "{a}", "--shape", "nope:1,2"], 2, "unknown input"),
     (["{a}", "{a}", "--samples", "0"], 2, "samples"),
     (["{a}", "{a}", "--batch-size", "0"], 2, "batch-size"),
     (["{a}", "{a}", "--rtol", "-1"], 2, "--rtol"),

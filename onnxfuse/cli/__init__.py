@@ -13,7 +13,31 @@ from onnxfuse import __version__
 from onnxfuse.cli.common import EXIT_CODES_HELP
 
 
+class _OneLineUsageErrors(click.Group):
+    """click prints a usage error as four lines (usage, a hint, a blank line, the error); CI logs and
+    scripts get one: ``error: <what is wrong> (see 'onnxfuse optimize --help')``, exit 2."""
+
+    def main(self, *args, **kwargs):
+        if kwargs.get("standalone_mode", True):
+            try:
+                return super().main(*args, **{**kwargs, "standalone_mode": False})
+            except click.UsageError as e:
+                where = e.ctx.command_path if e.ctx is not None else "onnxfuse"
+                click.echo(f"error: {e.format_message()} (see '{where} --help')", err=True)
+                raise SystemExit(e.exit_code) from None
+            except click.exceptions.Abort:
+                click.echo("error: aborted", err=True)
+                raise SystemExit(130) from None
+            except click.exceptions.Exit as e:
+                raise SystemExit(e.exit_code) from None
+            except click.ClickException as e:
+                click.echo(f"error: {e.format_message()}", err=True)
+                raise SystemExit(e.exit_code) from None
+        return super().main(*args, **kwargs)
+
+
 @click.group(
+    cls=_OneLineUsageErrors,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog=EXIT_CODES_HELP,
 )

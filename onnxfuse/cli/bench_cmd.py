@@ -25,6 +25,7 @@ from onnxfuse.cli import render
 from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
 from onnxfuse.errors import OnnxfuseError, UsageError
 from onnxfuse.reports._io import check_report_paths
+from onnxfuse.validate.input_ranges import parse_range_options
 from onnxfuse.validate.inputs import input_specs, make_inputs, parse_shape_options
 
 BENCH_HELP = """Time MODEL (and MODEL2, side by side) on ONNX Runtime.
@@ -127,7 +128,7 @@ def profile_tables(prof, top: int) -> list[Table]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
 @handle_errors
-def bench(model_path, model2_path, batch, shapes, inputs_path, seed, device, cuda_graph, iterations, warmup,
+def bench(model_path, model2_path, batch, shapes, inputs_path, seed, input_ranges, device, cuda_graph, iterations, warmup,
           time_budget, sessions, do_profile, top, json_path, quiet) -> None:
     config = BenchConfig(device=device, warmup=warmup, iterations=iterations, time_budget_s=time_budget,
                          cuda_graph=cuda_graph, sessions=sessions)
@@ -149,7 +150,7 @@ def bench(model_path, model2_path, batch, shapes, inputs_path, seed, device, cud
                 jobs.append((label, model, jobs[0][2]))
                 continue
             model_shapes, notes = batch_shapes(model, batch, user_shapes)
-            inputs = make_inputs(model, model_shapes, seed, inputs_path)
+            inputs = make_inputs(model, model_shapes, seed, inputs_path, parse_range_options(input_ranges))
             inputs.notes.extend(notes)
             jobs.append((label, model, inputs))
 

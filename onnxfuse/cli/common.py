@@ -146,10 +146,21 @@ def _internal(exc: BaseException) -> None:
     )
 
 
+def range_map(values) -> dict[str, tuple[float, float]] | None:
+    """``--input-range NAME:LO,HI`` options as the API takes them (usage errors exit 2)."""
+    from onnxfuse.validate.input_ranges import parse_range_options
+
+    return {k: (r.lo, r.hi) for k, r in parse_range_options(values).items()} or None
+
+
 def input_options(func):
-    """--shape, --inputs, --seed: how models are fed, shared by optimize, diff and bench."""
+    """--shape, --input-range, --inputs, --seed: how models are fed, shared by optimize, diff and bench."""
     func = click.option("--seed", type=int, default=0, show_default=True,
                         help="Seed for the random inputs.")(func)
+    func = click.option("--input-range", "input_ranges", multiple=True, metavar="NAME:LO,HI",
+                        help="Draw this input's random values in [LO, HI] (repeatable). Default: integer "
+                             "inputs in the range the graph implies (ids into an embedding of V rows: "
+                             "0..V-1), else 0 or 1; floats standard normal (uniform with a range).")(func)
     func = click.option("--inputs", "inputs_path", type=click.Path(dir_okay=False),
                         help="An .npz file with one array per model input, used instead of random data.")(func)
     func = click.option("--shape", "shapes", multiple=True, metavar="NAME:D0,D1,...",

@@ -16,6 +16,7 @@ from onnxfuse.atomic import OutputSet
 from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown
 from onnxfuse.reports._io import check_report_paths, json_text, stage_report
 from onnxfuse.validate.inputs import parse_shape_options
+from onnxfuse.cli.common import range_map
 
 DIFF_HELP = """Run models A and B on the same inputs and compare every output.
 
@@ -72,7 +73,7 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
               help="Write a self-contained HTML report with an error histogram per output.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors (and the failure line on drift).")
 @handle_errors
-def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, samples, rtol, atol, tols,
+def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, input_ranges, samples, rtol, atol, tols,
          intermediates, batch_size, json_path, markdown_path, junit_path, html_path, quiet) -> None:
     check_runtime(quiet)
     shape_map = parse_shape_options(shapes)
@@ -88,6 +89,7 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, sa
 
         report = api.diff(
             model_a, model_b, shapes=shape_map, seed=seed, inputs=inputs_path, samples=samples,
+            input_ranges=range_map(input_ranges),
             provider_a=provider_a.lower(), provider_b=provider_b.lower(), rtol=rtol, atol=atol,
             tolerances=tolerances, intermediates=intermediates, batch_size=batch_size,
             histograms=html_path is not None or json_path is not None, progress=progress,

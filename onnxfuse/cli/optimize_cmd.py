@@ -17,6 +17,7 @@ from onnxfuse.reports._io import check_report_paths, json_text, stage_report
 from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
 from onnxfuse.rewrites import TARGETS
 from onnxfuse.validate.inputs import parse_shape_options
+from onnxfuse.cli.common import range_map
 
 OPTIMIZE_HELP = """Optimize INPUT and write the result to OUTPUT.
 
@@ -51,6 +52,14 @@ Examples:
 @input_options
 @click.option("--rtol", type=float, default=None, help="Relative tolerance (default depends on dtype: fp32 1e-4, fp16 1e-2; a model that computes in fp16 is judged as fp16 even where its outputs are fp32).")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance (default depends on dtype and output scale).")
+@click.option("--samples", type=int, default=2, show_default=True,
+              help="Seeded random samples to validate on (seeds SEED, SEED+1, ...), besides one at a second size "
+                   "of every dynamic dimension.")
+@click.option("--save-inputs", "save_inputs", type=click.Path(dir_okay=False),
+              help="Write every sample validation used to this .npz; --inputs replays it exactly.")
+@click.option("--strict", is_flag=True, help="Judge by tolerance alone: an output beyond tolerance fails even when its "
+                                             "error is within 10x the original model's own noise floor (its outputs "
+                                             "with ONNX Runtime's optimizations off vs on).")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime provider used for validation.")
 @click.option("--no-bench", is_flag=True, help="Skip timing both models on the GPU after validation.")
@@ -65,8 +74,8 @@ Examples:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 @handle_errors
-def optimize(input_path, output_path, target, only, skip, explain, no_validate, shapes, inputs_path, seed,
-             rtol, atol, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
+def optimize(input_path, output_path, target, only, skip, explain, no_validate, shapes, inputs_path, seed, input_ranges,
+             rtol, atol, samples, save_inputs, strict, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
              force) -> None:
     try:
         check_runtime(quiet)
@@ -75,7 +84,8 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
         # report cannot be, and nothing is written until everything can be (see _save).
         model_io.check_output_path(output_path, input_path, force)
         check_report_paths(
-            {json_path: "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report"},
+            {json_path: "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report",
+             save_inputs: "--save-inputs file"},
             {output_path: "output model", str(model_io.data_path(output_path)): "output model's external data",
              input_path: "input model", **{f: "input model's external data"
                                            for f in model_io.input_data_files(input_path)}},
@@ -83,7 +93,8 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
         with render.progress_bar(disabled=quiet) as bar:
             result = api.optimize(
                 input_path, None, inputs=inputs_path, target=target, only=list(only), skip=list(skip),
-                validate=not no_validate, shapes=shape_map, seed=seed, rtol=rtol, atol=atol, provider=provider,
+                validate=not no_validate, shapes=shape_map, seed=seed, input_ranges=range_map(input_ranges),
+                rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
                 bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, progress=bar.step,
                 bench_progress=bar.fraction,
             )

@@ -43,13 +43,21 @@ def ops_table(before: dict[str, int], after: dict[str, int]) -> Table:
 
 def comparison_table(title: str, comparisons, label_a: str = "original", label_b: str = "optimized") -> Table:
     table = Table(title=title, title_justify="left")
-    for col, just in (("output", "left"), ("shape", "left"), ("max abs", "right"), ("max rel", "right"),
-                      ("tolerance", "right"), ("result", "left")):
+    floors = any("noise_floor" in c.extra for c in comparisons)
+    columns = [("output", "left"), ("shape", "left"), ("max abs", "right"), ("max rel", "right"),
+               ("tolerance", "right")] + ([("x floor", "right")] if floors else []) + [("result", "left")]
+    for col, just in columns:
         table.add_column(col, justify=just)
     for c in comparisons:
         verdict = "[green]pass[/]" if c.passed else f"[red]FAIL[/]{' (' + c.error + ')' if c.error else ''}"
-        table.add_row(c.name, "x".join(str(d) for d in c.shape) or "scalar", _fmt(c.max_abs), _fmt(c.max_rel),
-                      f"rtol {c.rtol:.0e}, atol {c.atol:.1e}", verdict)
+        if c.passed and c.extra.get("passed_by") == "noise floor":
+            verdict = "[yellow]pass[/] (floor)"
+        row = [c.name, "x".join(str(d) for d in c.shape) or "scalar", _fmt(c.max_abs), _fmt(c.max_rel),
+               f"rtol {c.rtol:.0e}, atol {c.atol:.1e}"]
+        if floors:
+            multiple = c.extra.get("floor_multiple")
+            row.append("-" if multiple is None else f"{multiple:.1f}")
+        table.add_row(*row, verdict)
     return table
 
 

@@ -34,6 +34,17 @@ OPSET_VERSION = 1
 PROGRAM_ATTR = "program"
 #: Version of the program language (the number in the ``onnxfuse.elementwise N`` header).
 LANGUAGE_VERSION = 1
+#: Largest broadcast rank (the largest input rank) a node may have. The library refuses higher
+#: ranks with an error (at session creation when the ranks are known, else when the node runs):
+#: its CPU kernel and CUDA kernels keep coordinates and strides in arrays of this size
+#: (``kMaxRank`` in csrc/broadcast.h, returned by the library's ``onnxfuse_max_rank()``; a test
+#: checks the two agree). fuse-elementwise leaves ops of higher rank unfused.
+MAX_RANK = 16
+
+#: Model metadata key written by ``onnxfuse optimize``: JSON ``{fused node name: {original tensor name:
+#: program value}}``, the tensors of the original model that each FusedElementwise node computes
+#: internally. ``onnxfuse diff --intermediates`` uses it to compare through fused regions.
+FUSED_VALUES_KEY = "onnxfuse.fused_values"
 
 #: Environment variable: use this library file instead of the one built with the package.
 LIBRARY_ENV = "ONNXFUSE_LIBRARY"
@@ -43,9 +54,9 @@ NVRTC_ENV = "ONNXFUSE_NVRTC_PATH"
 _LIBRARY_NAME = "_fused_ops.so"
 
 __all__ = [
-    "DOMAIN", "OP_TYPE", "OPSET_VERSION", "PROGRAM_ATTR", "LANGUAGE_VERSION",
+    "DOMAIN", "OP_TYPE", "OPSET_VERSION", "PROGRAM_ATTR", "LANGUAGE_VERSION", "MAX_RANK",
     "LibraryNotFoundError", "library_path", "session_options", "make_node", "opset_import",
-    "nvrtc_library_path",
+    "nvrtc_library_path", "FUSED_VALUES_KEY", "expose_fused_values",
 ]
 
 
@@ -142,3 +153,52 @@ def make_node(
         OP_TYPE, list(inputs), list(outputs), name=name, domain=DOMAIN,
         **{PROGRAM_ATTR: program}, **kwargs,
     )
+
+
+def expose_fused_values(model: "onnx.ModelProto") -> tuple["onnx.ModelProto", int]:
+    """A copy of ``model`` whose FusedElementwise nodes also output the original tensors they compute
+    internally (per :data:`FUSED_VALUES_KEY`), under their original names and with their types
+    recorded, so that they can be compared with the original model's; and how many were exposed.
+
+    The program gains ``output`` lines for those values (the language allows any number of outputs,
+    each with the broadcast shape), so the node computes exactly what it did, plus the extra stores.
+    """
+    import json
+    import re
+
+    import onnx
+
+    from onnxfuse.custom_ops import expr
+
+    meta = next((p.value for p in model.metadata_props if p.key == FUSED_VALUES_KEY), None)
+    if not meta:
+        return model, 0
+    try:
+        per_node = json.loads(meta)
+    except ValueError:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    existing = {o for n in out.graph.node for o in n.output} | {i.name for i in out.graph.input}
+    added = 0
+    for node in out.graph.node:
+        values = per_node.get(node.name) if node.op_type == OP_TYPE and node.domain == DOMAIN else None
+        if not isinstance(values, dict):
+            continue
+        attr = next((a for a in node.attribute if a.name == PROGRAM_ATTR), None)
+        if attr is None:
+            continue
+        text = attr.s.decode()
+        dtypes = dict(re.findall(r"^\s*(\w+)\s*:\s*(\w+)\s*=", text, flags=re.M))
+        extra = [(tensor, value) for tensor, value in values.items()
+                 if tensor not in existing and value in dtypes]
+        if not extra:
+            continue
+        attr.s = (text.rstrip("\n") + "\n" + "".join(f"output {v}\n" for _, v in extra)).encode()
+        for tensor, value in extra:
+            node.output.append(tensor)
+            out.graph.value_info.append(onnx.helper.make_tensor_value_info(
+                tensor, expr.ONNX_DTYPE[dtypes[value]], None))
+            existing.add(tensor)
+            added += 1
+    return out, added

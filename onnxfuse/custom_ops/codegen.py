@@ -90,12 +90,18 @@ def cuda_source(program: str, variant: int = VARIANT_ALL) -> str:
 
 
 def kernel_stats() -> dict:
-    """Counters of the library loaded in this process: NVRTC compiles, disk/memory cache hits,
-    compile and load milliseconds, target architecture, cache folder."""
+    """Counters of the library loaded in this process: NVRTC compiles, disk/memory cache hits and
+    writes, disk entries rejected (failed verification, never loaded: ``disk_rejects``,
+    ``last_disk_reject``), why the cache folder was refused (``disk_refused``, "" when used),
+    compile and load milliseconds, target architecture, entry name, cache folder."""
     lib = _lib()
-    buf = ctypes.create_string_buffer(4096)
-    lib.onnxfuse_cuda_stats(buf, len(buf))
-    return json.loads(buf.value.decode())
+    size = 4096
+    while True:  # the library returns the length it needs (paths and reasons can be long)
+        buf = ctypes.create_string_buffer(size)
+        need = lib.onnxfuse_cuda_stats(buf, len(buf))
+        if need < size:
+            return json.loads(buf.value.decode())
+        size = need + 1
 
 
 # --------------------------------------------------------------------------------------------- NVRTC

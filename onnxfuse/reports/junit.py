@@ -21,6 +21,11 @@ def _details(c) -> str:
             f"worst element: {_fmt.worst(c)}",
         ]
     lines.append(f"tolerance: {_fmt.tolerance(c)}")
+    if "noise_floor" in c.extra:
+        multiple = c.extra.get("floor_multiple")
+        lines.append(f"noise floor: {_fmt.num(c.extra['noise_floor'], 6)} (drift "
+                     f"{'-' if multiple is None else f'{multiple:.1f}x'} the floor"
+                     f"{'; passed within the floor' if c.extra.get('passed_by') == 'noise floor' else ''})")
     return "\n".join(lines)
 
 

@@ -28,6 +28,11 @@ def comparisons_table(comparisons) -> str:
     return _HEADER + "".join(_row(c) for c in comparisons)
 
 
+def _multiple(c) -> str:
+    m = c.extra.get("floor_multiple")
+    return "-" if m is None else f"{m:.1f}×"
+
+
 def comparisons_markdown(title: str, comparisons, notes=None, level: int = 2) -> str:
     """A titled section: verdict line, metrics table, notes. Reusable by any command."""
     comparisons = list(comparisons)
@@ -37,6 +42,10 @@ def comparisons_markdown(title: str, comparisons, notes=None, level: int = 2) ->
     out = [f"{'#' * level} {title}\n\n", verdict + "\n\n"]
     if comparisons:
         out.append(comparisons_table(comparisons) + "\n")
+    floors = [c for c in comparisons if "noise_floor" in c.extra]
+    if floors:
+        out.append("> drift as a multiple of the model's own noise floor (original, ONNX Runtime's optimizations "
+                   "off vs on): " + ", ".join(f"`{_cell(c.name)}` {_multiple(c)}" for c in floors) + "\n")
     for note in notes or ():
         out.append(f"> note: {_cell(note)}\n")
     return "".join(out)

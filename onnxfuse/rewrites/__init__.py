@@ -46,6 +46,9 @@ RULES: list[Rule] = [
 
 #: Safety net against a rule that keeps matching its own output.
 MAX_PASSES_PER_RULE = 64
+#: Rounds over the rule list (a later round starts at the first rule that refused something before a
+#: later rule changed the graph).
+MAX_ROUNDS = 4
 
 
 def rule_names() -> list[str]:
@@ -96,24 +99,49 @@ def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
                 report.cleanup[key] = report.cleanup.get(key, 0) + n
 
     _cleanup(count_dead=True)
-    for rule in rules:
-        try:
-            _apply_one(graph, rule, report, seen, _cleanup)
-        except (MemoryError, RuleFailed, OnnxfuseError):  # out of memory or environment: not the rule's bug
-            raise
-        except Exception as e:  # a broken rule: the pipeline drops it and applies the others
-            raise RuleFailed(rule.name, e) from e
+    tail = list(rules)
+    changes = 0  # rewrites made so far: a rule whose last run saw the same count sees the same graph
+    seen_at: dict[str, int] = {}
+    for _ in range(MAX_ROUNDS):
+        applied, refused = [], set()
+        for rule in tail:
+            if seen_at.get(rule.name) == changes:  # nothing changed since this rule last ran
+                applied.append(0)
+                continue
+            try:
+                n, had_refusals = _apply_one(graph, rule, report, seen, _cleanup)
+            except (MemoryError, RuleFailed, OnnxfuseError):  # out of memory or environment: not the rule's bug
+                raise
+            except Exception as e:  # a broken rule: the pipeline drops it and applies the others
+                raise RuleFailed(rule.name, e) from e
+            changes += n
+            seen_at[rule.name] = changes
+            applied.append(n)
+            if had_refusals:
+                refused.add(rule.name)
+        # A rule that refused a candidate may accept it once a later rule has rewritten its
+        # surroundings (a Transpose absorbed into a FusedMatMul exposes the scale before it): run again
+        # from the first such rule, so that a second optimize finds nothing (idempotence). Rules that
+        # saw no change since their last run are skipped.
+        again = next((k for k, rule in enumerate(tail) if rule.name in refused and any(applied[k + 1:])), None)
+        if again is None:
+            break
+        tail = tail[again:]
     _cleanup()
     return report
 
 
-def _apply_one(graph, rule: Rule, report: ApplyReport, seen: set[Refusal], cleanup_pass) -> None:
-    """One rule, pass after pass until it stops matching, with a cleanup after every changing pass."""
+def _apply_one(graph, rule: Rule, report: ApplyReport, seen: set[Refusal], cleanup_pass) -> tuple[int, bool]:
+    """One rule, pass after pass until it stops matching, with a cleanup after every changing pass.
+    Returns (rewrites made, whether any candidate was refused in its last pass)."""
+    total = 0
     for _ in range(MAX_PASSES_PER_RULE):
         applied = 0
+        refused = False
         for match in list(rule.match(graph)):
             reason = rule.check(graph, match)
             if reason:
+                refused = True
                 refusal = Refusal(rule.name, rule.anchor_name(match), reason)
                 if refusal not in seen:
                     seen.add(refusal)
@@ -124,9 +152,11 @@ def _apply_one(graph, rule: Rule, report: ApplyReport, seen: set[Refusal], clean
             if detail:
                 report.details.append({"rule": rule.name, **detail})
         report.counts[rule.name] += applied
+        total += applied
         if not applied:
             break
         cleanup_pass()
+    return total, refused
 
 
 __all__ = ["RULES", "Rule", "Refusal", "RuleFailed", "ApplyReport", "TARGETS", "apply_rules", "select_rules", "rule_names"]

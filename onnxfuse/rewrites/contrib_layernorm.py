@@ -39,6 +39,7 @@ that shape when they are scalars); the normalized shape must be known when γ/β
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from onnxfuse.rewrites._contrib import (
     FP16,
@@ -46,6 +47,7 @@ from onnxfuse.rewrites._contrib import (
     FP64,
     ContribRule,
     consumers,
+    dtype_of,
     dtype_problem,
     empty_input,
     first_known_dtype,
@@ -176,7 +178,7 @@ def _finish(graph, x, k, eps_t, eps, gamma, beta, nodes, root, x_readers):
     problem = internal_problem(graph, nodes, root)
     if problem:
         return problem, None
-    dtype = first_known_dtype(graph, eps_t, *(t for t in (gamma, beta) if t is not None), x)
+    dtype = first_known_dtype(graph, *(t for t in (eps_t, gamma, beta) if t is not None), x)
     return None, LayerNormMatch(x=x, k=k, eps=float(eps.reshape(())), gamma=gamma, beta=beta, nodes=nodes,
                                 root=root, x_readers=x_readers, dtype=dtype)
 
@@ -193,8 +195,17 @@ def match_decomposed(graph, rm1):
     for s in subs:
         if not is_op(s, "Sub") or s.inputs[0] is not x or s.inputs[1] is not mu:
             return f"the mean is read by {s.op}, not by Sub(x, mean)", None
-    readers = [(s.outputs[0], r) for s in subs for r in consumers(s.outputs[0])]
-    if len(readers) != 2 or any(is_graph_output(graph, s.outputs[0]) for s in subs):
+    # PyTorch's float16 exports compute the variance in float (double when exported on the CPU):
+    # Sub → Cast → Pow … Div → Cast back. LayerNormalization(stash_type=1) computes all of it in float,
+    # which is at least as accurate as the float16 mean and difference of the decomposed form.
+    upcast = _single_reader(graph, subs[0].outputs[0]) if len(subs) == 1 else None
+    if not (is_op(upcast, "Cast")
+            and int(upcast.attrs.get("to", 0)) in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+            and dtype_of(graph, x) == FP16):
+        upcast = None
+    diffs = [upcast.outputs[0]] if upcast is not None else [s.outputs[0] for s in subs]
+    readers = [(d, r) for d in diffs for r in consumers(d)]
+    if len(readers) != 2 or any(is_graph_output(graph, d) for d in diffs):
         return "x − mean is not read exactly by the square and the division", None
 
     sq = [(d, n) for d, n in readers if _square_of(graph, n, d)]
@@ -221,6 +232,13 @@ def match_decomposed(graph, rm1):
         return f"x − mean is read by {div_node.op}, not a Div", None
     nodes.append(div_node)
     root = div_node
+    if upcast is not None:
+        down = _single_reader(graph, div_node.outputs[0])
+        want = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype_of(graph, x)))
+        if not is_op(down, "Cast") or int(down.attrs.get("to", 0)) != want:
+            return "the float division is not cast back to x's type", None
+        nodes += [upcast, down]
+        root = down
     nxt = _single_reader(graph, root.outputs[0])
     gamma = _constant_operand(graph, nxt, "Mul", root.outputs[0])
     if gamma is not None:
@@ -231,7 +249,9 @@ def match_decomposed(graph, rm1):
     if beta is not None:
         root = nxt
         nodes.append(nxt)
-    return _finish(graph, x, k, eps_t, eps, gamma, beta, nodes, root, [rm1, *subs])
+    # The Cast form's ε is a float32 constant: the op's type is x's (and γ/β's).
+    return _finish(graph, x, k, None if upcast is not None else eps_t, eps, gamma, beta, nodes, root,
+                   [rm1, *subs])
 
 
 def match_folded_scale(graph, rm1):

@@ -85,9 +85,12 @@ def folded_copy(graph: gs.Graph) -> gs.Graph | None:
                 # evaluated (ONNX Runtime's CPU provider lacks some com.microsoft kernels, and ours
                 # needs a library): one failure would stop the whole evaluation. graphsurgeon's
                 # partition-by-partition mode copies the graph per partition and recursed without
-                # end on such a failure here, so it is not used.
+                # end on such a failure here, so it is not used. Loop and Scan are never evaluated
+                # either: graphsurgeon's copy of a Loop whose inputs are all constant gave ONNX Runtime a
+                # body with the wrong number of inputs, and that one failure left every other
+                # constant chain unfolded until a second optimize (fuzz seed 3358).
                 g.fold_constants(fold_shapes=True, partitioning=None, error_ok=True, size_threshold=SIZE_LIMIT,
-                                 should_exclude_node=lambda n: not is_default_domain(n))
+                                 should_exclude_node=lambda n: not is_default_domain(n) or n.op in ("Loop", "Scan"))
             except Exception:  # graphsurgeon bug on an unusual graph: keep what we have
                 break
             g.cleanup(remove_unused_graph_inputs=False).toposort()

@@ -380,6 +380,7 @@ class Region:
     lowerings: list
     reason: str | None = None
     program: Any = None
+    values: dict = field(default_factory=dict)  # member output tensor name -> program value name
     analysis: Any = None  # the _Analysis that found it (dtypes and shapes of its graph)
     graph: Any = None  # the graph (top level or an If/Loop/Scan body) the fused node goes into
 
@@ -564,6 +565,12 @@ class _Analysis:
             shape = tuple(m if m is not None else t for m, t in zip(mine, theirs))
         else:
             shape = mine
+        from onnxfuse.custom_ops import MAX_RANK
+
+        rank = max([len(s) for s in shapes + [shape] if s is not None], default=0)
+        if rank > MAX_RANK:
+            # The op's broadcast rank limit; a region's rank is the largest of its ops' ranks.
+            raise _Refuse(f"rank {rank} exceeds FusedElementwise's limit of {MAX_RANK}")
         ints = ("int32", "int64")
         if shape is not None and len(shape) <= 1 and (low.dtype in ints or any(d in ints for d in op_dtypes)):
             # Shape arithmetic (Shape -> Gather -> Add/Div -> Slice...): ONNX Runtime keeps it on
@@ -746,6 +753,7 @@ def build_program(region: Region, analysis_dtypes: dict, dtype_of):
                     real.append(a[1])
             results.append(b.op(op_type, real, **attrs))
         names[id(low.node.outputs[0])] = results[-1]
+        region.values[low.node.outputs[0].name] = results[-1]
     for t in region.outputs:
         b.output(names[id(t)])
     return b.build()
@@ -829,5 +837,6 @@ class FuseElementwiseRegions(Rule):
             "inputs": [t.name for t in match.inputs],
             "outputs": [t.name for t in match.outputs],
             "absorbed": absorbed,
+            "values": {t: match.values[t] for t in absorbed if t in match.values},  # for diff --intermediates
             "program": text,
         }

@@ -168,6 +168,9 @@ def compare_arrays(
     rel = np.zeros_like(r)
     rel[both] = diff[both] / np.maximum(np.abs(r[both]), np.finfo(np.float64).tiny)
     bad = nonfinite_bad | (both & (diff > atol + rtol * np.abs(np.where(both, r, 0.0))))
+    if ref.dtype.kind in "biu" and got.dtype.kind in "biu" and rtol == 0 and atol == 0:
+        # Integers and bools compare exactly, in their own type: through float64, 2**60 + 1 equals 2**60.
+        bad = ref != got
     n_both = int(both.sum())
     max_abs = float(diff.max()) if n_both else 0.0
     # Relative error is only meaningful where the reference is not tiny: ignore those within atol.

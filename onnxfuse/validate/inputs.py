@@ -62,7 +62,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
         shape: list = []
         if tt.HasField("shape"):
             for d in tt.shape.dim:
-                if d.HasField("dim_value") and d.dim_value > 0:
+                if d.HasField("dim_value") and d.dim_value >= 0:  # a declared 0 is a fixed, empty dimension
                     shape.append(int(d.dim_value))
                 else:
                     shape.append(d.dim_param or None)
@@ -86,22 +86,45 @@ def parse_shape_options(values) -> dict[str, list[int]]:
     return shapes
 
 
-def _random(rng: np.random.Generator, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+def _random(rng: np.random.Generator, dtype: np.dtype, shape: list[int], value_range=None) -> np.ndarray:
     """Random data of ``dtype`` and ``shape``, always an ndarray (numpy returns a bare scalar for a
     rank-0 draw, which ONNX Runtime refuses)."""
-    return np.asarray(_draw(rng, dtype, shape), dtype=dtype)
+    return np.asarray(_draw(rng, dtype, shape, value_range), dtype=dtype)
 
 
-def _draw(rng: np.random.Generator, dtype: np.dtype, shape: list[int]):
+def _draw(rng: np.random.Generator, dtype: np.dtype, shape: list[int], value_range=None):
+    """bool: fair coin. Integers: uniform in the input's range, inclusive (``input_ranges``: what the
+    graph implies, or ``--input-range``), else 0 or 1 (masks, token types). Floats: standard normal,
+    or uniform in ``[lo, hi)`` with a range."""
     if dtype == np.bool_:
         return rng.random(shape) < 0.5
     if np.issubdtype(dtype, np.integer):
-        # 0 or 1: valid token ids, token-type ids, attention masks and indices in nearly every model
-        # (a BERT's token-type table has just two rows). Use --inputs for realistic integer data.
-        return rng.integers(0, 2, size=shape).astype(dtype)
+        info = np.iinfo(dtype)
+        lo, hi = (0, 1) if value_range is None else (int(np.ceil(value_range.lo)), int(np.floor(value_range.hi)))
+        lo, hi = max(lo, int(info.min)), min(hi, int(info.max))
+        return rng.integers(lo, hi + 1, size=shape, dtype=np.int64).astype(dtype)
     if np.issubdtype(dtype, np.floating) or dtype.kind == "V" or str(dtype) == "bfloat16":
+        if value_range is not None:
+            return rng.uniform(value_range.lo, value_range.hi, size=shape).astype(np.float32).astype(dtype)
         return rng.standard_normal(shape).astype(np.float32).astype(dtype)
     raise InputsError(f"cannot generate random data of type {dtype}")
+
+
+def value_ranges(model: onnx.ModelProto, given=None) -> tuple[dict, list[str]]:
+    """The ranges to draw ``model``'s inputs from: what the graph implies for integer inputs
+    (:mod:`onnxfuse.validate.input_ranges`), overridden by ``given`` (``--input-range``); and a note
+    for each implied one. Unknown names in ``given`` are usage errors."""
+    from onnxfuse.validate.input_ranges import implied_ranges
+
+    given = dict(given or {})
+    specs = input_specs(model)
+    unknown = set(given) - {s.name for s in specs}
+    if unknown:
+        raise UsageError(f"--input-range names unknown input(s) {', '.join(sorted(unknown))}; model inputs: "
+                         f"{', '.join(s.name for s in specs) or '(none)'}")
+    implied = {k: v for k, v in implied_ranges(model).items() if k not in given}
+    notes = [r.describe(k) for k, r in implied.items()]
+    return {**implied, **given}, notes
 
 
 def dimension_symbols(specs: list[InputSpec], shapes: dict[str, list[int]]) -> dict[str, int]:
@@ -119,7 +142,7 @@ def dimension_symbols(specs: list[InputSpec], shapes: dict[str, list[int]]) -> d
 
 
 def resolve_shape(spec: InputSpec, shapes: dict[str, list[int]], notes: list[str],
-                  symbols: dict[str, int] | None = None) -> list[int]:
+                  symbols: dict[str, int] | None = None, default: int = 1) -> list[int]:
     if spec.name in shapes:
         given = shapes[spec.name]
         if spec.shape and len(given) != len(spec.shape):
@@ -136,11 +159,11 @@ def resolve_shape(spec: InputSpec, shapes: dict[str, list[int]], notes: list[str
         elif symbols and d in symbols:
             out.append(symbols[d])
         else:
-            out.append(1)
+            out.append(default)
             defaulted.append(str(d) if d else "?")
     if defaulted:
         notes.append(
-            f"input {spec.name!r}: dynamic dimension(s) {', '.join(defaulted)} set to 1 "
+            f"input {spec.name!r}: dynamic dimension(s) {', '.join(defaulted)} set to {default} "
             f"(use --shape {spec.name}:{','.join(str(x) for x in out)} to choose)"
         )
     return out
@@ -151,14 +174,18 @@ def make_inputs(
     shapes: dict[str, list[int]] | None = None,
     seed: int = 0,
     npz_path: str | Path | None = None,
+    ranges=None,
 ) -> Inputs:
-    """Inputs for ``model``: from ``npz_path`` when given, else seeded standard-normal data."""
+    """Inputs for ``model``: from ``npz_path`` when given, else seeded random data (:func:`_draw`)."""
     specs = input_specs(model)
     shapes = shapes or {}
     check_shape_names(specs, shapes)
     if npz_path is not None:
         return load_npz(specs, Path(npz_path))
-    return random_inputs(specs, shapes, seed)
+    value_range, notes = value_ranges(model, ranges)
+    inputs = random_inputs(specs, shapes, seed, value_range)
+    inputs.notes.extend(notes)
+    return inputs
 
 
 def make_samples(
@@ -166,14 +193,76 @@ def make_samples(
     shapes: dict[str, list[int]] | None = None,
     seed: int = 0,
     given=None,
+    ranges=None,
+    default_dim: int = 1,
+    count: int = 1,
 ) -> list[Inputs]:
     """The samples to run ``model`` on: the user's (``given``, see :func:`given_inputs`) when given,
-    else one seeded draw (as :func:`make_inputs`)."""
+    else one seeded draw (as :func:`make_inputs`, value ranges included)."""
     specs = input_specs(model)
     check_shape_names(specs, shapes or {})
+    if given is not None and (shapes or ranges):
+        what = "--shape" if shapes else "--input-range"
+        raise UsageError(f"{what} sizes or draws random inputs; it cannot apply to given inputs (--inputs): "
+                         "give one or the other")
     if given is None:
-        return [random_inputs(specs, shapes or {}, seed)]
+        value_range, notes = value_ranges(model, ranges)
+        draws = [random_inputs(specs, shapes or {}, seed + k, value_range, default_dim) for k in range(max(1, count))]
+        draws[0].notes.extend(notes)
+        return draws
     return given_inputs(specs, given)
+
+
+def unsized_dimensions(specs: list[InputSpec], shapes: dict[str, list[int]]) -> list[str]:
+    """``input[axis] (name)`` for every dynamic dimension neither ``shapes`` nor a shared name sizes."""
+    symbols = dimension_symbols(specs, shapes or {})
+    out = []
+    for spec in specs:
+        if spec.name in (shapes or {}):
+            continue
+        for k, d in enumerate(spec.shape):
+            if not isinstance(d, int) and not (d and d in symbols):
+                out.append(f"{spec.name}[{k}]" + (f" ({d})" if d else ""))
+    return out
+
+
+def second_size_candidates(model: onnx.ModelProto, first: Inputs, seed: int = 0, ranges=None) -> list[Inputs]:
+    """Draws at a second size of every dynamic dimension, to run validation on as well as ``first``.
+
+    One size is blind to rewrites that specialise a shape (a Reshape target that copies a dimension
+    from another tensor because both carry the name ``N``). So every dynamic dimension is also tried
+    one larger than in ``first``: first with each (input, dimension) on its own size (dimensions
+    that share a symbolic name get different sizes: ONNX Runtime does not enforce shared names, and a
+    rewrite may not rely on them), then, for models that cannot run like that, with shared names
+    kept equal. The caller keeps the first candidate the original model runs on. Empty when the
+    model has no dynamic dimension.
+    """
+    specs = input_specs(model)
+    if not any(not isinstance(d, int) for s in specs for d in s.shape):
+        return []
+    value_range, _ = value_ranges(model, ranges)
+    seen: dict = {}
+    independent, by_name = {}, {}
+    for s in specs:
+        base = list(first.feeds[s.name].shape)
+        ind, con = list(base), list(base)
+        for k, d in enumerate(s.shape):
+            if isinstance(d, int):
+                continue
+            n = seen.get(d or None, 0)
+            seen[d or None] = n + 1
+            ind[k] = base[k] + 1 + n
+            con[k] = base[k] + 1
+        independent[s.name], by_name[s.name] = ind, con
+    out = []
+    for shapes, how in ((independent, "each dynamic dimension on its own size"),
+                        (by_name, "dynamic dimensions one larger, shared names equal")):
+        if out and shapes == by_name and by_name == independent:
+            break
+        draw = random_inputs(specs, shapes, seed + 1, value_range)
+        draw.notes = [f"second size ({how}): " + ", ".join(f"{k} {v}" for k, v in shapes.items())]
+        out.append(draw)
+    return out
 
 
 def given_inputs(specs: list[InputSpec], given) -> list[Inputs]:
@@ -181,7 +270,7 @@ def given_inputs(specs: list[InputSpec], given) -> list[Inputs]:
     dicts, or the path (str or ``os.PathLike``) of an ``.npz`` file. Raises :class:`InputsError` with one
     line when they do not fit ``specs``."""
     if isinstance(given, (str, os.PathLike)):
-        return [load_npz(specs, Path(given))]
+        return load_npz_samples(specs, Path(given))
     if isinstance(given, Mapping):
         return [from_arrays(specs, given)]
     if isinstance(given, (list, tuple)):
@@ -220,16 +309,17 @@ def checked_feeds(specs: list[InputSpec], arrays: Mapping[str, np.ndarray], wher
 
 
 def check_shape_names(specs: list[InputSpec], shapes: dict[str, list[int]]) -> None:
-    """Raise :class:`InputsError` when ``--shape`` names an input the model does not have."""
+    """Raise :class:`UsageError` (exit 2) when ``--shape`` names an input the model does not have."""
     unknown = set(shapes or {}) - {s.name for s in specs}
     if unknown:
-        raise InputsError(
+        raise UsageError(
             f"--shape names unknown input(s) {', '.join(sorted(unknown))}; model inputs: "
             f"{', '.join(s.name for s in specs) or '(none)'}"
         )
 
 
-def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = None, seed: int = 0) -> Inputs:
+def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = None, seed: int = 0,
+                  ranges=None, default_dim: int = 1) -> Inputs:
     """The seeded draw :func:`make_inputs` makes, for explicit ``specs``.
 
     Floating inputs are drawn in float32 and cast to the spec's dtype, so specs that differ only in
@@ -240,9 +330,10 @@ def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = 
     rng = np.random.default_rng(seed)
     shapes = shapes or {}
     symbols = dimension_symbols(specs, shapes)
-    resolved = [(s, resolve_shape(s, shapes, notes, symbols)) for s in specs]
+    ranges = ranges or {}
+    resolved = [(s, resolve_shape(s, shapes, notes, symbols, default_dim)) for s in specs]
     check_input_sizes(resolved)
-    feeds = {s.name: _random(rng, s.dtype, shape) for s, shape in resolved}
+    feeds = {s.name: _random(rng, s.dtype, shape, ranges.get(s.name)) for s, shape in resolved}
     return Inputs(feeds=feeds, notes=notes, seed=seed, source="random")
 
 
@@ -294,16 +385,52 @@ def check_input_sizes(resolved: list[tuple[InputSpec, list[int]]], available: in
         f"{spec.name}:... or your own data with --inputs")
 
 
-def load_npz(specs: list[InputSpec], path: Path) -> Inputs:
-    """Inputs for ``specs`` from an .npz file, checked against each spec's dtype and fixed dimensions."""
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise InputsError(f"{path}: no such inputs file")
     try:
         data = np.load(path, allow_pickle=False)
-        arrays = {k: data[k] for k in data.files}
+        return {k: data[k] for k in data.files}
     except Exception as exc:
         raise InputsError(f"{path}: not a readable .npz file ({exc.__class__.__name__})") from None
-    return Inputs(feeds=checked_feeds(specs, arrays, str(path)), notes=[], seed=None, source=str(path))
+
+
+def _samples_of(arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]] | None:
+    """Several samples in one .npz: every key ``<k>/<input name>`` (what ``--save-inputs`` writes)."""
+    groups: dict[int, dict[str, np.ndarray]] = {}
+    for key, value in arrays.items():
+        k, sep, name = key.partition("/")
+        if not sep or not k.isdigit():
+            return None
+        groups.setdefault(int(k), {})[name] = value
+    return [groups[k] for k in sorted(groups)] if groups else None
+
+
+def load_npz(specs: list[InputSpec], path: Path) -> Inputs:
+    """Inputs for ``specs`` from an .npz file (its first sample when it holds several), checked against
+    each spec's dtype and fixed dimensions."""
+    return load_npz_samples(specs, path)[0]
+
+
+def load_npz_samples(specs: list[InputSpec], path: Path) -> list[Inputs]:
+    """Every sample of an .npz file: arrays named after the inputs (one sample), or ``<k>/<input>``
+    (several, as ``--save-inputs`` writes them)."""
+    arrays = _read_npz(path)
+    several = _samples_of(arrays)
+    if several is None:
+        return [Inputs(feeds=checked_feeds(specs, arrays, str(path)), notes=[], seed=None, source=str(path))]
+    return [Inputs(feeds=checked_feeds(specs, sample, f"{path} sample {k}"), notes=[], seed=None, source=str(path))
+            for k, sample in enumerate(several)]
+
+
+def save_samples(samples: list[Inputs], path: str | Path) -> None:
+    """Write ``samples`` as one .npz (``<k>/<input>`` keys), for ``--inputs`` to replay them exactly."""
+    arrays = {f"{k}/{name}": value for k, s in enumerate(samples) for name, value in s.feeds.items()}
+    try:
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+    except OSError as exc:
+        raise InputsError(f"--save-inputs {path}: cannot write ({exc.strerror or exc})") from None
 
 
 _load_npz = load_npz  # the earlier private name

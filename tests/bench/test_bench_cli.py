@@ -87,7 +87,7 @@ def test_needs_a_gpu(monkeypatch, tiny_path, tmp_path):
         (["--device", "cpu", "--iterations", "0"], 2, "--iterations"),
         (["--device", "cpu", "--time-budget", "-1"], 2, "--time-budget"),
         (["--device", "cpu", "--batch", "0"], 2, "--batch"),
-        (["--device", "cpu", "--shape", "nope:1,2"], 1, "unknown input"),
+        (["--device", "cpu", "--shape", "nope:1,2"], 2, "unknown input"),
         (["--device", "tpu"], 2, "tpu"),
     ],
 )

@@ -228,6 +228,8 @@ typedef int CUresult;
 static char g_names[32][64]; static int g_nnames;
 static unsigned g_grid, g_block; static void* g_stream; static unsigned char g_params[4096];
 static char g_last[64]; static int g_loads; static int g_launches; static int g_cubin;
+/* What it was asked to load (first 64 bytes of each image) and each launch's first 32 parameter bytes. */
+static unsigned char g_images[16][64]; static unsigned long long g_ptrs[4096][4];
 CUresult cuInit(unsigned f) { return 0; }
 CUresult cuDriverGetVersion(int* v) { *v = 13000; return 0; }
 CUresult cuDeviceGet(int* d, int o) { *d = o; return 0; }
@@ -238,6 +240,7 @@ CUresult cuCtxPopCurrent_v2(void** c) { *c = (void*)0x1000; return 0; }
 CUresult cuCtxGetCurrent(void** c) { *c = (void*)0x1000; return 0; }
 CUresult cuCtxSetCurrent(void* c) { return 0; }
 CUresult cuModuleLoadData(void** m, const void* image) {
+  if (g_loads < 16) memcpy(g_images[g_loads], image, 64);
   g_loads++; g_cubin = memcmp(image, "\x7f" "ELF", 4) == 0; *m = (void*)0x2000; return 0; }
 CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
   if (g_nnames >= 32) return 1;
@@ -245,12 +248,16 @@ CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
 CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shm, void* stream, void** params, void** extra) {
   strncpy(g_last, (const char*)f, 63); g_grid = gx; g_block = bx; g_stream = stream;
-  memcpy(g_params, params[0], sizeof g_params); g_launches++; return 0; }
+  memcpy(g_params, params[0], sizeof g_params);
+  if (g_launches < 4096) memcpy(g_ptrs[g_launches], params[0], sizeof g_ptrs[0]);
+  g_launches++; return 0; }
 CUresult cuGetErrorString(CUresult r, const char** s) { *s = "mock error"; return 0; }
 int mock_state(char* last, unsigned* grid, unsigned* block, void** stream, unsigned char* params,
                int* loads, int* cubin) {
   strcpy(last, g_last); *grid = g_grid; *block = g_block; *stream = g_stream;
   memcpy(params, g_params, sizeof g_params); *loads = g_loads; *cubin = g_cubin; return g_launches; }
+int mock_images(unsigned char* out) { memcpy(out, g_images, sizeof g_images); return g_loads; }
+int mock_ptrs(unsigned long long* out) { memcpy(out, g_ptrs, sizeof g_ptrs); return g_launches; }
 """
 
 MOCK_CHILD = r"""
@@ -265,8 +272,12 @@ lib.onnxfuse_test_cuda_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.
     ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
     ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
 err = ctypes.create_string_buffer(8192)
-k = lib.onnxfuse_test_cuda_create(PROGRAM.encode(), 0, err, len(err))
+exec(PRE)
+programs = PROGRAM if isinstance(PROGRAM, list) else [PROGRAM]
+k = lib.onnxfuse_test_cuda_create(programs[0].encode(), 0, err, len(err))
 out = {"created": bool(k), "error": err.value.decode(), "launches": []}
+for extra in programs[1:]:
+    out.setdefault("more_created", []).append(bool(lib.onnxfuse_test_cuda_create(extra.encode(), 0, err, len(err))))
 for shapes, in_ptrs, out_ptrs in LAUNCHES:
     ranks = (ctypes.c_int * len(shapes))(*[len(s) for s in shapes])
     flat = [d for s in shapes for d in s]
@@ -283,6 +294,13 @@ for shapes, in_ptrs, out_ptrs in LAUNCHES:
                             "grid": grid.value, "block": block.value, "stream": stream.value,
                             "params": params.raw.hex(), "count": n, "loads": loads.value, "cubin": cubin.value})
 out["stats"] = codegen.kernel_stats()
+if mock is not None:
+    images = ctypes.create_string_buffer(16 * 64)
+    n = mock.mock_images(images)
+    out["images"] = [images.raw[64 * i:64 * i + 64].hex() for i in range(min(n, 16))]
+    ptrs = (ctypes.c_ulonglong * (4096 * 4))()
+    n = mock.mock_ptrs(ptrs)
+    out["ptrs"] = [list(ptrs[4 * i:4 * i + 4]) for i in range(min(n, 4096))]
 print(json.dumps(out))
 """
 
@@ -302,7 +320,10 @@ def mock_driver(tmp_path_factory):
     return d / "libcuda_mock.so"
 
 
-def run_mock(mock, cache_home, program: str, launches, extra_env=None) -> dict:
+def run_mock(mock, cache_home, program, launches, extra_env=None, pre: str = "") -> dict:
+    """Runs MOCK_CHILD in a fresh process: creates a kernel for ``program`` (or one per program of a
+    list; launches use the first), after running ``pre`` (Python) there; the child's stderr is
+    returned as "stderr"."""
     import json
     import os
     import subprocess
@@ -317,22 +338,31 @@ def run_mock(mock, cache_home, program: str, launches, extra_env=None) -> dict:
     env.update(extra_env or {})
     root = str(Path(codegen.__file__).resolve().parents[2])
     code = (f"ROOT = {root!r}\nMOCK = {str(mock)!r}\nPROGRAM = {program!r}\nLAUNCHES = {launches!r}\n"
-            + MOCK_CHILD)
+            f"PRE = {pre!r}\n" + MOCK_CHILD)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["stderr"] = r.stderr
+    return out
+
+
+def max_dims(nin: int, nout: int) -> int:
+    """D, the size of the parameter block's dims[D] and strides[nin][D] (cuda_max_dims in C++):
+    16 (the rank limit) while the block fits in 4096 bytes, else as many as fit."""
+    return min(16, (4096 - 8 * (nin + nout) - 24) // (8 * (nin + 1)))
 
 
 def unpack_params(hexstr: str, nin: int, nout: int) -> dict:
     import struct
 
+    d = max_dims(nin, nout)
     b = bytes.fromhex(hexstr)
     q = struct.unpack_from(f"<{nin + nout}Q", b, 0)
     off = 8 * (nin + nout)
     n, mask = struct.unpack_from("<qq", b, off)
     (ndim,) = struct.unpack_from("<i", b, off + 16)
-    dims = struct.unpack_from("<8q", b, off + 24)
-    strides = [struct.unpack_from("<8q", b, off + 24 + 64 + 64 * k) for k in range(nin)]
+    dims = struct.unpack_from(f"<{d}q", b, off + 24)
+    strides = [struct.unpack_from(f"<{d}q", b, off + 24 + 8 * d + 8 * d * k) for k in range(nin)]
     return {"in": list(q[:nin]), "out": list(q[nin:]), "n": n, "mask": mask, "ndim": ndim,
             "dims": list(dims[:ndim]), "strides": [list(s[:ndim]) for s in strides]}
 
@@ -412,3 +442,64 @@ def test_inputs_only_broadcast_do_not_force_the_broadcast_kernel(mock_driver, tm
     text = "onnxfuse.elementwise 1\ninput x: float32\ninput z: float32\ny: float32 = Relu(x)\noutput y\n"
     r = run_mock(mock_driver, tmp_path, text, [([(4, 2, 3), (4, 1, 1)], [0x10000, 0x20000], [0x30000])])
     assert r["launches"][0]["kernel"] == "ofx_fast_vec_32", r
+
+
+def _strides(shape, out_rank):
+    """Element strides of a contiguous ``shape`` broadcast to rank ``out_rank`` (0 where size 1)."""
+    st, acc = [], 1
+    for d in reversed(shape):
+        st.append(0 if d == 1 else acc)
+        acc *= d
+    return [0] * (out_rank - len(shape)) + st[::-1]
+
+
+@needs_nvrtc
+def test_broadcast_of_rank_16_in_one_launch(mock_driver, tmp_path):
+    """Up to the rank limit (16) the broadcast kernels of small programs take every dim: a layout
+    whose 16 dims do not merge is one launch (the kernels took 8 dims, and such a layout failed)."""
+    text = "onnxfuse.elementwise 1\ninput x: float32\ninput y: float32\nz: float32 = Add(x, y)\noutput z\n"
+    assert "#define OFX_D 16\n" in codegen.cuda_source(text)
+    sx = (2,) * 16
+    sy = tuple(2 if i % 2 == 0 else 1 for i in range(16))
+    A, B, O = 0x10000, 0x20000, 0x30000
+    r = run_mock(mock_driver, tmp_path, text, [([sx, sy], [A, B], [O]),
+                                               ([sx + (2,), sy + (1,)], [A, B], [O])])
+    L = r["launches"]
+    assert L[0]["ok"] and L[0]["kernel"] == "ofx_bcast_32" and L[0]["count"] == 1, L[0]
+    p = unpack_params(L[0]["params"], 2, 1)
+    assert p["ndim"] == 16 and p["dims"] == [2] * 16 and p["n"] == 2 ** 16
+    assert p["strides"] == [_strides(sx, 16), _strides(sy, 16)]
+    assert not L[1]["ok"] and "rank 17 exceeds FusedElementwise's limit of 16" in L[1]["error"]
+    assert L[1]["count"] == 1  # nothing launched
+
+
+@needs_nvrtc
+def test_many_inputs_split_high_rank_layouts(mock_driver, tmp_path):
+    """40 inputs leave room for 11 dims in the 4 KB parameter block: a 16-dim layout is launched
+    once per coordinate of its 5 outer dims, with the pointers moved there."""
+    n = 40
+    lines = ["onnxfuse.elementwise 1"] + [f"input x{i}: float32" for i in range(n)]
+    lines.append("t0: float32 = Add(x0, x1)")
+    for i in range(2, n):
+        lines.append(f"t{i - 1}: float32 = Add(t{i - 2}, x{i})")
+    text = "\n".join(lines + [f"output t{n - 2}"]) + "\n"
+    assert max_dims(n, 1) == 11 and "#define OFX_D 11\n" in codegen.cuda_source(text)
+    sx = (2,) * 16
+    sy = tuple(2 if i % 2 == 0 else 1 for i in range(16))
+    shapes = [sx, sy] + [()] * (n - 2)
+    X, Y, O = 0x100000, 0x200000, 0x300000
+    ins = [X, Y] + [0x400000 + 16 * i for i in range(n - 2)]
+    r = run_mock(mock_driver, tmp_path, text, [(shapes, ins, [O])])
+    L = r["launches"][0]
+    assert L["ok"], L["error"]
+    assert L["count"] == 32 and len(r["ptrs"]) == 32  # 2**5 outer coordinates
+    stx, sty = _strides(sx, 16), _strides(sy, 16)
+    want = set()
+    for o in range(32):
+        coord = [(o >> (4 - i)) & 1 for i in range(5)]
+        want.add((X + 4 * sum(c * s for c, s in zip(coord, stx)), Y + 4 * sum(c * s for c, s in zip(coord, sty))))
+    assert {(p[0], p[1]) for p in r["ptrs"]} == want
+    p = unpack_params(L["params"], n, 1)  # the last launch: the last block of the output
+    assert p["ndim"] == 11 and p["n"] == 2 ** 11 and p["out"] == [O + 31 * 2 ** 11 * 4]
+    assert p["strides"][0] == stx[5:] and p["strides"][1] == sty[5:]
+    assert p["in"][2:] == ins[2:]

@@ -12,6 +12,7 @@ The helpers at the top are reused by tests/gpu/test_fused_cuda.py.
 
 from __future__ import annotations
 
+import re
 
 import numpy as np
 import onnx
@@ -616,3 +617,203 @@ def test_many_high_rank_inputs_take_the_uncached_path():
     for _ in range(2):
         (got,) = run_positional(sess, arrays)
         np.testing.assert_allclose(got, np.sum(arrays, axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ rank limit
+# The library's broadcast rank limit (kMaxRank, custom_ops.MAX_RANK). Before it was checked, a rank-17
+# broadcast whose dims do not merge wrote past the CPU kernel's coordinate array (AddressSanitizer:
+# stack-buffer-overflow in gather) and half the results were wrong.
+
+RANK_ADD = "onnxfuse.elementwise 1\ninput x: float32\ninput y: float32\nz: float32 = Add(x, y)\noutput z\n"
+
+
+def unmergeable_shapes(rank: int):
+    """x: all 2s; y: 2 and 1 alternating, so no two neighbouring dims merge (rank dims remain)."""
+    return (2,) * rank, tuple(2 if i % 2 == 0 else 1 for i in range(rank))
+
+
+def rank_model(shapes) -> onnx.ModelProto:
+    T = onnx.TensorProto
+    g = helper.make_graph([make_node(RANK_ADD, ["x", "y"], ["z"], name="add")], "g",
+                          [helper.make_tensor_value_info(n, T.FLOAT, None if s is None else list(s))
+                           for n, s in zip("xy", shapes)],
+                          [helper.make_tensor_value_info("z", T.FLOAT, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, OPSET_VERSION)],
+                             ir_version=10)
+
+
+def rank_session(shapes):
+    so = session_options()
+    so.log_severity_level = 4
+    so.intra_op_num_threads = 2
+    return ort.InferenceSession(rank_model(shapes).SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def test_max_rank_matches_library():
+    import ctypes
+
+    from onnxfuse.custom_ops import MAX_RANK, library_path
+
+    assert ctypes.CDLL(library_path()).onnxfuse_max_rank() == MAX_RANK == 16
+
+
+@pytest.mark.parametrize("rank", [15, 16])
+def test_unmergeable_broadcast_up_to_the_limit(rank):
+    sx, sy = unmergeable_shapes(rank)
+    rng = np.random.default_rng(rank)
+    x, y = rng.standard_normal(sx).astype(np.float32), rng.standard_normal(sy).astype(np.float32)
+    for shapes in ([sx, sy], [None, None]):
+        (z,) = rank_session(shapes).run(None, {"x": x, "y": y})
+        np.testing.assert_array_equal(z, x + y)
+
+
+def test_rank_above_the_limit_fails_clearly():
+    sx, sy = unmergeable_shapes(17)
+    # Known ranks: refused when the session is created (shape inference).
+    with pytest.raises(Exception, match="rank 17 exceeds FusedElementwise's limit of 16"):
+        rank_session([sx, sy])
+    # Unknown ranks: refused when the node runs, before anything is computed.
+    sess = rank_session([None, None])
+    x, y = np.ones(sx, np.float32), np.ones(sy, np.float32)
+    with pytest.raises(Exception, match="rank 17 exceeds FusedElementwise's limit of 16"):
+        sess.run(None, {"x": x, "y": y})
+    # Even when the dims would merge (same shapes): the limit is on the rank, whatever the layout.
+    with pytest.raises(Exception, match="rank 17 exceeds FusedElementwise's limit of 16"):
+        sess.run(None, {"x": x, "y": x})
+    (z,) = sess.run(None, {"x": x[0], "y": y[0]})  # the session still works at rank 16
+    np.testing.assert_array_equal(z, x[0] + y[0])
+
+
+def _chain_model(rank: int) -> onnx.ModelProto:
+    """x (rank ``rank``, dims that do not merge with y's) -> Add y -> Relu -> Neg -> Abs."""
+    sx, sy = unmergeable_shapes(rank)
+    T = onnx.TensorProto
+    nodes = [helper.make_node("Add", ["x", "y"], ["a"], name="add"), helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("Neg", ["b"], ["c"], name="neg"), helper.make_node("Abs", ["c"], ["z"], name="abs")]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", T.FLOAT, list(sx)),
+                                           helper.make_tensor_value_info("y", T.FLOAT, list(sy))],
+                          [helper.make_tensor_value_info("z", T.FLOAT, list(sx))])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_fuse_elementwise_refuses_ranks_above_the_limit():
+    from helpers import optimize
+
+    from onnxfuse.custom_ops import MAX_RANK
+
+    out, report = optimize(_chain_model(MAX_RANK + 1), only="fuse-elementwise")
+    assert [n.op_type for n in out.graph.node] == ["Add", "Relu", "Neg", "Abs"]
+    reasons = {r.node: r.reason for r in report.refusals if r.rule == "fuse-elementwise"}
+    assert reasons == {n: "rank 17 exceeds FusedElementwise's limit of 16" for n in ("add", "relu", "neg", "abs")}
+    # At the limit the chain is one node, and it runs.
+    out, report = optimize(_chain_model(MAX_RANK), only="fuse-elementwise")
+    assert [n.op_type for n in out.graph.node] == ["FusedElementwise"]
+    sx, sy = unmergeable_shapes(MAX_RANK)
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal(sx).astype(np.float32), rng.standard_normal(sy).astype(np.float32)
+    so = session_options()
+    so.log_severity_level = 3
+    (z,) = ort.InferenceSession(out.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x, "y": y})
+    np.testing.assert_array_equal(z, np.abs(-np.maximum(x + y, 0)))
+
+
+# ------------------------------------------------------------------------------------------ float16 forced to float32
+# ONNX Runtime runs an "isolated" float16 CPU node in float32 (InsertCastTransformer): when every
+# producer of its float16 inputs and every consumer of its float16 outputs lacks a float16 CPU kernel
+# (ThresholdedRelu, Softmax), it casts the node's float16 inputs to float32, makes its float16
+# outputs float32 and expects a float32 kernel. The library used to infer float16 outputs anyway,
+# and ONNX Runtime refused to load the model ("Type (tensor(float)) of output arg
+# (InsertedPrecisionFreeCast_c) of node ... does not match expected type (tensor(float16))").
+
+
+def _fp16_sandwich(middle: list, extra_inputs=(), opset=17) -> onnx.ModelProto:
+    """x (float16 [2, 8]) -> ThresholdedRelu -> ``middle`` (reads "a", writes "c") -> Softmax -> y."""
+    T = onnx.TensorProto
+    nodes = [helper.make_node("ThresholdedRelu", ["x"], ["a"], alpha=0.5, name="tr"), *middle,
+             helper.make_node("Softmax", ["c"], ["y"], axis=-1, name="sm")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT16, [2, 8]), *extra_inputs],
+                          [helper.make_tensor_value_info("y", T.FLOAT16, [2, 8])])
+    imports = [helper.make_opsetid("", opset)]
+    if any(n.domain == DOMAIN for n in middle):
+        imports.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
+    return helper.make_model(g, opset_imports=imports, ir_version=8)
+
+
+def _run_cpu(model: onnx.ModelProto, feeds: dict, fused: bool = True, saved=None):
+    """Outputs on ONNX Runtime's CPU provider; ``saved``: a path for the graph as ONNX Runtime rewrote it."""
+    so = session_options() if fused else ort.SessionOptions()
+    so.log_severity_level = 3
+    if saved is not None:
+        so.optimized_model_filepath = str(saved)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _forced_to_fp32(saved) -> bool:
+    """True when ONNX Runtime fed the FusedElementwise node float32 (casts it inserted around it)."""
+    m = onnx.shape_inference.infer_shapes(onnx.load(str(saved)))
+    types = {v.name: v.type.tensor_type.elem_type for v in list(m.graph.value_info) + list(m.graph.input)}
+    node = next(n for n in m.graph.node if n.op_type == "FusedElementwise")
+    return types.get(node.input[0]) == onnx.TensorProto.FLOAT
+
+
+def test_fp16_chain_between_ops_without_fp16_kernels_loads_after_optimize(tmp_path):
+    from helpers import optimize
+
+    model = _fp16_sandwich([helper.make_node("Neg", ["a"], ["b"], name="neg"),
+                            helper.make_node("Abs", ["b"], ["c"], name="abs")])
+    out, _ = optimize(model)  # the default target (cuda): Neg + Abs become one FusedElementwise node
+    assert [n.op_type for n in out.graph.node] == ["ThresholdedRelu", "FusedElementwise", "Softmax"]
+    prog = expr.parse(next(a.s.decode() for a in out.graph.node[1].attribute if a.name == "program"))
+    assert prog.output_dtypes() == ["float16"]  # the program keeps the model's dtype
+    x = np.random.default_rng(7).standard_normal((2, 8)).astype(np.float16)
+    (got,) = _run_cpu(out, {"x": x}, saved=tmp_path / "ort.onnx")
+    assert _forced_to_fp32(tmp_path / "ort.onnx")
+    (want,) = _run_cpu(model, {"x": x}, fused=False)
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-4)
+
+
+def test_fp16_node_forced_to_fp32_with_mixed_dtypes(tmp_path):
+    """Only float16 inputs and outputs are stored as float32; the float32 input, the bool output and
+    the program's own maths are unchanged; a Cast to float16 inside still rounds."""
+    text = ("onnxfuse.elementwise 1\ninput a: float16\ninput s: float32\n"
+            "sh: float16 = Cast[to=float16](s)\nm: float16 = Mul(a, sh)\nc: float16 = Neg(m)\n"
+            "k: bool = Less(m, sh)\noutput c\noutput k\n")
+    T = onnx.TensorProto
+    fused = make_node(text, ["a", "s"], ["c", "k"], name="fused")
+    # k goes to a node, not to the graph outputs (a node producing a graph output keeps float16).
+    model = _fp16_sandwich([fused, helper.make_node("Not", ["k"], ["nk"], name="not")],
+                           [helper.make_tensor_value_info("s", T.FLOAT, [8])])
+    model.graph.output.append(helper.make_tensor_value_info("nk", T.BOOL, [2, 8]))
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 8)).astype(np.float16)
+    s = (rng.standard_normal(8) * 3).astype(np.float32)
+    y, nk = _run_cpu(model, {"x": x, "s": s}, saved=tmp_path / "ort.onnx")
+    assert _forced_to_fp32(tmp_path / "ort.onnx")
+    k = ~nk
+    a = np.where(x > 0.5, x, 0).astype(np.float32)
+    sh = s.astype(np.float16).astype(np.float32)
+    c = -(a * sh)  # float32: not rounded to float16 between the node and Softmax
+    e = np.exp(c - c.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(y.astype(np.float32), e / e.sum(axis=-1, keepdims=True), rtol=2e-3, atol=1e-3)
+    np.testing.assert_array_equal(k, a * sh < sh)
+
+
+def test_other_dtype_mismatches_still_fail_at_session_creation():
+    """Only float16 -> float32 is accepted (what ONNX Runtime's forcing produces); anything else is
+    the clear error it always was, also a float16 input beside one that was already float32."""
+    T = onnx.TensorProto
+    cases = [("input x: float32\ny: float32 = Relu(x)\noutput y\n", [T.INT32], "declared float32"),
+             ("input x: float16\ninput z: float16\ny: float16 = Add(x, z)\noutput y\n", [T.FLOAT, T.FLOAT16],
+              "declared float16 in the program (stored as float32)")]
+    for body, types, words in cases:
+        names = ["x", "z"][: len(types)]
+        g = helper.make_graph([make_node("onnxfuse.elementwise 1\n" + body, names, ["y"])], "g",
+                              [helper.make_tensor_value_info(n, t, [3]) for n, t in zip(names, types)],
+                              [helper.make_tensor_value_info("y", T.FLOAT, None)])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(DOMAIN, 1)],
+                              ir_version=10)
+        so = session_options()
+        so.log_severity_level = 4
+        with pytest.raises(Exception, match=re.escape(words)):
+            ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -46,3 +46,20 @@ def test_optimize_validates_and_times_on_cuda(name, tmp_path):
           f"optimized {data['timing']['optimized']['latency_ms']['median_ms']:.4f} ms, "
           f"speed-up {data['timing']['speedup']:.3f}x, rules {[k for k, v in data['rewrites']['counts'].items() if v]}")
     assert "BatchNormalization" not in {n.op_type for n in onnx.load(out).graph.node}
+
+
+def test_noise_floor_on_cuda_includes_cpu_against_cuda():
+    import numpy as np
+
+    import onnxfuse
+    from onnxfuse.validate import noise_floor
+    from onnxfuse.validate.inputs import make_samples
+    from onnxfuse.validate import run_samples
+
+    model = onnx.load(TESTDATA / "mobilenet_v2_w035.onnx")
+    samples = make_samples(model, {"input": [2, 3, 96, 96]})
+    reference = run_samples(model, samples, "cuda")
+    floor = noise_floor(model, samples, reference, "cuda")
+    assert floor and all(np.isfinite(v) and v > 0 for v in floor.values()), floor  # CPU vs CUDA differ
+    result = onnxfuse.optimize(model, shapes={"input": [2, 3, 96, 96]}, provider="cuda")
+    assert all("noise_floor" in c.extra for c in result.validation.outputs)

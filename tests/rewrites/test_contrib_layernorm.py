@@ -273,3 +273,51 @@ def test_keras_form_after_residual_add_becomes_skip_layernorm():
     out, report = fuse(m, SKIP)
     assert ops(out) == {"com.microsoft:SkipLayerNormalization": 1}, refusals(report)
     same_outputs(m, out)
+
+
+# --- PyTorch's float16 export: variance in float (double on the CPU), cast back before γ/β ------------
+
+GB16 = {k: v.astype(np.float16) for k, v in GB.items()}
+
+
+def cast_form(up=1, down="y0 = Cast <to = 10> (n)"):
+    t = {1: "float", 11: "double"}[up]
+    return f"""
+        mu = ReduceMean <axes = [-1]> (x)
+        d = Sub(x, mu)
+        d32 = Cast <to = {up}> (d)
+        two = Constant <value = {t} {{2.0}}> ()
+        sq = Pow(d32, two)
+        var = ReduceMean <axes = [-1]> (sq)
+        eps = Constant <value = {t} {{1e-6}}> ()
+        ve = Add(var, eps)
+        sd = Sqrt(ve)
+        n = Div(d32, sd)
+        {down}
+        m = Mul(y0, gamma)
+        y = Add(m, beta)
+    """
+
+
+@pytest.mark.parametrize("up", [1, 11], ids=["float", "double"])
+def test_float16_layernorm_with_casts(up):
+    m = model(cast_form(up), opset=14, inputs="float16[2,5,8] x", outputs="float16[2,5,8] y", inits=GB16)
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 1, refusals(report)
+    assert ops(out) == {"LayerNormalization": 1}
+    node = out.graph.node[0]
+    assert list(node.input) == ["x", "gamma", "beta"]
+    assert {a.name: a.i for a in node.attribute if a.name == "stash_type"} == {"stash_type": 1}
+    # The decomposed form takes its mean and difference in float16, the op in float: they agree to
+    # float16's rounding, not bit for bit.
+    same_outputs(m, out, rtol=1e-2, atol=2e-3)
+
+
+def test_float16_layernorm_without_the_cast_back_is_refused():
+    # The normalized value stays in float (γ/β in float32, a float32 output): no float16
+    # LayerNormalization computes that, so the rule must not match.
+    m = model(cast_form(down="y0 = Identity(n)"), opset=14, inputs="float16[2,5,8] x",
+              outputs="float[2,5,8] y", inits=GB)
+    out, report = fuse(m, LN)
+    assert report.counts[LN.name] == 0
+    assert "the float division is not cast back to x's type" in refusals(report, LN)

@@ -49,7 +49,7 @@ def test_bad_shapes():
         parse_shape_options(["ids:3,x"])
     with pytest.raises(InputsError, match="fixed"):
         make_inputs(two_input_model(), {"feats": [2, 5]})
-    with pytest.raises(InputsError, match="unknown input"):
+    with pytest.raises(UsageError, match="unknown input"):  # a usage error (exit 2), not the model's
         make_inputs(two_input_model(), {"nope": [1]})
     with pytest.raises(InputsError, match="rank"):
         make_inputs(two_input_model(), {"ids": [1, 2, 3]})

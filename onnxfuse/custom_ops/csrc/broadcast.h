@@ -8,11 +8,22 @@
 
 namespace onnxfuse {
 
+// FusedElementwise's limit on the broadcast rank (the largest input rank), checked by make_layout
+// and by shape inference. Fixed-size arrays depend on it: the CPU kernel's coordinates
+// (cpu_kernel.cc) and the CUDA kernels' dims/strides (cuda_max_dims in cuda_codegen.h; launch()
+// splits a layout with more merged dims than the kernel takes). Python reads it through
+// onnxfuse_max_rank() (custom_ops.MAX_RANK), and fuse-elementwise refuses higher ranks.
+constexpr int kMaxRank = 16;
+
+inline std::string rank_limit_error(size_t rank) {
+  return "rank " + std::to_string(rank) + " exceeds FusedElementwise's limit of " + std::to_string(kMaxRank);
+}
+
 struct BroadcastLayout {
   std::vector<int64_t> out_shape;             // the broadcast shape of all inputs
   int64_t n = 0;                              // its element count
   // Coalesced iteration space: dims (outermost first) and, per input, element strides in it
-  // (0 along broadcast dimensions). At least one dim.
+  // (0 along broadcast dimensions). At least one dim, at most kMaxRank.
   std::vector<int64_t> dims;
   std::vector<std::vector<int64_t>> strides;
   enum Kind { kFull = 0, kScalar = 1, kGeneral = 2 };
@@ -27,6 +38,14 @@ struct BroadcastLayout {
 inline bool make_layout(const std::vector<std::vector<int64_t>>& in_shapes, BroadcastLayout* L, std::string* err) {
   size_t rank = 0;
   for (const auto& s : in_shapes) rank = s.size() > rank ? s.size() : rank;
+  if (rank > static_cast<size_t>(kMaxRank)) {
+    for (size_t i = 0; i < in_shapes.size(); ++i) {
+      if (in_shapes[i].size() != rank) continue;
+      *err = rank_limit_error(rank) + " (input " + std::to_string(i) + " has " + std::to_string(rank) + " dimensions)";
+      break;
+    }
+    return false;
+  }
   std::vector<int64_t> out(rank, 1);
   for (size_t i = 0; i < in_shapes.size(); ++i) {
     const auto& s = in_shapes[i];

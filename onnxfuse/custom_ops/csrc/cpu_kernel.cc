@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "ops.h"
 
@@ -54,10 +55,10 @@ void gather(const S* src, C* dst, const BroadcastLayout& L, size_t i, int64_t st
     for (int k = 0; k < count; ++k) dst[k] = v;
     return;
   }
-  const int nd = static_cast<int>(L.dims.size());
+  const int nd = static_cast<int>(L.dims.size());  // <= kMaxRank: make_layout checks, run_block asserts
   const int64_t* dims = L.dims.data();
   const int64_t* st = L.strides[i].data();
-  int64_t coord[16];
+  int64_t coord[kMaxRank];
   int64_t rem = start, off = 0;
   for (int d = nd - 1; d >= 0; --d) {
     coord[d] = rem % dims[d];
@@ -87,7 +88,17 @@ void gather(const S* src, C* dst, const BroadcastLayout& L, size_t i, int64_t st
 
 }  // namespace
 
-CpuEvaluator::CpuEvaluator(const Program& prog) : prog_(prog) {
+CpuEvaluator::CpuEvaluator(const Program& prog, std::vector<DType> in_dtypes, std::vector<DType> out_dtypes)
+    : prog_(prog), in_dtype_(std::move(in_dtypes)), out_dtype_(std::move(out_dtypes)) {
+  // Storage differs from the program's dtype only as float16 -> float32 (same compute buffer).
+  if (in_dtype_.size() != prog.inputs.size()) {
+    in_dtype_.clear();
+    for (int v : prog.inputs) in_dtype_.push_back(prog.values[v].dtype);
+  }
+  if (out_dtype_.size() != prog.outputs.size()) {
+    out_dtype_.clear();
+    for (int v : prog.outputs) out_dtype_.push_back(prog.values[v].dtype);
+  }
   size_t off = 0;
   for (const auto& v : prog.values) {
     offset_.push_back(off);
@@ -102,6 +113,9 @@ CpuEvaluator::CpuEvaluator(const Program& prog) : prog_(prog) {
 
 void CpuEvaluator::run_block(const void* const* in, void* const* out, const BroadcastLayout& L, int64_t start,
                              int n) const {
+  // make_layout never gives more dims than kMaxRank; a layout built any other way must not reach
+  // gather()'s fixed coordinate array (the callers turn the exception into an OrtStatus).
+  if (L.dims.empty() || L.dims.size() > static_cast<size_t>(kMaxRank)) throw std::length_error(rank_limit_error(L.dims.size()));
   thread_local std::vector<unsigned char> scratch_storage;
   if (scratch_storage.size() < scratch_bytes_ + 64) scratch_storage.resize(scratch_bytes_ + 64);
   unsigned char* base = scratch_storage.data();
@@ -119,7 +133,7 @@ void CpuEvaluator::run_block(const void* const* in, void* const* out, const Broa
     if (v.kind == Value::kInput) {
       size_t i = static_cast<size_t>(v.input_index);
       const void* src = in[i];
-      switch (v.dtype) {
+      switch (in_dtype_[i]) {
         case DType::F32: gather(static_cast<const float*>(src), F(id), L, i, start, n, [](float x) { return x; }); break;
         case DType::F16: gather(static_cast<const unsigned short*>(src), F(id), L, i, start, n, [](unsigned short x) { return ofx_h2f(x); }); break;
         case DType::BF16: gather(static_cast<const unsigned short*>(src), F(id), L, i, start, n, [](unsigned short x) { return ofx_bf2f(x); }); break;
@@ -282,7 +296,7 @@ void CpuEvaluator::run_block(const void* const* in, void* const* out, const Broa
   // Outputs: round to the declared storage dtype.
   for (size_t j = 0; j < prog_.outputs.size(); ++j) {
     const int v = prog_.outputs[j];
-    const DType t = prog_.values[v].dtype;
+    const DType t = out_dtype_[j];
     switch (t) {
       case DType::F32: std::memcpy(static_cast<float*>(out[j]) + start, F(v), sizeof(float) * n); break;
       case DType::F16: { unsigned short* o = static_cast<unsigned short*>(out[j]) + start; const float* s = F(v);

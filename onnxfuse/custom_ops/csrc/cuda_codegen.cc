@@ -233,10 +233,12 @@ CudaSource cuda_source(const Program& prog, int variants) {
     }
   }
   s << kOpsHeaderSource << "\n" << kPrelude << "\n";
-  s << "#define OFX_NIN " << nin << "\n#define OFX_NOUT " << nout << "\n#define OFX_V " << V << "\n";
+  out.max_dims = std::max(1, cuda_max_dims(nin, nout));
+  s << "#define OFX_NIN " << nin << "\n#define OFX_NOUT " << nout << "\n#define OFX_V " << V << "\n#define OFX_D "
+    << out.max_dims << "\n";
   s << "struct OfxParams {\n  const void* in[OFX_NIN];\n  void* out[OFX_NOUT];\n  long long n;\n"
-       "  long long scalar_mask;\n  int ndim;\n  int pad_;\n  long long dims["
-    << kMaxDims << "];\n  long long strides[OFX_NIN][" << kMaxDims << "];\n};\n\n";
+       "  long long scalar_mask;\n  int ndim;\n  int pad_;\n  long long dims[OFX_D];\n"
+       "  long long strides[OFX_NIN][OFX_D];\n};\n\n";
 
   // ofx_eval: inputs (used ones) by value in compute types, outputs by reference.
   s << "__device__ __forceinline__ void ofx_eval(";
@@ -406,8 +408,7 @@ CudaSource cuda_source(const Program& prog, int variants) {
     std::string b;
     for (int k = 0; k < nin; ++k)
       if (used[prog.inputs[k]]) b += "  IDX off" + std::to_string(k) + " = 0;\n";
-    b += "  IDX rem = " + index + ";\n#pragma unroll\n  for (int j = 0; j < " + std::to_string(kMaxDims) +
-         "; ++j) {\n    const int d = p.ndim - 1 - j;\n    if (d < 0) break;\n"
+    b += "  IDX rem = " + index + ";\n#pragma unroll\n  for (int j = 0; j < OFX_D; ++j) {\n    const int d = p.ndim - 1 - j;\n    if (d < 0) break;\n"
          "    const IDX dim = (IDX)p.dims[d];\n    const IDX c = rem % dim;\n    rem = rem / dim;\n";
     for (int k = 0; k < nin; ++k)
       if (used[prog.inputs[k]])

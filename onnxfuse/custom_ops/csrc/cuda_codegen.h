@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "broadcast.h"
 #include "program.h"
 
 namespace onnxfuse {
@@ -15,18 +16,32 @@ enum CudaVariant : int {
   kVariantFastVec = 1,     // every input has the output's shape or is a single element; V elements
                            // per thread with 128-bit loads/stores (pointers 16-byte aligned), scalar tail
   kVariantFastScalar = 2,  // same inputs, one element per thread (any alignment)
-  kVariantBroadcast = 4,   // general broadcasting through per-input strides (up to kMaxDims dims)
+  kVariantBroadcast = 4,   // general broadcasting through per-input strides (up to cuda_max_dims dims)
   kVariantBroadcastVec = 8,  // broadcasting where the innermost (merged) dim is a multiple of V and
                              // every read input has stride 1 (128-bit loads) or 0 (one scalar load)
                              // along it: V consecutive elements per thread, 128-bit stores
   kVariantAll = 15,
 };
-constexpr int kMaxDims = 8;
 constexpr int kBlockThreads = 256;
+// The kernel-parameter block is passed by value; 4096 bytes is what every CUDA driver and
+// architecture accepts (larger blocks need CUDA 12.1 and Volta or newer).
+constexpr int kCudaParamBytes = 4096;
+constexpr int kCudaMaxInputs = 48, kCudaMaxOutputs = 64;
+
+// Merged dims the broadcast kernels of a program with nin inputs and nout outputs take: kMaxRank
+// while dims[] and strides[nin][] fit in the parameter block (up to 28 inputs), else as many as
+// fit, at least 8 within kCudaMaxInputs/kCudaMaxOutputs. CudaKernel::launch() splits a layout
+// with more merged dims into one launch per outer coordinate, so every rank up to kMaxRank runs.
+inline int cuda_max_dims(int nin, int nout) {
+  const long fixed = 8L * (nin + nout) + 24;
+  const long d = (kCudaParamBytes - fixed) / (8L * (nin + 1));
+  return d < 0 ? 0 : (d > kMaxRank ? kMaxRank : static_cast<int>(d));
+}
 
 struct CudaSource {
   std::string code;
   int vec = 4;   // elements per thread of the vectorized kernel
+  int max_dims = 8;  // D: cuda_max_dims(nin, nout), the size of OfxParams' dims[] and strides[][]
   int nin = 0, nout = 0;
   std::vector<bool> used_inputs;  // inputs the program reads (others only take part in broadcasting)
 };
@@ -39,12 +54,16 @@ struct CudaSource {
 // stated there, all far below half precision's rounding); float32 ops call the ops.h functions.
 CudaSource cuda_source(const Program& prog, int variants);
 
-// Byte size of the kernel-parameter struct for nin inputs and nout outputs; its layout is
+// Byte size of the kernel-parameter struct for nin inputs and nout outputs; its layout, with
+// D = cuda_max_dims(nin, nout), is
 //   const void* in[nin]; void* out[nout]; long long n; long long scalar_mask; int ndim; int pad;
-//   long long dims[8]; long long strides[nin][8];
+//   long long dims[D]; long long strides[nin][D];
 // scalar_mask bit k: fast kernels - input k is a single element; ofx_bcast_vec - input k has stride 0
 // along the innermost dim (one scalar load per thread); ofx_bcast ignores it.
-inline size_t cuda_params_size(int nin, int nout) { return 8 * (nin + nout) + 24 + 8 * kMaxDims + 8 * kMaxDims * nin; }
+inline size_t cuda_params_size(int nin, int nout) {
+  const int d = cuda_max_dims(nin, nout);
+  return 8 * (nin + nout) + 24 + 8 * d + 8 * d * nin;
+}
 
 }  // namespace onnxfuse
 

@@ -3,23 +3,21 @@
 #include "cuda_runtime.h"
 
 #include <dlfcn.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
 
+#include "kernel_cache.h"
+
 namespace onnxfuse {
 
 namespace {
-
-constexpr int kCacheVersion = 1;
 
 // Kernels of a module, by the index launch() picks (names without the _32/_64 suffix).
 constexpr int kNumKernels = 4;
@@ -210,72 +208,31 @@ std::string hash_hex(const std::string& s) {
 }
 
 struct Stats {
-  long compiles = 0, disk_hits = 0, memory_hits = 0, disk_writes = 0;
+  long compiles = 0, disk_hits = 0, memory_hits = 0, disk_writes = 0, disk_rejects = 0;
   double compile_ms = 0, load_ms = 0, last_compile_ms = 0, last_disk_load_ms = 0;
-  std::string last_key, last_arch;
+  std::string last_key, last_entry, last_arch, last_disk_reject, disk_refused;
 } g_stats;
 
-std::string cache_dir() {
-  const char* off = std::getenv("ONNXFUSE_KERNEL_CACHE");
-  if (off && (std::string(off) == "0" || std::string(off) == "off" || std::string(off) == "false")) return "";
-  std::string base;
-  if (off && off[0] == '/') return off;  // an explicit folder
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) base = x;
-  else if (const char* home = std::getenv("HOME"); home && *home) base = std::string(home) + "/.cache";
-  else return "";
-  return base + "/onnxfuse/kernels";
+// A refused cache folder turns the disk cache off for this kernel, with one line on stderr per
+// process (the first reason; every refusal is in the stats' "disk_refused").
+void note_refused(const std::string& why) {
+  g_stats.disk_refused = why;
+  static std::atomic<bool> logged{false};
+  if (!logged.exchange(true))
+    std::fprintf(stderr, "onnxfuse: kernel disk cache not used: %s; compiling CUDA kernels in memory\n", why.c_str());
 }
 
-void mkdirs(const std::string& path) {
-  std::string cur;
-  size_t st = 0;
-  while (st < path.size()) {
-    size_t e = path.find('/', st + 1);
-    if (e == std::string::npos) e = path.size();
-    cur = path.substr(0, e);
-    if (!cur.empty()) mkdir(cur.c_str(), 0755);
-    st = e;
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else o += c;
   }
-}
-
-bool read_file(const std::string& path, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return true;
-}
-
-// Disk entry: "ONNXFUSE-KERNEL <version>\n<key>\n<source length>\n<source><binary>"
-bool disk_load(const std::string& dir, const std::string& key, const std::string& source, std::string* bin) {
-  if (dir.empty()) return false;
-  std::string data;
-  if (!read_file(dir + "/" + hash_hex(key) + ".bin", &data)) return false;
-  std::string head = "ONNXFUSE-KERNEL " + std::to_string(kCacheVersion) + "\n" + key + "\n" +
-                     std::to_string(source.size()) + "\n";
-  if (data.compare(0, head.size(), head) != 0) return false;
-  if (data.compare(head.size(), source.size(), source) != 0) return false;
-  *bin = data.substr(head.size() + source.size());
-  return !bin->empty();
-}
-
-void disk_store(const std::string& dir, const std::string& key, const std::string& source, const std::string& bin) {
-  if (dir.empty()) return;
-  mkdirs(dir);
-  std::string path = dir + "/" + hash_hex(key) + ".bin";
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) return;
-    f << "ONNXFUSE-KERNEL " << kCacheVersion << "\n" << key << "\n" << source.size() << "\n" << source << bin;
-    if (!f) {
-      std::remove(tmp.c_str());
-      return;
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
-  else g_stats.disk_writes++;
+  return o + "\"";
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -356,8 +313,10 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     return nullptr;
   }
   const int nin = static_cast<int>(prog.inputs.size()), nout = static_cast<int>(prog.outputs.size());
-  if (nin > 48 || nout > 64 || cuda_params_size(nin, nout) > 4096) {
-    *err = "too many inputs/outputs for one CUDA kernel (at most 48 inputs and 64 outputs)";
+  if (nin > kCudaMaxInputs || nout > kCudaMaxOutputs || cuda_max_dims(nin, nout) < 1 ||
+      cuda_params_size(nin, nout) > static_cast<size_t>(kCudaParamBytes)) {
+    *err = "too many inputs/outputs for one CUDA kernel (at most " + std::to_string(kCudaMaxInputs) + " inputs and " +
+           std::to_string(kCudaMaxOutputs) + " outputs)";
     return nullptr;
   }
   CUdevice dev;
@@ -394,10 +353,11 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     }
     if (!known && best > 0) arch = "compute_" + std::to_string(best);
   }
-  const std::string key = "v" + std::to_string(kCacheVersion) + " " + arch + " nvrtc" + std::to_string(nv.major) + "." +
+  const std::string key = "v" + std::to_string(kKernelCacheVersion) + " " + arch + " nvrtc" + std::to_string(nv.major) + "." +
                           std::to_string(nv.minor) + " " + hash_hex(src.code);
   const std::string mkey = key + " dev" + std::to_string(device);
   g_stats.last_key = key;
+  g_stats.last_entry = KernelDiskCache::entry_name(key);
   g_stats.last_arch = arch;
 
   auto it = module_cache().find(mkey);
@@ -408,18 +368,27 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
   } else {
     std::string bin;
     auto bit = binary_cache().find(key);
-    const std::string dir = cache_dir();
+    KernelDiskCache disk;  // opened (and its folder checked) only when the binary is not in memory
     bool from_disk = false;
     if (bit != binary_cache().end()) {
       bin = bit->second;
       g_stats.memory_hits++;
     } else {
       auto t0 = std::chrono::steady_clock::now();
-      if (disk_load(dir, key, src.code, &bin)) {
+      const std::string dir = kernel_cache_dir();
+      std::string why;
+      if (!dir.empty() && !disk.open(dir, &why)) note_refused(why);
+      KernelDiskCache::Result found = disk.load(key, src.code, &bin, &why);
+      if (found == KernelDiskCache::kHit) {
         from_disk = true;
         g_stats.disk_hits++;
         g_stats.last_disk_load_ms = ms_since(t0);
       } else {
+        if (found == KernelDiskCache::kRejected) {  // never loaded; recompiled and rewritten below
+          g_stats.disk_rejects++;
+          g_stats.last_disk_reject = why;
+        }
+        bin.clear();
         std::string log;
         if (!nvrtc_compile(src.code, arch, &bin, &log)) {
           *err = "NVRTC could not compile the kernel for this program:\n" + prog.text + "\n--- NVRTC log ---\n" + log;
@@ -440,7 +409,7 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     }
     d.cuCtxPushCurrent(mod->ctx);
     r = d.cuModuleLoadData(&mod->module, bin.data());
-    if (r != 0 && from_disk) {  // stale cache entry (e.g. PTX newer than the driver): recompile
+    if (r != 0 && from_disk) {  // a verified entry the driver refuses (e.g. PTX newer than the driver): recompile
       std::string log;
       if (!nvrtc_compile(src.code, arch, &bin, &log)) {
         CUcontext dummy;
@@ -466,7 +435,10 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     }
     g_stats.load_ms += ms_since(t1);
     binary_cache()[key] = bin;
-    if (!from_disk && bit == binary_cache().end()) disk_store(dir, key, src.code, bin);
+    std::string why;
+    if (!from_disk && disk.is_open()) {
+      if (disk.store(key, src.code, bin, &why)) g_stats.disk_writes++;
+    }
     module_cache()[mkey] = mod;
   }
   std::unique_ptr<CudaKernel> k(new CudaKernel());
@@ -474,17 +446,19 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
   k->nin_ = nin;
   k->nout_ = nout;
   k->vec_ = src.vec;
+  k->max_dims_ = src.max_dims;
+  for (int i = 0; i < nin; ++i) k->in_bytes_.push_back(static_cast<int64_t>(dtype_size(prog.values[prog.inputs[i]].dtype)));
+  for (int j = 0; j < nout; ++j) k->out_bytes_.push_back(static_cast<int64_t>(dtype_size(prog.values[prog.outputs[j]].dtype)));
   k->device_ = device;
   k->used_ = src.used_inputs;
   return k;
 }
 
-bool CudaKernel::launch(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream,
-                        std::string* err) const {
+bool CudaKernel::launch_one(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream,
+                            std::string* err) const {
   Driver& d = driver();
-  if (L.n == 0) return true;
   // Kernel-parameter struct, laid out as in cuda_params_size().
-  alignas(16) unsigned char buf[4096];
+  alignas(16) unsigned char buf[kCudaParamBytes];
   const size_t size = cuda_params_size(nin_, nout_);
   std::memset(buf, 0, size);
   unsigned char* p = buf;
@@ -511,17 +485,16 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
   } else {
     variant = kBcast;
     int nd = static_cast<int>(L.dims.size());
-    if (nd > kMaxDims) {
-      *err = "broadcast needs " + std::to_string(nd) + " dimensions after merging; the CUDA kernel handles " +
-             std::to_string(kMaxDims);
+    if (nd > max_dims_) {  // launch() splits such layouts; never write past dims[]/strides[][]
+      *err = "internal error: " + std::to_string(nd) + " dimensions for a kernel that takes " + std::to_string(max_dims_);
       return false;
     }
     std::memcpy(p + 16, &nd, 4);
     long long* dims = reinterpret_cast<long long*>(p + 24);
     for (int i = 0; i < nd; ++i) dims[i] = L.dims[i];
-    long long* strides = dims + kMaxDims;
+    long long* strides = dims + max_dims_;
     for (int k = 0; k < nin_; ++k)
-      for (int i = 0; i < nd; ++i) strides[k * kMaxDims + i] = L.strides[k][i];
+      for (int i = 0; i < nd; ++i) strides[k * max_dims_ + i] = L.strides[k][i];
     // Vectorised broadcast (ofx_bcast_vec): the innermost dim is a multiple of V, so a thread's V
     // consecutive elements share their outer coordinates; each read input has stride 0 along it (one
     // scalar load: mask bit) or stride 1 with its outer strides multiples of V and a 16-byte aligned
@@ -568,6 +541,46 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
   return true;
 }
 
+bool CudaKernel::launch(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream,
+                        std::string* err) const {
+  if (L.n == 0) return true;
+  const int nd = static_cast<int>(L.dims.size());
+  if (nd > kMaxRank) {  // make_layout refuses these; nothing below is sized for them
+    *err = rank_limit_error(nd);
+    return false;
+  }
+  if (nd <= max_dims_) return launch_one(in, out, L, stream, err);
+  // More merged dims than this kernel's parameter block holds (programs with many inputs, see
+  // cuda_max_dims): one launch per coordinate of the `outer` outermost dims, each over the inner
+  // max_dims_ dims with the data pointers moved to that coordinate (outputs are contiguous, so
+  // their block is the next inner.n elements). Still no allocation and no synchronisation.
+  const int outer = nd - max_dims_;
+  BroadcastLayout inner;
+  inner.dims.assign(L.dims.begin() + outer, L.dims.end());
+  inner.out_shape = inner.dims;
+  inner.n = 1;
+  for (int64_t v : inner.dims) inner.n *= v;
+  inner.strides.resize(nin_);
+  for (int k = 0; k < nin_; ++k) inner.strides[k].assign(L.strides[k].begin() + outer, L.strides[k].end());
+  inner.kind.assign(nin_, BroadcastLayout::kGeneral);  // nd > 1 merged dims: some input is not full
+  std::vector<const void*> pin(nin_);
+  std::vector<void*> pout(nout_);
+  int64_t coord[kMaxRank] = {};
+  int64_t count = 1;
+  for (int i = 0; i < outer; ++i) count *= L.dims[i];
+  for (int64_t o = 0; o < count; ++o) {
+    for (int k = 0; k < nin_; ++k) {
+      int64_t off = 0;
+      for (int i = 0; i < outer; ++i) off += coord[i] * L.strides[k][i];
+      pin[k] = static_cast<const char*>(in[k]) + off * in_bytes_[k];
+    }
+    for (int j = 0; j < nout_; ++j) pout[j] = static_cast<char*>(out[j]) + o * inner.n * out_bytes_[j];
+    if (!launch_one(pin.data(), pout.data(), inner, stream, err)) return false;
+    for (int i = outer - 1; i >= 0 && ++coord[i] == L.dims[i]; --i) coord[i] = 0;
+  }
+  return true;
+}
+
 std::string cuda_stats_json() {
   std::lock_guard<std::mutex> lock(g_cache_mu);
   std::ostringstream s;
@@ -575,7 +588,9 @@ std::string cuda_stats_json() {
     << ", \"memory_hits\": " << g_stats.memory_hits << ", \"disk_writes\": " << g_stats.disk_writes
     << ", \"compile_ms\": " << g_stats.compile_ms << ", \"last_compile_ms\": " << g_stats.last_compile_ms
     << ", \"last_disk_load_ms\": " << g_stats.last_disk_load_ms << ", \"load_ms\": " << g_stats.load_ms
-    << ", \"last_arch\": \"" << g_stats.last_arch << "\", \"cache_dir\": \"" << cache_dir() << "\"}";
+    << ", \"disk_rejects\": " << g_stats.disk_rejects << ", \"last_disk_reject\": " << json_str(g_stats.last_disk_reject)
+    << ", \"disk_refused\": " << json_str(g_stats.disk_refused)
+    << ", \"last_entry\": " << json_str(g_stats.last_entry) << ", \"last_arch\": " << json_str(g_stats.last_arch) << ", \"cache_dir\": " << json_str(kernel_cache_dir()) << "}";
   return s.str();
 }
 

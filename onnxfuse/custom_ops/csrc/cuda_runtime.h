@@ -20,20 +20,29 @@ class CudaKernel {
   // Generates, compiles (NVRTC, cached in memory and on disk) and loads the kernels of `prog` for
   // CUDA device `device`. Returns nullptr and sets *err (with the NVRTC log) on failure.
   static std::unique_ptr<CudaKernel> create(const Program& prog, int device, std::string* err);
-  // Launches on `stream` (a CUstream / cudaStream_t). No host synchronisation, no allocation.
+  // Launches on `stream` (a CUstream / cudaStream_t). No host synchronisation, no allocation on
+  // the device. A layout with more merged dims than max_dims_ (at most kMaxRank) takes several
+  // launches, one per coordinate of its outer dims.
   bool launch(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream, std::string* err) const;
 
  private:
+  bool launch_one(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream, std::string* err) const;
+
   std::shared_ptr<CudaModule> module_;
   int nin_ = 0, nout_ = 0, vec_ = 4;
+  int max_dims_ = 8;  // dims the broadcast kernels take (cuda_max_dims)
   int device_ = 0;
   std::vector<bool> used_;  // per input: read by the program
+  std::vector<int64_t> in_bytes_, out_bytes_;  // element sizes (pointer offsets when a launch is split)
 };
 
 // Compiles CUDA source to PTX (arch like "compute_90") or CUBIN ("sm_90") with NVRTC; for tests.
 bool nvrtc_compile(const std::string& source, const std::string& arch, std::string* binary, std::string* log);
 
-// JSON with counters: compiles, disk_hits, memory_hits, compile_ms, load_ms, last_source_hash, nvrtc.
+// JSON with counters: compiles, disk_hits, memory_hits, disk_writes, disk_rejects (entries that
+// failed verification, never loaded), last_disk_reject, disk_refused (why the cache folder was not
+// used, "" if it was), times, last_entry (file name of the last kernel's
+// entry), last_arch, cache_dir.
 std::string cuda_stats_json();
 
 }  // namespace onnxfuse

@@ -25,6 +25,7 @@
 #include "cpu_kernel.h"
 #include "cuda_codegen.h"
 #include "cuda_runtime.h"
+#include "kernel_cache.h"
 #include "program.h"
 
 #define OFX_EXPORT extern "C" __attribute__((visibility("default")))
@@ -64,8 +65,39 @@ std::string error_prefix(const std::string& node) {
   return std::string(kOpType) + " node" + (node.empty() ? "" : " '" + node + "'") + ": ";
 }
 
-// Reads the program attribute and checks it against the node's inputs and outputs.
-OrtStatus* load_program(const OrtKernelInfo* info, Program* prog, std::string* node) {
+// Storage dtypes of a node's inputs and outputs: the program's, except that float16 ones may be
+// float32 on the CPU. ONNX Runtime's InsertCastTransformer runs an "isolated" float16 node on the
+// CPU in float32 (IsIsolatedFp16NodeOnCpu: the producers of its float16 inputs and the consumers of
+// its float16 outputs all lack float16 CPU kernels, e.g. ThresholdedRelu -> fused node ->
+// Softmax): it casts the node's float16 inputs to float32, makes its float16 outputs float32 and
+// expects a float32 kernel, which it believes exists because this op accepts any type. So when a
+// float16 program input arrives as float32, every float16 input and output of the node is stored
+// as float32. The program computes as always (float16 values in float32); only its outputs are
+// not rounded to float16, as for ONNX Runtime's own kernels in that situation.
+struct IoDTypes {
+  std::vector<DType> in, out;
+  bool f16_as_f32 = false;
+};
+
+// `et`: the node's input element types (ONNX, UNDEFINED when unknown).
+IoDTypes io_dtypes(const Program& prog, const std::vector<int>& et) {
+  IoDTypes io;
+  for (size_t i = 0; i < prog.inputs.size(); ++i)
+    io.f16_as_f32 = io.f16_as_f32 || (prog.values[prog.inputs[i]].dtype == DType::F16 && i < et.size() &&
+                                      et[i] == dtype_to_onnx(DType::F32));
+  auto store = [&](int v) {
+    DType t = prog.values[v].dtype;
+    return io.f16_as_f32 && t == DType::F16 ? DType::F32 : t;
+  };
+  for (int v : prog.inputs) io.in.push_back(store(v));
+  for (int v : prog.outputs) io.out.push_back(store(v));
+  return io;
+}
+
+// Reads the program attribute and checks it against the node's inputs and outputs; *io gets the
+// storage dtypes (float16 as float32 only with `allow_f16_as_f32`, see IoDTypes).
+OrtStatus* load_program(const OrtKernelInfo* info, Program* prog, std::string* node, IoDTypes* io,
+                        bool allow_f16_as_f32) {
   *node = node_label(info);
   size_t size = 0;
   OrtStatus* st = g_api->KernelInfoGetAttribute_string(info, kProgramAttr, nullptr, &size);
@@ -87,21 +119,34 @@ OrtStatus* load_program(const OrtKernelInfo* info, Program* prog, std::string* n
                                               std::to_string(nout) + " outputs but its program declares " +
                                               std::to_string(prog->inputs.size()) + " inputs and " +
                                               std::to_string(prog->outputs.size()) + " outputs");
+  std::vector<int> types(nin, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
   for (size_t i = 0; i < nin; ++i) {
     OrtTypeInfo* ti = nullptr;
     if ((st = g_api->KernelInfo_GetInputTypeInfo(info, i, &ti))) return st;
     const OrtTensorTypeAndShapeInfo* tsi = nullptr;
     ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    size_t rank = 0;  // 0 also when the rank is unknown: then make_layout checks it at run time
     if (!g_api->CastTypeInfoToTensorInfo(ti, &tsi) && tsi) {
       if (OrtStatus* s2 = g_api->GetTensorElementType(tsi, &et)) g_api->ReleaseStatus(s2);
+      if (OrtStatus* s2 = g_api->GetDimensionsCount(tsi, &rank)) g_api->ReleaseStatus(s2);
     }
     g_api->ReleaseTypeInfo(ti);
-    DType want = prog->values[prog->inputs[i]].dtype;
-    if (et != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED && static_cast<int>(et) != dtype_to_onnx(want))
+    // A known rank above the limit fails when the session is created (ONNX Runtime only logs
+    // shape inference's error), not at the first run.
+    if (rank > static_cast<size_t>(kMaxRank))
+      return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + rank_limit_error(rank) + " (input " +
+                                                std::to_string(i) + " has " + std::to_string(rank) + " dimensions)");
+    types[i] = static_cast<int>(et);
+  }
+  *io = io_dtypes(*prog, allow_f16_as_f32 ? types : std::vector<int>());
+  for (size_t i = 0; i < nin; ++i) {
+    DType want = io->in[i];
+    if (types[i] != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED && types[i] != dtype_to_onnx(want))
       return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + "input " + std::to_string(i) + " ('" +
                                                 prog->values[prog->inputs[i]].name + "') is declared " +
-                                                dtype_name(want) + " in the program but the tensor has ONNX type " +
-                                                std::to_string(static_cast<int>(et)));
+                                                dtype_name(prog->values[prog->inputs[i]].dtype) + " in the program" +
+                                                (want != prog->values[prog->inputs[i]].dtype ? " (stored as float32)" : "") +
+                                                " but the tensor has ONNX type " + std::to_string(types[i]));
   }
   return nullptr;
 }
@@ -229,6 +274,10 @@ struct CpuKernel {
       if (OrtStatus* st = prepare_io(ctx, &layouts, node, &io)) return st;
       const int64_t n = io.layout->n;
       if (n == 0) return nullptr;
+      // make_layout already refuses ranks above kMaxRank; checked again here, outside the thread
+      // pool, because run_block throws on such a layout and must not do so inside ParallelFor.
+      if (io.layout->dims.size() > static_cast<size_t>(kMaxRank))
+        return make_status(ORT_INVALID_ARGUMENT, error_prefix(node) + rank_limit_error(io.layout->dims.size()));
       const int64_t nblocks = (n + CpuEvaluator::kBlock - 1) / CpuEvaluator::kBlock;
       // Parallelise over ONNX Runtime's intra-op thread pool for large tensors.
       const int64_t per_batch = 16;  // 32K elements per task
@@ -333,6 +382,7 @@ OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
       std::string sym;
     };
     std::vector<std::vector<Dim>> shapes(nin);
+    std::vector<int> types(nin, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
     bool have_all = true;
     for (size_t i = 0; i < nin; ++i) {
       OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by ONNX Runtime
@@ -341,6 +391,9 @@ OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
         have_all = false;
         continue;
       }
+      ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      drop(g_api->GetTensorElementType(info, &et));
+      types[i] = static_cast<int>(et);
       size_t nd = 0;
       drop(g_api->GetDimensionsCount(info, &nd));
       // ONNX Runtime reports an input whose shape it does not know (a Loop's output, say) as rank 0,
@@ -361,6 +414,10 @@ OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
     if (have_all) {
       size_t rank = 0;
       for (const auto& s : shapes) rank = std::max(rank, s.size());
+      // No output shape for ranks above the limit (ONNX Runtime logs this error; the kernel's
+      // creation fails with it too, see load_program).
+      if (rank > static_cast<size_t>(kMaxRank))
+        return make_status(ORT_INVALID_GRAPH, std::string(kOpType) + ": " + rank_limit_error(rank));
       static std::atomic<long> counter{0};
       for (size_t a = 0; a < rank; ++a) {
         bool have_int = false, have_unknown = false;
@@ -398,10 +455,11 @@ OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
         }
       }
     }
+    const IoDTypes io = io_dtypes(prog, types);  // float16 outputs are float32 where ONNX Runtime forces it
     for (size_t j = 0; j < prog.outputs.size(); ++j) {
       OrtTensorTypeAndShapeInfo* info = nullptr;
       if ((st = g_api->CreateTensorTypeAndShapeInfo(&info))) return st;
-      DType t = prog.values[prog.outputs[j]].dtype;
+      DType t = io.out[j];
       st = g_api->SetTensorElementType(info, static_cast<ONNXTensorElementDataType>(dtype_to_onnx(t)));
       if (!st && have_all) {
         std::vector<const char*> sp;
@@ -430,15 +488,17 @@ OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
 // stay null; ONNX Runtime reads a field only when ``version`` says it exists.
 OrtStatusPtr create_cpu_kernel(const OrtKernelInfo* info, void** out) {
   std::unique_ptr<CpuKernel> k(new CpuKernel());
-  if (OrtStatus* st = load_program(info, &k->prog, &k->node)) return st;
-  k->eval.reset(new CpuEvaluator(k->prog));
+  IoDTypes io;
+  if (OrtStatus* st = load_program(info, &k->prog, &k->node, &io, true)) return st;
+  k->eval.reset(new CpuEvaluator(k->prog, io.in, io.out));
   *out = k.release();
   return nullptr;
 }
 
 OrtStatusPtr create_cuda_kernel(const OrtKernelInfo* info, void** out) {
   std::unique_ptr<CudaKernelOrt> k(new CudaKernelOrt());
-  if (OrtStatus* st = load_program(info, &k->prog, &k->node)) return st;
+  IoDTypes io;  // ONNX Runtime forces float32 on CPU nodes only: the CUDA kernel takes the program's dtypes
+  if (OrtStatus* st = load_program(info, &k->prog, &k->node, &io, false)) return st;
   std::string err;
   k->kernel = CudaKernel::create(k->prog, device_of(info), &err);
   if (!k->kernel) return make_status(ORT_FAIL, error_prefix(k->node) + err);
@@ -562,6 +622,9 @@ OFX_EXPORT long onnxfuse_cuda_stats(char* out, size_t out_size) {
   return static_cast<long>(s.size());
 }
 
+// FusedElementwise's limit on the broadcast rank (kMaxRank; onnxfuse.custom_ops.MAX_RANK).
+OFX_EXPORT int onnxfuse_max_rank() { return kMaxRank; }
+
 // Version of this library's program language.
 OFX_EXPORT int onnxfuse_language_version() { return 1; }
 
@@ -609,3 +672,13 @@ OFX_EXPORT int onnxfuse_test_cuda_launch(void* kernel, int nin, const int* ranks
 
 OFX_EXPORT void onnxfuse_test_cuda_destroy(void* kernel) { delete static_cast<CudaKernel*>(kernel); }
 
+// SHA-256 of `size` bytes as 64 hex digits and a NUL in out[65] (the kernel cache's checksum;
+// tests compare it with hashlib).
+OFX_EXPORT void onnxfuse_test_sha256(const void* data, size_t size, char* out) {
+  try {
+    std::string h = sha256_hex(data, size);
+    std::memcpy(out, h.c_str(), h.size() + 1);
+  } catch (...) {
+    out[0] = '\0';
+  }
+}

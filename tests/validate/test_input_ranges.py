@@ -1,0 +1,80 @@
+"""Integer inputs are drawn from the range the graph implies (ids into an embedding of V rows:
+0..V-1), overridable with --input-range; bad ranges are usage errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import onnxfuse
+from onnxfuse.cli import main
+from onnxfuse.validate.input_ranges import ValueRange, implied_ranges
+from onnxfuse.validate.inputs import make_samples
+
+V = 300
+
+
+def _embedding_model(via_cast: bool = False, onehot: bool = False) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((V, 16)).astype(np.float32), "table")
+    nodes, ids = [], "ids"
+    if via_cast:  # int32 ids cast to int64 and unsqueezed before the lookup
+        nodes += [h.make_node("Cast", ["ids"], ["ids64"], to=T.INT64),
+                  h.make_node("Unsqueeze", ["ids64", "ax"], ["ids_u"])]
+        ids = "ids_u"
+    nodes.append(h.make_node("Gather", ["table", ids], ["emb"], axis=0))
+    nodes.append(h.make_node("Tanh", ["emb"], ["y"]))
+    inits = [table, numpy_helper.from_array(np.array([0], np.int64), "ax")]
+    outputs = [h.make_tensor_value_info("y", T.FLOAT, ["batch", 64, 16] if not via_cast else ["batch", 1, 64, 16])]
+    inputs = [h.make_tensor_value_info("ids", T.INT32 if via_cast else T.INT64, ["batch", 64])]
+    if onehot:
+        inputs.append(h.make_tensor_value_info("label", T.INT64, ["batch"]))
+        inits += [numpy_helper.from_array(np.array(10, np.int64), "depth"),
+                  numpy_helper.from_array(np.array([0, 1], np.float32), "onoff")]
+        nodes.append(h.make_node("OneHot", ["label", "depth", "onoff"], ["oh"], axis=-1))
+        outputs.append(h.make_tensor_value_info("oh", T.FLOAT, ["batch", 10]))
+    m = h.make_model(h.make_graph(nodes, "g", inputs, outputs, inits), opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("via_cast", [False, True])
+def test_embedding_ids_cover_the_table(via_cast):
+    model = _embedding_model(via_cast=via_cast)
+    assert implied_ranges(model)["ids"].hi == V - 1
+    (sample,) = make_samples(model, {"ids": [4, 64]}, seed=0)
+    ids = sample.feeds["ids"]
+    assert ids.min() >= 0 and ids.max() <= V - 1
+    assert len(np.unique(ids)) > 100  # not just 0 and 1
+    assert any("indices into 300 entries" in n for n in sample.notes)
+
+
+def test_onehot_depth_and_plain_integers():
+    model = _embedding_model(onehot=True)
+    ranges = implied_ranges(model)
+    assert (ranges["label"].lo, ranges["label"].hi) == (0, 9)
+    (sample,) = make_samples(model, {"ids": [2, 64], "label": [512]}, seed=1)
+    assert set(np.unique(sample.feeds["label"])) == set(range(10))
+
+
+def test_user_range_overrides_and_validation_uses_it():
+    model = _embedding_model()
+    result = onnxfuse.optimize(model, shapes={"ids": [2, 64]}, input_ranges={"ids": (5, 7)}, target="onnx")
+    assert result.validation.passed
+    (sample,) = make_samples(model, {"ids": [2, 64]}, seed=0, ranges={"ids": ValueRange(5, 7, "test")})
+    assert set(np.unique(sample.feeds["ids"])) <= {5, 6, 7}
+
+
+@pytest.mark.parametrize("bad", ["ids", "ids:1", "ids:a,b", "ids:5,1", "ids:nan,3", "nope:0,3"])
+def test_bad_input_ranges_are_usage_errors(tmp_path, bad):
+    path = tmp_path / "m.onnx"
+    onnx.save(_embedding_model(), path)
+    res = CliRunner().invoke(main, ["optimize", str(path), str(tmp_path / "o.onnx"), "--no-bench",
+                                    "--input-range", bad], catch_exceptions=False)
+    assert res.exit_code == 2, res.output
+    assert len(res.stderr.strip().splitlines()) == 1 and "--input-range" in res.stderr
