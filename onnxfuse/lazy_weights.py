@@ -479,6 +479,40 @@ def source_reference(values) -> onnx.TensorProto | None:
 
 
 # ---------------------------------------------------------------------------------------------------
+# the C allocator
+
+
+_malloc_tuned = False
+
+
+def return_freed_memory() -> bool:
+    """Make glibc give freed blocks of 1 MiB or more back to the system at once (``mallopt(
+    M_MMAP_THRESHOLD, 1 MiB)``); once per process, only with glibc. Returns whether it was set.
+
+    Why: glibc serves a large allocation with its own ``mmap`` (returned to the system on ``free``),
+    but each such free *raises* the threshold to the freed size, up to 32 MiB, after which blocks of
+    that size come from the heap and stay with the process when freed. Every ONNX Runtime session and
+    every weight a rule makes allocates such blocks: optimizing a 1.0 GiB model made of 16 MiB weights
+    peaked at 2.13 GiB with the default and at 1.16 GiB with the threshold fixed at 1 MiB (and ran in
+    13.8 s instead of 18.0 s). Weights over 32 MiB were never affected. Called for large (lazy) models
+    only, so small runs keep glibc's defaults.
+    """
+    global _malloc_tuned
+    if _malloc_tuned:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        if not hasattr(libc, "gnu_get_libc_version"):
+            return False
+        _malloc_tuned = bool(libc.mallopt(-3, LAZY_MIN_TENSOR))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+    return _malloc_tuned
+
+
+# ---------------------------------------------------------------------------------------------------
 # the spill file: new weights made during a run
 
 

@@ -91,6 +91,8 @@ def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
     weights = lw.payload_bytes(model)
     last_model_weights = weights
     lazy = weights >= lw.LAZY_MODEL_BYTES
+    if lazy:
+        lw.return_freed_memory()
     try:
         _resolve_external_data(model, p, lazy)
     except OSError as exc:
@@ -419,6 +421,7 @@ def stage_model(outputs: OutputSet, model: onnx.ModelProto, out: Path) -> None:
 def make_lazy(model: onnx.ModelProto) -> onnx.ModelProto:
     """A lazy copy of an in-memory ``model``: main-graph tensors over 1 MiB are appended to the spill
     file (one at a time) and referenced. The copy costs the skeleton; ``model`` is unchanged."""
+    lw.return_freed_memory()
     out = lw.model_without_initializers(model)
     for t in model.graph.initializer:
         if not lw.is_external(t) and t.HasField("raw_data") and lw.tensor_nbytes(t) > lw.LAZY_MIN_TENSOR:
