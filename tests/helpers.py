@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTDATA = ROOT / "testdata"
@@ -111,3 +112,28 @@ def snapshot(model: onnx.ModelProto):
     used = {name for n in model.graph.node for name in n.input}
     inits = {i.name: onnx.numpy_helper.to_array(i).tobytes() for i in model.graph.initializer if i.name in used}
     return nodes, inits
+
+
+def conv_bn_model(batch="N") -> onnx.ModelProto:
+    """Conv → BatchNormalization → Relu with a dynamic batch (the CLI and API tests' model)."""
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array((rng.random(4) + 0.5).astype(np.float32), "gamma"),
+        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "beta"),
+        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "mean"),
+        numpy_helper.from_array((rng.random(4) + 0.5).astype(np.float32), "var"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["b"], name="bn"),
+        helper.make_node("Relu", ["b"], ["y"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [batch, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [batch, 4, 8, 8])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="test-exporter")
+    model.ir_version = 8
+    helper.set_model_props(model, {"author": "tests"})
+    return model

@@ -18,32 +18,9 @@ import onnxfuse
 from onnxfuse.cli import main
 from onnxfuse.rewrites import RULES
 from onnxfuse.rewrites.base import Rule
+from helpers import conv_bn_model
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def conv_bn_model() -> onnx.ModelProto:
-    """Conv → BatchNormalization → Relu, dynamic batch."""
-    rng = np.random.default_rng(1)
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
-        numpy_helper.from_array((rng.random(4) + 0.5).astype(np.float32), "gamma"),
-        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "beta"),
-        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "mean"),
-        numpy_helper.from_array((rng.random(4) + 0.5).astype(np.float32), "var"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-        helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["b"], name="bn"),
-        helper.make_node("Relu", ["b"], ["y"], name="relu"),
-    ]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4, 8, 8])], inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="test-exporter")
-    model.ir_version = 8
-    return model
 
 
 class BreakConvWeights(Rule):

@@ -518,6 +518,13 @@ class _Analysis:
         if all(c for _, c in consts):
             raise _Refuse("all inputs are constant (constant folding, not fusion)")
         shapes = [self.shape_of(t) for t in low.operands]
+        for t, shape, (_, is_const) in zip(low.operands, shapes, consts):
+            if shape is None and not is_const:
+                # ONNX Runtime hands a custom op's shape inference an input of unknown shape as rank 0,
+                # the same as a scalar: the fused op would then declare a wrong rank (a Loop output
+                # fused before a Gather made the model unloadable, fuzz seed 60).
+                raise _Refuse(f"input {t.name!r} has an unknown rank (the fused op's shape inference would "
+                              "take it for a scalar)")
         # Scalar constants fold into the program unless they would raise the op's rank.
         for k, (arr, is_const) in enumerate(consts):
             if arr is None or arr.size != 1:

@@ -397,10 +397,9 @@ OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
       size_t nd = 0;
       drop(g_api->GetDimensionsCount(info, &nd));
       // ONNX Runtime reports an input whose shape it does not know (a Loop's output, say) as rank 0,
-      // the same as a true scalar: declaring the broadcast of the others would then be wrong (a
-      // rank-4 value declared rank 0 broke the Gather after it). A rank-0 input leaves the output
-      // shape undeclared; ONNX Runtime still runs the node and learns shapes at run time.
-      if (nd == 0) have_all = false;
+      // the same as a true scalar, and leaving the output undeclared fails its type inference for
+      // bfloat16: rank 0 is taken as a scalar here, and fuse-elementwise never fuses an input of
+      // unknown rank (a Loop output declared rank 0 broke the Gather after it, fuzz seed 60).
       std::vector<int64_t> d(nd);
       std::vector<const char*> s(nd, nullptr);
       if (nd) {
