@@ -136,6 +136,22 @@ class NameAllocator:
 
 
 def set_param(graph, node, index: int, values: np.ndarray, role: str = "param") -> str:
+    """Give ``node.inputs[index]`` the value ``values``, copy-on-write (see :func:`_place_param`).
+
+    In a large model's graph the new weight goes to the spill file at once
+    (:func:`onnxfuse.model_io.store_weight`), so folded weights do not pile up in memory until the
+    export: the 2.25 GiB benchmark's rewrite peak was 1.47x its weights with all nine folded weights held,
+    0.59x through this (docs/large-models.md).
+    """
+    from onnxfuse.model_io import store_weight
+
+    mode = _place_param(graph, node, index, values, role)
+    placed = node.inputs[index]
+    placed.values = store_weight(graph, placed._values)
+    return mode
+
+
+def _place_param(graph, node, index: int, values: np.ndarray, role: str = "param") -> str:
     """Give ``node.inputs[index]`` the value ``values``, copy-on-write.
 
     Returns ``"in-place"`` (the initializer was read by ``node`` alone and keeps its name), ``"copy"`` (the
