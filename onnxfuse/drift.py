@@ -371,15 +371,10 @@ def _histogram_pieces(refs, gots, bins_per_decade: int = 2, max_bins: int = 40) 
     hist = {"zeros": zeros, "edges": [], "counts": [], "nonfinite": nonfinite}
     if hi_err == 0.0:
         return hist
-    lo = math.floor(math.log10(lo_err) * bins_per_decade) / bins_per_decade
-    hi = math.ceil(math.log10(hi_err) * bins_per_decade) / bins_per_decade
-    n = max(1, round((hi - lo) * bins_per_decade))
-    if n > max_bins:
-        n = max_bins
-    if hi <= lo:
-        hi = lo + 1.0 / bins_per_decade
-    log_edges = np.linspace(lo, hi, n + 1)
-    counts = np.zeros(n, dtype=np.int64)
+    from onnxfuse.reports.histogram import log_bin_edges
+
+    log_edges = log_bin_edges(lo_err, hi_err, bins_per_decade, max_bins)
+    counts = np.zeros(len(log_edges) - 1, dtype=np.int64)
     for (_, r), (_, g) in zip(_pieces(refs), _pieces(gots)):
         r, g = r.astype(np.float64), g.astype(np.float64)
         both = np.isfinite(r) & np.isfinite(g)

@@ -30,14 +30,7 @@ def error_histogram(ref: np.ndarray, got: np.ndarray, bins_per_decade: int = 2, 
     hist = {"zeros": int(err.size - nonzero.size), "edges": [], "counts": [], "nonfinite": int((~both).sum())}
     if nonzero.size == 0:
         return hist
-    lo = math.floor(math.log10(float(nonzero.min())) * bins_per_decade) / bins_per_decade
-    hi = math.ceil(math.log10(float(nonzero.max())) * bins_per_decade) / bins_per_decade
-    n = max(1, round((hi - lo) * bins_per_decade))
-    if n > max_bins:
-        n = max_bins
-    if hi <= lo:
-        hi = lo + 1.0 / bins_per_decade
-    log_edges = np.linspace(lo, hi, n + 1)
+    log_edges = log_bin_edges(float(nonzero.min()), float(nonzero.max()), bins_per_decade, max_bins)
     counts, _ = np.histogram(np.log10(nonzero), bins=log_edges)
     hist["edges"] = [float(10.0**e) for e in log_edges]
     hist["counts"] = [int(c) for c in counts]
@@ -99,3 +92,14 @@ def histogram_svg(hist: dict | None, atol: float | None = None, width: int = 560
         parts.append(f'<text x="{x + 3:.1f}" y="{top + 9}" font-size="9" fill="#e15759">atol</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def log_bin_edges(lo_err: float, hi_err: float, bins_per_decade: int, max_bins: int) -> np.ndarray:
+    """log10 bin edges covering [lo_err, hi_err] (both > 0) on whole bins of 1/bins_per_decade decade,
+    at most ``max_bins`` of them (the histogram of one tensor and of a tensor in pieces share them)."""
+    lo = math.floor(math.log10(lo_err) * bins_per_decade) / bins_per_decade
+    hi = math.ceil(math.log10(hi_err) * bins_per_decade) / bins_per_decade
+    n = min(max(1, round((hi - lo) * bins_per_decade)), max_bins)
+    if hi <= lo:
+        hi = lo + 1.0 / bins_per_decade
+    return np.linspace(lo, hi, n + 1)
