@@ -12,9 +12,12 @@ Concat) to the ops that use them as indices:
 
 * ``Gather(data, indices, axis)`` and ``GatherElements``: ``[0, data.shape[axis] - 1]`` when that
   dimension is known (an embedding with V rows gives ``[0, V-1]``);
-* ``OneHot(indices, depth)`` with a constant depth: ``[0, depth - 1]``.
+* ``OneHot(indices, depth)`` with a constant depth: ``[0, depth - 1]``;
+* a comparison with constants (``Equal``, ``Less``, ``Greater`` and their ``OrEqual`` forms, as in
+  ``mask == 0`` or ``ids < vocab``): ``[min(c) - 1, max(c) + 1]`` (not below 0 when every constant is
+  >= 0), so both outcomes of every comparison occur.
 
-Several uses intersect (the tightest table wins). Inputs with no such use keep ``[0, 1]``: masks
+Several uses intersect (an index range, the tightest table, wins over a comparison). Inputs with no such use keep ``[0, 1]``: masks
 and token-type ids, the other common integer inputs, are 0/1. ``--input-range NAME:LO,HI`` overrides
 any of this (inclusive bounds). Floating inputs are standard normal unless given a range, then
 uniform in ``[LO, HI)``.
@@ -33,6 +36,7 @@ from onnxfuse.errors import UsageError
 #: Ops whose output holds the input's values (possibly fewer, rearranged or repeated).
 VALUE_PRESERVING = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Transpose",
                     "Slice", "Concat", "Tile"}
+COMPARISONS = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}
 INTEGER_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
                  onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64}
 
@@ -123,11 +127,12 @@ def implied_ranges(model: onnx.ModelProto) -> dict[str, ValueRange]:
     out: dict[str, ValueRange] = {}
     for name in int_inputs:
         best: ValueRange | None = None
+        best_is_comparison = False
         stack, seen = [name], {name}
         while stack:
             value = stack.pop()
             for node in readers.get(value, ()):
-                found = None
+                found, comparison = None, False
                 if node.op_type in ("Gather", "GatherElements") and len(node.input) > 1 and node.input[1] == value:
                     shapes = shapes if shapes is not None else _shapes(model)
                     data = shapes.get(node.input[0])
@@ -140,6 +145,16 @@ def implied_ranges(model: onnx.ModelProto) -> dict[str, ValueRange]:
                     depth = _constant(model, node.input[1])
                     if depth is not None and np.size(depth) == 1:
                         found = ValueRange(0, int(np.asarray(depth).reshape(())) - 1, f"OneHot depth {int(np.asarray(depth).reshape(()))}")
+                elif node.op_type in COMPARISONS and len(node.input) == 2:
+                    other = node.input[1] if node.input[0] == value else node.input[0]
+                    c = _constant(model, other)
+                    if c is not None and np.size(c) and np.issubdtype(np.asarray(c).dtype, np.number):
+                        lo, hi = float(np.min(c)) - 1, float(np.max(c)) + 1
+                        lo = max(lo, 0.0) if float(np.min(c)) >= 0 else lo
+                        found = ValueRange(np.ceil(lo), np.floor(hi), f"compared with {_num(float(np.min(c)))}"
+                                           + (f"..{_num(float(np.max(c)))}" if np.size(c) > 1 else "")
+                                           + f" by {node.op_type}")
+                        comparison = True
                 elif node.op_type in VALUE_PRESERVING and node.input and node.input[0] == value:
                     if node.op_type == "Cast" and _attr(node, "to", 0) not in INTEGER_TYPES:
                         continue
@@ -147,8 +162,11 @@ def implied_ranges(model: onnx.ModelProto) -> dict[str, ValueRange]:
                         if o not in seen:
                             seen.add(o)
                             stack.append(o)
-                if found is not None and found.hi >= 0 and (best is None or found.hi < best.hi):
-                    best = found
+                if found is None or found.hi < found.lo:
+                    continue
+                if best is None or (best_is_comparison and not comparison) or (
+                        comparison == best_is_comparison and found.hi - found.lo < best.hi - best.lo):
+                    best, best_is_comparison = found, comparison
         if best is not None:
             out[name] = best
     return out

@@ -78,3 +78,16 @@ def test_bad_input_ranges_are_usage_errors(tmp_path, bad):
                                     "--input-range", bad], catch_exceptions=False)
     assert res.exit_code == 2, res.output
     assert len(res.stderr.strip().splitlines()) == 1 and "--input-range" in res.stderr
+
+
+def test_comparison_with_constants_covers_both_outcomes_and_indices_win():
+    nodes = [h.make_node("Equal", ["mask", "zero"], ["is_pad"]), h.make_node("Cast", ["is_pad"], ["pad_f"], to=T.FLOAT),
+             h.make_node("Less", ["ids", "limit"], ["ok"]), h.make_node("Gather", ["table", "ids"], ["emb"], axis=0),
+             h.make_node("Cast", ["ok"], ["ok_f"], to=T.FLOAT)]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(50, np.int64), "limit"),
+             numpy_helper.from_array(np.zeros((20, 4), np.float32), "table")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("mask", T.INT64, [2, 8]), h.make_tensor_value_info("ids", T.INT64, [2, 8])],
+                     [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("pad_f", "ok_f", "emb")], inits)
+    ranges = implied_ranges(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]))
+    assert (ranges["mask"].lo, ranges["mask"].hi) == (0, 1)  # mask == 0: both outcomes, never negative
+    assert (ranges["ids"].lo, ranges["ids"].hi) == (0, 19)  # the table's 20 rows beat "ids < 50"
