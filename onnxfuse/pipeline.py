@@ -339,7 +339,7 @@ def _add_second_size(model, samples: list, reference: list, options: OptimizeOpt
     from onnxfuse.validate import run_samples
     from onnxfuse.validate.inputs import second_size_candidates
 
-    candidates = second_size_candidates(model, samples[0], options.seed, options.input_ranges)
+    candidates = second_size_candidates(model, samples[0], options.seed)
     for draw in candidates:
         try:
             (outputs,) = run_samples(model, [draw], options.provider, name=source)

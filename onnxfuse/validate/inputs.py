@@ -37,6 +37,7 @@ class Inputs:
     notes: list[str] = field(default_factory=list)
     seed: int | None = None
     source: str = "random"
+    ranges: dict = field(default_factory=dict)  # the value ranges a random draw used (name -> ValueRange)
 
     def shapes(self) -> dict[str, list[int]]:
         return {k: list(v.shape) for k, v in self.feeds.items()}
@@ -226,7 +227,7 @@ def unsized_dimensions(specs: list[InputSpec], shapes: dict[str, list[int]]) -> 
     return out
 
 
-def second_size_candidates(model: onnx.ModelProto, first: Inputs, seed: int = 0, ranges=None) -> list[Inputs]:
+def second_size_candidates(model: onnx.ModelProto, first: Inputs, seed: int = 0) -> list[Inputs]:
     """Draws at a second size of every dynamic dimension, to run validation on as well as ``first``.
 
     One size is blind to rewrites that specialise a shape (a Reshape target that copies a dimension
@@ -235,12 +236,11 @@ def second_size_candidates(model: onnx.ModelProto, first: Inputs, seed: int = 0,
     that share a symbolic name get different sizes: ONNX Runtime does not enforce shared names, and a
     rewrite may not rely on them), then, for models that cannot run like that, with shared names
     kept equal. The caller keeps the first candidate the original model runs on. Empty when the
-    model has no dynamic dimension.
+    model has no dynamic dimension. Values come from the ranges ``first`` was drawn with.
     """
     specs = input_specs(model)
     if not any(not isinstance(d, int) for s in specs for d in s.shape):
         return []
-    value_range, _ = value_ranges(model, ranges)
     seen: dict = {}
     independent, by_name = {}, {}
     for s in specs:
@@ -259,7 +259,7 @@ def second_size_candidates(model: onnx.ModelProto, first: Inputs, seed: int = 0,
                         (by_name, "dynamic dimensions one larger, shared names equal")):
         if out and shapes == by_name and by_name == independent:
             break
-        draw = random_inputs(specs, shapes, seed + 1, value_range)
+        draw = random_inputs(specs, shapes, seed + 1, first.ranges)
         draw.notes = [f"second size ({how}): " + ", ".join(f"{k} {v}" for k, v in shapes.items())]
         out.append(draw)
     return out
@@ -334,7 +334,7 @@ def random_inputs(specs: list[InputSpec], shapes: dict[str, list[int]] | None = 
     resolved = [(s, resolve_shape(s, shapes, notes, symbols, default_dim)) for s in specs]
     check_input_sizes(resolved)
     feeds = {s.name: _random(rng, s.dtype, shape, ranges.get(s.name)) for s, shape in resolved}
-    return Inputs(feeds=feeds, notes=notes, seed=seed, source="random")
+    return Inputs(feeds=feeds, notes=notes, seed=seed, source="random", ranges=dict(ranges))
 
 
 def _human(n: float) -> str:
