@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxfuse.rewrites.base import Rule as _Rule
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTDATA = ROOT / "testdata"
 
@@ -137,3 +139,18 @@ def conv_bn_model(batch="N") -> onnx.ModelProto:
     model.ir_version = 8
     helper.set_model_props(model, {"author": "tests"})
     return model
+
+
+class BreakConvWeights(_Rule):
+    """A deliberately wrong rule (doubles every Conv weight): validation must catch it and name it."""
+
+    name = "test-break-conv"
+    description = "test only"
+
+    def match(self, graph):
+        return [n for n in graph.nodes if n.op == "Conv" and not getattr(n, "_broken", False)]
+
+    def rewrite(self, graph, node):
+        node.inputs[1].values = node.inputs[1].values * 2
+        node._broken = True
+        return {"node": node.name}

@@ -17,25 +17,9 @@ from onnx import helper, numpy_helper
 import onnxfuse
 from onnxfuse.cli import main
 from onnxfuse.rewrites import RULES
-from onnxfuse.rewrites.base import Rule
-from helpers import conv_bn_model
+from helpers import BreakConvWeights, conv_bn_model
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class BreakConvWeights(Rule):
-    """A deliberately wrong rule (doubles every Conv weight): validation must catch it and name it."""
-
-    name = "test-break-conv"
-    description = "test only"
-
-    def match(self, graph):
-        return [n for n in graph.nodes if n.op == "Conv" and not getattr(n, "_broken", False)]
-
-    def rewrite(self, graph, node):
-        node.inputs[1].values = node.inputs[1].values * 2
-        node._broken = True
-        return {"node": node.name}
 
 
 @pytest.fixture

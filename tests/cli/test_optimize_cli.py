@@ -17,10 +17,9 @@ import pytest
 from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
-from helpers import conv_bn_model
+from helpers import BreakConvWeights, conv_bn_model
 from onnxfuse.cli import main
 from onnxfuse.rewrites import RULES
-from onnxfuse.rewrites.base import Rule
 
 
 def digest(path: Path) -> str:
@@ -122,24 +121,8 @@ def test_usage_errors_exit_2(model_path, tmp_path):
     one_line_error(result, "--shape")
 
 
-class _BreakConvWeights(Rule):
-    """A deliberately wrong rule: doubles every Conv weight. Validation must catch and name it."""
-
-    name = "test-break-conv"
-    description = "test only"
-
-    def match(self, graph):
-        return [n for n in graph.nodes if n.op == "Conv" and not getattr(n, "_broken", False)]
-
-    def rewrite(self, graph, node):
-        w = node.inputs[1]
-        w.values = w.values * 2
-        node._broken = True
-        return {"node": node.name}
-
-
 def test_validation_failure_names_culprit_and_writes_nothing(model_path, tmp_path, monkeypatch):
-    monkeypatch.setattr("onnxfuse.rewrites.RULES", RULES + [_BreakConvWeights()])
+    monkeypatch.setattr("onnxfuse.rewrites.RULES", RULES + [BreakConvWeights()])
     out, report = tmp_path / "o.onnx", tmp_path / "r.json"
     result = run(["optimize", model_path, out, "--json", report, "--target", "onnx"])
     assert result.exit_code == 3
@@ -153,7 +136,7 @@ def test_validation_failure_names_culprit_and_writes_nothing(model_path, tmp_pat
 
 
 def test_tolerance_options_flip_the_verdict(model_path, tmp_path, monkeypatch):
-    monkeypatch.setattr("onnxfuse.rewrites.RULES", RULES + [_BreakConvWeights()])
+    monkeypatch.setattr("onnxfuse.rewrites.RULES", RULES + [BreakConvWeights()])
     # doubling the weights is a huge change: even a loose tolerance rejects it, an absurd one accepts it
     onnx_only = ["--target", "onnx"]
     assert run(["optimize", model_path, tmp_path / "a.onnx", "--rtol", "0.5", *onnx_only]).exit_code == 3
@@ -331,7 +314,7 @@ def test_markdown_appends_to_github_step_summary(model_path, tmp_path, monkeypat
 
 
 def test_failed_validation_reports_fail_in_junit(model_path, tmp_path, monkeypatch):
-    monkeypatch.setattr("onnxfuse.rewrites.RULES", RULES + [_BreakConvWeights()])
+    monkeypatch.setattr("onnxfuse.rewrites.RULES", RULES + [BreakConvWeights()])
     xml = tmp_path / "junit.xml"
     result = run(["optimize", model_path, tmp_path / "o.onnx", "--junit", xml, "--target", "onnx"])
     assert result.exit_code == 3
