@@ -42,7 +42,6 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from onnxfuse import __version__
 from onnxfuse.errors import InputsError, ModelLoadError, UsageError
 from onnxfuse.reports.histogram import error_histogram
 from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance, is_text
@@ -88,14 +87,14 @@ class DiffReport:
         return [c.name for c in self.intermediates if not c.passed]
 
     def to_json(self) -> dict:
-        """The report ``onnxfuse diff --json`` writes, as a JSON-ready dict (non-finite floats → ``None``)."""
-        from onnxfuse.reports._io import clean_json
+        """The report ``onnxfuse diff --json`` writes: the one contract of every command
+        (:mod:`onnxfuse.reports.contract`) with :meth:`to_dict` as its ``result``."""
+        from onnxfuse.reports.jsonreport import diff_json
 
-        return clean_json(self.to_dict())
+        return diff_json(self)
 
     def to_dict(self) -> dict:
-        """The JSON report (schema: :func:`onnxfuse.reports.schema_path`). Non-finite floats become null
-        when written by :func:`onnxfuse.reports.write_json`."""
+        """The body of the JSON report (schema: ``$defs/diff`` in :func:`onnxfuse.reports.schema_path`)."""
         outputs = []
         for c in self.outputs:
             item = c.to_dict()
@@ -103,8 +102,6 @@ class DiffReport:
                 item["histogram"] = self.histograms[c.name]
             outputs.append(item)
         return {
-            "schema_version": 1,
-            "tool": {"name": "onnxfuse", "version": __version__, "command": "diff"},
             "passed": self.passed,
             "model_a": {"path": self.model_a, "provider": self.provider_a},
             "model_b": {"path": self.model_b, "provider": self.provider_b},

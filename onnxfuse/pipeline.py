@@ -114,10 +114,10 @@ class OptimizeResult:
         }
 
     def to_json(self) -> dict:
-        """The report ``onnxfuse optimize --json`` writes for this run, as a JSON-ready dict: ``ok``,
-        ``exit_code`` (and ``error``/``culprit`` after a failure) followed by :meth:`to_dict`; NaN/Inf
-        become ``None``."""
-        from onnxfuse.reports.optimize_report import optimize_json
+        """The report ``onnxfuse optimize --json`` writes for this run: the one contract of every
+        command (:mod:`onnxfuse.reports.contract`) with :meth:`to_dict` (and ``culprit``) as its
+        ``result``; ``ok``/``exit_code``/``error`` also after a failed validation or latency check."""
+        from onnxfuse.reports.jsonreport import optimize_json
 
         return optimize_json(self)
 

@@ -39,7 +39,10 @@ def cli(*args):
 
 def without_timings(report: dict) -> dict:
     """A report minus what differs from run to run: wall-clock timings."""
-    return {k: v for k, v in report.items() if k not in ("timings", "seconds")}
+    body = report["result"]
+    if body is not None:
+        body = {k: v for k, v in body.items() if k not in ("timings", "seconds")}
+    return {**report, "result": body}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -87,7 +90,7 @@ def test_optimize_from_modelproto_leaves_it_unchanged_and_writes_nothing(tmp_pat
     # save later, atomically
     result.save(tmp_path / "later.onnx")
     assert onnx.load(str(tmp_path / "later.onnx")).SerializeToString() == result.model.SerializeToString()
-    assert result.to_json()["output"] == str(tmp_path / "later.onnx")
+    assert result.to_json()["result"]["output"] == str(tmp_path / "later.onnx")
 
 
 def test_inputs_as_arrays_npz_and_a_list_of_samples(model_path, tmp_path):
@@ -97,7 +100,7 @@ def test_inputs_as_arrays_npz_and_a_list_of_samples(model_path, tmp_path):
     from_arrays = onnxfuse.optimize(model_path, inputs=arrays, target="onnx")
     from_npz = onnxfuse.optimize(model_path, inputs=npz, target="onnx")
     from_str = onnxfuse.optimize(model_path, inputs=str(npz), target="onnx")
-    a, b, c = (r.to_json()["validation"] for r in (from_arrays, from_npz, from_str))
+    a, b, c = (r.to_json()["result"]["validation"] for r in (from_arrays, from_npz, from_str))
     assert a == b == c and a["outputs"][0]["shape"] == [3, 4, 8, 8]
     assert a["notes"] == []  # no defaulted dynamic dimension: the shapes are the user's
     # several samples (of different batch sizes): each must pass; the worst one is reported
@@ -133,8 +136,8 @@ def test_validation_failure_raises_with_the_culprit(tmp_path):
     assert "test-break-conv" in str(exc) and "\n" not in str(exc)
     assert not out.exists() and model.SerializeToString() == before
     report = exc.report.to_json()
-    assert report["ok"] is False and report["exit_code"] == 3 and report["culprit"] == "test-break-conv"
-    assert report["error"] == str(exc) and report["validation"]["passed"] is False
+    assert report["ok"] is False and report["exit_code"] == 3 and report["result"]["culprit"] == "test-break-conv"
+    assert report["error"] == str(exc) and report["result"]["validation"]["passed"] is False
     # skipping the culprit passes
     assert onnxfuse.optimize(model, target="onnx", rules=RULES + [BreakConvWeights()], skip="test-break-conv")
 
@@ -159,7 +162,7 @@ def test_report_equals_the_cli_json(model_path, tmp_path):
     api = onnxfuse.optimize(model_path, out, inputs={"x": x()})
     written = json.loads(cli_json.read_text())
     assert without_timings(api.to_json()) == without_timings(written)
-    assert set(written["timings"]) == set(api.to_json()["timings"])
+    assert set(written["result"]["timings"]) == set(api.to_json()["result"]["timings"])
 
 
 def test_failure_report_equals_the_cli_json(model_path, tmp_path, monkeypatch):
@@ -237,8 +240,9 @@ def test_diff_report_equals_the_cli_json(tmp_path):
     assert without_timings(report.to_json()) == without_timings(written)
     # in-memory inputs give the same numbers (the source is named differently)
     from_arrays = onnxfuse.diff(a_path, b_path, inputs=feeds, intermediates=True).to_json()
-    assert from_arrays["inputs"]["source"] == "arrays"
-    assert from_arrays["outputs"] == written["outputs"] and from_arrays["passed"] is written["passed"] is True
+    assert from_arrays["result"]["inputs"]["source"] == "arrays"
+    assert from_arrays["result"]["outputs"] == written["result"]["outputs"]
+    assert from_arrays["result"]["passed"] is written["result"]["passed"] is True
 
 
 def test_diff_argument_errors(tmp_path):

@@ -130,7 +130,7 @@ def test_identical_models_report_zero_and_pass():
     assert c.cosine == pytest.approx(1.0)
     assert c.passed and report.passed and report.first_divergence is None
     assert report.inputs["seeds"] == [0, 1] and report.inputs["shapes"] == {"x": [ROWS, K]}
-    validate_schema(report.to_dict())
+    validate_schema(report.to_json())
 
 
 def test_nan_on_one_side_fails():
@@ -141,9 +141,10 @@ def test_nan_on_one_side_fails():
     (c,) = report.outputs
     assert not c.passed and c.nonfinite_mismatches == ROWS
     assert c.worst_index[1] == PERTURBED[1] and c.worst_got is None  # NaN is reported as null
-    payload = json.loads(json.dumps(report.to_dict(), allow_nan=True))
-    from onnxfuse.reports import clean_json
-    validate_schema(clean_json(payload))
+    payload = report.to_json()
+    validate_schema(payload)
+    assert payload["result"]["outputs"][0]["worst_got"] is None  # NaN written as null (strict JSON)
+    json.dumps(payload, allow_nan=False)
 
 
 def test_shape_mismatch_is_reported_not_raised():
@@ -154,7 +155,7 @@ def test_shape_mismatch_is_reported_not_raised():
     assert "[2, 4]" in c.error and "[2, 5]" in c.error
     assert report.histograms["y"] is None
     from onnxfuse.reports import clean_json
-    validate_schema(clean_json(report.to_dict()))
+    validate_schema(report.to_json())
 
 
 def test_tolerance_flips_pass_fail_at_the_error():
@@ -176,7 +177,7 @@ def test_intermediates_find_first_divergence_in_the_middle():
     fd = report.first_divergence
     assert fd["name"] == "h2" and fd["kind"] == "intermediate" and fd["node"] == "m2" and fd["op_type"] == "MatMul"
     assert [c.extra["position"] for c in report.intermediates] == [1, 2, 3, 4, 5]
-    validate_schema(json.loads(json.dumps(report.to_dict())))
+    validate_schema(report.to_json())
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 64])
@@ -294,9 +295,9 @@ def test_cli_writes_every_report(pair, tmp_path):
     assert result.exit_code == 3
     payload = json.loads(out["json"].read_text())
     validate_schema(payload)
-    assert payload["passed"] is False and payload["outputs"][0]["name"] == "y"
-    assert payload["inputs"]["seed"] == 0 and payload["inputs"]["shapes"] == {"x": [ROWS, K]}
-    assert payload["outputs"][0]["max_abs"] == pytest.approx(max(expected_error(seed=s)[0].max() for s in (0, 1)),
+    assert payload["result"]["passed"] is False and payload["result"]["outputs"][0]["name"] == "y"
+    assert payload["result"]["inputs"]["seed"] == 0 and payload["result"]["inputs"]["shapes"] == {"x": [ROWS, K]}
+    assert payload["result"]["outputs"][0]["max_abs"] == pytest.approx(max(expected_error(seed=s)[0].max() for s in (0, 1)),
                                                               rel=1e-5)
     assert "❌" in out["md"].read_text()
     assert "<failure" in out["xml"].read_text()
@@ -343,8 +344,8 @@ def test_cli_inputs_npz(pair, tmp_path):
     result = run(a, b, "--inputs", str(npz), "--json", str(path), "-q")
     assert result.exit_code == 3
     payload = json.loads(path.read_text())
-    assert payload["outputs"][0]["max_abs"] == pytest.approx(4.0 * DELTA)
-    assert payload["inputs"]["seed"] is None and payload["inputs"]["source"] == str(npz)
+    assert payload["result"]["outputs"][0]["max_abs"] == pytest.approx(4.0 * DELTA)
+    assert payload["result"]["inputs"]["seed"] is None and payload["result"]["inputs"]["source"] == str(npz)
     validate_schema(payload)
 
 

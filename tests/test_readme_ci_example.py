@@ -34,7 +34,7 @@ def test_readme_ci_steps_run_as_written(tmp_path):
         done = subprocess.run(step, shell=True, cwd=work, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, (step, done.stdout[-2000:], done.stderr[-2000:])
     report = json.loads((work / "optimize.json").read_text())
-    assert report["ok"] is True and report["validation"]["passed"] is True
+    assert report["ok"] is True and report["result"]["validation"]["passed"] is True
     assert (work / "model.opt.onnx").exists() and (work / "optimize.xml").exists() and (work / "diff.xml").exists()
     text = summary.read_text()
     assert "onnxfuse optimize: ✅ ok" in text and "onnxfuse diff" in text

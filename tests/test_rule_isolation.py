@@ -60,7 +60,7 @@ def test_broken_rule_is_dropped_and_the_rest_applied(broken, reason):
     assert result.validation.passed
     ops = [n.op_type for n in result.model.graph.node]
     assert "BatchNormalization" not in ops and "Relu" in ops
-    assert result.to_json()["rewrites"]["dropped"][0]["rule"] == broken.name
+    assert result.to_json()["result"]["rewrites"]["dropped"][0]["rule"] == broken.name
 
 
 def test_broken_rule_before_good_ones_is_found_by_bisection():
@@ -83,7 +83,7 @@ def test_cli_warns_reports_and_exits_0(tmp_path, monkeypatch):
     assert len(warning) == 1 and warning[0].startswith("warning: rule test-raises was dropped (raised KeyError")
     assert out.exists()
     data = json.loads(js.read_text())
-    assert data["ok"] is True and data["rewrites"]["dropped"][0]["rule"] == "test-raises"
+    assert data["ok"] is True and data["result"]["rewrites"]["dropped"][0]["rule"] == "test-raises"
     cases = {c.get("name"): c for c in ET.parse(xml).getroot().iter("testcase")}
     assert cases["rule test-raises"].find("skipped") is not None
     assert "rule dropped" in md.read_text() and "test-raises" in md.read_text()

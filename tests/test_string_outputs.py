@@ -38,7 +38,7 @@ def test_optimize_validates_string_outputs(tmp_path):
     result = CliRunner().invoke(main, ["optimize", str(src), str(tmp_path / "o.onnx"), "--json",
                                        str(tmp_path / "r.json"), "--no-bench"])
     assert result.exit_code == 0, result.stderr
-    rows = {r["name"]: r for r in json.loads((tmp_path / "r.json").read_text())["validation"]["outputs"]}
+    rows = {r["name"]: r for r in json.loads((tmp_path / "r.json").read_text())["result"]["validation"]["outputs"]}
     assert rows["text"]["passed"] is True and rows["text"]["comparison"] == "exact"
 
 
@@ -49,7 +49,7 @@ def test_diff_reports_differing_strings_and_exits_3(tmp_path):
     assert result.exit_code == 3, result.stderr
     assert "strings differ at" in result.stderr and "'negative' vs 'positive'" in result.stderr
     assert "internal error" not in result.stderr
-    rows = {r["name"]: r for r in json.loads((tmp_path / "d.json").read_text())["outputs"]}
+    rows = {r["name"]: r for r in json.loads((tmp_path / "d.json").read_text())["result"]["outputs"]}
     assert rows["text"]["passed"] is False and 0 < rows["text"]["mismatch_fraction"] <= 1.0
     assert rows["y"]["passed"] is True
 

@@ -24,7 +24,7 @@ from onnxfuse.bench.env import environment
 from onnxfuse.cli import render
 from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
 from onnxfuse.errors import OnnxfuseError, UsageError
-from onnxfuse.reports._io import check_report_paths
+from onnxfuse.reports.files import check_report_paths
 from onnxfuse.validate.input_ranges import parse_range_options
 from onnxfuse.validate.inputs import input_specs, make_inputs, parse_shape_options
 

@@ -146,6 +146,52 @@ def _internal(exc: BaseException) -> None:
     )
 
 
+#: ``--json -``: the JSON document goes to stdout, and what the command would print there goes to stderr.
+JSON_TO_STDOUT = "-"
+
+
+def json_option(help_text: str):
+    """``--json FILE`` (``-`` for stdout), the same for every command."""
+    return click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), metavar="FILE",
+                        help=help_text + " Use - for stdout (the human-readable output then goes to stderr).")
+
+
+def report_console(json_path) -> Console:
+    """Where the human-readable report goes: stdout, or stderr when stdout carries the JSON."""
+    return stderr if json_path == JSON_TO_STDOUT else stdout
+
+
+def report_file(json_path):
+    """``json_path`` when it names a file (to stage atomically with the other outputs), else None."""
+    return None if json_path in (None, JSON_TO_STDOUT) else json_path
+
+
+def emit_json(json_path, text: str) -> None:
+    """The JSON document on stdout, for ``--json -`` (files are staged by the commands themselves)."""
+    if json_path == JSON_TO_STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def write_failure_json(json_path, command: str, exc) -> None:
+    """After an error that leaves no result: the contract's failure document (``ok: false``, the exit
+    code, the one-line error), to the file or stdout. Never raises: the error itself matters more."""
+    import contextlib
+
+    from onnxfuse.reports.contract import failure_document
+    from onnxfuse.reports.files import check_report_paths, json_text, write_text
+
+    if not json_path:
+        return
+    with contextlib.suppress(OnnxfuseError, OSError):
+        text = json_text(failure_document(command, exc, getattr(exc, "exit_code", EXIT_USER_ERROR)))
+        if json_path == JSON_TO_STDOUT:
+            emit_json(json_path, text)
+        else:
+            check_report_paths({json_path: "JSON report"})
+            write_text(json_path, text, what="JSON report")
+
+
 def range_map(values) -> dict[str, tuple[float, float]] | None:
     """``--input-range NAME:LO,HI`` options as the API takes them (usage errors exit 2)."""
     from onnxfuse.validate.input_ranges import parse_range_options

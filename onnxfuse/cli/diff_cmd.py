@@ -6,15 +6,16 @@ import contextlib
 
 import click
 from rich.markup import escape
-from rich.table import Table
 
-from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, fail, handle_errors, input_options, stderr, stdout
+from onnxfuse.cli import render
+from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, fail, handle_errors, input_options,
+                                 json_option, report_console, report_file, stderr, write_failure_json)
 from onnxfuse import api
 from onnxfuse.drift import DEFAULT_BATCH_SIZE, parse_tol_options
-from onnxfuse.errors import ValidationFailed
+from onnxfuse.errors import OnnxfuseError, ValidationFailed
 from onnxfuse.atomic import OutputSet
-from onnxfuse.reports import _fmt, diff_html, diff_junit, diff_markdown
-from onnxfuse.reports._io import check_report_paths, json_text, stage_report
+from onnxfuse.reports import formatting, diff_html, diff_junit, diff_markdown
+from onnxfuse.reports.files import check_report_paths, json_text, stage_report
 from onnxfuse.validate.inputs import parse_shape_options
 from onnxfuse.cli.common import range_map
 
@@ -63,8 +64,7 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
                                                     "first one that drifts beyond tolerance.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE, show_default=True,
               help="With --intermediates: tensors exposed per run (bounds memory).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the report as JSON "
-              "(JSON Schema: onnxfuse/reports/schemas/diff-report.schema.json in the package).")
+@json_option("Write the report as JSON (schema: onnxfuse/reports/schemas/report.schema.json in the package).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
               help="Write a Markdown summary (appended when PATH is $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
@@ -75,29 +75,33 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
 @handle_errors
 def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, input_ranges, samples, rtol, atol, tols,
          intermediates, batch_size, json_path, markdown_path, junit_path, html_path, quiet) -> None:
-    check_runtime(quiet)
-    shape_map = parse_shape_options(shapes)
-    tolerances = parse_tol_options(tols)
-    check_report_paths({json_path: "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report",
-                        html_path: "HTML report"}, {model_a: "model A", model_b: "model B"})
+    try:
+        check_runtime(quiet)
+        shape_map = parse_shape_options(shapes)
+        tolerances = parse_tol_options(tols)
+        check_report_paths({report_file(json_path): "JSON report", markdown_path: "Markdown report",
+                            junit_path: "JUnit report", html_path: "HTML report"}, {model_a: "model A", model_b: "model B"})
 
-    status = contextlib.nullcontext() if quiet else stderr.status("comparing…", spinner="dots")
-    with status as live:
-        def progress(message: str) -> None:
-            if live is not None:
-                live.update(f"{message}…")
+        status = contextlib.nullcontext() if quiet else stderr.status("comparing…", spinner="dots")
+        with status as live:
+            def progress(message: str) -> None:
+                if live is not None:
+                    live.update(f"{message}…")
 
-        report = api.diff(
-            model_a, model_b, shapes=shape_map, seed=seed, inputs=inputs_path, samples=samples,
-            input_ranges=range_map(input_ranges),
-            provider_a=provider_a.lower(), provider_b=provider_b.lower(), rtol=rtol, atol=atol,
-            tolerances=tolerances, intermediates=intermediates, batch_size=batch_size,
-            histograms=html_path is not None or json_path is not None, progress=progress,
-        )
+            report = api.diff(
+                model_a, model_b, shapes=shape_map, seed=seed, inputs=inputs_path, samples=samples,
+                input_ranges=range_map(input_ranges),
+                provider_a=provider_a.lower(), provider_b=provider_b.lower(), rtol=rtol, atol=atol,
+                tolerances=tolerances, intermediates=intermediates, batch_size=batch_size,
+                histograms=html_path is not None or json_path is not None, progress=progress,
+            )
+    except OnnxfuseError as exc:
+        write_failure_json(json_path, "diff", exc)
+        raise
 
     # All reports land together or not at all (an error or a signal while writing leaves none).
     with OutputSet() as out:
-        if json_path:
+        if report_file(json_path):
             stage_report(out, json_path, json_text(report), "JSON report")
         if markdown_path:
             stage_report(out, markdown_path, diff_markdown(report) + "\n", "Markdown report")
@@ -106,74 +110,36 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, in
         if html_path:
             stage_report(out, html_path, diff_html(report), "HTML report")
         out.commit()
+    emit_json(json_path, json_text(report))
 
     if not quiet:
-        _print_report(report)
-    if not report.passed:
-        bad = [c for c in report.outputs if not c.passed]
-        fail(ValidationFailed(f"{len(bad)} of {len(report.outputs)} output(s) differ beyond tolerance: "
-                              + "; ".join(_fmt.one_line(c) for c in bad[:3])
-                              + (" …" if len(bad) > 3 else "")), ValidationFailed.exit_code)
+        _print_report(report, report_console(json_path))
+    failure = formatting.drift_failure(report)
+    if failure is not None:
+        fail(ValidationFailed(failure), ValidationFailed.exit_code)
 
 
-def _table(title: str, comparisons, positions: bool = False) -> Table:
-    """Metrics table; on a narrow terminal mean abs, RMS and the worst element are left to the reports."""
-    wide = stdout.width >= 130
-    table = Table(title=title, title_justify="left")
-    if positions:
-        table.add_column("#", justify="right")
-        table.add_column("op")
-    columns = [("tensor", "left"), ("shape", "left"), ("max abs", "right"), ("max rel", "right")]
-    if wide:
-        columns += [("mean abs", "right"), ("RMS", "right")]
-    columns += [("cosine", "right"), ("beyond tol", "right")]
-    if wide:
-        columns += [("worst element", "left")]
-    columns += [("result", "left")]
-    for col, just in columns:
-        table.add_column(col, justify=just, overflow="fold", no_wrap=col not in ("tensor", "worst element"))
-    for c in comparisons:
-        name = escape(c.name + (f" → {c.extra['name_b']}" if c.extra.get("name_b") else ""))
-        pre = [str(c.extra.get("position", "")), c.extra.get("op_type", "")] if positions else []
-        if c.error:
-            blanks = [""] * (len(columns) - 3)
-            table.add_row(*pre, name, _fmt.shape(c.shape), *blanks, f"[red]FAIL[/] ({escape(c.error)})")
-            continue
-        beyond = _fmt.percent(c.mismatch_fraction)
-        if c.nonfinite_mismatches:
-            beyond += f" ({c.nonfinite_mismatches} NaN/Inf)"
-        verdict = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
-        row = [name, _fmt.shape(c.shape), _fmt.num(c.max_abs), _fmt.num(c.max_rel)]
-        if wide:
-            row += [_fmt.num(c.mean_abs), _fmt.num(c.rms)]
-        row += [_fmt.num(c.cosine, 6), beyond]
-        if wide:
-            row += [escape(_fmt.worst(c))]
-        table.add_row(*pre, *row, verdict)
-    return table
-
-
-def _print_report(report, max_rows: int = 20) -> None:
+def _print_report(report, stdout, max_rows: int = 20) -> None:
     inputs = report.inputs
     src = f"seed {inputs['seed']}" if inputs.get("seed") is not None else f"inputs from {inputs['source']}"
-    shapes = ", ".join(f"{k} {_fmt.shape(v)}" for k, v in inputs["shapes"].items()) or "no inputs"
+    shapes = ", ".join(f"{k} {formatting.shape(v)}" for k, v in inputs["shapes"].items()) or "no inputs"
     stdout.print(f"A: {report.model_a} ({report.provider_a.upper()})   B: {report.model_b} "
                  f"({report.provider_b.upper()})", markup=False)
     stdout.print(f"inputs: {src}, {inputs['samples']} sample(s); {shapes}", markup=False)
-    stdout.print(_table("Outputs", report.outputs))
+    stdout.print(render.drift_table("Outputs", report.outputs))
     if report.intermediates_checked:
         bad = [c for c in report.intermediates if not c.passed]
         if bad:
             shown = bad[:max_rows]
             more = f" (first {len(shown)} of {len(bad)}; all in --json/--html)" if len(bad) > len(shown) else ""
-            stdout.print(_table(f"Intermediate tensors beyond tolerance{more}", shown, positions=True))
+            stdout.print(render.drift_table(f"Intermediate tensors beyond tolerance{more}", shown, positions=True))
         stdout.print(f"intermediates: {len(report.intermediates)} compared, {len(bad)} beyond tolerance")
     fd = report.first_divergence
     if fd:
         where = escape(f" ({fd['op_type']} node {fd['node']!r})") if fd.get("op_type") else ""
         stdout.print(f"[bold]first divergence:[/] {fd['kind']} [bold]{escape(fd['name'])}[/]{where}, "
-                     f"max abs {_fmt.num(fd['max_abs'])}", highlight=False)
+                     f"max abs {formatting.num(fd['max_abs'])}", highlight=False)
     for note in report.notes:
-        stdout.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+        render.print_prose(stdout, note, "note: ", "[yellow]note:[/] ")
     verdict = "[green]pass[/]: all outputs within tolerance" if report.passed else "[red]FAIL[/]: drift beyond tolerance"
     stdout.print(f"{verdict} ({report.seconds:.2f} s)")

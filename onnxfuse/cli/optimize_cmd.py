@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import click
 
 from onnxfuse.cli import render
-from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
+from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
+                                 report_console, report_file, stderr, write_failure_json)
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, ValidationFailed
 from onnxfuse import api, model_io
 from onnxfuse.atomic import OutputSet
-from onnxfuse.reports import write_json
-from onnxfuse.reports._io import check_report_paths, json_text, stage_report
+from onnxfuse.reports.files import check_report_paths, json_text, stage_report
 from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
 from onnxfuse.rewrites import TARGETS
 from onnxfuse.validate.inputs import parse_shape_options
@@ -34,6 +33,7 @@ Examples:
   onnxfuse optimize resnet.onnx resnet.opt.onnx
   onnxfuse optimize model.onnx out.onnx --shape input:8,3,224,224 --json report.json
   onnxfuse optimize model.onnx out.onnx --skip fold-scale-bias --explain
+  onnxfuse optimize model.onnx out.onnx --only fuse-elementwise --explain-all
   onnxfuse optimize model.onnx out.onnx --inputs sample.npz --rtol 1e-3 --quiet
   onnxfuse optimize model.onnx out.onnx --target onnx      # standard ONNX ops only
   onnxfuse optimize model.onnx out.onnx --fail-on-slowdown 1.0 --markdown "$GITHUB_STEP_SUMMARY"
@@ -47,7 +47,10 @@ Examples:
               help="cuda: everything; contrib: only ONNX Runtime's own ops; onnx: standard ONNX ops only.")
 @click.option("--only", multiple=True, metavar="RULE,...", help="Run only these rules (see `onnxfuse rules`).")
 @click.option("--skip", multiple=True, metavar="RULE,...", help="Do not run these rules.")
-@click.option("--explain", is_flag=True, help="List every rewrite applied and every candidate refused, with the reason.")
+@click.option("--explain", is_flag=True, help="Summarize the rewrites applied and the candidates refused: counts "
+                                              "per rule and per reason, with an example of each.")
+@click.option("--explain-all", is_flag=True, help="List every rewrite applied and every candidate refused, with "
+                                                  "its node and reason (the JSON report always has them all).")
 @click.option("--no-validate", is_flag=True, help="Skip comparing the optimized model's outputs with the original's.")
 @input_options
 @click.option("--rtol", type=float, default=None, help="Relative tolerance (default depends on dtype: fp32 1e-4, fp16 1e-2; a model that computes in fp16 is judged as fp16 even where its outputs are fp32).")
@@ -66,7 +69,7 @@ Examples:
 @click.option("--fail-on-slowdown", type=click.FloatRange(min=0, min_open=True), metavar="RATIO", default=None,
               help="Exit 4 and write nothing when the optimized model's median GPU latency exceeds RATIO × the "
                    "original's (e.g. 1.0, or 1.05 to allow 5% noise). Ignored without a GPU.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the report as JSON to this file.")
+@json_option("Also write the report as JSON to this file (schema: onnxfuse/reports/schemas/report.schema.json).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
               help="Also write a Markdown summary (appended when PATH is $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
@@ -74,7 +77,7 @@ Examples:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 @handle_errors
-def optimize(input_path, output_path, target, only, skip, explain, no_validate, shapes, inputs_path, seed, input_ranges,
+def optimize(input_path, output_path, target, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
              rtol, atol, samples, save_inputs, strict, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
              force) -> None:
     try:
@@ -84,7 +87,7 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
         # report cannot be, and nothing is written until everything can be (see _save).
         model_io.check_output_path(output_path, input_path, force)
         check_report_paths(
-            {json_path: "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report",
+            {report_file(json_path): "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report",
              save_inputs: "--save-inputs file"},
             {output_path: "output model", str(model_io.data_path(output_path)): "output model's external data",
              input_path: "input model", **{f: "input model's external data"
@@ -112,46 +115,53 @@ def optimize(input_path, output_path, target, only, skip, explain, no_validate, 
             with OutputSet() as out:
                 _stage_reports(out, report, json_path, markdown_path, junit_path)
                 out.commit()
+            emit_json(json_path, json_text(report))
+        else:
+            write_failure_json(json_path, "optimize", exc)
         raise
     except OnnxfuseError as exc:
-        if json_path:
-            with contextlib.suppress(OnnxfuseError, OSError):
-                check_report_paths({json_path: "JSON report"})
-                write_json(json_path, {"ok": False, "exit_code": exc.exit_code, "error": str(exc)})
+        write_failure_json(json_path, "optimize", exc)
         raise
+
+    emit_json(json_path, json_text(result))
 
     if quiet:
         return
+    stdout = report_console(json_path)
     for dropped in result.applied.dropped:
-        stderr.print(f"[yellow]warning:[/] rule {dropped['rule']} was dropped ({dropped['reason']}); "
-                     "the other rules were applied", soft_wrap=True)
+        stderr.print("[yellow]warning:[/] ", end="")
+        stderr.print(f"rule {dropped['rule']} was dropped ({dropped['reason']}); the other rules were applied",
+                     markup=False, highlight=False, soft_wrap=True)
     stdout.print(render.rules_table(result.applied.counts, result.applied.cleanup))
     stdout.print(render.ops_table(result.ops_before, result.ops_after))
-    if explain:
+    if explain or explain_all:
+        details = render.details_table if explain_all else render.details_summary_table
+        refusals = render.refusals_table if explain_all else render.refusal_summary_table
         if result.applied.details:
-            stdout.print(render.details_table(result.applied.details))
+            stdout.print(details(result.applied.details))
         if result.applied.refusals:
-            stdout.print(render.refusals_table(result.applied.refusals))
+            stdout.print(refusals(result.applied.refusals))
         else:
             stdout.print("No candidate was refused.")
     if result.validation is not None:
         stdout.print(render.comparison_table(f"Validation ({result.validation.provider.upper()} provider)",
                                              result.validation.outputs))
         for note in result.validation.notes:
-            stdout.print(f"[yellow]note:[/] {note}")
+            render.print_prose(stdout, note, "note: ", "[yellow]note:[/] ")
     else:
         stdout.print("[yellow]validation skipped (--no-validate)[/]")
     if result.timing is not None:
         if result.timing.status == "ok":
             stdout.print(render.timing_table(result.timing))
         else:
-            stdout.print(f"[yellow]note:[/] {result.timing.message}")
+            render.print_prose(stdout, result.timing.message, "note: ", "[yellow]note:[/] ")
     if result.custom_library:
-        stdout.print(f"[yellow]note:[/] the output uses custom ops of domain {result.custom_library!r}: "
-                     "run it with onnxfuse.custom_ops.session_options() (library: onnxfuse.custom_ops.library_path())")
-    stdout.print(f"Wrote {result.output_path}: {result.nodes_before} → {result.nodes_after} nodes; "
-                 f"rewrite {result.rewrite_seconds:.2f} s, validation {result.validation_seconds:.2f} s, "
-                 f"total {result.total_seconds:.2f} s")
+        render.print_prose(stdout, f"the output uses custom ops of domain {result.custom_library!r}: run it with "
+                           "`onnxfuse.custom_ops.session_options()` (library: `onnxfuse.custom_ops.library_path()`)",
+                           "note: ", "[yellow]note:[/] ")
+    render.print_prose(stdout, f"Wrote {result.output_path}: {result.nodes_before} → {result.nodes_after} nodes; "
+                       f"rewrite {result.rewrite_seconds:.2f} s, validation {result.validation_seconds:.2f} s, "
+                       f"total {result.total_seconds:.2f} s")
     sys.stdout.flush()
 
 
@@ -168,8 +178,8 @@ def _save(result, input_path, output_path, force, json_path, markdown_path, juni
 
 def _stage_reports(out, result, json_path, markdown_path, junit_path) -> None:
     """JSON, Markdown and JUnit reports of a finished (or failed-at-validation/timing) run, staged in ``out``."""
-    if json_path:
-        stage_report(out, json_path, json_text(result.to_json()), "JSON report")
+    if report_file(json_path):
+        stage_report(out, json_path, json_text(result), "JSON report")
     if markdown_path:
         stage_report(out, markdown_path, optimize_markdown(result, error=result.error) + "\n", "Markdown report")
     if junit_path:

@@ -1,11 +1,16 @@
-"""Rich renderings of library results. Presentation only: every number comes from the library."""
+"""Every terminal table the commands print (rich), built on :mod:`onnxfuse.cli.layout` so none cuts an
+identifier or drops a column in an 80-column CI log. Presentation only: every number comes from the
+library."""
 
 from __future__ import annotations
 
-from rich.table import Table
+import re
 
+from rich.markup import escape
+
+from onnxfuse.cli.layout import Column, FitTable, print_prose  # noqa: F401  (print_prose: for commands)
+from onnxfuse.reports import formatting as formatting
 from onnxfuse.reports import write_json  # noqa: F401  (re-exported for commands)
-
 
 
 def _fmt(x) -> str:
@@ -16,10 +21,8 @@ def _fmt(x) -> str:
     return str(x)
 
 
-def rules_table(counts: dict[str, int], cleanup: dict[str, int]) -> Table:
-    table = Table(title="Rewrites", title_justify="left")
-    table.add_column("rule")
-    table.add_column("applied", justify="right")
+def rules_table(counts: dict[str, int], cleanup: dict[str, int]) -> FitTable:
+    table = FitTable("Rewrites", [Column("rule", "id"), Column("applied", "num")])
     for name, n in counts.items():
         table.add_row(name, str(n), style=None if n else "dim")
     for name, n in cleanup.items():
@@ -28,31 +31,36 @@ def rules_table(counts: dict[str, int], cleanup: dict[str, int]) -> Table:
     return table
 
 
-def ops_table(before: dict[str, int], after: dict[str, int]) -> Table:
-    table = Table(title="Nodes by op type", title_justify="left")
-    table.add_column("op")
-    table.add_column("before", justify="right")
-    table.add_column("after", justify="right")
+def rule_list_table(rows: list[dict]) -> FitTable:
+    """``onnxfuse rules``: every rule's name (whole: users pass it to --skip), targets and description."""
+    table = FitTable("Rewrite rules (in run order)",
+                     [Column("rule", "id"), Column("targets", "text"), Column("what it does", "text")])
+    for row in rows:
+        targets = ", ".join(row["targets"]) + (" (opt-in: --only)" if row["opt_in"] else "")
+        table.add_row(row["name"], escape(targets), escape(row["description"]))
+    return table
+
+
+def ops_table(before: dict[str, int], after: dict[str, int]) -> FitTable:
+    table = FitTable("Nodes by op type", [Column("op", "id"), Column("before", "num"), Column("after", "num")])
     for op in sorted(set(before) | set(after), key=lambda o: (-before.get(o, 0), o)):
         b, a = before.get(op, 0), after.get(op, 0)
         style = "dim" if a == b else ("green" if a < b else "yellow")
-        table.add_row(op, str(b), str(a), style=style)
+        table.add_row(escape(op), str(b), str(a), style=style)
     table.add_row("[bold]total[/]", f"[bold]{sum(before.values())}[/]", f"[bold]{sum(after.values())}[/]")
     return table
 
 
-def comparison_table(title: str, comparisons, label_a: str = "original", label_b: str = "optimized") -> Table:
-    table = Table(title=title, title_justify="left")
+def comparison_table(title: str, comparisons, label_a: str = "original", label_b: str = "optimized") -> FitTable:
     floors = any("noise_floor" in c.extra for c in comparisons)
-    columns = [("output", "left"), ("shape", "left"), ("max abs", "right"), ("max rel", "right"),
-               ("tolerance", "right")] + ([("x floor", "right")] if floors else []) + [("result", "left")]
-    for col, just in columns:
-        table.add_column(col, justify=just)
+    columns = [Column("output", "id"), Column("shape", "num"), Column("max abs", "num"), Column("max rel", "num"),
+               Column("tolerance", "num")] + ([Column("x floor", "num")] if floors else []) + [Column("result", "text")]
+    table = FitTable(title, columns)
     for c in comparisons:
-        verdict = "[green]pass[/]" if c.passed else f"[red]FAIL[/]{' (' + c.error + ')' if c.error else ''}"
+        verdict = "[green]pass[/]" if c.passed else f"[red]FAIL[/]{' (' + escape(c.error) + ')' if c.error else ''}"
         if c.passed and c.extra.get("passed_by") == "noise floor":
             verdict = "[yellow]pass[/] (floor)"
-        row = [c.name, "x".join(str(d) for d in c.shape) or "scalar", _fmt(c.max_abs), _fmt(c.max_rel),
+        row = [escape(c.name), "x".join(str(d) for d in c.shape) or "scalar", _fmt(c.max_abs), _fmt(c.max_rel),
                f"rtol {c.rtol:.0e}, atol {c.atol:.1e}"]
         if floors:
             multiple = c.extra.get("floor_multiple")
@@ -61,39 +69,98 @@ def comparison_table(title: str, comparisons, label_a: str = "original", label_b
     return table
 
 
-def refusals_table(refusals) -> Table:
-    table = Table(title="Refused candidates (--explain)", title_justify="left")
-    table.add_column("rule")
-    table.add_column("node")
-    table.add_column("reason")
+#: Quoted names inside a refusal reason ('/layers.0/Add_output_0'): replaced to group alike reasons.
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+def reason_pattern(reason: str) -> str:
+    """A refusal reason with the names it quotes replaced by ``<name>``, so that reasons that differ only in
+    the node or tensor they name count as one."""
+    return _QUOTED.sub("<name>", reason)
+
+
+def refusal_summary_table(refusals) -> FitTable:
+    """``--explain``: refusals counted per rule and reason (names in reasons folded), with one example
+    node; ``--explain-all`` lists each one (:func:`refusals_table`)."""
+    groups: dict[tuple[str, str], list] = {}
     for r in refusals:
-        table.add_row(r.rule, r.node, r.reason)
+        groups.setdefault((r.rule, reason_pattern(r.reason)), []).append(r)
+    table = FitTable("Refused candidates (--explain-all lists each)",
+                     [Column("rule", "id"), Column("refused", "num"), Column("reason", "text"),
+                      Column("e.g. node", "text")])
+    for (rule, pattern), items in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        table.add_row(rule, str(len(items)), escape(pattern), escape(items[0].node))
     return table
 
 
-def details_table(details: list[dict]) -> Table:
-    table = Table(title="Rewrites applied (--explain)", title_justify="left")
-    table.add_column("rule")
-    table.add_column("what")
+def details_summary_table(details: list[dict]) -> FitTable:
+    """``--explain``: rewrites counted per rule, with the first one's details as an example."""
+    groups: dict[str, list[dict]] = {}
     for d in details:
-        rest = {k: v for k, v in d.items() if k != "rule"}
-        table.add_row(d.get("rule", ""), ", ".join(f"{k}={v}" for k, v in rest.items()))
+        groups.setdefault(d.get("rule", ""), []).append(d)
+    table = FitTable("Rewrites applied (--explain-all lists each)",
+                     [Column("rule", "id"), Column("count", "num"), Column("e.g.", "text")])
+    for rule, items in groups.items():
+        table.add_row(rule, str(len(items)), escape(_detail_text(items[0])))
     return table
 
 
-def timing_table(timing) -> Table:
+def _detail_text(detail: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in detail.items() if k != "rule")
+
+
+def refusals_table(refusals) -> FitTable:
+    table = FitTable("Refused candidates (--explain-all)",
+                     [Column("rule", "id"), Column("node", "text"), Column("reason", "text")])
+    for r in refusals:
+        table.add_row(r.rule, escape(r.node), escape(r.reason))
+    return table
+
+
+def details_table(details: list[dict]) -> FitTable:
+    table = FitTable("Rewrites applied (--explain-all)", [Column("rule", "id"), Column("what", "text")])
+    for d in details:
+        table.add_row(d.get("rule", ""), escape(_detail_text(d)))
+    return table
+
+
+def timing_table(timing) -> FitTable:
     """Original vs optimized latency (a ``onnxfuse.bench.ComparisonResult`` with status 'ok')."""
-    table = Table(title=f"Latency ({timing.original.label}, ORT_ENABLE_ALL on both)", title_justify="left")
-    for col in ("model", "median ms", "p90 ms", "p99 ms", "min ms", "runs", "nodes"):
-        table.add_column(col, justify="left" if col == "model" else "right")
+    sp = timing.speedup
+    colour = "green" if sp and sp >= 1 else "red"
+    table = FitTable(f"Latency ({timing.original.label}, ORT_ENABLE_ALL on both)",
+                     [Column("model", "id")] + [Column(c, "num") for c in
+                                                ("median ms", "p90 ms", "p99 ms", "min ms", "runs", "nodes")],
+                     caption=f"speed-up: [{colour}]{sp:.2f}×[/]" if sp else None)
     for name, r, nodes in (("original", timing.original, timing.nodes_original),
                            ("optimized", timing.optimized, timing.nodes_optimized)):
         s = r.stats
         table.add_row(name, f"{s.median_ms:.3f}", f"{s.p90_ms:.3f}", f"{s.p99_ms:.3f}", f"{s.min_ms:.3f}",
                       str(s.count), str(nodes))
-    sp = timing.speedup
-    colour = "green" if sp and sp >= 1 else "red"
-    table.caption = f"speed-up: [{colour}]{sp:.2f}×[/]" if sp else None
+    return table
+
+
+def drift_table(title: str, comparisons, positions: bool = False) -> FitTable:
+    """``diff``'s metrics per tensor. Every column is kept: where they do not fit side by side (mean abs,
+    RMS and the worst element, below about 130 columns) they follow in a continued table."""
+    columns = [Column("tensor", "text")] + ([Column("#", "num"), Column("op", "id")] if positions else [])
+    columns += [Column("shape", "num"), Column("max abs", "num"), Column("max rel", "num"),
+                Column("cosine", "num"), Column("beyond tol", "num"), Column("result", "text"),
+                Column("mean abs", "num"), Column("RMS", "num"), Column("worst element", "text")]
+    table = FitTable(title, columns)
+    for c in comparisons:
+        name = escape(c.name + (f" → {c.extra['name_b']}" if c.extra.get("name_b") else ""))
+        pre = [str(c.extra.get("position", "")), escape(c.extra.get("op_type", ""))] if positions else []
+        if c.error:
+            row = [formatting.shape(c.shape), "", "", "", "", f"[red]FAIL[/] ({escape(c.error)})", "", "", ""]
+        else:
+            beyond = formatting.percent(c.mismatch_fraction)
+            if c.nonfinite_mismatches:
+                beyond += f" ({c.nonfinite_mismatches} NaN/Inf)"
+            row = [formatting.shape(c.shape), formatting.num(c.max_abs), formatting.num(c.max_rel),
+                   formatting.num(c.cosine, 6), beyond, "[green]pass[/]" if c.passed else "[red]FAIL[/]",
+                   formatting.num(c.mean_abs), formatting.num(c.rms), escape(formatting.worst(c))]
+        table.add_row(name, *pre, *row)  # the tensor first: each continued part repeats it
     return table
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import click
-from rich.table import Table
-
+from onnxfuse.cli import render
 from onnxfuse.cli.common import handle_errors, stdout
 from onnxfuse.rewrites import RULES
 
@@ -27,11 +26,4 @@ def rules(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title="Rewrite rules (in run order)", title_justify="left")
-    table.add_column("rule")
-    table.add_column("targets")
-    table.add_column("what it does")
-    for row in rows:
-        targets = ", ".join(row["targets"]) + (" (opt-in: --only)" if row["opt_in"] else "")
-        table.add_row(row["name"], targets, row["description"])
-    stdout.print(table)
+    stdout.print(render.rule_list_table(rows))

@@ -10,15 +10,16 @@ Each builder works on :class:`onnxfuse.validate.compare.Comparison` objects (or 
 
 from __future__ import annotations
 
-from onnxfuse.reports._io import clean_json, write_markdown, write_text
+from onnxfuse.reports.files import clean_json, write_markdown, write_text
 from onnxfuse.reports.histogram import error_histogram, histogram_svg
 from onnxfuse.reports.html import diff_html
-from onnxfuse.reports.jsonreport import SCHEMA_VERSION, diff_json, load_schema, schema_path, write_json
+from onnxfuse.reports.contract import SCHEMA_VERSION, load_schema, schema_path
+from onnxfuse.reports.jsonreport import diff_json, optimize_json, write_json
 from onnxfuse.reports.junit import comparisons_junit, diff_junit
 from onnxfuse.reports.markdown import comparisons_markdown, diff_markdown
 
 __all__ = [
     "SCHEMA_VERSION", "clean_json", "comparisons_junit", "comparisons_markdown", "diff_html", "diff_json",
-    "diff_junit", "diff_markdown", "error_histogram", "histogram_svg", "load_schema", "schema_path", "write_json",
+    "diff_junit", "diff_markdown", "optimize_json", "error_histogram", "histogram_svg", "load_schema", "schema_path", "write_json",
     "write_markdown", "write_text",
 ]

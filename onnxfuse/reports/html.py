@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from onnxfuse.reports import _fmt
+from onnxfuse.reports import formatting
 from onnxfuse.reports.histogram import histogram_svg
 
 _CSS = """
@@ -31,12 +31,12 @@ def _row(c, extra_cols=()) -> str:
     pre = "".join(f"<td>{escape(str(v))}</td>" for v in extra_cols)
     if c.error:
         return (f"<tr{cls}>{pre}<td class=l>{verdict}</td><td class=l><code>{name}</code></td>"
-                f"<td>{_fmt.shape(c.shape)}</td><td>{dtype}</td><td class=l colspan=9>{escape(c.error)}</td></tr>")
-    cells = [_fmt.num(c.max_abs), _fmt.num(c.max_rel), _fmt.num(c.mean_abs), _fmt.num(c.rms),
-             _fmt.num(c.cosine, 6), _fmt.percent(c.mismatch_fraction), str(c.nonfinite_mismatches)]
+                f"<td>{formatting.shape(c.shape)}</td><td>{dtype}</td><td class=l colspan=9>{escape(c.error)}</td></tr>")
+    cells = [formatting.num(c.max_abs), formatting.num(c.max_rel), formatting.num(c.mean_abs), formatting.num(c.rms),
+             formatting.num(c.cosine, 6), formatting.percent(c.mismatch_fraction), str(c.nonfinite_mismatches)]
     return (f"<tr{cls}>{pre}<td class=l>{verdict}</td><td class=l><code>{name}</code></td>"
-            f"<td>{_fmt.shape(c.shape)}</td><td>{dtype}</td>" + "".join(f"<td>{escape(x)}</td>" for x in cells)
-            + f"<td class=l>{escape(_fmt.worst(c))}</td><td>{escape(_fmt.tolerance(c))}</td></tr>")
+            f"<td>{formatting.shape(c.shape)}</td><td>{dtype}</td>" + "".join(f"<td>{escape(x)}</td>" for x in cells)
+            + f"<td class=l>{escape(formatting.worst(c))}</td><td>{escape(formatting.tolerance(c))}</td></tr>")
 
 
 def _table(comparisons, extra_headers=(), extra=None) -> str:
@@ -52,7 +52,7 @@ def diff_html(report, max_intermediates: int = 5000) -> str:
     status = '<span class="pass">PASS</span>' if report.passed else '<span class="fail-t">FAIL</span>'
     inputs = report.inputs
     src = f"seed {inputs['seed']}" if inputs.get("seed") is not None else f"file {inputs['source']}"
-    shapes = ", ".join(f"{k}: {_fmt.shape(v)} ({inputs['dtypes_a'].get(k, '')} / {inputs['dtypes_b'].get(k, '')})"
+    shapes = ", ".join(f"{k}: {formatting.shape(v)} ({inputs['dtypes_a'].get(k, '')} / {inputs['dtypes_b'].get(k, '')})"
                        for k, v in inputs["shapes"].items()) or "(none)"
     parts = [
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -67,7 +67,7 @@ def diff_html(report, max_intermediates: int = 5000) -> str:
     if fd:
         where = f" ({escape(fd['op_type'])} node <code>{escape(fd['node'] or '')}</code>)" if fd.get("op_type") else ""
         parts.append(f"<dt>first divergence</dt><dd>{escape(fd['kind'])} <code>{escape(fd['name'])}</code>{where}, "
-                     f"max abs {_fmt.num(fd['max_abs'])}</dd>")
+                     f"max abs {formatting.num(fd['max_abs'])}</dd>")
     parts.append("</dl>")
     parts.append("<h2>Outputs</h2>" + _table(report.outputs))
     for c in report.outputs:

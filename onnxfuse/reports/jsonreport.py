@@ -1,45 +1,30 @@
-"""The ``diff`` JSON report: a stable schema (``onnxfuse/reports/schemas/diff-report.schema.json``,
-version :data:`SCHEMA_VERSION`), installed with the package: :func:`schema_path` and :func:`load_schema`.
-
-Strict JSON: NaN and Infinity are written as ``null``. Fields may be added in later versions; none
-is removed or renamed without bumping ``schema_version``.
-"""
+"""The ``--json`` documents of each command, all in the one contract of :mod:`onnxfuse.reports.contract`."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from onnxfuse.reports._io import clean_json, write_text
-
-SCHEMA_VERSION = 1
-
-
-#: File name of the diff report's JSON Schema, in this package's ``schemas/`` folder.
-SCHEMA_FILE = "diff-report.schema.json"
-
-
-def schema_path() -> Path:
-    """Path of the diff report's JSON Schema, a data file of this package (``schemas/``)."""
-    return Path(__file__).resolve().parent / "schemas" / SCHEMA_FILE
-
-
-def load_schema() -> dict:
-    """The diff report's JSON Schema as a dict (read through :mod:`importlib.resources`)."""
-    from importlib.resources import files
-
-    return json.loads(files("onnxfuse.reports").joinpath("schemas", SCHEMA_FILE).read_text(encoding="utf-8"))
+from onnxfuse.errors import EXIT_VALIDATION_FAILED
+from onnxfuse.reports.contract import SCHEMA_VERSION, document, load_schema, schema_path  # noqa: F401
+from onnxfuse.reports.files import json_text, write_text
+from onnxfuse.reports.formatting import drift_failure
 
 
 def diff_json(report) -> dict:
-    """The JSON-ready dict of a :class:`onnxfuse.drift.DiffReport` (non-finite floats → ``None``)."""
-    return clean_json(report.to_dict())
+    """The ``diff`` document of a :class:`onnxfuse.drift.DiffReport`: ``ok`` when every output passed,
+    else exit code 3 and the one-line failure."""
+    error = drift_failure(report)
+    return document("diff", report.to_dict(), exit_code=0 if error is None else EXIT_VALIDATION_FAILED, error=error)
+
+
+def optimize_json(result) -> dict:
+    """The ``optimize`` document of an :class:`onnxfuse.pipeline.OptimizeResult`, also after a failed
+    validation or latency check (``result.error`` set; ``culprit`` names the rule after exit 3)."""
+    body = {**result.to_dict(), "culprit": result.culprit if result.exit_code == EXIT_VALIDATION_FAILED else None}
+    return document("optimize", body, exit_code=result.exit_code, error=result.error)
 
 
 def write_json(path: str | os.PathLike, payload) -> Path:
-    """Write ``payload`` (a dict, or anything with ``to_dict()``) as strict, indented JSON, atomically."""
-    if hasattr(payload, "to_dict"):
-        payload = payload.to_dict()
-    text = json.dumps(clean_json(payload), indent=2, allow_nan=False) + "\n"
-    return write_text(path, text, what="JSON report")
+    """Write ``payload`` (a dict, or anything with ``to_json()``) as strict, indented JSON, atomically."""
+    return write_text(path, json_text(payload), what="JSON report")

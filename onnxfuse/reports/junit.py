@@ -4,32 +4,32 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from onnxfuse.reports import _fmt
+from onnxfuse.reports import formatting
 
 
 def _details(c) -> str:
-    lines = [f"tensor: {c.name}", f"shape: {_fmt.shape(c.shape)}  dtype: {c.dtype}"
+    lines = [f"tensor: {c.name}", f"shape: {formatting.shape(c.shape)}  dtype: {c.dtype}"
              + (f" vs {c.extra['dtype_b']}" if c.extra.get("dtype_b") else "")]
     if c.error:
         lines.append(f"error: {c.error}")
     else:
         lines += [
-            f"max_abs: {_fmt.num(c.max_abs, 6)}", f"max_rel: {_fmt.num(c.max_rel, 6)}",
-            f"mean_abs: {_fmt.num(c.mean_abs, 6)}", f"rms: {_fmt.num(c.rms, 6)}", f"cosine: {_fmt.num(c.cosine, 8)}",
-            f"mismatch_fraction: {_fmt.num(c.mismatch_fraction, 6)}",
+            f"max_abs: {formatting.num(c.max_abs, 6)}", f"max_rel: {formatting.num(c.max_rel, 6)}",
+            f"mean_abs: {formatting.num(c.mean_abs, 6)}", f"rms: {formatting.num(c.rms, 6)}", f"cosine: {formatting.num(c.cosine, 8)}",
+            f"mismatch_fraction: {formatting.num(c.mismatch_fraction, 6)}",
             f"nonfinite_mismatches: {c.nonfinite_mismatches}",
-            f"worst element: {_fmt.worst(c)}",
+            f"worst element: {formatting.worst(c)}",
         ]
-    lines.append(f"tolerance: {_fmt.tolerance(c)}")
+    lines.append(f"tolerance: {formatting.tolerance(c)}")
     if "noise_floor" in c.extra:
         multiple = c.extra.get("floor_multiple")
-        lines.append(f"noise floor: {_fmt.num(c.extra['noise_floor'], 6)} (drift "
+        lines.append(f"noise floor: {formatting.num(c.extra['noise_floor'], 6)} (drift "
                      f"{'-' if multiple is None else f'{multiple:.1f}x'} the floor"
                      f"{'; passed within the floor' if c.extra.get('passed_by') == 'noise floor' else ''})")
     return "\n".join(lines)
 
 
-def _suite(parent, suite_name: str, comparisons, seconds: float | None) -> ET.Element:
+def testsuite_element(parent, suite_name: str, comparisons, seconds: float | None) -> ET.Element:
     comparisons = list(comparisons)
     failures = sum(not c.passed for c in comparisons)
     attrs = {"name": suite_name, "tests": str(len(comparisons)), "failures": str(failures), "errors": "0",
@@ -40,7 +40,7 @@ def _suite(parent, suite_name: str, comparisons, seconds: float | None) -> ET.El
     for c in comparisons:
         case = ET.SubElement(suite, "testcase", {"classname": suite_name, "name": c.name, "time": "0"})
         if not c.passed:
-            failure = ET.SubElement(case, "failure", {"message": _fmt.one_line(c), "type": "DriftBeyondTolerance"})
+            failure = ET.SubElement(case, "failure", {"message": formatting.one_line(c), "type": "DriftBeyondTolerance"})
             failure.text = _details(c)
         else:
             ET.SubElement(case, "system-out").text = _details(c)
@@ -50,17 +50,17 @@ def _suite(parent, suite_name: str, comparisons, seconds: float | None) -> ET.El
 def comparisons_junit(suite_name: str, comparisons, seconds: float | None = None) -> str:
     """A ``<testsuites>`` document with one suite named ``suite_name``; each comparison is a testcase."""
     root = ET.Element("testsuites", {"name": suite_name})
-    suite = _suite(root, suite_name, comparisons, seconds)
+    suite = testsuite_element(root, suite_name, comparisons, seconds)
     root.set("tests", suite.get("tests"))
     root.set("failures", suite.get("failures"))
-    return _to_string(root)
+    return to_string(root)
 
 
 def diff_junit(report, suite_name: str = "onnxfuse.diff") -> str:
     """JUnit XML for a ``diff`` report: each *output* is a testcase (intermediates are diagnostic and
     appear in the suite's system-out, with the first divergence)."""
     root = ET.Element("testsuites", {"name": suite_name})
-    suite = _suite(root, suite_name, report.outputs, report.seconds)
+    suite = testsuite_element(root, suite_name, report.outputs, report.seconds)
     props = ET.Element("properties")
     for key, value in (("model_a", report.model_a), ("model_b", report.model_b),
                        ("provider_a", report.provider_a), ("provider_b", report.provider_b),
@@ -72,19 +72,19 @@ def diff_junit(report, suite_name: str = "onnxfuse.diff") -> str:
         fd = report.first_divergence
         lines.append(f"first divergence: {fd['kind']} {fd['name']}"
                      + (f" ({fd['op_type']} node {fd['node']})" if fd.get("op_type") else "")
-                     + f", max abs {_fmt.num(fd['max_abs'])}")
+                     + f", max abs {formatting.num(fd['max_abs'])}")
     if report.intermediates_checked:
         bad = [c for c in report.intermediates if not c.passed]
         lines.append(f"intermediates: {len(report.intermediates)} compared, {len(bad)} beyond tolerance")
-        lines += ["  " + _fmt.one_line(c) for c in bad[:50]]
+        lines += ["  " + formatting.one_line(c) for c in bad[:50]]
     lines += [f"note: {n}" for n in report.notes]
     if lines:
         ET.SubElement(suite, "system-out").text = "\n".join(lines)
     root.set("tests", suite.get("tests"))
     root.set("failures", suite.get("failures"))
-    return _to_string(root)
+    return to_string(root)
 
 
-def _to_string(root: ET.Element) -> str:
+def to_string(root: ET.Element) -> str:
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

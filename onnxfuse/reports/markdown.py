@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from onnxfuse.reports import _fmt
+from onnxfuse.reports import formatting
 
 _HEADER = ("| | tensor | shape | max abs | max rel | mean abs | RMS | cosine | beyond tol | worst element | "
            "tolerance |\n|---|---|---|---:|---:|---:|---:|---:|---:|---|---|\n")
 
 
-def _cell(text) -> str:
+def cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def _row(c) -> str:
     mark = "✅" if c.passed else "❌"
-    name = f"`{_cell(c.name)}`" + (f" → `{_cell(c.extra['name_b'])}`" if c.extra.get("name_b") else "")
+    name = f"`{cell(c.name)}`" + (f" → `{cell(c.extra['name_b'])}`" if c.extra.get("name_b") else "")
     if c.error:
-        return f"| {mark} | {name} | {_fmt.shape(c.shape)} | {_cell(c.error)} | | | | | | | |\n"
+        return f"| {mark} | {name} | {formatting.shape(c.shape)} | {cell(c.error)} | | | | | | | |\n"
     nf = f" ({c.nonfinite_mismatches} NaN/Inf)" if c.nonfinite_mismatches else ""
-    return (f"| {mark} | {name} | {_fmt.shape(c.shape)} | {_fmt.num(c.max_abs)} | {_fmt.num(c.max_rel)} | "
-            f"{_fmt.num(c.mean_abs)} | {_fmt.num(c.rms)} | {_fmt.num(c.cosine, 6)} | "
-            f"{_fmt.percent(c.mismatch_fraction)}{nf} | {_cell(_fmt.worst(c))} | {_fmt.tolerance(c)} |\n")
+    return (f"| {mark} | {name} | {formatting.shape(c.shape)} | {formatting.num(c.max_abs)} | {formatting.num(c.max_rel)} | "
+            f"{formatting.num(c.mean_abs)} | {formatting.num(c.rms)} | {formatting.num(c.cosine, 6)} | "
+            f"{formatting.percent(c.mismatch_fraction)}{nf} | {cell(formatting.worst(c))} | {formatting.tolerance(c)} |\n")
 
 
 def comparisons_table(comparisons) -> str:
@@ -45,9 +45,9 @@ def comparisons_markdown(title: str, comparisons, notes=None, level: int = 2) ->
     floors = [c for c in comparisons if "noise_floor" in c.extra]
     if floors:
         out.append("> drift as a multiple of the model's own noise floor (original, ONNX Runtime's optimizations "
-                   "off vs on): " + ", ".join(f"`{_cell(c.name)}` {_multiple(c)}" for c in floors) + "\n")
+                   "off vs on): " + ", ".join(f"`{cell(c.name)}` {_multiple(c)}" for c in floors) + "\n")
     for note in notes or ():
-        out.append(f"> note: {_cell(note)}\n")
+        out.append(f"> note: {cell(note)}\n")
     return "".join(out)
 
 
@@ -55,7 +55,7 @@ def diff_markdown(report, max_intermediates: int = 50) -> str:
     """The whole ``diff`` report: models, inputs, outputs, first divergence, intermediates."""
     status = "✅ pass" if report.passed else "❌ FAIL"
     inputs = report.inputs
-    shapes = ", ".join(f"`{k}` {_fmt.shape(v)} {report.inputs['dtypes_a'].get(k, '')}"
+    shapes = ", ".join(f"`{k}` {formatting.shape(v)} {report.inputs['dtypes_a'].get(k, '')}"
                        for k, v in inputs["shapes"].items()) or "(none)"
     src = f"seed {inputs['seed']}" if inputs.get("seed") is not None else f"file `{inputs['source']}`"
     out = [
@@ -66,9 +66,9 @@ def diff_markdown(report, max_intermediates: int = 50) -> str:
     ]
     fd = report.first_divergence
     if fd:
-        where = f" ({fd['op_type']} node `{_cell(fd['node'])}`)" if fd.get("op_type") else ""
-        out.append(f"- **first divergence**: {fd['kind']} `{_cell(fd['name'])}`{where}, max abs "
-                   f"{_fmt.num(fd['max_abs'])}\n")
+        where = f" ({fd['op_type']} node `{cell(fd['node'])}`)" if fd.get("op_type") else ""
+        out.append(f"- **first divergence**: {fd['kind']} `{cell(fd['name'])}`{where}, max abs "
+                   f"{formatting.num(fd['max_abs'])}\n")
     out.append("\n")
     out.append(comparisons_markdown("Outputs", report.outputs, level=3))
     if report.intermediates_checked:
@@ -83,5 +83,5 @@ def diff_markdown(report, max_intermediates: int = 50) -> str:
     if report.notes:
         out.append("\n")
         for note in report.notes:
-            out.append(f"> note: {_cell(note)}\n")
+            out.append(f"> note: {cell(note)}\n")
     return "".join(out)

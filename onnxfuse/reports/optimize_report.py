@@ -9,28 +9,16 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from onnxfuse.errors import EXIT_VALIDATION_FAILED
-from onnxfuse.reports._io import clean_json
-from onnxfuse.reports.junit import _suite, _to_string
-from onnxfuse.reports.markdown import _cell, comparisons_markdown
-
-
-def optimize_json(result) -> dict:
-    """The ``--json`` report of a finished run, or of one that failed validation or the latency check
-    (``result.error`` set): ``ok``, ``exit_code``, ``error`` and ``culprit`` (after a failed validation),
-    then ``result.to_dict()``. Strict JSON values (NaN/Inf → ``None``)."""
-    head = {"ok": result.error is None, "exit_code": result.exit_code}
-    if result.error is not None:
-        head["error"] = result.error
-    if result.exit_code == EXIT_VALIDATION_FAILED:
-        head["culprit"] = result.culprit
-    return clean_json({**head, **result.to_dict()})
+from onnxfuse.reports.files import clean_json
+from onnxfuse.reports.junit import testsuite_element, to_string
+from onnxfuse.reports.markdown import cell, comparisons_markdown
 
 
 def _timing_lines(timing) -> list[str]:
     if timing is None:
         return []
     if timing.status != "ok":
-        return [f"> timing: {_cell(timing.message)}\n"]
+        return [f"> timing: {cell(timing.message)}\n"]
     o, p = timing.original.stats, timing.optimized.stats
     label = timing.original.label
     return [
@@ -50,11 +38,11 @@ def optimize_markdown(result, error: str | None = None) -> str:
     out.append(f"- **output**: `{result.output_path}`\n" if result.output_path else "- **output**: not written\n")
     out.append(f"- **target**: {result.target}; nodes {result.nodes_before} → {result.nodes_after}\n")
     if error:
-        out.append(f"- **error**: {_cell(error)}\n")
+        out.append(f"- **error**: {cell(error)}\n")
     applied = {k: v for k, v in result.applied.counts.items() if v}
     out.append("- **rewrites**: " + (", ".join(f"{k} ×{v}" for k, v in applied.items()) or "none") + "\n")
     for dropped in result.applied.dropped:
-        out.append(f"- ⚠️ **rule dropped**: `{dropped['rule']}`: {_cell(dropped['reason'])}\n")
+        out.append(f"- ⚠️ **rule dropped**: `{dropped['rule']}`: {cell(dropped['reason'])}\n")
     out.append("\n")
     if result.custom_library:
         out.append(f"> needs the onnxfuse custom-op library (domain `{result.custom_library}`)\n\n")
@@ -72,7 +60,7 @@ def optimize_junit(result, error: str | None = None, suite_name: str = "onnxfuse
     """JUnit XML: each validated output is a testcase; latency is one more when timing ran."""
     root = ET.Element("testsuites", {"name": suite_name})
     comparisons = result.validation.outputs if result.validation is not None else []
-    suite = _suite(root, suite_name, comparisons, result.validation_seconds or None)
+    suite = testsuite_element(root, suite_name, comparisons, result.validation_seconds or None)
     timing = result.timing
     if timing is not None and timing.status == "ok":
         case = ET.SubElement(suite, "testcase", {"classname": suite_name, "name": "latency"})
@@ -96,7 +84,7 @@ def optimize_junit(result, error: str | None = None, suite_name: str = "onnxfuse
         suite.set("skipped", str(int(suite.get("skipped", "0")) + 1))
     root.set("tests", suite.get("tests"))
     root.set("failures", suite.get("failures"))
-    return _to_string(root)
+    return to_string(root)
 
 
-__all__ = ["optimize_json", "optimize_markdown", "optimize_junit"]
+__all__ = ["optimize_markdown", "optimize_junit"]

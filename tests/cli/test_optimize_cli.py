@@ -62,11 +62,11 @@ def test_optimize_folds_and_validates(model_path, tmp_path):
     assert [(o.domain, o.version) for o in optimized.opset_import] == [("", 13)]
     data = json.loads(report.read_text())
     assert data["ok"] is True and data["exit_code"] == 0
-    assert data["rewrites"]["counts"]["fold-batchnorm-conv"] == 1
-    assert data["nodes"] == {"before": 3, "after": 2}
-    assert data["validation"]["passed"] is True
-    assert data["validation"]["outputs"][0]["name"] == "y"
-    assert "dynamic dimension" in " ".join(data["validation"]["notes"])
+    assert data["result"]["rewrites"]["counts"]["fold-batchnorm-conv"] == 1
+    assert data["result"]["nodes"] == {"before": 3, "after": 2}
+    assert data["result"]["validation"]["passed"] is True
+    assert data["result"]["validation"]["outputs"][0]["name"] == "y"
+    assert "dynamic dimension" in " ".join(data["result"]["validation"]["notes"])
     assert "Wrote" in result.output
 
 
@@ -80,10 +80,10 @@ def test_shape_option_and_no_validate(model_path, tmp_path):
     result = run(["optimize", model_path, tmp_path / "o.onnx", "--shape", "x:2,3,8,8", "--json", tmp_path / "r.json"])
     assert result.exit_code == 0, result.stderr
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["validation"]["outputs"][0]["shape"] == [2, 4, 8, 8]
+    assert data["result"]["validation"]["outputs"][0]["shape"] == [2, 4, 8, 8]
     result = run(["optimize", model_path, tmp_path / "o2.onnx", "--no-validate", "--json", tmp_path / "r2.json"])
     assert result.exit_code == 0
-    assert json.loads((tmp_path / "r2.json").read_text())["validation"] is None
+    assert json.loads((tmp_path / "r2.json").read_text())["result"]["validation"] is None
 
 
 def test_inputs_npz(model_path, tmp_path):
@@ -91,7 +91,7 @@ def test_inputs_npz(model_path, tmp_path):
     np.savez(npz, x=np.ones((2, 3, 8, 8), np.float32))
     result = run(["optimize", model_path, tmp_path / "o.onnx", "--inputs", npz, "--json", tmp_path / "r.json"])
     assert result.exit_code == 0, result.stderr
-    assert json.loads((tmp_path / "r.json").read_text())["validation"]["outputs"][0]["shape"] == [2, 4, 8, 8]
+    assert json.loads((tmp_path / "r.json").read_text())["result"]["validation"]["outputs"][0]["shape"] == [2, 4, 8, 8]
     np.savez(npz, wrong=np.ones((2, 3, 8, 8), np.float32))
     result = run(["optimize", model_path, tmp_path / "o3.onnx", "--inputs", npz])
     assert result.exit_code == 1
@@ -129,8 +129,8 @@ def test_validation_failure_names_culprit_and_writes_nothing(model_path, tmp_pat
     assert not out.exists()
     assert "test-break-conv" in result.stderr.strip().splitlines()[-1]
     data = json.loads(report.read_text())
-    assert data["ok"] is False and data["culprit"] == "test-break-conv" and data["exit_code"] == 3
-    assert data["validation"]["passed"] is False
+    assert data["ok"] is False and data["result"]["culprit"] == "test-break-conv" and data["exit_code"] == 3
+    assert data["result"]["validation"]["passed"] is False
     # the same model passes when the culprit is skipped
     assert run(["optimize", model_path, out, "--skip", "test-break-conv", "--target", "onnx"]).exit_code == 0
 
@@ -333,10 +333,10 @@ def test_timing_without_gpu_is_a_note_and_exit_0(model_path, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert "timing needs a CUDA GPU" in result.output
     data = json.loads(report.read_text())
-    assert data["timing"]["status"] == "no-gpu"
+    assert data["result"]["timing"]["status"] == "no-gpu"
     result = run(["optimize", model_path, tmp_path / "o2.onnx", "--json", report, "--no-bench"])
     assert result.exit_code == 0 and "timing needs" not in result.output
-    assert json.loads(report.read_text())["timing"] is None
+    assert json.loads(report.read_text())["result"]["timing"] is None
 
 
 def test_fail_on_slowdown_decision():
@@ -368,7 +368,7 @@ def test_models_over_the_protobuf_limit_take_the_external_data_path(model_path, 
     result = run(["optimize", model_path, out, "--target", "onnx", "--json", tmp_path / "r.json"])
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "big.onnx.data").exists()
-    assert json.loads((tmp_path / "r.json").read_text())["validation"]["passed"] is True
+    assert json.loads((tmp_path / "r.json").read_text())["result"]["validation"]["passed"] is True
     reloaded = onnx.load(out)  # loads the external data back
     assert "BatchNormalization" not in [n.op_type for n in reloaded.graph.node]
 

@@ -155,5 +155,5 @@ def test_every_report_shows_the_multiple_of_the_floor(tmp_path):
     assert "noise floor" in md.read_text() and "noise floor:" in xml.read_text()
     import json
 
-    row = json.loads(js.read_text())["validation"]["outputs"][0]
+    row = json.loads(js.read_text())["result"]["validation"]["outputs"][0]
     assert row["noise_floor"] >= 0 and "floor_multiple" in row

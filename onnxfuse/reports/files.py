@@ -71,9 +71,9 @@ def is_step_summary(path) -> bool:
 
 
 def json_text(payload) -> str:
-    """``payload`` (a dict, or anything with ``to_dict()``) as strict, indented JSON."""
-    if hasattr(payload, "to_dict"):
-        payload = payload.to_dict()
+    """``payload`` (a dict, or a result with ``to_json()``: the contract document) as strict, indented JSON."""
+    if hasattr(payload, "to_json"):
+        payload = payload.to_json()
     return json.dumps(clean_json(payload), indent=2, allow_nan=False) + "\n"
 
 

@@ -57,3 +57,13 @@ def one_line(c) -> str:
     return (f"{c.name}: max abs {num(c.max_abs)}, max rel {num(c.max_rel)}, {percent(c.mismatch_fraction)} of "
             f"elements beyond {tolerance(c)}"
             + (f", {c.nonfinite_mismatches} NaN/Inf mismatch(es)" if c.nonfinite_mismatches else ""))
+
+
+def drift_failure(report) -> str | None:
+    """The one line ``diff`` fails with (its stderr line and its JSON ``error``), or None when every
+    output passed."""
+    bad = [c for c in report.outputs if not c.passed]
+    if not bad:
+        return None
+    return (f"{len(bad)} of {len(report.outputs)} output(s) differ beyond tolerance: "
+            + "; ".join(one_line(c) for c in bad[:3]) + (" …" if len(bad) > 3 else ""))

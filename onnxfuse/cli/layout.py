@@ -1,0 +1,149 @@
+"""Terminal layout that survives a CI log: tables that never cut an identifier or drop a column, and
+prose that never breaks inside a flag.
+
+Why: without a TTY, rich renders at 80 columns and shrinks every column to fit, so at 80 columns
+`onnxfuse rules` printed ``fold-batchnorm-convtra…`` (a name users must pass to ``--skip``) and a
+bench table squeezed its last column to nothing. Here each column says what it holds:
+
+* ``"id"``: identifiers (rule names, op types, output names): never wrapped, never cut;
+* ``"num"``: numbers and short values: right-justified, never wrapped, never cut;
+* ``"text"``: prose: wraps, but keeps at least :data:`TEXT_MIN_WIDTH` cells (long words fold).
+
+:class:`FitTable` measures those minimums when it is printed (so it fits whichever console prints
+it) and, when the columns cannot all fit side by side, prints the table in parts, each repeating the
+first column, titled "(continued)". Nothing is ever replaced by an ellipsis: at absurd widths a
+cell folds onto the next line instead.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rich.table import Table
+from rich.text import Text
+
+#: The narrowest a wrapping column gets before the table is split instead.
+TEXT_MIN_WIDTH = 20
+#: Cells a column costs besides its content: one space of padding each side and one border.
+_COLUMN_OVERHEAD = 3
+KINDS = ("id", "num", "text")
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    kind: str = "text"
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"column kind {self.kind!r} is not one of {KINDS}")
+
+
+def _cell_width(cell: str) -> int:
+    """Widest line of a cell written in rich markup, in terminal cells."""
+    return max((Text.from_markup(line).cell_len for line in cell.split("\n")), default=0)
+
+
+class FitTable:
+    """A table whose columns declare their kind (see the module docstring); add rows, then print it
+    with any rich console. Cells are rich markup strings."""
+
+    def __init__(self, title: str | None, columns: list[Column], caption: str | None = None):
+        if not columns:
+            raise ValueError("a table needs at least one column")
+        self.title = title
+        self.columns = list(columns)
+        self.caption = caption
+        self.rows: list[tuple[list[str], str | None]] = []
+
+    def add_row(self, *cells, style: str | None = None) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"row has {len(cells)} cells for {len(self.columns)} columns")
+        self.rows.append(([str(c) for c in cells], style))
+
+    def min_widths(self) -> list[int]:
+        """The width each column needs: identifiers and numbers whole, prose at least TEXT_MIN_WIDTH
+        (or its whole content, when shorter)."""
+        widths = []
+        for i, col in enumerate(self.columns):
+            cells = [row[i] for row, _ in self.rows]
+            content = max([_cell_width(col.header)] + [_cell_width(c) for c in cells])
+            if col.kind == "text":
+                # Prose wraps at spaces; a word longer than the column folds (nothing is cut).
+                content = min(content, TEXT_MIN_WIDTH)
+            widths.append(content)
+        return widths
+
+    def parts(self, width: int) -> list[list[int]]:
+        """Column indices of each printed part: all columns when they fit in ``width``, else groups
+        that each start with column 0 and take the next columns while they fit."""
+        mins = self.min_widths()
+
+        def cost(indices):
+            return sum(mins[i] + _COLUMN_OVERHEAD for i in indices) + 1
+
+        groups, group = [], [0]
+        for i in range(1, len(self.columns)):
+            if len(group) > 1 and cost(group + [i]) > width:
+                groups.append(group)
+                group = [0]
+            group.append(i)
+        groups.append(group)
+        return groups
+
+    def tables(self, width: int) -> list[Table]:
+        mins = self.min_widths()
+        groups = self.parts(width)
+        out = []
+        for k, group in enumerate(groups):
+            title = self.title if k == 0 or self.title is None else f"{self.title} (continued)"
+            # min_width: the title on one line where the console allows it.
+            table = Table(title=title, title_justify="left", min_width=min(len(title or ""), width),
+                          caption=self.caption if k == len(groups) - 1 else None, caption_justify="left")
+            for i in group:
+                col = self.columns[i]
+                table.add_column(col.header, justify="right" if col.kind == "num" else "left",
+                                 no_wrap=col.kind != "text", min_width=mins[i], overflow="fold")
+            for cells, style in self.rows:
+                table.add_row(*(cells[i] for i in group), style=style)
+            out.append(table)
+        return out
+
+    def __rich_console__(self, console, options):
+        yield from self.tables(options.max_width)
+
+
+# --- prose ------------------------------------------------------------------------------------------
+
+#: Spans that must stay on one line: `backticked` commands, and a --flag with the value after it.
+_UNBREAKABLE = re.compile(r"`[^`]*`|--[\w-]+(?:[ =](?![-`])\S+)?")
+
+
+def wrap_prose(text: str, width: int) -> list[str]:
+    """Wrap ``text`` at spaces into lines of at most ``width`` cells, never inside a `backticked`
+    span or between a ``--flag`` and its value (a span longer than a line gets a line of its own)."""
+    protected = _UNBREAKABLE.sub(lambda m: m.group(0).replace(" ", "\x00"), text)
+    lines: list[str] = []
+    line = ""
+    for word in protected.split():
+        candidate = f"{line} {word}" if line else word
+        if line and len(candidate) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = candidate
+    if line or not lines:
+        lines.append(line)
+    return [x.replace("\x00", " ") for x in lines]
+
+
+def print_prose(console, text: str, prefix: str = "", prefix_markup: str | None = None) -> None:
+    """Print ``prefix`` + ``text`` wrapped to ``console``'s width with :func:`wrap_prose`, later lines
+    indented under the text. ``text`` is plain (never markup); ``prefix_markup`` styles the prefix."""
+    indent = len(prefix)
+    lines = wrap_prose(text, max(20, console.width - indent))
+    for k, line in enumerate(lines):
+        head = (prefix_markup if prefix_markup is not None else prefix) if k == 0 else " " * indent
+        console.print(head, end="", markup=prefix_markup is not None and k == 0, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,141 @@
+"""Terminal output in an 80-column CI log (no TTY): no identifier cut, no column dropped, no flag split,
+and `--explain` summarizing where `--explain-all` lists.
+
+Before: `onnxfuse rules` printed `fold-batchnorm-convtra…` at 80 columns, the bench table squeezed its
+speed-up column to nothing, and `--explain` printed a line per refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+from rich.text import Text
+
+from onnxfuse.cli import main
+from onnxfuse.cli.common import stdout
+from onnxfuse.cli.layout import Column, FitTable, wrap_prose
+from onnxfuse.cli.render import reason_pattern
+from onnxfuse.rewrites import RULES
+
+from pathlib import Path
+
+TESTDATA = Path(__file__).resolve().parents[2] / "testdata"
+BOX = "│┃"
+
+
+def cells(line: str) -> list[str]:
+    """The cells of one table row (box characters removed, stripped)."""
+    return [c.strip() for c in re.split(f"[{BOX}]", line)[1:-1]]
+
+
+def render(renderable, width: int) -> list[str]:
+    console = Console(width=width, file=open(os.devnull, "w"), color_system=None)
+    with console.capture() as cap:
+        console.print(renderable)
+    return cap.get().splitlines()
+
+
+@pytest.fixture
+def narrow(monkeypatch):
+    """The CLI's stdout console at 80 columns, as in a CI log without a TTY."""
+    monkeypatch.setattr(stdout, "_width", 80)
+    yield
+
+
+def test_rules_at_80_columns_without_a_tty_keeps_every_rule_name_whole():
+    env = dict(os.environ, COLUMNS="80", TERM="dumb")
+    out = subprocess.run([sys.executable, "-m", "onnxfuse", "rules"], capture_output=True, text=True, env=env,
+                         stdin=subprocess.DEVNULL, check=True).stdout
+    lines = out.splitlines()
+    assert max(Text(x).cell_len for x in lines) <= 80
+    rows = [cells(x) for x in lines if x.startswith("│")]
+    assert [r[0] for r in rows if r[0]] == [r.name for r in RULES]  # each name whole, in run order
+    described = {}
+    for r in rows:  # a description wraps over several rows; its words are all there, in order
+        key = r[0] or key
+        described[key] = described.get(key, "") + " " + r[-1]
+    for rule in RULES:
+        assert described[rule.name].replace(" ", "") == rule.description.replace(" ", "")
+
+
+def test_fit_table_splits_instead_of_dropping_and_repeats_the_key_column():
+    table = FitTable("T", [Column("name", "id")] + [Column(f"metric{i}", "num") for i in range(8)])
+    table.add_row("a-rather-long-identifier-name", *[f"{i}.123456e-05" for i in range(8)])
+    wide = render(table, 300)
+    narrow = render(table, 80)
+    assert sum("T" == x.strip() for x in wide) == 1 and not any("continued" in x for x in wide)
+    assert any("(continued)" in x for x in narrow)
+    assert max(Text(x).cell_len for x in narrow) <= 80
+    rows = [cells(x) for x in narrow if x.startswith("│")]
+    assert all(r[0] == "a-rather-long-identifier-name" for r in rows)  # every part repeats it, whole
+    values = [v for r in rows for v in r[1:]]
+    assert values == [f"{i}.123456e-05" for i in range(8)]  # every column present, in order, uncut
+    headers = [h for x in narrow if x.startswith("┃") for h in cells(x)[1:]]
+    assert headers == [f"metric{i}" for i in range(8)]
+
+
+def test_fit_table_never_squeezes_prose_to_nothing():
+    table = FitTable(None, [Column("rule", "id"), Column("ids", "id"), Column("what", "text")])
+    table.add_row("x" * 30, "y" * 30, "a description that has to wrap over several lines at this width")
+    lines = render(table, 80)
+    assert max(Text(x).cell_len for x in lines) <= 80
+    headers = [cells(x) for x in lines if x.startswith("┃")]
+    assert headers == [["rule", "ids"], ["rule", "what"]]  # split, not squeezed
+    rows = [cells(x) for x in lines if x.startswith("│")]
+    assert [r[1] for r in rows if r[0] == "x" * 30][0] == "y" * 30
+    text = " ".join(r[1] for r in rows[1:])
+    assert text.split() == "a description that has to wrap over several lines at this width".split()
+
+
+@pytest.mark.parametrize("width", [30, 40, 60])
+def test_wrap_prose_keeps_flags_with_their_values_and_backticked_spans(width):
+    text = ("validation failed on output 'logits'; rerun with --skip contrib-fast-gelu or pass "
+            "--input-range ids:0,30521 to draw realistic ids, or see `onnxfuse optimize --help` for more")
+    lines = wrap_prose(text, width)
+    joined = "\n".join(lines)
+    for span in ("--skip contrib-fast-gelu", "--input-range ids:0,30521", "`onnxfuse optimize --help`"):
+        assert span in joined  # on one line
+    assert " ".join(lines).split() == text.split()
+    assert all(len(x) <= width for x in lines if "`" not in x)
+
+
+def test_explain_counts_per_rule_and_reason_and_explain_all_lists_each(narrow, tmp_path):
+    model = TESTDATA / "vit_blocks_opset14.onnx"
+    report = tmp_path / "r.json"
+    brief = CliRunner().invoke(main, ["optimize", str(model), str(tmp_path / "a.onnx"), "--explain", "--no-validate",
+                                      "--json", str(report)], catch_exceptions=False)
+    assert brief.exit_code == 0, brief.output
+    full = CliRunner().invoke(main, ["optimize", str(model), str(tmp_path / "b.onnx"), "--explain-all",
+                                     "--no-validate"], catch_exceptions=False)
+    assert full.exit_code == 0, full.output
+    refusals = json.loads(report.read_text())["result"]["rewrites"]["refusals"]
+    expected = Counter((r["rule"], reason_pattern(r["reason"])) for r in refusals)
+    assert len(expected) < len(refusals)  # the model has reasons that differ only in names
+
+    lines = brief.output.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("Refused candidates"))
+    shown, current = Counter(), None
+    for x in lines[start + 4:]:
+        if not x.startswith("│"):
+            break
+        rule, count, reason = cells(x)[:3]  # the example node may follow in a continued part
+        if rule:
+            current = [rule, int(count), reason]
+            shown[(current[0], current[2])] = current[1]
+        else:  # a wrapped reason continues on this line
+            shown.pop((current[0], current[2]))
+            current[2] += " " + reason
+            shown[(current[0], current[2])] = current[1]
+    assert dict(shown) == dict(expected)
+    assert len(brief.output.splitlines()) < len(full.output.splitlines())
+    for r in refusals:  # --explain-all names every refused node
+        assert r["node"].split("/")[-1] in full.output
+    assert max(Text(x).cell_len for x in brief.output.splitlines()) <= 80
