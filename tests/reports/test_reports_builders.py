@@ -123,3 +123,24 @@ def test_clean_json_and_write(tmp_path):
         write_text(tmp_path / "missing" / "r.md", "x")
     with pytest.raises(ModelSaveError):
         write_text(tmp_path, "x")
+
+
+def test_optimize_junit_fails_the_latency_case_by_exit_code_not_by_wording():
+    """The latency testcase fails when the run ended in exit 4 (slower than allowed), whatever the
+    error says; a validation failure whose message happens to contain "slower" does not fail it."""
+    from types import SimpleNamespace
+
+    from onnxfuse.reports.optimize_report import optimize_junit
+
+    stats = SimpleNamespace(median_ms=2.0)
+    timing = SimpleNamespace(status="ok", original=SimpleNamespace(stats=stats),
+                             optimized=SimpleNamespace(stats=SimpleNamespace(median_ms=3.0)), speedup=2 / 3)
+
+    def result(exit_code, error):
+        return SimpleNamespace(validation=None, validation_seconds=0.0, timing=timing, exit_code=exit_code,
+                               error=error, applied=SimpleNamespace(dropped=[]))
+
+    latency_failed = optimize_junit(result(4, "median 3.000 ms exceeds 1.00 x 2.000 ms"), error="median 3.000 ms exceeds 1.00 x 2.000 ms")
+    assert '<failure message="median 3.000 ms exceeds' in latency_failed
+    other = optimize_junit(result(3, "output 'slower_path' differs"), error="output 'slower_path' differs")
+    assert "<failure" not in other
