@@ -206,7 +206,8 @@ def input_options(func):
     func = click.option("--input-range", "input_ranges", multiple=True, metavar="NAME:LO,HI",
                         help="Draw this input's random values in [LO, HI] (repeatable). Default: integer "
                              "inputs in the range the graph implies (ids into an embedding of V rows: "
-                             "0..V-1), else 0 or 1; floats standard normal (uniform with a range).")(func)
+                             "0..V-1; the shape of an Expand, Tile, Reshape or ConstantOfShape: values it "
+                             "accepts), else 0 or 1; floats standard normal (uniform with a range).")(func)
     func = click.option("--inputs", "inputs_path", type=click.Path(dir_okay=False),
                         help="An .npz file with one array per model input, used instead of random data.")(func)
     func = click.option("--shape", "shapes", multiple=True, metavar="NAME:D0,D1,...",

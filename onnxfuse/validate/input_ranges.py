@@ -17,7 +17,15 @@ Concat) to the ops that use them as indices:
   ``mask == 0`` or ``ids < vocab``): ``[min(c) - 1, max(c) + 1]`` (not below 0 when every constant is
   >= 0), so both outcomes of every comparison occur.
 
-Several uses intersect (an index range, the tightest table, wins over a comparison). Inputs with no such use keep ``[0, 1]``: masks
+* a *shape-like* use, where only some values are legal whatever the data: the shape of an ``Expand``
+  (``[1, 1]``: ones keep the input's shape and broadcast with anything), the ``repeats`` of a ``Tile``
+  (``[1, 2]``), the shape of a ``ConstantOfShape`` (``[1, 4]``: small, non-empty), and the shape of a
+  ``Reshape`` without ``allowzero`` (``[0, 0]``: 0 copies the input's dimension, so the target is
+  legal whenever it has the input's rank). Drawn as 0 or 1, these made the *original* model fail
+  before anything was compared.
+
+Several uses intersect: a shape-like use wins (it is a requirement, the others are realism), then an
+index range (the tightest table), then a comparison. Inputs with no such use keep ``[0, 1]``: masks
 and token-type ids, the other common integer inputs, are 0/1. ``--input-range NAME:LO,HI`` overrides
 any of this (inclusive bounds). Floating inputs are standard normal unless given a range, then
 uniform in ``[LO, HI)``.
@@ -37,6 +45,15 @@ from onnxfuse.errors import UsageError
 VALUE_PRESERVING = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Transpose",
                     "Slice", "Concat", "Tile"}
 COMPARISONS = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}
+#: Shape-like uses: op → (which input, lo, hi, why). See the module docstring.
+SHAPE_USES = {
+    "Expand": (1, 1, 1, "the shape of Expand {node}: ones keep the input's shape"),
+    "Tile": (1, 1, 2, "the repeats of Tile {node}"),
+    "ConstantOfShape": (0, 1, 4, "the shape of ConstantOfShape {node}"),
+    "Reshape": (1, 0, 0, "the shape of Reshape {node}: 0 copies each input dimension"),
+}
+#: Which implied range wins when an input has several uses (higher wins).
+COMPARISON, INDEX, SHAPE_LIKE = 0, 1, 2
 INTEGER_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
                  onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64}
 
@@ -127,12 +144,12 @@ def implied_ranges(model: onnx.ModelProto) -> dict[str, ValueRange]:
     out: dict[str, ValueRange] = {}
     for name in int_inputs:
         best: ValueRange | None = None
-        best_is_comparison = False
+        best_rank = COMPARISON
         stack, seen = [name], {name}
         while stack:
             value = stack.pop()
             for node in readers.get(value, ()):
-                found, comparison = None, False
+                found, rank = None, INDEX
                 if node.op_type in ("Gather", "GatherElements") and len(node.input) > 1 and node.input[1] == value:
                     shapes = shapes if shapes is not None else _shapes(model)
                     data = shapes.get(node.input[0])
@@ -154,7 +171,7 @@ def implied_ranges(model: onnx.ModelProto) -> dict[str, ValueRange]:
                         found = ValueRange(np.ceil(lo), np.floor(hi), f"compared with {_num(float(np.min(c)))}"
                                            + (f"..{_num(float(np.max(c)))}" if np.size(c) > 1 else "")
                                            + f" by {node.op_type}")
-                        comparison = True
+                        rank = COMPARISON
                 elif node.op_type in VALUE_PRESERVING and node.input and node.input[0] == value:
                     if node.op_type == "Cast" and _attr(node, "to", 0) not in INTEGER_TYPES:
                         continue
@@ -162,11 +179,16 @@ def implied_ranges(model: onnx.ModelProto) -> dict[str, ValueRange]:
                         if o not in seen:
                             seen.add(o)
                             stack.append(o)
+                elif node.op_type in SHAPE_USES:
+                    index, lo, hi, why = SHAPE_USES[node.op_type]
+                    allowzero = node.op_type == "Reshape" and _attr(node, "allowzero", 0)
+                    if len(node.input) > index and node.input[index] == value and not allowzero:
+                        found = ValueRange(lo, hi, why.format(node=repr(node.name or node.output[0])))
+                        rank = SHAPE_LIKE
                 if found is None or found.hi < found.lo:
                     continue
-                if best is None or (best_is_comparison and not comparison) or (
-                        comparison == best_is_comparison and found.hi - found.lo < best.hi - best.lo):
-                    best, best_is_comparison = found, comparison
+                if best is None or rank > best_rank or (rank == best_rank and found.hi - found.lo < best.hi - best.lo):
+                    best, best_rank = found, rank
         if best is not None:
             out[name] = best
     return out

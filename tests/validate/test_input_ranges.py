@@ -91,3 +91,47 @@ def test_comparison_with_constants_covers_both_outcomes_and_indices_win():
     ranges = implied_ranges(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]))
     assert (ranges["mask"].lo, ranges["mask"].hi) == (0, 1)  # mask == 0: both outcomes, never negative
     assert (ranges["ids"].lo, ranges["ids"].hi) == (0, 19)  # the table's 20 rows beat "ids < 50"
+
+
+def _shape_input_model(op: str) -> onnx.ModelProto:
+    """x [2, 3, 4] float; ``s`` an int64 input of 3 values used as the shape-like input of ``op``."""
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4])
+    s = h.make_tensor_value_info("s", T.INT64, [3])
+    if op == "ConstantOfShape":
+        nodes = [h.make_node("ConstantOfShape", ["s"], ["c"]), h.make_node("ReduceSum", ["c"], ["r"], keepdims=0),
+                 h.make_node("Add", ["x", "r"], ["y"])]
+    else:
+        nodes = [h.make_node(op, ["x", "s"], ["t"]), h.make_node("ReduceSum", ["t"], ["r"], keepdims=0),
+                 h.make_node("Add", ["x", "r"], ["y"])]
+    m = h.make_model(h.make_graph(nodes, "g", [x, s], [h.make_tensor_value_info("y", T.FLOAT, [2, 3, 4])]),
+                     opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("op, lo, hi", [("Expand", 1, 1), ("Tile", 1, 2), ("ConstantOfShape", 1, 4),
+                                        ("Reshape", 0, 0)])
+def test_shape_like_inputs_get_values_the_original_model_accepts(op, lo, hi, tmp_path):
+    """Drawn as 0 or 1, a shape input made the original itself fail (Expand to 0 against 3, Tile by 0
+    is fine but Reshape to [1, 0, 1] is not): the range follows what the op accepts, and validation runs."""
+    model = _shape_input_model(op)
+    r = implied_ranges(model)["s"]
+    assert (r.lo, r.hi) == (lo, hi) and op in r.why
+    import onnxruntime as ort
+
+    for seed in range(4):
+        (sample,) = make_samples(model, {}, seed=seed)
+        assert lo <= sample.feeds["s"].min() and sample.feeds["s"].max() <= hi
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session.run(None, sample.feeds)  # the original runs on it
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    result = onnxfuse.optimize(str(path), provider="cpu")
+    assert result.validation.passed
+
+
+def test_reshape_with_allowzero_has_no_implied_range():
+    model = _shape_input_model("Reshape")
+    model.opset_import[0].version = 14
+    model.graph.node[0].attribute.append(h.make_attribute("allowzero", 1))
+    assert "s" not in implied_ranges(model)
