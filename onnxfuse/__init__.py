@@ -33,7 +33,7 @@ _LAZY = {
     "OptimizeResult": "onnxfuse.pipeline",
     "DiffReport": "onnxfuse.drift",
     "ValidationReport": "onnxfuse.validate",
-    "Comparison": "onnxfuse.validate.compare",
+    "Comparison": "onnxfuse.runtime.compare",
 }
 
 

@@ -89,7 +89,7 @@ def optimize(
     dimension; ``save_inputs`` writes all of them to an .npz that ``inputs`` replays exactly. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
 
     ``bench``: also time both models on the GPU (ORT_ENABLE_ALL on both; ``bench_config`` an
-    :class:`onnxfuse.bench.BenchConfig`). Off by default in the API, unlike the CLI: timing takes
+    :class:`onnxfuse.timing.BenchConfig`). Off by default in the API, unlike the CLI: timing takes
     seconds and says nothing without a GPU (the result then carries ``timing.status == "no-gpu"``).
     ``fail_on_slowdown``: with ``bench``, raise :class:`~onnxfuse.errors.SlowerThanAllowed` when the
     optimized median latency exceeds this ratio of the original's.
@@ -206,7 +206,7 @@ def _ranges(ranges) -> dict | None:
     """``{name: (lo, hi)}`` (inclusive) → ValueRange objects, checked like ``--input-range``."""
     if not ranges:
         return None
-    from onnxfuse.validate.input_ranges import parse_range_options
+    from onnxfuse.runtime.input_ranges import parse_range_options
 
     return parse_range_options([f"{name}:{lo},{hi}" for name, (lo, hi) in ranges.items()])
 

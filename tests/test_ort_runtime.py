@@ -271,7 +271,7 @@ def test_import_onnxfuse_is_light_and_the_library_never_imports_the_cli():
         "assert callable(onnxfuse.optimize) and callable(onnxfuse.diff), onnxfuse.optimize\n"
         "heavy = [m for m in ('onnxruntime', 'onnx', 'numpy', 'onnx_graphsurgeon') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
-        "import onnxfuse.pipeline, onnxfuse.drift, onnxfuse.reports, onnxfuse.bench, onnxfuse.validate\n"
+        "import onnxfuse.pipeline, onnxfuse.drift, onnxfuse.reports, onnxfuse.runtime, onnxfuse.timing, onnxfuse.validate\n"
         "assert onnxfuse.OptimizeResult and onnxfuse.DiffReport and onnxfuse.ValidationFailed\n"
         "ui = [m for m in ('click', 'rich', 'onnxfuse.cli') if m in sys.modules]\n"
         "assert not ui, ui\n"

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from onnxfuse import model_io
-from onnxfuse.bench import (
+from onnxfuse.timing import (
     NO_GPU_MESSAGE,
     BenchConfig,
     NoGPU,
@@ -20,13 +20,13 @@ from onnxfuse.bench import (
     speedup,
     time_models,
 )
-from onnxfuse.bench.env import environment
+from onnxfuse.timing.env import environment
 from onnxfuse.cli import render
 from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
 from onnxfuse.errors import OnnxfuseError, UsageError
 from onnxfuse.reports._io import check_report_paths
-from onnxfuse.validate.input_ranges import parse_range_options
-from onnxfuse.validate.inputs import input_specs, make_inputs, parse_shape_options
+from onnxfuse.runtime.input_ranges import parse_range_options
+from onnxfuse.runtime.inputs import input_specs, make_inputs, parse_shape_options
 
 BENCH_HELP = """Time MODEL (and MODEL2, side by side) on ONNX Runtime.
 

@@ -145,9 +145,9 @@ def test_sessions_must_be_positive(tiny_path):
 
 
 def test_pool_sessions_statistics():
-    from onnxfuse.bench.compare import pool_sessions
-    from onnxfuse.bench.runner import BenchResult
-    from onnxfuse.bench.stats import summarize
+    from onnxfuse.timing.compare import pool_sessions
+    from onnxfuse.timing.runner import BenchResult
+    from onnxfuse.timing.stats import summarize
 
     def result(samples):
         return BenchResult(name="m", device="cpu", cuda_graph=False, optimization="all", stats=summarize(samples),

@@ -1,4 +1,4 @@
-"""GPU tests for onnxfuse.bench: IOBinding timing on the CUDA provider, CUDA-graph mode (outputs at
+"""GPU tests for onnxfuse.timing: IOBinding timing on the CUDA provider, CUDA-graph mode (outputs at
 fixed addresses must hold the right values), profiling, compare_models and the bench CLI on CUDA.
 Skipped where ONNX Runtime has no usable CUDA GPU."""
 
@@ -13,7 +13,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse.validate.session import cuda_available
+from onnxfuse.runtime.session import cuda_available
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,10 +23,10 @@ pytestmark = [
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import tiny_models  # noqa: E402
 
-from onnxfuse.bench import BenchConfig, Timer, compare_models, profile, time_model  # noqa: E402
+from onnxfuse.timing import BenchConfig, Timer, compare_models, profile, time_model  # noqa: E402
 from onnxfuse.cli import main  # noqa: E402
-from onnxfuse.validate import run_model  # noqa: E402
-from onnxfuse.validate.inputs import make_inputs  # noqa: E402
+from onnxfuse.runtime.session import run_model  # noqa: E402
+from onnxfuse.runtime.inputs import make_inputs  # noqa: E402
 
 FAST = dict(warmup=3, time_budget_s=0.2, min_iterations=10)
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from onnxfuse.cli import main
-from onnxfuse.validate.session import cuda_available
+from onnxfuse.runtime.session import cuda_available
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
 
@@ -53,8 +53,8 @@ def test_noise_floor_on_cuda_includes_cpu_against_cuda():
 
     import onnxfuse
     from onnxfuse.validate import noise_floor
-    from onnxfuse.validate.inputs import make_samples
-    from onnxfuse.validate import run_samples
+    from onnxfuse.runtime.inputs import make_samples
+    from onnxfuse.runtime.session import run_samples
 
     model = onnx.load(TESTDATA / "mobilenet_v2_w035.onnx")
     samples = make_samples(model, {"input": [2, 3, 96, 96]})

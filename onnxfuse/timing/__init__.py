@@ -9,10 +9,10 @@ The library never imports click or rich. Entry points:
 * :func:`gpu_unavailable_reason` — None, or the one line saying timing needs a CUDA GPU.
 """
 
-from onnxfuse.bench.compare import ComparisonResult, compare_models, time_models
-from onnxfuse.bench.inputs import batch_shapes
-from onnxfuse.bench.profile import ProfileResult, profile
-from onnxfuse.bench.runner import (
+from onnxfuse.timing.compare import ComparisonResult, compare_models, time_models
+from onnxfuse.timing.inputs import batch_shapes
+from onnxfuse.timing.profile import ProfileResult, profile
+from onnxfuse.timing.runner import (
     NO_GPU_MESSAGE,
     BenchConfig,
     BenchResult,
@@ -24,8 +24,8 @@ from onnxfuse.bench.runner import (
     require_gpu,
     time_model,
 )
-from onnxfuse.bench.stats import LatencyStats, percentile, speedup, summarize
-from onnxfuse.bench.trace import OpStat, TraceSummary, load_trace, summarize_trace
+from onnxfuse.timing.stats import LatencyStats, percentile, speedup, summarize
+from onnxfuse.timing.trace import OpStat, TraceSummary, load_trace, summarize_trace
 
 __all__ = [
     "NO_GPU_MESSAGE", "BenchConfig", "BenchResult", "ComparisonResult", "LatencyStats", "NoGPU", "OpStat",
