@@ -3,30 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from onnxfuse import model_io
-from onnxfuse.timing import (
-    NO_GPU_MESSAGE,
-    BenchConfig,
-    NoGPU,
-    batch_shapes,
-    gpu_unavailable_reason,
-    profile,
-    speedup,
-    time_models,
-)
-from onnxfuse.timing.env import environment
+from onnxfuse import api
 from onnxfuse.cli import render
-from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
-from onnxfuse.errors import OnnxfuseError, UsageError
+from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, range_map, stderr, stdout
+from onnxfuse.errors import OnnxfuseError
 from onnxfuse.reports._io import check_report_paths
-from onnxfuse.runtime.input_ranges import parse_range_options
-from onnxfuse.runtime.inputs import input_specs, make_inputs, parse_shape_options
+from onnxfuse.runtime.inputs import parse_shape_options
+from onnxfuse.timing.bench import error_json
+from onnxfuse.timing.stats import speedup
 
 BENCH_HELP = """Time MODEL (and MODEL2, side by side) on ONNX Runtime.
 
@@ -46,17 +35,6 @@ Examples:
   onnxfuse bench model.onnx --device cpu --iterations 100 --warmup 5
   onnxfuse bench model.onnx model.opt.onnx --batch 16 --sessions 3 --time-budget 3
 """
-
-
-def _labels(paths: list[str]) -> list[str]:
-    names = [Path(p).name.removesuffix(".onnx") for p in paths]
-    return names if len(set(names)) == len(names) else [str(p) for p in paths]
-
-
-def _same_signature(a, b) -> bool:
-    sa = [(s.name, s.dtype, s.shape) for s in input_specs(a)]
-    sb = [(s.name, s.dtype, s.shape) for s in input_specs(b)]
-    return sa == sb
 
 
 def _ms(x: float) -> str:
@@ -130,71 +108,44 @@ def profile_tables(prof, top: int) -> list[Table]:
 @handle_errors
 def bench(model_path, model2_path, batch, shapes, inputs_path, seed, input_ranges, device, cuda_graph, iterations, warmup,
           time_budget, sessions, do_profile, top, json_path, quiet) -> None:
-    config = BenchConfig(device=device, warmup=warmup, iterations=iterations, time_budget_s=time_budget,
-                         cuda_graph=cuda_graph, sessions=sessions)
     try:
         check_runtime(quiet)
         check_report_paths({json_path: "JSON report"}, {model_path: "model", model2_path: "second model"})
-        config.validate()
-        if batch is not None and inputs_path:
-            raise UsageError("--batch cannot be combined with --inputs (the .npz fixes the shapes)")
-        if device == "cuda" and gpu_unavailable_reason():
-            raise NoGPU(f"{NO_GPU_MESSAGE}; use --device cpu to time on the CPU")
-        paths = [model_path] + ([model2_path] if model2_path else [])
-        labels = _labels(paths)
-        models = [model_io.load_model(p) for p in paths]
-        user_shapes = parse_shape_options(shapes)
-        jobs = []
-        for label, model in zip(labels, models):
-            if jobs and _same_signature(jobs[0][1], model):
-                jobs.append((label, model, jobs[0][2]))
-                continue
-            model_shapes, notes = batch_shapes(model, batch, user_shapes)
-            inputs = make_inputs(model, model_shapes, seed, inputs_path, parse_range_options(input_ranges))
-            inputs.notes.extend(notes)
-            jobs.append((label, model, inputs))
-
         with _progress_bar(quiet) as bar:
             task = bar.add_task("timing", total=1.0) if bar else None
-            share = 0.7 if do_profile else 1.0
 
-            def step(message: str, fraction: float, base: float = 0.0, width: float = share) -> None:
+            def step(message: str, fraction: float) -> None:
                 if bar is not None:
-                    bar.update(task, completed=base + width * fraction, description=message)
+                    bar.update(task, completed=fraction, description=message)
 
-            results = time_models(jobs, config, progress=step)
-            profiles = []
-            if do_profile:
-                for i, (label, model, inputs) in enumerate(jobs):
-                    base, width = share + (1 - share) * i / len(jobs), (1 - share) / len(jobs)
-                    profiles.append(profile(model, inputs, config, name=label,
-                                            progress=lambda m, f, b=base, w=width: step(m, f, b, w)))
+            report = api.bench(
+                model_path, model2_path, inputs=inputs_path, batch=batch, shapes=parse_shape_options(shapes),
+                seed=seed, input_ranges=range_map(input_ranges), device=device, cuda_graph=cuda_graph,
+                iterations=iterations, warmup=warmup, time_budget=time_budget, sessions=sessions,
+                profile=do_profile, top=top, progress=step,
+            )
     except OnnxfuseError as exc:
         if json_path:
             with contextlib.suppress(OnnxfuseError):
-                render.write_json(json_path, {"ok": False, "exit_code": exc.exit_code, "error": str(exc)})
+                render.write_json(json_path, error_json(exc))
         raise
 
-    sp = speedup(results[0].stats.median_ms, results[1].stats.median_ms) if len(results) > 1 else None
     if json_path:
-        render.write_json(json_path, {
-            "ok": True, "exit_code": 0, "config": config.to_dict(), "environment": environment(device),
-            "models": [dict(r.to_dict(), path=p) for r, p in zip(results, paths)],
-            "speedup": None if sp is None else round(sp, 4),
-            "profiles": [p.to_dict(top) for p in profiles] or None,
-        })
+        render.write_json(json_path, report.to_json())
     if quiet:
         return
+    results = report.results
     mode = "CUDA, IOBinding" if device == "cuda" else "CPU"
     title = f"Latency ({mode}{', CUDA graph' if cuda_graph else ''}, ORT_ENABLE_ALL)"
     stdout.print(latency_table(results, title))
-    for note in dict.fromkeys(n for _, _, inputs in jobs for n in inputs.notes):
+    for note in report.notes:
         stdout.print(f"[yellow]note:[/] {note}")
+    sp = report.speedup
     if sp is not None:
         faster = "faster" if sp >= 1 else "slower"
         ratio = sp if sp >= 1 else 1 / sp
         stdout.print(f"{results[1].name} is {ratio:.2f}× {faster} than {results[0].name} (median, {mode})")
-    for prof in profiles:
+    for prof in report.profiles:
         for table in profile_tables(prof, top):
             stdout.print(table)
         for note in prof.summary.notes:

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import tiny_models
-from onnxfuse.cli import bench_cmd, main
+from onnxfuse.cli import main
+from onnxfuse.timing import bench as bench_lib
 
 FAST = ["--warmup", "1", "--time-budget", "0.05"]
 
@@ -67,7 +68,7 @@ def test_profile_tables(tiny_path, tmp_path):
 
 
 def test_needs_a_gpu(monkeypatch, tiny_path, tmp_path):
-    monkeypatch.setattr(bench_cmd, "gpu_unavailable_reason", lambda: "timing needs a CUDA GPU (none is usable here)")
+    monkeypatch.setattr(bench_lib, "gpu_unavailable_reason", lambda: "timing needs a CUDA GPU (none is usable here)")
     out = tmp_path / "e.json"
     r = CliRunner().invoke(main, ["bench", str(tiny_path), "--json", str(out)])
     assert r.exit_code == 1
