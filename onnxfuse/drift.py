@@ -88,7 +88,7 @@ class DiffReport:
 
     def to_json(self) -> dict:
         """The report ``onnxfuse diff --json`` writes, as a JSON-ready dict (non-finite floats → ``None``)."""
-        from onnxfuse.reports._io import clean_json
+        from onnxfuse.reports import clean_json
 
         return clean_json(self.to_dict())
 

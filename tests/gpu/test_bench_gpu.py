@@ -130,3 +130,15 @@ def test_bench_cli_cuda(tmp_path, model):
     r = CliRunner().invoke(main, ["bench", str(path), "--cuda-graph", "--time-budget", "0.2"])
     assert r.exit_code == 0, r.output
     assert "CUDA graph" in r.output
+
+
+def test_bench_api_on_the_gpu(tmp_path):
+    import onnxfuse
+
+    path = tmp_path / "tiny.onnx"
+    onnx.save(tiny_models.conv_relu_add(), str(path))
+    report = onnxfuse.bench(path, path, iterations=20, warmup=2, profile=True)
+    data = report.to_json()
+    assert data["ok"] is True and data["config"]["device"] == "cuda" and data["environment"]["gpus"]
+    assert [m["latency_ms"]["count"] for m in data["models"]] == [20, 20] and report.speedup > 0
+    assert len(data["profiles"]) == 2
