@@ -27,10 +27,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import zoo  # noqa: E402
 
-from onnxfuse.bench import BenchConfig, time_models  # noqa: E402
+from onnxfuse.timing import BenchConfig, time_models  # noqa: E402
 from onnxfuse.pipeline import rewrite_model  # noqa: E402
 from onnxfuse.rewrites import select_rules  # noqa: E402
-from onnxfuse.validate.inputs import Inputs  # noqa: E402
+from onnxfuse.runtime.inputs import Inputs  # noqa: E402
 
 
 def main() -> int:

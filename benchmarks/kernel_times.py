@@ -32,9 +32,9 @@ def run(args) -> int:
     import onnx
     import onnxruntime as ort
 
-    from onnxfuse.bench import batch_shapes
+    from onnxfuse.timing import batch_shapes
     from onnxfuse.custom_ops import session_options
-    from onnxfuse.validate.inputs import make_inputs
+    from onnxfuse.runtime.inputs import make_inputs
 
     model = onnx.load(args.model)
     feeds = make_inputs(model, batch_shapes(model, args.batch)[0]).feeds

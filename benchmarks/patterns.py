@@ -30,10 +30,12 @@ from onnx import TensorProto, helper, numpy_helper
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from onnxfuse.bench import BenchConfig, time_models  # noqa: E402
+from onnxfuse.timing import BenchConfig, time_models  # noqa: E402
 from onnxfuse.pipeline import rewrite_model  # noqa: E402
 from onnxfuse.rewrites import select_rules  # noqa: E402
-from onnxfuse.validate import compare_outputs, make_inputs, run_model  # noqa: E402
+from onnxfuse.runtime.compare import compare_outputs  # noqa: E402
+from onnxfuse.runtime.inputs import make_inputs  # noqa: E402
+from onnxfuse.runtime.session import run_model  # noqa: E402
 
 FP = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 

@@ -291,7 +291,7 @@ def time_torch(fn, args, warmup: int, budget: float, min_iters: int, device: str
     """Latency of ``fn(*args)``: CUDA events around each call, and host wall time like ONNX Runtime's."""
     import torch
 
-    from onnxfuse.bench.stats import should_stop, summarize
+    from onnxfuse.timing.stats import should_stop, summarize
 
     cuda = device == "cuda"
     with torch.inference_mode():
@@ -361,10 +361,11 @@ def run_model(name: str, args, part: Path) -> None:
     import torch  # before onnxruntime, so both use the CUDA libraries torch loaded
     import onnx
 
-    from onnxfuse.bench import BenchConfig, time_models
+    from onnxfuse.timing import BenchConfig, time_models
     from onnxfuse.pipeline import OptimizeOptions, op_counts, optimize_model
-    from onnxfuse.validate import compare_arrays, run_model as ort_outputs
-    from onnxfuse.validate.inputs import Inputs
+    from onnxfuse.runtime.compare import compare_arrays
+    from onnxfuse.runtime.session import run_model as ort_outputs
+    from onnxfuse.runtime.inputs import Inputs
 
     rec = Recorder(part, name)
     spec = SPECS[name]
@@ -538,7 +539,7 @@ def run_model(name: str, args, part: Path) -> None:
 def environment() -> dict:
     env = {}
     try:
-        from onnxfuse.bench.env import environment as ort_env
+        from onnxfuse.timing.env import environment as ort_env
 
         env.update(ort_env("cuda"))
     except Exception as exc:  # pragma: no cover
@@ -808,7 +809,7 @@ def main(argv=None) -> int:
     t_start = time.time()
     deadline_at = t_start + args.deadline if args.deadline else None
     if args.device == "cuda":
-        from onnxfuse.bench import gpu_unavailable_reason
+        from onnxfuse.timing import gpu_unavailable_reason
 
         reason = gpu_unavailable_reason()
         if reason:

@@ -7,6 +7,7 @@ Python API (the command line calls the same functions)::
     result = onnxfuse.optimize("model.onnx", "model.opt.onnx", inputs={"x": x})  # raises ValidationFailed on drift
     result.model, result.validation, result.to_json()
     report = onnxfuse.diff("model.onnx", "model.opt.onnx", samples=4)          # drift is reported: report.passed
+    timing = onnxfuse.bench("model.onnx", "model.opt.onnx", batch=8)           # timing.speedup, timing.to_json()
 
 ``import onnxfuse`` is light: ONNX Runtime, onnx and the rewrites load when first used. Errors are the
 classes of :mod:`onnxfuse.errors`, re-exported here; the result types load on first access.
@@ -14,7 +15,7 @@ classes of :mod:`onnxfuse.errors`, re-exported here; the result types load on fi
 
 __version__ = "0.1.0"
 
-from onnxfuse.api import diff, optimize  # noqa: E402  (after __version__, which modules import from here)
+from onnxfuse.api import bench, diff, optimize  # noqa: E402  (after __version__, which modules import from here)
 from onnxfuse.errors import (  # noqa: E402
     InputsError,
     ModelLoadError,
@@ -33,7 +34,9 @@ _LAZY = {
     "OptimizeResult": "onnxfuse.pipeline",
     "DiffReport": "onnxfuse.drift",
     "ValidationReport": "onnxfuse.validate",
-    "Comparison": "onnxfuse.validate.compare",
+    "Comparison": "onnxfuse.runtime.compare",
+    "BenchReport": "onnxfuse.timing.bench",
+    "BenchConfig": "onnxfuse.timing.runner",
 }
 
 
@@ -53,7 +56,7 @@ def __dir__():
 
 
 __all__ = [
-    "Comparison", "DiffReport", "InputsError", "ModelLoadError", "ModelSaveError", "OnnxRuntimeConflictWarning",
+    "BenchConfig", "BenchReport", "Comparison", "DiffReport", "InputsError", "ModelLoadError", "ModelSaveError", "OnnxRuntimeConflictWarning",
     "OnnxRuntimeUnavailable", "OnnxfuseError", "OptimizeResult", "RuntimeFailure", "SlowerThanAllowed",
-    "UsageError", "ValidationFailed", "ValidationReport", "diff", "optimize", "__version__",
+    "UsageError", "ValidationFailed", "ValidationReport", "bench", "diff", "optimize", "__version__",
 ]

@@ -1,7 +1,7 @@
-"""The Python API: ``onnxfuse.optimize(...)`` and ``onnxfuse.diff(...)``.
+"""The Python API: ``onnxfuse.optimize(...)``, ``onnxfuse.diff(...)`` and ``onnxfuse.bench(...)``.
 
-Both are thin: they turn keyword arguments into the pipeline's options and call the same library
-functions the command line calls (``onnxfuse optimize`` and ``onnxfuse diff`` call these very
+All are thin: they turn keyword arguments into the library's options and call the same library
+functions the command line calls (``onnxfuse optimize``, ``diff`` and ``bench`` call these very
 functions), so a script and a CI job get the same result and the same report. This module imports
 nothing heavy; ONNX Runtime, onnx and the rewrites load on the first call.
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from onnxfuse.drift import DiffReport
     from onnxfuse.pipeline import OptimizeResult
+    from onnxfuse.timing.bench import BenchReport
     from onnxfuse.rewrites.base import Rule
 
     ModelLike = Union[str, os.PathLike, onnx.ModelProto]
@@ -89,7 +90,7 @@ def optimize(
     dimension; ``save_inputs`` writes all of them to an .npz that ``inputs`` replays exactly. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
 
     ``bench``: also time both models on the GPU (ORT_ENABLE_ALL on both; ``bench_config`` an
-    :class:`onnxfuse.bench.BenchConfig`). Off by default in the API, unlike the CLI: timing takes
+    :class:`onnxfuse.timing.runner.BenchConfig`). Off by default in the API, unlike the CLI: timing takes
     seconds and says nothing without a GPU (the result then carries ``timing.status == "no-gpu"``).
     ``fail_on_slowdown``: with ``bench``, raise :class:`~onnxfuse.errors.SlowerThanAllowed` when the
     optimized median latency exceeds this ratio of the original's.
@@ -178,6 +179,63 @@ def diff(
     )
 
 
+def bench(
+    a: ModelLike,
+    b: ModelLike | None = None,
+    *,
+    inputs: str | os.PathLike | None = None,
+    batch: int | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    input_ranges: Mapping[str, tuple[float, float]] | None = None,
+    device: str = "cuda",
+    cuda_graph: bool = False,
+    iterations: int | None = None,
+    warmup: int = 10,
+    time_budget: float | None = 2.0,
+    sessions: int = 1,
+    profile: bool = False,
+    top: int = 10,
+    progress: Callable[[str, float], None] | None = None,
+) -> BenchReport:
+    """Time model ``a`` (and ``b``, side by side) on ONNX Runtime and return the latencies.
+
+    ``a``, ``b``: paths or ``onnx.ModelProto`` (never modified). Each model runs with ONNX Runtime's own
+    optimizations on (ORT_ENABLE_ALL), on the GPU with inputs and outputs bound in device memory
+    (IOBinding), after ``warmup`` runs; timed runs go on until ``iterations`` or ``time_budget`` seconds,
+    whichever comes first; two models alternate in rounds. ``sessions`` > 1 repeats it in fresh
+    sessions and pools the samples. ``device="cpu"`` times on the CPU provider instead (results say so).
+    ``cuda_graph``: capture the run in a CUDA graph and replay it.
+
+    Inputs: one seeded draw (``seed``) per input signature: ``batch`` sets every input's first dynamic
+    dimension, ``shapes`` (``{"input": [8, 3, 224, 224]}``) sizes inputs, ``input_ranges`` as in
+    :func:`optimize`; or ``inputs``, the path of an ``.npz`` file. ``profile``: also profile each model
+    (top ``top`` ops by time and count, nodes and kernels per run). ``progress(message, fraction)``.
+
+    Returns a :class:`~onnxfuse.timing.bench.BenchReport`: ``.results`` (per model: latency percentiles,
+    samples, shapes), ``.speedup`` (a's median / b's), ``.profiles``, ``.notes``, ``.to_json()`` (the dict
+    ``onnxfuse bench --json`` writes). Like :func:`diff`, measuring is never an error; what prevents it
+    raises the :mod:`onnxfuse.errors` classes: :class:`~onnxfuse.errors.RuntimeFailure` (no usable GPU
+    for ``device="cuda"``: ``onnxfuse.timing.runner.NoGPU``; a model ONNX Runtime cannot run),
+    :class:`~onnxfuse.errors.UsageError`, :class:`~onnxfuse.errors.InputsError`,
+    :class:`~onnxfuse.errors.ModelLoadError`.
+    """
+    from onnxfuse.ort_runtime import require_runtime
+
+    require_runtime()
+    from onnxfuse.timing.bench import bench_models
+    from onnxfuse.timing.runner import BenchConfig
+
+    _checked_numbers(None, None, seed)
+    config = BenchConfig(device=device, warmup=warmup, iterations=iterations, time_budget_s=time_budget,
+                         cuda_graph=cuda_graph, sessions=sessions)
+    return bench_models(
+        [a] if b is None else [a, b], config, batch=batch, shapes=_shapes(shapes),
+        inputs=None if inputs is None else os.fspath(inputs), seed=seed, input_ranges=_ranges(input_ranges),
+        profile_ops=profile, top=top, progress=progress,
+    )
+
+
 def _names(value) -> list[str] | None:
     """Rule names as the pipeline takes them (a list of comma-separated strings), None when empty."""
     if value is None:
@@ -206,7 +264,7 @@ def _ranges(ranges) -> dict | None:
     """``{name: (lo, hi)}`` (inclusive) → ValueRange objects, checked like ``--input-range``."""
     if not ranges:
         return None
-    from onnxfuse.validate.input_ranges import parse_range_options
+    from onnxfuse.runtime.input_ranges import parse_range_options
 
     return parse_range_options([f"{name}:{lo},{hi}" for name, (lo, hi) in ranges.items()])
 
@@ -222,4 +280,4 @@ def _shapes(shapes) -> dict[str, list[int]]:
     return out
 
 
-__all__ = ["diff", "optimize"]
+__all__ = ["bench", "diff", "optimize"]

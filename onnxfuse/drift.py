@@ -11,7 +11,8 @@ together (the worst element's index carries its sample in ``extra``). The user's
 (``inputs``: a dict ``{name: array}``, a list of such dicts — one sample each — or an ``.npz`` path)
 replace the draws; they must have A's input dtypes.
 
-Comparison. In float64, per tensor, by :func:`onnxfuse.validate.compare.compare_arrays`. Model A is the
+Comparison. In float64, per tensor, by :mod:`onnxfuse.runtime.compare` (the comparator validation uses
+too), the samples stacked (:func:`~onnxfuse.runtime.compare.compare_tensor`). Model A is the
 reference (``worst_ref``/relative error are A's). Default tolerances are those of the *looser* of the
 two dtypes (fp32 vs fp16 is judged as fp16); ``rtol``/``atol`` replace them for every tensor and
 ``tolerances`` ({name: (rtol, atol)}) for one tensor.
@@ -35,18 +36,16 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import onnx
 
-from onnxfuse.errors import InputsError, ModelLoadError, UsageError
-from onnxfuse.reports.histogram import error_histogram
-from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance, is_text
-from onnxfuse.validate.inputs import Inputs, check_shape_names, given_inputs, input_specs, random_inputs, value_ranges
-from onnxfuse.validate.session import make_session, resolve_provider, run_session
+from onnxfuse.errors import ModelLoadError, UsageError
+from onnxfuse.runtime.compare import Comparison, Tolerance, compare_runs, compare_tensor
+from onnxfuse.runtime.inputs import cast_feeds, make_samples
+from onnxfuse.runtime.session import resolve_provider, run_samples
 
 #: metadata_props key of an optimized model: JSON {absorbed tensor name: equivalent tensor name}.
 TENSOR_MAP_KEY = "onnxfuse.tensor_map"
@@ -160,231 +159,6 @@ def tensor_map(model: onnx.ModelProto) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# inputs
-
-
-def _floating(dtype: np.dtype) -> bool:
-    return np.issubdtype(dtype, np.floating) or str(dtype) == "bfloat16"
-
-
-def _draws(model_a, shapes, seed, given, samples, ranges=None) -> tuple[list[dict], Inputs]:
-    """``samples`` feeds dicts for model A's inputs, floating ones in float32 (not yet cast), integers
-    in the ranges A implies or ``ranges`` gives; or the user's ``given`` inputs (one per sample)."""
-    specs = input_specs(model_a)
-    check_shape_names(specs, shapes)
-    if given is not None and (shapes or ranges):
-        raise UsageError("--shape and --input-range size and draw random inputs; they cannot apply to given "
-                         "inputs (--inputs): give one or the other")
-    if given is not None:
-        loaded = given_inputs(specs, given)
-        return [x.feeds for x in loaded], loaded[0]
-    draw_specs = [replace(s, dtype=np.dtype(np.float32)) if _floating(s.dtype) else s for s in specs]
-    value_range, notes = value_ranges(model_a, ranges)
-    draws = [random_inputs(draw_specs, shapes, seed + i, value_range) for i in range(samples)]
-    draws[0].notes.extend(notes)
-    return [d.feeds for d in draws], draws[0]
-
-
-def _cast_for(model: onnx.ModelProto, feeds: dict, label: str) -> dict:
-    """``feeds`` cast to ``model``'s input dtypes, restricted to its inputs; shapes checked."""
-    out = {}
-    for spec in input_specs(model):
-        if spec.name not in feeds:
-            raise InputsError(f"model {label} has input {spec.name!r} that model A does not "
-                              f"(A's inputs: {', '.join(feeds) or '(none)'})")
-        arr = feeds[spec.name]
-        if spec.shape and (len(spec.shape) != arr.ndim or any(
-                isinstance(w, int) and w != g for w, g in zip(spec.shape, arr.shape))):
-            raise InputsError(f"model {label}: input {spec.name!r} expects shape {spec.shape}, "
-                              f"the inputs have {list(arr.shape)}")
-        if arr.dtype != spec.dtype:
-            if _floating(arr.dtype) != _floating(spec.dtype) and arr.dtype != np.bool_:
-                raise InputsError(f"model {label}: input {spec.name!r} is {spec.dtype}, model A's is {arr.dtype}")
-            arr = arr.astype(spec.dtype)
-        out[spec.name] = arr
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# comparing
-
-
-def _tolerance(name: str, ref: np.ndarray, got: np.ndarray, rtol, atol, overrides) -> tuple[float, float]:
-    if name in overrides:
-        return overrides[name]
-    r1, a1 = default_tolerance(ref.dtype, ref)
-    r2, a2 = default_tolerance(got.dtype, ref)
-    return (max(r1, r2) if rtol is None else rtol, max(a1, a2) if atol is None else atol)
-
-
-def _missing(name: str, ref, side: str) -> Comparison:
-    return Comparison(name=name, dtype=str(getattr(ref, "dtype", "?")), shape=list(getattr(ref, "shape", [])),
-                      passed=False, rtol=0.0, atol=0.0, mismatch_fraction=1.0, error=f"missing in model {side}")
-
-
-def compare_samples(name: str, refs: list[np.ndarray], gots: list[np.ndarray], rtol=None, atol=None,
-                    overrides=None, histogram: bool = False) -> tuple[Comparison, dict | None]:
-    """Compare one tensor over all samples at once (stacked), with dtype-aware default tolerances.
-
-    Tensors of more than :data:`CHUNK_ELEMENTS` elements (all samples together) are compared piece by
-    piece (:func:`_compare_pieces`), without stacking the samples: ``compare_arrays`` holds about 20
-    times a float32 tensor in float64 temporaries at once, which for a 1 GiB output was 20 GiB.
-    """
-    overrides = overrides or {}
-    same = len({r.shape for r in refs}) == 1 and {r.shape for r in refs} == {g.shape for g in gots}
-    if len(refs) > 1 and not same:
-        # Shapes differ between samples or between sides: judge sample by sample, keep the worst.
-        results = [compare_samples(name, [r], [g], rtol, atol, overrides, histogram) for r, g in zip(refs, gots)]
-        k = max(range(len(results)), key=lambda i: (not results[i][0].passed, results[i][0].max_abs))
-        c, h = results[k]
-        c.extra["worst_sample"] = k
-        return c, h
-    refs, gots = [np.asarray(r) for r in refs], [np.asarray(g) for g in gots]
-    numeric = not any(is_text(x) for x in refs + gots)
-    if same and numeric and sum(r.size for r in refs) > CHUNK_ELEMENTS:
-        rt, at = _tolerance_pieces(name, refs, gots, rtol, atol, overrides)
-        c = _compare_pieces(name, refs, gots, rt, at)
-        hist = _histogram_pieces(refs, gots) if histogram else None
-    else:
-        if len(refs) == 1:
-            ref, got = refs[0], gots[0]
-        else:
-            ref, got = np.stack(refs), np.stack(gots)
-        rt, at = _tolerance(name, ref, got, rtol, atol, overrides)
-        c = compare_arrays(name, ref, got, rtol=rt, atol=at)
-        hist = error_histogram(ref, got) if histogram and numeric else None
-    c.cosine = min(1.0, max(-1.0, c.cosine)) if math.isfinite(c.cosine) else c.cosine  # rounding: 1+1e-16
-    if len(refs) > 1 and c.error is None:
-        c.shape = c.shape[1:]
-        if c.worst_index is not None and c.worst_index:
-            c.extra["worst_sample"] = c.worst_index[0]
-            c.worst_index = c.worst_index[1:]
-    if refs[0].dtype != gots[0].dtype:
-        c.extra.setdefault("dtype_b", gots[0].dtype.name)
-    return c, hist
-
-
-# ---------------------------------------------------------------------------------------------------
-# large tensors, piece by piece (the same numbers as compare_arrays / error_histogram on the whole)
-
-#: Elements compared at once for large tensors: ``compare_arrays``' float64 temporaries take about 60
-#: bytes per element, so a piece costs ~60 MiB whatever the tensor's size.
-CHUNK_ELEMENTS = 1 << 20
-
-
-def _pieces(arrays: list[np.ndarray]):
-    """(flat offset, piece) over the samples' elements in stacked (C) order, without stacking."""
-    offset = 0
-    for arr in arrays:
-        flat = arr.reshape(-1)
-        for start in range(0, flat.size, CHUNK_ELEMENTS):
-            yield offset + start, flat[start:start + CHUNK_ELEMENTS]
-        offset += flat.size
-
-
-def _tolerance_pieces(name, refs, gots, rtol, atol, overrides) -> tuple[float, float]:
-    """:func:`_tolerance` for the stacked samples: the default atol scales with max |finite ref|, taken
-    piece by piece (``default_tolerance`` with no array gives the unscaled value)."""
-    if name in overrides:
-        return overrides[name]
-    r1, a1 = default_tolerance(refs[0].dtype)
-    r2, a2 = default_tolerance(gots[0].dtype)
-    if atol is None and max(a1, a2) > 0:
-        scale = 0.0
-        floating = np.issubdtype(refs[0].dtype, np.floating)
-        for _, piece in _pieces(refs):
-            mag = np.abs(piece[np.isfinite(piece)] if floating else piece).astype(np.float64)
-            if mag.size:
-                scale = max(scale, float(mag.max()))
-        a1, a2 = a1 * max(1.0, scale), a2 * max(1.0, scale)
-    return (max(r1, r2) if rtol is None else rtol, max(a1, a2) if atol is None else atol)
-
-
-def _compare_pieces(name: str, refs, gots, rtol: float, atol: float) -> Comparison:
-    """``compare_arrays`` of the stacked samples (one sample: the tensor), computed piece by piece and
-    merged: maxima and counts exactly, means and norms from per-piece sums (equal up to float64
-    rounding of the summation order), the worst element as the first of the largest error."""
-    total = sum(r.size for r in refs)
-    shape = list(refs[0].shape) if len(refs) == 1 else [len(refs)] + list(refs[0].shape)
-    n_both = 0
-    sum_abs = sum_sq = dot = nr2 = ng2 = 0.0
-    mismatches = 0
-    nonfinite = 0
-    passed = True
-    max_abs = max_rel = 0.0
-    worst = None  # (score, flat index, worst_ref, worst_got)
-    for (offset, r), (_, g) in zip(_pieces(refs), _pieces(gots)):
-        c = compare_arrays(name, r, g, rtol=rtol, atol=atol)
-        both = np.isfinite(r) & np.isfinite(g)
-        k = int(np.count_nonzero(both))
-        rv, gv = r[both].astype(np.float64), g[both].astype(np.float64)
-        dot += float(np.dot(rv, gv))
-        nr2 += float(np.dot(rv, rv))
-        ng2 += float(np.dot(gv, gv))
-        del both, rv, gv
-        passed = passed and c.passed
-        if k:
-            max_abs = max(max_abs, c.max_abs)
-        max_rel = max(max_rel, c.max_rel)
-        n_both += k
-        sum_abs += c.mean_abs * k
-        sum_sq += c.rms ** 2 * k
-        mismatches += round(c.mismatch_fraction * r.size)
-        nonfinite += c.nonfinite_mismatches
-        score = math.inf if c.nonfinite_mismatches else (c.max_abs if k else -math.inf)
-        if worst is None or score > worst[0]:
-            worst = (score, offset + c.worst_index[0], c.worst_ref, c.worst_got)
-    nr, ng = math.sqrt(nr2), math.sqrt(ng2)
-    if nr == 0.0 and ng == 0.0:
-        cosine = 1.0
-    elif nr == 0.0 or ng == 0.0:
-        cosine = 0.0
-    else:
-        cosine = dot / (nr * ng)
-    index = [int(i) for i in np.unravel_index(worst[1], shape)] if shape else []
-    return Comparison(
-        name=name, dtype=refs[0].dtype.name, shape=shape, rtol=rtol, atol=atol, passed=passed,
-        max_abs=max_abs, max_rel=max_rel, mean_abs=sum_abs / n_both if n_both else 0.0,
-        rms=math.sqrt(sum_sq / n_both) if n_both else 0.0, cosine=cosine, mismatch_fraction=mismatches / total,
-        worst_index=index, worst_ref=worst[2], worst_got=worst[3], nonfinite_mismatches=nonfinite,
-        extra={"dtype_b": gots[0].dtype.name} if refs[0].dtype != gots[0].dtype else {},
-    )
-
-
-def _histogram_pieces(refs, gots, bins_per_decade: int = 2, max_bins: int = 40) -> dict:
-    """``error_histogram`` of the stacked samples in two passes over pieces (range, then counts); the
-    bins are computed by the same formulas, so the result is the same."""
-    zeros = nonfinite = 0
-    lo_err, hi_err = math.inf, 0.0
-    for (_, r), (_, g) in zip(_pieces(refs), _pieces(gots)):
-        r, g = r.astype(np.float64), g.astype(np.float64)
-        both = np.isfinite(r) & np.isfinite(g)
-        err = np.abs(g[both] - r[both])
-        nonzero = err[err > 0]
-        zeros += int(err.size - nonzero.size)
-        nonfinite += int((~both).sum())
-        if nonzero.size:
-            lo_err, hi_err = min(lo_err, float(nonzero.min())), max(hi_err, float(nonzero.max()))
-    hist = {"zeros": zeros, "edges": [], "counts": [], "nonfinite": nonfinite}
-    if hi_err == 0.0:
-        return hist
-    from onnxfuse.reports.histogram import log_bin_edges
-
-    log_edges = log_bin_edges(lo_err, hi_err, bins_per_decade, max_bins)
-    counts = np.zeros(len(log_edges) - 1, dtype=np.int64)
-    for (_, r), (_, g) in zip(_pieces(refs), _pieces(gots)):
-        r, g = r.astype(np.float64), g.astype(np.float64)
-        both = np.isfinite(r) & np.isfinite(g)
-        err = np.abs(g[both] - r[both])
-        nonzero = err[err > 0]
-        if nonzero.size:
-            counts += np.histogram(np.log10(nonzero), bins=log_edges)[0]
-    hist["edges"] = [float(10.0**e) for e in log_edges]
-    hist["counts"] = [int(c) for c in counts]
-    return hist
-
-
-# ---------------------------------------------------------------------------------------------------
 # intermediates
 
 
@@ -472,12 +246,11 @@ def _run_batch(model, batch_names, provider, feeds_list, label):
     """Expose ``batch_names`` (name, elem type) in ``model`` (restored after), run every sample."""
     n = len(model.graph.output)
     _expose(model, batch_names)
+    names = [nm for nm, _ in batch_names]
     try:
-        session = make_session(model, provider=provider, optimization="disable", name=f"model {label}")
+        return run_samples(model, feeds_list, provider, name=f"model {label}", output_names=names)
     finally:
         del model.graph.output[n:]
-    names = [nm for nm, _ in batch_names]
-    return [run_session(session, feeds, name=f"model {label}", output_names=names) for feeds in feeds_list]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -544,9 +317,10 @@ def diff_models(
     b, path_b = _load(model_b, "B")
     kind_a, kind_b = resolve_provider(provider_a), resolve_provider(provider_b)
 
-    draws, first = _draws(a, shapes, seed, given, samples, input_ranges)
-    feeds_a = [_cast_for(a, d, "A") for d in draws]
-    feeds_b = [_cast_for(b, d, "B") for d in draws]
+    draws = make_samples(a, shapes, seed, given, input_ranges, count=samples, floats_as_float32=True)
+    first = draws[0]
+    feeds_a = [cast_feeds(a, d.feeds, "A") for d in draws]
+    feeds_b = [cast_feeds(b, d.feeds, "B") for d in draws]
     notes = list(first.notes)
 
     names_a = {o for n in a.graph.node for o in n.output if o} | {o.name for o in a.graph.output}
@@ -571,13 +345,9 @@ def diff_models(
     )
 
     say(f"running model A ({kind_a})")
-    sess_a = make_session(a, provider=kind_a, optimization="disable", name="model A")
-    outs_a = [run_session(sess_a, f, name="model A") for f in feeds_a]
-    del sess_a
+    outs_a = run_samples(a, feeds_a, kind_a, name="model A")
     say(f"running model B ({kind_b})")
-    sess_b = make_session(b, provider=kind_b, optimization="disable", name="model B")
-    outs_b = [run_session(sess_b, f, name="model B") for f in feeds_b]
-    del sess_b
+    outs_b = run_samples(b, feeds_b, kind_b, name="model B")
 
     out_names_a = [o.name for o in a.graph.output]
     out_names_b = [o.name for o in b.graph.output]
@@ -586,17 +356,9 @@ def diff_models(
         pairing = dict(zip(out_names_a, out_names_b))
         report.notes.append("no output names in common; outputs paired by position: "
                             + ", ".join(f"{x}↔{y}" for x, y in pairing.items()))
-    for name in out_names_a:
-        if name not in pairing:
-            report.outputs.append(_missing(name, outs_a[0][name], "B"))
-            continue
-        nb = pairing[name]
-        c, h = compare_samples(name, [o[name] for o in outs_a], [o[nb] for o in outs_b], rtol, atol,
-                               tolerances, histogram=histograms)
-        if nb != name:
-            c.extra["name_b"] = nb
-        report.outputs.append(c)
-        report.histograms[name] = h
+    tolerance = Tolerance(rtol=rtol, atol=atol, overrides=tolerances, both_dtypes=True)
+    report.outputs, report.histograms = compare_runs(outs_a, outs_b, tolerance, pairing=pairing,
+                                                     histograms=histograms, missing="missing in model B")
     extra_b = [n for n in out_names_b if n not in pairing.values()]
     if extra_b:
         report.notes.append(f"output(s) of B not in A, not compared: {', '.join(extra_b)}")
@@ -620,8 +382,8 @@ def diff_models(
             got_a = _run_batch(ia, [(p.name_a, p.elem_a) for p in batch], kind_a, feeds_a, "A")
             got_b = _run_batch(ib, [(p.name_b, p.elem_b) for p in batch], kind_b, feeds_b, "B")
             for p in batch:
-                c, _ = compare_samples(p.name_a, [g[p.name_a] for g in got_a], [g[p.name_b] for g in got_b],
-                                       rtol, atol, tolerances)
+                c, _ = compare_tensor(p.name_a, [g[p.name_a] for g in got_a], [g[p.name_b] for g in got_b],
+                                      tolerance)
                 c.extra.update({"position": p.position, "node": p.node, "op_type": p.op_type})
                 if p.name_b != p.name_a:
                     c.extra["name_b"] = p.name_b

@@ -31,8 +31,8 @@ from onnxfuse.errors import (
     ValidationFailed,
 )
 from onnxfuse.rewrites import ApplyReport, Rule, RuleFailed, apply_rules, select_rules
-from onnxfuse.validate import ValidationReport, make_samples, validate_models
-from onnxfuse.validate.inputs import Inputs
+from onnxfuse.runtime.inputs import Inputs, make_samples
+from onnxfuse.validate import ValidationReport, validate_models
 
 #: Metadata key recording which onnxfuse produced a model (and with which rules).
 METADATA_KEY = "onnxfuse"
@@ -58,7 +58,7 @@ class OptimizeOptions:
     force: bool = False
     rules: list[Rule] | None = None  # a custom rule pool (tests, plugins); None = the registry
     bench: bool = True  # time both models on the GPU after validation (skipped, with a note, without one)
-    bench_config: object | None = None  # onnxfuse.bench.BenchConfig; None = its defaults
+    bench_config: object | None = None  # onnxfuse.timing.BenchConfig; None = its defaults
     fail_on_slowdown: float | None = None  # fail when optimized median > ratio × original median
 
 
@@ -78,7 +78,7 @@ class OptimizeResult:
     custom_library: str | None = None
     extra: dict = field(default_factory=dict)
     model: onnx.ModelProto | None = field(default=None, repr=False)  # the optimized model (not reported)
-    timing: object | None = None  # onnxfuse.bench.ComparisonResult when timing ran (or was skipped)
+    timing: object | None = None  # onnxfuse.timing.ComparisonResult when timing ran (or was skipped)
     # Set when the run ended in ValidationFailed / SlowerThanAllowed (the result is then the exception's .report):
     error: str | None = None
     exit_code: int = 0
@@ -196,7 +196,7 @@ def _first_invalidating_rule(model: onnx.ModelProto, changed: list[Rule]) -> str
 def custom_library_needed(model: onnx.ModelProto) -> str | None:
     """The custom-op domain the model needs a library for, if any (ONNX Runtime's contrib ops don't)."""
     from onnxfuse.custom_ops import DOMAIN
-    from onnxfuse.validate.session import uses_custom_ops
+    from onnxfuse.runtime.session import uses_custom_ops
 
     return DOMAIN if uses_custom_ops(model) else None
 
@@ -265,7 +265,7 @@ def optimize_model(
         if options.inputs is None and options.inputs_path is None:
             _add_second_size(model, samples, reference, options, source)
         if options.save_inputs:
-            from onnxfuse.validate.inputs import save_samples
+            from onnxfuse.runtime.inputs import save_samples
 
             save_samples(samples, options.save_inputs)
         from onnxfuse.validate import noise_floor
@@ -305,8 +305,8 @@ def _reference_run(model, options: OptimizeOptions, source: str):
     to 1; where the original cannot run at 1, to 8, 32 and then 224 (with a note); where it runs at
     none of these, one line names the dimensions and the --shape to pass."""
     from onnxfuse.errors import InputsError, RuntimeFailure
-    from onnxfuse.validate import run_samples
-    from onnxfuse.validate.inputs import input_specs, unsized_dimensions
+    from onnxfuse.runtime.inputs import input_specs, unsized_dimensions
+    from onnxfuse.runtime.session import run_samples
 
     samples = sample_inputs(model, options)
     given = options.inputs is not None or options.inputs_path is not None
@@ -331,11 +331,11 @@ def _reference_run(model, options: OptimizeOptions, source: str):
 
 def _add_second_size(model, samples: list, reference: list, options: OptimizeOptions, source: str) -> None:
     """Append a sample at a second size of every dynamic dimension (and the original's outputs on it)
-    when the original runs there (:func:`onnxfuse.validate.inputs.second_size_candidates`); else a
+    when the original runs there (:func:`onnxfuse.runtime.inputs.second_size_candidates`); else a
     note says validation ran at one size."""
     from onnxfuse.errors import RuntimeFailure
-    from onnxfuse.validate import run_samples
-    from onnxfuse.validate.inputs import second_size_candidates
+    from onnxfuse.runtime.inputs import second_size_candidates
+    from onnxfuse.runtime.session import run_samples
 
     candidates = second_size_candidates(model, samples[0], options.seed)
     for draw in candidates:
@@ -362,7 +362,7 @@ def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions, default_dim:
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):
     """Time both models on the GPU under ORT_ENABLE_ALL (``status='no-gpu'`` where there is none)."""
-    from onnxfuse.bench import BenchConfig, compare_models
+    from onnxfuse.timing import BenchConfig, compare_models
 
     config = options.bench_config if options.bench_config is not None else BenchConfig()
     return compare_models(original, optimized, inputs, config, progress=progress)

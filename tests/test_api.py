@@ -304,3 +304,70 @@ def test_readme_export_optimize_save_example(tmp_path, monkeypatch):
     with torch.no_grad():
         expected = namespace["model"](x).numpy()
     np.testing.assert_allclose(session.run(None, {"x": x.numpy()})[0], expected, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------
+# bench
+
+
+def test_bench_on_the_cpu_from_paths_and_protos(model_path):
+    proto = conv_bn_model()
+    before = proto.SerializeToString()
+    seen = []
+    report = onnxfuse.bench(model_path, proto, device="cpu", batch=2, iterations=5, warmup=1,
+                            progress=lambda m, f: seen.append(f))
+    assert isinstance(report, onnxfuse.BenchReport) and proto.SerializeToString() == before
+    assert [r.stats.count for r in report.results] == [5, 5] and report.speedup > 0
+    doc = report.to_json()
+    assert doc["ok"] is True and doc["exit_code"] == 0 and doc["command"] == "bench"
+    data = doc["result"]
+    assert data["config"]["device"] == "cpu"
+    assert [m["path"] for m in data["models"]] == [str(model_path), "<model 2>"]
+    assert data["models"][0]["shapes"] == {"x": [2, 3, 8, 8]} and data["profiles"] is None
+    assert json.loads(json.dumps(doc)) == doc
+    assert seen and seen == sorted(seen) and all(0 <= f <= 1 + 1e-9 for f in seen)
+    one = onnxfuse.bench(proto, device="cpu", iterations=3, warmup=0)
+    assert len(one.results) == 1 and one.speedup is None and one.to_json()["result"]["speedup"] is None
+
+
+def test_bench_json_has_the_keys_the_cli_writes(model_path, tmp_path):
+    out = tmp_path / "b.json"
+    r = cli("bench", model_path, "--device", "cpu", "--iterations", "3", "--warmup", "0", "--json", out)
+    assert r.exit_code == 0, r.output
+    report = onnxfuse.bench(model_path, device="cpu", iterations=3, warmup=0)
+    cli_json, api_json = json.loads(out.read_text()), report.to_json()
+    assert list(cli_json) == list(api_json) and list(cli_json["result"]) == list(api_json["result"])
+    assert cli_json["result"]["config"] == api_json["result"]["config"]
+    assert cli_json["environment"] == api_json["environment"]
+    assert [m["path"] for m in cli_json["result"]["models"]] == [m["path"] for m in api_json["result"]["models"]]
+
+
+def test_bench_argument_errors(model_path, tmp_path, monkeypatch):
+    with pytest.raises(onnxfuse.UsageError, match="CUDA graphs need --device cuda"):
+        onnxfuse.bench(model_path, device="cpu", cuda_graph=True)
+    with pytest.raises(onnxfuse.UsageError, match="--iterations"):
+        onnxfuse.bench(model_path, device="cpu", iterations=0)
+    with pytest.raises(onnxfuse.UsageError, match="--batch"):
+        onnxfuse.bench(model_path, device="cpu", batch=2, inputs=tmp_path / "x.npz")
+    with pytest.raises(onnxfuse.UsageError, match="seed"):
+        onnxfuse.bench(model_path, device="cpu", seed=-1)
+    with pytest.raises(onnxfuse.ModelLoadError):
+        onnxfuse.bench(tmp_path / "nope.onnx", device="cpu")
+    with pytest.raises(TypeError):
+        onnxfuse.bench(42, device="cpu")
+    from onnxfuse.timing import bench as bench_lib
+
+    monkeypatch.setattr(bench_lib, "gpu_unavailable_reason", lambda: "timing needs a CUDA GPU (none is usable here)")
+    with pytest.raises(onnxfuse.RuntimeFailure, match="timing needs a CUDA GPU") as info:
+        onnxfuse.bench(model_path)
+    from onnxfuse.reports.contract import failure_document
+
+    doc = failure_document("bench", info.value, info.value.exit_code)
+    assert (doc["ok"], doc["exit_code"], doc["error"], doc["result"]) == (False, 1, str(info.value), None)
+
+
+def test_bench_stays_the_function_after_the_timing_package_is_imported():
+    import onnxfuse.timing  # noqa: F401  (a subpackage named bench would replace the function here)
+    import onnxfuse.timing.bench  # noqa: F401
+
+    assert callable(onnxfuse.bench) and onnxfuse.bench.__module__ == "onnxfuse.api"

@@ -16,7 +16,7 @@ from onnxfuse.cli import main
 from onnxfuse.drift import TENSOR_MAP_KEY, diff_models, parse_tol_options
 from onnxfuse.errors import InputsError, UsageError
 from onnxfuse.reports import load_schema, schema_path
-from onnxfuse.validate.inputs import make_inputs
+from onnxfuse.runtime.inputs import make_inputs
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -15,7 +15,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import large_models as lm
-from onnxfuse import drift
+from onnxfuse.runtime import compare as comparator
+from onnxfuse.runtime.compare import Tolerance
+
+#: diff's tolerance: dtype-aware defaults, the looser of the two sides' dtypes.
+DIFF = Tolerance(both_dtypes=True)
 
 
 def _pair(seed: int, shape=(37, 1001)):
@@ -31,9 +35,9 @@ def _pair(seed: int, shape=(37, 1001)):
 def test_pieces_give_the_numbers_of_the_whole(monkeypatch, samples):
     pairs = [_pair(seed) for seed in range(samples)]
     refs, gots = [p[0] for p in pairs], [p[1] for p in pairs]
-    whole, whole_hist = drift.compare_samples("t", refs, gots, histogram=True)
-    monkeypatch.setattr(drift, "CHUNK_ELEMENTS", 4096)  # ~9 pieces per sample, boundaries mid-row
-    pieces, pieces_hist = drift.compare_samples("t", refs, gots, histogram=True)
+    whole, whole_hist = comparator.compare_tensor("t", refs, gots, DIFF, histogram=True)
+    monkeypatch.setattr(comparator, "CHUNK_ELEMENTS", 4096)  # ~9 pieces per sample, boundaries mid-row
+    pieces, pieces_hist = comparator.compare_tensor("t", refs, gots, DIFF, histogram=True)
     a, b = whole.to_dict(), pieces.to_dict()
     for key in ("mean_abs", "rms", "cosine"):
         assert math.isclose(a.pop(key), b.pop(key), rel_tol=1e-9), key
@@ -47,11 +51,11 @@ def test_pieces_with_explicit_tolerances_and_integers(monkeypatch):
     b = a.copy()
     b[42, 17] += 3
     x, y = _pair(7)
-    whole, _ = drift.compare_samples("i", [a], [b])
-    w, _ = drift.compare_samples("x", [x], [y], rtol=1e-2, atol=0.5)
-    monkeypatch.setattr(drift, "CHUNK_ELEMENTS", 777)
-    pieces, _ = drift.compare_samples("i", [a], [b])
-    p, _ = drift.compare_samples("x", [x], [y], rtol=1e-2, atol=0.5)
+    whole, _ = comparator.compare_tensor("i", [a], [b], DIFF)
+    w, _ = comparator.compare_tensor("x", [x], [y], Tolerance(rtol=1e-2, atol=0.5, both_dtypes=True))
+    monkeypatch.setattr(comparator, "CHUNK_ELEMENTS", 777)
+    pieces, _ = comparator.compare_tensor("i", [a], [b], DIFF)
+    p, _ = comparator.compare_tensor("x", [x], [y], Tolerance(rtol=1e-2, atol=0.5, both_dtypes=True))
     assert pieces.worst_index == whole.worst_index == [42, 17]
     assert pieces.max_abs == whole.max_abs == 3 and pieces.mismatch_fraction == whole.mismatch_fraction
     assert p.worst_index == w.worst_index and p.mismatch_fraction == w.mismatch_fraction

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 
 from onnxfuse.cli import main
-from onnxfuse.validate.compare import compare_arrays
+from onnxfuse.runtime.compare import compare_arrays
 
 
 def _model(path, shift: float = 0.0):

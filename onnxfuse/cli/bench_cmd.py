@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from onnxfuse import model_io
-from onnxfuse.bench import (
-    NO_GPU_MESSAGE,
-    BenchConfig,
-    NoGPU,
-    batch_shapes,
-    gpu_unavailable_reason,
-    profile,
-    speedup,
-    time_models,
-)
-from onnxfuse.bench.env import environment
+from onnxfuse import api
 from onnxfuse.cli import render
-from onnxfuse.cli.common import EXIT_CODES_HELP, check_runtime, handle_errors, input_options, stderr, stdout
-from onnxfuse.errors import OnnxfuseError, UsageError
-from onnxfuse.reports.files import check_report_paths
-from onnxfuse.validate.input_ranges import parse_range_options
-from onnxfuse.validate.inputs import input_specs, make_inputs, parse_shape_options
+from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
+                                 range_map, report_console, report_file, stderr, write_failure_json)
+from onnxfuse.errors import OnnxfuseError
+from onnxfuse.reports.files import check_report_paths, json_text, write_text
+from onnxfuse.runtime.inputs import parse_shape_options
 
 BENCH_HELP = """Time MODEL (and MODEL2, side by side) on ONNX Runtime.
 
@@ -48,64 +35,6 @@ Examples:
 """
 
 
-def _labels(paths: list[str]) -> list[str]:
-    names = [Path(p).name.removesuffix(".onnx") for p in paths]
-    return names if len(set(names)) == len(names) else [str(p) for p in paths]
-
-
-def _same_signature(a, b) -> bool:
-    sa = [(s.name, s.dtype, s.shape) for s in input_specs(a)]
-    sb = [(s.name, s.dtype, s.shape) for s in input_specs(b)]
-    return sa == sb
-
-
-def _ms(x: float) -> str:
-    return f"{x:.4g}" if x < 100 else f"{x:.1f}"
-
-
-def latency_table(results, title: str) -> Table:
-    table = Table(title=title, title_justify="left", caption="times in ms", caption_justify="left")
-    table.add_column("model", overflow="fold", min_width=12)
-    for col in ("median", "p90", "p99", "min", "mean", "runs", "nodes"):
-        table.add_column(col, justify="right")
-    base = results[0].stats.median_ms if results else None
-    if len(results) > 1:
-        table.add_column("speed-up", justify="right")
-    for r in results:
-        s = r.stats
-        row = [r.name, *(_ms(x) for x in (s.median_ms, s.p90_ms, s.p99_ms, s.min_ms, s.mean_ms)),
-               str(s.count), str(r.nodes)]
-        if len(results) > 1:
-            sp = speedup(base, s.median_ms)
-            row.append("-" if sp is None else f"{sp:.2f}×")
-        table.add_row(*row)
-    return table
-
-
-def profile_tables(prof, top: int) -> list[Table]:
-    s = prof.summary
-    kernels = "unknown" if s.kernels_per_run is None else f"{s.kernels_per_run:.0f}"
-    providers = ", ".join(f"{k.replace('ExecutionProvider', '')} {v:.0f}" for k, v in s.nodes_by_provider.items())
-    tables = []
-    caption = f"{s.nodes_per_run:.0f} nodes/run ({providers}); kernels/run: {kernels}"
-    for title, ops in ((f"{prof.name}: top ops by time", s.top_by_time(top)),
-                       (f"{prof.name}: top ops by count", s.top_by_count(top))):
-        table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-        table.add_column("op", overflow="fold")
-        table.add_column("calls/run", justify="right")
-        table.add_column("ms/run", justify="right")
-        table.add_column("share", justify="right")
-        if s.kernels_per_run is not None:
-            table.add_column("kernels/run", justify="right")
-        for o in ops:
-            row = [o.op, f"{o.calls_per_run:.0f}", f"{o.ms_per_run:.4f}", f"{100 * o.share:.1f}%"]
-            if s.kernels_per_run is not None:
-                row.append(f"{o.kernels_per_run or 0:.0f}")
-            table.add_row(*row)
-        tables.append(table)
-    return tables
-
-
 @click.command(help=BENCH_HELP, epilog=EXIT_CODES_HELP)
 @click.argument("model_path", metavar="MODEL", type=click.Path(dir_okay=False))
 @click.argument("model2_path", metavar="[MODEL2]", required=False, type=click.Path(dir_okay=False))
@@ -125,80 +54,53 @@ def profile_tables(prof, top: int) -> list[Table]:
 @click.option("--profile", "do_profile", is_flag=True,
               help="Also profile each model: top ops by time and by count, nodes (and kernels) per run.")
 @click.option("--top", type=int, default=10, show_default=True, help="Rows in the --profile tables.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results as JSON.")
+@json_option("Also write the results as JSON (schema: onnxfuse/reports/schemas/report.schema.json).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
 @handle_errors
 def bench(model_path, model2_path, batch, shapes, inputs_path, seed, input_ranges, device, cuda_graph, iterations, warmup,
           time_budget, sessions, do_profile, top, json_path, quiet) -> None:
-    config = BenchConfig(device=device, warmup=warmup, iterations=iterations, time_budget_s=time_budget,
-                         cuda_graph=cuda_graph, sessions=sessions)
     try:
         check_runtime(quiet)
-        check_report_paths({json_path: "JSON report"}, {model_path: "model", model2_path: "second model"})
-        config.validate()
-        if batch is not None and inputs_path:
-            raise UsageError("--batch cannot be combined with --inputs (the .npz fixes the shapes)")
-        if device == "cuda" and gpu_unavailable_reason():
-            raise NoGPU(f"{NO_GPU_MESSAGE}; use --device cpu to time on the CPU")
-        paths = [model_path] + ([model2_path] if model2_path else [])
-        labels = _labels(paths)
-        models = [model_io.load_model(p) for p in paths]
-        user_shapes = parse_shape_options(shapes)
-        jobs = []
-        for label, model in zip(labels, models):
-            if jobs and _same_signature(jobs[0][1], model):
-                jobs.append((label, model, jobs[0][2]))
-                continue
-            model_shapes, notes = batch_shapes(model, batch, user_shapes)
-            inputs = make_inputs(model, model_shapes, seed, inputs_path, parse_range_options(input_ranges))
-            inputs.notes.extend(notes)
-            jobs.append((label, model, inputs))
-
+        check_report_paths({report_file(json_path): "JSON report"}, {model_path: "model", model2_path: "second model"})
         with _progress_bar(quiet) as bar:
             task = bar.add_task("timing", total=1.0) if bar else None
-            share = 0.7 if do_profile else 1.0
 
-            def step(message: str, fraction: float, base: float = 0.0, width: float = share) -> None:
+            def step(message: str, fraction: float) -> None:
                 if bar is not None:
-                    bar.update(task, completed=base + width * fraction, description=message)
+                    bar.update(task, completed=fraction, description=message)
 
-            results = time_models(jobs, config, progress=step)
-            profiles = []
-            if do_profile:
-                for i, (label, model, inputs) in enumerate(jobs):
-                    base, width = share + (1 - share) * i / len(jobs), (1 - share) / len(jobs)
-                    profiles.append(profile(model, inputs, config, name=label,
-                                            progress=lambda m, f, b=base, w=width: step(m, f, b, w)))
+            report = api.bench(
+                model_path, model2_path, inputs=inputs_path, batch=batch, shapes=parse_shape_options(shapes),
+                seed=seed, input_ranges=range_map(input_ranges), device=device, cuda_graph=cuda_graph,
+                iterations=iterations, warmup=warmup, time_budget=time_budget, sessions=sessions,
+                profile=do_profile, top=top, progress=step,
+            )
     except OnnxfuseError as exc:
-        if json_path:
-            with contextlib.suppress(OnnxfuseError):
-                render.write_json(json_path, {"ok": False, "exit_code": exc.exit_code, "error": str(exc)})
+        write_failure_json(json_path, "bench", exc)
         raise
 
-    sp = speedup(results[0].stats.median_ms, results[1].stats.median_ms) if len(results) > 1 else None
-    if json_path:
-        render.write_json(json_path, {
-            "ok": True, "exit_code": 0, "config": config.to_dict(), "environment": environment(device),
-            "models": [dict(r.to_dict(), path=p) for r, p in zip(results, paths)],
-            "speedup": None if sp is None else round(sp, 4),
-            "profiles": [p.to_dict(top) for p in profiles] or None,
-        })
+    if report_file(json_path):
+        write_text(json_path, json_text(report), what="JSON report")
+    emit_json(json_path, json_text(report))
     if quiet:
         return
+    stdout = report_console(json_path)
+    results = report.results
     mode = "CUDA, IOBinding" if device == "cuda" else "CPU"
     title = f"Latency ({mode}{', CUDA graph' if cuda_graph else ''}, ORT_ENABLE_ALL)"
-    stdout.print(latency_table(results, title))
-    for note in dict.fromkeys(n for _, _, inputs in jobs for n in inputs.notes):
-        stdout.print(f"[yellow]note:[/] {note}")
+    stdout.print(render.latency_table(results, title))
+    for note in report.notes:
+        render.print_prose(stdout, note, "note: ", "[yellow]note:[/] ")
+    sp = report.speedup
     if sp is not None:
         faster = "faster" if sp >= 1 else "slower"
         ratio = sp if sp >= 1 else 1 / sp
         stdout.print(f"{results[1].name} is {ratio:.2f}× {faster} than {results[0].name} (median, {mode})")
-    for prof in profiles:
-        for table in profile_tables(prof, top):
+    for prof in report.profiles:
+        for table in render.profile_tables(prof, top):
             stdout.print(table)
         for note in prof.summary.notes:
-            stdout.print(f"[dim]note: {note}[/]")
+            render.print_prose(stdout, note, "note: ", "[dim]note:[/] ")
 
 
 @contextlib.contextmanager

@@ -194,7 +194,7 @@ def write_failure_json(json_path, command: str, exc) -> None:
 
 def range_map(values) -> dict[str, tuple[float, float]] | None:
     """``--input-range NAME:LO,HI`` options as the API takes them (usage errors exit 2)."""
-    from onnxfuse.validate.input_ranges import parse_range_options
+    from onnxfuse.runtime.input_ranges import parse_range_options
 
     return {k: (r.lo, r.hi) for k, r in parse_range_options(values).items()} or None
 

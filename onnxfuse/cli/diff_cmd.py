@@ -16,7 +16,7 @@ from onnxfuse.errors import OnnxfuseError, ValidationFailed
 from onnxfuse.atomic import OutputSet
 from onnxfuse.reports import formatting, diff_html, diff_junit, diff_markdown
 from onnxfuse.reports.files import check_report_paths, json_text, stage_report
-from onnxfuse.validate.inputs import parse_shape_options
+from onnxfuse.runtime.inputs import parse_shape_options
 from onnxfuse.cli.common import range_map
 
 DIFF_HELP = """Run models A and B on the same inputs and compare every output.

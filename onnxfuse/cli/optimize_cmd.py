@@ -15,7 +15,7 @@ from onnxfuse.atomic import OutputSet
 from onnxfuse.reports.files import check_report_paths, json_text, stage_report
 from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
 from onnxfuse.rewrites import TARGETS
-from onnxfuse.validate.inputs import parse_shape_options
+from onnxfuse.runtime.inputs import parse_shape_options
 from onnxfuse.cli.common import range_map
 
 OPTIMIZE_HELP = """Optimize INPUT and write the result to OUTPUT.

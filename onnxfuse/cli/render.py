@@ -9,8 +9,7 @@ import re
 from rich.markup import escape
 
 from onnxfuse.cli.layout import Column, FitTable, print_prose  # noqa: F401  (print_prose: for commands)
-from onnxfuse.reports import formatting as formatting
-from onnxfuse.reports import write_json  # noqa: F401  (re-exported for commands)
+from onnxfuse.reports import formatting
 
 
 def _fmt(x) -> str:
@@ -125,7 +124,7 @@ def details_table(details: list[dict]) -> FitTable:
 
 
 def timing_table(timing) -> FitTable:
-    """Original vs optimized latency (a ``onnxfuse.bench.ComparisonResult`` with status 'ok')."""
+    """Original vs optimized latency (a ``onnxfuse.timing.ComparisonResult`` with status 'ok')."""
     sp = timing.speedup
     colour = "green" if sp and sp >= 1 else "red"
     table = FitTable(f"Latency ({timing.original.label}, ORT_ENABLE_ALL on both)",
@@ -162,6 +161,51 @@ def drift_table(title: str, comparisons, positions: bool = False) -> FitTable:
                    formatting.num(c.mean_abs), formatting.num(c.rms), escape(formatting.worst(c))]
         table.add_row(name, *pre, *row)  # the tensor first: each continued part repeats it
     return table
+
+
+def _ms(x: float) -> str:
+    return f"{x:.4g}" if x < 100 else f"{x:.1f}"
+
+
+def latency_table(results, title: str) -> FitTable:
+    """``bench``: each model's latency (ms) and, with two, the speed-up over the first."""
+    from onnxfuse.timing.stats import speedup
+
+    two = len(results) > 1
+    columns = [Column("model", "id")] + [Column(c, "num") for c in ("median", "p90", "p99", "min", "mean", "runs",
+                                                                       "nodes")]
+    table = FitTable(title, columns + ([Column("speed-up", "num")] if two else []), caption="times in ms")
+    base = results[0].stats.median_ms if results else None
+    for r in results:
+        s = r.stats
+        row = [escape(r.name), *(_ms(x) for x in (s.median_ms, s.p90_ms, s.p99_ms, s.min_ms, s.mean_ms)),
+               str(s.count), str(r.nodes)]
+        if two:
+            sp = speedup(base, s.median_ms)
+            row.append("-" if sp is None else f"{sp:.2f}×")
+        table.add_row(*row)
+    return table
+
+
+def profile_tables(prof, top: int) -> list[FitTable]:
+    """``bench --profile``: the top ops by time and by count."""
+    s = prof.summary
+    kernels = "unknown" if s.kernels_per_run is None else f"{s.kernels_per_run:.0f}"
+    providers = ", ".join(f"{k.replace('ExecutionProvider', '')} {v:.0f}" for k, v in s.nodes_by_provider.items())
+    caption = f"{s.nodes_per_run:.0f} nodes/run ({providers}); kernels/run: {kernels}"
+    columns = [Column("op", "id"), Column("calls/run", "num"), Column("ms/run", "num"), Column("share", "num")]
+    columns += [Column("kernels/run", "num")] if s.kernels_per_run is not None else []
+    tables = []
+    for title, ops in ((f"{prof.name}: top ops by time", s.top_by_time(top)),
+                       (f"{prof.name}: top ops by count", s.top_by_count(top))):
+        table = FitTable(escape(title), columns, caption=escape(caption))
+        for o in ops:
+            row = [escape(o.op), f"{o.calls_per_run:.0f}", f"{o.ms_per_run:.4f}", f"{100 * o.share:.1f}%"]
+            if s.kernels_per_run is not None:
+                row.append(f"{o.kernels_per_run or 0:.0f}")
+            table.add_row(*row)
+        tables.append(table)
+    return tables
 
 
 class _Bar:

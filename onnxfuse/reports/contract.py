@@ -69,20 +69,19 @@ def failure_document(command: str, exc: BaseException, exit_code: int) -> dict:
 
 
 def run_environment(device: str | None = None, safe: bool = False) -> dict:
-    """Versions and devices of this process. ``safe``: never raise (for failure reports, where
-    ONNX Runtime itself may be what failed: its version is then null)."""
-    import platform
+    """Versions and devices of this process (:func:`onnxfuse.timing.env.environment`). ``safe``: never
+    raise (for failure reports, where ONNX Runtime itself may be what failed: its version is then
+    null)."""
+    from onnxfuse.timing.env import environment
 
-    from onnxfuse import __version__
-
-    env = {"onnxfuse": __version__, "python": platform.python_version(),
-           "platform": f"{platform.system()}-{platform.machine()}"}
     try:
-        from onnxfuse.bench.env import environment
-
-        env.update(environment(device))
+        return environment(device)
     except Exception:  # noqa: BLE001  (a failure report must still be written)
         if not safe:
             raise
-        env.setdefault("onnxruntime", None)
-    return env
+        import platform
+
+        from onnxfuse import __version__
+
+        return {"onnxfuse": __version__, "python": platform.python_version(),
+                "platform": f"{platform.system()}-{platform.machine()}", "onnxruntime": None}

@@ -2,6 +2,8 @@
 
 Both models run on ONNX Runtime with its own graph optimizations disabled, so any difference found is
 onnxfuse's doing. The CUDA provider is used when a GPU is really usable, else the CPU provider.
+Sessions, inputs and the comparison itself are :mod:`onnxfuse.runtime`'s; this package adds what only
+validation does: the original model's noise floor and the pass rule built on it.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from onnxfuse.validate.compare import Comparison, compare_arrays, default_tolerance, lowest_float_precision
-from onnxfuse.validate.inputs import Inputs, make_inputs, make_samples, parse_shape_options
-from onnxfuse.validate.session import cuda_available, make_session, resolve_provider, run_session
+from onnxfuse.runtime.compare import Comparison, Tolerance, compare_runs, lowest_float_precision
+from onnxfuse.runtime.inputs import Inputs
+from onnxfuse.runtime.session import resolve_provider, run_samples
 
 
 @dataclass
@@ -38,29 +40,6 @@ class ValidationReport:
         }
 
 
-def run_model(model: onnx.ModelProto, inputs: Inputs, provider: str = "auto", name: str = "model") -> dict:
-    """Outputs of ``model`` on ``inputs`` (graph optimizations off)."""
-    session = make_session(model, provider=provider, optimization="disable", name=name)
-    return run_session(session, inputs.feeds, name=name)
-
-
-def run_samples(model: onnx.ModelProto, samples: list[Inputs], provider: str = "auto", name: str = "model") -> list[dict]:
-    """Outputs of ``model`` on each of ``samples``, in one session (graph optimizations off)."""
-    session = make_session(model, provider=provider, optimization="disable", name=name)
-    return [run_session(session, s.feeds, name=name) for s in samples]
-
-
-def compare_outputs(reference: dict, candidate: dict, rtol=None, atol=None, precision=None) -> list[Comparison]:
-    results = []
-    for name, ref in reference.items():
-        if name not in candidate:
-            results.append(Comparison(name=name, dtype=str(ref.dtype), shape=list(ref.shape), passed=False,
-                                      rtol=0.0, atol=0.0, mismatch_fraction=1.0, error="output missing"))
-            continue
-        results.append(compare_arrays(name, ref, candidate[name], rtol=rtol, atol=atol, precision=precision))
-    return results
-
-
 #: A result also passes (unless strict) when its largest error is within this many times the model's
 #: own noise floor. Rewrites that are exact in real arithmetic measured within 1-3x it (float32,
 #: testdata and the zoo); each planted bug in tests/validate/test_noise_floor_mutations.py is 100x or
@@ -83,8 +62,7 @@ def noise_floor(original: onnx.ModelProto, samples: list[Inputs], reference: lis
     runs = []
     for way_provider, level in ways:
         try:
-            session = make_session(original, provider=way_provider, optimization=level, name=name)
-            runs.append([run_session(session, s.feeds, name=name) for s in samples])
+            runs.append(run_samples(original, samples, way_provider, name=name, optimization=level))
         except RuntimeFailure:
             continue
     if not runs:
@@ -142,16 +120,16 @@ def validate_models(
         references = run_samples(original, samples, kind, name="original model")
     else:
         references = [reference] if isinstance(reference, dict) else list(reference)
-    gots = _run_each(optimized, samples, kind)
+    # A sample the optimized model fails on (the original ran on it) is a failing comparison, not the user's error.
+    gots = run_samples(optimized, samples, kind, name="optimized model", keep_failures=True)
     precision = lowest_float_precision(original)
     notes = list(dict.fromkeys(n for s in samples for n in s.notes))
     if precision and (rtol is None or atol is None) and any(
             a.dtype.kind == "f" and a.dtype.name != precision for a in references[0].values()):
         notes.append(f"the model computes in {precision}: its wider float outputs are compared with "
                      f"{precision}'s default tolerance")
-    per_sample = [_failed_run(ref, got) if isinstance(got, str) else compare_outputs(ref, got, rtol, atol, precision)
-                  for ref, got in zip(references, gots)]
-    outputs = _worst_of(per_sample)
+    gots = [f"the optimized model fails on this input: {g}" if isinstance(g, str) else g for g in gots]
+    outputs, _ = compare_runs(references, gots, Tolerance(rtol=rtol, atol=atol, precision=precision), stack=False)
     _apply_floor(outputs, floor, strict)
     if any(c.extra.get("passed_by") == "noise floor" for c in outputs):
         notes.append(f"output(s) beyond tolerance but within {FLOOR_MULTIPLE:g}x the original model's own noise floor "
@@ -159,43 +137,4 @@ def validate_models(
     return ValidationReport(provider=kind, outputs=outputs, notes=notes)
 
 
-def _run_each(model, samples, kind) -> list:
-    """Outputs of ``model`` per sample, or the one-line error for a sample it cannot run on (the
-    original ran on it: the optimized model failing there is a validation failure, not the user's)."""
-    from onnxfuse.errors import RuntimeFailure
-
-    session = make_session(model, provider=kind, optimization="disable", name="optimized model")
-    out = []
-    for s in samples:
-        try:
-            out.append(run_session(session, s.feeds, name="optimized model"))
-        except RuntimeFailure as e:
-            out.append(str(e))
-    return out
-
-
-def _failed_run(reference: dict, error: str) -> list[Comparison]:
-    return [Comparison(name=name, dtype=str(ref.dtype), shape=list(ref.shape), passed=False, rtol=0.0, atol=0.0,
-                       mismatch_fraction=1.0, error=f"the optimized model fails on this input: {error}")
-            for name, ref in reference.items()]
-
-
-def _worst_of(per_sample: list[list[Comparison]]) -> list[Comparison]:
-    """Per output, the comparison of its worst sample (one sample: the comparisons as they are)."""
-    if len(per_sample) == 1:
-        return per_sample[0]
-    worst = []
-    for rows in zip(*per_sample):
-        k = max(range(len(rows)), key=lambda i: (not rows[i].passed, rows[i].max_abs))
-        row = rows[k]
-        row.passed = all(r.passed for r in rows)
-        row.extra["worst_sample"] = k
-        worst.append(row)
-    return worst
-
-
-__all__ = [
-    "Comparison", "Inputs", "ValidationReport", "compare_arrays", "compare_outputs", "cuda_available",
-    "default_tolerance", "noise_floor", "FLOOR_MULTIPLE", "lowest_float_precision", "make_inputs", "make_samples", "make_session", "parse_shape_options",
-    "resolve_provider", "run_model", "run_samples", "run_session", "validate_models",
-]
+__all__ = ["FLOOR_MULTIPLE", "ValidationReport", "noise_floor", "validate_models"]

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import tiny_models
-from onnxfuse.cli import bench_cmd, main
+from onnxfuse.cli import main
+from onnxfuse.timing import bench as bench_lib
 
 FAST = ["--warmup", "1", "--time-budget", "0.05"]
 
@@ -44,12 +45,12 @@ def test_cpu_two_models_json(tmp_path, tiny_path):
     assert r.exit_code == 0, r.output
     assert "than tiny" in r.output
     data = json.loads(out.read_text())
-    assert data["ok"] is True and data["config"]["device"] == "cpu"
-    assert [m["name"] for m in data["models"]] == ["tiny", "other"]
-    for m in data["models"]:
+    assert data["ok"] is True and data["result"]["config"]["device"] == "cpu"
+    assert [m["name"] for m in data["result"]["models"]] == ["tiny", "other"]
+    for m in data["result"]["models"]:
         assert m["latency_ms"]["count"] == 7
         assert m["shapes"] == {"x": [2, 3, 8, 8]} and m["device"] == "cpu"
-    assert data["speedup"] > 0 and data["environment"]["onnxruntime"]
+    assert data["result"]["speedup"] > 0 and data["environment"]["onnxruntime"]
 
 
 def test_quiet_prints_nothing(tiny_path):
@@ -62,12 +63,12 @@ def test_profile_tables(tiny_path, tmp_path):
     r = invoke("bench", tiny_path, "--device", "cpu", "--profile", "--json", out, *FAST)
     assert r.exit_code == 0, r.output
     assert "top ops by time" in r.output and "top ops by count" in r.output and "nodes/run" in r.output
-    prof = json.loads(out.read_text())["profiles"][0]
+    prof = json.loads(out.read_text())["result"]["profiles"][0]
     assert prof["nodes_per_run"] > 0 and prof["top_by_time"] and prof["kernels_per_run"] is None
 
 
 def test_needs_a_gpu(monkeypatch, tiny_path, tmp_path):
-    monkeypatch.setattr(bench_cmd, "gpu_unavailable_reason", lambda: "timing needs a CUDA GPU (none is usable here)")
+    monkeypatch.setattr(bench_lib, "gpu_unavailable_reason", lambda: "timing needs a CUDA GPU (none is usable here)")
     out = tmp_path / "e.json"
     r = CliRunner().invoke(main, ["bench", str(tiny_path), "--json", str(out)])
     assert r.exit_code == 1
@@ -132,8 +133,8 @@ def test_sessions_pool_samples_from_fresh_sessions(tmp_path, tiny_path):
                "--warmup", "1", "--json", out)
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
-    assert data["config"]["sessions"] == 3
-    for m in data["models"]:
+    assert data["result"]["config"]["sessions"] == 3
+    for m in data["result"]["models"]:
         assert m["latency_ms"]["count"] == 9  # 3 sessions x 3 runs, pooled
         note = next(n for n in m["notes"] if "sessions pooled" in n)
         assert len(note.split(":")[-1].split(",")) == 3  # one median per session
@@ -145,9 +146,9 @@ def test_sessions_must_be_positive(tiny_path):
 
 
 def test_pool_sessions_statistics():
-    from onnxfuse.bench.compare import pool_sessions
-    from onnxfuse.bench.runner import BenchResult
-    from onnxfuse.bench.stats import summarize
+    from onnxfuse.timing.compare import pool_sessions
+    from onnxfuse.timing.runner import BenchResult
+    from onnxfuse.timing.stats import summarize
 
     def result(samples):
         return BenchResult(name="m", device="cpu", cuda_graph=False, optimization="all", stats=summarize(samples),

@@ -1,5 +1,5 @@
 """Timing statistics, stopping rule, profiler-trace parsing, --batch shapes and report structures:
-everything in onnxfuse.bench that does not need a GPU."""
+everything in onnxfuse.timing that does not need a GPU."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tiny_models
-from onnxfuse.bench import (
+from onnxfuse.timing import (
     NO_GPU_MESSAGE,
     BenchConfig,
     BenchResult,
@@ -25,11 +25,11 @@ from onnxfuse.bench import (
     summarize_trace,
     time_model,
 )
-from onnxfuse.bench import runner
-from onnxfuse.bench.stats import should_stop
-from onnxfuse.bench.trace import events_of
+from onnxfuse.timing import runner
+from onnxfuse.timing.stats import should_stop
+from onnxfuse.timing.trace import events_of
 from onnxfuse.errors import InputsError, UsageError
-from onnxfuse.validate.inputs import make_inputs
+from onnxfuse.runtime.inputs import make_inputs
 
 # ---------------------------------------------------------------------------------------------- stats
 

@@ -325,7 +325,7 @@ def test_failed_validation_reports_fail_in_junit(model_path, tmp_path, monkeypat
     assert root.find(".//testcase/failure") is not None
 
 
-@pytest.mark.skipif(__import__("onnxfuse.validate.session", fromlist=["x"]).cuda_available(),
+@pytest.mark.skipif(__import__("onnxfuse.runtime.session", fromlist=["x"]).cuda_available(),
                     reason="checks the CPU-only behaviour")
 def test_timing_without_gpu_is_a_note_and_exit_0(model_path, tmp_path):
     report = tmp_path / "r.json"

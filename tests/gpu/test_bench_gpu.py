@@ -1,4 +1,4 @@
-"""GPU tests for onnxfuse.bench: IOBinding timing on the CUDA provider, CUDA-graph mode (outputs at
+"""GPU tests for onnxfuse.timing: IOBinding timing on the CUDA provider, CUDA-graph mode (outputs at
 fixed addresses must hold the right values), profiling, compare_models and the bench CLI on CUDA.
 Skipped where ONNX Runtime has no usable CUDA GPU."""
 
@@ -13,7 +13,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnxfuse.validate.session import cuda_available
+from onnxfuse.runtime.session import cuda_available
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,10 +23,10 @@ pytestmark = [
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import tiny_models  # noqa: E402
 
-from onnxfuse.bench import BenchConfig, Timer, compare_models, profile, time_model  # noqa: E402
+from onnxfuse.timing import BenchConfig, Timer, compare_models, profile, time_model  # noqa: E402
 from onnxfuse.cli import main  # noqa: E402
-from onnxfuse.validate import run_model  # noqa: E402
-from onnxfuse.validate.inputs import make_inputs  # noqa: E402
+from onnxfuse.runtime.session import run_model  # noqa: E402
+from onnxfuse.runtime.inputs import make_inputs  # noqa: E402
 
 FAST = dict(warmup=3, time_budget_s=0.2, min_iterations=10)
 
@@ -126,7 +126,19 @@ def test_bench_cli_cuda(tmp_path, model):
     assert r.exit_code == 0, r.output
     assert "Latency (CUDA" in r.output
     data = json.loads(out.read_text())
-    assert data["models"][0]["device"] == "cuda" and data["models"][0]["shapes"] == {"x": [8, 3, 8, 8]}
+    assert data["result"]["models"][0]["device"] == "cuda" and data["result"]["models"][0]["shapes"] == {"x": [8, 3, 8, 8]}
     r = CliRunner().invoke(main, ["bench", str(path), "--cuda-graph", "--time-budget", "0.2"])
     assert r.exit_code == 0, r.output
     assert "CUDA graph" in r.output
+
+
+def test_bench_api_on_the_gpu(tmp_path):
+    import onnxfuse
+
+    path = tmp_path / "tiny.onnx"
+    onnx.save(tiny_models.conv_relu_add(), str(path))
+    report = onnxfuse.bench(path, path, iterations=20, warmup=2, profile=True)
+    data = report.to_json()
+    assert data["ok"] is True and data["result"]["config"]["device"] == "cuda" and data["environment"]["gpus"]
+    assert [m["latency_ms"]["count"] for m in data["result"]["models"]] == [20, 20] and report.speedup > 0
+    assert len(data["result"]["profiles"]) == 2

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from onnxfuse.cli import main
-from onnxfuse.validate.session import cuda_available
+from onnxfuse.runtime.session import cuda_available
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
 
@@ -38,13 +38,13 @@ def test_optimize_validates_and_times_on_cuda(name, tmp_path):
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output + result.stderr
     data = json.loads(report.read_text())
-    assert data["validation"]["provider"] == "cuda"
-    assert data["validation"]["passed"] is True
-    assert data["timing"]["status"] == "ok", data["timing"]
-    print(f"\n{name}: nodes {data['nodes']['before']} -> {data['nodes']['after']}, "
-          f"original {data['timing']['original']['latency_ms']['median_ms']:.4f} ms, "
-          f"optimized {data['timing']['optimized']['latency_ms']['median_ms']:.4f} ms, "
-          f"speed-up {data['timing']['speedup']:.3f}x, rules {[k for k, v in data['rewrites']['counts'].items() if v]}")
+    assert data["result"]["validation"]["provider"] == "cuda"
+    assert data["result"]["validation"]["passed"] is True
+    assert data["result"]["timing"]["status"] == "ok", data["result"]["timing"]
+    print(f"\n{name}: nodes {data['result']['nodes']['before']} -> {data['result']['nodes']['after']}, "
+          f"original {data['result']['timing']['original']['latency_ms']['median_ms']:.4f} ms, "
+          f"optimized {data['result']['timing']['optimized']['latency_ms']['median_ms']:.4f} ms, "
+          f"speed-up {data['result']['timing']['speedup']:.3f}x, rules {[k for k, v in data['result']['rewrites']['counts'].items() if v]}")
     assert "BatchNormalization" not in {n.op_type for n in onnx.load(out).graph.node}
 
 
@@ -53,8 +53,8 @@ def test_noise_floor_on_cuda_includes_cpu_against_cuda():
 
     import onnxfuse
     from onnxfuse.validate import noise_floor
-    from onnxfuse.validate.inputs import make_samples
-    from onnxfuse.validate import run_samples
+    from onnxfuse.runtime.inputs import make_samples
+    from onnxfuse.runtime.session import run_samples
 
     model = onnx.load(TESTDATA / "mobilenet_v2_w035.onnx")
     samples = make_samples(model, {"input": [2, 3, 96, 96]})

@@ -110,3 +110,35 @@ def test_diff_json_drift_is_exit_3_with_the_one_line(tmp_path):
     assert r.exit_code == 3
     doc = check(json.loads((tmp_path / "d.json").read_text()), "diff", 3)
     assert doc["result"]["passed"] is False and doc["error"] in r.stderr
+
+
+def test_bench_json_on_the_cpu_and_to_stdout(tmp_path):
+    model = TESTDATA / "conv_bn_relu.onnx"
+    r = run(["bench", model, model, "--device", "cpu", "--iterations", "5", "--warmup", "1",
+             "--json", tmp_path / "b.json", "-q"])
+    assert r.exit_code == 0, r.output
+    doc = check(json.loads((tmp_path / "b.json").read_text()), "bench", 0)
+    assert len(doc["result"]["models"]) == 2 and doc["result"]["speedup"] > 0
+    assert doc["environment"]["device"] == "cpu"
+
+    r = run(["bench", model, "--device", "cpu", "--iterations", "5", "--warmup", "1", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    check(json.loads(r.stdout), "bench", 0)
+    assert "Latency" in r.stderr
+
+    r = run(["bench", tmp_path / "missing.onnx", "--device", "cpu", "--json", tmp_path / "e.json"])
+    assert r.exit_code == 1
+    doc = check(json.loads((tmp_path / "e.json").read_text()), "bench", 1)
+    assert doc["result"] is None
+
+
+def test_bench_table_keeps_its_speedup_column_at_80_columns(monkeypatch):
+    """Before, the bench table's last column (speed-up) was squeezed to nothing in an 80-column log."""
+    from onnxfuse.cli.common import stdout
+
+    monkeypatch.setattr(stdout, "_width", 80)
+    model = TESTDATA / "conv_bn_relu.onnx"
+    r = run(["bench", model, TESTDATA / "conv1d_bn.onnx", "--device", "cpu", "--iterations", "5", "--warmup", "1"])
+    assert r.exit_code == 0, r.output
+    assert "speed-up" in r.stdout and "1.00×" in r.stdout
+    assert all(len(line) <= 80 for line in r.stdout.splitlines())

@@ -14,7 +14,7 @@ from onnxfuse.drift import DiffReport
 from onnxfuse.reports import (clean_json, comparisons_junit, comparisons_markdown, diff_html, diff_json, diff_junit,
                               diff_markdown, error_histogram, histogram_svg, write_json, write_text)
 from onnxfuse.errors import ModelSaveError
-from onnxfuse.validate.compare import Comparison, compare_arrays
+from onnxfuse.runtime.compare import Comparison, compare_arrays
 
 
 def comparisons():

@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 import onnxfuse
 from onnxfuse.errors import InputsError
-from onnxfuse.validate.inputs import input_specs, make_samples
+from onnxfuse.runtime.inputs import input_specs, make_samples
 
 
 def _conv_needs_room(kernel: int) -> onnx.ModelProto:

@@ -13,8 +13,8 @@ from onnx import numpy_helper
 
 import onnxfuse
 from onnxfuse.cli import main
-from onnxfuse.validate.input_ranges import ValueRange, implied_ranges
-from onnxfuse.validate.inputs import make_samples
+from onnxfuse.runtime.input_ranges import ValueRange, implied_ranges
+from onnxfuse.runtime.inputs import make_samples
 
 V = 300
 

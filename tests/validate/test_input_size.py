@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 
 from onnxfuse.errors import InputsError
-from onnxfuse.validate.inputs import InputSpec, make_inputs
+from onnxfuse.runtime.inputs import InputSpec, make_inputs
 
 
 def _model(tmp_path, dims=(1_000_000, 1_000_000)):
@@ -32,7 +32,7 @@ def test_huge_declared_input_is_refused_before_drawing(tmp_path):
 
 
 def test_the_check_counts_every_input_and_the_largest_draw():
-    from onnxfuse.validate.inputs import check_input_sizes
+    from onnxfuse.runtime.inputs import check_input_sizes
 
     f32 = np.dtype(np.float32)
     specs = [(InputSpec("a", f32, [1000]), [1000]), (InputSpec("b", f32, [10]), [10])]

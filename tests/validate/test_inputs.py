@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxfuse.errors import InputsError, UsageError
-from onnxfuse.validate.inputs import make_inputs, parse_shape_options
+from onnxfuse.runtime.inputs import make_inputs, parse_shape_options
 
 
 def two_input_model():

@@ -7,8 +7,9 @@ import onnx
 import onnx.parser
 import pytest
 
-from onnxfuse.validate import compare_arrays, lowest_float_precision, validate_models
-from onnxfuse.validate.inputs import Inputs
+from onnxfuse.runtime.compare import compare_arrays, lowest_float_precision
+from onnxfuse.validate import validate_models
+from onnxfuse.runtime.inputs import Inputs
 
 
 def _parse(text):

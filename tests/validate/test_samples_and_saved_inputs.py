@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import onnxfuse
 from helpers import TESTDATA
 from onnxfuse.cli import main
-from onnxfuse.validate.inputs import input_specs, load_npz_samples
+from onnxfuse.runtime.inputs import input_specs, load_npz_samples
 
 MODEL = TESTDATA / "conv_bn_relu.onnx"
 

@@ -12,7 +12,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from onnxfuse.cli import main
-from onnxfuse.validate.compare import compare_arrays
+from onnxfuse.runtime.compare import compare_arrays
 
 from helpers import TESTDATA
 

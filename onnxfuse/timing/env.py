@@ -33,6 +33,7 @@ def environment(device: str | None = None) -> dict:
         "onnxruntime": ort.__version__,
         "onnx": onnx.__version__,
         "python": platform.python_version(),
+        "platform": f"{platform.system()}-{platform.machine()}",
         "device": device,
         "gpus": gpu_names() if device != "cpu" else [],
         "cpu": platform.processor() or platform.machine(),

@@ -4,7 +4,7 @@ How a measurement is taken (``device="cuda"``):
 
 1. a session with ONNX Runtime's graph optimizations at ``ORT_ENABLE_ALL`` (the fair baseline: the
    original model gets every fusion ONNX Runtime can do by itself), CUDA provider, our custom-op
-   library registered when the model uses it (all through :func:`onnxfuse.validate.session.make_session`);
+   library registered when the model uses it (all through :func:`onnxfuse.runtime.session.make_session`);
 2. inputs copied to the GPU once (``OrtValue.ortvalue_from_numpy(x, "cuda", 0)``) and bound; outputs
    bound to the GPU, so no host↔device copy is timed;
 3. warm-up runs (cuDNN algorithm search, arena growth, CUDA-graph capture), then runs timed one by one
@@ -28,10 +28,10 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from onnxfuse.bench.stats import LatencyStats, should_stop, summarize
+from onnxfuse.timing.stats import LatencyStats, should_stop, summarize
 from onnxfuse.errors import RuntimeFailure, UsageError, first_line
-from onnxfuse.validate.inputs import Inputs
-from onnxfuse.validate.session import cuda_available, make_session
+from onnxfuse.runtime.inputs import Inputs
+from onnxfuse.runtime.session import cuda_available, make_session
 
 #: The one line printed (or put in reports) where timing is impossible.
 NO_GPU_MESSAGE = "timing needs a CUDA GPU (none is usable here)"

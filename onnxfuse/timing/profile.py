@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxfuse.bench.runner import BenchConfig, Progress, Timer
-from onnxfuse.bench.trace import TraceSummary, load_trace, summarize_trace
-from onnxfuse.validate.inputs import Inputs
-from onnxfuse.validate.session import make_session
+from onnxfuse.timing.runner import BenchConfig, Progress, Timer
+from onnxfuse.timing.trace import TraceSummary, load_trace, summarize_trace
+from onnxfuse.runtime.inputs import Inputs
+from onnxfuse.runtime.session import make_session
 
 
 @dataclass
@@ -32,7 +32,7 @@ class ProfileResult:
 
 
 def _profiling_session_factory(prefix: str):
-    """:func:`onnxfuse.validate.session.make_session` with ONNX Runtime's profiler switched on."""
+    """:func:`onnxfuse.runtime.session.make_session` with ONNX Runtime's profiler switched on."""
 
     def configure(opts) -> None:
         opts.enable_profiling = True

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -113,9 +113,9 @@ def _draw(rng: np.random.Generator, dtype: np.dtype, shape: list[int], value_ran
 
 def value_ranges(model: onnx.ModelProto, given=None) -> tuple[dict, list[str]]:
     """The ranges to draw ``model``'s inputs from: what the graph implies for integer inputs
-    (:mod:`onnxfuse.validate.input_ranges`), overridden by ``given`` (``--input-range``); and a note
+    (:mod:`onnxfuse.runtime.input_ranges`), overridden by ``given`` (``--input-range``); and a note
     for each implied one. Unknown names in ``given`` are usage errors."""
-    from onnxfuse.validate.input_ranges import implied_ranges
+    from onnxfuse.runtime.input_ranges import implied_ranges
 
     given = dict(given or {})
     specs = input_specs(model)
@@ -197,9 +197,12 @@ def make_samples(
     ranges=None,
     default_dim: int = 1,
     count: int = 1,
+    floats_as_float32: bool = False,
 ) -> list[Inputs]:
     """The samples to run ``model`` on: the user's (``given``, see :func:`given_inputs`) when given,
-    else one seeded draw (as :func:`make_inputs`, value ranges included)."""
+    else ``count`` seeded draws (seeds ``seed``, ``seed+1``, ...; as :func:`make_inputs`, value ranges
+    included). ``floats_as_float32``: floating inputs are left in float32, to be cast for each model
+    (:func:`cast_feeds`), so an fp16 model and its fp32 original see the same values."""
     specs = input_specs(model)
     check_shape_names(specs, shapes or {})
     if given is not None and (shapes or ranges):
@@ -208,10 +211,38 @@ def make_samples(
                          "give one or the other")
     if given is None:
         value_range, notes = value_ranges(model, ranges)
+        if floats_as_float32:
+            specs = [replace(s, dtype=np.dtype(np.float32)) if is_floating(s.dtype) else s for s in specs]
         draws = [random_inputs(specs, shapes or {}, seed + k, value_range, default_dim) for k in range(max(1, count))]
         draws[0].notes.extend(notes)
         return draws
     return given_inputs(specs, given)
+
+
+def is_floating(dtype: np.dtype) -> bool:
+    """Float types, bfloat16 included (numpy does not count it as floating)."""
+    return np.issubdtype(dtype, np.floating) or str(dtype) == "bfloat16"
+
+
+def cast_feeds(model: onnx.ModelProto, feeds: dict, label: str) -> dict:
+    """``feeds`` (drawn or given for another model, "model A") cast to ``model``'s input dtypes and
+    restricted to its inputs; shapes checked. Float and integer types do not mix (bool casts to either)."""
+    out = {}
+    for spec in input_specs(model):
+        if spec.name not in feeds:
+            raise InputsError(f"model {label} has input {spec.name!r} that model A does not "
+                              f"(A's inputs: {', '.join(feeds) or '(none)'})")
+        arr = feeds[spec.name]
+        if spec.shape and (len(spec.shape) != arr.ndim or any(
+                isinstance(w, int) and w != g for w, g in zip(spec.shape, arr.shape))):
+            raise InputsError(f"model {label}: input {spec.name!r} expects shape {spec.shape}, "
+                              f"the inputs have {list(arr.shape)}")
+        if arr.dtype != spec.dtype:
+            if is_floating(arr.dtype) != is_floating(spec.dtype) and arr.dtype != np.bool_:
+                raise InputsError(f"model {label}: input {spec.name!r} is {spec.dtype}, model A's is {arr.dtype}")
+            arr = arr.astype(spec.dtype)
+        out[spec.name] = arr
+    return out
 
 
 def unsized_dimensions(specs: list[InputSpec], shapes: dict[str, list[int]]) -> list[str]:
@@ -432,5 +463,3 @@ def save_samples(samples: list[Inputs], path: str | Path) -> None:
     except OSError as exc:
         raise InputsError(f"--save-inputs {path}: cannot write ({exc.strerror or exc})") from None
 
-
-_load_npz = load_npz  # the earlier private name

@@ -1,11 +1,11 @@
-"""``--batch N``: input shapes with the batch dimension set, for :func:`onnxfuse.validate.inputs.make_inputs`."""
+"""``--batch N``: input shapes with the batch dimension set, for :func:`onnxfuse.runtime.inputs.make_inputs`."""
 
 from __future__ import annotations
 
 import onnx
 
 from onnxfuse.errors import InputsError, UsageError
-from onnxfuse.validate.inputs import input_specs
+from onnxfuse.runtime.inputs import input_specs
 
 
 def batch_shapes(model: onnx.ModelProto, batch: int | None, shapes: dict[str, list[int]] | None = None

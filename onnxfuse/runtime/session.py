@@ -20,6 +20,9 @@ from onnxfuse.errors import RuntimeFailure, UsageError, first_line
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 #: ONNX Runtime log severity: 3 = errors only, 4 = fatal only.
 _QUIET = 4
+#: ONNX Runtime's default log severity (warnings). Its Python API can set the default logger's
+#: severity but not read it, so the CUDA probe restores this value afterwards.
+_ORT_DEFAULT_SEVERITY = 2
 
 
 def _ort():
@@ -39,7 +42,6 @@ def cuda_available() -> bool:
     graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
     model.ir_version = 8
-    previous = None
     try:
         ort.set_default_logger_severity(_QUIET)
         opts = ort.SessionOptions()
@@ -51,7 +53,7 @@ def cuda_available() -> bool:
     except Exception:
         return False
     finally:
-        ort.set_default_logger_severity(previous if previous is not None else 2)
+        ort.set_default_logger_severity(_ORT_DEFAULT_SEVERITY)
 
 
 def resolve_provider(provider: str) -> str:
@@ -140,3 +142,33 @@ def run_session(session, feeds: dict, name: str = "model", output_names: list[st
     except Exception as exc:
         raise RuntimeFailure(f"{name}: ONNX Runtime failed to run the model: {first_line(exc)}") from None
     return dict(zip(names, values))
+
+
+def _feeds(sample) -> dict:
+    """The feeds of ``sample``: an :class:`~onnxfuse.runtime.inputs.Inputs` or a plain ``{name: array}``."""
+    return sample if isinstance(sample, dict) else sample.feeds
+
+
+def run_model(model: onnx.ModelProto, inputs, provider: str = "auto", name: str = "model") -> dict:
+    """Outputs of ``model`` on ``inputs`` (an ``Inputs`` or a feeds dict; graph optimizations off)."""
+    return run_samples(model, [inputs], provider, name=name)[0]
+
+
+def run_samples(model: onnx.ModelProto, samples: list, provider: str = "auto", name: str = "model",
+                optimization: str = "disable", output_names: list[str] | None = None,
+                keep_failures: bool = False) -> list:
+    """Outputs of ``model`` on each of ``samples`` (``Inputs`` or feeds dicts), in one session.
+
+    ``keep_failures``: a sample the model fails on gives the one-line error (a ``str``) in its place
+    instead of raising :class:`RuntimeFailure` (session creation failing still raises).
+    """
+    session = make_session(model, provider=provider, optimization=optimization, name=name)
+    out: list = []
+    for s in samples:
+        try:
+            out.append(run_session(session, _feeds(s), name=name, output_names=output_names))
+        except RuntimeFailure as e:
+            if not keep_failures:
+                raise
+            out.append(str(e))
+    return out

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
-from onnxfuse.bench.profile import ProfileResult, profile
-from onnxfuse.bench.runner import (
+from onnxfuse.timing.profile import ProfileResult, profile
+from onnxfuse.timing.runner import (
     NO_GPU_MESSAGE,
     BenchConfig,
     BenchResult,
@@ -20,9 +20,9 @@ from onnxfuse.bench.runner import (
     Timer,
     gpu_unavailable_reason,
 )
-from onnxfuse.bench.stats import speedup, summarize
+from onnxfuse.timing.stats import speedup, summarize
 from onnxfuse.errors import OnnxfuseError, first_line
-from onnxfuse.validate.inputs import Inputs
+from onnxfuse.runtime.inputs import Inputs
 
 
 @dataclass
@@ -90,7 +90,7 @@ def time_models(models: list[tuple], config: BenchConfig, rounds: int = 3,
     With ``config.sessions`` > 1 the whole measurement is repeated in that many fresh sessions (the
     budget split between them) and each model's samples are pooled; the result notes each session's
     median.
-    Raises :class:`~onnxfuse.bench.runner.NoGPU` / :class:`~onnxfuse.errors.RuntimeFailure`.
+    Raises :class:`~onnxfuse.timing.runner.NoGPU` / :class:`~onnxfuse.errors.RuntimeFailure`.
     """
     config.validate()
     step = progress or (lambda _m, _f: None)

@@ -1,7 +1,9 @@
 """GPU timing of ONNX models on ONNX Runtime: IOBinding, warm-up, percentiles, CUDA graphs, profiling.
 
-The library never imports click or rich. Entry points:
+The library never imports click or rich. (The package is ``timing``, not ``bench``: ``onnxfuse.bench``
+is the API function, and importing a subpackage of that name would replace it.) Entry points:
 
+* :func:`bench_models` — what ``onnxfuse bench`` does (``onnxfuse.bench()`` calls it) → :class:`BenchReport`;
 * :func:`time_model` — one model, one configuration → :class:`BenchResult`;
 * :func:`time_models` — several models interleaved under one configuration;
 * :func:`compare_models` — original vs optimized → :class:`ComparisonResult` (the ``optimize`` hook);
@@ -9,10 +11,11 @@ The library never imports click or rich. Entry points:
 * :func:`gpu_unavailable_reason` — None, or the one line saying timing needs a CUDA GPU.
 """
 
-from onnxfuse.bench.compare import ComparisonResult, compare_models, time_models
-from onnxfuse.bench.inputs import batch_shapes
-from onnxfuse.bench.profile import ProfileResult, profile
-from onnxfuse.bench.runner import (
+from onnxfuse.timing.bench import BenchReport, bench_models
+from onnxfuse.timing.compare import ComparisonResult, compare_models, time_models
+from onnxfuse.timing.inputs import batch_shapes
+from onnxfuse.timing.profile import ProfileResult, profile
+from onnxfuse.timing.runner import (
     NO_GPU_MESSAGE,
     BenchConfig,
     BenchResult,
@@ -24,11 +27,11 @@ from onnxfuse.bench.runner import (
     require_gpu,
     time_model,
 )
-from onnxfuse.bench.stats import LatencyStats, percentile, speedup, summarize
-from onnxfuse.bench.trace import OpStat, TraceSummary, load_trace, summarize_trace
+from onnxfuse.timing.stats import LatencyStats, percentile, speedup, summarize
+from onnxfuse.timing.trace import OpStat, TraceSummary, load_trace, summarize_trace
 
 __all__ = [
-    "NO_GPU_MESSAGE", "BenchConfig", "BenchResult", "ComparisonResult", "LatencyStats", "NoGPU", "OpStat",
+    "NO_GPU_MESSAGE", "BenchConfig", "BenchReport", "BenchResult", "bench_models", "ComparisonResult", "LatencyStats", "NoGPU", "OpStat",
     "OutputSpec", "ProfileResult", "Timer", "TraceSummary", "batch_shapes", "compare_models",
     "gpu_unavailable_reason", "load_trace", "percentile", "probe_output_specs", "profile", "require_gpu",
     "speedup", "summarize", "summarize_trace", "time_model", "time_models",
