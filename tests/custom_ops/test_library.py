@@ -233,7 +233,7 @@ def test_constants_and_library():
 
 def test_op_table_matches_cpp():
     """The C++ parser knows exactly the ops of expr.OP_TABLE."""
-    from onnxfuse.custom_ops.codegen import check_program
+    from onnxfuse.custom_ops.native import check_program
 
     for op in expr.OP_TABLE:
         if op == "Cast":
@@ -489,7 +489,7 @@ BAD_PROGRAMS = [
 
 @pytest.mark.parametrize("text,line,word", BAD_PROGRAMS, ids=[f"bad{i}" for i in range(len(BAD_PROGRAMS))])
 def test_malformed_program_rejected_at_session_creation(text, line, word):
-    from onnxfuse.custom_ops.codegen import check_program
+    from onnxfuse.custom_ops.native import check_program
 
     with pytest.raises(expr.ProgramError) as py_err:
         expr.parse(text)
@@ -529,7 +529,7 @@ def _mutations(text: str):
 
 def test_parsers_agree_on_mutations():
     """The C++ and Python parsers accept and reject the same programs, naming the same line."""
-    from onnxfuse.custom_ops.codegen import check_program
+    from onnxfuse.custom_ops.native import check_program
 
     base = """onnxfuse.elementwise 1
 input x: float32
