@@ -1,24 +1,33 @@
-"""Program -> CUDA C++ source, and NVRTC, from Python (for tests and tools).
+"""ctypes access to the C++ library's own functions (not ONNX Runtime's) and to NVRTC, for tests and
+tools; and the constants the library is generated from.
 
-The code generator itself is C++ (``csrc/cuda_codegen.cc``): the library that ONNX Runtime loads
+The CUDA code generator is C++ (``csrc/cuda_codegen.cc``): the library that ONNX Runtime loads
 generates and compiles its kernels at session creation, so it cannot depend on Python. This module
-reaches the same generator through the library's exported C functions with ctypes, and NVRTC
-through ctypes too, so a machine without a GPU can still check that every generated kernel compiles:
+reaches that generator, the C++ parser and the kernel counters through the library's exported
+``onnxfuse_*`` C functions, and NVRTC directly, so a machine without a GPU can still check that every
+generated kernel compiles:
 
 >>> src = cuda_source(program_text)                    # doctest: +SKIP
 >>> ptx = compile_ptx(src, arch="compute_90")          # doctest: +SKIP
 
-Kernel variants (bit flags, :data:`VARIANT_ALL` is what the library compiles at run time):
-:data:`VARIANT_FAST_VEC` (every input has the output's shape or one element; 128-bit loads and
-stores, scalar tail), :data:`VARIANT_FAST_SCALAR` (same, any alignment), :data:`VARIANT_BROADCAST`
-(per-input strides), :data:`VARIANT_BROADCAST_VEC` (per-input strides, innermost dim a multiple of the
-vector width, inputs contiguous or broadcast along it: 128-bit loads and stores). Each comes with a
-32-bit and a 64-bit index kernel.
+The constants below (kernel names and variant flags, NVRTC options and search lists) are defined
+once, here: ``tools/gen_op_table.py`` writes them, with the op table (``expr.OP_TABLE``), the
+language version and the rank limit, into ``csrc/op_table.gen.h``, which the C++ code uses;
+``tests/custom_ops/test_op_table.py`` checks the committed header and asks the built library what it
+was compiled with (:func:`library_tables`).
 
-Ops whose declared dtype is float16/bfloat16 (Exp, Sigmoid, Tanh, Reciprocal, Div, Softsign,
-Gelu[approximate=tanh]) are generated with fast hardware approximations (``ofx_fast_*`` in the
-source; error bounds stated there, all far below half precision's rounding); float32 ops keep the
-accurate functions of ``csrc/ops.h``.
+Kernel variants (bit flags; the flag of the k-th kernel of :data:`KERNELS` is ``1 << k``;
+:data:`VARIANT_ALL` is what the library compiles at run time): :data:`VARIANT_FAST_VEC` (every input
+has the output's shape or one element; 128-bit loads and stores, scalar tail),
+:data:`VARIANT_FAST_SCALAR` (same, any alignment), :data:`VARIANT_BROADCAST` (per-input strides),
+:data:`VARIANT_BROADCAST_VEC` (per-input strides, innermost dim a multiple of the vector width,
+inputs contiguous or broadcast along it: 128-bit loads and stores). Each comes with a 32-bit and a
+64-bit index kernel (:data:`KERNEL_NAMES`).
+
+Ops whose declared dtype is float16/bfloat16 and whose ``expr.OP_TABLE`` row names a ``fast``
+function (Exp, Sigmoid, Tanh, Reciprocal, Div, Softsign, Gelu[approximate=tanh]) are generated with
+fast hardware approximations (``ofx_fast_*`` in the source; error bounds stated there, all far below
+half precision's rounding); float32 ops keep the accurate functions of ``csrc/ops.h``.
 """
 
 from __future__ import annotations
@@ -31,23 +40,54 @@ from functools import lru_cache
 from . import library_path, nvrtc_library_path
 
 __all__ = [
+    "KERNELS", "INDEX_BITS", "KERNEL_NAMES",
     "VARIANT_FAST_VEC", "VARIANT_FAST_SCALAR", "VARIANT_BROADCAST", "VARIANT_BROADCAST_VEC", "VARIANT_ALL",
-    "KERNEL_NAMES",
+    "NVRTC_OPTIONS", "NVRTC_SOURCE_NAME", "NVRTC_LIBRARY_NAMES", "NVRTC_ROOT_ENVS", "NVRTC_ROOT_DEFAULT",
+    "NVRTC_ROOT_SUBDIRS", "nvrtc_candidates",
     "NvrtcError", "NvrtcNotFoundError", "check_program", "cuda_source", "compile_ptx",
-    "nvrtc_version", "kernel_stats",
+    "nvrtc_version", "kernel_stats", "library_tables",
 ]
 
-VARIANT_FAST_VEC = 1
-VARIANT_FAST_SCALAR = 2
-VARIANT_BROADCAST = 4
-VARIANT_BROADCAST_VEC = 8
-VARIANT_ALL = 15
-KERNEL_NAMES = {
-    VARIANT_FAST_VEC: ("ofx_fast_vec_32", "ofx_fast_vec_64"),
-    VARIANT_FAST_SCALAR: ("ofx_fast_scalar_32", "ofx_fast_scalar_64"),
-    VARIANT_BROADCAST: ("ofx_bcast_32", "ofx_bcast_64"),
-    VARIANT_BROADCAST_VEC: ("ofx_bcast_vec_32", "ofx_bcast_vec_64"),
+# ------------------------------------------------------------------------------ shared constants
+#: The kernels of one CUDA module, in launch-index order: variant -> kernel name. The flag of the
+#: k-th is ``1 << k``; its C++ enumerator is ``kVariant`` + the variant in CamelCase.
+KERNELS: dict[str, str] = {
+    "FAST_VEC": "ofx_fast_vec",
+    "FAST_SCALAR": "ofx_fast_scalar",
+    "BROADCAST": "ofx_bcast",
+    "BROADCAST_VEC": "ofx_bcast_vec",
 }
+#: Index widths: every kernel exists as ``<name>_32`` and ``<name>_64``.
+INDEX_BITS: tuple[int, ...] = (32, 64)
+VARIANT_FAST_VEC, VARIANT_FAST_SCALAR, VARIANT_BROADCAST, VARIANT_BROADCAST_VEC = (1 << k for k in range(len(KERNELS)))
+VARIANT_ALL = (1 << len(KERNELS)) - 1
+#: variant flag -> (32-bit index kernel, 64-bit index kernel)
+KERNEL_NAMES: dict[int, tuple[str, ...]] = {
+    1 << k: tuple(f"{name}_{bits}" for bits in INDEX_BITS) for k, name in enumerate(KERNELS.values())
+}
+
+#: NVRTC options besides ``--gpu-architecture=...`` (the library's, and :func:`compile_ptx`'s).
+NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17", "--fmad=true", "-DONNXFUSE_NVRTC=1")
+#: The file name NVRTC is given for the source (it appears in NVRTC's messages).
+NVRTC_SOURCE_NAME = "onnxfuse_fused.cu"
+#: libnvrtc file names, newest first: tried by name (the dynamic loader's search), then in each root.
+NVRTC_LIBRARY_NAMES: tuple[str, ...] = ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so")
+#: Environment variables naming CUDA installations, tried before the default one.
+NVRTC_ROOT_ENVS: tuple[str, ...] = ("CUDA_HOME", "CUDA_PATH")
+NVRTC_ROOT_DEFAULT = "/usr/local/cuda"
+#: Library folders inside a CUDA installation.
+NVRTC_ROOT_SUBDIRS: tuple[str, ...] = ("/lib64/", "/targets/x86_64-linux/lib/", "/targets/sbsa-linux/lib/")
+
+
+def nvrtc_candidates() -> list[str]:
+    """libnvrtc files to try, in order: ``$ONNXFUSE_NVRTC_PATH`` (':'-separated), the names alone,
+    then every name in every CUDA root. The library (``nvrtc_candidates()`` in
+    ``csrc/cuda_runtime.cc``) walks the same list from the same constants."""
+    out = [p for p in os.environ.get("ONNXFUSE_NVRTC_PATH", "").split(":") if p]
+    out += list(NVRTC_LIBRARY_NAMES)
+    roots = [os.environ[e] for e in NVRTC_ROOT_ENVS if os.environ.get(e)] + [NVRTC_ROOT_DEFAULT]
+    out += [root + sub + name for root in roots for sub in NVRTC_ROOT_SUBDIRS for name in NVRTC_LIBRARY_NAMES]
+    return out
 
 
 class NvrtcError(RuntimeError):
@@ -67,7 +107,27 @@ def _lib() -> ctypes.CDLL:
     lib.onnxfuse_cuda_source.restype = ctypes.c_long
     lib.onnxfuse_cuda_stats.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.onnxfuse_cuda_stats.restype = ctypes.c_long
+    lib.onnxfuse_op_table.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.onnxfuse_op_table.restype = ctypes.c_long
     return lib
+
+
+def _json_from(fn) -> dict:
+    size = 4096
+    while True:  # the library returns the length it needs
+        buf = ctypes.create_string_buffer(size)
+        need = fn(buf, len(buf))
+        if need < size:
+            return json.loads(buf.value.decode())
+        size = need + 1
+
+
+def library_tables() -> dict:
+    """What the built library was compiled with, from its generated header (``csrc/op_table.gen.h``):
+    ``language_version``, ``max_rank``, ``ops`` (one dict per op in ``enum Op`` order: name, arity,
+    ops.h function, dtypes, result rule, attributes, CPU form, fast functions), ``kernels``,
+    ``nvrtc_*``. ``tests/custom_ops/test_op_table.py`` compares it with the Python tables."""
+    return _json_from(_lib().onnxfuse_op_table)
 
 
 def check_program(program: str) -> str | None:
@@ -94,28 +154,18 @@ def kernel_stats() -> dict:
     writes, disk entries rejected (failed verification, never loaded: ``disk_rejects``,
     ``last_disk_reject``), why the cache folder was refused (``disk_refused``, "" when used),
     compile and load milliseconds, target architecture, entry name, cache folder."""
-    lib = _lib()
-    size = 4096
-    while True:  # the library returns the length it needs (paths and reasons can be long)
-        buf = ctypes.create_string_buffer(size)
-        need = lib.onnxfuse_cuda_stats(buf, len(buf))
-        if need < size:
-            return json.loads(buf.value.decode())
-        size = need + 1
+    return _json_from(_lib().onnxfuse_cuda_stats)
 
 
 # --------------------------------------------------------------------------------------------- NVRTC
 
 @lru_cache(maxsize=1)
 def _nvrtc() -> ctypes.CDLL:
-    candidates = []
-    env = os.environ.get("ONNXFUSE_NVRTC_PATH")
-    if env:
-        candidates += [p for p in env.split(":") if p]
+    candidates = nvrtc_candidates()
     wheel = nvrtc_library_path()
-    if wheel:
-        candidates.append(wheel)
-    candidates += ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so"]
+    if wheel:  # right after $ONNXFUSE_NVRTC_PATH's files, where session_options() puts it for the library
+        n_env = len([p for p in os.environ.get("ONNXFUSE_NVRTC_PATH", "").split(":") if p])
+        candidates.insert(n_env, wheel)
     errors = []
     for c in candidates:
         try:
@@ -156,11 +206,11 @@ def compile_ptx(source: str, arch: str = "compute_90", options: tuple[str, ...] 
     """
     lib = _nvrtc()
     prog = ctypes.c_void_p()
-    r = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"onnxfuse_fused.cu", 0, None, None)
+    r = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), NVRTC_SOURCE_NAME.encode(), 0, None, None)
     if r != 0:
         raise NvrtcError(f"nvrtcCreateProgram: {lib.nvrtcGetErrorString(r).decode()}")
     try:
-        opts = [f"--gpu-architecture={arch}", "--std=c++17", "--fmad=true", "-DONNXFUSE_NVRTC=1", *options]
+        opts = [f"--gpu-architecture={arch}", *NVRTC_OPTIONS, *options]
         arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
         r = lib.nvrtcCompileProgram(prog, len(opts), arr)
         size = ctypes.c_size_t()
