@@ -356,6 +356,7 @@ OP_TABLE: dict[str, OpSpec] = {
         OpSpec("Reciprocal", 1, _FLOATS, "same", _u(lambda a: 1.0 / a), fast="ofx_fast_reciprocal"),
         OpSpec("Sin", 1, _FLOATS, "same", _u(np.sin)),
         OpSpec("Cos", 1, _FLOATS, "same", _u(np.cos)),
+        OpSpec("Atan", 1, _FLOATS, "same", _u(np.arctan)),
         OpSpec("Tanh", 1, _FLOATS, "same", _u(np.tanh), fast="ofx_fast_tanh", fast_bf16="ofx_fast_tanh_bf16"),
         OpSpec("Erf", 1, _FLOATS, "same", _u(_erf)),
         OpSpec("Floor", 1, _FLOATS, "same", _u(np.floor)),

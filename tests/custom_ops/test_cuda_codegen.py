@@ -504,3 +504,17 @@ def test_many_inputs_split_high_rank_layouts(mock_driver, tmp_path):
     assert p["ndim"] == 11 and p["n"] == 2 ** 11 and p["out"] == [O + 31 * 2 ** 11 * 4]
     assert p["strides"][0] == stx[5:] and p["strides"][1] == sty[5:]
     assert p["in"][2:] == ins[2:]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", expr.FLOAT_DTYPES)
+def test_atan_compiles_to_ptx(dtype):
+    """Atan (one expr.OP_TABLE row + ofx_atan in ops.h): the generator calls ofx_atan in every float
+    dtype (no fast approximation), and every kernel compiles."""
+    text = f"onnxfuse.elementwise 1\ninput x: {dtype}\ny: {dtype} = Atan(x)\noutput y\n"
+    src = native.cuda_source(text)
+    assert "= ofx_atan(v0);  // y = Atan" in src
+    for arch in ARCHS:
+        ptx = native.compile_ptx(src, arch=arch)
+        for name in ALL_KERNELS:
+            assert f".entry {name}(" in ptx, (name, arch)

@@ -36,6 +36,7 @@ enum class Op : int {
   Reciprocal,
   Sin,
   Cos,
+  Atan,
   Tanh,
   Erf,
   Floor,
@@ -117,6 +118,7 @@ inline constexpr OpInfo kOps[] = {
     {"Reciprocal", 1, "ofx_reciprocal", 0x01 | 0x02 | 0x04, ResultRule::kSame, false, OpForm::kFloat1, "ofx_fast_reciprocal", "", 0, {}},
     {"Sin", 1, "ofx_sin", 0x01 | 0x02 | 0x04, ResultRule::kSame, false, OpForm::kFloat1, "", "", 0, {}},
     {"Cos", 1, "ofx_cos", 0x01 | 0x02 | 0x04, ResultRule::kSame, false, OpForm::kFloat1, "", "", 0, {}},
+    {"Atan", 1, "ofx_atan", 0x01 | 0x02 | 0x04, ResultRule::kSame, false, OpForm::kFloat1, "", "", 0, {}},
     {"Tanh", 1, "ofx_tanh", 0x01 | 0x02 | 0x04, ResultRule::kSame, false, OpForm::kFloat1, "ofx_fast_tanh", "ofx_fast_tanh_bf16", 0, {}},
     {"Erf", 1, "ofx_erf", 0x01 | 0x02 | 0x04, ResultRule::kSame, false, OpForm::kFloat1, "", "", 0, {}},
     {"Floor", 1, "ofx_floor", 0x01 | 0x02 | 0x04, ResultRule::kSame, false, OpForm::kFloat1, "", "", 0, {}},
@@ -170,6 +172,7 @@ static_assert(op_table_streq(kOps[static_cast<int>(Op::Sqrt)].name, "Sqrt"), "Op
 static_assert(op_table_streq(kOps[static_cast<int>(Op::Reciprocal)].name, "Reciprocal"), "Op::Reciprocal");
 static_assert(op_table_streq(kOps[static_cast<int>(Op::Sin)].name, "Sin"), "Op::Sin");
 static_assert(op_table_streq(kOps[static_cast<int>(Op::Cos)].name, "Cos"), "Op::Cos");
+static_assert(op_table_streq(kOps[static_cast<int>(Op::Atan)].name, "Atan"), "Op::Atan");
 static_assert(op_table_streq(kOps[static_cast<int>(Op::Tanh)].name, "Tanh"), "Op::Tanh");
 static_assert(op_table_streq(kOps[static_cast<int>(Op::Erf)].name, "Erf"), "Op::Erf");
 static_assert(op_table_streq(kOps[static_cast<int>(Op::Floor)].name, "Floor"), "Op::Floor");
@@ -206,7 +209,7 @@ static_assert(op_table_streq(kOps[static_cast<int>(Op::Xor)].name, "Xor"), "Op::
 #define ONNXFUSE_OPS_SPECIAL(X) X(Gelu, ofx_gelu) X(Clip, ofx_clip) X(Identity, ofx_identity) X(Cast, ofx_cast) X(Where, ofx_where)
 #define ONNXFUSE_OPS_NUMERIC1(X) X(Neg, ofx_neg) X(Abs, ofx_abs) X(Sign, ofx_sign) X(Relu, ofx_relu)
 #define ONNXFUSE_OPS_NUMERIC2(X) X(Add, ofx_add) X(Sub, ofx_sub) X(Mul, ofx_mul) X(Div, ofx_div) X(Min, ofx_min) X(Max, ofx_max)
-#define ONNXFUSE_OPS_FLOAT1_A0(X) X(Exp, ofx_exp) X(Log, ofx_log) X(Sqrt, ofx_sqrt) X(Reciprocal, ofx_reciprocal) X(Sin, ofx_sin) X(Cos, ofx_cos) X(Tanh, ofx_tanh) X(Erf, ofx_erf) X(Floor, ofx_floor) X(Ceil, ofx_ceil) X(Round, ofx_round) X(Sigmoid, ofx_sigmoid) X(Softplus, ofx_softplus) X(Softsign, ofx_softsign) X(Mish, ofx_mish) X(HardSwish, ofx_hard_swish)
+#define ONNXFUSE_OPS_FLOAT1_A0(X) X(Exp, ofx_exp) X(Log, ofx_log) X(Sqrt, ofx_sqrt) X(Reciprocal, ofx_reciprocal) X(Sin, ofx_sin) X(Cos, ofx_cos) X(Atan, ofx_atan) X(Tanh, ofx_tanh) X(Erf, ofx_erf) X(Floor, ofx_floor) X(Ceil, ofx_ceil) X(Round, ofx_round) X(Sigmoid, ofx_sigmoid) X(Softplus, ofx_softplus) X(Softsign, ofx_softsign) X(Mish, ofx_mish) X(HardSwish, ofx_hard_swish)
 #define ONNXFUSE_OPS_FLOAT1_A1(X) X(LeakyRelu, ofx_leaky_relu) X(Elu, ofx_elu) X(Celu, ofx_celu)
 #define ONNXFUSE_OPS_FLOAT1_A2(X) X(Selu, ofx_selu) X(HardSigmoid, ofx_hard_sigmoid)
 #define ONNXFUSE_OPS_FLOAT2(X) X(Pow, ofx_pow)
