@@ -573,6 +573,16 @@ OFX_EXPORT onnxfuse_ort::OrtStatus* RegisterCustomOps(onnxfuse_ort::OrtSessionOp
   return api->AddCustomOpDomain(options, domain);
 }
 
+namespace {
+// Writes up to out_size-1 chars of s and a NUL (the onnxfuse_* functions that return a length).
+void copy_out(const std::string& s, char* out, size_t out_size) {
+  if (!out || !out_size) return;
+  size_t n = std::min(s.size(), out_size - 1);
+  std::memcpy(out, s.data(), n);
+  out[n] = '\0';
+}
+}  // namespace
+
 // Parses a program; returns 1 if valid, else 0 with "line N: message" in err.
 OFX_EXPORT int onnxfuse_check_program(const char* program, char* err, size_t err_size) {
   try {
@@ -602,11 +612,7 @@ OFX_EXPORT long onnxfuse_cuda_source(const char* program, int variants, char* ou
     } else {
       code = cuda_source(p, variants == 0 ? kVariantAll : variants).code;
     }
-    if (out && out_size) {
-      size_t n = std::min(code.size(), out_size - 1);
-      std::memcpy(out, code.data(), n);
-      out[n] = '\0';
-    }
+    copy_out(code, out, out_size);
     return e.empty() ? static_cast<long>(code.size()) : -1;
   } catch (...) {
     return -1;
@@ -616,11 +622,7 @@ OFX_EXPORT long onnxfuse_cuda_source(const char* program, int variants, char* ou
 // Kernel-cache and compile counters as JSON (see cuda_stats_json).
 OFX_EXPORT long onnxfuse_cuda_stats(char* out, size_t out_size) {
   std::string s = cuda_stats_json();
-  if (out && out_size) {
-    size_t n = std::min(s.size(), out_size - 1);
-    std::memcpy(out, s.data(), n);
-    out[n] = '\0';
-  }
+  copy_out(s, out, out_size);
   return static_cast<long>(s.size());
 }
 
@@ -701,11 +703,7 @@ std::string op_table_json() {
 OFX_EXPORT long onnxfuse_op_table(char* out, size_t out_size) {
   try {
     const std::string s = op_table_json();
-    if (out && out_size) {
-      size_t n = std::min(s.size(), out_size - 1);
-      std::memcpy(out, s.data(), n);
-      out[n] = '\0';
-    }
+    copy_out(s, out, out_size);
     return static_cast<long>(s.size());
   } catch (...) {
     return -1;
