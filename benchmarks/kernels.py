@@ -191,7 +191,7 @@ _CHILD = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     import numpy as np, onnxruntime as ort
     from onnx import TensorProto, helper
-    from onnxfuse.custom_ops import DOMAIN, codegen, make_node, session_options
+    from onnxfuse.custom_ops import DOMAIN, make_node, native as codegen, session_options
     text = {text!r}
     g = helper.make_graph([make_node(text, ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024])],

@@ -87,6 +87,8 @@ def library_path() -> str:
 
 def nvrtc_library_path() -> str | None:
     """libnvrtc from the ``nvidia-cuda-nvrtc`` wheel, if installed (else None)."""
+    from onnxfuse.custom_ops.native import NVRTC_LIBRARY_NAMES
+
     try:
         import importlib.util
 
@@ -100,7 +102,7 @@ def nvrtc_library_path() -> str | None:
             d = Path(root) / sub
             if not d.is_dir():
                 continue
-            for name in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"):
+            for name in NVRTC_LIBRARY_NAMES:
                 if (d / name).is_file():
                     return str(d / name)
     return None

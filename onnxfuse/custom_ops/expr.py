@@ -5,8 +5,10 @@ is the single Python source of truth for that language:
 
 * the data model (:class:`Program`, :class:`Const`, :class:`Op`) and the dtype tables;
 * :data:`OP_TABLE`, one :class:`OpSpec` row per supported op (arity, dtypes, attributes, result-dtype
-  rule and the numpy reference). The fusion rewriter asks it which ONNX nodes it may fuse; adding an
-  op is adding one row (plus the C++ kernel);
+  rule, numpy reference, and the ``csrc/ops.h`` function of the C++ kernels). The fusion rewriter
+  asks it which ONNX nodes it may fuse; the C++ library's op table is generated from it
+  (``tools/gen_op_table.py``); adding an op is one row here plus its function in ``csrc/ops.h``
+  (``csrc/README.md``);
 * :func:`parse` / :func:`print_program` (canonical text, exact round trip of every constant);
 * :class:`ProgramBuilder`, what the graph rewriter uses to emit programs without writing text;
 * :func:`evaluate`, the numpy reference evaluator with ONNX semantics (each op rounded to its dtype);
@@ -286,6 +288,14 @@ class OpSpec:
     ``onnx_dtypes``: dtypes the ONNX op itself accepts when they differ from ``dtypes`` (Celu is
     float32-only in ONNX); :func:`onnx_equivalent_model` computes others in float32.
     ``compute``: numpy reference, ``compute(*args, attrs, result_dtype)``.
+
+    What the C++ library needs besides (``tools/gen_op_table.py`` writes every row, in this order,
+    into ``csrc/op_table.gen.h``: ``enum Op``, the parser's arity/dtype/attribute checks, the CPU
+    kernel's dispatch, the CUDA generator's calls):
+    ``cfunc``: the ``csrc/ops.h`` function computing the op (default ``ofx_`` + the name in
+    snake_case: ``HardSwish`` -> ``ofx_hard_swish``); float attributes are passed after the operands.
+    ``fast``: the CUDA prelude's hardware approximation used when the result is float16/bfloat16
+    (``fast_bf16``: another one for bfloat16); empty: ``cfunc`` in every dtype.
     """
 
     op_type: str
@@ -296,6 +306,14 @@ class OpSpec:
     attrs: tuple[AttrSpec, ...] = ()
     cond_first: bool = False
     onnx_dtypes: frozenset | None = None
+    cfunc: str = ""
+    fast: str = ""
+    fast_bf16: str = ""
+
+    @property
+    def c_function(self) -> str:
+        """The ``csrc/ops.h`` function (``cfunc``, or its default)."""
+        return self.cfunc or "ofx_" + re.sub(r"(?<!^)(?=[A-Z])", "_", self.op_type).lower()
 
     def attr(self, name: str) -> AttrSpec | None:
         for a in self.attrs:
@@ -325,29 +343,30 @@ OP_TABLE: dict[str, OpSpec] = {
         OpSpec("Add", 2, _NUMERIC, "same", _b(np.add)),
         OpSpec("Sub", 2, _NUMERIC, "same", _b(np.subtract)),
         OpSpec("Mul", 2, _NUMERIC, "same", _b(np.multiply)),
-        OpSpec("Div", 2, _NUMERIC, "same", _div),
+        OpSpec("Div", 2, _NUMERIC, "same", _div, fast="ofx_fast_div"),
         OpSpec("Pow", 2, _FLOATS, "same", _b(np.power)),
         OpSpec("Min", 2, _NUMERIC, "same", _b(np.minimum)),
         OpSpec("Max", 2, _NUMERIC, "same", _b(np.maximum)),
         OpSpec("Neg", 1, _NUMERIC, "same", _u(np.negative)),
         OpSpec("Abs", 1, _NUMERIC, "same", _u(np.abs)),
         OpSpec("Sign", 1, _NUMERIC, "same", _u(np.sign)),
-        OpSpec("Exp", 1, _FLOATS, "same", _u(np.exp)),
+        OpSpec("Exp", 1, _FLOATS, "same", _u(np.exp), fast="ofx_fast_exp"),
         OpSpec("Log", 1, _FLOATS, "same", _u(np.log)),
         OpSpec("Sqrt", 1, _FLOATS, "same", _u(np.sqrt)),
-        OpSpec("Reciprocal", 1, _FLOATS, "same", _u(lambda a: 1.0 / a)),
+        OpSpec("Reciprocal", 1, _FLOATS, "same", _u(lambda a: 1.0 / a), fast="ofx_fast_reciprocal"),
         OpSpec("Sin", 1, _FLOATS, "same", _u(np.sin)),
         OpSpec("Cos", 1, _FLOATS, "same", _u(np.cos)),
-        OpSpec("Tanh", 1, _FLOATS, "same", _u(np.tanh)),
+        OpSpec("Atan", 1, _FLOATS, "same", _u(np.arctan)),
+        OpSpec("Tanh", 1, _FLOATS, "same", _u(np.tanh), fast="ofx_fast_tanh", fast_bf16="ofx_fast_tanh_bf16"),
         OpSpec("Erf", 1, _FLOATS, "same", _u(_erf)),
         OpSpec("Floor", 1, _FLOATS, "same", _u(np.floor)),
         OpSpec("Ceil", 1, _FLOATS, "same", _u(np.ceil)),
         OpSpec("Round", 1, _FLOATS, "same", _u(np.rint)),  # rint: half to even
-        OpSpec("Sigmoid", 1, _FLOATS, "same", _u(lambda a: 1.0 / (1.0 + np.exp(-a)))),
+        OpSpec("Sigmoid", 1, _FLOATS, "same", _u(lambda a: 1.0 / (1.0 + np.exp(-a))), fast="ofx_fast_sigmoid"),
         OpSpec("Relu", 1, _NUMERIC, "same", _u(lambda a: np.maximum(a, a.dtype.type(0)))),
         # Softplus = ln(exp(x) + 1); logaddexp is the same value without overflow.
         OpSpec("Softplus", 1, _FLOATS, "same", _u(lambda a: np.logaddexp(0.0, a))),
-        OpSpec("Softsign", 1, _FLOATS, "same", _u(lambda a: a / (1.0 + np.abs(a)))),
+        OpSpec("Softsign", 1, _FLOATS, "same", _u(lambda a: a / (1.0 + np.abs(a))), fast="ofx_fast_softsign"),
         OpSpec("Mish", 1, _FLOATS, "same", _u(lambda a: a * np.tanh(np.logaddexp(0.0, a)))),
         OpSpec("HardSwish", 1, _FLOATS, "same",
                _u(lambda a: a * np.maximum(0.0, np.minimum(1.0, a / 6.0 + 0.5)))),
@@ -361,8 +380,9 @@ OP_TABLE: dict[str, OpSpec] = {
                (_ALPHA(1.67326319217681884765625), AttrSpec("gamma", "float", 1.05070102214813232421875))),
         OpSpec("HardSigmoid", 1, _FLOATS, "same", _hard_sigmoid,
                (_ALPHA(0.2), AttrSpec("beta", "float", 0.5))),
+        # Gelu: ofx_gelu, or ofx_gelu_tanh with approximate=tanh; fast only for the tanh form.
         OpSpec("Gelu", 1, _FLOATS, "same", _gelu,
-               (AttrSpec("approximate", "word", "none", ("none", "tanh")),)),
+               (AttrSpec("approximate", "word", "none", ("none", "tanh")),), fast="ofx_fast_gelu_tanh"),
         OpSpec("Clip", 1, _NUMERIC, "same", _clip,
                (AttrSpec("min", "bound", -math.inf), AttrSpec("max", "bound", math.inf))),
         OpSpec("Identity", 1, _ALL, "same", _u(lambda a: a)),
@@ -370,9 +390,9 @@ OP_TABLE: dict[str, OpSpec] = {
         OpSpec("Where", 3, _ALL, "same", _where, cond_first=True),
         OpSpec("Equal", 2, _ALL, "bool", _b(np.equal)),
         OpSpec("Less", 2, _NUMERIC, "bool", _b(np.less)),
-        OpSpec("LessOrEqual", 2, _NUMERIC, "bool", _b(np.less_equal)),
+        OpSpec("LessOrEqual", 2, _NUMERIC, "bool", _b(np.less_equal), cfunc="ofx_less_equal"),
         OpSpec("Greater", 2, _NUMERIC, "bool", _b(np.greater)),
-        OpSpec("GreaterOrEqual", 2, _NUMERIC, "bool", _b(np.greater_equal)),
+        OpSpec("GreaterOrEqual", 2, _NUMERIC, "bool", _b(np.greater_equal), cfunc="ofx_greater_equal"),
         OpSpec("Not", 1, _BOOL, "same", _u(np.logical_not)),
         OpSpec("And", 2, _BOOL, "same", _b(np.logical_and)),
         OpSpec("Or", 2, _BOOL, "same", _b(np.logical_or)),

@@ -10,17 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from onnxfuse.custom_ops import codegen, expr
+from onnxfuse.custom_ops import expr, native
+
 
 try:
-    NVRTC = codegen.nvrtc_version()
+    NVRTC = native.nvrtc_version()
     NVRTC_SKIP = None
-except codegen.NvrtcNotFoundError as e:  # pragma: no cover - depends on the environment
+except native.NvrtcNotFoundError as e:  # pragma: no cover - depends on the environment
     NVRTC, NVRTC_SKIP = None, f"NVRTC not available ({e}); install the dev extra: pip install -e '.[dev]'"
 
 needs_nvrtc = pytest.mark.skipif(NVRTC_SKIP is not None, reason=NVRTC_SKIP or "")
 ARCHS = ["compute_75", "compute_90"]
-ALL_KERNELS = [n for names in codegen.KERNEL_NAMES.values() for n in names]
+ALL_KERNELS = [n for names in native.KERNEL_NAMES.values() for n in names]
 
 
 def all_ops_program(dtype: str) -> str:
@@ -67,8 +68,8 @@ def cast_program() -> str:
 
 def test_source_embeds_ops_header_verbatim():
     """The device maths is the same text the CPU kernel is compiled from (csrc/ops.h)."""
-    header = (Path(codegen.__file__).parent / "csrc" / "ops.h").read_text()
-    src = codegen.cuda_source(all_ops_program("float32"))
+    header = (Path(native.__file__).parent / "csrc" / "ops.h").read_text()
+    src = native.cuda_source(all_ops_program("float32"))
     assert header in src
     for name in ALL_KERNELS:
         assert f'extern "C" __global__ void __launch_bounds__(256) {name}(' in src
@@ -76,16 +77,16 @@ def test_source_embeds_ops_header_verbatim():
 
 def test_variant_masks():
     text = all_ops_program("float32")
-    for variant, names in codegen.KERNEL_NAMES.items():
-        src = codegen.cuda_source(text, variant)
-        for v2, n2 in codegen.KERNEL_NAMES.items():
+    for variant, names in native.KERNEL_NAMES.items():
+        src = native.cuda_source(text, variant)
+        for v2, n2 in native.KERNEL_NAMES.items():
             for n in n2:
                 assert (f" {n}(" in src) == (v2 == variant)
 
 
 def test_invalid_program_raises():
     with pytest.raises(ValueError, match="line 2"):
-        codegen.cuda_source("onnxfuse.elementwise 1\ninput x: float99\noutput x\n")
+        native.cuda_source("onnxfuse.elementwise 1\ninput x: float99\noutput x\n")
 
 
 @needs_nvrtc
@@ -93,20 +94,20 @@ def test_invalid_program_raises():
 def test_every_op_compiles(dtype):
     text = all_ops_program(dtype)
     for arch in ARCHS:
-        ptx = codegen.compile_ptx(codegen.cuda_source(text), arch=arch)
+        ptx = native.compile_ptx(native.cuda_source(text), arch=arch)
         for name in ALL_KERNELS:
             assert f".entry {name}(" in ptx, (name, arch)
 
 
 @needs_nvrtc
 def test_every_cast_compiles():
-    ptx = codegen.compile_ptx(codegen.cuda_source(cast_program()), arch="compute_90")
+    ptx = native.compile_ptx(native.cuda_source(cast_program()), arch="compute_90")
     for name in ALL_KERNELS:
         assert f".entry {name}(" in ptx
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("variant", sorted(codegen.KERNEL_NAMES))
+@pytest.mark.parametrize("variant", sorted(native.KERNEL_NAMES))
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_each_variant_compiles_alone(variant, dtype):
     text = f"""onnxfuse.elementwise 1
@@ -122,19 +123,19 @@ t4: {dtype} = Tanh(t3)
 t5: {dtype} = Mul(t4, s)
 output t5
 """
-    ptx = codegen.compile_ptx(codegen.cuda_source(text, variant), arch="compute_80")
+    ptx = native.compile_ptx(native.cuda_source(text, variant), arch="compute_80")
     entries = re.findall(r"\.entry (\w+)\(", ptx)
-    assert sorted(entries) == sorted(codegen.KERNEL_NAMES[variant])
+    assert sorted(entries) == sorted(native.KERNEL_NAMES[variant])
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("variant", [codegen.VARIANT_FAST_VEC, codegen.VARIANT_BROADCAST_VEC])
+@pytest.mark.parametrize("variant", [native.VARIANT_FAST_VEC, native.VARIANT_BROADCAST_VEC])
 @pytest.mark.parametrize("dtype,vec_load", [("float32", "v4.f32"), ("float16", "v4.u32"),
                                             ("bfloat16", "v4.u32")])
 def test_vector_kernels_use_128_bit_accesses(dtype, vec_load, variant):
     text = (f"onnxfuse.elementwise 1\ninput x: {dtype}\ninput s: {dtype}\nt: {dtype} = Sigmoid(x)\n"
             f"y: {dtype} = Mul(t, s)\noutput y\n")
-    ptx = codegen.compile_ptx(codegen.cuda_source(text, variant), arch="compute_90")
+    ptx = native.compile_ptx(native.cuda_source(text, variant), arch="compute_90")
     assert re.search(r"ld\.global(\.nc)?\." + re.escape(vec_load), ptx), "no 128-bit load"
     assert re.search(r"st\.global\." + re.escape(vec_load), ptx), "no 128-bit store"
 
@@ -157,7 +158,7 @@ def fast_ops_program(dtype: str) -> str:
 
 @pytest.mark.parametrize("dtype", expr.FLOAT_DTYPES)
 def test_fast_maths_only_for_half_dtypes(dtype):
-    src = codegen.cuda_source(fast_ops_program(dtype))
+    src = native.cuda_source(fast_ops_program(dtype))
     start = src.index("void ofx_eval(")
     body = src[start:src.index("\n}\n", start)]
     for op, fn in FAST_OPS.items():
@@ -175,7 +176,7 @@ def test_fast_maths_only_for_half_dtypes(dtype):
 def test_fast_maths_compiles_to_approximate_instructions(dtype, arch):
     """Every variant with the fast maths; tanh.approx (MUFU.TANH, sm_75+) for bfloat16 Tanh only,
     approximate division for half dtypes only (float32 keeps IEEE division)."""
-    ptx = codegen.compile_ptx(codegen.cuda_source(fast_ops_program(dtype)), arch=arch)
+    ptx = native.compile_ptx(native.cuda_source(fast_ops_program(dtype)), arch=arch)
     assert sorted(re.findall(r"\.entry (\w+)\(", ptx)) == sorted(ALL_KERNELS)
     assert ("tanh.approx.f32" in ptx) == (dtype == "bfloat16")
     assert ("div.approx" in ptx) == (dtype != "float32")
@@ -187,7 +188,7 @@ def test_fast_maths_compiles_to_approximate_instructions(dtype, arch):
 @needs_nvrtc
 def test_tanh_fallback_without_tanh_approx_compiles():
     """The pre-sm_75 path of bfloat16 Tanh (NVRTC 13 cannot target sm_70; forced by a macro here)."""
-    ptx = codegen.compile_ptx(codegen.cuda_source(fast_ops_program("bfloat16")), arch="compute_90",
+    ptx = native.compile_ptx(native.cuda_source(fast_ops_program("bfloat16")), arch="compute_90",
                               options=("-DOFX_NO_TANH_APPROX=1",))
     assert "tanh.approx" not in ptx and ".entry ofx_fast_vec_32(" in ptx
 
@@ -196,20 +197,20 @@ def test_tanh_fallback_without_tanh_approx_compiles():
 @pytest.mark.parametrize("out_dtype,cvt", [("float16", "cvt.rn.f16x2.f32"), ("bfloat16", "cvt.rn.bf16x2.f32")])
 def test_half_outputs_converted_in_pairs(out_dtype, cvt):
     text = f"onnxfuse.elementwise 1\ninput x: float32\ny: {out_dtype} = Cast[to={out_dtype}](x)\noutput y\n"
-    ptx = codegen.compile_ptx(codegen.cuda_source(text), arch="compute_90")
+    ptx = native.compile_ptx(native.cuda_source(text), arch="compute_90")
     assert cvt in ptx
-    ptx75 = codegen.compile_ptx(codegen.cuda_source(text), arch="compute_75")  # sm_80+ instruction
+    ptx75 = native.compile_ptx(native.cuda_source(text), arch="compute_75")  # sm_80+ instruction
     assert cvt not in ptx75
 
 
 @needs_nvrtc
 def test_compile_error_carries_log():
-    with pytest.raises(codegen.NvrtcError, match="undefined"):
-        codegen.compile_ptx("extern \"C\" __global__ void k() { undefined_fn(); }")
+    with pytest.raises(native.NvrtcError, match="undefined"):
+        native.compile_ptx("extern \"C\" __global__ void k() { undefined_fn(); }")
 
 
 def test_kernel_stats_without_gpu():
-    stats = codegen.kernel_stats()
+    stats = native.kernel_stats()
     assert stats["compiles"] == 0 and "cache_dir" in stats
 
 
@@ -263,7 +264,7 @@ int mock_ptrs(unsigned long long* out) { memcpy(out, g_ptrs, sizeof g_ptrs); ret
 MOCK_CHILD = r"""
 import ctypes, json, os, struct, sys
 sys.path.insert(0, ROOT)
-from onnxfuse.custom_ops import codegen, library_path
+from onnxfuse.custom_ops import library_path, native
 lib = ctypes.CDLL(library_path())
 mock = ctypes.CDLL(MOCK) if os.path.exists(MOCK) else None
 lib.onnxfuse_test_cuda_create.restype = ctypes.c_void_p
@@ -293,7 +294,7 @@ for shapes, in_ptrs, out_ptrs in LAUNCHES:
     out["launches"].append({"ok": ok, "error": err.value.decode(), "kernel": last.value.decode(),
                             "grid": grid.value, "block": block.value, "stream": stream.value,
                             "params": params.raw.hex(), "count": n, "loads": loads.value, "cubin": cubin.value})
-out["stats"] = codegen.kernel_stats()
+out["stats"] = native.kernel_stats()
 if mock is not None:
     images = ctypes.create_string_buffer(16 * 64)
     n = mock.mock_images(images)
@@ -336,7 +337,7 @@ def run_mock(mock, cache_home, program, launches, extra_env=None, pre: str = "")
     if nvrtc_library_path():
         env["ONNXFUSE_NVRTC_PATH"] = nvrtc_library_path()
     env.update(extra_env or {})
-    root = str(Path(codegen.__file__).resolve().parents[2])
+    root = str(Path(native.__file__).resolve().parents[2])
     code = (f"ROOT = {root!r}\nMOCK = {str(mock)!r}\nPROGRAM = {program!r}\nLAUNCHES = {launches!r}\n"
             f"PRE = {pre!r}\n" + MOCK_CHILD)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -458,7 +459,7 @@ def test_broadcast_of_rank_16_in_one_launch(mock_driver, tmp_path):
     """Up to the rank limit (16) the broadcast kernels of small programs take every dim: a layout
     whose 16 dims do not merge is one launch (the kernels took 8 dims, and such a layout failed)."""
     text = "onnxfuse.elementwise 1\ninput x: float32\ninput y: float32\nz: float32 = Add(x, y)\noutput z\n"
-    assert "#define OFX_D 16\n" in codegen.cuda_source(text)
+    assert "#define OFX_D 16\n" in native.cuda_source(text)
     sx = (2,) * 16
     sy = tuple(2 if i % 2 == 0 else 1 for i in range(16))
     A, B, O = 0x10000, 0x20000, 0x30000
@@ -483,7 +484,7 @@ def test_many_inputs_split_high_rank_layouts(mock_driver, tmp_path):
     for i in range(2, n):
         lines.append(f"t{i - 1}: float32 = Add(t{i - 2}, x{i})")
     text = "\n".join(lines + [f"output t{n - 2}"]) + "\n"
-    assert max_dims(n, 1) == 11 and "#define OFX_D 11\n" in codegen.cuda_source(text)
+    assert max_dims(n, 1) == 11 and "#define OFX_D 11\n" in native.cuda_source(text)
     sx = (2,) * 16
     sy = tuple(2 if i % 2 == 0 else 1 for i in range(16))
     shapes = [sx, sy] + [()] * (n - 2)
@@ -503,3 +504,17 @@ def test_many_inputs_split_high_rank_layouts(mock_driver, tmp_path):
     assert p["ndim"] == 11 and p["n"] == 2 ** 11 and p["out"] == [O + 31 * 2 ** 11 * 4]
     assert p["strides"][0] == stx[5:] and p["strides"][1] == sty[5:]
     assert p["in"][2:] == ins[2:]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", expr.FLOAT_DTYPES)
+def test_atan_compiles_to_ptx(dtype):
+    """Atan (one expr.OP_TABLE row + ofx_atan in ops.h): the generator calls ofx_atan in every float
+    dtype (no fast approximation), and every kernel compiles."""
+    text = f"onnxfuse.elementwise 1\ninput x: {dtype}\ny: {dtype} = Atan(x)\noutput y\n"
+    src = native.cuda_source(text)
+    assert "= ofx_atan(v0);  // y = Atan" in src
+    for arch in ARCHS:
+        ptx = native.compile_ptx(src, arch=arch)
+        for name in ALL_KERNELS:
+            assert f".entry {name}(" in ptx, (name, arch)

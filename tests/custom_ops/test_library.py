@@ -158,7 +158,7 @@ DATA_KIND = {"Log": "positive", "Sqrt": "positive", "Reciprocal": "nonzero", "Di
 # Per-op tolerance multipliers. Empty on the CPU: every op agrees with ONNX Runtime's CPU kernels
 # within rtol=atol=1e-6 (float32). tests/gpu widens transcendental ops (CUDA's libm differs by ulps).
 LOOSE: dict[str, float] = {}
-TRANSCENDENTAL = ("Erf", "Gelu", "Tanh", "Mish", "Softplus", "Sigmoid", "Pow", "Exp", "Log", "Sin", "Cos",
+TRANSCENDENTAL = ("Erf", "Gelu", "Tanh", "Mish", "Softplus", "Sigmoid", "Pow", "Exp", "Log", "Sin", "Cos", "Atan",
                   "Selu", "Elu", "Celu", "Softsign", "HardSwish", "Sqrt", "Reciprocal", "Div")
 
 
@@ -233,7 +233,7 @@ def test_constants_and_library():
 
 def test_op_table_matches_cpp():
     """The C++ parser knows exactly the ops of expr.OP_TABLE."""
-    from onnxfuse.custom_ops.codegen import check_program
+    from onnxfuse.custom_ops.native import check_program
 
     for op in expr.OP_TABLE:
         if op == "Cast":
@@ -489,7 +489,7 @@ BAD_PROGRAMS = [
 
 @pytest.mark.parametrize("text,line,word", BAD_PROGRAMS, ids=[f"bad{i}" for i in range(len(BAD_PROGRAMS))])
 def test_malformed_program_rejected_at_session_creation(text, line, word):
-    from onnxfuse.custom_ops.codegen import check_program
+    from onnxfuse.custom_ops.native import check_program
 
     with pytest.raises(expr.ProgramError) as py_err:
         expr.parse(text)
@@ -529,7 +529,7 @@ def _mutations(text: str):
 
 def test_parsers_agree_on_mutations():
     """The C++ and Python parsers accept and reject the same programs, naming the same line."""
-    from onnxfuse.custom_ops.codegen import check_program
+    from onnxfuse.custom_ops.native import check_program
 
     base = """onnxfuse.elementwise 1
 input x: float32
@@ -817,3 +817,40 @@ def test_other_dtype_mismatches_still_fail_at_session_creation():
         so.log_severity_level = 4
         with pytest.raises(Exception, match=re.escape(words)):
             ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+# ------------------------------------------------------------------ Atan (issue 13: an op added in two places)
+
+@pytest.mark.parametrize("dtype", expr.FLOAT_DTYPES)
+def test_atan_cpu_kernel_matches_numpy(dtype):
+    """Atan, added as one expr.OP_TABLE row and one ops.h function: the CPU interpreter against
+    numpy's arctan (float64, rounded once to the dtype), edge values included; and against the
+    unfused ONNX Runtime graph on random data."""
+    text = f"onnxfuse.elementwise 1\ninput x: {dtype}\ny: {dtype} = Atan(x)\noutput y\n"
+    special = [-np.inf, -1e30, -3.0, -1.0, -1e-30, -0.0, 0.0, 1e-30, 0.5, 1.0, 2.0, 1e4, 1e30, np.inf, np.nan]
+    rng = np.random.default_rng(13)
+    x = np.concatenate([np.array(special), rng.uniform(-20, 20, 241)]).astype(np.float32)
+    if dtype == "float16":
+        x = np.where(np.isfinite(x) & (np.abs(x) > 6e4), np.sign(x) * 6e4, x).astype(np.float16)
+    elif dtype == "bfloat16":
+        x = expr.round_to_dtype(x, "bfloat16").astype(np.float32)
+    got = fused_session(text, [x.shape]).run(None, {"x": x})[0]
+    want = expr.round_to_dtype(np.arctan(x.astype(np.float64)), dtype)
+    want = want.astype(np.float32) if dtype == "bfloat16" else want
+    compare(got, want, dtype, f"Atan({dtype}) vs numpy")
+    assert np.signbit(got[5]) and not np.signbit(got[6])  # atan(-0) = -0, atan(+0) = +0
+    assert got[0] == want[0] and got[13] == want[13]  # -pi/2, pi/2 rounded to the dtype
+    assert np.isnan(got[14])
+    compare(got, numpy_reference(text, [x])[0], dtype, f"Atan({dtype}) vs expr.evaluate")
+    run_op_case("Atan", dtype)
+
+
+@pytest.mark.xfail(strict=True, reason="onnxfuse/rewrites/fuse_elementwise.py refuses ops named in its hard-coded "
+                   "_UNSUPPORTED_ELEMENTWISE (Atan among them) before it asks expr.OP_TABLE (issue 13 report)")
+def test_atan_is_fused_by_fuse_elementwise():
+    from helpers import optimize
+
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 3] x) => (float[2, 3] y) { a = Atan(x) b = Mul(a, x) y = Exp(b) }""")
+    out, _ = optimize(model, only=["fuse-elementwise"])
+    assert [n.op_type for n in out.graph.node] == ["FusedElementwise"]

@@ -24,7 +24,7 @@ import pytest
 from onnx import helper
 
 import onnxruntime as ort
-from onnxfuse.custom_ops import codegen, expr, session_options
+from onnxfuse.custom_ops import expr, native as codegen, session_options
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("fused_op_helpers", ROOT / "tests/custom_ops/test_library.py")
@@ -347,7 +347,7 @@ _CHILD = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {root!r})
     import numpy as np, onnxruntime as ort
-    from onnxfuse.custom_ops import codegen, session_options
+    from onnxfuse.custom_ops import native as codegen, session_options
     from onnx import helper
     import importlib.util
     spec = importlib.util.spec_from_file_location("h", {helpers!r})

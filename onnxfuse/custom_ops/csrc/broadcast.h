@@ -6,14 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "op_table.gen.h"
+
 namespace onnxfuse {
 
 // FusedElementwise's limit on the broadcast rank (the largest input rank), checked by make_layout
 // and by shape inference. Fixed-size arrays depend on it: the CPU kernel's coordinates
 // (cpu_kernel.cc) and the CUDA kernels' dims/strides (cuda_max_dims in cuda_codegen.h; launch()
-// splits a layout with more merged dims than the kernel takes). Python reads it through
-// onnxfuse_max_rank() (custom_ops.MAX_RANK), and fuse-elementwise refuses higher ranks.
-constexpr int kMaxRank = 16;
+// splits a layout with more merged dims than the kernel takes). kMaxRank is defined in
+// op_table.gen.h, generated from custom_ops.MAX_RANK; fuse-elementwise refuses higher ranks.
 
 inline std::string rank_limit_error(size_t rank) {
   return "rank " + std::to_string(rank) + " exceeds FusedElementwise's limit of " + std::to_string(kMaxRank);

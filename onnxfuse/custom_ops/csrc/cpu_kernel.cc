@@ -10,6 +10,9 @@
 
 #include "ops.h"
 
+// Every op needs a case in CpuEvaluator::run_block's switch (generic ones come from op_table.gen.h).
+#pragma GCC diagnostic error "-Wswitch"
+
 namespace onnxfuse {
 
 namespace {
@@ -183,38 +186,35 @@ void CpuEvaluator::run_block(const void* const* in, void* const* out, const Broa
   }
 
     switch (ins.op) {
-      case Op::Add: OFX_NUM2(ofx_add); break;
-      case Op::Sub: OFX_NUM2(ofx_sub); break;
-      case Op::Mul: OFX_NUM2(ofx_mul); break;
-      case Op::Div: OFX_NUM2(ofx_div); break;
-      case Op::Min: OFX_NUM2(ofx_min); break;
-      case Op::Max: OFX_NUM2(ofx_max); break;
-      case Op::Pow: map2(F(r), F(a0), F(a1), n, [](float x, float y) { return ofx_pow(x, y); }); break;
-      case Op::Neg: OFX_NUM1(ofx_neg); break;
-      case Op::Abs: OFX_NUM1(ofx_abs); break;
-      case Op::Sign: OFX_NUM1(ofx_sign); break;
-      case Op::Relu: OFX_NUM1(ofx_relu); break;
-      case Op::Exp: OFX_F1(ofx_exp(x)); break;
-      case Op::Log: OFX_F1(ofx_log(x)); break;
-      case Op::Sqrt: OFX_F1(ofx_sqrt(x)); break;
-      case Op::Reciprocal: OFX_F1(ofx_reciprocal(x)); break;
-      case Op::Sin: OFX_F1(ofx_sin(x)); break;
-      case Op::Cos: OFX_F1(ofx_cos(x)); break;
-      case Op::Tanh: OFX_F1(ofx_tanh(x)); break;
-      case Op::Erf: OFX_F1(ofx_erf(x)); break;
-      case Op::Floor: OFX_F1(ofx_floor(x)); break;
-      case Op::Ceil: OFX_F1(ofx_ceil(x)); break;
-      case Op::Round: OFX_F1(ofx_round(x)); break;
-      case Op::Sigmoid: OFX_F1(ofx_sigmoid(x)); break;
-      case Op::Softplus: OFX_F1(ofx_softplus(x)); break;
-      case Op::Softsign: OFX_F1(ofx_softsign(x)); break;
-      case Op::Mish: OFX_F1(ofx_mish(x)); break;
-      case Op::HardSwish: OFX_F1(ofx_hard_swish(x)); break;
-      case Op::LeakyRelu: OFX_F1(ofx_leaky_relu(x, fa)); break;
-      case Op::Elu: OFX_F1(ofx_elu(x, fa)); break;
-      case Op::Celu: OFX_F1(ofx_celu(x, fa)); break;
-      case Op::Selu: OFX_F1(ofx_selu(x, fa, fb)); break;
-      case Op::HardSigmoid: OFX_F1(ofx_hard_sigmoid(x, fa, fb)); break;
+      // Ops of the generic forms (op_table.gen.h, from expr.OP_TABLE): one case per op.
+#define OFX_CASE_NUM1(OP, FN) case Op::OP: OFX_NUM1(FN); break;
+#define OFX_CASE_NUM2(OP, FN) case Op::OP: OFX_NUM2(FN); break;
+#define OFX_CASE_F1A0(OP, FN) case Op::OP: OFX_F1(FN(x)); break;
+#define OFX_CASE_F1A1(OP, FN) case Op::OP: OFX_F1(FN(x, fa)); break;
+#define OFX_CASE_F1A2(OP, FN) case Op::OP: OFX_F1(FN(x, fa, fb)); break;
+#define OFX_CASE_F2(OP, FN) case Op::OP: map2(F(r), F(a0), F(a1), n, [](float x, float y) { return FN(x, y); }); break;
+#define OFX_CASE_CMP(OP, FN) case Op::OP: OFX_CMP(FN); break;
+#define OFX_CASE_B1(OP, FN) case Op::OP: map1(B(r), B(a0), n, [](bool x) { return FN(x); }); break;
+#define OFX_CASE_B2(OP, FN) case Op::OP: map2(B(r), B(a0), B(a1), n, [](bool x, bool y) { return FN(x, y); }); break;
+      ONNXFUSE_OPS_NUMERIC1(OFX_CASE_NUM1)
+      ONNXFUSE_OPS_NUMERIC2(OFX_CASE_NUM2)
+      ONNXFUSE_OPS_FLOAT1_A0(OFX_CASE_F1A0)
+      ONNXFUSE_OPS_FLOAT1_A1(OFX_CASE_F1A1)
+      ONNXFUSE_OPS_FLOAT1_A2(OFX_CASE_F1A2)
+      ONNXFUSE_OPS_FLOAT2(OFX_CASE_F2)
+      ONNXFUSE_OPS_COMPARE(OFX_CASE_CMP)
+      ONNXFUSE_OPS_BOOL1(OFX_CASE_B1)
+      ONNXFUSE_OPS_BOOL2(OFX_CASE_B2)
+#undef OFX_CASE_NUM1
+#undef OFX_CASE_NUM2
+#undef OFX_CASE_F1A0
+#undef OFX_CASE_F1A1
+#undef OFX_CASE_F1A2
+#undef OFX_CASE_F2
+#undef OFX_CASE_CMP
+#undef OFX_CASE_B1
+#undef OFX_CASE_B2
+      // Ops of form special (ONNXFUSE_OPS_SPECIAL); -Werror=switch above catches one without a case.
       case Op::Gelu:
         if (ins.approximate_tanh) OFX_F1(ofx_gelu_tanh(x));
         else OFX_F1(ofx_gelu(x));
@@ -276,15 +276,6 @@ void CpuEvaluator::run_block(const void* const* in, void* const* out, const Broa
         }
         break;
       }
-      case Op::Equal: OFX_CMP(ofx_equal); break;
-      case Op::Less: OFX_CMP(ofx_less); break;
-      case Op::LessOrEqual: OFX_CMP(ofx_less_equal); break;
-      case Op::Greater: OFX_CMP(ofx_greater); break;
-      case Op::GreaterOrEqual: OFX_CMP(ofx_greater_equal); break;
-      case Op::Not: map1(B(r), B(a0), n, [](bool x) { return ofx_not(x); }); break;
-      case Op::And: map2(B(r), B(a0), B(a1), n, [](bool x, bool y) { return ofx_and(x, y); }); break;
-      case Op::Or: map2(B(r), B(a0), B(a1), n, [](bool x, bool y) { return ofx_or(x, y); }); break;
-      case Op::Xor: map2(B(r), B(a0), B(a1), n, [](bool x, bool y) { return ofx_xor(x, y); }); break;
       case Op::NumOps: break;
     }
 #undef OFX_F1

@@ -180,22 +180,17 @@ __device__ __forceinline__ float ofx_fast_gelu_tanh(float x) {
 }
 )CUDA";
 
-// Fast-maths function for an op whose declared dtype is float16/bfloat16 (nullptr: use ops.h).
+// Fast-maths function for an op whose declared dtype is float16/bfloat16 (nullptr: use ops.h): the
+// row's fast / fast_bf16 (expr.OP_TABLE). Gelu's is its tanh form's (approximate=none keeps erf).
+// Not there, on purpose: Log (__logf's bound is absolute near 1: 2^-21.4, about one float16 ulp
+// of a result near 2^-11), Pow/Sin/Cos (argument-dependent error), Elu/Celu/Selu/Softplus/Mish
+// (expm1/log1p cancellation), Erf, Sqrt (already cheap).
 const char* fast_cfunc(const Instr& ins, DType result) {
   if (result != DType::F16 && result != DType::BF16) return nullptr;
-  switch (ins.op) {
-    case Op::Exp: return "ofx_fast_exp";
-    case Op::Sigmoid: return "ofx_fast_sigmoid";
-    case Op::Tanh: return result == DType::BF16 ? "ofx_fast_tanh_bf16" : "ofx_fast_tanh";
-    case Op::Reciprocal: return "ofx_fast_reciprocal";
-    case Op::Div: return "ofx_fast_div";
-    case Op::Softsign: return "ofx_fast_softsign";
-    case Op::Gelu: return ins.approximate_tanh ? "ofx_fast_gelu_tanh" : nullptr;
-    default: return nullptr;
-  }
-  // Not here, on purpose: Log (__logf's bound is absolute near 1: 2^-21.4, about one float16 ulp
-  // of a result near 2^-11), Pow/Sin/Cos (argument-dependent error), Elu/Celu/Selu/Softplus/Mish
-  // (expm1/log1p cancellation), Erf, Sqrt (already cheap).
+  const OpInfo& info = op_info(ins.op);
+  if (ins.op == Op::Gelu && !ins.approximate_tanh) return nullptr;
+  if (result == DType::BF16 && info.fast_bf16[0] != '\0') return info.fast_bf16;
+  return info.fast[0] != '\0' ? info.fast : nullptr;
 }
 
 }  // namespace
@@ -272,12 +267,6 @@ CudaSource cuda_source(const Program& prog, int variants) {
       for (size_t k = 0; k < ins.args.size(); ++k) expr += (k ? ", " : "") + vname(ins.args[k]);
       expr += ")";
     } else switch (ins.op) {
-      case Op::LeakyRelu: case Op::Elu: case Op::Celu:
-        expr = std::string(info.cfunc) + "(" + a0 + ", " + flit(ins.a) + ")";
-        break;
-      case Op::Selu: case Op::HardSigmoid:
-        expr = std::string(info.cfunc) + "(" + a0 + ", " + flit(ins.a) + ", " + flit(ins.b) + ")";
-        break;
       case Op::Gelu:
         expr = std::string(ins.approximate_tanh ? "ofx_gelu_tanh" : "ofx_gelu") + "(" + a0 + ")";
         break;
@@ -299,9 +288,11 @@ CudaSource cuda_source(const Program& prog, int variants) {
         }
         break;
       }
-      default: {
+      default: {  // the row's ops.h function: operands, then float attributes (form float1)
         expr = std::string(info.cfunc) + "(";
         for (size_t k = 0; k < ins.args.size(); ++k) expr += (k ? ", " : "") + vname(ins.args[k]);
+        if (info.form == OpForm::kFloat1)
+          for (int k = 0; k < info.nattrs; ++k) expr += ", " + flit(k == 0 ? ins.a : ins.b);
         expr += ")";
       }
     }
@@ -357,7 +348,7 @@ CudaSource cuda_source(const Program& prog, int variants) {
   auto fast_off = [](int k) { return "((p.scalar_mask >> " + std::to_string(k) + ") & 1) ? (IDX)0 : i"; };
 
   if (variants & kVariantFastScalar) {
-    s << "template <typename IDX>\n__device__ __forceinline__ void ofx_fast_scalar(const OfxParams& p) {\n"
+    s << "template <typename IDX>\n__device__ __forceinline__ void " << kKernelNames[kKernelFastScalar] << "(const OfxParams& p) {\n"
          "  const IDX i = (IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x;\n"
          "  if (i >= (IDX)p.n) return;\n  {\n"
       << scalar_body(fast_off) << "  }\n}\n\n";
@@ -418,7 +409,7 @@ CudaSource cuda_source(const Program& prog, int variants) {
   auto off_name = [](int k) { return "off" + std::to_string(k); };
 
   if (variants & kVariantFastVec) {
-    s << "template <typename IDX>\n__device__ __forceinline__ void ofx_fast_vec(const OfxParams& p) {\n"
+    s << "template <typename IDX>\n__device__ __forceinline__ void " << kKernelNames[kKernelFastVec] << "(const OfxParams& p) {\n"
          "  const IDX nvec = (IDX)(p.n / OFX_V);\n"
          "  const IDX t = (IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x;\n"
          "  if (t < nvec) {\n    const IDX base = t * (IDX)OFX_V;\n";
@@ -432,26 +423,25 @@ CudaSource cuda_source(const Program& prog, int variants) {
     // their outer coordinates and n % V == 0), every read input with a bit clear in scalar_mask has
     // stride 1 along it and all its strides multiples of V, and the pointers loaded or stored with
     // 128-bit accesses are 16-byte aligned.
-    s << "template <typename IDX>\n__device__ __forceinline__ void ofx_bcast_vec(const OfxParams& p) {\n"
+    s << "template <typename IDX>\n__device__ __forceinline__ void " << kKernelNames[kKernelBroadcastVec] << "(const OfxParams& p) {\n"
          "  const IDX base = ((IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x) * (IDX)OFX_V;\n"
          "  if (base >= (IDX)p.n) return;\n"
       << broadcast_offsets("base") << "  {\n"
       << vec_loads(off_name, off_name) << vec_eval_store() << "  }\n}\n\n";
   }
   if (variants & kVariantBroadcast) {
-    s << "template <typename IDX>\n__device__ __forceinline__ void ofx_bcast(const OfxParams& p) {\n"
+    s << "template <typename IDX>\n__device__ __forceinline__ void " << kKernelNames[kKernelBroadcast] << "(const OfxParams& p) {\n"
          "  const IDX i = (IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x;\n"
          "  if (i >= (IDX)p.n) return;\n"
       << broadcast_offsets("i") << "  {\n" << scalar_body(off_name) << "  }\n}\n\n";
   }
-  const char* names[4] = {"ofx_fast_vec", "ofx_fast_scalar", "ofx_bcast", "ofx_bcast_vec"};
-  const int flags[4] = {kVariantFastVec, kVariantFastScalar, kVariantBroadcast, kVariantBroadcastVec};
-  for (int v = 0; v < 4; ++v) {
-    if (!(variants & flags[v])) continue;
-    s << "extern \"C\" __global__ void __launch_bounds__(" << kBlockThreads << ") " << names[v]
-      << "_32(const OfxParams p) { " << names[v] << "<unsigned int>(p); }\n";
-    s << "extern \"C\" __global__ void __launch_bounds__(" << kBlockThreads << ") " << names[v]
-      << "_64(const OfxParams p) { " << names[v] << "<unsigned long long>(p); }\n";
+  const char* index_types[2] = {"unsigned int", "unsigned long long"};  // kKernelIndexBits
+  static_assert(kKernelIndexBits[0] == 32 && kKernelIndexBits[1] == 64, "index types");
+  for (int v = 0; v < kNumKernels; ++v) {
+    if (!(variants & (1 << v))) continue;
+    for (int w = 0; w < 2; ++w)
+      s << "extern \"C\" __global__ void __launch_bounds__(" << kBlockThreads << ") " << kKernelNames[v] << "_"
+        << kKernelIndexBits[w] << "(const OfxParams p) { " << kKernelNames[v] << "<" << index_types[w] << ">(p); }\n";
   }
   out.code = s.str();
   return out;

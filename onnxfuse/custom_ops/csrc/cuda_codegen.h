@@ -11,17 +11,15 @@
 
 namespace onnxfuse {
 
-// Kernel variants (bit flags). The runtime compiles all of them in one module.
-enum CudaVariant : int {
-  kVariantFastVec = 1,     // every input has the output's shape or is a single element; V elements
-                           // per thread with 128-bit loads/stores (pointers 16-byte aligned), scalar tail
-  kVariantFastScalar = 2,  // same inputs, one element per thread (any alignment)
-  kVariantBroadcast = 4,   // general broadcasting through per-input strides (up to cuda_max_dims dims)
-  kVariantBroadcastVec = 8,  // broadcasting where the innermost (merged) dim is a multiple of V and
-                             // every read input has stride 1 (128-bit loads) or 0 (one scalar load)
-                             // along it: V consecutive elements per thread, 128-bit stores
-  kVariantAll = 15,
-};
+// Kernel variants (bit flags CudaVariant, kernel names kKernelNames: op_table.gen.h, from
+// custom_ops.native.KERNELS; the runtime compiles all of them in one module):
+//   kVariantFastVec      every input has the output's shape or is a single element; V elements per
+//                        thread with 128-bit loads/stores (pointers 16-byte aligned), scalar tail
+//   kVariantFastScalar   same inputs, one element per thread (any alignment)
+//   kVariantBroadcast    general broadcasting through per-input strides (up to cuda_max_dims dims)
+//   kVariantBroadcastVec broadcasting where the innermost (merged) dim is a multiple of V and every
+//                        read input has stride 1 (128-bit loads) or 0 (one scalar load) along it: V
+//                        consecutive elements per thread, 128-bit stores
 constexpr int kBlockThreads = 256;
 // The kernel-parameter block is passed by value; 4096 bytes is what every CUDA driver and
 // architecture accepts (larger blocks need CUDA 12.1 and Volta or newer).
@@ -46,11 +44,11 @@ struct CudaSource {
   std::vector<bool> used_inputs;  // inputs the program reads (others only take part in broadcasting)
 };
 
-// Kernel names: ofx_fast_vec_{32,64}, ofx_fast_scalar_{32,64}, ofx_bcast_{32,64}, ofx_bcast_vec_{32,64}
-// (32/64: index width).
+// Kernel names: kKernelNames[k] + "_32" / "_64" (index width).
 //
-// Maths: ops whose declared dtype is float16/bfloat16 (Exp, Sigmoid, Tanh, Reciprocal, Div, Softsign,
-// Gelu[approximate=tanh]) call the ofx_fast_* functions of the prelude (hardware approximations, errors
+// Maths: ops whose declared dtype is float16/bfloat16 and whose row names a fast function (OpInfo::fast:
+// Exp, Sigmoid, Tanh, Reciprocal, Div, Softsign, Gelu[approximate=tanh]) call the ofx_fast_* functions of
+// the prelude (hardware approximations, errors
 // stated there, all far below half precision's rounding); float32 ops call the ops.h functions.
 CudaSource cuda_source(const Program& prog, int variants);
 

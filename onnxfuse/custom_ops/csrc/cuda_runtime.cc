@@ -19,10 +19,7 @@ namespace onnxfuse {
 
 namespace {
 
-// Kernels of a module, by the index launch() picks (names without the _32/_64 suffix).
-constexpr int kNumKernels = 4;
-constexpr int kFastVec = 0, kFastScalar = 1, kBcast = 2, kBcastVec = 3;
-const char* const kKernelNames[kNumKernels] = {"ofx_fast_vec", "ofx_fast_scalar", "ofx_bcast", "ofx_bcast_vec"};
+// Kernels of a module, by the index launch() picks: kKernelNames[kKernel*] (op_table.gen.h).
 
 // ------------------------------------------------------------------ driver API declarations
 typedef int CUresult;
@@ -141,14 +138,15 @@ std::vector<std::string> nvrtc_candidates() {
       st = e + 1;
     }
   }
-  for (const char* n : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) c.push_back(n);
+  // The lists come from op_table.gen.h (custom_ops.native.NVRTC_*, whose nvrtc_candidates() is this).
+  for (const char* n : kNvrtcLibraryNames) c.push_back(n);
   std::vector<std::string> roots;
-  for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
+  for (const char* env : kNvrtcRootEnvs)
     if (const char* p = std::getenv(env)) roots.push_back(p);
-  roots.push_back("/usr/local/cuda");
+  roots.push_back(kNvrtcRootDefault);
   for (const auto& r : roots)
-    for (const char* sub : {"/lib64/", "/targets/x86_64-linux/lib/", "/targets/sbsa-linux/lib/"})
-      for (const char* n : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) c.push_back(r + sub + n);
+    for (const char* sub : kNvrtcRootSubdirs)
+      for (const char* n : kNvrtcLibraryNames) c.push_back(r + sub + n);
   return c;
 }
 
@@ -248,14 +246,15 @@ bool nvrtc_compile(const std::string& source, const std::string& arch, std::stri
     return false;
   }
   nvrtcProgram prog = nullptr;
-  nvrtcResult r = nv.nvrtcCreateProgram(&prog, source.c_str(), "onnxfuse_fused.cu", 0, nullptr, nullptr);
+  nvrtcResult r = nv.nvrtcCreateProgram(&prog, source.c_str(), kNvrtcSourceName, 0, nullptr, nullptr);
   if (r != 0) {
     *log = std::string("nvrtcCreateProgram failed: ") + nv.nvrtcGetErrorString(r);
     return false;
   }
   std::string arch_opt = "--gpu-architecture=" + arch;
-  const char* opts[] = {arch_opt.c_str(), "--std=c++17", "--fmad=true", "-DONNXFUSE_NVRTC=1"};
-  r = nv.nvrtcCompileProgram(prog, 4, opts);
+  const char* opts[1 + kNumNvrtcOptions] = {arch_opt.c_str()};
+  for (int k = 0; k < kNumNvrtcOptions; ++k) opts[1 + k] = kNvrtcOptions[k];
+  r = nv.nvrtcCompileProgram(prog, 1 + kNumNvrtcOptions, opts);
   size_t log_size = 0;
   nv.nvrtcGetProgramLogSize(prog, &log_size);
   std::string lg(log_size, '\0');
@@ -425,7 +424,7 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
       for (int v = 0; v < kNumKernels && r == 0; ++v)
         for (int w = 0; w < 2 && r == 0; ++w)
           r = d.cuModuleGetFunction(&mod->fn[v][w], mod->module,
-                                    (std::string(kKernelNames[v]) + (w ? "_64" : "_32")).c_str());
+                                    (std::string(kKernelNames[v]) + "_" + std::to_string(kKernelIndexBits[w])).c_str());
     }
     CUcontext dummy;
     d.cuCtxPopCurrent(&dummy);
@@ -481,9 +480,9 @@ bool CudaKernel::launch_one(const void* const* in, void* const* out, const Broad
     bool aligned = outs_aligned;
     for (int k = 0; k < nin_; ++k)
       if (used_[k] && L.kind[k] == BroadcastLayout::kFull) aligned = aligned && aligned16(in[k]);
-    variant = aligned ? kFastVec : kFastScalar;
+    variant = aligned ? kKernelFastVec : kKernelFastScalar;
   } else {
-    variant = kBcast;
+    variant = kKernelBroadcast;
     int nd = static_cast<int>(L.dims.size());
     if (nd > max_dims_) {  // launch() splits such layouts; never write past dims[]/strides[][]
       *err = "internal error: " + std::to_string(nd) + " dimensions for a kernel that takes " + std::to_string(max_dims_);
@@ -513,15 +512,15 @@ bool CudaKernel::launch_one(const void* const* in, void* const* out, const Broad
       }
     }
     if (vec_ok) {
-      variant = kBcastVec;
+      variant = kKernelBroadcastVec;
       mask = vmask;
     }
   }
   std::memcpy(p, &n, 8);
   std::memcpy(p + 8, &mask, 8);
   long long threads = L.n;
-  if (variant == kFastVec) threads = L.n / vec_ + L.n % vec_;
-  if (variant == kBcastVec) threads = L.n / vec_;
+  if (variant == kKernelFastVec) threads = L.n / vec_ + L.n % vec_;
+  if (variant == kKernelBroadcastVec) threads = L.n / vec_;
   const bool wide = L.n > 2147483647ll;
   long long blocks = (threads + kBlockThreads - 1) / kBlockThreads;
   if (blocks > 2147483647ll) {

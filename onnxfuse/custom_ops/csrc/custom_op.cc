@@ -12,6 +12,9 @@
 #include "ort_abi.h"
 
 #include <climits>
+#include <cmath>
+#include <cstdio>
+#include <iterator>
 
 #include <algorithm>
 #include <atomic>
@@ -570,6 +573,16 @@ OFX_EXPORT onnxfuse_ort::OrtStatus* RegisterCustomOps(onnxfuse_ort::OrtSessionOp
   return api->AddCustomOpDomain(options, domain);
 }
 
+namespace {
+// Writes up to out_size-1 chars of s and a NUL (the onnxfuse_* functions that return a length).
+void copy_out(const std::string& s, char* out, size_t out_size) {
+  if (!out || !out_size) return;
+  size_t n = std::min(s.size(), out_size - 1);
+  std::memcpy(out, s.data(), n);
+  out[n] = '\0';
+}
+}  // namespace
+
 // Parses a program; returns 1 if valid, else 0 with "line N: message" in err.
 OFX_EXPORT int onnxfuse_check_program(const char* program, char* err, size_t err_size) {
   try {
@@ -599,11 +612,7 @@ OFX_EXPORT long onnxfuse_cuda_source(const char* program, int variants, char* ou
     } else {
       code = cuda_source(p, variants == 0 ? kVariantAll : variants).code;
     }
-    if (out && out_size) {
-      size_t n = std::min(code.size(), out_size - 1);
-      std::memcpy(out, code.data(), n);
-      out[n] = '\0';
-    }
+    copy_out(code, out, out_size);
     return e.empty() ? static_cast<long>(code.size()) : -1;
   } catch (...) {
     return -1;
@@ -613,19 +622,93 @@ OFX_EXPORT long onnxfuse_cuda_source(const char* program, int variants, char* ou
 // Kernel-cache and compile counters as JSON (see cuda_stats_json).
 OFX_EXPORT long onnxfuse_cuda_stats(char* out, size_t out_size) {
   std::string s = cuda_stats_json();
-  if (out && out_size) {
-    size_t n = std::min(s.size(), out_size - 1);
-    std::memcpy(out, s.data(), n);
-    out[n] = '\0';
-  }
+  copy_out(s, out, out_size);
   return static_cast<long>(s.size());
 }
 
 // FusedElementwise's limit on the broadcast rank (kMaxRank; onnxfuse.custom_ops.MAX_RANK).
 OFX_EXPORT int onnxfuse_max_rank() { return kMaxRank; }
 
-// Version of this library's program language.
-OFX_EXPORT int onnxfuse_language_version() { return 1; }
+// Version of this library's program language (kLanguageVersion; custom_ops.LANGUAGE_VERSION).
+OFX_EXPORT int onnxfuse_language_version() { return kLanguageVersion; }
+
+namespace {
+std::string json_str(const char* s) { return std::string("\"") + s + "\""; }  // generated names: no escapes
+template <class It>
+std::string json_strs(It begin, It end) {
+  std::string j = "[";
+  for (It it = begin; it != end; ++it) j += (it == begin ? "" : ", ") + json_str(*it);
+  return j + "]";
+}
+std::string json_num(double v) {
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";  // Python's json reads these
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+std::string op_table_json() {
+  std::string j = "{\"language_version\": " + std::to_string(kLanguageVersion) +
+                  ", \"program_header\": " + json_str(kProgramHeader) + ", \"max_rank\": " + std::to_string(kMaxRank) +
+                  ", \"dtypes\": " + json_strs(kDTypeNames, kDTypeNames + kNumDTypes) + ", \"ops\": [";
+  for (int i = 0; i < static_cast<int>(Op::NumOps); ++i) {
+    const OpInfo& o = op_info(static_cast<Op>(i));
+    std::vector<const char*> dts;
+    for (int d = 0; d < kNumDTypes; ++d)
+      if (o.dtypes & (1u << d)) dts.push_back(kDTypeNames[d]);
+    j += std::string(i ? ", " : "") + "{\"name\": " + json_str(o.name) + ", \"arity\": " + std::to_string(o.arity) +
+         ", \"cfunc\": " + json_str(o.cfunc) + ", \"dtypes\": " + json_strs(dts.begin(), dts.end()) +
+         ", \"result\": " + json_str(kResultRuleNames[static_cast<int>(o.result)]) +
+         ", \"cond_first\": " + (o.cond_first ? "true" : "false") + ", \"form\": " + json_str(kOpFormNames[static_cast<int>(o.form)]) +
+         ", \"fast\": " + json_str(o.fast) + ", \"fast_bf16\": " + json_str(o.fast_bf16) + ", \"attrs\": [";
+    for (int k = 0; k < o.nattrs; ++k) {
+      const AttrInfo& a = o.attrs[k];
+      std::vector<const char*> choices;
+      std::string all = a.choices, def;
+      std::vector<std::string> words;
+      for (size_t st = 0; !all.empty() && st <= all.size();) {
+        size_t e = all.find('|', st);
+        if (e == std::string::npos) e = all.size();
+        words.push_back(all.substr(st, e - st));
+        st = e + 1;
+      }
+      for (const auto& w : words) choices.push_back(w.c_str());
+      if (a.required) def = "null";
+      else if (a.kind == AttrKind::kWord) def = json_str(a.def_word);
+      else def = json_num(a.def);
+      j += std::string(k ? ", " : "") + "{\"name\": " + json_str(a.name) + ", \"kind\": " +
+           json_str(kAttrKindNames[static_cast<int>(a.kind)]) + ", \"default\": " + def +
+           ", \"choices\": " + json_strs(choices.begin(), choices.end()) + "}";
+    }
+    j += "]}";
+  }
+  j += "], \"kernels\": [";
+  for (int k = 0; k < kNumKernels; ++k)
+    j += std::string(k ? ", " : "") + "{\"variant\": " + json_str(kKernelVariants[k]) + ", \"name\": " + json_str(kKernelNames[k]) +
+         ", \"flag\": " + std::to_string(1 << k) + "}";
+  j += "], \"index_bits\": [" + std::to_string(kKernelIndexBits[0]) + ", " + std::to_string(kKernelIndexBits[1]) + "]";
+  j += ", \"nvrtc_options\": " + json_strs(kNvrtcOptions, kNvrtcOptions + kNumNvrtcOptions);
+  j += ", \"nvrtc_source_name\": " + json_str(kNvrtcSourceName);
+  j += ", \"nvrtc_library_names\": " + json_strs(std::begin(kNvrtcLibraryNames), std::end(kNvrtcLibraryNames));
+  j += ", \"nvrtc_root_envs\": " + json_strs(std::begin(kNvrtcRootEnvs), std::end(kNvrtcRootEnvs));
+  j += ", \"nvrtc_root_default\": " + json_str(kNvrtcRootDefault);
+  j += ", \"nvrtc_root_subdirs\": " + json_strs(std::begin(kNvrtcRootSubdirs), std::end(kNvrtcRootSubdirs));
+  return j + "}";
+}
+}  // namespace
+
+// What this library was compiled with (op_table.gen.h), as JSON: the op rows in enum Op order,
+// kernels, NVRTC options and search lists, language version, rank limit. Returns the length needed
+// (excluding NUL); writes up to out_size-1 chars. custom_ops.native.library_tables() reads it and
+// tests/custom_ops/test_op_table.py compares it with the Python tables.
+OFX_EXPORT long onnxfuse_op_table(char* out, size_t out_size) {
+  try {
+    const std::string s = op_table_json();
+    copy_out(s, out, out_size);
+    return static_cast<long>(s.size());
+  } catch (...) {
+    return -1;
+  }
+}
 
 // ------------------------------------------------------------------ test hooks
 // Create a CUDA kernel for a program and launch it on given shapes and device pointers without

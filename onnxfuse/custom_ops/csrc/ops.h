@@ -139,6 +139,7 @@ OFX_HD float ofx_sqrt(float x) { return sqrtf(x); }
 OFX_HD float ofx_reciprocal(float x) { return 1.0f / x; }
 OFX_HD float ofx_sin(float x) { return sinf(x); }
 OFX_HD float ofx_cos(float x) { return cosf(x); }
+OFX_HD float ofx_atan(float x) { return atanf(x); }
 OFX_HD float ofx_tanh(float x) { return tanhf(x); }
 OFX_HD float ofx_erf(float x) { return erff(x); }
 OFX_HD float ofx_floor(float x) { return floorf(x); }

@@ -16,35 +16,6 @@ namespace onnxfuse {
 
 namespace {
 
-const char* kDTypeNames[kNumDTypes] = {"float32", "float16", "bfloat16", "int32", "int64", "bool"};
-
-const OpInfo kOps[] = {
-    {"Add", 2, "ofx_add"},           {"Sub", 2, "ofx_sub"},
-    {"Mul", 2, "ofx_mul"},           {"Div", 2, "ofx_div"},
-    {"Pow", 2, "ofx_pow"},           {"Min", 2, "ofx_min"},
-    {"Max", 2, "ofx_max"},           {"Neg", 1, "ofx_neg"},
-    {"Abs", 1, "ofx_abs"},           {"Sign", 1, "ofx_sign"},
-    {"Exp", 1, "ofx_exp"},           {"Log", 1, "ofx_log"},
-    {"Sqrt", 1, "ofx_sqrt"},         {"Reciprocal", 1, "ofx_reciprocal"},
-    {"Sin", 1, "ofx_sin"},           {"Cos", 1, "ofx_cos"},
-    {"Tanh", 1, "ofx_tanh"},         {"Erf", 1, "ofx_erf"},
-    {"Floor", 1, "ofx_floor"},       {"Ceil", 1, "ofx_ceil"},
-    {"Round", 1, "ofx_round"},       {"Sigmoid", 1, "ofx_sigmoid"},
-    {"Relu", 1, "ofx_relu"},         {"Softplus", 1, "ofx_softplus"},
-    {"Softsign", 1, "ofx_softsign"}, {"Mish", 1, "ofx_mish"},
-    {"HardSwish", 1, "ofx_hard_swish"}, {"LeakyRelu", 1, "ofx_leaky_relu"},
-    {"Elu", 1, "ofx_elu"},           {"Celu", 1, "ofx_celu"},
-    {"Selu", 1, "ofx_selu"},         {"HardSigmoid", 1, "ofx_hard_sigmoid"},
-    {"Gelu", 1, "ofx_gelu"},         {"Clip", 1, "ofx_clip"},
-    {"Identity", 1, "ofx_identity"}, {"Cast", 1, "ofx_cast"},
-    {"Where", 3, "ofx_where"},       {"Equal", 2, "ofx_equal"},
-    {"Less", 2, "ofx_less"},         {"LessOrEqual", 2, "ofx_less_equal"},
-    {"Greater", 2, "ofx_greater"},   {"GreaterOrEqual", 2, "ofx_greater_equal"},
-    {"Not", 1, "ofx_not"},           {"And", 2, "ofx_and"},
-    {"Or", 2, "ofx_or"},             {"Xor", 2, "ofx_xor"},
-};
-static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(Op::NumOps), "op table");
-
 // ------------------------------------------------------------------ lexer
 enum class Tok { Ident, Number, Punct, End };
 struct Token {
@@ -212,58 +183,32 @@ bool is_plain_integer(const std::string& s) {
   return true;
 }
 
-// Attribute descriptors per op.
-struct AttrSpec {
-  const char* name;
-  bool numeric;  // number, else bare word
-  double def;
-};
-
-std::vector<AttrSpec> attr_specs(Op op) {
-  switch (op) {
-    case Op::LeakyRelu: return {{"alpha", true, 0.01}};
-    case Op::Elu: return {{"alpha", true, 1.0}};
-    case Op::Celu: return {{"alpha", true, 1.0}};
-    case Op::Selu: return {{"alpha", true, 1.67326319217681884765625}, {"gamma", true, 1.05070102214813232421875}};
-    case Op::HardSigmoid: return {{"alpha", true, 0.2}, {"beta", true, 0.5}};
-    case Op::Gelu: return {{"approximate", false, 0}};
-    case Op::Clip: return {{"min", true, -HUGE_VAL}, {"max", true, HUGE_VAL}};
-    case Op::Cast: return {{"to", false, 0}};
-    default: return {};
-  }
+// What an op's operands must be, for messages: "float", "numeric (float or int)", "bool".
+std::string dtypes_text(unsigned mask) {
+  const unsigned floats = 0x07, ints = 0x18, boolean = 0x20;
+  if (mask == floats) return "float";
+  if (mask == (floats | ints)) return "numeric (float or int)";
+  if (mask == boolean) return "bool";
+  std::string s;
+  for (int i = 0; i < kNumDTypes; ++i)
+    if (mask & (1u << i)) s += (s.empty() ? "" : " or ") + std::string(kDTypeNames[i]);
+  return s;
 }
 
-enum class TypeRule {
-  Arith,        // same dtype, float or int -> same
-  FloatBinary,  // same float dtype -> same (Pow)
-  FloatUnary,   // float -> same
-  SignedUnary,  // float or int -> same (Neg Abs Sign Relu Clip)
-  Any,          // Identity
-  Cast,
-  Where,
-  Equal,        // same dtype (any) -> bool
-  Compare,      // same dtype, float or int -> bool
-  BoolUnary,
-  BoolBinary,
-};
-
-TypeRule type_rule(Op op) {
-  switch (op) {
-    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Min: case Op::Max:
-      return TypeRule::Arith;
-    case Op::Pow: return TypeRule::FloatBinary;
-    case Op::Neg: case Op::Abs: case Op::Sign: case Op::Relu: case Op::Clip:
-      return TypeRule::SignedUnary;
-    case Op::Identity: return TypeRule::Any;
-    case Op::Cast: return TypeRule::Cast;
-    case Op::Where: return TypeRule::Where;
-    case Op::Equal: return TypeRule::Equal;
-    case Op::Less: case Op::LessOrEqual: case Op::Greater: case Op::GreaterOrEqual:
-      return TypeRule::Compare;
-    case Op::Not: return TypeRule::BoolUnary;
-    case Op::And: case Op::Or: case Op::Xor: return TypeRule::BoolBinary;
-    default: return TypeRule::FloatUnary;
+// "'none' or 'tanh'" from "none|tanh"; sets *index to the position of `word` (-1 if absent).
+std::string choices_text(const char* choices, const std::string& word, int* index) {
+  std::string all(choices), text;
+  *index = -1;
+  size_t st = 0;
+  for (int k = 0; st <= all.size(); ++k) {
+    size_t e = all.find('|', st);
+    if (e == std::string::npos) e = all.size();
+    const std::string w = all.substr(st, e - st);
+    if (w == word) *index = k;
+    text += (text.empty() ? "'" : (e == all.size() ? " or '" : ", '")) + w + "'";
+    st = e + 1;
   }
+  return text;
 }
 
 // float64 -> float32/float16/bfloat16, rounded once to nearest even (as numpy does). For the
@@ -349,7 +294,6 @@ bool dtype_from_onnx(int onnx, DType* out) {
     }
   return false;
 }
-const OpInfo& op_info(Op op) { return kOps[static_cast<int>(op)]; }
 
 // ------------------------------------------------------------------ parser
 bool parse_program(const std::string& text, Program* out, std::string* err) {
@@ -385,20 +329,23 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
         size_t a = s.find_first_not_of(" \t\r\f\v");
         size_t b = s.find_last_not_of(" \t\r\f\v");
         s = s.substr(a, b - a + 1);
-        const std::string magic = "onnxfuse.elementwise";
+        const std::string magic = kProgramHeader;
+        const std::string expected_header = "expected header '" + magic + " " + std::to_string(kLanguageVersion) + "'";
         if (s.compare(0, magic.size(), magic) != 0 ||
             (s.size() > magic.size() && s[magic.size()] != ' ' && s[magic.size()] != '\t'))
-          throw ParseError{"expected header 'onnxfuse.elementwise 1'"};
+          throw ParseError{expected_header};
         std::string ver = s.substr(magic.size());
         size_t va = ver.find_first_not_of(" \t");
         ver = va == std::string::npos ? "" : ver.substr(va);
         bool digits = is_plain_integer(ver);
-        if (!digits) throw ParseError{"expected a language version number after 'onnxfuse.elementwise'"};
+        if (!digits) throw ParseError{"expected a language version number after '" + magic + "'"};
         std::string vdig = ver;
         if (!vdig.empty() && (vdig[0] == '+' || vdig[0] == '-')) vdig = vdig.substr(1);
         size_t nz = vdig.find_first_not_of('0');
-        bool is_one = ver[0] != '-' && nz != std::string::npos && vdig.substr(nz) == "1";
-        if (!is_one) throw ParseError{"unsupported program language version " + ver + " (this build reads version 1)"};
+        bool supported = ver[0] != '-' && nz != std::string::npos && vdig.substr(nz) == std::to_string(kLanguageVersion);
+        if (!supported)
+          throw ParseError{"unsupported program language version " + ver + " (this build reads version " +
+                           std::to_string(kLanguageVersion) + ")"};
         stage = kInputs;
         continue;
       }
@@ -471,7 +418,6 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
         Op op = oit->second;
         Instr ins;
         ins.op = op;
-        std::vector<AttrSpec> specs = attr_specs(op);
         std::map<std::string, Token> attrs;
         if (p.at_punct("[")) {
           p.next();
@@ -508,76 +454,67 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
         if (static_cast<int>(ins.args.size()) != info.arity)
           throw ParseError{std::string(info.name) + " takes " + std::to_string(info.arity) + " argument" +
                            (info.arity == 1 ? "" : "s") + ", got " + std::to_string(ins.args.size())};
-        // attributes
+        // attributes (the row's, in order; numeric ones go to ins.a, ins.b)
         double nums[2] = {0, 0};
         std::string num_text[2];
         int ni = 0;
-        bool have_to = false;
         for (const auto& kv : attrs) {
           bool known = false;
-          for (const auto& s : specs) known = known || kv.first == s.name;
+          for (int k = 0; k < info.nattrs; ++k) known = known || kv.first == info.attrs[k].name;
           if (!known) throw ParseError{std::string(info.name) + " has no attribute '" + kv.first + "'"};
         }
-        for (const auto& s : specs) {
+        for (int k = 0; k < info.nattrs; ++k) {
+          const AttrInfo& s = info.attrs[k];
           auto it = attrs.find(s.name);
-          if (s.numeric) {
-            double v = s.def;
-            if (it != attrs.end()) {
-              const Token& tv = it->second;
-              if (tv.kind == Tok::Ident && tv.text != "inf" && tv.text != "nan")
-                throw ParseError{std::string("attribute '") + s.name + "' of " + info.name + " must be a number, got '" + tv.text + "'"};
-              v = parse_number_text(tv.text);
-              num_text[ni] = tv.text;
+          if (it == attrs.end() && s.required)
+            throw ParseError{std::string(info.name) + " needs attribute '" + s.name + "'"};
+          switch (s.kind) {
+            case AttrKind::kFloat:
+            case AttrKind::kBound: {
+              double v = s.def;
+              if (it != attrs.end()) {
+                const Token& tv = it->second;
+                if (tv.kind == Tok::Ident && tv.text != "inf" && tv.text != "nan")
+                  throw ParseError{std::string("attribute '") + s.name + "' of " + info.name + " must be a number, got '" + tv.text + "'"};
+                v = parse_number_text(tv.text);
+                num_text[ni] = tv.text;
+              }
+              nums[ni++] = v;
+              break;
             }
-            nums[ni++] = v;
-          } else if (op == Op::Cast) {
-            if (it == attrs.end()) throw ParseError{"Cast needs attribute 'to'"};
-            if (it->second.kind != Tok::Ident || !dtype_from_name(it->second.text, &ins.to))
-              throw ParseError{"attribute 'to' of Cast must be a dtype, got '" + it->second.text + "'"};
-            have_to = true;
-          } else if (op == Op::Gelu) {
-            if (it != attrs.end()) {
-              const std::string& w = it->second.text;
-              if (it->second.kind != Tok::Ident || (w != "none" && w != "tanh"))
-                throw ParseError{"attribute 'approximate' of Gelu must be 'none' or 'tanh', got '" + w + "'"};
-              ins.approximate_tanh = w == "tanh";
+            case AttrKind::kDtype:
+              if (it != attrs.end() && (it->second.kind != Tok::Ident || !dtype_from_name(it->second.text, &ins.to)))
+                throw ParseError{std::string("attribute '") + s.name + "' of " + info.name + " must be a dtype, got '" +
+                                 it->second.text + "'"};
+              break;
+            case AttrKind::kWord: {
+              const std::string w = it != attrs.end() ? it->second.text : s.def_word;
+              int index;
+              const std::string allowed = choices_text(s.choices, w, &index);
+              if (index < 0 || (it != attrs.end() && it->second.kind != Tok::Ident))
+                throw ParseError{std::string("attribute '") + s.name + "' of " + info.name + " must be " + allowed +
+                                 ", got '" + w + "'"};
+              if (op == Op::Gelu) ins.approximate_tanh = w == "tanh";
+              break;
             }
           }
         }
-        (void)have_to;
         ins.a = nums[0];
         ins.b = nums[1];
-        // types
+        // types: operands (after Where's condition) share one dtype of the row's; result by rule
         std::vector<DType> at;
         for (int a : ins.args) at.push_back(prog.values[a].dtype);
-        auto same = [&](size_t from) {
-          for (size_t k = from + 1; k < at.size(); ++k)
-            if (at[k] != at[from])
-              throw ParseError{std::string(info.name) + " operands must share one dtype, got " + dtype_name(at[from]) +
-                               " and " + dtype_name(at[k])};
-        };
-        auto need = [&](bool ok, const char* what) {
-          if (!ok) throw ParseError{std::string(info.name) + " needs " + what + " operands, got " + dtype_name(at[0])};
-        };
-        DType rt = DType::F32;
-        switch (type_rule(op)) {
-          case TypeRule::Arith: same(0); need(is_float(at[0]) || is_int(at[0]), "numeric (float or int)"); rt = at[0]; break;
-          case TypeRule::FloatBinary: same(0); need(is_float(at[0]), "float"); rt = at[0]; break;
-          case TypeRule::FloatUnary: need(is_float(at[0]), "float"); rt = at[0]; break;
-          case TypeRule::SignedUnary: need(is_float(at[0]) || is_int(at[0]), "numeric (float or int)"); rt = at[0]; break;
-          case TypeRule::Any: rt = at[0]; break;
-          case TypeRule::Cast: rt = ins.to; break;
-          case TypeRule::Where:
-            if (at[0] != DType::BOOL)
-              throw ParseError{std::string("Where's condition must be bool, got ") + dtype_name(at[0])};
-            same(1);
-            rt = at[1];
-            break;
-          case TypeRule::Equal: same(0); rt = DType::BOOL; break;
-          case TypeRule::Compare: same(0); need(is_float(at[0]) || is_int(at[0]), "numeric (float or int)"); rt = DType::BOOL; break;
-          case TypeRule::BoolUnary: need(at[0] == DType::BOOL, "bool"); rt = DType::BOOL; break;
-          case TypeRule::BoolBinary: same(0); need(at[0] == DType::BOOL, "bool"); rt = DType::BOOL; break;
-        }
+        const size_t d0 = info.cond_first ? 1 : 0;
+        if (info.cond_first && at[0] != DType::BOOL)
+          throw ParseError{std::string(info.name) + "'s condition must be bool, got " + dtype_name(at[0])};
+        for (size_t k = d0 + 1; k < at.size(); ++k)
+          if (at[k] != at[d0])
+            throw ParseError{std::string(info.name) + " operands must share one dtype, got " + dtype_name(at[d0]) +
+                             " and " + dtype_name(at[k])};
+        if (!(info.dtypes & (1u << static_cast<int>(at[d0]))))
+          throw ParseError{std::string(info.name) + " needs " + dtypes_text(info.dtypes) + " operands, got " +
+                           dtype_name(at[d0])};
+        const DType rt = info.result == ResultRule::kBool ? DType::BOOL : info.result == ResultRule::kTo ? ins.to : at[d0];
         if (op == Op::Clip) {
           if (is_float(at[0])) {  // bounds are values of the operand's dtype
             ins.a = round_to_float_dtype(ins.a, at[0]);
@@ -621,7 +558,8 @@ bool parse_program(const std::string& text, Program* out, std::string* err) {
     return false;
   }
   if (stage == kHeader) {
-    *err = "line 1: expected header 'onnxfuse.elementwise 1' (the program is empty)";
+    *err = "line 1: expected header '" + std::string(kProgramHeader) + " " + std::to_string(kLanguageVersion) +
+           "' (the program is empty)";
     return false;
   }
   if (prog.inputs.empty()) {

@@ -6,10 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace onnxfuse {
+#include "op_table.gen.h"
 
-enum class DType : int { F32 = 0, F16, BF16, I32, I64, BOOL };
-constexpr int kNumDTypes = 6;
+namespace onnxfuse {
 
 const char* dtype_name(DType t);
 bool dtype_from_name(const std::string& s, DType* out);
@@ -19,24 +18,10 @@ size_t dtype_size(DType t);
 int dtype_to_onnx(DType t);            // ONNX TensorProto element type
 bool dtype_from_onnx(int onnx, DType* out);
 
-enum class Op : int {
-  Add, Sub, Mul, Div, Pow, Min, Max,
-  Neg, Abs, Sign,
-  Exp, Log, Sqrt, Reciprocal, Sin, Cos, Tanh, Erf, Floor, Ceil, Round,
-  Sigmoid, Relu, Softplus, Softsign, Mish, HardSwish,
-  LeakyRelu, Elu, Celu, Selu, HardSigmoid, Gelu, Clip,
-  Identity, Cast, Where,
-  Equal, Less, LessOrEqual, Greater, GreaterOrEqual,
-  Not, And, Or, Xor,
-  NumOps
-};
-
-struct OpInfo {
-  const char* name;       // ONNX op name, as written in programs
-  int arity;
-  const char* cfunc;      // function in ops.h (CUDA codegen and CPU kernel share it)
-};
-const OpInfo& op_info(Op op);
+// Ops, their rows (OpInfo: name, arity, ops.h function, dtypes, result rule, attributes, form,
+// fast functions) and the language version come from op_table.gen.h, generated from
+// expr.OP_TABLE by tools/gen_op_table.py.
+inline const OpInfo& op_info(Op op) { return kOps[static_cast<int>(op)]; }
 
 struct Value {
   enum Kind { kInput, kConst, kOp } kind;
@@ -51,14 +36,14 @@ struct Instr {
   Op op;
   int result;             // value index
   std::vector<int> args;  // value indices
-  double a = 0.0, b = 0.0;   // numeric attributes (alpha, beta/gamma, min, max); see parser
+  double a = 0.0, b = 0.0;   // numeric attributes in row order (alpha, beta/gamma, min, max)
   DType to = DType::F32;  // Cast
   bool approximate_tanh = false;  // Gelu
   int64_t ilo = 0, ihi = 0;       // Clip on integers: bounds as integers
 };
 
 struct Program {
-  int version = 1;
+  int version = kLanguageVersion;
   std::vector<Value> values;
   std::vector<Instr> instrs;
   std::vector<int> inputs;    // value index of input i
