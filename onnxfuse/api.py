@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from onnxfuse.drift import DiffReport
     from onnxfuse.pipeline import OptimizeResult
-    from onnxfuse.rewrites.base import Rule
+    from onnxfuse.rewrites import Rule
 
     ModelLike = Union[str, os.PathLike, onnx.ModelProto]
     InputsLike = Union[Mapping[str, np.ndarray], Sequence[Mapping[str, np.ndarray]], str, os.PathLike]

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxfuse.rewrites.base import Rule as _Rule
+from onnxfuse.rewrites import Rule as _Rule
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTDATA = ROOT / "testdata"

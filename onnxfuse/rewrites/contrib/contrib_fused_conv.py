@@ -22,13 +22,12 @@ Add + Relu goes to FusedElementwise instead (0.094 ms vs 0.103 ms for the origin
 
 from __future__ import annotations
 
-from onnxfuse.rewrites._contrib import (
+from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
+from onnxfuse.rewrites.engine.edit import fuse
+from onnxfuse.rewrites.engine.facts import (
     FP32,
-    ContribRule,
     consumers,
-    dtype_problem,
     first_known_dtype,
-    fuse,
     is_op,
     nodes_of,
     only_read_by,
@@ -86,7 +85,7 @@ class ContribFusedConv(ContribRule):
         nodes, z, out = plan
         inputs = list(node.inputs)
         if z is not None:
-            from onnxfuse.rewrites._contrib import empty_input
+            from onnxfuse.rewrites.engine.edit import empty_input
 
             while len(inputs) < 3:
                 inputs.append(empty_input())
@@ -96,6 +95,3 @@ class ContribFusedConv(ContribRule):
         fuse(graph, nodes, "FusedConv", inputs, out, attrs=attrs,
              name=f"{node.name}/FusedConv" if node.name else None)
         return {"op": "com.microsoft.FusedConv", "activation": "Relu", "with_add": z is not None}
-
-
-RULES = [ContribFusedConv()]

@@ -1,5 +1,8 @@
 """Fold an inference-mode BatchNormalization into the Conv, ConvTranspose, Gemm or MatMul feeding it.
 
+The fold family's shared part of fold-batchnorm-conv, fold-batchnorm-convtranspose and
+fold-batchnorm-gemm (one file each): :func:`batchnorm_affine` and the :class:`FoldBatchNorm` base.
+
 The maths. In inference, BatchNormalization is a per-channel affine map over axis 1:
 
     BN(y) = (y − μ)·γ/√(σ²+ε) + β = y·s + t,   s = γ/√(σ²+ε),   t = β − μ·s
@@ -17,7 +20,7 @@ and every producer below is linear in its weight, with a bias added per output c
                     MatMul's feature axis (the last), so the fold is refused.
 
 All arithmetic is done in float64 and cast back once to the weight's dtype (so an fp16 model with fp32
-BatchNorm statistics folds as exactly as fp16 allows); see :mod:`onnxfuse.rewrites._weights`.
+BatchNorm statistics folds as exactly as fp16 allows); see :mod:`onnxfuse.rewrites.fold.affine`.
 
 Refused, each with a reason: BatchNormalization in training mode (``training_mode=1``, ``is_test=0`` or
 more than one output), ``spatial=0``, parameters or weights that are not constants, the intermediate
@@ -30,19 +33,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxfuse.rewrites._weights import (
-    bypass,
-    cast_back,
-    constant_value,
-    f64,
-    float_dtype_problem,
-    is_default_domain,
-    plan_affine,
-    producer_of,
-    set_param,
-    sole_consumer_problem,
-)
-from onnxfuse.rewrites.base import Rule, is_alive
+from onnxfuse.rewrites.engine.edit import bypass
+from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_default_domain, producer_of, sole_consumer_problem
+from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
+from onnxfuse.rewrites.fold.affine import f64, float_dtype_problem, plan_affine
 
 _BN_PARAMS = ("scale", "B", "mean", "var")
 
@@ -82,11 +76,10 @@ def batchnorm_affine(graph, bn):
     return None, scale, shift
 
 
-class _FoldBatchNorm(Rule):
-    producers: tuple[str, ...] = ()
+class FoldBatchNorm(Rule):
+    """A BatchNormalization folded into its producer, one of ``producers``; the plan is computed by check."""
 
-    def __init__(self):
-        self._planned = None  # (bn, plan) from the last successful check, consumed by rewrite
+    producers: tuple[str, ...] = ()
 
     def match(self, graph):
         for node in graph.nodes:
@@ -97,122 +90,33 @@ class _FoldBatchNorm(Rule):
                 yield node
 
     def check(self, graph, bn):
-        self._planned = None
         if not is_alive(bn):
-            return "BatchNormalization was already rewritten"
+            return Refuse("BatchNormalization was already rewritten")
         x = bn.inputs[0]
         p = producer_of(x)
         if p is None or p.op not in self.producers or not is_alive(p):
-            return "the input is no longer produced by " + "/".join(self.producers)
+            return Refuse("the input is no longer produced by " + "/".join(self.producers))
         reason = sole_consumer_problem(graph, x, bn)
         if reason:
-            return reason
+            return Refuse(reason)
         reason, scale, shift = batchnorm_affine(graph, bn)
         if reason:
-            return reason
-        reason, plan = self._plan(graph, p, scale, shift)
+            return Refuse(reason)
+        reason, fold = self.plan_fold(graph, p, scale, shift)
         if reason:
-            return reason
-        self._planned = (bn, plan)
-        return None
+            return Refuse(reason)
+        return Plan(bn, fold)
 
-    def _plan(self, graph, p, scale, shift):
+    def plan_fold(self, graph, p, scale, shift):
+        """``(reason, None)`` or ``(None, plan)`` whose ``apply(graph)`` writes the folded parameters."""
         return plan_affine(graph, p, scale, shift)
 
-    def rewrite(self, graph, bn):
-        planned = self._planned
-        if planned is None or planned[0] is not bn:
-            reason = self.check(graph, bn)
-            if reason:
-                raise RuntimeError(f"{self.name}: rewrite of {bn.name!r} without a passing check: {reason}")
-            planned = self._planned
-        self._planned = None
-        plan = planned[1]
-        modes = plan.apply(graph)
-        producer = plan.node
+    def rewrite(self, graph, plan: Plan):
+        bn, fold = plan.anchor, plan.found
+        modes = fold.apply(graph)
+        producer = fold.node
         bypass(graph, producer, bn)
         detail = {"node": producer.name, "op": producer.op, "folded": bn.name}
         if "copy" in modes.values():
             detail["copied"] = sorted(k for k, v in modes.items() if v == "copy")
         return detail
-
-
-class FoldBatchNormIntoConv(_FoldBatchNorm):
-    name = "fold-batchnorm-conv"
-    description = "Fold an inference BatchNormalization into the Conv before it (any groups, N-d)"
-    producers = ("Conv",)
-
-
-class FoldBatchNormIntoConvTranspose(_FoldBatchNorm):
-    name = "fold-batchnorm-convtranspose"
-    description = "Fold an inference BatchNormalization into the ConvTranspose before it (any groups)"
-    producers = ("ConvTranspose",)
-
-
-class _MatMulPlan:
-    """Replace a 2-D MatMul by Gemm(A, B·diag(s), t): computed by check, written by apply."""
-
-    def __init__(self, matmul, new_b, new_c):
-        self.node = matmul
-        self.new_b = new_b
-        self.new_c = new_c
-
-    def apply(self, graph):
-        import onnx_graphsurgeon as gs
-
-        mm = self.node
-        a, b, out = mm.inputs[0], mm.inputs[1], mm.outputs[0]
-        mm.inputs.clear()
-        mm.outputs.clear()
-        gemm = gs.Node("Gemm", name=mm.name, attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0},
-                       inputs=[a, b], outputs=[out])
-        graph.nodes.append(gemm)
-        self.node = gemm
-        return {"B": set_param(graph, gemm, 1, self.new_b, role="B"),
-                "C": set_param(graph, gemm, 2, self.new_c, role="C")}
-
-
-def _rank(tensor):
-    if tensor.shape is not None:
-        return len(tensor.shape)
-    p = producer_of(tensor)
-    if p is not None and p.op in ("Flatten", "Gemm"):
-        return 2
-    return None
-
-
-class FoldBatchNormIntoGemm(_FoldBatchNorm):
-    name = "fold-batchnorm-gemm"
-    description = "Fold an inference BatchNormalization into the Gemm (or 2-D MatMul with constant weight) before it"
-    producers = ("Gemm", "MatMul")
-
-    def _plan(self, graph, p, scale, shift):
-        if p.op == "Gemm":
-            return plan_affine(graph, p, scale, shift)
-        if len(p.inputs) != 2:
-            return "MatMul has an unexpected number of inputs", None
-        w = constant_value(graph, p.inputs[1])
-        if w is None:
-            return f"MatMul weight {p.inputs[1].name!r} is not a constant", None
-        if w.ndim != 2:
-            return f"MatMul weight has rank {w.ndim}; only a constant 2-D weight is folded", None
-        problem = float_dtype_problem(("MatMul weight", w.dtype))
-        if problem:
-            return problem, None
-        rank = _rank(p.inputs[0])
-        if rank is None:
-            return "MatMul input rank is unknown; BatchNormalization's channel axis may not be the feature axis", None
-        if rank != 2:
-            return (f"MatMul input has rank {rank}: BatchNormalization normalizes axis 1, "
-                    f"not MatMul's feature axis (the last)"), None
-        channels = int(w.shape[1])
-        if scale.shape != (channels,):
-            return f"BatchNormalization has {scale.size} channels but MatMul produces {channels}", None
-        new_b = cast_back(f64(w) * scale.reshape(1, channels), w.dtype)
-        new_c = cast_back(shift, w.dtype)
-        if new_b is None or new_c is None:
-            return f"folded MatMul weight or bias overflows {w.dtype.name}", None
-        return None, _MatMulPlan(p, new_b, new_c)
-
-
-__all__ = ["FoldBatchNormIntoConv", "FoldBatchNormIntoConvTranspose", "FoldBatchNormIntoGemm", "batchnorm_affine"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.base import graphs_within
+from onnxfuse.rewrites.engine.facts import graphs_within
 
 #: Attributes added by a later schema whose absence means the old behaviour, per op.
 _ADDED_OPTIONAL_ATTRS = {
