@@ -12,15 +12,7 @@ from onnxfuse.rewrites.contrib.activation import fused_name
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import (
-    FP16,
-    FP32,
-    FP64,
-    constant_value,
-    is_ms_op,
-    is_op,
-    last_dim,
-    only_read_by,
-    producer_of,
+    FP16, FP32, FP64, constant_value, is_ms_op, is_op, last_dim, only_read_by, producer_of,
 )
 
 

@@ -8,11 +8,7 @@ How matching works and the conditions (as ONNX Runtime's own fusions): :mod:`onn
 from __future__ import annotations
 
 from onnxfuse.rewrites.contrib.activation import (
-    HALF_X_ONE_PLUS_T,
-    activation_dtype,
-    fast_gelu_inner,
-    fused_name,
-    match_activation,
+    HALF_X_ONE_PLUS_T, activation_dtype, fast_gelu_inner, fused_name, match_activation,
 )
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse

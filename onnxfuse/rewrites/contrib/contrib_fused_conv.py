@@ -25,15 +25,7 @@ from __future__ import annotations
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import (
-    FP32,
-    consumers,
-    first_known_dtype,
-    is_op,
-    nodes_of,
-    only_read_by,
-    other_input,
-    shape_of,
-    shapes_equal,
+    FP32, consumers, first_known_dtype, is_op, nodes_of, only_read_by, other_input, shape_of, shapes_equal,
 )
 
 

@@ -8,12 +8,7 @@ How matching works and the conditions (as ONNX Runtime's own fusions): :mod:`onn
 from __future__ import annotations
 
 from onnxfuse.rewrites.contrib.activation import (
-    HALF_X_ONE_PLUS_T,
-    SQRT_HALF,
-    activation_dtype,
-    fused_name,
-    match_activation,
-    scaled_x,
+    HALF_X_ONE_PLUS_T, SQRT_HALF, activation_dtype, fused_name, match_activation, scaled_x,
 )
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse

@@ -20,15 +20,7 @@ from onnxfuse.rewrites.contrib.layernorm_pattern import match_any_decomposed, ma
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import empty_input, fuse
 from onnxfuse.rewrites.engine.facts import (
-    FP16,
-    FP32,
-    constant_value,
-    first_known_dtype,
-    is_op,
-    only_read_by,
-    producer_of,
-    shape_of,
-    shapes_equal,
+    FP16, FP32, constant_value, first_known_dtype, is_op, only_read_by, producer_of, shape_of, shapes_equal,
 )
 
 

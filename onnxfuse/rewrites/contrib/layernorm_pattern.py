@@ -29,21 +29,8 @@ import onnx
 
 from onnxfuse.rewrites.engine.edit import new_constant
 from onnxfuse.rewrites.engine.facts import (
-    FP16,
-    consumers,
-    constant_value,
-    dtype_of,
-    first_known_dtype,
-    int_attr,
-    internal_problem,
-    is_graph_output,
-    is_op,
-    last_dim,
-    other_input,
-    producer_of,
-    rank_of,
-    scalar_constant,
-    shape_of,
+    FP16, consumers, constant_value, dtype_of, first_known_dtype, int_attr, internal_problem, is_graph_output,
+    is_op, last_dim, other_input, producer_of, rank_of, scalar_constant, shape_of,
 )
 
 

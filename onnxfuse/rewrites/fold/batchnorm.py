@@ -7,17 +7,9 @@ The maths. In inference, BatchNormalization is a per-channel affine map over axi
 
     BN(y) = (y − μ)·γ/√(σ²+ε) + β = y·s + t,   s = γ/√(σ²+ε),   t = β − μ·s
 
-and every producer below is linear in its weight, with a bias added per output channel, so
-
-    Conv:           W'[o, ...] = W[o, ...]·s[o]                    b' = (b − μ)·s + β  (b = 0 when absent)
-    ConvTranspose:  W has layout (C_in, C_out/g, k...): output channel o = g·(C_out/g) + j lives in
-                    W[g·C_in/g : (g+1)·C_in/g, j, ...], which is scaled by s[o];  b' as for Conv
-    Gemm:           Y = α·A'·B' + β_g·C  →  B'' = B'·diag(s) (columns of B, rows when transB=1),
-                    C' = β_g·C·s + t (C broadcast with the channel vector; C = 0 when absent), β_g' = 1
-    MatMul:         A·B with A of rank 2 and B a constant (K, N): rewritten to Gemm(A, B·diag(s), t)
-                    with α = β_g = 1, which is A·B'' + t by definition of Gemm — one node and exactly the
-                    folded formula. When A's rank is not 2, BatchNormalization's channel axis (1) is not
-                    MatMul's feature axis (the last), so the fold is refused.
+and every producer below is linear in its weight, with a bias added per output channel, so the map
+folds into the weight and bias (the formulas for each producer are in its rule's file: ``fold_batchnorm_conv.py``,
+``fold_batchnorm_convtranspose.py``, ``fold_batchnorm_gemm.py`` for Gemm and MatMul).
 
 All arithmetic is done in float64 and cast back once to the weight's dtype (so an fp16 model with fp32
 BatchNorm statistics folds as exactly as fp16 allows); see :mod:`onnxfuse.rewrites.fold.affine`.

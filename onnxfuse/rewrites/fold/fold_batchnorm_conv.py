@@ -1,6 +1,6 @@
 """fold-batchnorm-conv: an inference BatchNormalization folded into the Conv before it.
 
-    W'[o, ...] = W[o, ...]·s[o]      b' = (b − μ)·s + β  (b = 0 when absent),  s = γ/√(σ²+ε)
+    Conv:           W'[o, ...] = W[o, ...]·s[o]                    b' = (b − μ)·s + β  (b = 0 when absent)
 
 The maths, the refusals and the copy-on-write of shared weights: :mod:`onnxfuse.rewrites.fold.batchnorm`.
 """
