@@ -19,7 +19,9 @@ import numpy as np
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.contrib.matmul import MATMUL_DTYPES
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import dims_equal, first_known_dtype, int_attr, is_op, only_read_by, producer_of, shape_of
+from onnxfuse.rewrites.engine.facts import (
+    dims_equal, first_known_dtype, int_attr, is_op, only_read_by, opset_of, producer_of, shape_of,
+)
 
 
 def _broadcast_plan(graph, add, softmax):
@@ -30,7 +32,7 @@ def _broadcast_plan(graph, add, softmax):
         return "shapes of the Add's inputs unknown (run shape inference first)", None
     n1, n2 = len(s1), len(s2)
     rank = max(n1, n2)
-    opset = int(getattr(graph, "opset", 13) or 13)
+    opset = opset_of(graph)
     axis = int_attr(softmax, "axis", -1 if opset >= 13 else 1)
     axis = axis + rank if axis < 0 else axis
     if axis != rank - 1:

@@ -1,4 +1,5 @@
-"""contrib-fused-matmul-transpose: Transpose of the last two axes feeding a MatMul → com.microsoft FusedMatMul(transA/transB).
+"""contrib-fused-matmul-transpose: Transpose of the last two axes feeding a MatMul →
+com.microsoft FusedMatMul(transA/transB).
 
 ``contrib-fused-matmul-transpose`` (matmul_transpose_fusion.cc): a Transpose whose perm swaps exactly
 the last two axes (identity elsewhere; rank ≥ 2) feeding input A or B sets transA / transB

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxfuse.rewrites.contrib.layernorm_pattern import match_any_decomposed, match_standard, mean_candidate, skip_layernorm_params
+from onnxfuse.rewrites.contrib.layernorm_pattern import (
+    match_any_decomposed, match_standard, mean_candidate, skip_layernorm_params,
+)
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import empty_input, fuse
 from onnxfuse.rewrites.engine.facts import (

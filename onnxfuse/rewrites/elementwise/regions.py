@@ -23,7 +23,10 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.elementwise.ort_fusions import decomposed_layernorm_nodes
 from onnxfuse.rewrites.elementwise.partition import partition
-from onnxfuse.rewrites.engine.facts import constant_node_value, constant_producer, declared_shape, is_default_domain, subgraphs
+from onnxfuse.rewrites.engine.facts import (
+    constant_node_value, constant_producer, declared_shape, is_default_domain, opset_of, subgraphs,
+)
+from onnxfuse.rewrites.engine.scopes import Scope
 
 # Elementwise ONNX ops that the language cannot express: reported (with a reason), never fused.
 _UNSUPPORTED_ELEMENTWISE = frozenset({
@@ -220,10 +223,6 @@ class _Refuse(Exception):
     pass
 
 
-def _opset(graph) -> int:
-    return int(getattr(graph, "opset", None) or 13)
-
-
 def lower_node(node, graph, dtype_of) -> Lowering:
     """A :class:`Lowering` for ``node``, or raise _Refuse(reason)."""
     expr = _expr()
@@ -268,7 +267,7 @@ def lower_node(node, graph, dtype_of) -> Lowering:
         if not inputs or inputs[0].name == "":
             raise _Refuse("Clip without input")
         attrs = {}
-        if _opset(graph) < 11 or len(inputs) == 1:
+        if opset_of(graph) < 11 or len(inputs) == 1:
             need_attrs_subset(("min", "max"))
             if "min" in node.attrs:
                 attrs["min"] = float(node.attrs["min"])
@@ -289,7 +288,7 @@ def lower_node(node, graph, dtype_of) -> Lowering:
     spec = expr.op_spec(op)
     if spec is None:
         raise _Refuse(f"{op} is not elementwise")
-    if op == "Gelu" and _opset(graph) < 20:
+    if op == "Gelu" and opset_of(graph) < 20:
         raise _Refuse("Gelu needs opset 20")
     if len(present) != spec.arity or len(inputs) != spec.arity:
         raise _Refuse(f"{op} with {len(present)} inputs")
@@ -390,11 +389,8 @@ class RegionAnalysis:
         self.info = infer_value_info(graph)
         self.graph_outputs = {id(t) for t in graph.outputs}
         self.graph_inputs = {id(t) for t in graph.inputs}
-        # Owner of subgraph nodes: the top-level node whose body holds them.
-        self.owner: dict[int, int] = {}
-        for i, n in enumerate(self.nodes):
-            for g in subgraphs(n):
-                self._own(g, i)
+        # A reader inside a body counts as the node of this graph that holds the body.
+        self.scope = Scope(graph)
         self.dtypes: dict[str, str | None] = {}
         self.shapes: dict[str, tuple | None] = {}
         self.lowered: dict[int, Lowering] = {}
@@ -426,15 +422,9 @@ class RegionAnalysis:
                         self.consumers[i].append(j)
                         self.producers[j].append(i)
 
-    def _own(self, g: gs.Graph, top: int):
-        for n in g.nodes:
-            self.owner[id(n)] = top
-            for sub in subgraphs(n):
-                self._own(sub, top)
-
     def _top(self, node) -> int | None:
-        j = self.index.get(id(node))
-        return j if j is not None else self.owner.get(id(node))
+        holder = self.scope.holder(node)
+        return None if holder is None else self.index[id(holder)]
 
     # dtype / shape of any tensor
     def dtype_of(self, t) -> str | None:
@@ -601,7 +591,7 @@ class RegionAnalysis:
                     stack.append(p)
         return ins
 
-    # ---- the region judge (see _regions.Judge): summaries of groups, joined as groups merge ------
+    # ---- the region judge (see partition.Judge): summaries of groups, joined as groups merge ------
     def state(self, members) -> "_Summary":
         inputs, produced = self.region_io(members)
         return _Summary({id(t): t for t in inputs}, produced)

@@ -47,6 +47,11 @@ def int_attr(node, name, default):
     return int(node.attrs.get(name, default))
 
 
+def opset_of(graph, default: int = 13) -> int:
+    """The graph's default-domain opset (``default`` when unset)."""
+    return int(getattr(graph, "opset", None) or default)
+
+
 # --- constants ---------------------------------------------------------------------------------------
 
 
