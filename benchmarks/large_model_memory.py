@@ -109,7 +109,7 @@ def main() -> None:
     if args.store_new_weights:
         import sys
 
-        from onnxfuse.rewrites import _weights
+        from onnxfuse.rewrites.engine import edit as _weights
 
         set_param = _weights.set_param
 

@@ -31,8 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from onnxfuse.drift import DiffReport
     from onnxfuse.pipeline import OptimizeResult
+    from onnxfuse.rewrites import Rule
     from onnxfuse.timing.bench import BenchReport
-    from onnxfuse.rewrites.base import Rule
 
     ModelLike = Union[str, os.PathLike, onnx.ModelProto]
     InputsLike = Union[Mapping[str, np.ndarray], Sequence[Mapping[str, np.ndarray]], str, os.PathLike]

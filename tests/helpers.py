@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxfuse.rewrites.base import Rule as _Rule
+from onnxfuse.rewrites import Rule as _Rule
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTDATA = ROOT / "testdata"
@@ -21,6 +21,34 @@ _NP_DTYPES = {
     onnx.TensorProto.INT64: np.int64,
     onnx.TensorProto.INT32: np.int32,
 }
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of a module file of this repository (``onnxfuse/cli/__init__.py`` → ``onnxfuse.cli``)."""
+    parts = list(Path(path).resolve().relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def module_imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(imported module, [names]) for every import in a module file, wherever it is (top level or in a
+    function), relative imports resolved: the layering tests read imports with this, never by importing."""
+    import ast
+
+    here = module_name(path)
+    package = here if Path(path).name == "__init__.py" else here.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(Path(path).read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([module] if module else []))
+            found.append((module, [a.name for a in node.names]))
+    return found
 
 
 def load_testdata(name: str) -> onnx.ModelProto:

@@ -16,7 +16,7 @@ import onnxfuse
 from helpers import TESTDATA
 from onnxfuse.cli import main
 from onnxfuse.rewrites import RULES
-from onnxfuse.rewrites.base import Rule
+from onnxfuse.rewrites import Rule
 
 MODEL = TESTDATA / "conv_bn_relu.onnx"
 

@@ -62,3 +62,17 @@ def test_dead_branch_reading_a_conv_does_not_block_batchnorm_folding():
     assert first.applied.counts["fold-batchnorm-conv"] == 1
     again = onnxfuse.optimize(first.model, target="onnx")
     assert not any(again.applied.counts.values())
+
+
+def test_scope_holder_maps_body_nodes_to_the_node_holding_the_body():
+    from onnxfuse.model_io import to_graph
+    from onnxfuse.rewrites.engine.scopes import Scope
+
+    graph = to_graph(_if_identity_of_outer_value())
+    relu, if_node = graph.nodes
+    inner = [n for sub in if_node.attrs.values() for n in sub.nodes]
+    scope = Scope(graph)
+    assert scope.holder(relu) is relu
+    assert all(scope.holder(n) is if_node for n in inner)
+    then_scope = Scope(if_node.attrs["then_branch"])
+    assert then_scope.holder(relu) is None  # a node of the enclosing graph

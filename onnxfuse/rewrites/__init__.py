@@ -1,54 +1,72 @@
-"""Graph rewrite rules: the registry, rule selection, and ``apply_rules``.
+"""Graph rewrites: the engine (``engine/``) and the rules, in families (``fold/``, ``contrib/``,
+``elementwise/``), one rule per file named after the rule (``fold-batchnorm-conv`` is
+``fold/fold_batchnorm_conv.py``).
 
-Adding a rule = one file defining a :class:`~onnxfuse.rewrites.base.Rule` subclass + one line in
-``RULES`` below. Order matters: rules run in list order (folding first, then ONNX Runtime contrib
-patterns, then generic elementwise fusion, which takes whatever is left).
+Adding a rule = one file defining one :class:`~onnxfuse.rewrites.engine.rule.Rule` subclass in its
+family's folder + one line in ``ORDER`` below. A rule imports the engine and its family's shared
+(non-rule) modules, never another rule.
 """
 
 from __future__ import annotations
 
-from onnxfuse.errors import OnnxfuseError, UsageError
-from onnxfuse.rewrites.base import TARGETS, ApplyReport, Refusal, Rule, RuleFailed
-from onnxfuse.rewrites.cleanup import cleanup
+import importlib
 
-# --- the registry: one line per rule, in the order they run -------------------------------------
-from onnxfuse.rewrites.fold_constants import FoldConstants
-from onnxfuse.rewrites.reshape_target import ConstantReshapeTarget
-from onnxfuse.rewrites.fold_batchnorm import FoldBatchNormIntoConv, FoldBatchNormIntoConvTranspose, FoldBatchNormIntoGemm
-from onnxfuse.rewrites.fold_scale_bias import FoldScaleBias
-from onnxfuse.rewrites.contrib_gelu import ContribBiasGelu, ContribFastGelu, ContribGelu, ContribQuickGelu
-from onnxfuse.rewrites.contrib_layernorm import ContribLayerNorm, ContribSkipLayerNorm
-from onnxfuse.rewrites.contrib_softmax_matmul import ContribFusedMatMulScale, ContribFusedMatMulTranspose
-from onnxfuse.rewrites.contrib_fused_conv import ContribFusedConv
-from onnxfuse.rewrites.conv_bias_lift import LiftConvBiasIntoElementwise
-from onnxfuse.rewrites.fuse_elementwise import FuseElementwiseRegions
+from onnxfuse.errors import UsageError
+from onnxfuse.rewrites.engine.apply import MAX_PASSES_PER_RULE, MAX_ROUNDS, apply_rules
+from onnxfuse.rewrites.engine.rule import TARGETS, ApplyReport, GraphPass, Plan, Refusal, Refuse, Rule, RuleFailed
 
-RULES: list[Rule] = [
-    FoldConstants(),  # first: static sizes and constants let the pattern rules below match
-    ConstantReshapeTarget(),
-    FoldBatchNormIntoConv(),
-    FoldBatchNormIntoConvTranspose(),
-    FoldBatchNormIntoGemm(),
-    FoldScaleBias(),
-    ContribQuickGelu(),
-    ContribGelu(),
-    ContribFastGelu(),
-    ContribBiasGelu(),
-    ContribSkipLayerNorm(),
-    ContribLayerNorm(),
-    ContribFusedMatMulScale(),  # before the transpose rule, which also folds into the FusedMatMul it makes
-    ContribFusedMatMulTranspose(),
-    ContribFusedConv(),  # contrib-bias-softmax is CUDA-only (no CPU kernel): not registered by default
-    LiftConvBiasIntoElementwise(),  # decides with fuse-elementwise's own region analysis
-    FuseElementwiseRegions(),  # last: takes whatever elementwise ops are left
+# --- the registry: "family/rule-name", one line per rule, in the order they run ---------------------
+#
+# Why this order:
+# * fold first. fold-constants evaluates constant and static-size subgraphs, so every rule after it
+#   sees constants instead of Shape→Gather→… chains (the pattern rules match constants only);
+#   constant-reshape-target then needs those constants to tell copied from computed sizes. The
+#   BatchNorm and scale folds run before anything fuses the ops they fold into a Conv/Gemm.
+# * contrib next: an ONNX Runtime contrib kernel (Gelu, LayerNorm, FusedMatMul) beats a generic
+#   elementwise region, so these patterns take their nodes before fuse-elementwise can.
+# * elementwise last: conv-bias-into-elementwise decides with fuse-elementwise's own region analysis,
+#   so it runs right before it, after the folds gave the Conv its final bias; fuse-elementwise takes
+#   whatever elementwise ops are left.
+ORDER = [
+    "fold/fold-constants",  # first: static sizes and constants let the pattern rules below match
+    "fold/constant-reshape-target",
+    "fold/fold-batchnorm-conv",
+    "fold/fold-batchnorm-convtranspose",
+    "fold/fold-batchnorm-gemm",
+    "fold/fold-scale-bias",
+    "contrib/contrib-quick-gelu",
+    "contrib/contrib-gelu",
+    "contrib/contrib-fast-gelu",
+    "contrib/contrib-bias-gelu",  # after the Gelu rules: it absorbs the Add before the Gelu they make
+    "contrib/contrib-skip-layernorm",  # before contrib-layernorm, which would take the LayerNorm without its Add
+    "contrib/contrib-layernorm",
+    "contrib/contrib-fused-matmul-scale",  # before the transpose rule, which also folds into the FusedMatMul it makes
+    "contrib/contrib-fused-matmul-transpose",
+    "contrib/contrib-fused-conv",  # contrib-bias-softmax is CUDA-only (no CPU kernel): not registered by default
+    "elementwise/conv-bias-into-elementwise",  # decides with fuse-elementwise's own region analysis
+    "elementwise/fuse-elementwise",  # last: takes whatever elementwise ops are left
 ]
 # ---------------------------------------------------------------------------------------------------
 
-#: Safety net against a rule that keeps matching its own output.
-MAX_PASSES_PER_RULE = 64
-#: Rounds over the rule list (a later round starts at the first rule that refused something before a
-#: later rule changed the graph).
-MAX_ROUNDS = 4
+
+def rule_module(entry: str) -> str:
+    """The module holding a rule: ``"fold/fold-batchnorm-conv"`` → ``onnxfuse.rewrites.fold.fold_batchnorm_conv``."""
+    family, name = entry.split("/")
+    return f"{__name__}.{family}.{name.replace('-', '_')}"
+
+
+def load_rule(entry: str) -> Rule:
+    """An instance of the one rule class of ``entry``'s module whose ``name`` is the entry's rule name."""
+    name = entry.split("/")[1]
+    module = importlib.import_module(rule_module(entry))
+    found = [c for c in vars(module).values()
+             if isinstance(c, type) and issubclass(c, Rule) and c.__module__ == module.__name__ and c.name == name]
+    if len(found) != 1:
+        raise ImportError(f"{module.__name__} defines {len(found)} rules named {name!r}; expected one")
+    return found[0]()
+
+
+RULES: list[Rule] = [load_rule(entry) for entry in ORDER]
 
 
 def rule_names() -> list[str]:
@@ -82,81 +100,5 @@ def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] |
     return [r for r in chosen if r.name not in skip_names]
 
 
-def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
-    """Apply ``rules`` in order to ``graph`` (in place), each until it stops matching.
-
-    Cleanup runs first, after every pass that changed something, and last. Returns a count per rule
-    (every selected rule appears, zero included), the refusals (deduplicated) and rewrite details.
-    """
-    report = ApplyReport(counts={r.name: 0 for r in rules})
-    seen: set[Refusal] = set()
-
-    def _cleanup(count_dead: bool = False):
-        # Only the first sweep's dead nodes were dead in the input; later sweeps remove what rules
-        # bypassed, which the rule counts already report.
-        for key, n in cleanup(graph).items():
-            if key != "dead-node" or count_dead:
-                report.cleanup[key] = report.cleanup.get(key, 0) + n
-
-    _cleanup(count_dead=True)
-    tail = list(rules)
-    changes = 0  # rewrites made so far: a rule whose last run saw the same count sees the same graph
-    seen_at: dict[str, int] = {}
-    for _ in range(MAX_ROUNDS):
-        applied, refused = [], set()
-        for rule in tail:
-            if seen_at.get(rule.name) == changes:  # nothing changed since this rule last ran
-                applied.append(0)
-                continue
-            try:
-                n, had_refusals = _apply_one(graph, rule, report, seen, _cleanup)
-            except (MemoryError, RuleFailed, OnnxfuseError):  # out of memory or environment: not the rule's bug
-                raise
-            except Exception as e:  # a broken rule: the pipeline drops it and applies the others
-                raise RuleFailed(rule.name, e) from e
-            changes += n
-            seen_at[rule.name] = changes
-            applied.append(n)
-            if had_refusals:
-                refused.add(rule.name)
-        # A rule that refused a candidate may accept it once a later rule has rewritten its
-        # surroundings (a Transpose absorbed into a FusedMatMul exposes the scale before it): run again
-        # from the first such rule, so that a second optimize finds nothing (idempotence). Rules that
-        # saw no change since their last run are skipped.
-        again = next((k for k, rule in enumerate(tail) if rule.name in refused and any(applied[k + 1:])), None)
-        if again is None:
-            break
-        tail = tail[again:]
-    _cleanup()
-    return report
-
-
-def _apply_one(graph, rule: Rule, report: ApplyReport, seen: set[Refusal], cleanup_pass) -> tuple[int, bool]:
-    """One rule, pass after pass until it stops matching, with a cleanup after every changing pass.
-    Returns (rewrites made, whether any candidate was refused in its last pass)."""
-    total = 0
-    for _ in range(MAX_PASSES_PER_RULE):
-        applied = 0
-        refused = False
-        for match in list(rule.match(graph)):
-            reason = rule.check(graph, match)
-            if reason:
-                refused = True
-                refusal = Refusal(rule.name, rule.anchor_name(match), reason)
-                if refusal not in seen:
-                    seen.add(refusal)
-                    report.refusals.append(refusal)
-                continue
-            detail = rule.rewrite(graph, match)
-            applied += 1
-            if detail:
-                report.details.append({"rule": rule.name, **detail})
-        report.counts[rule.name] += applied
-        total += applied
-        if not applied:
-            break
-        cleanup_pass()
-    return total, refused
-
-
-__all__ = ["RULES", "Rule", "Refusal", "RuleFailed", "ApplyReport", "TARGETS", "apply_rules", "select_rules", "rule_names"]
+__all__ = ["RULES", "ORDER", "Rule", "GraphPass", "Plan", "Refuse", "Refusal", "RuleFailed", "ApplyReport", "TARGETS",
+           "MAX_PASSES_PER_RULE", "MAX_ROUNDS", "apply_rules", "select_rules", "rule_names", "load_rule", "rule_module"]

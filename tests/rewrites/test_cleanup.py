@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from helpers import assert_same_outputs, make_model, op_types, run_ort, vi
 from onnxfuse.model_io import to_graph, to_model
 from onnxfuse.rewrites import apply_rules
-from onnxfuse.rewrites.cleanup import cleanup
+from onnxfuse.rewrites.engine.cleanup import cleanup
 
 
 def _clean(model):

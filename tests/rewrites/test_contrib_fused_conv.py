@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from contrib_testlib import fuse, ops, parse, refusals, same_outputs, to_dtype
 
-from onnxfuse.rewrites.contrib_fused_conv import ContribFusedConv
+from onnxfuse.rewrites.contrib.contrib_fused_conv import ContribFusedConv
 
 CONV = ContribFusedConv()
 RNG = np.random.default_rng(0)

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 from contrib_testlib import fuse, ops, parse, refusals, same_outputs, to_dtype
 
-from onnxfuse.rewrites.contrib_gelu import ContribBiasGelu, ContribFastGelu, ContribGelu, ContribQuickGelu
+from onnxfuse.rewrites.contrib.contrib_bias_gelu import ContribBiasGelu
+from onnxfuse.rewrites.contrib.contrib_fast_gelu import ContribFastGelu
+from onnxfuse.rewrites.contrib.contrib_gelu import ContribGelu
+from onnxfuse.rewrites.contrib.contrib_quick_gelu import ContribQuickGelu
 
 GELU, FAST, BIAS, QUICK = ContribGelu(), ContribFastGelu(), ContribBiasGelu(), ContribQuickGelu()
 

@@ -7,7 +7,8 @@ import onnx
 import pytest
 from contrib_testlib import fuse, ops, parse, refusals, same_outputs, to_dtype
 
-from onnxfuse.rewrites.contrib_layernorm import ContribLayerNorm, ContribSkipLayerNorm
+from onnxfuse.rewrites.contrib.contrib_layernorm import ContribLayerNorm
+from onnxfuse.rewrites.contrib.contrib_skip_layernorm import ContribSkipLayerNorm
 
 LN, SKIP = ContribLayerNorm(), ContribSkipLayerNorm()
 RNG = np.random.default_rng(0)

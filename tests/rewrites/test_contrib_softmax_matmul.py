@@ -7,11 +7,9 @@ import onnxruntime as ort
 import pytest
 from contrib_testlib import fuse, ops, parse, refusals, same_outputs, to_dtype
 
-from onnxfuse.rewrites.contrib_softmax_matmul import (
-    ContribBiasSoftmax,
-    ContribFusedMatMulScale,
-    ContribFusedMatMulTranspose,
-)
+from onnxfuse.rewrites.contrib.contrib_bias_softmax import ContribBiasSoftmax
+from onnxfuse.rewrites.contrib.contrib_fused_matmul_scale import ContribFusedMatMulScale
+from onnxfuse.rewrites.contrib.contrib_fused_matmul_transpose import ContribFusedMatMulTranspose
 
 SCALE, TRANS, BSM = ContribFusedMatMulScale(), ContribFusedMatMulTranspose(), ContribBiasSoftmax()
 

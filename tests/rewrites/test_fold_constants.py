@@ -15,7 +15,7 @@ from contrib_testlib import parse, refusals
 
 import helpers
 from onnxfuse.rewrites import select_rules
-from onnxfuse.rewrites.fold_constants import FoldConstants, folded_copy
+from onnxfuse.rewrites.fold.fold_constants import FoldConstants, folded_copy
 
 # torch MultiheadAttention's scale, as the legacy exporter writes it: head_dim comes from Shape(q),
 # where q's shape went through a Reshape whose target is computed (Shape → Gather → Div → Concat),

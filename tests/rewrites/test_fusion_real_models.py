@@ -24,7 +24,7 @@ BERT = "bert_tiny_opset14"
 
 
 def _candidates():
-    from onnxfuse.rewrites.fuse_elementwise import _candidate_ops
+    from onnxfuse.rewrites.elementwise.regions import candidate_ops as _candidate_ops
 
     return _candidate_ops()
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import onnxfuse
-from onnxfuse.rewrites import fuse_elementwise
+from onnxfuse.rewrites.elementwise import regions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from optimizer_scaling import chain  # noqa: E402
@@ -20,14 +20,14 @@ from optimizer_scaling import chain  # noqa: E402
 
 def _operand_reads(n: int, monkeypatch) -> int:
     calls = 0
-    original = fuse_elementwise._Analysis.dynamic_operands
+    original = regions.RegionAnalysis.dynamic_operands
 
     def counting(self, i):
         nonlocal calls
         calls += 1
         return original(self, i)
 
-    monkeypatch.setattr(fuse_elementwise._Analysis, "dynamic_operands", counting)
+    monkeypatch.setattr(regions.RegionAnalysis, "dynamic_operands", counting)
     result = onnxfuse.optimize(chain(n), validate=False, only="fuse-elementwise")
     assert [node.op_type for node in result.model.graph.node] == ["FusedElementwise"]
     monkeypatch.undo()

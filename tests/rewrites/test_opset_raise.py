@@ -7,7 +7,7 @@ import onnx.parser
 import pytest
 
 from onnxfuse.model_io import to_graph
-from onnxfuse.rewrites._opset import _same_meaning, opset_raise_problem, raise_opset
+from onnxfuse.rewrites.engine.opset import _same_meaning, opset_raise_problem, raise_opset
 
 
 def graph_of(body: str, opset: int):

@@ -13,7 +13,7 @@ import onnx
 from contrib_testlib import fuse, parse, refusals
 
 import helpers
-from onnxfuse.rewrites.reshape_target import ConstantReshapeTarget
+from onnxfuse.rewrites.fold.constant_reshape_target import ConstantReshapeTarget
 
 RULE = ConstantReshapeTarget()
 

@@ -14,7 +14,7 @@ from onnx import numpy_helper
 import onnxfuse
 from onnxfuse.errors import ValidationFailed
 from onnxfuse.rewrites import RULES
-from onnxfuse.rewrites.base import Rule
+from onnxfuse.rewrites import Rule
 
 RNG = np.random.default_rng(7)
 

@@ -1,54 +1,28 @@
-"""Helpers shared by the folding rules: reading constants, float64 maths, casting back, copy-on-write.
+"""Folding a per-channel affine map ``y -> y*scale + shift`` into the node producing ``y``.
 
-Folding rules change a node's *parameters* (a Conv's weight and bias, a Gemm's B and C), never its
-data inputs. The helpers here make that safe:
+Shared by the fold family's rules (fold-batchnorm-*, fold-scale-bias); not a rule itself.
 
-* :func:`constant_value` reads a tensor that is fixed at run time: an initializer (``gs.Constant``) or
-  the output of an ONNX ``Constant`` node. A graph input is never constant, even when an initializer
-  of the same name gives it a default, because the caller may feed it.
 * :func:`f64` widens to float64; folding maths is done there so that the only rounding is the final
   :func:`cast_back` to the weight's dtype (an fp16 weight with fp32 BatchNorm statistics is then as
   exact as fp16 allows). :func:`cast_back` refuses (returns ``None``) when the cast would overflow.
-* :func:`set_param` writes a new value for one input of one node. When the old tensor is read by that
-  node alone, it is updated in place (its name is kept); when anything else reads it (weights shared by
-  two convolutions, a Constant node's output, a graph output) the node gets a fresh *copy* and every
-  other reader keeps the original.
-* :func:`producer_of` / :func:`sole_consumer_problem` describe the structure a fold relies on.
+* Folding rules change a node's *parameters* (a Conv's weight and bias, a Gemm's B and C), never its
+  data inputs, through :func:`~onnxfuse.rewrites.engine.edit.set_param` (copy-on-write).
+
+BatchNormalization (scale = γ/√(σ²+ε), shift = β − μ·scale) and constant Mul/Add/Sub/Div are all such
+maps, so both rule families share this one implementation. ``plan_affine`` does every check and all the
+arithmetic (float64, one rounding back to the weight dtype) and returns either a refusal reason or a
+plan whose ``apply()`` only writes the precomputed parameters.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
+
+from onnxfuse.rewrites.engine.edit import set_param
+from onnxfuse.rewrites.engine.facts import constant_value, is_default_domain
 
 #: Weight dtypes the folding rules handle (numpy has no bfloat16).
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _const_node_value(node) -> np.ndarray | None:
-    attrs = node.attrs
-    if "value" in attrs and isinstance(attrs["value"], gs.Constant):
-        return np.asarray(attrs["value"].values)
-    if "value_float" in attrs:
-        return np.asarray(attrs["value_float"], dtype=np.float32)
-    if "value_floats" in attrs:
-        return np.asarray(attrs["value_floats"], dtype=np.float32)
-    return None
-
-
-def constant_value(graph, tensor) -> np.ndarray | None:
-    """The value of ``tensor`` when it is fixed at run time, else ``None``."""
-    if tensor is None or tensor.is_empty():
-        return None
-    if any(t is tensor for t in graph.inputs):
-        return None
-    if isinstance(tensor, gs.Constant):
-        return np.asarray(tensor.values)
-    if len(tensor.inputs) == 1:
-        node = tensor.inputs[0]
-        if node.op == "Constant" and node.domain in ("", "ai.onnx", None):
-            return _const_node_value(node)
-    return None
 
 
 def f64(values) -> np.ndarray:
@@ -72,121 +46,6 @@ def float_dtype_problem(*named: tuple[str, np.dtype | None]) -> str | None:
         if np.dtype(dtype) not in FLOAT_DTYPES:
             return f"{what} has dtype {np.dtype(dtype).name}; only float16/float32/float64 are folded"
     return None
-
-
-def producer_of(tensor):
-    """The node writing ``tensor``, or ``None`` (graph input, initializer)."""
-    return tensor.inputs[0] if len(tensor.inputs) == 1 else None
-
-
-def is_graph_output(graph, tensor) -> bool:
-    return any(t is tensor for t in graph.outputs)
-
-
-def sole_consumer_problem(graph, tensor, consumer) -> str | None:
-    """A refusal reason unless ``consumer`` is the only reader of ``tensor`` and it is not a graph output."""
-    if is_graph_output(graph, tensor):
-        return f"intermediate tensor {tensor.name!r} is also a graph output"
-    readers = [n for n in tensor.outputs if n is not consumer]
-    if readers:
-        return f"intermediate tensor {tensor.name!r} is also read by {readers[0].name or readers[0].op!r}"
-    if sum(1 for t in consumer.inputs if t is tensor) != 1:
-        return f"intermediate tensor {tensor.name!r} is read more than once by {consumer.name!r}"
-    return None
-
-
-def _owned_by(graph, tensor, node) -> bool:
-    """True when ``node`` is the only reader of the initializer ``tensor`` (so it may change in place)."""
-    return (
-        isinstance(tensor, gs.Constant)
-        and len(tensor.outputs) == 1
-        and tensor.outputs[0] is node
-        and sum(1 for t in node.inputs if t is tensor) == 1
-        and not is_graph_output(graph, tensor)
-        and not any(t is tensor for t in graph.inputs)
-    )
-
-
-def fresh_name(taken: set[str], base: str) -> str:
-    """``base``, or ``base_1``, ``base_2`` … : the first name not in ``taken``, which then holds it."""
-    name, i = base, 1
-    while name in taken:
-        name = f"{base}_{i}"
-        i += 1
-    taken.add(name)
-    return name
-
-
-def unique_name(graph, base: str) -> str:
-    """``base``, or ``base_1``, ``base_2`` … : the first name no tensor of ``graph`` uses."""
-    return fresh_name(set(graph.tensors().keys()), base)
-
-
-class NameAllocator:
-    """Hands out tensor names unused in ``graph``, tracking the ones it gave (for several new tensors at once)."""
-
-    def __init__(self, graph):
-        self._graph = graph
-        self._used: set[str] | None = None
-
-    def __call__(self, base: str) -> str:
-        if self._used is None:
-            self._used = set(self._graph.tensors().keys())
-        return fresh_name(self._used, base)
-
-
-def set_param(graph, node, index: int, values: np.ndarray, role: str = "param") -> str:
-    """Give ``node.inputs[index]`` the value ``values``, copy-on-write (see :func:`_place_param`).
-
-    In a large model's graph the new weight goes to the spill file at once
-    (:func:`onnxfuse.model_io.store_weight`), so folded weights do not pile up in memory until the
-    export: the 2.25 GiB benchmark's rewrite peak was 1.47x its weights with all nine folded weights held,
-    0.59x through this (docs/large-models.md).
-    """
-    from onnxfuse.model_io import store_weight
-
-    mode = _place_param(graph, node, index, values, role)
-    placed = node.inputs[index]
-    placed.values = store_weight(graph, placed._values)
-    return mode
-
-
-def _place_param(graph, node, index: int, values: np.ndarray, role: str = "param") -> str:
-    """Give ``node.inputs[index]`` the value ``values``, copy-on-write.
-
-    Returns ``"in-place"`` (the initializer was read by ``node`` alone and keeps its name), ``"copy"`` (the
-    old tensor is shared, a Constant node's output or a graph output: ``node`` now reads a new initializer
-    named ``<old>_folded`` and every other reader keeps the original) or ``"new"`` (an absent optional input,
-    such as a Conv bias or a Gemm C, was added; ``index`` may be ``len(node.inputs)``).
-    """
-    values = np.ascontiguousarray(values)
-    old = node.inputs[index] if index < len(node.inputs) else None
-    if old is not None and not old.is_empty() and _owned_by(graph, old, node):
-        old.values = values
-        return "in-place"
-    if old is not None and not old.is_empty():
-        base = f"{old.name}_folded"
-    else:
-        base = f"{node.name or node.op}_{role}"
-    fresh = gs.Constant(unique_name(graph, base), values)
-    if index < len(node.inputs):
-        node.inputs[index] = fresh
-    else:
-        while len(node.inputs) < index:
-            node.inputs.append(gs.Variable.empty())
-        node.inputs.append(fresh)
-    return "copy" if old is not None and not old.is_empty() else "new"
-
-
-def bypass(graph, first, second) -> None:
-    """Make ``first`` write ``second``'s output and disconnect ``second`` (cleanup removes it).
-
-    Downstream tensor names, including graph outputs, are kept.
-    """
-    out = second.outputs[0]
-    second.inputs.clear()
-    second.outputs.clear()
-    first.outputs[0] = out  # graphsurgeon's synchronized lists also detach the old tensor from ``first``
 
 
 def broadcast_channel_problem(shape, out_rank: int, channels: int, channel_axis: int = 1):
@@ -218,20 +77,14 @@ def per_channel_vector(values: np.ndarray, out_rank: int, channels: int, channel
     return np.broadcast_to(padded.reshape(-1) if padded.size > 1 else padded.reshape(1), (channels,)).copy()
 
 
-# ---------------------------------------------------------------------------------------------------
 # Folding a per-channel affine map ``y -> y*scale + shift`` into the node producing ``y``.
 #
 # BatchNormalization (scale = γ/√(σ²+ε), shift = β − μ·scale) and constant Mul/Add/Sub/Div are all such
 # maps, so both rule modules share this one implementation. ``plan_affine`` does every check and all the
 # arithmetic (float64, one rounding back to the weight dtype) and returns either a refusal reason or a
 # plan whose ``apply()`` only writes the precomputed parameters.
-
 #: Producers an affine map can be folded into, and the channel axis of their output.
 AFFINE_PRODUCERS = ("Conv", "ConvTranspose", "Gemm")
-
-
-def is_default_domain(node) -> bool:
-    return node.domain in ("", "ai.onnx", None)
 
 
 class AffinePlan:

@@ -14,22 +14,8 @@ tf2onnx style); TensorFlow/Keras's batch-norm-style form with γ folded into the
 γ/β absent (ones / no bias); ReduceMean axes as attribute (opset < 18) or constant input (opset ≥ 18);
 both ReduceMeans over the same trailing axes with keepdims=1.
 
-* ``contrib-skip-layernorm``: when x itself is ``Add(a, b)`` of two tensors of provably equal shape
-  (rank 2 or 3: ONNX Runtime's kernel takes no other; dims equal as numbers or as the same named
-  dim-param) and the normalization is over the last axis only, the Add and the normalization become
-  ``com.microsoft.SkipLayerNormalization(a, b, γ, β)``; an ``Add(y, c)`` with c a constant 1-D bias
-  feeding one side is absorbed too (its ``bias`` input), as in skip_layer_norm_fusion.cc. It also turns
-  an existing ONNX ``LayerNormalization`` preceded by such an Add into SkipLayerNormalization.
-  Element types float16/float (the kernel's); works at any opset (com.microsoft domain).
-* ``contrib-layernorm``: the remaining decomposed forms become ONNX ``LayerNormalization`` (axis = −k,
-  epsilon = ε, stash_type = 1, i.e. float32 statistics) — the op ONNX Runtime's own LayerNormFusion
-  emits. This needs default-domain opset ≥ 17: ONNX Runtime also registers the op in the ONNX domain for
-  opsets 1–16, but ``onnx.checker`` rejects it there, and ``com.microsoft.LayerNormalization`` is not a
-  registered op in ONNX Runtime 1.31. Below opset 17 the rule raises the model's opset to 17 when that
-  changes no node's meaning (:mod:`onnxfuse.rewrites._opset`), and refuses, naming the ops, otherwise.
-  Leaving the decomposed form to ONNX Runtime's LayerNormFusion is not enough: in ConvNeXt its
-  transpose optimizer moves the channels-last Transpose into the pattern first, and the LayerNorm then
-  runs as ReduceMean + Sub + SimplifiedLayerNormalization (docs/benchmarks.md).
+The matchers and parameter builders contrib-layernorm and contrib-skip-layernorm share (one file each,
+where each rule's own conditions are described); not a rule itself.
 
 Conditions as layer_norm_fusion.cc: every intermediate read only inside the pattern and not a graph
 output; γ/β constants broadcasting over the normalized shape only (they are materialized to exactly
@@ -41,34 +27,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from onnxfuse.rewrites._contrib import (
-    FP16,
-    FP32,
-    FP64,
-    ContribRule,
-    consumers,
-    dtype_of,
-    dtype_problem,
-    empty_input,
-    first_known_dtype,
-    fuse,
-    int_attr,
-    internal_problem,
-    is_op,
-    last_dim,
-    new_constant,
-    only_read_by,
-    other_input,
-    rank_of,
-    scalar_constant,
-    shape_of,
-    shapes_equal,
+from onnxfuse.rewrites.engine.edit import new_constant
+from onnxfuse.rewrites.engine.facts import (
+    FP16, consumers, constant_value, dtype_of, first_known_dtype, int_attr, internal_problem, is_graph_output,
+    is_op, last_dim, other_input, producer_of, rank_of, scalar_constant, shape_of,
 )
-from onnxfuse.rewrites._opset import opset_raise_problem, raise_opset
-from onnxfuse.rewrites._weights import constant_value, is_graph_output, producer_of
-
-#: Default-domain opset that introduced LayerNormalization.
-LAYERNORM_OPSET = 17
 
 
 class LayerNormMatch:
@@ -374,7 +337,7 @@ def _norm_shape(graph, x, k):
     return tuple(int(d) for d in tail) if all(isinstance(d, (int, np.integer)) for d in tail) else None
 
 
-def _params(graph, m, dtype):
+def layernorm_params(graph, m, dtype):
     """``(reason, gamma_tensor, beta_tensor_or_None)`` over the normalized shape."""
     norm_shape = _norm_shape(graph, m.x, m.k)
     if norm_shape is None:
@@ -398,7 +361,7 @@ def _params(graph, m, dtype):
     return None, gamma, beta
 
 
-def _mean_candidate(node) -> bool:
+def mean_candidate(node) -> bool:
     """A ReduceMean whose result is read by Subs only: the first node of a decomposed LayerNorm."""
     if not is_op(node, "ReduceMean") or len(node.outputs) != 1:
         return False
@@ -406,73 +369,7 @@ def _mean_candidate(node) -> bool:
     return any(is_op(r, "Sub") for r in readers) and all(is_op(r, "Sub", "Mul") for r in readers)
 
 
-class ContribSkipLayerNorm(ContribRule):
-    name = "contrib-skip-layernorm"
-    description = "Add(a, b) of equal shapes (+ optional 1-D bias Add) → LayerNorm becomes com.microsoft SkipLayerNormalization"
-
-    def match(self, graph):
-        return [n for n in graph.nodes if is_op(n, "LayerNormalization") or _mean_candidate(n)]
-
-    def analyze(self, graph, node):
-        if node.op == "ReduceMean":
-            reason, m = match_any_decomposed(graph, node)
-        else:
-            reason, m = match_standard(graph, node)
-        if reason:
-            return reason, None
-        if m.k != 1:
-            return f"normalizes the last {m.k} axes; SkipLayerNormalization normalizes the last one", None
-        add = producer_of(m.x)
-        if not is_op(add, "Add") or len(add.inputs) != 2:
-            return "LayerNorm input is not produced by an Add", None
-        problem = only_read_by(graph, m.x, m.x_readers)
-        if problem:
-            return problem, None
-        a, b = add.inputs
-        sa, sb = shape_of(graph, a), shape_of(graph, b)
-        if sa is None or sb is None:
-            return "shapes of the Add's inputs unknown (run shape inference first)", None
-        if len(sa) not in (2, 3) or not shapes_equal(sa, sb):
-            return f"Add inputs of shapes {sa} and {sb} are not provably equal rank-2/3 shapes", None
-        d = sa[-1]
-        if not isinstance(d, (int, np.integer)):
-            return "hidden size (last dimension) unknown", None
-        dtype = m.dtype or first_known_dtype(graph, a, b)
-        problem = dtype_problem(dtype, (FP16, FP32), "SkipLayerNormalization input")
-        if problem:
-            return problem, None
-        inp, skip, bias, bias_add = a, b, None, None
-        for first, second in ((a, b), (b, a)):
-            p = producer_of(first)
-            if not is_op(p, "Add") or len(p.inputs) != 2 or only_read_by(graph, first, [add]):
-                continue
-            for j in (1, 0):
-                c = constant_value(graph, p.inputs[j])
-                y = p.inputs[1 - j]
-                if (c is not None and c.ndim == 1 and c.shape[0] == d and constant_value(graph, y) is None
-                        and shapes_equal(shape_of(graph, y), sa)):
-                    inp, skip, bias, bias_add = y, second, p.inputs[j], p
-                    break
-            if bias is not None:
-                break
-        reason, gamma, beta = _params_1d(graph, m, int(d), dtype)
-        if reason:
-            return reason, None
-        return None, (m, add, inp, skip, gamma, beta, bias, bias_add)
-
-    def apply(self, graph, node, plan):
-        m, add, inp, skip, gamma, beta, bias, bias_add = plan
-        inputs = [inp, skip, gamma, beta if beta is not None else empty_input()]
-        if bias is not None:
-            inputs.append(bias)
-        nodes = list(m.nodes) + [add] + ([bias_add] if bias_add is not None else [])
-        fuse(graph, nodes, "SkipLayerNormalization", inputs, m.root.outputs[0], attrs={"epsilon": m.eps},
-             name=f"{m.root.name}/SkipLayerNorm" if m.root.name else None)
-        return {"op": "com.microsoft.SkipLayerNormalization", "input": inp.name, "skip": skip.name,
-                "bias": bias is not None, "replaced": len(nodes)}
-
-
-def _params_1d(graph, m, d, dtype):
+def skip_layernorm_params(graph, m, d, dtype):
     """γ/β of shape (d,) for SkipLayerNormalization."""
     rank = rank_of(graph, m.x)
     if m.gamma is None:
@@ -487,136 +384,3 @@ def _params_1d(graph, m, d, dtype):
         if reason:
             return reason, None, None
     return None, gamma, beta
-
-
-class ContribLayerNorm(ContribRule):
-    name = "contrib-layernorm"
-    description = "decomposed ReduceMean/Sub/Pow/…/Div(/Mul γ/Add β) → LayerNormalization (raises opset to 17)"
-
-    def match(self, graph):
-        return [n for n in graph.nodes if _mean_candidate(n)]
-
-    def analyze(self, graph, node):
-        reason, m = match_any_decomposed(graph, node)
-        if reason:
-            return reason, None
-        problem = opset_raise_problem(graph, LAYERNORM_OPSET)
-        if problem:
-            return (f"ONNX LayerNormalization needs opset {LAYERNORM_OPSET}, and {problem}"), None
-        problem = dtype_problem(m.dtype, (FP16, FP32, FP64), "LayerNormalization input")
-        if problem:
-            return problem, None
-        reason, gamma, beta = _params(graph, m, m.dtype)
-        if reason:
-            return reason, None
-        return None, (m, gamma, beta)
-
-    def apply(self, graph, node, plan):
-        m, gamma, beta = plan
-        raise_opset(graph, LAYERNORM_OPSET)
-        inputs = [m.x, gamma] + ([beta] if beta is not None else [])
-        fuse(graph, m.nodes, "LayerNormalization", inputs, m.root.outputs[0],
-             attrs={"axis": -m.k, "epsilon": m.eps, "stash_type": 1}, domain="",
-             name=f"{m.root.name}/LayerNorm" if m.root.name else None)
-        return {"op": "LayerNormalization", "input": m.x.name, "axis": -m.k, "epsilon": m.eps,
-                "replaced": len(m.nodes)}
-
-
-RULES = [ContribSkipLayerNorm(), ContribLayerNorm()]
-
-
-#: Ops a decomposed LayerNorm is made of (PyTorch's fp16 exports add Casts to float and back).
-_LN_CORE = {"Cast", "Pow", "Mul", "ReduceMean", "Add", "Sqrt", "Reciprocal", "Div"}
-_LN_TAIL = {"Cast", "Mul", "Add"}
-
-
-def _layernorm_like_nodes(graph, rm1) -> list | None:
-    """The nodes of a LayerNorm-shaped subgraph anchored at ``rm1`` = ReduceMean(x), or ``None``.
-
-    Looser than :func:`match_decomposed` on purpose (it tolerates Casts anywhere, as in fp16 exports,
-    and does not check constants): it only decides which nodes the elementwise fusion must leave to
-    ONNX Runtime's own LayerNormFusion. Shape: Sub(x, mean) → [Cast] → square → ReduceMean → Add ε →
-    Sqrt → [Reciprocal] → normalize (Div/Mul) → [Cast] → [Mul γ] → [Cast] → [Add β].
-    """
-    if not rm1.inputs or len(rm1.outputs) != 1:
-        return None
-    x = rm1.inputs[0]
-    subs = [c for c in consumers(rm1.outputs[0]) if is_op(c, "Sub") and c.inputs[0] is x]
-    if not subs:
-        return None
-    found: list = [rm1, *subs]
-    seen = {id(n) for n in found}
-    frontier = [s for s in subs]
-    norm = None
-    for _ in range(10):  # the core is at most ~8 nodes deep
-        nxt = []
-        for n in frontier:
-            for t in n.outputs:
-                for c in consumers(t):
-                    if id(c) in seen or c.op not in _LN_CORE:
-                        continue
-                    seen.add(id(c))
-                    found.append(c)
-                    if c.op in ("Div", "Mul") and any(is_op(producer_of(i), "Sqrt") or is_op(producer_of(i), "Reciprocal")
-                                                      for i in c.inputs if i is not None):
-                        norm = c
-                    else:
-                        nxt.append(c)
-        frontier = nxt
-        if not frontier:
-            break
-    ops = {n.op for n in found}
-    if norm is None or "Sqrt" not in ops or sum(n.op == "ReduceMean" for n in found) < 2:
-        return None
-    # The affine tail: at most Cast, Mul γ, Cast, Add β, each read only by the next.
-    tail = norm
-    for _ in range(4):
-        readers = consumers(tail.outputs[0]) if tail.outputs else []
-        if len(readers) != 1 or readers[0].op not in _LN_TAIL:
-            break
-        tail = readers[0]
-        found.append(tail)
-        if tail.op == "Add":
-            break
-    return found
-
-
-def _reserve_residual_add(graph, layernorm_input_reader, reserved: dict) -> None:
-    p = producer_of(layernorm_input_reader.inputs[0])
-    if is_op(p, "Add") and all(constant_value(graph, t) is None for t in p.inputs):
-        reserved[id(p)] = "residual Add feeding a LayerNorm: ONNX Runtime fuses both (SkipLayerNormFusion)"
-
-
-def decomposed_layernorm_nodes(graph) -> dict[int, str]:
-    """``{id(node): reason}`` for the nodes of every decomposed LayerNorm still in ``graph``.
-
-    Used by the elementwise-region fusion to keep its hands off them: where this module could not map a
-    LayerNorm (below opset 17, say), ONNX Runtime's own LayerNormFusion still turns the decomposed form
-    into one LayerNormalization kernel at session load (and a residual Add before it into
-    SkipLayerNormalization), which beats any split of it into elementwise pieces around the two
-    ReduceMeans. Measured on an H100 (2026-11-22): ViT-B/16 ran at 0.78× and ConvNeXt-T at 0.74× (batch 1)
-    when those pieces were fused into FusedElementwise nodes; fp16 BERT-base at 0.66× (its LayerNorms
-    carry Casts to float and back, which a strict matcher misses).
-    """
-    reserved: dict[int, str] = {}
-    for node in list(graph.nodes):
-        if not is_op(node, "ReduceMean"):
-            continue
-        nodes = _layernorm_like_nodes(graph, node)
-        if not nodes:
-            continue
-        why = "part of a decomposed LayerNorm that ONNX Runtime fuses itself (LayerNormFusion)"
-        for n in nodes:
-            reserved[id(n)] = why
-        _reserve_residual_add(graph, node, reserved)
-    # Likewise before a LayerNorm that is already one op (this module's, or the model's own).
-    for node in list(graph.nodes):
-        if is_op(node, "LayerNormalization") and node.inputs:
-            _reserve_residual_add(graph, node, reserved)
-    # The attention-mask Add before a Softmax: ONNX Runtime's CUDA provider fuses the pair (BiasSoftmax).
-    for node in list(graph.nodes):
-        if is_op(node, "Softmax") and node.inputs:
-            p = producer_of(node.inputs[0])
-            if is_op(p, "Add") and len(consumers(p.outputs[0])) == 1:
-                reserved[id(p)] = "Add feeding a Softmax: ONNX Runtime's CUDA provider fuses both (BiasSoftmaxFusion)"
-    return reserved

@@ -1,38 +1,15 @@
-"""Fuse connected regions of elementwise ops into one ``FusedElementwise`` node (target ``cuda``).
+"""The region analysis fuse-elementwise and conv-bias-into-elementwise share (the elementwise family's
+public module; not a rule).
 
-What it does
-------------
-Every op the FusedElementwise language can express (``onnxfuse.custom_ops.expr.OP_TABLE``, plus
-lowerings: n-ary Sum/Min/Max/Mean become binary chains, Clip with constant bounds becomes
-``Clip[min=, max=]``, PRelu becomes ``Where(Less(x, 0), Mul(x, slope), x)``) is a *fusible node*.
-Maximal connected groups of fusible nodes become one node of domain ``ai.onnxfuse`` whose
-``program`` attribute holds the computation as readable text (docs/program-language.md):
+* :func:`infer_value_info`, :func:`bcast_shapes`, :func:`fits`: dtypes and shapes of every value (ONNX
+  shape inference plus symbolic broadcasting), and the shape proofs the op's contract needs;
+* :func:`lower_node` / :class:`Lowering`: one ONNX node as program statements (or a refusal);
+* :class:`RegionAnalysis`: one graph's fusible nodes, their dependencies and the judge the partition
+  (:mod:`.partition`) asks; ``regions()`` returns every :class:`Region` (fusible, or refused with a reason);
+* :func:`build_program`: a region as a FusedElementwise program;
+* :func:`candidate_ops`: the ops the analysis looks at (the language's, lowered ones, refused ones).
 
-* the node's inputs are the region's inputs (in order of first use), including non-scalar constant
-  tensors (initializers stay initializers);
-* scalar constants (one element, and not raising the rank of the op that reads them) are written
-  into the program as ``const`` lines, exactly (ProgramBuilder prints the shortest text that
-  reads back to the same value);
-* the node's outputs are the values the rest of the graph still needs: values read outside the
-  region (also by nodes inside If/Loop bodies) and graph outputs. They keep their tensor objects,
-  hence their names, so nothing is recomputed or lost. Intermediate values disappear.
-
-The op's contract is that *every output has the broadcast shape of all node inputs*. So a value
-that leaves the region must be provably that large. Shapes come from ONNX shape inference (plus a
-small pass giving known shape-preserving com.microsoft ops the shape of their first input) merged
-with our own symbolic broadcasting; a dimension is known (int), symbolic (``dim_param``, equal only
-to the same name) or unknown. An input ``i`` fits an output ``v`` when ``i`` is an ancestor of
-``v`` in the region (then it is part of ``v``'s broadcast) or when, dimension by dimension from the
-right, ``i``'s dim is 1 or provably equal to ``v``'s, with ``rank(i) <= rank(v)``; scalars always fit.
-Unknown shapes therefore only fuse when the proof goes through (e.g. all inputs share one symbolic
-shape, or the others are per-channel constants of known shape).
-
-Region algorithm: see :mod:`onnxfuse.rewrites._regions` (greedy growth in topological order with
-a contracted-graph cycle check, then splitting regions whose outputs break the shape contract).
-Single-op regions are left alone (refusal "single op"): one fused node saves nothing.
-Subgraphs (If branches, Loop/Scan bodies) are fused too, each on its own: a value a body reads
-from an enclosing graph is a region input there and counts as read outside any region of the
-enclosing graph; a body's outputs keep their names; regions never cross a graph boundary.
+What a region is and why: :mod:`onnxfuse.rewrites.elementwise.fuse_elementwise`.
 """
 
 from __future__ import annotations
@@ -44,12 +21,15 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.contrib_layernorm import decomposed_layernorm_nodes
-from onnxfuse.rewrites._regions import partition
-from onnxfuse.rewrites._weights import fresh_name
-from onnxfuse.rewrites.base import Rule, graphs_within, is_alive, subgraphs
+from onnxfuse.rewrites.elementwise.ort_fusions import decomposed_layernorm_nodes
+from onnxfuse.rewrites.elementwise.partition import partition
+from onnxfuse.rewrites.engine.facts import (
+    constant_node_value, constant_producer, declared_shape, is_default_domain, opset_of, subgraphs,
+)
+from onnxfuse.rewrites.engine.scopes import Scope
 
-# Elementwise ONNX ops that the language cannot express: reported (with a reason), never fused.
+# Elementwise ONNX ops the language may lack: fused once OP_TABLE has them (a new op is a table row,
+# nothing here), otherwise reported with a reason, never fused.
 _UNSUPPORTED_ELEMENTWISE = frozenset({
     "Mod", "IsNaN", "IsInf", "BitShift", "ThresholdedRelu", "Shrink", "Tan", "Asin", "Acos", "Atan",
     "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
@@ -106,15 +86,6 @@ def _np_to_onnx(dt) -> int | None:
         return None
 
 
-def _gs_shape(t: gs.Tensor):
-    shape = getattr(t, "shape", None)
-    if shape is None:
-        return None
-    return tuple(d if isinstance(d, (int, str)) or d is None else None for d in
-                 (int(x) if isinstance(x, (int, np.integer)) else (x if isinstance(x, str) and x else None)
-                  for x in shape))
-
-
 def infer_value_info(graph: gs.Graph) -> dict[str, tuple[int | None, tuple | None]]:
     """name -> (ONNX elem type or None, shape tuple or None) for every tensor we can learn about."""
     info: dict[str, tuple[int | None, tuple | None]] = {}
@@ -122,7 +93,7 @@ def infer_value_info(graph: gs.Graph) -> dict[str, tuple[int | None, tuple | Non
         if isinstance(t, gs.Constant):
             info[name] = (_np_to_onnx(t.dtype), tuple(int(d) for d in t.shape))
         else:
-            info[name] = (_np_to_onnx(t.dtype), _gs_shape(t))
+            info[name] = (_np_to_onnx(t.dtype), declared_shape(t))
     try:
         model = gs.export_onnx(graph, do_type_check=False)
     except Exception:
@@ -213,25 +184,13 @@ def const_value(t: gs.Tensor, max_size: int = 1):
         if int(np.prod(t.shape)) > max_size:
             return None, True
         return np.asarray(t.values), True
-    if len(t.inputs) == 1 and t.inputs[0].op == "Constant" and t.inputs[0].domain in ("", "ai.onnx", None):
-        attrs = t.inputs[0].attrs
-        if "value" in attrs:
-            v = attrs["value"]
-            arr = np.asarray(v.values) if isinstance(v, gs.Constant) else np.asarray(v)
-        elif "value_float" in attrs:
-            arr = np.asarray(attrs["value_float"], dtype=np.float32)
-        elif "value_int" in attrs:
-            arr = np.asarray(attrs["value_int"], dtype=np.int64)
-        elif "value_floats" in attrs:
-            arr = np.asarray(attrs["value_floats"], dtype=np.float32)
-        elif "value_ints" in attrs:
-            arr = np.asarray(attrs["value_ints"], dtype=np.int64)
-        else:
-            return None, True
-        if arr.size > max_size:
-            return None, True
-        return arr, True
-    return None, False
+    node = constant_producer(t)
+    if node is None:
+        return None, False
+    arr = constant_node_value(node)
+    if arr is None or arr.size > max_size:
+        return None, True
+    return arr, True
 
 
 def _scalar(arr: np.ndarray, dtype: str):
@@ -265,15 +224,11 @@ class _Refuse(Exception):
     pass
 
 
-def _opset(graph) -> int:
-    return int(getattr(graph, "opset", None) or 13)
-
-
 def lower_node(node, graph, dtype_of) -> Lowering:
     """A :class:`Lowering` for ``node``, or raise _Refuse(reason)."""
     expr = _expr()
     op = node.op
-    if node.domain not in ("", "ai.onnx", None):
+    if not is_default_domain(node):
         raise _Refuse(f"op {node.domain}::{op} is not a standard ONNX op")
     if any(isinstance(v, gs.Graph) for v in node.attrs.values()):
         raise _Refuse("op has a subgraph")
@@ -293,7 +248,7 @@ def lower_node(node, graph, dtype_of) -> Lowering:
             raise _Refuse(f"{what} is not a constant scalar")
         return arr
 
-    if op in _UNSUPPORTED_ELEMENTWISE:
+    if op in _UNSUPPORTED_ELEMENTWISE and op not in _expr().OP_TABLE:
         raise _Refuse(f"{op} is not in the FusedElementwise language")
     if op in ("Sum", "Min", "Max", "Mean"):
         need_attrs_subset(())
@@ -313,7 +268,7 @@ def lower_node(node, graph, dtype_of) -> Lowering:
         if not inputs or inputs[0].name == "":
             raise _Refuse("Clip without input")
         attrs = {}
-        if _opset(graph) < 11 or len(inputs) == 1:
+        if opset_of(graph) < 11 or len(inputs) == 1:
             need_attrs_subset(("min", "max"))
             if "min" in node.attrs:
                 attrs["min"] = float(node.attrs["min"])
@@ -334,7 +289,7 @@ def lower_node(node, graph, dtype_of) -> Lowering:
     spec = expr.op_spec(op)
     if spec is None:
         raise _Refuse(f"{op} is not elementwise")
-    if op == "Gelu" and _opset(graph) < 20:
+    if op == "Gelu" and opset_of(graph) < 20:
         raise _Refuse("Gelu needs opset 20")
     if len(present) != spec.arity or len(inputs) != spec.arity:
         raise _Refuse(f"{op} with {len(present)} inputs")
@@ -365,7 +320,7 @@ def lower_node(node, graph, dtype_of) -> Lowering:
 _CANDIDATES = None
 
 
-def _candidate_ops() -> frozenset:
+def candidate_ops() -> frozenset:
     global _CANDIDATES
     if _CANDIDATES is None:
         _CANDIDATES = frozenset(_expr().OP_TABLE) | _LOWERED | _UNSUPPORTED_ELEMENTWISE
@@ -379,10 +334,9 @@ class Region:
     outputs: list  # gs tensors, node output order
     lowerings: list
     reason: str | None = None
-    program: Any = None
-    values: dict = field(default_factory=dict)  # member output tensor name -> program value name
-    analysis: Any = None  # the _Analysis that found it (dtypes and shapes of its graph)
+    analysis: Any = None  # the RegionAnalysis that found it (dtypes and shapes of its graph)
     graph: Any = None  # the graph (top level or an If/Loop/Scan body) the fused node goes into
+    node_names: set = field(default_factory=set)  # node names taken in the whole model (shared by one match)
 
 
 # Ops whose output depends on their input's shape only but is not a function of it.
@@ -397,7 +351,7 @@ def _shape_derived_tensors(nodes) -> set[int]:
     derived: set[int] = set()
     pending = []
     for n in nodes:
-        if (n.domain or "") not in ("", "ai.onnx"):
+        if not is_default_domain(n):
             continue
         if n.op in ("Shape", "Size", "Constant"):
             derived.update(id(t) for t in n.outputs)
@@ -427,7 +381,7 @@ class _Summary:
         self.inputs, self.produced = inputs, produced
 
 
-class _Analysis:
+class RegionAnalysis:
     def __init__(self, graph: gs.Graph):
         expr = _expr()
         self.graph = graph
@@ -436,20 +390,17 @@ class _Analysis:
         self.info = infer_value_info(graph)
         self.graph_outputs = {id(t) for t in graph.outputs}
         self.graph_inputs = {id(t) for t in graph.inputs}
-        # Owner of subgraph nodes: the top-level node whose body holds them.
-        self.owner: dict[int, int] = {}
-        for i, n in enumerate(self.nodes):
-            for g in subgraphs(n):
-                self._own(g, i)
+        # A reader inside a body counts as the node of this graph that holds the body.
+        self.scope = Scope(graph)
         self.dtypes: dict[str, str | None] = {}
         self.shapes: dict[str, tuple | None] = {}
         self.lowered: dict[int, Lowering] = {}
         self.refused: dict[int, str] = {}
         self.shape_derived = _shape_derived_tensors(self.nodes)
-        cands = _candidate_ops()
+        cands = candidate_ops()
         left_to_ort = decomposed_layernorm_nodes(graph)
         for i, n in enumerate(self.nodes):
-            if n.op not in cands or n.domain not in ("", "ai.onnx", None):
+            if n.op not in cands or not is_default_domain(n):
                 continue
             if id(n) in left_to_ort:
                 self.refused[i] = left_to_ort[id(n)]
@@ -472,15 +423,9 @@ class _Analysis:
                         self.consumers[i].append(j)
                         self.producers[j].append(i)
 
-    def _own(self, g: gs.Graph, top: int):
-        for n in g.nodes:
-            self.owner[id(n)] = top
-            for sub in subgraphs(n):
-                self._own(sub, top)
-
     def _top(self, node) -> int | None:
-        j = self.index.get(id(node))
-        return j if j is not None else self.owner.get(id(node))
+        holder = self.scope.holder(node)
+        return None if holder is None else self.index[id(holder)]
 
     # dtype / shape of any tensor
     def dtype_of(self, t) -> str | None:
@@ -647,7 +592,7 @@ class _Analysis:
                     stack.append(p)
         return ins
 
-    # ---- the region judge (see _regions.Judge): summaries of groups, joined as groups merge ------
+    # ---- the region judge (see partition.Judge): summaries of groups, joined as groups merge ------
     def state(self, members) -> "_Summary":
         inputs, produced = self.region_io(members)
         return _Summary({id(t): t for t in inputs}, produced)
@@ -726,16 +671,13 @@ class _Analysis:
         return out
 
 
-# --------------------------------------------------------------------------------------------------
-# The rule
-# --------------------------------------------------------------------------------------------------
-
-
-def build_program(region: Region, analysis_dtypes: dict, dtype_of):
-    """The Program for ``region`` (ProgramBuilder validates every statement)."""
+def build_program(region: Region, dtype_of):
+    """``(program, values)`` for ``region`` (ProgramBuilder validates every statement); ``values`` maps
+    each member's output tensor name to its value name in the program."""
     expr = _expr()
     b = expr.ProgramBuilder()
     names: dict[int, str] = {}
+    values: dict[str, str] = {}
     for t in region.inputs:
         names[id(t)] = b.input(dtype_of(t))
     for low in region.lowerings:
@@ -760,90 +702,7 @@ def build_program(region: Region, analysis_dtypes: dict, dtype_of):
                     real.append(a[1])
             results.append(b.op(op_type, real, **attrs))
         names[id(low.node.outputs[0])] = results[-1]
-        region.values[low.node.outputs[0].name] = results[-1]
+        values[low.node.outputs[0].name] = results[-1]
     for t in region.outputs:
         b.output(names[id(t)])
-    return b.build()
-
-
-class FuseElementwiseRegions(Rule):
-    """Replace each maximal connected region of elementwise ops by one FusedElementwise node.
-
-    Region algorithm (details in :mod:`onnxfuse.rewrites._regions`): nodes are visited in
-    topological order; a fusible node joins the regions of its fusible producers unless that would
-    create a cycle once regions are contracted, or would make a value that certainly leaves the
-    region smaller than the region's broadcast shape. Then every region is checked with its final
-    membership and split where an outgoing value could be smaller than the fused op's output shape
-    (its contract: every output has the broadcast shape of all inputs). Regions of one op are
-    refused ("single op"); every op that could not join a region is reported with a reason.
-    """
-
-    name = "fuse-elementwise"
-    description = "Fuse connected regions of elementwise ops into one FusedElementwise node (ai.onnxfuse)"
-    targets = frozenset({"cuda"})
-
-    def __init__(self):
-        self._counter = 0
-
-    def match(self, graph):
-        graphs = list(graphs_within(graph))
-        self._names = {n.name for g in graphs for n in g.nodes}
-        regions = []
-        # Each body is analysed on its own: values it reads from an enclosing graph are region
-        # inputs, its graph outputs are kept, and the fused node goes into the body.
-        for g in graphs:
-            analysis = _Analysis(g)
-            for r in analysis.regions():
-                r.analysis, r.graph = analysis, g
-                regions.append(r)
-        # A later pass over the same graph sees the ops refused earlier again (often with less
-        # context, since their neighbours are fused by then): report each op once, the first time.
-        reported = graph.__dict__.setdefault("_onnxfuse_fuse_reported", set())
-        fresh = [r for r in regions if not (r.reason and id(r.nodes[0]) in reported)]
-        reported.update(id(r.nodes[0]) for r in regions if r.reason)
-        return fresh
-
-    def anchor_name(self, match) -> str:
-        n = match.nodes[0]
-        return n.name or n.op
-
-    def check(self, graph, match: Region) -> str | None:
-        if match.reason:
-            return match.reason
-        if not all(is_alive(n) for n in match.nodes):
-            return "region changed during this pass"
-        try:
-            match.program = build_program(match, match.analysis.dtypes, match.analysis.dtype_of)
-        except Exception as exc:  # ProgramError: a lowering bug, never a broken model
-            return f"program rejected: {getattr(exc, 'problem', exc)}"
-        return None
-
-    def rewrite(self, graph, match: Region):
-        from onnxfuse.custom_ops import expr
-
-        text = match.program.to_text()
-        first = match.nodes[0].name or match.nodes[0].op
-        name = fresh_name(self._names, f"{first}/FusedElementwise")
-        dtypes = match.program.output_dtypes()
-        kept = {id(t) for t in match.outputs}
-        absorbed = [n.outputs[0].name for n in match.nodes if n.outputs and id(n.outputs[0]) not in kept]
-        for node in match.nodes:
-            node.inputs.clear()
-            node.outputs.clear()
-        for t, dt in zip(match.outputs, dtypes):
-            t.dtype = expr.numpy_dtype(dt)
-            shape = match.analysis.shapes.get(t.name)
-            t.shape = list(shape) if shape is not None else None
-        fused = gs.Node(op=expr.OP_TYPE, name=name, domain=expr.DOMAIN, attrs={"program": text},
-                        inputs=list(match.inputs), outputs=list(match.outputs))
-        (match.graph if match.graph is not None else graph).nodes.append(fused)
-        return {
-            "node": name,
-            "ops": [n.name or n.op for n in match.nodes],
-            "op_types": [n.op for n in match.nodes],
-            "inputs": [t.name for t in match.inputs],
-            "outputs": [t.name for t in match.outputs],
-            "absorbed": absorbed,
-            "values": {t: match.values[t] for t in absorbed if t in match.values},  # for diff --intermediates
-            "program": text,
-        }
+    return b.build(), values

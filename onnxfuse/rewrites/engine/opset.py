@@ -21,7 +21,7 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.base import graphs_within
+from onnxfuse.rewrites.engine.facts import graphs_within, opset_of
 
 #: Attributes added by a later schema whose absence means the old behaviour, per op.
 _ADDED_OPTIONAL_ATTRS = {
@@ -68,7 +68,7 @@ def _same_meaning(op: str, old: int, new: int) -> bool:
 
 def opset_raise_problem(graph: gs.Graph, target: int) -> str | None:
     """Why ``graph``'s default-domain opset cannot be raised to ``target`` exactly, or ``None``."""
-    current = int(getattr(graph, "opset", 0) or 0)
+    current = opset_of(graph, default=0)
     if current >= target:
         return None
     if current <= 0:
@@ -83,5 +83,5 @@ def opset_raise_problem(graph: gs.Graph, target: int) -> str | None:
 
 def raise_opset(graph: gs.Graph, target: int) -> None:
     """Declare default-domain opset ``target`` (checked with :func:`opset_raise_problem` first)."""
-    if int(getattr(graph, "opset", 0) or 0) < target:
+    if opset_of(graph, default=0) < target:
         graph.opset = target

@@ -3,15 +3,23 @@
 A rule is a small class with three steps, after onnxscript's rewriter:
 
 * ``match(graph)`` yields candidate anchors (usually a node) cheaply, without judging them;
-* ``check(graph, match)`` returns ``None`` when the rewrite is safe, or a one-line *reason* it refuses
-  (the reason is what ``--explain`` prints and what the JSON report carries);
-* ``rewrite(graph, match)`` performs it, and may return a dict describing what it did (for reports).
+* ``check(graph, match)`` judges one candidate and returns either a :class:`Refuse` carrying the
+  one-line *reason* it declines (the reason is what ``--explain`` prints and what the JSON report
+  carries), or a *plan*: whatever ``rewrite`` needs, with the analysis ``check`` already did (a
+  :class:`Plan`, the rule's own object, or by default the match itself). Nothing is analysed twice and
+  nothing is kept on the rule instance or on the graph between the two steps;
+* ``rewrite(graph, plan)`` performs it, and may return a dict describing what it did (for reports).
+
+The apply loop (:mod:`.apply`) calls ``rewrite`` right after the ``check`` that produced the plan, so
+the plan describes the graph as it is. But ``match`` results are collected before any rewrite of the
+same pass, so ``check`` must re-verify the structure it relies on (a node it expects may already have
+been folded away): :func:`~onnxfuse.rewrites.engine.facts.is_alive` helps with that.
+
+A :class:`GraphPass` is the other kind: a whole-graph transformation (constant folding) that runs once
+per ``apply_rules`` and reports how many nodes it changed, instead of emitting one match per node.
 
 Rules run on onnx-graphsurgeon graphs. A rewrite disconnects what it replaced (clears the old nodes'
 outputs); dead nodes and unused tensors are swept by the cleanup pass that runs between rule passes.
-Because ``match`` results are collected before any rewrite of the same pass, ``check`` must re-verify
-the structure it relies on (a node it expects may already have been folded away): :func:`is_alive`
-helps with that.
 """
 
 from __future__ import annotations
@@ -75,6 +83,27 @@ class ApplyReport:
         }
 
 
+@dataclass(frozen=True)
+class Refuse:
+    """What ``check`` returns to decline a candidate: the one-line reason.
+
+    ``once_per_anchor``: report this anchor's refusal the first time only, whatever the reason says
+    later. fuse-elementwise uses it: a later pass sees the ops it refused again, often with less
+    context since their neighbours are fused by then. Such a repeat is neither reported nor counted
+    as a refusal (so it does not make the apply loop run a round again)."""
+
+    reason: str
+    once_per_anchor: bool = False
+
+
+@dataclass
+class Plan:
+    """A plan for rules that need no class of their own: the anchor and what ``check`` found."""
+
+    anchor: Any
+    found: Any = None
+
+
 class Rule:
     """Base class for rewrite rules. Subclasses set ``name``, ``description`` and implement the three steps."""
 
@@ -90,48 +119,31 @@ class Rule:
     def match(self, graph) -> Iterable[Any]:
         raise NotImplementedError
 
-    def check(self, graph, match) -> str | None:
-        return None
+    def check(self, graph, match) -> Any:
+        """A plan for ``rewrite`` (by default the match itself), or a :class:`Refuse`."""
+        return match
 
-    def rewrite(self, graph, match) -> dict[str, Any] | None:
+    def rewrite(self, graph, plan) -> dict[str, Any] | None:
         raise NotImplementedError
+
+    def anchor(self, match):
+        """The node a match is about (its first element by default)."""
+        return match[0] if isinstance(match, (tuple, list)) else match
 
     def anchor_name(self, match) -> str:
         """The name shown for a match in refusals (a node's name by default)."""
-        node = match[0] if isinstance(match, (tuple, list)) else match
+        node = self.anchor(match)
         return getattr(node, "name", None) or str(node)
 
     def __repr__(self) -> str:
         return f"<Rule {self.name}>"
 
 
-def is_alive(node) -> bool:
-    """A node is alive until a rewrite disconnects it (clears its outputs)."""
-    return bool(node.outputs)
+class GraphPass(Rule):
+    """A whole-graph pass: ``run(graph)`` once per ``apply_rules``, no matches.
 
+    Returns ``(count, detail)``: how many nodes it removed or changed (the report's count for the pass)
+    and an optional dict for the report's details. A pass is selected and skipped like any rule."""
 
-def single_consumer(tensor) -> bool:
-    """True when exactly one node reads ``tensor`` (graph outputs are checked separately)."""
-    return len(tensor.outputs) == 1
-
-
-def graph_output_names(graph) -> set[str]:
-    return {t.name for t in graph.outputs}
-
-
-def subgraphs(node):
-    """The graphs held in ``node``'s attributes (If branches, Loop and Scan bodies)."""
-    import onnx_graphsurgeon as gs
-
-    for value in node.attrs.values():
-        for sub in (value if isinstance(value, list) else [value]):
-            if isinstance(sub, gs.Graph):
-                yield sub
-
-
-def graphs_within(graph):
-    """``graph`` and every subgraph below it, outermost first."""
-    yield graph
-    for node in graph.nodes:
-        for sub in subgraphs(node):
-            yield from graphs_within(sub)
+    def run(self, graph) -> tuple[int, dict[str, Any] | None]:
+        raise NotImplementedError

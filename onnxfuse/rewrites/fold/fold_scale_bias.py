@@ -8,7 +8,7 @@ The maths. With ``y`` the producer's output and ``c`` a constant that broadcasts
     Div  y / c : s = 1/c, t = 0            (c / y is not affine: refused)
 
 and folding it is the same float64 computation as for BatchNormalization (see
-:mod:`onnxfuse.rewrites.fold_batchnorm`): ``W'[o] = W[o]·s[o]``, ``b' = b·s + t`` for Conv (ConvTranspose with
+:mod:`onnxfuse.rewrites.fold.batchnorm`): ``W'[o] = W[o]·s[o]``, ``b' = b·s + t`` for Conv (ConvTranspose with
 its (C_in, C_out/g, k...) layout), and ``B'' = B'·diag(s)``, ``C' = β·C·s + t``, ``β = 1`` for Gemm.
 
 Which constants broadcast per channel: the output has rank r (Conv/ConvTranspose: the weight's rank,
@@ -31,19 +31,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxfuse.rewrites._weights import (
-    AFFINE_PRODUCERS,
-    broadcast_channel_problem,
-    bypass,
-    constant_value,
-    is_default_domain,
-    per_channel_vector,
-    plan_affine,
-    producer_geometry,
-    producer_of,
-    sole_consumer_problem,
+from onnxfuse.rewrites.engine.edit import bypass
+from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_default_domain, producer_of, sole_consumer_problem
+from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
+from onnxfuse.rewrites.fold.affine import (
+    AFFINE_PRODUCERS, broadcast_channel_problem, per_channel_vector, plan_affine, producer_geometry,
 )
-from onnxfuse.rewrites.base import Rule, is_alive
 
 _OPS = ("Mul", "Add", "Sub", "Div")
 
@@ -58,9 +51,6 @@ def _foldable_producer(tensor):
 class FoldScaleBias(Rule):
     name = "fold-scale-bias"
     description = "Fold a constant per-channel Mul/Add/Sub/Div into the preceding Conv, ConvTranspose or Gemm"
-
-    def __init__(self):
-        self._planned = None
 
     def match(self, graph):
         for node in graph.nodes:
@@ -77,31 +67,30 @@ class FoldScaleBias(Rule):
         return node.name or node.op
 
     def check(self, graph, match):
-        self._planned = None
         node, idx = match
         if not is_alive(node) or len(node.inputs) != 2:
-            return f"{node.op} was already rewritten"
+            return Refuse(f"{node.op} was already rewritten")
         y, other = node.inputs[idx], node.inputs[1 - idx]
         p = _foldable_producer(y)
         if p is None or not is_alive(p):
-            return f"the {node.op} input is no longer produced by Conv/ConvTranspose/Gemm"
+            return Refuse(f"the {node.op} input is no longer produced by Conv/ConvTranspose/Gemm")
         reason = sole_consumer_problem(graph, y, node)
         if reason:
-            return reason
+            return Refuse(reason)
         c = constant_value(graph, other)
         if c is None:
-            return f"the other operand of {node.op} ({other.name!r}) is not a constant"
+            return Refuse(f"the other operand of {node.op} ({other.name!r}) is not a constant")
         reason, w, rank, channels = producer_geometry(graph, p)
         if reason:
-            return reason
+            return Refuse(reason)
         if c.dtype != w.dtype:
-            return f"dtype mismatch: the {node.op} constant is {c.dtype.name}, the {p.op} weight is {w.dtype.name}"
+            return Refuse(f"dtype mismatch: the {node.op} constant is {c.dtype.name}, the {p.op} weight is {w.dtype.name}")
         reason = broadcast_channel_problem(c.shape, rank, channels)
         if reason:
-            return reason
+            return Refuse(reason)
         v = per_channel_vector(c, rank, channels)
         if not np.all(np.isfinite(v)):
-            return f"the {node.op} constant is not finite"
+            return Refuse(f"the {node.op} constant is not finite")
         ones, zeros = np.ones(channels), np.zeros(channels)
         if node.op == "Mul":
             scale, shift = v, zeros
@@ -111,30 +100,20 @@ class FoldScaleBias(Rule):
             scale, shift = (ones, -v) if idx == 0 else (-ones, v)
         else:  # Div
             if idx == 1:
-                return "the constant is divided by the output (c / y is not affine)"
+                return Refuse("the constant is divided by the output (c / y is not affine)")
             if np.any(v == 0):
-                return "division by zero in the Div constant"
+                return Refuse("division by zero in the Div constant")
             scale, shift = 1.0 / v, zeros
         reason, plan = plan_affine(graph, p, scale, shift)
         if reason:
-            return reason
-        self._planned = (node, plan)
-        return None
+            return Refuse(reason)
+        return Plan(node, plan)
 
-    def rewrite(self, graph, match):
-        node = match[0]
-        if self._planned is None or self._planned[0] is not node:
-            reason = self.check(graph, match)
-            if reason:
-                raise RuntimeError(f"{self.name}: rewrite of {node.name!r} without a passing check: {reason}")
-        plan = self._planned[1]
-        self._planned = None
-        modes = plan.apply(graph)
-        bypass(graph, plan.node, node)
-        detail = {"node": plan.node.name, "op": plan.node.op, "folded": node.name or node.op, "kind": node.op}
+    def rewrite(self, graph, plan: Plan):
+        node, fold = plan.anchor, plan.found
+        modes = fold.apply(graph)
+        bypass(graph, fold.node, node)
+        detail = {"node": fold.node.name, "op": fold.node.op, "folded": node.name or node.op, "kind": node.op}
         if "copy" in modes.values():
             detail["copied"] = sorted(k for k, v in modes.items() if v == "copy")
         return detail
-
-
-__all__ = ["FoldScaleBias"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.base import graphs_within
-from onnxfuse.rewrites.scopes import Scope
+from onnxfuse.rewrites.engine.facts import graphs_within
+from onnxfuse.rewrites.engine.scopes import Scope
 
 
 def remove_identities(graph: gs.Graph) -> int:

@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from onnxfuse.rewrites._contrib import ContribRule, is_op, new_constant
-from onnxfuse.rewrites._weights import constant_value, producer_of
-from onnxfuse.rewrites.base import TARGETS
+from onnxfuse.rewrites.engine.edit import new_constant
+from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, producer_of
+from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 
 # Ops that pass a shape entry through unchanged (one element stays one element, value kept).
 _PASS_THROUGH = frozenset({"Unsqueeze", "Squeeze", "Identity", "Reshape", "Flatten"})
@@ -151,11 +151,10 @@ def _copies(x, start: int, src, positions) -> bool:
     return True
 
 
-class ConstantReshapeTarget(ContribRule):
+class ConstantReshapeTarget(Rule):
     """Reshape(x, Concat(computed sizes)) → Reshape(x, constant) with 0 (copy) / -1 (infer).
 
-    Not a contrib op: it shares :class:`ContribRule`'s one-analysis check/rewrite and runs for every
-    target (the result is standard ONNX)."""
+    Runs for every target (the result is standard ONNX); the plan is the new target."""
 
     name = "constant-reshape-target"
     description = "Reshape targets computed from Shape become constants with 0 (copy) and -1 (infer)"
@@ -166,12 +165,14 @@ class ConstantReshapeTarget(ContribRule):
             if is_op(node, "Reshape") and len(node.inputs) == 2 and is_op(producer_of(node.inputs[1]), "Concat"):
                 yield node
 
-    def analyze(self, graph, node) -> tuple[str | None, Any]:
+    def check(self, graph, node):
+        if not is_alive(node):
+            return Refuse("node was already rewritten by an earlier match")
         x, target = node.inputs
         concat = producer_of(target)
         allowzero = int(node.attrs.get("allowzero", 0))
         if not is_op(concat, "Concat") or int(concat.attrs.get("axis", 0)) not in (0, -1):
-            return "target is no longer a Concat", None
+            return Refuse("target is no longer a Concat")
         entries: list = []  # int constants, "copy" or "computed"
         computed = 0
         for part in concat.inputs:
@@ -185,25 +186,26 @@ class ConstantReshapeTarget(ContribRule):
                 continue
             n = _num_elements(graph, part)
             if n != 1:
-                return (f"computed part {part.name!r} has {n if n is not None else 'an unknown number of'} "
-                        "elements and is not a copy of the input's dimensions"), None
+                return Refuse(f"computed part {part.name!r} has {n if n is not None else 'an unknown number of'} "
+                              "elements and is not a copy of the input's dimensions")
             entries.append("computed")
             computed += 1
         if computed == 0 and "copy" not in entries:
-            return "target is already constant (fold-constants leaves nothing to do)", None
+            return Refuse("target is already constant (fold-constants leaves nothing to do)")
         if computed > 1:
-            return f"{computed} computed sizes (only one can be inferred with -1)", None
+            return Refuse(f"{computed} computed sizes (only one can be inferred with -1)")
         consts = [e for e in entries if isinstance(e, int)]
         if computed == 1:
             if -1 in consts:
-                return "a constant -1 is already present", None
+                return Refuse("a constant -1 is already present")
             if any(c <= 0 for c in consts):
-                return "a constant size is not positive (0 or negative): -1 could not be inferred safely", None
+                return Refuse("a constant size is not positive (0 or negative): -1 could not be inferred safely")
         if allowzero == 1 and 0 in consts:
-            return "allowzero=1 with a zero size", None
+            return Refuse("allowzero=1 with a zero size")
         shape = [0 if e == "copy" else (-1 if e == "computed" else e) for e in entries]
-        return None, np.asarray(shape, dtype=np.int64)
+        return Plan(node, np.asarray(shape, dtype=np.int64))
 
-    def apply(self, graph, node, shape) -> dict[str, Any]:
+    def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
+        node, shape = plan.anchor, plan.found
         node.inputs[1] = new_constant(graph, f"{node.name or node.outputs[0].name}_target", shape)
         return {"node": node.name, "target": shape.tolist()}

@@ -10,14 +10,16 @@ graph, and must never make a graph's output a value that no node of that graph p
 "Graph output is not an output of any node in graph"). Exporters write exactly this for
 ``y = f(x) if c else x``: an ``If`` whose else branch is ``Identity`` of an outer value.
 
-Used by cleanup's Identity removal, the one pass that rewires producers inside subgraphs.
-fuse-elementwise keeps its own owner map (``_Analysis._top``, which maps subgraph nodes to the
-top-level node holding them); folding the two together belongs to the rewrite-engine issue (13).
+Used by cleanup's Identity removal, the one pass that rewires producers inside subgraphs, and by the
+elementwise region analysis, which treats a body's reader of a value as a reader in the graph whose
+node holds the body (:meth:`Scope.holder`).
 """
 
 from __future__ import annotations
 
 import onnx_graphsurgeon as gs
+
+from onnxfuse.rewrites.engine.facts import graphs_within, subgraphs
 
 
 class Scope:
@@ -26,6 +28,7 @@ class Scope:
     def __init__(self, graph: gs.Graph):
         self.graph = graph
         self._nodes = {id(n) for n in graph.nodes}
+        self._holders: dict[int, gs.Node] | None = None  # id(node in a body) -> node of this graph holding it
 
     def owns_node(self, node: gs.Node) -> bool:
         return id(node) in self._nodes
@@ -36,3 +39,17 @@ class Scope:
         if len(tensor.inputs) == 1 and self.owns_node(tensor.inputs[0]):
             return tensor.inputs[0]
         return None
+
+    def holder(self, node: gs.Node) -> gs.Node | None:
+        """The node of *this graph* that is ``node`` or holds it in a body (If/Loop/Scan, at any depth);
+        None for a node of an enclosing or unrelated graph."""
+        if id(node) in self._nodes:
+            return node
+        if self._holders is None:
+            self._holders = {}
+            for top in self.graph.nodes:
+                for sub in subgraphs(top):
+                    for g in graphs_within(sub):
+                        for n in g.nodes:
+                            self._holders[id(n)] = top
+        return self._holders.get(id(node))

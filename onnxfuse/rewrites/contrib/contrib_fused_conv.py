@@ -22,19 +22,10 @@ Add + Relu goes to FusedElementwise instead (0.094 ms vs 0.103 ms for the origin
 
 from __future__ import annotations
 
-from onnxfuse.rewrites._contrib import (
-    FP32,
-    ContribRule,
-    consumers,
-    dtype_problem,
-    first_known_dtype,
-    fuse,
-    is_op,
-    nodes_of,
-    only_read_by,
-    other_input,
-    shape_of,
-    shapes_equal,
+from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
+from onnxfuse.rewrites.engine.edit import fuse
+from onnxfuse.rewrites.engine.facts import (
+    FP32, consumers, first_known_dtype, is_op, nodes_of, only_read_by, other_input, shape_of, shapes_equal,
 )
 
 
@@ -86,7 +77,7 @@ class ContribFusedConv(ContribRule):
         nodes, z, out = plan
         inputs = list(node.inputs)
         if z is not None:
-            from onnxfuse.rewrites._contrib import empty_input
+            from onnxfuse.rewrites.engine.edit import empty_input
 
             while len(inputs) < 3:
                 inputs.append(empty_input())
@@ -96,6 +87,3 @@ class ContribFusedConv(ContribRule):
         fuse(graph, nodes, "FusedConv", inputs, out, attrs=attrs,
              name=f"{node.name}/FusedConv" if node.name else None)
         return {"op": "com.microsoft.FusedConv", "activation": "Relu", "with_add": z is not None}
-
-
-RULES = [ContribFusedConv()]

@@ -18,7 +18,7 @@ half-precision tolerance validation applies.
 Which Convs: default-domain Conv with a constant 1-D bias of length C (the output channels), output of
 known rank ≥ 3 and float element type, not a graph output, read only by default-domain ops the
 elementwise language has. Whether those readers really become one fused region is decided by running
-the region analysis of :mod:`onnxfuse.rewrites.fuse_elementwise` on a trial graph with every candidate
+the region analysis of fuse-elementwise (:mod:`onnxfuse.rewrites.elementwise.regions`) on a trial graph with every candidate
 lifted: a lifted Add left alone (its readers refused, or a one-op region) would only hand the bias back
 to ONNX Runtime (which folds such an Add into the Conv again), so only the Convs whose Add lands in a
 region of two or more ops are rewritten; the others are reported with that reason.
@@ -29,16 +29,16 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites._weights import NameAllocator, constant_value, fresh_name, is_default_domain, is_graph_output
-from onnxfuse.rewrites.base import Rule, graphs_within, is_alive
+from onnxfuse.rewrites.elementwise.regions import RegionAnalysis, candidate_ops
+from onnxfuse.rewrites.engine.edit import NameAllocator, fresh_name
+from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, is_alive, is_default_domain, is_graph_output
+from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
 
 _FLOAT = (np.float32, np.float16)
 
 
 def _candidate_problem(graph, conv) -> str | None:
     """Why ``conv`` cannot have its bias lifted (before the trial), or ``None``."""
-    from onnxfuse.rewrites.fuse_elementwise import _candidate_ops
-
     if len(conv.inputs) < 3 or conv.inputs[2].is_empty():
         return "no bias"
     bias = constant_value(graph, conv.inputs[2])
@@ -55,7 +55,7 @@ def _candidate_problem(graph, conv) -> str | None:
     readers = list(out.outputs)
     if not readers:
         return "its output is unused"
-    ops = _candidate_ops()
+    ops = candidate_ops()
     for r in readers:
         if not is_default_domain(r) or r.op not in ops:
             return f"its output is also read by {r.op} {r.name!r}, which is not elementwise"
@@ -104,8 +104,6 @@ class LiftConvBiasIntoElementwise(Rule):
     targets = frozenset({"cuda"})
 
     def match(self, graph):
-        from onnxfuse.rewrites.fuse_elementwise import _Analysis
-
         found = []
         for g in graphs_within(graph):
             convs = [n for n in g.nodes if n.op == "Conv" and is_default_domain(n)]
@@ -121,7 +119,7 @@ class LiftConvBiasIntoElementwise(Rule):
                     lift.apply()
                 try:
                     fused = set()
-                    for region in _Analysis(g).regions():
+                    for region in RegionAnalysis(g).regions():
                         if region.reason is None and len(region.nodes) > 1:
                             fused.update(id(n) for n in region.nodes)
                 finally:
@@ -136,19 +134,23 @@ class LiftConvBiasIntoElementwise(Rule):
                     found.append((g, c, reason))
         return found
 
+    def anchor(self, match):
+        return match[1]
+
     def anchor_name(self, match) -> str:
         return match[1].name or "Conv"
 
-    def check(self, graph, match) -> str | None:
+    def check(self, graph, match):
         g, conv, reason = match
         if reason:
-            return reason
+            return Refuse(reason)
         if not is_alive(conv):
-            return "the Conv changed during this pass"
-        return _candidate_problem(g, conv)
+            return Refuse("the Conv changed during this pass")
+        reason = _candidate_problem(g, conv)
+        return Refuse(reason) if reason else Plan(conv, g)
 
-    def rewrite(self, graph, match):
-        g, conv, _ = match
+    def rewrite(self, graph, plan: Plan):
+        conv, g = plan.anchor, plan.found
         lift = _Lift(g, conv, NameAllocator(g), {n.name for n in g.nodes})
         lift.apply()
         return {"conv": conv.name, "bias": lift.bias_tensor.name, "add": lift.add.name,

@@ -33,8 +33,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites._weights import is_default_domain
-from onnxfuse.rewrites.base import Rule
+from onnxfuse.rewrites.engine.facts import is_default_domain
+from onnxfuse.rewrites.engine.rule import GraphPass
 
 #: Largest folded tensor, in bytes.
 SIZE_LIMIT = 1 << 20
@@ -164,24 +164,23 @@ def _install(graph: gs.Graph, new: gs.Graph) -> None:
     graph.outputs = new.outputs
 
 
-class FoldConstants(Rule):
+class FoldConstants(GraphPass):
     """Evaluate every subgraph whose inputs are constant or static sizes, once, at optimization time.
 
-    Matches once per graph: one match per computing node that folding removes (so the report's count
-    is the number of nodes folded away); the first rewrite installs the folded graph, the others only
-    account for their node.
+    A whole-graph pass, run once per ``apply_rules``: its count is the number of computing nodes
+    folding removes, its detail the ops folded away (by type).
     """
 
     name = "fold-constants"
     description = "Fold constant subgraphs, static size arithmetic included (Shape→Gather→Div→Reshape)"
 
-    def match(self, graph):
-        if graph.__dict__.get("_onnxfuse_folded"):
-            return []
-        graph.__dict__["_onnxfuse_folded"] = True
+    def run(self, graph) -> tuple[int, dict[str, Any] | None]:
         new = folded_copy(graph)
         if new is None:
-            return []
+            return 0, None
+        removed = _count_compute_nodes(graph) - _count_compute_nodes(new)
+        if removed <= 0:
+            return 0, None
         old_ops = {}
         for n in graph.nodes:
             if n.op != "Constant":
@@ -189,18 +188,5 @@ class FoldConstants(Rule):
         for n in new.nodes:
             if n.op in old_ops:
                 old_ops[n.op] -= 1
-        state = {"new": new, "installed": False,
-                 "ops": {op: k for op, k in sorted(old_ops.items()) if k > 0}}
-        removed = _count_compute_nodes(graph) - _count_compute_nodes(new)
-        return [(state, k) for k in range(removed)]
-
-    def anchor_name(self, match) -> str:
-        return "graph"
-
-    def rewrite(self, graph, match) -> dict[str, Any] | None:
-        state, k = match
-        if state["installed"]:
-            return None
-        _install(graph, state["new"])
-        state["installed"] = True
-        return {"folded_ops": state["ops"]}
+        _install(graph, new)
+        return removed, {"folded_ops": {op: k for op, k in sorted(old_ops.items()) if k > 0}}

@@ -1,0 +1,34 @@
+"""contrib-fast-gelu: one of the GELU-family activations → ONNX Runtime contrib ops.
+
+* **FastGelu** (tanh form):     ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``  →  ``com.microsoft.FastGelu(x)``
+
+How matching works and the conditions (as ONNX Runtime's own fusions): :mod:`onnxfuse.rewrites.contrib.activation`.
+"""
+
+from __future__ import annotations
+
+from onnxfuse.rewrites.contrib.activation import (
+    HALF_X_ONE_PLUS_T, activation_dtype, fast_gelu_inner, fused_name, match_activation,
+)
+from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
+from onnxfuse.rewrites.engine.edit import fuse
+from onnxfuse.rewrites.engine.facts import FP16, FP32, nodes_of
+
+
+class ContribFastGelu(ContribRule):
+    name = "contrib-fast-gelu"
+    description = "0.5·x·(1+tanh(√(2/π)(x+0.044715x³))) → com.microsoft FastGelu"
+
+    def match(self, graph):
+        return nodes_of(graph, "Tanh")
+
+    def analyze(self, graph, node):
+        reason, plan = match_activation(graph, node, fast_gelu_inner, HALF_X_ONE_PLUS_T)
+        if reason:
+            return reason, None
+        problem = dtype_problem(activation_dtype(graph, plan), (FP16, FP32), "FastGelu input")
+        return (problem, None) if problem else (None, plan)
+
+    def apply(self, graph, node, plan):
+        fuse(graph, plan.nodes, "FastGelu", [plan.x], plan.root.outputs[0], name=fused_name(plan.root, "FastGelu"))
+        return {"op": "com.microsoft.FastGelu", "input": plan.x.name, "replaced": len(plan.nodes)}

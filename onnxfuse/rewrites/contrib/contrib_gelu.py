@@ -1,0 +1,34 @@
+"""contrib-gelu: one of the GELU-family activations → ONNX Runtime contrib ops.
+
+* **Gelu** (exact, erf form):   ``gelu(x) = 0.5·x·(1 + erf(x/√2))``  →  ``com.microsoft.Gelu(x)``
+
+How matching works and the conditions (as ONNX Runtime's own fusions): :mod:`onnxfuse.rewrites.contrib.activation`.
+"""
+
+from __future__ import annotations
+
+from onnxfuse.rewrites.contrib.activation import (
+    HALF_X_ONE_PLUS_T, SQRT_HALF, activation_dtype, fused_name, match_activation, scaled_x,
+)
+from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
+from onnxfuse.rewrites.engine.edit import fuse
+from onnxfuse.rewrites.engine.facts import FP16, FP32, FP64, nodes_of
+
+
+class ContribGelu(ContribRule):
+    name = "contrib-gelu"
+    description = "0.5·x·(1+erf(x/√2)) → com.microsoft Gelu"
+
+    def match(self, graph):
+        return nodes_of(graph, "Erf")
+
+    def analyze(self, graph, node):
+        reason, plan = match_activation(graph, node, scaled_x(SQRT_HALF), HALF_X_ONE_PLUS_T)
+        if reason:
+            return reason, None
+        problem = dtype_problem(activation_dtype(graph, plan), (FP16, FP32, FP64), "Gelu input")
+        return (problem, None) if problem else (None, plan)
+
+    def apply(self, graph, node, plan):
+        fuse(graph, plan.nodes, "Gelu", [plan.x], plan.root.outputs[0], name=fused_name(plan.root, "Gelu"))
+        return {"op": "com.microsoft.Gelu", "input": plan.x.name, "replaced": len(plan.nodes)}

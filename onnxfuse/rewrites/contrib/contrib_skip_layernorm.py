@@ -1,0 +1,92 @@
+"""contrib-skip-layernorm: decomposed (or ONNX) layer normalization after a residual Add →
+com.microsoft SkipLayerNormalization.
+
+``contrib-skip-layernorm``: when x itself is ``Add(a, b)`` of two tensors of provably equal shape
+(rank 2 or 3: ONNX Runtime's kernel takes no other; dims equal as numbers or as the same named
+dim-param) and the normalization is over the last axis only, the Add and the normalization become
+``com.microsoft.SkipLayerNormalization(a, b, γ, β)``; an ``Add(y, c)`` with c a constant 1-D bias
+feeding one side is absorbed too (its ``bias`` input), as in skip_layer_norm_fusion.cc. It also turns
+an existing ONNX ``LayerNormalization`` preceded by such an Add into SkipLayerNormalization.
+Element types float16/float (the kernel's); works at any opset (com.microsoft domain).
+
+The maths, the accepted decomposed forms and the conditions: :mod:`onnxfuse.rewrites.contrib.layernorm_pattern`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxfuse.rewrites.contrib.layernorm_pattern import (
+    match_any_decomposed, match_standard, mean_candidate, skip_layernorm_params,
+)
+from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
+from onnxfuse.rewrites.engine.edit import empty_input, fuse
+from onnxfuse.rewrites.engine.facts import (
+    FP16, FP32, constant_value, first_known_dtype, is_op, only_read_by, producer_of, shape_of, shapes_equal,
+)
+
+
+class ContribSkipLayerNorm(ContribRule):
+    name = "contrib-skip-layernorm"
+    description = "Add(a, b) of equal shapes (+ optional 1-D bias Add) → LayerNorm becomes com.microsoft SkipLayerNormalization"
+
+    def match(self, graph):
+        return [n for n in graph.nodes if is_op(n, "LayerNormalization") or mean_candidate(n)]
+
+    def analyze(self, graph, node):
+        if node.op == "ReduceMean":
+            reason, m = match_any_decomposed(graph, node)
+        else:
+            reason, m = match_standard(graph, node)
+        if reason:
+            return reason, None
+        if m.k != 1:
+            return f"normalizes the last {m.k} axes; SkipLayerNormalization normalizes the last one", None
+        add = producer_of(m.x)
+        if not is_op(add, "Add") or len(add.inputs) != 2:
+            return "LayerNorm input is not produced by an Add", None
+        problem = only_read_by(graph, m.x, m.x_readers)
+        if problem:
+            return problem, None
+        a, b = add.inputs
+        sa, sb = shape_of(graph, a), shape_of(graph, b)
+        if sa is None or sb is None:
+            return "shapes of the Add's inputs unknown (run shape inference first)", None
+        if len(sa) not in (2, 3) or not shapes_equal(sa, sb):
+            return f"Add inputs of shapes {sa} and {sb} are not provably equal rank-2/3 shapes", None
+        d = sa[-1]
+        if not isinstance(d, (int, np.integer)):
+            return "hidden size (last dimension) unknown", None
+        dtype = m.dtype or first_known_dtype(graph, a, b)
+        problem = dtype_problem(dtype, (FP16, FP32), "SkipLayerNormalization input")
+        if problem:
+            return problem, None
+        inp, skip, bias, bias_add = a, b, None, None
+        for first, second in ((a, b), (b, a)):
+            p = producer_of(first)
+            if not is_op(p, "Add") or len(p.inputs) != 2 or only_read_by(graph, first, [add]):
+                continue
+            for j in (1, 0):
+                c = constant_value(graph, p.inputs[j])
+                y = p.inputs[1 - j]
+                if (c is not None and c.ndim == 1 and c.shape[0] == d and constant_value(graph, y) is None
+                        and shapes_equal(shape_of(graph, y), sa)):
+                    inp, skip, bias, bias_add = y, second, p.inputs[j], p
+                    break
+            if bias is not None:
+                break
+        reason, gamma, beta = skip_layernorm_params(graph, m, int(d), dtype)
+        if reason:
+            return reason, None
+        return None, (m, add, inp, skip, gamma, beta, bias, bias_add)
+
+    def apply(self, graph, node, plan):
+        m, add, inp, skip, gamma, beta, bias, bias_add = plan
+        inputs = [inp, skip, gamma, beta if beta is not None else empty_input()]
+        if bias is not None:
+            inputs.append(bias)
+        nodes = list(m.nodes) + [add] + ([bias_add] if bias_add is not None else [])
+        fuse(graph, nodes, "SkipLayerNormalization", inputs, m.root.outputs[0], attrs={"epsilon": m.eps},
+             name=f"{m.root.name}/SkipLayerNorm" if m.root.name else None)
+        return {"op": "com.microsoft.SkipLayerNormalization", "input": inp.name, "skip": skip.name,
+                "bias": bias is not None, "replaced": len(nodes)}

@@ -1,0 +1,273 @@
+"""Graph facts: the one place rules read constants, shapes, dtypes, domains, producers, readers and scopes.
+
+* :func:`constant_value` reads a tensor that is fixed at run time: an initializer (``gs.Constant``) or
+  the output of an ONNX ``Constant`` node (every value attribute: ``value``, ``value_float(s)``,
+  ``value_int(s)``, through :func:`constant_node_value`). A graph input is never constant, even when an
+  initializer of the same name gives it a default, because the caller may feed it.
+* :func:`shape_of` / :func:`declared_shape` give shapes as tuples of ints, dim-param strings and
+  ``None`` (unknown); :func:`dtype_of` the numpy dtype.
+* :func:`is_default_domain` is the ONNX-domain test (``""``, ``"ai.onnx"`` or unset).
+* :func:`producer_of`, :func:`consumers`, :func:`sole_consumer_problem`, :func:`only_read_by`,
+  :func:`internal_problem` describe the structure a rewrite relies on; :func:`subgraphs` and
+  :func:`graphs_within` the If/Loop/Scan bodies (which graph owns which node: :mod:`.scopes`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+#: Domain of ONNX Runtime's contrib operators.
+MS_DOMAIN = "com.microsoft"
+
+FP16, FP32, FP64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
+
+
+# --- domains and ops -------------------------------------------------------------------------------
+
+
+def is_default_domain(node) -> bool:
+    return node.domain in ("", "ai.onnx", None)
+
+
+def is_op(node, *ops: str) -> bool:
+    """``node`` is one of ``ops`` in the ONNX domain (``None`` is no op)."""
+    return node is not None and node.op in ops and is_default_domain(node)
+
+
+def is_ms_op(node, *ops: str) -> bool:
+    return node is not None and node.op in ops and node.domain == MS_DOMAIN
+
+
+def nodes_of(graph, *ops: str):
+    return [n for n in graph.nodes if is_op(n, *ops)]
+
+
+def int_attr(node, name, default):
+    return int(node.attrs.get(name, default))
+
+
+def opset_of(graph, default: int = 13) -> int:
+    """The graph's default-domain opset (``default`` when unset)."""
+    return int(getattr(graph, "opset", None) or default)
+
+
+# --- constants ---------------------------------------------------------------------------------------
+
+
+def constant_node_value(node) -> np.ndarray | None:
+    """The value an ONNX ``Constant`` node writes (``value``, ``value_float(s)``, ``value_int(s)``), or
+    ``None`` for the attributes no rule reads (strings, sparse tensors)."""
+    attrs = node.attrs
+    if "value" in attrs:
+        v = attrs["value"]
+        return np.asarray(v.values) if isinstance(v, gs.Constant) else np.asarray(v)
+    if "value_float" in attrs:
+        return np.asarray(attrs["value_float"], dtype=np.float32)
+    if "value_int" in attrs:
+        return np.asarray(attrs["value_int"], dtype=np.int64)
+    if "value_floats" in attrs:
+        return np.asarray(attrs["value_floats"], dtype=np.float32)
+    if "value_ints" in attrs:
+        return np.asarray(attrs["value_ints"], dtype=np.int64)
+    return None
+
+
+def constant_producer(tensor):
+    """The ONNX ``Constant`` node writing ``tensor``, or ``None``."""
+    if len(tensor.inputs) == 1:
+        node = tensor.inputs[0]
+        if node.op == "Constant" and is_default_domain(node):
+            return node
+    return None
+
+
+def constant_value(graph, tensor) -> np.ndarray | None:
+    """The value of ``tensor`` when it is fixed at run time, else ``None``."""
+    if tensor is None or tensor.is_empty():
+        return None
+    if any(t is tensor for t in graph.inputs):
+        return None
+    if isinstance(tensor, gs.Constant):
+        return np.asarray(tensor.values)
+    node = constant_producer(tensor)
+    return constant_node_value(node) if node is not None else None
+
+
+def scalar_constant(graph, tensor) -> np.ndarray | None:
+    """The value of a size-1 float constant (any rank), else ``None``."""
+    value = constant_value(graph, tensor)
+    if value is None or value.size != 1 or value.dtype.kind != "f":
+        return None
+    return value
+
+
+# --- shapes and dtypes ---------------------------------------------------------------------------------
+
+
+def declared_shape(tensor):
+    """The shape graphsurgeon holds for ``tensor`` as a tuple of ints / dim-param strings / ``None``
+    (unknown dimension), or ``None`` when the rank is unknown."""
+    shape = getattr(tensor, "shape", None)
+    if shape is None:
+        return None
+    return tuple(int(d) if isinstance(d, (int, np.integer)) and d >= 0 else (d if isinstance(d, str) and d else None)
+                 for d in shape)
+
+
+def shape_of(graph, tensor):
+    """A constant's shape, else the declared one (:func:`declared_shape`)."""
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return tuple(int(d) for d in value.shape)
+    return declared_shape(tensor)
+
+
+def rank_of(graph, tensor) -> int | None:
+    s = shape_of(graph, tensor)
+    return None if s is None else len(s)
+
+
+def dims_equal(a, b) -> bool:
+    """True when two dimensions are provably equal (same value, or the same named dim-param)."""
+    if a is None or b is None:
+        return False
+    if isinstance(a, str) or isinstance(b, str):
+        return isinstance(a, str) and isinstance(b, str) and a == b
+    return int(a) == int(b)
+
+
+def shapes_equal(a, b) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(dims_equal(x, y) for x, y in zip(a, b))
+
+
+def last_dim(graph, tensor) -> int | None:
+    """The last dimension of ``tensor`` when known: from its shape, else from a MatMul/Gemm with constant B."""
+    s = shape_of(graph, tensor)
+    if s and isinstance(s[-1], (int, np.integer)):
+        return int(s[-1])
+    p = producer_of(tensor)
+    if is_op(p, "MatMul"):
+        b = constant_value(graph, p.inputs[1])
+        if b is not None and b.ndim >= 2:
+            return int(b.shape[-1])
+    if is_op(p, "Gemm"):
+        b = constant_value(graph, p.inputs[1])
+        if b is not None and b.ndim == 2:
+            return int(b.shape[0] if int_attr(p, "transB", 0) else b.shape[1])
+    return None
+
+
+def dtype_of(graph, tensor) -> np.dtype | None:
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return value.dtype
+    dtype = getattr(tensor, "dtype", None)
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return None
+
+
+def first_known_dtype(graph, *tensors):
+    for t in tensors:
+        d = dtype_of(graph, t)
+        if d is not None:
+            return d
+    return None
+
+
+# --- producers and readers -------------------------------------------------------------------------------
+
+
+def is_alive(node) -> bool:
+    """A node is alive until a rewrite disconnects it (clears its outputs)."""
+    return bool(node.outputs)
+
+
+def producer_of(tensor):
+    """The node writing ``tensor``, or ``None`` (graph input, initializer)."""
+    return tensor.inputs[0] if len(tensor.inputs) == 1 else None
+
+
+def consumers(tensor) -> list:
+    """Distinct nodes reading ``tensor`` (a node reading it twice appears once)."""
+    seen, out = set(), []
+    for n in tensor.outputs:
+        if id(n) not in seen:
+            seen.add(id(n))
+            out.append(n)
+    return out
+
+
+def other_input(node, tensor):
+    """The input of a binary ``node`` that is not ``tensor`` (``None`` when both are)."""
+    a, b = node.inputs[0], node.inputs[1]
+    if a is tensor and b is not tensor:
+        return b
+    if b is tensor and a is not tensor:
+        return a
+    return None
+
+
+def is_graph_output(graph, tensor) -> bool:
+    return any(t is tensor for t in graph.outputs)
+
+
+def sole_consumer_problem(graph, tensor, consumer) -> str | None:
+    """A refusal reason unless ``consumer`` is the only reader of ``tensor`` and it is not a graph output."""
+    if is_graph_output(graph, tensor):
+        return f"intermediate tensor {tensor.name!r} is also a graph output"
+    readers = [n for n in tensor.outputs if n is not consumer]
+    if readers:
+        return f"intermediate tensor {tensor.name!r} is also read by {readers[0].name or readers[0].op!r}"
+    if sum(1 for t in consumer.inputs if t is tensor) != 1:
+        return f"intermediate tensor {tensor.name!r} is read more than once by {consumer.name!r}"
+    return None
+
+
+def only_read_by(graph, tensor, allowed) -> str | None:
+    """A refusal reason unless every reader of ``tensor`` is in ``allowed`` and it is not a graph output."""
+    if is_graph_output(graph, tensor):
+        return f"intermediate tensor {tensor.name!r} is also a graph output"
+    ids = {id(n) for n in allowed}
+    for n in tensor.outputs:
+        if id(n) not in ids:
+            return f"intermediate tensor {tensor.name!r} is also read by {n.name or n.op!r}"
+    return None
+
+
+def internal_problem(graph, nodes, root) -> str | None:
+    """Every node in ``nodes`` except ``root`` must be read only from inside ``nodes`` (and not be an output)."""
+    inside = {id(n) for n in nodes}
+    for n in nodes:
+        if n is root:
+            continue
+        for out in n.outputs:
+            if is_graph_output(graph, out):
+                return f"intermediate tensor {out.name!r} is also a graph output"
+            for c in out.outputs:
+                if id(c) not in inside:
+                    return f"intermediate tensor {out.name!r} is also read by {c.name or c.op!r}"
+    return None
+
+
+# --- subgraphs ---------------------------------------------------------------------------------------------
+
+
+def subgraphs(node):
+    """The graphs held in ``node``'s attributes (If branches, Loop and Scan bodies)."""
+    for value in node.attrs.values():
+        for sub in (value if isinstance(value, list) else [value]):
+            if isinstance(sub, gs.Graph):
+                yield sub
+
+
+def graphs_within(graph):
+    """``graph`` and every subgraph below it, outermost first."""
+    yield graph
+    for node in graph.nodes:
+        for sub in subgraphs(node):
+            yield from graphs_within(sub)
