@@ -52,7 +52,7 @@ TENSOR_MAP_KEY = "onnxfuse.tensor_map"
 #: tensors exposed as extra graph outputs per run when comparing intermediates.
 DEFAULT_BATCH_SIZE = 64
 
-#: Element types not compared (strings are: exactly, see validate.compare.compare_exactly).
+#: Element types not compared (strings are: exactly, see runtime.compare.compare_exactly).
 _NON_NUMERIC = {onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128, onnx.TensorProto.UNDEFINED}
 
 

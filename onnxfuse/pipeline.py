@@ -46,7 +46,7 @@ class OptimizeOptions:
     validate: bool = True
     shapes: dict[str, list[int]] = field(default_factory=dict)
     inputs_path: str | None = None  # an .npz file (``--inputs``); or use ``inputs``
-    inputs: object | None = None  # {name: array}, a list of such dicts, or an .npz path (see validate.inputs.given_inputs)
+    inputs: object | None = None  # {name: array}, a list of such dicts, or an .npz path (see runtime.inputs.given_inputs)
     seed: int = 0
     input_ranges: dict | None = None  # name -> validate.input_ranges.ValueRange (``--input-range``)
     strict: bool = False  # judge by tolerance alone, not also by the model's own noise floor

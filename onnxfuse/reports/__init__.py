@@ -4,7 +4,7 @@ Library side only (no click, no rich), so every command can reuse them: ``diff``
 ``optimize`` can reuse :func:`markdown.comparisons_markdown` and :func:`junit.comparisons_junit` for
 its validation results. Builders return strings; :func:`write_text` writes one atomically.
 
-Each builder works on :class:`onnxfuse.validate.compare.Comparison` objects (or on a
+Each builder works on :class:`onnxfuse.runtime.compare.Comparison` objects (or on a
 :class:`onnxfuse.drift.DiffReport` for the ``diff_*`` variants) and never recomputes a metric.
 """
 
