@@ -34,6 +34,7 @@ ORDER = [
     "fold/fold-batchnorm-convtranspose",
     "fold/fold-batchnorm-gemm",
     "fold/fold-scale-bias",
+    "contrib/contrib-attention",  # before the FusedMatMul rules, which would take its scale and Kᵀ (opt-in)
     "contrib/contrib-quick-gelu",
     "contrib/contrib-gelu",
     "contrib/contrib-fast-gelu",
