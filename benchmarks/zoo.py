@@ -647,7 +647,7 @@ def svg_chart(results: dict) -> str:
     height = 60 + len(rows) * (len(series) * bar_h + gap)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 80}" height="{height}" '
            'font-family="sans-serif" font-size="11">',
-           f'<text x="10" y="18" font-size="14">Speed-up over ONNX Runtime (ORT_ENABLE_ALL) on the original '
+           '<text x="10" y="18" font-size="14">Speed-up over ONNX Runtime (ORT_ENABLE_ALL) on the original '
            'model, median latency</text>']
     for i, (label, _, color) in enumerate(series):
         out.append(f'<rect x="{left + i * 140}" y="28" width="10" height="10" fill="{color}"/>'

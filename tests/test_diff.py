@@ -154,7 +154,6 @@ def test_shape_mismatch_is_reported_not_raised():
     assert not c.passed and "shape mismatch" in c.error
     assert "[2, 4]" in c.error and "[2, 5]" in c.error
     assert report.histograms["y"] is None
-    from onnxfuse.reports import clean_json
     validate_schema(report.to_json())
 
 

@@ -131,7 +131,7 @@ def probe(header: Path, entries: list[str], enumerators: list[str], enums: list[
         lines.append(f'  std::printf("value %s %lld\\n", "{e}", (long long)({e}));')
     for e in enums:
         lines.append(f'  std::printf("size %s %zu\\n", "{e}", sizeof({e}));')
-    lines.append(f'  std::printf("version API %d\\n", ORT_API_VERSION);')
+    lines.append('  std::printf("version API %d\\n", ORT_API_VERSION);')
     lines.append("}")
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "probe.cc", Path(tmp) / "probe"
@@ -279,7 +279,7 @@ def generate(header: Path, header_out: Path = HEADER_OUT, check_out: Path = CHEC
         c.append(f"template <> struct Real<ours::{t}> {{ using type = ::{t}; }};")
     c += [
         "",
-        f"static_assert(ONNXFUSE_ORT_API_VERSION <= ORT_API_VERSION, \"the real header is older than the API version the library requests\");",
+        "static_assert(ONNXFUSE_ORT_API_VERSION <= ORT_API_VERSION, \"the real header is older than the API version the library requests\");",
         "",
         "// A field missing from an older real header is skipped (OrtCustomOp grows at its end);",
         "// OrtApi entries must all exist.",
@@ -307,7 +307,7 @@ def generate(header: Path, header_out: Path = HEADER_OUT, check_out: Path = CHEC
         c.append(f"static_assert(sizeof(ours::{e}) == sizeof(::{e}), \"size of {e}\");")
         for v in by_enum[e]:
             c.append(f"static_assert(static_cast<long long>(ours::{v}) == static_cast<long long>(::{v}), \"value of {v}\");")
-    c.append(f"static_assert(sizeof(ours::OrtApiBase) == sizeof(::OrtApiBase), \"size of OrtApiBase\");")
+    c.append("static_assert(sizeof(ours::OrtApiBase) == sizeof(::OrtApiBase), \"size of OrtApiBase\");")
     check_out.parent.mkdir(parents=True, exist_ok=True)
     check_out.write_text("\n".join(c) + "\n")
     print(f"wrote {header_out} ({len(chosen)} entries, API version {request}) and {check_out} "

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 
 import click
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from onnxfuse import api
 from onnxfuse.cli import render
 from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
-                                 range_map, report_console, report_file, stderr, write_failure_json)
+                                 range_map, report_console, report_file, write_failure_json)
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.reports.files import check_report_paths, json_text, write_text
 from onnxfuse.runtime.inputs import parse_shape_options
@@ -62,18 +60,12 @@ def bench(model_path, model2_path, batch, shapes, inputs_path, seed, input_range
     try:
         check_runtime(quiet)
         check_report_paths({report_file(json_path): "JSON report"}, {model_path: "model", model2_path: "second model"})
-        with _progress_bar(quiet) as bar:
-            task = bar.add_task("timing", total=1.0) if bar else None
-
-            def step(message: str, fraction: float) -> None:
-                if bar is not None:
-                    bar.update(task, completed=fraction, description=message)
-
+        with render.progress_bar(disabled=quiet) as bar:
             report = api.bench(
                 model_path, model2_path, inputs=inputs_path, batch=batch, shapes=parse_shape_options(shapes),
                 seed=seed, input_ranges=range_map(input_ranges), device=device, cuda_graph=cuda_graph,
                 iterations=iterations, warmup=warmup, time_budget=time_budget, sessions=sessions,
-                profile=do_profile, top=top, progress=step,
+                profile=do_profile, top=top, progress=bar.fraction,
             )
     except OnnxfuseError as exc:
         write_failure_json(json_path, "bench", exc)
@@ -101,14 +93,3 @@ def bench(model_path, model2_path, batch, shapes, inputs_path, seed, input_range
             stdout.print(table)
         for note in prof.summary.notes:
             render.print_prose(stdout, note, "note: ", "[dim]note:[/] ")
-
-
-@contextlib.contextmanager
-def _progress_bar(quiet: bool):
-    if quiet:
-        yield None
-        return
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=stderr,
-                   transient=True)
-    with bar:
-        yield bar

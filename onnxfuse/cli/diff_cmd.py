@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 
 import click
 from rich.markup import escape
 
 from onnxfuse.cli import render
 from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, fail, handle_errors, input_options,
-                                 json_option, report_console, report_file, stderr, write_failure_json)
+                                 json_option, report_console, report_file, write_failure_json)
 from onnxfuse import api
 from onnxfuse.drift import DEFAULT_BATCH_SIZE, parse_tol_options
 from onnxfuse.errors import OnnxfuseError, ValidationFailed
@@ -82,18 +81,13 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, in
         check_report_paths({report_file(json_path): "JSON report", markdown_path: "Markdown report",
                             junit_path: "JUnit report", html_path: "HTML report"}, {model_a: "model A", model_b: "model B"})
 
-        status = contextlib.nullcontext() if quiet else stderr.status("comparing…", spinner="dots")
-        with status as live:
-            def progress(message: str) -> None:
-                if live is not None:
-                    live.update(f"{message}…")
-
+        with render.progress_bar(disabled=quiet) as bar:
             report = api.diff(
                 model_a, model_b, shapes=shape_map, seed=seed, inputs=inputs_path, samples=samples,
                 input_ranges=range_map(input_ranges),
                 provider_a=provider_a.lower(), provider_b=provider_b.lower(), rtol=rtol, atol=atol,
                 tolerances=tolerances, intermediates=intermediates, batch_size=batch_size,
-                histograms=html_path is not None or json_path is not None, progress=progress,
+                histograms=html_path is not None or json_path is not None, progress=bar.step,
             )
     except OnnxfuseError as exc:
         write_failure_json(json_path, "diff", exc)

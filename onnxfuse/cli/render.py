@@ -209,13 +209,17 @@ def profile_tables(prof, top: int) -> list[FitTable]:
 
 
 class _Bar:
-    """A rich progress bar on stderr whose description follows pipeline steps and whose bar follows timing."""
+    """The one progress display of every command: a rich bar on stderr (transient: gone when the command
+    prints its report) whose description follows steps (:meth:`step`, a spinner) and whose bar follows
+    a fraction (:meth:`fraction`, e.g. timing). Disabled with ``--quiet`` and off a terminal."""
 
     def __init__(self, disabled: bool):
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         from onnxfuse.cli.common import stderr
 
+        # Not on a terminal (a CI log, a pipe) rich cannot redraw a bar in place: show nothing there.
+        disabled = disabled or not stderr.is_terminal
         self._progress = None if disabled else Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
             console=stderr, transient=True,

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from helpers import BreakConvWeights, conv_bn_model
 from onnxfuse.cli import main

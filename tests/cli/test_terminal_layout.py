@@ -58,7 +58,7 @@ def test_rules_at_80_columns_without_a_tty_keeps_every_rule_name_whole():
     assert max(Text(x).cell_len for x in lines) <= 80
     rows = [cells(x) for x in lines if x.startswith("│")]
     assert [r[0] for r in rows if r[0]] == [r.name for r in RULES]  # each name whole, in run order
-    described = {}
+    described, key = {}, None
     for r in rows:  # a description wraps over several rows; its words are all there, in order
         key = r[0] or key
         described[key] = described.get(key, "") + " " + r[-1]

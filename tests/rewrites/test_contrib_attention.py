@@ -34,7 +34,6 @@ def attention_model(kt="one", scale="scores", mask=None, bias=True, cross=False,
         inits.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
-    kv_len = "L" if cross else "S"
     inputs = [h.make_tensor_value_info("x", elem, ["B", S, E])]
     src = "x"
     if cross:

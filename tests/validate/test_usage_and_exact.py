@@ -8,8 +8,6 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from onnx import TensorProto as T
-from onnx import helper as h
 
 from onnxfuse.cli import main
 from onnxfuse.runtime.compare import compare_arrays
