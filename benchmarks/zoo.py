@@ -11,7 +11,12 @@ For each model (random weights; nothing is downloaded):
    model under ONNX Runtime ``ORT_ENABLE_ALL`` (IOBinding on the GPU, interleaved rounds), PyTorch eager,
    and ``torch.compile`` (CUDA graphs: ``mode="reduce-overhead"``); failures are recorded, not fatal;
 4. an fp16 variant (the module in ``.half()`` with fp32 inputs/outputs cast inside the graph), original
-   and optimized, timed, with its drift against the fp32 model's outputs.
+   and optimized, timed, with its drift against the fp32 model's outputs;
+5. transformer rows (BERT-base, ViT-B/16, GPT-2 small without KV cache, a Whisper-base encoder), fp32 and
+   fp16: two more columns, timed in the same rounds: onnxfuse with the opt-in ``contrib-attention`` rule,
+   and the anchor, ONNX Runtime's transformers optimizer (``optimize_model`` given the model type, head
+   count and hidden size it needs). Its output is checked (ONNX checker, a session, the original's
+   outputs at 1e-3 / 1e-2); an invalid model is recorded as that cell's result, not hidden.
 
 Each model runs in its own child process (``--no-isolate`` to turn that off), so a crash, a CUDA error
 or a hang in one model costs only that model; results are written after every measurement, so a run
@@ -44,7 +49,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 DEFAULT_MODELS = ["resnet50", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "yolo_silu",
-                  "bert_base", "vit_b_16"]
+                  "bert_base", "vit_b_16", "gpt2_small", "whisper_base_encoder"]
 BERT_SEQ = 128
 
 
@@ -141,13 +146,19 @@ def _yolo_module():
 class Spec:
     """How to build, export and feed one model."""
 
-    def __init__(self, name, build, input_names, image=None, seq=None):
+    def __init__(self, name, build, input_names, image=None, seq=None, features=None, transformer=None):
         self.name, self.build, self.input_names, self.image, self.seq = name, build, input_names, image, seq
+        #: (channels, frames) of an audio encoder's log-mel input
+        self.features = features
+        #: (model_type, num_heads, hidden_size) for ONNX Runtime's transformers optimizer (the anchor column)
+        self.transformer = transformer
 
     def example(self, batch: int, device="cpu"):
         import torch
 
         g = torch.Generator().manual_seed(batch)
+        if self.features:
+            return (torch.randn(batch, *self.features, generator=g).to(device),)
         if self.seq:
             ids = torch.randint(0, 30522, (batch, self.seq), generator=g)
             return (ids.to(device), torch.ones(batch, self.seq, dtype=torch.int64, device=device))
@@ -188,14 +199,63 @@ def _bert():
     return Bert()
 
 
+def _gpt2():
+    import torch
+    import transformers
+
+    cfg = transformers.GPT2Config(use_cache=False)  # gpt2 (small): 12 layers, 768 hidden, 12 heads
+    cfg._attn_implementation = "eager"
+    gpt2 = transformers.GPT2Model(cfg)
+
+    class Gpt2(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt2 = gpt2
+
+        def forward(self, input_ids, attention_mask):
+            # The causal and padding mask as one additive [B, 1, S, S] tensor, as GPT-2's eager attention
+            # adds it; transformers passes a 4-D mask through unchanged (its own mask builder uses vmap,
+            # which the TorchScript exporter cannot trace).
+            s = input_ids.shape[1]
+            causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
+            keep = causal[None, None] & attention_mask[:, None, None, :].bool()
+            bias = torch.zeros(keep.shape, device=input_ids.device).masked_fill(~keep, torch.finfo(torch.float32).min)
+            return self.gpt2(input_ids=input_ids, attention_mask=bias, use_cache=False).last_hidden_state
+
+    return Gpt2()
+
+
+def _whisper_encoder():
+    import torch
+    import transformers
+
+    cfg = transformers.WhisperConfig(d_model=512, encoder_layers=6, encoder_attention_heads=8,
+                                     decoder_layers=1, decoder_attention_heads=8, encoder_ffn_dim=2048)  # base
+    cfg._attn_implementation = "eager"
+    encoder = transformers.WhisperModel(cfg).get_encoder()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_features):
+            return self.encoder(input_features=input_features).last_hidden_state
+
+    return Encoder()
+
+
 SPECS = {s.name: s for s in [
     Spec("resnet50", _torchvision("resnet50"), ["input"], image=224),
     Spec("mobilenet_v3_large", _torchvision("mobilenet_v3_large"), ["input"], image=224),
     Spec("efficientnet_b0", _torchvision("efficientnet_b0"), ["input"], image=224),
     Spec("convnext_tiny", _torchvision("convnext_tiny"), ["input"], image=224),
     Spec("yolo_silu", _yolo_module, ["images"], image=640),
-    Spec("bert_base", _bert, ["input_ids", "attention_mask"], seq=BERT_SEQ),
-    Spec("vit_b_16", _torchvision("vit_b_16"), ["input"], image=224),
+    Spec("bert_base", _bert, ["input_ids", "attention_mask"], seq=BERT_SEQ, transformer=("bert", 12, 768)),
+    Spec("vit_b_16", _torchvision("vit_b_16"), ["input"], image=224, transformer=("vit", 12, 768)),
+    Spec("gpt2_small", _gpt2, ["input_ids", "attention_mask"], seq=BERT_SEQ, transformer=("gpt2", 12, 768)),
+    Spec("whisper_base_encoder", _whisper_encoder, ["input_features"], features=(80, 3000),
+         transformer=("bart", 8, 512)),
 ]}
 
 
@@ -392,13 +452,13 @@ def run_model(name: str, args, part: Path) -> None:
     def inputs_for(batch: int) -> Inputs:
         return Inputs(feeds=spec.feeds(batch), seed=batch, source="zoo")
 
-    def optimize(model, label: str, rtol=None, atol=None):
+    def optimize(model, label: str, rtol=None, atol=None, only=None):
         import numpy as np
 
         npz = work / f"{name}.{label}.inputs.npz"
         np.savez(npz, **spec.feeds(1))
         opts = OptimizeOptions(target=args.target, validate=True, inputs_path=str(npz), provider="auto",
-                               rtol=rtol, atol=atol)
+                               rtol=rtol, atol=atol, only=only)
         t0 = time.perf_counter()
         try:
             result = optimize_model(model, opts, source=label)
@@ -420,6 +480,54 @@ def run_model(name: str, args, part: Path) -> None:
     optimized, info = optimize(original, "fp32")
     rec.info("optimize", info)
     log(f"  {info['nodes_before']} → {info['nodes_after']} nodes, validation {info['validation']}")
+
+    from onnxfuse.rewrites import select_rules
+
+    # The opt-in attention rule on top of the default rules (transformer rows only).
+    with_attention = [r.name for r in select_rules(args.target)] + ["contrib-attention"]
+
+    def anchors(model, src: Path, label: str, rtol: float) -> list:
+        """For a transformer row: onnxfuse with contrib-attention, and ONNX Runtime's transformers
+        optimizer (given the model type, head count and hidden size it needs), its output checked
+        against the original's on ``device``. A failure is recorded as the row's result, not hidden."""
+        if not spec.transformer:
+            return []
+        extra = []
+        try:
+            att, info_a = optimize(model, f"{label}-attention", rtol=rtol if label == "fp16" else None,
+                                   atol=rtol if label == "fp16" else None, only=with_attention)
+            rec.info(f"optimize_attention_{label}", info_a)
+            log(f"  +attention: {info_a['nodes_after']} nodes, MultiHeadAttention "
+                f"{info_a['ops_after'].get('com.microsoft::MultiHeadAttention', 0)}, validation {info_a['validation']}")
+            extra.append(("attention", att))
+        except Exception as exc:
+            rec.error(f"optimize_attention_{label}", exc)
+        try:
+            from onnxruntime.transformers.optimizer import optimize_model as ort_transformers
+
+            model_type, heads, hidden = spec.transformer
+            out = work / f"{name}.{label}.ort-transformers.onnx"
+            t0 = time.perf_counter()
+            tx = ort_transformers(str(src), model_type=model_type, num_heads=heads, hidden_size=hidden,
+                                  use_gpu=device == "cuda")
+            tx.save_model_to_file(str(out))
+            seconds = time.perf_counter() - t0
+            tx_model = onnx.load(str(out))
+            record = {"seconds": round(seconds, 2), "nodes": len(tx_model.graph.node), "ops": op_counts(tx_model)}
+            try:
+                onnx.checker.check_model(tx_model)
+                ref = ort_outputs(model, inputs_for(1), device, name=f"{label} original")
+                got = ort_outputs(tx_model, inputs_for(1), device, name=f"{label} ORT transformers")
+                c = compare_arrays("output", ref["output"], got["output"], rtol=rtol, atol=rtol)
+                record.update(valid=True, max_abs=c.max_abs, max_rel=c.max_rel, within_tolerance=c.passed)
+                extra.append(("tx", tx_model))
+            except Exception as exc:  # e.g. LayerNormalization written at opset 14: an invalid model
+                record.update(valid=False, error=" ".join(str(exc).split())[:300])
+            rec.info(f"ort_transformers_{label}", record)
+            log(f"  ORT transformers optimizer: {'valid' if record['valid'] else 'INVALID: ' + record['error'][:120]}")
+        except Exception as exc:
+            rec.error(f"ort_transformers_{label}", exc)
+        return extra
 
     def ort_cells(variant: str, models: list, batches) -> None:
         for batch in batches:
@@ -447,7 +555,9 @@ def run_model(name: str, args, part: Path) -> None:
                 log(f"  {variant} b{batch}{' graph' if graph else ''}: {msg}")
                 gc.collect()
 
-    ort_cells("ort", [("original", original), ("optimized", optimized)], args.batches)
+    fp32_anchors = anchors(original, path, "fp32", 1e-3)
+    ort_cells("ort", [("original", original), ("optimized", optimized)] + fp32_anchors, args.batches)
+    del fp32_anchors
 
     # ---- PyTorch: eager and torch.compile on the same module
     if args.torch != "none" and not late("torch"):
@@ -524,8 +634,8 @@ def run_model(name: str, args, part: Path) -> None:
             keep = args.graph_modes
             args.graph_modes = args.fp16_graph_modes or args.graph_modes
             try:
-                ort_cells("ort-fp16", [("original", original16), ("optimized", optimized16)],
-                          args.fp16_batches or args.batches)
+                ort_cells("ort-fp16", [("original", original16), ("optimized", optimized16)]
+                          + anchors(original16, path16, "fp16", 1e-2), args.fp16_batches or args.batches)
             finally:
                 args.graph_modes = keep
         except Exception as exc:
@@ -580,7 +690,9 @@ def _cells(models: dict):
             tc = m("torch-compile-cudagraphs") if graph else m("torch-compile")
             rows.append(dict(model=name, batch=batch, graph=graph, orig=m("ort-original"), opt=m("ort-optimized"),
                              eager=m("torch-eager") if not graph else None, compile=tc,
-                             fp16_orig=m("ort-fp16-original"), fp16_opt=m("ort-fp16-optimized")))
+                             fp16_orig=m("ort-fp16-original"), fp16_opt=m("ort-fp16-optimized"),
+                             att=m("ort-attention"), tx=m("ort-tx"),
+                             fp16_att=m("ort-fp16-attention"), fp16_tx=m("ort-fp16-tx")))
     return rows
 
 
@@ -619,6 +731,25 @@ def markdown(results: dict) -> str:
             f"| {_f(row['opt'])} | {_f(sp, 2) + '×' if sp else '–'} | {_f(row['eager'])} | {_f(row['compile'])} "
             f"| {_f(row['fp16_orig'])} | {_f(row['fp16_opt'])} | {_f(sp16, 2) + '×' if sp16 else '–'} |"
         )
+    transformer_rows = [r for r in _cells(results["models"]) if any(r[k] for k in ("att", "tx", "fp16_att", "fp16_tx"))]
+    if transformer_rows:
+        lines += ["", "## Transformers: against ONNX Runtime's transformers optimizer", "",
+                  "Speed-up over the original under ORT_ENABLE_ALL. tx-opt: "
+                  "`onnxruntime.transformers.optimizer.optimize_model` given the model type, head count and hidden "
+                  "size (– where it wrote an invalid model: see Per model); +attention: onnxfuse with the opt-in "
+                  "contrib-attention rule.", "",
+                  "| model | batch | CUDA graph | tx-opt | onnxfuse | onnxfuse +attention | fp16 tx-opt "
+                  "| fp16 onnxfuse | fp16 +attention |",
+                  "|---|---:|:---:|---:|---:|---:|---:|---:|---:|"]
+
+        def sp(a, b):
+            r = _ratio(a, b)
+            return _f(r, 2) + "×" if r else "–"
+
+        for r in transformer_rows:
+            lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} | {sp(r['orig'], r['tx'])} "
+                         f"| {sp(r['orig'], r['opt'])} | {sp(r['orig'], r['att'])} | {sp(r['fp16_orig'], r['fp16_tx'])} "
+                         f"| {sp(r['fp16_orig'], r['fp16_opt'])} | {sp(r['fp16_orig'], r['fp16_att'])} |")
     lines += ["", "## Per model", ""]
     for name, data in results["models"].items():
         info = data.get("info", {})
@@ -626,6 +757,17 @@ def markdown(results: dict) -> str:
         lines.append(f"- **{name}**: export {exp.get('nodes', '?')} nodes, ops {exp.get('ops', {})}; "
                      f"validation {opt.get('validation', '–')}; rewrites "
                      f"{ {k: v for k, v in (opt.get('rewrites') or {}).items() if v} }")
+        for label in ("fp32", "fp16"):
+            tx = info.get(f"ort_transformers_{label}")
+            if tx:
+                lines.append(f"  - ORT transformers optimizer ({label}): " + (
+                    f"{tx['nodes']} nodes, max rel vs original {tx.get('max_rel', 0):.3g}" if tx.get("valid")
+                    else f"invalid model: {tx.get('error')}"))
+            att = info.get(f"optimize_attention_{label}")
+            if att:
+                lines.append(f"  - onnxfuse +attention ({label}): {att.get('nodes_after')} nodes, validation "
+                             f"{att.get('validation')}, MultiHeadAttention "
+                             f"{(att.get('ops_after') or {}).get('com.microsoft::MultiHeadAttention', 0)}")
         drift = info.get("fp16_drift_vs_fp32")
         if drift:
             d = drift.get("optimized", {})

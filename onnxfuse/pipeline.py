@@ -48,7 +48,7 @@ class OptimizeOptions:
     inputs_path: str | None = None  # an .npz file (``--inputs``); or use ``inputs``
     inputs: object | None = None  # {name: array}, a list of such dicts, or an .npz path (see runtime.inputs.given_inputs)
     seed: int = 0
-    input_ranges: dict | None = None  # name -> validate.input_ranges.ValueRange (``--input-range``)
+    input_ranges: dict | None = None  # name -> runtime.input_ranges.ValueRange (``--input-range``)
     strict: bool = False  # judge by tolerance alone, not also by the model's own noise floor
     samples: int = 2  # seeded draws validation runs on (seeds seed, seed+1, ...), besides the second size
     save_inputs: str | None = None  # write every sample validation used to this .npz (``--save-inputs``)
