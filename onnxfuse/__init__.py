@@ -23,6 +23,7 @@ from onnxfuse.errors import (  # noqa: E402
     OnnxfuseError,
     OnnxRuntimeConflictWarning,
     OnnxRuntimeUnavailable,
+    PrecisionError,
     RuntimeFailure,
     SlowerThanAllowed,
     UsageError,
@@ -56,7 +57,7 @@ def __dir__():
 
 
 __all__ = [
-    "BenchConfig", "BenchReport", "Comparison", "DiffReport", "InputsError", "ModelLoadError", "ModelSaveError", "OnnxRuntimeConflictWarning",
+    "BenchConfig", "BenchReport", "Comparison", "DiffReport", "InputsError", "ModelLoadError", "ModelSaveError", "OnnxRuntimeConflictWarning", "PrecisionError",
     "OnnxRuntimeUnavailable", "OnnxfuseError", "OptimizeResult", "RuntimeFailure", "SlowerThanAllowed",
     "UsageError", "ValidationFailed", "ValidationReport", "bench", "diff", "optimize", "__version__",
 ]

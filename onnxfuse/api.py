@@ -56,6 +56,7 @@ def optimize(
     samples: int = 2,
     save_inputs: str | os.PathLike | None = None,
     provider: str = "auto",
+    precision: str = "fp32",
     bench: bool = False,
     force: bool = False,
     fail_on_slowdown: float | None = None,
@@ -88,6 +89,9 @@ def optimize(
     with ONNX Runtime's optimizations off vs on); ``strict=True`` judges by tolerance alone. Without
     ``inputs``, validation runs on ``samples`` seeded draws plus one at a second size of every dynamic
     dimension; ``save_inputs`` writes all of them to an .npz that ``inputs`` replays exactly. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
+    ``precision="fp16"`` converts the model to compute in float16 with float32 inputs and outputs before the
+    rewrites (:mod:`onnxfuse.precision`) and validates it against the float32 original at float16's
+    tolerances; the conversion is named as the culprit when it alone fails.
 
     ``bench``: also time both models on the GPU (ORT_ENABLE_ALL on both; ``bench_config`` an
     :class:`onnxfuse.timing.runner.BenchConfig`). Off by default in the API, unlike the CLI: timing takes
@@ -114,7 +118,7 @@ def optimize(
         target=target, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
         inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), rtol=rtol, atol=atol, strict=strict,
         samples=_count(samples), save_inputs=None if save_inputs is None else os.fspath(save_inputs),
-        provider=provider,
+        provider=provider, precision=precision,
         force=force, rules=rules,
         bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown,
     )

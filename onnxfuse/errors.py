@@ -67,6 +67,11 @@ class InputsError(OnnxfuseError):
     """User-supplied inputs (``--inputs``, ``--shape``) do not fit the model."""
 
 
+class PrecisionError(OnnxfuseError):
+    """``--precision fp16``: the model cannot be converted (external-data weights, nothing in float32, a
+    converted form ONNX type inference rejects); see :mod:`onnxfuse.precision`."""
+
+
 class UsageError(OnnxfuseError):
     """The command line is inconsistent (unknown rule name, bad --shape syntax, ...)."""
 

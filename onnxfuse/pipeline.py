@@ -36,6 +36,8 @@ from onnxfuse.validate import ValidationReport, validate_models
 
 #: Metadata key recording which onnxfuse produced a model (and with which rules).
 METADATA_KEY = "onnxfuse"
+#: The culprit named when ``--precision fp16``'s conversion alone makes validation fail.
+PRECISION_CULPRIT = "precision-fp16"
 
 
 @dataclass
@@ -57,6 +59,7 @@ class OptimizeOptions:
     provider: str = "auto"
     force: bool = False
     rules: list[Rule] | None = None  # a custom rule pool (tests, plugins); None = the registry
+    precision: str = "fp32"  # "fp16": compute in float16 with float32 I/O (onnxfuse.precision), validated at fp16
     bench: bool = True  # time both models on the GPU after validation (skipped, with a note, without one)
     bench_config: object | None = None  # onnxfuse.timing.BenchConfig; None = its defaults
     fail_on_slowdown: float | None = None  # fail when optimized median > ratio × original median
@@ -209,15 +212,25 @@ def find_culprit(
     options: OptimizeOptions,
     reference: dict | list[dict],
     floor: dict[str, float] | None = None,
+    start: onnx.ModelProto | None = None,
 ) -> str | None:
-    """Name the first rule (in run order) whose rewrites make validation fail, by bisecting prefixes."""
+    """Name the first rule (in run order) whose rewrites make validation fail, by bisecting prefixes.
+
+    ``start`` is what the rules were applied to when it is not ``original`` (``--precision fp16``: the
+    converted model); when ``start`` itself fails, the conversion is named (``precision-fp16``)."""
+    precision = "float16" if options.precision == "fp16" else None
+    if start is not None:
+        report = validate_models(original, start, inputs, options.provider, options.rtol, options.atol,
+                                 reference=reference, floor=floor, strict=options.strict, precision=precision)
+        if not report.passed:
+            return PRECISION_CULPRIT
     active = [r for r in rules if applied.counts.get(r.name, 0) > 0]
     lo, hi = 0, len(active)  # prefix of length lo passes (the original), length hi fails
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        candidate, _ = rewrite_model(original, active[:mid])
+        candidate, _ = rewrite_model(original if start is None else start, active[:mid])
         report = validate_models(original, candidate, inputs, options.provider, options.rtol, options.atol,
-                                 reference=reference, floor=floor, strict=options.strict)
+                                 reference=reference, floor=floor, strict=options.strict, precision=precision)
         if report.passed:
             lo = mid
         else:
@@ -236,8 +249,17 @@ def optimize_model(
     step = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     rules = select_rules(options.target, options.only, options.skip, options.rules)
+    start, precision, precision_notes = model, None, []
+    if options.precision == "fp16":
+        from onnxfuse.precision import convert_to_fp16
+
+        step("converting to float16")
+        start, precision_notes = convert_to_fp16(model)
+        precision = "float16"
+    elif options.precision != "fp32":
+        raise UsageError(f"unknown precision {options.precision!r}; choose fp32 or fp16")
     step("rewriting")
-    optimized, applied = rewrite_model(model, rules)  # checked there: it returns a valid model or raises
+    optimized, applied = rewrite_model(start, rules)  # checked there: it returns a valid model or raises
     model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
     fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
     if fused_values:
@@ -256,6 +278,8 @@ def optimize_model(
         rewrite_seconds=rewrite_seconds,
         custom_library=custom_library_needed(optimized),
     )
+    if precision:
+        result.extra["precision"] = {"precision": options.precision, "notes": precision_notes}
     result.model = optimized
     samples = None
     if options.validate:
@@ -272,15 +296,21 @@ def optimize_model(
 
         floor = noise_floor(model, samples, reference, options.provider, name=source)
         report = validate_models(model, optimized, samples, options.provider, options.rtol, options.atol,
-                                 reference=reference, floor=floor, strict=options.strict)
+                                 reference=reference, floor=floor, strict=options.strict, precision=precision)
+        report.notes.extend(precision_notes)
         result.validation = report
         if not report.passed:
             step("searching for the rule responsible")
-            culprit = find_culprit(model, rules, applied, samples, options, reference, floor)
+            culprit = find_culprit(model, rules, applied, samples, options, reference, floor,
+                                   start=start if precision else None)
             result.validation_seconds = time.perf_counter() - t1
             result.total_seconds = time.perf_counter() - t0
             failing = ", ".join(report.failing())
-            blame = f"; culprit rule: {culprit} (rerun with --skip {culprit})" if culprit else ""
+            if culprit == PRECISION_CULPRIT:
+                blame = ("; culprit: the float16 conversion itself, before any rule (the model's values need "
+                         "float32 somewhere: keep --precision fp32, or loosen --rtol/--atol)")
+            else:
+                blame = f"; culprit rule: {culprit} (rerun with --skip {culprit})" if culprit else ""
             message = f"validation failed: output(s) {failing} differ beyond tolerance{blame}; nothing was written"
             result.error, result.exit_code, result.culprit = message, EXIT_VALIDATION_FAILED, culprit
             raise ValidationFailed(message, culprit=culprit, report=result)

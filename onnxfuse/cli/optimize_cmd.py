@@ -36,6 +36,7 @@ Examples:
   onnxfuse optimize model.onnx out.onnx --only fuse-elementwise --explain-all
   onnxfuse optimize model.onnx out.onnx --inputs sample.npz --rtol 1e-3 --quiet
   onnxfuse optimize model.onnx out.onnx --target onnx      # standard ONNX ops only
+  onnxfuse optimize model.onnx out.fp16.onnx --precision fp16
   onnxfuse optimize model.onnx out.onnx --fail-on-slowdown 1.0 --markdown "$GITHUB_STEP_SUMMARY"
 """
 
@@ -65,6 +66,9 @@ Examples:
                                              "with ONNX Runtime's optimizations off vs on).")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime provider used for validation.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="fp16: compute in float16 with float32 inputs and outputs (constants float16 cannot hold stay "
+                   "float32), validated against the float32 original at float16's tolerances.")
 @click.option("--no-bench", is_flag=True, help="Skip timing both models on the GPU after validation.")
 @click.option("--fail-on-slowdown", type=click.FloatRange(min=0, min_open=True), metavar="RATIO", default=None,
               help="Exit 4 and write nothing when the optimized model's median GPU latency exceeds RATIO × the "
@@ -78,7 +82,7 @@ Examples:
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 @handle_errors
 def optimize(input_path, output_path, target, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
-             rtol, atol, samples, save_inputs, strict, provider, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
+             rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
              force) -> None:
     try:
         check_runtime(quiet)
@@ -98,6 +102,7 @@ def optimize(input_path, output_path, target, only, skip, explain, explain_all, 
                 input_path, None, inputs=inputs_path, target=target, only=list(only), skip=list(skip),
                 validate=not no_validate, shapes=shape_map, seed=seed, input_ranges=range_map(input_ranges),
                 rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
+                precision=precision,
                 bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, progress=bar.step,
                 bench_progress=bar.fraction,
             )

@@ -104,6 +104,7 @@ def validate_models(
     reference: dict | list[dict] | None = None,
     floor: dict[str, float] | None = None,
     strict: bool = False,
+    precision: str | None = None,
 ) -> ValidationReport:
     """Compare every output of ``optimized`` with ``original`` on ``inputs`` (one sample, or a list).
 
@@ -112,7 +113,8 @@ def validate_models(
     the least precise float type the original computes in (a float32 output of a float16 model is judged
     as float16). With several samples an output passes when it passes on every sample, and its row is
     the worst sample's (a failing one first, else the largest max abs error), numbered in
-    ``extra["worst_sample"]``.
+    ``extra["worst_sample"]``. ``precision`` ("float16") judges at that type's tolerances whatever the
+    original computes in: ``--precision fp16`` compares a float16 model with its float32 original.
     """
     samples = [inputs] if isinstance(inputs, Inputs) else list(inputs)
     kind = resolve_provider(provider)
@@ -122,7 +124,7 @@ def validate_models(
         references = [reference] if isinstance(reference, dict) else list(reference)
     # A sample the optimized model fails on (the original ran on it) is a failing comparison, not the user's error.
     gots = run_samples(optimized, samples, kind, name="optimized model", keep_failures=True)
-    precision = lowest_float_precision(original)
+    precision = precision or lowest_float_precision(original)
     notes = list(dict.fromkeys(n for s in samples for n in s.notes))
     if precision and (rtol is None or atol is None) and any(
             a.dtype.kind == "f" and a.dtype.name != precision for a in references[0].values()):

@@ -1,0 +1,353 @@
+"""``optimize --precision fp16``: a float32 model computing in float16, with float32 inputs and outputs.
+
+Why: ONNX Runtime's fastest CUDA kernels (flash and memory-efficient attention, tensor-core GEMMs
+without TF32) need float16, and exporting a model in fp16 is a second export most pipelines do not
+have. The converted model is validated against the float32 original at float16's tolerances
+(``validate_models(precision="float16")``), and the drift is in every report.
+
+What changes, and what deliberately does not:
+
+* **Interface**: float32 graph inputs keep their type and are cast to float16 once, where they enter;
+  float32 graph outputs keep their type and are cast back where they leave. Callers see no change.
+* **Values**: float32 initializers and ``Constant`` / ``ConstantOfShape`` values become float16;
+  ``Cast(to=float)`` becomes ``Cast(to=float16)``; float32 value annotations follow. In subgraphs
+  (If/Loop/Scan bodies) too, so outer values they read keep one type.
+* **Sentinels**: magnitudes of 1e30 and more (``finfo(float32).min`` in attention masks standing for
+  -inf) become ±65504, float16's largest finite value: ``s + (-65504)`` still drives a softmax weight
+  to 0 for any score under 100 or so, as the original did, where -inf would turn a fully masked row into
+  NaN.
+* **Epsilons**: non-zero magnitudes below float16's smallest subnormal (2⁻²⁴ ≈ 6e-8: LayerNorm's 1e-12
+  written as an Add) become ±2⁻²⁴, not 0: an epsilon's job is to be non-zero (a constant row would
+  otherwise divide by zero). Where the variance is ≥ 1e-3 this moves a LayerNorm by under 3e-5
+  relative, far below float16's own rounding; and the decomposed LayerNorm stays one float16 pattern
+  that contrib-layernorm fuses (its ``epsilon`` attribute is float32 whatever the data type).
+* **Kept in float32**, with Casts around the node that reads it: a constant that float16 cannot hold
+  (a finite magnitude above 65504 that is not a sentinel); every input of a node whose ONNX schema does
+  not accept float16 there (``Resize``'s scales); nodes of domains without a schema here, whose float
+  inputs and outputs stay float32.
+
+Refused with one line (:class:`onnxfuse.errors.PrecisionError`, exit 1): a model without float32 computation to convert, or
+one whose converted form fails ONNX's type inference (the node is named).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxfuse.errors import PrecisionError
+
+FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
+#: float16's largest finite value, and the smallest positive one (a subnormal).
+HALF_MAX = float(np.finfo(np.float16).max)
+HALF_TINY = 2.0 ** -24
+#: Magnitudes at least this large are sentinels for infinity (finfo(float32).min/max), clamped to ±HALF_MAX.
+SENTINEL = 1e30
+PRECISIONS = ("fp32", "fp16")
+
+
+def half_problem(values: np.ndarray) -> str | None:
+    """Why a float32 constant cannot become float16 within float16's rounding, or None when it can
+    (sentinels clamp, tiny non-zero values become the smallest float16: see :func:`to_half`)."""
+    finite = values[np.isfinite(values)]
+    big = np.abs(finite)
+    if np.any((big > HALF_MAX) & (big < SENTINEL)):
+        return f"holds {float(finite[np.argmax(big * (big < SENTINEL))]):g}, beyond float16's range"
+    return None
+
+
+def to_half(values: np.ndarray) -> np.ndarray:
+    """float32 → float16: sentinels (|v| >= 1e30) clamped to ±65504, and non-zero values below float16's
+    smallest subnormal (2⁻²⁴) raised to it, sign kept, instead of flushed to 0: such a value is an
+    epsilon (LayerNorm's 1e-12) whose job is to be non-zero."""
+    tiny = (values != 0) & (np.abs(values) < HALF_TINY)
+    values = np.where(tiny, np.copysign(HALF_TINY, values), values)
+    return np.clip(values, -HALF_MAX, HALF_MAX).astype(np.float16)
+
+
+def convert_to_fp16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of ``model`` computing in float16 with float32 inputs and outputs, and notes (what stayed
+    float32 and why). The input is never modified."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    notes: list[str] = []
+    opsets = {o.domain or "": o.version for o in out.opset_import}
+    converter = _Converter(opsets, notes, _float32_values(model))
+    if not converter.has_float32(out.graph):
+        raise PrecisionError("the model computes nothing in float32: there is nothing to convert to float16")
+    converter.graph(out.graph, main=True)
+    try:
+        onnx.checker.check_model(out)
+        onnx.shape_inference.infer_shapes(out, strict_mode=True)
+    except Exception as exc:  # noqa: BLE001  (onnx raises several types)
+        raise PrecisionError("the float16 form of the model fails ONNX type inference: "
+                             + " ".join(str(exc).split())[:300]) from None
+    return out, notes
+
+
+def _float32_values(model: onnx.ModelProto) -> set[str]:
+    """Names of the float32 values of ``model`` (all graphs), from ONNX type inference."""
+    from onnxfuse.model_io import proto_graphs
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001  (inference is a help: what it cannot type stays as it is)
+        inferred = model
+    names: set[str] = set()
+    for g in proto_graphs(inferred.graph):
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            if vi.type.tensor_type.elem_type == FLOAT:
+                names.add(vi.name)
+        names.update(t.name for t in g.initializer if t.data_type == FLOAT)
+    return names
+
+
+class _Converter:
+    def __init__(self, opsets: dict[str, int], notes: list[str], floats: set[str]):
+        self.opsets = opsets
+        self.notes = notes
+        self.floats = floats  # the float32 values of the original model (only these change type)
+        self.counter = 0
+
+    def fresh(self, graph: onnx.GraphProto, base: str) -> str:
+        """A new value name; every value this converter creates is a float one."""
+        self.counter += 1
+        name = f"{base}/fp16_{self.counter}"
+        self.floats.add(name)
+        return name
+
+    def has_float32(self, graph: onnx.GraphProto) -> bool:
+        from onnxfuse.model_io import proto_graphs
+
+        for g in proto_graphs(graph):
+            if any(t.data_type == FLOAT for t in g.initializer):
+                return True
+            for vi in list(g.input) + list(g.output) + list(g.value_info):
+                if vi.type.tensor_type.elem_type == FLOAT:
+                    return True
+        return False
+
+    def graph(self, graph: onnx.GraphProto, main: bool) -> None:
+        inits = {t.name: t for t in graph.initializer}
+        kept: dict[str, str] = {}  # float32 constant name → why it stays float32
+        graph_inputs = {vi.name for vi in graph.input}
+        # A constant read only where the op needs float32 (Resize's scales) stays float32 as it is:
+        # rounding it through float16 could change an output size.
+        reads: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                reads.setdefault(name, []).append((node, i))
+        schema_kept = set()
+        constants = [t.name for t in graph.initializer if t.data_type == FLOAT] + [
+            n.output[0] for n in graph.node if n.op_type == "Constant" and n.output and n.output[0] in self.floats]
+        for name in constants:
+            uses = reads.get(name, [])
+            if uses and all(i in self.schema_fp32(node) for node, i in uses):
+                kept[name] = "is read only where the op needs float32"
+                schema_kept.add(name)
+        for t in graph.initializer:
+            if t.data_type != FLOAT or t.name in kept:
+                continue
+            if t.data_location == TensorProto.EXTERNAL:
+                raise PrecisionError(f"initializer {t.name!r} is stored as external data: --precision fp16 "
+                                     "converts models whose weights are inside the .onnx file only")
+            if t.name in graph_inputs:  # an overridable default: its declared type is the interface
+                kept[t.name] = "is also a graph input (an overridable initializer)"
+                continue
+            values = numpy_helper.to_array(t)
+            why = half_problem(values)
+            if why:
+                kept[t.name] = why
+                continue
+            t.CopyFrom(numpy_helper.from_array(to_half(values), t.name))
+        # value annotations of float tensors (intermediates, and subgraph inputs/outputs) follow
+        for vi in graph.value_info:
+            if vi.type.tensor_type.elem_type == FLOAT and vi.name not in kept:
+                vi.type.tensor_type.elem_type = HALF
+        if not main:
+            for vi in list(graph.input) + list(graph.output):
+                if vi.type.tensor_type.elem_type == FLOAT and vi.name not in inits:
+                    vi.type.tensor_type.elem_type = HALF
+        for node in graph.node:  # Constant nodes whose value float16 cannot hold stay float32
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output and node.output[0] not in kept:
+                why = self.constant_problem(node)
+                if why:
+                    kept[node.output[0]] = why
+        nodes = list(graph.node)
+        new_nodes: list[onnx.NodeProto] = []
+        renamed: dict[str, str] = {}
+        if main:  # float32 inputs enter as float16
+            for vi in graph.input:
+                if vi.type.tensor_type.elem_type == FLOAT and vi.name not in inits:
+                    half = self.fresh(graph, vi.name)
+                    new_nodes.append(helper.make_node("Cast", [vi.name], [half], to=HALF,
+                                                      name=self.fresh(graph, vi.name + "/to_fp16")))
+                    renamed[vi.name] = half
+        half_of_kept: dict[str, str] = {}
+        for node in nodes:
+            for i, name in enumerate(node.input):
+                if name in renamed:
+                    node.input[i] = renamed[name]
+            fp32_inputs = self.fp32_inputs(node, kept)
+            for i in fp32_inputs:  # this input stays float32: cast a float16 value back
+                name = node.input[i]
+                if name in kept:
+                    continue
+                back = self.fresh(graph, name)
+                new_nodes.append(helper.make_node("Cast", [name], [back], to=FLOAT, name=self.fresh(graph, name + "/to_fp32")))
+                node.input[i] = back
+            for i, name in enumerate(node.input):  # a kept float32 constant read where float16 is expected
+                if name in kept and i not in fp32_inputs:
+                    if name not in half_of_kept:
+                        half_of_kept[name] = self.fresh(graph, name)
+                        new_nodes.append(helper.make_node("Cast", [name], [half_of_kept[name]], to=HALF,
+                                                          name=self.fresh(graph, name + "/to_fp16")))
+                    node.input[i] = half_of_kept[name]
+            if fp32_inputs and self.outputs_follow(node):
+                new_nodes.append(node)
+                for j, name in enumerate(node.output):
+                    if name in self.floats:
+                        wide = self.fresh(graph, name)
+                        node.output[j] = wide
+                        new_nodes.append(helper.make_node("Cast", [wide], [name], to=HALF,
+                                                          name=self.fresh(graph, name + "/to_fp16")))
+            else:
+                new_nodes.append(node)
+            if not (node.op_type == "Constant" and node.output and node.output[0] in kept):
+                self.attributes(node, graph)
+        self.note_kept({k: v for k, v in kept.items() if k not in schema_kept})
+        if main:  # float32 outputs leave as float32
+            producers = {o: n for n in new_nodes for o in n.output}
+            inputs = {vi.name for vi in graph.input}
+            for vi in graph.output:
+                if vi.type.tensor_type.elem_type != FLOAT or vi.name in kept:
+                    continue
+                half = self.fresh(graph, vi.name)
+                source = vi.name
+                if source in producers:
+                    node = producers[source]
+                    node.output[list(node.output).index(source)] = half
+                    for other in new_nodes:  # readers of the output inside the graph read the float16 value
+                        for i, name in enumerate(other.input):
+                            if name == source:
+                                other.input[i] = half
+                    renamed[source] = half  # and so do readers inside bodies (below)
+                    new_nodes.append(helper.make_node("Cast", [half], [source], to=FLOAT,
+                                                      name=self.fresh(graph, source + "/to_fp32")))
+                elif source in inputs:
+                    continue  # an input passed straight through stays as it is
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+        if renamed:  # bodies of If/Loop/Scan read outer values by name: they read the float16 one too
+            from onnxfuse.model_io import proto_graphs
+
+            for node in graph.node:
+                for attr in node.attribute:
+                    bodies = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+                    for body in bodies:
+                        for g in proto_graphs(body):
+                            for inner in g.node:
+                                for i, name in enumerate(inner.input):
+                                    if name in renamed:
+                                        inner.input[i] = renamed[name]
+
+    def schema(self, node: onnx.NodeProto):
+        if (node.domain or "") not in ("", "ai.onnx"):
+            return None
+        try:
+            return onnx.defs.get_schema(node.op_type, self.opsets.get("", 17), "")
+        except onnx.defs.SchemaError:
+            return None
+
+    def schema_fp32(self, node: onnx.NodeProto) -> set[int]:
+        """Positions of float32 inputs where ``node``'s schema does not accept float16 (Resize's scales)."""
+        schema = self.schema(node)
+        if schema is None or not schema.inputs:
+            return set()
+        stay = set()
+        for i, name in enumerate(node.input):
+            if not name or name not in self.floats:
+                continue
+            formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+            allowed = set(formal.types) or {
+                t for c in schema.type_constraints if c.type_param_str == formal.type_str for t in c.allowed_type_strs}
+            if allowed and "tensor(float)" in allowed and "tensor(float16)" not in allowed:
+                stay.add(i)
+        return stay
+
+    def fp32_inputs(self, node: onnx.NodeProto, kept: dict[str, str]) -> set[int]:
+        """Input positions that must stay float32 at ``node``: its schema does not take float16 there,
+        the node has no schema here (another domain), or it reads a constant float16 cannot hold."""
+        schema = self.schema(node)
+        if schema is None and (node.domain or "") not in ("", "ai.onnx"):
+            return set()  # another domain: its nodes are left as they are (see outputs_follow)
+        stay = {i for i, name in enumerate(node.input) if name in kept} | self.schema_fp32(node)
+        if stay and schema is not None:
+            # A type variable shared with a float16 input must match: keep every input of that variable
+            by_var: dict[str, set[int]] = {}
+            for i in range(len(node.input)):
+                formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+                by_var.setdefault(formal.type_str, set()).add(i)
+            for i in list(stay):
+                formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+                stay |= {j for j in by_var.get(formal.type_str, ()) if node.input[j] in self.floats}
+        return stay
+
+    def outputs_follow(self, node: onnx.NodeProto) -> bool:
+        """Whether a node computing in float32 (some inputs kept) writes float32 outputs that float16
+        readers need cast: true when an output shares a type variable with a kept input (Add, Mul, ...)."""
+        if node.domain not in ("", "ai.onnx"):
+            return False
+        try:
+            schema = onnx.defs.get_schema(node.op_type, self.opsets.get("", 17), "")
+        except onnx.defs.SchemaError:
+            return False
+        in_vars = {f.type_str for f in schema.inputs}
+        return any(o.type_str in in_vars for o in schema.outputs)
+
+    def note_kept(self, kept: dict[str, str]) -> None:
+        """One note per reason (its count and an example), not one per constant: a 12-layer model keeps
+        24 LayerNorm epsilons."""
+        by_kind: dict[str, list[tuple[str, str]]] = {}
+        for name, why in sorted(kept.items()):
+            kind = why.split(",", 1)[-1].strip() if "," in why else why
+            by_kind.setdefault(kind, []).append((name, why))
+        for kind, items in by_kind.items():
+            name, why = items[0]
+            more = f" and {len(items) - 1} more" if len(items) > 1 else ""
+            self.notes.append(f"{len(items)} constant(s) stay float32 ({name!r}{more}): {kind}"
+                              + (f" ({why.split(',', 1)[0]})" if "," in why else ""))
+
+    @staticmethod
+    def constant_problem(node: onnx.NodeProto) -> str | None:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT:
+                return half_problem(numpy_helper.to_array(attr.t))
+            if attr.name in ("value_float", "value_floats"):
+                return half_problem(np.asarray(onnx.helper.get_attribute_value(attr), np.float32))
+        return None
+
+    def attributes(self, node: onnx.NodeProto, graph: onnx.GraphProto) -> None:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in list(node.attribute):  # value_float(s) give float32: write them as a float16 tensor
+                if attr.name in ("value_float", "value_floats"):
+                    values = np.asarray(onnx.helper.get_attribute_value(attr), np.float32)
+                    if half_problem(values) is None:
+                        node.attribute.remove(attr)
+                        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(to_half(values))))
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT:
+                values = numpy_helper.to_array(attr.t)
+                if half_problem(values) is None:
+                    attr.t.CopyFrom(numpy_helper.from_array(to_half(values), attr.t.name))
+            elif attr.type == onnx.AttributeProto.INT and attr.name in ("to", "dtype") and attr.i == FLOAT:
+                attr.i = HALF
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                self.graph(attr.g, main=False)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    self.graph(g, main=False)
+
+
+__all__ = ["PRECISIONS", "convert_to_fp16", "half_problem", "to_half"]

@@ -1,0 +1,188 @@
+"""``optimize --precision fp16``: float16 compute, float32 interface, validated against the float32
+original at float16's tolerances; constants float16 cannot hold are handled as documented in
+onnxfuse/precision.py, and the conversion is named when it alone breaks validation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import onnxfuse
+from helpers import load_testdata, random_feeds, run_ort
+from onnxfuse.cli import main
+from onnxfuse.custom_ops import session_options
+from onnxfuse.precision import HALF_TINY, convert_to_fp16
+
+MODELS = ["conv_bn_relu", "mobilenet_v2_w035", "efficientnet_blocks_opset13", "yolo_conv_bn_silu_opset13",
+          "convnext_blocks_opset13", "vit_blocks_opset14", "bert_tiny_opset14"]
+
+
+def feeds_for(model, seed=0):
+    names = {i.name for i in model.graph.input}
+    if "input_ids" in names:
+        rng = np.random.default_rng(seed)
+        mask = np.ones((2, 12), np.int64)
+        mask[1, 8:] = 0
+        return {"input_ids": rng.integers(0, 1000, (2, 12)), "attention_mask": mask}
+    return random_feeds(model, seed=seed, dim=2)
+
+
+def run_optimized(model, feeds):
+    """The optimized model on ONNX Runtime's CPU provider, its graph optimizations off: ORT 1.32's CPU
+    optimizer at ORT_ENABLE_ALL segfaults on float16 ViT graphs, torch's own ``.half()`` export of
+    testdata's ViT included (found 2026-11-23), which says nothing about the conversion."""
+    import onnxruntime as ort
+
+    opts = session_options()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def signature(model):
+    return [(v.name, v.type.tensor_type.elem_type) for v in list(model.graph.input) + list(model.graph.output)]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fp16_keeps_the_interface_and_matches_the_fp32_original(name):
+    model = load_testdata(name)
+    before = model.SerializeToString()
+    result = onnxfuse.optimize(model, precision="fp16", provider="cpu")
+    assert model.SerializeToString() == before
+    out = result.model
+    assert signature(out) == signature(model)  # float32 in, float32 out
+    readers = {}
+    for n in out.graph.node:
+        for i in n.input:
+            readers.setdefault(i, set()).add(n.op_type)
+    float32_weights = [t.name for t in out.graph.initializer if t.data_type == T.FLOAT
+                       and not readers.get(t.name, set()) <= {"Resize"}]  # Resize's scales are float32 only
+    assert float32_weights == []
+    assert result.validation.passed and all(c.rtol >= 1e-2 for c in result.validation.outputs)
+    assert result.to_json()["result"]["precision"]["precision"] == "fp16"
+    feeds = feeds_for(model, seed=5)
+    want, got = run_ort(model, feeds), run_optimized(out, feeds)
+    for key, a in want.items():  # an independent check: the fp32 original on ONNX Runtime, not our validator
+        scale = float(np.abs(a).max()) or 1.0
+        assert np.isfinite(got[key]).all()
+        np.testing.assert_allclose(got[key], a, rtol=2e-2, atol=2e-2 * scale, err_msg=key)
+
+
+def _masked_softmax(fill: float, eps: float) -> onnx.ModelProto:
+    """y = softmax(x + mask·fill) · ... with a LayerNorm-style epsilon Add: the sentinel and the epsilon."""
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 4])
+    m = h.make_tensor_value_info("m", T.FLOAT, [2, 4])
+    nodes = [h.make_node("Mul", ["m", "fill"], ["bias"]), h.make_node("Add", ["x", "bias"], ["s"]),
+             h.make_node("Softmax", ["s"], ["p"], axis=-1),
+             h.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]), h.make_node("Sub", ["x", "mu"], ["d"]),
+             h.make_node("Mul", ["d", "d"], ["d2"]), h.make_node("ReduceMean", ["d2"], ["var"], axes=[-1]),
+             h.make_node("Add", ["var", "eps"], ["ve"]), h.make_node("Sqrt", ["ve"], ["sd"]),
+             h.make_node("Div", ["d", "sd"], ["n"]), h.make_node("Add", ["p", "n"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(fill, np.float32), "fill"),
+             numpy_helper.from_array(np.array(eps, np.float32), "eps")]
+    model = h.make_model(h.make_graph(nodes, "g", [x, m], [h.make_tensor_value_info("y", T.FLOAT, [2, 4])], inits),
+                         opset_imports=[h.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_sentinels_clamp_and_epsilons_stay_non_zero():
+    model = _masked_softmax(float(np.finfo(np.float32).min), 1e-12)
+    half, notes = convert_to_fp16(model)
+    values = {t.name: numpy_helper.to_array(t) for t in half.graph.initializer}
+    assert values["fill"].dtype == np.float16 and float(values["fill"]) == -65504.0  # not -inf
+    assert float(values["eps"]) == pytest.approx(HALF_TINY)  # not 0
+    x = np.array([[1, 2, 3, 4], [5, 5, 5, 5]], np.float32)  # the second row's variance is 0
+    m = np.array([[0, 0, 1, 1], [1, 1, 1, 1]], np.float32)  # the second row fully masked
+    want = run_ort(model, {"x": x, "m": m})["y"]
+    got = run_ort(half, {"x": x, "m": m})["y"]
+    assert np.isfinite(got).all()  # -inf would give NaN in the fully masked row, eps = 0 a division by 0
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_a_constant_beyond_float16_stays_float32_with_a_note():
+    x = h.make_tensor_value_info("x", T.FLOAT, [3])
+    nodes = [h.make_node("Mul", ["x", "big"], ["b"]), h.make_node("Mul", ["b", "small"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(1e5, np.float32), "big"),
+             numpy_helper.from_array(np.array(1e-5, np.float32), "small")]
+    model = h.make_model(h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("y", T.FLOAT, [3])], inits),
+                         opset_imports=[h.make_opsetid("", 17)])
+    half, notes = convert_to_fp16(model)
+    kinds = {t.name: t.data_type for t in half.graph.initializer}
+    assert kinds == {"big": T.FLOAT, "small": T.FLOAT16}
+    assert any("'big'" in n and "beyond float16's range" in n for n in notes)
+    x = np.array([0.5, 1.0, 3.0], np.float32)
+    np.testing.assert_allclose(run_ort(half, {"x": x})["y"], x, rtol=2e-3)  # 1e5·x would overflow float16
+
+
+def test_an_input_the_schema_keeps_float32_is_cast_back():
+    """Resize's scales are tensor(float) only: they stay float32 while the data is float16."""
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 1, 2, 2])
+    nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Resize", ["r", "", "scales"], ["y"], mode="nearest")]
+    inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
+    model = h.make_model(h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("y", T.FLOAT, [1, 1, 4, 4])], inits),
+                         opset_imports=[h.make_opsetid("", 17)])
+    half, notes = convert_to_fp16(model)
+    assert {t.name: t.data_type for t in half.graph.initializer}["scales"] == T.FLOAT and notes == []
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    np.testing.assert_array_equal(run_ort(half, {"x": x})["y"], run_ort(model, {"x": x})["y"])
+
+
+def test_if_branches_reading_outer_values_convert_consistently():
+    then_graph = h.make_graph([h.make_node("Mul", ["x", "two"], ["t"])], "then", [],
+                              [h.make_tensor_value_info("t", T.FLOAT, [3])])
+    else_graph = h.make_graph([h.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [h.make_tensor_value_info("e", T.FLOAT, [3])])
+    nodes = [h.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph)]
+    model = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("c", T.BOOL, []),
+                                                   h.make_tensor_value_info("x", T.FLOAT, [3])],
+                                      [h.make_tensor_value_info("y", T.FLOAT, [3])],
+                                      [numpy_helper.from_array(np.array(2.0, np.float32), "two")]),
+                         opset_imports=[h.make_opsetid("", 17)])
+    half, _ = convert_to_fp16(model)
+    x = np.array([1.5, -2.0, 3.25], np.float32)
+    for c in (True, False):
+        feeds = {"c": np.array(c), "x": x}
+        np.testing.assert_array_equal(run_ort(half, feeds)["y"], run_ort(model, feeds)["y"])
+
+
+def test_the_conversion_itself_is_named_when_it_breaks_validation():
+    model = load_testdata("conv_bn_relu")
+    with pytest.raises(onnxfuse.ValidationFailed) as info:
+        onnxfuse.optimize(model, precision="fp16", provider="cpu", rtol=1e-7, atol=1e-9)
+    assert info.value.culprit == "precision-fp16" and "float16 conversion itself" in str(info.value)
+
+
+def test_refusals_are_one_line_errors(tmp_path):
+    ints = h.make_model(h.make_graph([h.make_node("Neg", ["i"], ["o"])], "g",
+                                     [h.make_tensor_value_info("i", T.INT64, [2])],
+                                     [h.make_tensor_value_info("o", T.INT64, [2])]),
+                        opset_imports=[h.make_opsetid("", 17)])
+    with pytest.raises(onnxfuse.PrecisionError, match="nothing to convert"):
+        onnxfuse.optimize(ints, precision="fp16", provider="cpu")
+    path = tmp_path / "ints.onnx"
+    onnx.save(ints, str(path))
+    r = CliRunner().invoke(main, ["optimize", str(path), str(tmp_path / "o.onnx"), "--precision", "fp16"])
+    assert r.exit_code == 1 and "nothing to convert" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o.onnx").exists()
+    r = CliRunner().invoke(main, ["optimize", str(path), str(tmp_path / "o.onnx"), "--precision", "fp8"])
+    assert r.exit_code == 2
+
+
+def test_cli_json_reports_the_precision(tmp_path):
+    src = tmp_path / "m.onnx"
+    onnx.save(load_testdata("mobilenet_v2_w035"), str(src))
+    r = CliRunner().invoke(main, ["optimize", str(src), str(tmp_path / "o.onnx"), "--precision", "fp16",
+                                  "--json", str(tmp_path / "r.json"), "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["ok"] and doc["result"]["precision"]["precision"] == "fp16"
+    assert doc["result"]["validation"]["passed"]
