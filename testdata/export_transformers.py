@@ -121,6 +121,15 @@ class _Encoder(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
+class _Decoder(_Encoder):
+    """GPT-2 gets its padding mask as the additive [B, 1, 1, L] ``(1 - mask)·finfo.min`` (older transformers'
+    own form): transformers 4.5x's mask builder bakes the traced sequence length into the export."""
+
+    def forward(self, input_ids, attention_mask):
+        padding = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
+        return self.model(input_ids=input_ids, attention_mask=padding).last_hidden_state
+
+
 class _Audio(torch.nn.Module):
     def __init__(self, encoder):
         super().__init__()
@@ -153,7 +162,8 @@ def export_attention_models(folder: Path, seed: int) -> None:
             "last_hidden_state": {0: "batch", 1: "sequence"}}
     for name, model in text.items():
         out = folder / f"{name}.onnx"
-        torch.onnx.export(_Encoder(_randomize(model.eval(), seed + 1)).eval(), (ids, mask), str(out),
+        wrapper = _Decoder if name.startswith("gpt2") else _Encoder
+        torch.onnx.export(wrapper(_randomize(model.eval(), seed + 1)).eval(), (ids, mask), str(out),
                           input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
                           dynamic_axes=axes, opset_version=14, dynamo=False, do_constant_folding=True)
         print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
