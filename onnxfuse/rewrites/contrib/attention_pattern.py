@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx import helper
 
 from onnxfuse.rewrites.engine.facts import (
     constant_value,
@@ -64,8 +65,6 @@ def is_noop_cast(graph, node) -> bool:
         return False
     source = dtype_of(graph, node.inputs[0])
     try:
-        from onnx import helper
-
         target = np.dtype(helper.tensor_dtype_to_np_dtype(int(node.attrs.get("to", 0))))
     except (KeyError, TypeError, ValueError):
         return False

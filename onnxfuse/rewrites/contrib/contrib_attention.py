@@ -1,50 +1,105 @@
 """contrib-attention: scaled dot-product attention as exporters write it → com.microsoft MultiHeadAttention.
 
 Anchor: a ``Softmax`` over the last axis of a rank-4 tensor. The rule walks back and forward from it
-and accepts exactly this dataflow (every intermediate read only inside it)::
+and accepts exactly this dataflow (every intermediate read only inside it, except by ``Shape``: below)::
 
-    q [B,S,E] ─ Reshape [·,·,H,D] ─ Transpose(0,2,1,3) ─ (×/÷ sq) ─┐
-    k [B,L,E] ─ Reshape [·,·,H,D] ─ Transpose(0,2,3,1) ─ (×/÷ sk) ─ MatMul ─ (×/÷ s) ─ (+ M) ─ Softmax ─┐
-                (or Transpose(0,2,1,3) then Transpose(0,1,3,2))                                          │
-    v [B,L,E] ─ Reshape [·,·,H,D] ─ Transpose(0,2,1,3) ──────────────────────────────────────── MatMul ─ Transpose(0,2,1,3) ─ Reshape ─ out
+    q [B,S,E] ─ (×c) ─ heads ─ (×/÷ sq) ─┐
+    k [B,L,E] ─ (×c) ─ Kᵀ ──── (×/÷ sk) ─ MatMul ─ (×/÷ s) ─ mask steps ─ Softmax ─ (Cast) ─┐
+    v [B,L,E] ─ heads ──────────────────────────────────────────────────────────────── MatMul ─ merge ─ Reshape ─ out
 
 and writes ``Reshape(MultiHeadAttention(q, k, v, bias, , attention_bias))`` with ``num_heads = H`` and
-``scale = sq·sk·s`` (the scalar constants, each a Mul or a Div; none gives 1). The maths is the same
-sum in the same order up to the point where ONNX Runtime's kernel fuses it: ``softmax(s·QKᵀ + M)·V``
-per head; validation bounds the rounding difference like any contrib rule.
+``scale`` the product of every scalar factor on the way (none gives 1). The maths is the same up to the
+point where ONNX Runtime's kernel fuses it: ``softmax(scale·QKᵀ + M)·V`` per head; validation bounds
+the rounding difference (a product of factors instead of one Mul/Div each, one additive bias instead of
+two Adds) like any contrib rule.
 
-* **The merging Reshape stays**, now reading MultiHeadAttention's ``[B, S, E]``: row-major, that holds
-  the same elements in the same order as the ``[B, S, H, D]`` it read, so its result is unchanged
-  whatever its target (a target computed from shapes included) and nothing about it must be proved.
-* **Heads** H and head size D come from the Reshape targets (constants after fold-constants and
-  constant-reshape-target): the last two entries, positive and equal for q and k (v: same H and D).
-  E = H·D must be q's, k's and v's static last dimension. Never a model type, never a head count asked.
-* **Projection biases**: when q, k and v are each ``Add(MatMul(·), b)`` with ``b`` a 1-D constant of E
-  values, the three biases become MultiHeadAttention's ``bias`` input ([3E]) and the kernel adds them
-  (one pass fewer per projection). Otherwise q, k and v are taken as they are.
-* **Mask** M (the Add's other operand), however it was built (``(1 - mask)·c``, ``Where(…, 0, min)``,
-  a constant causal triangle): any tensor that broadcasts against the scores ``[B,H,S,L]`` (the
-  original model could not run otherwise). MultiHeadAttention wants ``attention_bias`` shaped
-  ``[B or 1, H or 1, S, L]``, so M is unsqueezed to rank 4 and, unless its last two dimensions are
-  provably S and L, expanded with ``Expand(M, [1, 1, S, L])`` (S and L read from q and k at run time).
-  Expand is exact: it copies values, and M's dimensions 2 and 3 can only be 1 or S and L.
-* **Refused**, with the reason: a Softmax not on the last axis or of unknown rank; any piece of the
-  pattern missing or shaped otherwise (a Transpose with another perm, a Reshape target that is not
-  constant or not [·,·,H,D]); an intermediate read
-  outside the pattern or a graph output; element types other than float32/float16 or mixed; a mask of
-  another element type or rank above 4; a scale that is not a finite non-zero scalar.
+**Heads** (:func:`~onnxfuse.rewrites.contrib.attention_pattern.split_heads`), two layouts, H and D read
+from the Reshape targets (constants after fold-constants and constant-reshape-target), never a model
+type, never a head count asked; E = H·D must be the source's static last dimension; q, k and v must
+agree on H, D and layout:
+
+* *batch-first* (BERT, RoBERTa, DistilBERT, GPT-2, Whisper): ``Transpose(0,2,1,3)(Reshape(x [B,S,E],
+  [b, s, H, D]))``; Kᵀ by perm (0,2,3,1) or the heads Transpose then (0,1,3,2). Each of b, s is 0 or
+  the static dimension it keeps; or one of them is -1 while the other keeps its dimension and H, D are
+  given: the element count then forces -1 to be the dimension it replaces. H or D may be -1 instead
+  (inferred from E). The output is merged by Transpose(0,2,1,3) into [B,S,H,D].
+* *sequence-first* (``torch.nn.MultiheadAttention``, torchvision's ViT): ``Reshape(Transpose(1,0,2)(
+  Reshape(x [S,B,E], [S, -1, D])), [-1, H, S, D])`` with S static: element (s, b, h·D+d) goes to
+  (s, b·H+h, d), to (b·H+h, s, d), and row-major to (b, h, s, d), the heads of x. MultiHeadAttention
+  gets ``Transpose(1,0,2)(x)`` = [B,S,E] for each of q, k, v (pure data movement), and its output is
+  transposed back to [S,B,E] for the Reshape that read the Transpose(2,0,1,3) merge [S,B,H,D].
+
+**The merging Reshape stays**, now reading MultiHeadAttention's [B,S,E] (or its [S,B,E] transpose): row-
+major, that holds the same elements in the same order as the [B,S,H,D] ([S,B,H,D]) it read, so its
+result is unchanged whatever its target (a target computed from shapes included).
+
+**Scale**: scalar constants (finite, non-zero), each a Mul or a Div, on the scores, on the heads of q and
+k (torch's D^-1/4 on each: constants once fold-constants evaluated the Shape→Sqrt chain), or on q or k
+before the split (Whisper's ``q_proj(x)·D^-1/2``): all multiply the same QKᵀ, so their product is the
+scale. A scale applied after a mask step is refused (it would scale the mask too).
+
+**Projection biases** (batch-first only): when q, k and v are each ``Add(MatMul(·), b)`` with ``b`` a
+1-D constant of E values, or a bare MatMul output (its bias is then E zeros, and ``x + 0 == x``:
+Whisper's bias-free ``k_proj``), with at least one real bias and each read only by the attention, the
+[3E] concatenation becomes MultiHeadAttention's ``bias`` input and the kernel adds it. Otherwise q, k
+and v are taken as they are (GPT-2's Conv1D projections are Gemms behind a Split: taken as they are).
+
+**Mask steps** (:func:`~onnxfuse.rewrites.contrib.attention_pattern.mask_terms`), between the scaled
+scores x and the Softmax, outermost first, become one ``attention_bias`` built innermost first:
+
+* ``x + M``, M any tensor of the scores' element type, rank ≤ 4, not computed from a MatMul (that tells
+  it from the scores), however it was built (``(1 - mask)·c``, a constant causal triangle, ...): M is
+  added to the bias. One Add alone is M itself; a second Add reassociates ``(x + b) + M`` as
+  ``x + (b + M)``, exact for 0 / finfo.min-valued masks and a rounding difference otherwise.
+* ``Where(c, x, f)`` or ``Where(c, f, x)`` (``masked_fill``; GPT-2's ``Where(causal, x, finfo.min)``,
+  DistilBERT's ``Where(mask == 0, finfo.min, x)``), c a bool tensor of known rank ≤ 4, f a scalar
+  constant: around an earlier bias b it is ``x + Where(c, b, f)`` (b = 0 when none). Exact where c
+  keeps x; where c picks f it needs ``x + f == f``, true in float32 for every |x| < ulp(f)/2 when f is
+  finite and ≤ -1e30 (≥ 3.7e22 for f = -1e30, 1.01e31 for finfo.min; a larger score would leave the
+  masked entry a few of f's ulps away from f, not f). Otherwise refused with the reason: a float16 fill (finfo.min is -65504, which a score
+  of 16 already moves), a fill like -10000 or -inf (``x + -inf`` is NaN where x = +inf). Two fills that
+  meet (f + f = -inf after a Where and an Add of finfo.min) are -inf in both models.
+* element-type-preserving Casts (GPT-2 exports ``.to(dtype)`` as Cast to float) are identities: removed.
+
+MultiHeadAttention wants ``attention_bias`` ``[B or 1, H or 1, S, L]``: one Add's mask of lower rank is
+unsqueezed to rank 4, and unless its last two dimensions are provably S and L, the bias is expanded with
+``Expand(M, [1, 1, S, L])`` (S and L read from q and k at run time). Expand is exact: it copies values,
+and M's last two dimensions can only be 1 or S and L (it broadcast against the scores).
+
+**Shape reads** of a tensor the rewrite removes (GPT-2 and DistilBERT read ``Shape`` of the scores and of
+the heads to build their masks; GPT-2 also transposes the key heads only to read a Shape) are replaced,
+batch-first only, by the same dims named from the pattern ([B,H,S,L] for the scores, [B,H,S,D] for the
+q heads, ...): B and S read from q's shape, L from k's, H, D, E constants; a Transpose read only by such
+Shapes permutes the names.
+
+**Not** ``unidirectional``: probed on ONNX Runtime 1.32 CPU, MultiHeadAttention's ``unidirectional=1``
+equals the causal triangle when S = L but matched neither the top-left nor the bottom-right triangle
+when S < L, and proving that GPT-2's ``Slice`` of its causal buffer (bounds computed from shapes) is the
+triangle needs shape arithmetic the rule does not do; the Where form above is exact without it.
+
+**Refused**, with the reason: a Softmax not on the last axis or of unknown rank; any piece of the
+pattern missing or shaped otherwise (a Transpose with another perm, a Reshape target that is not
+constant, not [·,·,H,D] or [S,-1,D] / [-1,H,S,D], changing the batch or sequence dimension, two -1
+entries); q, k, v of different heads or layouts; an intermediate read outside the pattern (other than
+the Shape reads above) or a graph output; element types other than float32/float16 or mixed; a mask
+of another element type or rank unknown or above 4; a mask Add whose both operands come from a MatMul;
+a Where that does not select between the scores and a scalar fill, with a condition not bool of known
+rank ≤ 4, or with a fill that is not absorbing; a scale after a mask step or not a finite non-zero
+scalar.
 
 Why MultiHeadAttention and not Attention (which also packs the Q/K/V projections into one GEMM): it
 takes the projections as they are, whatever the exporter did with them (separate MatMuls, a shared
-input or not, cross-attention where q and k/v come from different tensors), and it runs on the CPU too,
-so validation needs no GPU.
+input or not, cross-attention where q and k/v come from different tensors, a packed QKV cut by Split or
+Gather), and it runs on the CPU too, so validation needs no GPU.
 
-**Opt-in** (``--only contrib-attention,...``) until it is measured on a GPU: it was written in a
-session with no GPU lent, validated on the CPU only (tests/rewrites/test_contrib_attention.py, BERT
-and synthetic patterns). The rule's speed against ONNX Runtime's own kernels, fp32 and fp16, at batch
-1 and 16, and the choice between MultiHeadAttention and the packed ``Attention`` op, are for the
-next GPU session (issue 15); until then the default output stays the one measured in
-docs/benchmarks.md.
+**Opt-in** (``--only contrib-attention,...``) until it is measured on a GPU: it was written in sessions
+with no GPU lent, validated on the CPU only (tests/rewrites/test_contrib_attention.py: synthetic forms
+and refusals; tests/rewrites/test_attention_exports.py: BERT, RoBERTa, DistilBERT, GPT-2, the Whisper
+encoder and a torchvision-style ViT, every Softmax fused, outputs matching the original with padding).
+The rule's speed against ONNX Runtime's own kernels, fp32 and fp16, at batch 1 and 16 (the sequence-
+first layout adds four Transposes per attention), and the choice between MultiHeadAttention and the
+packed ``Attention`` op, are for the next GPU session (issue 15); until then the default output stays
+the one measured in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -61,9 +116,9 @@ from onnxfuse.rewrites.contrib.attention_pattern import (
     SEQ_FIRST,
     SEQ_FIRST_MERGE,
     is_noop_cast,
+    mask_terms,
     perm_of,
     projection_bias,
-    mask_terms,
     single_reader,
     split_heads,
     strip_scale,
