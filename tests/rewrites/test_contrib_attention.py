@@ -315,7 +315,7 @@ def test_q_scaled_before_the_split_and_k_without_bias(bias):
     assert_same(model, out)
 
 
-def sequence_first_model(kt="swap", merge=(2, 0, 1, 3), t3=(S, -1, D), t4=(-1, H, S, D), seed=0):
+def sequence_first_model(merge=(2, 0, 1, 3), t3=(S, -1, D), t4=(-1, H, S, D), seed=0, seq=S):
     """torch.nn.MultiheadAttention's export: x [S, B, E], heads by Reshape [S, B·H, D] → Transpose(1, 0, 2)
     → Reshape [B, H, S, D], the scale split over q and k, output merged by Transpose(2, 0, 1, 3) →
     Reshape [S·B, E]."""
@@ -336,18 +336,13 @@ def sequence_first_model(kt="swap", merge=(2, 0, 1, 3), t3=(S, -1, D), t4=(-1, H
         nodes.append(h.make_node("Reshape", [f"{name}3t", const(f"{name}_t4", np.array(t4, np.int64))], [f"{name}h"]))
     s = const("s4", np.array(D ** -0.25, np.float32))
     nodes.append(h.make_node("Mul", ["qh", s], ["qs"]))
-    if kt == "swap":
-        nodes += [h.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]), h.make_node("Mul", ["kt", s], ["ks"])]
-    else:  # the batch-first Kᵀ perm on a sequence-first split: not Kᵀ
-        nodes += [h.make_node("Transpose", ["k"], ["kt"], perm=[1, 2, 0]),
-                  h.make_node("Unsqueeze", ["kt", const("ax0", np.array([0], np.int64))], ["ks0"]),
-                  h.make_node("Reshape", ["ks0", const("kt4", np.array([-1, H, D, S], np.int64))], ["ks"])]
+    nodes += [h.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]), h.make_node("Mul", ["kt", s], ["ks"])]
     nodes += [h.make_node("MatMul", ["qs", "ks"], ["scores"]),
               h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
               h.make_node("MatMul", ["probs", "vh"], ["ctx"]),
               h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=list(merge)),
               h.make_node("Reshape", ["ctx_t", const("out_shape", np.array([-1, E], np.int64))], ["out"])]
-    graph = h.make_graph(nodes, "mha", [h.make_tensor_value_info("x", T.FLOAT, [S, "B", E])],
+    graph = h.make_graph(nodes, "mha", [h.make_tensor_value_info("x", T.FLOAT, [seq, "B", E])],
                          [h.make_tensor_value_info("out", T.FLOAT, ["SB", E])], inits)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     model.ir_version = 8
@@ -385,6 +380,18 @@ def test_new_refusals_carry_their_reason():
     add.output[0] = "masked0"
     g.node.insert(list(g.node).index(add) + 1, h.make_node("Mul", ["masked0", "half"], ["masked"]))
     g.initializer.append(numpy_helper.from_array(np.array(0.5, np.float32), "half"))
+    no_inner_reshape = sequence_first_model()  # V: [S, B·H, D] from a Transpose-only path
+    g = no_inner_reshape.graph
+    r3 = next(n for n in g.node if n.output[0] == "v3")
+    g.node.remove(r3)
+    g.node.insert(0, h.make_node("Identity", ["v_pre3"], ["v3"]))
+    g.input.append(h.make_tensor_value_info("v_pre3", T.FLOAT, [S, "BH", D]))
+    untransposed = sequence_first_model()  # V: Reshape [S, B·H, D] → [B, H, S, D] without the Transpose
+    next(n for n in untransposed.graph.node if n.output[0] == "vh").input[0] = "v3"
+    computed_t3 = sequence_first_model()
+    g = computed_t3.graph
+    g.initializer.remove(next(i for i in g.initializer if i.name == "q_t3"))
+    g.input.append(h.make_tensor_value_info("q_t3", T.INT64, [3]))
     cases = {
         "Where-mask fill -10000 (float32) is not absorbing": attention_model(mask="where", fill=-10000.0),
         "Where-mask fill -65504 (float16) is not absorbing": attention_model(mask="where", dtype=np.float16),
@@ -396,6 +403,11 @@ def test_new_refusals_carry_their_reason():
             sequence_first_model(t4=(H, -1, S, D)),
         "the attention output is not merged back by Transpose(perm=[2, 0, 1, 3])":
             sequence_first_model(merge=(0, 2, 1, 3)),
+        "is not [sequence, batch, hidden] with a static sequence and hidden size":
+            sequence_first_model(seq="S", t3=(0, -1, D)),
+        "the [S, B·H, D] heads are not made by a Reshape": no_inner_reshape,
+        "nor by Reshape(Transpose(perm=[1, 0, 2]))": untransposed,
+        "the sequence-first head split's Reshape targets are not constants": computed_t3,
     }
     for reason, model in cases.items():
         out, report = apply(model)
@@ -417,20 +429,38 @@ def test_where_mask_that_does_not_select_a_scalar_fill_is_refused():
 
 
 def test_q_k_v_from_different_layouts_are_refused():
-    """K split sequence-first while Q and V are batch-first: no single MultiHeadAttention input layout."""
-    model = attention_model(bias=False)
-    g = model.graph
-    for n in [n for n in g.node if "k" in n.input or "k4" in n.input]:
-        g.node.remove(n)
-    g.node.extend([
-        h.make_node("Reshape", ["k", "k_t3"], ["k3"]),
-        h.make_node("Transpose", ["k3"], ["k3t"], perm=[1, 0, 2]),
-        h.make_node("Reshape", ["k3t", "k_t4"], ["kh"]),
-        h.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]),
-    ])
-    g.initializer.extend([numpy_helper.from_array(np.array([0, -1, D], np.int64), "k_t3"),
-                          numpy_helper.from_array(np.array([-1, H, S, D], np.int64), "k_t4")])
+    """q and v batch-first ([2, S, E], [2, L, E]), k sequence-first ([L, 2, E]): valid cross-attention, but
+    MultiHeadAttention takes one layout."""
+    rng = np.random.default_rng(0)
+    inits, nodes = [], []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    nodes += [h.make_node("Reshape", ["x", const("qt", np.array([0, 0, H, D], np.int64))], ["q4"]),
+              h.make_node("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["y", const("k3", np.array([L, -1, D], np.int64))], ["k3o"]),
+              h.make_node("Transpose", ["k3o"], ["k3t"], perm=[1, 0, 2]),
+              h.make_node("Reshape", ["k3t", const("k4", np.array([-1, H, L, D], np.int64))], ["kh"]),
+              h.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]),
+              h.make_node("Reshape", ["z", const("vt", np.array([0, 0, H, D], np.int64))], ["v4"]),
+              h.make_node("Transpose", ["v4"], ["vh"], perm=[0, 2, 1, 3]),
+              h.make_node("MatMul", ["qh", "kt"], ["scores"]),
+              h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              h.make_node("MatMul", ["probs", "vh"], ["ctx"]),
+              h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["ctx_t", const("out_shape", np.array([0, 0, E], np.int64))], ["att"]),
+              h.make_node("MatMul", ["att", const("Wo", rng.standard_normal((E, E)).astype(np.float32))], ["out"])]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, [2, S, E]), h.make_tensor_value_info("y", T.FLOAT, [L, 2, E]),
+              h.make_tensor_value_info("z", T.FLOAT, [2, L, E])]
+    graph = h.make_graph(nodes, "mixed", inputs, [h.make_tensor_value_info("out", T.FLOAT, [2, S, E])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    model = onnx.shape_inference.infer_shapes(model)
+    run_ort(model, helpers.random_feeds(model))  # the original runs
     out, report = apply(model)
     assert report.counts[RULE] == 0
-    assert any("K:" in r.reason or "different layouts" in r.reason for r in report.refusals if r.rule == RULE), \
-        report.refusals
+    assert any("Q, K and V are split from different layouts" in r.reason
+               for r in report.refusals if r.rule == RULE), report.refusals
