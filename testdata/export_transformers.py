@@ -15,6 +15,20 @@ ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add, and GELU (erf form) as Div(�
 exactly the patterns onnxfuse's contrib rules must recognise in the wild. LayerNorm γ/β are randomized
 (seeded) because the defaults (1, 0) would hide a rule that dropped or swapped them. The script checks
 the exported file still contains the decomposed forms.
+
+``--attention`` instead writes the attention-coverage models of tests/rewrites/test_attention_exports.py
+(same exporter, opset 14, eager attention, hidden 64, 2 heads, 2 layers, random weights with every bias
+and LayerNorm parameter randomized so a dropped or misplaced bias shows):
+
+* ``gpt2_tiny_opset14.onnx``: ``GPT2Model`` without KV cache (``use_cache=False``): Conv1D projections,
+  packed QKV cut by ``Split``, causal mask ``Where(causal, scores, finfo.min)`` plus the padding mask;
+* ``distilbert_tiny_opset14.onnx``: ``DistilBertModel``: mask by ``masked_fill`` (``Where``, finfo.min);
+* ``roberta_tiny_opset14.onnx``: ``RobertaModel`` (no pooler): the BERT form with ``[0, -1, H, D]`` targets;
+* ``whisper_encoder_tiny_opset14.onnx``: ``WhisperModel``'s encoder only (16 mel bins, 32 frames in, 16
+  positions): q scaled before the heads split, ``k_proj`` without bias, no mask.
+
+transformers >= 4.5x builds its masks with ``torch.vmap``, which the TorchScript exporter cannot trace;
+the script swaps in transformers' own pre-vmap mask builder (``sdpa_mask_older_torch``, same values).
 """
 
 from __future__ import annotations
@@ -89,13 +103,95 @@ def export(out: Path, opset: int, seed: int) -> None:
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(m.graph.node)} nodes, opset {opset})")
 
 
+def _randomize(model, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or (p.ndim == 1 and "norm" in name.lower()):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if name.endswith("weight") else 0.0))
+    return model
+
+
+class _Encoder(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+class _Decoder(_Encoder):
+    """GPT-2 gets its padding mask as the additive [B, 1, 1, L] ``(1 - mask)·finfo.min`` (older transformers'
+    own form): transformers 4.5x's mask builder bakes the traced sequence length into the export."""
+
+    def forward(self, input_ids, attention_mask):
+        padding = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
+        return self.model(input_ids=input_ids, attention_mask=padding).last_hidden_state
+
+
+class _Audio(torch.nn.Module):
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_features):
+        return self.encoder(input_features).last_hidden_state
+
+
+def export_attention_models(folder: Path, seed: int) -> None:
+    import transformers.masking_utils as masking
+    from transformers import (DistilBertConfig, DistilBertModel, GPT2Config, GPT2Model, RobertaConfig,
+                              RobertaModel, WhisperConfig, WhisperModel)
+
+    masking.sdpa_mask = masking.sdpa_mask_older_torch  # no vmap: traceable by the TorchScript exporter
+    torch.manual_seed(seed)
+    text = {
+        "gpt2_tiny_opset14": GPT2Model(GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=2,
+                                                  attn_implementation="eager", use_cache=False)),
+        "distilbert_tiny_opset14": DistilBertModel(DistilBertConfig(
+            vocab_size=1000, max_position_embeddings=64, dim=64, n_layers=2, n_heads=2, hidden_dim=128,
+            attn_implementation="eager")),
+        "roberta_tiny_opset14": RobertaModel(RobertaConfig(
+            vocab_size=1000, max_position_embeddings=66, hidden_size=64, num_hidden_layers=2,
+            num_attention_heads=2, intermediate_size=128, attn_implementation="eager"), add_pooling_layer=False),
+    }
+    ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
+            "last_hidden_state": {0: "batch", 1: "sequence"}}
+    for name, model in text.items():
+        out = folder / f"{name}.onnx"
+        wrapper = _Decoder if name.startswith("gpt2") else _Encoder
+        torch.onnx.export(wrapper(_randomize(model.eval(), seed + 1)).eval(), (ids, mask), str(out),
+                          input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
+                          dynamic_axes=axes, opset_version=14, dynamo=False, do_constant_folding=True)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    config = WhisperConfig(vocab_size=1000, num_mel_bins=16, encoder_layers=2, encoder_attention_heads=2,
+                           decoder_layers=1, decoder_attention_heads=2, d_model=64, encoder_ffn_dim=128,
+                           decoder_ffn_dim=128, max_source_positions=16, max_target_positions=16, pad_token_id=1,
+                           bos_token_id=2, eos_token_id=2, decoder_start_token_id=2, attn_implementation="eager")
+    encoder = _randomize(WhisperModel(config).eval(), seed + 1).get_encoder()
+    out = folder / "whisper_encoder_tiny_opset14.onnx"
+    torch.onnx.export(_Audio(encoder).eval(), (torch.randn(2, 16, 32),), str(out), input_names=["input_features"],
+                      output_names=["last_hidden_state"],
+                      dynamic_axes={"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+                      opset_version=14, dynamo=False, do_constant_folding=True)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("bert_tiny_opset14.onnx"))
     ap.add_argument("--opset", type=int, default=14)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--attention", action="store_true",
+                    help="write the attention-coverage models (GPT-2, DistilBERT, RoBERTa, Whisper encoder) instead")
     args = ap.parse_args()
-    export(args.out, args.opset, args.seed)
+    if args.attention:
+        export_attention_models(Path(__file__).resolve().parent, args.seed)
+    else:
+        export(args.out, args.opset, args.seed)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ RULE = "contrib-attention"
 
 
 def attention_model(kt="one", scale="scores", mask=None, bias=True, cross=False, v_target=(0, 0, -1, D),
-                    softmax_axis=-1, dtype=np.float32, seed=0) -> onnx.ModelProto:
+                    softmax_axis=-1, dtype=np.float32, seed=0, fill=None, casts=False, shape_reads=False,
+                    qk_target=(0, 0, H, D), q_prescale=False, k_bias=True) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     inits, nodes = [], []
@@ -41,12 +42,23 @@ def attention_model(kt="one", scale="scores", mask=None, bias=True, cross=False,
         src = "y"
     for name, source in (("q", "x"), ("k", src), ("v", src)):
         w = const(f"W{name}", (rng.standard_normal((E, E)) / np.sqrt(E)).astype(dtype))
-        out = f"{name}_mm" if bias else name
+        has_bias = bias and (k_bias or name != "k")
+        out = f"{name}_mm" if has_bias else name
+        if name == "q" and q_prescale:
+            out, final = (f"{name}_mm", "q_b") if has_bias else ("q_mm", "q_b")
         nodes.append(h.make_node("MatMul", [source, w], [out]))
-        if bias:
+        if name == "q" and q_prescale:
+            if has_bias:
+                nodes.append(h.make_node("Add", [out, const("bq", (rng.standard_normal(E) * 0.1).astype(dtype))],
+                                         ["q_b"]))
+            else:
+                final = out
+            nodes.append(h.make_node("Mul", [final, const("q_scale", np.array(D ** -0.5, dtype))], ["q"]))
+            continue
+        if has_bias:
             b = const(f"b{name}", (rng.standard_normal(E) * 0.1).astype(dtype))
             nodes.append(h.make_node("Add", [out, b], [name]))
-    targets = {"q": (0, 0, H, D), "k": (0, 0, H, D), "v": v_target}
+    targets = {"q": qk_target, "k": qk_target, "v": v_target}
     for name in "qkv":
         nodes.append(h.make_node("Reshape", [name, const(f"{name}_shape", np.array(targets[name], np.int64))],
                                  [f"{name}4"]))
@@ -77,16 +89,35 @@ def attention_model(kt="one", scale="scores", mask=None, bias=True, cross=False,
         const("madd", tri)
     elif mask == "full":
         inputs.append(h.make_tensor_value_info("madd", elem, ["B", 1, S, L if cross else S]))
-    if mask is not None:
+    if casts:  # element-type-preserving Casts, as GPT-2's export writes them
+        nodes.append(h.make_node("Cast", [x], ["x_cast"], to=elem))
+        x = "x_cast"
+    if mask in ("where", "where_swapped", "where_add"):  # masked_fill: Where(c, s, f) or Where(c, f, s)
+        f = np.finfo(dtype).min if fill is None else fill
+        inputs.append(h.make_tensor_value_info("c", T.BOOL, ["B", 1, 1, L if cross else S]))
+        branches = [x, const("fill", np.array(f, dtype))]
+        nodes.append(h.make_node("Where", ["c", *(branches if mask != "where_swapped" else branches[::-1])],
+                                 ["where_out"]))
+        x = "where_out"
+        if mask == "where_add":  # then an additive padding mask, GPT-2's order
+            inputs.append(h.make_tensor_value_info("madd", elem, ["B", 1, 1, L if cross else S]))
+    if mask in ("padding", "causal", "full", "where_add"):
         nodes.append(h.make_node("Add", [x, "madd"], ["masked"]))
         x = "masked"
     nodes.append(h.make_node("Softmax", [x], ["probs"], axis=softmax_axis))
-    nodes.append(h.make_node("MatMul", ["probs", "vh"], ["ctx"]))
+    if casts:
+        nodes.append(h.make_node("Cast", ["probs"], ["probs_cast"], to=elem))
+    nodes.append(h.make_node("MatMul", ["probs_cast" if casts else "probs", "vh"], ["ctx"]))
     nodes.append(h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]))
     nodes.append(h.make_node("Reshape", ["ctx_t", const("out_shape", np.array([0, 0, E], np.int64))], ["att"]))
     nodes.append(h.make_node("MatMul", ["att", const("Wo", (rng.standard_normal((E, E)) / np.sqrt(E)).astype(dtype))],
                              ["out"]))
-    graph = h.make_graph(nodes, "attention", inputs, [h.make_tensor_value_info("out", elem, ["B", S, E])], inits)
+    outputs = [h.make_tensor_value_info("out", elem, ["B", S, E])]
+    if shape_reads:  # the exporter reads shapes of the scores and of the heads (GPT-2, DistilBERT)
+        for t in ("scores", "qh", "kt", "vh"):
+            nodes.append(h.make_node("Shape", [t], [f"{t}_shape"]))
+            outputs.append(h.make_tensor_value_info(f"{t}_shape", T.INT64, [4]))
+    graph = h.make_graph(nodes, "attention", inputs, outputs, inits)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -94,11 +125,27 @@ def attention_model(kt="one", scale="scores", mask=None, bias=True, cross=False,
 
 
 def feeds_for(model, seed=1):
-    feeds = helpers.random_feeds(model, seed=seed, dim=B)
+    numeric = onnx.ModelProto()
+    numeric.CopyFrom(model)
+    bools = [i for i in numeric.graph.input if i.type.tensor_type.elem_type == T.BOOL]
+    for i in bools:
+        numeric.graph.input.remove(i)
+    feeds = helpers.random_feeds(numeric, seed=seed, dim=B)
+    for i in bools:
+        feeds[i.name] = np.ones([d.dim_value or B for d in i.type.tensor_type.shape.dim], bool)
     if "m" in feeds:  # a padding mask: 0/1, with padding in one row
         m = np.ones_like(feeds["m"])
         m[0, -2:] = 0
         feeds["m"] = m
+    if "c" in feeds:  # a bool keep-mask with padding in one row (then padding by an additive mask)
+        c = np.ones(feeds["c"].shape, bool)
+        c[0, ..., -2:] = False
+        feeds["c"] = c
+        if "madd" in feeds:
+            m = np.zeros_like(feeds["madd"])
+            m[1, ..., -1:] = np.finfo(m.dtype).min
+            m[0, ..., -3:] = np.finfo(m.dtype).min  # a column masked twice: f + f = -inf in both models
+            feeds["madd"] = m
     return feeds
 
 
@@ -214,3 +261,206 @@ def test_opt_in_until_measured_on_a_gpu():
 
     assert RULE not in [r.name for r in select_rules("cuda")]
     assert RULE in [r.name for r in select_rules("cuda", only=RULE)]
+
+
+# --- issue 15: more exporters' forms --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mask", ["where", "where_swapped", "where_add"])
+@pytest.mark.parametrize("casts", [False, True])
+def test_where_masks_with_an_absorbing_fill_become_the_attention_bias(mask, casts):
+    """masked_fill (DistilBERT: Where(c, f, s)), GPT-2's Where(causal, s, finfo.min) then + padding, with
+    the element-type-preserving Casts GPT-2's export has around the Softmax."""
+    model = attention_model(mask=mask, casts=casts)
+    out, report = apply(model)
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    ops = helpers.op_types(out)
+    assert ops.count("MultiHeadAttention") == 1 and "Softmax" not in ops and "Cast" not in ops
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_terms"] == (["add", "where"] if mask == "where_add" else ["where"])
+    assert_same(model, out)
+
+
+def test_shape_reads_of_removed_tensors_are_recomputed():
+    """GPT-2 and DistilBERT read Shape(scores) / Shape(heads) to build their masks: those Shapes are
+    computed from the MultiHeadAttention inputs' shapes and H, D instead, with the same values."""
+    model = attention_model(mask="padding", shape_reads=True, cross=True)  # L != S: each dim from its source
+    out, report = apply(model)
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    assert "Softmax" not in helpers.op_types(out) and "Transpose" not in helpers.op_types(out)
+    assert_same(model, out)
+
+
+@pytest.mark.parametrize("target", [(0, -1, H, D), (-1, S, H, D)])
+def test_head_targets_with_an_inferred_sequence_or_batch(target):
+    model = attention_model(qk_target=target, v_target=target)
+    out, report = apply(model)
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    assert_same(model, out)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_q_scaled_before_the_split_and_k_without_bias(bias):
+    """Whisper: q = q_proj(x)·D^-1/2 before the heads split, k_proj without bias. The scale joins the
+    attention scale; the missing k bias folds in as E zeros (x + 0 == x) when q or v has one."""
+    model = attention_model(scale="none", q_prescale=True, k_bias=False, bias=bias, mask="padding")
+    out, report = apply(model)
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["scale"] == pytest.approx(D ** -0.5, rel=1e-6) and detail["qkv_bias"] is bias
+    if bias:
+        mha = next(n for n in out.graph.node if n.op_type == "MultiHeadAttention")
+        values = numpy_helper.to_array(next(i for i in out.graph.initializer if i.name == mha.input[3]))
+        assert not values[E:2 * E].any() and values[:E].any() and values[2 * E:].any()
+    assert_same(model, out)
+
+
+def sequence_first_model(merge=(2, 0, 1, 3), t3=(S, -1, D), t4=(-1, H, S, D), seed=0, seq=S):
+    """torch.nn.MultiheadAttention's export: x [S, B, E], heads by Reshape [S, B·H, D] → Transpose(1, 0, 2)
+    → Reshape [B, H, S, D], the scale split over q and k, output merged by Transpose(2, 0, 1, 3) →
+    Reshape [S·B, E]."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    for name in "qkv":
+        w = const(f"W{name}", (rng.standard_normal((E, E)) / np.sqrt(E)).astype(np.float32))
+        nodes.append(h.make_node("MatMul", ["x", w], [f"{name}_mm"]))
+        nodes.append(h.make_node("Add", [f"{name}_mm", const(f"b{name}", (rng.standard_normal(E) * 0.1).astype(
+            np.float32))], [name]))
+        nodes.append(h.make_node("Reshape", [name, const(f"{name}_t3", np.array(t3, np.int64))], [f"{name}3"]))
+        nodes.append(h.make_node("Transpose", [f"{name}3"], [f"{name}3t"], perm=[1, 0, 2]))
+        nodes.append(h.make_node("Reshape", [f"{name}3t", const(f"{name}_t4", np.array(t4, np.int64))], [f"{name}h"]))
+    s = const("s4", np.array(D ** -0.25, np.float32))
+    nodes.append(h.make_node("Mul", ["qh", s], ["qs"]))
+    nodes += [h.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]), h.make_node("Mul", ["kt", s], ["ks"])]
+    nodes += [h.make_node("MatMul", ["qs", "ks"], ["scores"]),
+              h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              h.make_node("MatMul", ["probs", "vh"], ["ctx"]),
+              h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=list(merge)),
+              h.make_node("Reshape", ["ctx_t", const("out_shape", np.array([-1, E], np.int64))], ["out"])]
+    graph = h.make_graph(nodes, "mha", [h.make_tensor_value_info("x", T.FLOAT, [seq, "B", E])],
+                         [h.make_tensor_value_info("out", T.FLOAT, ["SB", E])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_sequence_first_heads_of_torch_multihead_attention():
+    model = sequence_first_model()
+    out, report = apply(model)
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["layout"] == "sequence-first" and detail["scale"] == pytest.approx(D ** -0.5, rel=1e-6)
+    assert "Softmax" not in helpers.op_types(out)
+    assert_same(model, out)
+
+
+def test_new_refusals_carry_their_reason():
+    unknown_cond = attention_model(mask="where")  # the condition reshaped by a target of unknown length
+    g = unknown_cond.graph
+    where = next(n for n in g.node if n.op_type == "Where")
+    where.input[0] = "c_any"
+    g.node.insert(0, h.make_node("Reshape", ["c", "c_target"], ["c_any"]))
+    g.input.append(h.make_tensor_value_info("c_target", T.INT64, ["n"]))
+    assert any(v.name == "where_out" for v in g.value_info)  # the scores keep their inferred rank 4
+    mask_from_matmul = attention_model(mask="full")  # the "mask" is computed from another MatMul
+    g = mask_from_matmul.graph
+    g.input.remove(next(i for i in g.input if i.name == "madd"))
+    g.input.append(h.make_tensor_value_info("other", T.FLOAT, ["B", 1, S, S]))
+    g.node.insert(0, h.make_node("MatMul", ["other", "eye"], ["madd"]))
+    g.initializer.append(numpy_helper.from_array(np.eye(S, dtype=np.float32), "eye"))
+    scale_after_mask = attention_model(mask="padding", scale="none")
+    g = scale_after_mask.graph
+    add = next(n for n in g.node if n.op_type == "Add" and "madd" in n.input)
+    add.output[0] = "masked0"
+    g.node.insert(list(g.node).index(add) + 1, h.make_node("Mul", ["masked0", "half"], ["masked"]))
+    g.initializer.append(numpy_helper.from_array(np.array(0.5, np.float32), "half"))
+    no_inner_reshape = sequence_first_model()  # V: [S, B·H, D] from a Transpose-only path
+    g = no_inner_reshape.graph
+    r3 = next(n for n in g.node if n.output[0] == "v3")
+    g.node.remove(r3)
+    g.node.insert(0, h.make_node("Identity", ["v_pre3"], ["v3"]))
+    g.input.append(h.make_tensor_value_info("v_pre3", T.FLOAT, [S, "BH", D]))
+    untransposed = sequence_first_model()  # V: Reshape [S, B·H, D] → [B, H, S, D] without the Transpose
+    next(n for n in untransposed.graph.node if n.output[0] == "vh").input[0] = "v3"
+    computed_t3 = sequence_first_model()
+    g = computed_t3.graph
+    g.initializer.remove(next(i for i in g.initializer if i.name == "q_t3"))
+    g.input.append(h.make_tensor_value_info("q_t3", T.INT64, [3]))
+    cases = {
+        "Where-mask fill -10000 (float32) is not absorbing": attention_model(mask="where", fill=-10000.0),
+        "Where-mask fill -65504 (float16) is not absorbing": attention_model(mask="where", dtype=np.float16),
+        "not a bool tensor of known rank": unknown_cond,
+        "both operands of the mask Add are computed from a MatMul": mask_from_matmul,
+        "or a scale applied after the mask": scale_after_mask,
+        "the sequence-first head split's target [5, 4, 4] is not [S, -1, D]": sequence_first_model(t3=(S, 4, D)),
+        "the sequence-first head merge's target [2, -1, 5, 4] is not [-1, 2, 5, 4]":
+            sequence_first_model(t4=(H, -1, S, D)),
+        "the attention output is not merged back by Transpose(perm=[2, 0, 1, 3])":
+            sequence_first_model(merge=(0, 2, 1, 3)),
+        "is not [sequence, batch, hidden] with a static sequence and hidden size":
+            sequence_first_model(seq="S", t3=(0, -1, D)),
+        "the [S, B·H, D] heads are not made by a Reshape": no_inner_reshape,
+        "nor by Reshape(Transpose(perm=[1, 0, 2]))": untransposed,
+        "the sequence-first head split's Reshape targets are not constants": computed_t3,
+    }
+    for reason, model in cases.items():
+        out, report = apply(model)
+        assert report.counts[RULE] == 0, reason
+        assert any(reason in r.reason for r in report.refusals if r.rule == RULE), (reason, report.refusals)
+        assert "MultiHeadAttention" not in helpers.op_types(out)
+
+
+def test_where_mask_that_does_not_select_a_scalar_fill_is_refused():
+    model = attention_model(mask="where")
+    g = model.graph
+    fill = next(i for i in g.initializer if i.name == "fill")
+    g.initializer.remove(fill)
+    g.input.append(h.make_tensor_value_info("fill", T.FLOAT, ["B", H, S, S]))
+    out, report = apply(model)
+    assert report.counts[RULE] == 0
+    assert any("does not select between the scores and a scalar fill" in r.reason
+               for r in report.refusals if r.rule == RULE), report.refusals
+
+
+def test_q_k_v_from_different_layouts_are_refused():
+    """q and v batch-first ([2, S, E], [2, L, E]), k sequence-first ([L, 2, E]): valid cross-attention, but
+    MultiHeadAttention takes one layout."""
+    rng = np.random.default_rng(0)
+    inits, nodes = [], []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    nodes += [h.make_node("Reshape", ["x", const("qt", np.array([0, 0, H, D], np.int64))], ["q4"]),
+              h.make_node("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["y", const("k3", np.array([L, -1, D], np.int64))], ["k3o"]),
+              h.make_node("Transpose", ["k3o"], ["k3t"], perm=[1, 0, 2]),
+              h.make_node("Reshape", ["k3t", const("k4", np.array([-1, H, L, D], np.int64))], ["kh"]),
+              h.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]),
+              h.make_node("Reshape", ["z", const("vt", np.array([0, 0, H, D], np.int64))], ["v4"]),
+              h.make_node("Transpose", ["v4"], ["vh"], perm=[0, 2, 1, 3]),
+              h.make_node("MatMul", ["qh", "kt"], ["scores"]),
+              h.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              h.make_node("MatMul", ["probs", "vh"], ["ctx"]),
+              h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["ctx_t", const("out_shape", np.array([0, 0, E], np.int64))], ["att"]),
+              h.make_node("MatMul", ["att", const("Wo", rng.standard_normal((E, E)).astype(np.float32))], ["out"])]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, [2, S, E]), h.make_tensor_value_info("y", T.FLOAT, [L, 2, E]),
+              h.make_tensor_value_info("z", T.FLOAT, [2, L, E])]
+    graph = h.make_graph(nodes, "mixed", inputs, [h.make_tensor_value_info("out", T.FLOAT, [2, S, E])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    model = onnx.shape_inference.infer_shapes(model)
+    run_ort(model, helpers.random_feeds(model))  # the original runs
+    out, report = apply(model)
+    assert report.counts[RULE] == 0
+    assert any("Q, K and V are split from different layouts" in r.reason
+               for r in report.refusals if r.rule == RULE), report.refusals

@@ -1,50 +1,105 @@
 """contrib-attention: scaled dot-product attention as exporters write it → com.microsoft MultiHeadAttention.
 
 Anchor: a ``Softmax`` over the last axis of a rank-4 tensor. The rule walks back and forward from it
-and accepts exactly this dataflow (every intermediate read only inside it)::
+and accepts exactly this dataflow (every intermediate read only inside it, except by ``Shape``: below)::
 
-    q [B,S,E] ─ Reshape [·,·,H,D] ─ Transpose(0,2,1,3) ─ (×/÷ sq) ─┐
-    k [B,L,E] ─ Reshape [·,·,H,D] ─ Transpose(0,2,3,1) ─ (×/÷ sk) ─ MatMul ─ (×/÷ s) ─ (+ M) ─ Softmax ─┐
-                (or Transpose(0,2,1,3) then Transpose(0,1,3,2))                                          │
-    v [B,L,E] ─ Reshape [·,·,H,D] ─ Transpose(0,2,1,3) ──────────────────────────────────────── MatMul ─ Transpose(0,2,1,3) ─ Reshape ─ out
+    q [B,S,E] ─ (×c) ─ heads ─ (×/÷ sq) ─┐
+    k [B,L,E] ─ (×c) ─ Kᵀ ──── (×/÷ sk) ─ MatMul ─ (×/÷ s) ─ mask steps ─ Softmax ─ (Cast) ─┐
+    v [B,L,E] ─ heads ──────────────────────────────────────────────────────────────── MatMul ─ merge ─ Reshape ─ out
 
 and writes ``Reshape(MultiHeadAttention(q, k, v, bias, , attention_bias))`` with ``num_heads = H`` and
-``scale = sq·sk·s`` (the scalar constants, each a Mul or a Div; none gives 1). The maths is the same
-sum in the same order up to the point where ONNX Runtime's kernel fuses it: ``softmax(s·QKᵀ + M)·V``
-per head; validation bounds the rounding difference like any contrib rule.
+``scale`` the product of every scalar factor on the way (none gives 1). The maths is the same up to the
+point where ONNX Runtime's kernel fuses it: ``softmax(scale·QKᵀ + M)·V`` per head; validation bounds
+the rounding difference (a product of factors instead of one Mul/Div each, one additive bias instead of
+two Adds) like any contrib rule.
 
-* **The merging Reshape stays**, now reading MultiHeadAttention's ``[B, S, E]``: row-major, that holds
-  the same elements in the same order as the ``[B, S, H, D]`` it read, so its result is unchanged
-  whatever its target (a target computed from shapes included) and nothing about it must be proved.
-* **Heads** H and head size D come from the Reshape targets (constants after fold-constants and
-  constant-reshape-target): the last two entries, positive and equal for q and k (v: same H and D).
-  E = H·D must be q's, k's and v's static last dimension. Never a model type, never a head count asked.
-* **Projection biases**: when q, k and v are each ``Add(MatMul(·), b)`` with ``b`` a 1-D constant of E
-  values, the three biases become MultiHeadAttention's ``bias`` input ([3E]) and the kernel adds them
-  (one pass fewer per projection). Otherwise q, k and v are taken as they are.
-* **Mask** M (the Add's other operand), however it was built (``(1 - mask)·c``, ``Where(…, 0, min)``,
-  a constant causal triangle): any tensor that broadcasts against the scores ``[B,H,S,L]`` (the
-  original model could not run otherwise). MultiHeadAttention wants ``attention_bias`` shaped
-  ``[B or 1, H or 1, S, L]``, so M is unsqueezed to rank 4 and, unless its last two dimensions are
-  provably S and L, expanded with ``Expand(M, [1, 1, S, L])`` (S and L read from q and k at run time).
-  Expand is exact: it copies values, and M's dimensions 2 and 3 can only be 1 or S and L.
-* **Refused**, with the reason: a Softmax not on the last axis or of unknown rank; any piece of the
-  pattern missing or shaped otherwise (a Transpose with another perm, a Reshape target that is not
-  constant or not [·,·,H,D]); an intermediate read
-  outside the pattern or a graph output; element types other than float32/float16 or mixed; a mask of
-  another element type or rank above 4; a scale that is not a finite non-zero scalar.
+**Heads** (:func:`~onnxfuse.rewrites.contrib.attention_pattern.split_heads`), two layouts, H and D read
+from the Reshape targets (constants after fold-constants and constant-reshape-target), never a model
+type, never a head count asked; E = H·D must be the source's static last dimension; q, k and v must
+agree on H, D and layout:
+
+* *batch-first* (BERT, RoBERTa, DistilBERT, GPT-2, Whisper): ``Transpose(0,2,1,3)(Reshape(x [B,S,E],
+  [b, s, H, D]))``; Kᵀ by perm (0,2,3,1) or the heads Transpose then (0,1,3,2). Each of b, s is 0 or
+  the static dimension it keeps; or one of them is -1 while the other keeps its dimension and H, D are
+  given: the element count then forces -1 to be the dimension it replaces. H or D may be -1 instead
+  (inferred from E). The output is merged by Transpose(0,2,1,3) into [B,S,H,D].
+* *sequence-first* (``torch.nn.MultiheadAttention``, torchvision's ViT): ``Reshape(Transpose(1,0,2)(
+  Reshape(x [S,B,E], [S, -1, D])), [-1, H, S, D])`` with S static: element (s, b, h·D+d) goes to
+  (s, b·H+h, d), to (b·H+h, s, d), and row-major to (b, h, s, d), the heads of x. MultiHeadAttention
+  gets ``Transpose(1,0,2)(x)`` = [B,S,E] for each of q, k, v (pure data movement), and its output is
+  transposed back to [S,B,E] for the Reshape that read the Transpose(2,0,1,3) merge [S,B,H,D].
+
+**The merging Reshape stays**, now reading MultiHeadAttention's [B,S,E] (or its [S,B,E] transpose): row-
+major, that holds the same elements in the same order as the [B,S,H,D] ([S,B,H,D]) it read, so its
+result is unchanged whatever its target (a target computed from shapes included).
+
+**Scale**: scalar constants (finite, non-zero), each a Mul or a Div, on the scores, on the heads of q and
+k (torch's D^-1/4 on each: constants once fold-constants evaluated the Shape→Sqrt chain), or on q or k
+before the split (Whisper's ``q_proj(x)·D^-1/2``): all multiply the same QKᵀ, so their product is the
+scale. A scale applied after a mask step is refused (it would scale the mask too).
+
+**Projection biases** (batch-first only): when q, k and v are each ``Add(MatMul(·), b)`` with ``b`` a
+1-D constant of E values, or a bare MatMul output (its bias is then E zeros, and ``x + 0 == x``:
+Whisper's bias-free ``k_proj``), with at least one real bias and each read only by the attention, the
+[3E] concatenation becomes MultiHeadAttention's ``bias`` input and the kernel adds it. Otherwise q, k
+and v are taken as they are (GPT-2's Conv1D projections are Gemms behind a Split: taken as they are).
+
+**Mask steps** (:func:`~onnxfuse.rewrites.contrib.attention_pattern.mask_terms`), between the scaled
+scores x and the Softmax, outermost first, become one ``attention_bias`` built innermost first:
+
+* ``x + M``, M any tensor of the scores' element type, rank ≤ 4, not computed from a MatMul (that tells
+  it from the scores), however it was built (``(1 - mask)·c``, a constant causal triangle, ...): M is
+  added to the bias. One Add alone is M itself; a second Add reassociates ``(x + b) + M`` as
+  ``x + (b + M)``, exact for 0 / finfo.min-valued masks and a rounding difference otherwise.
+* ``Where(c, x, f)`` or ``Where(c, f, x)`` (``masked_fill``; GPT-2's ``Where(causal, x, finfo.min)``,
+  DistilBERT's ``Where(mask == 0, finfo.min, x)``), c a bool tensor of known rank ≤ 4, f a scalar
+  constant: around an earlier bias b it is ``x + Where(c, b, f)`` (b = 0 when none). Exact where c
+  keeps x; where c picks f it needs ``x + f == f``, true in float32 for every |x| < ulp(f)/2 when f is
+  finite and ≤ -1e30 (≥ 3.7e22 for f = -1e30, 1.01e31 for finfo.min; a larger score would leave the
+  masked entry a few of f's ulps away from f, not f). Otherwise refused with the reason: a float16 fill (finfo.min is -65504, which a score
+  of 16 already moves), a fill like -10000 or -inf (``x + -inf`` is NaN where x = +inf). Two fills that
+  meet (f + f = -inf after a Where and an Add of finfo.min) are -inf in both models.
+* element-type-preserving Casts (GPT-2 exports ``.to(dtype)`` as Cast to float) are identities: removed.
+
+MultiHeadAttention wants ``attention_bias`` ``[B or 1, H or 1, S, L]``: one Add's mask of lower rank is
+unsqueezed to rank 4, and unless its last two dimensions are provably S and L, the bias is expanded with
+``Expand(M, [1, 1, S, L])`` (S and L read from q and k at run time). Expand is exact: it copies values,
+and M's last two dimensions can only be 1 or S and L (it broadcast against the scores).
+
+**Shape reads** of a tensor the rewrite removes (GPT-2 and DistilBERT read ``Shape`` of the scores and of
+the heads to build their masks; GPT-2 also transposes the key heads only to read a Shape) are replaced,
+batch-first only, by the same dims named from the pattern ([B,H,S,L] for the scores, [B,H,S,D] for the
+q heads, ...): B and S read from q's shape, L from k's, H, D, E constants; a Transpose read only by such
+Shapes permutes the names.
+
+**Not** ``unidirectional``: probed on ONNX Runtime 1.32 CPU, MultiHeadAttention's ``unidirectional=1``
+equals the causal triangle when S = L but matched neither the top-left nor the bottom-right triangle
+when S < L, and proving that GPT-2's ``Slice`` of its causal buffer (bounds computed from shapes) is the
+triangle needs shape arithmetic the rule does not do; the Where form above is exact without it.
+
+**Refused**, with the reason: a Softmax not on the last axis or of unknown rank; any piece of the
+pattern missing or shaped otherwise (a Transpose with another perm, a Reshape target that is not
+constant, not [·,·,H,D] or [S,-1,D] / [-1,H,S,D], changing the batch or sequence dimension, two -1
+entries); q, k, v of different heads or layouts; an intermediate read outside the pattern (other than
+the Shape reads above) or a graph output; element types other than float32/float16 or mixed; a mask
+of another element type or rank unknown or above 4; a mask Add whose both operands come from a MatMul;
+a Where that does not select between the scores and a scalar fill, with a condition not bool of known
+rank ≤ 4, or with a fill that is not absorbing; a scale after a mask step or not a finite non-zero
+scalar.
 
 Why MultiHeadAttention and not Attention (which also packs the Q/K/V projections into one GEMM): it
 takes the projections as they are, whatever the exporter did with them (separate MatMuls, a shared
-input or not, cross-attention where q and k/v come from different tensors), and it runs on the CPU too,
-so validation needs no GPU.
+input or not, cross-attention where q and k/v come from different tensors, a packed QKV cut by Split or
+Gather), and it runs on the CPU too, so validation needs no GPU.
 
-**Opt-in** (``--only contrib-attention,...``) until it is measured on a GPU: it was written in a
-session with no GPU lent, validated on the CPU only (tests/rewrites/test_contrib_attention.py, BERT
-and synthetic patterns). The rule's speed against ONNX Runtime's own kernels, fp32 and fp16, at batch
-1 and 16, and the choice between MultiHeadAttention and the packed ``Attention`` op, are for the
-next GPU session (issue 15); until then the default output stays the one measured in
-docs/benchmarks.md.
+**Opt-in** (``--only contrib-attention,...``) until it is measured on a GPU: it was written in sessions
+with no GPU lent, validated on the CPU only (tests/rewrites/test_contrib_attention.py: synthetic forms
+and refusals; tests/rewrites/test_attention_exports.py: BERT, RoBERTa, DistilBERT, GPT-2, the Whisper
+encoder and a torchvision-style ViT, every Softmax fused, outputs matching the original with padding).
+The rule's speed against ONNX Runtime's own kernels, fp32 and fp16, at batch 1 and 16 (the sequence-
+first layout adds four Transposes per attention), and the choice between MultiHeadAttention and the
+packed ``Attention`` op, are for the next GPU session (issue 15); until then the default output stays
+the one measured in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -54,35 +109,30 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.contrib.attention_pattern import (
+    BATCH_FIRST,
+    DTYPES,
+    HEADS,
+    SEQ_FIRST,
+    SEQ_FIRST_MERGE,
+    is_noop_cast,
+    mask_terms,
+    perm_of,
+    projection_bias,
+    single_reader,
+    split_heads,
+    strip_scale,
+)
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
-    constant_value,
     consumers,
     dtype_of,
     internal_problem,
     is_op,
     producer_of,
-    scalar_constant,
     shape_of,
 )
 from onnxfuse.rewrites.engine.rule import Refuse, Rule
-
-DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
-#: perm of the Transpose that splits heads: [B, S, H, D] → [B, H, S, D]
-HEADS = [0, 2, 1, 3]
-#: perm that gives Kᵀ in one step: [B, L, H, D] → [B, H, D, L]
-HEADS_T = [0, 2, 3, 1]
-SWAP_LAST = [0, 1, 3, 2]
-
-
-@dataclass
-class _Head:
-    """One of q/k/v split into heads: the tensor before the split, its H and D, the split's nodes."""
-
-    source: gs.Tensor
-    heads: int
-    size: int
-    nodes: list
 
 
 @dataclass
@@ -94,99 +144,15 @@ class AttentionPlan:
     v: gs.Tensor
     heads: int
     scale: float
-    mask: gs.Tensor | None
-    mask_rank: int
-    mask_tail_known: bool  # M's last two dims are provably S and L
-    biases: tuple | None  # (q source, k source, v source, [3E] bias values) when the biases fold in
-    merge: gs.Node  # the Reshape that merged the heads: it now reads MultiHeadAttention's [B, S, E]
+    terms: list  # MaskTerm, outermost (next to the Softmax) first
+    mask_rank: int  # rank of the one additive mask when it is the only term
+    mask_tail_known: bool  # that mask's last two dims are provably S and L
+    biases: tuple | None  # (q, k, v MatMul outputs, [3E] bias values, the Adds) when the biases fold in
+    merge: gs.Node  # the Reshape that merged the heads: it now reads MultiHeadAttention's output
+    layout: str  # BATCH_FIRST or SEQ_FIRST
     dtype: np.dtype
-
-
-def _perm(node) -> list[int] | None:
-    return list(node.attrs.get("perm", [])) if is_op(node, "Transpose") else None
-
-
-def _scalar_factor(graph, node, operand) -> tuple[float, gs.Tensor] | None:
-    """(factor, other input) when ``node`` is Mul/Div of ``operand``'s partner by a scalar constant, i.e.
-    node = x·c or x/c with x the non-constant input."""
-    if not (is_op(node, "Mul") or is_op(node, "Div")) or len(node.inputs) != 2:
-        return None
-    x, c = node.inputs
-    value = scalar_constant(graph, c)
-    if value is None and is_op(node, "Mul"):
-        x, c = c, x
-        value = scalar_constant(graph, c)
-    if value is None:
-        return None
-    f = float(np.asarray(value, dtype=np.float64).reshape(()))
-    if not np.isfinite(f) or f == 0.0:
-        return None
-    return (f if is_op(node, "Mul") else 1.0 / f), x
-
-
-def _strip_scale(graph, tensor, nodes, factors):
-    """Follow Mul/Div-by-scalar producers back from ``tensor``; collects their nodes and factors."""
-    while True:
-        p = producer_of(tensor)
-        found = _scalar_factor(graph, p, tensor) if p is not None else None
-        if found is None:
-            return tensor
-        factors.append(found[0])
-        nodes.append(p)
-        tensor = found[1]
-
-
-def _split_heads(graph, tensor, transposed: bool) -> _Head | str:
-    """``tensor`` = Transpose(Reshape(source, [·,·,H,D])) with the heads perm (Kᵀ's perm when
-    ``transposed``); also Kᵀ written as heads-Transpose then a swap of the last two axes."""
-    nodes = []
-    t = producer_of(tensor)
-    perm = _perm(t) if t is not None else None
-    if transposed and perm == SWAP_LAST:
-        nodes.append(t)
-        inner = producer_of(t.inputs[0])
-        if inner is None or _perm(inner) != HEADS:
-            return "Kᵀ is not a Transpose of the split heads"
-        t, perm = inner, HEADS_T
-    if t is None or perm != (HEADS_T if transposed else HEADS):
-        return f"expected a Transpose(perm={HEADS_T if transposed else HEADS}) splitting heads"
-    nodes.append(t)
-    r = producer_of(t.inputs[0])
-    if r is None or not is_op(r, "Reshape") or len(r.inputs) != 2 or int(r.attrs.get("allowzero", 0)):
-        return "heads are not split by a Reshape"
-    target = constant_value(graph, r.inputs[1])
-    if target is None or target.ndim != 1 or target.size != 4:
-        return "the head-splitting Reshape's target is not a constant [·, ·, H, D]"
-    source = r.inputs[0]
-    shape = shape_of(graph, source)
-    if shape is None or len(shape) != 3 or not isinstance(shape[2], int):
-        return f"{source.name!r} is not [batch, sequence, hidden] with a static hidden size"
-    hidden = shape[2]
-    heads, size = int(target[2]), int(target[3])
-    if heads == -1 and size > 0 and hidden % size == 0:  # [·, ·, -1, D]: H inferred
-        heads = hidden // size
-    elif size == -1 and heads > 0 and hidden % heads == 0:  # [·, ·, H, -1]: D inferred
-        size = hidden // heads
-    if heads <= 0 or size <= 0 or heads * size != hidden:
-        return f"the head-splitting Reshape's target {target.tolist()} does not split {hidden} into H x D"
-    for i in (0, 1):  # 0 copies the dimension; a positive value must be the static one
-        if target[i] not in (0,) and not (isinstance(shape[i], int) and shape[i] == target[i]):
-            return "the head-splitting Reshape changes the batch or sequence dimension"
-    nodes.append(r)
-    return _Head(source, heads, size, nodes)
-
-
-def _bias_of(graph, tensor):
-    """(MatMul output, bias values) when ``tensor`` = Add(MatMul(...), b) with b a 1-D constant."""
-    p = producer_of(tensor)
-    if p is None or not is_op(p, "Add") or len(p.inputs) != 2:
-        return None
-    for x, b in (p.inputs, p.inputs[::-1]):
-        value = constant_value(graph, b)
-        mm = producer_of(x)
-        if value is not None and value.ndim == 1 and mm is not None and is_op(mm, "MatMul"):
-            return x, value, p
-    return None
+    head_size: int
+    shape_reads: list  # (Shape node outside the pattern, the dims it reads, e.g. "BHSL")
 
 
 class ContribAttention(Rule):
@@ -215,83 +181,81 @@ class ContribAttention(Rule):
         if dtype not in DTYPES:
             return f"element type {dtype} (MultiHeadAttention: float32, float16)"
         nodes = [softmax]
-        # after: MatMul(P, V_heads) → Transpose(0,2,1,3) → Reshape [B, S, E]
-        readers = consumers(softmax.outputs[0])
-        if len(readers) != 1 or not is_op(readers[0], "MatMul") or readers[0].inputs[0] is not softmax.outputs[0]:
+        # after: (no-op Cast) → MatMul(P, V_heads) → Transpose → Reshape
+        probs = softmax.outputs[0]
+        readers = consumers(probs)
+        while len(readers) == 1 and is_noop_cast(graph, readers[0]):
+            nodes.append(readers[0])
+            probs = readers[0].outputs[0]
+            readers = consumers(probs)
+        if len(readers) != 1 or not is_op(readers[0], "MatMul") or readers[0].inputs[0] is not probs:
             return "Softmax output is not read by exactly one MatMul (× V)"
         pv = readers[0]
         nodes.append(pv)
-        v = _split_heads(graph, pv.inputs[1], transposed=False)
+        v = split_heads(graph, pv.inputs[1], transposed=False)
         if isinstance(v, str):
             return "V: " + v
+        merge_perm = HEADS if v.layout == BATCH_FIRST else SEQ_FIRST_MERGE
         after = consumers(pv.outputs[0])
-        if len(after) != 1 or _perm(after[0]) != HEADS:
-            return "the attention output is not merged back by Transpose(perm=[0, 2, 1, 3])"
+        if len(after) != 1 or perm_of(after[0]) != merge_perm:
+            return f"the attention output is not merged back by Transpose(perm={merge_perm})"
         merge_t = after[0]
         after = consumers(merge_t.outputs[0])
         if len(after) != 1 or not is_op(after[0], "Reshape") or after[0].inputs[0] is not merge_t.outputs[0]:
             return "the attention output is not merged back by a Reshape"
         merge_r = after[0]
         nodes.append(merge_t)
-        # before: (+ M) ← (×/÷ s) ← MatMul(Q_heads, Kᵀ)
-        x = softmax.inputs[0]
-        mask = None
+        # before: mask steps (+ M, Where(c, ·, f)) ← (×/÷ s) ← MatMul(Q_heads, Kᵀ)
+        found = mask_terms(graph, softmax.inputs[0], nodes, dtype)
+        if isinstance(found, str):
+            return found
+        terms, x = found
         factors: list[float] = []
-        p = producer_of(x)
-        if p is not None and is_op(p, "Add") and len(p.inputs) == 2:
-            for a, b in (p.inputs, p.inputs[::-1]):
-                stripped_nodes: list = []
-                inner = _strip_scale(graph, a, stripped_nodes, [])
-                q_mm = producer_of(inner)
-                if q_mm is not None and is_op(q_mm, "MatMul"):
-                    mask, x = b, a
-                    nodes.append(p)
-                    break
-            else:
-                return "the Softmax input is an Add with no Q·Kᵀ MatMul behind it"
-        x = _strip_scale(graph, x, nodes, factors)
+        x = strip_scale(graph, x, nodes, factors)
         qk = producer_of(x)
         if qk is None or not is_op(qk, "MatMul") or len(qk.inputs) != 2:
-            return "no Q·Kᵀ MatMul before the Softmax"
+            return "no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)"
         nodes.append(qk)
-        qt = _strip_scale(graph, qk.inputs[0], nodes, factors)
-        kt = _strip_scale(graph, qk.inputs[1], nodes, factors)
-        q = _split_heads(graph, qt, transposed=False)
+        qt = strip_scale(graph, qk.inputs[0], nodes, factors)
+        kt = strip_scale(graph, qk.inputs[1], nodes, factors)
+        q = split_heads(graph, qt, transposed=False)
         if isinstance(q, str):
             return "Q: " + q
-        k = _split_heads(graph, kt, transposed=True)
+        k = split_heads(graph, kt, transposed=True)
         if isinstance(k, str):
             return "K: " + k
         if not (q.heads == k.heads == v.heads and q.size == k.size == v.size):
             return f"Q, K and V split into different heads ({q.heads}x{q.size}, {k.heads}x{k.size}, {v.heads}x{v.size})"
+        if not (q.layout == k.layout == v.layout):
+            return "Q, K and V are split from different layouts (batch-first and sequence-first)"
         nodes += q.nodes + k.nodes + v.nodes
-        types = {dtype_of(graph, t) for t in (q.source, k.source, v.source)}
+        # a scalar factor on q or k before the split (q_proj(x)·c) scales the scores just the same
+        q_source = strip_scale(graph, q.source, nodes, factors)
+        k_source = strip_scale(graph, k.source, nodes, factors)
+        v_source = v.source
+        types = {dtype_of(graph, t) for t in (q_source, k_source, v_source)}
         if types != {dtype}:
             return "Q, K, V and the scores have different element types"
-        q_shape = shape_of(graph, q.source)
+        shape_reads = []
         problem = internal_problem(graph, nodes + [merge_r], merge_r)
         if problem:
-            return problem
+            shape_reads = _shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t)
+            if isinstance(shape_reads, str):
+                return problem if shape_reads == "" else shape_reads
         mask_rank, tail_known = 0, False
-        if mask is not None:
-            if dtype_of(graph, mask) != dtype:
-                return "the mask's element type differs from the scores'"
-            m_shape = shape_of(graph, mask)
-            if m_shape is None or len(m_shape) > 4:
-                return "the mask's rank is unknown or above 4"
+        if len(terms) == 1 and terms[0].kind == "add":
+            m_shape = shape_of(graph, terms[0].mask)
             mask_rank = len(m_shape)
-            k_shape = shape_of(graph, k.source)
+            q_shape, k_shape = shape_of(graph, q_source), shape_of(graph, k_source)
             tail = [1] * (2 - mask_rank) + list(m_shape[-2:]) if mask_rank < 2 else list(m_shape[-2:])
-            tail_known = mask_rank >= 2 and _same_dim(tail[0], q_shape[1]) and _same_dim(tail[1], k_shape[1])
+            tail_known = (q.layout == BATCH_FIRST and mask_rank >= 2 and _same_dim(tail[0], q_shape[1])
+                          and _same_dim(tail[1], k_shape[1]))
         scale = float(np.prod(factors)) if factors else 1.0
         biases = None
-        found = [_bias_of(graph, t) for t in (q.source, k.source, v.source)]
-        if all(f is not None and f[1].shape == (q.heads * q.size,) for f in found) and \
-                all(len(consumers(t)) == 1 for t in (q.source, k.source, v.source)):
-            biases = (found[0][0], found[1][0], found[2][0],
-                      np.concatenate([f[1] for f in found]).astype(dtype, copy=False), [f[2] for f in found])
-        return AttentionPlan(softmax, nodes, q.source, k.source, v.source, q.heads, scale, mask, mask_rank,
-                             tail_known, biases, merge_r, dtype)
+        if q.layout == BATCH_FIRST:
+            biases = _fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
+        return AttentionPlan(softmax, nodes, q_source, k_source, v_source, q.heads, scale, terms, mask_rank,
+                             tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads)
 
     def rewrite(self, graph, plan: AttentionPlan):
         names = NameAllocator(graph)
@@ -305,9 +269,13 @@ class ContribAttention(Rule):
             for add in adds:
                 add.outputs.clear()
                 add.inputs.clear()
+        if plan.layout == SEQ_FIRST:  # [S, B, E] → [B, S, E]: a pure data movement
+            inputs = [self._swap01(graph, names, base, t, plan.dtype) for t in inputs]
         attention_bias = gs.Variable.empty()
-        if plan.mask is not None:
+        if plan.terms:
             attention_bias = self._attention_bias(graph, plan, names, base, inputs[0], inputs[1])
+        for shape_node, letters in plan.shape_reads:
+            self._replace_shape(graph, plan, names, base, shape_node, letters, inputs[0], inputs[1])
         for n in plan.nodes:
             n.outputs.clear()
             n.inputs.clear()
@@ -316,19 +284,77 @@ class ContribAttention(Rule):
         while inputs and inputs[-1].is_empty():  # optional inputs left out at the end
             inputs.pop()
         # The Reshape that merged [B, S, H, D] stays: row-major [B, S, E] holds the same elements in the
-        # same order, so it gives the same result from MultiHeadAttention's output.
+        # same order, so it gives the same result from MultiHeadAttention's output ([S, B, E] after a
+        # Transpose for the sequence-first layout, whose merge read [S, B, H, D]).
         out = gs.Variable(names(f"{base}/attention_output"), dtype=plan.dtype)
         graph.nodes.append(gs.Node("MultiHeadAttention", names(f"{base}/MultiHeadAttention"), attrs,
                                    inputs=inputs, outputs=[out], domain="com.microsoft"))
+        if plan.layout == SEQ_FIRST:
+            out = self._swap01(graph, names, base, out, plan.dtype)
         plan.merge.inputs[0] = out
         return {"op": "com.microsoft.MultiHeadAttention", "num_heads": plan.heads, "scale": plan.scale,
-                "mask": plan.mask is not None, "qkv_bias": plan.biases is not None}
+                "mask": bool(plan.terms), "qkv_bias": plan.biases is not None, "layout": plan.layout,
+                "mask_terms": [t.kind for t in plan.terms]}
+
+    @staticmethod
+    def _swap01(graph, names, base, tensor, dtype):
+        out = gs.Variable(names(f"{base}/swap01"), dtype=dtype)
+        graph.nodes.append(gs.Node("Transpose", names(f"{base}/Transpose"), {"perm": [1, 0, 2]},
+                                   inputs=[tensor], outputs=[out]))
+        return out
+
+    def _replace_shape(self, graph, plan, names, base, node, letters, query, key):
+        """``Shape(t)`` of a tensor the rewrite removes, computed instead from the dims it is made of: B and
+        S from ``query``'s shape, L from ``key``'s ([B, S, E] and [B, L, E]), H, D and E constants."""
+        dims = {}
+        for source, letter, index in ((query, "B", 0), (query, "S", 1), (key, "L", 1)):
+            if letter not in letters:
+                continue
+            shape = gs.Variable(names(f"{base}/shape"), dtype=np.int64)
+            graph.nodes.append(gs.Node("Shape", names(f"{base}/Shape"), inputs=[source], outputs=[shape]))
+            dim = gs.Variable(names(f"{base}/dim"), dtype=np.int64)
+            graph.nodes.append(gs.Node("Slice", names(f"{base}/Slice"), inputs=[
+                shape, new_constant(graph, f"{base}/start", np.array([index], np.int64)),
+                new_constant(graph, f"{base}/end", np.array([index + 1], np.int64))], outputs=[dim]))
+            dims[letter] = dim
+        constants = {"H": plan.heads, "D": plan.head_size, "E": plan.heads * plan.head_size}
+        pieces = [dims[c] if c in dims else new_constant(graph, f"{base}/{c}", np.array([constants[c]], np.int64))
+                  for c in letters]
+        out = node.outputs[0]
+        node.outputs.clear()
+        node.inputs.clear()
+        graph.nodes.append(gs.Node("Concat", names(f"{base}/shape_of_removed"), {"axis": 0}, inputs=pieces,
+                                   outputs=[out]))
+
+    def _combined_mask(self, graph, plan, names, base):
+        """One additive mask from the terms, innermost first: ``x + M`` adds M; ``Where(c, x, f)`` is
+        ``x + Where(c, 0, f)`` (f absorbing), and around an earlier bias b, ``Where(c, x + b, f)`` is
+        ``x + Where(c, b, f)``."""
+        bias = None
+        for term in reversed(plan.terms):
+            if term.kind == "add":
+                if bias is None:
+                    bias = term.mask
+                else:
+                    out = gs.Variable(names(f"{base}/mask_sum"), dtype=plan.dtype)
+                    graph.nodes.append(gs.Node("Add", names(f"{base}/mask_add"), inputs=[bias, term.mask],
+                                               outputs=[out]))
+                    bias = out
+                continue
+            kept = bias if bias is not None else new_constant(graph, f"{base}/zero", np.zeros((), plan.dtype))
+            fill = new_constant(graph, f"{base}/fill", np.array(term.fill, plan.dtype))
+            out = gs.Variable(names(f"{base}/mask_where"), dtype=plan.dtype)
+            graph.nodes.append(gs.Node("Where", names(f"{base}/mask_where"), inputs=[
+                term.cond, *((kept, fill) if term.scores_if_true else (fill, kept))], outputs=[out]))
+            bias = out
+        return bias
 
     def _attention_bias(self, graph, plan, names, base, query, key):
-        """M as [·, ·, S, L]: unsqueezed to rank 4, expanded to S and L (read from ``query`` and ``key``,
-        the tensors MultiHeadAttention gets) unless they are provably there."""
-        mask = plan.mask
-        if plan.mask_rank < 4:
+        """The mask as [·, ·, S, L]: unsqueezed to rank 4 when it is one Add's of known lower rank, expanded
+        to S and L (read from ``query`` and ``key``, the tensors MultiHeadAttention gets) unless they are
+        provably there."""
+        mask = self._combined_mask(graph, plan, names, base)
+        if plan.mask_rank and plan.mask_rank < 4:
             axes = new_constant(graph, f"{base}/mask_axes", np.arange(4 - plan.mask_rank, dtype=np.int64))
             out = gs.Variable(names(f"{base}/mask_rank4"), dtype=plan.dtype)
             graph.nodes.append(gs.Node("Unsqueeze", names(f"{base}/mask_unsqueeze"), inputs=[mask, axes], outputs=[out]))
@@ -350,6 +376,78 @@ class ContribAttention(Rule):
         out = gs.Variable(names(f"{base}/attention_bias"), dtype=plan.dtype)
         graph.nodes.append(gs.Node("Expand", names(f"{base}/mask_expand"), inputs=[mask, target], outputs=[out]))
         return out
+
+
+def _shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t):
+    """The readers outside the pattern when all are ``Shape`` of a batch-first pattern tensor whose dims
+    are known by name ([B, H, S, L] for the scores...), as (node, dims); "" when some other reader (or a
+    graph output) is the problem; a reason when they are Shapes the rewrite cannot recompute."""
+    if q.layout != BATCH_FIRST:
+        return ""
+    roles = {}
+
+    def tag(node, letters):
+        roles[id(node.outputs[0])] = letters
+
+    tag(q.nodes[1], "BSHD"), tag(q.nodes[0], "BHSD")
+    if len(k.nodes) == 3:
+        tag(k.nodes[0], "BHDL"), tag(k.nodes[1], "BHLD"), tag(k.nodes[2], "BLHD")
+    else:
+        tag(k.nodes[0], "BHDL"), tag(k.nodes[1], "BLHD")
+    tag(v.nodes[0], "BHLD"), tag(v.nodes[1], "BLHD")
+    tag(qk, "BHSL"), tag(pv, "BHSD"), tag(merge_t, "BSHD")
+    inside = {id(n) for n in nodes} | {id(merge_r)}
+    for _ in range(len(nodes)):  # scalar scales, no-op Casts, mask steps and the Softmax keep their input's dims
+        for n in nodes:
+            if id(n.outputs[0]) not in roles and n.inputs and id(n.inputs[0]) in roles:
+                roles[id(n.outputs[0])] = roles[id(n.inputs[0])]
+            elif id(n.outputs[0]) not in roles and len(n.inputs) > 1 and any(id(t) in roles for t in n.inputs[1:]):
+                if not is_op(n, "Where"):
+                    roles[id(n.outputs[0])] = next(roles[id(t)] for t in n.inputs if id(t) in roles)
+                elif id(n.inputs[1]) in roles or id(n.inputs[2]) in roles:
+                    roles[id(n.outputs[0])] = roles.get(id(n.inputs[1])) or roles[id(n.inputs[2])]
+    reads = []
+    for n in nodes:
+        if n is merge_r:
+            continue
+        for out in n.outputs:
+            if any(t is out for t in graph.outputs):
+                return ""
+            for c in out.outputs:
+                if id(c) in inside:
+                    continue
+                if id(out) not in roles:
+                    return ""
+                letters = roles[id(out)]
+                readers = [c]
+                if is_op(c, "Transpose") and sorted(perm_of(c)) == list(range(len(letters))) and not any(
+                        t is c.outputs[0] for t in graph.outputs):  # a Transpose read only for its shape
+                    letters = "".join(letters[i] for i in perm_of(c))
+                    readers = consumers(c.outputs[0])
+                for r in readers:
+                    if not is_op(r, "Shape") or r.attrs.get("start", 0) or "end" in r.attrs:
+                        return ""
+                    reads.append((r, letters))
+    return reads
+
+
+def _fold_biases(graph, sources, hidden, dtype):
+    """The projection biases as MultiHeadAttention's [3E] ``bias`` when each of q, k, v is Add(MatMul, b)
+    with b of E values or a bare MatMul output (its bias: E zeros; x + 0 == x), at least one has a bias,
+    and each is read only by the attention."""
+    found = []
+    for t in sources:
+        b = projection_bias(graph, t)
+        if b is not None and b[1].shape == (hidden,):
+            found.append(b)
+        elif b is None and producer_of(t) is not None and is_op(producer_of(t), "MatMul"):
+            found.append((t, np.zeros(hidden, dtype), None))
+        else:
+            return None
+    if all(f[2] is None for f in found) or not all(single_reader(t) for t in sources):
+        return None
+    values = np.concatenate([np.asarray(f[1]) for f in found]).astype(dtype, copy=False)
+    return found[0][0], found[1][0], found[2][0], values, [f[2] for f in found if f[2] is not None]
 
 
 def _same_dim(a, b) -> bool:

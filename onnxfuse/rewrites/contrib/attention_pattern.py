@@ -1,0 +1,290 @@
+"""Matching helpers for contrib-attention (the ``contrib`` family); not a rule itself.
+
+What each helper proves is written where it is; the rule's module docstring
+(:mod:`onnxfuse.rewrites.contrib.contrib_attention`) puts the pieces together:
+
+* :func:`split_heads`: a rank-4 heads tensor ``[B, H, S, D]`` (or Kᵀ ``[B, H, D, L]``) traced back to the
+  rank-3 tensor it was cut from, batch-first ``[B, S, E]`` or sequence-first ``[S, B, E]``;
+* :func:`strip_scale`: scalar Mul/Div (and element-type-preserving Casts) peeled off a tensor;
+* :func:`mask_terms`: the Add / Where chain between the scaled scores and the Softmax, as terms of one
+  additive ``attention_bias``;
+* :func:`projection_bias`: ``Add(MatMul(·), b)`` with a 1-D constant ``b``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx import helper
+
+from onnxfuse.rewrites.engine.facts import (
+    constant_value,
+    consumers,
+    dtype_of,
+    is_op,
+    producer_of,
+    scalar_constant,
+    shape_of,
+)
+
+DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+#: perm of the Transpose that splits heads: [B, S, H, D] → [B, H, S, D]
+HEADS = [0, 2, 1, 3]
+#: perm that gives Kᵀ in one step: [B, L, H, D] → [B, H, D, L]
+HEADS_T = [0, 2, 3, 1]
+SWAP_LAST = [0, 1, 3, 2]
+#: merging perm of the sequence-first layout: [B, H, S, D] → [S, B, H, D]
+SEQ_FIRST_MERGE = [2, 0, 1, 3]
+BATCH_FIRST = "batch-first"  # the heads were cut from [B, S, E]
+SEQ_FIRST = "sequence-first"  # the heads were cut from [S, B, E] (torch.nn.MultiheadAttention)
+#: a Where fill f is absorbing in float32 when f <= this: s + f == f for |s| < ulp(f)/2 (>= 3.7e22)
+ABSORBING_FILL = -1e30
+
+
+@dataclass
+class Head:
+    """One of q/k/v split into heads: the tensor it was cut from, its layout, H and D, the split's nodes."""
+
+    source: gs.Tensor
+    heads: int
+    size: int
+    nodes: list
+    layout: str = BATCH_FIRST
+    factors: list = field(default_factory=list)  # scalar factors on the source (q·c before the split)
+
+
+def perm_of(node) -> list[int] | None:
+    return list(node.attrs.get("perm", [])) if is_op(node, "Transpose") else None
+
+
+def is_noop_cast(graph, node) -> bool:
+    """A Cast to the element type its input already has: the identity."""
+    if not is_op(node, "Cast") or len(node.inputs) != 1:
+        return False
+    source = dtype_of(graph, node.inputs[0])
+    try:
+        target = np.dtype(helper.tensor_dtype_to_np_dtype(int(node.attrs.get("to", 0))))
+    except (KeyError, TypeError, ValueError):
+        return False
+    return source is not None and source == target
+
+
+def scalar_factor(graph, node) -> tuple[float, gs.Tensor] | None:
+    """(factor, other input) when ``node`` is x·c or x/c with c a finite, non-zero scalar constant."""
+    if not (is_op(node, "Mul") or is_op(node, "Div")) or len(node.inputs) != 2:
+        return None
+    x, c = node.inputs
+    value = scalar_constant(graph, c)
+    if value is None and is_op(node, "Mul"):
+        x, c = c, x
+        value = scalar_constant(graph, c)
+    if value is None or scalar_constant(graph, x) is not None:
+        return None
+    f = float(np.asarray(value, dtype=np.float64).reshape(()))
+    if not np.isfinite(f) or f == 0.0:
+        return None
+    return (f if is_op(node, "Mul") else 1.0 / f), x
+
+
+def strip_scale(graph, tensor, nodes, factors):
+    """Follow scalar Mul/Div and no-op Cast producers back from ``tensor``; collects their nodes and
+    factors; returns the tensor before them."""
+    while True:
+        p = producer_of(tensor)
+        if p is None:
+            return tensor
+        if is_noop_cast(graph, p):
+            nodes.append(p)
+            tensor = p.inputs[0]
+            continue
+        found = scalar_factor(graph, p)
+        if found is None:
+            return tensor
+        factors.append(found[0])
+        nodes.append(p)
+        tensor = found[1]
+
+
+def _copied(target_dim, dim) -> bool:
+    """A Reshape target entry that provably keeps the input's dimension at the same index."""
+    return int(target_dim) == 0 or (isinstance(dim, int) and dim == int(target_dim))
+
+
+def _batch_first(graph, r, t) -> Head | str:
+    """``Transpose(perm)(Reshape(source [B, S, E], [b, s, H, D]))``: every entry of [b, s] copies the
+    source's dimension (0 or the same static value), or one of them is -1 while the other copies and
+    H and D are given: the element count then forces -1 to be the remaining dimension."""
+    if r is None or not is_op(r, "Reshape") or len(r.inputs) != 2 or int(r.attrs.get("allowzero", 0)):
+        return "heads are not split by a Reshape"
+    target = constant_value(graph, r.inputs[1])
+    if target is None or target.ndim != 1 or target.size != 4:
+        return "the head-splitting Reshape's target is not a constant [·, ·, H, D]"
+    source = r.inputs[0]
+    shape = shape_of(graph, source)
+    if shape is None or len(shape) != 3 or not isinstance(shape[2], int):
+        return f"{source.name!r} is not [batch, sequence, hidden] with a static hidden size"
+    hidden = shape[2]
+    target = [int(v) for v in target]
+    heads, size = target[2], target[3]
+    if heads == -1 and size > 0 and hidden % size == 0:  # [·, ·, -1, D]: H inferred
+        heads = hidden // size
+        if -1 in target[:2]:
+            return "the head-splitting Reshape's target has two -1 entries"
+    elif size == -1 and heads > 0 and hidden % heads == 0:  # [·, ·, H, -1]: D inferred
+        size = hidden // heads
+        if -1 in target[:2]:
+            return "the head-splitting Reshape's target has two -1 entries"
+    if heads <= 0 or size <= 0 or heads * size != hidden:
+        return f"the head-splitting Reshape's target {target} does not split {hidden} into H x D"
+    copies = [_copied(target[i], shape[i]) for i in (0, 1)]
+    if not (all(copies) or (target[0] == -1 and copies[1]) or (target[1] == -1 and copies[0])):
+        return "the head-splitting Reshape changes the batch or sequence dimension"
+    return Head(source, heads, size, [t, r], BATCH_FIRST)
+
+
+def _sequence_first(graph, r4) -> Head | str:
+    """torch.nn.MultiheadAttention's split: ``Reshape(Transpose(Reshape(x [S, B, E], [S, -1, D]),
+    perm=[1, 0, 2]), [-1, H, S, D])``. Element (s, b, h·D + d) goes to (s, b·H + h, d), then to
+    (b·H + h, s, d), then, row-major, to (b, h, s, d): the heads of the sequence-first x."""
+    if len(r4.inputs) != 2 or int(r4.attrs.get("allowzero", 0)):
+        return "heads are not split by a Reshape"
+    t = producer_of(r4.inputs[0])
+    if t is None or perm_of(t) != [1, 0, 2]:
+        return "heads are not split by Transpose(perm=[0, 2, 1, 3]) nor by Reshape(Transpose(perm=[1, 0, 2]))"
+    r3 = producer_of(t.inputs[0])
+    if r3 is None or not is_op(r3, "Reshape") or len(r3.inputs) != 2 or int(r3.attrs.get("allowzero", 0)):
+        return "the [S, B·H, D] heads are not made by a Reshape"
+    t3, t4 = constant_value(graph, r3.inputs[1]), constant_value(graph, r4.inputs[1])
+    if t3 is None or t4 is None or t3.shape != (3,) or t4.shape != (4,):
+        return "the sequence-first head split's Reshape targets are not constants [S, -1, D] and [-1, H, S, D]"
+    source = r3.inputs[0]
+    shape = shape_of(graph, source)
+    if shape is None or len(shape) != 3 or not isinstance(shape[2], int) or not isinstance(shape[0], int):
+        return f"{source.name!r} is not [sequence, batch, hidden] with a static sequence and hidden size"
+    seq, hidden = shape[0], shape[2]
+    size = int(t3[2])
+    if not (_copied(t3[0], seq) and int(t3[1]) == -1 and size > 0 and hidden % size == 0):
+        return f"the sequence-first head split's target {t3.tolist()} is not [S, -1, D]"
+    heads = hidden // size
+    if [int(v) for v in t4] != [-1, heads, seq, size]:
+        return f"the sequence-first head merge's target {t4.tolist()} is not [-1, {heads}, {seq}, {size}]"
+    return Head(source, heads, size, [r4, t, r3], SEQ_FIRST)
+
+
+def split_heads(graph, tensor, transposed: bool) -> Head | str:
+    """``tensor`` [B, H, S, D] (Kᵀ [B, H, D, L] when ``transposed``) traced to the rank-3 tensor it was cut
+    from. Kᵀ is the heads perm [0, 2, 3, 1] in one step, or any heads form followed by a swap of the last
+    two axes."""
+    t = producer_of(tensor)
+    if t is None:
+        return "no head-splitting producer"
+    perm = perm_of(t)
+    if transposed:
+        if perm == SWAP_LAST:
+            inner = split_heads(graph, t.inputs[0], transposed=False)
+            if isinstance(inner, str):
+                return "Kᵀ is not a Transpose of the split heads: " + inner
+            inner.nodes.insert(0, t)
+            return inner
+        if perm != HEADS_T:
+            return f"expected a Transpose(perm={HEADS_T}) splitting heads"
+        return _batch_first(graph, producer_of(t.inputs[0]), t)
+    if perm == HEADS:
+        return _batch_first(graph, producer_of(t.inputs[0]), t)
+    if is_op(t, "Reshape"):
+        return _sequence_first(graph, t)
+    return f"expected a Transpose(perm={HEADS}) splitting heads"
+
+
+def projection_bias(graph, tensor):
+    """(MatMul output, bias values, Add) when ``tensor`` = Add(MatMul(...), b) with b a 1-D constant."""
+    p = producer_of(tensor)
+    if p is None or not is_op(p, "Add") or len(p.inputs) != 2:
+        return None
+    for x, b in (p.inputs, p.inputs[::-1]):
+        value = constant_value(graph, b)
+        mm = producer_of(x)
+        if value is not None and value.ndim == 1 and mm is not None and is_op(mm, "MatMul"):
+            return x, value, p
+    return None
+
+
+def _reaches_matmul(graph, tensor, depth: int = 8) -> bool:
+    """Whether ``tensor`` is a MatMul's output behind the ops the score path may hold (no-op Cast,
+    scalar Mul/Div, Add, Where): tells the scores from the mask."""
+    p = producer_of(tensor)
+    if p is None or depth == 0:
+        return False
+    if is_op(p, "MatMul"):
+        return True
+    if is_noop_cast(graph, p) or scalar_factor(graph, p) is not None:
+        return _reaches_matmul(graph, p.inputs[0] if is_op(p, "Cast") else scalar_factor(graph, p)[1], depth - 1)
+    if is_op(p, "Add", "Where"):
+        return any(_reaches_matmul(graph, t, depth - 1) for t in p.inputs)
+    return False
+
+
+@dataclass
+class MaskTerm:
+    """One step between the scaled scores x and the Softmax: ``x + mask`` (kind "add") or
+    ``Where(cond, x, fill)`` / ``Where(cond, fill, x)`` (kind "where"; ``scores_if_true`` tells which)."""
+
+    kind: str
+    mask: gs.Tensor | None = None
+    cond: gs.Tensor | None = None
+    fill: float = 0.0
+    scores_if_true: bool = True
+
+
+def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] | str:
+    """Peel the mask steps (Add of a tensor not computed from the scores, Where with a scalar fill, no-op
+    Casts) off the Softmax input ``tensor``; returns them outermost first and the tensor inside them."""
+    terms: list[MaskTerm] = []
+    while True:
+        p = producer_of(tensor)
+        if p is None:
+            return terms, tensor
+        if is_noop_cast(graph, p):
+            nodes.append(p)
+            tensor = p.inputs[0]
+            continue
+        if is_op(p, "Add") and len(p.inputs) == 2:
+            sides = [_reaches_matmul(graph, t) for t in p.inputs]
+            if sides == [True, True]:
+                return "both operands of the mask Add are computed from a MatMul"
+            if sides == [False, False]:
+                return "the Softmax input is an Add with no Q·Kᵀ MatMul behind it"
+            x, mask = p.inputs if sides[0] else p.inputs[::-1]
+            if dtype_of(graph, mask) != dtype:
+                return "the mask's element type differs from the scores'"
+            m_shape = shape_of(graph, mask)
+            if m_shape is None or len(m_shape) > 4:
+                return "the mask's rank is unknown or above 4"
+            terms.append(MaskTerm("add", mask=mask))
+            nodes.append(p)
+            tensor = x
+            continue
+        if is_op(p, "Where") and len(p.inputs) == 3:
+            cond, a, b = p.inputs
+            fill_a, fill_b = scalar_constant(graph, a), scalar_constant(graph, b)
+            if (fill_a is None) == (fill_b is None):
+                return "the Where on the scores does not select between the scores and a scalar fill"
+            scores_if_true = fill_b is not None
+            fill = float(np.asarray(fill_b if scores_if_true else fill_a, np.float64).reshape(()))
+            if dtype != np.dtype(np.float32) or not (np.isfinite(fill) and fill <= ABSORBING_FILL):
+                return (f"Where-mask fill {fill:g} ({dtype}) is not absorbing: Where(c, s, f) = s + Where(c, 0, f) "
+                        f"needs s + f == f, proved only for a finite float32 f <= {ABSORBING_FILL:g}")
+            c_shape = shape_of(graph, cond)
+            if dtype_of(graph, cond) != np.dtype(bool) or c_shape is None or len(c_shape) > 4:
+                return "the Where-mask condition is not a bool tensor of known rank <= 4"
+            terms.append(MaskTerm("where", cond=cond, fill=fill, scores_if_true=scores_if_true))
+            nodes.append(p)
+            tensor = a if scores_if_true else b
+            continue
+        return terms, tensor
+
+
+def single_reader(tensor) -> bool:
+    return len(consumers(tensor)) == 1
