@@ -303,20 +303,24 @@ class ContribAttention(Rule):
                                    inputs=[tensor], outputs=[out]))
         return out
 
+    @staticmethod
+    def _dim(graph, names, base, source, index):
+        """Dimension ``index`` of ``source`` at run time, as a 1-element int64 tensor (Shape, then Slice)."""
+        shape = gs.Variable(names(f"{base}/shape"), dtype=np.int64)
+        graph.nodes.append(gs.Node("Shape", names(f"{base}/Shape"), inputs=[source], outputs=[shape]))
+        dim = gs.Variable(names(f"{base}/dim"), dtype=np.int64)
+        graph.nodes.append(gs.Node("Slice", names(f"{base}/Slice"), inputs=[
+            shape, new_constant(graph, f"{base}/start", np.array([index], np.int64)),
+            new_constant(graph, f"{base}/end", np.array([index + 1], np.int64))], outputs=[dim]))
+        return dim
+
     def _replace_shape(self, graph, plan, names, base, node, letters, query, key):
         """``Shape(t)`` of a tensor the rewrite removes, computed instead from the dims it is made of: B and
         S from ``query``'s shape, L from ``key``'s ([B, S, E] and [B, L, E]), H, D and E constants."""
         dims = {}
         for source, letter, index in ((query, "B", 0), (query, "S", 1), (key, "L", 1)):
-            if letter not in letters:
-                continue
-            shape = gs.Variable(names(f"{base}/shape"), dtype=np.int64)
-            graph.nodes.append(gs.Node("Shape", names(f"{base}/Shape"), inputs=[source], outputs=[shape]))
-            dim = gs.Variable(names(f"{base}/dim"), dtype=np.int64)
-            graph.nodes.append(gs.Node("Slice", names(f"{base}/Slice"), inputs=[
-                shape, new_constant(graph, f"{base}/start", np.array([index], np.int64)),
-                new_constant(graph, f"{base}/end", np.array([index + 1], np.int64))], outputs=[dim]))
-            dims[letter] = dim
+            if letter in letters:
+                dims[letter] = self._dim(graph, names, base, source, index)
         constants = {"H": plan.heads, "D": plan.head_size, "E": plan.heads * plan.head_size}
         pieces = [dims[c] if c in dims else new_constant(graph, f"{base}/{c}", np.array([constants[c]], np.int64))
                   for c in letters]
@@ -361,15 +365,7 @@ class ContribAttention(Rule):
             mask = out
         if plan.mask_tail_known:
             return mask
-        dims = []
-        for source, index in ((query, 1), (key, 1)):
-            shape = gs.Variable(names(f"{base}/shape"), dtype=np.int64)
-            graph.nodes.append(gs.Node("Shape", names(f"{base}/Shape"), inputs=[source], outputs=[shape]))
-            dim = gs.Variable(names(f"{base}/dim"), dtype=np.int64)
-            graph.nodes.append(gs.Node("Slice", names(f"{base}/Slice"), inputs=[
-                shape, new_constant(graph, f"{base}/start", np.array([index], np.int64)),
-                new_constant(graph, f"{base}/end", np.array([index + 1], np.int64))], outputs=[dim]))
-            dims.append(dim)
+        dims = [self._dim(graph, names, base, query, 1), self._dim(graph, names, base, key, 1)]
         target = gs.Variable(names(f"{base}/bias_shape"), dtype=np.int64)
         graph.nodes.append(gs.Node("Concat", names(f"{base}/Concat"), {"axis": 0}, inputs=[
             new_constant(graph, f"{base}/ones", np.array([1, 1], np.int64)), *dims], outputs=[target]))
