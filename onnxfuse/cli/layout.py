@@ -101,14 +101,29 @@ class FitTable:
             # min_width: the title on one line where the console allows it.
             table = Table(title=title, title_justify="left", min_width=min(len(title or ""), width),
                           caption=self.caption if k == len(groups) - 1 else None, caption_justify="left")
+            widths = self._fit_prose(group, mins, width)
             for i in group:
                 col = self.columns[i]
                 table.add_column(col.header, justify="right" if col.kind == "num" else "left",
-                                 no_wrap=col.kind != "text", min_width=mins[i], overflow="fold")
+                                 no_wrap=col.kind != "text", min_width=widths[i], overflow="fold")
             for cells, style in self.rows:
                 table.add_row(*(cells[i] for i in group), style=style)
             out.append(table)
         return out
+
+    def _fit_prose(self, group: list[int], mins: list[int], width: int) -> dict[int, int]:
+        """Minimum widths for one part. On a console too narrow even for one column beside the first,
+        prose columns give up their 20 cells (down to 4) so they wrap instead of being cropped."""
+        widths = {i: mins[i] for i in group}
+        prose = [i for i in group if self.columns[i].kind == "text"]
+        if not prose:
+            return widths
+        fixed = sum(mins[i] for i in group if i not in prose) + _COLUMN_OVERHEAD * len(group) + 1
+        room = width - fixed
+        if sum(mins[i] for i in prose) > room:
+            for i in prose:
+                widths[i] = max(4, min(mins[i], room // len(prose)))
+        return widths
 
     def __rich_console__(self, console, options):
         yield from self.tables(options.max_width)

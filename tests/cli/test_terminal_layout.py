@@ -139,3 +139,12 @@ def test_explain_counts_per_rule_and_reason_and_explain_all_lists_each(narrow, t
     for r in refusals:  # --explain-all names every refused node
         assert r["node"].split("/")[-1] in full.output
     assert max(Text(x).cell_len for x in brief.output.splitlines()) <= 80
+
+
+def test_on_a_very_narrow_console_prose_wraps_instead_of_being_cropped():
+    table = FitTable(None, [Column("rule", "id"), Column("targets", "text")])
+    table.add_row("fold-batchnorm-convtranspose", "contrib, cuda, onnx (opt-in: --only)")
+    lines = render(table, 40)
+    assert max(Text(x).cell_len for x in lines) <= 40
+    text = "".join(cells(x)[1] for x in lines if x.startswith("│"))
+    assert text.replace(" ", "") == "contrib,cuda,onnx(opt-in:--only)"  # every character, none cropped
