@@ -23,8 +23,10 @@ What changes, and what deliberately does not:
   that contrib-layernorm fuses (its ``epsilon`` attribute is float32 whatever the data type).
 * **Kept in float32**, with Casts around the node that reads it: a constant that float16 cannot hold
   (a finite magnitude above 65504 that is not a sentinel); every input of a node whose ONNX schema does
-  not accept float16 there (``Resize``'s scales); nodes of domains without a schema here, whose float
-  inputs and outputs stay float32.
+  not accept float16 there (``Resize``'s scales).
+* **Other domains** (no schema here, e.g. ``com.microsoft`` ops already in the model) get float16
+  inputs like the rest; ONNX Runtime's type check decides whether they take them, and a model it
+  rejects fails validation with the conversion named as the culprit.
 
 Refused with one line (:class:`onnxfuse.errors.PrecisionError`, exit 1): a model without float32 computation to convert, or
 one whose converted form fails ONNX's type inference (the node is named).
@@ -73,10 +75,10 @@ def convert_to_fp16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]
     out.CopyFrom(model)
     notes: list[str] = []
     opsets = {o.domain or "": o.version for o in out.opset_import}
-    converter = _Converter(opsets, notes, _float32_values(model))
-    if not converter.has_float32(out.graph):
+    floats = _float32_values(model)
+    if not _declares_float32(model.graph):
         raise PrecisionError("the model computes nothing in float32: there is nothing to convert to float16")
-    converter.graph(out.graph, main=True)
+    _Converter(opsets, notes, floats).graph(out.graph, main=True)
     try:
         onnx.checker.check_model(out)
         onnx.shape_inference.infer_shapes(out, strict_mode=True)
@@ -84,6 +86,18 @@ def convert_to_fp16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]
         raise PrecisionError("the float16 form of the model fails ONNX type inference: "
                              + " ".join(str(exc).split())[:300]) from None
     return out, notes
+
+
+def _declares_float32(graph: onnx.GraphProto) -> bool:
+    """Whether any graph declares a float32 initializer, input, output or value annotation."""
+    from onnxfuse.model_io import proto_graphs
+
+    for g in proto_graphs(graph):
+        if any(t.data_type == FLOAT for t in g.initializer):
+            return True
+        if any(vi.type.tensor_type.elem_type == FLOAT for vi in list(g.input) + list(g.output) + list(g.value_info)):
+            return True
+    return False
 
 
 def _float32_values(model: onnx.ModelProto) -> set[str]:
@@ -109,24 +123,20 @@ class _Converter:
         self.notes = notes
         self.floats = floats  # the float32 values of the original model (only these change type)
         self.counter = 0
+        self.schemas: dict[str, object] = {}  # op type → its default-domain schema at the model's opset
 
-    def fresh(self, graph: onnx.GraphProto, base: str) -> str:
-        """A new value name; every value this converter creates is a float one."""
+    def fresh(self, base: str) -> str:
+        """A new float value name (every value this converter creates is a float one)."""
         self.counter += 1
         name = f"{base}/fp16_{self.counter}"
         self.floats.add(name)
         return name
 
-    def has_float32(self, graph: onnx.GraphProto) -> bool:
-        from onnxfuse.model_io import proto_graphs
-
-        for g in proto_graphs(graph):
-            if any(t.data_type == FLOAT for t in g.initializer):
-                return True
-            for vi in list(g.input) + list(g.output) + list(g.value_info):
-                if vi.type.tensor_type.elem_type == FLOAT:
-                    return True
-        return False
+    def cast(self, source: str, to: int, dest: str) -> onnx.NodeProto:
+        """``Cast(source) → dest`` to float16 or float32, with a node name of its own."""
+        self.counter += 1
+        suffix = "to_fp16" if to == HALF else "to_fp32"
+        return helper.make_node("Cast", [source], [dest], to=to, name=f"{source}/{suffix}_{self.counter}")
 
     def graph(self, graph: onnx.GraphProto, main: bool) -> None:
         inits = {t.name: t for t in graph.initializer}
@@ -180,9 +190,8 @@ class _Converter:
         if main:  # float32 inputs enter as float16
             for vi in graph.input:
                 if vi.type.tensor_type.elem_type == FLOAT and vi.name not in inits:
-                    half = self.fresh(graph, vi.name)
-                    new_nodes.append(helper.make_node("Cast", [vi.name], [half], to=HALF,
-                                                      name=self.fresh(graph, vi.name + "/to_fp16")))
+                    half = self.fresh(vi.name)
+                    new_nodes.append(self.cast(vi.name, HALF, half))
                     renamed[vi.name] = half
         half_of_kept: dict[str, str] = {}
         for node in nodes:
@@ -194,24 +203,22 @@ class _Converter:
                 name = node.input[i]
                 if name in kept:
                     continue
-                back = self.fresh(graph, name)
-                new_nodes.append(helper.make_node("Cast", [name], [back], to=FLOAT, name=self.fresh(graph, name + "/to_fp32")))
+                back = self.fresh(name)
+                new_nodes.append(self.cast(name, FLOAT, back))
                 node.input[i] = back
             for i, name in enumerate(node.input):  # a kept float32 constant read where float16 is expected
                 if name in kept and i not in fp32_inputs:
                     if name not in half_of_kept:
-                        half_of_kept[name] = self.fresh(graph, name)
-                        new_nodes.append(helper.make_node("Cast", [name], [half_of_kept[name]], to=HALF,
-                                                          name=self.fresh(graph, name + "/to_fp16")))
+                        half_of_kept[name] = self.fresh(name)
+                        new_nodes.append(self.cast(name, HALF, half_of_kept[name]))
                     node.input[i] = half_of_kept[name]
             if fp32_inputs and self.outputs_follow(node):
                 new_nodes.append(node)
                 for j, name in enumerate(node.output):
                     if name in self.floats:
-                        wide = self.fresh(graph, name)
+                        wide = self.fresh(name)
                         node.output[j] = wide
-                        new_nodes.append(helper.make_node("Cast", [wide], [name], to=HALF,
-                                                          name=self.fresh(graph, name + "/to_fp16")))
+                        new_nodes.append(self.cast(wide, HALF, name))
             else:
                 new_nodes.append(node)
             if not (node.op_type == "Constant" and node.output and node.output[0] in kept):
@@ -219,13 +226,12 @@ class _Converter:
         self.note_kept({k: v for k, v in kept.items() if k not in schema_kept})
         if main:  # float32 outputs leave as float32
             producers = {o: n for n in new_nodes for o in n.output}
-            inputs = {vi.name for vi in graph.input}
             for vi in graph.output:
                 if vi.type.tensor_type.elem_type != FLOAT or vi.name in kept:
                     continue
-                half = self.fresh(graph, vi.name)
+                half = self.fresh(vi.name)
                 source = vi.name
-                if source in producers:
+                if source in producers:  # (an input passed straight through stays as it is)
                     node = producers[source]
                     node.output[list(node.output).index(source)] = half
                     for other in new_nodes:  # readers of the output inside the graph read the float16 value
@@ -233,10 +239,7 @@ class _Converter:
                             if name == source:
                                 other.input[i] = half
                     renamed[source] = half  # and so do readers inside bodies (below)
-                    new_nodes.append(helper.make_node("Cast", [half], [source], to=FLOAT,
-                                                      name=self.fresh(graph, source + "/to_fp32")))
-                elif source in inputs:
-                    continue  # an input passed straight through stays as it is
+                    new_nodes.append(self.cast(half, FLOAT, source))
         del graph.node[:]
         graph.node.extend(new_nodes)
         if renamed:  # bodies of If/Loop/Scan read outer values by name: they read the float16 one too
@@ -253,12 +256,15 @@ class _Converter:
                                         inner.input[i] = renamed[name]
 
     def schema(self, node: onnx.NodeProto):
+        """``node``'s schema at the model's opset; None for another domain or an unknown op."""
         if (node.domain or "") not in ("", "ai.onnx"):
             return None
-        try:
-            return onnx.defs.get_schema(node.op_type, self.opsets.get("", 17), "")
-        except onnx.defs.SchemaError:
-            return None
+        if node.op_type not in self.schemas:
+            try:
+                self.schemas[node.op_type] = onnx.defs.get_schema(node.op_type, self.opsets.get("", 17), "")
+            except onnx.defs.SchemaError:
+                self.schemas[node.op_type] = None
+        return self.schemas[node.op_type]
 
     def schema_fp32(self, node: onnx.NodeProto) -> set[int]:
         """Positions of float32 inputs where ``node``'s schema does not accept float16 (Resize's scales)."""
@@ -297,11 +303,8 @@ class _Converter:
     def outputs_follow(self, node: onnx.NodeProto) -> bool:
         """Whether a node computing in float32 (some inputs kept) writes float32 outputs that float16
         readers need cast: true when an output shares a type variable with a kept input (Add, Mul, ...)."""
-        if node.domain not in ("", "ai.onnx"):
-            return False
-        try:
-            schema = onnx.defs.get_schema(node.op_type, self.opsets.get("", 17), "")
-        except onnx.defs.SchemaError:
+        schema = self.schema(node)
+        if schema is None:
             return False
         in_vars = {f.type_str for f in schema.inputs}
         return any(o.type_str in in_vars for o in schema.outputs)
