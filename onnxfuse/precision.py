@@ -28,7 +28,9 @@ What changes, and what deliberately does not:
   inputs like the rest; ONNX Runtime's type check decides whether they take them, and a model it
   rejects fails validation with the conversion named as the culprit.
 
-Refused with one line (:class:`onnxfuse.errors.PrecisionError`, exit 1): a model without float32 computation to convert, or
+Refused with one line (:class:`onnxfuse.errors.PrecisionError`, exit 1): a model that declares nothing in
+float32 (a float16 model: float32 steps its exporter kept inside, Casts to float around a Softmax,
+say, are deliberate and left alone), or
 one whose converted form fails ONNX's type inference (the node is named).
 """
 
@@ -77,7 +79,8 @@ def convert_to_fp16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]
     opsets = {o.domain or "": o.version for o in out.opset_import}
     floats = _float32_values(model)
     if not _declares_float32(model.graph):
-        raise PrecisionError("the model computes nothing in float32: there is nothing to convert to float16")
+        raise PrecisionError("the model declares no float32 input, output, weight or value: nothing to convert to "
+                             "float16 (float32 steps an exporter left inside a float16 model stay as they are)")
     _Converter(opsets, notes, floats).graph(out.graph, main=True)
     try:
         onnx.checker.check_model(out)

@@ -168,6 +168,14 @@ def test_refusals_are_one_line_errors(tmp_path):
                         opset_imports=[h.make_opsetid("", 17)])
     with pytest.raises(onnxfuse.PrecisionError, match="nothing to convert"):
         onnxfuse.optimize(ints, precision="fp16", provider="cpu")
+    # a float16 model whose exporter computes one step in float32: already float16, the step is deliberate
+    island = h.make_model(h.make_graph(
+        [h.make_node("Cast", ["x"], ["x32"], to=T.FLOAT), h.make_node("Exp", ["x32"], ["e"]),
+         h.make_node("Cast", ["e"], ["y"], to=T.FLOAT16)], "g",
+        [h.make_tensor_value_info("x", T.FLOAT16, [2])], [h.make_tensor_value_info("y", T.FLOAT16, [2])]),
+        opset_imports=[h.make_opsetid("", 17)])
+    with pytest.raises(onnxfuse.PrecisionError, match="declares no float32 .* exporter left inside"):
+        onnxfuse.optimize(island, precision="fp16", provider="cpu")
     path = tmp_path / "ints.onnx"
     onnx.save(ints, str(path))
     r = CliRunner().invoke(main, ["optimize", str(path), str(tmp_path / "o.onnx"), "--precision", "fp16"])
