@@ -40,6 +40,11 @@ class Column:
             raise ValueError(f"column kind {self.kind!r} is not one of {KINDS}")
 
 
+def _table_width(column_widths: list[int]) -> int:
+    """A table's width in cells for these column contents: padding and borders included."""
+    return sum(w + _COLUMN_OVERHEAD for w in column_widths) + 1
+
+
 def _cell_width(cell: str) -> int:
     """Widest line of a cell written in rich markup, in terminal cells."""
     return max((Text.from_markup(line).cell_len for line in cell.split("\n")), default=0)
@@ -75,17 +80,13 @@ class FitTable:
             widths.append(content)
         return widths
 
-    def parts(self, width: int) -> list[list[int]]:
+    def parts(self, width: int, mins: list[int] | None = None) -> list[list[int]]:
         """Column indices of each printed part: all columns when they fit in ``width``, else groups
         that each start with column 0 and take the next columns while they fit."""
-        mins = self.min_widths()
-
-        def cost(indices):
-            return sum(mins[i] + _COLUMN_OVERHEAD for i in indices) + 1
-
+        mins = self.min_widths() if mins is None else mins
         groups, group = [], [0]
         for i in range(1, len(self.columns)):
-            if len(group) > 1 and cost(group + [i]) > width:
+            if len(group) > 1 and _table_width([mins[j] for j in group + [i]]) > width:
                 groups.append(group)
                 group = [0]
             group.append(i)
@@ -93,8 +94,8 @@ class FitTable:
         return groups
 
     def tables(self, width: int) -> list[Table]:
-        mins = self.min_widths()
-        groups = self.parts(width)
+        mins = self.min_widths()  # measured once: every cell's markup is parsed for it
+        groups = self.parts(width, mins)
         out = []
         for k, group in enumerate(groups):
             title = self.title if k == 0 or self.title is None else f"{self.title} (continued)"
@@ -118,8 +119,7 @@ class FitTable:
         prose = [i for i in group if self.columns[i].kind == "text"]
         if not prose:
             return widths
-        fixed = sum(mins[i] for i in group if i not in prose) + _COLUMN_OVERHEAD * len(group) + 1
-        room = width - fixed
+        room = width - _table_width([0 if i in prose else mins[i] for i in group])
         if sum(mins[i] for i in prose) > room:
             for i in prose:
                 widths[i] = max(4, min(mins[i], room // len(prose)))
