@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 import shutil
 import subprocess
 
 
 def gpu_names() -> list[str]:
-    """Names of the NVIDIA GPUs (``nvidia-smi``), or [] where there is none or it cannot be asked."""
+    """Names of the NVIDIA GPUs (``nvidia-smi``), or [] where there is none or it cannot be asked.
+    Asked once per process: every report's ``environment`` names them, and the GPUs do not change."""
+    return list(_gpu_names())
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_names() -> tuple[str, ...]:
     exe = shutil.which("nvidia-smi")
     if not exe:
-        return []
+        return ()
     try:
         out = subprocess.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+        return ()
+    return tuple(line.strip() for line in out.stdout.splitlines() if line.strip())
 
 
 def environment(device: str | None = None) -> dict:
