@@ -19,6 +19,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import helper
 
+from onnxfuse.rewrites.contrib.matmul import scale_of
 from onnxfuse.rewrites.engine.facts import (
     constant_value,
     consumers,
@@ -72,20 +73,13 @@ def is_noop_cast(graph, node) -> bool:
 
 
 def scalar_factor(graph, node) -> tuple[float, gs.Tensor] | None:
-    """(factor, other input) when ``node`` is x·c or x/c with c a finite, non-zero scalar constant."""
-    if not (is_op(node, "Mul") or is_op(node, "Div")) or len(node.inputs) != 2:
+    """(factor, other input) when ``node`` is x·c or x/c with c a finite, non-zero scalar constant
+    (:func:`onnxfuse.rewrites.contrib.matmul.scale_of`, which FusedMatMul's scale folding uses too,
+    minus the factors that would not survive a product: 0, ±inf, NaN)."""
+    found = scale_of(graph, node, None)
+    if found is None or not np.isfinite(found[0]) or found[0] == 0.0:
         return None
-    x, c = node.inputs
-    value = scalar_constant(graph, c)
-    if value is None and is_op(node, "Mul"):
-        x, c = c, x
-        value = scalar_constant(graph, c)
-    if value is None or scalar_constant(graph, x) is not None:
-        return None
-    f = float(np.asarray(value, dtype=np.float64).reshape(()))
-    if not np.isfinite(f) or f == 0.0:
-        return None
-    return (f if is_op(node, "Mul") else 1.0 / f), x
+    return found[0], found[1]
 
 
 def strip_scale(graph, tensor, nodes, factors):

@@ -126,6 +126,7 @@ from onnxfuse.rewrites.contrib.attention_pattern import (
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
     consumers,
+    dims_equal,
     dtype_of,
     internal_problem,
     is_op,
@@ -248,8 +249,8 @@ class ContribAttention(Rule):
             mask_rank = len(m_shape)
             q_shape, k_shape = shape_of(graph, q_source), shape_of(graph, k_source)
             tail = [1] * (2 - mask_rank) + list(m_shape[-2:]) if mask_rank < 2 else list(m_shape[-2:])
-            tail_known = (q.layout == BATCH_FIRST and mask_rank >= 2 and _same_dim(tail[0], q_shape[1])
-                          and _same_dim(tail[1], k_shape[1]))
+            tail_known = (q.layout == BATCH_FIRST and mask_rank >= 2 and dims_equal(tail[0], q_shape[1])
+                          and dims_equal(tail[1], k_shape[1]))
         scale = float(np.prod(factors)) if factors else 1.0
         biases = None
         if q.layout == BATCH_FIRST:
@@ -444,8 +445,3 @@ def _fold_biases(graph, sources, hidden, dtype):
         return None
     values = np.concatenate([np.asarray(f[1]) for f in found]).astype(dtype, copy=False)
     return found[0][0], found[1][0], found[2][0], values, [f[2] for f in found if f[2] is not None]
-
-
-def _same_dim(a, b) -> bool:
-    """Two dimensions provably equal: the same static value or the same symbolic name."""
-    return a is not None and b is not None and a == b and not (isinstance(a, int) and a < 0)
