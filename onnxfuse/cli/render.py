@@ -12,14 +12,6 @@ from onnxfuse.cli.layout import Column, FitTable, print_prose  # noqa: F401  (pr
 from onnxfuse.reports import formatting
 
 
-def _fmt(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.3g}"
-    return str(x)
-
-
 def rules_table(counts: dict[str, int], cleanup: dict[str, int]) -> FitTable:
     table = FitTable("Rewrites", [Column("rule", "id"), Column("applied", "num")])
     for name, n in counts.items():
@@ -59,7 +51,7 @@ def comparison_table(title: str, comparisons, label_a: str = "original", label_b
         verdict = "[green]pass[/]" if c.passed else f"[red]FAIL[/]{' (' + escape(c.error) + ')' if c.error else ''}"
         if c.passed and c.extra.get("passed_by") == "noise floor":
             verdict = "[yellow]pass[/] (floor)"
-        row = [escape(c.name), "x".join(str(d) for d in c.shape) or "scalar", _fmt(c.max_abs), _fmt(c.max_rel),
+        row = [escape(c.name), "x".join(str(d) for d in c.shape) or "scalar", formatting.num(c.max_abs), formatting.num(c.max_rel),
                f"rtol {c.rtol:.0e}, atol {c.atol:.1e}"]
         if floors:
             multiple = c.extra.get("floor_multiple")
