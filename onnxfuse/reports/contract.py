@@ -44,6 +44,12 @@ def load_schema() -> dict:
     return json.loads(files("onnxfuse.reports").joinpath("schemas", SCHEMA_FILE).read_text(encoding="utf-8"))
 
 
+def _environment() -> dict:
+    from onnxfuse.timing.env import environment
+
+    return environment()
+
+
 def document(command: str, result: dict | None, *, exit_code: int = 0, error: str | None = None,
              environment: dict | None = None) -> dict:
     """The JSON-ready report of one run of ``command`` (strict JSON values: NaN/Inf → ``None``)."""
@@ -55,7 +61,7 @@ def document(command: str, result: dict | None, *, exit_code: int = 0, error: st
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "onnxfuse", "version": __version__},
         "command": command,
-        "environment": environment if environment is not None else run_environment(),
+        "environment": environment if environment is not None else _environment(),
         "ok": exit_code == 0,
         "exit_code": int(exit_code),
         "error": error,
@@ -65,23 +71,4 @@ def document(command: str, result: dict | None, *, exit_code: int = 0, error: st
 
 def failure_document(command: str, exc: BaseException, exit_code: int) -> dict:
     """The report of a run that ended before it had a result (the CLI's one-line error)."""
-    return document(command, None, exit_code=exit_code, error=str(exc), environment=run_environment(safe=True))
-
-
-def run_environment(device: str | None = None, safe: bool = False) -> dict:
-    """Versions and devices of this process (:func:`onnxfuse.timing.env.environment`). ``safe``: never
-    raise (for failure reports, where ONNX Runtime itself may be what failed: its version is then
-    null)."""
-    from onnxfuse.timing.env import environment
-
-    try:
-        return environment(device)
-    except Exception:  # noqa: BLE001  (a failure report must still be written)
-        if not safe:
-            raise
-        import platform
-
-        from onnxfuse import __version__
-
-        return {"onnxfuse": __version__, "python": platform.python_version(),
-                "platform": f"{platform.system()}-{platform.machine()}", "onnxruntime": None}
+    return document(command, None, exit_code=exit_code, error=str(exc))

@@ -28,16 +28,21 @@ def _gpu_names() -> tuple[str, ...]:
 
 
 def environment(device: str | None = None) -> dict:
+    """Versions and devices of this process, for every report (``onnxruntime`` is None where ONNX
+    Runtime cannot be imported: a failure report must still say what it ran on)."""
     import onnx
 
     from onnxfuse import __version__
+    from onnxfuse.errors import OnnxfuseError
     from onnxfuse.ort_runtime import import_onnxruntime
 
-    ort = import_onnxruntime()
-
+    try:
+        ort_version = import_onnxruntime().__version__
+    except OnnxfuseError:
+        ort_version = None
     return {
         "onnxfuse": __version__,
-        "onnxruntime": ort.__version__,
+        "onnxruntime": ort_version,
         "onnx": onnx.__version__,
         "python": platform.python_version(),
         "platform": f"{platform.system()}-{platform.machine()}",
