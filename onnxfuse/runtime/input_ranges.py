@@ -110,7 +110,14 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list]:
     return shapes
 
 
+#: Element types of the ``Constant`` attributes other than ``value`` (a tensor).
+_CONSTANT_ATTRS = {"value_int": np.int64, "value_ints": np.int64, "value_float": np.float32,
+                   "value_floats": np.float32}
+
+
 def _constant(model: onnx.ModelProto, name: str):
+    """An initializer's value, or a ``Constant`` node's from any of its numeric attributes (the
+    rewrites' reader, ``facts.constant_node_value``, reads the same ones on graphsurgeon nodes)."""
     for t in model.graph.initializer:
         if t.name == name:
             return numpy_helper.to_array(t)
@@ -119,6 +126,8 @@ def _constant(model: onnx.ModelProto, name: str):
             for a in n.attribute:
                 if a.name == "value":
                     return numpy_helper.to_array(a.t)
+                if a.name in _CONSTANT_ATTRS:
+                    return np.asarray(onnx.helper.get_attribute_value(a), _CONSTANT_ATTRS[a.name])
     return None
 
 

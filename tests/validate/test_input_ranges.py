@@ -93,6 +93,18 @@ def test_comparison_with_constants_covers_both_outcomes_and_indices_win():
     assert (ranges["ids"].lo, ranges["ids"].hi) == (0, 19)  # the table's 20 rows beat "ids < 50"
 
 
+def test_constants_written_as_value_int_count_too():
+    """``Constant(value_int=5)`` (and ``value_ints``) is a constant like ``Constant(value=tensor)``: it was
+    missed, so ``ids == 5`` gave no range."""
+    for attr, value in (("value_int", 5), ("value_ints", [3, 5])):
+        nodes = [h.make_node("Constant", [], ["c"], **{attr: value}), h.make_node("Equal", ["ids", "c"], ["eq"]),
+                 h.make_node("Cast", ["eq"], ["y"], to=T.FLOAT)]
+        g = h.make_graph(nodes, "g", [h.make_tensor_value_info("ids", T.INT64, [2])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2])])
+        r = implied_ranges(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]))["ids"]
+        assert (r.lo, r.hi) == (min(np.atleast_1d(value)) - 1, max(np.atleast_1d(value)) + 1)
+
+
 def _shape_input_model(op: str) -> onnx.ModelProto:
     """x [2, 3, 4] float; ``s`` an int64 input of 3 values used as the shape-like input of ``op``."""
     x = h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4])
