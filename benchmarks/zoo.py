@@ -452,13 +452,13 @@ def run_model(name: str, args, part: Path) -> None:
     def inputs_for(batch: int) -> Inputs:
         return Inputs(feeds=spec.feeds(batch), seed=batch, source="zoo")
 
-    def optimize(model, label: str, rtol=None, atol=None, only=None):
+    def optimize(model, label: str, rtol=None, atol=None, only=None, precision="fp32"):
         import numpy as np
 
         npz = work / f"{name}.{label}.inputs.npz"
         np.savez(npz, **spec.feeds(1))
         opts = OptimizeOptions(target=args.target, validate=True, inputs_path=str(npz), provider="auto",
-                               rtol=rtol, atol=atol, only=only)
+                               rtol=rtol, atol=atol, only=only, precision=precision)
         t0 = time.perf_counter()
         try:
             result = optimize_model(model, opts, source=label)
@@ -631,11 +631,24 @@ def run_model(name: str, args, part: Path) -> None:
             rec.info("fp16_drift_vs_fp32", drift)
             log(f"  fp16 drift vs fp32: max_abs {drift['optimized']['max_abs']:.3g}, "
                 f"cosine {drift['optimized']['cosine']:.6f}")
+            extra16 = anchors(original16, path16, "fp16", 1e-2)
+            if spec.transformer:
+                # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute), with attention:
+                # what a user without a half-precision export gets.
+                try:
+                    converted, info_p = optimize(original, "precision-fp16", rtol=1e-2, atol=1e-2,
+                                                 only=with_attention, precision="fp16")
+                    rec.info("optimize_precision_fp16", info_p)
+                    log(f"  --precision fp16 (+attention): {info_p['nodes_after']} nodes, "
+                        f"validation {info_p['validation']}")
+                    extra16.append(("precision", converted))
+                except Exception as exc:
+                    rec.error("optimize_precision_fp16", exc)
             keep = args.graph_modes
             args.graph_modes = args.fp16_graph_modes or args.graph_modes
             try:
-                ort_cells("ort-fp16", [("original", original16), ("optimized", optimized16)]
-                          + anchors(original16, path16, "fp16", 1e-2), args.fp16_batches or args.batches)
+                ort_cells("ort-fp16", [("original", original16), ("optimized", optimized16)] + extra16,
+                          args.fp16_batches or args.batches)
             finally:
                 args.graph_modes = keep
         except Exception as exc:
@@ -692,7 +705,8 @@ def _cells(models: dict):
                              eager=m("torch-eager") if not graph else None, compile=tc,
                              fp16_orig=m("ort-fp16-original"), fp16_opt=m("ort-fp16-optimized"),
                              att=m("ort-attention"), tx=m("ort-tx"),
-                             fp16_att=m("ort-fp16-attention"), fp16_tx=m("ort-fp16-tx")))
+                             fp16_att=m("ort-fp16-attention"), fp16_tx=m("ort-fp16-tx"),
+                             fp16_prec=m("ort-fp16-precision")))
     return rows
 
 
@@ -731,16 +745,17 @@ def markdown(results: dict) -> str:
             f"| {_f(row['opt'])} | {_f(sp, 2) + '×' if sp else '–'} | {_f(row['eager'])} | {_f(row['compile'])} "
             f"| {_f(row['fp16_orig'])} | {_f(row['fp16_opt'])} | {_f(sp16, 2) + '×' if sp16 else '–'} |"
         )
-    transformer_rows = [r for r in _cells(results["models"]) if any(r[k] for k in ("att", "tx", "fp16_att", "fp16_tx"))]
+    transformer_rows = [r for r in _cells(results["models"]) if any(r[k] for k in ("att", "tx", "fp16_att", "fp16_tx", "fp16_prec"))]
     if transformer_rows:
         lines += ["", "## Transformers: against ONNX Runtime's transformers optimizer", "",
                   "Speed-up over the original under ORT_ENABLE_ALL. tx-opt: "
                   "`onnxruntime.transformers.optimizer.optimize_model` given the model type, head count and hidden "
                   "size (– where it wrote an invalid model: see Per model); +attention: onnxfuse with the opt-in "
-                  "contrib-attention rule.", "",
+                  "contrib-attention rule; --precision fp16: `optimize --precision fp16` (+attention) on the fp32 export, "
+                  "timed against the fp16 original.", "",
                   "| model | batch | CUDA graph | tx-opt | onnxfuse | onnxfuse +attention | fp16 tx-opt "
-                  "| fp16 onnxfuse | fp16 +attention |",
-                  "|---|---:|:---:|---:|---:|---:|---:|---:|---:|"]
+                  "| fp16 onnxfuse | fp16 +attention | --precision fp16 |",
+                  "|---|---:|:---:|---:|---:|---:|---:|---:|---:|---:|"]
 
         def sp(a, b):
             r = _ratio(a, b)
@@ -749,7 +764,8 @@ def markdown(results: dict) -> str:
         for r in transformer_rows:
             lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} | {sp(r['orig'], r['tx'])} "
                          f"| {sp(r['orig'], r['opt'])} | {sp(r['orig'], r['att'])} | {sp(r['fp16_orig'], r['fp16_tx'])} "
-                         f"| {sp(r['fp16_orig'], r['fp16_opt'])} | {sp(r['fp16_orig'], r['fp16_att'])} |")
+                         f"| {sp(r['fp16_orig'], r['fp16_opt'])} | {sp(r['fp16_orig'], r['fp16_att'])} "
+                         f"| {sp(r['fp16_orig'], r['fp16_prec'])} |")
     lines += ["", "## Per model", ""]
     for name, data in results["models"].items():
         info = data.get("info", {})
@@ -768,6 +784,10 @@ def markdown(results: dict) -> str:
                 lines.append(f"  - onnxfuse +attention ({label}): {att.get('nodes_after')} nodes, validation "
                              f"{att.get('validation')}, MultiHeadAttention "
                              f"{(att.get('ops_after') or {}).get('com.microsoft::MultiHeadAttention', 0)}")
+        prec = info.get("optimize_precision_fp16")
+        if prec:
+            lines.append(f"  - --precision fp16 (+attention): {prec.get('nodes_after')} nodes, validation "
+                         f"{prec.get('validation')}")
         drift = info.get("fp16_drift_vs_fp32")
         if drift:
             d = drift.get("optimized", {})
