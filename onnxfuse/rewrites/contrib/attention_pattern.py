@@ -8,7 +8,9 @@ What each helper proves is written where it is; the rule's module docstring
 * :func:`strip_scale`: scalar Mul/Div (and element-type-preserving Casts) peeled off a tensor;
 * :func:`mask_terms`: the Add / Where chain between the scaled scores and the Softmax, as terms of one
   additive ``attention_bias``;
-* :func:`projection_bias`: ``Add(MatMul(·), b)`` with a 1-D constant ``b``.
+* :func:`projection_bias`: ``Add(MatMul(·), b)`` with a 1-D constant ``b``;
+* :func:`packed_projections`: q, k and v as three constant-weight projections of one tensor, packed
+  into the one [E_in, 3E] weight and [3E] bias of ONNX Runtime's ``Attention`` op.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from onnxfuse.rewrites.engine.facts import (
     constant_value,
     consumers,
     dtype_of,
+    is_graph_output,
     is_op,
     producer_of,
+    rank_of,
     scalar_constant,
     shape_of,
 )
@@ -280,5 +284,57 @@ def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] 
         return terms, tensor
 
 
-def single_reader(tensor) -> bool:
-    return len(consumers(tensor)) == 1
+def single_reader(graph, tensor) -> bool:
+    """Read by exactly one node and not a graph output (removing its producer would orphan the output)."""
+    return len(consumers(tensor)) == 1 and not is_graph_output(graph, tensor)
+
+
+@dataclass
+class PackedProjections:
+    """q, k, v = x·W_q + b_q, x·W_k + b_k, x·W_v + b_v as the one ``x·W + b`` of ``Attention``."""
+
+    x: gs.Tensor  # [B, S, E_in], read by all three MatMuls
+    weight: np.ndarray  # [E_in, 3E]: W_q | W_k | W_v along the columns
+    bias: np.ndarray  # [3E]: b_q | b_k | b_v (E zeros for a projection without a bias)
+    nodes: list  # the three MatMuls and the bias Adds, replaced by the packed op
+
+
+def packed_projections(graph, sources, hidden: int, dtype) -> PackedProjections | None:
+    """The projections behind ``sources`` (q, k, v) packed, or None.
+
+    Holds when each source is ``MatMul(x, W_i)`` or ``Add(MatMul(x, W_i), b_i)`` with the same ``x`` of
+    rank 3, ``W_i`` a constant [E_in, E] and ``b_i`` a constant of E values, all of ``dtype``, and each
+    MatMul / Add output is read only on its way to the attention. Column block i of ``x·[W_q | W_k | W_v]``
+    is exactly ``x·W_i`` (each output column is its own dot product), so packing changes no value; a
+    missing bias is E zeros (``y + 0 == y``). ``Attention`` then computes the three projections in one
+    GEMM and adds the bias inside its own kernel, which is why it beats three MatMuls feeding
+    MultiHeadAttention (benchmarks/attention_ops.py).
+    """
+    x, weights, biases, nodes = None, [], [], []
+    for t in sources:
+        if not single_reader(graph, t):
+            return None
+        found = projection_bias(graph, t)
+        if found is not None:
+            mm_out, b, add = found
+            if b.shape != (hidden,) or not single_reader(graph, mm_out):
+                return None
+            nodes.append(add)
+        else:
+            mm_out, b = t, np.zeros(hidden, dtype)
+        mm = producer_of(mm_out)
+        if mm is None or not is_op(mm, "MatMul") or len(mm.inputs) != 2:
+            return None
+        w = constant_value(graph, mm.inputs[1])
+        if w is None or w.ndim != 2 or w.shape[1] != hidden or w.dtype != dtype or b.dtype != dtype:
+            return None
+        if x is None:
+            x = mm.inputs[0]
+        elif mm.inputs[0] is not x:
+            return None
+        weights.append(w)
+        biases.append(b)
+        nodes.append(mm)
+    if rank_of(graph, x) != 3 or dtype_of(graph, x) != dtype:
+        return None
+    return PackedProjections(x, np.concatenate(weights, axis=1), np.concatenate(biases), nodes)

@@ -1,4 +1,4 @@
-"""contrib-attention: scaled dot-product attention as exporters write it → com.microsoft MultiHeadAttention.
+"""contrib-attention: scaled dot-product attention as exporters write it → com.microsoft Attention or MultiHeadAttention.
 
 Anchor: a ``Softmax`` over the last axis of a rank-4 tensor. The rule walks back and forward from it
 and accepts exactly this dataflow (every intermediate read only inside it, except by ``Shape``: below)::
@@ -87,19 +87,25 @@ a Where that does not select between the scores and a scalar fill, with a condit
 rank ≤ 4, or with a fill that is not absorbing; a scale after a mask step or not a finite non-zero
 scalar.
 
-Why MultiHeadAttention and not Attention (which also packs the Q/K/V projections into one GEMM): it
-takes the projections as they are, whatever the exporter did with them (separate MatMuls, a shared
-input or not, cross-attention where q and k/v come from different tensors, a packed QKV cut by Split or
-Gather), and it runs on the CPU too, so validation needs no GPU.
+**Which op** (measured, benchmarks/attention_ops.py, one BERT-base layer on an H200, 2026-11-23, ms:
+decomposed / three MatMuls + MultiHeadAttention / packed ``Attention``: fp32 b1 0.110 / 0.091 / 0.050,
+fp32 b16 0.147 / 0.143 / 0.120, fp16 b1 0.107 / 0.078 / 0.053, fp16 b16 0.117 / 0.086 / 0.086):
 
-**Opt-in** (``--only contrib-attention,...``) until it is measured on a GPU: it was written in sessions
-with no GPU lent, validated on the CPU only (tests/rewrites/test_contrib_attention.py: synthetic forms
-and refusals; tests/rewrites/test_attention_exports.py: BERT, RoBERTa, DistilBERT, GPT-2, the Whisper
-encoder and a torchvision-style ViT, every Softmax fused, outputs matching the original with padding).
-The rule's speed against ONNX Runtime's own kernels, fp32 and fp16, at batch 1 and 16 (the sequence-
-first layout adds four Transposes per attention), and the choice between MultiHeadAttention and the
-packed ``Attention`` op, are for the next GPU session (issue 15); until then the default output stays
-the one measured in docs/benchmarks.md.
+* ``Attention`` when q, k and v are constant-weight projections of one tensor x (self-attention:
+  BERT, RoBERTa, DistilBERT, Whisper): the three MatMuls and bias Adds go into the op, whose weight is
+  ``[W_q | W_k | W_v]`` and bias ``[b_q | b_k | b_v]``
+  (:func:`~onnxfuse.rewrites.contrib.attention_pattern.packed_projections`), one GEMM instead of three;
+  the additive mask is its ``attention_bias`` (input 5), built as for MultiHeadAttention, with S = L =
+  x's sequence dimension;
+* ``MultiHeadAttention`` otherwise: it takes the projections as they are, whatever the exporter did
+  with them (cross-attention, a projection also read elsewhere, a packed QKV cut by Split as GPT-2's).
+
+Both run on ONNX Runtime's CPU provider, so validation needs no GPU.
+
+**When it pays** (:func:`_slower_than_unfused`): every float16 attention fuses; in float32 the
+sequence-first layout and key lengths known to be >= :data:`FP32_LONG_KEYS` are refused, each with the
+measurement that showed the fused model slower. On by default since those measurements (issue 15;
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -115,8 +121,10 @@ from onnxfuse.rewrites.contrib.attention_pattern import (
     HEADS,
     SEQ_FIRST,
     SEQ_FIRST_MERGE,
+    PackedProjections,
     is_noop_cast,
     mask_terms,
+    packed_projections,
     perm_of,
     projection_bias,
     single_reader,
@@ -154,14 +162,14 @@ class AttentionPlan:
     dtype: np.dtype
     head_size: int
     shape_reads: list  # (Shape node outside the pattern, the dims it reads, e.g. "BHSL")
+    packed: PackedProjections | None  # q, k, v projections of one tensor: emit Attention, not MHA
 
 
 class ContribAttention(Rule):
     name = "contrib-attention"
     description = ("softmax(s·QKᵀ + mask)·V over Reshape/Transpose-split heads → com.microsoft "
-                   "MultiHeadAttention (heads read from the graph)")
+                   "Attention (packed q/k/v projections) or MultiHeadAttention (heads read from the graph)")
     targets = frozenset({"contrib", "cuda"})
-    opt_in = True  # not yet measured on a GPU (see the module docstring)
 
     def match(self, graph):
         return [n for n in graph.nodes if is_op(n, "Softmax")]
@@ -237,6 +245,9 @@ class ContribAttention(Rule):
         types = {dtype_of(graph, t) for t in (q_source, k_source, v_source)}
         if types != {dtype}:
             return "Q, K, V and the scores have different element types"
+        slower = _slower_than_unfused(graph, dtype, q.layout, k_source)
+        if slower:
+            return slower
         shape_reads = []
         problem = internal_problem(graph, nodes + [merge_r], merge_r)
         if problem:
@@ -252,15 +263,19 @@ class ContribAttention(Rule):
             tail_known = (q.layout == BATCH_FIRST and mask_rank >= 2 and dims_equal(tail[0], q_shape[1])
                           and dims_equal(tail[1], k_shape[1]))
         scale = float(np.prod(factors)) if factors else 1.0
-        biases = None
+        biases, packed = None, None
         if q.layout == BATCH_FIRST:
-            biases = _fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
+            packed = packed_projections(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
+            if packed is None:
+                biases = _fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
         return AttentionPlan(softmax, nodes, q_source, k_source, v_source, q.heads, scale, terms, mask_rank,
-                             tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads)
+                             tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads, packed)
 
     def rewrite(self, graph, plan: AttentionPlan):
         names = NameAllocator(graph)
         base = plan.softmax.name or "attention"
+        if plan.packed is not None:
+            return self._rewrite_packed(graph, plan, names, base)
         inputs = [plan.q, plan.k, plan.v]
         bias_input = gs.Variable.empty()
         if plan.biases is not None:
@@ -295,6 +310,34 @@ class ContribAttention(Rule):
         plan.merge.inputs[0] = out
         return {"op": "com.microsoft.MultiHeadAttention", "num_heads": plan.heads, "scale": plan.scale,
                 "mask": bool(plan.terms), "qkv_bias": plan.biases is not None, "layout": plan.layout,
+                "mask_terms": [t.kind for t in plan.terms]}
+
+    def _rewrite_packed(self, graph, plan: AttentionPlan, names, base):
+        """``Attention(x, [W_q | W_k | W_v], [b_q | b_k | b_v], , , attention_bias)``: the projections move
+        into the op (see :func:`~onnxfuse.rewrites.contrib.attention_pattern.packed_projections`); S and L
+        are both x's sequence dimension."""
+        packed = plan.packed
+        x = packed.x
+        weight = new_constant(graph, f"{base}/qkv_weight", packed.weight)
+        bias = new_constant(graph, f"{base}/qkv_bias", packed.bias)
+        attention_bias = gs.Variable.empty()
+        if plan.terms:
+            attention_bias = self._attention_bias(graph, plan, names, base, x, x)
+        for shape_node, letters in plan.shape_reads:
+            self._replace_shape(graph, plan, names, base, shape_node, letters, x, x)
+        for n in plan.nodes + packed.nodes:
+            n.outputs.clear()
+            n.inputs.clear()
+        inputs = [x, weight, bias]
+        if not attention_bias.is_empty():
+            inputs += [gs.Variable.empty(), gs.Variable.empty(), attention_bias]
+        out = gs.Variable(names(f"{base}/attention_output"), dtype=plan.dtype)
+        graph.nodes.append(gs.Node("Attention", names(f"{base}/Attention"),
+                                   {"num_heads": plan.heads, "scale": plan.scale}, inputs=inputs, outputs=[out],
+                                   domain="com.microsoft"))
+        plan.merge.inputs[0] = out
+        return {"op": "com.microsoft.Attention", "num_heads": plan.heads, "scale": plan.scale,
+                "mask": bool(plan.terms), "qkv_packed": True, "layout": plan.layout,
                 "mask_terms": [t.kind for t in plan.terms]}
 
     @staticmethod
@@ -375,6 +418,38 @@ class ContribAttention(Rule):
         return out
 
 
+#: float32 key length from which fusing is refused: ONNX Runtime's CUDA attention runs its float32
+#: memory-efficient kernel from 256 keys on (its ``kMinSeqLenForMemoryEfficientAttentionFp32``), and
+#: there it was slower than the unfused GEMMs it replaces (Whisper-base encoder, L = 1500, H200,
+#: 2026-11-23: 0.88× / 0.90× over the original at batch 1 / 16 with the fusion, 1.02× / 1.05× without).
+FP32_LONG_KEYS = 256
+
+
+def _slower_than_unfused(graph, dtype, layout, key) -> str | None:
+    """Why fusing this attention would make the model slower on the GPU (measured), or None.
+
+    Float16 always fuses: every fp16 row gained (BERT-base 1.68-1.70×, ViT-B/16 1.40-1.65×, Whisper-base
+    2.25× at batch 16, against 1.06-1.51× without). Float32 has no flash kernel; two cases measured
+    slower than leaving the attention to ONNX Runtime's own GEMMs and Softmax are refused:
+
+    * the sequence-first layout: the four Transposes into and out of [B, S, E] cost more than the fusion
+      saves (ViT-B/16 fp32, H200: 0.99× with vs 1.13× without at batch 16, 1.32× vs 1.39× at batch 1);
+    * a key length known to be >= :data:`FP32_LONG_KEYS`.
+    """
+    if dtype != np.float32:
+        return None
+    if layout == SEQ_FIRST:
+        return ("float32 sequence-first attention is left unfused: the Transposes into [B, S, E] and back "
+                "cost more than the fusion saves (measured: ViT-B/16 fp32); fp16 (--precision fp16) fuses it")
+    shape = shape_of(graph, key)
+    length = shape[1] if shape is not None and len(shape) == 3 else None
+    if isinstance(length, int) and length >= FP32_LONG_KEYS:
+        return (f"float32 attention over {length} keys is left unfused: ONNX Runtime's fp32 fused kernel is "
+                f"slower than its unfused GEMMs from {FP32_LONG_KEYS} keys on (measured: Whisper-base, "
+                f"L=1500); fp16 (--precision fp16) fuses it")
+    return None
+
+
 def _shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t):
     """The readers outside the pattern when all are ``Shape`` of a batch-first pattern tensor whose dims
     are known by name ([B, H, S, L] for the scores...), as (node, dims); "" when some other reader (or a
@@ -441,7 +516,7 @@ def _fold_biases(graph, sources, hidden, dtype):
             found.append((t, np.zeros(hidden, dtype), None))
         else:
             return None
-    if all(f[2] is None for f in found) or not all(single_reader(t) for t in sources):
+    if all(f[2] is None for f in found) or not all(single_reader(graph, t) for t in sources):
         return None
     values = np.concatenate([np.asarray(f[1]) for f in found]).astype(dtype, copy=False)
     return found[0][0], found[1][0], found[2][0], values, [f[2] for f in found if f[2] is not None]
