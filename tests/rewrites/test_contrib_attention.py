@@ -227,6 +227,23 @@ def test_packed_weight_is_the_three_projections_side_by_side():
         assert_same(model, out)
 
 
+def test_linear_weights_behind_a_transpose_are_packed_transposed():
+    """torch's nn.Linear exports ``MatMul(x, Transpose(W, perm=[1, 0]))`` and fold-constants leaves large
+    transposes unfolded: the packed weight is ``[W_qᵀ | W_kᵀ | W_vᵀ]``, with the same outputs."""
+    model = attention_model(mask="padding")
+    g = model.graph
+    for t in "qkv":
+        init = next(i for i in g.initializer if i.name == f"W{t}")
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).T.copy(), f"W{t}_stored"))
+        g.node.insert(0, h.make_node("Transpose", [f"W{t}_stored"], [f"W{t}"], perm=[1, 0]))
+    out, report = apply(model)
+    att = next(n for n in out.graph.node if n.op_type == "Attention")
+    want = np.concatenate([initializer(model, f"W{t}_stored").T for t in "qkv"], axis=1)
+    np.testing.assert_array_equal(initializer(out, att.input[1]), want)
+    assert "Transpose" not in helpers.op_types(out)
+    assert_same(model, out)
+
+
 def test_projections_not_packed_when_a_projection_is_read_elsewhere():
     """k's projection also feeds a graph output: the MatMuls must stay, so MultiHeadAttention takes them."""
     model = attention_model(mask="padding")

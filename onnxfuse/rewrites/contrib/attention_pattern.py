@@ -303,7 +303,8 @@ def packed_projections(graph, sources, hidden: int, dtype) -> PackedProjections 
     """The projections behind ``sources`` (q, k, v) packed, or None.
 
     Holds when each source is ``MatMul(x, W_i)`` or ``Add(MatMul(x, W_i), b_i)`` with the same ``x`` of
-    rank 3, ``W_i`` a constant [E_in, E] and ``b_i`` a constant of E values, all of ``dtype``, and each
+    rank 3, ``W_i`` a constant [E_in, E] (or ``Transpose(perm=[1, 0])`` of a constant [E, E_in]: torch's
+    ``nn.Linear`` export, left unfolded by fold-constants above its size limit) and ``b_i`` a constant of E values, all of ``dtype``, and each
     MatMul / Add output is read only on its way to the attention. Column block i of ``x·[W_q | W_k | W_v]``
     is exactly ``x·W_i`` (each output column is its own dot product), so packing changes no value; a
     missing bias is E zeros (``y + 0 == y``). ``Attention`` then computes the three projections in one
@@ -325,7 +326,7 @@ def packed_projections(graph, sources, hidden: int, dtype) -> PackedProjections 
         mm = producer_of(mm_out)
         if mm is None or not is_op(mm, "MatMul") or len(mm.inputs) != 2:
             return None
-        w = constant_value(graph, mm.inputs[1])
+        w = _constant_matrix(graph, mm.inputs[1])
         if w is None or w.ndim != 2 or w.shape[1] != hidden or w.dtype != dtype or b.dtype != dtype:
             return None
         if x is None:
@@ -338,3 +339,15 @@ def packed_projections(graph, sources, hidden: int, dtype) -> PackedProjections 
     if rank_of(graph, x) != 3 or dtype_of(graph, x) != dtype:
         return None
     return PackedProjections(x, np.concatenate(weights, axis=1), np.concatenate(biases), nodes)
+
+
+def _constant_matrix(graph, tensor) -> np.ndarray | None:
+    """A 2-D constant, or the transpose of one (``Transpose(W, perm=[1, 0])`` is ``W.T`` exactly)."""
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return value if value.ndim == 2 else None
+    p = producer_of(tensor)
+    if p is None or not is_op(p, "Transpose") or len(p.inputs) != 1 or perm_of(p) != [1, 0]:
+        return None
+    value = constant_value(graph, p.inputs[0])
+    return value.T if value is not None and value.ndim == 2 else None
