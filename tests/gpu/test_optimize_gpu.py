@@ -23,7 +23,16 @@ MODELS = {
     "yolo_conv_bn_silu_opset13.onnx": [],
     "convnext_blocks_opset13.onnx": [],
     "bert_tiny_opset14.onnx": ["input_ids:4,32"],
+    "distilbert_tiny_opset14.onnx": ["input_ids:4,32"],
+    "roberta_tiny_opset14.onnx": ["input_ids:4,32"],
+    "gpt2_tiny_opset14.onnx": ["input_ids:4,32"],
+    "whisper_encoder_tiny_opset14.onnx": [],
 }
+# Fused attention ops expected after optimize (contrib-attention runs by default): packed Attention with a
+# broadcast [B, 1, S, L] attention_bias, MultiHeadAttention for GPT-2's Split-cut QKV; on the CUDA kernels.
+ATTENTION = {"bert_tiny_opset14.onnx": ("Attention", 2), "distilbert_tiny_opset14.onnx": ("Attention", 2),
+             "roberta_tiny_opset14.onnx": ("Attention", 2), "whisper_encoder_tiny_opset14.onnx": ("Attention", 2),
+             "gpt2_tiny_opset14.onnx": ("MultiHeadAttention", 2)}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -45,7 +54,11 @@ def test_optimize_validates_and_times_on_cuda(name, tmp_path):
           f"original {data['result']['timing']['original']['latency_ms']['median_ms']:.4f} ms, "
           f"optimized {data['result']['timing']['optimized']['latency_ms']['median_ms']:.4f} ms, "
           f"speed-up {data['result']['timing']['speedup']:.3f}x, rules {[k for k, v in data['result']['rewrites']['counts'].items() if v]}")
-    assert "BatchNormalization" not in {n.op_type for n in onnx.load(out).graph.node}
+    ops = [n.op_type for n in onnx.load(out).graph.node]
+    assert "BatchNormalization" not in ops
+    if name in ATTENTION:
+        op, count = ATTENTION[name]
+        assert ops.count(op) == count and "Softmax" not in ops, ops
 
 
 def test_noise_floor_on_cuda_includes_cpu_against_cuda():
