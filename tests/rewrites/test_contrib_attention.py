@@ -555,3 +555,71 @@ def test_q_k_v_from_different_layouts_are_refused():
     assert report.counts[RULE] == 0
     assert any("Q, K and V are split from different layouts" in r.reason
                for r in report.refusals if r.rule == RULE), report.refusals
+
+
+# --- one mask expansion for all layers ------------------------------------------------------------------
+
+
+def two_blocks(seq1, seq2):
+    """Two attention blocks (x: [B, seq1, E], b_x: [B, seq2, E]) adding one shared mask input
+    ``madd`` [B, 1, 1, L]: what every transformer layer does with its padding mask."""
+    first = attention_model(mask="full")
+    second = onnx.compose.add_prefix(attention_model(mask="full", seed=1), "b_")
+    g = first.graph
+    for n in second.graph.node:
+        n.input[:] = ["madd" if i == "b_madd" else i for i in n.input]
+        g.node.append(n)
+    g.initializer.extend(second.graph.initializer)
+    g.input.extend(i for i in second.graph.input if i.name != "b_madd")
+    g.output.extend(second.graph.output)
+    del g.value_info[:]
+
+    def dims(name, values):
+        vi = next(i for i in g.input if i.name == name)
+        for d, v in zip(vi.type.tensor_type.shape.dim, values):
+            if isinstance(v, str):
+                d.dim_param = v
+            else:
+                d.dim_value = v
+    dims("x", ["B", seq1, E])
+    dims("b_x", ["B", seq2, E])
+    dims("madd", ["B", 1, 1, "L"])
+    for name, seq in (("out", seq1), ("b_out", seq2)):
+        dims_of = next(o for o in g.output if o.name == name).type.tensor_type.shape.dim
+        dims_of[1].dim_param = seq
+    onnx.checker.check_model(first)
+    return onnx.shape_inference.infer_shapes(first)
+
+
+def test_layers_adding_the_same_mask_share_one_expansion():
+    """Both blocks' sequence dims are the same named dim: one Unsqueeze-free Expand serves both (the
+    second layer reuses the first's), with the same outputs as the original."""
+    model = two_blocks("S", "S")
+    out, report = apply(model)
+    assert report.counts[RULE] == 2, [r.reason for r in report.refusals]
+    ops = helpers.op_types(out)
+    assert ops.count("Expand") == 1 and ops.count("Attention") == 2
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((B, S, E)).astype(np.float32),
+             "b_x": rng.standard_normal((B, S, E)).astype(np.float32),
+             "madd": np.where(rng.random((B, 1, 1, S)) < 0.3, -10000.0, 0.0).astype(np.float32)}
+    want, got = run_ort(model, feeds), run_ort(out, feeds)
+    for name, a in want.items():
+        np.testing.assert_allclose(got[name], a, rtol=1e-5, atol=1e-6)
+
+
+def test_expansion_not_shared_between_sequence_dims_not_provably_equal():
+    """Sequence dims S1 and S2 may differ at run time (the mask then has L = 1, which broadcasts in
+    both): each layer expands the mask to its own [S, L]. Sharing would give the second layer a
+    [5, 5] bias for 7 queries."""
+    model = two_blocks("S1", "S2")
+    out, report = apply(model)
+    assert report.counts[RULE] == 2, [r.reason for r in report.refusals]
+    assert helpers.op_types(out).count("Expand") == 2
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((B, 5, E)).astype(np.float32),
+             "b_x": rng.standard_normal((B, 7, E)).astype(np.float32),
+             "madd": np.array([0.0, -10000.0], np.float32).reshape(B, 1, 1, 1)}
+    want, got = run_ort(model, feeds), run_ort(out, feeds)
+    for name, a in want.items():
+        np.testing.assert_allclose(got[name], a, rtol=1e-5, atol=1e-6)

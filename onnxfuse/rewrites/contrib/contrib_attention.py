@@ -133,6 +133,7 @@ from onnxfuse.rewrites.contrib.attention_pattern import (
 )
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
+    constant_value,
     consumers,
     dims_equal,
     dtype_of,
@@ -397,18 +398,30 @@ class ContribAttention(Rule):
             bias = out
         return bias
 
+    @staticmethod
+    def _unsqueeze(graph, names, base, mask, axes_values, dtype):
+        axes = new_constant(graph, f"{base}/mask_axes", axes_values)
+        out = gs.Variable(names(f"{base}/mask_rank4"), dtype=dtype)
+        graph.nodes.append(gs.Node("Unsqueeze", names(f"{base}/mask_unsqueeze"), inputs=[mask, axes], outputs=[out]))
+        return out
+
     def _attention_bias(self, graph, plan, names, base, query, key):
         """The mask as [·, ·, S, L]: unsqueezed to rank 4 when it is one Add's of known lower rank, expanded
-        to S and L (read from ``query`` and ``key``, the tensors MultiHeadAttention gets) unless they are
-        provably there."""
+        to S and L (read from ``query`` and ``key``, the tensors the fused op gets) unless they are
+        provably there. Every layer of a transformer adds the same mask: the Unsqueeze and the Expand an
+        earlier layer's rewrite made are reused when they provably give the same tensor
+        (:func:`_shared_unsqueeze`, :func:`_shared_expansion`), instead of one Shape, Slice, Concat and
+        Expand per layer."""
         mask = self._combined_mask(graph, plan, names, base)
         if plan.mask_rank and plan.mask_rank < 4:
-            axes = new_constant(graph, f"{base}/mask_axes", np.arange(4 - plan.mask_rank, dtype=np.int64))
-            out = gs.Variable(names(f"{base}/mask_rank4"), dtype=plan.dtype)
-            graph.nodes.append(gs.Node("Unsqueeze", names(f"{base}/mask_unsqueeze"), inputs=[mask, axes], outputs=[out]))
-            mask = out
+            axes_values = np.arange(4 - plan.mask_rank, dtype=np.int64)
+            mask = _shared_unsqueeze(graph, mask, axes_values) or self._unsqueeze(graph, names, base, mask,
+                                                                                   axes_values, plan.dtype)
         if plan.mask_tail_known:
             return mask
+        shared = _shared_expansion(graph, mask, query, key)
+        if shared is not None:
+            return shared
         dims = [self._dim(graph, names, base, query, 1), self._dim(graph, names, base, key, 1)]
         target = gs.Variable(names(f"{base}/bias_shape"), dtype=np.int64)
         graph.nodes.append(gs.Node("Concat", names(f"{base}/Concat"), {"axis": 0}, inputs=[
@@ -416,6 +429,59 @@ class ContribAttention(Rule):
         out = gs.Variable(names(f"{base}/attention_bias"), dtype=plan.dtype)
         graph.nodes.append(gs.Node("Expand", names(f"{base}/mask_expand"), inputs=[mask, target], outputs=[out]))
         return out
+
+
+def _shared_unsqueeze(graph, mask, axes_values):
+    """An existing ``Unsqueeze(mask, axes)`` with these constant axes (same input, same axes: the same
+    tensor), or None."""
+    for node in consumers(mask):
+        if is_op(node, "Unsqueeze") and len(node.inputs) == 2 and node.inputs[0] is mask:
+            axes = constant_value(graph, node.inputs[1])
+            if axes is not None and np.array_equal(axes, axes_values):
+                return node.outputs[0]
+    return None
+
+
+def _seq_dim(graph, tensor):
+    shape = shape_of(graph, tensor)
+    return shape[1] if shape is not None and len(shape) >= 2 else None
+
+
+def _expansion_sources(graph, expand):
+    """(q, k) when ``expand`` is ``Expand(m, Concat([1, 1], Slice(Shape(q), [1], [2]), Slice(Shape(k),
+    [1], [2])))``, the form :meth:`ContribAttention._attention_bias` writes; else None."""
+    target = producer_of(expand.inputs[1]) if len(expand.inputs) == 2 else None
+    if target is None or not is_op(target, "Concat") or len(target.inputs) != 3:
+        return None
+    ones = constant_value(graph, target.inputs[0])
+    if ones is None or ones.tolist() != [1, 1]:
+        return None
+    sources = []
+    for dim in target.inputs[1:]:
+        sl = producer_of(dim)
+        if sl is None or not is_op(sl, "Slice") or len(sl.inputs) != 3:
+            return None
+        start, end = constant_value(graph, sl.inputs[1]), constant_value(graph, sl.inputs[2])
+        shape = producer_of(sl.inputs[0])
+        if (start is None or end is None or start.tolist() != [1] or end.tolist() != [2] or shape is None
+                or not is_op(shape, "Shape") or shape.attrs.get("start", 0) or "end" in shape.attrs):
+            return None
+        sources.append(shape.inputs[0])
+    return tuple(sources)
+
+
+def _shared_expansion(graph, mask, query, key):
+    """The output of an existing ``Expand(mask, [1, 1, S', L'])`` whose S' and L' (read at run time from an
+    earlier layer's query and key) are provably this attention's S and L (equal static sizes, or the same
+    named dimension), or None. Same input, same target values: the same tensor."""
+    for node in consumers(mask):
+        if not is_op(node, "Expand") or node.inputs[0] is not mask:
+            continue
+        sources = _expansion_sources(graph, node)
+        if sources and dims_equal(_seq_dim(graph, sources[0]), _seq_dim(graph, query)) and dims_equal(
+                _seq_dim(graph, sources[1]), _seq_dim(graph, key)):
+            return node.outputs[0]
+    return None
 
 
 #: float32 key length from which fusing is refused: ONNX Runtime's CUDA attention runs its float32

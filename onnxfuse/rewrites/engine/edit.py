@@ -45,7 +45,9 @@ def unique_name(graph, base: str) -> str:
 
 
 class NameAllocator:
-    """Hands out tensor names unused in ``graph``, tracking the ones it gave (for several new tensors at once)."""
+    """Hands out names no tensor and no node of ``graph`` uses, tracking the ones it gave (for several new
+    tensors and nodes at once). Node names count too: ONNX requires them unique, and two rewrites of
+    unnamed nodes would otherwise both name their new node after the same base."""
 
     def __init__(self, graph):
         self._graph = graph
@@ -53,7 +55,7 @@ class NameAllocator:
 
     def __call__(self, base: str) -> str:
         if self._used is None:
-            self._used = set(self._graph.tensors().keys())
+            self._used = set(self._graph.tensors().keys()) | {n.name for n in self._graph.nodes if n.name}
         return fresh_name(self._used, base)
 
 
