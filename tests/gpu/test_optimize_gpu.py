@@ -29,10 +29,10 @@ MODELS = {
     "whisper_encoder_tiny_opset14.onnx": [],
 }
 # Fused attention ops expected after optimize (contrib-attention runs by default): packed Attention with a
-# broadcast [B, 1, S, L] attention_bias, MultiHeadAttention for GPT-2's Split-cut QKV; on the CUDA kernels.
+# broadcast [B, 1, S, L] attention_bias (GPT-2: packed from its Split-cut Gemm), on the CUDA kernels.
 ATTENTION = {"bert_tiny_opset14.onnx": ("Attention", 2), "distilbert_tiny_opset14.onnx": ("Attention", 2),
              "roberta_tiny_opset14.onnx": ("Attention", 2), "whisper_encoder_tiny_opset14.onnx": ("Attention", 2),
-             "gpt2_tiny_opset14.onnx": ("MultiHeadAttention", 2)}
+             "gpt2_tiny_opset14.onnx": ("Attention", 2)}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -28,7 +28,7 @@ NAMES = [r.name for r in RULES if "cuda" in r.targets and not r.opt_in]
 
 # model → (layers, expected: layout, fused op, mask terms)
 MODELS = {
-    "gpt2_tiny_opset14": (2, "batch-first", "MultiHeadAttention", ["add", "where"]),  # q, k, v cut by Split
+    "gpt2_tiny_opset14": (2, "batch-first", "Attention", ["add", "where"]),  # q, k, v cut by Split from one Gemm
     "distilbert_tiny_opset14": (2, "batch-first", "Attention", ["where"]),
     "roberta_tiny_opset14": (2, "batch-first", "Attention", ["add"]),
     "whisper_encoder_tiny_opset14": (2, "batch-first", "Attention", []),

@@ -244,6 +244,57 @@ def test_linear_weights_behind_a_transpose_are_packed_transposed():
     assert_same(model, out)
 
 
+def split_projection_model(batch=B):
+    """GPT-2's Conv1D projection: Reshape(x, [-1, E]) → Gemm(W [E, 3E], b) → Reshape(back) → Split into
+    q, k, v (the rest as :func:`attention_model` with a padding mask), x of static shape [B, S, E]."""
+    model = attention_model(mask="padding")
+    g = model.graph
+    w = np.concatenate([initializer(model, f"W{t}") for t in "qkv"], axis=1)
+    b = np.concatenate([initializer(model, f"b{t}") for t in "qkv"])
+    drop = [n for n in g.node if any(o in ("q_mm", "k_mm", "v_mm", "q", "k", "v") for o in n.output)]
+    for n in drop:
+        g.node.remove(n)
+    g.initializer.extend([numpy_helper.from_array(w, "W_attn"), numpy_helper.from_array(b, "b_attn"),
+                          numpy_helper.from_array(np.array([-1, E], np.int64), "flat"),
+                          numpy_helper.from_array(np.array([B, S, 3 * E], np.int64), "back"),
+                          numpy_helper.from_array(np.array([E] * 3, np.int64), "thirds")])
+    for i, n in enumerate([h.make_node("Reshape", ["x", "flat"], ["x2"]),
+                           h.make_node("Gemm", ["x2", "W_attn", "b_attn"], ["qkv2"]),
+                           h.make_node("Reshape", ["qkv2", "back"], ["qkv"]),
+                           h.make_node("Split", ["qkv", "thirds"], ["q", "k", "v"], axis=2)]):
+        g.node.insert(i, n)
+    x = next(i for i in g.input if i.name == "x")
+    if isinstance(batch, str):
+        x.type.tensor_type.shape.dim[0].dim_param = batch
+    else:
+        x.type.tensor_type.shape.dim[0].dim_value = batch
+    del g.value_info[:]
+    onnx.checker.check_model(model)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_gpt2_split_projection_is_packed():
+    """q, k, v cut by Split from one Gemm between Reshapes: packed Attention with the Gemm's W and b."""
+    model = split_projection_model()
+    out, report = apply(model)
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    assert fused(out) == ["Attention"] and not {"Gemm", "Split"} & set(helpers.op_types(out))
+    att = next(n for n in out.graph.node if n.op_type == "Attention")
+    np.testing.assert_array_equal(initializer(out, att.input[1]), initializer(model, "W_attn"))
+    np.testing.assert_array_equal(initializer(out, att.input[2]), initializer(model, "b_attn"))
+    assert_same(model, out)
+
+
+def test_split_projection_back_to_dims_not_provably_x_s_is_not_packed():
+    """x [B (named), S, E] reshaped back to a constant [2, S, 3E]: right only when B is 2 at run time,
+    which the graph does not prove. Not packed (MultiHeadAttention takes the Split outputs as they are);
+    the outputs are still the original's."""
+    model = split_projection_model(batch="B")
+    out, report = apply(model)
+    assert "Attention" not in fused(out)
+    assert_same(model, out)
+
+
 def test_projections_not_packed_when_a_projection_is_read_elsewhere():
     """k's projection also feeds a graph output: the MatMuls must stay, so MultiHeadAttention takes them."""
     model = attention_model(mask="padding")

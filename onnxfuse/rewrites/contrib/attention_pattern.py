@@ -25,6 +25,7 @@ from onnxfuse.rewrites.contrib.matmul import scale_of
 from onnxfuse.rewrites.engine.facts import (
     constant_value,
     consumers,
+    dims_equal,
     dtype_of,
     is_graph_output,
     is_op,
@@ -310,7 +311,12 @@ def packed_projections(graph, sources, hidden: int, dtype) -> PackedProjections 
     missing bias is E zeros (``y + 0 == y``). ``Attention`` then computes the three projections in one
     GEMM and adds the bias inside its own kernel, which is why it beats three MatMuls feeding
     MultiHeadAttention (benchmarks/attention_ops.py).
+
+    Also GPT-2's form, one projection then a Split: :func:`_split_projection`.
     """
+    split = _split_projection(graph, sources, hidden, dtype)
+    if split is not None:
+        return split
     x, weights, biases, nodes = None, [], [], []
     for t in sources:
         if not single_reader(graph, t):
@@ -339,6 +345,80 @@ def packed_projections(graph, sources, hidden: int, dtype) -> PackedProjections 
     if rank_of(graph, x) != 3 or dtype_of(graph, x) != dtype:
         return None
     return PackedProjections(x, np.concatenate(weights, axis=1), np.concatenate(biases), nodes)
+
+
+def _split_projection(graph, sources, hidden: int, dtype) -> PackedProjections | None:
+    """q, k, v = outputs 0, 1, 2 of ``Split(t, [E, E, E], axis=-1)`` with t one packed projection of x, or
+    None. t is ``Reshape(Gemm(Reshape(x, [N, E_in]), W, b), [B, S, 3E])`` (GPT-2's Conv1D), or
+    ``MatMul(x, W)`` with an optional ``Add`` of a [3E] constant.
+
+    Why that is ``x·W + b`` on [B, S, ·]: a Reshape of x [B, S, E_in] to rank 2 with last dimension E_in is
+    the row-major flatten (row b·S + s holds x[b, s]); the Gemm (alpha = beta = 1, A not transposed) is
+    row-wise; and the Reshape back to [B', S', 3E] with B', S' provably x's B and S (equal sizes or the
+    same named dimension) sends row b·S + s back to (b, s). Split's blocks are W's column blocks
+    [W_q | W_k | W_v], the layout ``Attention`` wants."""
+    split = producer_of(sources[0])
+    if split is None or not is_op(split, "Split") or len(split.outputs) != 3:
+        return None
+    if any(split.outputs[i] is not sources[i] or not single_reader(graph, sources[i]) for i in range(3)):
+        return None
+    t = split.inputs[0]
+    t_shape = shape_of(graph, t)
+    if t_shape is None or len(t_shape) != 3 or t_shape[2] != 3 * hidden or int(split.attrs.get("axis", 0)) not in (2, -1):
+        return None
+    sizes = constant_value(graph, split.inputs[1]) if len(split.inputs) > 1 else split.attrs.get("split")
+    if sizes is not None and [int(v) for v in np.asarray(sizes).reshape(-1)] != [hidden] * 3:
+        return None
+    if not single_reader(graph, t):
+        return None
+    nodes = [split]
+    p = producer_of(t)
+    bias = np.zeros(3 * hidden, dtype)
+    if p is not None and is_op(p, "Reshape"):  # Reshape(Gemm(Reshape(x, [N, E_in])), [B, S, 3E])
+        gemm = producer_of(p.inputs[0])
+        if gemm is None or not is_op(gemm, "Gemm") or not single_reader(graph, p.inputs[0]):
+            return None
+        if (float(gemm.attrs.get("alpha", 1.0)) != 1.0 or float(gemm.attrs.get("beta", 1.0)) != 1.0
+                or int(gemm.attrs.get("transA", 0)) != 0):
+            return None
+        flat = producer_of(gemm.inputs[0])
+        if flat is None or not is_op(flat, "Reshape") or not single_reader(graph, gemm.inputs[0]):
+            return None
+        x = flat.inputs[0]
+        x_shape, flat_shape = shape_of(graph, x), shape_of(graph, gemm.inputs[0])
+        if (x_shape is None or len(x_shape) != 3 or not isinstance(x_shape[2], int) or flat_shape is None
+                or len(flat_shape) != 2 or flat_shape[1] != x_shape[2]):
+            return None
+        if not (dims_equal(t_shape[0], x_shape[0]) and dims_equal(t_shape[1], x_shape[1])):
+            return None
+        w = _constant_matrix(graph, gemm.inputs[1])
+        if w is not None and int(gemm.attrs.get("transB", 0)):
+            w = w.T
+        if len(gemm.inputs) > 2 and not gemm.inputs[2].is_empty():
+            c = constant_value(graph, gemm.inputs[2])
+            if c is None or c.size != 3 * hidden or c.shape[-1] != 3 * hidden:
+                return None
+            bias = c.reshape(-1)
+        nodes += [p, gemm, flat]
+    else:  # MatMul(x, W) (+ b)
+        found = projection_bias(graph, t)
+        if found is not None:
+            mm_out, bias, add = found
+            if bias.shape != (3 * hidden,) or not single_reader(graph, mm_out):
+                return None
+            nodes.append(add)
+        else:
+            mm_out = t
+        mm = producer_of(mm_out)
+        if mm is None or not is_op(mm, "MatMul") or len(mm.inputs) != 2:
+            return None
+        x, w = mm.inputs[0], _constant_matrix(graph, mm.inputs[1])
+        nodes.append(mm)
+    if w is None or w.shape[1] != 3 * hidden or w.dtype != dtype or bias.dtype != dtype:
+        return None
+    if rank_of(graph, x) != 3 or dtype_of(graph, x) != dtype:
+        return None
+    return PackedProjections(x, w, bias, nodes)
 
 
 def _constant_matrix(graph, tensor) -> np.ndarray | None:

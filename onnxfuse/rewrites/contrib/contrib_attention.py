@@ -42,7 +42,7 @@ scale. A scale applied after a mask step is refused (it would scale the mask too
 1-D constant of E values, or a bare MatMul output (its bias is then E zeros, and ``x + 0 == x``:
 Whisper's bias-free ``k_proj``), with at least one real bias and each read only by the attention, the
 [3E] concatenation becomes MultiHeadAttention's ``bias`` input and the kernel adds it. Otherwise q, k
-and v are taken as they are (GPT-2's Conv1D projections are Gemms behind a Split: taken as they are).
+and v are taken as they are (when the projections are not packed into ``Attention``: below).
 
 **Mask steps** (:func:`~onnxfuse.rewrites.contrib.attention_pattern.mask_terms`), between the scaled
 scores x and the Softmax, outermost first, become one ``attention_bias`` built innermost first:
@@ -92,13 +92,13 @@ decomposed / three MatMuls + MultiHeadAttention / packed ``Attention``: fp32 b1 
 fp32 b16 0.147 / 0.143 / 0.120, fp16 b1 0.107 / 0.078 / 0.053, fp16 b16 0.117 / 0.086 / 0.086):
 
 * ``Attention`` when q, k and v are constant-weight projections of one tensor x (self-attention:
-  BERT, RoBERTa, DistilBERT, Whisper): the three MatMuls and bias Adds go into the op, whose weight is
+  BERT, RoBERTa, DistilBERT, Whisper; GPT-2's one Gemm cut by a Split): the three MatMuls and bias Adds go into the op, whose weight is
   ``[W_q | W_k | W_v]`` and bias ``[b_q | b_k | b_v]``
   (:func:`~onnxfuse.rewrites.contrib.attention_pattern.packed_projections`), one GEMM instead of three;
   the additive mask is its ``attention_bias`` (input 5), built as for MultiHeadAttention, with S = L =
   x's sequence dimension;
 * ``MultiHeadAttention`` otherwise: it takes the projections as they are, whatever the exporter did
-  with them (cross-attention, a projection also read elsewhere, a packed QKV cut by Split as GPT-2's).
+  with them (cross-attention, a projection also read elsewhere, weights that are not constants).
 
 Both run on ONNX Runtime's CPU provider, so validation needs no GPU.
 
