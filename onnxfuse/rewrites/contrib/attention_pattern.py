@@ -317,34 +317,39 @@ def packed_projections(graph, sources, hidden: int, dtype) -> PackedProjections 
     split = _split_projection(graph, sources, hidden, dtype)
     if split is not None:
         return split
-    x, weights, biases, nodes = None, [], [], []
+    projections = []
     for t in sources:
-        if not single_reader(graph, t):
+        found = _linear(graph, t, hidden, dtype) if single_reader(graph, t) else None
+        if found is None or (projections and found.x is not projections[0].x):
             return None
-        found = projection_bias(graph, t)
-        if found is not None:
-            mm_out, b, add = found
-            if b.shape != (hidden,) or not single_reader(graph, mm_out):
-                return None
-            nodes.append(add)
-        else:
-            mm_out, b = t, np.zeros(hidden, dtype)
-        mm = producer_of(mm_out)
-        if mm is None or not is_op(mm, "MatMul") or len(mm.inputs) != 2:
-            return None
-        w = _constant_matrix(graph, mm.inputs[1])
-        if w is None or w.ndim != 2 or w.shape[1] != hidden or w.dtype != dtype or b.dtype != dtype:
-            return None
-        if x is None:
-            x = mm.inputs[0]
-        elif mm.inputs[0] is not x:
-            return None
-        weights.append(w)
-        biases.append(b)
-        nodes.append(mm)
+        projections.append(found)
+    x = projections[0].x
     if rank_of(graph, x) != 3 or dtype_of(graph, x) != dtype:
         return None
-    return PackedProjections(x, np.concatenate(weights, axis=1), np.concatenate(biases), nodes)
+    return PackedProjections(x, np.concatenate([p.weight for p in projections], axis=1),
+                             np.concatenate([p.bias for p in projections]), [n for p in projections for n in p.nodes])
+
+
+def _linear(graph, t, width: int, dtype) -> PackedProjections | None:
+    """``t = MatMul(x, W)`` or ``Add(MatMul(x, W), b)`` as (x, W, b, [Add, MatMul]): W a constant
+    [E_in, width] (read through a Transpose too), b a constant of ``width`` values (zeros when there is no
+    Add), both of ``dtype``, the MatMul output read only by the Add; else None."""
+    nodes = []
+    found = projection_bias(graph, t)
+    if found is not None:
+        mm_out, bias, add = found
+        if bias.shape != (width,) or not single_reader(graph, mm_out):
+            return None
+        nodes.append(add)
+    else:
+        mm_out, bias = t, np.zeros(width, dtype)
+    mm = producer_of(mm_out)
+    if mm is None or not is_op(mm, "MatMul") or len(mm.inputs) != 2:
+        return None
+    w = _constant_matrix(graph, mm.inputs[1])
+    if w is None or w.shape[1] != width or w.dtype != dtype or bias.dtype != dtype:
+        return None
+    return PackedProjections(mm.inputs[0], w, bias, nodes + [mm])
 
 
 def _split_projection(graph, sources, hidden: int, dtype) -> PackedProjections | None:
@@ -401,19 +406,11 @@ def _split_projection(graph, sources, hidden: int, dtype) -> PackedProjections |
             bias = c.reshape(-1)
         nodes += [p, gemm, flat]
     else:  # MatMul(x, W) (+ b)
-        found = projection_bias(graph, t)
-        if found is not None:
-            mm_out, bias, add = found
-            if bias.shape != (3 * hidden,) or not single_reader(graph, mm_out):
-                return None
-            nodes.append(add)
-        else:
-            mm_out = t
-        mm = producer_of(mm_out)
-        if mm is None or not is_op(mm, "MatMul") or len(mm.inputs) != 2:
+        found = _linear(graph, t, 3 * hidden, dtype)
+        if found is None:
             return None
-        x, w = mm.inputs[0], _constant_matrix(graph, mm.inputs[1])
-        nodes.append(mm)
+        x, w, bias = found.x, found.weight, found.bias
+        nodes += found.nodes
     if w is None or w.shape[1] != 3 * hidden or w.dtype != dtype or bias.dtype != dtype:
         return None
     if rank_of(graph, x) != 3 or dtype_of(graph, x) != dtype:

@@ -443,8 +443,9 @@ def _shared_unsqueeze(graph, mask, axes_values):
 
 
 def _seq_dim(graph, tensor):
+    """S of a [B, S, E] tensor when its rank is known to be 3, else None."""
     shape = shape_of(graph, tensor)
-    return shape[1] if shape is not None and len(shape) >= 2 else None
+    return shape[1] if shape is not None and len(shape) == 3 else None
 
 
 def _expansion_sources(graph, expand):
@@ -507,8 +508,7 @@ def _slower_than_unfused(graph, dtype, layout, key) -> str | None:
     if layout == SEQ_FIRST:
         return ("float32 sequence-first attention is left unfused: the Transposes into [B, S, E] and back "
                 "cost more than the fusion saves (measured: ViT-B/16 fp32); fp16 (--precision fp16) fuses it")
-    shape = shape_of(graph, key)
-    length = shape[1] if shape is not None and len(shape) == 3 else None
+    length = _seq_dim(graph, key)
     if isinstance(length, int) and length >= FP32_LONG_KEYS:
         return (f"float32 attention over {length} keys is left unfused: ONNX Runtime's fp32 fused kernel is "
                 f"slower than its unfused GEMMs from {FP32_LONG_KEYS} keys on (measured: Whisper-base, "
