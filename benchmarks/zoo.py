@@ -482,30 +482,14 @@ def run_model(name: str, args, part: Path) -> None:
     log(f"  {info['nodes_before']} → {info['nodes_after']} nodes, validation {info['validation']}, attention ops "
         f"{sum(v for k, v in info['ops_after'].items() if k.endswith('Attention'))}")
 
-    from onnxfuse.rewrites import select_rules
-
-    # The attention rule on top of the default rules (transformer rows only), while it was opt-in.
-    default_rules = [r.name for r in select_rules(args.target)]
-    with_attention = default_rules + [n for n in ["contrib-attention"] if n not in default_rules]
-
     def anchors(model, src: Path, label: str, rtol: float) -> list:
-        """For a transformer row: onnxfuse with contrib-attention, and ONNX Runtime's transformers
-        optimizer (given the model type, head count and hidden size it needs), its output checked
-        against the original's on ``device``. A failure is recorded as the row's result, not hidden."""
+        """For a transformer row: ONNX Runtime's transformers optimizer (given the model type, head count
+        and hidden size it needs), its output checked against the original's on ``device``. A failure is
+        recorded as the row's result, not hidden. (contrib-attention is a default rule: the optimized
+        column has it.)"""
         if not spec.transformer:
             return []
         extra = []
-        # While contrib-attention was opt-in, a second onnxfuse column had it; as a default rule it is
-        # already in the optimized column.
-        if "contrib-attention" not in default_rules:
-            try:
-                att, info_a = optimize(model, f"{label}-attention", rtol=rtol if label == "fp16" else None,
-                                       atol=rtol if label == "fp16" else None, only=with_attention)
-                rec.info(f"optimize_attention_{label}", info_a)
-                log(f"  +attention: {info_a['nodes_after']} nodes, validation {info_a['validation']}")
-                extra.append(("attention", att))
-            except Exception as exc:
-                rec.error(f"optimize_attention_{label}", exc)
         try:
             from onnxruntime.transformers.optimizer import optimize_model as ort_transformers
 
@@ -637,13 +621,13 @@ def run_model(name: str, args, part: Path) -> None:
                 f"cosine {drift['optimized']['cosine']:.6f}")
             extra16 = anchors(original16, path16, "fp16", 1e-2)
             if spec.transformer:
-                # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute), with attention:
-                # what a user without a half-precision export gets.
+                # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute): what a user
+                # without a half-precision export gets.
                 try:
                     converted, info_p = optimize(original, "precision-fp16", rtol=1e-2, atol=1e-2,
-                                                 only=with_attention, precision="fp16")
+                                                 precision="fp16")
                     rec.info("optimize_precision_fp16", info_p)
-                    log(f"  --precision fp16 (+attention): {info_p['nodes_after']} nodes, "
+                    log(f"  --precision fp16: {info_p['nodes_after']} nodes, "
                         f"validation {info_p['validation']}")
                     extra16.append(("precision", converted))
                 except Exception as exc:
@@ -754,8 +738,9 @@ def markdown(results: dict) -> str:
         lines += ["", "## Transformers: against ONNX Runtime's transformers optimizer", "",
                   "Speed-up over the original under ORT_ENABLE_ALL. tx-opt: "
                   "`onnxruntime.transformers.optimizer.optimize_model` given the model type, head count and hidden "
-                  "size (– where it wrote an invalid model: see Per model); +attention: onnxfuse with the opt-in "
-                  "contrib-attention rule; --precision fp16: `optimize --precision fp16` (+attention) on the fp32 export, "
+                  "size (– where it wrote an invalid model: see Per model); +attention: onnxfuse with the then "
+                  "opt-in contrib-attention rule (runs before it became a default rule; now in onnxfuse); "
+                  "--precision fp16: `optimize --precision fp16` on the fp32 export, "
                   "timed against the fp16 original.", "",
                   "| model | batch | CUDA graph | tx-opt | onnxfuse | onnxfuse +attention | fp16 tx-opt "
                   "| fp16 onnxfuse | fp16 +attention | --precision fp16 |",
@@ -790,7 +775,7 @@ def markdown(results: dict) -> str:
                              f"{(att.get('ops_after') or {}).get('com.microsoft::MultiHeadAttention', 0)}")
         prec = info.get("optimize_precision_fp16")
         if prec:
-            lines.append(f"  - --precision fp16 (+attention): {prec.get('nodes_after')} nodes, validation "
+            lines.append(f"  - --precision fp16: {prec.get('nodes_after')} nodes, validation "
                          f"{prec.get('validation')}")
         drift = info.get("fp16_drift_vs_fp32")
         if drift:
