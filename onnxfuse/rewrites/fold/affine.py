@@ -109,6 +109,20 @@ def _optional_input(node, index):
     return None
 
 
+def _optional_constant(graph, node, index, role, weight_role, dtype):
+    """(value, None) for optional input ``index`` when absent (None) or a constant of ``dtype``, else
+    (None, the reason): the additive term a fold rewrites must be a constant of the weight's type."""
+    t = _optional_input(node, index)
+    if t is None:
+        return None, None
+    value = constant_value(graph, t)
+    if value is None:
+        return None, f"{role} {t.name!r} is not a constant"
+    if value.dtype != dtype:
+        return None, f"dtype mismatch: {role} is {value.dtype.name}, {weight_role} is {dtype.name}"
+    return value, None
+
+
 def producer_geometry(graph, node):
     """``(reason, weight, out_rank, channels)`` for a Conv / ConvTranspose / Gemm producer."""
     what = node.op
@@ -161,16 +175,11 @@ def plan_affine(graph, node, scale: np.ndarray, shift: np.ndarray):
     attrs = {}
 
     if node.op in ("Conv", "ConvTranspose"):
-        bias_t = _optional_input(node, 2)
-        bias = None
-        if bias_t is not None:
-            bias = constant_value(graph, bias_t)
-            if bias is None:
-                return f"{node.op} bias {bias_t.name!r} is not a constant", None
-            if bias.dtype != dtype:
-                return f"dtype mismatch: {node.op} bias is {bias.dtype.name}, weight is {dtype.name}", None
-            if bias.shape != (channels,):
-                return f"{node.op} bias has shape {bias.shape}; expected ({channels},)", None
+        bias, reason = _optional_constant(graph, node, 2, f"{node.op} bias", "weight", dtype)
+        if reason:
+            return reason, None
+        if bias is not None and bias.shape != (channels,):
+            return f"{node.op} bias has shape {bias.shape}; expected ({channels},)", None
         if scales:
             if node.op == "Conv":
                 w64 = f64(w) * scale.reshape((channels,) + (1,) * (w.ndim - 1))
@@ -196,16 +205,11 @@ def plan_affine(graph, node, scale: np.ndarray, shift: np.ndarray):
     # Gemm: Y = alpha·A'·B' + beta·C  →  alpha·A'·(B'·diag(scale)) + (beta·C·scale + shift), beta = 1
     trans_b = int(node.attrs.get("transB", 0))
     beta = float(node.attrs.get("beta", 1.0))
-    c_t = _optional_input(node, 2)
-    c = None
-    if c_t is not None:
-        c = constant_value(graph, c_t)
-        if c is None:
-            return f"Gemm C {c_t.name!r} is not a constant", None
-        if c.dtype != dtype:
-            return f"dtype mismatch: Gemm C is {c.dtype.name}, B is {dtype.name}", None
-        if c.ndim > 2 or (c.ndim >= 1 and c.shape[-1] not in (1, channels)):
-            return f"Gemm C of shape {c.shape} does not broadcast to (M, {channels})", None
+    c, reason = _optional_constant(graph, node, 2, "Gemm C", "B", dtype)
+    if reason:
+        return reason, None
+    if c is not None and (c.ndim > 2 or (c.ndim >= 1 and c.shape[-1] not in (1, channels))):
+        return f"Gemm C of shape {c.shape} does not broadcast to (M, {channels})", None
     if scales:
         b64 = f64(w) * (scale.reshape(channels, 1) if trans_b else scale.reshape(1, channels))
         new_b = cast_back(b64, dtype)
