@@ -219,6 +219,17 @@ class Lowering:
     shape: tuple | None = None
     folded: dict = field(default_factory=dict)  # operand index -> python scalar
 
+    def run_steps(self, operands: list, apply, number=lambda x: x) -> list:
+        """Every step's result, in order: each arg resolved (operand index i → ``operands[i]``, ("s", j) →
+        step j's result, ("n", x) → ``number(x)``) and passed with the op and its attributes to
+        ``apply(op_type, args, attrs)``. One walk for the dtype pass and the program builder."""
+        results: list = []
+        for op_type, args, attrs in self.steps:
+            resolved = [operands[a] if isinstance(a, int) else results[a[1]] if a[0] == "s" else number(a[1])
+                        for a in args]
+            results.append(apply(op_type, resolved, attrs))
+        return results
+
 
 class _Refuse(Exception):
     pass
@@ -489,22 +500,12 @@ class RegionAnalysis:
             else:
                 raise _Refuse(f"Pow of {op_dtypes[0]} by {op_dtypes[1]}")
         # Result dtype through the steps (validates dtypes against OP_TABLE).
-        results: list[str] = []
-        for op_type, args, attrs in low.steps:
-            arg_dt = []
-            for a in args:
-                if isinstance(a, int):
-                    arg_dt.append(op_dtypes[a])
-                elif a[0] == "s":
-                    arg_dt.append(results[a[1]])
-                else:
-                    arg_dt.append(None)
-            spec = expr.op_spec(op_type)
+        def step_dtype(op_type, arg_dt, attrs):  # a number takes its data operands' dtype
             data = [d for d in arg_dt if d is not None]
-            fill = data[1] if spec.cond_first and len(data) > 1 else (data[0] if data else None)
-            arg_dt = [d if d is not None else fill for d in arg_dt]
-            results.append(expr.result_dtype(op_type, arg_dt, attrs))
-        low.dtype = results[-1]
+            fill = data[1] if expr.op_spec(op_type).cond_first and len(data) > 1 else (data[0] if data else None)
+            return expr.result_dtype(op_type, [d if d is not None else fill for d in arg_dt], attrs)
+
+        low.dtype = low.run_steps(op_dtypes, step_dtype, number=lambda _: None)[-1]
         out = node.outputs[0]
         inferred = self.info.get(out.name, (None, None))
         if inferred[0] and expr.DTYPE_FROM_ONNX.get(inferred[0]) not in (None, low.dtype):
@@ -690,17 +691,7 @@ def build_program(region: Region, dtype_of):
                 op_names.append(b.const(low.folded[k], dt))
             else:
                 op_names.append(names[id(t)])
-        results: list[str] = []
-        for op_type, args, attrs in low.steps:
-            real = []
-            for a in args:
-                if isinstance(a, int):
-                    real.append(op_names[a])
-                elif a[0] == "s":
-                    real.append(results[a[1]])
-                else:
-                    real.append(a[1])
-            results.append(b.op(op_type, real, **attrs))
+        results = low.run_steps(op_names, lambda op_type, real, attrs: b.op(op_type, real, **attrs))
         names[id(low.node.outputs[0])] = results[-1]
         values[low.node.outputs[0].name] = results[-1]
     for t in region.outputs:
