@@ -115,3 +115,24 @@ def test_whisper_q_scale_before_the_split_is_the_attention_scale():
     for n in att:
         bias = inits[n.input[2]]
         assert bias.shape == (3 * 64,) and not bias[64:128].any() and bias[:64].any() and bias[128:].any()
+
+
+@pytest.mark.parametrize("name", ["bert_tiny_opset14", "distilbert_tiny_opset14", "roberta_tiny_opset14"])
+def test_every_post_norm_residual_becomes_skip_layernorm(name):
+    """Post-norm encoders: both residual LayerNorms of each layer (after attention, after the FFN)
+    become SkipLayerNormalization. The one after attention needs the residual and the attention output
+    proven the same shape, through the head merge's Reshape (shapes inferred again after
+    constant-reshape-target, the merge Reshape dropped as an identity and its invented dims renamed);
+    the embeddings' LayerNorm stays plain (its Add broadcasts position embeddings of batch 1)."""
+    layers = MODELS[name][0]
+    model = load_testdata(name)
+    result = onnxfuse.optimize(model, only=NAMES, provider="cpu", samples=2)
+    assert result.validation.passed
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("SkipLayerNormalization") == 2 * layers
+    assert ops.count("LayerNormalization") == 1
+    feeds = feeds_for(name, model)
+    want = run_ort(model, feeds)
+    got = run_optimized(result.model, feeds)
+    for (out, a), b in zip(want.items(), got):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4, err_msg=out)

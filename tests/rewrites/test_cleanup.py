@@ -117,8 +117,47 @@ def test_apply_rules_runs_cleanup_and_reports_it():
     model = make_model(nodes, [X], [vi("y", ["N", 3])])
     graph = to_graph(model)
     report = apply_rules(graph, [])
-    assert report.cleanup == {"identity": 1, "dead-node": 1}
+    assert report.cleanup == {"identity": 1, "identity-reshape": 0, "dead-node": 1}
     assert report.total == 0
     out = to_model(graph, model)
     assert op_types(out) == ["Relu"]
     assert_same_outputs(model, out)
+
+
+def _reshape_model(target, allowzero=0, shape=("N", 3, 4)):
+    out_shape = [None] * len(target)
+    t = numpy_helper.from_array(np.asarray(target, np.int64), "t")
+    nodes = [_node("Relu", ["x"], ["r"]), _node("Reshape", ["r", "t"], ["s"], allowzero=allowzero),
+             _node("Sigmoid", ["s"], ["y"])]
+    return make_model(nodes, [vi("x", list(shape))], [vi("y", out_shape)], inits=[t], opset=14)
+
+
+def _clean_reshapes(model, infer=True):
+    graph = to_graph(onnx.shape_inference.infer_shapes(model) if infer else model)
+    counts = cleanup(graph)
+    out = to_model(graph, model)
+    onnx.checker.check_model(out)
+    return out, counts
+
+
+def test_identity_reshapes_are_removed():
+    for target in ([0, -1, 4], [0, 3, -1], [-1, 3, 4], [0, 0, 0], [0, 3, 4]):
+        model = _reshape_model(target)
+        out, counts = _clean_reshapes(model)
+        assert op_types(out) == ["Relu", "Sigmoid"], target
+        assert counts["identity-reshape"] == 1
+        assert_same_outputs(model, out)
+
+
+def test_reshapes_that_change_the_shape_stay():
+    for target, allowzero in (([0, 4, -1], 0), ([0, 12], 0), ([0, -1], 0), ([0, 3, 4], 1), ([-1, -1, 4], 0)):
+        model = _reshape_model(target, allowzero)
+        out, counts = _clean_reshapes(model)
+        assert "Reshape" in op_types(out), target
+        assert counts["identity-reshape"] == 0
+
+
+def test_reshape_of_unknown_rank_stays():
+    model = _reshape_model([0, -1, 4])
+    out, counts = _clean_reshapes(model, infer=False)  # no shape inference: the Relu's output has no known rank
+    assert "Reshape" in op_types(out)

@@ -135,6 +135,7 @@ from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
     constant_value,
     consumers,
+    declared_shape,
     dims_equal,
     dtype_of,
     internal_problem,
@@ -164,6 +165,15 @@ class AttentionPlan:
     head_size: int
     shape_reads: list  # (Shape node outside the pattern, the dims it reads, e.g. "BHSL")
     packed: PackedProjections | None  # q, k, v projections of one tensor: emit Attention, not MHA
+
+
+def _output_shape(query, hidden: int):
+    """The attention op's output shape, [B, S, H·D] with B and S the query's (``query``: x for ``Attention``,
+    q for MultiHeadAttention, both [B, S, ·]), or None when the query's rank is not known to be 3. ONNX
+    has no schema for contrib ops, so without it every shape after the op would be unknown (the merge
+    Reshape then cannot be seen to be an identity, nor the residual Add's operands to be equal)."""
+    shape = declared_shape(query)
+    return None if shape is None or len(shape) != 3 else [shape[0], shape[1], hidden]
 
 
 class ContribAttention(Rule):
@@ -303,7 +313,8 @@ class ContribAttention(Rule):
         # The Reshape that merged [B, S, H, D] stays: row-major [B, S, E] holds the same elements in the
         # same order, so it gives the same result from MultiHeadAttention's output ([S, B, E] after a
         # Transpose for the sequence-first layout, whose merge read [S, B, H, D]).
-        out = gs.Variable(names(f"{base}/attention_output"), dtype=plan.dtype)
+        out = gs.Variable(names(f"{base}/attention_output"), dtype=plan.dtype,
+                          shape=_output_shape(inputs[0], plan.heads * plan.head_size))
         graph.nodes.append(gs.Node("MultiHeadAttention", names(f"{base}/MultiHeadAttention"), attrs,
                                    inputs=inputs, outputs=[out], domain="com.microsoft"))
         if plan.layout == SEQ_FIRST:
@@ -332,7 +343,8 @@ class ContribAttention(Rule):
         inputs = [x, weight, bias]
         if not attention_bias.is_empty():
             inputs += [gs.Variable.empty(), gs.Variable.empty(), attention_bias]
-        out = gs.Variable(names(f"{base}/attention_output"), dtype=plan.dtype)
+        out = gs.Variable(names(f"{base}/attention_output"), dtype=plan.dtype,
+                          shape=_output_shape(x, plan.heads * plan.head_size))
         graph.nodes.append(gs.Node("Attention", names(f"{base}/Attention"),
                                    {"num_heads": plan.heads, "scale": plan.scale}, inputs=inputs, outputs=[out],
                                    domain="com.microsoft"))

@@ -6,6 +6,8 @@
 * A rule that refused a candidate may accept it once a later rule has rewritten its surroundings, so
   the list runs again (at most :data:`MAX_ROUNDS` rounds) from the first rule that refused something
   before a later rule changed the graph; rules that saw no change since their last run are skipped.
+* After a rule that ``makes_shapes_inferable`` changed the graph, shapes are inferred again
+  (:mod:`.shapes`).
 * Refusals are reported once per (rule, node name, reason).
 * Any exception inside a rule (but out of memory and onnxfuse's own errors) becomes
   :class:`~.rule.RuleFailed`, which the pipeline answers by dropping the rule.
@@ -16,6 +18,7 @@ from __future__ import annotations
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.rewrites.engine.cleanup import cleanup
 from onnxfuse.rewrites.engine.rule import ApplyReport, GraphPass, Refusal, Refuse, Rule, RuleFailed
+from onnxfuse.rewrites.engine.shapes import refresh_shapes
 
 #: Safety net against a rule that keeps matching its own output.
 MAX_PASSES_PER_RULE = 64
@@ -125,6 +128,8 @@ class _Run:
             if not applied:
                 break
             self.cleanup()
+        if total and rule.makes_shapes_inferable:
+            refresh_shapes(self.graph)
         return total, refused
 
     def _first_refusal_of(self, rule: Rule, match) -> bool:

@@ -6,6 +6,14 @@
   graph output is kept, since that rename is the only thing producing the output. So is an Identity
   whose input comes from an enclosing graph (``scopes``): the producer belongs to another graph and
   cannot be made to write this graph's output.
+* Identity Reshapes: ``Reshape(x, t)`` with a constant ``t`` that provably gives back ``x``'s own shape
+  becomes an Identity (then removed as above): ``x`` of known rank ``len(t)`` and every entry of
+  ``t`` either 0 (copy, when ``allowzero`` is 0), the static dimension already there, or the single
+  -1, which is then inferred as the one dimension left (the element count is unchanged). Exporters
+  write these as often as not (BERT's ``Reshape(x, [-1])`` of a 1-D size vector), and rules leave
+  them (contrib-attention's merge Reshape reads an [B, S, E] output and asks for [B, S, E]); each is
+  a kernel launch at run time and, worse, ONNX shape inference does not propagate values through
+  Reshape, so sizes that pass through one stop being known.
 * Dead nodes and unused initializers are removed (graph inputs are kept: they are the model's
   signature), and nodes are sorted topologically, all through onnx-graphsurgeon, subgraphs included.
 """
@@ -14,8 +22,75 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.facts import graphs_within
+from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, int_attr, is_op, shape_of
 from onnxfuse.rewrites.engine.scopes import Scope
+
+
+def _is_identity_reshape(graph: gs.Graph, node: gs.Node) -> bool:
+    if not is_op(node, "Reshape") or len(node.inputs) != 2 or len(node.outputs) != 1:
+        return False
+    target = constant_value(graph, node.inputs[1])
+    shape = shape_of(graph, node.inputs[0])
+    if target is None or target.ndim != 1 or target.dtype.kind != "i" or shape is None or len(shape) != target.size:
+        return False
+    copy_zero = int_attr(node, "allowzero", 0) == 0
+    inferred = 0
+    for want, have in zip(target.tolist(), shape):
+        if want == -1:
+            inferred += 1
+        elif not ((want == 0 and copy_zero) or (want > 0 and isinstance(have, int) and have == want)):
+            return False
+    return inferred <= 1
+
+
+def identity_reshapes_to_identity(graph: gs.Graph) -> int:
+    """Turn every provably identity Reshape (module docstring) into an Identity, subgraphs included.
+
+    An identity Reshape also proves its output's dimensions equal to its input's. Shape inference could
+    not know that (it invents ``unk__9`` for a -1 it cannot compute symbolically), and every tensor it
+    inferred downstream carries the invented name; :func:`unify_dims` renames it everywhere, so that a
+    rule later sees DistilBERT's attention output and its residual as the same [batch, seq, E]."""
+    changed = 0
+    same: dict[str, object] = {}
+    for g in graphs_within(graph):
+        for node in g.nodes:
+            if _is_identity_reshape(g, node):
+                src, dst = shape_of(g, node.inputs[0]), node.outputs[0].shape
+                if dst is not None and len(dst) == len(src):
+                    for a, b in zip(dst, src):
+                        if isinstance(a, str) and a and b is not None and a != b:
+                            same[a] = b
+                node.op = "Identity"
+                node.attrs.clear()
+                del node.inputs[1]
+                changed += 1
+    if same:
+        unify_dims(graph, same)
+    return changed
+
+
+def unify_dims(graph: gs.Graph, same: dict[str, object]) -> None:
+    """Rename symbolic dimensions proven equal (``same[a] = b``: a is b, a name or a size) on every computed
+    tensor of ``graph`` and its subgraphs. Names the model declares on its inputs are kept: a declared
+    name is never replaced by an invented one (the mapping is turned around)."""
+    declared = {d for t in graph.inputs for d in (t.shape or []) if isinstance(d, str)}
+    for a, b in list(same.items()):
+        if a in declared and isinstance(b, str) and b not in declared:
+            del same[a]
+            same.setdefault(b, a)
+
+    def resolve(d, depth=0):
+        while isinstance(d, str) and d in same and depth < 64:
+            d, depth = same[d], depth + 1
+        return d
+
+    for g in graphs_within(graph):
+        own_inputs = {id(t) for t in g.inputs}
+        for node in g.nodes:
+            for t in node.outputs:
+                if isinstance(t, gs.Variable) and id(t) not in own_inputs and t.shape is not None:
+                    if any(isinstance(d, str) and d in same for d in t.shape):
+                        t.shape = [resolve(d) for d in t.shape]
 
 
 def remove_identities(graph: gs.Graph) -> int:
@@ -78,8 +153,9 @@ def cleanup(graph: gs.Graph) -> dict[str, int]:
     """Run every cleanup pass; return what each removed (for the report)."""
     before = len(graph.nodes)
     everything = _all_nodes(graph)
-    identities = remove_identities(graph)
+    reshapes = identity_reshapes_to_identity(graph)
+    identities = max(remove_identities(graph) - reshapes, 0)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     forget_dead_readers(everything, graph)
-    dead = before - identities - len(graph.nodes)
-    return {"identity": identities, "dead-node": max(dead, 0)}
+    dead = before - identities - reshapes - len(graph.nodes)
+    return {"identity": identities, "identity-reshape": reshapes, "dead-node": max(dead, 0)}

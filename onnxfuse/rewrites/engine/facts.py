@@ -158,6 +158,37 @@ def last_dim(graph, tensor) -> int | None:
     return None
 
 
+#: Ops whose output elements are elements of their first input (or, for Concat, of any input).
+_REARRANGING = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten", "Gather", "Slice", "Expand",
+                          "Transpose", "Tile"})
+
+
+def provably_nonnegative(graph, tensor, depth: int = 0) -> bool:
+    """True when every element of the integer ``tensor`` is ≥ 0 by construction: a ``Shape`` or ``Size``
+    (sizes are never negative), a constant with no negative element, or elements picked, rearranged,
+    concatenated, added, multiplied or maximised from such values. Casts between integer types count
+    only when widening or keeping the width (a narrowing cast could wrap a size to a negative number).
+    Sums and products of sizes are taken not to overflow int64 (a tensor of 2⁶³ elements cannot exist)."""
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return value.dtype.kind in "iub" and bool(np.all(value >= 0))
+    node = producer_of(tensor)
+    if node is None or depth > 16 or not is_default_domain(node):
+        return False
+    if node.op in ("Shape", "Size"):
+        return True
+    if node.op in _REARRANGING:
+        return provably_nonnegative(graph, node.inputs[0], depth + 1)
+    if node.op in ("Concat", "Add", "Mul", "Max"):
+        return all(provably_nonnegative(graph, t, depth + 1) for t in node.inputs)
+    if node.op == "Cast":
+        src, to = dtype_of(graph, node.inputs[0]), int(node.attrs.get("to", 0))
+        widths = {6: 4, 7: 8}  # TensorProto.INT32, INT64
+        return (src is not None and src.kind == "i" and to in widths and widths[to] >= src.itemsize
+                and provably_nonnegative(graph, node.inputs[0], depth + 1))
+    return False
+
+
 def dtype_of(graph, tensor) -> np.dtype | None:
     value = constant_value(graph, tensor)
     if value is not None:

@@ -115,6 +115,10 @@ class Rule:
     targets: ClassVar[frozenset[str]] = frozenset(TARGETS)
     #: Opt-in rules run only when named in ``--only`` (correct, but measured slower on the GPU).
     opt_in: ClassVar[bool] = False
+    #: Shapes are inferred again after a run of this rule that changed the graph
+    #: (:func:`~.shapes.refresh_shapes`): set by rules whose rewrites let ONNX infer dimensions it could
+    #: not before (a computed Reshape target made constant), so that later rules can prove them.
+    makes_shapes_inferable: ClassVar[bool] = False
 
     def match(self, graph) -> Iterable[Any]:
         raise NotImplementedError

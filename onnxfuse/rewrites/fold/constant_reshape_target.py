@@ -159,6 +159,9 @@ class ConstantReshapeTarget(Rule):
     name = "constant-reshape-target"
     description = "Reshape targets computed from Shape become constants with 0 (copy) and -1 (infer)"
     targets = frozenset(TARGETS)
+    #: A constant target with 0/-1 lets ONNX infer the output's dimensions (BERT's head merge: from
+    #: ``(unk, unk, 768)`` to ``(batch, 128, 768)``), which later rules need to prove shapes equal.
+    makes_shapes_inferable = True
 
     def match(self, graph):
         for node in graph.nodes:

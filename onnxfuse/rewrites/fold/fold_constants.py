@@ -34,6 +34,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.facts import is_default_domain
 from onnxfuse.rewrites.engine.rule import GraphPass
+from onnxfuse.rewrites.engine.shapes import replace_reads, weights_as_inputs
 
 #: Largest folded tensor, in bytes.
 SIZE_LIMIT = 1 << 20
@@ -67,7 +68,7 @@ def folded_copy(graph: gs.Graph) -> gs.Graph | None:
     from onnxfuse.model_io import infer_shapes
 
     before = _count_compute_nodes(graph)
-    work, stand_ins = _without_large_constants(graph)
+    work, stand_ins = weights_as_inputs(graph, SIZE_LIMIT)
     model = gs.export_onnx(work, do_type_check=False)
     del work
     del model.graph.value_info[:]
@@ -107,38 +108,6 @@ def folded_copy(graph: gs.Graph) -> gs.Graph | None:
     return _with_large_constants(gs.import_onnx(model), graph, stand_ins)
 
 
-def _nbytes(t: gs.Constant) -> int:
-    try:
-        return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
-    except Exception:
-        return 0
-
-
-def _replace_reads(old, new) -> None:
-    for node in list(old.outputs):
-        for i, x in enumerate(node.inputs):
-            if x is old:
-                node.inputs[i] = new
-
-
-def _without_large_constants(graph: gs.Graph):
-    """A copy of ``graph`` in which every constant over :data:`SIZE_LIMIT` is a graph input of the
-    same type and shape: nothing computed from a whole large weight could be folded anyway (the result
-    would be as large), its shape is still known, and each folding round then serializes kilobytes
-    instead of the model's weights (ViT-B/16: 40 s → a few seconds on 2 cores)."""
-    work = graph.copy()
-    names = []
-    for name, t in list(work.tensors().items()):
-        if not isinstance(t, gs.Constant) or _nbytes(t) <= SIZE_LIMIT:
-            continue
-        stand_in = gs.Variable(name, dtype=t.dtype, shape=list(t.shape))
-        _replace_reads(t, stand_in)
-        work.outputs = [stand_in if x is t else x for x in work.outputs]
-        work.inputs.append(stand_in)
-        names.append(name)
-    return work, names
-
-
 def _with_large_constants(folded: gs.Graph, original: gs.Graph, names: list[str]) -> gs.Graph:
     """Put the original large constants back in place of their stand-in graph inputs."""
     if not names:
@@ -149,7 +118,7 @@ def _with_large_constants(folded: gs.Graph, original: gs.Graph, names: list[str]
         stand_in, constant = tensors.get(name), constants[name]
         if stand_in is None:  # no longer read by anything
             continue
-        _replace_reads(stand_in, constant)
+        replace_reads(stand_in, constant)
         folded.outputs = [constant if x is stand_in else x for x in folded.outputs]
     wanted = set(names)
     folded.inputs = [t for t in folded.inputs if t.name not in wanted]
