@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.facts import is_default_domain
