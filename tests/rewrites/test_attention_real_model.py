@@ -44,9 +44,11 @@ def test_scale_folds_into_attention_matmul():
     alphas = [a.f for n in out.graph.node if n.op_type == "FusedMatMul" for a in n.attribute if a.name == "alpha"]
     assert alphas == pytest.approx([1 / np.sqrt(DIM // HEADS)] * LAYERS, rel=1e-6)
     # The attention scale's Sqrt, Div, Cast and its two Muls per layer are gone; of the 5 decomposed
-    # LayerNorms one became SkipLayerNorm and 4 ONNX LayerNormalization (opset raised 14 → 17).
+    # LayerNorms two became SkipLayerNorm (the residual stream, read again by the next block, is the
+    # fourth output of one of them) and 3 ONNX LayerNormalization (opset raised 14 → 17).
     assert after["Sqrt"] == 0 and after["Cast"] == 0
-    assert after["LayerNormalization"] == 4
+    assert after["SkipLayerNormalization"] == 2
+    assert after["LayerNormalization"] == 3
     # Size arithmetic on static dims is folded; the batch size stays computed.
     assert 0 < after["Shape"] < before["Shape"]
     assert len(out.graph.node) < len(model.graph.node) // 2

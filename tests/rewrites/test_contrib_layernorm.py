@@ -196,10 +196,27 @@ def test_skip_layernorm_refuses_broadcast_add():
     same_outputs(m, out)
 
 
-def test_skip_layernorm_refuses_shared_sum():
-    m = skip_model(extra_out=", float[2,5,8] x")
+@pytest.mark.parametrize("bias", [False, True])
+def test_skip_layernorm_shared_sum_is_the_fourth_output(bias):
+    """The Add's result also a graph output (or read again, as a pre-norm residual stream is): the op
+    writes it as input_skip_bias_sum, with its bias absorbed, and both outputs match the original."""
+    m = skip_model(bias=bias, extra_out=", float[2,5,8] x")
     out, report = fuse(m, SKIP)
-    assert report.counts[SKIP.name] == 0
+    assert report.counts[SKIP.name] == 1, refusals(report)
+    assert ops(out) == {"com.microsoft:SkipLayerNormalization": 1}
+    node = out.graph.node[0]
+    assert len(node.input) == (5 if bias else 4)
+    assert list(node.output) == ["y", "", "", "x"]
+    same_outputs(m, out)
+
+
+def test_skip_layernorm_residual_stream_read_by_the_next_block():
+    m = model("x = Add(a, b)" + ln_body() + "z = Add(x, y)\n", inputs="float[2,5,8] a, float[2,5,8] b",
+              outputs="float[2,5,8] z", inits=dict(GB))
+    out, report = fuse(m, SKIP)
+    assert report.counts[SKIP.name] == 1, refusals(report)
+    assert ops(out) == {"com.microsoft:SkipLayerNormalization": 1, "Add": 1}
+    same_outputs(m, out)
 
 
 def test_skip_layernorm_refuses_rank4():

@@ -5,7 +5,11 @@ com.microsoft SkipLayerNormalization.
 (rank 2 or 3: ONNX Runtime's kernel takes no other; dims equal as numbers or as the same named
 dim-param) and the normalization is over the last axis only, the Add and the normalization become
 ``com.microsoft.SkipLayerNormalization(a, b, γ, β)``; an ``Add(y, c)`` with c a constant 1-D bias
-feeding one side is absorbed too (its ``bias`` input), as in skip_layer_norm_fusion.cc. It also turns
+feeding one side is absorbed too (its ``bias`` input), as in skip_layer_norm_fusion.cc. When the Add's
+result is also read elsewhere (a graph output, or the residual stream of a pre-norm block: GPT-2, ViT,
+Whisper read it again for the next residual), it becomes the op's fourth output,
+``input_skip_bias_sum`` (a + b + bias, the Add's own value; ONNX Runtime's CPU and CUDA kernels both
+write it). It also turns
 an existing ONNX ``LayerNormalization`` preceded by such an Add into SkipLayerNormalization.
 Element types float16/float (the kernel's); works at any opset (com.microsoft domain).
 
@@ -45,9 +49,9 @@ class ContribSkipLayerNorm(ContribRule):
         add = producer_of(m.x)
         if not is_op(add, "Add") or len(add.inputs) != 2:
             return "LayerNorm input is not produced by an Add", None
-        problem = only_read_by(graph, m.x, m.x_readers)
-        if problem:
-            return problem, None
+        # Read elsewhere too (a pre-norm block's residual stream: GPT-2, ViT, Whisper): the sum becomes
+        # the op's optional fourth output, input_skip_bias_sum, which is exactly this Add's result.
+        keep_sum = only_read_by(graph, m.x, m.x_readers) is not None
         a, b = add.inputs
         sa, sb = shape_of(graph, a), shape_of(graph, b)
         if sa is None or sb is None:
@@ -78,15 +82,17 @@ class ContribSkipLayerNorm(ContribRule):
         reason, gamma, beta = skip_layernorm_params(graph, m, int(d), dtype)
         if reason:
             return reason, None
-        return None, (m, add, inp, skip, gamma, beta, bias, bias_add)
+        return None, (m, add, inp, skip, gamma, beta, bias, bias_add, keep_sum)
 
     def apply(self, graph, node, plan):
-        m, add, inp, skip, gamma, beta, bias, bias_add = plan
+        m, add, inp, skip, gamma, beta, bias, bias_add, keep_sum = plan
         inputs = [inp, skip, gamma, beta if beta is not None else empty_input()]
         if bias is not None:
             inputs.append(bias)
         nodes = list(m.nodes) + [add] + ([bias_add] if bias_add is not None else [])
-        fuse(graph, nodes, "SkipLayerNormalization", inputs, m.root.outputs[0], attrs={"epsilon": m.eps},
-             name=f"{m.root.name}/SkipLayerNorm" if m.root.name else None)
+        fused = fuse(graph, nodes, "SkipLayerNormalization", inputs, m.root.outputs[0], attrs={"epsilon": m.eps},
+                     name=f"{m.root.name}/SkipLayerNorm" if m.root.name else None)
+        if keep_sum:  # outputs: normalized, (mean), (inv_std_var), input_skip_bias_sum
+            fused.outputs.extend([empty_input(), empty_input(), m.x])
         return {"op": "com.microsoft.SkipLayerNormalization", "input": inp.name, "skip": skip.name,
-                "bias": bias is not None, "replaced": len(nodes)}
+                "bias": bias is not None, "sum_output": keep_sum, "replaced": len(nodes)}
