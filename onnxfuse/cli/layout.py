@@ -8,6 +8,9 @@ bench table squeezed its last column to nothing. Here each column says what it h
 * ``"id"``: identifiers (rule names, op types, output names): never wrapped, never cut;
 * ``"num"``: numbers and short values: right-justified, never wrapped, never cut;
 * ``"text"``: prose: wraps, but keeps at least :data:`TEXT_MIN_WIDTH` cells (long words fold).
+* ``"path"``: slash-separated names (ONNX node names, ``/layers.0/attn/Reshape_10``): as wide as prose,
+  but wrapped only before a ``/``, so each part of the name stays whole (one longer than the
+  column folds).
 
 :class:`FitTable` measures those minimums when it is printed (so it fits whichever console prints
 it) and, when the columns cannot all fit side by side, prints the table in parts, each repeating the
@@ -27,7 +30,7 @@ from rich.text import Text
 TEXT_MIN_WIDTH = 20
 #: Cells a column costs besides its content: one space of padding each side and one border.
 _COLUMN_OVERHEAD = 3
-KINDS = ("id", "num", "text")
+KINDS = ("id", "num", "text", "path")
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,8 @@ class FitTable:
         for i, col in enumerate(self.columns):
             cells = [row[i] for row, _ in self.rows]
             content = max([_cell_width(col.header)] + [_cell_width(c) for c in cells])
-            if col.kind == "text":
-                # Prose wraps at spaces; a word longer than the column folds (nothing is cut).
+            if col.kind in ("text", "path"):
+                # Prose wraps at spaces, paths before a '/'; a longer word folds (nothing is cut).
                 content = min(content, TEXT_MIN_WIDTH)
             widths.append(content)
         return widths
@@ -108,7 +111,8 @@ class FitTable:
                 table.add_column(col.header, justify="right" if col.kind == "num" else "left",
                                  no_wrap=col.kind != "text", min_width=widths[i], overflow="fold")
             for cells, style in self.rows:
-                table.add_row(*(cells[i] for i in group), style=style)
+                table.add_row(*(wrap_path(cells[i], widths[i]) if self.columns[i].kind == "path" else cells[i]
+                                for i in group), style=style)
             out.append(table)
         return out
 
@@ -116,7 +120,7 @@ class FitTable:
         """Minimum widths for one part. On a console too narrow even for one column beside the first,
         prose columns give up their 20 cells (down to 4) so they wrap instead of being cropped."""
         widths = {i: mins[i] for i in group}
-        prose = [i for i in group if self.columns[i].kind == "text"]
+        prose = [i for i in group if self.columns[i].kind in ("text", "path")]
         if not prose:
             return widths
         room = width - _table_width([0 if i in prose else mins[i] for i in group])
@@ -133,6 +137,26 @@ class FitTable:
 
 #: Spans that must stay on one line: `backticked` commands, and a --flag with the value after it.
 _UNBREAKABLE = re.compile(r"`[^`]*`|--[\w-]+(?:[ =](?![-`])\S+)?")
+
+
+def wrap_path(text: str, width: int) -> str:
+    """``text`` as lines of at most ``width`` cells, broken only before a ``/`` (a part longer than a
+    line is folded into pieces of ``width``)."""
+    lines, line = [], ""
+    for part in (p for p in re.split(r"(?=/)", text) if p):
+        if line and len(line) + len(part) > width:
+            lines.append(line)
+            line = ""
+        while len(part) > width > 0:
+            if line:
+                lines.append(line)
+                line = ""
+            lines.append(part[:width])
+            part = part[width:]
+        line += part
+    if line:
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def wrap_prose(text: str, width: int) -> list[str]:

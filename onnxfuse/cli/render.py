@@ -78,7 +78,7 @@ def refusal_summary_table(refusals) -> FitTable:
         groups.setdefault((r.rule, reason_pattern(r.reason)), []).append(r)
     table = FitTable("Refused candidates (--explain-all lists each)",
                      [Column("rule", "id"), Column("refused", "num"), Column("reason", "text"),
-                      Column("e.g. node", "text")])
+                      Column("e.g. node", "path")])
     for (rule, pattern), items in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         table.add_row(rule, str(len(items)), escape(pattern), escape(items[0].node))
     return table
@@ -102,7 +102,7 @@ def _detail_text(detail: dict) -> str:
 
 def refusals_table(refusals) -> FitTable:
     table = FitTable("Refused candidates (--explain-all)",
-                     [Column("rule", "id"), Column("node", "text"), Column("reason", "text")])
+                     [Column("rule", "id"), Column("node", "path"), Column("reason", "text")])
     for r in refusals:
         table.add_row(r.rule, escape(r.node), escape(r.reason))
     return table
@@ -134,7 +134,7 @@ def timing_table(timing) -> FitTable:
 def drift_table(title: str, comparisons, positions: bool = False) -> FitTable:
     """``diff``'s metrics per tensor. Every column is kept: where they do not fit side by side (mean abs,
     RMS and the worst element, below about 130 columns) they follow in a continued table."""
-    columns = [Column("tensor", "text")] + ([Column("#", "num"), Column("op", "id")] if positions else [])
+    columns = [Column("tensor", "path")] + ([Column("#", "num"), Column("op", "id")] if positions else [])
     columns += [Column("shape", "num"), Column("max abs", "num"), Column("max rel", "num"),
                 Column("cosine", "num"), Column("beyond tol", "num"), Column("result", "text"),
                 Column("mean abs", "num"), Column("RMS", "num"), Column("worst element", "text")]

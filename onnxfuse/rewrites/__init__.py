@@ -31,6 +31,7 @@ ORDER = [
     "fold/fold-constants",  # first: static sizes and constants let the pattern rules below match
     "fold/fold-size-sentinel",  # before constant-reshape-target: the sizes it keeps can then be copies
     "fold/constant-reshape-target",
+    "fold/gemm-rows-to-matmul",  # after constant-reshape-target: it reads the unflatten's constant [-1, S, N]
     "fold/fold-batchnorm-conv",
     "fold/fold-batchnorm-convtranspose",
     "fold/fold-batchnorm-gemm",

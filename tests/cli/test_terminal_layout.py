@@ -148,3 +148,18 @@ def test_on_a_very_narrow_console_prose_wraps_instead_of_being_cropped():
     assert max(Text(x).cell_len for x in lines) <= 40
     text = "".join(cells(x)[1] for x in lines if x.startswith("│"))
     assert text.replace(" ", "") == "contrib,cuda,onnx(opt-in:--only)"  # every character, none cropped
+
+
+def test_node_names_wrap_only_before_a_slash():
+    from onnxfuse.cli.layout import wrap_path
+
+    name = "/layers/layers.0/self_attention/Reshape_10"
+    lines = wrap_path(name, 20).split("\n")
+    assert lines == ["/layers/layers.0", "/self_attention", "/Reshape_10"]
+    assert "".join(lines) == name
+    folded = wrap_path("/" + "x" * 30, 12).split("\n")  # a part longer than the column folds, nothing lost
+    assert all(len(x) <= 12 for x in folded) and "".join(folded) == "/" + "x" * 30
+    table = FitTable(None, [Column("rule", "id"), Column("node", "path")])
+    table.add_row("gemm-rows-to-matmul", name)
+    text = "\n".join(render(table, 50))
+    assert "Reshape_10" in text and "self_attention" in text

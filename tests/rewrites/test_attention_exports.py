@@ -117,13 +117,17 @@ def test_whisper_q_scale_before_the_split_is_the_attention_scale():
         assert bias.shape == (3 * 64,) and not bias[64:128].any() and bias[:64].any() and bias[128:].any()
 
 
-@pytest.mark.parametrize("name", ["bert_tiny_opset14", "distilbert_tiny_opset14", "roberta_tiny_opset14"])
-def test_every_post_norm_residual_becomes_skip_layernorm(name):
-    """Post-norm encoders: both residual LayerNorms of each layer (after attention, after the FFN)
-    become SkipLayerNormalization. The one after attention needs the residual and the attention output
-    proven the same shape, through the head merge's Reshape (shapes inferred again after
-    constant-reshape-target, the merge Reshape dropped as an identity and its invented dims renamed);
-    the embeddings' LayerNorm stays plain (its Add broadcasts position embeddings of batch 1)."""
+@pytest.mark.parametrize("name", ["bert_tiny_opset14", "distilbert_tiny_opset14", "roberta_tiny_opset14",
+                                  "gpt2_tiny_opset14", "whisper_encoder_tiny_opset14"])
+def test_every_residual_layernorm_becomes_skip_layernorm(name):
+    """Two residual LayerNorms per layer become SkipLayerNormalization. Post-norm encoders (BERT,
+    DistilBERT, RoBERTa): the one after attention needs the residual and the attention output proven
+    the same shape through the head merge's Reshape (shapes inferred again after constant-reshape-target,
+    the merge Reshape dropped as an identity and its invented dims renamed); the embeddings' LayerNorm
+    stays plain (its Add broadcasts position embeddings of batch 1). Pre-norm (GPT-2, Whisper): the
+    residual stream is read again by the next block, so it is the op's fourth output; GPT-2 needs its
+    Conv1D projections as MatMuls (gemm-rows-to-matmul) for the batch to be provable; the final
+    LayerNorm has no residual Add and stays plain."""
     layers = MODELS[name][0]
     model = load_testdata(name)
     result = onnxfuse.optimize(model, only=NAMES, provider="cpu", samples=2)

@@ -360,7 +360,8 @@ def _split_projection(graph, sources, hidden: int, dtype) -> PackedProjections |
     Why that is ``x·W + b`` on [B, S, ·]: a Reshape of x [B, S, E_in] to rank 2 with last dimension E_in is
     the row-major flatten (row b·S + s holds x[b, s]); the Gemm (alpha = beta = 1, A not transposed) is
     row-wise; and the Reshape back to [B', S', 3E] with B', S' provably x's B and S (equal sizes or the
-    same named dimension) sends row b·S + s back to (b, s). Split's blocks are W's column blocks
+    same named dimension, or a constant target [-1, S, 3E] with S static: -1 is then (B·S·3E) / (S·3E) = B)
+    sends row b·S + s back to (b, s). Split's blocks are W's column blocks
     [W_q | W_k | W_v], the layout ``Attention`` wants."""
     split = producer_of(sources[0])
     if split is None or not is_op(split, "Split") or len(split.outputs) != 3:
@@ -394,7 +395,10 @@ def _split_projection(graph, sources, hidden: int, dtype) -> PackedProjections |
         if (x_shape is None or len(x_shape) != 3 or not isinstance(x_shape[2], int) or flat_shape is None
                 or len(flat_shape) != 2 or flat_shape[1] != x_shape[2]):
             return None
-        if not (dims_equal(t_shape[0], x_shape[0]) and dims_equal(t_shape[1], x_shape[1])):
+        back = constant_value(graph, p.inputs[1])
+        inferred_batch = (back is not None and isinstance(x_shape[1], int) and x_shape[1] > 0
+                          and back.reshape(-1).tolist() == [-1, x_shape[1], 3 * hidden])
+        if not (inferred_batch or dims_equal(t_shape[0], x_shape[0])) or not dims_equal(t_shape[1], x_shape[1]):
             return None
         w = _constant_matrix(graph, gemm.inputs[1])
         if w is not None and int(gemm.attrs.get("transB", 0)):

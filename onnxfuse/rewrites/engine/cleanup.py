@@ -24,6 +24,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, int_attr, is_op, shape_of
 from onnxfuse.rewrites.engine.scopes import Scope
+from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
 
 
 def _is_identity_reshape(graph: gs.Graph, node: gs.Node) -> bool:
@@ -55,42 +56,13 @@ def identity_reshapes_to_identity(graph: gs.Graph) -> int:
     for g in graphs_within(graph):
         for node in g.nodes:
             if _is_identity_reshape(g, node):
-                src, dst = shape_of(g, node.inputs[0]), node.outputs[0].shape
-                if dst is not None and len(dst) == len(src):
-                    for a, b in zip(dst, src):
-                        if isinstance(a, str) and a and b is not None and a != b:
-                            same[a] = b
+                same.update(dims_proven_equal(node.outputs[0].shape, shape_of(g, node.inputs[0])))
                 node.op = "Identity"
                 node.attrs.clear()
                 del node.inputs[1]
                 changed += 1
-    if same:
-        unify_dims(graph, same)
+    unify_dims(graph, same)
     return changed
-
-
-def unify_dims(graph: gs.Graph, same: dict[str, object]) -> None:
-    """Rename symbolic dimensions proven equal (``same[a] = b``: a is b, a name or a size) on every computed
-    tensor of ``graph`` and its subgraphs. Names the model declares on its inputs are kept: a declared
-    name is never replaced by an invented one (the mapping is turned around)."""
-    declared = {d for t in graph.inputs for d in (t.shape or []) if isinstance(d, str)}
-    for a, b in list(same.items()):
-        if a in declared and isinstance(b, str) and b not in declared:
-            del same[a]
-            same.setdefault(b, a)
-
-    def resolve(d, depth=0):
-        while isinstance(d, str) and d in same and depth < 64:
-            d, depth = same[d], depth + 1
-        return d
-
-    for g in graphs_within(graph):
-        own_inputs = {id(t) for t in g.inputs}
-        for node in g.nodes:
-            for t in node.outputs:
-                if isinstance(t, gs.Variable) and id(t) not in own_inputs and t.shape is not None:
-                    if any(isinstance(d, str) and d in same for d in t.shape):
-                        t.shape = [resolve(d) for d in t.shape]
 
 
 def remove_identities(graph: gs.Graph) -> int:

@@ -17,10 +17,15 @@ How
 are serialized, not the model) and writes the result onto every computed tensor, subgraphs included.
 
 Symbolic names are only comparable within one inference run: ONNX numbers the ``unk__N`` it invents
-afresh each time. So every computed tensor takes this run's shape; a tensor this run cannot infer (an
-output of a contrib or custom op, for which ONNX has no schema) keeps what it had, minus symbolic names
-that are not the model's own declared ones (those are stable across runs), which become unknown. Graph
-inputs and constants are never touched.
+afresh each time. So every computed tensor takes this run's shape, with two exceptions that hold
+across runs (rewrites never change a surviving tensor's shape): a dimension the new run leaves
+invented or unknown keeps the size or *declared* name (one on the model's inputs, ``batch``) it had;
+and a tensor this run cannot infer at all (an output of a contrib or custom op, for which ONNX has no
+schema) keeps its shape minus the invented names of the old run, which become unknown. The first
+matters because a rewrite can also lose what inference knew: GPT-2's ``Reshape(Gemm(..), [-1, 128,
+2304])`` (constant-reshape-target's -1 for a batch read from another tensor) is ``batch`` by data
+propagation through the original Concat, but ``unk`` from the constant, since ONNX does no symbolic
+division. Graph inputs and constants are never touched.
 """
 
 from __future__ import annotations
@@ -97,6 +102,22 @@ def _declared_symbols(graph: gs.Graph) -> set[str]:
     return {d for t in graph.inputs for d in (t.shape or []) if isinstance(d, str) and d}
 
 
+def _merged(old, new, declared: set[str]):
+    """One tensor's shape after a new inference run: the new dims, except where the old shape knew more
+    in a way that holds across runs (a size, or a name the model declares, against an invented name
+    or nothing). Invented names of the old run are never kept (see the module docstring)."""
+    if new is None:
+        return None if old is None else [d if not isinstance(d, str) or d in declared else None for d in old]
+    if old is None or len(old) != len(new):
+        return list(new)
+    out = []
+    for o, n in zip(old, new):
+        stable_old = isinstance(o, int) or (isinstance(o, str) and o in declared)
+        stable_new = isinstance(n, int) or (isinstance(n, str) and n in declared)
+        out.append(o if stable_old and not stable_new else n)
+    return out
+
+
 def refresh_shapes(graph: gs.Graph) -> int:
     """Infer shapes again and write them onto ``graph``'s computed tensors (see the module docstring).
     Returns how many tensors changed shape."""
@@ -111,10 +132,42 @@ def refresh_shapes(graph: gs.Graph) -> int:
             for t in node.outputs:
                 if not isinstance(t, gs.Variable) or id(t) in own_inputs:
                     continue
-                new = shapes.get(t.name)
-                if new is None and t.shape is not None:  # not inferable now: keep run-independent facts
-                    new = [d if not isinstance(d, str) or d in declared else None for d in t.shape]
+                new = _merged(t.shape, shapes.get(t.name), declared)
                 if new is not None and (t.shape is None or list(t.shape) != new):
                     t.shape = new
                     changed += 1
     return changed
+
+
+def dims_proven_equal(old, new) -> dict[str, object]:
+    """``{a: b}`` for each position where ``old`` has a symbolic name ``a`` and the proven shape ``new`` has
+    another name or a size ``b`` (for :func:`unify_dims`)."""
+    if old is None or new is None or len(old) != len(new):
+        return {}
+    return {a: b for a, b in zip(old, new) if isinstance(a, str) and a and b is not None and a != b}
+
+
+def unify_dims(graph: gs.Graph, same: dict[str, object]) -> None:
+    """Rename symbolic dimensions proven equal (``same[a] = b``: a is b, a name or a size) on every computed
+    tensor of ``graph`` and its subgraphs. Names the model declares on its inputs are kept: a declared
+    name is never replaced by an invented one (the mapping is turned around)."""
+    if not same:
+        return
+    declared = {d for t in graph.inputs for d in (t.shape or []) if isinstance(d, str)}
+    for a, b in list(same.items()):
+        if a in declared and isinstance(b, str) and b not in declared:
+            del same[a]
+            same.setdefault(b, a)
+
+    def resolve(d, depth=0):
+        while isinstance(d, str) and d in same and depth < 64:
+            d, depth = same[d], depth + 1
+        return d
+
+    for g in graphs_within(graph):
+        own_inputs = {id(t) for t in g.inputs}
+        for node in g.nodes:
+            for t in node.outputs:
+                if isinstance(t, gs.Variable) and id(t) not in own_inputs and t.shape is not None:
+                    if any(isinstance(d, str) and d in same for d in t.shape):
+                        t.shape = [resolve(d) for d in t.shape]
