@@ -201,12 +201,14 @@ def conv_bn_fp16():
 
 
 def shared_weights():
-    """Two Convs share one weight and bias; each has its own BN. Both fold; the first into a copy."""
+    """Two Convs share one weight and bias; each has its own BN. Both fold; the first into a copy.
+    The second reads Relu(input), so the two are not the same computation (cleanup would merge them)."""
     b = Builder("shared_weights")
     w = b.randn("shared.weight", (6, 4, 3, 3), 1 / 6)
     bias = b.randn("shared.bias", (6,), 0.1)
     ya = b.node("Conv", ["input", w, bias], "conv_a_out", name="conv_a", pads=[1, 1, 1, 1])
-    yb = b.node("Conv", ["input", w, bias], "conv_b_out", name="conv_b", pads=[1, 1, 1, 1])
+    relu = b.node("Relu", ["input"], "relu_out", name="relu")
+    yb = b.node("Conv", [relu, w, bias], "conv_b_out", name="conv_b", pads=[1, 1, 1, 1])
     ya = b.bn(ya, 6, "bn_a")
     yb = b.bn(yb, 6, "bn_b")
     b.node("Add", [ya, yb], "output")

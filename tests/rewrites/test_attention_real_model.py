@@ -69,7 +69,8 @@ def test_without_fold_constants_the_scale_stays_on_onnx_runtime():
     out, report = optimize(model, skip="fold-constants")
     assert report.counts["contrib-fused-matmul-scale"] == 0
     reasons = [r.reason for r in report.refusals if r.rule == "fuse-elementwise"]
-    assert sum(r.startswith("scalar computation") for r in reasons) == 5 * LAYERS
+    # 4 per layer: torch computes the q and k scales from the same Shape twice; cleanup merges the copies.
+    assert sum(r.startswith("scalar computation") for r in reasons) == 4 * LAYERS
     assert _ops(out)["FusedElementwise"] == 0
 
 

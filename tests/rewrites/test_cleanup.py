@@ -117,7 +117,7 @@ def test_apply_rules_runs_cleanup_and_reports_it():
     model = make_model(nodes, [X], [vi("y", ["N", 3])])
     graph = to_graph(model)
     report = apply_rules(graph, [])
-    assert report.cleanup == {"identity": 1, "identity-reshape": 0, "dead-node": 1}
+    assert report.cleanup == {"identity": 1, "identity-reshape": 0, "duplicate": 0, "dead-node": 1}
     assert report.total == 0
     out = to_model(graph, model)
     assert op_types(out) == ["Relu"]
@@ -161,3 +161,49 @@ def test_reshape_of_unknown_rank_stays():
     model = _reshape_model([0, -1, 4])
     out, counts = _clean_reshapes(model, infer=False)  # no shape inference: the Relu's output has no known rank
     assert "Reshape" in op_types(out)
+
+
+# --- duplicates ---------------------------------------------------------------------------------------
+
+
+def _dup_model(op2="Relu", extra_attrs=None):
+    """Two copies of Shape(x) → Gather(·, 0) and two Relu/op2 of x: the same values computed twice."""
+    idx0 = numpy_helper.from_array(np.array(0, np.int64), "i0")
+    idx1 = numpy_helper.from_array(np.array(0, np.int64), "i1")  # equal value, another initializer
+    nodes = [_node("Shape", ["x"], ["s1"]), _node("Gather", ["s1", "i0"], ["g1"]),
+             _node("Shape", ["x"], ["s2"]), _node("Gather", ["s2", "i1"], ["g2"]),
+             _node("Add", ["g1", "g2"], ["n"]),
+             _node("Relu", ["x"], ["r1"]), _node(op2, ["x"], ["r2"], **(extra_attrs or {})),
+             _node("Add", ["r1", "r2"], ["y"])]
+    return make_model(nodes, [X], [vi("y", ["N", 3]), vi("n", [], TensorProto.INT64)], inits=[idx0, idx1])
+
+
+def test_duplicate_nodes_are_merged():
+    model = _dup_model()
+    out, counts = _clean(model)
+    assert counts["duplicate"] == 3  # Shape, Gather (equal constant indices), Relu
+    assert sorted(op_types(out)) == ["Add", "Add", "Gather", "Relu", "Shape"]
+    assert_same_outputs(model, out)
+    a = run_ort(model, {"x": np.ones((5, 3), np.float32)})["n"]
+    assert int(a) == 10
+
+
+def test_different_attributes_or_random_ops_are_not_merged():
+    out, counts = _clean(_dup_model(op2="LeakyRelu", extra_attrs={"alpha": 0.5}))
+    assert op_types(out).count("Relu") + op_types(out).count("LeakyRelu") == 2
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    nodes = [_node("RandomNormalLike", ["x"], ["a"]), _node("RandomNormalLike", ["x"], ["b"]),
+             _node("Sub", ["a", "b"], ["y"])]
+    out, counts = _clean(make_model(nodes, [x], [vi("y", [2, 3])]))
+    assert counts["duplicate"] == 0 and op_types(out).count("RandomNormalLike") == 2
+
+
+def test_shapes_of_provably_equal_tensors_are_one_value():
+    """Shape(a) and Shape(b) with a, b both [N, 3] (the same declared name): one Shape node."""
+    nodes = [_node("Relu", ["x"], ["a"]), _node("Sigmoid", ["x"], ["b"]), _node("Shape", ["a"], ["sa"]),
+             _node("Shape", ["b"], ["sb"]), _node("Add", ["sa", "sb"], ["y"])]
+    model = make_model(nodes, [X], [vi("y", [2], TensorProto.INT64)])
+    out, counts = _clean(onnx.shape_inference.infer_shapes(model))
+    assert counts["duplicate"] == 1 and op_types(out).count("Shape") == 1
+    feeds = {"x": np.ones((4, 3), np.float32)}
+    assert run_ort(out, feeds)["y"].tolist() == run_ort(model, feeds)["y"].tolist() == [8, 6]

@@ -37,7 +37,7 @@ FOLD_RULES = BN_RULES + ",fold-scale-bias"
         ("convtranspose_bn", "fold-batchnorm-convtranspose", 2, ["ConvTranspose", "Relu", "ConvTranspose"], 1e-5),
         ("gemm_bn", "fold-batchnorm-gemm", 3, ["Gemm", "Relu", "Gemm", "Relu", "Gemm"], 1e-5),
         ("matmul_bn", "fold-batchnorm-gemm", 1, ["Gemm", "Relu"], 1e-5),
-        ("shared_weights", "fold-batchnorm-conv", 2, ["Conv", "Conv", "Add"], 1e-5),
+        ("shared_weights", "fold-batchnorm-conv", 2, ["Conv", "Relu", "Conv", "Add"], 1e-5),
         # fp16 weights and activations: each folded weight is rounded once to fp16 (2^-11 relative)
         ("conv_bn_fp16", "fold-batchnorm-conv", 2, ["Conv", "Relu", "Conv"], 1e-2),
     ],

@@ -14,15 +14,32 @@
   them (contrib-attention's merge Reshape reads an [B, S, E] output and asks for [B, S, E]); each is
   a kernel launch at run time and, worse, ONNX shape inference does not propagate values through
   Reshape, so sizes that pass through one stop being known.
+* Duplicates (common subexpressions): two ONNX-domain nodes of one graph with the same op, the same
+  attributes and the same inputs compute the same outputs, so the later one's readers read the
+  earlier one's outputs. Inputs count as the same when they are the same tensor or small constants
+  (≤ :data:`SMALL_CONSTANT_BYTES`) of equal type, shape and bytes; two ``Shape`` nodes read the same
+  value when their inputs' shapes are provably equal (every dimension a size or a name, as
+  ``facts.dims_equal`` proves them). Never merged: ops with a random
+  or stateful result (:data:`NOT_PURE`), nodes holding subgraphs, nodes writing a graph output.
+  Exporters repeat per layer what is the same for every layer: GPT-2 builds its causal mask from
+  ``Shape``/``Slice``/``Where`` twelve times, one per block.
 * Dead nodes and unused initializers are removed (graph inputs are kept: they are the model's
   signature), and nodes are sorted topologically, all through onnx-graphsurgeon, subgraphs included.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, int_attr, is_op, shape_of
+from onnxfuse.rewrites.engine.facts import (
+    constant_value,
+    graphs_within,
+    int_attr,
+    is_default_domain,
+    is_op,
+    shape_of,
+)
 from onnxfuse.rewrites.engine.scopes import Scope
 from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
 
@@ -102,6 +119,78 @@ def remove_identities(graph: gs.Graph) -> int:
     return removed
 
 
+#: Constants up to this size are compared by value when looking for duplicate nodes.
+SMALL_CONSTANT_BYTES = 1 << 20
+#: Ops whose outputs are not a function of their inputs and attributes alone.
+NOT_PURE = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                      "Bernoulli", "Dropout"})
+
+
+def _value_key(value) -> tuple:
+    arr = np.asarray(value)
+    return ("value", arr.dtype.str, arr.shape, arr.tobytes())
+
+
+def _tensor_key(t) -> tuple:
+    if t.is_empty():
+        return ("empty",)
+    if isinstance(t, gs.Constant):
+        try:
+            if t.values.nbytes <= SMALL_CONSTANT_BYTES:
+                return _value_key(t.values)
+        except Exception:  # a lazy weight that cannot be read: compared by identity
+            pass
+    return ("tensor", id(t))
+
+
+def _attr_key(value):
+    if isinstance(value, gs.Graph):
+        raise TypeError("subgraph")
+    if isinstance(value, gs.Constant):
+        return _value_key(value.values)
+    if isinstance(value, np.ndarray):
+        return _value_key(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_attr_key(v) for v in value)
+    return (type(value).__name__, repr(value))
+
+
+def merge_duplicates(graph: gs.Graph) -> int:
+    """Make readers of a duplicate node read the first node's outputs (module docstring); the duplicate
+    is then dead. Returns how many were merged. The graph must be in topological order."""
+    outputs = {id(t) for t in graph.outputs}
+    seen: dict[tuple, gs.Node] = {}
+    merged = 0
+    for node in graph.nodes:
+        if not is_default_domain(node) or node.op in NOT_PURE or not node.outputs:
+            continue
+        if any(id(t) in outputs for t in node.outputs):
+            continue
+        try:
+            inputs = tuple(_tensor_key(t) for t in node.inputs)
+            if node.op == "Shape" and (dims := shape_of(graph, node.inputs[0])) is not None and None not in dims:
+                inputs = (("dims", tuple(dims)),)  # the same shape, proven (sizes, one run's names): the same value
+            key = (node.op, tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())), inputs,
+                   len(node.outputs))
+        except TypeError:  # holds a subgraph
+            continue
+        first = seen.get(key)
+        if first is None:
+            seen[key] = node
+            continue
+        for mine, theirs in zip(node.outputs, first.outputs):
+            if mine.is_empty() != theirs.is_empty():
+                break
+        else:
+            for mine, theirs in zip(node.outputs, first.outputs):
+                for reader in list(mine.outputs):
+                    for i, t in enumerate(reader.inputs):
+                        if t is mine:
+                            reader.inputs[i] = theirs
+            merged += 1
+    return merged
+
+
 def _all_nodes(graph: gs.Graph) -> list[gs.Node]:
     return [n for g in graphs_within(graph) for n in g.nodes]
 
@@ -128,6 +217,9 @@ def cleanup(graph: gs.Graph) -> dict[str, int]:
     reshapes = identity_reshapes_to_identity(graph)
     identities = max(remove_identities(graph) - reshapes, 0)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    duplicates = merge_duplicates(graph)
+    if duplicates:
+        graph.cleanup(remove_unused_graph_inputs=False).toposort()
     forget_dead_readers(everything, graph)
-    dead = before - identities - reshapes - len(graph.nodes)
-    return {"identity": identities, "identity-reshape": reshapes, "dead-node": max(dead, 0)}
+    dead = before - identities - reshapes - duplicates - len(graph.nodes)
+    return {"identity": identities, "identity-reshape": reshapes, "duplicate": duplicates, "dead-node": max(dead, 0)}

@@ -58,6 +58,9 @@ class GemmRowsToMatMul(Rule):
     name = "gemm-rows-to-matmul"
     description = "Reshape(x, [-1, K]) → Gemm → Reshape back to x's [B, S, ·] becomes MatMul(x, W) (+ c)"
     targets = frozenset(TARGETS)
+    #: MatMul(x, W) keeps x's batch name where the unflatten had an invented one; inferred again, the
+    #: residual Adds downstream (x + MatMul(...)) keep it too, layer after layer.
+    makes_shapes_inferable = True
 
     def match(self, graph):
         for node in graph.nodes:
