@@ -419,8 +419,9 @@ class ContribAttention(Rule):
 
     def _attention_bias(self, graph, plan, names, base, query, key):
         """The mask as [·, ·, S, L]: unsqueezed to rank 4 when it is one Add's of known lower rank, expanded
-        to S and L (read from ``query`` and ``key``, the tensors the fused op gets) unless they are
-        provably there. Every layer of a transformer adds the same mask: the Unsqueeze and the Expand an
+        to S and L (read from ``query`` and ``key``, the tensors the fused op gets; a constant target when
+        both are static sizes, so no Shape, Slice and Concat run on the CPU at every inference) unless
+        they are provably there. Every layer of a transformer adds the same mask: the Unsqueeze and the Expand an
         earlier layer's rewrite made are reused when they provably give the same tensor
         (:func:`_shared_unsqueeze`, :func:`_shared_expansion`), instead of one Shape, Slice, Concat and
         Expand per layer."""
@@ -431,6 +432,12 @@ class ContribAttention(Rule):
                                                                                    axes_values, plan.dtype)
         if plan.mask_tail_known:
             return mask
+        s_dim, l_dim = _seq_dim(graph, query), _seq_dim(graph, key)
+        if isinstance(s_dim, int) and isinstance(l_dim, int):  # static: a constant target, no shape ops
+            out = gs.Variable(names(f"{base}/attention_bias"), dtype=plan.dtype)
+            target = new_constant(graph, f"{base}/bias_shape", np.array([1, 1, s_dim, l_dim], np.int64))
+            graph.nodes.append(gs.Node("Expand", names(f"{base}/mask_expand"), inputs=[mask, target], outputs=[out]))
+            return out
         shared = _shared_expansion(graph, mask, query, key)
         if shared is not None:
             return shared
