@@ -153,7 +153,7 @@ def unify_dims(graph: gs.Graph, same: dict[str, object]) -> None:
     name is never replaced by an invented one (the mapping is turned around)."""
     if not same:
         return
-    declared = {d for t in graph.inputs for d in (t.shape or []) if isinstance(d, str)}
+    declared = _declared_symbols(graph)
     for a, b in list(same.items()):
         if a in declared and isinstance(b, str) and b not in declared:
             del same[a]
