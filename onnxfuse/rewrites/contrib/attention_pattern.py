@@ -25,7 +25,6 @@ from onnxfuse.rewrites.contrib.matmul import scale_of
 from onnxfuse.rewrites.engine.facts import (
     constant_value,
     consumers,
-    dims_equal,
     dtype_of,
     is_graph_output,
     is_op,
@@ -34,6 +33,7 @@ from onnxfuse.rewrites.engine.facts import (
     scalar_constant,
     shape_of,
 )
+from onnxfuse.rewrites.engine.row_wise import row_wise_gemm
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 #: perm of the Transpose that splits heads: [B, S, H, D] → [B, H, S, D]
@@ -357,12 +357,10 @@ def _split_projection(graph, sources, hidden: int, dtype) -> PackedProjections |
     None. t is ``Reshape(Gemm(Reshape(x, [N, E_in]), W, b), [B, S, 3E])`` (GPT-2's Conv1D), or
     ``MatMul(x, W)`` with an optional ``Add`` of a [3E] constant.
 
-    Why that is ``x·W + b`` on [B, S, ·]: a Reshape of x [B, S, E_in] to rank 2 with last dimension E_in is
-    the row-major flatten (row b·S + s holds x[b, s]); the Gemm (alpha = beta = 1, A not transposed) is
-    row-wise; and the Reshape back to [B', S', 3E] with B', S' provably x's B and S (equal sizes or the
-    same named dimension, or a constant target [-1, S, 3E] with S static: -1 is then (B·S·3E) / (S·3E) = B)
-    sends row b·S + s back to (b, s). Split's blocks are W's column blocks
-    [W_q | W_k | W_v], the layout ``Attention`` wants."""
+    Why that is ``x·W + b`` on [B, S, ·]: the chain applies the Gemm to each row of x and gives back
+    [B, S, 3E], proved by :func:`~onnxfuse.rewrites.engine.row_wise.row_wise_gemm` (the proof
+    gemm-rows-to-matmul uses, which turns the chain into the MatMul form below when it runs first).
+    Split's blocks are W's column blocks [W_q | W_k | W_v], the layout ``Attention`` wants."""
     split = producer_of(sources[0])
     if split is None or not is_op(split, "Split") or len(split.outputs) != 3:
         return None
@@ -381,34 +379,16 @@ def _split_projection(graph, sources, hidden: int, dtype) -> PackedProjections |
     p = producer_of(t)
     bias = np.zeros(3 * hidden, dtype)
     if p is not None and is_op(p, "Reshape"):  # Reshape(Gemm(Reshape(x, [N, E_in])), [B, S, 3E])
-        gemm = producer_of(p.inputs[0])
-        if gemm is None or not is_op(gemm, "Gemm") or not single_reader(graph, p.inputs[0]):
+        reason, rows = row_wise_gemm(graph, p)
+        if reason or rows.n != 3 * hidden:
             return None
-        if (float(gemm.attrs.get("alpha", 1.0)) != 1.0 or float(gemm.attrs.get("beta", 1.0)) != 1.0
-                or int(gemm.attrs.get("transA", 0)) != 0):
-            return None
-        flat = producer_of(gemm.inputs[0])
-        if flat is None or not is_op(flat, "Reshape") or not single_reader(graph, gemm.inputs[0]):
-            return None
-        x = flat.inputs[0]
-        x_shape, flat_shape = shape_of(graph, x), shape_of(graph, gemm.inputs[0])
-        if (x_shape is None or len(x_shape) != 3 or not isinstance(x_shape[2], int) or flat_shape is None
-                or len(flat_shape) != 2 or flat_shape[1] != x_shape[2]):
-            return None
-        back = constant_value(graph, p.inputs[1])
-        inferred_batch = (back is not None and isinstance(x_shape[1], int) and x_shape[1] > 0
-                          and back.reshape(-1).tolist() == [-1, x_shape[1], 3 * hidden])
-        if not (inferred_batch or dims_equal(t_shape[0], x_shape[0])) or not dims_equal(t_shape[1], x_shape[1]):
-            return None
+        x, gemm = rows.x, rows.gemm
         w = _constant_matrix(graph, gemm.inputs[1])
         if w is not None and int(gemm.attrs.get("transB", 0)):
             w = w.T
-        if len(gemm.inputs) > 2 and not gemm.inputs[2].is_empty():
-            c = constant_value(graph, gemm.inputs[2])
-            if c is None or c.size != 3 * hidden or c.shape[-1] != 3 * hidden:
-                return None
-            bias = c.reshape(-1)
-        nodes += [p, gemm, flat]
+        if rows.bias is not None:
+            bias = rows.bias.reshape(-1)
+        nodes += [p, gemm, rows.flat]
     else:  # MatMul(x, W) (+ b)
         found = _linear(graph, t, 3 * hidden, dtype)
         if found is None:

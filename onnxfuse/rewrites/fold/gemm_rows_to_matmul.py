@@ -13,18 +13,10 @@ look for it (SkipLayerNormalization's and FastGelu's bias inputs, the packed ``A
 
 What
 ----
-``Reshape(Gemm(Reshape(x, t₁), W, c), t₂)`` → ``Add(MatMul(x, W), c)`` (``MatMul(x, W)`` without c) when
-
-* x is [B, S, K] with K static, and the first Reshape gives [M, K]: the row-major flatten, row
-  b·S + s holding x[b, s];
-* the Gemm has alpha = beta = 1 and transA = 0: row-wise, row r of the result is row r of A times W
-  (plus c). With transB = 1 and W a constant, W is transposed once here;
-* c (if any) is a constant of N values ([N] or [1, N]): the same bias for every row;
-* the second Reshape sends the rows back to [B, S, N]: its target is the constant [-1, S, N] with S
-  = x's static sequence size, so that -1 = (B·S·N) / (S·N) = B (or [B, S, N] with B static too), or,
-  for a computed target, its inferred output dimensions are provably x's (equal sizes or the same
-  name);
-* the two intermediate tensors are read only by the next op of the chain (and are no graph outputs).
+``Reshape(Gemm(Reshape(x, t₁), W, c), t₂)`` → ``Add(MatMul(x, W), c)`` (``MatMul(x, W)`` without c) when the
+chain provably applies the Gemm to each row of x [B, S, K] and gives back [B, S, N]: the conditions are
+:mod:`onnxfuse.rewrites.engine.row_wise`'s (``contrib-attention`` packs GPT-2's q/k/v projection with the
+same proof). With transB = 1, W must be a constant; it is transposed once here.
 
 Exactness: the same dot products; MatMul's broadcast over B runs as one GEMM with M = B·S rows in ONNX
 Runtime. The bias is added by its own Add instead of the GEMM's epilogue, which in float32 gives the
@@ -39,15 +31,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import (
-    constant_value,
-    dims_equal,
-    is_alive,
-    is_op,
-    only_read_by,
-    producer_of,
-    shape_of,
-)
+from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, producer_of
+from onnxfuse.rewrites.engine.row_wise import row_wise_gemm
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
 
@@ -70,54 +55,20 @@ class GemmRowsToMatMul(Rule):
     def check(self, graph, back):
         if not is_alive(back):
             return Refuse("node was already rewritten by an earlier match")
-        gemm = producer_of(back.inputs[0])
-        flat = producer_of(gemm.inputs[0]) if gemm is not None else None
-        if not is_op(flat, "Reshape"):
-            return Refuse("the Gemm's A is not a Reshape")
-        if (float(gemm.attrs.get("alpha", 1.0)) != 1.0 or float(gemm.attrs.get("beta", 1.0)) != 1.0
-                or int(gemm.attrs.get("transA", 0)) != 0):
-            return Refuse("the Gemm scales (alpha/beta ≠ 1) or transposes A")
-        for tensor, reader in ((gemm.inputs[0], gemm), (back.inputs[0], back)):
-            problem = only_read_by(graph, tensor, [reader])
-            if problem:
-                return Refuse(problem)
-        x = flat.inputs[0]
-        xs, fs, outs = shape_of(graph, x), shape_of(graph, gemm.inputs[0]), shape_of(graph, back.outputs[0])
-        if xs is None or len(xs) != 3 or not isinstance(xs[2], int):
-            return Refuse("the flattened tensor is not of rank 3 with a static last dimension")
-        if fs is None or len(fs) != 2 or fs[1] != xs[2]:
-            return Refuse(f"the first Reshape does not flatten the rows (gives {fs}, from {xs})")
-        w = gemm.inputs[1]
-        trans_b = int(gemm.attrs.get("transB", 0))
-        w_value = constant_value(graph, w)
-        w_shape = shape_of(graph, w)
-        if w_shape is None or len(w_shape) != 2:
-            return Refuse("W's shape is unknown")
-        if trans_b and w_value is None:
-            return Refuse("transB with a W that is not a constant")
-        n = w_shape[0] if trans_b else w_shape[1]
-        if not isinstance(n, int):
-            return Refuse("W's output size is unknown")
-        c = None
-        if len(gemm.inputs) > 2 and not gemm.inputs[2].is_empty():
-            c = constant_value(graph, gemm.inputs[2])
-            if c is None or c.size != n or c.shape[-1] != n:
-                return Refuse("C is not a constant bias of N values")
-        target = constant_value(graph, back.inputs[1])
-        if target is not None:  # decided by the target alone: [-1, S, N], or [B, S, N] with static B
-            t = target.reshape(-1).tolist()
-            rows_back = isinstance(xs[1], int) and xs[1] > 0 and (
-                t == [-1, xs[1], n] or (isinstance(xs[0], int) and t == [xs[0], xs[1], n]))
-        else:
-            rows_back = (outs is not None and len(outs) == 3 and dims_equal(outs[0], xs[0])
-                         and dims_equal(outs[1], xs[1]) and dims_equal(outs[2], n))
-        if not rows_back:
-            return Refuse("the second Reshape does not provably give back x's [B, S] rows")
-        return Plan(back, (flat, gemm, x, w_value.T if trans_b else None, c, n))
+        reason, rows = row_wise_gemm(graph, back)
+        if reason:
+            return Refuse(reason)
+        w_value = None
+        if int(rows.gemm.attrs.get("transB", 0)):
+            w_value = constant_value(graph, rows.gemm.inputs[1])
+            if w_value is None:
+                return Refuse("transB with a W that is not a constant")
+        return Plan(back, (rows, None if w_value is None else w_value.T))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
         back = plan.anchor
-        flat, gemm, x, w_transposed, c, n = plan.found
+        rows, w_transposed = plan.found
+        flat, gemm, x, c, n = rows.flat, rows.gemm, rows.x, rows.bias, rows.n
         names = NameAllocator(graph)
         base = gemm.name or gemm.outputs[0].name
         w = new_constant(graph, f"{base}/weight", np.ascontiguousarray(w_transposed)) if w_transposed is not None \

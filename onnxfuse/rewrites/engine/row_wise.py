@@ -1,0 +1,83 @@
+"""A Gemm applied row by row to a 3-D tensor through two Reshapes (torch's ``Conv1D``, GPT-2's projections).
+
+``Reshape(Gemm(Reshape(x, t₁), W, C), t₂)`` is ``x·W (+ C)`` on x [B, S, K] itself when
+
+* x is [B, S, K] with K static, and the first Reshape gives [M, K]: the row-major flatten, row b·S + s
+  holding x[b, s];
+* the Gemm has alpha = beta = 1 and transA = 0: row r of its result is row r of A times W (plus C);
+* C (if any) is a constant of N values ([N] or [1, N]): the same bias for every row;
+* the second Reshape sends the rows back to [B, S, N]: its target is the constant [-1, S, N] with S =
+  x's static sequence size, so that -1 = (B·S·N) / (S·N) = B (or [B, S, N] with B static too), or, for a
+  computed target, its inferred output dimensions are provably x's (equal sizes or the same name);
+* the two intermediate tensors are read only by the next op of the chain (and are no graph outputs).
+
+Two rules need that proof: ``gemm-rows-to-matmul`` rewrites the chain as MatMul (+ Add), and
+``contrib-attention`` packs GPT-2's q/k/v projection when it sees the chain itself (run alone, with
+``--only contrib-attention``). One proof serves both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxfuse.rewrites.engine.facts import constant_value, dims_equal, is_op, only_read_by, producer_of, shape_of
+
+
+@dataclass
+class RowWiseGemm:
+    back: object  # the Reshape back to [B, S, N] (the chain's last node)
+    gemm: object
+    flat: object  # the Reshape of x to rows
+    x: object  # [B, S, K]
+    n: int  # N, the Gemm's output size
+    bias: np.ndarray | None  # C's values, when the Gemm has a C
+
+
+def row_wise_gemm(graph, back) -> tuple[str | None, RowWiseGemm | None]:
+    """``(None, chain)`` when ``back`` ends a row-wise Gemm chain (module docstring), else ``(reason, None)``.
+
+    W is only required to have a known [K, N] / [N, K] (transB) shape; whether it must be a constant is
+    the caller's business."""
+    gemm = producer_of(back.inputs[0]) if is_op(back, "Reshape") and len(back.inputs) == 2 else None
+    if not is_op(gemm, "Gemm"):
+        return "the Reshape does not read a Gemm", None
+    flat = producer_of(gemm.inputs[0])
+    if not is_op(flat, "Reshape"):
+        return "the Gemm's A is not a Reshape", None
+    if (float(gemm.attrs.get("alpha", 1.0)) != 1.0 or float(gemm.attrs.get("beta", 1.0)) != 1.0
+            or int(gemm.attrs.get("transA", 0)) != 0):
+        return "the Gemm scales (alpha/beta ≠ 1) or transposes A", None
+    for tensor, reader in ((gemm.inputs[0], gemm), (back.inputs[0], back)):
+        problem = only_read_by(graph, tensor, [reader])
+        if problem:
+            return problem, None
+    x = flat.inputs[0]
+    xs, fs, outs = shape_of(graph, x), shape_of(graph, gemm.inputs[0]), shape_of(graph, back.outputs[0])
+    if xs is None or len(xs) != 3 or not isinstance(xs[2], int):
+        return "the flattened tensor is not of rank 3 with a static last dimension", None
+    if fs is None or len(fs) != 2 or fs[1] != xs[2]:
+        return f"the first Reshape does not flatten the rows (gives {fs}, from {xs})", None
+    w_shape = shape_of(graph, gemm.inputs[1])
+    if w_shape is None or len(w_shape) != 2:
+        return "W's shape is unknown", None
+    n = w_shape[0] if int(gemm.attrs.get("transB", 0)) else w_shape[1]
+    if not isinstance(n, int):
+        return "W's output size is unknown", None
+    c = None
+    if len(gemm.inputs) > 2 and not gemm.inputs[2].is_empty():
+        c = constant_value(graph, gemm.inputs[2])
+        if c is None or c.size != n or c.shape[-1] != n:
+            return "C is not a constant bias of N values", None
+    target = constant_value(graph, back.inputs[1])
+    if target is not None:  # decided by the target alone: [-1, S, N], or [B, S, N] with static B
+        t = target.reshape(-1).tolist()
+        rows_back = isinstance(xs[1], int) and xs[1] > 0 and (
+            t == [-1, xs[1], n] or (isinstance(xs[0], int) and t == [xs[0], xs[1], n]))
+    else:
+        rows_back = (outs is not None and len(outs) == 3 and dims_equal(outs[0], xs[0])
+                     and dims_equal(outs[1], xs[1]) and dims_equal(outs[2], n))
+    if not rows_back:
+        return "the second Reshape does not provably give back x's [B, S] rows", None
+    return None, RowWiseGemm(back, gemm, flat, x, n, c)
