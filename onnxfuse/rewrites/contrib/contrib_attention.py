@@ -434,17 +434,15 @@ class ContribAttention(Rule):
             return mask
         s_dim, l_dim = _seq_dim(graph, query), _seq_dim(graph, key)
         if isinstance(s_dim, int) and isinstance(l_dim, int):  # static: a constant target, no shape ops
-            out = gs.Variable(names(f"{base}/attention_bias"), dtype=plan.dtype)
             target = new_constant(graph, f"{base}/bias_shape", np.array([1, 1, s_dim, l_dim], np.int64))
-            graph.nodes.append(gs.Node("Expand", names(f"{base}/mask_expand"), inputs=[mask, target], outputs=[out]))
-            return out
-        shared = _shared_expansion(graph, mask, query, key)
-        if shared is not None:
-            return shared
-        dims = [self._dim(graph, names, base, query, 1), self._dim(graph, names, base, key, 1)]
-        target = gs.Variable(names(f"{base}/bias_shape"), dtype=np.int64)
-        graph.nodes.append(gs.Node("Concat", names(f"{base}/Concat"), {"axis": 0}, inputs=[
-            new_constant(graph, f"{base}/ones", np.array([1, 1], np.int64)), *dims], outputs=[target]))
+        else:
+            shared = _shared_expansion(graph, mask, query, key)
+            if shared is not None:
+                return shared
+            dims = [self._dim(graph, names, base, query, 1), self._dim(graph, names, base, key, 1)]
+            target = gs.Variable(names(f"{base}/bias_shape"), dtype=np.int64)
+            graph.nodes.append(gs.Node("Concat", names(f"{base}/Concat"), {"axis": 0}, inputs=[
+                new_constant(graph, f"{base}/ones", np.array([1, 1], np.int64)), *dims], outputs=[target]))
         out = gs.Variable(names(f"{base}/attention_bias"), dtype=plan.dtype)
         graph.nodes.append(gs.Node("Expand", names(f"{base}/mask_expand"), inputs=[mask, target], outputs=[out]))
         return out

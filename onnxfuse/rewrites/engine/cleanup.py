@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.engine.edit import replace_reads
 from onnxfuse.rewrites.engine.facts import (
     constant_value,
     graphs_within,
@@ -94,23 +95,13 @@ def remove_identities(graph: gs.Graph) -> int:
             producer = scope.producer(src)  # None for inputs, constants and outer values
             if producer is None or id(src) in outputs:
                 continue
-            # Readers of src now read dst; the producer writes dst directly.
-            for consumer in list(src.outputs):
-                if consumer is node:
-                    continue
-                for i, t in enumerate(consumer.inputs):
-                    if t is src:
-                        consumer.inputs[i] = dst
+        node.inputs.clear()
+        node.outputs.clear()
+        if id(dst) in outputs:  # readers of src now read dst; the producer writes dst directly
+            replace_reads(src, dst)
             producer.outputs[producer.outputs.index(src)] = dst
-            node.inputs.clear()
-            node.outputs.clear()
         else:
-            for consumer in list(dst.outputs):
-                for i, t in enumerate(consumer.inputs):
-                    if t is dst:
-                        consumer.inputs[i] = src
-            node.inputs.clear()
-            node.outputs.clear()
+            replace_reads(dst, src)
         removed += 1
     for node in graph.nodes:
         for attr in node.attrs.values():
@@ -183,10 +174,7 @@ def merge_duplicates(graph: gs.Graph) -> int:
                 break
         else:
             for mine, theirs in zip(node.outputs, first.outputs):
-                for reader in list(mine.outputs):
-                    for i, t in enumerate(reader.inputs):
-                        if t is mine:
-                            reader.inputs[i] = theirs
+                replace_reads(mine, theirs)
             merged += 1
     return merged
 

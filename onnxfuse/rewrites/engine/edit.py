@@ -102,6 +102,15 @@ def _place_param(graph, node, index: int, values: np.ndarray, role: str = "param
     return "copy" if old is not None and not old.is_empty() else "new"
 
 
+def replace_reads(old, new) -> None:
+    """Make every node that reads ``old`` read ``new`` instead (subgraph nodes reading it as an outer value
+    included: graphsurgeon lists them among ``old``'s readers)."""
+    for node in list(old.outputs):
+        for i, x in enumerate(node.inputs):
+            if x is old:
+                node.inputs[i] = new
+
+
 def bypass(graph, first, second) -> None:
     """Make ``first`` write ``second``'s output and disconnect ``second`` (cleanup removes it).
 

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.engine.edit import replace_reads
 from onnxfuse.rewrites.engine.facts import graphs_within
 
 #: Weights larger than this travel to shape inference as typed graph inputs (their values cannot matter
@@ -46,14 +47,6 @@ def _nbytes(t: gs.Constant) -> int:
         return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
     except Exception:
         return 0
-
-
-def replace_reads(old, new) -> None:
-    """Make every node that reads ``old`` read ``new`` instead."""
-    for node in list(old.outputs):
-        for i, x in enumerate(node.inputs):
-            if x is old:
-                node.inputs[i] = new
 
 
 def weights_as_inputs(graph: gs.Graph, limit: int = SKELETON_WEIGHT_BYTES) -> tuple[gs.Graph, list[str]]:
@@ -98,6 +91,16 @@ def _inferred_shapes(graph: gs.Graph) -> dict[str, list | None]:
     return shapes
 
 
+def _computed_tensors(graph: gs.Graph):
+    """Every tensor a node of ``graph`` or of its subgraphs writes (not a graph's own inputs, not a constant)."""
+    for g in graphs_within(graph):
+        own_inputs = {id(t) for t in g.inputs}
+        for node in g.nodes:
+            for t in node.outputs:
+                if isinstance(t, gs.Variable) and id(t) not in own_inputs:
+                    yield t
+
+
 def _declared_symbols(graph: gs.Graph) -> set[str]:
     return {d for t in graph.inputs for d in (t.shape or []) if isinstance(d, str) and d}
 
@@ -126,16 +129,11 @@ def refresh_shapes(graph: gs.Graph) -> int:
         return 0
     declared = _declared_symbols(graph)
     changed = 0
-    for g in graphs_within(graph):
-        own_inputs = {id(t) for t in g.inputs}
-        for node in g.nodes:
-            for t in node.outputs:
-                if not isinstance(t, gs.Variable) or id(t) in own_inputs:
-                    continue
-                new = _merged(t.shape, shapes.get(t.name), declared)
-                if new is not None and (t.shape is None or list(t.shape) != new):
-                    t.shape = new
-                    changed += 1
+    for t in _computed_tensors(graph):
+        new = _merged(t.shape, shapes.get(t.name), declared)
+        if new is not None and (t.shape is None or list(t.shape) != new):
+            t.shape = new
+            changed += 1
     return changed
 
 
@@ -164,10 +162,6 @@ def unify_dims(graph: gs.Graph, same: dict[str, object]) -> None:
             d, depth = same[d], depth + 1
         return d
 
-    for g in graphs_within(graph):
-        own_inputs = {id(t) for t in g.inputs}
-        for node in g.nodes:
-            for t in node.outputs:
-                if isinstance(t, gs.Variable) and id(t) not in own_inputs and t.shape is not None:
-                    if any(isinstance(d, str) and d in same for d in t.shape):
-                        t.shape = [resolve(d) for d in t.shape]
+    for t in _computed_tensors(graph):
+        if t.shape is not None and any(isinstance(d, str) and d in same for d in t.shape):
+            t.shape = [resolve(d) for d in t.shape]

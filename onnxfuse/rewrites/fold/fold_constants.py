@@ -33,7 +33,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.facts import is_default_domain
 from onnxfuse.rewrites.engine.rule import GraphPass
-from onnxfuse.rewrites.engine.shapes import replace_reads, weights_as_inputs
+from onnxfuse.rewrites.engine.shapes import weights_as_inputs
+from onnxfuse.rewrites.engine.edit import replace_reads
 
 #: Largest folded tensor, in bytes.
 SIZE_LIMIT = 1 << 20
