@@ -57,7 +57,7 @@ import onnx
 #: as before (a ``ModelProto`` returned by the API is then self-contained).
 LAZY_MODEL_BYTES = 1 << 30
 #: Tensors larger than this stay on disk in a lazy model; smaller ones are loaded inline. Must be at
-#: least the constant folder's limit (rewrites.fold_constants.SIZE_LIMIT, 1 MiB): every tensor it may
+#: least the constant folder's limit (rewrites.fold.SIZE_LIMIT, 1 MiB): every tensor it may
 #: evaluate must be inline, since ONNX Runtime refuses absolute external locations.
 LAZY_MIN_TENSOR = 1 << 20
 #: Alignment of large tensors in written data files. ONNX Runtime maps external data with ``mmap``

@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 
 from onnxfuse import lazy_weights as lw
 from onnxfuse.atomic import OutputSet, pause_point, write_error
+from onnxfuse.range_dims import range_lengths
 from onnxfuse.errors import ModelLoadError, ModelSaveError, ResourceError, first_line
 
 #: protobuf's hard limit for one serialized message; larger models need external data.
@@ -676,12 +677,16 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference in memory, on the skeleton: a large in-memory model is made lazy first (its
-    weights to the spill file), so what is serialized for ONNX is kilobytes, never the weights."""
+    weights to the spill file), so what is serialized for ONNX is kilobytes, never the weights.
+    ``Range(0, n, 1)`` with n a dimension gets that dimension as its length
+    (:func:`onnxfuse.range_dims.range_lengths`), which ONNX's inference does not derive."""
     try:
         if not lw.has_lazy(model) and (lw.payload_bytes(model) >= lw.LAZY_MODEL_BYTES
                                        or lw.size_bound(model) >= _EXTERNAL_THRESHOLD):
             model = make_lazy(model)
-        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        range_lengths(inferred)  # a Range's proved length, where inference left a fresh symbol
+        return inferred
     except (ResourceError, ModelSaveError):
         raise
     except Exception:

@@ -29,6 +29,7 @@ from onnxfuse.rewrites.engine.rule import TARGETS, ApplyReport, GraphPass, Plan,
 #   whatever elementwise ops are left.
 ORDER = [
     "fold/fold-constants",  # first: static sizes and constants let the pattern rules below match
+    "fold/fold-weight-transpose",  # before contrib-fused-matmul-transpose would absorb it as transB
     "fold/fold-size-sentinel",  # before constant-reshape-target: the sizes it keeps can then be copies
     "fold/constant-reshape-target",
     "fold/gemm-rows-to-matmul",  # after constant-reshape-target: it reads the unflatten's constant [-1, S, N]

@@ -400,9 +400,15 @@ def test_where_masks_with_an_absorbing_fill_become_the_attention_bias(mask, cast
     out, report = apply(model)
     assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
     ops = helpers.op_types(out)
-    assert len(fused(out)) == 1 and "Softmax" not in ops and "Cast" not in ops
+    assert len(fused(out)) == 1 and "Softmax" not in ops
+    # the no-op Casts are gone; the one Cast left makes the key padding mask's int32 mask_index
+    casts = [n for n in out.graph.node if n.op_type == "Cast"]
+    assert all(h.get_attribute_value(n.attribute[0]) == T.INT32 for n in casts)
     (detail,) = [d for d in report.details if d["rule"] == RULE]
     assert detail["mask_terms"] == (["add", "where"] if mask == "where_add" else ["where"])
+    # one Where of a [B, 1, 1, L] condition is a key padding mask; a causal term makes it query-dependent
+    assert detail["mask_form"] == ("attention_bias" if mask == "where_add" else "mask_index")
+    assert len(casts) == (0 if mask == "where_add" else 1)
     assert_same(model, out)
 
 
@@ -674,3 +680,87 @@ def test_expansion_not_shared_between_sequence_dims_not_provably_equal():
     want, got = run_ort(model, feeds), run_ort(out, feeds)
     for name, a in want.items():
         np.testing.assert_allclose(got[name], a, rtol=1e-5, atol=1e-6)
+
+
+# --- key padding masks as Attention's raw mask_index (float32) -----------------------------------------
+
+
+def sdpa_mask_model(keep_shape=("B", 1, 1, S), true_shape=(1, 1, S, 1), true_value=True, dtype=np.float32,
+                    negate=False):
+    """transformers 5's ``sdpa_mask`` form: ``scores + Where(Expand(And(keep, t), shape), 0, finfo.min)``
+    with ``keep`` a bool input and ``t`` a constant (all True: the And only broadcasts). ``negate``:
+    ``Where(drop, finfo.min, 0)`` instead."""
+    model = attention_model(mask="full", dtype=dtype)
+    graph = model.graph
+    (madd,) = [i for i in graph.input if i.name == "madd"]
+    graph.input.remove(madd)
+    graph.input.append(h.make_tensor_value_info("keep", T.BOOL, list(keep_shape)))
+    fill = np.array(np.finfo(dtype).min, dtype)
+    graph.initializer.extend([
+        numpy_helper.from_array(np.full(true_shape, true_value), "all_true"),
+        numpy_helper.from_array(np.array([1, 1, S, S], np.int64), "mask_shape"),
+        numpy_helper.from_array(np.array(0, dtype), "zero"), numpy_helper.from_array(fill, "min")])
+    branches = ["min", "zero"] if negate else ["zero", "min"]
+    mask_nodes = [h.make_node("And", ["keep", "all_true"], ["both"]),
+                  h.make_node("Expand", ["both", "mask_shape"], ["cond"]),
+                  h.make_node("Where", ["cond", *branches], ["madd"])]
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(mask_nodes + nodes)
+    onnx.checker.check_model(model)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def holey_feeds(model, seed=2):
+    """Random x and a keep mask with holes (not only right padding): the raw mask must be read entry by entry."""
+    feeds = feeds_for(model, seed=seed)
+    keep = np.ones(feeds["keep"].shape, bool)
+    keep[0, ..., 1] = False
+    keep[0, ..., -1] = False
+    keep[-1, ..., 0] = False
+    feeds["keep"] = keep
+    return feeds
+
+
+def mask_index_of(out):
+    (att,) = [n for n in out.graph.node if n.op_type == "Attention"]
+    return att, (att.input[3] if len(att.input) > 3 else "")
+
+
+@pytest.mark.parametrize("negate", [False, True])
+def test_a_key_padding_mask_becomes_a_raw_mask_index_with_the_same_outputs(negate):
+    model = sdpa_mask_model(negate=negate)
+    out, report = apply(model)
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == "mask_index"
+    att, mask_index = mask_index_of(out)
+    assert mask_index and len(att.input) == 4  # no attention_bias
+    filter_value = [a.f for a in att.attribute if a.name == "mask_filter_value"]
+    assert filter_value == [pytest.approx(float(np.finfo(np.float32).min), rel=1e-7)]
+    assert {"Expand", "Where", "And"}.isdisjoint(helpers.op_types(out))  # the [B, 1, S, L] bias is gone
+    feeds = holey_feeds(model)
+    want, got = run_ort(model, feeds), run_ort(out, feeds)
+    np.testing.assert_allclose(got["out"], want["out"], rtol=1e-5, atol=1e-6)
+    # the mask reached the kernel: every batch item's keys differ, so masking nothing would differ too
+    unmasked = dict(feeds, keep=np.ones_like(feeds["keep"]))
+    assert np.max(np.abs(run_ort(out, unmasked)["out"] - got["out"])) > 1e-3
+
+
+@pytest.mark.parametrize("case", ["shared_across_batch", "query_dependent", "and_not_all_true", "float16"])
+def test_masks_that_are_not_key_padding_stay_an_attention_bias(case):
+    """A mask that is not provably [B, 1, 1, L] of the batch and the keys (or a float16 attention, where the
+    raw mask was measured slower and may reach ONNX Runtime's fused kernels) keeps the additive form."""
+    kwargs = {"shared_across_batch": dict(keep_shape=(1, 1, 1, S)),
+              "query_dependent": dict(keep_shape=("B", 1, S, S)),
+              "and_not_all_true": dict(true_value=np.array([True, False, True, True, True])[None, None, :, None]),
+              "float16": dict(dtype=np.float16)}[case]
+    model = sdpa_mask_model(**kwargs)
+    out, report = apply(model)
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == "attention_bias"
+    att, mask_index = mask_index_of(out)
+    assert mask_index == "" and len(att.input) == 6
+    feeds = holey_feeds(model)
+    want, got = run_ort(model, feeds), run_ort(out, feeds)
+    tol = 1e-2 if case == "float16" else 1e-5
+    np.testing.assert_allclose(got["out"].astype(np.float64), want["out"].astype(np.float64), rtol=tol, atol=tol)

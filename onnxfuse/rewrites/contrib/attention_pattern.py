@@ -8,6 +8,8 @@ What each helper proves is written where it is; the rule's module docstring
 * :func:`strip_scale`: scalar Mul/Div (and element-type-preserving Casts) peeled off a tensor;
 * :func:`mask_terms`: the Add / Where chain between the scaled scores and the Softmax, as terms of one
   additive ``attention_bias``;
+* :func:`key_padding_mask`: those terms proved to mask keys per batch item only (a padding mask), the
+  form ONNX Runtime's ``Attention`` takes as a raw ``mask_index``;
 * :func:`projection_bias`: ``Add(MatMul(·), b)`` with a 1-D constant ``b``;
 * :func:`packed_projections`: q, k and v as three constant-weight projections of one tensor, packed
   into the one [E_in, 3E] weight and [3E] bias of ONNX Runtime's ``Attention`` op.
@@ -25,6 +27,7 @@ from onnxfuse.rewrites.contrib.matmul import scale_of
 from onnxfuse.rewrites.engine.facts import (
     constant_value,
     consumers,
+    dims_equal,
     dtype_of,
     is_graph_output,
     is_op,
@@ -283,6 +286,82 @@ def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] 
             tensor = a if scores_if_true else b
             continue
         return terms, tensor
+
+
+@dataclass
+class KeyPaddingMask:
+    """The additive mask proved to be a key padding mask: entry (b, h, s, l) adds 0 where
+    ``keep[b, 0, 0, l]`` is True (False when ``negate``) and ``fill`` elsewhere. ``keep`` is a bool
+    tensor of shape [B, 1, 1, L]: it depends on the batch item and the key only."""
+
+    keep: gs.Tensor
+    negate: bool
+    fill: float
+
+
+def key_padding_mask(graph, terms, batch, keys) -> KeyPaddingMask | None:
+    """The mask steps ``terms`` (:func:`mask_terms`) as a :class:`KeyPaddingMask`, or None.
+
+    Accepted: one term, either ``x + Where(c, 0, f)`` / ``x + Where(c, f, 0)`` (the Where's branches
+    scalar constants, f finite: transformers 5's ``sdpa_mask``) or ``Where(c, x, f)`` / ``Where(c, f, x)``
+    (``masked_fill``; :func:`mask_terms` already proved f absorbing), where the bool condition c is a
+    broadcast of a tensor ``keep`` whose shape, right-aligned to rank 4, is provably ``[batch, 1, 1,
+    keys]``. c is traced to ``keep`` through ops that only broadcast it (:func:`broadcast_source`).
+    Anything else (a causal or any other query-dependent mask, a mask shared across the batch, two
+    terms, a float mask computed as ``(1 - m)·c``) gives None: the mask then stays an additive bias."""
+    if len(terms) != 1:
+        return None
+    term = terms[0]
+    if term.kind == "add":
+        where = producer_of(term.mask)
+        if not is_op(where, "Where") or len(where.inputs) != 3:
+            return None
+        cond, a, b = where.inputs
+        va, vb = scalar_constant(graph, a), scalar_constant(graph, b)
+        if va is None or vb is None:
+            return None
+        va, vb = float(np.asarray(va, np.float64).reshape(())), float(np.asarray(vb, np.float64).reshape(()))
+        if va == 0.0 and np.isfinite(vb):
+            keep_if_true, fill = True, vb
+        elif vb == 0.0 and np.isfinite(va):
+            keep_if_true, fill = False, va
+        else:
+            return None
+    else:
+        cond, keep_if_true, fill = term.cond, term.scores_if_true, term.fill
+    keep = broadcast_source(graph, cond)
+    shape = shape_of(graph, keep)
+    if dtype_of(graph, keep) != np.dtype(bool) or shape is None or len(shape) > 4:
+        return None
+    dims = [1] * (4 - len(shape)) + list(shape)
+    if not (dims[1] == 1 and dims[2] == 1 and dims_equal(dims[0], batch) and dims_equal(dims[3], keys)):
+        return None
+    return KeyPaddingMask(keep, not keep_if_true, fill)
+
+
+def broadcast_source(graph, tensor, depth: int = 8):
+    """The tensor that ``tensor`` is a broadcast of: back through ``Expand`` (it only broadcasts),
+    ``And`` with an all-True constant and ``Or`` with an all-False one (the identities of bool logic,
+    which then only broadcast the other operand), bool-to-bool ``Cast`` and ``Identity``. Each step keeps
+    every element of the result equal to the source's element at the broadcast index."""
+    for _ in range(depth):
+        p = producer_of(tensor)
+        if is_op(p, "Expand", "Identity") and p.inputs:
+            tensor = p.inputs[0]
+        elif is_op(p, "Cast") and dtype_of(graph, p.inputs[0]) == np.dtype(bool) and int(p.attrs.get("to", 0)) == 9:
+            tensor = p.inputs[0]
+        elif is_op(p, "And", "Or") and len(p.inputs) == 2:
+            identity = p.op == "And"
+            for this, other in (p.inputs, p.inputs[::-1]):
+                value = constant_value(graph, other)
+                if value is not None and value.dtype == np.bool_ and bool(np.all(value == identity)):
+                    tensor = this
+                    break
+            else:
+                return tensor
+        else:
+            return tensor
+    return tensor
 
 
 def single_reader(graph, tensor) -> bool:

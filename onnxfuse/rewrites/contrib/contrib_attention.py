@@ -121,8 +121,10 @@ from onnxfuse.rewrites.contrib.attention_pattern import (
     HEADS,
     SEQ_FIRST,
     SEQ_FIRST_MERGE,
+    KeyPaddingMask,
     PackedProjections,
     is_noop_cast,
+    key_padding_mask,
     mask_terms,
     packed_projections,
     perm_of,
@@ -165,6 +167,7 @@ class AttentionPlan:
     head_size: int
     shape_reads: list  # (Shape node outside the pattern, the dims it reads, e.g. "BHSL")
     packed: PackedProjections | None  # q, k, v projections of one tensor: emit Attention, not MHA
+    key_mask: KeyPaddingMask | None = None  # packed float32 only: the mask as Attention's raw mask_index
 
 
 def _output_shape(query, hidden: int):
@@ -279,8 +282,13 @@ class ContribAttention(Rule):
             packed = packed_projections(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
             if packed is None:
                 biases = _fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
+        key_mask = None
+        if packed is not None and dtype == np.dtype(np.float32):
+            x_shape = shape_of(graph, packed.x)
+            if x_shape is not None and len(x_shape) == 3:
+                key_mask = key_padding_mask(graph, terms, x_shape[0], x_shape[1])
         return AttentionPlan(softmax, nodes, q_source, k_source, v_source, q.heads, scale, terms, mask_rank,
-                             tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads, packed)
+                             tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads, packed, key_mask)
 
     def rewrite(self, graph, plan: AttentionPlan):
         names = NameAllocator(graph)
@@ -332,8 +340,12 @@ class ContribAttention(Rule):
         x = packed.x
         weight = new_constant(graph, f"{base}/qkv_weight", packed.weight)
         bias = new_constant(graph, f"{base}/qkv_bias", packed.bias)
-        attention_bias = gs.Variable.empty()
-        if plan.terms:
+        attrs = {"num_heads": plan.heads, "scale": plan.scale}
+        attention_bias, mask_index = gs.Variable.empty(), None
+        if plan.key_mask is not None:
+            mask_index = self._mask_index(graph, names, base, plan.key_mask)
+            attrs["mask_filter_value"] = plan.key_mask.fill
+        elif plan.terms:
             attention_bias = self._attention_bias(graph, plan, names, base, x, x)
         for shape_node, letters in plan.shape_reads:
             self._replace_shape(graph, plan, names, base, shape_node, letters, x, x)
@@ -341,17 +353,36 @@ class ContribAttention(Rule):
             n.outputs.clear()
             n.inputs.clear()
         inputs = [x, weight, bias]
-        if not attention_bias.is_empty():
+        if mask_index is not None:
+            inputs.append(mask_index)
+        elif not attention_bias.is_empty():
             inputs += [gs.Variable.empty(), gs.Variable.empty(), attention_bias]
         out = gs.Variable(names(f"{base}/attention_output"), dtype=plan.dtype,
                           shape=_output_shape(x, plan.heads * plan.head_size))
-        graph.nodes.append(gs.Node("Attention", names(f"{base}/Attention"),
-                                   {"num_heads": plan.heads, "scale": plan.scale}, inputs=inputs, outputs=[out],
+        graph.nodes.append(gs.Node("Attention", names(f"{base}/Attention"), attrs, inputs=inputs, outputs=[out],
                                    domain="com.microsoft"))
         plan.merge.inputs[0] = out
         return {"op": "com.microsoft.Attention", "num_heads": plan.heads, "scale": plan.scale,
                 "mask": bool(plan.terms), "qkv_packed": True, "layout": plan.layout,
-                "mask_terms": [t.kind for t in plan.terms]}
+                "mask_terms": [t.kind for t in plan.terms],
+                "mask_form": "mask_index" if mask_index is not None else "attention_bias" if plan.terms else "none"}
+
+    @staticmethod
+    def _mask_index(graph, names, base, key_mask: KeyPaddingMask):
+        """``Attention``'s raw 2-D ``mask_index``: ``Cast(Flatten(keep, axis=1), int32)``, [B, L] of 0 and 1
+        (``Not`` first when the mask drops where ``keep`` is True). Every layer builds the same three
+        nodes from the same ``keep``; cleanup's duplicate merge leaves one set."""
+        flat = gs.Variable(names(f"{base}/key_keep"), dtype=np.bool_)
+        graph.nodes.append(gs.Node("Flatten", names(f"{base}/key_keep_flatten"), {"axis": 1},
+                                   inputs=[key_mask.keep], outputs=[flat]))
+        if key_mask.negate:
+            kept = gs.Variable(names(f"{base}/key_keep_not"), dtype=np.bool_)
+            graph.nodes.append(gs.Node("Not", names(f"{base}/key_keep_not"), inputs=[flat], outputs=[kept]))
+            flat = kept
+        out = gs.Variable(names(f"{base}/mask_index"), dtype=np.int32)
+        graph.nodes.append(gs.Node("Cast", names(f"{base}/mask_index_cast"), {"to": 6}, inputs=[flat],
+                                   outputs=[out]))
+        return out
 
     @staticmethod
     def _swap01(graph, names, base, tensor, dtype):

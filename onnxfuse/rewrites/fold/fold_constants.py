@@ -35,9 +35,8 @@ from onnxfuse.rewrites.engine.facts import is_default_domain
 from onnxfuse.rewrites.engine.rule import GraphPass
 from onnxfuse.rewrites.engine.shapes import weights_as_inputs
 from onnxfuse.rewrites.engine.edit import replace_reads
+from onnxfuse.rewrites.fold import SIZE_LIMIT
 
-#: Largest folded tensor, in bytes.
-SIZE_LIMIT = 1 << 20
 #: Rounds of (shape inference, constant folding); each round can uncover sizes for the next.
 MAX_ROUNDS = 6
 

@@ -1,0 +1,75 @@
+"""contrib-attention's raw mask_index on the CUDA kernels: a key padding mask with holes and left padding
+(not only right padding) gives the original's outputs. A kernel that read the raw mask as sequence
+lengths (as ONNX Runtime's 1-D mask_index is) would differ here. float32 attention over 256 keys or more
+stays unfused (contrib-attention's measured refusal), so both lengths are below that."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import helpers
+from onnxfuse.runtime.session import cuda_available
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
+
+H, D = 4, 32
+E = H * D
+
+
+def layer(seq: int) -> onnx.ModelProto:
+    """One self-attention layer as transformers 5 exports it, its mask ``Where(keep, 0, finfo.min)``."""
+    rng = np.random.default_rng(seq)
+    inits = []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    nodes = []
+    for p in "qkv":
+        nodes += [h.make_node("MatMul", ["x", const(f"W{p}", (rng.standard_normal((E, E)) / np.sqrt(E)).astype(np.float32))], [f"{p}0"]),
+                  h.make_node("Add", [f"{p}0", const(f"b{p}", (rng.standard_normal(E) * 0.1).astype(np.float32))], [f"{p}1"]),
+                  h.make_node("Reshape", [f"{p}1", const(f"s{p}", np.array([0, 0, H, D], np.int64))], [f"{p}2"]),
+                  h.make_node("Transpose", [f"{p}2"], [f"{p}h"], perm=[0, 2, 3, 1] if p == "k" else [0, 2, 1, 3])]
+    nodes += [h.make_node("MatMul", ["qh", "kh"], ["scores"]),
+              h.make_node("Mul", ["scores", const("scale", np.array(D ** -0.5, np.float32))], ["scaled"]),
+              h.make_node("Unsqueeze", ["keep", const("axes", np.array([1, 2], np.int64))], ["keep4"]),
+              h.make_node("Where", ["keep4", const("zero", np.array(0, np.float32)),
+                                    const("min", np.array(np.finfo(np.float32).min, np.float32))], ["bias"]),
+              h.make_node("Add", ["scaled", "bias"], ["masked"]),
+              h.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+              h.make_node("MatMul", ["probs", "vh"], ["ctx"]),
+              h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["ctx_t", const("merge", np.array([0, 0, E], np.int64))], ["out"])]
+    model = helpers.make_model(nodes, [helpers.vi("x", ["B", seq, E]), helpers.vi("keep", ["B", seq], T.BOOL)],
+                               [helpers.vi("out", ["B", seq, E])], inits, opset=17)
+    return onnx.shape_inference.infer_shapes(model)  # the rules prove shapes; optimize infers them first too
+
+
+def run_cuda(model, feeds):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+    assert session.get_providers()[0] == "CUDAExecutionProvider"
+    return session.run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("seq", [40, 128])
+def test_raw_mask_index_with_holes_matches_the_original_on_cuda(seq):
+    model = layer(seq)
+    out, report = helpers.optimize(model, only=["contrib-attention"])
+    (detail,) = [d for d in report.details if d["rule"] == "contrib-attention"]
+    assert detail["mask_form"] == "mask_index"
+    rng = np.random.default_rng(1)
+    keep = np.ones((3, seq), bool)
+    keep[0, 5] = keep[0, -1] = False  # holes
+    keep[1, : seq // 2] = False  # left padding
+    keep[2, seq - 7:] = False  # right padding
+    feeds = {"x": rng.standard_normal((3, seq, E)).astype(np.float32), "keep": keep}
+    want, got = run_cuda(model, feeds), run_cuda(out, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
