@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.edit import replace_reads
+from onnxfuse.rewrites.engine.edit import replace_reads, to_identity
 from onnxfuse.rewrites.engine.facts import (
     constant_value,
     graphs_within,
@@ -75,9 +75,7 @@ def identity_reshapes_to_identity(graph: gs.Graph) -> int:
         for node in g.nodes:
             if _is_identity_reshape(g, node):
                 same.update(dims_proven_equal(node.outputs[0].shape, shape_of(g, node.inputs[0])))
-                node.op = "Identity"
-                node.attrs.clear()
-                del node.inputs[1]
+                to_identity(node, node.inputs[0])
                 changed += 1
     unify_dims(graph, same)
     return changed

@@ -111,6 +111,16 @@ def replace_reads(old, new) -> None:
                 node.inputs[i] = new
 
 
+def to_identity(node, source) -> None:
+    """Make ``node`` an ``Identity`` of ``source``: its output keeps its name and readers, and cleanup then
+    makes those readers read ``source`` directly (or keeps the Identity where the output is a graph output)."""
+    node.op = "Identity"
+    node.domain = ""
+    node.attrs.clear()
+    node.inputs.clear()
+    node.inputs.append(source)
+
+
 def bypass(graph, first, second) -> None:
     """Make ``first`` write ``second``'s output and disconnect ``second`` (cleanup removes it).
 

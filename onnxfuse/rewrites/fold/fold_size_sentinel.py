@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxfuse.rewrites.engine.edit import to_identity
 from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, producer_of, provably_nonnegative, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 
@@ -79,8 +80,5 @@ class FoldSizeSentinel(Rule):
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
         node, kept = plan.anchor, plan.found
-        node.op = "Identity"  # cleanup makes the Where's readers read ``kept`` directly
-        node.attrs.clear()
-        node.inputs.clear()
-        node.inputs.append(kept)
+        to_identity(node, kept)
         return {"node": node.name, "kept": kept.name}

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxfuse.rewrites.engine.edit import new_constant
+from onnxfuse.rewrites.engine.edit import new_constant, to_identity
 from onnxfuse.rewrites.engine.facts import constant_value, consumers, is_alive, is_op
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.fold import SIZE_LIMIT
@@ -65,8 +65,5 @@ class FoldWeightTranspose(Rule):
         node, perm = plan.anchor, plan.found
         value = constant_value(graph, node.inputs[0])
         folded = new_constant(graph, f"{node.inputs[0].name}/transposed", np.transpose(value, perm))
-        node.op = "Identity"  # cleanup makes the Transpose's readers read the folded constant directly
-        node.attrs.clear()
-        node.inputs.clear()
-        node.inputs.append(folded)
+        to_identity(node, folded)
         return {"node": node.name, "shape": list(folded.shape), "perm": perm}
