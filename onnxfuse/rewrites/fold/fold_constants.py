@@ -31,7 +31,7 @@ from typing import Any
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.facts import is_default_domain
+from onnxfuse.rewrites.engine.facts import graphs_within, is_default_domain
 from onnxfuse.rewrites.engine.rule import GraphPass
 from onnxfuse.rewrites.engine.shapes import weights_as_inputs
 from onnxfuse.rewrites.engine.edit import replace_reads
@@ -125,7 +125,15 @@ def _with_large_constants(folded: gs.Graph, original: gs.Graph, names: list[str]
 
 
 def _install(graph: gs.Graph, new: gs.Graph) -> None:
-    """Make ``graph`` (the object the caller holds) contain ``new``'s nodes and signature."""
+    """Make ``graph`` (the object the caller holds) contain ``new``'s nodes and signature.
+
+    The replaced nodes (subgraphs' included) are disconnected first: ``new`` reads the original large
+    constants (:func:`_with_large_constants`), and graphsurgeon lists every node still holding a tensor
+    among its readers, so a discarded node would stay a reader of each weight (``facts.consumers``) for
+    every rule after this one."""
+    for node in [n for g in graphs_within(graph) for n in g.nodes]:
+        node.inputs.clear()
+        node.outputs.clear()
     graph.nodes = new.nodes
     graph.inputs = new.inputs
     graph.outputs = new.outputs

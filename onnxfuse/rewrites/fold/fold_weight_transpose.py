@@ -51,9 +51,7 @@ class FoldWeightTranspose(Rule):
         value = constant_value(graph, weight)
         if value is None:
             return Refuse("the Transpose's input is not a constant")
-        in_graph = {id(n) for n in graph.nodes}  # a replaced graph's nodes may still hold the constant
-        readers = [r for r in consumers(weight) if id(r) in in_graph]
-        if value.nbytes > SIZE_LIMIT and any(r is not node for r in readers):
+        if value.nbytes > SIZE_LIMIT and any(r is not node for r in consumers(weight)):
             return Refuse(f"the constant ({value.nbytes} bytes) is read elsewhere too: folding would store it twice")
         perm = node.attrs.get("perm")
         perm = list(range(value.ndim))[::-1] if perm is None else [int(p) for p in perm]
