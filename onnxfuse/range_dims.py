@@ -24,6 +24,8 @@ from __future__ import annotations
 import onnx
 from onnx import numpy_helper
 
+from onnxfuse.constant_nodes import constant_node_value
+
 #: Integer element types a Cast may change the limit to without changing its value (a size < 2**31).
 _INT_TYPES = {onnx.TensorProto.INT32, onnx.TensorProto.INT64}
 
@@ -37,10 +39,9 @@ def _constant_values(graph: onnx.GraphProto) -> dict:
             except Exception:  # an unreadable initializer is simply not a known constant
                 pass
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            for attr in node.attribute:
-                if attr.name == "value":
-                    values[node.output[0]] = numpy_helper.to_array(attr.t)
+        value = constant_node_value(node)
+        if value is not None and node.output:
+            values[node.output[0]] = value
     return values
 
 

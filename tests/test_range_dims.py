@@ -11,15 +11,20 @@ from onnx import numpy_helper
 from onnxfuse.model_io import infer_shapes
 
 
-def range_model(start=0, delta=1, cast_to=T.INT64, index=0):
+def range_model(start=0, delta=1, cast_to=T.INT64, index=0, constant_nodes=False):
     """idx = Unsqueeze(Range(start, Cast(Gather(Shape(x), index)), delta), 1) + arange(4): transformers 5's
-    batch index grid."""
-    inits = [numpy_helper.from_array(np.array(start, np.int64), "start"),
-             numpy_helper.from_array(np.array(delta, np.int64), "delta"),
-             numpy_helper.from_array(np.array(index, np.int64), "index"),
+    batch index grid. ``constant_nodes``: start, delta and index as ``Constant(value_int=...)`` nodes."""
+    inits = [numpy_helper.from_array(np.array(index, np.int64), "index"),
              numpy_helper.from_array(np.array([1], np.int64), "axis1"),
              numpy_helper.from_array(np.arange(4, dtype=np.int64)[None, :], "cols")]
-    nodes = [h.make_node("Shape", ["x"], ["shape"]),
+    if constant_nodes:
+        consts = [h.make_node("Constant", [], ["start"], value_int=start),
+                  h.make_node("Constant", [], ["delta"], value_int=delta)]
+    else:
+        consts = []
+        inits += [numpy_helper.from_array(np.array(start, np.int64), "start"),
+                  numpy_helper.from_array(np.array(delta, np.int64), "delta")]
+    nodes = consts + [h.make_node("Shape", ["x"], ["shape"]),
              h.make_node("Gather", ["shape", "index"], ["n"], axis=0),
              h.make_node("Cast", ["n"], ["limit"], to=cast_to),
              h.make_node("Range", ["start", "limit", "delta"], ["rows"]),
@@ -39,8 +44,9 @@ def dims_of(model, name):
     return None
 
 
-def test_a_range_over_a_dimension_has_that_length_downstream():
-    inferred = infer_shapes(range_model())
+@pytest.mark.parametrize("constant_nodes", [False, True])
+def test_a_range_over_a_dimension_has_that_length_downstream(constant_nodes):
+    inferred = infer_shapes(range_model(constant_nodes=constant_nodes))
     assert dims_of(inferred, "rows") == ["batch"]
     assert dims_of(inferred, "grid") == ["batch", 4]  # reached through Unsqueeze and a broadcast Add
 

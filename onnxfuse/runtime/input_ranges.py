@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxfuse.constant_nodes import constant_node_value
 from onnxfuse.errors import UsageError
 
 #: Ops whose output holds the input's values (possibly fewer, rearranged or repeated).
@@ -110,24 +111,14 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list]:
     return shapes
 
 
-#: Element types of the ``Constant`` attributes other than ``value`` (a tensor).
-_CONSTANT_ATTRS = {"value_int": np.int64, "value_ints": np.int64, "value_float": np.float32,
-                   "value_floats": np.float32}
-
-
 def _constant(model: onnx.ModelProto, name: str):
-    """An initializer's value, or a ``Constant`` node's from any of its numeric attributes (the
-    rewrites' reader, ``facts.constant_node_value``, reads the same ones on graphsurgeon nodes)."""
+    """An initializer's value, or a ``Constant`` node's from any of its numeric attributes."""
     for t in model.graph.initializer:
         if t.name == name:
             return numpy_helper.to_array(t)
     for n in model.graph.node:
         if n.op_type == "Constant" and n.output and n.output[0] == name:
-            for a in n.attribute:
-                if a.name == "value":
-                    return numpy_helper.to_array(a.t)
-                if a.name in _CONSTANT_ATTRS:
-                    return np.asarray(onnx.helper.get_attribute_value(a), _CONSTANT_ATTRS[a.name])
+            return constant_node_value(n)
     return None
 
 
