@@ -81,3 +81,74 @@ def test_raw_mask_index_with_holes_matches_the_original_on_cuda(seq):
         as_lengths[row, :n] = True
     misread = run_cuda(model, dict(feeds, keep=as_lengths))
     assert np.max(np.abs(misread - want)) > 1e-2
+
+
+def causal_layer(seq: int, island: bool) -> onnx.ModelProto:
+    """One self-attention layer as transformers 5 exports GPT-2: the mask ``Where(Not(And(causal, keep)),
+    finfo(float32).min, ConstantOfShape(zeros))``. ``island``: float16 weights and input, the scaled
+    scores cast up to float32 for the mask and the Softmax, the weights cast back down for ×V (the
+    float16 export); else all float32."""
+    rng = np.random.default_rng(seq)
+    dtype, elem = (np.float16, T.FLOAT16) if island else (np.float32, T.FLOAT)
+    inits = []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    nodes = []
+    for p in "qkv":
+        nodes += [h.make_node("MatMul", ["x", const(f"W{p}", (rng.standard_normal((E, E)) / np.sqrt(E)).astype(dtype))], [f"{p}0"]),
+                  h.make_node("Add", [f"{p}0", const(f"b{p}", (rng.standard_normal(E) * 0.1).astype(dtype))], [f"{p}1"]),
+                  h.make_node("Reshape", [f"{p}1", const(f"s{p}", np.array([0, 0, H, D], np.int64))], [f"{p}2"]),
+                  h.make_node("Transpose", [f"{p}2"], [f"{p}h"], perm=[0, 2, 3, 1] if p == "k" else [0, 2, 1, 3])]
+    nodes += [h.make_node("MatMul", ["qh", "kh"], ["scores"]),
+              h.make_node("Mul", ["scores", const("scale", np.array(D ** -0.5, dtype))], ["scaled16"]),
+              h.make_node("Cast" if island else "Identity", ["scaled16"], ["scaled"], **({"to": T.FLOAT} if island else {})),
+              h.make_node("Unsqueeze", ["keep", const("axes", np.array([1, 2], np.int64))], ["keep4"]),
+              h.make_node("And", [const("causal", np.tril(np.ones((seq, seq), bool))[None, None]), "keep4"], ["allowed"]),
+              h.make_node("Not", ["allowed"], ["dropped"]),
+              h.make_node("Shape", ["allowed"], ["allowed_shape"]),
+              h.make_node("ConstantOfShape", ["allowed_shape"], ["zeros"],
+                          value=numpy_helper.from_array(np.zeros(1, np.float32))),
+              h.make_node("Where", ["dropped", const("min", np.array(np.finfo(np.float32).min, np.float32)), "zeros"],
+                          ["bias"]),
+              h.make_node("Add", ["scaled", "bias"], ["masked"]),
+              h.make_node("Softmax", ["masked"], ["probs32"], axis=-1),
+              h.make_node("Cast" if island else "Identity", ["probs32"], ["probs"], **({"to": T.FLOAT16} if island else {})),
+              h.make_node("MatMul", ["probs", "vh"], ["ctx"]),
+              h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["ctx_t", const("merge", np.array([0, 0, E], np.int64))], ["out"])]
+    model = helpers.make_model(nodes, [helpers.vi("x", ["B", seq, E], elem), helpers.vi("keep", ["B", seq], T.BOOL)],
+                               [helpers.vi("out", ["B", seq, E], elem)], inits, opset=17)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.mark.parametrize("island", [False, True])
+def test_causal_and_padding_mask_as_a_3d_mask_index_matches_the_original_on_cuda(island):
+    """[B, S, L] raw mask on CUDA (float32, and the float16 layer with a float32 softmax island): left
+    padding leaves the first queries of a row with no key; the original's softmax is uniform there
+    (finfo.min absorbs every score) and the kernel's float32 fill must keep it so."""
+    seq = 64
+    model = causal_layer(seq, island)
+    out, report = helpers.optimize(model, only=["contrib-attention"])
+    (detail,) = [d for d in report.details if d["rule"] == "contrib-attention"]
+    assert detail["mask_form"] == "mask_index"
+    rng = np.random.default_rng(1)
+    keep = np.ones((3, seq), bool)
+    keep[0, 5] = keep[0, -1] = False  # holes
+    keep[1, : seq // 2] = False  # left padding: queries 0..31 of item 1 see no key
+    keep[2, seq - 7:] = False  # right padding
+    dtype = np.float16 if island else np.float32
+    feeds = {"x": rng.standard_normal((3, seq, E)).astype(dtype), "keep": keep}
+    want = run_cuda(model, feeds).astype(np.float64)
+    got = run_cuda(out, feeds).astype(np.float64)
+    tol = 1e-2 if island else 1e-3  # float16 rounding / TF32 rounding
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    # that tolerance sees a fill that does not absorb: -65504 (all a float16 bias could hold) weights the
+    # fully masked rows by their scores instead of uniformly
+    weaker = onnx.ModelProto()
+    weaker.CopyFrom(out)
+    (att,) = [n for n in weaker.graph.node if n.op_type == "Attention"]
+    next(a for a in att.attribute if a.name == "mask_filter_value").f = -65504.0
+    assert np.max(np.abs(run_cuda(weaker, feeds).astype(np.float64) - want)) > 5 * tol

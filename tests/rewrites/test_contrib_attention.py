@@ -746,15 +746,65 @@ def test_a_key_padding_mask_becomes_a_raw_mask_index_with_the_same_outputs(negat
     assert np.max(np.abs(run_ort(out, unmasked)["out"] - got["out"])) > 1e-3
 
 
-@pytest.mark.parametrize("case", ["shared_across_batch", "query_dependent", "and_not_all_true", "float16"])
-def test_masks_that_are_not_key_padding_stay_an_attention_bias(case):
-    """A mask that is not provably [B, 1, 1, L] of the batch and the keys (or a float16 attention, where the
-    raw mask was measured slower and may reach ONNX Runtime's fused kernels) keeps the additive form."""
-    kwargs = {"shared_across_batch": dict(keep_shape=(1, 1, 1, S)),
+def fully_masked_feeds(model, seed=2):
+    """``holey_feeds`` plus rows with every key masked: batch item 0 masks all keys of query 1 (all of
+    them when the mask does not depend on the query). There the original adds the absorbing fill to every
+    score, so its softmax is uniform; a kernel that added a smaller fill would weight by the scores."""
+    feeds = holey_feeds(model, seed)
+    keep = feeds["keep"]
+    if keep.shape[-2] == 1:
+        keep[0] = False
+    else:
+        keep[0, ..., 1, :] = False
+    return feeds
+
+
+def with_filter_value(model, value):
+    """A copy of ``model`` whose Attention adds ``value`` where the mask is 0."""
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    att, _ = mask_index_of(changed)
+    for a in att.attribute:
+        if a.name == "mask_filter_value":
+            a.f = value
+    return changed
+
+
+@pytest.mark.parametrize("case,rank", [("key_padding", 2), ("shared_across_batch", 2), ("query_dependent", 3),
+                                       ("and_not_all_true", 3), ("causal_shared_across_batch", 3)])
+def test_keep_masks_become_a_raw_2d_or_3d_mask_index_with_the_same_outputs(case, rank):
+    """A 0/fill mask of [B|1, 1, 1, L] (key padding) or [B|1, 1, S, L] (per query: causal, or padding
+    And-ed with a pattern) reaches ``Attention`` as a raw [B, L] or [B, S, L] mask of 0 and 1 (a
+    broadcast batch spelled out by Expand); rows with every key masked stay uniform as in the original."""
+    kwargs = {"key_padding": {}, "shared_across_batch": dict(keep_shape=(1, 1, 1, S)),
               "query_dependent": dict(keep_shape=("B", 1, S, S)),
               "and_not_all_true": dict(true_value=np.array([True, False, True, True, True])[None, None, :, None]),
-              "float16": dict(dtype=np.float16)}[case]
+              "causal_shared_across_batch": dict(keep_shape=(1, 1, S, S))}[case]
     model = sdpa_mask_model(**kwargs)
+    out, report = apply(model)
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == "mask_index"
+    att, mask_index = mask_index_of(out)
+    assert mask_index and len(att.input) == 4  # no attention_bias
+    producers = {o: n for n in out.graph.node for o in n.output}
+    flat = producers[producers[mask_index].input[0]]  # Cast(Flatten | Squeeze (| Not))
+    assert flat.op_type == {2: "Flatten", 3: "Squeeze"}[rank]
+    assert ("Expand" in helpers.op_types(out)) == ("shared" in case)
+    one_row = case == "shared_across_batch"  # one keep row for everything: masking it all would hide holes
+    feeds = holey_feeds(model) if one_row else fully_masked_feeds(model)
+    want, got = run_ort(model, feeds), run_ort(out, feeds)
+    np.testing.assert_allclose(got["out"], want["out"], rtol=1e-5, atol=1e-6)
+    # what the comparison would catch: the mask not reaching the kernel, or (with fully masked rows) a
+    # fill that does not absorb, which weights those rows by their scores instead of uniformly
+    wrong = (run_ort(out, dict(feeds, keep=np.ones_like(feeds["keep"]))) if one_row
+             else run_ort(with_filter_value(out, -10000.0), feeds))["out"]
+    assert np.max(np.abs(wrong - want["out"])) > 1e-3
+
+
+def test_float16_keeps_the_attention_bias():
+    """float16 scores and mask: the raw mask was measured slower than ``attention_bias`` (benchmarks.md
+    5.7), so the additive form stays."""
+    model = sdpa_mask_model(dtype=np.float16)
     out, report = apply(model)
     (detail,) = [d for d in report.details if d["rule"] == RULE]
     assert detail["mask_form"] == "attention_bias"
@@ -762,5 +812,82 @@ def test_masks_that_are_not_key_padding_stay_an_attention_bias(case):
     assert mask_index == "" and len(att.input) == 6
     feeds = holey_feeds(model)
     want, got = run_ort(model, feeds), run_ort(out, feeds)
-    tol = 1e-2 if case == "float16" else 1e-5
-    np.testing.assert_allclose(got["out"].astype(np.float64), want["out"].astype(np.float64), rtol=tol, atol=tol)
+    np.testing.assert_allclose(got["out"].astype(np.float64), want["out"].astype(np.float64), rtol=1e-2, atol=1e-2)
+
+
+def island_model(mask="keep"):
+    """GPT-2's float16 export: float16 projections and heads, the scaled scores cast up to float32, a
+    float32 mask ``Where(Not(And(causal, keep)), finfo(float32).min, ConstantOfShape(zeros))`` added
+    there, a float32 Softmax, and its result cast back to float16 for ×V. ``mask``: "keep" (that form),
+    "float" (a float32 mask input added as it is) or None."""
+    model = attention_model(mask="full", dtype=np.float16)
+    graph = model.graph
+    del graph.value_info[:]
+    (madd,) = [i for i in graph.input if i.name == "madd"]
+    graph.input.remove(madd)
+    nodes = list(graph.node)
+    add = next(n for n in nodes if n.op_type == "Add" and n.output[0] == "masked")
+    softmax = next(n for n in nodes if n.op_type == "Softmax")
+    pv = next(n for n in nodes if n.op_type == "MatMul" and n.input[0] == "probs")
+    add.input[0] = "scaled32"
+    pv.input[0] = "probs16"
+    up, down = (h.make_node("Cast", ["scaled"], ["scaled32"], to=T.FLOAT),
+                h.make_node("Cast", ["probs"], ["probs16"], to=T.FLOAT16))
+    nodes.insert(nodes.index(add), up)
+    nodes.insert(nodes.index(softmax) + 1, down)
+    extra = []
+    if mask == "keep":
+        graph.input.append(h.make_tensor_value_info("keep", T.BOOL, ["B", 1, 1, S]))
+        graph.initializer.extend([
+            numpy_helper.from_array(np.tril(np.ones((S, S), bool))[None, None], "causal"),
+            numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "min32")])
+        extra += [h.make_node("And", ["causal", "keep"], ["allowed"]),
+                  h.make_node("Not", ["allowed"], ["dropped"]),
+                  h.make_node("Shape", ["allowed"], ["allowed_shape"]),
+                  h.make_node("ConstantOfShape", ["allowed_shape"], ["zeros"],
+                              value=numpy_helper.from_array(np.zeros(1, np.float32))),
+                  h.make_node("Where", ["dropped", "min32", "zeros"], ["madd"])]
+    elif mask == "float":
+        graph.input.append(h.make_tensor_value_info("madd", T.FLOAT, ["B", 1, S, S]))
+    else:
+        add.op_type, add.input[:] = "Identity", ["scaled32"]
+    del graph.node[:]
+    graph.node.extend(extra + nodes)
+    softmax.input[0] = "masked"
+    onnx.checker.check_model(model)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_float16_attention_with_a_float32_softmax_becomes_attention_with_a_3d_mask_index():
+    """The float32 softmax island fuses into a float16 ``Attention``: its kernel adds ``mask_filter_value``
+    in float32 as the graph does, so the causal-and-padding mask goes in as a raw [B, S, L] mask with the
+    float32 fill, and rows with every key masked (left padding) stay uniform as in the original."""
+    model = island_model()
+    out, report = apply(model)
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == "mask_index" and fused(out) == ["Attention"]
+    assert "Softmax" not in helpers.op_types(out)
+    att, mask_index = mask_index_of(out)
+    filter_value = [a.f for a in att.attribute if a.name == "mask_filter_value"]
+    assert filter_value == [pytest.approx(float(np.finfo(np.float32).min), rel=1e-7)]
+    producers = {o: n for n in out.graph.node for o in n.output}
+    assert producers[producers[mask_index].input[0]].op_type == "Squeeze"  # [B, 1, S, L] → [B, S, L]
+    feeds = holey_feeds(model)
+    feeds["keep"][0, ..., :2] = False  # left padding: queries 0 and 1 of item 0 see no key
+    want, got = run_ort(model, feeds), run_ort(out, feeds)
+    np.testing.assert_allclose(got["out"].astype(np.float64), want["out"].astype(np.float64), rtol=1e-2, atol=1e-2)
+    # float16's -65504 (a float16 attention_bias could hold no more) would weight those rows by their scores
+    weaker = run_ort(with_filter_value(out, -65504.0), feeds)["out"].astype(np.float64)
+    assert np.max(np.abs(weaker - want["out"].astype(np.float64))) > 5e-2
+
+
+def test_float32_softmax_island_without_a_mask_fuses_and_with_a_float_mask_is_refused():
+    out, _ = apply(island_model(mask=None))
+    assert fused(out) == ["Attention"]
+    feeds = feeds_for(island_model(mask=None))
+    np.testing.assert_allclose(run_ort(out, feeds)["out"].astype(np.float64),
+                               run_ort(island_model(mask=None), feeds)["out"].astype(np.float64), rtol=1e-2, atol=1e-2)
+    out, report = apply(island_model(mask="float"))
+    assert fused(out) == []
+    (refusal,) = [r for r in report.refusals if r.rule == RULE]
+    assert "float32 Softmax" in refusal.reason and "not a 0/fill keep mask" in refusal.reason

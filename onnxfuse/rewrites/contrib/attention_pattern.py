@@ -8,8 +8,9 @@ What each helper proves is written where it is; the rule's module docstring
 * :func:`strip_scale`: scalar Mul/Div (and element-type-preserving Casts) peeled off a tensor;
 * :func:`mask_terms`: the Add / Where chain between the scaled scores and the Softmax, as terms of one
   additive ``attention_bias``;
-* :func:`key_padding_mask`: those terms proved to mask keys per batch item only (a padding mask), the
-  form ONNX Runtime's ``Attention`` takes as a raw ``mask_index``;
+* :func:`keep_mask`: those terms proved to be a 0/fill keep mask per batch item and key (a padding
+  mask) or per batch item, query and key (causal and padding), the forms ONNX Runtime's ``Attention``
+  takes as a raw 2-D or 3-D ``mask_index``;
 * :func:`projection_bias`: ``Add(MatMul(·), b)`` with a 1-D constant ``b``;
 * :func:`packed_projections`: q, k and v as three constant-weight projections of one tensor, packed
   into the one [E_in, 3E] weight and [3E] bias of ONNX Runtime's ``Attention`` op.
@@ -68,16 +69,33 @@ def perm_of(node) -> list[int] | None:
     return list(node.attrs.get("perm", [])) if is_op(node, "Transpose") else None
 
 
-def is_noop_cast(graph, node) -> bool:
-    """A Cast to the element type its input already has: the identity."""
+def cast_types(graph, node) -> tuple[np.dtype, np.dtype] | None:
+    """(input element type, target element type) of a Cast whose input type is known, else None."""
     if not is_op(node, "Cast") or len(node.inputs) != 1:
-        return False
+        return None
     source = dtype_of(graph, node.inputs[0])
     try:
         target = np.dtype(helper.tensor_dtype_to_np_dtype(int(node.attrs.get("to", 0))))
     except (KeyError, TypeError, ValueError):
-        return False
-    return source is not None and source == target
+        return None
+    return None if source is None else (source, target)
+
+
+def is_noop_cast(graph, node) -> bool:
+    """A Cast to the element type its input already has: the identity."""
+    types = cast_types(graph, node)
+    return types is not None and types[0] == types[1]
+
+
+def is_upcast(graph, node) -> bool:
+    """A float16 → float32 Cast: exact (every float16 value is a float32 value), the step into a float32
+    softmax island (:mod:`~onnxfuse.rewrites.contrib.contrib_attention`)."""
+    return cast_types(graph, node) == (np.dtype(np.float16), np.dtype(np.float32))
+
+
+def is_downcast(graph, node) -> bool:
+    """A float32 → float16 Cast, the step out of a float32 softmax island."""
+    return cast_types(graph, node) == (np.dtype(np.float32), np.dtype(np.float16))
 
 
 def scalar_factor(graph, node) -> tuple[float, gs.Tensor] | None:
@@ -214,14 +232,15 @@ def projection_bias(graph, tensor):
 
 
 def _reaches_matmul(graph, tensor, depth: int = 8) -> bool:
-    """Whether ``tensor`` is a MatMul's output behind the ops the score path may hold (no-op Cast,
-    scalar Mul/Div, Add, Where): tells the scores from the mask."""
+    """Whether ``tensor`` is a MatMul's output behind the ops the score path may hold (no-op Cast, the
+    float16 → float32 Cast of a softmax island, scalar Mul/Div, Add, Where): tells the scores from the
+    mask."""
     p = producer_of(tensor)
     if p is None or depth == 0:
         return False
     if is_op(p, "MatMul"):
         return True
-    if is_noop_cast(graph, p) or scalar_factor(graph, p) is not None:
+    if is_noop_cast(graph, p) or is_upcast(graph, p) or scalar_factor(graph, p) is not None:
         return _reaches_matmul(graph, p.inputs[0] if is_op(p, "Cast") else scalar_factor(graph, p)[1], depth - 1)
     if is_op(p, "Add", "Where"):
         return any(_reaches_matmul(graph, t, depth - 1) for t in p.inputs)
@@ -289,26 +308,33 @@ def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] 
 
 
 @dataclass
-class KeyPaddingMask:
-    """The additive mask proved to be a key padding mask: entry (b, h, s, l) adds 0 where
-    ``keep[b, 0, 0, l]`` is True (False when ``negate``) and ``fill`` elsewhere. ``keep`` is a bool
-    tensor of shape [B, 1, 1, L]: it depends on the batch item and the key only."""
+class KeepMask:
+    """The additive mask proved to be a keep/drop mask: entry (b, h, s, l) adds 0 where the bool ``keep``
+    is True at the broadcast index (False when ``negate``) and ``fill`` elsewhere. ``keep``'s shape,
+    right-aligned to rank 4, is ``[B|1, 1, 1, L|1]`` (``rank`` 2: a key padding mask, per batch item and
+    key) or ``[B|1, 1, S, L|1]`` (``rank`` 3: per query too, a causal mask and its padding); ``expand``
+    says some dimension is a broadcast 1 that the raw ``mask_index`` must spell out."""
 
     keep: gs.Tensor
     negate: bool
     fill: float
+    rank: int = 2
+    expand: bool = False
 
 
-def key_padding_mask(graph, terms, batch, keys) -> KeyPaddingMask | None:
-    """The mask steps ``terms`` (:func:`mask_terms`) as a :class:`KeyPaddingMask`, or None.
+def keep_mask(graph, terms, batch, queries, keys) -> KeepMask | None:
+    """The mask steps ``terms`` (:func:`mask_terms`) as a :class:`KeepMask`, or None.
 
-    Accepted: one term, either ``x + Where(c, 0, f)`` / ``x + Where(c, f, 0)`` (the Where's branches
-    scalar constants, f finite: transformers 5's ``sdpa_mask``) or ``Where(c, x, f)`` / ``Where(c, f, x)``
+    Accepted: one term, either ``x + Where(c, 0, f)`` / ``x + Where(c, f, 0)`` (one branch a scalar
+    constant f, finite; the other zeros: a scalar 0, or a zero-valued ``ConstantOfShape`` or constant
+    when the Where's result (or the tensor whose ``Shape`` the ConstantOfShape reads) provably fits the
+    scores: transformers 5's ``sdpa_mask``, ``Where(keep, 0,
+    finfo.min)``, and its GPT-2 form ``Where(Not(keep), finfo.min, zeros)``) or ``Where(c, x, f)`` / ``Where(c, f, x)``
     (``masked_fill``; :func:`mask_terms` already proved f absorbing), where the bool condition c is a
-    broadcast of a tensor ``keep`` whose shape, right-aligned to rank 4, is provably ``[batch, 1, 1,
-    keys]``. c is traced to ``keep`` through ops that only broadcast it (:func:`broadcast_source`).
-    Anything else (a causal or any other query-dependent mask, a mask shared across the batch, two
-    terms, a float mask computed as ``(1 - m)·c``) gives None: the mask then stays an additive bias."""
+    broadcast of a tensor ``keep`` (:func:`broadcast_source`; a ``Not`` is absorbed into ``negate``)
+    whose shape, right-aligned to rank 4, is provably ``[batch or 1, 1, queries or 1, keys or 1]``.
+    Anything else (a head-dependent mask, two terms, a
+    float mask computed as ``(1 - m)·c``) gives None: the mask then stays an additive bias."""
     if len(terms) != 1:
         return None
     term = terms[0]
@@ -318,25 +344,71 @@ def key_padding_mask(graph, terms, batch, keys) -> KeyPaddingMask | None:
             return None
         cond, a, b = where.inputs
         va, vb = scalar_constant(graph, a), scalar_constant(graph, b)
-        if va is None or vb is None:
-            return None
-        va, vb = float(np.asarray(va, np.float64).reshape(())), float(np.asarray(vb, np.float64).reshape(()))
-        if va == 0.0 and np.isfinite(vb):
+        va = None if va is None else float(np.asarray(va, np.float64).reshape(()))
+        vb = None if vb is None else float(np.asarray(vb, np.float64).reshape(()))
+        if is_zeros(graph, a) and vb is not None and np.isfinite(vb):
             keep_if_true, fill = True, vb
-        elif vb == 0.0 and np.isfinite(va):
+        elif is_zeros(graph, b) and va is not None and np.isfinite(va):
             keep_if_true, fill = False, va
         else:
             return None
+        zeros, scores = (a if keep_if_true else b), [batch, None, queries, keys]
+        if scalar_constant(graph, zeros) is None and not (_fits(shape_of(graph, where.outputs[0]), scores)
+                                                          or _fits(_shape_source(graph, zeros), scores)):
+            return None  # a shaped zeros branch must not make the mask larger than the scores
     else:
         cond, keep_if_true, fill = term.cond, term.scores_if_true, term.fill
-    keep = broadcast_source(graph, cond)
+    keep, negate = broadcast_source(graph, cond), not keep_if_true
+    inverse = producer_of(keep)
+    if negate and is_op(inverse, "Not") and inverse.inputs:  # Where(Not(k), f, 0) keeps where k
+        keep, negate = broadcast_source(graph, inverse.inputs[0]), False
     shape = shape_of(graph, keep)
     if dtype_of(graph, keep) != np.dtype(bool) or shape is None or len(shape) > 4:
         return None
     dims = [1] * (4 - len(shape)) + list(shape)
-    if not (dims[1] == 1 and dims[2] == 1 and dims_equal(dims[0], batch) and dims_equal(dims[3], keys)):
+    if dims[1] != 1 or not _fits(dims, [batch, 1, queries, keys]):
         return None
-    return KeyPaddingMask(keep, not keep_if_true, fill)
+    rank = 2 if dims[2] == 1 else 3
+    expand = len(shape) != 4 or not (dims_equal(dims[0], batch) and dims_equal(dims[3], keys))
+    return KeepMask(keep, negate, fill, rank, expand)
+
+
+def _fits(shape, dims) -> bool:
+    """``shape`` (right-aligned to rank 4) broadcasts into ``dims`` without growing them: each entry is 1
+    or provably the dimension it meets (``None`` in ``dims``: any)."""
+    if shape is None or len(shape) > 4:
+        return False
+    shape = [1] * (4 - len(shape)) + list(shape)
+    return all(d == 1 or want is None or dims_equal(d, want) for d, want in zip(shape, dims))
+
+
+def _shape_source(graph, tensor):
+    """The shape of t when ``tensor`` is ``ConstantOfShape(Shape(t))`` (so it has t's shape), else None."""
+    p = producer_of(tensor)
+    if not is_op(p, "ConstantOfShape") or not p.inputs:
+        return None
+    shape = producer_of(p.inputs[0])
+    if not is_op(shape, "Shape") or not shape.inputs or shape.attrs.get("start", 0) or "end" in shape.attrs:
+        return None
+    return shape_of(graph, shape.inputs[0])
+
+
+def is_zeros(graph, tensor) -> bool:
+    """A constant of zeros, or ``ConstantOfShape`` filling zeros (its ``value`` attribute zero or absent)."""
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return value.size > 0 and not np.any(value)
+    p = producer_of(tensor)
+    if not is_op(p, "ConstantOfShape"):
+        return False
+    fill = p.attrs.get("value")
+    if fill is None:
+        return True
+    fill = getattr(fill, "values", fill)
+    try:
+        return not np.any(np.asarray(fill))
+    except (TypeError, ValueError):
+        return False
 
 
 def broadcast_source(graph, tensor, depth: int = 8):

@@ -100,18 +100,32 @@ fp32 b16 0.147 / 0.143 / 0.120, fp16 b1 0.107 / 0.078 / 0.053, fp16 b16 0.117 / 
 * ``MultiHeadAttention`` otherwise: it takes the projections as they are, whatever the exporter did
   with them (cross-attention, a projection also read elsewhere, weights that are not constants).
 
-**Key padding masks as a raw ``mask_index``** (packed ``Attention``, float32 only): when the mask is one
-``Where`` of a bool condition that is a broadcast of a tensor provably ``[B, 1, 1, L]`` (B and L x's;
-:func:`~onnxfuse.rewrites.contrib.attention_pattern.key_padding_mask`: transformers 5's ``sdpa_mask``,
-``Where(keep, 0, finfo.min)``, or a ``masked_fill``), the op gets ``mask_index = Cast(Flatten(keep),
-int32)`` ([B, L] of 0/1; ``Not`` first when the Where fills where the condition is True) and
-``mask_filter_value`` = the fill, instead of the expanded [B, 1, S, L] ``attention_bias``. ONNX Runtime's
-kernels add ``mask_filter_value`` to a score whose mask entry is 0 (CUDA ``mask == 0``, CPU ``mask > 0``
-keeps: the same for 0/1) and nothing otherwise, which is what the graph computes (``s + fill`` or
-``s + 0``): exact for any finite fill. Measured (one BERT-base layer, H100): 0.069 against 0.076 ms at
-fp32 batch 1. Not in float16: there the raw mask was slower (0.096 against 0.079 ms at batch 16) and
-may reach ONNX Runtime's fused fp16 kernels, whose reading of a 2-D mask is not verified here. A
-``(1 - m)·c`` float mask is not converted: it equals a keep/drop mask only for m in {0, 1}.
+**Keep masks as a raw ``mask_index``** (packed ``Attention``; float32, or a float32 softmax island
+below): when the mask is one ``Where`` of a bool condition that is a broadcast of a tensor ``keep``
+provably ``[B|1, 1, 1, L]`` or ``[B|1, 1, S, L]`` (B, S = L x's;
+:func:`~onnxfuse.rewrites.contrib.attention_pattern.keep_mask`: transformers 5's ``sdpa_mask``,
+``Where(keep, 0, finfo.min)``, its GPT-2 form ``Where(Not(And(causal, padding)), finfo.min, zeros)``,
+or a ``masked_fill``), the op gets ``mask_index`` = ``Cast(Flatten(keep), int32)`` ([B, L], a key padding
+mask) or ``Cast(Squeeze(keep, [1]), int32)`` ([B, S, L], a mask per query: causal and padding), with a
+batch of 1 spelled out by ``Expand`` first and ``Not`` first when the Where fills where the condition is
+True, and ``mask_filter_value`` = the fill, instead of the expanded [B, 1, S, L] ``attention_bias``. ONNX
+Runtime's kernels add ``mask_filter_value`` in float32 to a score whose mask entry is 0 (CUDA ``mask ==
+0``, CPU ``mask > 0`` keeps: the same for 0/1) and nothing otherwise, which is what the graph computes
+(``s + fill`` or ``s + 0``): exact for any finite fill, rows with every key masked included (uniform for
+finfo.min, as in the graph). A raw mask takes ONNX Runtime's unfused CUDA path (flash, memory-efficient
+and TensorRT kernels take no raw mask; ``attention.cc``). Measured (one BERT-base layer, H100): 0.069
+against 0.076 ms at fp32 batch 1. Not in float16: there the raw mask was slower (0.096 against 0.079 ms
+at batch 16) than ``attention_bias``, which reaches the memory-efficient kernel. A ``(1 - m)·c`` float
+mask is not converted: it equals a keep/drop mask only for m in {0, 1}.
+
+**Float32 softmax islands** (GPT-2's float16 export, which promotes the scores to the float32 mask's
+type): ``Cast(to=float)`` of the float16 scaled scores, float32 mask steps, a float32 Softmax and
+``Cast(to=float16)`` of its result for ×V. The island fuses into a float16 ``Attention`` (every
+float16 kernel of ONNX Runtime's computes the softmax in float32 and rounds the weights to float16, as
+the Casts do) only with the mask as a raw ``mask_index``, whose fill the kernel adds in float32 exactly
+as the island does; a float16 ``attention_bias`` would hold finfo(float32).min as -inf (a fully masked
+row becomes NaN) or, clamped, as -65504 (that row then follows its scores instead of being uniform).
+Refused otherwise (a mask that is not a keep mask, q/k/v not packed), with that reason.
 
 Both run on ONNX Runtime's CPU provider, so validation needs no GPU.
 
@@ -134,10 +148,12 @@ from onnxfuse.rewrites.contrib.attention_pattern import (
     HEADS,
     SEQ_FIRST,
     SEQ_FIRST_MERGE,
-    KeyPaddingMask,
+    KeepMask,
     PackedProjections,
+    is_downcast,
     is_noop_cast,
-    key_padding_mask,
+    is_upcast,
+    keep_mask,
     mask_terms,
     packed_projections,
     perm_of,
@@ -155,6 +171,7 @@ from onnxfuse.rewrites.engine.facts import (
     dtype_of,
     internal_problem,
     is_op,
+    opset_of,
     producer_of,
     shape_of,
 )
@@ -180,7 +197,8 @@ class AttentionPlan:
     head_size: int
     shape_reads: list  # (Shape node outside the pattern, the dims it reads, e.g. "BHSL")
     packed: PackedProjections | None  # q, k, v projections of one tensor: emit Attention, not MHA
-    key_mask: KeyPaddingMask | None = None  # packed float32 only: the mask as Attention's raw mask_index
+    key_mask: KeepMask | None = None  # packed only: the mask as Attention's raw mask_index
+    island: bool = False  # a float16 attention whose scores, mask and Softmax are float32
 
 
 def _output_shape(query, hidden: int):
@@ -213,17 +231,22 @@ class ContribAttention(Rule):
             return "Softmax input is not known to be rank 4 [batch, heads, query, key]"
         if int(softmax.attrs.get("axis", -1)) not in (-1, 3):
             return "Softmax is not over the last axis"
-        dtype = dtype_of(graph, softmax.inputs[0])
+        score_dtype = dtype = dtype_of(graph, softmax.inputs[0])
         if dtype not in DTYPES:
             return f"element type {dtype} (MultiHeadAttention: float32, float16)"
         nodes = [softmax]
-        # after: (no-op Cast) → MatMul(P, V_heads) → Transpose → Reshape
+        # after: (no-op Cast, or the float32 → float16 Cast that ends an island) → MatMul(P, V_heads)
+        # → Transpose → Reshape
         probs = softmax.outputs[0]
         readers = consumers(probs)
-        while len(readers) == 1 and is_noop_cast(graph, readers[0]):
+        island = False
+        while len(readers) == 1 and (is_noop_cast(graph, readers[0]) or (not island and is_downcast(graph, readers[0]))):
+            island = island or is_downcast(graph, readers[0])
             nodes.append(readers[0])
             probs = readers[0].outputs[0]
             readers = consumers(probs)
+        if island:
+            dtype = np.dtype(np.float16)
         if len(readers) != 1 or not is_op(readers[0], "MatMul") or readers[0].inputs[0] is not probs:
             return "Softmax output is not read by exactly one MatMul (× V)"
         pv = readers[0]
@@ -242,12 +265,18 @@ class ContribAttention(Rule):
         merge_r = after[0]
         nodes.append(merge_t)
         # before: mask steps (+ M, Where(c, ·, f)) ← (×/÷ s) ← MatMul(Q_heads, Kᵀ)
-        found = mask_terms(graph, softmax.inputs[0], nodes, dtype)
+        found = mask_terms(graph, softmax.inputs[0], nodes, score_dtype)
         if isinstance(found, str):
             return found
         terms, x = found
         factors: list[float] = []
         x = strip_scale(graph, x, nodes, factors)
+        if island:  # the float16 scores enter float32 here, before any mask step
+            upcast = producer_of(x)
+            if not is_upcast(graph, upcast):
+                return "a float32 Softmax read as float16 whose scores are not float16 cast up to float32"
+            nodes.append(upcast)
+            x = strip_scale(graph, upcast.inputs[0], nodes, factors)
         qk = producer_of(x)
         if qk is None or not is_op(qk, "MatMul") or len(qk.inputs) != 2:
             return "no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)"
@@ -296,12 +325,19 @@ class ContribAttention(Rule):
             if packed is None:
                 biases = _fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
         key_mask = None
-        if packed is not None and dtype == np.dtype(np.float32):
+        if packed is not None and (dtype == np.dtype(np.float32) or island):
             x_shape = shape_of(graph, packed.x)
             if x_shape is not None and len(x_shape) == 3:
-                key_mask = key_padding_mask(graph, terms, x_shape[0], x_shape[1])
+                key_mask = keep_mask(graph, terms, x_shape[0], x_shape[1], x_shape[1])
+        if island and (packed is None or (terms and key_mask is None)):
+            return ("float16 attention with a float32 Softmax: fused only into the packed Attention op with "
+                    "the mask as a raw 0/1 mask_index (its kernel adds mask_filter_value in float32, as the "
+                    "graph does); " + ("q, k, v are not packed projections of one tensor" if packed is None
+                                       else "the mask is not a 0/fill keep mask of [B, 1, S or 1, L] (a float16 "
+                                       "attention_bias would round the float32 mask)"))
         return AttentionPlan(softmax, nodes, q_source, k_source, v_source, q.heads, scale, terms, mask_rank,
-                             tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads, packed, key_mask)
+                             tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads, packed, key_mask,
+                             island)
 
     def rewrite(self, graph, plan: AttentionPlan):
         names = NameAllocator(graph)
@@ -356,7 +392,7 @@ class ContribAttention(Rule):
         attrs = {"num_heads": plan.heads, "scale": plan.scale}
         attention_bias, mask_index = gs.Variable.empty(), None
         if plan.key_mask is not None:
-            mask_index = self._mask_index(graph, names, base, plan.key_mask)
+            mask_index = self._mask_index(graph, names, base, plan.key_mask, x)
             attrs["mask_filter_value"] = plan.key_mask.fill
         elif plan.terms:
             attention_bias = self._attention_bias(graph, plan, names, base, x, x)
@@ -380,15 +416,36 @@ class ContribAttention(Rule):
                 "mask_terms": [t.kind for t in plan.terms],
                 "mask_form": "mask_index" if mask_index is not None else "attention_bias" if plan.terms else "none"}
 
-    @staticmethod
-    def _mask_index(graph, names, base, key_mask: KeyPaddingMask):
-        """``Attention``'s raw 2-D ``mask_index``: ``Cast(Flatten(keep, axis=1), int32)``, [B, L] of 0 and 1
-        (``Not`` first when the mask drops where ``keep`` is True). Every layer builds the same three
-        nodes from the same ``keep``; cleanup's duplicate merge leaves one set."""
+    def _mask_index(self, graph, names, base, mask: KeepMask, x):
+        """``Attention``'s raw ``mask_index`` of 0 and 1 from the bool ``keep``: 2-D [B, L] as
+        ``Cast(Flatten(keep, axis=1), int32)`` for a key padding mask, 3-D [B, S, L] as ``Cast(Squeeze(keep,
+        [1]), int32)`` for one per query (``Not`` first when the mask drops where ``keep`` is True). A
+        broadcast dimension of ``keep`` (a causal mask shared across the batch, [1, 1, S, L]) is spelled out
+        first by ``Expand`` to [B, 1, S or 1, L], B and S = L read from x at run time: Expand only copies
+        values. Every layer builds the same nodes from the same ``keep``; cleanup's duplicate merge leaves
+        one set."""
+        keep = mask.keep
+        if mask.expand:
+            one = new_constant(graph, f"{base}/one", np.array([1], np.int64))
+            batch, seq = self._dim(graph, names, base, x, 0), self._dim(graph, names, base, x, 1)
+            pieces = [batch, one, seq if mask.rank == 3 else one, seq]
+            target = gs.Variable(names(f"{base}/keep_shape"), dtype=np.int64)
+            graph.nodes.append(gs.Node("Concat", names(f"{base}/keep_shape"), {"axis": 0}, inputs=pieces,
+                                       outputs=[target]))
+            full = gs.Variable(names(f"{base}/keep_full"), dtype=np.bool_)
+            graph.nodes.append(gs.Node("Expand", names(f"{base}/keep_expand"), inputs=[keep, target], outputs=[full]))
+            keep = full
         flat = gs.Variable(names(f"{base}/key_keep"), dtype=np.bool_)
-        graph.nodes.append(gs.Node("Flatten", names(f"{base}/key_keep_flatten"), {"axis": 1},
-                                   inputs=[key_mask.keep], outputs=[flat]))
-        if key_mask.negate:
+        if mask.rank == 2:
+            graph.nodes.append(gs.Node("Flatten", names(f"{base}/key_keep_flatten"), {"axis": 1},
+                                       inputs=[keep], outputs=[flat]))
+        elif opset_of(graph) >= 13:
+            graph.nodes.append(gs.Node("Squeeze", names(f"{base}/keep_squeeze"), inputs=[
+                keep, new_constant(graph, f"{base}/head_axis", np.array([1], np.int64))], outputs=[flat]))
+        else:
+            graph.nodes.append(gs.Node("Squeeze", names(f"{base}/keep_squeeze"), {"axes": [1]}, inputs=[keep],
+                                       outputs=[flat]))
+        if mask.negate:
             kept = gs.Variable(names(f"{base}/key_keep_not"), dtype=np.bool_)
             graph.nodes.append(gs.Node("Not", names(f"{base}/key_keep_not"), inputs=[flat], outputs=[kept]))
             flat = kept
