@@ -528,18 +528,24 @@ def run_model(name: str, args, part: Path) -> None:
                                   min_iterations=args.min_iterations, cuda_graph=graph, sessions=args.sessions)
                 jobs = [(label, m, inputs, specs.get(label)) for label, m in models]
                 try:
-                    results = time_models(jobs, cfg, rounds=args.rounds)
+                    results = list(zip(models, time_models(jobs, cfg, rounds=args.rounds)))
                 except Exception as exc:
                     rec.error(f"{variant} b{batch} graph={graph}", exc)
-                    for label, _ in models:
-                        rec.timing(variant=f"{variant}-{label}", batch=batch, cuda_graph=graph, status="failed",
-                                   error=str(exc)[:300])
-                    continue
-                for (label, _), r in zip(models, results):
+                    # one model that cannot run (ONNX Runtime refuses to capture a CUDA graph of an
+                    # original with CPU shape nodes) should not hide the others: each alone, failures kept
+                    results = []
+                    for (label, m), job in zip(models, jobs):
+                        try:
+                            results.append(((label, m), time_models([job], cfg, rounds=args.rounds)[0]))
+                        except Exception as alone:
+                            rec.timing(variant=f"{variant}-{label}", batch=batch, cuda_graph=graph, status="failed",
+                                       error=str(alone)[:300])
+                            log(f"  {variant} b{batch}{' graph' if graph else ''}: {label} failed: {str(alone)[:120]}")
+                for (label, _), r in results:
                     specs[label] = r.output_specs
                     rec.timing(variant=f"{variant}-{label}", batch=batch, cuda_graph=graph, status="ok",
                                latency_ms=r.stats.to_dict(), nodes=r.nodes)
-                msg = ", ".join(f"{label} {r.stats.median_ms:.3f} ms" for (label, _), r in zip(models, results))
+                msg = ", ".join(f"{label} {r.stats.median_ms:.3f} ms" for (label, _), r in results)
                 log(f"  {variant} b{batch}{' graph' if graph else ''}: {msg}")
                 gc.collect()
 

@@ -32,6 +32,7 @@ ORDER = [
     "fold/fold-weight-transpose",  # before contrib-fused-matmul-transpose would absorb it as transB
     "fold/fold-size-sentinel",  # before constant-reshape-target: the sizes it keeps can then be copies
     "fold/constant-reshape-target",
+    "fold/expand-by-broadcast",  # like constant-reshape-target: no Shape chain left on the CPU
     "fold/gemm-rows-to-matmul",  # after constant-reshape-target: it reads the unflatten's constant [-1, S, N]
     "fold/fold-batchnorm-conv",
     "fold/fold-batchnorm-convtranspose",

@@ -76,3 +76,34 @@ def test_noise_floor_on_cuda_includes_cpu_against_cuda():
     assert floor and all(np.isfinite(v) and v > 0 for v in floor.values()), floor  # CPU vs CUDA differ
     result = onnxfuse.optimize(model, shapes={"input": [2, 3, 96, 96]}, provider="cuda")
     assert all("noise_floor" in c.extra for c in result.validation.outputs)
+
+
+def test_optimized_vit_runs_in_a_cuda_graph_and_the_original_cannot():
+    """The class token's Expand kept a Shape chain on the CPU, and ONNX Runtime refuses to capture a CUDA
+    graph of a model with CPU nodes; after expand-by-broadcast (and constant-reshape-target) the optimized
+    ViT has none: it is captured and replayed, with the outputs of the original run without a graph."""
+    import numpy as np
+
+    import onnxfuse
+    from onnxfuse.runtime.inputs import make_inputs
+    from onnxfuse.timing.runner import BenchConfig, Timer
+    from onnxfuse.runtime.session import run_model
+
+    model = onnx.load(TESTDATA / "vit_blocks_opset14.onnx")
+    optimized = onnxfuse.optimize(model, provider="cuda").model
+    assert not {"Shape", "Expand"} & {n.op_type for n in optimized.graph.node}
+    feeds = make_inputs(model, {"input": [4, 3, 32, 32]}, seed=5)
+    reference = run_model(model, feeds, "cuda")["output"]
+
+    def in_graph(m):
+        timer = Timer(m, feeds, BenchConfig(device="cuda", cuda_graph=True, warmup=3, time_budget_s=0.2))
+        try:
+            timer.warmup()
+            timer.sample(iterations=5, time_budget_s=None, min_iterations=1)
+            return timer.outputs()["output"]
+        finally:
+            timer.close()
+
+    np.testing.assert_allclose(in_graph(optimized), reference, rtol=1e-3, atol=1e-3)
+    with pytest.raises(Exception):
+        in_graph(model)

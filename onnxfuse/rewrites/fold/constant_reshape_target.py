@@ -18,7 +18,8 @@ computed values, the target becomes a constant:
 
 * a computed part that is ``x``'s own dimension at the same position (``Gather(Shape(x), i)``,
   possibly through Unsqueeze/Squeeze/Cast/Slice), or another tensor's dimension that shape inference
-  named with the same symbol (``batch``), becomes ``0``, ONNX's "copy this dimension";
+  named with the same symbol (``batch``) or that has the same static size, becomes ``0``, ONNX's "copy
+  this dimension";
 * then, if exactly one computed part is left and no constant is ``-1``, it becomes ``-1`` ("infer").
 
 Exactness: ``0`` reproduces the copied value by definition. ``-1`` is inferred as the element count of
@@ -137,8 +138,9 @@ def _shape_source(shape_node):
 
 def _copies(x, start: int, src, positions) -> bool:
     """True when ``src``'s dimensions at ``positions`` are ``x``'s at ``start, start+1, ...``: the
-    same tensor at the same indices, or dimensions that shape inference gave the same symbolic name
-    (``batch``), which means the same value."""
+    same tensor at the same indices, dimensions that shape inference gave the same symbolic name
+    (``batch``), which means the same value, or the same static size (another layer's ``Shape`` that
+    the duplicate merge left shared: ViT's [197, batch] read from layer 0 for every layer)."""
     if src is x:
         return positions == list(range(start, start + len(positions)))
     x_shape, s_shape = getattr(x, "shape", None), getattr(src, "shape", None)
@@ -146,7 +148,9 @@ def _copies(x, start: int, src, positions) -> bool:
         return False
     for k, p in enumerate(positions):
         a, b = x_shape[start + k], s_shape[p]
-        if not (isinstance(a, str) and a and a == b):
+        named = isinstance(a, str) and a
+        static = isinstance(a, (int, np.integer)) and not isinstance(a, bool) and a >= 0
+        if not ((named or static) and a == b):
             return False
     return True
 

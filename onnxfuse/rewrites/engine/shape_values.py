@@ -1,0 +1,128 @@
+"""The values of small integer shape tensors, as dimensions: what a ``Shape`` chain computes.
+
+Why: exporters compute the targets of Expand and Reshape at run time from ``Shape`` of some tensor
+(torch's ``x.expand(n, -1, -1)`` with ``n = x.shape[0]``): ``Shape → Gather → Unsqueeze → Concat``,
+and for ``-1`` entries ``Where(Equal(s, -1), 1, s)``. ONNX's shape inference (with data propagation)
+gives up at the Where and names the result ``unk__N``; a rule that wants to drop the chain must know
+what it computes. :func:`shape_value` evaluates such a chain to a list of dimensions, each an int (a
+static size or constant entry) or the symbolic name of a tensor's dimension (``batch``).
+
+Only exact steps are followed, each keeping the list's meaning element by element: constants;
+``Shape(T)`` (start/end) when T's dimensions are all known (ints or names other than ``unk__``: those
+mean nothing outside one inference); ``Gather`` on axis 0 with constant indices; ``Slice`` with constant
+bounds on axis 0, step 1; ``Concat`` on axis 0; ``Unsqueeze``/``Squeeze``/``Reshape``/``Identity`` and
+integer ``Cast`` (a size fits in int32); ``Where(c, a, b)`` when c is known element by element;
+``Equal(a, b)`` element by element, known when both are ints, or a name against a negative int (a size
+is never negative, so ``batch == -1`` is False); ``Mul`` by 1 and ``Add`` of 0 keep a name, ints
+multiply and add. Anything else gives None.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxfuse.rewrites.engine.facts import constant_value, is_op, producer_of
+
+#: A dimension: an int, or a symbolic name ("batch").
+Dim = int | str
+
+
+def _known(dim) -> bool:
+    return isinstance(dim, (int, np.integer)) or (isinstance(dim, str) and bool(dim) and not dim.startswith("unk__"))
+
+
+def tensor_dims(tensor) -> list[Dim] | None:
+    """``tensor``'s shape when every dimension is known (see the module docstring), else None."""
+    shape = getattr(tensor, "shape", None)
+    if shape is None or not all(_known(d) for d in shape):
+        return None
+    return [int(d) if not isinstance(d, str) else d for d in shape]
+
+
+def shape_value(graph, tensor, depth: int = 16) -> list | None:
+    """The 0-D or 1-D integer (or bool, from Equal) ``tensor`` as a list of values, or None."""
+    value = constant_value(graph, tensor)
+    if value is not None:
+        if value.ndim > 1 or not (np.issubdtype(value.dtype, np.integer) or value.dtype == np.bool_):
+            return None
+        return [v.item() for v in value.reshape(-1)]
+    node = producer_of(tensor)
+    if node is None or depth == 0:
+        return None
+    inputs = [shape_value(graph, t, depth - 1) if t.name else None for t in node.inputs]
+
+    def first():
+        return inputs[0] if inputs else None
+
+    if is_op(node, "Shape"):
+        dims = tensor_dims(node.inputs[0])
+        if dims is None:
+            return None
+        start, end = node.attrs.get("start"), node.attrs.get("end")
+        return dims[slice(None if start is None else int(start), None if end is None else int(end))]
+    if is_op(node, "Identity", "Unsqueeze", "Squeeze", "Reshape"):
+        return first()
+    if is_op(node, "Cast"):
+        return first() if int(node.attrs.get("to", 0)) in (6, 7) else None
+    if is_op(node, "Gather"):
+        idx = constant_value(graph, node.inputs[1])
+        if first() is None or idx is None or int(node.attrs.get("axis", 0)) != 0 or idx.ndim > 1:
+            return None
+        values = first()
+        picked = [int(i) for i in idx.reshape(-1)]
+        if any(not -len(values) <= i < len(values) for i in picked):
+            return None
+        return [values[i] for i in picked]
+    if is_op(node, "Slice"):
+        bounds = [constant_value(graph, t) if t.name else None for t in node.inputs[1:]]
+        if first() is None or len(bounds) < 2 or any(b is None or b.size != 1 for b in bounds):
+            return None
+        starts, ends, *rest = (int(b.reshape(-1)[0]) for b in bounds)
+        if (rest and rest[0] not in (0, -1)) or (len(rest) > 1 and rest[1] != 1):
+            return None
+        return first()[slice(starts, ends)]
+    if is_op(node, "Concat"):
+        if int(node.attrs.get("axis", 0)) not in (0, -1) or any(v is None for v in inputs):
+            return None
+        return [v for part in inputs for v in part]
+    if any(v is None for v in inputs):
+        return None
+    if is_op(node, "Where") and len(inputs) == 3:
+        return _elementwise(lambda c, a, b: (a if c else b) if isinstance(c, bool) else None, *inputs)
+    if is_op(node, "Equal") and len(inputs) == 2:
+        return _elementwise(_equal, *inputs)
+    if is_op(node, "Mul") and len(inputs) == 2:
+        return _elementwise(_mul, *inputs)
+    if is_op(node, "Add") and len(inputs) == 2:
+        return _elementwise(_add, *inputs)
+    return None
+
+
+def _elementwise(op, *lists):
+    """``op`` over numpy-style broadcast 1-D lists (length 1 repeats), None when any result is unknown."""
+    n = max(len(v) for v in lists)
+    if any(len(v) not in (1, n) for v in lists):
+        return None
+    out = [op(*(v[0] if len(v) == 1 else v[i] for v in lists)) for i in range(n)]
+    return None if any(o is None for o in out) else out
+
+
+def _equal(a, b):
+    if isinstance(a, str) and isinstance(b, str):
+        return True if a == b else None
+    if isinstance(a, str) or isinstance(b, str):
+        number = b if isinstance(a, str) else a
+        return False if isinstance(number, int) and number < 0 else None  # a size is never negative
+    return bool(a == b)
+
+
+def _mul(a, b):
+    if isinstance(a, str) or isinstance(b, str):
+        return a if b == 1 else b if a == 1 else None
+    return a * b
+
+
+def _add(a, b):
+    if isinstance(a, str) or isinstance(b, str):
+        return a if b == 0 else b if a == 0 else None
+    return a + b

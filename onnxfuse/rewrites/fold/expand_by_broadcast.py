@@ -1,0 +1,158 @@
+"""An ``Expand`` whose target shape is computed from ``Shape`` becomes a broadcast by ``Where``.
+
+Why
+---
+torch exports ``x.expand(n, -1, -1)`` (ViT's class token, ``n = images.shape[0]``) as ``Expand(x,
+Where(Equal(Concat(Unsqueeze(Gather(Shape(images), 0)), [-1], [-1]), -1), 1, ...))``: a chain of small
+integer nodes that ONNX Runtime's CUDA provider runs on the CPU at every inference. Such CPU nodes
+cost host time on each run, and ONNX Runtime refuses to capture a CUDA graph of a model that has any:
+the optimized ViT-B/16 kept exactly one such chain, this one, after constant-reshape-target
+(docs/benchmarks.md, "CUDA graphs for BERT-base and ViT-B/16").
+
+What (exact)
+------------
+The target is evaluated symbolically (:func:`~onnxfuse.rewrites.engine.shape_values.shape_value`: the
+chain above is ``[batch, 1, 1]``) and broadcast with x's known shape into the output's dimensions
+(each a static size or a named dimension; a pair that is neither 1 nor equal is refused, as Expand
+would fail). Every named output dimension x does not already have (x's is 1 there) is *carried* by a
+bool tensor ``Equal(c, c)``, c a one-element-per-index ``Slice`` of a graph input that has that
+dimension at some axis, moved by a constant ``Reshape`` to the output's position with 1 everywhere
+else; static dimensions x lacks come from a constant all-True tensor. ``And`` of those is the
+condition ``cond``, and ``Where(cond, x, x)`` replaces the Expand: Where's output shape is the
+broadcast of its three inputs, which is the output's by construction, and each element is x's at the
+broadcast index whichever branch is taken: exactly Expand's result. NaN in the carrier only makes
+``Equal`` False, which selects the same x. Nothing reads ``Shape`` any more; cleanup removes the
+chain when nothing else reads it. An Expand that broadcasts nothing becomes an Identity.
+
+Refused: a constant target (nothing runs on the CPU then); a target or x's shape not known as above;
+a named dimension that no graph input carries, or whose carrier's other dimensions are not static
+positive sizes (a zero-size axis would make the slice empty), or that is not numeric or bool; an
+opset below 11 (Slice with inputs, Equal on floats).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant, to_identity
+from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, opset_of
+from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
+from onnxfuse.rewrites.engine.shape_values import shape_value, tensor_dims
+
+
+def broadcast_dims(a: list, b: list) -> list | None:
+    """Numpy broadcast of two dimension lists (ints or names), or None when a pair is neither 1 nor equal."""
+    rank = max(len(a), len(b))
+    a, b = [1] * (rank - len(a)) + list(a), [1] * (rank - len(b)) + list(b)
+    out = []
+    for x, y in zip(a, b):
+        if x == 1:
+            out.append(y)
+        elif y == 1 or x == y:
+            out.append(x)
+        else:
+            return None
+    return out
+
+
+def _carrier(graph, name: str):
+    """(graph input, axis) whose dimension ``axis`` is named ``name`` and whose other dimensions are
+    static positive sizes, or None."""
+    for tensor in graph.inputs:
+        dims = tensor_dims(tensor)
+        if dims is None or name not in dims or tensor.dtype is None or np.dtype(tensor.dtype).kind not in "biuf":
+            continue
+        axis = dims.index(name)
+        if all(isinstance(d, int) and d > 0 for i, d in enumerate(dims) if i != axis):
+            return tensor, axis
+    return None
+
+
+class ExpandByBroadcast(Rule):
+    """Expand(x, shape computed from Shape) → Where(cond, x, x), cond carrying the output's dimensions."""
+
+    name = "expand-by-broadcast"
+    description = "Expand to a shape computed from Shape → Where(cond, x, x): no CPU shape nodes (CUDA graphs)"
+    targets = frozenset(TARGETS)
+
+    def match(self, graph):
+        for node in graph.nodes:
+            if is_op(node, "Expand") and len(node.inputs) == 2 and len(node.outputs) == 1:
+                yield node
+
+    def check(self, graph, node):
+        if not is_alive(node):
+            return Refuse("node was already rewritten by an earlier match")
+        x, target = node.inputs
+        if constant_value(graph, target) is not None:
+            return Refuse("the target shape is a constant: no shape computation to remove")
+        if opset_of(graph) < 11:
+            return Refuse("opset below 11 (Slice takes its bounds as inputs from 10, Equal takes floats from 11)")
+        wanted = shape_value(graph, target)
+        if wanted is None or any(not isinstance(d, (int, str)) or isinstance(d, bool) for d in wanted):
+            return Refuse("the target shape is not computed from known dimensions (Shape, Gather, Concat, Where...)")
+        x_dims = tensor_dims(x)
+        if x_dims is None:
+            return Refuse("the input's shape is not fully known")
+        if any(isinstance(d, int) and d < 0 for d in wanted):
+            return Refuse(f"the target {wanted} has a negative entry")
+        out = broadcast_dims(x_dims, wanted)
+        if out is None:
+            return Refuse(f"{x_dims} does not broadcast to {wanted}")
+        x_full = [1] * (len(out) - len(x_dims)) + x_dims
+        carriers, static = [], [1] * len(out)
+        for position, (dim, own) in enumerate(zip(out, x_full)):
+            if dim == own:
+                continue
+            if isinstance(dim, int):
+                static[position] = dim
+                continue
+            found = _carrier(graph, dim)
+            if found is None:
+                return Refuse(f"no graph input carries dimension {dim!r} with static other dimensions")
+            carriers.append((position, *found))
+        return Plan(node, (len(out), carriers, static, out))
+
+    def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
+        node = plan.anchor
+        rank, carriers, static, out = plan.found
+        x = node.inputs[0]
+        if not carriers and all(d == 1 for d in static):
+            to_identity(node, x)
+            return {"node": node.name, "shape": out, "carriers": []}
+        names = NameAllocator(graph)
+        base = node.name or node.outputs[0].name
+        conds = []
+        for position, tensor, axis in carriers:
+            dims = tensor_dims(tensor)
+            ends = [1] * len(dims)
+            ends[axis] = np.iinfo(np.int64).max
+            piece = gs.Variable(names(f"{base}/carrier"), dtype=tensor.dtype)
+            graph.nodes.append(gs.Node("Slice", names(f"{base}/carrier_slice"), inputs=[
+                tensor, new_constant(graph, f"{base}/starts", np.zeros(len(dims), np.int64)),
+                new_constant(graph, f"{base}/ends", np.array(ends, np.int64))], outputs=[piece]))
+            placed_shape = [1] * rank
+            placed_shape[position] = -1
+            placed = gs.Variable(names(f"{base}/carrier_placed"), dtype=tensor.dtype)
+            graph.nodes.append(gs.Node("Reshape", names(f"{base}/carrier_reshape"), inputs=[
+                piece, new_constant(graph, f"{base}/placed_shape", np.array(placed_shape, np.int64))],
+                outputs=[placed]))
+            cond = gs.Variable(names(f"{base}/carrier_cond"), dtype=np.bool_)
+            graph.nodes.append(gs.Node("Equal", names(f"{base}/carrier_equal"), inputs=[placed, placed],
+                                       outputs=[cond]))
+            conds.append(cond)
+        if any(d != 1 for d in static):
+            conds.append(new_constant(graph, f"{base}/static_dims", np.ones(static, np.bool_)))
+        cond = conds[0]
+        for other in conds[1:]:
+            both = gs.Variable(names(f"{base}/cond"), dtype=np.bool_)
+            graph.nodes.append(gs.Node("And", names(f"{base}/cond_and"), inputs=[cond, other], outputs=[both]))
+            cond = both
+        result = node.outputs[0]
+        node.outputs.clear()
+        node.inputs.clear()
+        graph.nodes.append(gs.Node("Where", names(f"{base}/broadcast"), inputs=[cond, x, x], outputs=[result]))
+        return {"node": node.name, "shape": out, "carriers": [t.name for _, t, _ in carriers]}

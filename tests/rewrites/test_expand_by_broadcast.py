@@ -1,0 +1,95 @@
+"""expand-by-broadcast: an Expand whose target is computed from Shape (torch's ``x.expand(n, -1, -1)``,
+ViT's class token) becomes ``Where(cond, x, x)`` with no Shape chain left; outputs equal the original's
+(ONNX Runtime CPU) at several batch sizes, NaN inputs included. And the symbolic shape evaluation it
+rests on (:mod:`onnxfuse.rewrites.engine.shape_values`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import helper as h
+from onnx import numpy_helper
+
+import helpers
+from helpers import run_ort
+from onnxfuse.rewrites.engine.shape_values import shape_value
+
+RULE = "expand-by-broadcast"
+E = 6
+
+
+def class_token_model(extra_static: int | None = None, image_dims=("batch", 3, 4, 4)) -> onnx.ModelProto:
+    """``cat([token.expand(n, -1, -1), patches], 1)`` as torch exports it: ``n`` read by Shape → Gather →
+    Unsqueeze, the -1 entries replaced by 1 through ``Where(Equal(shape, -1), 1, shape)``.
+    ``extra_static``: the target asks for a static middle size instead of -1 (the token repeated)."""
+    middle = -1 if extra_static is None else extra_static
+    inits = [numpy_helper.from_array(np.arange(E, dtype=np.float32).reshape(1, 1, E) - 2.5, "token"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero_scalar"),
+             numpy_helper.from_array(np.array([middle], np.int64), "middle"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+             numpy_helper.from_array(np.array([-1, -1, -1], np.int64), "minus_ones"),
+             numpy_helper.from_array(np.array([1, 1, 1], np.int64), "ones"),
+             numpy_helper.from_array(np.array([0, 16, 3], np.int64), "patch_shape")]
+    nodes = [h.make_node("Shape", ["images"], ["shape"]),
+             h.make_node("Gather", ["shape", "zero_scalar"], ["n"], axis=0),
+             h.make_node("Unsqueeze", ["n", "zero"], ["n1"]),
+             h.make_node("Concat", ["n1", "middle", "minus_one"], ["wanted"], axis=0),
+             h.make_node("Equal", ["wanted", "minus_ones"], ["is_minus_one"]),
+             h.make_node("Where", ["is_minus_one", "ones", "wanted"], ["target"]),
+             h.make_node("Expand", ["token", "target"], ["tokens"]),
+             h.make_node("Reshape", ["images", "patch_shape"], ["patches3"]),
+             h.make_node("Concat", ["patches3", "patches3"], ["patches"], axis=2)]  # [n, 16, E]
+    nodes.append(h.make_node("Concat", ["tokens", "patches"], ["out"], axis=1))
+    tokens = 1 if extra_static is None else extra_static
+    model = helpers.make_model(nodes, [helpers.vi("images", list(image_dims))],
+                               [helpers.vi("out", [image_dims[0], tokens + 16, E])], inits, opset=17)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def apply(model):
+    out, report = helpers.optimize(model, only=[RULE])
+    onnx.checker.check_model(out, full_check=True)
+    return out, report
+
+
+@pytest.mark.parametrize("extra_static", [None, 2])
+def test_class_token_expand_becomes_a_where_broadcast_with_the_same_outputs(extra_static):
+    model = class_token_model(extra_static)
+    out, report = apply(model)
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    ops = helpers.op_types(out)
+    assert "Expand" not in ops and "Shape" not in ops and "Where" in ops
+    rng = np.random.default_rng(0)
+    for batch in (1, 3):
+        images = rng.standard_normal((batch, 3, 4, 4)).astype(np.float32)
+        images[0, 0, 0, 0] = np.nan  # the carrier's element: Equal(NaN, NaN) is False, Where picks x all the same
+        want, got = run_ort(model, {"images": images}), run_ort(out, {"images": images})
+        assert got["out"].shape == want["out"].shape == (batch, (extra_static or 1) + 16, E)
+        np.testing.assert_array_equal(got["out"], want["out"])
+
+
+def test_refusals_carry_their_reason():
+    # a constant target: nothing to remove
+    constant = helpers.make_model([h.make_node("Expand", ["x", "target"], ["y"])], [helpers.vi("x", [1, E])],
+                                  [helpers.vi("y", [4, E])],
+                                  [numpy_helper.from_array(np.array([4, E], np.int64), "target")], opset=17)
+    _, report = apply(constant)
+    assert report.counts[RULE] == 0 and "constant" in report.refusals[0].reason
+    # the batch's carrier has a dynamic second dimension: slicing it could be empty
+    _, report = apply(class_token_model(image_dims=("batch", "channels", 4, 4)))
+    assert report.counts[RULE] == 0
+    assert any("carries dimension" in r.reason for r in report.refusals if r.rule == RULE)
+
+
+def test_shape_values_follow_torch_expand_chains():
+    graph = gs.import_onnx(onnx.shape_inference.infer_shapes(class_token_model()))
+    tensors = graph.tensors()
+    assert shape_value(graph, tensors["shape"]) == ["batch", 3, 4, 4]
+    assert shape_value(graph, tensors["wanted"]) == ["batch", -1, -1]
+    assert shape_value(graph, tensors["is_minus_one"]) == [False, True, True]  # a size is never -1
+    assert shape_value(graph, tensors["target"]) == ["batch", 1, 1]
+    assert shape_value(graph, tensors["images"]) is None  # not a shape value
