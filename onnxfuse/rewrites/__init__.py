@@ -45,6 +45,7 @@ ORDER = [
     "contrib/contrib-bias-gelu",  # after the Gelu rules: it absorbs the Add before the Gelu they make
     "contrib/contrib-skip-layernorm",  # before contrib-layernorm, which would take the LayerNorm without its Add
     "contrib/contrib-layernorm",
+    "contrib/contrib-embed-layernorm",  # after contrib-layernorm, whose LayerNormalization it takes
     "contrib/contrib-fused-matmul-scale",  # before the transpose rule, which also folds into the FusedMatMul it makes
     "contrib/contrib-fused-matmul-transpose",
     "contrib/contrib-fused-conv",  # contrib-bias-softmax is CUDA-only (no CPU kernel): not registered by default

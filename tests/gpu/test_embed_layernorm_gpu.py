@@ -1,0 +1,32 @@
+"""contrib-embed-layernorm on CUDA: ONNX Runtime's CUDA EmbedLayerNormalization kernel gives the
+original's outputs (with run-time token types, and with the constant rows folded into the position
+table), at batch sizes that differ from validation's."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import helpers
+from onnxfuse.runtime.session import cuda_available, run_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
+
+_spec = importlib.util.spec_from_file_location(
+    "embed_cases", Path(__file__).resolve().parents[1] / "rewrites" / "test_contrib_embed_layernorm.py")
+cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cases)
+
+
+@pytest.mark.parametrize("token_types,positions", [("input", "arange"), ("zeros", "offset")])
+def test_embed_layernorm_matches_the_original_on_cuda(token_types, positions):
+    model = cases.embeddings_model(token_types, positions)
+    out, report = helpers.optimize(model, only=[cases.RULE])
+    assert report.counts[cases.RULE] == 1
+    feeds = cases.feeds(model, seed=4)
+    want = run_model(model, feeds, "cuda")["out"]
+    got = run_model(out, feeds, "cuda")["out"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
