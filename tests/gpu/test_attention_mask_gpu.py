@@ -21,8 +21,9 @@ H, D = 4, 32
 E = H * D
 
 
-def layer(seq: int) -> onnx.ModelProto:
-    """One self-attention layer as transformers 5 exports it, its mask ``Where(keep, 0, finfo.min)``."""
+def heads(seq: int, dtype):
+    """The q, k, v projections of x split into heads (qh, kh as Kᵀ, vh), as transformers exports them, and
+    a ``const(name, value)`` that adds initializers to the returned list."""
     rng = np.random.default_rng(seq)
     inits = []
 
@@ -32,10 +33,16 @@ def layer(seq: int) -> onnx.ModelProto:
 
     nodes = []
     for p in "qkv":
-        nodes += [h.make_node("MatMul", ["x", const(f"W{p}", (rng.standard_normal((E, E)) / np.sqrt(E)).astype(np.float32))], [f"{p}0"]),
-                  h.make_node("Add", [f"{p}0", const(f"b{p}", (rng.standard_normal(E) * 0.1).astype(np.float32))], [f"{p}1"]),
+        nodes += [h.make_node("MatMul", ["x", const(f"W{p}", (rng.standard_normal((E, E)) / np.sqrt(E)).astype(dtype))], [f"{p}0"]),
+                  h.make_node("Add", [f"{p}0", const(f"b{p}", (rng.standard_normal(E) * 0.1).astype(dtype))], [f"{p}1"]),
                   h.make_node("Reshape", [f"{p}1", const(f"s{p}", np.array([0, 0, H, D], np.int64))], [f"{p}2"]),
                   h.make_node("Transpose", [f"{p}2"], [f"{p}h"], perm=[0, 2, 3, 1] if p == "k" else [0, 2, 1, 3])]
+    return nodes, inits, const
+
+
+def layer(seq: int) -> onnx.ModelProto:
+    """One self-attention layer as transformers 5 exports it, its mask ``Where(keep, 0, finfo.min)``."""
+    nodes, inits, const = heads(seq, np.float32)
     nodes += [h.make_node("MatMul", ["qh", "kh"], ["scores"]),
               h.make_node("Mul", ["scores", const("scale", np.array(D ** -0.5, np.float32))], ["scaled"]),
               h.make_node("Unsqueeze", ["keep", const("axes", np.array([1, 2], np.int64))], ["keep4"]),
@@ -88,20 +95,8 @@ def causal_layer(seq: int, island: bool) -> onnx.ModelProto:
     finfo(float32).min, ConstantOfShape(zeros))``. ``island``: float16 weights and input, the scaled
     scores cast up to float32 for the mask and the Softmax, the weights cast back down for ×V (the
     float16 export); else all float32."""
-    rng = np.random.default_rng(seq)
     dtype, elem = (np.float16, T.FLOAT16) if island else (np.float32, T.FLOAT)
-    inits = []
-
-    def const(name, value):
-        inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    nodes = []
-    for p in "qkv":
-        nodes += [h.make_node("MatMul", ["x", const(f"W{p}", (rng.standard_normal((E, E)) / np.sqrt(E)).astype(dtype))], [f"{p}0"]),
-                  h.make_node("Add", [f"{p}0", const(f"b{p}", (rng.standard_normal(E) * 0.1).astype(dtype))], [f"{p}1"]),
-                  h.make_node("Reshape", [f"{p}1", const(f"s{p}", np.array([0, 0, H, D], np.int64))], [f"{p}2"]),
-                  h.make_node("Transpose", [f"{p}2"], [f"{p}h"], perm=[0, 2, 3, 1] if p == "k" else [0, 2, 1, 3])]
+    nodes, inits, const = heads(seq, dtype)
     nodes += [h.make_node("MatMul", ["qh", "kh"], ["scores"]),
               h.make_node("Mul", ["scores", const("scale", np.array(D ** -0.5, dtype))], ["scaled16"]),
               h.make_node("Cast" if island else "Identity", ["scaled16"], ["scaled"], **({"to": T.FLOAT} if island else {})),
