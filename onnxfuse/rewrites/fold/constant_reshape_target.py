@@ -20,6 +20,11 @@ computed values, the target becomes a constant:
   possibly through Unsqueeze/Squeeze/Cast/Slice), or another tensor's dimension that shape inference
   named with the same symbol (``batch``) or that has the same static size, becomes ``0``, ONNX's "copy
   this dimension";
+* a computed part of several elements whose value the Shape chain determines
+  (:func:`~onnxfuse.rewrites.engine.shape_values.shape_value`: static sizes and dimension names, e.g.
+  ``Shape(idx)`` of transformers 5's mask index grid, [batch, 1, 1, 128]) contributes its static sizes
+  as constants (the values the original computes, so the same meaning) and its names as copies when x
+  has that name at the same position, else as computed entries;
 * then, if exactly one computed part is left and no constant is ``-1``, it becomes ``-1`` ("infer").
 
 Exactness: ``0`` reproduces the copied value by definition. ``-1`` is inferred as the element count of
@@ -43,6 +48,7 @@ import numpy as np
 from onnxfuse.rewrites.engine.edit import new_constant
 from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, producer_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
+from onnxfuse.rewrites.engine.shape_values import shape_value
 
 # Ops that pass a shape entry through unchanged (one element stays one element, value kept).
 _PASS_THROUGH = frozenset({"Unsqueeze", "Squeeze", "Identity", "Reshape", "Flatten"})
@@ -155,6 +161,12 @@ def _copies(x, start: int, src, positions) -> bool:
     return True
 
 
+def _named_copy(x, position: int, name) -> bool:
+    """x's dimension at ``position`` has the name ``name``: a 0 there copies that value."""
+    shape = getattr(x, "shape", None)
+    return isinstance(name, str) and shape is not None and position < len(shape) and shape[position] == name
+
+
 class ConstantReshapeTarget(Rule):
     """Reshape(x, Concat(computed sizes)) → Reshape(x, constant) with 0 (copy) / -1 (infer).
 
@@ -193,8 +205,19 @@ class ConstantReshapeTarget(Rule):
                 continue
             n = _num_elements(graph, part)
             if n != 1:
-                return Refuse(f"computed part {part.name!r} has {n if n is not None else 'an unknown number of'} "
-                              "elements and is not a copy of the input's dimensions")
+                values = shape_value(graph, part) if allowzero == 0 else None
+                if values is None or any(isinstance(v, bool) for v in values):
+                    return Refuse(f"computed part {part.name!r} has {n if n is not None else 'an unknown number of'} "
+                                  "elements and is not a copy of the input's dimensions")
+                for v in values:  # what the Shape chain computes: sizes, or names
+                    if isinstance(v, int):
+                        entries.append(v)
+                    elif _named_copy(x, len(entries), v):
+                        entries.append("copy")
+                    else:
+                        entries.append("computed")
+                        computed += 1
+                continue
             entries.append("computed")
             computed += 1
         if computed == 0 and "copy" not in entries:

@@ -40,7 +40,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant, to_identity
 from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, opset_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import shape_value, tensor_dims
+from onnxfuse.rewrites.engine.shape_values import carrier_cond, shape_value, tensor_dims
 
 
 def broadcast_dims(a: list, b: list) -> list | None:
@@ -127,23 +127,7 @@ class ExpandByBroadcast(Rule):
         base = node.name or node.outputs[0].name
         conds = []
         for position, tensor, axis in carriers:
-            dims = tensor_dims(tensor)
-            ends = [1] * len(dims)
-            ends[axis] = np.iinfo(np.int64).max
-            piece = gs.Variable(names(f"{base}/carrier"), dtype=tensor.dtype)
-            graph.nodes.append(gs.Node("Slice", names(f"{base}/carrier_slice"), inputs=[
-                tensor, new_constant(graph, f"{base}/starts", np.zeros(len(dims), np.int64)),
-                new_constant(graph, f"{base}/ends", np.array(ends, np.int64))], outputs=[piece]))
-            placed_shape = [1] * rank
-            placed_shape[position] = -1
-            placed = gs.Variable(names(f"{base}/carrier_placed"), dtype=tensor.dtype)
-            graph.nodes.append(gs.Node("Reshape", names(f"{base}/carrier_reshape"), inputs=[
-                piece, new_constant(graph, f"{base}/placed_shape", np.array(placed_shape, np.int64))],
-                outputs=[placed]))
-            cond = gs.Variable(names(f"{base}/carrier_cond"), dtype=np.bool_)
-            graph.nodes.append(gs.Node("Equal", names(f"{base}/carrier_equal"), inputs=[placed, placed],
-                                       outputs=[cond]))
-            conds.append(cond)
+            conds.append(carrier_cond(graph, names, base, tensor, axis, rank, position))
         if any(d != 1 for d in static):
             conds.append(new_constant(graph, f"{base}/static_dims", np.ones(static, np.bool_)))
         cond = conds[0]
