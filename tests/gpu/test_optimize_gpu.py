@@ -107,3 +107,37 @@ def test_optimized_vit_runs_in_a_cuda_graph_and_the_original_cannot():
     np.testing.assert_allclose(in_graph(optimized), reference, rtol=1e-3, atol=1e-3)
     with pytest.raises(Exception):
         in_graph(model)
+
+
+def test_transformers5_mask_grid_runs_in_a_cuda_graph():
+    """transformers 5's mask index grid (Range from Shape, Gather of the flattened mask, Reshape to the
+    grid's Shape) after range-by-cumsum and constant-reshape-target: no CPU node, captured in a CUDA
+    graph, the original's outputs (which reads the mask in order)."""
+    import importlib.util
+
+    import numpy as np
+
+    import onnxfuse
+    from onnxfuse.runtime.inputs import Inputs
+    from onnxfuse.runtime.session import run_model
+    from onnxfuse.timing.runner import BenchConfig, Timer
+
+    spec = importlib.util.spec_from_file_location(
+        "grid_cases", Path(__file__).resolve().parents[1] / "rewrites" / "test_range_by_cumsum.py")
+    cases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases)
+    model = cases.grid_model()
+    optimized = onnxfuse.optimize(model, provider="cuda").model
+    assert not {"Shape", "Range", "Concat"} & {n.op_type for n in optimized.graph.node}
+    rng = np.random.default_rng(2)
+    feeds = Inputs(feeds={"x": rng.standard_normal((3, 3, 5)).astype(np.float32),
+                          "mask": rng.integers(0, 2, (3, cases.L)).astype(np.int64)})
+    reference = run_model(model, feeds, "cuda")["out"]
+    timer = Timer(optimized, feeds, BenchConfig(device="cuda", cuda_graph=True, warmup=3, time_budget_s=0.2))
+    try:
+        timer.warmup()
+        timer.sample(iterations=5, time_budget_s=None, min_iterations=1)
+        got = timer.outputs()["out"]
+    finally:
+        timer.close()
+    np.testing.assert_array_equal(got, reference)
