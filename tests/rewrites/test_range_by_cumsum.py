@@ -76,3 +76,16 @@ def test_refusals_carry_their_reason(kwargs, reason):
     assert report.counts[RULE] == 0
     assert any(reason in r.reason for r in report.refusals if r.rule == RULE), report.refusals
     assert "Range" in helpers.op_types(out)
+
+
+def test_a_string_tensor_cannot_carry_the_length():
+    nodes = [h.make_node("Shape", ["words"], ["shape"]),
+             h.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             h.make_node("Range", ["start", "n", "delta"], ["out"])]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(0, np.int64), "start"),
+             numpy_helper.from_array(np.array(1, np.int64), "delta")]
+    model = infer_shapes(helpers.make_model(nodes, [helpers.vi("words", ["batch", 2], T.STRING)],
+                                            [helpers.vi("out", ["batch"], T.INT64)], inits, opset=17))
+    out, report = helpers.optimize(model, only=[RULE])
+    assert report.counts[RULE] == 0
+    assert any("not numeric or bool" in r.reason for r in report.refusals if r.rule == RULE), report.refusals

@@ -18,8 +18,9 @@ exactly ``Range(0, n, 1)``, in the Range's integer type, computed on the device 
 symbolic name is trusted: T is the very tensor whose shape gave n).
 
 Refused: a start other than the constant 0 or a delta other than 1; a float or other non-int32/int64
-Range; a limit not traced to one dimension of a tensor; T's other dimensions not static positive sizes
-(the slice must have one element per index); an opset below 11 (CumSum).
+Range; a limit not traced to one dimension of a tensor; T not numeric or bool (``Equal`` reads it);
+T's other dimensions not static positive sizes (the slice must have one element per index); an opset
+below 11 (CumSum).
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ class RangeByCumsum(Rule):
         if found is None:
             return Refuse("the limit is not traced to a tensor's dimension (Gather(Shape(T), k))")
         tensor, axis = found
+        kind = dtype_of(graph, tensor)
+        if kind is None or kind.kind not in "biuf":
+            return Refuse("the tensor whose shape gives the limit is not numeric or bool (Equal cannot read it)")
         dims = shape_of(graph, tensor)
         if dims is None or not all(isinstance(d, int) and d > 0 for i, d in enumerate(dims) if i != axis):
             return Refuse("the tensor's other dimensions are not static positive sizes")
