@@ -82,7 +82,8 @@ def test_refusals_carry_their_reason():
     # the batch's carrier has a dynamic second dimension: slicing it could be empty
     _, report = apply(class_token_model(image_dims=("batch", "channels", 4, 4)))
     assert report.counts[RULE] == 0
-    assert any("carries dimension" in r.reason for r in report.refusals if r.rule == RULE)
+    assert any("not read from a numeric tensor whose other dimensions are static" in r.reason
+               for r in report.refusals if r.rule == RULE)
 
 
 def test_shape_values_follow_torch_expand_chains():
@@ -93,3 +94,23 @@ def test_shape_values_follow_torch_expand_chains():
     assert shape_value(graph, tensors["is_minus_one"]) == [False, True, True]  # a size is never -1
     assert shape_value(graph, tensors["target"]) == ["batch", 1, 1]
     assert shape_value(graph, tensors["images"]) is None  # not a shape value
+
+
+def test_the_carrier_is_the_tensor_the_target_read_not_one_sharing_its_name():
+    """Another input declared with the same ``batch`` name, listed first, fed a different batch: the
+    broadcast must follow ``images`` (whose Shape the target read), as the original does. ONNX Runtime
+    does not check shared names, and validation feeds them unequal."""
+    model = class_token_model()
+    model.graph.input.insert(0, helpers.vi("other", ["batch", 2]))
+    model.graph.node.append(h.make_node("Relu", ["other"], ["other_out"]))
+    model.graph.output.append(helpers.vi("other_out", ["batch", 2]))
+    out, report = apply(model)
+    assert report.counts[RULE] == 1
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["carriers"] == ["images"]
+    rng = np.random.default_rng(1)
+    feeds = {"images": rng.standard_normal((3, 3, 4, 4)).astype(np.float32),
+             "other": rng.standard_normal((2, 2)).astype(np.float32)}
+    want, got = run_ort(model, feeds), run_ort(out, feeds)
+    assert got["out"].shape == want["out"].shape == (3, 17, E)
+    np.testing.assert_array_equal(got["out"], want["out"])

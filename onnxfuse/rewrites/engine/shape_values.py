@@ -27,6 +27,18 @@ from onnxfuse.rewrites.engine.facts import constant_value, is_op, producer_of
 Dim = int | str
 
 
+class SourcedDim(str):
+    """A dimension name that remembers where the chain read it: dimension ``axis`` of ``tensor``. Compares
+    and hashes as its name; a rule that needs the value at run time takes it from ``tensor`` itself
+    rather than from another tensor that only shares the name (names shared across graph inputs are a
+    declaration ONNX Runtime does not check, and validation samples them unequal)."""
+
+    def __new__(cls, name: str, tensor, axis: int):
+        obj = super().__new__(cls, name)
+        obj.tensor, obj.axis = tensor, axis
+        return obj
+
+
 def _known(dim) -> bool:
     return isinstance(dim, (int, np.integer)) or (isinstance(dim, str) and bool(dim) and not dim.startswith("unk__"))
 
@@ -58,6 +70,7 @@ def shape_value(graph, tensor, depth: int = 16) -> list | None:
         dims = tensor_dims(node.inputs[0])
         if dims is None:
             return None
+        dims = [SourcedDim(d, node.inputs[0], axis) if isinstance(d, str) else d for axis, d in enumerate(dims)]
         start, end = node.attrs.get("start"), node.attrs.get("end")
         return dims[slice(None if start is None else int(start), None if end is None else int(end))]
     if is_op(node, "Identity", "Unsqueeze", "Squeeze", "Reshape"):

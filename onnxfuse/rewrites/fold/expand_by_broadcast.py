@@ -15,9 +15,9 @@ The target is evaluated symbolically (:func:`~onnxfuse.rewrites.engine.shape_val
 chain above is ``[batch, 1, 1]``) and broadcast with x's known shape into the output's dimensions
 (each a static size or a named dimension; a pair that is neither 1 nor equal is refused, as Expand
 would fail). Every named output dimension x does not already have (x's is 1 there) is *carried* by a
-bool tensor ``Equal(c, c)``, c a one-element-per-index ``Slice`` of a graph input that has that
-dimension at some axis, moved by a constant ``Reshape`` to the output's position with 1 everywhere
-else; static dimensions x lacks come from a constant all-True tensor. ``And`` of those is the
+bool tensor ``Equal(c, c)``, c a one-element-per-index ``Slice`` of the tensor whose ``Shape`` the
+target read that dimension from (never another tensor that only shares its name), moved by a constant
+``Reshape`` to the output's position with 1 everywhere else; static dimensions x lacks come from a constant all-True tensor. ``And`` of those is the
 condition ``cond``, and ``Where(cond, x, x)`` replaces the Expand: Where's output shape is the
 broadcast of its three inputs, which is the output's by construction, and each element is x's at the
 broadcast index whichever branch is taken: exactly Expand's result. NaN in the carrier only makes
@@ -25,9 +25,9 @@ broadcast index whichever branch is taken: exactly Expand's result. NaN in the c
 chain when nothing else reads it. An Expand that broadcasts nothing becomes an Identity.
 
 Refused: a constant target (nothing runs on the CPU then); a target or x's shape not known as above;
-a named dimension that no graph input carries, or whose carrier's other dimensions are not static
-positive sizes (a zero-size axis would make the slice empty), or that is not numeric or bool; an
-opset below 11 (Slice with inputs, Equal on floats).
+a named dimension whose source tensor's other dimensions are not static positive sizes (a zero-size
+axis would make the slice empty), or that is not numeric or bool; an opset below 11 (Slice with
+inputs, Equal on floats).
 """
 
 from __future__ import annotations
@@ -58,16 +58,16 @@ def broadcast_dims(a: list, b: list) -> list | None:
     return out
 
 
-def _carrier(graph, name: str):
-    """(graph input, axis) whose dimension ``axis`` is named ``name`` and whose other dimensions are
-    static positive sizes, or None."""
-    for tensor in graph.inputs:
-        dims = tensor_dims(tensor)
-        if dims is None or name not in dims or tensor.dtype is None or np.dtype(tensor.dtype).kind not in "biuf":
-            continue
-        axis = dims.index(name)
-        if all(isinstance(d, int) and d > 0 for i, d in enumerate(dims) if i != axis):
-            return tensor, axis
+def _carrier(graph, dim):
+    """(tensor, axis) that carries the named dimension ``dim``: the tensor whose ``Shape`` the target chain
+    read it from (:class:`~onnxfuse.rewrites.engine.shape_values.SourcedDim`), when its other
+    dimensions are static positive sizes and ``Equal`` can read it; else None."""
+    tensor, axis = getattr(dim, "tensor", None), getattr(dim, "axis", None)
+    dims = tensor_dims(tensor) if tensor is not None else None
+    if dims is None or tensor.dtype is None or np.dtype(tensor.dtype).kind not in "biuf":
+        return None
+    if all(isinstance(d, int) and d > 0 for i, d in enumerate(dims) if i != axis):
+        return tensor, axis
     return None
 
 
@@ -112,7 +112,7 @@ class ExpandByBroadcast(Rule):
                 continue
             found = _carrier(graph, dim)
             if found is None:
-                return Refuse(f"no graph input carries dimension {dim!r} with static other dimensions")
+                return Refuse(f"dimension {dim!r} is not read from a numeric tensor whose other dimensions are static")
             carriers.append((position, *found))
         return Plan(node, (len(out), carriers, static, out))
 
