@@ -140,29 +140,3 @@ def _add(a, b):
         return a if b == 0 else b if a == 0 else None
     return a + b
 
-
-def carrier_cond(graph, names, base: str, tensor, axis: int, rank: int, position: int):
-    """A bool tensor of rank ``rank``, 1 everywhere except ``tensor``'s dimension ``axis`` at ``position``,
-    computed on the device without reading a shape: ``Equal(c, c)`` of ``c = Reshape(Slice(tensor,
-    one element on every other axis))``. Its values are meaningless (False where c is NaN); only its
-    shape is used, to broadcast by ``Where(cond, x, x)``. ``tensor``'s other dimensions must be static and
-    positive (a zero-size axis would make the slice empty)."""
-    import onnx_graphsurgeon as gs
-
-    from onnxfuse.rewrites.engine.edit import new_constant
-
-    dims = getattr(tensor, "shape", None) or []
-    ends = [1] * len(dims)
-    ends[axis] = np.iinfo(np.int64).max
-    piece = gs.Variable(names(f"{base}/carrier"), dtype=tensor.dtype)
-    graph.nodes.append(gs.Node("Slice", names(f"{base}/carrier_slice"), inputs=[
-        tensor, new_constant(graph, f"{base}/starts", np.zeros(len(dims), np.int64)),
-        new_constant(graph, f"{base}/ends", np.array(ends, np.int64))], outputs=[piece]))
-    placed_shape = [1] * rank
-    placed_shape[position] = -1
-    placed = gs.Variable(names(f"{base}/carrier_placed"), dtype=tensor.dtype)
-    graph.nodes.append(gs.Node("Reshape", names(f"{base}/carrier_reshape"), inputs=[
-        piece, new_constant(graph, f"{base}/placed_shape", np.array(placed_shape, np.int64))], outputs=[placed]))
-    cond = gs.Variable(names(f"{base}/carrier_cond"), dtype=np.bool_)
-    graph.nodes.append(gs.Node("Equal", names(f"{base}/carrier_equal"), inputs=[placed, placed], outputs=[cond]))
-    return cond

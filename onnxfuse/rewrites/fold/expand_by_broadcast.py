@@ -40,7 +40,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant, to_identity
 from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, opset_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import carrier_cond, shape_value, tensor_dims
+from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem
+from onnxfuse.rewrites.engine.shape_values import shape_value, tensor_dims
 
 
 def broadcast_dims(a: list, b: list) -> list | None:
@@ -56,19 +57,6 @@ def broadcast_dims(a: list, b: list) -> list | None:
         else:
             return None
     return out
-
-
-def _carrier(graph, dim):
-    """(tensor, axis) that carries the named dimension ``dim``: the tensor whose ``Shape`` the target chain
-    read it from (:class:`~onnxfuse.rewrites.engine.shape_values.SourcedDim`), when its other
-    dimensions are static positive sizes and ``Equal`` can read it; else None."""
-    tensor, axis = getattr(dim, "tensor", None), getattr(dim, "axis", None)
-    dims = tensor_dims(tensor) if tensor is not None else None
-    if dims is None or tensor.dtype is None or np.dtype(tensor.dtype).kind not in "biuf":
-        return None
-    if all(isinstance(d, int) and d > 0 for i, d in enumerate(dims) if i != axis):
-        return tensor, axis
-    return None
 
 
 class ExpandByBroadcast(Rule):
@@ -110,10 +98,12 @@ class ExpandByBroadcast(Rule):
             if isinstance(dim, int):
                 static[position] = dim
                 continue
-            found = _carrier(graph, dim)
-            if found is None:
-                return Refuse(f"dimension {dim!r} is not read from a numeric tensor whose other dimensions are static")
-            carriers.append((position, *found))
+            source, axis = getattr(dim, "tensor", None), getattr(dim, "axis", None)
+            problem = "is not known" if source is None else carrier_problem(graph, source, axis)
+            if problem:
+                return Refuse(f"dimension {dim!r} is not read from a numeric tensor whose other dimensions are static: "
+                              f"its source {problem}")
+            carriers.append((position, source, axis))
         return Plan(node, (len(out), carriers, static, out))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:

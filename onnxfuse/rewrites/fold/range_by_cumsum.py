@@ -33,7 +33,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import constant_value, dtype_of, is_alive, is_op, opset_of, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import carrier_cond
+from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem
 
 _INTS = (np.dtype(np.int64), np.dtype(np.int32))
 
@@ -89,12 +89,9 @@ class RangeByCumsum(Rule):
         if found is None:
             return Refuse("the limit is not traced to a tensor's dimension (Gather(Shape(T), k))")
         tensor, axis = found
-        kind = dtype_of(graph, tensor)
-        if kind is None or kind.kind not in "biuf":
-            return Refuse("the tensor whose shape gives the limit is not numeric or bool (Equal cannot read it)")
-        dims = shape_of(graph, tensor)
-        if dims is None or not all(isinstance(d, int) and d > 0 for i, d in enumerate(dims) if i != axis):
-            return Refuse("the tensor's other dimensions are not static positive sizes")
+        problem = carrier_problem(graph, tensor, axis)
+        if problem:
+            return Refuse(f"the tensor whose shape gives the limit {problem}")
         return Plan(node, (tensor, axis))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
