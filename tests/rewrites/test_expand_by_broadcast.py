@@ -114,3 +114,39 @@ def test_the_carrier_is_the_tensor_the_target_read_not_one_sharing_its_name():
     want, got = run_ort(model, feeds), run_ort(out, feeds)
     assert got["out"].shape == want["out"].shape == (3, 17, E)
     np.testing.assert_array_equal(got["out"], want["out"])
+
+
+def test_a_chain_of_where_equal_steps_is_evaluated_once_per_step(monkeypatch):
+    """Each ``Where(Equal(s, s), s, s)`` reads s four times: 5 nested steps are over 4⁵ evaluations of the
+    chain below them without shape_value's per-call memo (and Shape's data input, the whole model above
+    it, was evaluated too before it became lazy). Counted, not timed; the target is still [batch, 1, 1]
+    and the rewrite exact."""
+    import onnxfuse.rewrites.engine.shape_values as shape_values
+
+    model = class_token_model()
+    graph = model.graph
+    (where,) = [n for n in graph.node if n.op_type == "Where"]
+    (expand,) = [n for n in graph.node if n.op_type == "Expand"]
+    previous, extra = where.output[0], []
+    for i in range(5):
+        extra += [h.make_node("Equal", [previous, previous], [f"same{i}"]),
+                  h.make_node("Where", [f"same{i}", previous, previous], [f"step{i}"])]
+        previous = f"step{i}"
+    expand.input[1] = previous
+    nodes = list(graph.node)
+    del graph.node[:]
+    at = nodes.index(expand)
+    graph.node.extend(nodes[:at] + extra + nodes[at:])
+    onnx.checker.check_model(model, full_check=True)
+    graph_ = gs.import_onnx(onnx.shape_inference.infer_shapes(model))
+    calls = []
+    evaluate = shape_values._evaluate
+    monkeypatch.setattr(shape_values, "_evaluate", lambda *a: calls.append(a[1].name) or evaluate(*a))
+    assert shape_value(graph_, graph_.tensors()[previous]) == ["batch", 1, 1]
+    assert len(calls) < 100, len(calls)  # one per (tensor, depth) reached: 4⁵ = 1024 without the memo
+    assert "images" not in calls  # Shape reads the dimensions of its input, never its values
+    monkeypatch.undo()
+    out, report = apply(model)
+    assert report.counts[RULE] == 1
+    images = np.random.default_rng(3).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(run_ort(out, {"images": images})["out"], run_ort(model, {"images": images})["out"])

@@ -51,8 +51,20 @@ def tensor_dims(tensor) -> list[Dim] | None:
     return [int(d) if not isinstance(d, str) else d for d in shape]
 
 
-def shape_value(graph, tensor, depth: int = 16) -> list | None:
-    """The 0-D or 1-D integer (or bool, from Equal) ``tensor`` as a list of values, or None."""
+def shape_value(graph, tensor, depth: int = 16, _seen: dict | None = None) -> list | None:
+    """The 0-D or 1-D integer (or bool, from Equal) ``tensor`` as a list of values, or None.
+
+    An input is evaluated only by a step that reads it (``Shape`` reads its input's dimensions, not its
+    values), and each (tensor, remaining depth) once per call: torch's ``Where(Equal(s, -1), 1, s)``
+    reads s twice, and a chain of such steps would otherwise be evaluated exponentially often."""
+    seen = {} if _seen is None else _seen
+    key = (id(tensor), depth)
+    if key not in seen:
+        seen[key] = _evaluate(graph, tensor, depth, seen)
+    return seen[key]
+
+
+def _evaluate(graph, tensor, depth: int, seen: dict) -> list | None:
     value = constant_value(graph, tensor)
     if value is not None:
         if value.ndim > 1 or not (np.issubdtype(value.dtype, np.integer) or value.dtype == np.bool_):
@@ -61,10 +73,10 @@ def shape_value(graph, tensor, depth: int = 16) -> list | None:
     node = producer_of(tensor)
     if node is None or depth == 0:
         return None
-    inputs = [shape_value(graph, t, depth - 1) if t.name else None for t in node.inputs]
 
-    def first():
-        return inputs[0] if inputs else None
+    def arg(i):
+        t = node.inputs[i] if i < len(node.inputs) else None
+        return shape_value(graph, t, depth - 1, seen) if t is not None and t.name else None
 
     if is_op(node, "Shape"):
         dims = tensor_dims(node.inputs[0])
@@ -74,41 +86,39 @@ def shape_value(graph, tensor, depth: int = 16) -> list | None:
         start, end = node.attrs.get("start"), node.attrs.get("end")
         return dims[slice(None if start is None else int(start), None if end is None else int(end))]
     if is_op(node, "Identity", "Unsqueeze", "Squeeze", "Reshape"):
-        return first()
+        return arg(0)
     if is_op(node, "Cast"):
-        return first() if int(node.attrs.get("to", 0)) in (6, 7) else None
+        return arg(0) if int(node.attrs.get("to", 0)) in (6, 7) else None
     if is_op(node, "Gather"):
-        idx = constant_value(graph, node.inputs[1])
-        if first() is None or idx is None or int(node.attrs.get("axis", 0)) != 0 or idx.ndim > 1:
+        values, idx = arg(0), constant_value(graph, node.inputs[1])
+        if values is None or idx is None or int(node.attrs.get("axis", 0)) != 0 or idx.ndim > 1:
             return None
-        values = first()
         picked = [int(i) for i in idx.reshape(-1)]
         if any(not -len(values) <= i < len(values) for i in picked):
             return None
         return [values[i] for i in picked]
     if is_op(node, "Slice"):
+        values = arg(0)
         bounds = [constant_value(graph, t) if t.name else None for t in node.inputs[1:]]
-        if first() is None or len(bounds) < 2 or any(b is None or b.size != 1 for b in bounds):
+        if values is None or len(bounds) < 2 or any(b is None or b.size != 1 for b in bounds):
             return None
         starts, ends, *rest = (int(b.reshape(-1)[0]) for b in bounds)
         if (rest and rest[0] not in (0, -1)) or (len(rest) > 1 and rest[1] != 1):
             return None
-        return first()[slice(starts, ends)]
+        return values[slice(starts, ends)]
     if is_op(node, "Concat"):
-        if int(node.attrs.get("axis", 0)) not in (0, -1) or any(v is None for v in inputs):
+        parts = [arg(i) for i in range(len(node.inputs))]
+        if int(node.attrs.get("axis", 0)) not in (0, -1) or any(v is None for v in parts):
             return None
-        return [v for part in inputs for v in part]
+        return [v for part in parts for v in part]
+    steps = {"Where": (3, lambda c, a, b: (a if c else b) if isinstance(c, bool) else None),
+             "Equal": (2, _equal), "Mul": (2, _mul), "Add": (2, _add)}
+    if node.op not in steps or not is_op(node, node.op) or len(node.inputs) != steps[node.op][0]:
+        return None
+    inputs = [arg(i) for i in range(len(node.inputs))]
     if any(v is None for v in inputs):
         return None
-    if is_op(node, "Where") and len(inputs) == 3:
-        return _elementwise(lambda c, a, b: (a if c else b) if isinstance(c, bool) else None, *inputs)
-    if is_op(node, "Equal") and len(inputs) == 2:
-        return _elementwise(_equal, *inputs)
-    if is_op(node, "Mul") and len(inputs) == 2:
-        return _elementwise(_mul, *inputs)
-    if is_op(node, "Add") and len(inputs) == 2:
-        return _elementwise(_add, *inputs)
-    return None
+    return _elementwise(steps[node.op][1], *inputs)
 
 
 def _elementwise(op, *lists):
