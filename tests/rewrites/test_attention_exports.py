@@ -78,24 +78,39 @@ def test_every_attention_softmax_becomes_one_fused_attention(name):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4, err_msg=out)
 
 
-def test_vit_float32_is_left_unfused_with_the_reason():
-    result = onnxfuse.optimize(load_testdata("vit_blocks_opset14"), provider="cpu", samples=2)
-    reasons = [r.reason for r in result.applied.refusals if r.rule == RULE]
-    assert result.applied.counts[RULE] == 0
-    # one per attention (later rounds see the QKᵀ MatMul already taken by contrib-fused-matmul-*)
-    assert sum("float32 sequence-first attention is left unfused" in r for r in reasons) == 2, reasons
-    assert [n.op_type for n in result.model.graph.node].count("Softmax") == 2
+def test_vit_float32_packs_into_attention_reading_the_batch_first_input():
+    """torch.nn.MultiheadAttention(batch_first=True): Transpose(x) to [S, B, E], one in_proj cut by the
+    unflatten into q, k, v, heads, out_proj on [S·B, E] rows, Transpose back. The packed Attention reads
+    x itself; the Transpose of its output and the one after out_proj cancel (cancel-row-transposes), so
+    no Transpose is left in the blocks, and every residual LayerNorm after an attention becomes
+    SkipLayerNormalization. Checked against ONNX Runtime on the original at two batch sizes."""
+    model = load_testdata("vit_blocks_opset14")
+    result = onnxfuse.optimize(model, provider="cpu", samples=2)
+    assert result.validation.passed
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("Attention") == 2 and "Softmax" not in ops and "MultiHeadAttention" not in ops
+    assert result.applied.counts["cancel-row-transposes"] == 2
+    assert ops.count("Transpose") == 1  # the patch embedding's [B, E, N] → [B, N, E], not an attention's
+    assert ops.count("SkipLayerNormalization") == 4
+    details = [d for d in result.applied.details if d["rule"] == RULE]
+    assert {d["layout"] for d in details} == {"sequence-first"} and all(d["qkv_packed"] for d in details)
+    for batch in (1, 3):
+        feeds = {"input": np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)}
+        want = run_ort(model, feeds)
+        got = run_optimized(result.model, feeds)
+        for (out, a), b in zip(want.items(), got):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5, err_msg=out)
 
 
-def test_vit_in_float16_every_softmax_becomes_multihead_attention_and_validates():
+def test_vit_in_float16_every_softmax_becomes_attention_and_validates():
     """torch's nn.MultiheadAttention multiplies q and k each by sqrt(1/sqrt(D)) (computed from shapes,
-    constant after fold-constants): MultiHeadAttention gets their product 1/sqrt(D), here in float16
+    constant after fold-constants): Attention gets their product 1/sqrt(D), here in float16
     (--precision fp16), validated against the float32 original."""
     model = load_testdata("vit_blocks_opset14")
     result = onnxfuse.optimize(model, provider="cpu", samples=2, precision="fp16")
     assert result.validation.passed
     ops = [n.op_type for n in result.model.graph.node]
-    assert ops.count("MultiHeadAttention") == 2 and "Softmax" not in ops
+    assert ops.count("Attention") == 2 and "Softmax" not in ops
     details = [d for d in result.applied.details if d["rule"] == RULE]
     assert [d["num_heads"] for d in details] == [4, 4] and {d["layout"] for d in details} == {"sequence-first"}
     assert all(d["scale"] == pytest.approx(16 ** -0.5, rel=1e-3) for d in details)

@@ -36,7 +36,8 @@ def initializer(model, name):
 
 def attention_model(kt="one", scale="scores", mask=None, bias=True, cross=False, v_target=(0, 0, -1, D),
                     softmax_axis=-1, dtype=np.float32, seed=0, fill=None, casts=False, shape_reads=False,
-                    qk_target=(0, 0, H, D), q_prescale=False, k_bias=True, kv_len=L) -> onnx.ModelProto:
+                    qk_target=(0, 0, H, D), q_prescale=False, k_bias=True, kv_len=L, seq=None) -> onnx.ModelProto:
+    S = seq or globals()["S"]  # noqa: N806 (the query length; long only for the all-keys mask test)
     rng = np.random.default_rng(seed)
     elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     inits, nodes = [], []
@@ -327,6 +328,30 @@ def test_float32_over_many_keys_is_left_unfused_and_float16_is_not():
         assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
 
 
+def test_float32_self_attention_over_many_keys_packs_with_a_mask_of_ones():
+    """Packed self-attention over >= 256 keys fuses in float32 with a raw mask_index of ones [B, L],
+    computed from x on the device: a raw mask keeps ONNX Runtime on its unfused kernel (the
+    memory-efficient one it would pick was the slow part) and masks nothing. Checked against the
+    original at two batch sizes, and the mask's values directly: all ones, whatever x holds (NaN too)."""
+    from onnxfuse.rewrites.contrib.contrib_attention import FP32_LONG_KEYS
+
+    model = attention_model(seq=FP32_LONG_KEYS)
+    out, report = apply(model)
+    assert report.counts[RULE] == 1 and fused(out) == ["Attention"], [r.reason for r in report.refusals]
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == "all-keys mask_index"
+    (att,) = [n for n in out.graph.node if n.op_type == "Attention"]
+    assert len(att.input) == 4 and att.input[3]
+    assert_same(model, out)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(out)
+    probe.graph.output.append(h.make_tensor_value_info(att.input[3], T.INT32, None))
+    x = np.random.default_rng(1).standard_normal((2, FP32_LONG_KEYS, E)).astype(np.float32)
+    x[1, 5, :] = np.nan
+    mask = run_ort(probe, {"x": x})[att.input[3]]
+    assert mask.shape == (2, FP32_LONG_KEYS) and mask.dtype == np.int32 and (mask == 1).all()
+
+
 def test_refusals_carry_their_reason():
     computed_target = attention_model()  # Q's head split reads its target from a graph input
     init = next(i for i in computed_target.graph.initializer if i.name == "q_shape")
@@ -451,10 +476,11 @@ def test_q_scaled_before_the_split_and_k_without_bias(bias, cross):
     assert_same(model, out)
 
 
-def sequence_first_model(merge=(2, 0, 1, 3), t3=(S, -1, D), t4=(-1, H, S, D), seed=0, seq=S, dtype=np.float32):
+def sequence_first_model(merge=(2, 0, 1, 3), t3=(S, -1, D), t4=(-1, H, S, D), seed=0, seq=S, dtype=np.float32,
+                         kv="x"):
     """torch.nn.MultiheadAttention's export: x [S, B, E], heads by Reshape [S, B·H, D] → Transpose(1, 0, 2)
     → Reshape [B, H, S, D], the scale split over q and k, output merged by Transpose(2, 0, 1, 3) →
-    Reshape [S·B, E]."""
+    Reshape [S·B, E]. ``kv``: the input k and v are projected from (another one: cross-attention)."""
     rng = np.random.default_rng(seed)
     inits, nodes = [], []
 
@@ -464,7 +490,7 @@ def sequence_first_model(merge=(2, 0, 1, 3), t3=(S, -1, D), t4=(-1, H, S, D), se
 
     for name in "qkv":
         w = const(f"W{name}", (rng.standard_normal((E, E)) / np.sqrt(E)).astype(dtype))
-        nodes.append(h.make_node("MatMul", ["x", w], [f"{name}_mm"]))
+        nodes.append(h.make_node("MatMul", ["x" if name == "q" else kv, w], [f"{name}_mm"]))
         nodes.append(h.make_node("Add", [f"{name}_mm", const(f"b{name}", (rng.standard_normal(E) * 0.1).astype(
             dtype))], [name]))
         nodes.append(h.make_node("Reshape", [name, const(f"{name}_t3", np.array(t3, np.int64))], [f"{name}3"]))
@@ -479,8 +505,8 @@ def sequence_first_model(merge=(2, 0, 1, 3), t3=(S, -1, D), t4=(-1, H, S, D), se
               h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=list(merge)),
               h.make_node("Reshape", ["ctx_t", const("out_shape", np.array([-1, E], np.int64))], ["out"])]
     elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    graph = h.make_graph(nodes, "mha", [h.make_tensor_value_info("x", elem, [seq, "B", E])],
-                         [h.make_tensor_value_info("out", elem, ["SB", E])], inits)
+    inputs = [h.make_tensor_value_info(name, elem, [seq, "B", E]) for name in dict.fromkeys(["x", kv])]
+    graph = h.make_graph(nodes, "mha", inputs, [h.make_tensor_value_info("out", elem, ["SB", E])], inits)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -488,7 +514,8 @@ def sequence_first_model(merge=(2, 0, 1, 3), t3=(S, -1, D), t4=(-1, H, S, D), se
 
 
 def test_sequence_first_heads_of_torch_multihead_attention():
-    """In float16 the sequence-first form becomes MultiHeadAttention between Transposes to [B, S, E]."""
+    """In float16 the sequence-first self-attention becomes the packed Attention between Transposes to
+    [B, S, E] (x is a graph input here, not a Transpose whose source the op could read)."""
     model = sequence_first_model(dtype=np.float16)
     out, report = apply(model)
     assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
@@ -496,16 +523,30 @@ def test_sequence_first_heads_of_torch_multihead_attention():
     # the product of the two float16 factors D^-1/4 (each rounded to float16), as the original multiplies
     assert detail["layout"] == "sequence-first" and detail["scale"] == pytest.approx(
         float(np.float16(D ** -0.25)) ** 2, rel=1e-6)
-    assert "Softmax" not in helpers.op_types(out) and fused(out) == ["MultiHeadAttention"]
+    assert helpers.op_types(out) == ["Transpose", "Attention", "Transpose", "Reshape"]
     assert_same(model, out, rtol=2e-2, atol=2e-3)
 
 
-def test_float32_sequence_first_is_left_unfused_with_the_measured_reason():
-    """The four Transposes cost more than the fusion saves in float32 (ViT-B/16, H200): refused."""
-    out, report = apply(sequence_first_model())
+def test_float32_sequence_first_self_attention_packs():
+    """Packed, the float32 sequence-first attention fuses: one Transpose in, one out."""
+    model = sequence_first_model()
+    out, report = apply(model)
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    assert helpers.op_types(out) == ["Transpose", "Attention", "Transpose", "Reshape"]
+    assert_same(model, out, rtol=1e-4, atol=1e-5)
+
+
+def test_float32_sequence_first_cross_attention_is_left_unfused_with_the_measured_reason():
+    """Not packed (k and v from another input), it would be MultiHeadAttention between four Transposes,
+    which cost more than the fusion saves in float32 (ViT-B/16, H200): refused; float16 fuses it."""
+    out, report = apply(sequence_first_model(kv="memory"))
     assert report.counts[RULE] == 0 and not fused(out)
     assert any("float32 sequence-first attention is left unfused" in r.reason
                for r in report.refusals if r.rule == RULE), report.refusals
+    model16 = sequence_first_model(kv="memory", dtype=np.float16)
+    out16, report16 = apply(model16)
+    assert report16.counts[RULE] == 1 and fused(out16) == ["MultiHeadAttention"]
+    assert_same(model16, out16, rtol=2e-2, atol=2e-3)
 
 
 def test_new_refusals_carry_their_reason():

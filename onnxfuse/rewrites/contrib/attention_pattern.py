@@ -26,12 +26,14 @@ from onnx import helper
 
 from onnxfuse.rewrites.contrib.matmul import scale_of
 from onnxfuse.rewrites.engine.facts import (
+    axes_of,
     constant_value,
     consumers,
     dims_equal,
     dtype_of,
     is_graph_output,
     is_op,
+    only_read_by,
     producer_of,
     rank_of,
     scalar_constant,
@@ -463,11 +465,14 @@ def packed_projections(graph, sources, hidden: int, dtype) -> PackedProjections 
     GEMM and adds the bias inside its own kernel, which is why it beats three MatMuls feeding
     MultiHeadAttention (benchmarks/attention_ops.py).
 
-    Also GPT-2's form, one projection then a Split: :func:`_split_projection`.
+    Also one projection cut into three: by a Split (GPT-2, :func:`_split_projection`) or by torch.nn.
+    MultiheadAttention's unflatten (:func:`_unflatten_projection`). The packing does not depend on the
+    layout: x is [B, S, E_in] or, sequence-first, [S, B, E_in].
     """
-    split = _split_projection(graph, sources, hidden, dtype)
-    if split is not None:
-        return split
+    for form in (_split_projection, _unflatten_projection):
+        found = form(graph, sources, hidden, dtype)
+        if found is not None:
+            return found
     projections = []
     for t in sources:
         found = _linear(graph, t, hidden, dtype) if single_reader(graph, t) else None
@@ -504,14 +509,9 @@ def _linear(graph, t, width: int, dtype) -> PackedProjections | None:
 
 
 def _split_projection(graph, sources, hidden: int, dtype) -> PackedProjections | None:
-    """q, k, v = outputs 0, 1, 2 of ``Split(t, [E, E, E], axis=-1)`` with t one packed projection of x, or
-    None. t is ``Reshape(Gemm(Reshape(x, [N, E_in]), W, b), [B, S, 3E])`` (GPT-2's Conv1D), or
-    ``MatMul(x, W)`` with an optional ``Add`` of a [3E] constant.
-
-    Why that is ``x·W + b`` on [B, S, ·]: the chain applies the Gemm to each row of x and gives back
-    [B, S, 3E], proved by :func:`~onnxfuse.rewrites.engine.row_wise.row_wise_gemm` (the proof
-    gemm-rows-to-matmul uses, which turns the chain into the MatMul form below when it runs first).
-    Split's blocks are W's column blocks [W_q | W_k | W_v], the layout ``Attention`` wants."""
+    """q, k, v = outputs 0, 1, 2 of ``Split(t, [E, E, E], axis=-1)`` with t one packed projection of x
+    (:func:`_packed_source`), or None. Split's blocks are W's column blocks [W_q | W_k | W_v], the layout
+    ``Attention`` wants."""
     split = producer_of(sources[0])
     if split is None or not is_op(split, "Split") or len(split.outputs) != 3:
         return None
@@ -524,12 +524,77 @@ def _split_projection(graph, sources, hidden: int, dtype) -> PackedProjections |
     sizes = constant_value(graph, split.inputs[1]) if len(split.inputs) > 1 else split.attrs.get("split")
     if sizes is not None and [int(v) for v in np.asarray(sizes).reshape(-1)] != [hidden] * 3:
         return None
+    return _packed_source(graph, t, hidden, dtype, [split])
+
+
+#: torch's ``unflatten(-1, (3, E)).unsqueeze(0).transpose(0, -2).squeeze(-2)``: [S, B, 3, E] → [1, S, B, 3, E]
+#: → [3, S, B, 1, E] → [3, S, B, E]
+_UNFLATTEN_PERM = [3, 1, 2, 0, 4]
+
+
+def _unflatten_projection(graph, sources, hidden: int, dtype) -> PackedProjections | None:
+    """q, k, v = ``Gather(u, i, axis=0)`` for i = 0, 1, 2 of ``u = Squeeze(Transpose(Unsqueeze(Reshape(t,
+    [a, b, 3, E]), 0), perm=[3, 1, 2, 0, 4]), 3)`` with t [A, B, 3E] one packed projection of x
+    (:func:`_packed_source`), or None. That is torch.nn.MultiheadAttention's self-attention
+    ``in_projection_packed``, whatever the layout.
+
+    Why it is t's column block i: element (a, b, i·E + e) of t is (a, b, i, e) after the Reshape when
+    [a, b] keeps t's first two dimensions (each entry equal to the static dimension or 0, or one of them
+    -1 while the other keeps its dimension: the element count then forces it), (0, a, b, i, e) after the
+    Unsqueeze, (i, a, b, 0, e) after the Transpose, (i, a, b, e) after the Squeeze, and (a, b, e) of
+    Gather i."""
+    gathers = [producer_of(t) for t in sources]
+    if not all(is_op(g, "Gather") and len(g.inputs) == 2 and int(g.attrs.get("axis", 0)) == 0 for g in gathers):
+        return None
+    u = gathers[0].inputs[0]
+    indices = [constant_value(graph, g.inputs[1]) for g in gathers]
+    if any(g.inputs[0] is not u for g in gathers) or any(i is None or i.shape != () for i in indices):
+        return None
+    if [int(i) for i in indices] != [0, 1, 2] or not all(single_reader(graph, t) for t in sources):
+        return None
+    if only_read_by(graph, u, gathers):
+        return None
+    squeeze = producer_of(u)
+    axes = axes_of(graph, squeeze) if is_op(squeeze, "Squeeze") else None
+    if axes not in ([3], [-2]):
+        return None
+    transpose = producer_of(squeeze.inputs[0])
+    if perm_of(transpose) != _UNFLATTEN_PERM or not single_reader(graph, squeeze.inputs[0]):
+        return None
+    unsqueeze = producer_of(transpose.inputs[0])
+    if not is_op(unsqueeze, "Unsqueeze") or axes_of(graph, unsqueeze) != [0] or not single_reader(graph, transpose.inputs[0]):
+        return None
+    reshape = producer_of(unsqueeze.inputs[0])
+    if not is_op(reshape, "Reshape") or len(reshape.inputs) != 2 or int(reshape.attrs.get("allowzero", 0)):
+        return None
+    if not single_reader(graph, unsqueeze.inputs[0]):
+        return None
+    t = reshape.inputs[0]
+    target, t_shape = constant_value(graph, reshape.inputs[1]), shape_of(graph, t)
+    if target is None or target.shape != (4,) or t_shape is None or len(t_shape) != 3 or t_shape[2] != 3 * hidden:
+        return None
+    target = [int(v) for v in target]
+    copies = [_copied(target[i], t_shape[i]) for i in (0, 1)]
+    if target[2:] != [3, hidden] or not (all(copies) or (target[0] == -1 and copies[1])
+                                         or (target[1] == -1 and copies[0])):
+        return None
+    return _packed_source(graph, t, hidden, dtype, [*gathers, squeeze, transpose, unsqueeze, reshape])
+
+
+def _packed_source(graph, t, hidden: int, dtype, nodes: list) -> PackedProjections | None:
+    """t [A, B, 3E] as one packed projection ``x·W + b`` of x [A, B, E_in], or None: t is ``Reshape(Gemm(
+    Reshape(x, [N, E_in]), W, b), [A, B, 3E])`` (GPT-2's Conv1D), or ``MatMul(x, W)`` with an optional ``Add``
+    of a [3E] constant, read only by the node that cuts it (``nodes[0]``).
+
+    Why the Gemm chain is ``x·W + b`` on [A, B, ·]: it applies the Gemm to each row of x and gives back
+    [A, B, 3E], proved by :func:`~onnxfuse.rewrites.engine.row_wise.row_wise_gemm` (the proof
+    gemm-rows-to-matmul uses, which turns the chain into the MatMul form when it runs first)."""
     if not single_reader(graph, t):
         return None
-    nodes = [split]
+    nodes = list(nodes)
     p = producer_of(t)
     bias = np.zeros(3 * hidden, dtype)
-    if p is not None and is_op(p, "Reshape"):  # Reshape(Gemm(Reshape(x, [N, E_in])), [B, S, 3E])
+    if p is not None and is_op(p, "Reshape"):  # Reshape(Gemm(Reshape(x, [N, E_in])), [A, B, 3E])
         reason, rows = row_wise_gemm(graph, p)
         if reason or rows.n != 3 * hidden:
             return None

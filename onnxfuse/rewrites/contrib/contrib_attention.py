@@ -199,6 +199,7 @@ class AttentionPlan:
     packed: PackedProjections | None  # q, k, v projections of one tensor: emit Attention, not MHA
     key_mask: KeepMask | None = None  # packed only: the mask as Attention's raw mask_index
     island: bool = False  # a float16 attention whose scores, mask and Softmax are float32
+    all_keys_mask: bool = False  # packed float32 over long keys: a raw mask of ones keeps the unfused kernel
 
 
 def _output_shape(query, hidden: int):
@@ -301,9 +302,6 @@ class ContribAttention(Rule):
         types = {dtype_of(graph, t) for t in (q_source, k_source, v_source)}
         if types != {dtype}:
             return "Q, K, V and the scores have different element types"
-        slower = _slower_than_unfused(graph, dtype, q.layout, k_source)
-        if slower:
-            return slower
         shape_reads = []
         problem = internal_problem(graph, nodes + [merge_r], merge_r)
         if problem:
@@ -319,16 +317,22 @@ class ContribAttention(Rule):
             tail_known = (q.layout == BATCH_FIRST and mask_rank >= 2 and dims_equal(tail[0], q_shape[1])
                           and dims_equal(tail[1], k_shape[1]))
         scale = float(np.prod(factors)) if factors else 1.0
-        biases, packed = None, None
-        if q.layout == BATCH_FIRST:
-            packed = packed_projections(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
-            if packed is None:
-                biases = _fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
+        biases = None
+        packed = packed_projections(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
+        if packed is None and q.layout == BATCH_FIRST:
+            biases = _fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
         key_mask = None
         if packed is not None and (dtype == np.dtype(np.float32) or island):
             x_shape = shape_of(graph, packed.x)
             if x_shape is not None and len(x_shape) == 3:
-                key_mask = keep_mask(graph, terms, x_shape[0], x_shape[1], x_shape[1])
+                batch, seq = (x_shape[1], x_shape[0]) if q.layout == SEQ_FIRST else (x_shape[0], x_shape[1])
+                key_mask = keep_mask(graph, terms, batch, seq, seq)
+        slower = _slower_than_unfused(graph, dtype, q.layout, k_source,
+                                      raw_mask=packed is not None and (key_mask is not None or not terms))
+        if slower:
+            return slower
+        all_keys = (packed is not None and key_mask is None and not terms and dtype == np.dtype(np.float32)
+                    and _long_keys(graph, k_source, q.layout))
         if island and (packed is None or (terms and key_mask is None)):
             return ("float16 attention with a float32 Softmax: fused only into the packed Attention op with "
                     "the mask as a raw 0/1 mask_index (its kernel adds mask_filter_value in float32, as the "
@@ -337,7 +341,7 @@ class ContribAttention(Rule):
                                        "attention_bias would round the float32 mask)"))
         return AttentionPlan(softmax, nodes, q_source, k_source, v_source, q.heads, scale, terms, mask_rank,
                              tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads, packed, key_mask,
-                             island)
+                             island, all_keys)
 
     def rewrite(self, graph, plan: AttentionPlan):
         names = NameAllocator(graph)
@@ -387,6 +391,8 @@ class ContribAttention(Rule):
         are both x's sequence dimension."""
         packed = plan.packed
         x = packed.x
+        if plan.layout == SEQ_FIRST:  # [S, B, E_in] → [B, S, E_in]; out comes back to [S, B, E] below
+            x = self._batch_first(graph, names, base, x, plan.dtype)
         weight = new_constant(graph, f"{base}/qkv_weight", packed.weight)
         bias = new_constant(graph, f"{base}/qkv_bias", packed.bias)
         attrs = {"num_heads": plan.heads, "scale": plan.scale}
@@ -394,6 +400,8 @@ class ContribAttention(Rule):
         if plan.key_mask is not None:
             mask_index = self._mask_index(graph, names, base, plan.key_mask, x)
             attrs["mask_filter_value"] = plan.key_mask.fill
+        elif plan.all_keys_mask:
+            mask_index = self._all_keys_mask(graph, names, base, x)
         elif plan.terms:
             attention_bias = self._attention_bias(graph, plan, names, base, x, x)
         for shape_node, letters in plan.shape_reads:
@@ -410,11 +418,14 @@ class ContribAttention(Rule):
                           shape=_output_shape(x, plan.heads * plan.head_size))
         graph.nodes.append(gs.Node("Attention", names(f"{base}/Attention"), attrs, inputs=inputs, outputs=[out],
                                    domain="com.microsoft"))
+        if plan.layout == SEQ_FIRST:
+            out = self._swap01(graph, names, base, out, plan.dtype)
         plan.merge.inputs[0] = out
         return {"op": "com.microsoft.Attention", "num_heads": plan.heads, "scale": plan.scale,
                 "mask": bool(plan.terms), "qkv_packed": True, "layout": plan.layout,
                 "mask_terms": [t.kind for t in plan.terms],
-                "mask_form": "mask_index" if mask_index is not None else "attention_bias" if plan.terms else "none"}
+                "mask_form": ("all-keys mask_index" if plan.all_keys_mask else "mask_index" if mask_index is not None
+                              else "attention_bias" if plan.terms else "none")}
 
     def _mask_index(self, graph, names, base, mask: KeepMask, x):
         """``Attention``'s raw ``mask_index`` of 0 and 1 from the bool ``keep``: 2-D [B, L] as
@@ -455,8 +466,43 @@ class ContribAttention(Rule):
         return out
 
     @staticmethod
+    def _all_keys_mask(graph, names, base, x):
+        """A raw ``mask_index`` of ones, [B, L] int32 with B and L = S x's (self-attention), computed on the
+        device from x itself: ``Where(Equal(c, c), 1, 1)`` of ``c = Flatten(Slice(x, [0:1] on the last
+        axis))`` is 1 everywhere (NaN in c only changes the condition, and both branches are 1). A raw mask
+        keeps ONNX Runtime's float32 Attention on its unfused kernel (GEMM, softmax, GEMM) instead of the
+        memory-efficient one it picks from 256 keys on (``attention.cc``: that kernel takes no raw mask),
+        and a mask of ones masks nothing: the kernel adds ``mask_filter_value`` only where the mask is 0."""
+        piece = gs.Variable(names(f"{base}/all_keys_slice"), dtype=x.dtype)
+        graph.nodes.append(gs.Node("Slice", names(f"{base}/all_keys_slice"), inputs=[
+            x, new_constant(graph, f"{base}/start", np.array([0], np.int64)),
+            new_constant(graph, f"{base}/end", np.array([1], np.int64)),
+            new_constant(graph, f"{base}/last_axis", np.array([2], np.int64))], outputs=[piece]))
+        flat = gs.Variable(names(f"{base}/all_keys_rows"), dtype=x.dtype)
+        graph.nodes.append(gs.Node("Flatten", names(f"{base}/all_keys_flatten"), {"axis": 1}, inputs=[piece],
+                                   outputs=[flat]))
+        cond = gs.Variable(names(f"{base}/all_keys_cond"), dtype=np.bool_)
+        graph.nodes.append(gs.Node("Equal", names(f"{base}/all_keys_equal"), inputs=[flat, flat], outputs=[cond]))
+        one = new_constant(graph, f"{base}/one_int32", np.array(1, np.int32))
+        out = gs.Variable(names(f"{base}/all_keys_mask"), dtype=np.int32)
+        graph.nodes.append(gs.Node("Where", names(f"{base}/all_keys_mask"), inputs=[cond, one, one], outputs=[out]))
+        return out
+
+    def _batch_first(self, graph, names, base, x, dtype):
+        """[B, S, E] for the sequence-first x [S, B, E]: the tensor x was transposed from when x is
+        ``Transpose(perm=[1, 0, 2])`` of it (torch.nn.MultiheadAttention with batch_first=True transposes
+        its input first: the fused op then reads the original and that Transpose goes), else a new
+        Transpose of x."""
+        p = producer_of(x)
+        if perm_of(p) == [1, 0, 2]:
+            return p.inputs[0]
+        return self._swap01(graph, names, base, x, dtype)
+
+    @staticmethod
     def _swap01(graph, names, base, tensor, dtype):
-        out = gs.Variable(names(f"{base}/swap01"), dtype=dtype)
+        shape = declared_shape(tensor)
+        out = gs.Variable(names(f"{base}/swap01"), dtype=dtype,
+                          shape=[shape[1], shape[0], shape[2]] if shape is not None and len(shape) == 3 else None)
         graph.nodes.append(gs.Node("Transpose", names(f"{base}/Transpose"), {"perm": [1, 0, 2]},
                                    inputs=[tensor], outputs=[out]))
         return out
@@ -603,33 +649,53 @@ def _shared_expansion(graph, mask, query, key):
     return None
 
 
-#: float32 key length from which fusing is refused: ONNX Runtime's CUDA attention runs its float32
-#: memory-efficient kernel from 256 keys on (its ``kMinSeqLenForMemoryEfficientAttentionFp32``), and
-#: there it was slower than the unfused GEMMs it replaces (Whisper-base encoder, L = 1500, H200,
-#: 2026-11-23: 0.88× / 0.90× over the original at batch 1 / 16 with the fusion, 1.02× / 1.05× without).
+#: float32 key length from which ONNX Runtime's CUDA attention runs its float32 memory-efficient kernel
+#: (its ``kMinSeqLenForMemoryEfficientAttentionFp32``); there that kernel was slower than the unfused GEMMs
+#: it replaces (Whisper-base encoder, L = 1500, H200, 2026-11-23: 0.88× / 0.90× over the original at batch
+#: 1 / 16 with the fusion, 1.02× / 1.05× without).
 FP32_LONG_KEYS = 256
 
 
-def _slower_than_unfused(graph, dtype, layout, key) -> str | None:
+def _key_length(graph, key, layout):
+    """L of k: dimension 1 of [B, L, E], dimension 0 of the sequence-first [L, B, E]; None if unknown."""
+    shape = shape_of(graph, key)
+    if shape is None or len(shape) != 3:
+        return None
+    return shape[0] if layout == SEQ_FIRST else shape[1]
+
+
+def _long_keys(graph, key, layout) -> bool:
+    """The key length is known to be >= :data:`FP32_LONG_KEYS`."""
+    length = _key_length(graph, key, layout)
+    return isinstance(length, int) and length >= FP32_LONG_KEYS
+
+
+def _slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> str | None:
     """Why fusing this attention would make the model slower on the GPU (measured), or None.
 
     Float16 always fuses: every fp16 row gained (BERT-base 1.68-1.70×, ViT-B/16 1.40-1.65×, Whisper-base
     2.25× at batch 16, against 1.06-1.51× without). Float32 has no flash kernel; two cases measured
-    slower than leaving the attention to ONNX Runtime's own GEMMs and Softmax are refused:
+    slower than leaving the attention to ONNX Runtime's own GEMMs and Softmax are refused unless the
+    packed ``Attention`` op with a raw mask (``raw_mask``: a keep mask, or none, which becomes a mask of
+    ones) avoids what made them slow:
 
-    * the sequence-first layout: the four Transposes into and out of [B, S, E] cost more than the fusion
-      saves (ViT-B/16 fp32, H200: 0.99× with vs 1.13× without at batch 16, 1.32× vs 1.39× at batch 1);
-    * a key length known to be >= :data:`FP32_LONG_KEYS`.
+    * the sequence-first layout as MultiHeadAttention: the four Transposes into and out of [B, S, E] cost
+      more than the fusion saves (ViT-B/16 fp32, H200: 0.99× with vs 1.13× without at batch 16, 1.32× vs
+      1.39× at batch 1). Packed, the op reads the [B, S, E] tensor the projection's input was transposed
+      from, and only its output is transposed back;
+    * a key length known to be >= :data:`FP32_LONG_KEYS`, where ONNX Runtime picks its memory-efficient
+      kernel unless the mask is raw.
     """
-    if dtype != np.float32:
+    if dtype != np.float32 or raw_mask:
         return None
     if layout == SEQ_FIRST:
-        return ("float32 sequence-first attention is left unfused: the Transposes into [B, S, E] and back "
-                "cost more than the fusion saves (measured: ViT-B/16 fp32); fp16 (--precision fp16) fuses it")
-    length = _seq_dim(graph, key)
-    if isinstance(length, int) and length >= FP32_LONG_KEYS:
-        return (f"float32 attention over {length} keys is left unfused: ONNX Runtime's fp32 fused kernel is "
-                f"slower than its unfused GEMMs from {FP32_LONG_KEYS} keys on (measured: Whisper-base, "
+        return ("float32 sequence-first attention is left unfused unless its q, k, v are packed projections "
+                "with no mask or a keep mask: the Transposes into [B, S, E] and back cost more than the fusion "
+                "saves (measured: ViT-B/16 fp32); fp16 (--precision fp16) fuses it")
+    if _long_keys(graph, key, layout):
+        return (f"float32 attention over {_key_length(graph, key, layout)} keys is left unfused unless its q, k, v are "
+                f"packed projections with no mask or a keep mask: ONNX Runtime's fp32 memory-efficient kernel "
+                f"is slower than its unfused GEMMs from {FP32_LONG_KEYS} keys on (measured: Whisper-base, "
                 f"L=1500); fp16 (--precision fp16) fuses it")
     return None
 

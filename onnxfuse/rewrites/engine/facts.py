@@ -105,6 +105,16 @@ def scalar_constant(graph, tensor) -> np.ndarray | None:
 # --- shapes and dtypes ---------------------------------------------------------------------------------
 
 
+def axes_of(graph, node) -> list[int] | None:
+    """The ``axes`` of a Squeeze/Unsqueeze/Reduce node: the attribute (before opset 13/18) or the constant
+    second input; None when neither is given (all axes, or not known here)."""
+    if len(node.inputs) > 1 and not node.inputs[1].is_empty():
+        value = constant_value(graph, node.inputs[1])
+        return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
+    axes = node.attrs.get("axes")
+    return None if axes is None else [int(v) for v in axes]
+
+
 def declared_shape(tensor):
     """The shape graphsurgeon holds for ``tensor`` as a tuple of ints / dim-param strings / ``None``
     (unknown dimension), or ``None`` when the rank is unknown."""

@@ -7,7 +7,9 @@
 * the Gemm has alpha = beta = 1 and transA = 0: row r of its result is row r of A times W (plus C);
 * C (if any) is a constant of N values ([N] or [1, N]): the same bias for every row;
 * the second Reshape sends the rows back to [B, S, N]: its target is the constant [-1, S, N] with S =
-  x's static sequence size, so that -1 = (B·S·N) / (S·N) = B (or [B, S, N] with B static too), or, for a
+  x's static sequence size, so that -1 = (B·S·N) / (S·N) = B, or [B, -1, N] with B static (the
+  sequence-first [S, B, ·] of torch.nn.MultiheadAttention's output projection: -1 = S·B·N / (S·N)), or
+  [B, S, N] with both static, or, for a
   computed target, its inferred output dimensions are provably x's (equal sizes or the same name);
 * the two intermediate tensors are read only by the next op of the chain (and are no graph outputs).
 
@@ -71,10 +73,11 @@ def row_wise_gemm(graph, back) -> tuple[str | None, RowWiseGemm | None]:
         if c is None or c.size != n or c.shape[-1] != n:
             return "C is not a constant bias of N values", None
     target = constant_value(graph, back.inputs[1])
-    if target is not None:  # decided by the target alone: [-1, S, N], or [B, S, N] with static B
-        t = target.reshape(-1).tolist()
-        rows_back = isinstance(xs[1], int) and xs[1] > 0 and (
-            t == [-1, xs[1], n] or (isinstance(xs[0], int) and t == [xs[0], xs[1], n]))
+    if target is not None:  # decided by the target alone: [-1, S, N], [B, -1, N] or [B, S, N]
+        t = [int(v) for v in target.reshape(-1)]
+        kept = [isinstance(xs[i], int) and xs[i] > 0 and t[i] == xs[i] for i in (0, 1)] if len(t) == 3 else []
+        rows_back = len(t) == 3 and t[2] == n and (all(kept) or (t[0] == -1 and kept[1])
+                                                    or (t[1] == -1 and kept[0]))
     else:
         rows_back = (outs is not None and len(outs) == 3 and dims_equal(outs[0], xs[0])
                      and dims_equal(outs[1], xs[1]) and dims_equal(outs[2], n))

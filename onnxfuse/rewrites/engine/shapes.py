@@ -35,7 +35,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import replace_reads
-from onnxfuse.rewrites.engine.facts import graphs_within
+from onnxfuse.rewrites.engine.facts import graphs_within, is_default_domain
 
 #: Weights larger than this travel to shape inference as typed graph inputs (their values cannot matter
 #: to any shape: nothing computed from a whole large weight is a size).
@@ -73,10 +73,61 @@ def _proto_shape(vi: onnx.ValueInfoProto):
     return [int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
 
 
+#: ops ONNX infers no shape for (contrib ops; LayerNormalization before opset 17) whose listed outputs have
+#: their input 0's shape: normalizations over the last axis, elementwise activations with a bias over it
+SAME_SHAPE_OUTPUTS = {
+    "LayerNormalization": (0,), "SimplifiedLayerNormalization": (0,), "SkipLayerNormalization": (0, 3),
+    "SkipSimplifiedLayerNormalization": (0, 3), "BiasGelu": (0,), "FastGelu": (0,), "Gelu": (0,),
+    "QuickGelu": (0,),
+}
+#: contrib ops whose output 0 has input 0's leading dimensions ([B, S, ·]): read as Identity when the last
+#: dimension is the same too (self-attention with E_out = E_in), else cut like any other
+LEADING_SHAPE_OUTPUTS = ("Attention", "MultiHeadAttention")
+
+
+def _identity_stand_ins(work: gs.Graph) -> None:
+    """In the inference skeleton ``work`` only: each op of :data:`SAME_SHAPE_OUTPUTS` becomes ``Identity``
+    nodes from its input 0 to those outputs, so ONNX carries dimensions (and their names) through it to
+    the ops after, in one inference run; any other op of a non-ONNX domain whose outputs all have a
+    declared shape is cut, its outputs then typed graph inputs of those shapes. Without them every shape after the first contrib op kept what
+    an earlier run knew, or nothing: ViT's LayerNorm outputs lost the batch that the Concat before them
+    had. Left as it is when another output of the op is read (it would have no producer)."""
+    changed = False
+    for node in list(work.nodes):
+        kept = SAME_SHAPE_OUTPUTS.get(node.op)
+        if node.op in LEADING_SHAPE_OUTPUTS and node.domain == "com.microsoft" and node.inputs and node.outputs:
+            x_shape, out_shape = node.inputs[0].shape, node.outputs[0].shape
+            if x_shape and out_shape and isinstance(x_shape[-1], int) and x_shape[-1] == out_shape[-1]:
+                kept = (0,)
+        if kept is None or not (is_default_domain(node) or node.domain == "com.microsoft") or not node.inputs:
+            if not is_default_domain(node) and all(t.shape is not None and t.dtype is not None
+                                                          for t in node.outputs):
+                # another op without a schema (FusedElementwise, Attention): its outputs enter as inputs of
+                # the shapes the rules declared for them, so that inference goes on after it
+                work.inputs.extend(t for t in node.outputs if t not in work.outputs)
+                node.outputs.clear()
+                node.inputs.clear()
+                changed = True
+            continue
+        if any(i not in kept and t.outputs for i, t in enumerate(node.outputs)) or any(
+                t in work.outputs for i, t in enumerate(node.outputs) if i not in kept):
+            continue
+        x = node.inputs[0]
+        outputs = [t for i, t in enumerate(node.outputs) if i in kept and not t.is_empty()]
+        node.outputs.clear()
+        node.inputs.clear()
+        for t in outputs:
+            work.nodes.append(gs.Node("Identity", inputs=[x], outputs=[t]))
+        changed = True
+    if changed:
+        work.cleanup(remove_unused_graph_inputs=False).toposort()
+
+
 def _inferred_shapes(graph: gs.Graph) -> dict[str, list | None]:
     from onnxfuse.model_io import infer_shapes, proto_graphs
 
     work, _ = weights_as_inputs(graph)
+    _identity_stand_ins(work)
     model = gs.export_onnx(work, do_type_check=False)
     del work
     inferred = infer_shapes(model)

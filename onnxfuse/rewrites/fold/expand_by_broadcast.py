@@ -42,6 +42,7 @@ from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, opse
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem
 from onnxfuse.rewrites.engine.shape_values import shape_value, tensor_dims
+from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
 
 
 def broadcast_dims(a: list, b: list) -> list | None:
@@ -65,6 +66,8 @@ class ExpandByBroadcast(Rule):
     name = "expand-by-broadcast"
     description = "Expand to a shape computed from Shape → Where(cond, x, x): no CPU shape nodes (CUDA graphs)"
     targets = frozenset(TARGETS)
+    #: the result's dimensions are named (proven) where ONNX could not infer them: see rewrite
+    makes_shapes_inferable = True
 
     def match(self, graph):
         for node in graph.nodes:
@@ -126,6 +129,12 @@ class ExpandByBroadcast(Rule):
             graph.nodes.append(gs.Node("And", names(f"{base}/cond_and"), inputs=[cond, other], outputs=[both]))
             cond = both
         result = node.outputs[0]
+        # Proven: the target's dimensions, by the names of the tensors they were read from. ONNX cannot
+        # infer them through the carrier's Reshape; without them a Concat with a tensor of that batch
+        # (ViT's class token) loses the batch name, and no residual Add after it is provably of equal shapes.
+        proven = [d if isinstance(d, int) else str(d) for d in out]
+        unify_dims(graph, dims_proven_equal(result.shape, proven))
+        result.shape = proven
         node.outputs.clear()
         node.inputs.clear()
         graph.nodes.append(gs.Node("Where", names(f"{base}/broadcast"), inputs=[cond, x, x], outputs=[result]))

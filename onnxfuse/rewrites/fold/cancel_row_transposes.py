@@ -1,0 +1,145 @@
+"""Two Transposes of the leading axes around ops that work row by row cancel: ``Transpose(p)(f(Transpose(q)(y)))``
+→ ``f(y)`` when ``p`` undoes ``q``.
+
+Why
+---
+torch.nn.MultiheadAttention runs sequence-first: with ``batch_first=True`` (torchvision's ViT, most user
+models) it transposes its [B, S, E] input to [S, B, E] and its result back. Once ``contrib-attention`` has
+turned the attention into ONNX Runtime's ``Attention``, which reads and writes [B, S, E], what is left is
+``Transpose(1, 0, 2)`` of the op's output, the output projection, and ``Transpose(1, 0, 2)`` back: two
+copies of a [S, B, E] tensor per layer that cancel (ViT-B/16: 24 of them; docs/benchmarks.md 5.9).
+
+What (exact)
+------------
+``outer = Transpose(p)`` of rank r ≥ 3 with p keeping the last axis, reading a chain of ops ``f`` each of
+which computes every vector along the last axis from that vector alone, the same way for every one:
+
+* ``MatMul(a, W)``, W of rank 2 (a [.., K] row times W);
+* ``Add``/``Sub``/``Mul``/``Div`` of a and an operand whose every dimension but the last is 1 (a bias or
+  scale per column: the same for every row);
+* a unary elementwise op (``Relu``, ``Sigmoid``, ``Tanh``, ``Erf``, ``Identity``, ``Cast``);
+
+and the chain reads ``inner = Transpose(q)(y)`` with ``p ∘ q`` the identity. Permuting the leading axes
+only moves whole rows, so ``f`` commutes with it: ``p(f(q(y))) = f(p(q(y))) = f(y)``, value for value,
+each row computed from the same numbers in the same order. The chain then reads y, its output is the
+outer Transpose's, and both Transposes go (the inner one stays when something else reads it). Every
+tensor between them must be read only by the chain (no graph output), since it now holds the rows in
+y's order. Refused otherwise, with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnxfuse.rewrites.engine.facts import consumers, is_alive, is_graph_output, is_op, producer_of, shape_of
+from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
+from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
+
+#: elementwise ops of one input that compute each element from itself alone
+UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Identity", "Cast")
+BINARY = ("Add", "Sub", "Mul", "Div")
+
+
+def _perm(node) -> list[int] | None:
+    return [int(v) for v in node.attrs["perm"]] if is_op(node, "Transpose") and "perm" in node.attrs else None
+
+
+def _row_input(graph, node, rank: int):
+    """The input of ``node`` that it computes row by row (module docstring), or None."""
+    if is_op(node, *UNARY) and len(node.inputs) == 1:
+        return node.inputs[0]
+    if is_op(node, "MatMul") and len(node.inputs) == 2:
+        w = shape_of(graph, node.inputs[1])
+        return node.inputs[0] if w is not None and len(w) == 2 else None
+    if is_op(node, *BINARY) and len(node.inputs) == 2:
+        shapes = [shape_of(graph, t) for t in node.inputs]
+        if any(s is None for s in shapes):
+            return None
+        for i in (0, 1):
+            row, other = shapes[i], shapes[1 - i]
+            if len(row) == rank and all(d == 1 for d in other[:-1]):
+                return node.inputs[i]
+    return None
+
+
+class CancelRowTransposes(Rule):
+    """Transpose(p) ∘ row-wise ops ∘ Transpose(p⁻¹) → the row-wise ops alone."""
+
+    name = "cancel-row-transposes"
+    description = ("Transpose(p)(f(Transpose(p⁻¹)(y))) → f(y) when p keeps the last axis and f works row by "
+                   "row (MatMul by a matrix, a per-column bias or scale, unary elementwise)")
+    targets = frozenset(TARGETS)
+    #: the chain's output gets y's dimension names (proven), so residual Adds downstream can be seen to
+    #: add equal shapes (contrib-skip-layernorm)
+    makes_shapes_inferable = True
+
+    def match(self, graph):
+        for node in graph.nodes:
+            perm = _perm(node)
+            if perm is None or len(perm) < 3 or perm[-1] != len(perm) - 1:
+                continue
+            chain, t = [], node.inputs[0]
+            while True:
+                p = producer_of(t)
+                if p is None:
+                    break
+                if is_op(p, "Transpose"):
+                    if chain:  # a Transpose right after a Transpose is ONNX Runtime's own to cancel
+                        yield node
+                    break
+                row = _row_input(graph, p, len(perm))
+                if row is None:
+                    break
+                chain.append(p)
+                t = row
+
+    def check(self, graph, outer):
+        if not is_alive(outer):
+            return Refuse("node was already rewritten by an earlier match")
+        rank = len(outer.attrs["perm"])
+        chain, t = [], outer.inputs[0]
+        while not is_op(producer_of(t), "Transpose"):
+            node = producer_of(t)
+            if is_graph_output(graph, t) or len(consumers(t)) != 1:
+                return Refuse(f"{t.name!r} is read outside the chain (or is a graph output)")
+            t = _row_input(graph, node, rank) if node is not None else None
+            if t is None:
+                return Refuse("the chain changed since it was matched")
+            chain.append(node)
+        if is_graph_output(graph, t) or len(consumers(t)) != 1:
+            return Refuse(f"{t.name!r} is read outside the chain (or is a graph output)")
+        inner = producer_of(t)
+        p, q = _perm(outer), _perm(inner)
+        if q is None or len(q) != rank or any(q[p[i]] != i for i in range(rank)):
+            return Refuse(f"the inner Transpose's perm {q} is not undone by the outer's {p}")
+        return Plan(outer, (inner, chain[::-1]))  # the chain, first op first
+
+    def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
+        outer = plan.anchor
+        inner, chain = plan.found
+        p = _perm(outer)
+        first = chain[0]
+        rank = len(p)
+        # the chain now reads y: each tensor between holds y's layout, its dims permuted back by p
+        row = _row_input(graph, first, rank)
+        first.inputs[next(i for i, t in enumerate(first.inputs) if t is row)] = inner.inputs[0]
+        for node in chain[:-1]:
+            out = node.outputs[0]
+            shape = out.shape
+            if shape is not None and len(shape) == rank:
+                out.shape = [shape[p[i]] for i in range(rank)]
+        out = outer.outputs[0]
+        # Proven: f(y) has y's leading dims. ONNX may have invented names for the outer Transpose's (its
+        # input came through a Reshape it could not follow); every tensor inferred from it gets y's.
+        y_shape = inner.inputs[0].shape
+        if y_shape is not None and len(y_shape) == rank and out.shape is not None and len(out.shape) == rank:
+            proven = [*y_shape[:-1], out.shape[-1]]
+            unify_dims(graph, dims_proven_equal(out.shape, proven))
+            out.shape = proven
+        chain[-1].outputs[0] = out
+        outer.outputs.clear()
+        outer.inputs.clear()
+        if not consumers(inner.outputs[0]) and not is_graph_output(graph, inner.outputs[0]):
+            inner.outputs.clear()
+            inner.inputs.clear()
+        return {"perm": p, "ops": [n.op for n in chain]}
