@@ -163,3 +163,41 @@ def test_refresh_keeps_declared_symbols_and_forgets_invented_ones_it_cannot_infe
     refresh_shapes(graph)
     assert t["a"].shape == [None, 4]
     apply_rules(graph, [])
+
+
+def test_refresh_infers_through_same_shape_contrib_ops_and_cuts_others_at_their_declared_shapes():
+    """ONNX has no schema for contrib ops: the inference skeleton reads SkipLayerNormalization as Identity
+    (its output 0 has its input 0's shape), so the MatMul after it gets the batch name; a custom op it
+    cannot read enters at the shape a rule declared for it, with sizes and declared names only."""
+    import onnx_graphsurgeon as gs
+
+    from onnxfuse.rewrites.engine.shapes import refresh_shapes
+
+    model = parse("""
+    g (float[batch,4] x, float[batch,4] r, float[4] gamma, float[4] beta, float[4,3] w) => (float[batch,3] y, float[batch,4] z, float[batch,4] v) {
+        y = MatMul(x, w)
+        z = Relu(x)
+        v = Relu(x)
+    }
+    """)
+    graph = to_graph(model)
+    t = graph.tensors()
+    skip_out, custom_out, custom_invented = (gs.Variable(n, dtype=np.float32) for n in ("s", "c", "u"))
+    custom_out.shape, custom_invented.shape = ["batch", 4], ["unk__1", 4]
+    graph.nodes += [
+        gs.Node("SkipLayerNormalization", "skip", inputs=[t["x"], t["r"], t["gamma"], t["beta"]],
+                outputs=[skip_out], domain="com.microsoft"),
+        gs.Node("Custom", "custom", inputs=[t["x"]], outputs=[custom_out], domain="custom.domain"),
+        gs.Node("Custom", "custom2", inputs=[t["x"]], outputs=[custom_invented], domain="custom.domain"),
+    ]
+    for node, source in zip(graph.nodes[:3], (skip_out, custom_out, custom_invented)):
+        node.inputs[0] = source
+    for name in ("y", "z", "v"):
+        t[name].shape = None
+    graph.toposort()
+    refresh_shapes(graph)
+    assert skip_out.shape == ["batch", 4] and t["y"].shape == ["batch", 3]
+    assert t["z"].shape == ["batch", 4]
+    # never the old run's invented "unk__1" (this run invents its own name, or none), never "batch"
+    assert t["v"].shape[1] == 4 and t["v"].shape[0] not in ("unk__1", "batch")
+    assert custom_invented.shape == [None, 4]

@@ -85,11 +85,12 @@ SAME_SHAPE_OUTPUTS = {
 LEADING_SHAPE_OUTPUTS = ("Attention", "MultiHeadAttention")
 
 
-def _identity_stand_ins(work: gs.Graph) -> None:
+def _identity_stand_ins(work: gs.Graph, declared: set[str]) -> None:
     """In the inference skeleton ``work`` only: each op of :data:`SAME_SHAPE_OUTPUTS` becomes ``Identity``
     nodes from its input 0 to those outputs, so ONNX carries dimensions (and their names) through it to
     the ops after, in one inference run; any other op of a non-ONNX domain whose outputs all have a
-    declared shape is cut, its outputs then typed graph inputs of those shapes. Without them every shape after the first contrib op kept what
+    declared shape is cut, its outputs then typed graph inputs of those shapes (sizes and ``declared``
+    names only: an invented name of an earlier run could meet the same name invented by this one). Without them every shape after the first contrib op kept what
     an earlier run knew, or nothing: ViT's LayerNorm outputs lost the batch that the Concat before them
     had. Left as it is when another output of the op is read (it would have no producer)."""
     changed = False
@@ -104,6 +105,8 @@ def _identity_stand_ins(work: gs.Graph) -> None:
                                                           for t in node.outputs):
                 # another op without a schema (FusedElementwise, Attention): its outputs enter as inputs of
                 # the shapes the rules declared for them, so that inference goes on after it
+                for t in node.outputs:  # an earlier run's invented names must not meet this run's
+                    t.shape = [d if not isinstance(d, str) or d in declared else None for d in t.shape]
                 work.inputs.extend(t for t in node.outputs if t not in work.outputs)
                 node.outputs.clear()
                 node.inputs.clear()
@@ -127,7 +130,7 @@ def _inferred_shapes(graph: gs.Graph) -> dict[str, list | None]:
     from onnxfuse.model_io import infer_shapes, proto_graphs
 
     work, _ = weights_as_inputs(graph)
-    _identity_stand_ins(work)
+    _identity_stand_ins(work, _declared_symbols(graph))
     model = gs.export_onnx(work, do_type_check=False)
     del work
     inferred = infer_shapes(model)
