@@ -1,7 +1,8 @@
 """contrib-attention's raw mask_index on the CUDA kernels: a key padding mask with holes and left padding
 (not only right padding) gives the original's outputs. A kernel that read the raw mask as sequence
-lengths (as ONNX Runtime's 1-D mask_index is) would differ here. float32 attention over 256 keys or more
-stays unfused (contrib-attention's measured refusal), so both lengths are below that."""
+lengths (as ONNX Runtime's 1-D mask_index is) would differ here. Also: float16 masked_fill with
+finfo(float16).min as a raw mask with the float32 fill, and float32 self-attention over 256 keys or more
+with its raw mask of ones (which keeps ONNX Runtime on its unfused kernel)."""
 
 from __future__ import annotations
 
@@ -40,21 +41,30 @@ def heads(seq: int, dtype):
     return nodes, inits, const
 
 
-def layer(seq: int) -> onnx.ModelProto:
-    """One self-attention layer as transformers 5 exports it, its mask ``Where(keep, 0, finfo.min)``."""
-    nodes, inits, const = heads(seq, np.float32)
+def layer(seq: int, form: str = "bias") -> onnx.ModelProto:
+    """One self-attention layer as transformers 5 exports it, its mask ``Where(keep, 0, finfo.min)``
+    (``form`` "bias"); "fill16": in float16, DistilBERT's ``masked_fill``, ``Where(keep, s, finfo(float16).min)``;
+    "none": no mask (and no ``keep`` input)."""
+    dtype, elem = (np.float16, T.FLOAT16) if form == "fill16" else (np.float32, T.FLOAT)
+    nodes, inits, const = heads(seq, dtype)
     nodes += [h.make_node("MatMul", ["qh", "kh"], ["scores"]),
-              h.make_node("Mul", ["scores", const("scale", np.array(D ** -0.5, np.float32))], ["scaled"]),
-              h.make_node("Unsqueeze", ["keep", const("axes", np.array([1, 2], np.int64))], ["keep4"]),
-              h.make_node("Where", ["keep4", const("zero", np.array(0, np.float32)),
-                                    const("min", np.array(np.finfo(np.float32).min, np.float32))], ["bias"]),
-              h.make_node("Add", ["scaled", "bias"], ["masked"]),
-              h.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+              h.make_node("Mul", ["scores", const("scale", np.array(D ** -0.5, dtype))], ["scaled"]),
+              h.make_node("Unsqueeze", ["keep", const("axes", np.array([1, 2], np.int64))], ["keep4"])]
+    if form == "bias":
+        nodes += [h.make_node("Where", ["keep4", const("zero", np.array(0, np.float32)),
+                                        const("min", np.array(np.finfo(np.float32).min, np.float32))], ["bias"]),
+                  h.make_node("Add", ["scaled", "bias"], ["masked"])]
+    elif form == "fill16":
+        nodes.append(h.make_node("Where", ["keep4", "scaled", const("min", np.array(np.finfo(np.float16).min,
+                                                                                     np.float16))], ["masked"]))
+    else:
+        nodes = [n for n in nodes if n.op_type != "Unsqueeze"] + [h.make_node("Identity", ["scaled"], ["masked"])]
+    nodes += [h.make_node("Softmax", ["masked"], ["probs"], axis=-1),
               h.make_node("MatMul", ["probs", "vh"], ["ctx"]),
               h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
               h.make_node("Reshape", ["ctx_t", const("merge", np.array([0, 0, E], np.int64))], ["out"])]
-    model = helpers.make_model(nodes, [helpers.vi("x", ["B", seq, E]), helpers.vi("keep", ["B", seq], T.BOOL)],
-                               [helpers.vi("out", ["B", seq, E])], inits, opset=17)
+    inputs = [helpers.vi("x", ["B", seq, E], elem)] + ([] if form == "none" else [helpers.vi("keep", ["B", seq], T.BOOL)])
+    model = helpers.make_model(nodes, inputs, [helpers.vi("out", ["B", seq, E], elem)], inits, opset=17)
     return onnx.shape_inference.infer_shapes(model)  # the rules prove shapes; optimize infers them first too
 
 
@@ -88,6 +98,34 @@ def test_raw_mask_index_with_holes_matches_the_original_on_cuda(seq):
         as_lengths[row, :n] = True
     misread = run_cuda(model, dict(feeds, keep=as_lengths))
     assert np.max(np.abs(misread - want)) > 1e-2
+
+
+def test_float16_masked_fill_as_a_raw_mask_matches_the_original_on_cuda():
+    """finfo(float16).min is not absorbing; the kernel adds finfo(float32).min in float32 instead, so a row
+    with every key masked stays uniform (item 1) and holes get weight 0, as in the float16 original."""
+    seq = 64
+    model = layer(seq, "fill16")
+    out, report = helpers.optimize(model, only=["contrib-attention"])
+    (detail,) = [d for d in report.details if d["rule"] == "contrib-attention"]
+    assert detail["mask_form"] == "mask_index"
+    keep = np.ones((3, seq), bool)
+    keep[0, 5] = keep[0, -1] = False
+    keep[1] = False
+    keep[2, seq - 7:] = False
+    feeds = {"x": (np.random.default_rng(1).standard_normal((3, seq, E)) * 4).astype(np.float16), "keep": keep}
+    want, got = run_cuda(model, feeds).astype(np.float64), run_cuda(out, feeds).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+    assert np.isfinite(got).all()
+
+
+def test_float32_over_many_keys_with_the_mask_of_ones_matches_the_original_on_cuda():
+    seq = 300
+    model = layer(seq, "none")
+    out, report = helpers.optimize(model, only=["contrib-attention"])
+    (detail,) = [d for d in report.details if d["rule"] == "contrib-attention"]
+    assert detail["mask_form"] == "all-keys mask_index"
+    feeds = {"x": np.random.default_rng(2).standard_normal((2, seq, E)).astype(np.float32)}
+    np.testing.assert_allclose(run_cuda(out, feeds), run_cuda(model, feeds), rtol=1e-3, atol=1e-3)
 
 
 def causal_layer(seq: int, island: bool) -> onnx.ModelProto:

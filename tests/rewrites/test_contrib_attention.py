@@ -583,7 +583,8 @@ def test_new_refusals_carry_their_reason():
     g.input.append(h.make_tensor_value_info("q_t3", T.INT64, [3]))
     cases = {
         "Where-mask fill -10000 (float32) is not absorbing": attention_model(mask="where", fill=-10000.0),
-        "Where-mask fill -65504 (float16) is not absorbing": attention_model(mask="where", dtype=np.float16),
+        "Where-mask fill -65504 (float16) is not absorbing": attention_model(mask="where", dtype=np.float16,
+                                                                             cross=True),
         "not a bool tensor of known rank": unknown_cond,
         "both operands of the mask Add are computed from a MatMul": mask_from_matmul,
         "or a scale applied after the mask": scale_after_mask,
@@ -920,6 +921,28 @@ def test_float16_attention_with_a_float32_softmax_becomes_attention_with_a_3d_ma
     # float16's -65504 (a float16 attention_bias could hold no more) would weight those rows by their scores
     weaker = run_ort(with_filter_value(out, -65504.0), feeds)["out"].astype(np.float64)
     assert np.max(np.abs(weaker - want["out"].astype(np.float64))) > 5e-2
+
+
+def test_float16_masked_fill_becomes_a_raw_mask_with_the_float32_fill():
+    """A float16 masked_fill with finfo(float16).min (-65504, not absorbing: s - 65504 != -65504 for |s| >=
+    16) fuses only as a raw keep mask, whose fill the kernel adds in float32: with finfo(float32).min a
+    masked score becomes that (absorbing), a row with every key masked is uniform as in the original
+    (-65504 everywhere), and elsewhere masked weights are 0 in both. An item with no key kept shows it;
+    the fill -65504 itself would weight that row by its scores."""
+    model = attention_model(mask="where", dtype=np.float16)
+    out, report = apply(model)
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == "mask_index" and fused(out) == ["Attention"]
+    att, _ = mask_index_of(out)
+    filter_value = [a.f for a in att.attribute if a.name == "mask_filter_value"]
+    assert filter_value == [pytest.approx(float(np.finfo(np.float32).min), rel=1e-7)]
+    feeds = feeds_for(model)
+    feeds["x"] = (feeds["x"] * 8).astype(np.float16)  # scores well beyond 16
+    feeds["c"][1] = False  # item 1: every key masked
+    want, got = run_ort(model, feeds)["out"].astype(np.float64), run_ort(out, feeds)["out"].astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+    weaker = run_ort(with_filter_value(out, -65504.0), feeds)["out"].astype(np.float64)
+    assert np.max(np.abs(weaker[1] - want[1])) > 5e-2
 
 
 def test_float32_softmax_island_without_a_mask_fuses_and_with_a_float_mask_is_refused():

@@ -53,6 +53,8 @@ BATCH_FIRST = "batch-first"  # the heads were cut from [B, S, E]
 SEQ_FIRST = "sequence-first"  # the heads were cut from [S, B, E] (torch.nn.MultiheadAttention)
 #: a Where fill f is absorbing in float32 when f <= this: s + f == f for |s| < ulp(f)/2 (>= 3.7e22)
 ABSORBING_FILL = -1e30
+#: float16's finfo.min, the fill of torch's ``masked_fill(mask, finfo(float16).min)`` in a float16 export
+FP16_MIN = float(np.finfo(np.float16).min)
 
 
 @dataclass
@@ -259,6 +261,9 @@ class MaskTerm:
     cond: gs.Tensor | None = None
     fill: float = 0.0
     scores_if_true: bool = True
+    #: ``s + fill == fill`` (a float32 fill <= ABSORBING_FILL); False only for a float16 fill of
+    #: :data:`FP16_MIN`, which only a raw keep mask may take (contrib_attention: "float16 masked_fill")
+    absorbing: bool = True
 
 
 def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] | str:
@@ -296,13 +301,14 @@ def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] 
                 return "the Where on the scores does not select between the scores and a scalar fill"
             scores_if_true = fill_b is not None
             fill = float(np.asarray(fill_b if scores_if_true else fill_a, np.float64).reshape(()))
-            if dtype != np.dtype(np.float32) or not (np.isfinite(fill) and fill <= ABSORBING_FILL):
+            absorbing = dtype == np.dtype(np.float32) and np.isfinite(fill) and fill <= ABSORBING_FILL
+            if not absorbing and not (dtype == np.dtype(np.float16) and fill == FP16_MIN):
                 return (f"Where-mask fill {fill:g} ({dtype}) is not absorbing: Where(c, s, f) = s + Where(c, 0, f) "
                         f"needs s + f == f, proved only for a finite float32 f <= {ABSORBING_FILL:g}")
             c_shape = shape_of(graph, cond)
             if dtype_of(graph, cond) != np.dtype(bool) or c_shape is None or len(c_shape) > 4:
                 return "the Where-mask condition is not a bool tensor of known rank <= 4"
-            terms.append(MaskTerm("where", cond=cond, fill=fill, scores_if_true=scores_if_true))
+            terms.append(MaskTerm("where", cond=cond, fill=fill, scores_if_true=scores_if_true, absorbing=absorbing))
             nodes.append(p)
             tensor = a if scores_if_true else b
             continue
