@@ -92,11 +92,15 @@ decomposed / three MatMuls + MultiHeadAttention / packed ``Attention``: fp32 b1 
 fp32 b16 0.147 / 0.143 / 0.120, fp16 b1 0.107 / 0.078 / 0.053, fp16 b16 0.117 / 0.086 / 0.086):
 
 * ``Attention`` when q, k and v are constant-weight projections of one tensor x (self-attention:
-  BERT, RoBERTa, DistilBERT, Whisper; GPT-2's one Gemm cut by a Split): the three MatMuls and bias Adds go into the op, whose weight is
+  BERT, RoBERTa, DistilBERT, Whisper; GPT-2's one Gemm cut by a Split; torch.nn.MultiheadAttention's
+  in_proj cut by its unflatten): the three MatMuls and bias Adds go into the op, whose weight is
   ``[W_q | W_k | W_v]`` and bias ``[b_q | b_k | b_v]``
   (:func:`~onnxfuse.rewrites.contrib.attention_pattern.packed_projections`), one GEMM instead of three;
   the additive mask is its ``attention_bias`` (input 5), built as for MultiHeadAttention, with S = L =
-  x's sequence dimension;
+  x's sequence dimension. Sequence-first (x [S, B, E_in]), the op reads ``Transpose(1, 0, 2)(x)``, or
+  the [B, S, E_in] tensor x was transposed from (torch's ``batch_first=True``), and its output is
+  transposed back for the merge Reshape; ``cancel-row-transposes`` then removes that Transpose and the
+  one after the output projection (docs/benchmarks.md 5.9);
 * ``MultiHeadAttention`` otherwise: it takes the projections as they are, whatever the exporter did
   with them (cross-attention, a projection also read elsewhere, weights that are not constants).
 
@@ -140,9 +144,13 @@ ms, H200, "Which op"; not measured side by side), but the bias is not exact here
 Both run on ONNX Runtime's CPU provider, so validation needs no GPU.
 
 **When it pays** (:func:`_slower_than_unfused`): every float16 attention fuses; in float32 the
-sequence-first layout and key lengths known to be >= :data:`FP32_LONG_KEYS` are refused, each with the
-measurement that showed the fused model slower. On by default since those measurements (issue 15;
-docs/benchmarks.md).
+sequence-first layout and key lengths known to be >= :data:`FP32_LONG_KEYS` are refused as
+MultiHeadAttention or with an ``attention_bias``, each with the measurement that showed the fused model
+slower; as the packed ``Attention`` with a raw mask (a keep mask, or none) both fuse: sequence-first
+without the extra Transposes, long keys with a ``mask_index`` of ones (:meth:`ContribAttention.
+_all_keys_mask`), which keeps ONNX Runtime off its slow float32 memory-efficient kernel (ViT-B/16 fp32
+1.56× / 1.15× and Whisper-base 1.05× / 1.05× over this code without them at batch 1 / 16, docs/
+benchmarks.md 5.9). On by default since those measurements (issue 15; docs/benchmarks.md).
 """
 
 from __future__ import annotations
