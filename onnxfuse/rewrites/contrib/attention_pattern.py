@@ -34,6 +34,7 @@ from onnxfuse.rewrites.engine.facts import (
     is_graph_output,
     is_op,
     only_read_by,
+    perm_of,
     producer_of,
     rank_of,
     scalar_constant,
@@ -67,10 +68,6 @@ class Head:
     nodes: list
     layout: str = BATCH_FIRST
     factors: list = field(default_factory=list)  # scalar factors on the source (q·c before the split)
-
-
-def perm_of(node) -> list[int] | None:
-    return list(node.attrs.get("perm", [])) if is_op(node, "Transpose") else None
 
 
 def cast_types(graph, node) -> tuple[np.dtype, np.dtype] | None:

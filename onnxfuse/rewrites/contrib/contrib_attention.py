@@ -175,7 +175,6 @@ from onnxfuse.rewrites.contrib.attention_pattern import (
     keep_mask,
     mask_terms,
     packed_projections,
-    perm_of,
     projection_bias,
     single_reader,
     split_heads,
@@ -191,6 +190,7 @@ from onnxfuse.rewrites.engine.facts import (
     internal_problem,
     is_op,
     opset_of,
+    perm_of,
     producer_of,
     shape_of,
 )

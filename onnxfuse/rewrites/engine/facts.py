@@ -105,6 +105,12 @@ def scalar_constant(graph, tensor) -> np.ndarray | None:
 # --- shapes and dtypes ---------------------------------------------------------------------------------
 
 
+def perm_of(node) -> list[int] | None:
+    """The ``perm`` of a Transpose node ([] when the attribute is absent: all axes reversed, which no
+    caller matches), None for any other node."""
+    return [int(v) for v in node.attrs.get("perm", [])] if is_op(node, "Transpose") else None
+
+
 def axes_of(graph, node) -> list[int] | None:
     """The ``axes`` of a Squeeze/Unsqueeze/Reduce node: the attribute (before opset 13/18) or the constant
     second input; None when neither is given (all axes, or not known here)."""

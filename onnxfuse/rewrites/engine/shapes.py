@@ -85,42 +85,49 @@ SAME_SHAPE_OUTPUTS = {
 LEADING_SHAPE_OUTPUTS = ("Attention", "MultiHeadAttention")
 
 
+def _same_shape_outputs(node) -> tuple[int, ...] | None:
+    """The outputs of ``node`` that have its input 0's shape, when ONNX cannot infer them itself
+    (:data:`SAME_SHAPE_OUTPUTS`, :data:`LEADING_SHAPE_OUTPUTS`); else None."""
+    if not node.inputs or not node.outputs:
+        return None
+    if node.op in LEADING_SHAPE_OUTPUTS and node.domain == "com.microsoft":
+        x_shape, out_shape = node.inputs[0].shape, node.outputs[0].shape
+        same_last = x_shape and out_shape and isinstance(x_shape[-1], int) and x_shape[-1] == out_shape[-1]
+        return (0,) if same_last else None
+    if is_default_domain(node) or node.domain == "com.microsoft":
+        return SAME_SHAPE_OUTPUTS.get(node.op)
+    return None
+
+
 def _identity_stand_ins(work: gs.Graph, declared: set[str]) -> None:
-    """In the inference skeleton ``work`` only: each op of :data:`SAME_SHAPE_OUTPUTS` becomes ``Identity``
-    nodes from its input 0 to those outputs, so ONNX carries dimensions (and their names) through it to
-    the ops after, in one inference run; any other op of a non-ONNX domain whose outputs all have a
-    declared shape is cut, its outputs then typed graph inputs of those shapes (sizes and ``declared``
-    names only: an invented name of an earlier run could meet the same name invented by this one). Without them every shape after the first contrib op kept what
-    an earlier run knew, or nothing: ViT's LayerNorm outputs lost the batch that the Concat before them
-    had. Left as it is when another output of the op is read (it would have no producer)."""
+    """In the inference skeleton ``work`` only, so that ONNX carries dimensions (and their names) on
+    through ops it has no schema for, in one inference run:
+
+    * an op with :func:`_same_shape_outputs` becomes ``Identity`` nodes from its input 0 to those
+      outputs (left as it is when another of its outputs is read: that one would have no producer);
+    * any other op of a non-ONNX domain whose outputs all have a declared shape is cut, its outputs then
+      typed graph inputs of those shapes, sizes and ``declared`` names only (an invented name of an
+      earlier run could meet the same name invented by this one).
+
+    Without them every shape after the first contrib op kept what an earlier run knew, or nothing:
+    ViT's LayerNorm outputs lost the batch that the Concat before them had."""
     changed = False
     for node in list(work.nodes):
-        kept = SAME_SHAPE_OUTPUTS.get(node.op)
-        if node.op in LEADING_SHAPE_OUTPUTS and node.domain == "com.microsoft" and node.inputs and node.outputs:
-            x_shape, out_shape = node.inputs[0].shape, node.outputs[0].shape
-            if x_shape and out_shape and isinstance(x_shape[-1], int) and x_shape[-1] == out_shape[-1]:
-                kept = (0,)
-        if kept is None or not (is_default_domain(node) or node.domain == "com.microsoft") or not node.inputs:
-            if not is_default_domain(node) and all(t.shape is not None and t.dtype is not None
-                                                          for t in node.outputs):
-                # another op without a schema (FusedElementwise, Attention): its outputs enter as inputs of
-                # the shapes the rules declared for them, so that inference goes on after it
-                for t in node.outputs:  # an earlier run's invented names must not meet this run's
-                    t.shape = [d if not isinstance(d, str) or d in declared else None for d in t.shape]
-                work.inputs.extend(t for t in node.outputs if t not in work.outputs)
-                node.outputs.clear()
-                node.inputs.clear()
-                changed = True
+        kept = _same_shape_outputs(node)
+        if kept is not None:
+            if any(i not in kept and (t.outputs or t in work.outputs) for i, t in enumerate(node.outputs)):
+                continue
+            x = node.inputs[0]
+            outputs = [t for i, t in enumerate(node.outputs) if i in kept and not t.is_empty()]
+            work.nodes += [gs.Node("Identity", inputs=[x], outputs=[t]) for t in outputs]
+        elif not is_default_domain(node) and all(t.shape is not None and t.dtype is not None for t in node.outputs):
+            for t in node.outputs:
+                t.shape = [d if not isinstance(d, str) or d in declared else None for d in t.shape]
+            work.inputs.extend(t for t in node.outputs if t not in work.outputs)
+        else:
             continue
-        if any(i not in kept and t.outputs for i, t in enumerate(node.outputs)) or any(
-                t in work.outputs for i, t in enumerate(node.outputs) if i not in kept):
-            continue
-        x = node.inputs[0]
-        outputs = [t for i, t in enumerate(node.outputs) if i in kept and not t.is_empty()]
         node.outputs.clear()
         node.inputs.clear()
-        for t in outputs:
-            work.nodes.append(gs.Node("Identity", inputs=[x], outputs=[t]))
         changed = True
     if changed:
         work.cleanup(remove_unused_graph_inputs=False).toposort()

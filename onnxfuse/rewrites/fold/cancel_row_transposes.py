@@ -22,16 +22,16 @@ which computes every vector along the last axis from that vector alone, the same
 and the chain reads ``inner = Transpose(q)(y)`` with ``p ∘ q`` the identity. Permuting the leading axes
 only moves whole rows, so ``f`` commutes with it: ``p(f(q(y))) = f(p(q(y))) = f(y)``, value for value,
 each row computed from the same numbers in the same order. The chain then reads y, its output is the
-outer Transpose's, and both Transposes go (the inner one stays when something else reads it). Every
-tensor between them must be read only by the chain (no graph output), since it now holds the rows in
-y's order. Refused otherwise, with the reason.
+outer Transpose's, and both Transposes go. Every tensor from the inner Transpose's output on must be
+read only by the chain (no graph output), since it now holds the rows in y's order. Refused otherwise,
+with the reason.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from onnxfuse.rewrites.engine.facts import consumers, is_alive, is_graph_output, is_op, producer_of, shape_of
+from onnxfuse.rewrites.engine.facts import consumers, is_alive, is_graph_output, is_op, perm_of, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
 
@@ -40,8 +40,21 @@ UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Identity", "Cast")
 BINARY = ("Add", "Sub", "Mul", "Div")
 
 
-def _perm(node) -> list[int] | None:
-    return [int(v) for v in node.attrs["perm"]] if is_op(node, "Transpose") and "perm" in node.attrs else None
+def _chain(graph, outer):
+    """(the row-wise ops read by ``outer``, nearest first; the tensor they start from), walking up until a
+    producer is a Transpose; None when the walk meets anything else first (or a graph input)."""
+    rank, chain, t = len(perm_of(outer)), [], outer.inputs[0]
+    while True:
+        node = producer_of(t)
+        if node is None:
+            return None
+        if is_op(node, "Transpose"):
+            return chain, t
+        row = _row_input(graph, node, rank)
+        if row is None:
+            return None
+        chain.append(node)
+        t = row
 
 
 def _row_input(graph, node, rank: int):
@@ -75,49 +88,33 @@ class CancelRowTransposes(Rule):
 
     def match(self, graph):
         for node in graph.nodes:
-            perm = _perm(node)
+            perm = perm_of(node)
             if perm is None or len(perm) < 3 or perm[-1] != len(perm) - 1:
                 continue
-            chain, t = [], node.inputs[0]
-            while True:
-                p = producer_of(t)
-                if p is None:
-                    break
-                if is_op(p, "Transpose"):
-                    if chain:  # a Transpose right after a Transpose is ONNX Runtime's own to cancel
-                        yield node
-                    break
-                row = _row_input(graph, p, len(perm))
-                if row is None:
-                    break
-                chain.append(p)
-                t = row
+            found = _chain(graph, node)
+            if found is not None and found[0]:  # a Transpose right after a Transpose is ONNX Runtime's own to cancel
+                yield node
 
     def check(self, graph, outer):
         if not is_alive(outer):
             return Refuse("node was already rewritten by an earlier match")
-        rank = len(outer.attrs["perm"])
-        chain, t = [], outer.inputs[0]
-        while not is_op(producer_of(t), "Transpose"):
-            node = producer_of(t)
-            if is_graph_output(graph, t) or len(consumers(t)) != 1:
-                return Refuse(f"{t.name!r} is read outside the chain (or is a graph output)")
-            t = _row_input(graph, node, rank) if node is not None else None
-            if t is None:
-                return Refuse("the chain changed since it was matched")
-            chain.append(node)
-        if is_graph_output(graph, t) or len(consumers(t)) != 1:
-            return Refuse(f"{t.name!r} is read outside the chain (or is a graph output)")
-        inner = producer_of(t)
-        p, q = _perm(outer), _perm(inner)
-        if q is None or len(q) != rank or any(q[p[i]] != i for i in range(rank)):
+        found = _chain(graph, outer)
+        if found is None or not found[0]:
+            return Refuse("the chain changed since it was matched")
+        chain, t = found
+        for between in [n.outputs[0] for n in chain] + [t]:
+            if is_graph_output(graph, between) or len(consumers(between)) != 1:
+                return Refuse(f"{between.name!r} is read outside the chain (or is a graph output)")
+        p, q = perm_of(outer), perm_of(producer_of(t))
+        rank = len(p)
+        if len(q) != rank or any(q[p[i]] != i for i in range(rank)):
             return Refuse(f"the inner Transpose's perm {q} is not undone by the outer's {p}")
-        return Plan(outer, (inner, chain[::-1]))  # the chain, first op first
+        return Plan(outer, (producer_of(t), chain[::-1]))  # the chain, first op first
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
         outer = plan.anchor
         inner, chain = plan.found
-        p = _perm(outer)
+        p = perm_of(outer)
         first = chain[0]
         rank = len(p)
         # the chain now reads y: each tensor between holds y's layout, its dims permuted back by p
@@ -137,9 +134,7 @@ class CancelRowTransposes(Rule):
             unify_dims(graph, dims_proven_equal(out.shape, proven))
             out.shape = proven
         chain[-1].outputs[0] = out
-        outer.outputs.clear()
-        outer.inputs.clear()
-        if not consumers(inner.outputs[0]) and not is_graph_output(graph, inner.outputs[0]):
-            inner.outputs.clear()
-            inner.inputs.clear()
+        for node in (outer, inner):  # the inner Transpose's output was read by the chain alone (check)
+            node.outputs.clear()
+            node.inputs.clear()
         return {"perm": p, "ops": [n.op for n in chain]}
