@@ -76,17 +76,39 @@ def run_cuda(model, feeds):
     return session.run(None, feeds)[0]
 
 
+def fused(model, mask_form: str):
+    """``model`` after contrib-attention alone, checked to have put its mask in ``mask_form``."""
+    out, report = helpers.optimize(model, only=["contrib-attention"])
+    (detail,) = [d for d in report.details if d["rule"] == "contrib-attention"]
+    assert detail["mask_form"] == mask_form
+    return out
+
+
+def padded_keep(seq: int) -> np.ndarray:
+    """A [3, seq] keep mask: holes in item 0, the first half of item 1 padded (left padding), the last 7
+    keys of item 2 padded (right padding)."""
+    keep = np.ones((3, seq), bool)
+    keep[0, 5] = keep[0, -1] = False
+    keep[1, : seq // 2] = False
+    keep[2, seq - 7:] = False
+    return keep
+
+
+def with_filter_value(model, value):
+    """A copy of ``model`` whose one Attention adds ``value`` where its mask is 0."""
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    (att,) = [n for n in changed.graph.node if n.op_type == "Attention"]
+    next(a for a in att.attribute if a.name == "mask_filter_value").f = value
+    return changed
+
+
 @pytest.mark.parametrize("seq", [40, 128])
 def test_raw_mask_index_with_holes_matches_the_original_on_cuda(seq):
     model = layer(seq)
-    out, report = helpers.optimize(model, only=["contrib-attention"])
-    (detail,) = [d for d in report.details if d["rule"] == "contrib-attention"]
-    assert detail["mask_form"] == "mask_index"
+    out = fused(model, "mask_index")
     rng = np.random.default_rng(1)
-    keep = np.ones((3, seq), bool)
-    keep[0, 5] = keep[0, -1] = False  # holes
-    keep[1, : seq // 2] = False  # left padding
-    keep[2, seq - 7:] = False  # right padding
+    keep = padded_keep(seq)
     feeds = {"x": rng.standard_normal((3, seq, E)).astype(np.float32), "keep": keep}
     want, got = run_cuda(model, feeds), run_cuda(out, feeds)
     # Rounding only: float32 GEMMs on the GPU (TF32 by default in ONNX Runtime) differ by ~1e-4 here.
@@ -105,30 +127,21 @@ def test_float16_masked_fill_as_a_raw_mask_matches_the_original_on_cuda():
     with every key masked stays uniform (item 1) and holes get weight 0, as in the float16 original."""
     seq = 64
     model = layer(seq, "fill16")
-    out, report = helpers.optimize(model, only=["contrib-attention"])
-    (detail,) = [d for d in report.details if d["rule"] == "contrib-attention"]
-    assert detail["mask_form"] == "mask_index"
-    keep = np.ones((3, seq), bool)
-    keep[0, 5] = keep[0, -1] = False
-    keep[1] = False
-    keep[2, seq - 7:] = False
+    out = fused(model, "mask_index")
+    keep = padded_keep(seq)
+    keep[1] = False  # item 1: every key masked
     feeds = {"x": np.random.default_rng(1).standard_normal((3, seq, E)).astype(np.float16), "keep": keep}
     want, got = run_cuda(model, feeds).astype(np.float64), run_cuda(out, feeds).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)  # float16 rounding
     # the tolerance sees the fill the graph holds, -65504: item 1 would then follow its scores
-    weaker = onnx.ModelProto()
-    weaker.CopyFrom(out)
-    (att,) = [n for n in weaker.graph.node if n.op_type == "Attention"]
-    next(a for a in att.attribute if a.name == "mask_filter_value").f = -65504.0
+    weaker = with_filter_value(out, -65504.0)
     assert np.max(np.abs(run_cuda(weaker, feeds).astype(np.float64)[1] - want[1])) > 5e-2
 
 
 def test_float32_over_many_keys_with_the_mask_of_ones_matches_the_original_on_cuda():
     seq = 300
     model = layer(seq, "none")
-    out, report = helpers.optimize(model, only=["contrib-attention"])
-    (detail,) = [d for d in report.details if d["rule"] == "contrib-attention"]
-    assert detail["mask_form"] == "all-keys mask_index"
+    out = fused(model, "all-keys mask_index")
     feeds = {"x": np.random.default_rng(2).standard_normal((2, seq, E)).astype(np.float32)}
     np.testing.assert_allclose(run_cuda(out, feeds), run_cuda(model, feeds), rtol=1e-3, atol=1e-3)
 
@@ -169,14 +182,9 @@ def test_causal_and_padding_mask_as_a_3d_mask_index_matches_the_original_on_cuda
     (finfo.min absorbs every score) and the kernel's float32 fill must keep it so."""
     seq = 64
     model = causal_layer(seq, island)
-    out, report = helpers.optimize(model, only=["contrib-attention"])
-    (detail,) = [d for d in report.details if d["rule"] == "contrib-attention"]
-    assert detail["mask_form"] == "mask_index"
+    out = fused(model, "mask_index")
     rng = np.random.default_rng(1)
-    keep = np.ones((3, seq), bool)
-    keep[0, 5] = keep[0, -1] = False  # holes
-    keep[1, : seq // 2] = False  # left padding: queries 0..31 of item 1 see no key
-    keep[2, seq - 7:] = False  # right padding
+    keep = padded_keep(seq)  # left padding: queries 0..31 of item 1 see no key
     dtype = np.float16 if island else np.float32
     feeds = {"x": rng.standard_normal((3, seq, E)).astype(dtype), "keep": keep}
     want = run_cuda(model, feeds).astype(np.float64)
@@ -185,8 +193,5 @@ def test_causal_and_padding_mask_as_a_3d_mask_index_matches_the_original_on_cuda
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     # that tolerance sees a fill that does not absorb: -65504 (all a float16 bias could hold) weights the
     # fully masked rows by their scores instead of uniformly
-    weaker = onnx.ModelProto()
-    weaker.CopyFrom(out)
-    (att,) = [n for n in weaker.graph.node if n.op_type == "Attention"]
-    next(a for a in att.attribute if a.name == "mask_filter_value").f = -65504.0
+    weaker = with_filter_value(out, -65504.0)
     assert np.max(np.abs(run_cuda(weaker, feeds).astype(np.float64) - want)) > 5 * tol

@@ -354,11 +354,11 @@ class ContribAttention(Rule):
                         + ("q, k, v are not packed projections of one tensor" if packed is None
                            else "the mask is not a keep mask of [B, 1, S or 1, L]"))
             key_mask = replace(key_mask, fill=float(np.finfo(np.float32).min))
-        slower = _slower_than_unfused(graph, dtype, q.layout, k_source,
-                                      raw_mask=packed is not None and (key_mask is not None or not terms))
+        raw_mask = packed is not None and (key_mask is not None or not terms)
+        slower = _slower_than_unfused(graph, dtype, q.layout, k_source, raw_mask)
         if slower:
             return slower
-        all_keys = (packed is not None and key_mask is None and not terms and dtype == np.dtype(np.float32)
+        all_keys = (raw_mask and key_mask is None and dtype == np.dtype(np.float32)
                     and _long_keys(graph, k_source, q.layout))
         if island and (packed is None or (terms and key_mask is None)):
             return ("float16 attention with a float32 Softmax: fused only into the packed Attention op with "
