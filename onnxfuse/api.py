@@ -50,6 +50,7 @@ def optimize(
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
     input_ranges: Mapping[str, tuple[float, float]] | None = None,
+    right_padded: str | Sequence[str] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
     strict: bool = False,
@@ -79,6 +80,10 @@ def optimize(
     floats standard normal, integer inputs in the range the graph implies (ids into an embedding of V
     rows: ``[0, V-1]``; else 0 or 1), ``input_ranges={"input_ids": (0, 30521)}`` to choose (inclusive;
     floats uniform); dynamic dimensions from ``shapes`` (``{"input": [8, 3, 224, 224]}``), else 1.
+    ``right_padded=["attention_mask"]`` promises that these inputs hold right-padded rows (n >= 1 ones,
+    then zeros: a tokenizer's right padding): ``Attention`` then reads them as 1-D lengths, ONNX Runtime's
+    faster mask form (rule contrib-mask-lengths), and validation draws such rows (given ``inputs`` must
+    keep the promise). Wrong for left-padded masks: promise it only when it holds.
 
     ``target``: ``"cuda"`` (everything, FusedElementwise included), ``"contrib"`` (only ONNX Runtime's
     own fused ops) or ``"onnx"`` (standard ops only). ``only``/``skip``: rule names (a list or one
@@ -116,7 +121,8 @@ def optimize(
 
     options = OptimizeOptions(
         target=target, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
-        inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), rtol=rtol, atol=atol, strict=strict,
+        inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), right_padded=_input_names(right_padded),
+        rtol=rtol, atol=atol, strict=strict,
         samples=_count(samples), save_inputs=None if save_inputs is None else os.fspath(save_inputs),
         provider=provider, precision=precision,
         force=force, rules=rules,
@@ -138,6 +144,7 @@ def diff(
     shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
     input_ranges: Mapping[str, tuple[float, float]] | None = None,
+    right_padded: str | Sequence[str] | None = None,
     provider_a: str = "auto",
     provider_b: str = "auto",
     batch_size: int | None = None,
@@ -151,7 +158,8 @@ def diff(
     to each model's own dtypes, so an fp16 model and its fp32 original see the same values), or the
     user's ``inputs``: a dict ``{input name: array}``, a list of such dicts (one per sample), or an
     ``.npz`` path, in A's dtypes. ``shapes`` sizes dynamic dimensions; integer inputs are drawn in the
-    range A's graph implies or ``input_ranges`` gives (as in :func:`optimize`).
+    range A's graph implies or ``input_ranges`` gives; ``right_padded`` inputs as right-padded rows (as in
+    :func:`optimize`: to check a model optimized under that promise).
 
     Tolerance per element: ``|b - a| <= atol + rtol * |a|``; defaults depend on the dtype (the looser of
     the two sides). ``rtol``/``atol`` replace them for every tensor, ``tolerances`` (``{name: (rtol,
@@ -180,6 +188,7 @@ def diff(
         provider_b=provider_b, rtol=rtol, atol=atol, tolerances=dict(tolerances or {}),
         intermediates=intermediates, batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
         histograms=histograms, progress=progress, input_ranges=_ranges(input_ranges),
+        right_padded=_input_names(right_padded),
     )
 
 
@@ -246,6 +255,16 @@ def _names(value) -> list[str] | None:
         return None
     items = [value] if isinstance(value, str) else list(value)
     return items or None
+
+
+def _input_names(value) -> list[str]:
+    """Input names: one string (not split: a name may hold a comma) or a sequence of them."""
+    if value is None:
+        return []
+    names = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(n, str) and n for n in names):
+        raise UsageError("right_padded: expected input names (strings)")
+    return names
 
 
 def _checked_numbers(rtol, atol, seed) -> None:

@@ -283,6 +283,7 @@ def diff_models(
     histograms: bool = True,
     progress: Callable[[str], None] | None = None,
     input_ranges=None,
+    right_padded=(),
 ) -> DiffReport:
     """Run ``model_a`` and ``model_b`` on the same inputs and compare them (see the module docstring).
 
@@ -317,7 +318,8 @@ def diff_models(
     b, path_b = _load(model_b, "B")
     kind_a, kind_b = resolve_provider(provider_a), resolve_provider(provider_b)
 
-    draws = make_samples(a, shapes, seed, given, input_ranges, count=samples, floats_as_float32=True)
+    draws = make_samples(a, shapes, seed, given, input_ranges, count=samples, floats_as_float32=True,
+                         right_padded=right_padded)
     first = draws[0]
     feeds_a = [cast_feeds(a, d.feeds, "A") for d in draws]
     feeds_b = [cast_feeds(b, d.feeds, "B") for d in draws]

@@ -30,7 +30,7 @@ from onnxfuse.errors import (
     UsageError,
     ValidationFailed,
 )
-from onnxfuse.rewrites import ApplyReport, Rule, RuleFailed, apply_rules, select_rules
+from onnxfuse.rewrites import ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, select_rules
 from onnxfuse.runtime.inputs import Inputs, make_samples
 from onnxfuse.validate import ValidationReport, validate_models
 
@@ -51,6 +51,7 @@ class OptimizeOptions:
     inputs: object | None = None  # {name: array}, a list of such dicts, or an .npz path (see runtime.inputs.given_inputs)
     seed: int = 0
     input_ranges: dict | None = None  # name -> runtime.input_ranges.ValueRange (``--input-range``)
+    right_padded: list[str] = field(default_factory=list)  # inputs promised right-padded (``--right-padded``)
     strict: bool = False  # judge by tolerance alone, not also by the model's own noise floor
     samples: int = 2  # seeded draws validation runs on (seeds seed, seed+1, ...), besides the second size
     save_inputs: str | None = None  # write every sample validation used to this .npz (``--save-inputs``)
@@ -248,7 +249,13 @@ def optimize_model(
     """Optimize an in-memory model; validate unless disabled. Raises ValidationFailed on drift."""
     step = progress or (lambda _msg: None)
     t0 = time.perf_counter()
-    rules = select_rules(options.target, options.only, options.skip, options.rules)
+    if options.right_padded:  # usage errors (unknown names) before any work, validated or not
+        from onnxfuse.runtime.inputs import input_specs
+        from onnxfuse.runtime.right_padding import right_padded_draws
+
+        right_padded_draws(input_specs(model), options.right_padded)
+    rules = select_rules(options.target, options.only, options.skip, options.rules,
+                         Assumptions(right_padded=frozenset(options.right_padded)))
     start, precision, precision_notes = model, None, []
     if options.precision == "fp16":
         from onnxfuse.precision import convert_to_fp16
@@ -280,6 +287,8 @@ def optimize_model(
     )
     if precision:
         result.extra["precision"] = {"precision": options.precision, "notes": precision_notes}
+    if options.right_padded:
+        result.extra["assumptions"] = {"right_padded": list(options.right_padded)}
     result.model = optimized
     samples = None
     if options.validate:
@@ -387,7 +396,8 @@ def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions, default_dim:
     if options.inputs is not None and options.inputs_path is not None:
         raise UsageError("give the inputs once: OptimizeOptions.inputs or inputs_path, not both")
     given = options.inputs if options.inputs is not None else options.inputs_path
-    return make_samples(model, options.shapes, options.seed, given, options.input_ranges, default_dim, options.samples)
+    return make_samples(model, options.shapes, options.seed, given, options.input_ranges, default_dim, options.samples,
+                        right_padded=options.right_padded)
 
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):

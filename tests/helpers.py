@@ -64,15 +64,17 @@ def make_models_module():
     return module
 
 
-def optimize(model: onnx.ModelProto, only=None, skip=None, target: str = "cuda"):
-    """Apply the selected rules to a copy of ``model``; return ``(optimized model, ApplyReport)``."""
+def optimize(model: onnx.ModelProto, only=None, skip=None, target: str = "cuda", right_padded=()):
+    """Apply the selected rules to a copy of ``model``; return ``(optimized model, ApplyReport)``.
+    ``right_padded``: inputs promised right-padded (``--right-padded``)."""
     from onnxfuse.model_io import to_graph, to_model
-    from onnxfuse.rewrites import apply_rules, select_rules
+    from onnxfuse.rewrites import Assumptions, apply_rules, select_rules
 
     original = onnx.ModelProto()
     original.CopyFrom(model)
     graph = to_graph(original)
-    report = apply_rules(graph, select_rules(target, only=only, skip=skip))
+    assumptions = Assumptions(right_padded=frozenset(right_padded))
+    report = apply_rules(graph, select_rules(target, only=only, skip=skip, assumptions=assumptions))
     return to_model(graph, model), report
 
 

@@ -199,6 +199,15 @@ def range_map(values) -> dict[str, tuple[float, float]] | None:
     return {k: (r.lo, r.hi) for k, r in parse_range_options(values).items()} or None
 
 
+def right_padded_option(func):
+    """--right-padded NAME: the promise contrib-mask-lengths relies on, for optimize and diff."""
+    return click.option("--right-padded", "right_padded", multiple=True, metavar="NAME",
+                        help="Promise that input NAME (an attention mask) holds right-padded rows: n >= 1 "
+                             "ones, then zeros, as a tokenizer that pads on the right writes (repeatable). "
+                             "Attention then reads it as 1-D lengths, ONNX Runtime's faster form; random "
+                             "inputs keep the promise. Wrong for left-padded masks.")(func)
+
+
 def input_options(func):
     """--shape, --input-range, --inputs, --seed: how models are fed, shared by optimize, diff and bench."""
     func = click.option("--seed", type=int, default=0, show_default=True,

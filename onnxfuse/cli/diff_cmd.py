@@ -8,7 +8,7 @@ from rich.markup import escape
 
 from onnxfuse.cli import render
 from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, fail, handle_errors, input_options,
-                                 json_option, report_console, report_file, write_failure_json)
+                                 json_option, report_console, report_file, right_padded_option, write_failure_json)
 from onnxfuse import api
 from onnxfuse.drift import DEFAULT_BATCH_SIZE, parse_tol_options
 from onnxfuse.errors import OnnxfuseError, ValidationFailed
@@ -35,6 +35,7 @@ Examples:
   onnxfuse diff model.fp32.onnx model.fp16.onnx --samples 4 --tol logits:1e-2:1e-3
   onnxfuse diff a.onnx b.onnx --intermediates --json diff.json --html diff.html
   onnxfuse diff a.onnx b.onnx --shape input:8,3,224,224 --markdown "$GITHUB_STEP_SUMMARY" --junit diff.xml
+  onnxfuse diff bert.onnx bert.opt.onnx --right-padded attention_mask
 
 Tolerance per element: |B - A| <= atol + rtol * |A|. Defaults depend on dtype (the looser of the two
 sides: fp32 rtol 1e-4, fp16 1e-2; atol scaled by the tensor's largest magnitude); --rtol/--atol
@@ -53,6 +54,7 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
 @click.option("--provider-a", type=PROVIDER, default="auto", show_default=True, help="Provider that runs A.")
 @click.option("--provider-b", type=PROVIDER, default="auto", show_default=True, help="Provider that runs B.")
 @input_options
+@right_padded_option
 @click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True,
               help="Number of random draws (seeds SEED, SEED+1, ...); metrics cover all of them.")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance for every tensor (default: by dtype).")
@@ -72,7 +74,7 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
               help="Write a self-contained HTML report with an error histogram per output.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors (and the failure line on drift).")
 @handle_errors
-def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, input_ranges, samples, rtol, atol, tols,
+def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, input_ranges, right_padded, samples, rtol, atol, tols,
          intermediates, batch_size, json_path, markdown_path, junit_path, html_path, quiet) -> None:
     try:
         check_runtime(quiet)
@@ -84,7 +86,7 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, in
         with render.progress_bar(disabled=quiet) as bar:
             report = api.diff(
                 model_a, model_b, shapes=shape_map, seed=seed, inputs=inputs_path, samples=samples,
-                input_ranges=range_map(input_ranges),
+                input_ranges=range_map(input_ranges), right_padded=list(right_padded),
                 provider_a=provider_a.lower(), provider_b=provider_b.lower(), rtol=rtol, atol=atol,
                 tolerances=tolerances, intermediates=intermediates, batch_size=batch_size,
                 histograms=html_path is not None or json_path is not None, progress=bar.step,

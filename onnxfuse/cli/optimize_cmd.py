@@ -8,7 +8,7 @@ import click
 
 from onnxfuse.cli import render
 from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
-                                 report_console, report_file, stderr, write_failure_json)
+                                 report_console, report_file, right_padded_option, stderr, write_failure_json)
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, ValidationFailed
 from onnxfuse import api, model_io
 from onnxfuse.atomic import OutputSet
@@ -37,6 +37,7 @@ Examples:
   onnxfuse optimize model.onnx out.onnx --inputs sample.npz --rtol 1e-3 --quiet
   onnxfuse optimize model.onnx out.onnx --target onnx      # standard ONNX ops only
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16
+  onnxfuse optimize bert.onnx bert.opt.onnx --right-padded attention_mask
   onnxfuse optimize model.onnx out.onnx --fail-on-slowdown 1.0 --markdown "$GITHUB_STEP_SUMMARY"
 """
 
@@ -54,6 +55,7 @@ Examples:
                                                   "its node and reason (the JSON report always has them all).")
 @click.option("--no-validate", is_flag=True, help="Skip comparing the optimized model's outputs with the original's.")
 @input_options
+@right_padded_option
 @click.option("--rtol", type=float, default=None, help="Relative tolerance (default depends on dtype: fp32 1e-4, fp16 1e-2; a model that computes in fp16 is judged as fp16 even where its outputs are fp32).")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance (default depends on dtype and output scale).")
 @click.option("--samples", type=int, default=2, show_default=True,
@@ -82,7 +84,7 @@ Examples:
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 @handle_errors
 def optimize(input_path, output_path, target, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
-             rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
+             right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
              force) -> None:
     try:
         check_runtime(quiet)
@@ -101,6 +103,7 @@ def optimize(input_path, output_path, target, only, skip, explain, explain_all, 
             result = api.optimize(
                 input_path, None, inputs=inputs_path, target=target, only=list(only), skip=list(skip),
                 validate=not no_validate, shapes=shape_map, seed=seed, input_ranges=range_map(input_ranges),
+                right_padded=list(right_padded),
                 rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
                 precision=precision,
                 bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, progress=bar.step,

@@ -13,6 +13,7 @@ import importlib
 
 from onnxfuse.errors import UsageError
 from onnxfuse.rewrites.engine.apply import MAX_PASSES_PER_RULE, MAX_ROUNDS, apply_rules
+from onnxfuse.rewrites.engine.assumptions import NO_ASSUMPTIONS, Assumptions
 from onnxfuse.rewrites.engine.rule import TARGETS, ApplyReport, GraphPass, Plan, Refusal, Refuse, Rule, RuleFailed
 
 # --- the registry: "family/rule-name", one line per rule, in the order they run ---------------------
@@ -40,6 +41,7 @@ ORDER = [
     "fold/fold-batchnorm-gemm",
     "fold/fold-scale-bias",
     "contrib/contrib-attention",  # before the FusedMatMul rules, which would take its scale and Kᵀ (opt-in)
+    "contrib/contrib-mask-lengths",  # after contrib-attention, whose raw masks it reads (--right-padded only)
     "contrib/contrib-quick-gelu",
     "contrib/contrib-gelu",
     "contrib/contrib-fast-gelu",
@@ -92,8 +94,10 @@ def _parse_names(spec) -> list[str]:
     return names
 
 
-def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] | None = None) -> list[Rule]:
-    """The rules to run for ``target``, restricted by ``only`` and ``skip`` (comma-separated names)."""
+def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] | None = None,
+                 assumptions: Assumptions = NO_ASSUMPTIONS) -> list[Rule]:
+    """The rules to run for ``target``, restricted by ``only`` and ``skip`` (comma-separated names), each
+    configured with the user's ``assumptions`` about the inputs (:meth:`Rule.under`)."""
     if target not in TARGETS:
         raise UsageError(f"unknown target {target!r}; choose one of: {', '.join(TARGETS)}")
     pool = RULES if rules is None else rules
@@ -105,8 +109,8 @@ def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] |
     chosen = [r for r in pool if target in r.targets and (not r.opt_in or r.name in only_names)]
     if only_names:
         chosen = [r for r in chosen if r.name in only_names]
-    return [r for r in chosen if r.name not in skip_names]
+    return [r.under(assumptions) for r in chosen if r.name not in skip_names]
 
 
-__all__ = ["RULES", "ORDER", "Rule", "GraphPass", "Plan", "Refuse", "Refusal", "RuleFailed", "ApplyReport", "TARGETS",
+__all__ = ["Assumptions", "NO_ASSUMPTIONS", "RULES", "ORDER", "Rule", "GraphPass", "Plan", "Refuse", "Refusal", "RuleFailed", "ApplyReport", "TARGETS",
            "MAX_PASSES_PER_RULE", "MAX_ROUNDS", "apply_rules", "select_rules", "rule_names", "load_rule", "rule_module"]

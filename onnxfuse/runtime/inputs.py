@@ -96,7 +96,10 @@ def _random(rng: np.random.Generator, dtype: np.dtype, shape: list[int], value_r
 def _draw(rng: np.random.Generator, dtype: np.dtype, shape: list[int], value_range=None):
     """bool: fair coin. Integers: uniform in the input's range, inclusive (``input_ranges``: what the
     graph implies, or ``--input-range``), else 0 or 1 (masks, token types). Floats: standard normal,
-    or uniform in ``[lo, hi)`` with a range."""
+    or uniform in ``[lo, hi)`` with a range. A law with its own ``draw`` (:class:`~onnxfuse.runtime.
+    right_padding.RightPadded`) draws for itself."""
+    if hasattr(value_range, "draw"):
+        return value_range.draw(rng, dtype, shape)
     if dtype == np.bool_:
         return rng.random(shape) < 0.5
     if np.issubdtype(dtype, np.integer):
@@ -198,25 +201,37 @@ def make_samples(
     default_dim: int = 1,
     count: int = 1,
     floats_as_float32: bool = False,
+    right_padded=(),
 ) -> list[Inputs]:
     """The samples to run ``model`` on: the user's (``given``, see :func:`given_inputs`) when given,
     else ``count`` seeded draws (seeds ``seed``, ``seed+1``, ...; as :func:`make_inputs`, value ranges
     included). ``floats_as_float32``: floating inputs are left in float32, to be cast for each model
-    (:func:`cast_feeds`), so an fp16 model and its fp32 original see the same values."""
+    (:func:`cast_feeds`), so an fp16 model and its fp32 original see the same values.
+    ``right_padded``: inputs promised right-padded (``--right-padded``, :mod:`.right_padding`): drawn as
+    such, and given inputs must keep the promise."""
+    from onnxfuse.runtime import right_padding
+
     specs = input_specs(model)
     check_shape_names(specs, shapes or {})
+    padded = right_padding.right_padded_draws(specs, right_padded)
     if given is not None and (shapes or ranges):
         what = "--shape" if shapes else "--input-range"
         raise UsageError(f"{what} sizes or draws random inputs; it cannot apply to given inputs (--inputs): "
                          "give one or the other")
     if given is None:
-        value_range, notes = value_ranges(model, ranges)
+        clash = sorted(set(padded) & set(ranges or {}))
+        if clash:
+            raise UsageError(f"--right-padded and --input-range both name {', '.join(clash)}: give one")
+        value_range, notes = value_ranges(model, {**(ranges or {}), **padded})
+        notes.extend(law.describe(name) for name, law in padded.items())
         if floats_as_float32:
             specs = [replace(s, dtype=np.dtype(np.float32)) if is_floating(s.dtype) else s for s in specs]
         draws = [random_inputs(specs, shapes or {}, seed + k, value_range, default_dim) for k in range(max(1, count))]
         draws[0].notes.extend(notes)
         return draws
-    return given_inputs(specs, given)
+    samples = given_inputs(specs, given)
+    right_padding.check_given(samples, right_padded)
+    return samples
 
 
 def is_floating(dtype: np.dtype) -> bool:

@@ -195,3 +195,22 @@ def test_causal_and_padding_mask_as_a_3d_mask_index_matches_the_original_on_cuda
     # fully masked rows by their scores instead of uniformly
     weaker = with_filter_value(out, -65504.0)
     assert np.max(np.abs(run_cuda(weaker, feeds).astype(np.float64) - want)) > 5 * tol
+
+
+@pytest.mark.parametrize("form", ["bias", "fill16"])
+def test_right_padded_lengths_match_the_original_on_cuda_and_left_padding_would_not(form):
+    """contrib-mask-lengths under the promise ``keep`` is right-padded: the 1-D lengths ONNX Runtime reads
+    fastest give the original's outputs on right-padded rows (float32 and the float16 masked_fill, where
+    lengths may take ONNX Runtime's fused float16 kernels); the same counts padded on the left do not."""
+    seq = 128
+    model = layer(seq, form)
+    out, report = helpers.optimize(model, only=["contrib-attention", "contrib-mask-lengths"], right_padded=["keep"])
+    assert report.counts["contrib-mask-lengths"] == 1
+    dtype = np.float16 if form == "fill16" else np.float32
+    keep = np.arange(seq)[None, :] < np.array([seq, 77, 1, 100])[:, None]
+    feeds = {"x": np.random.default_rng(1).standard_normal((4, seq, E)).astype(dtype), "keep": keep}
+    want, got = run_cuda(model, feeds).astype(np.float64), run_cuda(out, feeds).astype(np.float64)
+    tol = 1e-2 if form == "fill16" else 1e-3  # float16 / TF32 rounding
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    left = dict(feeds, keep=keep[:, ::-1].copy())
+    assert np.max(np.abs(run_cuda(out, left).astype(np.float64)[1:] - run_cuda(model, left).astype(np.float64)[1:])) > 5 * tol

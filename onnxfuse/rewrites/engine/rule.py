@@ -130,6 +130,11 @@ class Rule:
     def rewrite(self, graph, plan) -> dict[str, Any] | None:
         raise NotImplementedError
 
+    def under(self, assumptions) -> Rule:
+        """This rule configured with what the user promises about the inputs (:mod:`.assumptions`):
+        itself, for the rules that rely on no promise (all but a few)."""
+        return self
+
     def anchor(self, match):
         """The node a match is about (its first element by default)."""
         return match[0] if isinstance(match, (tuple, list)) else match
