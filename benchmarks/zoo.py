@@ -452,13 +452,13 @@ def run_model(name: str, args, part: Path) -> None:
     def inputs_for(batch: int) -> Inputs:
         return Inputs(feeds=spec.feeds(batch), seed=batch, source="zoo")
 
-    def optimize(model, label: str, rtol=None, atol=None, only=None, precision="fp32"):
+    def optimize(model, label: str, rtol=None, atol=None, only=None, precision="fp32", right_padded=()):
         import numpy as np
 
         npz = work / f"{name}.{label}.inputs.npz"
         np.savez(npz, **spec.feeds(1))
         opts = OptimizeOptions(target=args.target, validate=True, inputs_path=str(npz), provider="auto",
-                               rtol=rtol, atol=atol, only=only, precision=precision)
+                               rtol=rtol, atol=atol, only=only, precision=precision, right_padded=list(right_padded))
         t0 = time.perf_counter()
         try:
             result = optimize_model(model, opts, source=label)
@@ -549,7 +549,17 @@ def run_model(name: str, args, part: Path) -> None:
                 log(f"  {variant} b{batch}{' graph' if graph else ''}: {msg}")
                 gc.collect()
 
-    fp32_anchors = anchors(original, path, "fp32", 1e-3)
+    def right_padded_column(model, label: str, **tolerances) -> list:
+        """With ``--right-padded``, for a model fed an ``attention_mask``: onnxfuse under the promise that
+        the mask is right-padded (``optimize --right-padded attention_mask``), a column of its own."""
+        if not args.right_padded or "attention_mask" not in spec.input_names:
+            return []
+        promised, info_rp = optimize(model, label, right_padded=["attention_mask"], **tolerances)
+        rec.info(f"optimize_{label}", info_rp)
+        log(f"  --right-padded attention_mask: {info_rp['nodes_after']} nodes, validation {info_rp['validation']}")
+        return [("right-padded", promised)]
+
+    fp32_anchors = anchors(original, path, "fp32", 1e-3) + right_padded_column(original, "fp32-right-padded")
     ort_cells("ort", [("original", original), ("optimized", optimized)] + fp32_anchors, args.batches)
     del fp32_anchors
 
@@ -625,7 +635,8 @@ def run_model(name: str, args, part: Path) -> None:
             rec.info("fp16_drift_vs_fp32", drift)
             log(f"  fp16 drift vs fp32: max_abs {drift['optimized']['max_abs']:.3g}, "
                 f"cosine {drift['optimized']['cosine']:.6f}")
-            extra16 = anchors(original16, path16, "fp16", 1e-2)
+            extra16 = anchors(original16, path16, "fp16", 1e-2) + right_padded_column(
+                original16, "fp16-right-padded", rtol=1e-2, atol=1e-2)
             if spec.transformer:
                 # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute): what a user
                 # without a half-precision export gets.
@@ -876,6 +887,9 @@ def parse_args(argv=None):
     p.add_argument("--fp16-graph-modes", default=None, help="CUDA graph modes for fp16 (default: --graph-modes)")
     p.add_argument("--opset", type=int, default=14)
     p.add_argument("--target", default="cuda", help="onnxfuse optimize --target")
+    p.add_argument("--right-padded", action="store_true",
+                   help="models fed an attention_mask: also time onnxfuse under --right-padded attention_mask "
+                        "(column right-padded; the zoo's masks are all ones, which keeps that promise)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a smoke test only")
     p.add_argument("--deadline", type=float, default=None,
                    help="stop starting new work after this many seconds (results so far are kept)")
