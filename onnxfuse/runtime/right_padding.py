@@ -3,9 +3,8 @@ inputs that keep it, and how given inputs are held to it.
 
 A tokenizer that pads on the right (BERT's, by default) writes an attention mask whose every row is
 n ≥ 1 ones followed by zeros. ONNX Runtime's ``Attention`` reads such a mask fastest as 1-D lengths
-(``mask_index`` of shape [B]: "the first n keys are kept"); measured on an H100 at batch 16, BERT-base
-is 3.7% faster with lengths than with the raw [B, L] mask (docs/benchmarks.md 5.9). Lengths are wrong
-for any other mask (left padding, holes), so onnxfuse writes them only under the user's promise
+(``mask_index`` of shape [B]: "the first n keys are kept"; docs/benchmarks.md 5.9 and 5.10 measure
+it). Lengths are wrong for any other mask (left padding, holes), so onnxfuse writes them only under the user's promise
 (rule ``contrib-mask-lengths``), and validation then draws masks that keep it: judging a rewrite that
 relies on a promise with inputs that break it would only cry wolf.
 
