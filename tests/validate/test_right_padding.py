@@ -91,7 +91,12 @@ def test_cli_optimize_and_diff(tmp_path):
     assert ok.exit_code == 0, ok.output
     import json
 
-    report = json.loads((tmp_path / "r.json").read_text())["result"]
+    document = json.loads((tmp_path / "r.json").read_text())
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnxfuse.reports import load_schema
+
+    jsonschema.validate(document, load_schema(), cls=jsonschema.Draft202012Validator)
+    report = document["result"]
     assert report["assumptions"] == {"right_padded": ["attention_mask"]}
     assert report["rewrites"]["counts"]["contrib-mask-lengths"] == 2
     promised = runner.invoke(main, ["diff", str(src), str(out), "--right-padded", "attention_mask", "-q",
