@@ -184,3 +184,18 @@ class BreakConvWeights(_Rule):
         node.inputs[1].values = node.inputs[1].values * 2
         node._broken = True
         return {"node": node.name}
+
+
+def outputs_on_cuda(model: onnx.ModelProto, inputs, cuda_graph: bool = True) -> dict[str, np.ndarray]:
+    """``model``'s outputs as onnxfuse's GPU timer produces them (IOBinding on the CUDA provider; with
+    ``cuda_graph``, captured and replayed in a CUDA graph) after a warm-up and five timed runs. Raises
+    what the timer raises: ONNX Runtime refuses to capture a graph with CPU nodes."""
+    from onnxfuse.timing.runner import BenchConfig, Timer
+
+    timer = Timer(model, inputs, BenchConfig(device="cuda", cuda_graph=cuda_graph, warmup=3, time_budget_s=0.2))
+    try:
+        timer.warmup()
+        timer.sample(iterations=5, time_budget_s=None, min_iterations=1)
+        return timer.outputs()
+    finally:
+        timer.close()

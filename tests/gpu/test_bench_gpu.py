@@ -22,8 +22,9 @@ pytestmark = [
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import tiny_models  # noqa: E402
+from helpers import outputs_on_cuda  # noqa: E402
 
-from onnxfuse.timing import BenchConfig, Timer, compare_models, profile, time_model  # noqa: E402
+from onnxfuse.timing import BenchConfig, compare_models, profile, time_model  # noqa: E402
 from onnxfuse.cli import main  # noqa: E402
 from onnxfuse.runtime.session import run_model  # noqa: E402
 from onnxfuse.runtime.inputs import make_inputs  # noqa: E402
@@ -51,14 +52,7 @@ def test_time_model_cuda(model, inputs):
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_iobinding_outputs_are_correct(model, inputs, cuda_graph):
     reference = run_model(model, inputs, "cpu")["y"]
-    timer = Timer(model, inputs, BenchConfig(device="cuda", cuda_graph=cuda_graph, **FAST))
-    try:
-        timer.warmup()
-        timer.sample(iterations=5, time_budget_s=None, min_iterations=1)
-        got = timer.outputs()["y"]
-    finally:
-        timer.close()
-    np.testing.assert_allclose(got, reference, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(outputs_on_cuda(model, inputs, cuda_graph)["y"], reference, rtol=1e-3, atol=1e-3)
 
 
 def test_cuda_graph_timing(model, inputs):
@@ -108,13 +102,7 @@ def test_custom_op_model_registers_library(inputs):
     x = inputs.feeds["x"]
     expected = np.maximum(x, 0) ** 2
     for cuda_graph in (False, True):
-        timer = Timer(model, inputs, BenchConfig(device="cuda", cuda_graph=cuda_graph, **FAST))
-        try:
-            timer.warmup()
-            timer.sample(iterations=5, time_budget_s=None, min_iterations=1)
-            np.testing.assert_allclose(timer.outputs()["y"], expected, rtol=1e-5, atol=1e-6)
-        finally:
-            timer.close()
+        np.testing.assert_allclose(outputs_on_cuda(model, inputs, cuda_graph)["y"], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_bench_cli_cuda(tmp_path, model):

@@ -10,6 +10,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+from helpers import outputs_on_cuda
 from onnxfuse.cli import main
 from onnxfuse.runtime.session import cuda_available
 
@@ -86,7 +87,6 @@ def test_optimized_vit_runs_in_a_cuda_graph_and_the_original_cannot():
 
     import onnxfuse
     from onnxfuse.runtime.inputs import make_inputs
-    from onnxfuse.timing.runner import BenchConfig, Timer
     from onnxfuse.runtime.session import run_model
 
     model = onnx.load(TESTDATA / "vit_blocks_opset14.onnx")
@@ -95,18 +95,9 @@ def test_optimized_vit_runs_in_a_cuda_graph_and_the_original_cannot():
     feeds = make_inputs(model, {"input": [4, 3, 32, 32]}, seed=5)
     reference = run_model(model, feeds, "cuda")["output"]
 
-    def in_graph(m):
-        timer = Timer(m, feeds, BenchConfig(device="cuda", cuda_graph=True, warmup=3, time_budget_s=0.2))
-        try:
-            timer.warmup()
-            timer.sample(iterations=5, time_budget_s=None, min_iterations=1)
-            return timer.outputs()["output"]
-        finally:
-            timer.close()
-
-    np.testing.assert_allclose(in_graph(optimized), reference, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(outputs_on_cuda(optimized, feeds)["output"], reference, rtol=1e-3, atol=1e-3)
     with pytest.raises(Exception):
-        in_graph(model)
+        outputs_on_cuda(model, feeds)
 
 
 def test_transformers5_mask_grid_runs_in_a_cuda_graph():
@@ -120,7 +111,6 @@ def test_transformers5_mask_grid_runs_in_a_cuda_graph():
     import onnxfuse
     from onnxfuse.runtime.inputs import Inputs
     from onnxfuse.runtime.session import run_model
-    from onnxfuse.timing.runner import BenchConfig, Timer
 
     spec = importlib.util.spec_from_file_location(
         "grid_cases", Path(__file__).resolve().parents[1] / "rewrites" / "test_range_by_cumsum.py")
@@ -133,11 +123,4 @@ def test_transformers5_mask_grid_runs_in_a_cuda_graph():
     feeds = Inputs(feeds={"x": rng.standard_normal((3, 3, 5)).astype(np.float32),
                           "mask": rng.integers(0, 2, (3, cases.L)).astype(np.int64)})
     reference = run_model(model, feeds, "cuda")["out"]
-    timer = Timer(optimized, feeds, BenchConfig(device="cuda", cuda_graph=True, warmup=3, time_budget_s=0.2))
-    try:
-        timer.warmup()
-        timer.sample(iterations=5, time_budget_s=None, min_iterations=1)
-        got = timer.outputs()["out"]
-    finally:
-        timer.close()
-    np.testing.assert_array_equal(got, reference)
+    np.testing.assert_array_equal(outputs_on_cuda(optimized, feeds)["out"], reference)
