@@ -453,11 +453,17 @@ def run_model(name: str, args, part: Path) -> None:
         return Inputs(feeds=spec.feeds(batch), seed=batch, source="zoo")
 
     def optimize(model, label: str, rtol=None, atol=None, only=None, precision="fp32", right_padded=()):
+        """onnxfuse with validation on. Image and audio models are validated on the zoo's own inputs; token
+        models on onnxfuse's own draws (ids in the embedding's range, random 0/1 masks, two sizes), as a
+        user's run would be: the zoo's masks are all ones, which hides a mask form wrong for padding
+        (5.10: GPT-2 under --precision fp16 passed on them and fails on padded masks)."""
         import numpy as np
 
-        npz = work / f"{name}.{label}.inputs.npz"
-        np.savez(npz, **spec.feeds(1))
-        opts = OptimizeOptions(target=args.target, validate=True, inputs_path=str(npz), provider="auto",
+        npz = None
+        if not spec.seq:
+            npz = work / f"{name}.{label}.inputs.npz"
+            np.savez(npz, **spec.feeds(1))
+        opts = OptimizeOptions(target=args.target, validate=True, inputs_path=npz and str(npz), provider="auto",
                                rtol=rtol, atol=atol, only=only, precision=precision, right_padded=list(right_padded))
         t0 = time.perf_counter()
         try:
