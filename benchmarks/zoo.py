@@ -302,14 +302,17 @@ class HalfIO:
 # --------------------------------------------------------------------------------------------- export
 
 
-def export(spec: Spec, module, path: Path, opset: int, device: str = "cpu") -> dict:
+def export(spec: Spec, module, path: Path, opset: int, device: str = "cpu", dynamic_seq: bool = False) -> dict:
+    """``dynamic_seq``: token models get a dynamic sequence axis too (``sequence``), as exports meant for
+    variable-length inputs have (optimum's, for one); the zoo's timing still feeds ``spec.seq`` tokens."""
     import torch
 
     torch.backends.mha.set_fastpath_enabled(False)  # nn.MultiheadAttention's fused path has no ONNX export
     t0 = time.perf_counter()
     args = spec.example(1, device)
-    dynamic = {n: {0: "batch"} for n in spec.input_names}
-    dynamic["output"] = {0: "batch"}
+    axes = {0: "batch", 1: "sequence"} if dynamic_seq and spec.seq else {0: "batch"}
+    dynamic = {n: dict(axes) for n in spec.input_names}
+    dynamic["output"] = dict(axes)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer warnings
         kwargs = dict(opset_version=opset, do_constant_folding=False, input_names=spec.input_names,
@@ -446,7 +449,7 @@ def run_model(name: str, args, part: Path) -> None:
     log(f"{name}: export (opset {args.opset})")
     module = build_module(spec)
     path = work / f"{name}.onnx"
-    rec.info("export", export(spec, module, path, args.opset))
+    rec.info("export", export(spec, module, path, args.opset, dynamic_seq=args.dynamic_seq))
     original = onnx.load(str(path))
 
     def inputs_for(batch: int) -> Inputs:
@@ -626,7 +629,7 @@ def run_model(name: str, args, part: Path) -> None:
             log(f"{name}: fp16 export")
             path16 = work / f"{name}.fp16.onnx"
             half = HalfIO(build_module(spec))
-            rec.info("export_fp16", export(spec, half, path16, args.opset, device="cuda"))
+            rec.info("export_fp16", export(spec, half, path16, args.opset, device="cuda", dynamic_seq=args.dynamic_seq))
             del half
             torch.cuda.empty_cache()
             original16 = onnx.load(str(path16))
@@ -895,6 +898,8 @@ def parse_args(argv=None):
     p.add_argument("--fp16-graph-modes", default=None, help="CUDA graph modes for fp16 (default: --graph-modes)")
     p.add_argument("--opset", type=int, default=14)
     p.add_argument("--target", default="cuda", help="onnxfuse optimize --target")
+    p.add_argument("--dynamic-seq", action="store_true",
+                   help="export token models with a dynamic sequence axis too (timed at their usual length)")
     p.add_argument("--right-padded", action="store_true",
                    help="models fed an attention_mask: also time onnxfuse under --right-padded attention_mask "
                         "(column right-padded; the zoo's masks are all ones, which keeps that promise)")
