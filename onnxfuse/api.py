@@ -81,8 +81,8 @@ def optimize(
     rows: ``[0, V-1]``; else 0 or 1), ``input_ranges={"input_ids": (0, 30521)}`` to choose (inclusive;
     floats uniform); dynamic dimensions from ``shapes`` (``{"input": [8, 3, 224, 224]}``), else 1.
     ``right_padded=["attention_mask"]`` promises that these inputs hold right-padded rows (n >= 1 ones,
-    then zeros: a tokenizer's right padding): ``Attention`` then reads them as 1-D lengths, ONNX Runtime's
-    faster mask form (rule contrib-mask-lengths), and validation draws such rows (given ``inputs`` must
+    then zeros: a tokenizer's right padding): ``Attention`` then reads them as 1-D lengths, the form ONNX
+    Runtime's transformers optimizer writes (rule contrib-mask-lengths; docs/benchmarks.md 5.10 measures it), and validation draws such rows (given ``inputs`` must
     keep the promise). Wrong for left-padded masks: promise it only when it holds.
 
     ``target``: ``"cuda"`` (everything, FusedElementwise included), ``"contrib"`` (only ONNX Runtime's

@@ -204,8 +204,9 @@ def right_padded_option(func):
     return click.option("--right-padded", "right_padded", multiple=True, metavar="NAME",
                         help="Promise that input NAME (an attention mask) holds right-padded rows: n >= 1 "
                              "ones, then zeros, as a tokenizer that pads on the right writes (repeatable). "
-                             "Attention then reads it as 1-D lengths, ONNX Runtime's faster form; random "
-                             "inputs keep the promise. Wrong for left-padded masks.")(func)
+                             "Attention then reads it as 1-D lengths (ReduceSum of the mask), as ONNX "
+                             "Runtime's transformers optimizer writes it; random inputs keep the promise. "
+                             "Wrong for left-padded masks.")(func)
 
 
 def input_options(func):
