@@ -728,10 +728,12 @@ def test_expansion_not_shared_between_sequence_dims_not_provably_equal():
 
 
 def sdpa_mask_model(keep_shape=("B", 1, 1, S), true_shape=(1, 1, S, 1), true_value=True, dtype=np.float32,
-                    negate=False):
+                    negate=False, grid=None):
     """transformers 5's ``sdpa_mask`` form: ``scores + Where(Expand(And(keep, t), shape), 0, finfo.min)``
     with ``keep`` a bool input and ``t`` a constant (all True: the And only broadcasts). ``negate``:
-    ``Where(drop, finfo.min, 0)`` instead."""
+    ``Where(drop, finfo.min, 0)`` instead. ``grid`` (an op and a bound): t is computed at run time as
+    ``op(Range(0, B, 1) as [B, 1, 1, 1], bound)`` over keep's dynamic batch B, as transformers 5 writes
+    ``q_idx >= 0`` over a dynamic sequence (``("GreaterOrEqual", 0)`` is always true)."""
     model = attention_model(mask="full", dtype=dtype)
     graph = model.graph
     (madd,) = [i for i in graph.input if i.name == "madd"]
@@ -743,7 +745,18 @@ def sdpa_mask_model(keep_shape=("B", 1, 1, S), true_shape=(1, 1, S, 1), true_val
         numpy_helper.from_array(np.array([1, 1, S, S], np.int64), "mask_shape"),
         numpy_helper.from_array(np.array(0, dtype), "zero"), numpy_helper.from_array(fill, "min")])
     branches = ["min", "zero"] if negate else ["zero", "min"]
-    mask_nodes = [h.make_node("And", ["keep", "all_true"], ["both"]),
+    mask_nodes = []
+    if grid is not None:
+        op, bound = grid
+        graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+                                  (("zero_i", 0), ("one_i", 1), ("grid_axes", [1, 2, 3]), ("bound", bound))])
+        mask_nodes = [h.make_node("Shape", ["keep"], ["keep_shape"], end=1),
+                      h.make_node("Squeeze", ["keep_shape"], ["batch"]),
+                      h.make_node("Range", ["zero_i", "batch", "one_i"], ["rows"]),
+                      h.make_node("Unsqueeze", ["rows", "grid_axes"], ["rows4"]),
+                      h.make_node(op, ["rows4", "bound"], ["all_true"])]
+        graph.initializer.remove(next(i for i in graph.initializer if i.name == "all_true"))
+    mask_nodes += [h.make_node("And", ["keep", "all_true"], ["both"]),
                   h.make_node("Expand", ["both", "mask_shape"], ["cond"]),
                   h.make_node("Where", ["cond", *branches], ["madd"])]
     nodes = list(graph.node)
@@ -751,6 +764,22 @@ def sdpa_mask_model(keep_shape=("B", 1, 1, S), true_shape=(1, 1, S, 1), true_val
     graph.node.extend(mask_nodes + nodes)
     onnx.checker.check_model(model)
     return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.mark.parametrize("op, bound, proven", [("GreaterOrEqual", 0, True), ("Greater", -1, True),
+                                               ("GreaterOrEqual", 1, False), ("Greater", 0, False)])
+def test_a_run_time_always_true_grid_is_seen_through(op, bound, proven):
+    """``And(keep, Range(0, B) >= 0)`` over a dynamic batch is ``keep`` broadcast: the key padding mask
+    becomes a raw mask_index. ``>= 1`` and ``> 0`` are False at row 0, so the mask stays a bias there,
+    and both forms give the original's outputs."""
+    model = sdpa_mask_model(grid=(op, bound))
+    out, report = apply(model)
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == ("mask_index" if proven else "attention_bias")
+    assert ("GreaterOrEqual" in helpers.op_types(out) or "Greater" in helpers.op_types(out)) is not proven
+    feeds = holey_feeds(model)
+    want, got = run_ort(model, feeds), run_ort(out, feeds)
+    np.testing.assert_allclose(got["out"], want["out"], rtol=1e-5, atol=1e-6)
 
 
 def holey_feeds(model, seed=2):

@@ -36,6 +36,7 @@ from onnxfuse.rewrites.engine.facts import (
     only_read_by,
     perm_of,
     producer_of,
+    provably_nonnegative,
     rank_of,
     scalar_constant,
     shape_of,
@@ -416,11 +417,29 @@ def is_zeros(graph, tensor) -> bool:
         return False
 
 
+def always_true(graph, tensor) -> bool:
+    """Every element of the bool ``tensor`` is True whatever the inputs: ``x >= c`` (``c <= x``) with x
+    provably non-negative (:func:`~onnxfuse.rewrites.engine.facts.provably_nonnegative`) and c a
+    constant with no positive element, or ``x > c`` (``c < x``) with every c negative. transformers 5
+    ands its padding mask with ``q_idx >= 0`` over ``Range(0, S)``: a constant when S is static, this
+    when it is not."""
+    p = producer_of(tensor)
+    if not is_op(p, "GreaterOrEqual", "Greater", "LessOrEqual", "Less") or len(p.inputs) != 2:
+        return False
+    big, small = p.inputs if p.op in ("GreaterOrEqual", "Greater") else p.inputs[::-1]
+    bound = constant_value(graph, small)
+    if bound is None or bound.size == 0 or bound.dtype.kind not in "iuf":
+        return False
+    strict = p.op in ("Greater", "Less")
+    return bool(np.all(bound < 0) if strict else np.all(bound <= 0)) and provably_nonnegative(graph, big)
+
+
 def broadcast_source(graph, tensor, depth: int = 8):
     """The tensor that ``tensor`` is a broadcast of: back through ``Expand`` (it only broadcasts),
-    ``And`` with an all-True constant and ``Or`` with an all-False one (the identities of bool logic,
-    which then only broadcast the other operand), bool-to-bool ``Cast`` and ``Identity``. Each step keeps
-    every element of the result equal to the source's element at the broadcast index."""
+    ``And`` with an all-True operand (a constant, or :func:`always_true`) and ``Or`` with an all-False
+    constant (the identities of bool logic, which then only broadcast the other operand), bool-to-bool
+    ``Cast`` and ``Identity``. Each step keeps every element of the result equal to the source's element
+    at the broadcast index."""
     for _ in range(depth):
         p = producer_of(tensor)
         if is_op(p, "Expand", "Identity") and p.inputs:
@@ -431,7 +450,8 @@ def broadcast_source(graph, tensor, depth: int = 8):
             identity = p.op == "And"
             for this, other in (p.inputs, p.inputs[::-1]):
                 value = constant_value(graph, other)
-                if value is not None and value.dtype == np.bool_ and bool(np.all(value == identity)):
+                if (value is not None and value.dtype == np.bool_ and bool(np.all(value == identity))) \
+                        or (identity and always_true(graph, other)):
                     tensor = this
                     break
             else:

@@ -181,7 +181,8 @@ _REARRANGING = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatte
 
 def provably_nonnegative(graph, tensor, depth: int = 0) -> bool:
     """True when every element of the integer ``tensor`` is ≥ 0 by construction: a ``Shape`` or ``Size``
-    (sizes are never negative), a constant with no negative element, or elements picked, rearranged,
+    (sizes are never negative), a constant with no negative element, an integer ``Range`` from a start
+    ≥ 0 by a step > 0 (an index grid: its values are start + k·step), or elements picked, rearranged,
     concatenated, added, multiplied or maximised from such values. Casts between integer types count
     only when widening or keeping the width (a narrowing cast could wrap a size to a negative number).
     Sums and products of sizes are taken not to overflow int64 (a tensor of 2⁶³ elements cannot exist)."""
@@ -193,6 +194,10 @@ def provably_nonnegative(graph, tensor, depth: int = 0) -> bool:
         return False
     if node.op in ("Shape", "Size"):
         return True
+    if node.op == "Range" and len(node.inputs) == 3:  # start + k·delta, k = 0, 1, ...
+        start, delta = constant_value(graph, node.inputs[0]), constant_value(graph, node.inputs[2])
+        return (start is not None and delta is not None and start.size == 1 and delta.size == 1
+                and start.dtype.kind in "iu" and float(start.reshape(-1)[0]) >= 0 and float(delta.reshape(-1)[0]) > 0)
     if node.op in _REARRANGING:
         return provably_nonnegative(graph, node.inputs[0], depth + 1)
     if node.op in ("Concat", "Add", "Mul", "Max"):
