@@ -30,10 +30,8 @@ Writes ``attention_ops.json`` and ``attention_ops.md`` under ``--out``. Never im
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +39,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from micro import parse_args, write_results  # noqa: E402
 
 from onnxfuse.pipeline import rewrite_model  # noqa: E402
 from onnxfuse.rewrites import select_rules  # noqa: E402
@@ -180,18 +181,11 @@ def variants(dtype) -> list[tuple[str, object, bool]]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--batches", default="1,16")
-    p.add_argument("--time-budget", type=float, default=0.4)
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, out, batches = parse_args(__doc__, time_budget=0.4, argv=argv)
     rows = []
     for dtype, tol in ((np.float32, 1e-3), (np.float16, 1e-2)):
         vs = variants(dtype)
-        for batch in [int(b) for b in args.batches.split(",")]:
+        for batch in batches:
             ref = run_model(vs[0][1], Inputs(feeds=feeds(batch, dtype)), args.device, name="original")["out"]
             checks = {}
             for label, model, masked in vs[1:]:
@@ -209,7 +203,6 @@ def main(argv=None) -> int:
             row = {"dtype": np.dtype(dtype).name, "batch": batch, "median_ms": times, "checks": checks}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    (out / "attention_ops.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
     labels = ["original", "onnxfuse", "mha-key-mask", "mha-no-mask", "attention-packed", "mha-packed-qkv"]
     md = ["| dtype | batch | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
     for r in rows:
@@ -220,8 +213,7 @@ def main(argv=None) -> int:
             mark = "" if c.get("ok", True) in (True, None) else " (WRONG)"
             cells.append("error" if t is None else f"{t:.3f}{mark}")
         md.append(f"| {r['dtype']} | {r['batch']} | " + " | ".join(cells) + " |")
-    (out / "attention_ops.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_results(out, "attention_ops", rows, md)
     return 0
 
 

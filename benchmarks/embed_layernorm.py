@@ -16,10 +16,8 @@ Writes ``embed_layernorm.json`` under ``--out``. Never imported by the package.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from micro import parse_args, write_results  # noqa: E402
 
 from onnxfuse.model_io import to_graph, to_model  # noqa: E402
 from onnxfuse.rewrites import apply_rules, select_rules  # noqa: E402
@@ -59,21 +60,14 @@ def embeddings() -> onnx.ModelProto:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--batches", default="1,16")
-    p.add_argument("--time-budget", type=float, default=0.3)
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, out, batches = parse_args(__doc__, time_budget=0.3, argv=argv)
     original = embeddings()
     graph = to_graph(onnx.ModelProto.FromString(original.SerializeToString()))
     report = apply_rules(graph, select_rules("cuda", only=["contrib-embed-layernorm"]))
     fused = to_model(graph, original)
     assert report.counts["contrib-embed-layernorm"] == 1, report.refusals
     rows = []
-    for batch in [int(b) for b in args.batches.split(",")]:
+    for batch in batches:
         feeds = Inputs(feeds={"ids": np.random.default_rng(batch).integers(0, V, (batch, S)).astype(np.int64)})
         a = run_model(original, feeds, args.device, name="decomposed")["y"]
         b = run_model(fused, feeds, args.device, name="EmbedLayerNormalization")["y"]
@@ -84,7 +78,7 @@ def main(argv=None) -> int:
                "median_ms": {r.name: r.stats.median_ms for r in results}}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    (out / "embed_layernorm.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
+    write_results(out, "embed_layernorm", rows)
     return 0
 
 

@@ -18,10 +18,8 @@ Writes ``weight_layout.json`` and ``weight_layout.md`` under ``--out``. Never im
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +27,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from micro import parse_args, write_results  # noqa: E402
 
 from onnxfuse.runtime.inputs import Inputs  # noqa: E402
 from onnxfuse.runtime.session import run_model  # noqa: E402
@@ -56,19 +57,12 @@ def _model(k: int, n: int, dtype, transposed: bool):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--batches", default="1,16")
-    p.add_argument("--time-budget", type=float, default=0.3)
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, out, batches = parse_args(__doc__, time_budget=0.3, argv=argv)
     rows = []
     for dtype in (np.float32, np.float16):
         for k, n in SHAPES:
             plain, fused = _model(k, n, dtype, False), _model(k, n, dtype, True)
-            for batch in [int(b) for b in args.batches.split(",")]:
+            for batch in batches:
                 x = np.random.default_rng(batch).standard_normal((batch, S, k)).astype(dtype)
                 feeds = Inputs(feeds={"x": x})
                 a = run_model(plain, feeds, args.device, name="MatMul")["y"].astype(np.float64)
@@ -81,14 +75,12 @@ def main(argv=None) -> int:
                        "median_ms": {r.name: r.stats.median_ms for r in results}}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    (out / "weight_layout.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
     md = ["| dtype | K × N | batch | MatMul, W [K, N] | FusedMatMul transB, W [N, K] | ratio |", "|---|---|---:|---:|---:|---:|"]
     for r in rows:
         t = r["median_ms"]
         md.append(f"| {r['dtype']} | {r['K']} × {r['N']} | {r['batch']} | {t['MatMul']:.4f} | "
                   f"{t['FusedMatMul-transB']:.4f} | {t['FusedMatMul-transB'] / t['MatMul']:.2f} |")
-    (out / "weight_layout.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_results(out, "weight_layout", rows, md)
     return 0
 
 
