@@ -3,7 +3,10 @@ Runtime's transformers optimizer writes them: 1-D sequence lengths, ``ReduceSum(
 int32), axes=[1])``, then lets ``onnxfuse bench`` time both.
 
 A measurement tool only: a 1-D mask_index reads the mask as "the first n keys are kept", which is
-wrong for any mask that is not right-padded (holes, left padding), so onnxfuse never writes it.
+wrong for any mask that is not right-padded (holes, left padding). onnxfuse writes it only under the
+user's promise (``optimize --right-padded NAME``, rule contrib-mask-lengths), and then from the mask the
+model computed, keeping its preparation chain; this tool reads ``attention_mask`` directly and so drops
+that chain too, which is what its 3.7% measured (docs/benchmarks.md 5.9, 5.10).
 
     python3 benchmarks/mask_index_forms.py ours.onnx ours_lengths.onnx --mask-input attention_mask
     python3 -m onnxfuse bench ours.onnx ours_lengths.onnx --batch 16 --sessions 3
