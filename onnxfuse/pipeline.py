@@ -30,6 +30,7 @@ from onnxfuse.errors import (
     UsageError,
     ValidationFailed,
 )
+from onnxfuse.rewrites.engine.proven_dims import prove_dims
 from onnxfuse.rewrites import ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, select_rules
 from onnxfuse.runtime.inputs import Inputs, make_samples
 from onnxfuse.validate import ValidationReport, validate_models
@@ -176,6 +177,7 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
 
 def _rewrite_once(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.ModelProto, ApplyReport]:
     graph = model_io.to_graph(model_io.infer_shapes(model))
+    prove_dims(graph)
     report = apply_rules(graph, rules)
     return model_io.to_model(graph, model), report
 

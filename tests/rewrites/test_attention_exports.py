@@ -132,24 +132,38 @@ def test_whisper_q_scale_before_the_split_is_the_attention_scale():
         assert bias.shape == (3 * 64,) and not bias[64:128].any() and bias[:64].any() and bias[128:].any()
 
 
-@pytest.mark.parametrize("name", ["bert_tiny_opset14", "distilbert_tiny_opset14", "roberta_tiny_opset14",
-                                  "gpt2_tiny_opset14", "whisper_encoder_tiny_opset14"])
+#: what the LayerNorm that is not after a residual Add becomes: the encoders' embeddings LayerNorm, the
+#: pre-norm decoders' final one
+FIRST_OR_LAST_LAYERNORM = {
+    # words + token type 0 + P[0:S] with a dynamic S (DistilBERT: no token types, S read from the words'
+    # Shape): the sum is provably [B, S, H] (engine/proven_dims.py), then one EmbedLayerNormalization
+    "bert_tiny_opset14": "EmbedLayerNormalization", "distilbert_tiny_opset14": "EmbedLayerNormalization",
+    # positions computed at run time from the ids (two run-time lookups and a constant row): the
+    # Add(words + types, positions) is of two [B, S, H] tensors, a SkipLayerNormalization
+    "roberta_tiny_opset14": "SkipLayerNormalization",
+    "gpt2_tiny_opset14": "LayerNormalization", "whisper_encoder_tiny_opset14": "LayerNormalization",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_OR_LAST_LAYERNORM))
 def test_every_residual_layernorm_becomes_skip_layernorm(name):
     """Two residual LayerNorms per layer become SkipLayerNormalization. Post-norm encoders (BERT,
     DistilBERT, RoBERTa): the one after attention needs the residual and the attention output proven
     the same shape through the head merge's Reshape (shapes inferred again after constant-reshape-target,
     the merge Reshape dropped as an identity and its invented dims renamed); the embeddings' LayerNorm
-    stays plain (its Add broadcasts position embeddings of batch 1). Pre-norm (GPT-2, Whisper): the
-    residual stream is read again by the next block, so it is the op's fourth output; GPT-2 needs its
-    Conv1D projections as MatMuls (gemm-rows-to-matmul) for the batch to be provable; the final
-    LayerNorm has no residual Add and stays plain."""
+    becomes what :data:`FIRST_OR_LAST_LAYERNORM` says. Pre-norm (GPT-2, Whisper): the residual stream is
+    read again by the next block, so it is the op's fourth output; GPT-2 needs its Conv1D projections as
+    MatMuls (gemm-rows-to-matmul) for the batch to be provable; the final LayerNorm has no residual Add
+    and stays plain."""
     layers = MODELS[name][0]
     model = load_testdata(name)
     result = onnxfuse.optimize(model, only=NAMES, provider="cpu", samples=2)
     assert result.validation.passed
     ops = [n.op_type for n in result.model.graph.node]
-    assert ops.count("SkipLayerNormalization") == 2 * layers
-    assert ops.count("LayerNormalization") == 1
+    extra = FIRST_OR_LAST_LAYERNORM[name]
+    assert ops.count("SkipLayerNormalization") == 2 * layers + (extra == "SkipLayerNormalization")
+    assert ops.count("LayerNormalization") == (extra == "LayerNormalization")
+    assert ops.count("EmbedLayerNormalization") == (extra == "EmbedLayerNormalization")
     feeds = feeds_for(name, model)
     want = run_ort(model, feeds)
     got = run_optimized(result.model, feeds)

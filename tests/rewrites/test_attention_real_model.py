@@ -46,11 +46,13 @@ def test_scale_folds_into_attention_matmul():
     alphas = [a.f for n in out.graph.node if n.op_type == "FusedMatMul" for a in n.attribute if a.name == "alpha"]
     assert alphas == pytest.approx([1 / np.sqrt(DIM // HEADS)] * LAYERS, rel=1e-6)
     # The attention scale's Sqrt, Div, Cast and its two Muls per layer are gone; of the 5 decomposed
-    # LayerNorms two became SkipLayerNorm (the residual stream, read again by the next block, is the
-    # fourth output of one of them) and 3 ONNX LayerNormalization (opset raised 14 → 17).
+    # LayerNorms the four that read a residual Add became SkipLayerNorm (three also write the sum, read
+    # again by the next block; both sides of every residual Add are provably of one shape since
+    # engine/proven_dims.py, two before it) and the first block's ln_1, which reads the embeddings, an
+    # ONNX LayerNormalization (opset raised 14 → 17).
     assert after["Sqrt"] == 0 and after["Cast"] == 0
-    assert after["SkipLayerNormalization"] == 2
-    assert after["LayerNormalization"] == 3
+    assert after["SkipLayerNormalization"] == 4
+    assert after["LayerNormalization"] == 1
     # Size arithmetic on static dims is folded; the one size left computed, the batch of the class
     # token's Expand, is carried from the input by expand-by-broadcast: no Shape is left to run on the CPU.
     assert after["Shape"] == 0 and after["Expand"] == 0

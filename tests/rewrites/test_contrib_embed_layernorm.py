@@ -13,6 +13,8 @@ from onnx import numpy_helper
 
 import helpers
 from helpers import run_ort
+from onnxfuse.pipeline import rewrite_model
+from onnxfuse.rewrites import select_rules
 
 RULE = "contrib-embed-layernorm"
 B, S, H, V, P = 3, 7, 16, 50, 20
@@ -99,7 +101,77 @@ def test_refusals_carry_their_reason():
         "run-time positions": (embeddings_model("input", "input"), "run-time lookups"),
     }
     for name, (model, reason) in cases.items():
-        out, report = helpers.optimize(model, only=[RULE])
+        out, report = rewrite_model(model, select_rules("cuda", only=[RULE]))
         assert report.counts[RULE] == 0, name
         assert any(reason in r.reason for r in report.refusals if r.rule == RULE), (name, report.refusals)
         assert "EmbedLayerNormalization" not in helpers.op_types(out)
+
+
+def dynamic_embeddings_model(seq_from="ids", buffer=P, token_types=True) -> onnx.ModelProto:
+    """BERT's embeddings as transformers exports them with a dynamic sequence axis: positions
+    ``P[0:S]`` sliced from an arange buffer of ``buffer`` entries; token types ``Expand(GatherElements(
+    zeros, positions), [B, S])`` (``token_types``); S read by ``Shape`` from ``seq_from``: "ids", "words"
+    (DistilBERT: the looked-up words, whose Shape is then read too) or "other" (another input)."""
+    rng = np.random.default_rng(0)
+    i64 = lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)  # noqa: E731
+    inits = [numpy_helper.from_array(rng.standard_normal((V, H)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal((P, H)).astype(np.float32), "Pt"),
+             numpy_helper.from_array(rng.standard_normal((2, H)).astype(np.float32), "Tt"),
+             numpy_helper.from_array((1 + 0.1 * rng.standard_normal(H)).astype(np.float32), "gamma"),
+             numpy_helper.from_array((0.1 * rng.standard_normal(H)).astype(np.float32), "beta"),
+             i64("arange", np.arange(buffer)[None]), i64("zeros", np.zeros((1, buffer))), i64("zero", 0),
+             i64("one", 1), i64("axis0", [0]), i64("axis1", [1]), i64("start", [0]), i64("step", [1])]
+    inputs = [helpers.vi("ids", ["B", "S"], T.INT64), helpers.vi("other", ["B", "S2"], T.INT64)]
+    nodes = [h.make_node("Gather", ["W", "ids"], ["words"]),
+             h.make_node("Shape", ["ids"], ["ids_shape"]),
+             h.make_node("Shape", [seq_from], ["seq_shape"]),
+             h.make_node("Gather", ["ids_shape", "zero"], ["b"], axis=0),
+             h.make_node("Gather", ["seq_shape", "one"], ["s"], axis=0),
+             h.make_node("Unsqueeze", ["b", "axis0"], ["b1"]),
+             h.make_node("Unsqueeze", ["s", "axis0"], ["s1"]),
+             h.make_node("Slice", ["arange", "start", "s1", "axis1", "step"], ["pos"]),
+             h.make_node("Gather", ["Pt", "pos"], ["positions"])]
+    total = "words"
+    if token_types:
+        nodes += [h.make_node("GatherElements", ["zeros", "pos"], ["tt_row"], axis=1),
+                  h.make_node("Concat", ["b1", "s1"], ["bs"], axis=0),
+                  h.make_node("Expand", ["tt_row", "bs"], ["tt"]),
+                  h.make_node("Gather", ["Tt", "tt"], ["types"]),
+                  h.make_node("Add", ["words", "types"], ["with_types"])]
+        total = "with_types"
+    nodes += [h.make_node("Add", [total, "positions"], ["summed"]),
+              h.make_node("LayerNormalization", ["summed", "gamma", "beta"], ["out"], axis=-1, epsilon=1e-12)]
+    model = helpers.make_model(nodes, inputs, [helpers.vi("out", ["B", "S", H], T.FLOAT)], inits, opset=17)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("seq_from,token_types", [("ids", True), ("words", False), ("words", True)])
+def test_a_dynamic_sequence_becomes_one_embed_layernorm_with_the_same_outputs(seq_from, token_types):
+    model = dynamic_embeddings_model(seq_from, token_types=token_types)
+    out, report = rewrite_model(model, select_rules("cuda", only=[RULE]))  # infers and proves shapes first
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    ops = helpers.op_types(out)
+    assert ops.count("EmbedLayerNormalization") == 1 and not {"Slice", "Add", "LayerNormalization"} & set(ops)
+    (node,) = [n for n in out.graph.node if n.op_type == "EmbedLayerNormalization"]
+    assert node.input[1] == ""  # the token types are one constant row, folded into the position table
+    rng = np.random.default_rng(5)
+    for batch, seq in [(1, 1), (3, 5), (2, P)]:  # every length the original accepts, the buffer's too
+        f = {"ids": rng.integers(0, V, (batch, seq)).astype(np.int64), "other": np.zeros((1, 2), np.int64)}
+        want, got = run_ort(model, f)["out"], run_ort(out, f)["out"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dynamic_sequence_refuses_what_it_cannot_prove():
+    cases = {
+        # the Slice ends at another input's length: P[0:S2] need not be the ids' positions, and the sum is
+        # not provably [B, S, H] (S against min(S2, 20)), so the words' index is not proved to be its [B, S]
+        "other length": (dynamic_embeddings_model("other"), "run-time index is not an integer tensor"),
+        # a one-entry buffer: P[0:1] broadcasts row 0 to every token (a uniform index, like the token
+        # types), and with S dynamic there is no position lookup left to size the op's table from
+        "one-row buffer": (dynamic_embeddings_model(buffer=1), "not exactly one position lookup"),
+    }
+    for name, (model, reason) in cases.items():
+        out, report = rewrite_model(model, select_rules("cuda", only=[RULE]))
+        assert report.counts[RULE] == 0, name
+        assert any(reason in r.reason for r in report.refusals if r.rule == RULE), (name, report.refusals)

@@ -49,7 +49,8 @@ def program_of(node) -> str:
     return next(a.s.decode() for a in node.attribute if a.name == "program")
 
 
-def feeds_for(model, seed=0, dims=None):
+def feeds_for(model, seed=0, dims=None, int_low=-5):
+    """Random feeds; integers in [int_low, 6) (negative by default: ONNX Gather counts them from the end)."""
     rng = np.random.default_rng(seed)
     dims = dims or {}
     feeds = {}
@@ -63,7 +64,7 @@ def feeds_for(model, seed=0, dims=None):
         if np_dt == np.bool_:
             feeds[inp.name] = rng.random(shape) < 0.5
         elif np.issubdtype(np_dt, np.integer):
-            feeds[inp.name] = rng.integers(-5, 6, size=shape).astype(np_dt)
+            feeds[inp.name] = rng.integers(int_low, 6, size=shape).astype(np_dt)
         else:
             feeds[inp.name] = rng.standard_normal(shape).astype(np_dt)
     return feeds
@@ -82,8 +83,8 @@ def run(model, feeds):
     return dict(zip(names, sess.run(names, feeds)))
 
 
-def assert_same(original, optimized, rtol=1e-5, atol=1e-6, seed=0, dims=None):
-    feeds = feeds_for(original, seed, dims)
+def assert_same(original, optimized, rtol=1e-5, atol=1e-6, seed=0, dims=None, int_low=-5):
+    feeds = feeds_for(original, seed, dims, int_low)
     want, got = run(original, feeds), run(optimized, feeds)
     assert sorted(want) == sorted(got)
     for k in want:

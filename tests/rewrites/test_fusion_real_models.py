@@ -92,7 +92,9 @@ def test_full_cuda_target_pipeline(name):
     assert len(out.graph.node) < len(model.graph.node)
     # (On YOLO the contrib rules take every SiLU as QuickGelu first; fusion gets what is left.)
     _assert_every_leftover_reported(out, report)
-    assert_same(model, out, rtol=1e-4, atol=1e-5)
+    # Token ids are never negative: contrib-embed-layernorm documents that its op rejects negative ids,
+    # which ONNX's Gather counts from the end (the other models have no integer inputs).
+    assert_same(model, out, rtol=1e-4, atol=1e-5, int_low=0)
 
 
 def test_bert_tiny_fuses_elementwise_regions():

@@ -417,13 +417,25 @@ def is_zeros(graph, tensor) -> bool:
         return False
 
 
-def always_true(graph, tensor) -> bool:
-    """Every element of the bool ``tensor`` is True whatever the inputs: ``x >= c`` (``c <= x``) with x
-    provably non-negative (:func:`~onnxfuse.rewrites.engine.facts.provably_nonnegative`) and c a
-    constant with no positive element, or ``x > c`` (``c < x``) with every c negative. transformers 5
-    ands its padding mask with ``q_idx >= 0`` over ``Range(0, S)``: a constant when S is static, this
-    when it is not."""
+def always_true(graph, tensor, depth: int = 8) -> bool:
+    """Every element of the bool ``tensor`` is True whatever the inputs: an all-True constant; ``x >= c``
+    (``c <= x``) with x provably non-negative (:func:`~onnxfuse.rewrites.engine.facts.provably_nonnegative`)
+    and c a constant with no positive element, or ``x > c`` (``c < x``) with every c negative; and of
+    those, ``And`` of two, ``Or`` with one, bool-to-bool ``Cast``, ``Expand`` and ``Identity``.
+    transformers 5 ands its padding mask with ``q_idx >= 0`` over ``Range(0, S)`` (itself anded with an
+    all-True ``ConstantOfShape`` and cast to bool): a constant when S is static, this when it is not."""
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return value.dtype == np.bool_ and value.size > 0 and bool(np.all(value))
     p = producer_of(tensor)
+    if depth == 0 or p is None or not p.inputs:
+        return False
+    if is_op(p, "Expand", "Identity") or (is_op(p, "Cast") and int(p.attrs.get("to", 0)) == 9
+                                          and dtype_of(graph, p.inputs[0]) == np.dtype(bool)):
+        return always_true(graph, p.inputs[0], depth - 1)
+    if is_op(p, "And", "Or") and len(p.inputs) == 2:
+        parts = [always_true(graph, t, depth - 1) for t in p.inputs]
+        return all(parts) if p.op == "And" else any(parts)
     if not is_op(p, "GreaterOrEqual", "Greater", "LessOrEqual", "Less") or len(p.inputs) != 2:
         return False
     big, small = p.inputs if p.op in ("GreaterOrEqual", "Greater") else p.inputs[::-1]

@@ -26,7 +26,16 @@ constant float32 tables [V_i, H]:
   as a constant or as ``Where(c, k, k)`` of one constant k (what expand-by-broadcast makes of
   ``buffer.expand(B, S)``): it contributes the constant rows ``T_i[k]``, and their sum over those leaves,
   broadcast to [S, H], becomes the op's ``position_embedding`` table, indexed by position s = 0..S-1
-  (no ``position_ids``: the kernel then uses s). S must be static for that.
+  (no ``position_ids``: the kernel then uses s);
+* or, whatever S is: an index whose every element is one constant's value (its values come through
+  ops that only move or repeat them, ``Expand(GatherElements(zeros, ·), [B, S])``: transformers'
+  token-type ids of a dynamic-sequence export) contributes one row to every token; and the
+  **positions** ``Slice(arange buffer [1, M], 0, S)`` with S read by ``Shape`` from the ids (or from the
+  looked-up words, DistilBERT) and M >= 2 give the table ``P[0:M]``: the sum is [B, S, H] (proved,
+  engine/proven_dims.py), so ``min(S, M)`` is S whenever the model runs and position s reads row s.
+
+A run-time lookup whose ``Shape`` is also read (DistilBERT reads S from its words) is allowed: the
+Shape then reads ``Concat(Shape(ids), [H])``, the lookup's shape by Gather's definition.
 
 Maths: the op computes ``LayerNorm(W[ids] + C[s] (+ T_seg[seg]))`` with the same γ, β and epsilon.
 Exact but for the order of the additions (``(W[ids] + T[0]) + P[s]`` becomes ``W[ids] + (P[s] +
@@ -40,7 +49,8 @@ validation may run on) has no float16 version.
 Refused, with the reason: LayerNorm not over the last axis of a rank-3 tensor, γ/β not constants,
 another element type; a leaf that is not a Gather of a constant [V, H] table, an Add tree read
 elsewhere, no run-time word index or more than two, constant indices whose rows do not broadcast to
-[S, H] with S static.
+[S, H] with S static; with S dynamic, not exactly one position Slice, one ending elsewhere than the
+ids' length, or constant rows that depend on the position.
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ from onnxfuse.rewrites.engine.facts import (
     constant_value, consumers, dims_equal, dtype_of, is_alive, is_graph_output, is_op, producer_of, shape_of,
 )
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
+from onnxfuse.rewrites.engine.shape_values import SourcedDim, shape_value
 
 
 def _constant_index(graph, tensor):
@@ -68,6 +79,46 @@ def _constant_index(graph, tensor):
     if is_op(p, "Where") and len(p.inputs) == 3 and p.inputs[1] is p.inputs[2]:
         return constant_value(graph, p.inputs[1])
     return None
+
+
+#: Ops whose output holds only values of their first input (rearranged, repeated or fewer).
+VALUE_KEEPING = ("Expand", "GatherElements", "Gather", "Slice", "Reshape", "Squeeze", "Unsqueeze", "Flatten",
+                 "Identity", "Tile", "Transpose")
+
+
+def _uniform_index(graph, tensor, depth=0):
+    """The one value every element of an index tensor holds, when its values all come from a constant whose
+    elements are all equal (through ops that only move or repeat values: ``buffer[:, :S].expand(B, S)``,
+    transformers' token-type ids of zeros, whatever S and B are at run time); else None."""
+    value = _constant_index(graph, tensor)
+    if value is not None:
+        return value.reshape(-1)[0] if value.size and np.all(value == value.reshape(-1)[0]) else None
+    p = producer_of(tensor)
+    if depth < 8 and is_op(p, *VALUE_KEEPING) and p.inputs:
+        return _uniform_index(graph, p.inputs[0], depth + 1)
+    return None
+
+
+def _position_slice(graph, tensor):
+    """``(source, ends)`` when ``tensor`` is ``Slice(arange, 0, ends)`` along the last axis of a constant
+    whose rows along that axis are 0, 1, 2, ... (torch's ``position_ids[:, :S]`` from the registered
+    buffer): its values are then 0..n-1 with n = min(ends, length). None otherwise."""
+    p = producer_of(tensor)
+    if not is_op(p, "Slice") or len(p.inputs) < 4:
+        return None
+    buffer = constant_value(graph, p.inputs[0])
+    if buffer is None or buffer.ndim < 1 or not np.issubdtype(buffer.dtype, np.integer) or buffer.shape[-1] == 0:
+        return None
+    if np.any(buffer.reshape(-1, buffer.shape[-1]) != np.arange(buffer.shape[-1])):
+        return None
+    starts, axes = constant_value(graph, p.inputs[1]), constant_value(graph, p.inputs[3])
+    steps = constant_value(graph, p.inputs[4]) if len(p.inputs) > 4 and p.inputs[4].name else np.ones(1, np.int64)
+    if starts is None or axes is None or steps is None or starts.size != 1 or axes.size != 1 or steps.size != 1:
+        return None
+    if int(starts.reshape(-1)[0]) != 0 or int(steps.reshape(-1)[0]) != 1 \
+            or int(axes.reshape(-1)[0]) % buffer.ndim != buffer.ndim - 1:
+        return None
+    return buffer.shape[-1], p.inputs[2]
 
 
 def _leaves(graph, tensor, adds, depth=0):
@@ -86,6 +137,29 @@ def _leaves(graph, tensor, adds, depth=0):
             found += sub
         return found
     return [tensor]
+
+
+def _full_shape_read(node) -> bool:
+    """``node`` is ``Shape(t)`` of all of t's dimensions (no start or end)."""
+    return is_op(node, "Shape") and not node.attrs.get("start", 0) and node.attrs.get("end") is None
+
+
+def _is_sequence_length(graph, ends, words, seq) -> bool:
+    """``ends`` (a Slice's 1-element bound) is the word ids' dimension 1 at run time: read by a Shape chain
+    from the ids themselves (or the tensor they were cast from), or from the looked-up words ``Gather(W,
+    ids)`` (DistilBERT: its dimension 1 is the ids'), or the same static size."""
+    value = shape_value(graph, ends)
+    if value is None or len(value) != 1:
+        return False
+    (dim,) = value
+    if isinstance(dim, (int, np.integer)):
+        return isinstance(seq, int) and int(dim) == seq
+    if not isinstance(dim, SourcedDim) or dim.axis != 1:
+        return False
+    words_index = words.inputs[1]
+    source = producer_of(words_index)
+    return (dim.tensor is words_index or dim.tensor is words.outputs[0]
+            or (is_op(source, "Cast") and dim.tensor is source.inputs[0]))
 
 
 class ContribEmbedLayerNorm(Rule):
@@ -120,20 +194,33 @@ class ContribEmbedLayerNorm(Rule):
         if not adds or leaves is None:
             return Refuse("the LayerNorm input is not an Add tree read only by it")
         batch, seq = shape[0], shape[1]
-        runtime, constant_rows = [], []
+        runtime, constant_rows, positions = [], [], []
+        shape_reads = []
         for leaf in leaves:
             gather = producer_of(leaf)
-            if not is_op(gather, "Gather") or int(gather.attrs.get("axis", 0)) != 0 or len(consumers(leaf)) != 1:
-                return Refuse("an addend is not a Gather (axis 0) read only by the Add")
+            readers = [n for n in consumers(leaf) if n not in adds]
+            if not is_op(gather, "Gather") or int(gather.attrs.get("axis", 0)) != 0 or is_graph_output(graph, leaf) \
+                    or any(not _full_shape_read(n) for n in readers):
+                return Refuse("an addend is not a Gather (axis 0) read only by the Add (and whole-shape Shape nodes)")
             table = constant_value(graph, gather.inputs[0])
             if table is None or table.ndim != 2 or table.shape[1] != hidden or table.dtype != np.float32:
                 return Refuse("an addend gathers from something other than a constant float32 [V, H] table")
             index = _constant_index(graph, gather.inputs[1])
+            if index is None:
+                uniform = _uniform_index(graph, gather.inputs[1])
+                index = None if uniform is None else np.asarray(uniform)  # one row, broadcast to every token
+            if readers and (index is not None or _position_slice(graph, gather.inputs[1]) is not None):
+                return Refuse("a constant or position lookup's shape is read too")
             if index is not None:
                 if not np.issubdtype(index.dtype, np.integer) or np.any(index < -table.shape[0]) \
                         or np.any(index >= table.shape[0]):
                     return Refuse("a constant index is not an integer within its table")
                 constant_rows.append(table[index])  # [..., H]
+                continue
+            sliced = _position_slice(graph, gather.inputs[1])
+            # M >= 2: a one-row slice would broadcast P[0] to every position, which the op's table cannot say
+            if sliced is not None and 2 <= sliced[0] <= table.shape[0]:
+                positions.append((table[: sliced[0]], sliced[1]))
                 continue
             idx_shape = shape_of(graph, gather.inputs[1])
             if (dtype_of(graph, gather.inputs[1]) not in (np.dtype(np.int64), np.dtype(np.int32))
@@ -141,10 +228,19 @@ class ContribEmbedLayerNorm(Rule):
                     or not (dims_equal(idx_shape[0], batch) and dims_equal(idx_shape[1], seq))):
                 return Refuse("a run-time index is not an integer tensor of the input's [B, S]")
             runtime.append((gather, table))
+            shape_reads += readers
         if not 1 <= len(runtime) <= 2:
             return Refuse(f"{len(runtime)} run-time lookups (the op takes words and at most token types)")
+        for _, ends in positions:
+            if not _is_sequence_length(graph, ends, runtime[0][0], seq):
+                return Refuse("a position Slice does not end at the word ids' sequence length")
         if not isinstance(seq, int):
-            return Refuse("the sequence length is not static (the constant rows become a position table)")
+            return self._dynamic_rows(graph, ln, runtime, constant_rows, positions, gamma, beta, adds, leaves, hidden,
+                                      shape_reads)
+        for rows_of_table, _ in positions:
+            if rows_of_table.shape[0] < seq:
+                return Refuse(f"the position table has {rows_of_table.shape[0]} rows, fewer than S = {seq}")
+            constant_rows.append(rows_of_table[:seq])
         rows = np.zeros((seq, hidden), np.float32)
         for contribution in constant_rows:
             try:
@@ -153,13 +249,40 @@ class ContribEmbedLayerNorm(Rule):
             except ValueError:
                 return Refuse(f"constant rows of shape {contribution.shape} do not broadcast to [S, H] = [{seq}, {hidden}]")
         epsilon = float(ln.attrs.get("epsilon", 1e-5))
-        return Plan(ln, (runtime, rows.astype(np.float32), gamma, beta, epsilon, adds, leaves))
+        return Plan(ln, (runtime, rows.astype(np.float32), gamma, beta, epsilon, adds, leaves, shape_reads))
+
+    @staticmethod
+    def _dynamic_rows(graph, ln, runtime, constant_rows, positions, gamma, beta, adds, leaves, hidden, shape_reads):
+        """The plan for a dynamic sequence length: one position lookup ``P[0:S]`` (a Slice of the arange
+        buffer) gives the table's rows, every other constant contribution must be one row for all tokens
+        (added to each of them); the op reads row s for token s, as the original does."""
+        if len(positions) != 1:
+            return Refuse("the sequence length is not static and there is not exactly one position lookup "
+                          "(P[0:S]) to make the position table from")
+        (table, _), = positions
+        rows = table.astype(np.float32)
+        for contribution in constant_rows:
+            if contribution.ndim > 1 and np.prod(contribution.shape[:-1]) != 1:
+                return Refuse(f"constant rows of shape {contribution.shape} depend on the position and the "
+                              "sequence length is not static")
+            rows = rows + contribution.reshape(-1, hidden)
+        epsilon = float(ln.attrs.get("epsilon", 1e-5))
+        return Plan(ln, (runtime, rows.astype(np.float32), gamma, beta, epsilon, adds, leaves, shape_reads))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
         ln = plan.anchor
-        runtime, rows, gamma, beta, epsilon, adds, leaves = plan.found
+        runtime, rows, gamma, beta, epsilon, adds, leaves, shape_reads = plan.found
         names = NameAllocator(graph)
         base = ln.name or "embed"
+        for reader in shape_reads:  # Shape(Gather(T, idx)) = Concat(Shape(idx), [H]): the lookup goes away
+            gather = producer_of(reader.inputs[0])
+            index_shape = gs.Variable(names(f"{base}/index_shape"), dtype=np.int64, shape=[2])
+            hidden = new_constant(graph, f"{base}/hidden", np.array([rows.shape[1]], np.int64))
+            graph.nodes += [gs.Node("Shape", names(f"{base}/index_shape"), inputs=[gather.inputs[1]], outputs=[index_shape]),
+                            gs.Node("Concat", names(f"{base}/lookup_shape"), {"axis": 0},
+                                    inputs=[index_shape, hidden], outputs=list(reader.outputs))]
+            reader.outputs.clear()
+            reader.inputs.clear()
 
         def ids32(index):
             if dtype_of(graph, index) == np.dtype(np.int32):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.rewrites.engine.cleanup import cleanup
 from onnxfuse.rewrites.engine.rule import ApplyReport, GraphPass, Refusal, Refuse, Rule, RuleFailed
+from onnxfuse.rewrites.engine.proven_dims import prove_dims
 from onnxfuse.rewrites.engine.shapes import refresh_shapes
 
 #: Safety net against a rule that keeps matching its own output.
@@ -130,6 +131,7 @@ class _Run:
             self.cleanup()
         if total and rule.makes_shapes_inferable:
             refresh_shapes(self.graph)
+            prove_dims(self.graph)
         return total, refused
 
     def _first_refusal_of(self, rule: Rule, match) -> bool:

@@ -182,6 +182,27 @@ def _merged(old, new, declared: set[str]):
     return out
 
 
+def _kept_symbols(tensors, shapes: dict, declared: set[str]) -> dict[str, object]:
+    """``{symbol: dim}`` for each symbol the new run invented where a tensor's old shape had a size or a
+    declared name (``dim``) at the same position: the new run shares that symbol only between
+    dimensions it proved equal, so it is ``dim`` wherever it occurs. Without this, a symbol shared by
+    two tensors became a declared name on one (kept from the old run) and stayed invented on the other,
+    and their equality was lost (DistilBERT's second layer: its mask ``sequence``, its input ``unk__15``).
+    A symbol met with two different old dimensions is left alone."""
+    found: dict[str, object] = {}
+    clash: set[str] = set()
+    for t in tensors:
+        old, new = t.shape, shapes.get(t.name)
+        if old is None or new is None or len(old) != len(new):
+            continue
+        for o, n in zip(old, new):
+            stable_old = isinstance(o, int) or (isinstance(o, str) and o in declared)
+            if stable_old and isinstance(n, str) and n not in declared and n.startswith("unk__"):
+                if found.setdefault(n, o) != o:
+                    clash.add(n)
+    return {k: v for k, v in found.items() if k not in clash}
+
+
 def refresh_shapes(graph: gs.Graph) -> int:
     """Infer shapes again and write them onto ``graph``'s computed tensors (see the module docstring).
     Returns how many tensors changed shape."""
@@ -189,9 +210,14 @@ def refresh_shapes(graph: gs.Graph) -> int:
     if not shapes:
         return 0
     declared = _declared_symbols(graph)
+    tensors = list(_computed_tensors(graph))
+    kept = _kept_symbols(tensors, shapes, declared)
     changed = 0
-    for t in _computed_tensors(graph):
-        new = _merged(t.shape, shapes.get(t.name), declared)
+    for t in tensors:
+        inferred = shapes.get(t.name)
+        if inferred is not None and kept:
+            inferred = [kept.get(d, d) if isinstance(d, str) else d for d in inferred]
+        new = _merged(t.shape, inferred, declared)
         if new is not None and (t.shape is None or list(t.shape) != new):
             t.shape = new
             changed += 1

@@ -41,23 +41,9 @@ from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant, to_identi
 from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, opset_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem
+from onnxfuse.rewrites.engine.proven_dims import broadcast_dims
 from onnxfuse.rewrites.engine.shape_values import shape_value, tensor_dims
 from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
-
-
-def broadcast_dims(a: list, b: list) -> list | None:
-    """Numpy broadcast of two dimension lists (ints or names), or None when a pair is neither 1 nor equal."""
-    rank = max(len(a), len(b))
-    a, b = [1] * (rank - len(a)) + list(a), [1] * (rank - len(b)) + list(b)
-    out = []
-    for x, y in zip(a, b):
-        if x == 1:
-            out.append(y)
-        elif y == 1 or x == y:
-            out.append(x)
-        else:
-            return None
-    return out
 
 
 class ExpandByBroadcast(Rule):
@@ -91,7 +77,7 @@ class ExpandByBroadcast(Rule):
         if any(isinstance(d, int) and d < 0 for d in wanted):
             return Refuse(f"the target {wanted} has a negative entry")
         out = broadcast_dims(x_dims, wanted)
-        if out is None:
+        if out is None or None in out:
             return Refuse(f"{x_dims} does not broadcast to {wanted}")
         x_full = [1] * (len(out) - len(x_dims)) + x_dims
         carriers, static = [], [1] * len(out)

@@ -33,6 +33,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.facts import graphs_within, is_default_domain
 from onnxfuse.rewrites.engine.rule import GraphPass
+from onnxfuse.rewrites.engine.proven_dims import prove_dims
 from onnxfuse.rewrites.engine.shapes import weights_as_inputs
 from onnxfuse.rewrites.engine.edit import replace_reads
 from onnxfuse.rewrites.fold import SIZE_LIMIT
@@ -104,7 +105,9 @@ def folded_copy(graph: gs.Graph) -> gs.Graph | None:
         return None
     # Re-import from a fully inferred model, so later rules see shapes on every tensor.
     model = infer_shapes(gs.export_onnx(folded, do_type_check=False))
-    return _with_large_constants(gs.import_onnx(model), graph, stand_ins)
+    result = gs.import_onnx(model)
+    prove_dims(result)
+    return _with_large_constants(result, graph, stand_ins)
 
 
 def _with_large_constants(folded: gs.Graph, original: gs.Graph, names: list[str]) -> gs.Graph:

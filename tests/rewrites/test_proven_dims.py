@@ -1,0 +1,158 @@
+"""Dimensions ONNX shape inference leaves invented that onnxfuse proves (rewrites/engine/proven_dims.py).
+
+Each proof is checked against ONNX Runtime: the proved shape must be the shape the model really
+computes, at several run-time sizes (an independent reference for the reasoning)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+from helpers import run_ort
+from onnxfuse import model_io
+from onnxfuse.rewrites.engine.proven_dims import Clamped, broadcast_dims, prove_dims
+
+M, H = 8, 4  # the buffers' length (max positions) and the hidden size
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = h.make_graph(nodes, "g", inputs, [h.make_tensor_value_info(o, T.FLOAT if o.startswith("f") else T.INT64, None)
+                                             for o in outputs], list(inits))
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _proved(model) -> dict[str, list]:
+    graph = model_io.to_graph(model_io.infer_shapes(model))
+    prove_dims(graph)
+    return {name: list(t.shape) if t.shape is not None else None for name, t in graph.tensors().items()}
+
+
+def embeddings_model(target_from="ids", limit=M):
+    """BERT's embeddings with a dynamic sequence: positions ``P[0:S]`` sliced from an arange buffer of
+    ``limit`` entries, token types ``Expand(GatherElements(zeros, positions), [B, S])``, words
+    ``Gather(W, ids)``, summed. ``target_from``: the tensor whose Shape gives the Expand's target."""
+    i64 = lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)  # noqa: E731
+    f32 = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32), name)  # noqa: E731
+    rng = np.random.default_rng(0)
+    inits = [i64("buffer", np.arange(limit)[None, :]), i64("zeros", np.zeros((1, limit))), i64("zero", 0),
+             i64("one", 1), i64("axis0", [0]), i64("axis1", [1]), i64("start", [0]), i64("step", [1]),
+             f32("words", rng.standard_normal((20, H))), f32("positions", rng.standard_normal((limit, H))),
+             f32("types", rng.standard_normal((2, H)))]
+    nodes = [h.make_node("Shape", ["ids"], ["ids_shape"]),
+             h.make_node("Gather", ["ids_shape", "one"], ["s"], axis=0),
+             h.make_node("Unsqueeze", ["s", "axis0"], ["s1"]),
+             h.make_node("Slice", ["buffer", "start", "s1", "axis1", "step"], ["pos_ids"]),
+             h.make_node("GatherElements", ["zeros", "pos_ids"], ["type_row"], axis=1),
+             h.make_node("Shape", [target_from], ["target_shape"]),
+             h.make_node("Gather", ["target_shape", "zero"], ["b"], axis=0),
+             h.make_node("Gather", ["target_shape", "one"], ["t"], axis=0),
+             h.make_node("Unsqueeze", ["b", "axis0"], ["b1"]),
+             h.make_node("Unsqueeze", ["t", "axis0"], ["t1"]),
+             h.make_node("Concat", ["b1", "t1"], ["bs"], axis=0),
+             h.make_node("Expand", ["type_row", "bs"], ["type_ids"]),
+             h.make_node("Gather", ["words", "ids"], ["f_words"], axis=0),
+             h.make_node("Gather", ["types", "type_ids"], ["f_types"], axis=0),
+             h.make_node("Gather", ["positions", "pos_ids"], ["f_positions"], axis=0),
+             h.make_node("Add", ["f_words", "f_types"], ["f_sum"]),
+             h.make_node("Add", ["f_sum", "f_positions"], ["f_embeddings"])]
+    inputs = [h.make_tensor_value_info("ids", T.INT64, ["batch", "sequence"]),
+              h.make_tensor_value_info("other", T.INT64, ["rows", "cols"])]
+    return _model(nodes, inputs, ["type_ids", "f_embeddings", "pos_ids"], inits)
+
+
+def _feeds(batch, seq, other=(2, 3)):
+    rng = np.random.default_rng(batch * 100 + seq)
+    return {"ids": rng.integers(0, 20, (batch, seq)).astype(np.int64), "other": np.zeros(other, np.int64)}
+
+
+def test_the_token_type_and_embedding_sums_get_the_ids_batch_and_sequence():
+    model = embeddings_model()
+    plain = model_io.infer_shapes(model)
+    onnx_dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+                 for vi in list(plain.graph.value_info) + list(plain.graph.output)}
+    assert not {"batch", "sequence"} & set(onnx_dims["type_ids"])  # what ONNX alone gives: invented names
+    shapes = _proved(model)
+    assert shapes["type_ids"] == ["batch", "sequence"]
+    assert shapes["f_sum"] == ["batch", "sequence", H]
+    assert shapes["f_embeddings"] == ["batch", "sequence", H]  # min(S, 8) met S: S whenever it runs
+    assert shapes["pos_ids"][0] == 1 and str(shapes["pos_ids"][1]).startswith("unk__")  # min(S, 8): no name
+    for batch, seq in [(1, 1), (3, 5), (2, M)]:  # the claim against what ONNX Runtime computes
+        got = run_ort(model, _feeds(batch, seq))
+        assert got["type_ids"].shape == (batch, seq) and got["f_embeddings"].shape == (batch, seq, H)
+
+
+def test_a_sequence_longer_than_the_buffer_makes_the_original_fail():
+    # The proof holds "whenever the model runs": past the buffer, min(S, 8) != S and the Add fails.
+    with pytest.raises(Exception):
+        run_ort(embeddings_model(), _feeds(1, M + 1))
+
+
+def test_a_target_read_from_another_input_proves_nothing():
+    # Expand(row [1, min(S, 8)], [rows, cols]): cols is not S, and either could be 1 at run time.
+    shapes = _proved(embeddings_model(target_from="other"))
+    assert "cols" not in shapes["type_ids"] and "sequence" not in shapes["type_ids"]
+    assert shapes["type_ids"][0] == "rows"  # the row of 1 broadcast to the target's rows: that is proved
+
+
+def reshape_model(target):
+    inits = [numpy_helper.from_array(np.asarray(target, np.int64), "target")]
+    nodes = [h.make_node("Reshape", ["x", "target"], ["merged"]), h.make_node("Relu", ["merged"], ["f_out"])]
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, ["batch", "sequence", 4, 16])], ["f_out"], inits)
+
+
+def test_a_head_merge_reshape_keeps_the_sequence():
+    shapes = _proved(reshape_model([0, -1, 64]))
+    assert shapes["merged"] == ["batch", "sequence", 64] and shapes["f_out"] == ["batch", "sequence", 64]
+    x = np.zeros((2, 5, 4, 16), np.float32)
+    assert run_ort(reshape_model([0, -1, 64]), {"x": x})["f_out"].shape == (2, 5, 64)
+
+
+@pytest.mark.parametrize("target", [[0, -1, 48], [-1, 64], [0, -1, 32]])
+def test_a_reshape_whose_quotient_is_not_one_name_is_left_alone(target):
+    # S·64/48 is not a name; [-1, 64] is B·S (a product); [0, -1, 32] is 2·S
+    shapes = _proved(reshape_model(target))
+    assert "sequence" not in shapes["merged"]
+
+
+def test_a_range_over_a_proved_dimension_gets_it():
+    # Range(0, Gather(Shape(Reshape(x, [0, -1, 64])), 1)): the length is known once the Reshape is proved.
+    inits = [numpy_helper.from_array(np.asarray([0, -1, 64], np.int64), "target"),
+             numpy_helper.from_array(np.asarray(1, np.int64), "one"), numpy_helper.from_array(np.asarray(0, np.int64), "zero")]
+    nodes = [h.make_node("Reshape", ["x", "target"], ["merged"]),
+             h.make_node("Shape", ["merged"], ["shape"]),
+             h.make_node("Gather", ["shape", "one"], ["n"], axis=0),
+             h.make_node("Range", ["zero", "n", "one"], ["rows"])]
+    model = _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, ["batch", "sequence", 4, 16])], ["rows"], inits)
+    assert _proved(model)["rows"] == ["sequence"]
+    assert run_ort(model, {"x": np.zeros((2, 5, 4, 16), np.float32)})["rows"].shape == (5,)
+
+
+@pytest.mark.parametrize("a, b, want", [
+    ([Clamped("s", 8)], ["s"], ["s"]),       # min(s, 8) ⊕ s = s
+    (["s"], [Clamped("s", 8)], ["s"]),
+    ([Clamped("s", 8)], [1], [Clamped("s", 8)]),
+    ([Clamped("s", 8)], ["t"], [None]),      # another name: unknown
+    (["a"], ["b"], [None]),                  # either may be 1
+    ([3], ["a"], [3]),                       # a must be 3 or 1
+    ([3], [4], None),                        # never broadcasts
+    (["b", 1, "s"], [4, 1], ["b", 4, "s"]),  # right-aligned
+])
+def test_broadcast_rules(a, b, want):
+    assert broadcast_dims(a, b) == want
+
+
+def test_a_renamed_symbol_reaches_every_tensor_that_shared_it():
+    # Gather(types, type_ids) shares the Expand's invented symbols in ONNX's inference; renaming them
+    # names the lookup too, without inferring again.
+    graph = model_io.to_graph(model_io.infer_shapes(embeddings_model()))
+    before = list(graph.tensors()["f_types"].shape)
+    assert all(isinstance(d, str) and d.startswith("unk__") for d in before[:2])
+    assert prove_dims(graph) >= 2
+    assert list(graph.tensors()["f_types"].shape) == ["batch", "sequence", H]
+    assert isinstance(graph, gs.Graph)
