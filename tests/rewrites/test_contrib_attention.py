@@ -733,7 +733,8 @@ def sdpa_mask_model(keep_shape=("B", 1, 1, S), true_shape=(1, 1, S, 1), true_val
     with ``keep`` a bool input and ``t`` a constant (all True: the And only broadcasts). ``negate``:
     ``Where(drop, finfo.min, 0)`` instead. ``grid`` (an op and a bound): t is computed at run time as
     ``op(Range(0, B, 1) as [B, 1, 1, 1], bound)`` over keep's dynamic batch B, as transformers 5 writes
-    ``q_idx >= 0`` over a dynamic sequence (``("GreaterOrEqual", 0)`` is always true)."""
+    ``q_idx >= 0`` over a dynamic sequence (``("GreaterOrEqual", 0)`` is always true); a third entry
+    True writes it as transformers 5.17 exports it, ``And(all-True constant, Cast(op(...), bool))``."""
     model = attention_model(mask="full", dtype=dtype)
     graph = model.graph
     (madd,) = [i for i in graph.input if i.name == "madd"]
@@ -747,15 +748,19 @@ def sdpa_mask_model(keep_shape=("B", 1, 1, S), true_shape=(1, 1, S, 1), true_val
     branches = ["min", "zero"] if negate else ["zero", "min"]
     mask_nodes = []
     if grid is not None:
-        op, bound = grid
+        op, bound, *wrapped = grid
         graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
                                   (("zero_i", 0), ("one_i", 1), ("grid_axes", [1, 2, 3]), ("bound", bound))])
         mask_nodes = [h.make_node("Shape", ["keep"], ["keep_shape"], end=1),
                       h.make_node("Squeeze", ["keep_shape"], ["batch"]),
                       h.make_node("Range", ["zero_i", "batch", "one_i"], ["rows"]),
                       h.make_node("Unsqueeze", ["rows", "grid_axes"], ["rows4"]),
-                      h.make_node(op, ["rows4", "bound"], ["all_true"])]
+                      h.make_node(op, ["rows4", "bound"], ["compared" if wrapped and wrapped[0] else "all_true"])]
         graph.initializer.remove(next(i for i in graph.initializer if i.name == "all_true"))
+        if wrapped and wrapped[0]:
+            graph.initializer.append(numpy_helper.from_array(np.ones((1, 1, 1, 1), bool), "ones"))
+            mask_nodes += [h.make_node("Cast", ["compared"], ["compared_bool"], to=T.BOOL),
+                           h.make_node("And", ["ones", "compared_bool"], ["all_true"])]
     mask_nodes += [h.make_node("And", ["keep", "all_true"], ["both"]),
                   h.make_node("Expand", ["both", "mask_shape"], ["cond"]),
                   h.make_node("Where", ["cond", *branches], ["madd"])]
@@ -766,13 +771,15 @@ def sdpa_mask_model(keep_shape=("B", 1, 1, S), true_shape=(1, 1, S, 1), true_val
     return onnx.shape_inference.infer_shapes(model)
 
 
-@pytest.mark.parametrize("op, bound, proven", [("GreaterOrEqual", 0, True), ("Greater", -1, True),
-                                               ("GreaterOrEqual", 1, False), ("Greater", 0, False)])
-def test_a_run_time_always_true_grid_is_seen_through(op, bound, proven):
+@pytest.mark.parametrize("op, bound, proven, wrapped", [
+    ("GreaterOrEqual", 0, True, False), ("Greater", -1, True, False), ("GreaterOrEqual", 1, False, False),
+    ("Greater", 0, False, False), ("GreaterOrEqual", 0, True, True), ("GreaterOrEqual", 1, False, True)])
+def test_a_run_time_always_true_grid_is_seen_through(op, bound, proven, wrapped):
     """``And(keep, Range(0, B) >= 0)`` over a dynamic batch is ``keep`` broadcast: the key padding mask
-    becomes a raw mask_index. ``>= 1`` and ``> 0`` are False at row 0, so the mask stays a bias there,
-    and both forms give the original's outputs."""
-    model = sdpa_mask_model(grid=(op, bound))
+    becomes a raw mask_index, also when the comparison is cast to bool and anded with all-True ones
+    (``wrapped``). ``>= 1`` and ``> 0`` are False at row 0, so the mask stays a bias there, and both
+    forms give the original's outputs."""
+    model = sdpa_mask_model(grid=(op, bound, wrapped))
     out, report = apply(model)
     (detail,) = [d for d in report.details if d["rule"] == RULE]
     assert detail["mask_form"] == ("mask_index" if proven else "attention_bias")

@@ -156,3 +156,22 @@ def test_a_renamed_symbol_reaches_every_tensor_that_shared_it():
     assert prove_dims(graph) >= 2
     assert list(graph.tensors()["f_types"].shape) == ["batch", "sequence", H]
     assert isinstance(graph, gs.Graph)
+
+
+def test_a_refresh_gives_a_proved_name_to_every_tensor_that_shares_its_new_symbol():
+    # values = TopK(x, k) has a length ONNX cannot know; say a proof named it ``sequence`` (a name the
+    # model declares). Inferring again invents one symbol for values and Relu(values) alike: both must
+    # come out ``sequence``, not the kept name on one and the new symbol on the other.
+    from onnxfuse.rewrites.engine.shapes import refresh_shapes
+
+    nodes = [h.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1),
+             h.make_node("Relu", ["values"], ["f_relu"])]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, ["batch", 8]), h.make_tensor_value_info("k", T.INT64, [1]),
+              h.make_tensor_value_info("y", T.FLOAT, ["batch", "sequence"])]
+    graph = model_io.to_graph(model_io.infer_shapes(_model(nodes, inputs, ["f_relu"])))
+    tensors = graph.tensors()
+    assert str(tensors["f_relu"].shape[1]).startswith("unk__")
+    tensors["values"].shape = ["batch", "sequence"]
+    refresh_shapes(graph)
+    assert list(tensors["values"].shape) == ["batch", "sequence"]
+    assert list(tensors["f_relu"].shape) == ["batch", "sequence"]

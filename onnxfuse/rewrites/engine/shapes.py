@@ -25,7 +25,11 @@ schema) keeps its shape minus the invented names of the old run, which become un
 matters because a rewrite can also lose what inference knew: GPT-2's ``Reshape(Gemm(..), [-1, 128,
 2304])`` (constant-reshape-target's -1 for a batch read from another tensor) is ``batch`` by data
 propagation through the original Concat, but ``unk`` from the constant, since ONNX does no symbolic
-division. Graph inputs and constants are never touched.
+division. Graph inputs and constants are never touched. Where the kept dimension meets a symbol the
+new run invented, that symbol is the kept dimension everywhere in the new run (it shares a symbol only
+between dimensions it proved equal), so the equality is not lost between the tensor that kept the name
+and those that only have the symbol (:func:`_kept_symbols`). After a refresh the apply loop runs
+:func:`~onnxfuse.rewrites.engine.proven_dims.prove_dims`, for what no ONNX inference derives.
 """
 
 from __future__ import annotations
@@ -140,6 +144,13 @@ def _inferred_shapes(graph: gs.Graph) -> dict[str, list | None]:
     _identity_stand_ins(work, _declared_symbols(graph))
     model = gs.export_onnx(work, do_type_check=False)
     del work
+    # A graph output's declared shape wins over what ONNX infers for it: an invented name of an earlier
+    # run there would stay, unshared with the tensors this run proves equal to it. Only sizes and
+    # declared names are declarations.
+    for vi in model.graph.output:
+        for d in vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []:
+            if d.HasField("dim_param") and d.dim_param.startswith("unk__"):
+                d.ClearField("dim_param")
     inferred = infer_shapes(model)
     if inferred is model:  # inference failed: nothing new is known
         return {}
