@@ -94,18 +94,52 @@ def _masked_softmax(fill: float, eps: float) -> onnx.ModelProto:
     return model
 
 
-def test_sentinels_clamp_and_epsilons_stay_non_zero():
+def test_a_softmax_mask_stays_float32_and_epsilons_stay_non_zero():
     model = _masked_softmax(float(np.finfo(np.float32).min), 1e-12)
     half, notes = convert_to_fp16(model)
     values = {t.name: numpy_helper.to_array(t) for t in half.graph.initializer}
-    assert values["fill"].dtype == np.float16 and float(values["fill"]) == -65504.0  # not -inf
+    assert values["fill"].dtype == np.float32 and float(values["fill"]) == float(np.finfo(np.float32).min)
     assert float(values["eps"]) == pytest.approx(HALF_TINY)  # not 0
+    assert any("softmax" in n and "float32" in n for n in notes)
+    softmax = next(n for n in half.graph.node if n.op_type == "Softmax")
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in onnx.shape_inference.infer_shapes(half).graph.value_info}
+    assert types[softmax.input[0]] == T.FLOAT  # the island: mask, Add and Softmax in float32
     x = np.array([[1, 2, 3, 4], [5, 5, 5, 5]], np.float32)  # the second row's variance is 0
     m = np.array([[0, 0, 1, 1], [1, 1, 1, 1]], np.float32)  # the second row fully masked
     want = run_ort(model, {"x": x, "m": m})["y"]
     got = run_ort(half, {"x": x, "m": m})["y"]
     assert np.isfinite(got).all()  # -inf would give NaN in the fully masked row, eps = 0 a division by 0
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_a_fully_masked_row_stays_uniform():
+    """The original adds finfo(float32).min, which absorbs the scores: a row whose every key is masked is
+    uniform. A clamped -65504 would not absorb them (the row would follow its scores, 0.24 off on
+    BERT-base); the float32 island keeps it uniform."""
+    model = _masked_softmax(float(np.finfo(np.float32).min), 1e-12)
+    half, _ = convert_to_fp16(model)
+    x = np.array([[1, 2, 3, 4], [0, 3, -2, 6]], np.float32)  # unequal scores in the masked row
+    m = np.array([[0, 0, 1, 1], [1, 1, 1, 1]], np.float32)
+    want = run_ort(model, {"x": x, "m": m})["y"]
+    got = run_ort(half, {"x": x, "m": m})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+    clamped = numpy_helper.from_array(np.array(-65504.0, np.float32), "fill")  # what the clamp would do
+    other = onnx.ModelProto()
+    other.CopyFrom(model)
+    other.graph.initializer.remove(next(t for t in other.graph.initializer if t.name == "fill"))
+    other.graph.initializer.append(clamped)
+    assert np.abs(run_ort(other, {"x": x, "m": m})["y"] - want).max() > 0.1  # the test can tell
+
+
+def test_a_sentinel_that_reaches_no_softmax_is_clamped():
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 4])
+    nodes = [h.make_node("Max", ["x", "floor"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "floor")]
+    model = h.make_model(h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("y", T.FLOAT, [2, 4])], inits),
+                         opset_imports=[h.make_opsetid("", 13)])
+    half, notes = convert_to_fp16(model)
+    (floor,) = [numpy_helper.to_array(t) for t in half.graph.initializer]
+    assert floor.dtype == np.float16 and float(floor) == -65504.0 and notes == []  # not -inf
 
 
 def test_a_constant_beyond_float16_stays_float32_with_a_note():
