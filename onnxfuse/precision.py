@@ -153,9 +153,11 @@ def _sentinel_values(graph: onnx.GraphProto, floats: set[str]) -> set[str]:
 def softmax_islands(graph: onnx.GraphProto, floats: set[str]) -> tuple[set[int], set[str]]:
     """The float32 softmax islands of ``graph`` (module docstring): ``(node ids, values)``. The values are
     the float ones computed from a sentinel (forward, through ONNX-domain nodes without subgraphs, not
-    through a Softmax) that a Softmax reads (backward from its input); the nodes are their producers and
-    those Softmaxes. A node
-    that writes a graph output stays out (the interface keeps its type)."""
+    through a Softmax) that a Softmax reads (backward from its input); the nodes are their producers,
+    those Softmaxes and the ``ConstantOfShape`` nodes they read (masked_fill's zeros: written in float32
+    rather than cast up at run time, and contrib-attention then sees the zeros). If a node of an island
+    cannot be held (another domain, a subgraph, a graph output: the interface keeps its type), there are
+    no islands and the sentinels clamp as before."""
     producers = {o: n for n in graph.node for o in n.output}
     outputs = {vi.name for vi in graph.output}
 
@@ -180,6 +182,12 @@ def softmax_islands(graph: onnx.GraphProto, floats: set[str]) -> tuple[set[int],
             stack.extend(p.input)
     nodes = {id(producers[v]) for v in needed if v in producers}
     nodes |= {id(n) for n in softmaxes}
+    for n in [n for n in graph.node if id(n) in nodes]:  # a ConstantOfShape it reads (masked_fill's zeros)
+        for name in n.input:  # joins it: written in float32 rather than cast up at run time
+            p = producers.get(name)
+            if p is not None and p.op_type == "ConstantOfShape" and plain(p) and name in floats:
+                nodes.add(id(p))
+                needed.add(name)
     bad = {id(n) for n in graph.node if id(n) in nodes and (not plain(n) or any(o in outputs for o in n.output))}
     if bad:  # an island with a node it cannot hold is not an island: leave those softmaxes as they were
         return set(), set()

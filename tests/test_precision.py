@@ -228,3 +228,27 @@ def test_cli_json_reports_the_precision(tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["ok"] and doc["result"]["precision"]["precision"] == "fp16"
     assert doc["result"]["validation"]["passed"]
+
+
+def test_masked_fill_zeros_join_the_island():
+    """GPT-2's mask is ``Where(drop, finfo.min, ConstantOfShape(shape))``: the zeros are written in float32
+    inside the island (no Cast of float16 zeros at run time), so contrib-attention still sees zeros."""
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 4])
+    drop = h.make_tensor_value_info("drop", T.BOOL, [2, 4])
+    nodes = [h.make_node("Shape", ["x"], ["shape"]),
+             h.make_node("ConstantOfShape", ["shape"], ["zeros"],
+                         value=numpy_helper.from_array(np.zeros(1, np.float32))),
+             h.make_node("Where", ["drop", "fill", "zeros"], ["bias"]),
+             h.make_node("Add", ["x", "bias"], ["s"]), h.make_node("Softmax", ["s"], ["p"], axis=-1),
+             h.make_node("Relu", ["p"], ["y"])]  # (a Softmax writing a graph output stays out of islands)
+    inits = [numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "fill")]
+    model = h.make_model(h.make_graph(nodes, "g", [x, drop], [h.make_tensor_value_info("y", T.FLOAT, [2, 4])], inits),
+                         opset_imports=[h.make_opsetid("", 13)])
+    half, _ = convert_to_fp16(model)
+    (zeros,) = [n for n in half.graph.node if n.op_type == "ConstantOfShape"]
+    assert zeros.attribute[0].t.data_type == T.FLOAT
+    assert not any(n.op_type == "Cast" and "zeros" in n.input for n in half.graph.node)
+    xv = np.array([[1, 2, 3, 4], [0, 3, -2, 6]], np.float32)
+    dv = np.array([[False, True, False, True], [True, True, True, True]])  # the second row fully masked
+    np.testing.assert_allclose(run_ort(half, {"x": xv, "drop": dv})["y"], run_ort(model, {"x": xv, "drop": dv})["y"],
+                               rtol=1e-2, atol=1e-3)
