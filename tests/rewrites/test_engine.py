@@ -98,3 +98,37 @@ class _RefuseOncePerAnchor(Rule):
 def test_refuse_once_per_anchor_reports_the_first_reason_only():
     report = apply_rules(_graph(), [_RefuseOncePerAnchor()])
     assert [r.reason for r in report.refusals] == ["refused in pass 1"]
+
+
+class _MergeReluNeg(Rule):
+    """Matches both nodes of Relu → Neg; the Relu's rewrite replaces the pair by one Abs (a made-up
+    rewrite: only the bookkeeping matters), which disconnects the Neg before its own match is checked."""
+
+    name = "merge-relu-neg"
+    checked: list = []
+
+    def match(self, graph):
+        return [n for n in graph.nodes if n.op in ("Relu", "Neg")]
+
+    def check(self, graph, node):
+        self.checked.append(node.name)
+        return Plan(node, None) if node.op == "Relu" else Refuse("the Neg is checked on its own")
+
+    def rewrite(self, graph, plan):
+        relu = plan.anchor
+        (neg,) = [n for n in graph.nodes if n.op == "Neg"]
+        out = neg.outputs[0]
+        neg.outputs.clear()
+        neg.inputs.clear()
+        graph.nodes.append(gs.Node("Abs", "abs", inputs=[relu.inputs[0]], outputs=[out]))
+        relu.outputs.clear()
+        relu.inputs.clear()
+
+
+def test_a_match_an_earlier_rewrite_disconnected_is_skipped_not_refused():
+    rule = _MergeReluNeg()
+    rule.checked = []
+    report = apply_rules(_graph(), [rule])
+    assert report.counts[rule.name] == 1
+    assert rule.checked == ["relu"]  # the Neg, disconnected by then, never reaches check
+    assert report.refusals == []

@@ -244,8 +244,8 @@ class ContribAttention(Rule):
         return Refuse(found) if isinstance(found, str) else found
 
     def _analyze(self, graph, softmax) -> AttentionPlan | str:
-        if not softmax.outputs or len(softmax.inputs) != 1:
-            return "Softmax already rewritten"
+        if len(softmax.inputs) != 1:
+            return "Softmax does not have one input"
         scores_shape = shape_of(graph, softmax.inputs[0])
         if scores_shape is None or len(scores_shape) != 4:
             return "Softmax input is not known to be rank 4 [batch, heads, query, key]"

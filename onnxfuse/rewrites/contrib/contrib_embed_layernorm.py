@@ -62,7 +62,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
-    constant_value, consumers, dims_equal, dtype_of, is_alive, is_graph_output, is_op, producer_of, shape_of,
+    constant_value, consumers, dims_equal, dtype_of, is_graph_output, is_op, producer_of, shape_of,
 )
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shape_values import SourcedDim, shape_value
@@ -171,8 +171,6 @@ class ContribEmbedLayerNorm(Rule):
         return [n for n in graph.nodes if is_op(n, "LayerNormalization")]
 
     def check(self, graph, ln):
-        if not is_alive(ln):
-            return Refuse("node was already rewritten by an earlier match")
         x = ln.inputs[0]
         shape = shape_of(graph, x)
         if shape is None or len(shape) != 3 or int(ln.attrs.get("axis", -1)) not in (-1, 2):

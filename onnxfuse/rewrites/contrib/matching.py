@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxfuse.rewrites.engine.facts import is_alive, rank_of, scalar_constant
+from onnxfuse.rewrites.engine.facts import rank_of, scalar_constant
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
 
 
@@ -34,8 +34,6 @@ class ContribRule(Rule):
         raise NotImplementedError
 
     def check(self, graph, match):
-        if not is_alive(match):
-            return Refuse("node was already rewritten by an earlier match")
         reason, found = self.analyze(graph, match)
         return Refuse(reason) if reason else Plan(match, found)
 

@@ -8,6 +8,8 @@
   before a later rule changed the graph; rules that saw no change since their last run are skipped.
 * After a rule that ``makes_shapes_inferable`` changed the graph, shapes are inferred again
   (:mod:`.shapes`).
+* A candidate whose anchor an earlier match of the same pass rewrote (disconnected) is skipped, not
+  refused: it is no candidate any more, and every rule would otherwise repeat that check.
 * Refusals are reported once per (rule, node name, reason).
 * Any exception inside a rule (but out of memory and onnxfuse's own errors) becomes
   :class:`~.rule.RuleFailed`, which the pipeline answers by dropping the rule.
@@ -15,8 +17,11 @@
 
 from __future__ import annotations
 
+import onnx_graphsurgeon as gs
+
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.rewrites.engine.cleanup import cleanup
+from onnxfuse.rewrites.engine.facts import is_alive
 from onnxfuse.rewrites.engine.rule import ApplyReport, GraphPass, Refusal, Refuse, Rule, RuleFailed
 from onnxfuse.rewrites.engine.proven_dims import prove_dims
 from onnxfuse.rewrites.engine.shapes import refresh_shapes
@@ -108,6 +113,9 @@ class _Run:
             applied = 0
             refused = False
             for match in list(rule.match(self.graph)):
+                anchor = rule.anchor(match)
+                if isinstance(anchor, gs.Node) and not is_alive(anchor):  # an earlier match of this pass
+                    continue  # rewrote it: no candidate any more
                 plan = rule.check(self.graph, match)
                 if isinstance(plan, Refuse):
                     if plan.once_per_anchor and not self._first_refusal_of(rule, match):

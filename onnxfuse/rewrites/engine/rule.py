@@ -12,8 +12,9 @@ A rule is a small class with three steps, after onnxscript's rewriter:
 
 The apply loop (:mod:`.apply`) calls ``rewrite`` right after the ``check`` that produced the plan, so
 the plan describes the graph as it is. But ``match`` results are collected before any rewrite of the
-same pass, so ``check`` must re-verify the structure it relies on (a node it expects may already have
-been folded away): :func:`~onnxfuse.rewrites.engine.facts.is_alive` helps with that.
+same pass: the loop skips a match whose anchor (a node) an earlier rewrite disconnected, and ``check``
+must re-verify the rest of the structure it relies on (a neighbour it expects may already have been
+folded away): :func:`~onnxfuse.rewrites.engine.facts.is_alive` helps with that.
 
 A :class:`GraphPass` is the other kind: a whole-graph transformation (constant folding) that runs once
 per ``apply_rules`` and reports how many nodes it changed, instead of emitting one match per node.

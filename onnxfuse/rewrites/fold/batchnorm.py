@@ -82,8 +82,6 @@ class FoldBatchNorm(Rule):
                 yield node
 
     def check(self, graph, bn):
-        if not is_alive(bn):
-            return Refuse("BatchNormalization was already rewritten")
         x = bn.inputs[0]
         p = producer_of(x)
         if p is None or p.op not in self.producers or not is_alive(p):

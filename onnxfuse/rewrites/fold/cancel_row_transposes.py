@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnxfuse.rewrites.engine.facts import consumers, is_alive, is_graph_output, is_op, perm_of, producer_of, shape_of
+from onnxfuse.rewrites.engine.facts import consumers, is_graph_output, is_op, perm_of, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
 
@@ -96,8 +96,6 @@ class CancelRowTransposes(Rule):
                 yield node
 
     def check(self, graph, outer):
-        if not is_alive(outer):
-            return Refuse("node was already rewritten by an earlier match")
         found = _chain(graph, outer)
         if found is None or not found[0]:
             return Refuse("the chain changed since it was matched")

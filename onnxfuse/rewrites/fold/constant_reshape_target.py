@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from onnxfuse.rewrites.engine.edit import new_constant
-from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, producer_of
+from onnxfuse.rewrites.engine.facts import constant_value, is_op, producer_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shape_values import shape_value
 
@@ -185,8 +185,6 @@ class ConstantReshapeTarget(Rule):
                 yield node
 
     def check(self, graph, node):
-        if not is_alive(node):
-            return Refuse("node was already rewritten by an earlier match")
         x, target = node.inputs
         concat = producer_of(target)
         allowzero = int(node.attrs.get("allowzero", 0))

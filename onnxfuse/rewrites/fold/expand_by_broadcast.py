@@ -38,7 +38,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant, to_identity
-from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, opset_of
+from onnxfuse.rewrites.engine.facts import constant_value, is_op, opset_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem
 from onnxfuse.rewrites.engine.proven_dims import broadcast_dims
@@ -61,8 +61,6 @@ class ExpandByBroadcast(Rule):
                 yield node
 
     def check(self, graph, node):
-        if not is_alive(node):
-            return Refuse("node was already rewritten by an earlier match")
         x, target = node.inputs
         if constant_value(graph, target) is not None:
             return Refuse("the target shape is a constant: no shape computation to remove")

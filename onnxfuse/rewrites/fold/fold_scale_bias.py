@@ -68,8 +68,8 @@ class FoldScaleBias(Rule):
 
     def check(self, graph, match):
         node, idx = match
-        if not is_alive(node) or len(node.inputs) != 2:
-            return Refuse(f"{node.op} was already rewritten")
+        if len(node.inputs) != 2:
+            return Refuse(f"{node.op} does not have two inputs")
         y, other = node.inputs[idx], node.inputs[1 - idx]
         p = _foldable_producer(y)
         if p is None or not is_alive(p):

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from onnxfuse.rewrites.engine.edit import to_identity
-from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, producer_of, provably_nonnegative, shape_of
+from onnxfuse.rewrites.engine.facts import constant_value, is_op, producer_of, provably_nonnegative, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 
 
@@ -53,8 +53,6 @@ class FoldSizeSentinel(Rule):
                 yield node
 
     def check(self, graph, node):
-        if not is_alive(node):
-            return Refuse("node was already rewritten by an earlier match")
         equal = producer_of(node.inputs[0])
         if not is_op(equal, "Equal") or len(equal.inputs) != 2:
             return Refuse("condition is no longer an Equal")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from onnxfuse.rewrites.engine.edit import new_constant, to_identity
-from onnxfuse.rewrites.engine.facts import constant_value, consumers, is_alive, is_op
+from onnxfuse.rewrites.engine.facts import constant_value, consumers, is_op
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.fold import SIZE_LIMIT
 
@@ -45,8 +45,6 @@ class FoldWeightTranspose(Rule):
                 yield node
 
     def check(self, graph, node):
-        if not is_alive(node):
-            return Refuse("node was already rewritten by an earlier match")
         weight = node.inputs[0]
         value = constant_value(graph, weight)
         if value is None:

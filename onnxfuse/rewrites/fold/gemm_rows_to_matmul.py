@@ -31,7 +31,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_op, producer_of
+from onnxfuse.rewrites.engine.facts import constant_value, is_op, producer_of
 from onnxfuse.rewrites.engine.row_wise import row_wise_gemm
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
@@ -53,8 +53,6 @@ class GemmRowsToMatMul(Rule):
                 yield node
 
     def check(self, graph, back):
-        if not is_alive(back):
-            return Refuse("node was already rewritten by an earlier match")
         reason, rows = row_wise_gemm(graph, back)
         if reason:
             return Refuse(reason)

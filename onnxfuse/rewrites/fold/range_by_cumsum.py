@@ -31,7 +31,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import constant_value, dtype_of, is_alive, is_op, opset_of, producer_of, shape_of
+from onnxfuse.rewrites.engine.facts import constant_value, dtype_of, is_op, opset_of, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem
 
@@ -76,8 +76,6 @@ class RangeByCumsum(Rule):
                 yield node
 
     def check(self, graph, node):
-        if not is_alive(node):
-            return Refuse("node was already rewritten by an earlier match")
         start, limit, delta = node.inputs
         if _scalar(graph, start) != 0 or _scalar(graph, delta) != 1:
             return Refuse("start is not the constant 0 or delta not the constant 1")
