@@ -207,3 +207,16 @@ def test_shapes_of_provably_equal_tensors_are_one_value():
     assert counts["duplicate"] == 1 and op_types(out).count("Shape") == 1
     feeds = {"x": np.ones((4, 3), np.float32)}
     assert run_ort(out, feeds)["y"].tolist() == run_ort(model, feeds)["y"].tolist() == [8, 6]
+
+
+def test_shapes_equal_only_by_a_name_two_inputs_declare_stay_apart():
+    """ids and mask both declared [batch, sequence]: ONNX Runtime does not check that the two agree (and
+    validation feeds them unequal), so Shape(ids) and Shape(mask) are two values."""
+    ids = vi("ids", ["batch", "sequence"], TensorProto.INT64)
+    mask = vi("mask", ["batch", "sequence"], TensorProto.INT64)
+    nodes = [_node("Shape", ["ids"], ["si"]), _node("Shape", ["mask"], ["sm"]), _node("Concat", ["si", "sm"], ["y"], axis=0)]
+    model = make_model(nodes, [ids, mask], [vi("y", [4], TensorProto.INT64)])
+    out, counts = _clean(onnx.shape_inference.infer_shapes(model))
+    assert counts["duplicate"] == 0 and op_types(out).count("Shape") == 2
+    feeds = {"ids": np.zeros((2, 3), np.int64), "mask": np.zeros((4, 5), np.int64)}
+    assert run_ort(out, feeds)["y"].tolist() == run_ort(model, feeds)["y"].tolist() == [2, 3, 4, 5]

@@ -39,8 +39,8 @@ def grid_model(multiplier_from="ids", outer_axes=(1, 2, 3), inner_axes=(0, 1, 2)
              h.make_node("Reshape", ["picked", "flat"], ["picked_flat"]),
              h.make_node("Reshape", ["picked_flat", "grid_shape"], ["keep"])]
     graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("ids", T.INT64, ["batch", "sequence"]),
-                                      # own names: cleanup merges Shape nodes of equally named dims
-                                      h.make_tensor_value_info("mask", T.INT64, ["mask_batch", "mask_sequence"])],
+                                      # the names ids declares: ONNX Runtime does not check they agree
+                                      h.make_tensor_value_info("mask", T.INT64, ["batch", "sequence"])],
                          [h.make_tensor_value_info("keep", T.INT64, None)], inits)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     model.ir_version = 8

@@ -19,7 +19,10 @@
   earlier one's outputs. Inputs count as the same when they are the same tensor or small constants
   (≤ :data:`SMALL_CONSTANT_BYTES`) of equal type, shape and bytes; two ``Shape`` nodes read the same
   value when their inputs' shapes are provably equal (every dimension a size or a name, as
-  ``facts.dims_equal`` proves them). Never merged: ops with a random
+  ``facts.dims_equal`` proves them), but not by a name two graph inputs declare (``input_ids`` and
+  ``attention_mask`` both ``[batch, sequence]``): ONNX Runtime does not check that those agree, and a
+  merged ``Shape(attention_mask)`` read ``input_ids``' sizes (found 2026-11-24; for GPT-2's zoo export
+  and BERT-base the node counts are unchanged, the tiny GPT-2 in testdata keeps one more Shape). Never merged: ops with a random
   or stateful result (:data:`NOT_PURE`), nodes holding subgraphs, nodes writing a graph output.
   Exporters repeat per layer what is the same for every layer: GPT-2 builds its causal mask from
   ``Shape``/``Slice``/``Where`` twelve times, one per block.
@@ -144,10 +147,22 @@ def _attr_key(value):
     return (type(value).__name__, repr(value))
 
 
+def _shared_declared_names(graph: gs.Graph) -> set[str]:
+    """Dimension names two or more graph inputs declare (``input_ids`` and ``attention_mask``, both
+    ``[batch, sequence]``): ONNX Runtime does not check that they agree, and validation draws them unequal,
+    so two Shapes whose equality rests on such a name may differ at run time."""
+    seen: dict[str, int] = {}
+    for t in graph.inputs:
+        for d in set(d for d in (t.shape or []) if isinstance(d, str) and d):
+            seen[d] = seen.get(d, 0) + 1
+    return {d for d, n in seen.items() if n > 1}
+
+
 def merge_duplicates(graph: gs.Graph) -> int:
     """Make readers of a duplicate node read the first node's outputs (module docstring); the duplicate
     is then dead. Returns how many were merged. The graph must be in topological order."""
     outputs = {id(t) for t in graph.outputs}
+    shared = _shared_declared_names(graph)
     seen: dict[tuple, gs.Node] = {}
     merged = 0
     for node in graph.nodes:
@@ -157,7 +172,8 @@ def merge_duplicates(graph: gs.Graph) -> int:
             continue
         try:
             inputs = tuple(_tensor_key(t) for t in node.inputs)
-            if node.op == "Shape" and (dims := shape_of(graph, node.inputs[0])) is not None and None not in dims:
+            if node.op == "Shape" and (dims := shape_of(graph, node.inputs[0])) is not None and None not in dims \
+                    and not shared.intersection(d for d in dims if isinstance(d, str)):
                 inputs = (("dims", tuple(dims)),)  # the same shape, proven (sizes, one run's names): the same value
             key = (node.op, tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())), inputs,
                    len(node.outputs))
