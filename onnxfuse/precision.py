@@ -139,15 +139,15 @@ def _sentinel_values(graph: onnx.GraphProto, floats: set[str]) -> set[str]:
     found = {t.name for t in graph.initializer if t.data_type == FLOAT and t.data_location != TensorProto.EXTERNAL
              and np.any(np.abs(numpy_helper.to_array(t)) >= SENTINEL)}
     for node in graph.node:
-        if node.op_type in ("Constant", "ConstantOfShape") and node.domain in ("", "ai.onnx") and node.output:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT \
-                        and np.any(np.abs(numpy_helper.to_array(attr.t)) >= SENTINEL):
-                    found.add(node.output[0])
-                elif attr.name in ("value_float", "value_floats") and np.any(
-                        np.abs(np.asarray(onnx.helper.get_attribute_value(attr), np.float64)) >= SENTINEL):
-                    found.add(node.output[0])
-    return found & floats
+        if not node.output or node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "ConstantOfShape":
+            value = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
+        else:
+            value = constant_node_value(node)  # None for any other op
+        if value is not None and value.dtype.kind == "f" and np.any(np.abs(value) >= SENTINEL):
+            found.add(node.output[0])
+    return found & floats  # float32 values only
 
 
 def softmax_islands(graph: onnx.GraphProto, floats: set[str]) -> tuple[set[int], set[str]]:

@@ -62,7 +62,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
-    constant_value, consumers, dims_equal, dtype_of, is_graph_output, is_op, producer_of, shape_of,
+    constant_value, consumers, dims_equal, dtype_of, is_graph_output, is_op, is_whole_shape_read, producer_of,
+    shape_of,
 )
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shape_values import SourcedDim, shape_value
@@ -100,7 +101,7 @@ def _uniform_index(graph, tensor, depth=0):
 
 
 def _position_slice(graph, tensor):
-    """``(source, ends)`` when ``tensor`` is ``Slice(arange, 0, ends)`` along the last axis of a constant
+    """``(length, ends)`` when ``tensor`` is ``Slice(arange, 0, ends)`` along the last axis of a constant
     whose rows along that axis are 0, 1, 2, ... (torch's ``position_ids[:, :S]`` from the registered
     buffer): its values are then 0..n-1 with n = min(ends, length). None otherwise."""
     p = producer_of(tensor)
@@ -137,11 +138,6 @@ def _leaves(graph, tensor, adds, depth=0):
             found += sub
         return found
     return [tensor]
-
-
-def _full_shape_read(node) -> bool:
-    """``node`` is ``Shape(t)`` of all of t's dimensions (no start or end)."""
-    return is_op(node, "Shape") and not node.attrs.get("start", 0) and node.attrs.get("end") is None
 
 
 def _is_sequence_length(graph, ends, words, seq) -> bool:
@@ -198,7 +194,7 @@ class ContribEmbedLayerNorm(Rule):
             gather = producer_of(leaf)
             readers = [n for n in consumers(leaf) if n not in adds]
             if not is_op(gather, "Gather") or int(gather.attrs.get("axis", 0)) != 0 or is_graph_output(graph, leaf) \
-                    or any(not _full_shape_read(n) for n in readers):
+                    or any(not is_whole_shape_read(n) for n in readers):
                 return Refuse("an addend is not a Gather (axis 0) read only by the Add (and whole-shape Shape nodes)")
             table = constant_value(graph, gather.inputs[0])
             if table is None or table.ndim != 2 or table.shape[1] != hidden or table.dtype != np.float32:
@@ -272,10 +268,10 @@ class ContribEmbedLayerNorm(Rule):
         runtime, rows, gamma, beta, epsilon, adds, leaves, shape_reads = plan.found
         names = NameAllocator(graph)
         base = ln.name or "embed"
+        hidden = new_constant(graph, f"{base}/hidden", np.array([rows.shape[1]], np.int64)) if shape_reads else None
         for reader in shape_reads:  # Shape(Gather(T, idx)) = Concat(Shape(idx), [H]): the lookup goes away
             gather = producer_of(reader.inputs[0])
             index_shape = gs.Variable(names(f"{base}/index_shape"), dtype=np.int64, shape=[2])
-            hidden = new_constant(graph, f"{base}/hidden", np.array([rows.shape[1]], np.int64))
             graph.nodes += [gs.Node("Shape", names(f"{base}/index_shape"), inputs=[gather.inputs[1]], outputs=[index_shape]),
                             gs.Node("Concat", names(f"{base}/lookup_shape"), {"axis": 0},
                                     inputs=[index_shape, hidden], outputs=list(reader.outputs))]

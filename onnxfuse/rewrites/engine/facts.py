@@ -102,6 +102,22 @@ def scalar_constant(graph, tensor) -> np.ndarray | None:
     return value
 
 
+def unit_range_limit(graph, node):
+    """The limit of ``node`` when it is ``Range(0, limit, 1)`` (start and delta size-1 constants equal to
+    0 and 1), else None: the index grid whose length is its limit."""
+    if not is_op(node, "Range") or len(node.inputs) != 3:
+        return None
+    start, delta = constant_value(graph, node.inputs[0]), constant_value(graph, node.inputs[2])
+    if start is None or delta is None or start.size != 1 or delta.size != 1:
+        return None
+    return node.inputs[1] if float(start.reshape(-1)[0]) == 0 and float(delta.reshape(-1)[0]) == 1 else None
+
+
+def is_whole_shape_read(node) -> bool:
+    """``node`` is ``Shape(t)`` of all of t's dimensions (no start or end)."""
+    return is_op(node, "Shape") and not node.attrs.get("start", 0) and node.attrs.get("end") is None
+
+
 # --- shapes and dtypes ---------------------------------------------------------------------------------
 
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, is_op
+from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, is_op, unit_range_limit
 from onnxfuse.rewrites.engine.shape_values import shape_value
 from onnxfuse.rewrites.engine.shapes import unify_dims
 
@@ -106,7 +106,7 @@ class _Pass:
             return self.proved[d]
         if isinstance(d, str) and d in self.clamped:
             return self.clamped[d]
-        return None if _invented(d) and not (isinstance(d, str) and d) else d
+        return None if d is None or d == "" else d  # an unresolved invented name is a symbol still
 
     def dims(self, tensor):
         value = constant_value(self.graph, tensor)
@@ -116,7 +116,7 @@ class _Pass:
         return None if shape is None else [self.dim(d) for d in shape]
 
     def sizes(self, tensor) -> list | None:
-        """``tensor``'s value as a list of ints and names (:func:`shape_value`), negative ints refused."""
+        """``tensor``'s value as a list of ints and names (:func:`shape_value`), or None."""
         value = shape_value(self.graph, tensor)
         if value is None or any(isinstance(v, bool) or not isinstance(v, (int, str)) for v in value):
             return None
@@ -139,12 +139,10 @@ class _Pass:
                 if out is None:
                     return None
             return out
-        if is_op(node, "Range") and len(node.inputs) == 3:
-            start, delta = (constant_value(self.graph, t) for t in (node.inputs[0], node.inputs[2]))
-            limit = self.sizes(node.inputs[1])
-            if start is None or delta is None or start.size != 1 or delta.size != 1 or limit is None:
-                return None
-            if int(start.reshape(-1)[0]) != 0 or int(delta.reshape(-1)[0]) != 1 or len(limit) != 1:
+        limit_tensor = unit_range_limit(self.graph, node)
+        if limit_tensor is not None:
+            limit = self.sizes(limit_tensor)
+            if limit is None or len(limit) != 1:
                 return None
             return [max(0, limit[0]) if isinstance(limit[0], int) else limit[0]]
         if is_op(node, "Slice") and len(node.inputs) >= 3:

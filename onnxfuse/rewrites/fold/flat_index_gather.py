@@ -44,15 +44,11 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
-    axes_of, constant_value, dtype_of, is_op, opset_of, producer_of, provably_nonnegative, rank_of,
+    axes_of, constant_value, dtype_of, is_op, is_whole_shape_read, opset_of, producer_of, provably_nonnegative,
+    rank_of, unit_range_limit,
 )
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shape_values import shape_value
-
-
-def _scalar_is(graph, tensor, expected: int) -> bool:
-    value = constant_value(graph, tensor)
-    return value is not None and value.size == 1 and int(value.reshape(-1)[0]) == expected
 
 
 def _constant_arange(graph, tensor):
@@ -83,12 +79,10 @@ def placed_range(graph, tensor):
         if is_op(p, "Unsqueeze") and p.inputs:
             chain.append(p)
             tensor = p.inputs[0]
-        elif is_op(p, "Range") and len(p.inputs) == 3:
-            break
         else:
-            return None
-    start, limit, delta = p.inputs
-    if not (_scalar_is(graph, start, 0) and _scalar_is(graph, delta, 1)):
+            break
+    limit = unit_range_limit(graph, p)
+    if limit is None:
         return None
     axis, rank = 0, 1
     for u in reversed(chain):  # from the Range outwards
@@ -195,8 +189,7 @@ class FlatIndexGather(Rule):
         unit = new_constant(graph, f"{base}/unit", np.array([1], np.int64))
         pieces = [b1 if k == i else l1 if k == j else unit for k in range(rank)]
         indices = gather.inputs[1]
-        for reader in [n for n in indices.outputs if is_op(n, "Shape") and not n.attrs.get("start", 0)
-                       and n.attrs.get("end") is None]:  # the grid's shape, without computing the grid
+        for reader in [n for n in indices.outputs if is_whole_shape_read(n)]:  # the grid's shape, not the grid
             shape = reader.outputs[0]
             reader.outputs.clear()
             reader.inputs.clear()

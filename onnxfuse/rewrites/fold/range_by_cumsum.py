@@ -31,7 +31,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import constant_value, dtype_of, is_op, opset_of, producer_of, shape_of
+from onnxfuse.rewrites.engine.facts import (
+    constant_value, dtype_of, is_op, opset_of, producer_of, shape_of, unit_range_limit,
+)
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem
 
@@ -76,8 +78,8 @@ class RangeByCumsum(Rule):
                 yield node
 
     def check(self, graph, node):
-        start, limit, delta = node.inputs
-        if _scalar(graph, start) != 0 or _scalar(graph, delta) != 1:
+        limit = unit_range_limit(graph, node)
+        if limit is None:
             return Refuse("start is not the constant 0 or delta not the constant 1")
         if dtype_of(graph, node.outputs[0]) not in _INTS:
             return Refuse("not an int32/int64 Range")
