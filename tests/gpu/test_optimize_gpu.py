@@ -102,8 +102,10 @@ def test_optimized_vit_runs_in_a_cuda_graph_and_the_original_cannot():
 
 def test_transformers5_mask_grid_runs_in_a_cuda_graph():
     """transformers 5's mask index grid (Range from Shape, Gather of the flattened mask, Reshape to the
-    grid's Shape) after range-by-cumsum and constant-reshape-target: no CPU node, captured in a CUDA
-    graph, the original's outputs (which reads the mask in order)."""
+    grid's Shape) with a static length, after flat-index-gather's rows form (GatherElements, B carried by
+    the hidden states) and constant-reshape-target: no CPU node, captured in a CUDA graph, the original's
+    outputs (which reads the mask in order), also from a mask with more rows than the batch; with fewer
+    rows both fail on CUDA (the original's Gather reads past the mask, GatherElements checks its shapes)."""
     import importlib.util
 
     import numpy as np
@@ -118,9 +120,17 @@ def test_transformers5_mask_grid_runs_in_a_cuda_graph():
     spec.loader.exec_module(cases)
     model = cases.grid_model()
     optimized = onnxfuse.optimize(model, provider="cuda").model
-    assert not {"Shape", "Range", "Concat"} & {n.op_type for n in optimized.graph.node}
+    ops = {n.op_type for n in optimized.graph.node}
+    assert not {"Shape", "Range", "Concat"} & ops and "GatherElements" in ops
     rng = np.random.default_rng(2)
     feeds = Inputs(feeds={"x": rng.standard_normal((3, 3, 5)).astype(np.float32),
                           "mask": rng.integers(0, 2, (3, cases.L)).astype(np.int64)})
     reference = run_model(model, feeds, "cuda")["out"]
     np.testing.assert_array_equal(outputs_on_cuda(optimized, feeds)["out"], reference)
+    more_rows = {"x": feeds.feeds["x"][:2], "mask": feeds.feeds["mask"]}
+    np.testing.assert_array_equal(run_model(optimized, Inputs(feeds=more_rows), "cuda")["out"],
+                                  run_model(model, Inputs(feeds=more_rows), "cuda")["out"])
+    fewer_rows = {"x": feeds.feeds["x"], "mask": feeds.feeds["mask"][:2]}
+    for m in (model, optimized):
+        with pytest.raises(Exception):
+            run_model(m, Inputs(feeds=fewer_rows), "cuda")

@@ -87,13 +87,46 @@ def test_refusals_carry_their_reason(kwargs, reason):
     assert any(reason in r.reason for r in report.refusals if r.rule == RULE), report.refusals
 
 
-def test_a_static_length_is_left_on_the_device():
-    """With S static the inner Range folds to a constant; range-by-cumsum then keeps the grid on the device
-    (CUDA graphs), where this rule's Slice would read B·S on the CPU: refused, with that reason."""
+def static_grid_model(length=5, mask_length=5, grid_shape_read=True):
+    """grid_model with a static sequence: ids [batch, length], mask [batch, mask_length] (ONNX Runtime checks
+    static input dimensions); without ``grid_shape_read`` the result is reshaped to a constant target, as
+    constant-reshape-target leaves transformers' static export."""
     model = grid_model()
-    for vi in model.graph.input:
+    for vi, size in zip(model.graph.input, (length, mask_length)):
         vi.type.tensor_type.shape.dim[1].ClearField("dim_param")
-        vi.type.tensor_type.shape.dim[1].dim_value = 5
+        vi.type.tensor_type.shape.dim[1].dim_value = size
+    if not grid_shape_read:
+        model.graph.initializer.append(numpy_helper.from_array(np.array([-1, 1, 1, length], np.int64), "grid_target"))
+        (reshape,) = [n for n in model.graph.node if n.output[0] == "keep"]
+        reshape.input[1] = "grid_target"
+    return model
+
+
+@pytest.mark.parametrize("grid_shape_read", [True, False])
+def test_a_static_length_reads_the_rows_on_the_device(grid_shape_read):
+    """With S static the inner Range folds to a constant and the flat mask is the [B', S] mask flattened:
+    GatherElements(mask, idx[b, s] = s) on the device, B carried by the ids (no Shape node left when nothing
+    else reads one: CUDA graphs), the original's values wherever it runs."""
+    model = static_grid_model(grid_shape_read=grid_shape_read)
     out, report = rewrite_model(model, select_rules("cuda", only=["fold-constants", RULE]))
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    ops = [n.op_type for n in out.graph.node]
+    assert "GatherElements" in ops and "Range" not in ops and "Slice" in ops  # the Slice is the ids' carrier
+    if not grid_shape_read:
+        assert "Shape" not in ops
+    rng = np.random.default_rng(1)
+    for ids_rows, mask_rows in [(2, 2), (2, 3), (1, 1), (3, 4)]:
+        feeds = {"ids": np.zeros((ids_rows, 5), np.int64), "mask": rng.integers(0, 2, (mask_rows, 5)).astype(np.int64)}
+        want, got = run_ort(model, feeds)["keep"], run_ort(out, feeds)["keep"]
+        assert want.shape == got.shape and np.array_equal(want, got), (ids_rows, mask_rows)
+    feeds = {"ids": np.zeros((2, 5), np.int64), "mask": np.ones((1, 5), np.int64)}  # too few mask rows
+    for m in (model, out):
+        with pytest.raises(Exception):
+            run_ort(m, feeds)
+
+
+def test_a_static_length_over_other_rows_is_refused():
+    # the mask's rows hold 7 entries, the grid strides by 5: flat position b·5 + s is not row b's entry s
+    out, report = rewrite_model(static_grid_model(mask_length=7), select_rules("cuda", only=["fold-constants", RULE]))
     assert report.counts[RULE] == 0
-    assert any("static length" in r.reason for r in report.refusals if r.rule == RULE), report.refusals
+    assert any("flattened row-major" in r.reason for r in report.refusals if r.rule == RULE), report.refusals

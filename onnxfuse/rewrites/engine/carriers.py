@@ -12,7 +12,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import new_constant
-from onnxfuse.rewrites.engine.facts import dtype_of, shape_of
+from onnxfuse.rewrites.engine.facts import constant_value, dtype_of, is_op, producer_of, shape_of
 
 
 def carrier_problem(graph, tensor, axis: int) -> str | None:
@@ -48,3 +48,28 @@ def carrier_cond(graph, names, base: str, tensor, axis: int, rank: int, position
     cond = gs.Variable(names(f"{base}/carrier_cond"), dtype=np.bool_)
     graph.nodes.append(gs.Node("Equal", names(f"{base}/carrier_equal"), inputs=[placed, placed], outputs=[cond]))
     return cond
+
+
+def _scalar(graph, tensor):
+    value = constant_value(graph, tensor)
+    return None if value is None or value.size != 1 else value.reshape(-1)[0].item()
+
+
+def dimension_source(graph, tensor, depth: int = 8):
+    """(T, k) when ``tensor`` is ``Gather(Shape(T), k)`` (Shape's start applied) through integer Casts,
+    Squeeze, Reshape and Identity; else None."""
+    for _ in range(depth):
+        p = producer_of(tensor)
+        if is_op(p, "Identity", "Squeeze", "Reshape") or (is_op(p, "Cast") and int(p.attrs.get("to", 0)) in (6, 7)):
+            tensor = p.inputs[0]
+            continue
+        if is_op(p, "Gather") and int(p.attrs.get("axis", 0)) == 0 and len(p.inputs) == 2:
+            shape = producer_of(p.inputs[0])
+            k = _scalar(graph, p.inputs[1])
+            if not is_op(shape, "Shape") or not isinstance(k, int) or "end" in shape.attrs:
+                return None
+            rank = len(shape_of(graph, shape.inputs[0]) or [])
+            k = k + int(shape.attrs.get("start", 0) or 0) if k >= 0 else None
+            return (shape.inputs[0], k) if k is not None and 0 <= k < rank else None
+        return None
+    return None

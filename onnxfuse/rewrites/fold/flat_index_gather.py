@@ -1,4 +1,5 @@
-"""``Gather(data, b·L + l)`` over an index grid that is ``arange(B·L)`` in order becomes a ``Slice``.
+"""``Gather(data, b·L + l)`` over an index grid that is ``arange(B·L)`` in order becomes a ``Slice`` (with a
+static L, a ``GatherElements`` of the data's rows).
 
 Why
 ---
@@ -25,13 +26,22 @@ B and L are the Ranges' own limits (sizes, so ≥ 0), read where the original re
 the indices (transformers reshapes the result to it) becomes the Concat of those dimensions, so
 nothing computes the grid any more.
 
-Only where the length is dynamic (the inner index a ``Range`` at run time): its size arithmetic is on
-the CPU then anyway, and nothing is lost. With a static length the grid is left to range-by-cumsum,
-which computes it on the device: the ``Slice`` here reads B·L on the CPU, and one CPU node is enough
-for ONNX Runtime to refuse a CUDA graph of the model.
+**A static length** (the inner Range folded to a constant holding 0 … L-1) takes another form, because the
+``Slice`` above reads B·L on the CPU, and one CPU node is enough for ONNX Runtime to refuse a CUDA graph
+of the model. When the data is X [R, L] flattened row-major (``Flatten`` at axis 2, or a ``Reshape`` to
+[-1] or [-1, 1]; transformers' ``mask.flatten()`` of the [B, L] key mask, whose L ONNX Runtime checks
+as a static input dimension), flat position b·L + l is X[b, l], and the Gather is
+``Reshape(GatherElements(X, idx, axis=1), [1 …, -1 at i, …, L at j, …])`` with ``idx[b, l] = l`` of
+shape [B, L]: ``Where(cond, arange(L), arange(L))``, ``cond`` carrying B on the device
+(:func:`~onnxfuse.rewrites.engine.carriers.carrier_cond`, the tensor whose shape gave B). Both fail
+when B > R (the original's Gather reads past the data; ONNX Runtime's GatherElements rejects an index
+shape larger than the data's off its axis). On static-sequence BERT-base (docs/benchmarks.md 5.12) the
+mask chain goes from 8 small kernels (range-by-cumsum's ``Slice``/``Equal``/``Where``/``CumSum``, the
+index arithmetic, the Gather) to 3.
 
-Refused, with the reason: a static length (above); another Gather axis; indices not of that form; C not provably L; the outer
-Range on a later axis than the inner one; limits not provably non-negative; an opset below 13
+Refused, with the reason: a static length over data that is not such a flattened [R, L] tensor (above),
+or whose batch size is not a tensor's dimension; a constant grid; another Gather axis; indices not of
+that form; C not provably L; the outer Range on a later axis than the inner one; limits not provably non-negative; an opset below 13
 (Unsqueeze with axes as an input).
 """
 
@@ -42,10 +52,11 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem, dimension_source
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
     axes_of, constant_value, dtype_of, is_op, is_whole_shape_read, opset_of, producer_of, provably_nonnegative,
-    rank_of, unit_range_limit,
+    rank_of, shape_of, unit_range_limit,
 )
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shape_values import shape_value
@@ -96,6 +107,27 @@ def placed_range(graph, tensor):
     return limit, axis, rank
 
 
+def _flattened_rows(graph, data, length: int):
+    """X when ``data`` is X [R, length] (a static last dimension) flattened row-major to [R·length] or
+    [R·length, 1] (``Flatten`` at axis 2, or ``Reshape`` to a constant [-1] or [-1, 1]): entry p of
+    ``data`` is then X[p // length, p % length]; else None."""
+    p = producer_of(data)
+    if is_op(p, "Flatten") and p.inputs:
+        source = p.inputs[0]
+        rank = rank_of(graph, source)
+        axis = int(p.attrs.get("axis", 1))
+        if rank is None or (axis + rank if axis < 0 else axis) != rank:
+            return None
+    elif is_op(p, "Reshape") and len(p.inputs) == 2:
+        source, target = p.inputs[0], constant_value(graph, p.inputs[1])
+        if target is None or target.tolist() not in ([-1], [-1, 1]):
+            return None
+    else:
+        return None
+    dims = shape_of(graph, source)
+    return source if dims is not None and len(dims) == 2 and dims[1] == length else None
+
+
 def _same_size(graph, a, b) -> bool:
     """Whether the 0-D/1-element integer tensors (or ints) ``a`` and ``b`` provably hold the same size."""
     va, vb = ([v] if isinstance(v, int) else shape_value(graph, v) for v in (a, b))
@@ -112,7 +144,8 @@ class FlatIndexGather(Rule):
     """Gather(data, Range(0, B)·L + Range(0, L) on two axes) → Reshape(Slice(data, 0, B·L))."""
 
     name = "flat-index-gather"
-    description = "Gather over an index grid b·L + l (transformers 5's mask[batch_idx, kv_idx]) → Slice + Reshape"
+    description = ("Gather over an index grid b·L + l (transformers 5's mask[batch_idx, kv_idx]) → Slice + Reshape, "
+                   "or GatherElements of the rows for a static L")
     targets = frozenset(TARGETS)
 
     def match(self, graph):
@@ -144,9 +177,6 @@ class FlatIndexGather(Rule):
         if found is None:
             return Refuse("the indices are not Range(0, B)·L + Range(0, L) moved by Unsqueezes")
         (b_limit, i, rank_o), (l_limit, j, rank_i), factor = found
-        if isinstance(l_limit, int):
-            return Refuse("a static length (the inner Range folded): range-by-cumsum keeps that grid on the device, "
-                          "which CUDA graphs need, where this rule's Slice would read B·L on the CPU")
         if rank_o != rank_i or i >= j:
             return Refuse("the batch Range is not on an earlier axis of the same rank as the inner one")
         if not _same_size(graph, factor, l_limit):
@@ -158,11 +188,27 @@ class FlatIndexGather(Rule):
                 return Refuse("a Range limit is not provably a size (non-negative)")
             if dtype_of(graph, limit) not in (np.dtype(np.int64), np.dtype(np.int32)):
                 return Refuse("a Range limit is not int32/int64")
-        return Plan(gather, (b_limit, i, l_limit, j, rank_o, data_rank))
+        rows = None
+        if isinstance(l_limit, int):  # a static length: the rows form, on the device
+            if isinstance(b_limit, int):
+                return Refuse("a constant grid (fold-constants' work)")
+            rows = _flattened_rows(graph, gather.inputs[0], l_limit)
+            if rows is None:
+                return Refuse("a static length, and the data is not a [rows, L] tensor flattened row-major "
+                              "(the rows form needs it; the Slice form would read B·L on the CPU, which costs "
+                              "CUDA graphs)")
+            source = dimension_source(graph, b_limit)
+            if source is None:
+                return Refuse("the batch Range's limit is not traced to a tensor's dimension (Gather(Shape(T), k))")
+            problem = carrier_problem(graph, *source)
+            if problem:
+                return Refuse(f"the tensor whose shape gives the batch size {problem}")
+            rows = (rows, source)
+        return Plan(gather, (b_limit, i, l_limit, j, rank_o, data_rank, rows))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
         gather = plan.anchor
-        b_limit, i, l_limit, j, rank, data_rank = plan.found
+        b_limit, i, l_limit, j, rank, data_rank, rows = plan.found
         names = NameAllocator(graph)
         base = gather.name or gather.outputs[0].name
 
@@ -180,12 +226,6 @@ class FlatIndexGather(Rule):
             return one_d
 
         b1, l1 = as_int64_1d(b_limit, "batch"), as_int64_1d(l_limit, "length")
-        count = gs.Variable(names(f"{base}/count"), dtype=np.int64, shape=[1])
-        graph.nodes.append(gs.Node("Mul", names(f"{base}/count"), inputs=[b1, l1], outputs=[count]))
-        data = gather.inputs[0]
-        sliced = gs.Variable(names(f"{base}/rows"), dtype=data.dtype)
-        zero = new_constant(graph, f"{base}/zero", np.array([0], np.int64))
-        graph.nodes.append(gs.Node("Slice", names(f"{base}/rows"), inputs=[data, zero, count, zero], outputs=[sliced]))
         unit = new_constant(graph, f"{base}/unit", np.array([1], np.int64))
         pieces = [b1 if k == i else l1 if k == j else unit for k in range(rank)]
         indices = gather.inputs[1]
@@ -195,6 +235,15 @@ class FlatIndexGather(Rule):
             reader.inputs.clear()
             graph.nodes.append(gs.Node("Concat", names(f"{base}/grid_shape"), {"axis": 0}, inputs=list(pieces),
                                        outputs=[shape]))
+        if rows is not None:
+            self._rows_form(graph, names, base, gather, rows, i, j, l_limit, rank + data_rank - 1)
+            return {"node": gather.name, "batch_axis": i, "length_axis": j, "form": "rows"}
+        count = gs.Variable(names(f"{base}/count"), dtype=np.int64, shape=[1])
+        graph.nodes.append(gs.Node("Mul", names(f"{base}/count"), inputs=[b1, l1], outputs=[count]))
+        data = gather.inputs[0]
+        sliced = gs.Variable(names(f"{base}/rows"), dtype=data.dtype)
+        zero = new_constant(graph, f"{base}/zero", np.array([0], np.int64))
+        graph.nodes.append(gs.Node("Slice", names(f"{base}/rows"), inputs=[data, zero, count, zero], outputs=[sliced]))
         if data_rank > 1:  # data's other dimensions, after the grid's
             rest = gs.Variable(names(f"{base}/data_dims"), dtype=np.int64, shape=[data_rank - 1])
             if opset_of(graph) >= 15:
@@ -214,4 +263,25 @@ class FlatIndexGather(Rule):
         gather.outputs.clear()
         gather.inputs.clear()
         graph.nodes.append(gs.Node("Reshape", names(f"{base}/grid"), inputs=[sliced, target], outputs=[out]))
-        return {"node": gather.name, "batch_axis": i, "length_axis": j}
+        return {"node": gather.name, "batch_axis": i, "length_axis": j, "form": "slice"}
+
+    @staticmethod
+    def _rows_form(graph, names, base, gather, rows, i, j, length, out_rank):
+        """``Reshape(GatherElements(X, idx, axis=1), grid shape + data's unit dims)`` with ``idx[b, l] = l``
+        of shape [B, L], B carried on the device by the tensor whose shape gave it (no CPU node)."""
+        source, (tensor, axis) = rows
+        cond = carrier_cond(graph, names, base, tensor, axis, 2, 0)  # [B, 1]
+        columns = new_constant(graph, f"{base}/columns", np.arange(length, dtype=np.int64)[None])  # [1, L]
+        idx = gs.Variable(names(f"{base}/row_columns"), dtype=np.int64)
+        graph.nodes.append(gs.Node("Where", names(f"{base}/row_columns"), inputs=[cond, columns, columns],
+                                   outputs=[idx]))
+        picked = gs.Variable(names(f"{base}/row_entries"), dtype=source.dtype)
+        graph.nodes.append(gs.Node("GatherElements", names(f"{base}/row_entries"), {"axis": 1},
+                                   inputs=[source, idx], outputs=[picked]))
+        target = np.ones(out_rank, np.int64)
+        target[i], target[j] = -1, length
+        out = gather.outputs[0]
+        gather.outputs.clear()
+        gather.inputs.clear()
+        graph.nodes.append(gs.Node("Reshape", names(f"{base}/grid"), inputs=[
+            picked, new_constant(graph, f"{base}/grid_target", target)], outputs=[out]))
