@@ -13,7 +13,7 @@ kernels are what is left of the batch-16 gap to ONNX Runtime's transformers opti
 
 What (exact)
 ------------
-The indices are ``Add(Mul(outer, C), inner)`` (either operand order), where ``inner`` and ``outer``
+The indices are ``Add(Mul(outer, C), inner)`` (either operand order; or that, int32 or int64, cast to int64), where ``inner`` and ``outer``
 are ``Range(0, L, 1)`` and ``Range(0, B, 1)`` moved by ``Unsqueeze`` alone to axes j and i of the
 same rank R with i < j (every other axis 1; either may also be a constant holding 0 … L-1 along one
 axis, a static length's Range folded), and the scalar C is provably L
@@ -107,6 +107,15 @@ def placed_range(graph, tensor):
     return limit, axis, rank
 
 
+def _index_sum(graph, indices):
+    """The node computing ``indices``, seen through one ``Cast`` to int64 of an int32/int64 value (exact)."""
+    p = producer_of(indices)
+    if is_op(p, "Cast") and int(p.attrs.get("to", 0)) == 7 and p.inputs \
+            and dtype_of(graph, p.inputs[0]) in (np.dtype(np.int32), np.dtype(np.int64)):
+        p = producer_of(p.inputs[0])
+    return p
+
+
 def _flattened_rows(graph, data, length: int):
     """X when ``data`` is X [R, length] (a static last dimension) flattened row-major to [R·length] or
     [R·length, 1] (``Flatten`` at axis 2, or ``Reshape`` to a constant [-1] or [-1, 1]): entry p of
@@ -150,7 +159,7 @@ class FlatIndexGather(Rule):
 
     def match(self, graph):
         for node in graph.nodes:
-            if is_op(node, "Gather") and len(node.inputs) == 2 and is_op(producer_of(node.inputs[1]), "Add"):
+            if is_op(node, "Gather") and len(node.inputs) == 2 and is_op(_index_sum(graph, node.inputs[1]), "Add"):
                 yield node
 
     def check(self, graph, gather):
@@ -161,7 +170,7 @@ class FlatIndexGather(Rule):
         data_rank = rank_of(graph, gather.inputs[0])
         if data_rank is None or data_rank < 1:
             return Refuse("the data's rank is not known")
-        add = producer_of(gather.inputs[1])
+        add = _index_sum(graph, gather.inputs[1])
         found = None
         for mul_side, inner_side in (add.inputs, add.inputs[::-1]):
             mul, inner = producer_of(mul_side), placed_range(graph, inner_side)
