@@ -21,7 +21,8 @@ axis, a static length's Range folded), and the scalar C is provably L
 the same constant). Then entry (…, b, …, l, …) is b·L + l, the row-major position of (b, l) in a
 [B, L] grid: the indices are ``arange(B·L)`` reshaped, and ``Gather(data, indices, axis=0)`` is
 ``Reshape(Slice(data, 0, B·L), grid shape + data's other dimensions)``, whenever the original runs
-(B·L beyond data's first dimension makes the original's Gather fail; the Slice would stop at the end).
+(B·L beyond data's first dimension makes the original's Gather fail, as the ONNX spec and ONNX Runtime's
+CPU kernel have it, where its CUDA kernel writes 0; the Slice would stop at the end and the Reshape fail).
 B and L are the Ranges' own limits (sizes, so ≥ 0), read where the original read them. A ``Shape`` of
 the indices (transformers reshapes the result to it) becomes the Concat of those dimensions, so
 nothing computes the grid any more.
@@ -34,8 +35,9 @@ as a static input dimension), flat position b·L + l is X[b, l], and the Gather 
 ``Reshape(GatherElements(X, idx, axis=1), [1 …, -1 at i, …, L at j, …])`` with ``idx[b, l] = l`` of
 shape [B, L]: ``Where(cond, arange(L), arange(L))``, ``cond`` carrying B on the device
 (:func:`~onnxfuse.rewrites.engine.carriers.carrier_cond`, the tensor whose shape gave B). Both fail
-when B > R (the original's Gather reads past the data; ONNX Runtime's GatherElements rejects an index
-shape larger than the data's off its axis). On static-sequence BERT-base (docs/benchmarks.md 5.12) the
+when B > R (the original's Gather reads past the data, an error by the ONNX spec and in ONNX Runtime's
+CPU kernel, while its CUDA kernel writes 0 there; ONNX Runtime's GatherElements rejects an index shape
+larger than the data's off its axis, on both). On static-sequence BERT-base (docs/benchmarks.md 5.12) the
 mask chain goes from 8 small kernels (range-by-cumsum's ``Slice``/``Equal``/``Where``/``CumSum``, the
 index arithmetic, the Gather) to 3.
 
