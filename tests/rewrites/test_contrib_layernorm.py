@@ -339,3 +339,68 @@ def test_float16_layernorm_without_the_cast_back_is_refused():
     out, report = fuse(m, LN)
     assert report.counts[LN.name] == 0
     assert "the float division is not cast back to x's type" in refusals(report, LN)
+
+
+# --- a SkipLayerNormalization written before its bias Add became adjacent ------------------------
+
+
+def late_bias_model(sum_read=True, bias_add_out=False):
+    """``SkipLayerNormalization(Add(MatMul(a, W), bias), b)`` with no bias input, as contrib-skip-layernorm
+    writes it while a Transpose still stands between the projection's bias Add and the residual Add
+    (ViT: cancel-row-transposes removes it in a later round)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    w = RNG.standard_normal((8, 8)).astype(np.float32)
+    inits = {**GB, "W": w, "bias": RNG.standard_normal(8).astype(np.float32)}
+    outputs = ["y"] + (["", "", "s"] if sum_read else [])
+    nodes = [h.make_node("MatMul", ["a", "W"], ["p"]), h.make_node("Add", ["p", "bias"], ["pb"]),
+             h.make_node("SkipLayerNormalization", ["pb", "b", "gamma", "beta"], outputs, domain="com.microsoft",
+                         epsilon=1e-5)]
+    vi = lambda n: h.make_tensor_value_info(n, T.FLOAT, [2, 5, 8])  # noqa: E731
+    graph_outputs = [vi("y")] + ([vi("s")] if sum_read else []) + ([vi("pb")] if bias_add_out else [])
+    graph = h.make_graph(nodes, "g", [vi("a"), vi("b")], graph_outputs,
+                         [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("sum_read", [False, True])
+def test_an_existing_skip_layernorm_absorbs_a_late_bias_add(sum_read):
+    m = late_bias_model(sum_read)
+    out, report = fuse(m, SKIP)
+    assert report.counts[SKIP.name] == 1, refusals(report)
+    assert ops(out) == {"MatMul": 1, "com.microsoft:SkipLayerNormalization": 1}
+    (node,) = [n for n in out.graph.node if n.op_type == "SkipLayerNormalization"]
+    assert list(node.input) == ["p", "b", "gamma", "beta", "bias"]
+    same_outputs(m, out)  # the normalized output and the sum (its bias included)
+
+
+def test_a_late_bias_add_read_elsewhere_stays():
+    out, report = fuse(late_bias_model(bias_add_out=True), SKIP)
+    assert report.counts[SKIP.name] == 0
+    assert any("no 1-D bias Add" in r for r in refusals(report, SKIP)), refusals(report)
+
+
+def test_vit_attention_projection_bias_goes_into_its_skip_layernorm():
+    """The ViT blocks in testdata: every SkipLayerNormalization takes its projection's bias (no bias Add
+    left in front of one), with the original's outputs."""
+    import helpers
+    from onnxfuse.pipeline import rewrite_model
+    from onnxfuse.rewrites import select_rules
+    from onnxfuse.runtime.inputs import make_inputs
+    from onnxfuse.runtime.session import run_model
+
+    model = onnx.load(helpers.TESTDATA / "vit_blocks_opset14.onnx")
+    out, _ = rewrite_model(model, select_rules("cuda"))
+    producers = {o: n for n in out.graph.node for o in n.output}
+    skips = [n for n in out.graph.node if n.op_type == "SkipLayerNormalization"]
+    assert len(skips) == 4 and all(len(n.input) == 5 and n.input[4] for n in skips)
+    vectors = {i.name for i in out.graph.initializer if len(i.dims) == 1}
+    bias_adds = [i for n in skips for i in n.input[:2]
+                 if i in producers and producers[i].op_type == "Add" and set(producers[i].input) & vectors]
+    assert not bias_adds  # (the class-token + position-embedding Add before the first block stays: not 1-D)
+    feeds = make_inputs(model, {"input": [2, 3, 32, 32]}, seed=3)
+    np.testing.assert_allclose(run_model(out, feeds, "cpu")["output"], run_model(model, feeds, "cpu")["output"],
+                               rtol=1e-4, atol=1e-5)
