@@ -38,8 +38,9 @@ shape [B, L]: ``Where(cond, arange(L), arange(L))``, ``cond`` carrying B on the 
 when B > R (the original's Gather reads past the data, an error by the ONNX spec and in ONNX Runtime's
 CPU kernel, while its CUDA kernel writes 0 there; ONNX Runtime's GatherElements rejects an index shape
 larger than the data's off its axis, on both). On static-sequence BERT-base (docs/benchmarks.md 5.12) the
-mask chain goes from 8 small kernels (range-by-cumsum's ``Slice``/``Equal``/``Where``/``CumSum``, the
-index arithmetic, the Gather) to 3.
+grid goes from 6 small kernels (range-by-cumsum's ``Slice``/``Equal``/``Where``/``CumSum``, the index
+arithmetic, the Gather) to 3 (the carrier ``Slice``, the fused ``Where``, ``GatherElements``); with the
+mask's two Casts, 8 → 5 (Nsight Compute, docs/benchmarks.md 5.12).
 
 Refused, with the reason: a static length over data that is not such a flattened [R, L] tensor (above),
 or whose batch size is not a tensor's dimension; a constant grid; another Gather axis; indices not of
