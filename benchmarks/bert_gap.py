@@ -133,7 +133,8 @@ def ffn_transposed(m, k=768, n=3072):
 def attention_mask_as(m, form):
     """Every Attention's raw [B, L] ``mask_index`` given another way: ``bias`` (exact: the additive
     [B, 1, S, L] ``attention_bias`` the graph itself adds, finfo.min where the mask is 0, expanded over S),
-    ``bias1`` (the same unexpanded, [B, 1, 1, L]: does ONNX Runtime broadcast it?) or ``lengths``
+    ``bias1`` (the same unexpanded, [B, 1, 1, L]: does ONNX Runtime broadcast it?), ``bias+full`` (that
+    bias with a 1-D ``mask_index`` of L for every row: the lengths kernel, every key in range) or ``lengths``
     (not exact, right padding only: ReduceSum of the mask, what tx-opt writes)."""
     m = copy.deepcopy(m)
     node = next(n for n in m.graph.node if n.op_type == "Attention" and len(n.input) > 3 and n.input[3])
@@ -146,11 +147,17 @@ def attention_mask_as(m, form):
                                 numpy_helper.from_array(np.array([1], np.int64), "mf_axis")])
     if form == "lengths":
         m.graph.node.append(helper.make_node("ReduceSum", [mask, "mf_axis"], ["mf_lengths"], keepdims=0))
-    else:
+    if form == "bias+full":  # every key in the 1-D lengths (L), the mask in the bias: exact
+        m.graph.initializer.extend([numpy_helper.from_array(np.array(0, np.int32), "mf_izero"),
+                                    numpy_helper.from_array(np.array(1, np.int32), "mf_ione")])
+        m.graph.node.extend([helper.make_node("Mul", [mask, "mf_izero"], ["mf_zeros"]),
+                             helper.make_node("Add", ["mf_zeros", "mf_ione"], ["mf_ones"]),
+                             helper.make_node("ReduceSum", ["mf_ones", "mf_axis"], ["mf_full"], keepdims=0)])
+    if form != "lengths":
         m.graph.node.extend([helper.make_node("Cast", [mask], ["mf_bool"], to=TensorProto.BOOL),
                              helper.make_node("Reshape", ["mf_bool", "mf_keep4"], ["mf_keep"]),
                              helper.make_node("Where", ["mf_keep", "mf_zero", "mf_fill"], ["mf_bias1"])])
-        if form == "bias":
+        if form in ("bias", "bias+full"):
             m.graph.node.append(helper.make_node("Expand", ["mf_bias1", "mf_rows"], ["mf_bias"]))
     for n in m.graph.node:
         if n.op_type == "Attention" and len(n.input) > 3 and n.input[3] == mask:
@@ -159,7 +166,8 @@ def attention_mask_as(m, form):
                 continue
             while len(n.input) < 6:
                 n.input.append("")
-            n.input[3], n.input[5] = "", "mf_bias" if form == "bias" else "mf_bias1"
+            n.input[3] = "mf_full" if form == "bias+full" else ""
+            n.input[5] = "mf_bias1" if form == "bias1" else "mf_bias"
     m = clean(m)
     m, _ = rewrite_model(m, select_rules("cuda", only=["fuse-elementwise"]))
     return m
@@ -215,7 +223,7 @@ def main():
         ours32, _ = rewrite_model(orig32, select_rules("cuda"))
         if "GatherElements" in {n.op_type for n in ours32.graph.node}:  # flat-index-gather's rows form (5.12)
             group32 = [("tx", txs["32"]), ("ours", ours32)] + [
-                (form, attention_mask_as(ours32, form)) for form in ("bias", "lengths")]
+                (form, attention_mask_as(ours32, form)) for form in ("bias", "bias+full", "lengths")]
         else:
             group32 = [("tx", txs["32"]), ("ours", ours32), ("ge", mask_grid_as_gather_elements(ours32)),
                        ("direct", mask_direct(ours32)), ("ffnT", ffn_transposed(ours32))]
