@@ -119,6 +119,29 @@ def test_float16_embeddings_become_one_float16_embed_layernorm(positions):
     assert np.max(np.abs(run_ort(other, f)["out"].astype(np.float32) - got.astype(np.float32))) > 0.1
 
 
+def _shifted(model, offset, scale=1.0):
+    """The model with every embedding table replaced by ``table * scale + offset``."""
+    for init in model.graph.initializer:
+        if init.name in ("W", "Pt", "Tt"):
+            table = numpy_helper.to_array(init)
+            init.CopyFrom(numpy_helper.from_array((table * scale + offset).astype(table.dtype), init.name))
+    return model
+
+
+@pytest.mark.parametrize("offset,scale", [(8.0, 1.0), (0.0, 0.0)])
+def test_float16_rows_the_half_statistics_would_lose_are_refused(offset, scale):
+    """Rows swamped by their mean (every entry near 24, spread 1.7) or constant (variance 0, and BERT's
+    epsilon is 0 in float16): ONNX Runtime's CUDA kernel sums E[x²] and the mean in float16, where the
+    variance drowns or turns negative; the original normalizes in float32. float32 tables still fuse."""
+    model = _shifted(embeddings_model("zeros", "arange", dtype=np.float16), offset, scale)
+    out, report = helpers.optimize(model, only=[RULE])
+    assert report.counts[RULE] == 0
+    assert any("sums its statistics in float16" in r.reason for r in report.refusals if r.rule == RULE), \
+        report.refusals
+    out32, report32 = helpers.optimize(_shifted(embeddings_model("zeros", "arange"), offset, scale), only=[RULE])
+    assert report32.counts[RULE] == 1
+
+
 def test_refusals_carry_their_reason():
     cases = {
         "float64": (embeddings_model(dtype=np.float64), "element type"),

@@ -55,7 +55,8 @@ rejects ids ≥ V; ONNX Runtime's kernel rejects negative ids too (CPU) or does 
 Token ids from a tokenizer are never negative.
 
 Refused, with the reason: LayerNorm not over the last axis of a rank-3 tensor, γ/β not constants,
-an element type other than float32/float16; a leaf that is not a Gather of a constant [V, H] table, an Add tree read
+an element type other than float32/float16; float16 rows whose variance is tiny or swamped by their
+mean (:func:`_float16_statistics_problem`: the CUDA kernel's float16 statistics would lose it); a leaf that is not a Gather of a constant [V, H] table, an Add tree read
 elsewhere, no run-time word index or more than two, constant indices whose rows do not broadcast to
 [S, H] with S static; with S dynamic, not exactly one position Slice, one ending elsewhere than the
 ids' length, or constant rows that depend on the position.
@@ -166,6 +167,42 @@ def _is_sequence_length(graph, ends, words, seq) -> bool:
             or (is_op(source, "Cast") and dim.tensor is source.inputs[0]))
 
 
+#: float16 only: the smallest variance, relative to the mean square, of an embedding row that ONNX
+#: Runtime's CUDA kernel normalizes with statistics summed in float16 (variance = E[x²] - mean², where
+#: float16 keeps about 2^-11 of E[x²]: a row dominated by its mean loses its variance to that rounding,
+#: or goes negative, NaN after the square root; epsilon, 1e-12 in BERT, is 0 in float16).
+FLOAT16_MIN_RELATIVE_VARIANCE = 1 / 16
+#: float16 only: the smallest variance itself (float16's smallest normal is 6.1e-5; BERT-base's
+#: random-weight embedding rows have about 1.2e-3, trained ones more).
+FLOAT16_MIN_VARIANCE = 1e-6
+
+
+def _float16_statistics_problem(runtime, rows) -> str | None:
+    """For float16 tables: why the CUDA kernel's float16 statistics would not hold for these embeddings,
+    or None. Checked on the rows the op can form with every row of each table in turn and the first row
+    of the others (every word with position 0, every position with word 0, ...), in float32: a row
+    whose variance is tiny or swamped by its mean is refused (the original's LayerNormalization
+    computes in float32 and would not lose it)."""
+    (_, words), *segment = runtime
+    if words.dtype != np.float16:
+        return None
+    tables = [words.astype(np.float32), rows.astype(np.float32)] + [t.astype(np.float32) for _, t in segment]
+    base = sum(t[0] for t in tables)
+    worst_relative, worst = np.inf, np.inf
+    for t in tables:
+        x = t - t[0] + base  # each row of t with the first rows of the others
+        mean = x.mean(axis=1)
+        square = (x * x).mean(axis=1)
+        var = square - mean * mean
+        worst = min(worst, float(var.min()))
+        worst_relative = min(worst_relative, float((var / np.maximum(square, np.finfo(np.float32).tiny)).min()))
+    if worst < FLOAT16_MIN_VARIANCE or worst_relative < FLOAT16_MIN_RELATIVE_VARIANCE:
+        return (f"float16 embeddings whose rows have a variance of {worst:.2g} ({worst_relative:.2g} of their mean "
+                "square): ONNX Runtime's CUDA EmbedLayerNormalization sums its statistics in float16 and would "
+                "lose it (the original normalizes in float32)")
+    return None
+
+
 class ContribEmbedLayerNorm(Rule):
     name = "contrib-embed-layernorm"
     description = "LayerNorm(Gather(words) + Gather(positions) [+ Gather(token types)]) → com.microsoft EmbedLayerNormalization"
@@ -256,6 +293,9 @@ class ContribEmbedLayerNorm(Rule):
             except ValueError:
                 return Refuse(f"constant rows of shape {contribution.shape} do not broadcast to [S, H] = [{seq}, {hidden}]")
         epsilon = float(ln.attrs.get("epsilon", 1e-5))
+        problem = _float16_statistics_problem(runtime, rows)
+        if problem:
+            return Refuse(problem)
         return Plan(ln, (runtime, rows.astype(np.float32), gamma, beta, epsilon, adds, leaves, shape_reads))
 
     @staticmethod
@@ -274,6 +314,9 @@ class ContribEmbedLayerNorm(Rule):
                               "sequence length is not static")
             rows = rows + contribution.reshape(-1, hidden)
         epsilon = float(ln.attrs.get("epsilon", 1e-5))
+        problem = _float16_statistics_problem(runtime, rows)
+        if problem:
+            return Refuse(problem)
         return Plan(ln, (runtime, rows.astype(np.float32), gamma, beta, epsilon, adds, leaves, shape_reads))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
