@@ -77,18 +77,23 @@ def by_output(m):
     return {o: n for n in m.graph.node for o in n.output}
 
 
+def mask_grid(m):
+    """``(mask, reshape)``: the [B', L] mask the grid Gather reads through Flatten, and the second Reshape
+    of the grid's consumer chain Gather → Reshape → Reshape (the one a variant rebuilds its input of)."""
+    prod = by_output(m)
+    gather = next(n for n in m.graph.node if n.op_type == "Gather" and n.input[0] in prod
+                  and prod[n.input[0]].op_type == "Flatten")
+    reshape1 = next(n for n in m.graph.node if n.op_type == "Reshape" and n.input[0] == gather.output[0])
+    reshape2 = next(n for n in m.graph.node if n.op_type == "Reshape" and n.input[0] == reshape1.output[0])
+    return prod[gather.input[0]].input[0], reshape2
+
+
 def mask_grid_as_gather_elements(m):
     """The mask grid Gather(Flatten(mask'), index) → Reshape(GatherElements(mask', idx, axis=1)) with
     idx = ids·0 + arange(L) (fused into one kernel by fuse-elementwise)."""
     m = copy.deepcopy(m)
-    prod = by_output(m)
-    gather = next(n for n in m.graph.node if n.op_type == "Gather" and n.input[0] in prod
-                  and prod[n.input[0]].op_type == "Flatten")
-    mask2d = prod[gather.input[0]].input[0]
+    mask2d, reshape2 = mask_grid(m)
     ids = next(n for n in m.graph.node if n.op_type == "EmbedLayerNormalization").input[0]  # int32 [B, L]
-    # the grid's consumer chain: Gather → Reshape → Reshape → (reader); rebuild the last Reshape's input
-    reshape1 = next(n for n in m.graph.node if n.op_type == "Reshape" and n.input[0] == gather.output[0])
-    reshape2 = next(n for n in m.graph.node if n.op_type == "Reshape" and n.input[0] == reshape1.output[0])
     length = 128
     m.graph.initializer.extend([numpy_helper.from_array(np.array(0, np.int32), "ge_zero"),
                                 numpy_helper.from_array(np.arange(length, dtype=np.int32)[None], "ge_arange"),
@@ -104,12 +109,7 @@ def mask_grid_as_gather_elements(m):
 
 def mask_direct(m):
     m = copy.deepcopy(m)
-    prod = by_output(m)
-    gather = next(n for n in m.graph.node if n.op_type == "Gather" and n.input[0] in prod
-                  and prod[n.input[0]].op_type == "Flatten")
-    mask2d = prod[gather.input[0]].input[0]
-    reshape1 = next(n for n in m.graph.node if n.op_type == "Reshape" and n.input[0] == gather.output[0])
-    reshape2 = next(n for n in m.graph.node if n.op_type == "Reshape" and n.input[0] == reshape1.output[0])
+    mask2d, reshape2 = mask_grid(m)
     m.graph.initializer.append(numpy_helper.from_array(np.array([-1, 1, 1, 128], np.int64), "dm_target"))
     reshape2.input[0], reshape2.input[1] = mask2d, "dm_target"
     return clean(m)

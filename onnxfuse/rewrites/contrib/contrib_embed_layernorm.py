@@ -203,6 +203,42 @@ def _float16_statistics_problem(runtime, rows) -> str | None:
     return None
 
 
+def _static_rows(positions, constant_rows, seq: int, hidden: int):
+    """The [S, H] position table for a static S (float32: summed once, rounded to the tables' type in
+    rewrite): the first S rows of each position lookup plus every constant contribution broadcast to
+    [S, H]; or why not (a str)."""
+    parts = list(constant_rows)
+    for table, _ in positions:
+        if table.shape[0] < seq:
+            return f"the position table has {table.shape[0]} rows, fewer than S = {seq}"
+        parts.append(table[:seq])
+    rows = np.zeros((seq, hidden), np.float32)
+    for contribution in parts:
+        try:
+            rows = rows + np.broadcast_to(contribution, (1, seq, hidden) if contribution.ndim == 3 else (seq, hidden)
+                                          ).reshape(seq, hidden)
+        except ValueError:
+            return f"constant rows of shape {contribution.shape} do not broadcast to [S, H] = [{seq}, {hidden}]"
+    return rows
+
+
+def _dynamic_rows(positions, constant_rows, hidden: int):
+    """The table for a dynamic sequence length: one position lookup ``P[0:S]`` (a Slice of the arange
+    buffer) gives its rows, every other constant contribution must be one row for all tokens (added to
+    each of them); the op reads row s for token s, as the original does. Or why not (a str)."""
+    if len(positions) != 1:
+        return ("the sequence length is not static and there is not exactly one position lookup (P[0:S]) to "
+                "make the position table from")
+    (table, _), = positions
+    rows = table.astype(np.float32)  # summed in float32, rounded once to the tables' type in rewrite
+    for contribution in constant_rows:
+        if contribution.ndim > 1 and np.prod(contribution.shape[:-1]) != 1:
+            return (f"constant rows of shape {contribution.shape} depend on the position and the sequence "
+                    "length is not static")
+        rows = rows + contribution.reshape(-1, hidden)
+    return rows
+
+
 class ContribEmbedLayerNorm(Rule):
     name = "contrib-embed-layernorm"
     description = "LayerNorm(Gather(words) + Gather(positions) [+ Gather(token types)]) → com.microsoft EmbedLayerNormalization"
@@ -253,7 +289,8 @@ class ContribEmbedLayerNorm(Rule):
             if index is None:
                 uniform = _uniform_index(graph, gather.inputs[1])
                 index = None if uniform is None else np.asarray(uniform)  # one row, broadcast to every token
-            if readers and (index is not None or _position_slice(graph, gather.inputs[1]) is not None):
+            sliced = _position_slice(graph, gather.inputs[1])
+            if readers and (index is not None or sliced is not None):
                 return Refuse("a constant or position lookup's shape is read too")
             if index is not None:
                 if not np.issubdtype(index.dtype, np.integer) or np.any(index < -table.shape[0]) \
@@ -261,7 +298,6 @@ class ContribEmbedLayerNorm(Rule):
                     return Refuse("a constant index is not an integer within its table")
                 constant_rows.append(table[index])  # [..., H]
                 continue
-            sliced = _position_slice(graph, gather.inputs[1])
             # M >= 2: a one-row slice would broadcast P[0] to every position, which the op's table cannot say
             if sliced is not None and 2 <= sliced[0] <= table.shape[0]:
                 positions.append((table[: sliced[0]], sliced[1]))
@@ -278,46 +314,15 @@ class ContribEmbedLayerNorm(Rule):
         for _, ends in positions:
             if not _is_sequence_length(graph, ends, runtime[0][0], seq):
                 return Refuse("a position Slice does not end at the word ids' sequence length")
-        if not isinstance(seq, int):
-            return self._dynamic_rows(graph, ln, runtime, constant_rows, positions, gamma, beta, adds, leaves, hidden,
-                                      shape_reads)
-        for rows_of_table, _ in positions:
-            if rows_of_table.shape[0] < seq:
-                return Refuse(f"the position table has {rows_of_table.shape[0]} rows, fewer than S = {seq}")
-            constant_rows.append(rows_of_table[:seq])
-        rows = np.zeros((seq, hidden), np.float32)
-        for contribution in constant_rows:
-            try:
-                rows = rows + np.broadcast_to(contribution, (1, seq, hidden) if contribution.ndim == 3 else (seq, hidden)
-                                              ).reshape(seq, hidden)
-            except ValueError:
-                return Refuse(f"constant rows of shape {contribution.shape} do not broadcast to [S, H] = [{seq}, {hidden}]")
-        epsilon = float(ln.attrs.get("epsilon", 1e-5))
+        rows = _static_rows(positions, constant_rows, seq, hidden) if isinstance(seq, int) else \
+            _dynamic_rows(positions, constant_rows, hidden)
+        if isinstance(rows, str):
+            return Refuse(rows)
         problem = _float16_statistics_problem(runtime, rows)
         if problem:
             return Refuse(problem)
-        return Plan(ln, (runtime, rows.astype(np.float32), gamma, beta, epsilon, adds, leaves, shape_reads))
-
-    @staticmethod
-    def _dynamic_rows(graph, ln, runtime, constant_rows, positions, gamma, beta, adds, leaves, hidden, shape_reads):
-        """The plan for a dynamic sequence length: one position lookup ``P[0:S]`` (a Slice of the arange
-        buffer) gives the table's rows, every other constant contribution must be one row for all tokens
-        (added to each of them); the op reads row s for token s, as the original does."""
-        if len(positions) != 1:
-            return Refuse("the sequence length is not static and there is not exactly one position lookup "
-                          "(P[0:S]) to make the position table from")
-        (table, _), = positions
-        rows = table.astype(np.float32)  # summed in float32, rounded once to the tables' type in rewrite
-        for contribution in constant_rows:
-            if contribution.ndim > 1 and np.prod(contribution.shape[:-1]) != 1:
-                return Refuse(f"constant rows of shape {contribution.shape} depend on the position and the "
-                              "sequence length is not static")
-            rows = rows + contribution.reshape(-1, hidden)
         epsilon = float(ln.attrs.get("epsilon", 1e-5))
-        problem = _float16_statistics_problem(runtime, rows)
-        if problem:
-            return Refuse(problem)
-        return Plan(ln, (runtime, rows.astype(np.float32), gamma, beta, epsilon, adds, leaves, shape_reads))
+        return Plan(ln, (runtime, rows, gamma, beta, epsilon, adds, leaves, shape_reads))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
         ln = plan.anchor

@@ -21,6 +21,8 @@ The maths, the accepted decomposed forms and the conditions: :mod:`onnxfuse.rewr
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from onnxfuse.rewrites.contrib.layernorm_pattern import (
@@ -32,6 +34,16 @@ from onnxfuse.rewrites.engine.facts import (
     FP16, FP32, constant_value, first_known_dtype, is_ms_op, is_op, only_read_by, producer_of, shape_of,
     shapes_equal,
 )
+
+
+class _LateBias(NamedTuple):
+    """The plan for an existing SkipLayerNormalization taking a bias (:meth:`ContribSkipLayerNorm._late_bias`)."""
+
+    skip_ln: object
+    inp: object
+    skip: object
+    bias: object
+    bias_add: object
 
 
 class ContribSkipLayerNorm(ContribRule):
@@ -89,11 +101,11 @@ class ContribSkipLayerNorm(ContribRule):
         found = _bias_side(graph, node, node.inputs[0], node.inputs[1], shape, int(shape[-1]))
         if found is None:
             return "no 1-D bias Add feeds the SkipLayerNormalization", None
-        return None, ("late", node, *found)
+        return None, _LateBias(node, *found)
 
     def apply(self, graph, node, plan):
-        if plan[0] == "late":
-            _, skip_ln, inp, skip, bias, bias_add = plan
+        if isinstance(plan, _LateBias):
+            skip_ln, inp, skip, bias, bias_add = plan
             params = list(skip_ln.inputs[2:4]) + [empty_input()] * (4 - len(skip_ln.inputs))  # γ, β
             skip_ln.inputs.clear()
             skip_ln.inputs.extend([inp, skip, *params, bias])

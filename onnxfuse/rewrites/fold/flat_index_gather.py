@@ -140,6 +140,14 @@ def _flattened_rows(graph, data, length: int):
     return source if dims is not None and len(dims) == 2 and dims[1] == length else None
 
 
+def _reshape_into(graph, names, base, gather, values, target) -> None:
+    """The Gather's output becomes ``Reshape(values, target)``; the Gather is disconnected."""
+    out = gather.outputs[0]
+    gather.outputs.clear()
+    gather.inputs.clear()
+    graph.nodes.append(gs.Node("Reshape", names(f"{base}/grid"), inputs=[values, target], outputs=[out]))
+
+
 def _same_size(graph, a, b) -> bool:
     """Whether the 0-D/1-element integer tensors (or ints) ``a`` and ``b`` provably hold the same size."""
     va, vb = ([v] if isinstance(v, int) else shape_value(graph, v) for v in (a, b))
@@ -237,11 +245,12 @@ class FlatIndexGather(Rule):
                 t, new_constant(graph, f"{base}/one_element", np.array([1], np.int64))], outputs=[one_d]))
             return one_d
 
-        b1, l1 = as_int64_1d(b_limit, "batch"), as_int64_1d(l_limit, "length")
-        unit = new_constant(graph, f"{base}/unit", np.array([1], np.int64))
-        pieces = [b1 if k == i else l1 if k == j else unit for k in range(rank)]
-        indices = gather.inputs[1]
-        for reader in [n for n in indices.outputs if is_whole_shape_read(n)]:  # the grid's shape, not the grid
+        readers = [n for n in gather.inputs[1].outputs if is_whole_shape_read(n)]  # the grid's shape, not the grid
+        if readers or rows is None:  # sizes read on the CPU: the grid's Shape, the Slice form's count
+            b1, l1 = as_int64_1d(b_limit, "batch"), as_int64_1d(l_limit, "length")
+            unit = new_constant(graph, f"{base}/unit", np.array([1], np.int64))
+            pieces = [b1 if k == i else l1 if k == j else unit for k in range(rank)]
+        for reader in readers:
             shape = reader.outputs[0]
             reader.outputs.clear()
             reader.inputs.clear()
@@ -271,10 +280,7 @@ class FlatIndexGather(Rule):
             pieces.append(rest)
         target = gs.Variable(names(f"{base}/target"), dtype=np.int64, shape=[rank + data_rank - 1])
         graph.nodes.append(gs.Node("Concat", names(f"{base}/target"), {"axis": 0}, inputs=pieces, outputs=[target]))
-        out = gather.outputs[0]
-        gather.outputs.clear()
-        gather.inputs.clear()
-        graph.nodes.append(gs.Node("Reshape", names(f"{base}/grid"), inputs=[sliced, target], outputs=[out]))
+        _reshape_into(graph, names, base, gather, sliced, target)
         return {"node": gather.name, "batch_axis": i, "length_axis": j, "form": "slice"}
 
     @staticmethod
@@ -292,8 +298,4 @@ class FlatIndexGather(Rule):
                                    inputs=[source, idx], outputs=[picked]))
         target = np.ones(out_rank, np.int64)
         target[i], target[j] = -1, length
-        out = gather.outputs[0]
-        gather.outputs.clear()
-        gather.inputs.clear()
-        graph.nodes.append(gs.Node("Reshape", names(f"{base}/grid"), inputs=[
-            picked, new_constant(graph, f"{base}/grid_target", target)], outputs=[out]))
+        _reshape_into(graph, names, base, gather, picked, new_constant(graph, f"{base}/grid_target", target))
