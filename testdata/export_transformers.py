@@ -180,6 +180,57 @@ def export_attention_models(folder: Path, seed: int) -> None:
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
+class _Vision(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values).last_hidden_state
+
+
+def _inline(path: Path) -> None:
+    """The dynamo exporter writes the weights beside the model (``.onnx.data``); one file is kept."""
+    model = onnx.load(str(path))
+    onnx.save(model, str(path))
+    path.with_name(path.name + ".data").unlink(missing_ok=True)
+
+
+def export_dynamo_models(folder: Path, seed: int) -> None:
+    """The attention-coverage models as ``torch.onnx.export``'s default exporter (dynamo, torch >= 2.9)
+    writes them: opset 18, sdpa attention (onnxscript's scaled_dot_product_attention: Kᵀ through rank 3,
+    ``allowzero=1`` Reshapes, a ``Where(IsNaN(p), 0, p)`` guard after a masked Softmax), LayerNormalization
+    as one op, sizes read from one layer's tensors for every layer. Dynamic batch and sequence."""
+    from transformers import BertConfig, GPT2Config, GPT2Model, ViTConfig, ViTModel
+
+    torch.manual_seed(seed)
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    text = {
+        "bert_tiny_dynamo": BertModel(BertConfig(vocab_size=1000, max_position_embeddings=64,
+                                                 attn_implementation="sdpa", **small), add_pooling_layer=False),
+        "gpt2_tiny_dynamo": GPT2Model(GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=2,
+                                                 attn_implementation="sdpa", use_cache=False)),
+    }
+    ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    mask[1, 6:] = 0
+    dims = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
+    for name, model in text.items():
+        out = folder / f"{name}.onnx"
+        torch.onnx.export(_Encoder(_randomize(model.eval(), seed + 1)).eval(), (ids, mask), str(out), dynamo=True,
+                          input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
+                          dynamic_shapes=(dims, dims), opset_version=18)
+        _inline(out)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    vit = ViTModel(ViTConfig(image_size=32, patch_size=8, attn_implementation="sdpa", **small), add_pooling_layer=False)
+    out = folder / "vit_tiny_dynamo.onnx"
+    torch.onnx.export(_Vision(_randomize(vit.eval(), seed + 1)).eval(), (torch.randn(2, 3, 32, 32),), str(out),
+                      dynamo=True, input_names=["pixel_values"], output_names=["last_hidden_state"],
+                      dynamic_shapes=({0: torch.export.Dim.AUTO},), opset_version=18)
+    _inline(out)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("bert_tiny_opset14.onnx"))
@@ -187,8 +238,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--attention", action="store_true",
                     help="write the attention-coverage models (GPT-2, DistilBERT, RoBERTa, Whisper encoder) instead")
+    ap.add_argument("--dynamo", action="store_true",
+                    help="write the dynamo-exporter models (BERT, GPT-2, ViT; opset 18, sdpa) instead")
     args = ap.parse_args()
-    if args.attention:
+    if args.dynamo:
+        export_dynamo_models(Path(__file__).resolve().parent, args.seed)
+    elif args.attention:
         export_attention_models(Path(__file__).resolve().parent, args.seed)
     else:
         export(args.out, args.opset, args.seed)

@@ -30,9 +30,11 @@ from onnxfuse.rewrites.engine.rule import TARGETS, ApplyReport, GraphPass, Plan,
 #   whatever elementwise ops are left.
 ORDER = [
     "fold/fold-constants",  # first: static sizes and constants let the pattern rules below match
+    "fold/reshape-allowzero",  # early: the pattern rules match allowzero=0 Reshapes (dynamo writes 1)
     "fold/fold-weight-transpose",  # before contrib-fused-matmul-transpose would absorb it as transB
     "fold/fold-size-sentinel",  # before constant-reshape-target: the sizes it keeps can then be copies
     "fold/constant-reshape-target",
+    "fold/merged-axes-transpose",  # before contrib-attention: dynamo's Kᵀ through rank 3 becomes one Transpose
     "fold/expand-by-broadcast",  # like constant-reshape-target: no Shape chain left on the CPU
     "fold/gemm-rows-to-matmul",  # after constant-reshape-target: it reads the unflatten's constant [-1, S, N]
     "fold/cancel-row-transposes",  # after gemm-rows-to-matmul, whose MatMul it sees through

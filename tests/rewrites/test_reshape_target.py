@@ -149,11 +149,31 @@ def test_shape_inference_proves_both_sizes_are_copies():
         _same(m, out, dims)
 
 
-def test_allowzero_disables_copies():
+def _allowzero(model) -> int:
+    node = next(n for n in model.graph.node if n.op_type == "Reshape")
+    return next((a.i for a in node.attribute if a.name == "allowzero"), 0)
+
+
+def test_allowzero_copies_are_written_with_allowzero_0():
+    # torch's dynamo exporter writes allowzero=1 on every view: a computed size that is x's own dimension
+    # is that dimension literally, which a 0 under allowzero=0 copies, zero-size batch included.
     m = _split_last_dim(allowzero=1)
     out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 1
+    assert _target(out) == [0, 0, 4, 8] and _allowzero(out) == 0
+    for dims in ({"batch": 2, "seq": 3}, {"batch": 1, "seq": 5}, {"batch": 0, "seq": 3}):
+        _same(m, out, dims)
+
+
+def test_allowzero_with_a_constant_zero_is_refused():
+    # The literal 0 would become a copy of x's dimension once written under allowzero=0.
+    m = _split_last_dim(allowzero=1)
+    rest = next(n for n in m.graph.node if n.output[0] == "rest")
+    rest.attribute[0].t.CopyFrom(onnx.numpy_helper.from_array(np.array([0, 8], dtype=np.int64)))
+    out, report = fuse(m, RULE, infer=False)
     assert report.counts[RULE.name] == 0
-    assert any("not a copy" in r for r in refusals(report, RULE)), refusals(report, RULE)
+    assert any("allowzero=1 with a constant 0" in r for r in refusals(report, RULE)), refusals(report, RULE)
+    assert _ops(out)["Concat"] == 1
 
 
 def test_zero_constant_with_a_computed_size_is_refused():

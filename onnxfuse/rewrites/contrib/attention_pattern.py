@@ -11,6 +11,8 @@ What each helper proves is written where it is; the rule's module docstring
 * :func:`keep_mask`: those terms proved to be a 0/fill keep mask per batch item and key (a padding
   mask) or per batch item, query and key (causal and padding), the forms ONNX Runtime's ``Attention``
   takes as a raw 2-D or 3-D ``mask_index``;
+* :func:`nan_guard`, :func:`finite_masks`: the dynamo exporter's ``Where(IsNaN(p), 0, p)`` after the Softmax,
+  and the proof that it changes nothing;
 * :func:`projection_bias`: ``Add(MatMul(·), b)`` with a 1-D constant ``b``;
 * :func:`packed_projections`: q, k and v as three constant-weight projections of one tensor, packed
   into the one [E_in, 3E] weight and [3E] bias of ONNX Runtime's ``Attention`` op.
@@ -311,6 +313,50 @@ def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] 
             tensor = a if scores_if_true else b
             continue
         return terms, tensor
+
+
+def nan_guard(graph, probs) -> list | None:
+    """``[IsNaN, Where]`` when ``probs`` (the Softmax's weights) is read only as ``Where(IsNaN(p), 0, p)``:
+    torch's dynamo exporter (onnxscript's scaled_dot_product_attention with a mask) writes it to turn the
+    NaN row of a Softmax whose every score is -inf into zeros. Else None."""
+    readers = consumers(probs)
+    if len(readers) != 2 or is_graph_output(graph, probs):
+        return None
+    isnan = next((n for n in readers if is_op(n, "IsNaN")), None)
+    where = next((n for n in readers if is_op(n, "Where")), None)
+    if isnan is None or where is None or len(where.inputs) != 3 or len(isnan.outputs) != 1:
+        return None
+    cond, zero, kept = where.inputs
+    if cond is not isnan.outputs[0] or kept is not probs or not single_reader(graph, cond):
+        return None
+    value = scalar_constant(graph, zero)
+    if value is None or float(np.asarray(value).reshape(())) != 0.0:
+        return None
+    return [isnan, where]
+
+
+def finite_masks(graph, terms) -> bool:
+    """Every mask step adds finite values: a Where term (its fill is a finite scalar, checked by
+    :func:`mask_terms`), or an Add of a constant whose values are all finite or of ``Where(c, a, b)`` with
+    a and b finite scalar constants (transformers' ``sdpa_mask`` as float). Then, for finite scores, no
+    Softmax row is all -inf and none is NaN: a NaN guard after it (:func:`nan_guard`) changes nothing."""
+    for term in terms:
+        if term.kind == "where":
+            if not np.isfinite(term.fill):
+                return False
+            continue
+        value = constant_value(graph, term.mask)
+        if value is not None:
+            if not np.all(np.isfinite(value)):
+                return False
+            continue
+        where = producer_of(term.mask)
+        if not is_op(where, "Where") or len(where.inputs) != 3:
+            return False
+        branches = [scalar_constant(graph, t) for t in where.inputs[1:]]
+        if any(b is None or not np.all(np.isfinite(b)) for b in branches):
+            return False
+    return True
 
 
 @dataclass

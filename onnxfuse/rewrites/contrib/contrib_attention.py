@@ -61,6 +61,15 @@ scores x and the Softmax, outermost first, become one ``attention_bias`` built i
   meet (f + f = -inf after a Where and an Add of finfo.min) are -inf in both models.
 * element-type-preserving Casts (GPT-2 exports ``.to(dtype)`` as Cast to float) are identities: removed.
 
+**The NaN guard** ``Where(IsNaN(p), 0, p)`` on the Softmax's weights (torch's dynamo exporter writes it
+after every masked scaled_dot_product_attention) turns a row whose every score is -inf, NaN after the
+Softmax, into zeros. When every mask step adds finite values (a Where's finite fill, a constant without
+±inf, or ``Where(c, a, b)`` of finite scalars: :func:`~onnxfuse.rewrites.contrib.attention_pattern.
+finite_masks`), finite scores give finite masked scores, a Softmax row is never NaN and the guard is the
+identity: it goes with the pattern. NaN or infinite scores (an overflow upstream) would be zeroed by the
+guard and stay NaN in the fused op: outside what validation's finite inputs can reach, and no real
+attention's. A mask that may hold -inf is refused with the guard, with that reason.
+
 MultiHeadAttention wants ``attention_bias`` ``[B or 1, H or 1, S, L]``: one Add's mask of lower rank is
 unsqueezed to rank 4, and unless its last two dimensions are provably S and L, the bias is expanded with
 ``Expand(M, [1, 1, S, L])`` (S and L read from q and k at run time). Expand is exact: it copies values,
@@ -172,8 +181,10 @@ from onnxfuse.rewrites.contrib.attention_pattern import (
     is_downcast,
     is_noop_cast,
     is_upcast,
+    finite_masks,
     keep_mask,
     mask_terms,
+    nan_guard,
     packed_projections,
     projection_bias,
     single_reader,
@@ -260,10 +271,18 @@ class ContribAttention(Rule):
         probs = softmax.outputs[0]
         readers = consumers(probs)
         island = False
-        while len(readers) == 1 and (is_noop_cast(graph, readers[0]) or (not island and is_downcast(graph, readers[0]))):
-            island = island or is_downcast(graph, readers[0])
-            nodes.append(readers[0])
-            probs = readers[0].outputs[0]
+        guard = None  # the dynamo exporter's Where(IsNaN(p), 0, p)
+        while True:
+            if guard is None and (guard := nan_guard(graph, probs)) is not None:
+                nodes += guard
+                probs = guard[1].outputs[0]
+            elif len(readers) == 1 and (is_noop_cast(graph, readers[0])
+                                        or (not island and is_downcast(graph, readers[0]))):
+                island = island or is_downcast(graph, readers[0])
+                nodes.append(readers[0])
+                probs = readers[0].outputs[0]
+            else:
+                break
             readers = consumers(probs)
         if island:
             dtype = np.dtype(np.float16)
@@ -289,6 +308,9 @@ class ContribAttention(Rule):
         if isinstance(found, str):
             return found
         terms, x = found
+        if guard is not None and not finite_masks(graph, terms):
+            return ("the Softmax's NaN guard Where(IsNaN(p), 0, p) zeroes rows whose every score is -inf; the "
+                    "mask here is not provably finite, so the fused op's rows could differ")
         factors: list[float] = []
         x = strip_scale(graph, x, nodes, factors)
         if island:  # the float16 scores enter float32 here, before any mask step

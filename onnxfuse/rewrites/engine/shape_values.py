@@ -150,3 +150,71 @@ def _add(a, b):
         return a if b == 0 else b if a == 0 else None
     return a + b
 
+
+# Ops that pass a shape entry through unchanged (one element stays one element, value kept).
+_KEEPS_VALUES = frozenset({"Unsqueeze", "Squeeze", "Identity", "Reshape", "Flatten"})
+
+
+def shape_read(graph, part):
+    """``(src, [a, a+1, ...])`` when ``part`` is ``Shape(src)[a:b]`` or one entry of it (a Gather with a
+    scalar index), through ops that keep the values (Unsqueeze, Squeeze, Identity, Reshape, Flatten and
+    Casts to int64), with non-negative positions; else None. Unlike :func:`shape_value` it needs no
+    known dimension of ``src``: it says *which* dimensions are read, not their values."""
+    t = part
+    for _ in range(8):
+        node = producer_of(t)
+        if node is None:
+            return None
+        if is_op(node, *_KEEPS_VALUES) or (is_op(node, "Cast") and int(node.attrs.get("to", 0)) == 7):
+            t = node.inputs[0]
+            continue
+        if is_op(node, "Gather") and int(node.attrs.get("axis", 0)) == 0:
+            shape_node = producer_of(node.inputs[0])
+            idx = constant_value(graph, node.inputs[1])
+            if not is_op(shape_node, "Shape") or idx is None or idx.size != 1:
+                return None
+            src, positions = _shape_source(shape_node)
+            if src is None:
+                return None
+            i = int(idx.reshape(-1)[0])
+            i = i + len(positions) if i < 0 else i
+            if not 0 <= i < len(positions):
+                return None
+            return src, [positions[i]]
+        if is_op(node, "Shape"):
+            src, positions = _shape_source(node)
+            return (src, positions) if src is not None else None
+        if is_op(node, "Slice"):
+            shape_node = producer_of(node.inputs[0])
+            if not is_op(shape_node, "Shape"):
+                return None
+            src, positions = _shape_source(shape_node)
+            starts, ends = constant_value(graph, node.inputs[1]), constant_value(graph, node.inputs[2])
+            extra = [constant_value(graph, t) for t in node.inputs[3:] if t.name]
+            if src is None or starts is None or ends is None or starts.size != 1 or ends.size != 1:
+                return None
+            if any(e is None for e in extra):
+                return None
+            if len(extra) >= 1 and int(extra[0].reshape(-1)[0]) != 0:  # axes
+                return None
+            if len(extra) >= 2 and int(extra[1].reshape(-1)[0]) != 1:  # steps
+                return None
+            picked = positions[slice(int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0]))]
+            return (src, list(picked)) if picked else None
+        return None
+    return None
+
+
+def _shape_source(shape_node):
+    """``(tensor, positions)`` for a Shape node (its start/end attributes applied); (None, None) when
+    the source rank is unknown."""
+    src = shape_node.inputs[0]
+    shape = getattr(src, "shape", None)
+    if shape is None:
+        return None, None
+    positions = list(range(len(shape)))
+    start = shape_node.attrs.get("start")
+    end = shape_node.attrs.get("end")
+    if start is not None or end is not None:
+        positions = positions[slice(int(start) if start is not None else None, int(end) if end is not None else None)]
+    return src, positions

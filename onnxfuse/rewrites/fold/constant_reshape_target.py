@@ -13,7 +13,7 @@ of the Reshape's own input.
 
 What
 ----
-For ``Reshape(x, Concat(p₀, …, pₖ))`` (``allowzero`` 0) whose parts are constants or one-element
+For ``Reshape(x, Concat(p₀, …, pₖ))`` whose parts are constants or one-element
 computed values, the target becomes a constant:
 
 * a computed part that is ``x``'s own dimension at the same position (``Gather(Shape(x), i)``,
@@ -34,7 +34,12 @@ product times the computed value *is* the element count, so the inferred value e
 shared symbolic name relies on the model's own declaration (in ONNX the same ``dim_param`` means the
 same size; ONNX Runtime does not check it, so inputs that break it are outside the contract). The one difference is
 a zero-size tensor whose computed entry is 0: the original then copies ``x``'s dimension at that
-position, ``-1`` infers 0. Refused: two or more computed entries that are not copies, multi-element
+position, ``-1`` infers 0.
+
+``allowzero=1`` (torch's dynamo exporter writes it on every ``view``): the computed entries are read
+literally there, and a proven copy's literal value *is* the copied dimension, so the new target is
+written with ``allowzero=0`` (its 0s copy) and means the same, unless a constant entry is 0 (literal
+there, a copy after): refused. Refused: two or more computed entries that are not copies, multi-element
 computed parts that are not copies, ``allowzero=1`` with a zero constant, unknown part sizes.
 The Concat and its inputs stay when something else reads them; otherwise cleanup removes them.
 """
@@ -48,10 +53,7 @@ import numpy as np
 from onnxfuse.rewrites.engine.edit import new_constant
 from onnxfuse.rewrites.engine.facts import constant_value, is_op, producer_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import shape_value
-
-# Ops that pass a shape entry through unchanged (one element stays one element, value kept).
-_PASS_THROUGH = frozenset({"Unsqueeze", "Squeeze", "Identity", "Reshape", "Flatten"})
+from onnxfuse.rewrites.engine.shape_values import shape_read, shape_value
 
 
 def _num_elements(graph, tensor, depth: int = 0) -> int | None:
@@ -70,76 +72,13 @@ def _num_elements(graph, tensor, depth: int = 0) -> int | None:
             a, b = (_num_elements(graph, t, depth + 1) for t in node.inputs)
             if a is not None and b is not None and 1 in (a, b):
                 return max(a, b)
-        dims = _dims_of(graph, tensor)
+        dims = shape_read(graph, tensor)
         if dims is not None:
             return len(dims[1])
     shape = getattr(tensor, "shape", None)
     if shape is None or any(not isinstance(d, (int, np.integer)) for d in shape):
         return None
     return int(np.prod(shape)) if len(shape) else 1
-
-
-def _dims_of(graph, part):
-    """When ``part`` is ``Shape(src)[a:b]`` (through pass-through ops and Casts to int64), return
-    ``(src, [a, a+1, ...])`` with non-negative positions; else None."""
-    t = part
-    for _ in range(8):
-        node = producer_of(t)
-        if node is None:
-            return None
-        if is_op(node, *_PASS_THROUGH) or (is_op(node, "Cast") and int(node.attrs.get("to", 0)) == 7):
-            t = node.inputs[0]
-            continue
-        if is_op(node, "Gather") and int(node.attrs.get("axis", 0)) == 0:
-            shape_node = producer_of(node.inputs[0])
-            idx = constant_value(graph, node.inputs[1])
-            if not is_op(shape_node, "Shape") or idx is None or idx.size != 1:
-                return None
-            src, positions = _shape_source(shape_node)
-            if src is None:
-                return None
-            i = int(idx.reshape(-1)[0])
-            i = i + len(positions) if i < 0 else i
-            if not 0 <= i < len(positions):
-                return None
-            return src, [positions[i]]
-        if is_op(node, "Shape"):
-            src, positions = _shape_source(node)
-            return (src, positions) if src is not None else None
-        if is_op(node, "Slice"):
-            shape_node = producer_of(node.inputs[0])
-            if not is_op(shape_node, "Shape"):
-                return None
-            src, positions = _shape_source(shape_node)
-            starts, ends = constant_value(graph, node.inputs[1]), constant_value(graph, node.inputs[2])
-            extra = [constant_value(graph, t) for t in node.inputs[3:] if t.name]
-            if src is None or starts is None or ends is None or starts.size != 1 or ends.size != 1:
-                return None
-            if any(e is None for e in extra):
-                return None
-            if len(extra) >= 1 and int(extra[0].reshape(-1)[0]) != 0:  # axes
-                return None
-            if len(extra) >= 2 and int(extra[1].reshape(-1)[0]) != 1:  # steps
-                return None
-            picked = positions[slice(int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0]))]
-            return (src, list(picked)) if picked else None
-        return None
-    return None
-
-
-def _shape_source(shape_node):
-    """``(tensor, positions)`` for a Shape node (its start/end attributes applied); (None, None) when
-    the source rank is unknown."""
-    src = shape_node.inputs[0]
-    shape = getattr(src, "shape", None)
-    if shape is None:
-        return None, None
-    positions = list(range(len(shape)))
-    start = shape_node.attrs.get("start")
-    end = shape_node.attrs.get("end")
-    if start is not None or end is not None:
-        positions = positions[slice(int(start) if start is not None else None, int(end) if end is not None else None)]
-    return src, positions
 
 
 def _copies(x, start: int, src, positions) -> bool:
@@ -197,13 +136,13 @@ class ConstantReshapeTarget(Rule):
             if arr is not None:
                 entries.extend(int(v) for v in arr.reshape(-1))
                 continue
-            dims = _dims_of(graph, part)
-            if dims is not None and allowzero == 0 and _copies(x, len(entries), *dims):
+            dims = shape_read(graph, part)
+            if dims is not None and _copies(x, len(entries), *dims):
                 entries.extend(["copy"] * len(dims[1]))
                 continue
             n = _num_elements(graph, part)
             if n != 1:
-                values = shape_value(graph, part) if allowzero == 0 else None
+                values = shape_value(graph, part)
                 if values is None or any(isinstance(v, bool) for v in values):
                     return Refuse(f"computed part {part.name!r} has {n if n is not None else 'an unknown number of'} "
                                   "elements and is not a copy of the input's dimensions")
@@ -229,11 +168,12 @@ class ConstantReshapeTarget(Rule):
             if any(c <= 0 for c in consts):
                 return Refuse("a constant size is not positive (0 or negative): -1 could not be inferred safely")
         if allowzero == 1 and 0 in consts:
-            return Refuse("allowzero=1 with a zero size")
+            return Refuse("allowzero=1 with a constant 0 (a zero-size axis there, a copy once written as allowzero=0)")
         shape = [0 if e == "copy" else (-1 if e == "computed" else e) for e in entries]
         return Plan(node, np.asarray(shape, dtype=np.int64))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
         node, shape = plan.anchor, plan.found
         node.inputs[1] = new_constant(graph, f"{node.name or node.outputs[0].name}_target", shape)
+        node.attrs["allowzero"] = 0  # its 0s are copies (check refused a literal 0 under allowzero=1)
         return {"node": node.name, "target": shape.tolist()}

@@ -1,0 +1,146 @@
+"""merged-axes-transpose: Reshape(Transpose(Reshape(x, [-1, *tail]), [0, …]), [*lead, *tail']) → Transpose(x).
+
+The dynamo exporter's Kᵀ (targets computed from Shape(x), allowzero=1) and constant-target variants
+are compared with the original on ONNX Runtime, value for value, at several sizes; the look-alikes
+that do not move elements the same way are refused.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+from contrib_testlib import fuse, parse, refusals
+
+import helpers
+from onnxfuse.rewrites.fold.merged_axes_transpose import MergedAxesTranspose
+
+RULE = MergedAxesTranspose()
+
+#: onnxscript's aten::transpose(k, -2, -1) of a rank-4 k, as torch.onnx.export(dynamo=True) writes it
+DYNAMO_KT = """
+g (float[batch,4,seq,16] x) => (float[batch,4,16,seq] y) {
+    s = Shape <start = 0> (x)
+    m1 = Constant <value = int64[1] {-1}> ()
+    m2 = Constant <value = int64[1] {-2}> ()
+    big = Constant <value = int64[1] {9223372036854775807}> ()
+    small = Constant <value = int64[1] {-9223372036854775808}> ()
+    d = Slice(s, m1, big)
+    l = Slice(s, m2, m1)
+    lead = Slice(s, small, m2)
+    t1 = Concat <axis = 0> (m1, l, d)
+    flat = Reshape <allowzero = 1> (x, t1)
+    ft = Transpose <perm = [0, 2, 1]> (flat)
+    t2 = Concat <axis = 0> (lead, d, l)
+    y = Reshape <allowzero = 1> (ft, t2)
+}
+"""
+
+
+def _same(original, optimized, dims: dict[str, int]):
+    rng = np.random.default_rng(sum(dims.values()))
+    feeds = {}
+    for inp in original.graph.input:
+        shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in inp.type.tensor_type.shape.dim]
+        feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
+    want, got = helpers.run_ort(original, feeds), helpers.run_ort(optimized, feeds)
+    for name, a in want.items():
+        np.testing.assert_array_equal(got[name], a)
+
+
+def _ops(model) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def _perm(model) -> list[int]:
+    node = next(n for n in model.graph.node if n.op_type == "Transpose")
+    return list(next(a.ints for a in node.attribute if a.name == "perm"))
+
+
+def test_dynamo_key_transpose_becomes_one_transpose():
+    m = parse(DYNAMO_KT)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 1
+    assert _ops(out) == Counter({"Transpose": 1}) and _perm(out) == [0, 1, 3, 2]
+    for dims in ({"batch": 2, "seq": 5}, {"batch": 1, "seq": 1}, {"batch": 3, "seq": 7}):
+        _same(m, out, dims)
+
+
+def test_shape_read_from_a_tensor_with_the_same_names():
+    # The dynamo exporter reads every layer's sizes from the first layer's tensor: the names agree.
+    m = parse(DYNAMO_KT.replace("(float[batch,4,seq,16] x)", "(float[batch,4,seq,16] x, float[batch,4,seq,16] z)")
+              .replace("s = Shape <start = 0> (x)", "s = Shape <start = 0> (z)"))
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 1 and _perm(out) == [0, 1, 3, 2]
+    _same(m, out, {"batch": 2, "seq": 3})
+
+
+def test_shape_of_an_unrelated_tensor_is_refused():
+    m = parse(DYNAMO_KT.replace("(float[batch,4,seq,16] x)", "(float[batch,4,seq,16] x, float[p,4,q,16] z)")
+              .replace("s = Shape <start = 0> (x)", "s = Shape <start = 0> (z)"))
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 0 and _ops(out)["Reshape"] == 2
+    assert refusals(report, RULE), "expected a reason"
+
+
+def test_constant_targets_and_a_three_axis_tail():
+    # x [2, 3, 4, 5, 6]: the first two axes merged, the tail (4, 5, 6) rotated by perm [0, 3, 1, 2].
+    m = parse("""
+    g (float[2,3,4,5,6] x) => (float[2,3,6,4,5] y) {
+        t1 = Constant <value = int64[4] {6, 4, 5, 6}> ()
+        flat = Reshape(x, t1)
+        ft = Transpose <perm = [0, 3, 1, 2]> (flat)
+        t2 = Constant <value = int64[5] {2, 3, 6, 4, -1}> ()
+        y = Reshape(ft, t2)
+    }
+    """)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 1 and _perm(out) == [0, 1, 4, 2, 3]
+    _same(m, out, {})
+
+
+def test_split_into_other_leading_sizes_is_refused():
+    # [6, ...] split back as [3, 2] instead of x's [2, 3]: the elements land elsewhere.
+    m = parse("""
+    g (float[2,3,4,5] x) => (float[3,2,5,4] y) {
+        t1 = Constant <value = int64[3] {-1, 4, 5}> ()
+        flat = Reshape(x, t1)
+        ft = Transpose <perm = [0, 2, 1]> (flat)
+        t2 = Constant <value = int64[4] {3, 2, 5, 4}> ()
+        y = Reshape(ft, t2)
+    }
+    """)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 0 and _ops(out)["Reshape"] == 2
+    assert any("split the merged axis back" in r for r in refusals(report, RULE)), refusals(report, RULE)
+
+
+def test_transpose_moving_the_merged_axis_is_refused():
+    m = parse("""
+    g (float[2,3,4,5] x) => (float[4,2,3,5] y) {
+        t1 = Constant <value = int64[3] {-1, 4, 5}> ()
+        flat = Reshape(x, t1)
+        ft = Transpose <perm = [1, 0, 2]> (flat)
+        t2 = Constant <value = int64[4] {4, 2, 3, 5}> ()
+        y = Reshape(ft, t2)
+    }
+    """)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 0
+    assert any("leading axes" in r for r in refusals(report, RULE)), refusals(report, RULE)
+
+
+def test_zero_in_a_target_is_refused():
+    m = parse(DYNAMO_KT.replace("t1 = Concat <axis = 0> (m1, l, d)",
+                                "z0 = Constant <value = int64[1] {0}> ()\n    t1 = Concat <axis = 0> (z0, l, d)")
+              .replace("flat = Reshape <allowzero = 1> (x, t1)", "flat = Reshape(x, t1)"))
+    out, report = fuse(m, RULE, infer=False)
+    assert report.counts[RULE.name] == 0
+
+
+def test_checker_accepts_and_shapes_are_inferred():
+    out, _ = fuse(parse(DYNAMO_KT), RULE)
+    inferred = onnx.shape_inference.infer_shapes(out)
+    y = next(o for o in inferred.graph.output if o.name == "y")
+    assert [d.dim_param or d.dim_value for d in y.type.tensor_type.shape.dim] == ["batch", 4, 16, "seq"]
