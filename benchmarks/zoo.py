@@ -177,15 +177,15 @@ def _torchvision(name):
     return build
 
 
-def _bert():
+def _bert(attn: str = "eager"):
     import torch
     import transformers
 
     cfg = transformers.BertConfig()  # bert-base-uncased's shape: 12 layers, 768 hidden, 12 heads
     try:
-        bert = transformers.BertModel(cfg, add_pooling_layer=False, attn_implementation="eager")
+        bert = transformers.BertModel(cfg, add_pooling_layer=False, attn_implementation=attn)
     except TypeError:
-        cfg._attn_implementation = "eager"
+        cfg._attn_implementation = attn
         bert = transformers.BertModel(cfg, add_pooling_layer=False)
 
     class Bert(torch.nn.Module):
@@ -199,12 +199,12 @@ def _bert():
     return Bert()
 
 
-def _gpt2():
+def _gpt2(attn: str = "eager"):
     import torch
     import transformers
 
     cfg = transformers.GPT2Config(use_cache=False)  # gpt2 (small): 12 layers, 768 hidden, 12 heads
-    cfg._attn_implementation = "eager"
+    cfg._attn_implementation = attn
     gpt2 = transformers.GPT2Model(cfg)
 
     class Gpt2(torch.nn.Module):
@@ -213,6 +213,8 @@ def _gpt2():
             self.gpt2 = gpt2
 
         def forward(self, input_ids, attention_mask):
+            if attn == "sdpa":  # the dynamo exporter traces transformers' own mask builder
+                return self.gpt2(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
             # The causal and padding mask as one additive [B, 1, S, S] tensor, as GPT-2's eager attention
             # adds it; transformers passes a 4-D mask through unchanged (its own mask builder uses vmap,
             # which the TorchScript exporter cannot trace).
@@ -259,11 +261,19 @@ SPECS = {s.name: s for s in [
 ]}
 
 
-def build_module(spec: Spec, seed: int = 0):
+#: models whose builder takes transformers' attention implementation: sdpa (transformers' default) for the
+#: dynamo exporter, as a user's ``torch.onnx.export`` of the model would write it; eager for the legacy one
+ATTN_BUILDERS = ("bert_base", "gpt2_small")
+
+
+def build_module(spec: Spec, seed: int = 0, exporter: str = "legacy"):
     import torch
 
     torch.manual_seed(seed)
-    module = spec.build().eval()
+    if spec.name in ATTN_BUILDERS:
+        module = spec.build("sdpa" if exporter == "dynamo" else "eager").eval()
+    else:
+        module = spec.build().eval()
     # Random weights leave BatchNorm's running statistics at 0/1; make them non-trivial so folding them
     # is really tested (a fold that ignored mean/var would still pass with identity statistics).
     g = torch.Generator().manual_seed(seed + 1)
@@ -302,13 +312,28 @@ class HalfIO:
 # --------------------------------------------------------------------------------------------- export
 
 
-def export(spec: Spec, module, path: Path, opset: int, device: str = "cpu", dynamic_seq: bool = False) -> dict:
+def export(spec: Spec, module, path: Path, opset: int, device: str = "cpu", dynamic_seq: bool = False,
+           exporter: str = "legacy") -> dict:
     """``dynamic_seq``: token models get a dynamic sequence axis too (``sequence``), as exports meant for
-    variable-length inputs have (optimum's, for one); the zoo's timing still feeds ``spec.seq`` tokens."""
+    variable-length inputs have (optimum's, for one); the zoo's timing still feeds ``spec.seq`` tokens.
+    ``exporter="dynamo"``: ``torch.onnx.export(dynamo=True)``, torch's default since 2.9, at opset 18 or
+    more, traced at batch 2 (torch.export specializes a size of 1), weights in ``path``.data beside it."""
     import torch
 
     torch.backends.mha.set_fastpath_enabled(False)  # nn.MultiheadAttention's fused path has no ONNX export
     t0 = time.perf_counter()
+    if exporter == "dynamo":
+        opset = max(opset, 18)
+        dims = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO} if dynamic_seq and spec.seq else {
+            0: torch.export.Dim.AUTO}
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module.to(device), spec.example(2, device), str(path), dynamo=True, opset_version=opset,
+                              input_names=spec.input_names, output_names=["output"],
+                              dynamic_shapes=tuple(dict(dims) for _ in spec.input_names), external_data=True)
+        module.to("cpu")
+        return {"seconds": round(time.perf_counter() - t0, 2), "opset": opset, "exporter": "dynamo",
+                **check_export(path)}
     args = spec.example(1, device)
     axes = {0: "batch", 1: "sequence"} if dynamic_seq and spec.seq else {0: "batch"}
     dynamic = {n: dict(axes) for n in spec.input_names}
@@ -447,9 +472,9 @@ def run_model(name: str, args, part: Path) -> None:
 
     torch.backends.cudnn.benchmark = True
     log(f"{name}: export (opset {args.opset})")
-    module = build_module(spec)
+    module = build_module(spec, exporter=args.exporter)
     path = work / f"{name}.onnx"
-    rec.info("export", export(spec, module, path, args.opset, dynamic_seq=args.dynamic_seq))
+    rec.info("export", export(spec, module, path, args.opset, dynamic_seq=args.dynamic_seq, exporter=args.exporter))
     original = onnx.load(str(path))
 
     def inputs_for(batch: int) -> Inputs:
@@ -628,8 +653,9 @@ def run_model(name: str, args, part: Path) -> None:
         try:
             log(f"{name}: fp16 export")
             path16 = work / f"{name}.fp16.onnx"
-            half = HalfIO(build_module(spec))
-            rec.info("export_fp16", export(spec, half, path16, args.opset, device="cuda", dynamic_seq=args.dynamic_seq))
+            half = HalfIO(build_module(spec, exporter=args.exporter))
+            rec.info("export_fp16", export(spec, half, path16, args.opset, device="cuda", dynamic_seq=args.dynamic_seq,
+                                                 exporter=args.exporter))
             del half
             torch.cuda.empty_cache()
             original16 = onnx.load(str(path16))
@@ -897,6 +923,9 @@ def parse_args(argv=None):
     p.add_argument("--fp16-batches", default=None, help="batches for fp16 timing (default: --batches)")
     p.add_argument("--fp16-graph-modes", default=None, help="CUDA graph modes for fp16 (default: --graph-modes)")
     p.add_argument("--opset", type=int, default=14)
+    p.add_argument("--exporter", choices=["legacy", "dynamo"], default="legacy",
+                   help="legacy: TorchScript exporter, eager attention (default); dynamo: torch.onnx.export's default "
+                        "since torch 2.9, sdpa attention, opset >= 18")
     p.add_argument("--target", default="cuda", help="onnxfuse optimize --target")
     p.add_argument("--dynamic-seq", action="store_true",
                    help="export token models with a dynamic sequence axis too (timed at their usual length)")
