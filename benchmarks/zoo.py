@@ -330,7 +330,8 @@ def export(spec: Spec, module, path: Path, opset: int, device: str = "cpu", dyna
             warnings.simplefilter("ignore")
             torch.onnx.export(module.to(device), spec.example(2, device), str(path), dynamo=True, opset_version=opset,
                               input_names=spec.input_names, output_names=["output"],
-                              dynamic_shapes=tuple(dict(dims) for _ in spec.input_names), external_data=True)
+                              dynamic_shapes=_dynamic_shapes(module, [dict(dims) for _ in spec.input_names]),
+                              external_data=True)
         module.to("cpu")
         return {"seconds": round(time.perf_counter() - t0, 2), "opset": opset, "exporter": "dynamo",
                 **check_export(path)}
@@ -348,6 +349,17 @@ def export(spec: Spec, module, path: Path, opset: int, device: str = "cpu", dyna
             torch.onnx.export(module.to(device), args, str(path), **kwargs)
     module.to("cpu")
     return {"seconds": round(time.perf_counter() - t0, 2), "opset": opset, **check_export(path)}
+
+
+def _dynamic_shapes(module, per_input: list):
+    """torch.export's ``dynamic_shapes`` for ``module``'s inputs: one entry per parameter, so a
+    ``forward(*args)`` (HalfIO's wrapper) takes them all as its one tuple."""
+    import inspect
+
+    params = inspect.signature(module.forward).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return (tuple(per_input),)
+    return tuple(per_input)
 
 
 def check_export(path: Path) -> dict:
