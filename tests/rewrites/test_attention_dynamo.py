@@ -102,3 +102,20 @@ def test_nan_guard_with_a_mask_that_may_be_minus_inf_is_refused():
     feeds["m"][0, 0, 1] = -np.inf
     want = run_ort(model, feeds)["y"]
     assert not np.isnan(want).any() and (want[0, 1] == 0).all()
+
+
+def test_gpt2_dynamo_under_precision_fp16_fuses_its_float32_islands():
+    """--precision fp16 keeps each masked Softmax in float32 (finfo.min masks); the island now keeps the
+    exporter's NaN guard with it, so contrib-attention sees the island's form and fuses it (before: the
+    weights went down to float16 and back up to meet the guard's float32 0, and nothing was fused)."""
+    model = load_testdata("gpt2_tiny_dynamo")
+    result = onnxfuse.optimize(model, provider="cpu", samples=2, precision="fp16")
+    assert result.validation.passed
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("Attention") == 2 and "Softmax" not in ops and "IsNaN" not in ops, result.applied.refusals
+    rng = np.random.default_rng(4)
+    feeds = _feeds("gpt2_tiny_dynamo", 3, 12, rng)
+    want = run_ort(model, feeds)
+    got = run_optimized(result.model, feeds)
+    for (out, a), b in zip(want.items(), got):
+        np.testing.assert_allclose(b.astype(np.float32), a, rtol=2e-2, atol=2e-2, err_msg=out)
