@@ -54,6 +54,7 @@ ORDER = [
     "contrib/contrib-fused-matmul-scale",  # before the transpose rule, which also folds into the FusedMatMul it makes
     "contrib/contrib-fused-matmul-transpose",
     "contrib/contrib-fused-conv",  # contrib-bias-softmax is CUDA-only (no CPU kernel): not registered by default
+    "fold/gathernd-index-grid",  # like flat-index-gather, for the dynamo exporter's GatherND form
     "fold/flat-index-gather",  # before range-by-cumsum, which would turn its Ranges into CumSums
     "fold/range-by-cumsum",  # after contrib-attention, which proves mask shapes through the Range's named length
     "elementwise/conv-bias-into-elementwise",  # decides with fuse-elementwise's own region analysis

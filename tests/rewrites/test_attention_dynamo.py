@@ -45,6 +45,9 @@ def test_every_attention_of_a_dynamo_export_is_fused(name):
     ops = [n.op_type for n in result.model.graph.node]
     assert ops.count("Attention") == MODELS[name] and "Softmax" not in ops, result.applied.refusals
     assert "IsNaN" not in ops
+    if name.startswith("bert"):
+        # its position Slice ends at Shape(attention_mask)[1], declared with the ids' sequence name
+        assert ops.count("EmbedLayerNormalization") == 1 and "LayerNormalization" not in ops
     rng = np.random.default_rng(3)
     for batch, seq in ((3, 12), (2, 7), (1, 5)):
         feeds = _feeds(name, batch, seq, rng)
@@ -119,3 +122,18 @@ def test_gpt2_dynamo_under_precision_fp16_fuses_its_float32_islands():
     got = run_optimized(result.model, feeds)
     for (out, a), b in zip(want.items(), got):
         np.testing.assert_allclose(b.astype(np.float32), a, rtol=2e-2, atol=2e-2, err_msg=out)
+
+
+def test_position_slice_of_an_input_declared_otherwise_is_refused():
+    """The BERT export's position Slice ends at attention_mask's dimension 1; declared under another name
+    than the ids' sequence, nothing says it is the ids' length: the embeddings stay unfused."""
+    from onnxfuse.pipeline import rewrite_model
+    from onnxfuse.rewrites import select_rules
+
+    model = load_testdata("bert_tiny_dynamo")
+    mask = next(i for i in model.graph.input if i.name == "attention_mask")
+    mask.type.tensor_type.shape.dim[1].dim_param = "mask_length"
+    out, report = rewrite_model(model, select_rules("cuda"))
+    ops = [n.op_type for n in out.graph.node]
+    assert "EmbedLayerNormalization" not in ops
+    assert [r for r in report.refusals if r.rule == "contrib-embed-layernorm"]  # refused, with its reason

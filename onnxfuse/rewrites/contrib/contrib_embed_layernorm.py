@@ -71,6 +71,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
+    declared_shape,
     constant_value, consumers, dims_equal, dtype_of, is_graph_output, is_op, is_whole_shape_read, producer_of,
     shape_of,
 )
@@ -163,8 +164,25 @@ def _is_sequence_length(graph, ends, words, seq) -> bool:
         return False
     words_index = words.inputs[1]
     source = producer_of(words_index)
-    return (dim.tensor is words_index or dim.tensor is words.outputs[0]
-            or (is_op(source, "Cast") and dim.tensor is source.inputs[0]))
+    ids = source.inputs[0] if is_op(source, "Cast") else words_index
+    return (dim.tensor is words_index or dim.tensor is words.outputs[0] or dim.tensor is ids
+            or _declared_alike(graph, dim.tensor, ids, 1))
+
+
+def _declared_alike(graph, a, b, axis: int) -> bool:
+    """``a`` and ``b`` are graph inputs that the model declares with the same name for dimension ``axis``
+    (ONNX: the same ``dim_param`` is the same size). torch's dynamo exporter reads the sequence length from
+    whichever input it meets first, ``attention_mask`` [s43, s53] beside ``input_ids`` [s72, s53]; inputs
+    that break the declaration are outside the model's contract (validation draws them equal only where
+    the original cannot run them unequal)."""
+    inputs = {id(t) for t in graph.inputs}
+    if id(a) not in inputs or id(b) not in inputs:
+        return False
+    sa, sb = declared_shape(a), declared_shape(b)
+    if sa is None or sb is None or len(sa) <= axis or len(sb) <= axis:
+        return False
+    name = sa[axis]
+    return isinstance(name, str) and not name.startswith("unk__") and name == sb[axis]
 
 
 #: float16 only: the smallest variance, relative to the mean square, of an embedding row that ONNX

@@ -55,59 +55,26 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem, dimension_source
+from onnxfuse.rewrites.engine.carriers import (
+    carrier_cond,
+    carrier_problem,
+    dimension_source,
+)
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
-    axes_of, constant_value, dtype_of, is_op, is_whole_shape_read, opset_of, producer_of, provably_nonnegative,
-    rank_of, shape_of, unit_range_limit,
+    constant_value,
+    dtype_of,
+    is_op,
+    is_whole_shape_read,
+    opset_of,
+    producer_of,
+    provably_nonnegative,
+    rank_of,
+    shape_of,
 )
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shape_values import shape_value
-
-
-def _constant_arange(graph, tensor):
-    """``(L, axis, rank)`` when ``tensor`` is a constant holding 0, 1, …, L-1 (L >= 2) along one axis,
-    every other dimension 1 (a static sequence's Range, folded); else None."""
-    value = constant_value(graph, tensor)
-    if value is None or value.ndim == 0 or not np.issubdtype(value.dtype, np.integer):
-        return None
-    long_axes = [k for k, d in enumerate(value.shape) if d != 1]
-    if len(long_axes) != 1 or value.shape[long_axes[0]] < 2:
-        return None
-    length = value.shape[long_axes[0]]
-    if not np.array_equal(value.reshape(-1), np.arange(length)):
-        return None
-    return length, long_axes[0], value.ndim
-
-
-def placed_range(graph, tensor):
-    """``(limit, axis, rank)`` when ``tensor`` is ``Range(0, limit, 1)`` moved by Unsqueezes (constant
-    axes) to ``axis`` of a rank-``rank`` tensor whose other dimensions are 1, or such a constant (the
-    limit is then an int); else None."""
-    folded = _constant_arange(graph, tensor)
-    if folded is not None:
-        return folded
-    chain = []
-    while True:
-        p = producer_of(tensor)
-        if is_op(p, "Unsqueeze") and p.inputs:
-            chain.append(p)
-            tensor = p.inputs[0]
-        else:
-            break
-    limit = unit_range_limit(graph, p)
-    if limit is None:
-        return None
-    axis, rank = 0, 1
-    for u in reversed(chain):  # from the Range outwards
-        axes = axes_of(graph, u)
-        if axes is None:
-            return None
-        rank += len(axes)
-        for a in sorted(a % rank for a in axes):
-            if a <= axis:
-                axis += 1
-    return limit, axis, rank
+from onnxfuse.rewrites.fold.index_grid import placed_range
 
 
 def _index_sum(graph, indices):
