@@ -144,3 +144,53 @@ def test_checker_accepts_and_shapes_are_inferred():
     inferred = onnx.shape_inference.infer_shapes(out)
     y = next(o for o in inferred.graph.output if o.name == "y")
     assert [d.dim_param or d.dim_value for d in y.type.tensor_type.shape.dim] == ["batch", 4, 16, "seq"]
+
+
+def _random_case(rng):
+    """A random merged-axes Transpose: x of rank 3-5, k leading axes merged, a tail perm keeping axis 0,
+    targets as constants (with -1) or read from Shape(x), allowzero random; a quarter of them split the
+    merged axis back wrongly (leading sizes reversed), which must be refused or stay equal."""
+    import onnx.helper as h
+
+    rank = int(rng.integers(3, 6))
+    shape = [int(d) for d in rng.integers(1, 4, rank)]
+    k = int(rng.integers(2, rank))
+    m = rank - k + 1
+    tail = [0] + [int(p) + 1 for p in rng.permutation(m - 1)]
+    nodes, inits = [], []
+
+    def const(name, values):
+        inits.append(onnx.numpy_helper.from_array(np.asarray(values, np.int64), name))
+        return name
+
+    allowzero = int(rng.integers(0, 2))
+    if rng.random() < 0.5:
+        t1 = const("t1", [-1] + shape[k:])
+    else:
+        nodes.append(h.make_node("Shape", ["x"], ["s"]))
+        parts = [const("m1", [-1])]
+        for j in range(k, rank):
+            nodes.append(h.make_node("Slice", ["s", const(f"a{j}", [j]), const(f"b{j}", [j + 1])], [f"d{j}"]))
+            parts.append(f"d{j}")
+        nodes.append(h.make_node("Concat", parts, ["t1"], axis=0))
+        t1 = "t1"
+    nodes.append(h.make_node("Reshape", ["x", t1], ["flat"], allowzero=allowzero))
+    nodes.append(h.make_node("Transpose", ["flat"], ["ft"], perm=tail))
+    lead = shape[:k][::-1] if rng.random() < 0.25 else shape[:k]
+    out_shape = lead + [shape[k - 1 + p] for p in tail[1:]]
+    nodes.append(h.make_node("Reshape", ["ft", const("t2", out_shape)], ["y"], allowzero=allowzero))
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, out_shape)], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), shape
+
+
+def test_random_merged_axes_transposes_keep_their_values():
+    rng = np.random.default_rng(2026)
+    rewritten = 0
+    for _ in range(60):
+        m, shape = _random_case(rng)
+        out, report = fuse(m, RULE)
+        rewritten += report.counts[RULE.name]
+        feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+        np.testing.assert_array_equal(helpers.run_ort(out, feeds)["y"], helpers.run_ort(m, feeds)["y"])
+    assert rewritten >= 30  # most cases are the real pattern, and they are taken
