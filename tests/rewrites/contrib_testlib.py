@@ -70,3 +70,18 @@ def to_dtype(model: onnx.ModelProto, np_dtype=np.float16) -> onnx.ModelProto:
                 attr.t.CopyFrom(onnx.numpy_helper.from_array(arr, attr.t.name))
     onnx.checker.check_model(out)
     return out
+
+
+def same_at(original, optimized, dims: dict[str, int]):
+    """Both models on ONNX Runtime (optimizations off) at the symbolic sizes ``dims``, seeded standard-normal
+    float32 inputs: every output of the same shape and bit-identical (for rewrites that only move values)."""
+    rng = np.random.default_rng(sum(dims.values()))
+    feeds = {}
+    for inp in original.graph.input:
+        shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in inp.type.tensor_type.shape.dim]
+        feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
+    want, got = helpers.run_ort(original, feeds), helpers.run_ort(optimized, feeds)
+    for name, a in want.items():
+        assert got[name].shape == a.shape, (name, dims)
+        np.testing.assert_array_equal(got[name], a)
+

@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 import onnx
-from contrib_testlib import fuse, parse, refusals
+from contrib_testlib import fuse, parse, refusals, same_at
 
 import helpers
 from onnxfuse.rewrites.fold.merged_axes_transpose import MergedAxesTranspose
@@ -38,17 +38,6 @@ g (float[batch,4,seq,16] x) => (float[batch,4,16,seq] y) {
 """
 
 
-def _same(original, optimized, dims: dict[str, int]):
-    rng = np.random.default_rng(sum(dims.values()))
-    feeds = {}
-    for inp in original.graph.input:
-        shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in inp.type.tensor_type.shape.dim]
-        feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
-    want, got = helpers.run_ort(original, feeds), helpers.run_ort(optimized, feeds)
-    for name, a in want.items():
-        np.testing.assert_array_equal(got[name], a)
-
-
 def _ops(model) -> Counter:
     return Counter(n.op_type for n in model.graph.node)
 
@@ -64,7 +53,7 @@ def test_dynamo_key_transpose_becomes_one_transpose():
     assert report.counts[RULE.name] == 1
     assert _ops(out) == Counter({"Transpose": 1}) and _perm(out) == [0, 1, 3, 2]
     for dims in ({"batch": 2, "seq": 5}, {"batch": 1, "seq": 1}, {"batch": 3, "seq": 7}):
-        _same(m, out, dims)
+        same_at(m, out, dims)
 
 
 def test_shape_read_from_a_tensor_with_the_same_names():
@@ -73,7 +62,7 @@ def test_shape_read_from_a_tensor_with_the_same_names():
               .replace("s = Shape <start = 0> (x)", "s = Shape <start = 0> (z)"))
     out, report = fuse(m, RULE)
     assert report.counts[RULE.name] == 1 and _perm(out) == [0, 1, 3, 2]
-    _same(m, out, {"batch": 2, "seq": 3})
+    same_at(m, out, {"batch": 2, "seq": 3})
 
 
 def test_shape_of_an_unrelated_tensor_is_refused():
@@ -97,7 +86,7 @@ def test_constant_targets_and_a_three_axis_tail():
     """)
     out, report = fuse(m, RULE)
     assert report.counts[RULE.name] == 1 and _perm(out) == [0, 1, 4, 2, 3]
-    _same(m, out, {})
+    same_at(m, out, {})
 
 
 def test_split_into_other_leading_sizes_is_refused():

@@ -10,9 +10,8 @@ from collections import Counter
 
 import numpy as np
 import onnx
-from contrib_testlib import fuse, parse, refusals
+from contrib_testlib import fuse, parse, refusals, same_at
 
-import helpers
 from onnxfuse.rewrites.fold.constant_reshape_target import ConstantReshapeTarget
 
 RULE = ConstantReshapeTarget()
@@ -26,18 +25,6 @@ def _target(model) -> list[int]:
     node = next(n for n in model.graph.node if n.op_type == "Reshape")
     init = {i.name: i for i in model.graph.initializer}
     return onnx.numpy_helper.to_array(init[node.input[1]]).tolist()
-
-
-def _same(original, optimized, dims: dict[str, int]):
-    rng = np.random.default_rng(sum(dims.values()))
-    feeds = {}
-    for inp in original.graph.input:
-        shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param] for d in inp.type.tensor_type.shape.dim]
-        feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
-    want, got = helpers.run_ort(original, feeds), helpers.run_ort(optimized, feeds)
-    for name, a in want.items():
-        assert got[name].shape == a.shape, (name, dims)
-        np.testing.assert_array_equal(got[name], a)
 
 
 def _scaled_batch(factor: int, rest: str, out: str):
@@ -65,7 +52,7 @@ def test_one_computed_size_becomes_minus_one():
     assert _target(out) == [-1, 3, 32]
     assert _ops(out) == Counter({"Reshape": 1})  # the whole size computation is gone
     for batch in (1, 3, 4):
-        _same(m, out, {"batch": batch})
+        same_at(m, out, {"batch": batch})
 
 
 def _split_last_dim(allowzero: int = 0):
@@ -88,7 +75,7 @@ def test_own_dimensions_become_copies():
     out, report = fuse(m, RULE)
     assert _target(out) == [0, 0, 4, 8]
     for dims in ({"batch": 2, "seq": 3}, {"batch": 1, "seq": 5}):
-        _same(m, out, dims)
+        same_at(m, out, dims)
 
 
 def test_same_symbol_on_another_tensor_is_a_copy():
@@ -109,7 +96,7 @@ def test_same_symbol_on_another_tensor_is_a_copy():
     out, _ = fuse(m, RULE)
     assert _target(out) == [0, 4, -1]
     for batch in (1, 3):
-        _same(m, out, {"batch": batch})
+        same_at(m, out, {"batch": batch})
 
 
 TWO_COMPUTED = """
@@ -146,7 +133,7 @@ def test_shape_inference_proves_both_sizes_are_copies():
     out, _ = fuse(m, RULE)  # z and x share the symbols batch and seq
     assert _target(out) == [0, 0, 4, 8]
     for dims in ({"batch": 2, "seq": 3}, {"batch": 3, "seq": 1}):
-        _same(m, out, dims)
+        same_at(m, out, dims)
 
 
 def _allowzero(model) -> int:
@@ -162,7 +149,7 @@ def test_allowzero_copies_are_written_with_allowzero_0():
     assert report.counts[RULE.name] == 1
     assert _target(out) == [0, 0, 4, 8] and _allowzero(out) == 0
     for dims in ({"batch": 2, "seq": 3}, {"batch": 1, "seq": 5}, {"batch": 0, "seq": 3}):
-        _same(m, out, dims)
+        same_at(m, out, dims)
 
 
 def test_allowzero_with_a_constant_zero_is_refused():
