@@ -193,6 +193,8 @@ from onnxfuse.rewrites.contrib.attention_pattern import (
 )
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
+    is_graph_output,
+    rank_of,
     constant_value,
     consumers,
     declared_shape,
@@ -232,6 +234,20 @@ class AttentionPlan:
     all_keys_mask: bool = False  # packed float32 over long keys: a raw mask of ones keeps the unfused kernel
 
 
+def _merge(out, layout):
+    """(Transpose, Reshape) merging the attention output ``out`` [B, H, S, D] back (the Transpose alone read
+    by the Reshape), or why not."""
+    merge_perm = HEADS if layout == BATCH_FIRST else SEQ_FIRST_MERGE
+    after = consumers(out)
+    if len(after) != 1 or perm_of(after[0]) != merge_perm:
+        return f"the attention output is not merged back by Transpose(perm={merge_perm})"
+    merge_t = after[0]
+    after = consumers(merge_t.outputs[0])
+    if len(after) != 1 or not is_op(after[0], "Reshape") or after[0].inputs[0] is not merge_t.outputs[0]:
+        return "the attention output is not merged back by a Reshape"
+    return merge_t, after[0]
+
+
 def _output_shape(query, hidden: int):
     """The attention op's output shape, [B, S, H·D] with B and S the query's (``query``: x for ``Attention``,
     q for MultiHeadAttention, both [B, S, ·]), or None when the query's rank is not known to be 3. ONNX
@@ -248,10 +264,10 @@ class ContribAttention(Rule):
     targets = frozenset({"contrib", "cuda"})
 
     def match(self, graph):
-        return [n for n in graph.nodes if is_op(n, "Softmax")]
+        return [n for n in graph.nodes if is_op(n, "Softmax", "Attention")]
 
-    def check(self, graph, softmax):
-        found = self._analyze(graph, softmax)
+    def check(self, graph, anchor):
+        found = self._analyze_onnx(graph, anchor) if is_op(anchor, "Attention") else self._analyze(graph, anchor)
         return Refuse(found) if isinstance(found, str) else found
 
     def _analyze(self, graph, softmax) -> AttentionPlan | str:
@@ -293,15 +309,10 @@ class ContribAttention(Rule):
         v = split_heads(graph, pv.inputs[1], transposed=False)
         if isinstance(v, str):
             return "V: " + v
-        merge_perm = HEADS if v.layout == BATCH_FIRST else SEQ_FIRST_MERGE
-        after = consumers(pv.outputs[0])
-        if len(after) != 1 or perm_of(after[0]) != merge_perm:
-            return f"the attention output is not merged back by Transpose(perm={merge_perm})"
-        merge_t = after[0]
-        after = consumers(merge_t.outputs[0])
-        if len(after) != 1 or not is_op(after[0], "Reshape") or after[0].inputs[0] is not merge_t.outputs[0]:
-            return "the attention output is not merged back by a Reshape"
-        merge_r = after[0]
+        merge = _merge(pv.outputs[0], v.layout)
+        if isinstance(merge, str):
+            return merge
+        merge_t, merge_r = merge
         nodes.append(merge_t)
         # before: mask steps (+ M, Where(c, ·, f)) ← (×/÷ s) ← MatMul(Q_heads, Kᵀ)
         found = mask_terms(graph, softmax.inputs[0], nodes, score_dtype)
@@ -331,6 +342,57 @@ class ContribAttention(Rule):
         k = split_heads(graph, kt, transposed=True)
         if isinstance(k, str):
             return "K: " + k
+        return self._plan(graph, softmax, nodes, q, k, v, factors, terms, dtype, island, merge_r,
+                          lambda: _shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t))
+
+    def _analyze_onnx(self, graph, op) -> AttentionPlan | str:
+        """ONNX's own ``Attention`` (opset 23, which torch's dynamo exporter writes for scaled_dot_product_
+        attention from ``opset_version=23`` on) over [B, H, S, D] heads: ``softmax(scale·Q·Kᵀ + mask)·V``
+        with ``scale`` the attribute or 1/√D, K given untransposed: the same plan as the decomposed form
+        without a mask step (ViT). Refused: a mask (ONNX Runtime 1.32's CPU kernel returns 0 for a row whose
+        every key carries finfo.min, where the spec's arithmetic and com.microsoft Attention average the row:
+        checked on a one-layer model), the causal flag, a softcap, past keys and values or sequence lengths,
+        an output other than Y read, 3-D inputs."""
+        inputs = [t for t in op.inputs]
+        if len(inputs) < 3 or any(t.name for t in inputs[4:]):
+            return "ONNX Attention with past keys/values or sequence lengths (a KV cache)"
+        if any(o.name and consumers(o) for o in op.outputs[1:]) or any(is_graph_output(graph, o) for o in op.outputs[1:]):
+            return "ONNX Attention's present keys/values or QK output are read"
+        if int(op.attrs.get("is_causal", 0)) or float(op.attrs.get("softcap", 0.0)) != 0.0:
+            return "ONNX Attention with is_causal or softcap"
+        dtype = dtype_of(graph, op.outputs[0])
+        if dtype not in DTYPES:
+            return f"element type {dtype} (Attention: float32, float16)"
+        if any(rank_of(graph, t) != 4 for t in inputs[:3]):
+            return "ONNX Attention on 3-D (packed heads) inputs"
+        nodes = [op]
+        v = split_heads(graph, inputs[2], transposed=False)
+        if isinstance(v, str):
+            return "V: " + v
+        merge = _merge(op.outputs[0], v.layout)
+        if isinstance(merge, str):
+            return merge
+        merge_t, merge_r = merge
+        nodes.append(merge_t)
+        if len(inputs) > 3 and inputs[3].name:
+            return ("ONNX Attention with a mask: ONNX Runtime's CPU kernel gives 0 for a row whose every key is "
+                    "masked (finfo.min), where com.microsoft Attention and the spec's arithmetic average the row")
+        factors: list[float] = []
+        qt = strip_scale(graph, inputs[0], nodes, factors)
+        kt = strip_scale(graph, inputs[1], nodes, factors)
+        q = split_heads(graph, qt, transposed=False)
+        if isinstance(q, str):
+            return "Q: " + q
+        k = split_heads(graph, kt, transposed=False)
+        if isinstance(k, str):
+            return "K: " + k
+        scale = op.attrs.get("scale")
+        factors.append(float(scale) if scale is not None else float(q.size) ** -0.5)
+        return self._plan(graph, op, nodes, q, k, v, factors, [], dtype, False, merge_r, None)
+
+    def _plan(self, graph, anchor, nodes, q, k, v, factors, terms, dtype, island, merge_r, shape_reads_of):
+        """The checks and the plan both forms share once q, k, v are split and the mask steps peeled:
+        ``shape_reads_of`` finds the Shape readers the rewrite can recompute (None: none allowed)."""
         if not (q.heads == k.heads == v.heads and q.size == k.size == v.size):
             return f"Q, K and V split into different heads ({q.heads}x{q.size}, {k.heads}x{k.size}, {v.heads}x{v.size})"
         if not (q.layout == k.layout == v.layout):
@@ -346,7 +408,9 @@ class ContribAttention(Rule):
         shape_reads = []
         problem = internal_problem(graph, nodes + [merge_r], merge_r)
         if problem:
-            shape_reads = _shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t)
+            if shape_reads_of is None:
+                return problem
+            shape_reads = shape_reads_of()
             if isinstance(shape_reads, str):
                 return problem if shape_reads == "" else shape_reads
         mask_rank, tail_known = 0, False
@@ -388,7 +452,7 @@ class ContribAttention(Rule):
                     "graph does); " + ("q, k, v are not packed projections of one tensor" if packed is None
                                        else "the mask is not a 0/fill keep mask of [B, 1, S or 1, L] (a float16 "
                                        "attention_bias would round the float32 mask)"))
-        return AttentionPlan(softmax, nodes, q_source, k_source, v_source, q.heads, scale, terms, mask_rank,
+        return AttentionPlan(anchor, nodes, q_source, k_source, v_source, q.heads, scale, terms, mask_rank,
                              tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads, packed, key_mask,
                              island, all_keys)
 
