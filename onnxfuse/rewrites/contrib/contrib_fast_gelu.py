@@ -1,6 +1,8 @@
 """contrib-fast-gelu: one of the GELU-family activations → ONNX Runtime contrib ops.
 
 * **FastGelu** (tanh form):     ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``  →  ``com.microsoft.FastGelu(x)``
+  (and ONNX's own ``Gelu`` with ``approximate="tanh"``, opset 20: the same function, so a bias Add before
+  it can become BiasGelu, as for the decomposed form: :func:`~onnxfuse.rewrites.contrib.activation.native_gelu`)
 
 How matching works and the conditions (as ONNX Runtime's own fusions): :mod:`onnxfuse.rewrites.contrib.activation`.
 """
@@ -8,11 +10,11 @@ How matching works and the conditions (as ONNX Runtime's own fusions): :mod:`onn
 from __future__ import annotations
 
 from onnxfuse.rewrites.contrib.activation import (
-    HALF_X_ONE_PLUS_T, activation_dtype, fast_gelu_inner, fused_name, match_activation,
+    HALF_X_ONE_PLUS_T, ActivationPlan, gelu_mode, native_gelu, activation_dtype, fast_gelu_inner, fused_name, match_activation,
 )
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import FP16, FP32, nodes_of
+from onnxfuse.rewrites.engine.facts import FP16, FP32, is_op, nodes_of
 
 
 class ContribFastGelu(ContribRule):
@@ -20,10 +22,14 @@ class ContribFastGelu(ContribRule):
     description = "0.5·x·(1+tanh(√(2/π)(x+0.044715x³))) → com.microsoft FastGelu"
 
     def match(self, graph):
-        return nodes_of(graph, "Tanh")
+        return nodes_of(graph, "Tanh") + [n for n in nodes_of(graph, "Gelu") if gelu_mode(n) == "tanh"]
 
     def analyze(self, graph, node):
-        reason, plan = match_activation(graph, node, fast_gelu_inner, HALF_X_ONE_PLUS_T)
+        if is_op(node, "Gelu"):  # ONNX's own (opset 20), approximate="tanh": the same function
+            reason, x = native_gelu(graph, node, "tanh")
+            plan = None if reason else ActivationPlan(x, [node], node)
+        else:
+            reason, plan = match_activation(graph, node, fast_gelu_inner, HALF_X_ONE_PLUS_T)
         if reason:
             return reason, None
         problem = dtype_problem(activation_dtype(graph, plan), (FP16, FP32), "FastGelu input")

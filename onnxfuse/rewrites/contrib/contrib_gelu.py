@@ -1,6 +1,8 @@
 """contrib-gelu: one of the GELU-family activations → ONNX Runtime contrib ops.
 
 * **Gelu** (exact, erf form):   ``gelu(x) = 0.5·x·(1 + erf(x/√2))``  →  ``com.microsoft.Gelu(x)``
+  (and ONNX's own ``Gelu`` with ``approximate="none"``, opset 20: the same function, so a bias Add before
+  it can become BiasGelu, as for the decomposed form: :func:`~onnxfuse.rewrites.contrib.activation.native_gelu`)
 
 How matching works and the conditions (as ONNX Runtime's own fusions): :mod:`onnxfuse.rewrites.contrib.activation`.
 """
@@ -8,11 +10,11 @@ How matching works and the conditions (as ONNX Runtime's own fusions): :mod:`onn
 from __future__ import annotations
 
 from onnxfuse.rewrites.contrib.activation import (
-    HALF_X_ONE_PLUS_T, SQRT_HALF, activation_dtype, fused_name, match_activation, scaled_x,
+    HALF_X_ONE_PLUS_T, ActivationPlan, gelu_mode, native_gelu, SQRT_HALF, activation_dtype, fused_name, match_activation, scaled_x,
 )
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import FP16, FP32, FP64, nodes_of
+from onnxfuse.rewrites.engine.facts import FP16, FP32, FP64, is_op, nodes_of
 
 
 class ContribGelu(ContribRule):
@@ -20,10 +22,14 @@ class ContribGelu(ContribRule):
     description = "0.5·x·(1+erf(x/√2)) → com.microsoft Gelu"
 
     def match(self, graph):
-        return nodes_of(graph, "Erf")
+        return nodes_of(graph, "Erf") + [n for n in nodes_of(graph, "Gelu") if gelu_mode(n) == "none"]
 
     def analyze(self, graph, node):
-        reason, plan = match_activation(graph, node, scaled_x(SQRT_HALF), HALF_X_ONE_PLUS_T)
+        if is_op(node, "Gelu"):  # ONNX's own (opset 20), approximate="none": the same function
+            reason, x = native_gelu(graph, node, "none")
+            plan = None if reason else ActivationPlan(x, [node], node)
+        else:
+            reason, plan = match_activation(graph, node, scaled_x(SQRT_HALF), HALF_X_ONE_PLUS_T)
         if reason:
             return reason, None
         problem = dtype_problem(activation_dtype(graph, plan), (FP16, FP32, FP64), "Gelu input")
