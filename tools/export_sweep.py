@@ -203,6 +203,11 @@ ARCHS = {
         ),
         "encoder",
     ),
+    "resnet": ("resnet", dict(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="bottleneck"), "image"),
+    "convnext": ("convnext", dict(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], image_size=32), "image"),
+    "mobilenet_v2": ("mobilenet_v2", dict(image_size=32, depth_multiplier=0.35), "image"),
+    "swin": ("swin", dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4), "image"),
+    "segformer": ("segformer", dict(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2], image_size=32), "image"),
     "wav2vec2": (
         "wav2vec2",
         dict(
@@ -255,7 +260,11 @@ def export(name, exporter, opset, attn, path):
         config._attn_implementation = attn
     except Exception:
         pass
-    model = AutoModel.from_config(config, attn_implementation=attn).eval()
+    try:
+        model = AutoModel.from_config(config, attn_implementation=attn).eval()
+    except ValueError:  # a model without that attention implementation (CNNs, Swin, ...): eager
+        config._attn_implementation = "eager"
+        model = AutoModel.from_config(config).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for n, p in model.named_parameters():
