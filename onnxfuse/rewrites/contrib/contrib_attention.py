@@ -234,10 +234,13 @@ class AttentionPlan:
     all_keys_mask: bool = False  # packed float32 over long keys: a raw mask of ones keeps the unfused kernel
 
 
-def _merge(out, layout):
-    """(Transpose, Reshape) merging the attention output ``out`` [B, H, S, D] back (the Transpose alone read
-    by the Reshape), or why not."""
-    merge_perm = HEADS if layout == BATCH_FIRST else SEQ_FIRST_MERGE
+def _values_and_merge(graph, v_heads, out):
+    """(V's heads, Transpose, Reshape): V split into heads and the attention output ``out`` [B, H, S, D]
+    merged back by a Transpose read only by a Reshape, in V's layout; or why not."""
+    v = split_heads(graph, v_heads, transposed=False)
+    if isinstance(v, str):
+        return "V: " + v
+    merge_perm = HEADS if v.layout == BATCH_FIRST else SEQ_FIRST_MERGE
     after = consumers(out)
     if len(after) != 1 or perm_of(after[0]) != merge_perm:
         return f"the attention output is not merged back by Transpose(perm={merge_perm})"
@@ -245,7 +248,7 @@ def _merge(out, layout):
     after = consumers(merge_t.outputs[0])
     if len(after) != 1 or not is_op(after[0], "Reshape") or after[0].inputs[0] is not merge_t.outputs[0]:
         return "the attention output is not merged back by a Reshape"
-    return merge_t, after[0]
+    return v, merge_t, after[0]
 
 
 def _output_shape(query, hidden: int):
@@ -306,13 +309,10 @@ class ContribAttention(Rule):
             return "Softmax output is not read by exactly one MatMul (× V)"
         pv = readers[0]
         nodes.append(pv)
-        v = split_heads(graph, pv.inputs[1], transposed=False)
-        if isinstance(v, str):
-            return "V: " + v
-        merge = _merge(pv.outputs[0], v.layout)
-        if isinstance(merge, str):
-            return merge
-        merge_t, merge_r = merge
+        found = _values_and_merge(graph, pv.inputs[1], pv.outputs[0])
+        if isinstance(found, str):
+            return found
+        v, merge_t, merge_r = found
         nodes.append(merge_t)
         # before: mask steps (+ M, Where(c, ·, f)) ← (×/÷ s) ← MatMul(Q_heads, Kᵀ)
         found = mask_terms(graph, softmax.inputs[0], nodes, score_dtype)
@@ -366,13 +366,10 @@ class ContribAttention(Rule):
         if any(rank_of(graph, t) != 4 for t in inputs[:3]):
             return "ONNX Attention on 3-D (packed heads) inputs"
         nodes = [op]
-        v = split_heads(graph, inputs[2], transposed=False)
-        if isinstance(v, str):
-            return "V: " + v
-        merge = _merge(op.outputs[0], v.layout)
-        if isinstance(merge, str):
-            return merge
-        merge_t, merge_r = merge
+        found = _values_and_merge(graph, inputs[2], op.outputs[0])
+        if isinstance(found, str):
+            return found
+        v, merge_t, merge_r = found
         nodes.append(merge_t)
         if len(inputs) > 3 and inputs[3].name:
             return ("ONNX Attention with a mask: ONNX Runtime's CPU kernel gives 0 for a row whose every key is "
