@@ -138,3 +138,14 @@ def test_batch_dims_and_other_indices_are_refused():
     out, report = fuse(m, RULE)
     assert report.counts[RULE.name] == 0 and _ops(out)["GatherND"] == 1
     assert any("not Range(0, n, 1)" in r for r in refusals(report, RULE)), refusals(report, RULE)
+
+
+def test_a_limit_that_may_be_negative_is_refused():
+    # n read from an input's values, not a shape: -1 would make the Slice drop the last row, where the
+    # original's Range(0, -1) is empty
+    m = parse(BERT.replace("g (int64[b,s] ids, int64[m,s] mask)", "g (int64[b,s] ids, int64[m,s] mask, int64 n)")
+              .replace("rb = Range(zero, nb, one)", "rb = Range(zero, n, one)"))
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 0
+    assert any("provably a size" in r for r in refusals(report, RULE)), refusals(report, RULE)
+

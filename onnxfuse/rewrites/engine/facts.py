@@ -199,7 +199,7 @@ def provably_nonnegative(graph, tensor, depth: int = 0) -> bool:
     """True when every element of the integer ``tensor`` is ≥ 0 by construction: a ``Shape`` or ``Size``
     (sizes are never negative), a constant with no negative element, an integer ``Range`` from a start
     ≥ 0 by a step > 0 (an index grid: its values are start + k·step), or elements picked, rearranged,
-    concatenated, added, multiplied or maximised from such values. Casts between integer types count
+    concatenated, added, multiplied, divided or maximised from such values. Casts between integer types count
     only when widening or keeping the width (a narrowing cast could wrap a size to a negative number).
     Sums and products of sizes are taken not to overflow int64 (a tensor of 2⁶³ elements cannot exist)."""
     value = constant_value(graph, tensor)
@@ -216,7 +216,7 @@ def provably_nonnegative(graph, tensor, depth: int = 0) -> bool:
                 and start.dtype.kind in "iu" and float(start.reshape(-1)[0]) >= 0 and float(delta.reshape(-1)[0]) > 0)
     if node.op in _REARRANGING:
         return provably_nonnegative(graph, node.inputs[0], depth + 1)
-    if node.op in ("Concat", "Add", "Mul", "Max"):
+    if node.op in ("Concat", "Add", "Mul", "Max", "Div"):  # integer Div of sizes: ≥ 0, or a division error
         return all(provably_nonnegative(graph, t, depth + 1) for t in node.inputs)
     if node.op == "Cast":
         src, to = dtype_of(graph, node.inputs[0]), int(node.attrs.get("to", 0))

@@ -27,7 +27,8 @@ spec and in ONNX Runtime's CPU kernel); the Slice stops at the end and the Resha
 then fails on the element count: both fail. A Slice bound n_k comes from the Range's own limit, a size read on the
 CPU as the original read it.
 
-Refused, with the reason: other ``batch_dims``, an index that is not such a stack of placed Ranges, grid
+Refused, with the reason: a Range limit not provably a size (≥ 0: a negative Slice end counts from the
+back, where the original's Range is empty), other ``batch_dims``, an index that is not such a stack of placed Ranges, grid
 axes out of order or repeated, an output axis outside the grid that is not provably 1, an opset below 13.
 """
 
@@ -39,7 +40,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import axes_of, is_op, opset_of, producer_of, shape_of
+from onnxfuse.rewrites.engine.facts import axes_of, is_op, opset_of, producer_of, provably_nonnegative, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shape_values import SourcedDim, shape_value
 from onnxfuse.rewrites.fold.index_grid import placed_range
@@ -106,6 +107,8 @@ class GatherndIndexGrid(Rule):
             # an Expand broadcasts a lower rank as numpy does: ones prepended, the Range's axis moves right
             if placed is None or placed[2] > rank or (placed[2] < rank and not is_op(expand, "Expand")):
                 return Refuse("a grid is not Range(0, n, 1) along one axis of the grid's rank")
+            if not isinstance(placed[0], (int, np.integer)) and not provably_nonnegative(graph, placed[0]):
+                return Refuse("a grid's Range limit is not provably a size (>= 0): a negative end would slice from the back")
             limits.append(placed[0])
             axes.append(placed[1] + rank - placed[2])
         if axes != sorted(set(axes)):
