@@ -168,3 +168,13 @@ def test_zero_constant_with_a_computed_size_is_refused():
     out, report = fuse(m, RULE)
     assert report.counts[RULE.name] == 0
     assert any("not positive" in r for r in refusals(report, RULE)), refusals(report, RULE)
+
+
+def test_below_opset_14_no_allowzero_attribute_is_written():
+    # Reshape has no allowzero before opset 14: writing one would fail the checker (fuse() runs it)
+    text = onnx.printer.to_text(_split_last_dim().graph).replace("Reshape <allowzero: int = 0> ", "Reshape ")
+    m = parse(text, opset=13)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 1
+    node = next(n for n in out.graph.node if n.op_type == "Reshape")
+    assert not [a for a in node.attribute if a.name == "allowzero"]

@@ -175,5 +175,6 @@ class ConstantReshapeTarget(Rule):
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
         node, shape = plan.anchor, plan.found
         node.inputs[1] = new_constant(graph, f"{node.name or node.outputs[0].name}_target", shape)
-        node.attrs["allowzero"] = 0  # its 0s are copies (check refused a literal 0 under allowzero=1)
+        if "allowzero" in node.attrs:  # its 0s are copies (check refused a literal 0 under allowzero=1);
+            node.attrs["allowzero"] = 0  # below opset 14 Reshape has no such attribute to write
         return {"node": node.name, "target": shape.tolist()}
