@@ -7,29 +7,32 @@ exporter writes it as ``GatherND(mask, Concat(Unsqueeze(Expand(b, G), -1), Unsqu
 with ``b = Range(0, B)`` and ``l = Range(0, L)`` moved to two axes of the grid shape G = [B, 1, 1, L]
 (``Max`` of the two read only for its ``Shape``). That is eight kernels and a CPU size chain at every
 inference for what is a view of the mask. (The TorchScript exporter writes the same indexing as a flat
-``Gather``: flat-index-gather.)
+``Gather``: flat-index-gather.) With contrib-embed-layernorm's declared-name bound, BERT-base's dynamo
+export went from 115 to 98 nodes (docs/benchmarks.md 5.13; the mask chain: Cast, Slice, Reshape,
+Flatten, Cast).
 
 What (exact)
 ------------
 ``GatherND(data, idx)`` with ``batch_dims`` 0, data of rank R, ``idx = Concat(u₀, …, u_{R-1}, axis=-1)``,
 each ``u_k = Unsqueeze(Expand(r_k, s_k), [-1])`` (or without the Expand) where r_k is ``Range(0, n_k, 1)``
-placed along axis a_k of the grid's rank (of a lower rank under an Expand, which prepends ones) (:func:`~onnxfuse.rewrites.fold.index_grid.placed_range`,
-every other dimension 1), with a₀ < a₁ < … and the output's every other axis statically 1 (so the
+placed along axis a_k of the grid's rank, every other dimension 1 (of a lower rank under an Expand,
+which prepends ones; :func:`~onnxfuse.rewrites.fold.index_grid.placed_range`), with a₀ < a₁ < … and the output's every other axis statically 1 (so the
 Expands only broadcast the Ranges against each other). Entry g of the output is then
 ``data[g[a₀], …, g[a_{R-1}]]`` with g[a_k] over 0 … n_k-1: the output is ``data[:n₀, …, :n_{R-1}]``
 with axes of 1 inserted, value for value: ``Reshape(Slice(data, 0, n_k on the axes k where n_k is not
 provably data's own dimension k), grid shape)``, the grid shape built from the n_k and ones (just
-``Unsqueeze(data, other axes)`` when no axis is sliced). "Provably": n_k is read by a Shape chain from data
-(or the tensor a Cast made it from) at axis k, or both are the same static size.
+``Unsqueeze(data, other axes)`` when no axis is sliced). "Provably": n_k is read by a Shape chain from
+data (or the tensor a Cast made it from) at axis k, or both are the same static size.
 
 Where n_k exceeds data's dimension k the original's GatherND reads out of bounds (an error by the ONNX
 spec and in ONNX Runtime's CPU kernel); the Slice stops at the end and the Reshape to the grid's sizes
-then fails on the element count: both fail. A Slice bound n_k comes from the Range's own limit, a size read on the
-CPU as the original read it.
+then fails on the element count: both fail. A Slice bound n_k comes from the Range's own limit, a size
+read on the CPU as the original read it.
 
 Refused, with the reason: a Range limit not provably a size (≥ 0: a negative Slice end counts from the
-back, where the original's Range is empty), other ``batch_dims``, an index that is not such a stack of placed Ranges, grid
-axes out of order or repeated, an output axis outside the grid that is not provably 1, an opset below 13.
+back, where the original's Range is empty), other ``batch_dims``, an index that is not such a stack of
+placed Ranges, grid axes out of order or repeated, an output axis outside the grid that is not provably
+1, an opset below 13.
 """
 
 from __future__ import annotations
