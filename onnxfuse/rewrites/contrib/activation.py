@@ -148,18 +148,16 @@ def fused_name(root, op):
     return f"{root.name}/{op}" if root.name else None
 
 
-def native_gelu(graph, node, approximate: str):
-    """(reason, x) for ONNX's own ``Gelu`` (opset 20; torch's exporters write it from ``opset_version=20``)
-    with that ``approximate`` attribute: ``"none"`` is 0.5·x·(1 + erf(x/√2)), ``"tanh"`` the tanh form,
-    exactly com.microsoft Gelu's and FastGelu's definitions. Mapping it lets contrib-bias-gelu absorb the
-    bias Add before it (BiasGelu measured 27-42% faster than a FusedElementwise Add+Gelu, docs/benchmarks.md
-    section 2), where fuse-elementwise would otherwise take the pair."""
-    if not is_op(node, "Gelu") or len(node.inputs) != 1 or len(node.outputs) != 1:
+def native_gelu(node):
+    """(reason, plan) for ONNX's own ``Gelu`` (opset 20; torch's exporters write it from ``opset_version=20``):
+    ``approximate="none"`` is 0.5·x·(1 + erf(x/√2)), ``"tanh"`` the tanh form, exactly com.microsoft
+    Gelu's and FastGelu's definitions (each rule's ``match`` picks its mode: :func:`gelu_mode`). Mapping it
+    lets contrib-bias-gelu absorb the bias Add before it (BiasGelu measured 27-42% faster than a
+    FusedElementwise Add+Gelu, docs/benchmarks.md section 2), where fuse-elementwise would otherwise take
+    the pair."""
+    if len(node.inputs) != 1 or len(node.outputs) != 1:
         return "not a one-input Gelu", None
-    mode = gelu_mode(node)
-    if mode != approximate:
-        return f"Gelu with approximate={mode!r} (this rule maps {approximate!r})", None
-    return None, node.inputs[0]
+    return None, ActivationPlan(node.inputs[0], [node], node)
 
 
 def gelu_mode(node) -> str:

@@ -251,6 +251,18 @@ def _values_and_merge(graph, v_heads, out):
     return v, merge_t, after[0]
 
 
+def _query_and_key(graph, query, key, key_transposed: bool, nodes, factors):
+    """(Q's heads, K's heads) split from the attention's q and k inputs (Kᵀ when ``key_transposed``), the
+    scalar factors on each peeled into ``factors`` and their nodes into ``nodes``; or why not."""
+    q = split_heads(graph, strip_scale(graph, query, nodes, factors), transposed=False)
+    if isinstance(q, str):
+        return "Q: " + q
+    k = split_heads(graph, strip_scale(graph, key, nodes, factors), transposed=key_transposed)
+    if isinstance(k, str):
+        return "K: " + k
+    return q, k
+
+
 def _output_shape(query, hidden: int):
     """The attention op's output shape, [B, S, H·D] with B and S the query's (``query``: x for ``Attention``,
     q for MultiHeadAttention, both [B, S, ·]), or None when the query's rank is not known to be 3. ONNX
@@ -334,14 +346,10 @@ class ContribAttention(Rule):
         if qk is None or not is_op(qk, "MatMul") or len(qk.inputs) != 2:
             return "no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)"
         nodes.append(qk)
-        qt = strip_scale(graph, qk.inputs[0], nodes, factors)
-        kt = strip_scale(graph, qk.inputs[1], nodes, factors)
-        q = split_heads(graph, qt, transposed=False)
-        if isinstance(q, str):
-            return "Q: " + q
-        k = split_heads(graph, kt, transposed=True)
-        if isinstance(k, str):
-            return "K: " + k
+        found = _query_and_key(graph, qk.inputs[0], qk.inputs[1], True, nodes, factors)
+        if isinstance(found, str):
+            return found
+        q, k = found
         return self._plan(graph, softmax, nodes, q, k, v, factors, terms, dtype, island, merge_r,
                           lambda: _shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t))
 
@@ -353,9 +361,12 @@ class ContribAttention(Rule):
         every key carries finfo.min, where the spec's arithmetic and com.microsoft Attention average the row:
         checked on a one-layer model), the causal flag, a softcap, past keys and values or sequence lengths,
         an output other than Y read, 3-D inputs."""
-        inputs = [t for t in op.inputs]
+        inputs = list(op.inputs)
         if len(inputs) < 3 or any(t.name for t in inputs[4:]):
             return "ONNX Attention with past keys/values or sequence lengths (a KV cache)"
+        if len(inputs) > 3 and inputs[3].name:
+            return ("ONNX Attention with a mask: ONNX Runtime's CPU kernel gives 0 for a row whose every key is "
+                    "masked (finfo.min), where com.microsoft Attention and the spec's arithmetic average the row")
         if any(o.name and consumers(o) for o in op.outputs[1:]) or any(is_graph_output(graph, o) for o in op.outputs[1:]):
             return "ONNX Attention's present keys/values or QK output are read"
         if int(op.attrs.get("is_causal", 0)) or float(op.attrs.get("softcap", 0.0)) != 0.0:
@@ -371,18 +382,11 @@ class ContribAttention(Rule):
             return found
         v, merge_t, merge_r = found
         nodes.append(merge_t)
-        if len(inputs) > 3 and inputs[3].name:
-            return ("ONNX Attention with a mask: ONNX Runtime's CPU kernel gives 0 for a row whose every key is "
-                    "masked (finfo.min), where com.microsoft Attention and the spec's arithmetic average the row")
         factors: list[float] = []
-        qt = strip_scale(graph, inputs[0], nodes, factors)
-        kt = strip_scale(graph, inputs[1], nodes, factors)
-        q = split_heads(graph, qt, transposed=False)
-        if isinstance(q, str):
-            return "Q: " + q
-        k = split_heads(graph, kt, transposed=False)
-        if isinstance(k, str):
-            return "K: " + k
+        found = _query_and_key(graph, inputs[0], inputs[1], False, nodes, factors)
+        if isinstance(found, str):
+            return found
+        q, k = found
         scale = op.attrs.get("scale")
         factors.append(float(scale) if scale is not None else float(q.size) ** -0.5)
         return self._plan(graph, op, nodes, q, k, v, factors, [], dtype, False, merge_r, None)

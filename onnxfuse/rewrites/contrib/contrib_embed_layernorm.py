@@ -76,7 +76,7 @@ from onnxfuse.rewrites.engine.facts import (
     shape_of,
 )
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import SourcedDim, shape_value
+from onnxfuse.rewrites.engine.shape_values import SourcedDim, known_name, shape_value
 
 
 def _constant_index(graph, tensor):
@@ -181,8 +181,7 @@ def _declared_alike(graph, a, b, axis: int) -> bool:
     sa, sb = declared_shape(a), declared_shape(b)
     if sa is None or sb is None or len(sa) <= axis or len(sb) <= axis:
         return False
-    name = sa[axis]
-    return isinstance(name, str) and not name.startswith("unk__") and name == sb[axis]
+    return known_name(sa[axis]) and sa[axis] == sb[axis]
 
 
 #: float16 only: the smallest variance, relative to the mean square, of an embedding row that ONNX

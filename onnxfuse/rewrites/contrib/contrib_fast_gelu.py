@@ -10,7 +10,7 @@ How matching works and the conditions (as ONNX Runtime's own fusions): :mod:`onn
 from __future__ import annotations
 
 from onnxfuse.rewrites.contrib.activation import (
-    HALF_X_ONE_PLUS_T, ActivationPlan, gelu_mode, native_gelu, activation_dtype, fast_gelu_inner, fused_name, match_activation,
+    HALF_X_ONE_PLUS_T, gelu_mode, native_gelu, activation_dtype, fast_gelu_inner, fused_name, match_activation,
 )
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
@@ -26,8 +26,7 @@ class ContribFastGelu(ContribRule):
 
     def analyze(self, graph, node):
         if is_op(node, "Gelu"):  # ONNX's own (opset 20), approximate="tanh": the same function
-            reason, x = native_gelu(graph, node, "tanh")
-            plan = None if reason else ActivationPlan(x, [node], node)
+            reason, plan = native_gelu(node)
         else:
             reason, plan = match_activation(graph, node, fast_gelu_inner, HALF_X_ONE_PLUS_T)
         if reason:

@@ -39,8 +39,14 @@ class SourcedDim(str):
         return obj
 
 
+def known_name(dim) -> bool:
+    """A symbolic dimension name that means something beyond one shape inference: not empty, not the
+    ``unk__N`` ONNX invents (the same ``dim_param`` elsewhere is the same size; an invented one is not)."""
+    return isinstance(dim, str) and bool(dim) and not dim.startswith("unk__")
+
+
 def _known(dim) -> bool:
-    return isinstance(dim, (int, np.integer)) or (isinstance(dim, str) and bool(dim) and not dim.startswith("unk__"))
+    return isinstance(dim, (int, np.integer)) or known_name(dim)
 
 
 def tensor_dims(tensor) -> list[Dim] | None:

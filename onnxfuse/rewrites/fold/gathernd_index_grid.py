@@ -58,9 +58,7 @@ def _own_dimension(graph, data, k: int, limit) -> bool:
     """The Range limit ``limit`` is provably data's dimension k (read from data, or from the tensor a
     Cast made data from, at axis k; or the same static size)."""
     shape = shape_of(graph, data)
-    if isinstance(limit, (int, np.integer)):
-        return shape is not None and isinstance(shape[k], int) and shape[k] == int(limit)
-    value = shape_value(graph, limit)
+    value = [int(limit)] if isinstance(limit, (int, np.integer)) else shape_value(graph, limit)
     if value is None or len(value) != 1:
         return False
     (dim,) = value
@@ -135,7 +133,8 @@ class GatherndIndexGrid(Rule):
             graph.nodes.append(gs.Node("Unsqueeze", names(f"{base}/grid"), inputs=[
                 data, new_constant(graph, f"{base}/grid_axes", np.array(others, np.int64))], outputs=[out]))
             return {"node": gather.name, "sliced_axes": [], "inserted_axes": others}
-        sizes = {k: self._one_element(graph, names, base, k, limit) for k, limit in enumerate(limits)}
+        one = new_constant(graph, f"{base}/one", np.array([1], np.int64))
+        sizes = {k: self._one_element(graph, names, base, k, limit, one) for k, limit in enumerate(limits)}
         ends = [sizes[k] for k, _ in sliced]
         if len(ends) > 1:
             ends = [self._concat(graph, names, f"{base}/ends", ends)]
@@ -145,7 +144,6 @@ class GatherndIndexGrid(Rule):
             new_constant(graph, f"{base}/axes", np.array([k for k, _ in sliced], np.int64))], outputs=[rows]))
         # Reshaped to the grid's own sizes, not unsqueezed: a Slice clamped at the data's end (more grid
         # rows than data rows) then has too few elements and the Reshape fails, as the original GatherND does
-        one = new_constant(graph, f"{base}/unit", np.array([1], np.int64))
         by_axis = {axis: sizes[k] for k, axis in enumerate(axes)}
         target = self._concat(graph, names, f"{base}/grid_shape",
                               [by_axis.get(a, one) for a in range(len(axes) + len(others))])
@@ -153,13 +151,12 @@ class GatherndIndexGrid(Rule):
         return {"node": gather.name, "sliced_axes": [k for k, _ in sliced], "inserted_axes": others}
 
     @staticmethod
-    def _one_element(graph, names, base, k, limit):
+    def _one_element(graph, names, base, k, limit, one):
         """The Range limit (a 0-D size, or a static int) as a 1-element int64 tensor."""
         if isinstance(limit, (int, np.integer)):
             return new_constant(graph, f"{base}/size{k}", np.array([int(limit)], np.int64))
         size = gs.Variable(names(f"{base}/size{k}"), dtype=np.int64)
-        graph.nodes.append(gs.Node("Reshape", names(f"{base}/size{k}"), inputs=[
-            limit, new_constant(graph, f"{base}/one", np.array([1], np.int64))], outputs=[size]))
+        graph.nodes.append(gs.Node("Reshape", names(f"{base}/size{k}"), inputs=[limit, one], outputs=[size]))
         return size
 
     @staticmethod

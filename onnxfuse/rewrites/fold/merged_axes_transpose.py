@@ -40,7 +40,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import consumers, constant_value, is_op, perm_of, producer_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import SourcedDim, shape_read, shape_value
+from onnxfuse.rewrites.engine.shape_values import SourcedDim, known_name, shape_read, shape_value
 
 
 def _target(graph, reshape) -> list | None:
@@ -80,16 +80,11 @@ def _is_dim(entry, x, axis: int) -> bool:
             return True
         source = getattr(entry.tensor, "shape", None)
         entry = source[entry.axis] if source is not None and entry.axis < len(source) else None
-        if _known_name(entry) and _known_name(dim):
+        if known_name(entry) and known_name(dim):
             return entry == dim
     if isinstance(entry, bool) or not isinstance(entry, (int, np.integer)):
         return False
     return isinstance(dim, (int, np.integer)) and entry == dim and entry > 0
-
-
-def _known_name(dim) -> bool:
-    """A symbolic dimension name that means something beyond one shape inference (not ``unk__N``)."""
-    return isinstance(dim, str) and bool(dim) and not dim.startswith("unk__")
 
 
 class MergedAxesTranspose(Rule):
