@@ -231,6 +231,31 @@ def export_dynamo_models(folder: Path, seed: int) -> None:
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
+def export_llama_fp16(folder: Path, seed: int) -> None:
+    """``llama_tiny_dynamo_fp16.onnx``: a tiny Llama (hidden 64, 4 query heads, 2 key/value heads, 2 layers,
+    RMSNorm weights randomized) in float16, as the dynamo exporter writes it (opset 18, sdpa): rotary
+    embeddings applied to q and k after the head split, ``repeat_kv`` (Unsqueeze, Expand, Reshape) on k
+    and v, a causal-and-padding mask added as ``Where(keep, 0, finfo(float16).min)``. The given-heads form
+    of contrib-attention (tests/rewrites/test_attention_given_heads.py). Dynamic batch and sequence."""
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         attn_implementation="sdpa", use_cache=False)
+    model = _randomize(LlamaModel(config).eval(), seed + 1).half()
+    ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    mask[1, :2] = 0  # left padding, as decoders are batched
+    dims = {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
+    out = folder / "llama_tiny_dynamo_fp16.onnx"
+    torch.onnx.export(_Encoder(model).eval(), (ids, mask), str(out), dynamo=True,
+                      input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
+                      dynamic_shapes=(dims, dims), opset_version=18)
+    _inline(out)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("bert_tiny_opset14.onnx"))
@@ -240,8 +265,12 @@ def main() -> None:
                     help="write the attention-coverage models (GPT-2, DistilBERT, RoBERTa, Whisper encoder) instead")
     ap.add_argument("--dynamo", action="store_true",
                     help="write the dynamo-exporter models (BERT, GPT-2, ViT; opset 18, sdpa) instead")
+    ap.add_argument("--llama", action="store_true",
+                    help="write the float16 dynamo Llama (rotary, grouped key/value heads) instead")
     args = ap.parse_args()
-    if args.dynamo:
+    if args.llama:
+        export_llama_fp16(Path(__file__).resolve().parent, args.seed)
+    elif args.dynamo:
         export_dynamo_models(Path(__file__).resolve().parent, args.seed)
     elif args.attention:
         export_attention_models(Path(__file__).resolve().parent, args.seed)

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Export tiny random-weight transformers models several ways and run onnxfuse.optimize on each (CPU).
 
-Coverage, not timing: for each ``ARCH:EXPORTER:OPSET:ATTN`` case (exporter ``legacy`` = TorchScript,
-``dynamo`` = torch.onnx.export's default since torch 2.9; attention ``eager`` or ``sdpa``) one JSON line:
+Coverage, not timing: for each ``ARCH:EXPORTER:OPSET:ATTN[:fp16]`` case (exporter ``legacy`` =
+TorchScript, ``dynamo`` = torch.onnx.export's default since torch 2.9; attention ``eager`` or ``sdpa``;
+``fp16``: the model exported after ``.half()``, float inputs too) one JSON line:
 nodes before and after, Softmax before and after, the attention ops written, validation's verdict, or
 the export's / optimizer's error. Needs torch and transformers (test data only, never onnxfuse's
 dependencies); the dynamo exporter needs onnxscript. docs/benchmarks.md 5.13 quotes a run.
 
     python tools/export_sweep.py                      # every architecture, three ways
-    python tools/export_sweep.py bert:dynamo:18:sdpa gpt2:dynamo:18:sdpa
+    python tools/export_sweep.py bert:dynamo:18:sdpa gpt2:dynamo:18:sdpa llama:dynamo:18:sdpa:fp16
 """
 
 import argparse
@@ -257,7 +258,7 @@ class Wrap(torch.nn.Module):
             return s.m(input_values=a[0]).last_hidden_state
 
 
-def export(name, exporter, opset, attn, path):
+def export(name, exporter, opset, attn, path, half=False):
     mt, cfg, kind = ARCHS[name]
     torch.manual_seed(0)
     config = AutoConfig.for_model(mt, **cfg)
@@ -309,6 +310,9 @@ def export(name, exporter, opset, attn, path):
             {"input_values": {0: "batch", 1: "samples"}},
         )
     w = Wrap(model, kind).eval()
+    if half:
+        w = w.half()
+        args = tuple(a.half() if a.is_floating_point() else a for a in args)
     if exporter == "legacy":
         torch.onnx.export(
             w,
@@ -336,13 +340,13 @@ def export(name, exporter, opset, attn, path):
 
 
 def run(case):
-    name, exporter, opset, attn = case.split(":")
+    name, exporter, opset, attn, *dtype = case.split(":")
     path = os.path.join(OUT, f"{case.replace(':', '_')}.onnx")
     os.makedirs(OUT, exist_ok=True)
     rec = {"case": case}
     t = time.time()
     try:
-        export(name, exporter, int(opset), attn, path)
+        export(name, exporter, int(opset), attn, path, half=dtype == ["fp16"])
     except Exception as e:
         rec["export_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         return rec
@@ -379,7 +383,7 @@ def main() -> None:
     ap.add_argument(
         "cases",
         nargs="*",
-        help="ARCH:EXPORTER:OPSET:ATTN (default: every arch, three ways)",
+        help="ARCH:EXPORTER:OPSET:ATTN[:fp16] (default: every arch, three ways)",
     )
     ap.add_argument(
         "--out", default="/tmp/export-sweep", help="folder for the exported models"

@@ -5,6 +5,7 @@ What each helper proves is written where it is; the rule's module docstring
 
 * :func:`split_heads`: a rank-4 heads tensor ``[B, H, S, D]`` (or Kᵀ ``[B, H, D, L]``) traced back to the
   rank-3 tensor it was cut from, batch-first ``[B, S, E]`` or sequence-first ``[S, B, E]``;
+  :func:`given_heads` takes it as it is when that fails (rotated or repeated heads);
 * :func:`strip_scale`: scalar Mul/Div (and element-type-preserving Casts) peeled off a tensor;
 * :func:`mask_terms`: the Add / Where chain between the scaled scores and the Softmax, as terms of one
   additive ``attention_bias``;
@@ -55,6 +56,7 @@ SWAP_LAST = [0, 1, 3, 2]
 SEQ_FIRST_MERGE = [2, 0, 1, 3]
 BATCH_FIRST = "batch-first"  # the heads were cut from [B, S, E]
 SEQ_FIRST = "sequence-first"  # the heads were cut from [S, B, E] (torch.nn.MultiheadAttention)
+GIVEN = "given-heads"  # [B, H, S, D] heads taken as the graph has them (rotated, repeated: Llama)
 #: a Where fill f is absorbing in float32 when f <= this: s + f == f for |s| < ulp(f)/2 (>= 3.7e22)
 ABSORBING_FILL = -1e30
 #: float16's finfo.min, the fill of torch's ``masked_fill(mask, finfo(float16).min)`` in a float16 export
@@ -71,6 +73,7 @@ class Head:
     nodes: list
     layout: str = BATCH_FIRST
     factors: list = field(default_factory=list)  # scalar factors on the source (q·c before the split)
+    why: str = ""  # given heads: why they could not be traced to the tensor they were cut from
 
 
 def cast_types(graph, node) -> tuple[np.dtype, np.dtype] | None:
@@ -220,6 +223,41 @@ def split_heads(graph, tensor, transposed: bool) -> Head | str:
     if is_op(t, "Reshape"):
         return _sequence_first(graph, t)
     return f"expected a Transpose(perm={HEADS}) splitting heads"
+
+
+def given_heads(graph, tensor, transposed: bool, why: str = "") -> Head | str:
+    """``tensor`` taken as heads the way the graph already has them, when it cannot be traced to the
+    [B, S, E] tensor it was cut from: [B, H, S, D] with H and D static (Kᵀ: ``Transpose(perm=[0, 1, 3,
+    2])`` of such a [B, H, L, D] k). This is how Llama-style models reach the scores: rotary embeddings
+    rotate q and k after the head split (elementwise on [B, H, S, D]) and ``repeat_kv`` repeats each of
+    the H_kv key/value heads H / H_kv times (Unsqueeze, Expand, Reshape) before QKᵀ and P·V. Whatever made
+    the heads stays in the graph; MultiHeadAttention reads key and value in this layout (its [B, H, L, D]
+    "past" form) and the query merged back to [B, S, E] (:mod:`~onnxfuse.rewrites.contrib.contrib_attention`)."""
+    nodes = []
+    if transposed:
+        t = producer_of(tensor)
+        if t is None or perm_of(t) != SWAP_LAST:
+            return f"Kᵀ is not Transpose(perm={SWAP_LAST}) of [B, H, L, D] heads"
+        nodes, tensor = [t], t.inputs[0]
+    shape = shape_of(graph, tensor)
+    if shape is None or len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in (shape[1], shape[3])):
+        return f"{tensor.name!r} is not [B, H, S, D] heads with a static H and D"
+    return Head(tensor, shape[1], shape[3], nodes, GIVEN, why=why)
+
+
+def as_given(head: Head, heads_tensor) -> Head | None:
+    """A batch-first split ``head`` re-read as given heads: V's ``heads_tensor`` (the [B, H, L, D] it read),
+    or K's [B, H, L, D] under the ``Transpose(perm=[0, 1, 3, 2])`` that made Kᵀ (the split's first node);
+    the split itself then stays in the graph. None when there is no such tensor (Kᵀ in one step)."""
+    if head.layout == GIVEN:
+        return head
+    if head.layout != BATCH_FIRST:
+        return None
+    if heads_tensor is not None:
+        return Head(heads_tensor, head.heads, head.size, [], GIVEN)
+    if len(head.nodes) == 3 and perm_of(head.nodes[0]) == SWAP_LAST:
+        return Head(head.nodes[0].inputs[0], head.heads, head.size, [head.nodes[0]], GIVEN)
+    return None
 
 
 def projection_bias(graph, tensor):

@@ -173,11 +173,15 @@ from onnxfuse.rewrites.contrib.attention_pattern import (
     BATCH_FIRST,
     DTYPES,
     FP16_MIN,
+    GIVEN,
     HEADS,
     SEQ_FIRST,
     SEQ_FIRST_MERGE,
+    Head,
     KeepMask,
     PackedProjections,
+    as_given,
+    given_heads,
     is_downcast,
     is_noop_cast,
     is_upcast,
@@ -232,18 +236,33 @@ class AttentionPlan:
     key_mask: KeepMask | None = None  # packed only: the mask as Attention's raw mask_index
     island: bool = False  # a float16 attention whose scores, mask and Softmax are float32
     all_keys_mask: bool = False  # packed float32 over long keys: a raw mask of ones keeps the unfused kernel
+    query_heads: bool = False  # q is given [B, H, S, D] heads: merged to [B, S, E] for the op
+    kv_heads: bool = False  # k and v are given [B, H, L, D] heads, the op's "past" layout
+
+
+def _heads(graph, tensor, transposed: bool, which: str) -> Head | str:
+    """``tensor``'s heads split from the tensor they were cut from, else as the graph has them
+    (:func:`~onnxfuse.rewrites.contrib.attention_pattern.given_heads`); or why neither."""
+    head = split_heads(graph, tensor, transposed)
+    if isinstance(head, str):
+        given = given_heads(graph, tensor, transposed, why=f"{which}: {head}")
+        if isinstance(given, str):
+            return f"{which}: {head}; as given heads: {given}"
+        head = given
+    return head
 
 
 def _values_and_merge(graph, v_heads, out):
-    """(V's heads, Transpose, Reshape): V split into heads and the attention output ``out`` [B, H, S, D]
-    merged back by a Transpose read only by a Reshape, in V's layout; or why not."""
-    v = split_heads(graph, v_heads, transposed=False)
+    """(V's heads, Transpose, Reshape): V split into heads (or given) and the attention output ``out``
+    [B, H, S, D] merged back by a Transpose read only by a Reshape, in V's layout; or why not."""
+    v = _heads(graph, v_heads, False, "V")
     if isinstance(v, str):
-        return "V: " + v
-    merge_perm = HEADS if v.layout == BATCH_FIRST else SEQ_FIRST_MERGE
+        return v
+    merge_perm = SEQ_FIRST_MERGE if v.layout == SEQ_FIRST else HEADS
     after = consumers(out)
     if len(after) != 1 or perm_of(after[0]) != merge_perm:
-        return f"the attention output is not merged back by Transpose(perm={merge_perm})"
+        why = f"{v.why}; as given heads: " if v.layout == GIVEN else ""
+        return f"{why}the attention output is not merged back by Transpose(perm={merge_perm})"
     merge_t = after[0]
     after = consumers(merge_t.outputs[0])
     if len(after) != 1 or not is_op(after[0], "Reshape") or after[0].inputs[0] is not merge_t.outputs[0]:
@@ -254,13 +273,28 @@ def _values_and_merge(graph, v_heads, out):
 def _query_and_key(graph, query, key, key_transposed: bool, nodes, factors):
     """(Q's heads, K's heads) split from the attention's q and k inputs (Kᵀ when ``key_transposed``), the
     scalar factors on each peeled into ``factors`` and their nodes into ``nodes``; or why not."""
-    q = split_heads(graph, strip_scale(graph, query, nodes, factors), transposed=False)
+    q = _heads(graph, strip_scale(graph, query, nodes, factors), False, "Q")
     if isinstance(q, str):
-        return "Q: " + q
-    k = split_heads(graph, strip_scale(graph, key, nodes, factors), transposed=key_transposed)
+        return q
+    k = _heads(graph, strip_scale(graph, key, nodes, factors), key_transposed, "K")
     if isinstance(k, str):
-        return "K: " + k
+        return k
     return q, k
+
+
+def _given_kv(q, k, v, k_heads, v_heads):
+    """(q, k, v) with k and v re-read as given heads when any of the three is (MultiHeadAttention takes
+    key and value in one layout; q stays split when it is: the op reads its [B, S, E] source); or why
+    not. ``k_heads`` (None when the scores read Kᵀ), ``v_heads``: the [B, H, L, D] tensors read."""
+    if GIVEN not in (q.layout, k.layout, v.layout):
+        return q, k, v
+    why = next(head.why for head in (q, k, v) if head.layout == GIVEN)
+    if SEQ_FIRST in (q.layout, k.layout, v.layout):
+        return f"{why}; taken as given heads, beside heads split from a sequence-first [S, B, E] tensor"
+    k_given, v_given = as_given(k, k_heads), as_given(v, v_heads)
+    if k_given is None:
+        return f"{why}; taken as given heads, but Kᵀ is made in one step from [B, S, E] (no [B, H, L, D] key to read)"
+    return q, k_given, v_given
 
 
 def _output_shape(query, hidden: int):
@@ -349,7 +383,10 @@ class ContribAttention(Rule):
         found = _query_and_key(graph, qk.inputs[0], qk.inputs[1], True, nodes, factors)
         if isinstance(found, str):
             return found
-        q, k = found
+        found = _given_kv(*found, v, None, pv.inputs[1])
+        if isinstance(found, str):
+            return found
+        q, k, v = found
         return self._plan(graph, softmax, nodes, q, k, v, factors, terms, dtype, island, merge_r,
                           lambda: _shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t))
 
@@ -386,7 +423,10 @@ class ContribAttention(Rule):
         found = _query_and_key(graph, inputs[0], inputs[1], False, nodes, factors)
         if isinstance(found, str):
             return found
-        q, k = found
+        found = _given_kv(*found, v, inputs[1], inputs[2])
+        if isinstance(found, str):
+            return found
+        q, k, v = found
         scale = op.attrs.get("scale")
         factors.append(float(scale) if scale is not None else float(q.size) ** -0.5)
         return self._plan(graph, op, nodes, q, k, v, factors, [], dtype, False, merge_r, None)
@@ -396,7 +436,8 @@ class ContribAttention(Rule):
         ``shape_reads_of`` finds the Shape readers the rewrite can recompute (None: none allowed)."""
         if not (q.heads == k.heads == v.heads and q.size == k.size == v.size):
             return f"Q, K and V split into different heads ({q.heads}x{q.size}, {k.heads}x{k.size}, {v.heads}x{v.size})"
-        if not (q.layout == k.layout == v.layout):
+        given = k.layout == GIVEN  # _given_kv: then v too; q given or batch-first
+        if not given and not (q.layout == k.layout == v.layout):
             return "Q, K and V are split from different layouts (batch-first and sequence-first)"
         nodes += q.nodes + k.nodes + v.nodes
         # a scalar factor on q or k before the split (q_proj(x)·c) scales the scores just the same
@@ -418,14 +459,15 @@ class ContribAttention(Rule):
         if len(terms) == 1 and terms[0].kind == "add":
             m_shape = shape_of(graph, terms[0].mask)
             mask_rank = len(m_shape)
-            q_shape, k_shape = shape_of(graph, q_source), shape_of(graph, k_source)
             tail = [1] * (2 - mask_rank) + list(m_shape[-2:]) if mask_rank < 2 else list(m_shape[-2:])
-            tail_known = (q.layout == BATCH_FIRST and mask_rank >= 2 and dims_equal(tail[0], q_shape[1])
-                          and dims_equal(tail[1], k_shape[1]))
+            tail_known = (q.layout in (BATCH_FIRST, GIVEN) and mask_rank >= 2
+                          and dims_equal(tail[0], _sequence_of(graph, q_source, q.layout))
+                          and dims_equal(tail[1], _sequence_of(graph, k_source, k.layout)))
         scale = float(np.prod(factors)) if factors else 1.0
         biases = None
-        packed = packed_projections(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
-        if packed is None and q.layout == BATCH_FIRST:
+        packed = None if given else packed_projections(graph, (q_source, k_source, v_source), q.heads * q.size,
+                                                       dtype)
+        if packed is None and q.layout == BATCH_FIRST and not given:
             biases = _fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
         key_mask = None
         fp16_fill = any(not t.absorbing for t in terms)  # a float16 masked_fill with finfo(float16).min
@@ -442,7 +484,7 @@ class ContribAttention(Rule):
                            else "the mask is not a keep mask of [B, 1, S or 1, L]"))
             key_mask = replace(key_mask, fill=float(np.finfo(np.float32).min))
         raw_mask = packed is not None and (key_mask is not None or not terms)
-        slower = _slower_than_unfused(graph, dtype, q.layout, k_source, raw_mask)
+        slower = _slower_than_unfused(graph, dtype, k.layout if given else q.layout, k_source, raw_mask)
         if slower:
             return slower
         all_keys = (raw_mask and key_mask is None and dtype == np.dtype(np.float32)
@@ -455,7 +497,7 @@ class ContribAttention(Rule):
                                        "attention_bias would round the float32 mask)"))
         return AttentionPlan(anchor, nodes, q_source, k_source, v_source, q.heads, scale, terms, mask_rank,
                              tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads, packed, key_mask,
-                             island, all_keys)
+                             island, all_keys, query_heads=q.layout == GIVEN, kv_heads=given)
 
     def rewrite(self, graph, plan: AttentionPlan):
         names = NameAllocator(graph)
@@ -473,6 +515,8 @@ class ContribAttention(Rule):
                 add.inputs.clear()
         if plan.layout == SEQ_FIRST:  # [S, B, E] → [B, S, E]: a pure data movement
             inputs = [self._swap01(graph, names, base, t, plan.dtype) for t in inputs]
+        if plan.query_heads:  # given [B, H, S, D] → [B, S, H, D] → [B, S, E]: data movement and a view
+            inputs[0] = self._merged_heads(graph, names, base, plan)
         attention_bias = gs.Variable.empty()
         if plan.terms:
             attention_bias = self._attention_bias(graph, plan, names, base, inputs[0], inputs[1])
@@ -497,7 +541,24 @@ class ContribAttention(Rule):
         plan.merge.inputs[0] = out
         return {"op": "com.microsoft.MultiHeadAttention", "num_heads": plan.heads, "scale": plan.scale,
                 "mask": bool(plan.terms), "qkv_bias": plan.biases is not None, "layout": plan.layout,
-                "mask_terms": [t.kind for t in plan.terms]}
+                "kv_layout": "BNSH" if plan.kv_heads else "BSD", "mask_terms": [t.kind for t in plan.terms]}
+
+    @staticmethod
+    def _merged_heads(graph, names, base, plan):
+        """``Reshape(Transpose(q, perm=[0, 2, 1, 3]), [0, 0, E])``: the query as MultiHeadAttention reads it
+        ([B, S, E], head h's values at h·D + d), from q given as [B, H, S, D] heads."""
+        shape = declared_shape(plan.q)
+        hidden = plan.heads * plan.head_size
+        moved = gs.Variable(names(f"{base}/query_bshd"), dtype=plan.dtype,
+                            shape=[shape[0], shape[2], shape[1], shape[3]] if shape is not None and len(shape) == 4
+                            else None)
+        graph.nodes.append(gs.Node("Transpose", names(f"{base}/query_transpose"), {"perm": HEADS},
+                                   inputs=[plan.q], outputs=[moved]))
+        out = gs.Variable(names(f"{base}/query"), dtype=plan.dtype,
+                          shape=[shape[0], shape[2], hidden] if shape is not None and len(shape) == 4 else None)
+        graph.nodes.append(gs.Node("Reshape", names(f"{base}/query_merge"), inputs=[
+            moved, new_constant(graph, f"{base}/query_shape", np.array([0, 0, hidden], np.int64))], outputs=[out]))
+        return out
 
     def _rewrite_packed(self, graph, plan: AttentionPlan, names, base):
         """``Attention(x, [W_q | W_k | W_v], [b_q | b_k | b_v], , , attention_bias)``: the projections move
@@ -693,14 +754,15 @@ class ContribAttention(Rule):
                                                                                    axes_values, plan.dtype)
         if plan.mask_tail_known:
             return mask
-        s_dim, l_dim = _seq_dim(graph, query), _seq_dim(graph, key)
+        key_axis = 2 if plan.kv_heads else 1  # L of [B, L, E], or of given [B, H, L, D] heads
+        s_dim, l_dim = _seq_dim(graph, query), _seq_dim(graph, key, key_axis)
         if isinstance(s_dim, int) and isinstance(l_dim, int):  # static: a constant target, no shape ops
             target = new_constant(graph, f"{base}/bias_shape", np.array([1, 1, s_dim, l_dim], np.int64))
         else:
-            shared = _shared_expansion(graph, mask, query, key)
+            shared = _shared_expansion(graph, mask, query, key, key_axis)
             if shared is not None:
                 return shared
-            dims = [self._dim(graph, names, base, query, 1), self._dim(graph, names, base, key, 1)]
+            dims = [self._dim(graph, names, base, query, 1), self._dim(graph, names, base, key, key_axis)]
             target = gs.Variable(names(f"{base}/bias_shape"), dtype=np.int64)
             graph.nodes.append(gs.Node("Concat", names(f"{base}/Concat"), {"axis": 0}, inputs=[
                 new_constant(graph, f"{base}/ones", np.array([1, 1], np.int64)), *dims], outputs=[target]))
@@ -720,15 +782,27 @@ def _shared_unsqueeze(graph, mask, axes_values):
     return None
 
 
-def _seq_dim(graph, tensor):
-    """S of a [B, S, E] tensor when its rank is known to be 3, else None."""
+def _seq_dim(graph, tensor, axis: int = 1):
+    """S of a [B, S, E] tensor (``axis`` 1; of [B, H, S, D] heads, ``axis`` 2) when its rank is known, else
+    None."""
     shape = shape_of(graph, tensor)
-    return shape[1] if shape is not None and len(shape) == 3 else None
+    return shape[axis] if shape is not None and len(shape) == axis + 2 else None
+
+
+def _sequence_of(graph, tensor, layout):
+    """The sequence dimension of q, k or v as the fused op reads it: [B, S, E], the sequence-first
+    [S, B, E], or given [B, H, S, D] heads; None if unknown."""
+    shape = shape_of(graph, tensor)
+    rank = 4 if layout == GIVEN else 3
+    if shape is None or len(shape) != rank:
+        return None
+    return shape[{BATCH_FIRST: 1, SEQ_FIRST: 0, GIVEN: 2}[layout]]
 
 
 def _expansion_sources(graph, expand):
-    """(q, k) when ``expand`` is ``Expand(m, Concat([1, 1], Slice(Shape(q), [1], [2]), Slice(Shape(k),
-    [1], [2])))``, the form :meth:`ContribAttention._attention_bias` writes; else None."""
+    """((q, 1), (k, axis)) when ``expand`` is ``Expand(m, Concat([1, 1], Slice(Shape(q), [1], [2]),
+    Slice(Shape(k), [axis], [axis + 1])))``, the form :meth:`ContribAttention._attention_bias` writes;
+    else None."""
     target = producer_of(expand.inputs[1]) if len(expand.inputs) == 2 else None
     if target is None or not is_op(target, "Concat") or len(target.inputs) != 3:
         return None
@@ -742,14 +816,15 @@ def _expansion_sources(graph, expand):
             return None
         start, end = constant_value(graph, sl.inputs[1]), constant_value(graph, sl.inputs[2])
         shape = producer_of(sl.inputs[0])
-        if (start is None or end is None or start.tolist() != [1] or end.tolist() != [2] or shape is None
-                or not is_op(shape, "Shape") or shape.attrs.get("start", 0) or "end" in shape.attrs):
+        if (start is None or end is None or start.size != 1 or end.size != 1 or int(start[0]) not in (1, 2)
+                or int(end[0]) != int(start[0]) + 1 or shape is None or not is_op(shape, "Shape")
+                or shape.attrs.get("start", 0) or "end" in shape.attrs):
             return None
-        sources.append(shape.inputs[0])
+        sources.append((shape.inputs[0], int(start[0])))
     return tuple(sources)
 
 
-def _shared_expansion(graph, mask, query, key):
+def _shared_expansion(graph, mask, query, key, key_axis: int = 1):
     """The output of an existing ``Expand(mask, [1, 1, S', L'])`` whose S' and L' (read at run time from an
     earlier layer's query and key) are provably this attention's S and L (equal static sizes, or the same
     named dimension), or None. Same input, same target values: the same tensor."""
@@ -757,8 +832,8 @@ def _shared_expansion(graph, mask, query, key):
         if not is_op(node, "Expand") or node.inputs[0] is not mask:
             continue
         sources = _expansion_sources(graph, node)
-        if sources and dims_equal(_seq_dim(graph, sources[0]), _seq_dim(graph, query)) and dims_equal(
-                _seq_dim(graph, sources[1]), _seq_dim(graph, key)):
+        if sources and dims_equal(_seq_dim(graph, *sources[0]), _seq_dim(graph, query)) and dims_equal(
+                _seq_dim(graph, *sources[1]), _seq_dim(graph, key, key_axis)):
             return node.outputs[0]
     return None
 
@@ -771,11 +846,9 @@ FP32_LONG_KEYS = 256
 
 
 def _key_length(graph, key, layout):
-    """L of k: dimension 1 of [B, L, E], dimension 0 of the sequence-first [L, B, E]; None if unknown."""
-    shape = shape_of(graph, key)
-    if shape is None or len(shape) != 3:
-        return None
-    return shape[0] if layout == SEQ_FIRST else shape[1]
+    """L of k: dimension 1 of [B, L, E], 0 of the sequence-first [L, B, E], 2 of given [B, H, L, D]
+    heads; None if unknown."""
+    return _sequence_of(graph, key, layout)
 
 
 def _long_keys(graph, key, layout) -> bool:
@@ -802,6 +875,10 @@ def _slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> str | Non
     """
     if dtype != np.float32 or raw_mask:
         return None
+    if layout == GIVEN:
+        return ("float32 attention over given (rotated or repeated) heads is left unfused: MultiHeadAttention "
+                "with [B, H, L, D] key and value measured 0.85-1.02x the decomposed graph in float32 "
+                "(benchmarks/gqa_attention.py, H100), 1.4-2.7x in float16, which fuses it")
     if layout == SEQ_FIRST:
         return ("float32 sequence-first attention is left unfused unless its q, k, v are packed projections "
                 "with no mask or a keep mask: the Transposes into [B, S, E] and back cost more than the fusion "
@@ -818,7 +895,7 @@ def _shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t):
     """The readers outside the pattern when all are ``Shape`` of a batch-first pattern tensor whose dims
     are known by name ([B, H, S, L] for the scores...), as (node, dims); "" when some other reader (or a
     graph output) is the problem; a reason when they are Shapes the rewrite cannot recompute."""
-    if q.layout != BATCH_FIRST:
+    if not (q.layout == k.layout == v.layout == BATCH_FIRST):
         return ""
     roles = {}
 
