@@ -8,6 +8,8 @@ that applied left out, and time all variants against the original in one interle
 Usage (repo root, on the GPU machine)::
 
     python benchmarks/ablate.py --model bert_base --fp16 --batch 16 --out /tmp/ablate
+    python benchmarks/ablate.py --model qwen2_0_5b --exporter dynamo --dynamic-seq --fp16 \
+        --leave-out contrib-attention --out /tmp/ablate     # only that rule left out
 
 Never imported by the package.
 """
@@ -38,7 +40,11 @@ def main() -> int:
     ap.add_argument("--model", required=True, choices=sorted(zoo.SPECS))
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--opset", type=int, default=14)
+    ap.add_argument("--opset", type=int, default=None, help="default: 14 (legacy), 18 (dynamo)")
+    ap.add_argument("--exporter", choices=["legacy", "dynamo"], default="legacy")
+    ap.add_argument("--dynamic-seq", action="store_true", help="token models with a dynamic sequence axis")
+    ap.add_argument("--leave-out", default="", help="comma list of rules to leave out one at a time "
+                    "(default: every rule that applied)")
     ap.add_argument("--time-budget", type=float, default=0.5)
     ap.add_argument("--sessions", type=int, default=1, help="fresh sessions per variant, samples pooled")
     ap.add_argument("--out", required=True)
@@ -47,15 +53,18 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     spec = zoo.SPECS[args.model]
-    module = zoo.build_module(spec)
+    module = zoo.build_module(spec, exporter=args.exporter)
     if args.fp16:
         module = zoo.HalfIO(module)
     path = out / f"{args.model}{'.fp16' if args.fp16 else ''}.onnx"
-    zoo.export(spec, module, path, args.opset, device="cuda" if args.fp16 and args.device == "cuda" else "cpu")
+    opset = args.opset or (18 if args.exporter == "dynamo" else 14)
+    zoo.export(spec, module, path, opset, device="cuda" if args.fp16 and args.device == "cuda" else "cpu",
+               dynamic_seq=args.dynamic_seq, exporter=args.exporter)
     original = onnx.load(str(path))
     rules = select_rules("cuda")
     full, report = rewrite_model(original, rules)
-    applied = [r for r in rules if report.counts.get(r.name)]
+    wanted = set(filter(None, args.leave_out.split(",")))
+    applied = [r for r in rules if report.counts.get(r.name) and (not wanted or r.name in wanted)]
     variants = [("original", original), ("all rules", full)]
     for rule in applied:
         model, _ = rewrite_model(original, [r for r in rules if r is not rule])

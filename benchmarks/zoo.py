@@ -16,7 +16,9 @@ For each model (random weights; nothing is downloaded):
    fp16: two more columns, timed in the same rounds: onnxfuse with the opt-in ``contrib-attention`` rule,
    and the anchor, ONNX Runtime's transformers optimizer (``optimize_model`` given the model type, head
    count and hidden size it needs). Its output is checked (ONNX checker, a session, the original's
-   outputs at 1e-3 / 1e-2); an invalid model is recorded as that cell's result, not hidden.
+   outputs at 1e-3 / 1e-2); an invalid model is recorded as that cell's result, not hidden. Not a default
+   row: ``qwen2_0_5b`` (Qwen2-0.5B's decoder shape, the Llama family's rotary and grouped-KV attention;
+   ``--exporter dynamo`` only: torch's TorchScript exporter fails on it).
 
 Each model runs in its own child process (``--no-isolate`` to turn that off), so a crash, a CUDA error
 or a hang in one model costs only that model; results are written after every measurement, so a run
@@ -227,6 +229,30 @@ def _gpt2(attn: str = "eager"):
     return Gpt2()
 
 
+def _qwen2(attn: str = "sdpa"):
+    """Qwen2-0.5B's decoder shape (24 layers, hidden 896, 14 query heads sharing 2 key/value heads of 64,
+    FFN 4864, rotary embeddings), its vocabulary cut to 32000 so the float32 export stays under 2 GiB; no
+    KV cache. The Llama family's attention form: rotary on q and k after the head split, repeat_kv."""
+    import torch
+    import transformers
+
+    cfg = transformers.Qwen2Config(vocab_size=32000, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                                   use_cache=False)
+    cfg._attn_implementation = attn
+    model = transformers.Qwen2Model(cfg)
+
+    class Qwen2(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+    return Qwen2()
+
+
 def _whisper_encoder():
     import torch
     import transformers
@@ -258,12 +284,13 @@ SPECS = {s.name: s for s in [
     Spec("gpt2_small", _gpt2, ["input_ids", "attention_mask"], seq=BERT_SEQ, transformer=("gpt2", 12, 768)),
     Spec("whisper_base_encoder", _whisper_encoder, ["input_features"], features=(80, 3000),
          transformer=("bart", 8, 512)),
+    Spec("qwen2_0_5b", _qwen2, ["input_ids", "attention_mask"], seq=BERT_SEQ),
 ]}
 
 
 #: models whose builder takes transformers' attention implementation: sdpa (transformers' default) for the
 #: dynamo exporter, as a user's ``torch.onnx.export`` of the model would write it; eager for the legacy one
-ATTN_BUILDERS = ("bert_base", "gpt2_small")
+ATTN_BUILDERS = ("bert_base", "gpt2_small", "qwen2_0_5b")
 
 
 def build_module(spec: Spec, seed: int = 0, exporter: str = "legacy"):
