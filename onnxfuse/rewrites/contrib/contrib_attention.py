@@ -28,6 +28,17 @@ agree on H, D and layout:
   (s, b·H+h, d), to (b·H+h, s, d), and row-major to (b, h, s, d), the heads of x. MultiHeadAttention
   gets ``Transpose(1,0,2)(x)`` = [B,S,E] for each of q, k, v (pure data movement), and its output is
   transposed back to [S,B,E] for the Reshape that read the Transpose(2,0,1,3) merge [S,B,H,D].
+* *given* (Llama, Qwen2, Mistral: :func:`~onnxfuse.rewrites.contrib.attention_pattern.given_heads`): when a
+  heads tensor cannot be traced to the tensor it was cut from (rotary embeddings rotate q and k after the
+  split; ``repeat_kv`` repeats each key/value head H / H_kv times by Unsqueeze, Expand, Reshape), it is
+  taken as the graph has it: [B, H, S, D] with H and D static (Kᵀ: ``Transpose(0,1,3,2)`` of [B, H, L,
+  D]). MultiHeadAttention then reads key and value as those [B, H, L, D] heads (its "past" layout, which
+  takes no ``bias`` input; a K or V that was split is re-read as its heads) and the query as
+  ``Reshape(Transpose(0,2,1,3)(q), [0, 0, E])``, or q's [B, S, E] source when q was split: head h's values
+  at h·D + d, as the op splits them. Whatever made the heads stays in the graph. Float16 only: measured on
+  H100 (benchmarks/gqa_attention.py, the attention core of Llama-3-8B's and Qwen2-0.5B's shapes, S 128 and
+  512) 1.4-2.7x faster in float16 and 0.82-1.04x in float32; on the whole Qwen2-0.5B-shaped zoo model
+  (docs/benchmarks.md 5.14) 9-10% faster in float16, -2% / +0.5% (batch 1 / 16) in float32.
 
 **The merging Reshape stays**, now reading MultiHeadAttention's [B,S,E] (or its [S,B,E] transpose): row-
 major, that holds the same elements in the same order as the [B,S,H,D] ([S,B,H,D]) it read, so its
@@ -877,7 +888,7 @@ def _slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> str | Non
         return None
     if layout == GIVEN:
         return ("float32 attention over given (rotated or repeated) heads is left unfused: MultiHeadAttention "
-                "with [B, H, L, D] key and value measured 0.85-1.02x the decomposed graph in float32 "
+                "with [B, H, L, D] key and value measured 0.82-1.04x the decomposed graph in float32 "
                 "(benchmarks/gqa_attention.py, H100), 1.4-2.7x in float16, which fuses it")
     if layout == SEQ_FIRST:
         return ("float32 sequence-first attention is left unfused unless its q, k, v are packed projections "
