@@ -187,3 +187,36 @@ def test_tiny_llama_dynamo_export_fp16():
         got = run_optimized(result.model, feeds)[0].astype(np.float64)
         assert np.isfinite(want).all()
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2, err_msg=f"{batch}x{seq}")
+
+
+def _heads_model(key_batch) -> onnx.ModelProto:
+    """softmax(q·kᵀ)·v over heads given as graph inputs, merged to [B, S, E]; k's batch ``key_batch``."""
+    f16 = h.np_dtype_to_tensor_dtype(np.dtype(np.float16))
+    nodes = [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             h.make_node("MatMul", ["q", "kt"], ["s"]),
+             h.make_node("Softmax", ["s"], ["p"], axis=-1),
+             h.make_node("MatMul", ["p", "v"], ["o"]),
+             h.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+             h.make_node("Reshape", ["ot", "merge"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([0, 0, E], np.int64), "merge")]
+    inputs = [h.make_tensor_value_info("q", f16, ["B", H, "S", D]),
+              h.make_tensor_value_info("k", f16, [key_batch, H, "S", D]),
+              h.make_tensor_value_info("v", f16, ["B", H, "S", D])]
+    graph = h.make_graph(nodes, "heads", inputs, [h.make_tensor_value_info("y", f16, ["B", "S", E])], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+def test_given_heads_of_one_batch_fuse_and_a_broadcast_batch_is_refused():
+    """MatMul broadcasts k's batch of 1 against q's B; MultiHeadAttention does not: refused unless q, k and
+    v are provably of one batch size."""
+    same = _heads_model("B")
+    out, report = fuse(same, RULE)
+    assert report.counts[RULE.name] == 1, refusals(report, RULE)
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((2, H, 5, D)).astype(np.float16) for n in "qkv"}
+    np.testing.assert_allclose(helpers.run_ort(out, feeds)["y"].astype(np.float64),
+                               helpers.run_ort(same, feeds)["y"].astype(np.float64), atol=1e-2)
+    broadcast = _heads_model(1)
+    out, report = fuse(broadcast, RULE)
+    assert report.counts[RULE.name] == 0
+    assert any("not provably of one batch size" in r for r in refusals(report, RULE)), refusals(report, RULE)

@@ -450,6 +450,10 @@ class ContribAttention(Rule):
         given = k.layout == GIVEN  # _given_kv: then v too; q given or batch-first
         if not given and not (q.layout == k.layout == v.layout):
             return "Q, K and V are split from different layouts (batch-first and sequence-first)"
+        if given:  # MatMul broadcasts a batch of 1 against B; MultiHeadAttention wants B everywhere
+            batches = [_batch_of(graph, head.source, head.layout) for head in (q, k, v)]
+            if not (dims_equal(batches[0], batches[1]) and dims_equal(batches[1], batches[2])):
+                return f"given Q, K and V heads not provably of one batch size ({batches}: MatMul broadcasts it)"
         nodes += q.nodes + k.nodes + v.nodes
         # a scalar factor on q or k before the split (q_proj(x)·c) scales the scores just the same
         q_source = strip_scale(graph, q.source, nodes, factors)
@@ -765,12 +769,13 @@ class ContribAttention(Rule):
                                                                                    axes_values, plan.dtype)
         if plan.mask_tail_known:
             return mask
-        key_axis = 2 if plan.kv_heads else 1  # L of [B, L, E], or of given [B, H, L, D] heads
-        s_dim, l_dim = _seq_dim(graph, query), _seq_dim(graph, key, key_axis)
+        key_layout = GIVEN if plan.kv_heads else BATCH_FIRST  # L of [B, L, E], or of [B, H, L, D] heads
+        key_axis = _AXES[key_layout][2]
+        s_dim, l_dim = _sequence_of(graph, query), _sequence_of(graph, key, key_layout)
         if isinstance(s_dim, int) and isinstance(l_dim, int):  # static: a constant target, no shape ops
             target = new_constant(graph, f"{base}/bias_shape", np.array([1, 1, s_dim, l_dim], np.int64))
         else:
-            shared = _shared_expansion(graph, mask, query, key, key_axis)
+            shared = _shared_expansion(graph, mask, query, key, key_layout)
             if shared is not None:
                 return shared
             dims = [self._dim(graph, names, base, query, 1), self._dim(graph, names, base, key, key_axis)]
@@ -793,27 +798,31 @@ def _shared_unsqueeze(graph, mask, axes_values):
     return None
 
 
-def _seq_dim(graph, tensor, axis: int = 1):
-    """S of a [B, S, E] tensor (``axis`` 1; of [B, H, S, D] heads, ``axis`` 2) when its rank is known, else
-    None."""
+#: (rank, batch axis, sequence axis) of q, k or v as the fused op reads them, by layout
+_AXES = {BATCH_FIRST: (3, 0, 1), SEQ_FIRST: (3, 1, 0), GIVEN: (4, 0, 2)}
+
+
+def _dim_of(graph, tensor, layout, index: int):
     shape = shape_of(graph, tensor)
-    return shape[axis] if shape is not None and len(shape) == axis + 2 else None
+    rank = _AXES[layout][0]
+    return shape[_AXES[layout][index]] if shape is not None and len(shape) == rank else None
 
 
-def _sequence_of(graph, tensor, layout):
+def _sequence_of(graph, tensor, layout=BATCH_FIRST):
     """The sequence dimension of q, k or v as the fused op reads it: [B, S, E], the sequence-first
     [S, B, E], or given [B, H, S, D] heads; None if unknown."""
-    shape = shape_of(graph, tensor)
-    rank = 4 if layout == GIVEN else 3
-    if shape is None or len(shape) != rank:
-        return None
-    return shape[{BATCH_FIRST: 1, SEQ_FIRST: 0, GIVEN: 2}[layout]]
+    return _dim_of(graph, tensor, layout, 2)
+
+
+def _batch_of(graph, tensor, layout=BATCH_FIRST):
+    """The batch dimension of q, k or v, read as :func:`_sequence_of` reads the sequence."""
+    return _dim_of(graph, tensor, layout, 1)
 
 
 def _expansion_sources(graph, expand):
-    """((q, 1), (k, axis)) when ``expand`` is ``Expand(m, Concat([1, 1], Slice(Shape(q), [1], [2]),
-    Slice(Shape(k), [axis], [axis + 1])))``, the form :meth:`ContribAttention._attention_bias` writes;
-    else None."""
+    """((q, layout), (k, layout)) when ``expand`` is ``Expand(m, Concat([1, 1], Slice(Shape(q), [1], [2]),
+    Slice(Shape(k), [a], [a + 1])))``, the form :meth:`ContribAttention._attention_bias` writes (a = 1:
+    k is [B, L, E]; a = 2: given [B, H, L, D] heads); else None."""
     target = producer_of(expand.inputs[1]) if len(expand.inputs) == 2 else None
     if target is None or not is_op(target, "Concat") or len(target.inputs) != 3:
         return None
@@ -831,11 +840,11 @@ def _expansion_sources(graph, expand):
                 or int(end[0]) != int(start[0]) + 1 or shape is None or not is_op(shape, "Shape")
                 or shape.attrs.get("start", 0) or "end" in shape.attrs):
             return None
-        sources.append((shape.inputs[0], int(start[0])))
+        sources.append((shape.inputs[0], BATCH_FIRST if int(start[0]) == 1 else GIVEN))
     return tuple(sources)
 
 
-def _shared_expansion(graph, mask, query, key, key_axis: int = 1):
+def _shared_expansion(graph, mask, query, key, key_layout=BATCH_FIRST):
     """The output of an existing ``Expand(mask, [1, 1, S', L'])`` whose S' and L' (read at run time from an
     earlier layer's query and key) are provably this attention's S and L (equal static sizes, or the same
     named dimension), or None. Same input, same target values: the same tensor."""
@@ -843,8 +852,8 @@ def _shared_expansion(graph, mask, query, key, key_axis: int = 1):
         if not is_op(node, "Expand") or node.inputs[0] is not mask:
             continue
         sources = _expansion_sources(graph, node)
-        if sources and dims_equal(_seq_dim(graph, *sources[0]), _seq_dim(graph, query)) and dims_equal(
-                _seq_dim(graph, *sources[1]), _seq_dim(graph, key, key_axis)):
+        if sources and dims_equal(_sequence_of(graph, *sources[0]), _sequence_of(graph, query)) and dims_equal(
+                _sequence_of(graph, *sources[1]), _sequence_of(graph, key, key_layout)):
             return node.outputs[0]
     return None
 
@@ -856,15 +865,9 @@ def _shared_expansion(graph, mask, query, key, key_axis: int = 1):
 FP32_LONG_KEYS = 256
 
 
-def _key_length(graph, key, layout):
-    """L of k: dimension 1 of [B, L, E], 0 of the sequence-first [L, B, E], 2 of given [B, H, L, D]
-    heads; None if unknown."""
-    return _sequence_of(graph, key, layout)
-
-
 def _long_keys(graph, key, layout) -> bool:
     """The key length is known to be >= :data:`FP32_LONG_KEYS`."""
-    length = _key_length(graph, key, layout)
+    length = _sequence_of(graph, key, layout)
     return isinstance(length, int) and length >= FP32_LONG_KEYS
 
 
@@ -895,7 +898,7 @@ def _slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> str | Non
                 "with no mask or a keep mask: the Transposes into [B, S, E] and back cost more than the fusion "
                 "saves (measured: ViT-B/16 fp32); fp16 (--precision fp16) fuses it")
     if _long_keys(graph, key, layout):
-        return (f"float32 attention over {_key_length(graph, key, layout)} keys is left unfused unless its q, k, v are "
+        return (f"float32 attention over {_sequence_of(graph, key, layout)} keys is left unfused unless its q, k, v are "
                 f"packed projections with no mask or a keep mask: ONNX Runtime's fp32 memory-efficient kernel "
                 f"is slower than its unfused GEMMs from {FP32_LONG_KEYS} keys on (measured: Whisper-base, "
                 f"L=1500); fp16 (--precision fp16) fuses it")
