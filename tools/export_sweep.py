@@ -115,6 +115,30 @@ ARCHS = {
         ),
         "causal",
     ),
+    "mistral": (
+        "mistral",
+        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=500, max_position_embeddings=64, sliding_window=None),
+        "causal",
+    ),
+    "qwen3": (
+        "qwen3",
+        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             intermediate_size=128, vocab_size=500, max_position_embeddings=64),
+        "causal",
+    ),
+    "phi3": (
+        "phi3",
+        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+             intermediate_size=128, vocab_size=500, max_position_embeddings=64, pad_token_id=0),
+        "causal",
+    ),
+    "gemma": (
+        "gemma",
+        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+             intermediate_size=128, vocab_size=500, max_position_embeddings=64),
+        "causal",
+    ),
     "bloom": (
         "bloom",
         dict(hidden_size=64, n_layer=2, n_head=4, vocab_size=500),
