@@ -892,7 +892,7 @@ def _slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> str | Non
     if layout == GIVEN:
         return ("float32 attention over given (rotated or repeated) heads is left unfused: MultiHeadAttention "
                 "with [B, H, L, D] key and value measured 0.82-1.04x the decomposed graph in float32 "
-                "(benchmarks/gqa_attention.py, H100), 1.4-2.7x in float16, which fuses it")
+                "(benchmarks/gqa_attention.py, H100), 1.4-2.7x in float16: a float16 export (model.half()) fuses it")
     if layout == SEQ_FIRST:
         return ("float32 sequence-first attention is left unfused unless its q, k, v are packed projections "
                 "with no mask or a keep mask: the Transposes into [B, S, E] and back cost more than the fusion "
