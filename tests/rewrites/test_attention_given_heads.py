@@ -25,9 +25,10 @@ H, HKV, D = 4, 2, 8
 E, EKV = H * D, HKV * D
 
 
-def _llama_block(dtype=np.float16, rotary=("q", "k"), grouped=True) -> onnx.ModelProto:
+def _llama_block(dtype=np.float16, rotary=("q", "k"), grouped=True, keep=False) -> onnx.ModelProto:
     """x [B, S, E] → q, k, v projections → heads → (rotary on ``rotary``) → (repeat_kv on k and v) →
-    softmax(QKᵀ·D^-1/2 + m)·V → [B, S, E]; m [B, 1, S, S] is an input (0 / the dtype's lowest)."""
+    softmax(QKᵀ·D^-1/2 + m)·V → [B, S, E]; m [B, 1, S, S] is an input (0 / the dtype's lowest), or with
+    ``keep`` made from a bool input as transformers' sdpa mask is: ``Where(keep, 0, finfo.min)``."""
     rng = np.random.default_rng(7)
     elem = h.np_dtype_to_tensor_dtype(np.dtype(dtype))
     inits, nodes = [], []
@@ -65,12 +66,16 @@ def _llama_block(dtype=np.float16, rotary=("q", "k"), grouped=True) -> onnx.Mode
     nodes += [h.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2]),
               h.make_node("MatMul", [q, "kt"], ["qk"]),
               h.make_node("Mul", ["qk", const("scale", np.array(D ** -0.5, dtype))], ["scores"]),
+              *([h.make_node("Where", ["keep", const("zero", np.array(0, dtype)),
+                                           const("lowest", np.array(np.finfo(dtype).min, dtype))], ["m"])]
+                if keep else []),
               h.make_node("Add", ["scores", "m"], ["masked"]),
               h.make_node("Softmax", ["masked"], ["p"], axis=-1),
               h.make_node("MatMul", ["p", v], ["ctx"]),
               h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
               h.make_node("Reshape", ["ctx_t", const("merge", np.array([0, 0, E], np.int64))], ["y"])]
     inputs = [h.make_tensor_value_info("x", elem, ["B", "S", E]),
+              h.make_tensor_value_info("keep", onnx.TensorProto.BOOL, ["B", 1, "S", "S"]) if keep else
               h.make_tensor_value_info("m", elem, ["B", 1, "S", "S"])]
     if rotary:
         inputs += [h.make_tensor_value_info(n, elem, [1, 1, "S", D]) for n in ("cos", "sin")]
@@ -83,8 +88,11 @@ def _feeds(model, batch, seq, dtype=np.float16, seed=0):
     keep = np.tril(np.ones((seq, seq), bool))[None, None].repeat(batch, 0)
     keep[0, :, :, :2] = False  # left padding: the first two queries of item 0 see no key at all
     angles = np.arange(seq)[:, None] * rng.random(D)[None]
-    feeds = {"x": rng.standard_normal((batch, seq, E)).astype(dtype),
-             "m": np.where(keep, 0, np.finfo(dtype).min).astype(dtype)}
+    feeds = {"x": rng.standard_normal((batch, seq, E)).astype(dtype)}
+    if any(i.name == "keep" for i in model.graph.input):
+        feeds["keep"] = keep
+    else:
+        feeds["m"] = np.where(keep, 0, np.finfo(dtype).min).astype(dtype)
     if any(i.name == "cos" for i in model.graph.input):
         feeds["cos"] = np.cos(angles)[None, None].astype(dtype)
         feeds["sin"] = np.sin(angles)[None, None].astype(dtype)
@@ -110,7 +118,8 @@ def _reference(model, feeds, rotary):
     q, k, v = heads("q"), heads("k"), heads("v")
     q, k = (rotate(q) if "q" in rotary else q), (rotate(k) if "k" in rotary else k)
     k, v = np.repeat(k, H // k.shape[1], axis=1), np.repeat(v, H // v.shape[1], axis=1)
-    s = q @ k.transpose(0, 1, 3, 2) * D ** -0.5 + feeds["m"].astype(np.float64)
+    mask = feeds["m"].astype(np.float64) if "m" in feeds else np.where(feeds["keep"], 0, np.finfo(np.float32).min)
+    s = q @ k.transpose(0, 1, 3, 2) * D ** -0.5 + mask  # finfo(float32).min absorbs s in float64 too
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     return (p @ v).transpose(0, 2, 1, 3).reshape(batch, seq, E)
@@ -220,3 +229,29 @@ def test_given_heads_of_one_batch_fuse_and_a_broadcast_batch_is_refused():
     out, report = fuse(broadcast, RULE)
     assert report.counts[RULE.name] == 0
     assert any("not provably of one batch size" in r for r in refusals(report, RULE)), refusals(report, RULE)
+
+
+def test_precision_fp16_of_a_float32_llama_block_takes_the_keep_mask_raw():
+    """``--precision fp16`` of a float32 block whose mask is ``Where(keep, 0, finfo(float32).min)``: the
+    conversion keeps that mask and the Softmax in float32 (a float16 fill would not absorb the scores, and
+    rows with every key masked would change). The given heads then go to MultiHeadAttention with ``keep``
+    as its raw key_padding_mask [B, S, L] and mask_filter_value finfo(float32).min, which its kernel adds
+    to float32 scores: rows with every key masked (left padding) average V, as in the float32 original.
+    Checked against the float64 reference, those rows included."""
+    model = _llama_block(np.float32, keep=True)
+    result = onnxfuse.optimize(model, precision="fp16", provider="cpu", samples=2)
+    assert result.validation.passed
+    found = [n for n in result.model.graph.node if n.op_type == "MultiHeadAttention"]
+    assert len(found) == 1 and "Softmax" not in [n.op_type for n in result.model.graph.node], \
+        result.applied.refusals
+    (mha,) = found
+    assert len(mha.input) == 5 and mha.input[4]
+    assert onnx.helper.get_attribute_value(next(a for a in mha.attribute if a.name == "mask_filter_value")) == \
+        pytest.approx(float(np.finfo(np.float32).min))
+    for batch, seq in ((2, 6), (3, 9)):
+        feeds = _feeds(model, batch, seq, np.float32)
+        want = _reference(model, feeds, ("q", "k"))
+        got = run_optimized(result.model, feeds)[0].astype(np.float64)
+        assert np.abs(helpers.run_ort(model, feeds)["y"] - want).max() < 1e-4  # the reference is the model's
+        np.testing.assert_allclose(got[0, :2], want[0, :2], atol=2e-2)  # rows with every key masked
+        np.testing.assert_allclose(got, want, atol=3e-2)

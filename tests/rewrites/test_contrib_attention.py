@@ -583,7 +583,7 @@ def test_new_refusals_carry_their_reason():
     g.input.append(h.make_tensor_value_info("q_t3", T.INT64, [3]))
     cases = {
         "Where-mask fill -10000 (float32) is not absorbing": attention_model(mask="where", fill=-10000.0),
-        "Where-mask fill -65504 (float16) is not absorbing": attention_model(mask="where", dtype=np.float16,
+        "Where-mask fill -65504 (float16) is not absorbing": attention_model(mask="where_add", dtype=np.float16,
                                                                              cross=True),
         "not a bool tensor of known rank": unknown_cond,
         "both operands of the mask Add are computed from a MatMul": mask_from_matmul,
@@ -991,3 +991,25 @@ def test_float32_softmax_island_without_a_mask_fuses_and_with_a_float_mask_is_re
     assert fused(out) == []
     (refusal,) = [r for r in report.refusals if r.rule == RULE]
     assert "float32 Softmax" in refusal.reason and "not a 0/fill keep mask" in refusal.reason
+
+
+def test_float16_where_fill_on_multihead_attention_becomes_a_key_padding_mask():
+    """Cross-attention (MultiHeadAttention, not packed) whose float16 masked_fill writes finfo(float16).min:
+    not absorbing as a bias, so the keep mask goes in as the op's raw key_padding_mask with
+    mask_filter_value finfo(float32).min, which the kernel adds to float32 scores. The graph's masked
+    entries are exactly -65504, so both give 0 weight there, and a row with every key masked averages V
+    in both (all its scores equal): checked with such a row."""
+    model = attention_model(mask="where", dtype=np.float16, cross=True)
+    out, report = apply(model)
+    assert fused(out) == ["MultiHeadAttention"], [r.reason for r in report.refusals]
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == "key_padding_mask"
+    (mha,) = [n for n in out.graph.node if n.op_type == "MultiHeadAttention"]
+    assert mha.input[4] and len(mha.input) == 5
+    assert onnx.helper.get_attribute_value(next(a for a in mha.attribute if a.name == "mask_filter_value")) == \
+        pytest.approx(float(np.finfo(np.float32).min))
+    feeds = feeds_for(model)
+    feeds["c"][1] = False  # every key of item 1 masked
+    want, got = run_ort(model, feeds), run_ort(out, feeds)
+    for name, a in want.items():
+        np.testing.assert_allclose(got[name].astype(np.float64), a.astype(np.float64), rtol=2e-2, atol=2e-3)

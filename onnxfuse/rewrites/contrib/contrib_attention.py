@@ -491,12 +491,16 @@ class ContribAttention(Rule):
             if x_shape is not None and len(x_shape) == 3:
                 batch, seq = (x_shape[1], x_shape[0]) if q.layout == SEQ_FIRST else (x_shape[0], x_shape[1])
                 key_mask = keep_mask(graph, terms, batch, seq, seq)
+        elif packed is None and q.layout != SEQ_FIRST and (island or fp16_fill):
+            # MultiHeadAttention takes the same raw 0/1 mask (key_padding_mask [B, L] or [B, S, L]) and adds
+            # mask_filter_value to the float32 scores in its kernel, as packed Attention does
+            key_mask = keep_mask(graph, terms, _batch_of(graph, q_source, q.layout),
+                                 _sequence_of(graph, q_source, q.layout), _sequence_of(graph, k_source, k.layout))
         if fp16_fill:
             if key_mask is None:
                 return (f"Where-mask fill {FP16_MIN:g} (float16) is not absorbing (s + f != f for |s| >= 16): fused "
-                        "only into the packed Attention op with the mask as a raw keep mask_index; "
-                        + ("q, k, v are not packed projections of one tensor" if packed is None
-                           else "the mask is not a keep mask of [B, 1, S or 1, L]"))
+                        "only with the mask as a raw keep mask (Attention's mask_index, MultiHeadAttention's "
+                        "key_padding_mask); the mask is not a keep mask of [B, 1, S or 1, L]")
             key_mask = replace(key_mask, fill=float(np.finfo(np.float32).min))
         raw_mask = packed is not None and (key_mask is not None or not terms)
         slower = _slower_than_unfused(graph, dtype, k.layout if given else q.layout, k_source, raw_mask)
@@ -504,12 +508,13 @@ class ContribAttention(Rule):
             return slower
         all_keys = (raw_mask and key_mask is None and dtype == np.dtype(np.float32)
                     and _long_keys(graph, k_source, q.layout))
-        if island and (packed is None or (terms and key_mask is None)):
-            return ("float16 attention with a float32 Softmax: fused only into the packed Attention op with "
-                    "the mask as a raw 0/1 mask_index (its kernel adds mask_filter_value in float32, as the "
-                    "graph does); " + ("q, k, v are not packed projections of one tensor" if packed is None
-                                       else "the mask is not a 0/fill keep mask of [B, 1, S or 1, L] (a float16 "
-                                       "attention_bias would round the float32 mask)"))
+        if island and terms and key_mask is None:
+            return ("float16 attention with a float32 Softmax: fused only with the mask as a raw 0/1 mask "
+                    "(Attention's mask_index, MultiHeadAttention's key_padding_mask: the kernel adds "
+                    "mask_filter_value in float32, as the graph does); "
+                    + ("the sequence-first layout takes no raw mask unless packed" if q.layout == SEQ_FIRST
+                       and packed is None else "the mask is not a 0/fill keep mask of [B, 1, S or 1, L] (a "
+                       "float16 attention_bias would round the float32 mask)"))
         return AttentionPlan(anchor, nodes, q_source, k_source, v_source, q.heads, scale, terms, mask_rank,
                              tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads, packed, key_mask,
                              island, all_keys, query_heads=q.layout == GIVEN, kv_heads=given)
@@ -532,16 +537,20 @@ class ContribAttention(Rule):
             inputs = [self._swap01(graph, names, base, t, plan.dtype) for t in inputs]
         if plan.query_heads:  # given [B, H, S, D] → [B, S, H, D] → [B, S, E]: data movement and a view
             inputs[0] = self._merged_heads(graph, names, base, plan)
-        attention_bias = gs.Variable.empty()
-        if plan.terms:
+        attrs = {"num_heads": plan.heads, "scale": plan.scale}
+        attention_bias, key_padding = gs.Variable.empty(), gs.Variable.empty()
+        if plan.key_mask is not None:
+            key_padding = self._mask_index(graph, names, base, plan.key_mask, inputs[0], inputs[1],
+                                           _AXES[GIVEN if plan.kv_heads else BATCH_FIRST][2])
+            attrs["mask_filter_value"] = plan.key_mask.fill
+        elif plan.terms:
             attention_bias = self._attention_bias(graph, plan, names, base, inputs[0], inputs[1])
         for shape_node, letters in plan.shape_reads:
             self._replace_shape(graph, plan, names, base, shape_node, letters, inputs[0], inputs[1])
         for n in plan.nodes:
             n.outputs.clear()
             n.inputs.clear()
-        attrs = {"num_heads": plan.heads, "scale": plan.scale}
-        inputs += [bias_input, gs.Variable.empty(), attention_bias]
+        inputs += [bias_input, key_padding, attention_bias]
         while inputs and inputs[-1].is_empty():  # optional inputs left out at the end
             inputs.pop()
         # The Reshape that merged [B, S, H, D] stays: row-major [B, S, E] holds the same elements in the
@@ -556,7 +565,9 @@ class ContribAttention(Rule):
         plan.merge.inputs[0] = out
         return {"op": "com.microsoft.MultiHeadAttention", "num_heads": plan.heads, "scale": plan.scale,
                 "mask": bool(plan.terms), "qkv_bias": plan.biases is not None, "layout": plan.layout,
-                "kv_layout": "BNSH" if plan.kv_heads else "BSD", "mask_terms": [t.kind for t in plan.terms]}
+                "kv_layout": "BNSH" if plan.kv_heads else "BSD", "mask_terms": [t.kind for t in plan.terms],
+                "mask_form": ("key_padding_mask" if plan.key_mask is not None else "attention_bias" if plan.terms
+                              else "none")}
 
     @staticmethod
     def _merged_heads(graph, names, base, plan):
@@ -588,7 +599,7 @@ class ContribAttention(Rule):
         attrs = {"num_heads": plan.heads, "scale": plan.scale}
         attention_bias, mask_index = gs.Variable.empty(), None
         if plan.key_mask is not None:
-            mask_index = self._mask_index(graph, names, base, plan.key_mask, x)
+            mask_index = self._mask_index(graph, names, base, plan.key_mask, x, x, 1)
             attrs["mask_filter_value"] = plan.key_mask.fill
         elif plan.all_keys_mask:
             mask_index = self._all_keys_mask(graph, names, base, x)
@@ -617,19 +628,21 @@ class ContribAttention(Rule):
                 "mask_form": ("all-keys mask_index" if plan.all_keys_mask else "mask_index" if mask_index is not None
                               else "attention_bias" if plan.terms else "none")}
 
-    def _mask_index(self, graph, names, base, mask: KeepMask, x):
-        """``Attention``'s raw ``mask_index`` of 0 and 1 from the bool ``keep``: 2-D [B, L] as
+    def _mask_index(self, graph, names, base, mask: KeepMask, query, key, key_axis: int):
+        """``Attention``'s raw ``mask_index`` (MultiHeadAttention's ``key_padding_mask``) of 0 and 1 from the
+        bool ``keep``: 2-D [B, L] as
         ``Cast(Flatten(keep, axis=1), int32)`` for a key padding mask, 3-D [B, S, L] as ``Cast(Squeeze(keep,
         [1]), int32)`` for one per query (``Not`` first when the mask drops where ``keep`` is True). A
         broadcast dimension of ``keep`` (a causal mask shared across the batch, [1, 1, S, L]) is spelled out
-        first by ``Expand`` to [B, 1, S or 1, L], B and S = L read from x at run time: Expand only copies
-        values. Every layer builds the same nodes from the same ``keep``; cleanup's duplicate merge leaves
-        one set."""
+        first by ``Expand`` to [B, 1, S or 1, L], B and S read from ``query`` ([B, S, ·]) and L from ``key``'s
+        axis ``key_axis`` at run time (packed self-attention: both x, S = L): Expand only copies values.
+        Every layer builds the same nodes from the same ``keep``; cleanup's duplicate merge leaves one set."""
         keep = mask.keep
         if mask.expand:
             one = new_constant(graph, f"{base}/one", np.array([1], np.int64))
-            batch, seq = self._dim(graph, names, base, x, 0), self._dim(graph, names, base, x, 1)
-            pieces = [batch, one, seq if mask.rank == 3 else one, seq]
+            batch, seq = self._dim(graph, names, base, query, 0), self._dim(graph, names, base, query, 1)
+            length = seq if key is query and key_axis == 1 else self._dim(graph, names, base, key, key_axis)
+            pieces = [batch, one, seq if mask.rank == 3 else one, length]
             target = gs.Variable(names(f"{base}/keep_shape"), dtype=np.int64)
             graph.nodes.append(gs.Node("Concat", names(f"{base}/keep_shape"), {"axis": 0}, inputs=pieces,
                                        outputs=[target]))
