@@ -713,7 +713,7 @@ def run_model(name: str, args, part: Path) -> None:
                 f"cosine {drift['optimized']['cosine']:.6f}")
             extra16 = anchors(original16, path16, "fp16", 1e-2) + right_padded_column(
                 original16, "fp16-right-padded", rtol=1e-2, atol=1e-2)
-            if spec.transformer:
+            if spec.transformer or spec.seq:
                 # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute): what a user
                 # without a half-precision export gets.
                 try:

@@ -41,3 +41,27 @@ def test_llama_fp16_fused_and_equal_on_cuda():
         got = _run(result.model, feeds, session_options())
         real = mask.astype(bool)
         np.testing.assert_allclose(got[real], want[real], rtol=2e-2, atol=2e-2, err_msg=f"{batch}x{seq}")
+
+
+def test_precision_fp16_llama_block_with_a_raw_keep_mask_on_cuda():
+    """``--precision fp16`` of a float32 Llama block (tests/rewrites/test_attention_given_heads.py): its
+    float32 softmax island becomes MultiHeadAttention with the keep mask as a raw [B, S, L]
+    key_padding_mask on CUDA too (validated there), and every row, those whose every key is masked
+    included, matches the float64 reference (those rows average V, as in the float32 original)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewrites"))
+    from test_attention_given_heads import _feeds, _llama_block, _reference
+
+    model = _llama_block(np.float32, keep=True)
+    result = onnxfuse.optimize(model, precision="fp16", provider="cuda", samples=2)
+    assert result.validation.passed and result.validation.provider == "cuda", result.validation
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("MultiHeadAttention") == 1 and "Softmax" not in ops, result.applied.refusals
+    for batch, seq in ((2, 6), (3, 40)):
+        feeds = _feeds(model, batch, seq, np.float32)
+        want = _reference(model, feeds, ("q", "k"))
+        got = _run(result.model, feeds, session_options())
+        np.testing.assert_allclose(got[0, :2], want[0, :2], atol=2e-2)  # every key masked
+        np.testing.assert_allclose(got, want, atol=3e-2)

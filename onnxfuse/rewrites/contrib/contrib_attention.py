@@ -140,7 +140,11 @@ finfo.min, as in the graph). A raw mask takes ONNX Runtime's unfused CUDA path (
 and TensorRT kernels take no raw mask; ``attention.cc``). Measured (one BERT-base layer, H100): 0.069
 against 0.076 ms at fp32 batch 1. Not in float16: there the raw mask was slower (0.096 against 0.079 ms
 at batch 16) than ``attention_bias``, which reaches the memory-efficient kernel. A ``(1 - m)·c`` float
-mask is not converted: it equals a keep/drop mask only for m in {0, 1}.
+mask is not converted: it equals a keep/drop mask only for m in {0, 1}. MultiHeadAttention (q, k, v not
+packed: given heads, cross-attention) takes the same raw mask as its ``key_padding_mask`` with the same
+``mask_filter_value``, B and S read from its query, L from its key; only where a float16 bias would not be
+exact (a float32 softmax island, a float16 masked_fill of -65504), since the raw mask leaves the fused
+float16 kernels (checked on ONNX Runtime 1.32 CPU: rows with every key masked average V).
 
 **Float32 softmax islands** (GPT-2's float16 export, which promotes the scores to the float32 mask's
 type): ``Cast(to=float)`` of the float16 scaled scores, float32 mask steps, a float32 Softmax and
