@@ -10,6 +10,7 @@ Usage (repo root, on the GPU machine)::
     python benchmarks/ablate.py --model bert_base --fp16 --batch 16 --out /tmp/ablate
     python benchmarks/ablate.py --model qwen2_0_5b --exporter dynamo --dynamic-seq --fp16 \
         --leave-out contrib-attention --out /tmp/ablate     # only that rule left out
+    python benchmarks/ablate.py --model qwen2_0_5b --exporter dynamo --precision-fp16 ...  # --precision fp16
 
 Never imported by the package.
 """
@@ -38,7 +39,9 @@ from onnxfuse.runtime.inputs import Inputs  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, choices=sorted(zoo.SPECS))
-    ap.add_argument("--fp16", action="store_true")
+    ap.add_argument("--fp16", action="store_true", help="the module's float16 export (.half())")
+    ap.add_argument("--precision-fp16", action="store_true",
+                    help="the float32 export converted as `optimize --precision fp16` does, then the rules")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--opset", type=int, default=None, help="default: 14 (legacy), 18 (dynamo)")
     ap.add_argument("--exporter", choices=["legacy", "dynamo"], default="legacy")
@@ -61,20 +64,26 @@ def main() -> int:
     zoo.export(spec, module, path, opset, device="cuda" if args.fp16 and args.device == "cuda" else "cpu",
                dynamic_seq=args.dynamic_seq, exporter=args.exporter)
     original = onnx.load(str(path))
+    start = original
+    if args.precision_fp16:
+        from onnxfuse.precision import convert_to_fp16
+
+        start, _ = convert_to_fp16(original)
     rules = select_rules("cuda")
-    full, report = rewrite_model(original, rules)
+    full, report = rewrite_model(start, rules)
     wanted = set(filter(None, args.leave_out.split(",")))
     applied = [r for r in rules if report.counts.get(r.name) and (not wanted or r.name in wanted)]
     variants = [("original", original), ("all rules", full)]
     for rule in applied:
-        model, _ = rewrite_model(original, [r for r in rules if r is not rule])
+        model, _ = rewrite_model(start, [r for r in rules if r is not rule])
         variants.append((f"without {rule.name}", model))
     feeds = spec.feeds(args.batch)
     inputs = Inputs(feeds=feeds)
     config = BenchConfig(device=args.device, time_budget_s=args.time_budget, warmup=10, sessions=args.sessions)
     results = time_models([(name, m, inputs) for name, m in variants], config, rounds=3)
     base = results[0].stats.median_ms
-    lines = [f"## {args.model} {'fp16' if args.fp16 else 'fp32'} batch {args.batch}: leave-one-rule-out",
+    label = "fp16" if args.fp16 else "precision-fp16" if args.precision_fp16 else "fp32"
+    lines = [f"## {args.model} {label} batch {args.batch}: leave-one-rule-out",
              "", "| variant | nodes | median ms | speed-up vs original |", "|---|---:|---:|---:|"]
     rows = []
     for (name, m), r in zip(variants, results):
@@ -82,8 +91,8 @@ def main() -> int:
         lines.append(f"| {name} | {len(m.graph.node)} | {r.stats.median_ms:.3f} | {base / r.stats.median_ms:.2f}× |")
     text = "\n".join(lines)
     print(text, flush=True)
-    (out / f"ablate-{args.model}{'-fp16' if args.fp16 else ''}.md").write_text(text + "\n")
-    (out / f"ablate-{args.model}{'-fp16' if args.fp16 else ''}.json").write_text(json.dumps(rows, indent=2))
+    (out / f"ablate-{args.model}-{label}.md").write_text(text + "\n")
+    (out / f"ablate-{args.model}-{label}.json").write_text(json.dumps(rows, indent=2))
     return 0
 
 
