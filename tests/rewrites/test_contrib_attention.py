@@ -893,12 +893,13 @@ def test_float16_keeps_the_attention_bias():
     np.testing.assert_allclose(got["out"].astype(np.float64), want["out"].astype(np.float64), rtol=1e-2, atol=1e-2)
 
 
-def island_model(mask="keep"):
+def island_model(mask="keep", cross=False):
     """GPT-2's float16 export: float16 projections and heads, the scaled scores cast up to float32, a
     float32 mask ``Where(Not(And(causal, keep)), finfo(float32).min, ConstantOfShape(zeros))`` added
     there, a float32 Softmax, and its result cast back to float16 for ×V. ``mask``: "keep" (that form),
-    "float" (a float32 mask input added as it is) or None."""
-    model = attention_model(mask="full", dtype=np.float16)
+    "float" (a float32 mask input added as it is) or None. ``cross``: keys and values from a second input
+    of L positions (MultiHeadAttention, not packed), the mask ``Where(Not(keep), ...)`` of keep [B,1,1,L]."""
+    model = attention_model(mask="full", dtype=np.float16, cross=cross)
     graph = model.graph
     del graph.value_info[:]
     (madd,) = [i for i in graph.input if i.name == "madd"]
@@ -914,7 +915,15 @@ def island_model(mask="keep"):
     nodes.insert(nodes.index(add), up)
     nodes.insert(nodes.index(softmax) + 1, down)
     extra = []
-    if mask == "keep":
+    if mask == "keep" and cross:
+        graph.input.append(h.make_tensor_value_info("keep", T.BOOL, ["B", 1, 1, L]))
+        graph.initializer.append(numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "min32"))
+        extra += [h.make_node("Not", ["keep"], ["dropped"]),
+                  h.make_node("Shape", ["keep"], ["allowed_shape"]),
+                  h.make_node("ConstantOfShape", ["allowed_shape"], ["zeros"],
+                              value=numpy_helper.from_array(np.zeros(1, np.float32))),
+                  h.make_node("Where", ["dropped", "min32", "zeros"], ["madd"])]
+    elif mask == "keep":
         graph.input.append(h.make_tensor_value_info("keep", T.BOOL, ["B", 1, 1, S]))
         graph.initializer.extend([
             numpy_helper.from_array(np.tril(np.ones((S, S), bool))[None, None], "causal"),
@@ -1013,3 +1022,23 @@ def test_float16_where_fill_on_multihead_attention_becomes_a_key_padding_mask():
     want, got = run_ort(model, feeds), run_ort(out, feeds)
     for name, a in want.items():
         np.testing.assert_allclose(got[name].astype(np.float64), a.astype(np.float64), rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("mask", ["keep", None])
+def test_float32_softmax_island_of_a_cross_attention_becomes_multihead_attention(mask):
+    """The island over keys that are not x's (MultiHeadAttention, no packed op): the keep mask goes in as
+    the raw key_padding_mask [B, L] with mask_filter_value finfo(float32).min, which the kernel adds to
+    float32 scores, so an item with every key masked averages V as the float32 Softmax does; without a
+    mask the op computes the scores in float32 as the island does after its Cast."""
+    model = island_model(mask=mask, cross=True)
+    out, report = apply(model)
+    assert fused(out) == ["MultiHeadAttention"], [r.reason for r in report.refusals]
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == ("key_padding_mask" if mask else "none")
+    feeds = feeds_for(model)
+    if mask:
+        feeds["keep"] = np.ones(feeds["keep"].shape, bool)
+        feeds["keep"][0, ..., -3:] = False
+        feeds["keep"][1] = False  # item 1: no key kept
+    want, got = run_ort(model, feeds)["out"].astype(np.float64), run_ort(out, feeds)["out"].astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
