@@ -25,7 +25,7 @@ H, HKV, D = 4, 2, 8
 E, EKV = H * D, HKV * D
 
 
-def _llama_block(dtype=np.float16, rotary=("q", "k"), grouped=True, keep=False) -> onnx.ModelProto:
+def _llama_block(dtype=np.float16, rotary=("q", "k"), grouped=True, keep=False, keep_batch="B") -> onnx.ModelProto:
     """x [B, S, E] → q, k, v projections → heads → (rotary on ``rotary``) → (repeat_kv on k and v) →
     softmax(QKᵀ·D^-1/2 + m)·V → [B, S, E]; m [B, 1, S, S] is an input (0 / the dtype's lowest), or with
     ``keep`` made from a bool input as transformers' sdpa mask is: ``Where(keep, 0, finfo.min)``."""
@@ -75,7 +75,7 @@ def _llama_block(dtype=np.float16, rotary=("q", "k"), grouped=True, keep=False) 
               h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
               h.make_node("Reshape", ["ctx_t", const("merge", np.array([0, 0, E], np.int64))], ["y"])]
     inputs = [h.make_tensor_value_info("x", elem, ["B", "S", E]),
-              h.make_tensor_value_info("keep", onnx.TensorProto.BOOL, ["B", 1, "S", "S"]) if keep else
+              h.make_tensor_value_info("keep", onnx.TensorProto.BOOL, [keep_batch, 1, "S", "S"]) if keep else
               h.make_tensor_value_info("m", elem, ["B", 1, "S", "S"])]
     if rotary:
         inputs += [h.make_tensor_value_info(n, elem, [1, 1, "S", D]) for n in ("cos", "sin")]
@@ -89,8 +89,9 @@ def _feeds(model, batch, seq, dtype=np.float16, seed=0):
     keep[0, :, :, :2] = False  # left padding: the first two queries of item 0 see no key at all
     angles = np.arange(seq)[:, None] * rng.random(D)[None]
     feeds = {"x": rng.standard_normal((batch, seq, E)).astype(dtype)}
-    if any(i.name == "keep" for i in model.graph.input):
-        feeds["keep"] = keep
+    keep_input = next((i for i in model.graph.input if i.name == "keep"), None)
+    if keep_input is not None:  # a keep mask shared by the batch ([1, 1, S, L]) takes item 0's rows
+        feeds["keep"] = keep[:1] if keep_input.type.tensor_type.shape.dim[0].dim_value == 1 else keep
     else:
         feeds["m"] = np.where(keep, 0, np.finfo(dtype).min).astype(dtype)
     if any(i.name == "cos" for i in model.graph.input):
@@ -231,14 +232,16 @@ def test_given_heads_of_one_batch_fuse_and_a_broadcast_batch_is_refused():
     assert any("not provably of one batch size" in r for r in refusals(report, RULE)), refusals(report, RULE)
 
 
-def test_precision_fp16_of_a_float32_llama_block_takes_the_keep_mask_raw():
+@pytest.mark.parametrize("keep_batch", ["B", 1])
+def test_precision_fp16_of_a_float32_llama_block_takes_the_keep_mask_raw(keep_batch):
     """``--precision fp16`` of a float32 block whose mask is ``Where(keep, 0, finfo(float32).min)``: the
     conversion keeps that mask and the Softmax in float32 (a float16 fill would not absorb the scores, and
     rows with every key masked would change). The given heads then go to MultiHeadAttention with ``keep``
     as its raw key_padding_mask [B, S, L] and mask_filter_value finfo(float32).min, which its kernel adds
     to float32 scores: rows with every key masked (left padding) average V, as in the float32 original.
-    Checked against the float64 reference, those rows included."""
-    model = _llama_block(np.float32, keep=True)
+    Checked against the float64 reference, those rows included. A mask shared by the batch ([1, 1, S, L])
+    is spelled out by Expand to the query's batch first, L read from the key heads' axis 2."""
+    model = _llama_block(np.float32, keep=True, keep_batch=keep_batch)
     result = onnxfuse.optimize(model, precision="fp16", provider="cpu", samples=2)
     assert result.validation.passed
     found = [n for n in result.model.graph.node if n.op_type == "MultiHeadAttention"]
@@ -246,6 +249,8 @@ def test_precision_fp16_of_a_float32_llama_block_takes_the_keep_mask_raw():
         result.applied.refusals
     (mha,) = found
     assert len(mha.input) == 5 and mha.input[4]
+    expands = [n for n in result.model.graph.node if n.op_type == "Expand" and n.input[0] == "keep"]
+    assert len(expands) == (1 if keep_batch == 1 else 0)  # a shared mask spelled out to the batch
     assert onnx.helper.get_attribute_value(next(a for a in mha.attribute if a.name == "mask_filter_value")) == \
         pytest.approx(float(np.finfo(np.float32).min))
     for batch, seq in ((2, 6), (3, 9)):
