@@ -71,3 +71,38 @@ def test_masked_onnx_attention_is_refused_and_why():
     mask[0, 0, 0, :] = np.finfo(np.float32).min
     y = helpers.run_ort(m, {"x": x, "m": mask})["y"]
     assert np.all(y[0, 0] == 0) and np.any(y[0, 1] != 0)
+
+
+def test_scaled_key_of_onnx_attention_beside_given_query_heads_counts_its_scale_once():
+    """q given as heads (a graph input, as rotated heads are) and k = c·(split heads): k is re-read as given
+    heads, and that must be the tensor under the scalar Mul, whose factor already went into the op's
+    scale; reading the Mul's output as well would scale the scores twice."""
+    rng = np.random.default_rng(4)
+    f16 = T.FLOAT16
+    nodes = [h.make_node("MatMul", ["x", "Wk"], ["k0"]),
+             h.make_node("Reshape", ["k0", "split"], ["k1"]),
+             h.make_node("Transpose", ["k1"], ["kh"], perm=[0, 2, 1, 3]),
+             h.make_node("Mul", ["kh", "half"], ["ks"]),
+             h.make_node("MatMul", ["x", "Wv"], ["v0"]),
+             h.make_node("Reshape", ["v0", "split"], ["v1"]),
+             h.make_node("Transpose", ["v1"], ["vh"], perm=[0, 2, 1, 3]),
+             h.make_node("Attention", ["q", "ks", "vh"], ["ctx"]),
+             h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+             h.make_node("Reshape", ["ctx_t", "merge"], ["y"])]
+    inits = [numpy_helper.from_array((rng.standard_normal((E, E)) / 4).astype(np.float16), "Wk"),
+             numpy_helper.from_array((rng.standard_normal((E, E)) / 4).astype(np.float16), "Wv"),
+             numpy_helper.from_array(np.array([0, 0, H, D], np.int64), "split"),
+             numpy_helper.from_array(np.array(0.5, np.float16), "half"),
+             numpy_helper.from_array(np.array([0, 0, E], np.int64), "merge")]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", f16, ["B", "S", E]),
+                                      h.make_tensor_value_info("q", f16, ["B", H, "S", D])],
+                         [h.make_tensor_value_info("y", f16, ["B", "S", E])], inits)
+    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 23)], ir_version=10)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 1, refusals(report, RULE)
+    detail = next(d for d in report.details if d["rule"] == RULE.name)
+    assert detail["kv_layout"] == "BNSH" and detail["scale"] == pytest.approx(0.5 * D ** -0.5)
+    feeds = {"x": rng.standard_normal((2, 5, E)).astype(np.float16),
+             "q": rng.standard_normal((2, H, 5, D)).astype(np.float16)}
+    np.testing.assert_allclose(helpers.run_ort(out, feeds)["y"].astype(np.float64),
+                               helpers.run_ort(m, feeds)["y"].astype(np.float64), atol=1e-2)

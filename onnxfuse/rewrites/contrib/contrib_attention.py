@@ -251,8 +251,12 @@ class AttentionPlan:
     key_mask: KeepMask | None = None  # packed only: the mask as Attention's raw mask_index
     island: bool = False  # a float16 attention whose scores, mask and Softmax are float32
     all_keys_mask: bool = False  # packed float32 over long keys: a raw mask of ones keeps the unfused kernel
-    query_heads: bool = False  # q is given [B, H, S, D] heads: merged to [B, S, E] for the op
-    kv_heads: bool = False  # k and v are given [B, H, L, D] heads, the op's "past" layout
+    kv_heads: bool = False  # k and v are given [B, H, L, D] heads, the op's "past" layout (q: ``layout``)
+
+    @property
+    def key_layout(self) -> str:
+        """How the fused op reads k (and v): given [B, H, L, D] heads, or [B, L, E]."""
+        return GIVEN if self.kv_heads else BATCH_FIRST
 
 
 def _heads(graph, tensor, transposed: bool, which: str) -> Head | str:
@@ -285,16 +289,18 @@ def _values_and_merge(graph, v_heads, out):
     return v, merge_t, after[0]
 
 
-def _query_and_key(graph, query, key, key_transposed: bool, nodes, factors):
-    """(Q's heads, K's heads) split from the attention's q and k inputs (Kᵀ when ``key_transposed``), the
-    scalar factors on each peeled into ``factors`` and their nodes into ``nodes``; or why not."""
+def _query_key_value(graph, query, key, key_transposed: bool, v, v_heads, nodes, factors):
+    """(Q's, K's and V's heads): Q and K split (or given) from the attention's q and k inputs (Kᵀ when
+    ``key_transposed``), the scalar factors on each peeled into ``factors`` and their nodes into ``nodes``,
+    then read together with ``v`` (split from ``v_heads``) by :func:`_given_kv`; or why not."""
     q = _heads(graph, strip_scale(graph, query, nodes, factors), False, "Q")
     if isinstance(q, str):
         return q
-    k = _heads(graph, strip_scale(graph, key, nodes, factors), key_transposed, "K")
+    k_heads = strip_scale(graph, key, nodes, factors)
+    k = _heads(graph, k_heads, key_transposed, "K")
     if isinstance(k, str):
         return k
-    return q, k
+    return _given_kv(q, k, v, None if key_transposed else k_heads, v_heads)
 
 
 def _given_kv(q, k, v, k_heads, v_heads):
@@ -395,10 +401,7 @@ class ContribAttention(Rule):
         if qk is None or not is_op(qk, "MatMul") or len(qk.inputs) != 2:
             return "no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)"
         nodes.append(qk)
-        found = _query_and_key(graph, qk.inputs[0], qk.inputs[1], True, nodes, factors)
-        if isinstance(found, str):
-            return found
-        found = _given_kv(*found, v, None, pv.inputs[1])
+        found = _query_key_value(graph, qk.inputs[0], qk.inputs[1], True, v, pv.inputs[1], nodes, factors)
         if isinstance(found, str):
             return found
         q, k, v = found
@@ -435,10 +438,7 @@ class ContribAttention(Rule):
         v, merge_t, merge_r = found
         nodes.append(merge_t)
         factors: list[float] = []
-        found = _query_and_key(graph, inputs[0], inputs[1], False, nodes, factors)
-        if isinstance(found, str):
-            return found
-        found = _given_kv(*found, v, inputs[1], inputs[2])
+        found = _query_key_value(graph, inputs[0], inputs[1], False, v, inputs[2], nodes, factors)
         if isinstance(found, str):
             return found
         q, k, v = found
@@ -490,16 +490,16 @@ class ContribAttention(Rule):
             biases = _fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
         key_mask = None
         fp16_fill = any(not t.absorbing for t in terms)  # a float16 masked_fill with finfo(float16).min
-        if packed is not None and (dtype == np.dtype(np.float32) or island or fp16_fill):
-            x_shape = shape_of(graph, packed.x)
-            if x_shape is not None and len(x_shape) == 3:
-                batch, seq = (x_shape[1], x_shape[0]) if q.layout == SEQ_FIRST else (x_shape[0], x_shape[1])
-                key_mask = keep_mask(graph, terms, batch, seq, seq)
-        elif packed is None and q.layout != SEQ_FIRST and (island or fp16_fill):
-            # MultiHeadAttention takes the same raw 0/1 mask (key_padding_mask [B, L] or [B, S, L]) and adds
-            # mask_filter_value to the float32 scores in its kernel, as packed Attention does
-            key_mask = keep_mask(graph, terms, _batch_of(graph, q_source, q.layout),
-                                 _sequence_of(graph, q_source, q.layout), _sequence_of(graph, k_source, k.layout))
+        # a raw 0/1 mask: packed Attention's mask_index (float32 too: measured faster there), or
+        # MultiHeadAttention's key_padding_mask where a float16 bias would not be exact; both kernels add
+        # mask_filter_value to float32 scores. Packed: B and S = L are x's; else q's B and S, k's L.
+        if (island or fp16_fill or (packed is not None and dtype == np.dtype(np.float32))) and (
+                packed is not None or q.layout != SEQ_FIRST):
+            (qx, q_layout), (kx, k_layout) = ([(packed.x, q.layout)] * 2 if packed is not None
+                                              else [(q_source, q.layout), (k_source, k.layout)])
+            if rank_of(graph, qx) == _AXES[q_layout][0] and rank_of(graph, kx) == _AXES[k_layout][0]:
+                key_mask = keep_mask(graph, terms, _batch_of(graph, qx, q_layout), _sequence_of(graph, qx, q_layout),
+                                     _sequence_of(graph, kx, k_layout))
         if fp16_fill:
             if key_mask is None:
                 return (f"Where-mask fill {FP16_MIN:g} (float16) is not absorbing (s + f != f for |s| >= 16): fused "
@@ -521,7 +521,7 @@ class ContribAttention(Rule):
                        "float16 attention_bias would round the float32 mask)"))
         return AttentionPlan(anchor, nodes, q_source, k_source, v_source, q.heads, scale, terms, mask_rank,
                              tail_known, biases, merge_r, q.layout, dtype, q.size, shape_reads, packed, key_mask,
-                             island, all_keys, query_heads=q.layout == GIVEN, kv_heads=given)
+                             island, all_keys, kv_heads=given)
 
     def rewrite(self, graph, plan: AttentionPlan):
         names = NameAllocator(graph)
@@ -539,13 +539,13 @@ class ContribAttention(Rule):
                 add.inputs.clear()
         if plan.layout == SEQ_FIRST:  # [S, B, E] → [B, S, E]: a pure data movement
             inputs = [self._swap01(graph, names, base, t, plan.dtype) for t in inputs]
-        if plan.query_heads:  # given [B, H, S, D] → [B, S, H, D] → [B, S, E]: data movement and a view
+        if plan.layout == GIVEN:  # q given [B, H, S, D] → [B, S, H, D] → [B, S, E]: data movement and a view
             inputs[0] = self._merged_heads(graph, names, base, plan)
         attrs = {"num_heads": plan.heads, "scale": plan.scale}
         attention_bias, key_padding = gs.Variable.empty(), gs.Variable.empty()
         if plan.key_mask is not None:
             key_padding = self._mask_index(graph, names, base, plan.key_mask, inputs[0], inputs[1],
-                                           _AXES[GIVEN if plan.kv_heads else BATCH_FIRST][2])
+                                           _AXES[plan.key_layout][2])
             attrs["mask_filter_value"] = plan.key_mask.fill
         elif plan.terms:
             attention_bias = self._attention_bias(graph, plan, names, base, inputs[0], inputs[1])
@@ -786,7 +786,7 @@ class ContribAttention(Rule):
                                                                                    axes_values, plan.dtype)
         if plan.mask_tail_known:
             return mask
-        key_layout = GIVEN if plan.kv_heads else BATCH_FIRST  # L of [B, L, E], or of [B, H, L, D] heads
+        key_layout = plan.key_layout  # L of [B, L, E], or of [B, H, L, D] heads
         key_axis = _AXES[key_layout][2]
         s_dim, l_dim = _sequence_of(graph, query), _sequence_of(graph, key, key_layout)
         if isinstance(s_dim, int) and isinstance(l_dim, int):  # static: a constant target, no shape ops
