@@ -42,6 +42,7 @@ import errno
 import os
 import secrets
 import signal
+import stat
 import threading
 import time
 from pathlib import Path
@@ -160,6 +161,62 @@ def _locked(folders):
 
 
 # ---------------------------------------------------------------------------------------------------
+# destinations
+
+#: Folders of kernel objects, never of files a user means to keep: a path resolving into them (``/dev/null``,
+#: ``/dev/stdout`` → ``/proc/self/fd/1`` → ``pipe:[…]``) is a stream or a device, not a destination.
+_SPECIAL_TREES = ("/dev", "/proc", "/sys")
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def destination(final, what: str = "file") -> Path:
+    """Where ``final`` is really written: through a symlink to its target (the link stays a link), and
+    only ever a regular file or a new name.
+
+    Refused with one :class:`ModelSaveError` line: a FIFO, a device, a socket or a directory, and any
+    path that resolves into ``/dev``, ``/proc`` or ``/sys`` (a symlink to a standard stream included).
+    Replacing such a path by renaming a regular file over it would destroy it (run as root, the system's
+    null device), and writing into it is not the all-or-nothing write a model or report needs; the JSON
+    report goes to stdout with ``--json -`` instead."""
+    final = Path(final)
+    real = Path(os.path.realpath(final))
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise write_error(exc, final, what) from None
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise ModelSaveError(f"{final}: is {kind}; the {what} is only written to a regular file"
+                             + (" (for stdout use --json -)" if "JSON" in what else ""))
+    special = next((hop for hop in _link_chain(final)
+                    if any(hop == top or hop.startswith(top + "/") for top in _SPECIAL_TREES)), None)
+    if special is not None:
+        raise ModelSaveError(f"{final}: leads to {special}, a device or stream, not a file; the {what} is only "
+                             "written to a regular file" + (" (for stdout use --json -)" if "JSON" in what else ""))
+    return real if final.is_symlink() else final
+
+
+def _link_chain(path: Path) -> list[str]:
+    """``path`` (absolute), every symlink it leads through, and its real path: ``/dev/stdout`` →
+    ``/proc/self/fd/1`` → wherever stdout goes (a regular file when redirected, which must not be
+    replaced either: the stream would silently lose what it was writing)."""
+    hops = [os.path.abspath(path)]
+    for _ in range(40):
+        if not os.path.islink(hops[-1]):
+            break
+        try:
+            target = os.readlink(hops[-1])
+        except OSError:
+            break
+        hops.append(os.path.normpath(os.path.join(os.path.dirname(hops[-1]), target)))
+    return [*hops, os.path.realpath(path)]
+
+
+# ---------------------------------------------------------------------------------------------------
 # the transaction
 
 
@@ -209,7 +266,7 @@ class OutputSet:
 
     def temp_for(self, final, what: str = "file") -> Path:
         """A new empty temporary file that :meth:`commit` renames to ``final``."""
-        final = Path(final)
+        final = destination(final, what)
         with deferred_signals():  # created and registered together, so discard() always finds it
             try:
                 tmp = new_temp_file(final)
@@ -230,7 +287,7 @@ class OutputSet:
 
     def append_text(self, final, text: str, what: str = "report") -> None:
         """Append ``text`` to ``final`` at commit time (CI summary files collect every step's output)."""
-        self._appends.append((Path(final), text, what))
+        self._appends.append((destination(final, what), text, what))
 
     def remove(self, path) -> None:
         """Delete ``path`` at commit time if it exists (a stale ``.data`` after an inline save)."""

@@ -257,10 +257,10 @@ def _run_batch(model, batch_names, provider, feeds_list, label):
 
 
 def _load(model, label: str):
-    if isinstance(model, onnx.ModelProto):
-        return model, f"<model {label}>"
-    from onnxfuse.model_io import load_model
+    from onnxfuse.model_io import check_given_model, load_model
 
+    if isinstance(model, onnx.ModelProto):
+        return check_given_model(model, f"<model {label}>"), f"<model {label}>"
     return load_model(model), str(model)
 
 

@@ -113,9 +113,32 @@ def is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == _EXTERNAL
 
 
+#: The absolute locations this process itself made references to: a large model's ``.onnx`` file and
+#: data files once :func:`onnxfuse.model_io.load_model` has checked them, and the spill file. Only these
+#: make a tensor lazy: an absolute location written in a file or in a ``ModelProto`` someone hands us is
+#: *not* trusted (it could name any file the process can read, ``/etc/shadow`` or ``/dev/zero``); the
+#: loaders refuse it with one line instead.
+_own_sources: set[str] = set()
+
+
+def trust_source(location: str) -> str:
+    """Record ``location`` (absolute) as a file this process checked and may reference lazily."""
+    _own_sources.add(location)
+    return location
+
+
 def is_lazy(tensor: onnx.TensorProto) -> bool:
-    """True for this process's own references (absolute ``location``), as opposed to a file's."""
-    return is_external(tensor) and os.path.isabs(external_info(tensor).get("location", ""))
+    """True for this process's own references (an absolute ``location`` it recorded with
+    :func:`trust_source`), as opposed to a file's relative ones or a foreign absolute one."""
+    return is_external(tensor) and external_info(tensor).get("location", "") in _own_sources
+
+
+def is_foreign_absolute(tensor: onnx.TensorProto) -> bool:
+    """True for an external tensor whose absolute ``location`` this process did not make: never read."""
+    if not is_external(tensor):
+        return False
+    location = external_info(tensor).get("location", "")
+    return os.path.isabs(location) and location not in _own_sources
 
 
 def set_external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
@@ -379,7 +402,7 @@ def strip_inline_weights(path: Path, min_bytes: int = LAZY_MIN_TENSOR) -> tuple[
     model = onnx.ModelProto.FromString(bytes(out))
     if len(model.graph.initializer) != len(found):
         raise WireError("initializer count mismatch")
-    location = os.path.abspath(path)
+    location = trust_source(os.path.abspath(path))
     for tensor, where in zip(model.graph.initializer, found):
         if where is not None:
             offset, length = where
@@ -526,13 +549,13 @@ class _Spill:
         if hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd"):
             with contextlib.suppress(OSError):
                 self.fd = os.open(folder, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
-                self.location = f"/proc/self/fd/{self.fd}"
+                self.location = trust_source(f"/proc/self/fd/{self.fd}")
                 self.anonymous = True
         if self.fd is None:
             self.dir = tempfile.mkdtemp(prefix="onnxfuse-weights-")
             path = os.path.join(self.dir, "spill.data")
             self.fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
-            self.location = path
+            self.location = trust_source(path)
             self.anonymous = False
         self.size = 0
         atexit.register(self.close)

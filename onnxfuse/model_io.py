@@ -34,7 +34,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from onnxfuse import lazy_weights as lw
-from onnxfuse.atomic import OutputSet, pause_point, write_error
+from onnxfuse.atomic import OutputSet, destination, pause_point, write_error
 from onnxfuse.range_dims import range_lengths
 from onnxfuse.errors import ModelLoadError, ModelSaveError, ResourceError, first_line
 
@@ -86,7 +86,7 @@ def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
         raise ModelLoadError(f"{p}: cannot read ({first_line(exc)})") from None
     if size == 0:
         raise ModelLoadError(f"{p}: file is empty")
-    model = _parse(p, size)
+    model, stripped = _parse(p, size)
     if model.ir_version <= 0 or not model.HasField("graph") or len(model.graph.output) == 0:
         raise ModelLoadError(f"{p}: not a valid ONNX model (no graph, outputs or IR version)")
     weights = lw.payload_bytes(model)
@@ -95,7 +95,7 @@ def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
     if lazy:
         lw.return_freed_memory()
     try:
-        _resolve_external_data(model, p, lazy)
+        _resolve_external_data(model, p, lazy, stripped)
     except OSError as exc:
         raise ModelLoadError(f"{p}: cannot load external data ({first_line(exc)})") from None
     if check:
@@ -103,15 +103,16 @@ def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
     return model
 
 
-def _parse(p: Path, size: int) -> onnx.ModelProto:
-    """The model proto of ``p`` without external data; a large file is parsed without its inline
-    weights (they become references into ``p``), so neither protobuf nor memory sees them."""
+def _parse(p: Path, size: int) -> tuple[onnx.ModelProto, bool]:
+    """The model proto of ``p`` without external data, and whether its inline weights were stripped: a
+    large file is parsed without them (they become references into ``p``), so neither protobuf nor
+    memory sees them."""
     try:
         if size >= lw.LAZY_MODEL_BYTES:
             stripped = lw.strip_inline_weights(p)
             if stripped is not None:
-                return stripped[0]
-        return onnx.load(str(p), load_external_data=False)
+                return stripped[0], True
+        return onnx.load(str(p), load_external_data=False), False
     except lw.WireError as exc:
         raise ModelLoadError(f"{p}: not a valid ONNX model (protobuf parse failed: {exc})") from None
     except (DecodeError, RuntimeWarning, ValueError) as exc:
@@ -161,14 +162,19 @@ def external_file(base: Path, location: str, tensor: str) -> Path:
     return path
 
 
-def _resolve_external_data(model: onnx.ModelProto, p: Path, lazy: bool) -> None:
+def _resolve_external_data(model: onnx.ModelProto, p: Path, lazy: bool, stripped: bool) -> None:
     """Make every external tensor either inline (read from its file) or, in a lazy model, a large main
-    graph initializer, a lazy reference (absolute path) checked against the file's size."""
+    graph initializer, a lazy reference (absolute path) checked against the file's size.
+
+    Every location the *file* names goes through :func:`external_file` (relative, inside the model's
+    folder, a regular file); only the references :func:`~onnxfuse.lazy_weights.strip_inline_weights`
+    made into ``p`` itself (``stripped``) skip it."""
     base = p.parent.absolute()
+    own = os.path.abspath(p)
     for t, main in _all_tensors(model):
         if not lw.is_external(t):
             continue
-        if lw.is_lazy(t):  # a reference into p itself, made by strip_inline_weights
+        if stripped and main and lw.is_lazy(t) and lw.file_range(t).path == own:  # made by strip_inline_weights for p itself
             where = lw.file_range(t)
         else:
             info = lw.external_info(t)
@@ -186,7 +192,7 @@ def _resolve_external_data(model: onnx.ModelProto, p: Path, lazy: bool) -> None:
                                      f"of {where.path} ({os.path.getsize(where.path)} bytes): the file is truncated "
                                      f"or belongs to another model")
         if lazy and main and where.length > lw.LAZY_MIN_TENSOR:
-            lw.set_external(t, os.path.abspath(where.path), where.offset, where.length)
+            lw.set_external(t, lw.trust_source(os.path.abspath(where.path)), where.offset, where.length)
         else:
             data = lw.read_range(where)
             del t.external_data[:]
@@ -194,11 +200,28 @@ def _resolve_external_data(model: onnx.ModelProto, p: Path, lazy: bool) -> None:
             t.raw_data = data
 
 
+def check_given_model(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """Refuse, with one :class:`ModelLoadError` line, a ``ModelProto`` handed to the API whose external
+    data could not be read safely: an absolute location this process did not make (it could name any
+    file the process can read; onnx and ONNX Runtime refuse it too), or a relative one (a proto in
+    memory has no folder to resolve it against: pass the path, or ``onnx.load`` it with its data)."""
+    for t, _main in _all_tensors(model):
+        if not lw.is_external(t) or lw.is_lazy(t):
+            continue
+        location = lw.external_info(t).get("location", "")
+        if os.path.isabs(location):
+            raise ModelLoadError(f"{name}: tensor {t.name!r}: external data location {location!r} is absolute; "
+                                 "it must be relative to the model's folder")
+        raise ModelLoadError(f"{name}: tensor {t.name!r} keeps its data in {location!r}, which a model in memory "
+                             "cannot resolve: pass the model's path, or load it with onnx.load(path)")
+    return model
+
+
 @functools.lru_cache(maxsize=8)
 def _data_files(path: str, _stamp) -> tuple[str, ...]:
     try:
         p = Path(path)
-        model = _parse(p, p.stat().st_size)
+        model = _parse(p, p.stat().st_size)[0]
     except Exception:
         return ()
     files = set()
@@ -218,6 +241,14 @@ def input_data_files(path: str | os.PathLike) -> list[str]:
     except OSError:
         return []
     return list(_data_files(os.path.realpath(path), (st.st_mtime_ns, st.st_size)))
+
+
+def input_files(path, what: str = "input model") -> dict:
+    """``{path: what}`` plus each of its external-data files: what a run reads and must never write over
+    (reports included, also the failure report written after an error)."""
+    if path is None:
+        return {}
+    return {path: what, **{f: f"{what}'s external data" for f in input_data_files(path)}}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -355,6 +386,8 @@ def check_output_path(path: str | os.PathLike, input_path=None, force: bool = Fa
         raise ModelSaveError(f"{out}: is a directory")
     if not os.access(parent, os.W_OK):
         raise ModelSaveError(f"{out}: output directory {parent} is not writable")
+    destination(out, "output model")
+    destination(data_path(out), "output model's external data")
     return parent
 
 

@@ -455,6 +455,8 @@ def run_pipeline(
         input_path = model
     elif not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model must be a path or an onnx.ModelProto, not {type(model).__name__}")
+    else:
+        model_io.check_given_model(model, "<model>")
     if output_path is not None:
         model_io.check_output_path(output_path, input_path, options.force)
     if input_path is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from onnxfuse import __version__
-from onnxfuse.cli.common import EXIT_CODES_HELP
+from onnxfuse.cli.common import EXIT_CODES_HELP, encodable_streams
 
 
 class _OneLineUsageErrors(click.Group):
@@ -18,6 +18,7 @@ class _OneLineUsageErrors(click.Group):
     scripts get one: ``error: <what is wrong> (see 'onnxfuse optimize --help')``, exit 2."""
 
     def main(self, *args, **kwargs):
+        encodable_streams()
         if kwargs.get("standalone_mode", True):
             try:
                 return super().main(*args, **{**kwargs, "standalone_mode": False})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from onnxfuse import api
+from onnxfuse import api, model_io
 from onnxfuse.cli import render
 from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
                                  range_map, report_console, report_file, write_failure_json)
@@ -57,9 +57,10 @@ Examples:
 @handle_errors
 def bench(model_path, model2_path, batch, shapes, inputs_path, seed, input_ranges, device, cuda_graph, iterations, warmup,
           time_budget, sessions, do_profile, top, json_path, quiet) -> None:
+    read = {**model_io.input_files(model_path, "model"), **model_io.input_files(model2_path, "second model")}
     try:
         check_runtime(quiet)
-        check_report_paths({report_file(json_path): "JSON report"}, {model_path: "model", model2_path: "second model"})
+        check_report_paths({report_file(json_path): "JSON report"}, read)
         with render.progress_bar(disabled=quiet) as bar:
             report = api.bench(
                 model_path, model2_path, inputs=inputs_path, batch=batch, shapes=parse_shape_options(shapes),
@@ -68,7 +69,7 @@ def bench(model_path, model2_path, batch, shapes, inputs_path, seed, input_range
                 profile=do_profile, top=top, progress=bar.fraction,
             )
     except OnnxfuseError as exc:
-        write_failure_json(json_path, "bench", exc)
+        write_failure_json(json_path, "bench", exc, read)
         raise
 
     if report_file(json_path):

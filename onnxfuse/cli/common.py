@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import errno
 import functools
 import os
@@ -23,6 +25,34 @@ Exit codes:
   4  optimize --fail-on-slowdown: the optimized model is slower than allowed (nothing written)
   130, 143  interrupted by SIGINT (Ctrl-C) or SIGTERM: temporary files removed, nothing written
 """
+
+#: What a character the stream cannot encode becomes (``PYTHONIOENCODING=ascii``, a C locale in a CI
+#: container): the ASCII its meaning is usually written with, else ``?``.
+_ASCII_FALLBACK = {"→": "->", "←": "<-", "×": "x", "≤": "<=", "≥": ">=", "±": "+/-", "…": "...", "—": "-",
+                   "–": "-", "µ": "u", "²": "^2", "³": "^3", "√": "sqrt", "≈": "~", "·": "*", "ᵀ": "^T",
+                   "‘": "'", "’": "'", "“": '"', "”": '"', "•": "*"}
+
+
+def _fallback(exc: UnicodeError):
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    text = exc.object[exc.start:exc.end]
+    return "".join(_ASCII_FALLBACK.get(c, "?") for c in text), exc.end
+
+
+codecs.register_error("onnxfuse-ascii", _fallback)
+
+
+def encodable_streams() -> None:
+    """Make stdout and stderr write what their encoding cannot hold as ASCII (``→`` as ``->``) instead
+    of raising ``UnicodeEncodeError`` half-way through a report: the exit code and the files written
+    never depend on the terminal."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):
+                reconfigure(errors="onnxfuse-ascii")
+
 
 stdout = Console(highlight=False)
 stderr = Console(stderr=True, highlight=False)
@@ -173,10 +203,11 @@ def emit_json(json_path, text: str) -> None:
         sys.stdout.flush()
 
 
-def write_failure_json(json_path, command: str, exc) -> None:
+def write_failure_json(json_path, command: str, exc, protected: dict | None = None) -> None:
     """After an error that leaves no result: the contract's failure document (``ok: false``, the exit
-    code, the one-line error), to the file or stdout. Never raises: the error itself matters more."""
-    import contextlib
+    code, the one-line error), to the file or stdout. Never raises: the error itself matters more.
+    ``protected`` (path → what) are the files the run reads: a report path naming one of them is not
+    written (the error may be exactly that)."""
 
     from onnxfuse.reports.contract import failure_document
     from onnxfuse.reports.files import check_report_paths, json_text, write_text
@@ -188,7 +219,7 @@ def write_failure_json(json_path, command: str, exc) -> None:
         if json_path == JSON_TO_STDOUT:
             emit_json(json_path, text)
         else:
-            check_report_paths({json_path: "JSON report"})
+            check_report_paths({json_path: "JSON report"}, protected)
             write_text(json_path, text, what="JSON report")
 
 

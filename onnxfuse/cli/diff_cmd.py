@@ -9,7 +9,7 @@ from rich.markup import escape
 from onnxfuse.cli import render
 from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, fail, handle_errors, input_options,
                                  json_option, report_console, report_file, right_padded_option, write_failure_json)
-from onnxfuse import api
+from onnxfuse import api, model_io
 from onnxfuse.drift import DEFAULT_BATCH_SIZE, parse_tol_options
 from onnxfuse.errors import OnnxfuseError, ValidationFailed
 from onnxfuse.atomic import OutputSet
@@ -76,12 +76,13 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
 @handle_errors
 def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, input_ranges, right_padded, samples, rtol, atol, tols,
          intermediates, batch_size, json_path, markdown_path, junit_path, html_path, quiet) -> None:
+    read = {**model_io.input_files(model_a, "model A"), **model_io.input_files(model_b, "model B")}
     try:
         check_runtime(quiet)
         shape_map = parse_shape_options(shapes)
         tolerances = parse_tol_options(tols)
         check_report_paths({report_file(json_path): "JSON report", markdown_path: "Markdown report",
-                            junit_path: "JUnit report", html_path: "HTML report"}, {model_a: "model A", model_b: "model B"})
+                            junit_path: "JUnit report", html_path: "HTML report"}, read)
 
         with render.progress_bar(disabled=quiet) as bar:
             report = api.diff(
@@ -92,7 +93,7 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, in
                 histograms=html_path is not None or json_path is not None, progress=bar.step,
             )
     except OnnxfuseError as exc:
-        write_failure_json(json_path, "diff", exc)
+        write_failure_json(json_path, "diff", exc, read)
         raise
 
     # All reports land together or not at all (an error or a signal while writing leaves none).

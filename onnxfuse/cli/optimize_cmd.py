@@ -96,8 +96,7 @@ def optimize(input_path, output_path, target, only, skip, explain, explain_all, 
             {report_file(json_path): "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report",
              save_inputs: "--save-inputs file"},
             {output_path: "output model", str(model_io.data_path(output_path)): "output model's external data",
-             input_path: "input model", **{f: "input model's external data"
-                                           for f in model_io.input_data_files(input_path)}},
+             **model_io.input_files(input_path)},
         )
         with render.progress_bar(disabled=quiet) as bar:
             result = api.optimize(
@@ -125,10 +124,10 @@ def optimize(input_path, output_path, target, only, skip, explain, explain_all, 
                 out.commit()
             emit_json(json_path, json_text(report))
         else:
-            write_failure_json(json_path, "optimize", exc)
+            write_failure_json(json_path, "optimize", exc, model_io.input_files(input_path))
         raise
     except OnnxfuseError as exc:
-        write_failure_json(json_path, "optimize", exc)
+        write_failure_json(json_path, "optimize", exc, model_io.input_files(input_path))
         raise
 
     emit_json(json_path, json_text(result))

@@ -35,6 +35,8 @@ def write_text(path: str | os.PathLike, text: str, what: str = "report", append:
 
 
 def _check_one(p: Path, what: str) -> None:
+    from onnxfuse.atomic import destination
+
     if p.is_dir():
         raise ModelSaveError(f"{p}: is a directory, cannot write the {what}")
     parent = p.parent if str(p.parent) else Path(".")
@@ -42,6 +44,7 @@ def _check_one(p: Path, what: str) -> None:
         raise ModelSaveError(f"{p}: directory {parent} does not exist, cannot write the {what}")
     if not os.access(parent, os.W_OK):
         raise ModelSaveError(f"{p}: directory {parent} is not writable, cannot write the {what}")
+    destination(p, what)
 
 
 def check_report_paths(reports: dict, taken: dict | None = None) -> None:

@@ -78,12 +78,12 @@ def _same_signature(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
 def _load(models: list) -> tuple[list[onnx.ModelProto], list[str]]:
     """Models as ``ModelProto`` (given ones are never modified) and the path each came from
     (``<model N>`` for one given in memory)."""
-    from onnxfuse.model_io import load_model
+    from onnxfuse.model_io import check_given_model, load_model
 
     protos, paths = [], []
     for i, m in enumerate(models):
         if isinstance(m, onnx.ModelProto):
-            protos.append(m)
+            protos.append(check_given_model(m, f"<model {i + 1}>"))
             paths.append(f"<model {i + 1}>")
         elif isinstance(m, (str, os.PathLike)):
             protos.append(load_model(m))
