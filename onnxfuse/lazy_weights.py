@@ -360,11 +360,19 @@ def _fields(buf, pos: int, end: int):
 
 
 def _strip_tensor(buf, pos, end, min_bytes, found):
-    out = bytearray()
+    """The tensor's fields without its ``raw_data`` when that is large, recording where it lies.
+
+    A field that occurs twice is protobuf's *last* occurrence (what protobuf, onnx and ONNX Runtime
+    read), so only the last ``raw_data`` decides: when it is large every ``raw_data`` is dropped and the
+    last one referenced; when it is small they all stay and protobuf picks it as usual."""
+    fields = list(_fields(buf, pos, end))
+    raws = [(body, after) for number, wire, _, body, after in fields if number == _RAW_DATA and wire == 2]
     stripped = None
-    for number, wire, start, body, after in _fields(buf, pos, end):
-        if number == _RAW_DATA and wire == 2 and after - body >= min_bytes:
-            stripped = (body, after - body)
+    if raws and raws[-1][1] - raws[-1][0] >= min_bytes:
+        stripped = (raws[-1][0], raws[-1][1] - raws[-1][0])
+    out = bytearray()
+    for number, wire, start, body, after in fields:
+        if stripped is not None and number == _RAW_DATA and wire == 2:
             continue
         out += buf[start:after]
     found.append(stripped)

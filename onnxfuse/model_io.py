@@ -30,6 +30,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
@@ -506,7 +507,11 @@ def to_graph(model: onnx.ModelProto):
         # Only the graph's initializer list changes; the caller's proto is kept. No weight is copied
         # for a lazy model (its initializers are references).
         model = lw.model_without_initializers(model, keep=lambda t: t.name not in keep)
-    graph = gs.import_onnx(model)
+    try:
+        graph = gs.import_onnx(model)
+    except UnicodeDecodeError:
+        raise ModelLoadError(_undecodable_attribute(model)) from None
+    _densify_sparse(graph)
     _adopt_lazy(graph)
     lazy = lw.has_lazy(model)
     graph.__dict__["onnxfuse_lazy"] = lazy
@@ -560,6 +565,45 @@ def store_weight(graph, values):
     return values
 
 
+def _undecodable_attribute(model: onnx.ModelProto) -> str:
+    """The one line for a string attribute that is not UTF-8 (graphsurgeon decodes every one; ONNX
+    says strings attributes are UTF-8 text), naming the node and attribute."""
+    for g in proto_graphs(model.graph):
+        for node in g.node:
+            for a in node.attribute:
+                texts = [a.s] if a.type == onnx.AttributeProto.STRING else list(a.strings)
+                for text in texts:
+                    try:
+                        text.decode("utf-8")
+                    except UnicodeDecodeError:
+                        return (f"node {node.name or node.op_type!r} ({node.op_type}): attribute {a.name!r} is not "
+                                "UTF-8 text, as ONNX requires string attributes to be")
+    return "a string attribute is not UTF-8 text, as ONNX requires"
+
+
+def _densify_sparse(graph) -> None:
+    """Sparse initializers as the dense arrays they stand for, in their own dtype.
+
+    graphsurgeon's ``SparseValues`` builds the dense array with ``np.zeros(shape)`` (float64 whatever
+    the values' type) and ignores ``raw_data``: a float sparse weight came back float64, and the model
+    written (even with ``--no-validate``) was one ONNX Runtime refuses. Exact: the missing entries are
+    zeros by definition, and ONNX Runtime densifies sparse initializers at load the same way."""
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.ir.tensor import SparseValues
+
+    for t in graph.tensors().values():
+        if isinstance(t, gs.Constant) and isinstance(t._values, SparseValues):
+            sparse = t._values.tensor
+            values = onnx.numpy_helper.to_array(sparse.values)
+            indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
+            dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+            if indices.ndim == 1:
+                dense.reshape(-1)[indices] = values
+            else:
+                dense[tuple(indices.T)] = values
+            t._values = dense
+
+
 def _adopt_lazy(graph) -> None:
     import onnx_graphsurgeon as gs
     from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
@@ -610,6 +654,7 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
     import onnx_graphsurgeon as gs
 
     _externalize(graph, lazy=lw.has_lazy(template))
+    _pack_sub_byte(graph)
     model = gs.export_onnx(graph, do_type_check=False)
     model.ir_version = template.ir_version
     model.producer_name = template.producer_name
@@ -658,6 +703,23 @@ def _externalize(graph, lazy: bool) -> None:
             fresh.CopyFrom(ref)
             t._values = mapped(fresh)
             t.data_location = None
+
+
+#: numpy (ml_dtypes) types of ONNX's 4-bit tensors: one byte per element in numpy, two per byte in ONNX.
+_SUB_BYTE_DTYPES = frozenset({"int4", "uint4", "float4_e2m1fn"})
+
+
+def _pack_sub_byte(graph) -> None:
+    """Constants of a 4-bit type that a rule loaded (INT4/UINT4/FLOAT4E2M1 weights): graphsurgeon
+    exports ``values.tobytes()``, one byte per element, which is twice the size ONNX expects (its export
+    raises); ``onnx.numpy_helper.from_array`` packs two per byte, as ONNX stores them."""
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    for t in graph.tensors().values():
+        if isinstance(t, gs.Constant) and not isinstance(t._values, LazyValues) \
+                and getattr(t._values, "dtype", None) is not None and t._values.dtype.name in _SUB_BYTE_DTYPES:
+            t._values = LazyValues(onnx.numpy_helper.from_array(np.asarray(t._values), t.name))
 
 
 def _restore_initializer_inputs(model: onnx.ModelProto, template: onnx.ModelProto) -> None:

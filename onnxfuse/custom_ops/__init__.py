@@ -190,13 +190,13 @@ def expose_fused_values(model: "onnx.ModelProto") -> tuple["onnx.ModelProto", in
         attr = next((a for a in node.attribute if a.name == PROGRAM_ATTR), None)
         if attr is None:
             continue
-        text = attr.s.decode()
+        text = attr.s.decode("utf-8", "surrogateescape")  # a foreign program may hold any byte
         dtypes = dict(re.findall(r"^\s*(\w+)\s*:\s*(\w+)\s*=", text, flags=re.M))
         extra = [(tensor, value) for tensor, value in values.items()
                  if tensor not in existing and value in dtypes]
         if not extra:
             continue
-        attr.s = (text.rstrip("\n") + "\n" + "".join(f"output {v}\n" for _, v in extra)).encode()
+        attr.s = (text.rstrip("\n") + "\n" + "".join(f"output {v}\n" for _, v in extra)).encode("utf-8", "surrogateescape")
         for tensor, value in extra:
             node.output.append(tensor)
             out.graph.value_info.append(onnx.helper.make_tensor_value_info(

@@ -134,7 +134,7 @@ def check_program(program: str) -> str | None:
     """The C++ parser's verdict: None if ``program`` is valid, else its ``line N: ...`` message."""
     err = ctypes.create_string_buffer(4096)
     ok = _lib().onnxfuse_check_program(program.encode(), err, len(err))
-    return None if ok else err.value.decode()
+    return None if ok else err.value.decode(errors="backslashreplace")
 
 
 def cuda_source(program: str, variant: int = VARIANT_ALL) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 from onnxfuse.reports import formatting
@@ -85,6 +86,24 @@ def diff_junit(report, suite_name: str = "onnxfuse.diff") -> str:
     return to_string(root)
 
 
+#: Characters XML 1.0 cannot hold at all, not even as character references (C0 controls but tab, newline
+#: and carriage return; lone surrogates; U+FFFE and U+FFFF). A tensor may be named with any of them.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_safe(text):
+    """``text`` with each character XML cannot hold written as its Python escape (``\\x01``)."""
+    if not isinstance(text, str):
+        return text
+    return _NOT_XML.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+
+
 def to_string(root: ET.Element) -> str:
+    """The document as well-formed XML, whatever the tensor names hold (see :func:`_xml_safe`)."""
+    for element in root.iter():
+        element.text = _xml_safe(element.text)
+        element.tail = _xml_safe(element.tail)
+        for key, value in list(element.attrib.items()):
+            element.set(key, _xml_safe(value))
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

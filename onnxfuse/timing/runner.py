@@ -264,8 +264,16 @@ class Timer:
             optimization=self.config.optimization, stats=summarize(self.samples_ms),
             warmup=self.config.effective_warmup, shapes=self.inputs.shapes(), nodes=self.nodes,
             providers=self.providers, samples_ms=list(self.samples_ms), notes=list(self.inputs.notes),
-            output_specs=self.current_output_specs() if self.runs else [],
+            output_specs=self._known_output_specs() if self.runs else [],
         )
+
+    def _known_output_specs(self) -> list[OutputSpec]:
+        """The specs a later CUDA-graph run can reuse, or [] where an output has a type it cannot
+        pre-allocate (strings): only a run that asks for CUDA graphs probes, and refuses, such a model."""
+        try:
+            return self.current_output_specs()
+        except RuntimeFailure:
+            return []
 
     def close(self) -> None:
         self.binding = None

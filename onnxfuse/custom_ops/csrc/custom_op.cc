@@ -44,7 +44,28 @@ const char* kProgramAttr = "program";
 
 const OrtApi* g_api = nullptr;
 
-OrtStatus* make_status(OrtErrorCode code, const std::string& msg) { return g_api->CreateStatus(code, msg.c_str()); }
+// ONNX Runtime's Python binding decodes a status message as UTF-8 and raises UnicodeDecodeError (instead
+// of our message) on any other byte sequence; a message quoting a hostile program, or one cut inside a
+// multi-byte character, would do that. Bytes outside printable ASCII are written as \xNN.
+std::string ascii_safe(const std::string& msg) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  out.reserve(msg.size());
+  for (unsigned char c : msg) {
+    if ((c >= 0x20 && c < 0x7f) || c == '\n' || c == '\t') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+OrtStatus* make_status(OrtErrorCode code, const std::string& msg) {
+  return g_api->CreateStatus(code, ascii_safe(msg).c_str());
+}
 void drop(OrtStatus* st) {
   if (st) g_api->ReleaseStatus(st);
 }

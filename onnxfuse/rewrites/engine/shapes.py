@@ -53,14 +53,24 @@ def _nbytes(t: gs.Constant) -> int:
         return 0
 
 
+def _is_string(t: gs.Constant) -> bool:
+    try:
+        return np.dtype(t.dtype).kind in "OSU"
+    except Exception:
+        return False
+
+
 def weights_as_inputs(graph: gs.Graph, limit: int = SKELETON_WEIGHT_BYTES) -> tuple[gs.Graph, list[str]]:
     """A copy of ``graph`` in which every constant over ``limit`` bytes is a graph input of the same type
     and shape, and the names of those constants. Exporting it serializes kilobytes instead of the
-    model's weights (ViT-B/16: 40 s → a few seconds on 2 cores), and every shape is still known."""
+    model's weights (ViT-B/16: 40 s → a few seconds on 2 cores), and every shape is still known.
+
+    String constants always become inputs: graphsurgeon cannot export them (``tobytes()`` of an object
+    array), and one such failure used to stop constant folding for the whole model."""
     work = graph.copy()
     names = []
     for name, t in list(work.tensors().items()):
-        if not isinstance(t, gs.Constant) or _nbytes(t) <= limit:
+        if not isinstance(t, gs.Constant) or (_nbytes(t) <= limit and not _is_string(t)):
             continue
         stand_in = gs.Variable(name, dtype=t.dtype, shape=list(t.shape))
         replace_reads(t, stand_in)
