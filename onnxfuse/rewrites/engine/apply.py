@@ -3,6 +3,7 @@
 * Cleanup runs first, after every pass that changed something, and last.
 * A rule runs pass after pass (at most :data:`MAX_PASSES_PER_RULE`) until a pass rewrites nothing; a
   :class:`~.rule.GraphPass` runs once.
+* A whole-graph pass whose work a later rule recreated (:meth:`~.rule.GraphPass.pending`) runs again.
 * A rule that refused a candidate may accept it once a later rule has rewritten its surroundings, so
   the list runs again (at most :data:`MAX_ROUNDS` rounds) from the first rule that refused something
   before a later rule changed the graph; rules that saw no change since their last run are skipped.
@@ -67,6 +68,14 @@ def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
         # from the first such rule, so that a second optimize finds nothing (idempotence). Rules that
         # saw no change since their last run are skipped.
         again = next((k for k, rule in enumerate(tail) if rule.name in refused and any(applied[k + 1:])), None)
+        # A whole-graph pass whose work a later rule recreated (contrib-attention's Expand of a constant
+        # mask to a static [1, 1, S, L]: fold-constants' work) runs again from there too.
+        rerun = next((k for k, rule in enumerate(tail) if isinstance(rule, GraphPass) and any(applied[k + 1:])
+                      and rule.pending(graph)), None)
+        if rerun is not None:
+            run.passes_run.discard(tail[rerun].name)
+            seen_at.pop(tail[rerun].name, None)
+            again = rerun if again is None else min(again, rerun)
         if again is None:
             break
         tail = tail[again:]

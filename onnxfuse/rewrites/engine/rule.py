@@ -157,3 +157,8 @@ class GraphPass(Rule):
 
     def run(self, graph) -> tuple[int, dict[str, Any] | None]:
         raise NotImplementedError
+
+    def pending(self, graph) -> bool:
+        """True when a later rule left work this pass would do (the engine then runs it once more in
+        the same ``apply_rules``, so that a second optimize finds nothing). A cheap look, no run."""
+        return False
