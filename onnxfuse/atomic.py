@@ -171,6 +171,17 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat
           (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
 
 
+def check_file_name(path, what: str = "file") -> None:
+    """Refuse, in one line, a path that cannot name a file: empty, ending in ``/``, or whose last part is
+    ``.``, ``..`` or the root (``pathlib`` would silently drop the trailing slash and write ``out`` for
+    ``out/``, or fail with an internal error on ``.``)."""
+    raw = os.fspath(path)
+    if not raw:
+        raise ModelSaveError(f"the {what} path is empty")
+    if raw.endswith(os.sep) or os.path.basename(os.path.normpath(raw)) in ("", ".", "..") or raw.endswith(os.sep + "."):
+        raise ModelSaveError(f"{raw}: names a directory, not a file, cannot write the {what}")
+
+
 def destination(final, what: str = "file") -> Path:
     """Where ``final`` is really written: through a symlink to its target (the link stays a link), and
     only ever a regular file or a new name.
@@ -279,7 +290,9 @@ class OutputSet:
         """Stage ``text`` (UTF-8) for ``final``."""
         tmp = self.temp_for(final, what)
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
+            # backslashreplace: a path or name that is not valid Unicode (a file name of raw bytes) is
+            # written as \udcff rather than failing the whole write
+            with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(text)
         except OSError as exc:
             raise write_error(exc, final, what) from None
@@ -333,7 +346,7 @@ class OutputSet:
                     current = (path, what)
                     size = path.stat().st_size if path.exists() else None
                     appended.append((path, size))
-                    with open(path, "a", encoding="utf-8") as f:
+                    with open(path, "a", encoding="utf-8", errors="backslashreplace") as f:
                         f.write(text)
             except OSError as exc:
                 self._rollback(undo, appended)

@@ -35,7 +35,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from onnxfuse import lazy_weights as lw
-from onnxfuse.atomic import OutputSet, destination, pause_point, write_error
+from onnxfuse.atomic import OutputSet, check_file_name, destination, pause_point, write_error
 from onnxfuse.range_dims import range_lengths
 from onnxfuse.errors import ModelLoadError, ModelSaveError, ResourceError, first_line
 
@@ -150,6 +150,8 @@ def external_file(base: Path, location: str, tensor: str) -> Path:
     rules as ``onnx`` and ONNX Runtime, which refuse such models)."""
     if not location:
         raise ModelLoadError(f"tensor {tensor!r} is stored externally but names no file")
+    if "\x00" in location:
+        raise ModelLoadError(f"tensor {tensor!r}: external data location {location!r} holds a NUL character")
     if os.path.isabs(location):
         raise ModelLoadError(f"tensor {tensor!r}: external data location {location!r} must be relative to the model's folder")
     path = base / location
@@ -161,6 +163,16 @@ def external_file(base: Path, location: str, tensor: str) -> Path:
     if not path.is_file():
         raise ModelLoadError(f"tensor {tensor!r}: external data {path} is not a regular file")
     return path
+
+
+def _file_range_of(t: onnx.TensorProto, info: dict) -> "lw.FileRange":
+    """The tensor's ``offset`` and ``length`` as ONNX defines them (non-negative decimal integers); one
+    :class:`ModelLoadError` line for anything else a file may hold there."""
+    for key in ("offset", "length"):
+        value = info.get(key)
+        if value is not None and value != "" and not (value.isascii() and value.isdigit()):
+            raise ModelLoadError(f"tensor {t.name!r}: external data {key} {value!r} is not a non-negative integer")
+    return lw.file_range(t)
 
 
 def _resolve_external_data(model: onnx.ModelProto, p: Path, lazy: bool, stripped: bool) -> None:
@@ -181,7 +193,7 @@ def _resolve_external_data(model: onnx.ModelProto, p: Path, lazy: bool, stripped
             info = lw.external_info(t)
             try:
                 path = external_file(base, info.get("location", ""), t.name)
-                where = lw.file_range(t)
+                where = _file_range_of(t, info)
                 where = lw.FileRange(str(path), where.offset, where.length)
             except FileNotFoundError as exc:
                 raise ModelLoadError(f"{p}: external data file is missing: {exc.filename}") from None
@@ -229,7 +241,7 @@ def _data_files(path: str, _stamp) -> tuple[str, ...]:
     for t, _ in _all_tensors(model):
         if lw.is_external(t):
             location = lw.external_info(t).get("location", "")
-            if location:
+            if location and "\x00" not in location:
                 files.add(os.path.realpath(location if os.path.isabs(location) else p.parent / location))
     files.discard(os.path.realpath(p))  # references into the .onnx file itself (inline weights)
     return tuple(sorted(files))
@@ -367,6 +379,7 @@ def check_output_path(path: str | os.PathLike, input_path=None, force: bool = Fa
     ``<output>.data`` would replace one without replacing the input model itself (the input would be
     left pointing at another model's weights).
     """
+    check_file_name(path, "output model")
     out = Path(path)
     if input_path is not None:
         replaces_input = same_file(out, input_path)

@@ -34,9 +34,11 @@ def write_text(path: str | os.PathLike, text: str, what: str = "report", append:
     return p
 
 
-def _check_one(p: Path, what: str) -> None:
-    from onnxfuse.atomic import destination
+def _check_one(p, what: str) -> None:
+    from onnxfuse.atomic import check_file_name, destination
 
+    check_file_name(p, what)
+    p = Path(p)
     if p.is_dir():
         raise ModelSaveError(f"{p}: is a directory, cannot write the {what}")
     parent = p.parent if str(p.parent) else Path(".")
@@ -59,8 +61,8 @@ def check_report_paths(reports: dict, taken: dict | None = None) -> None:
     for path, what in reports.items():
         if not path:
             continue
+        _check_one(path, what)
         p = Path(path)
-        _check_one(p, what)
         real = os.path.realpath(p)
         if real in seen and not is_step_summary(p):
             raise ModelSaveError(f"{p}: the {what} would overwrite the {seen[real]}; choose another path")

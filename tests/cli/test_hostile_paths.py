@@ -172,3 +172,44 @@ def test_symlinked_output_is_written_through(model_dir):
     assert result.exit_code == 0, result.stderr
     assert link.is_symlink() and target.is_file()
     onnx.checker.check_model(onnx.load(target))
+
+
+@pytest.mark.parametrize("out", ["", "/", ".", "..", "o/", "./"])
+def test_output_paths_that_name_no_file_are_one_line(model_dir, out, monkeypatch):
+    monkeypatch.chdir(model_dir)
+    model = plain_model_path(model_dir)
+    one_line_error(run(["optimize", model, out, "--no-bench"]), "output model")
+    assert not (model_dir / "o").exists()
+
+
+def test_report_path_ending_in_a_slash_is_one_line(model_dir, monkeypatch):
+    monkeypatch.chdir(model_dir)
+    model = plain_model_path(model_dir)
+    one_line_error(run(["optimize", model, "x.onnx", "--junit", "r/", "--no-bench"]), "JUnit report")
+    assert not (model_dir / "x.onnx").exists() and not (model_dir / "r").exists()
+
+
+@pytest.mark.parametrize("key,value", [("length", "abc"), ("offset", "-4"), ("location", "w.bin\x00x")])
+def test_malformed_external_data_fields_are_one_line(model_dir, key, value):
+    (model_dir / "w.bin").write_bytes(bytes(16))
+    fields = {"location": "w.bin", "offset": "0", "length": "16", key: value}
+    model = external_add_model(fields["location"])
+    del model.graph.initializer[0].external_data[:]
+    for k, v in fields.items():
+        model.graph.initializer[0].external_data.add(key=k, value=v)
+    path = model_dir / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    one_line_error(run(["optimize", path, model_dir / "out.onnx", "--no-bench"]), "m.onnx", "external data")
+
+
+def test_reports_on_paths_that_are_not_unicode(model_dir, monkeypatch):
+    import xml.etree.ElementTree as ET
+
+    monkeypatch.chdir(model_dir)
+    src = os.fsdecode(b"in\xff.onnx")
+    os.rename(plain_model_path(model_dir), src)
+    junit, md = os.fsdecode(b"j\xfe.xml"), os.fsdecode(b"m\xfe.md")
+    result = run(["optimize", src, os.fsdecode(b"o\xfd.onnx"), "--junit", junit, "--markdown", md, "-q", "--no-bench"])
+    assert result.exit_code == 0, result.stderr
+    ET.parse(junit)
+    assert "\\udcff" in Path(md).read_text(encoding="utf-8")
