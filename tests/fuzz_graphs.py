@@ -425,7 +425,7 @@ def _computes_in_half(model: onnx.ModelProto) -> bool:
     return walk(model.graph) or any(v.type.tensor_type.elem_type == TensorProto.FLOAT16 for v in model.graph.input)
 
 
-def check_seed(seed: int, target: str | None = None) -> tuple[str, str]:
+def check_seed(seed: int, target: str | None = None, make=None, inputs=None) -> tuple[str, str]:
     """('ok' | 'skip' | 'ort-bug' | 'invalid' | 'unloadable' | 'wrong' | 'not-idempotent' | 'error',
     detail) for one seed. 'skip': ONNX Runtime cannot run the generated model itself; 'ort-bug': it
     runs the model but not the same graph with its dead nodes removed (its own graph optimizer breaks:
@@ -433,10 +433,13 @@ def check_seed(seed: int, target: str | None = None) -> tuple[str, str]:
     import onnxfuse
 
     target = target or TARGETS[seed % len(TARGETS)]
-    model = random_model(seed)
+    try:
+        model = (make or random_model)(seed)
+    except Exception as e:  # an option combination the generator cannot build
+        return "skip", f"generator: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     try:
         onnx.checker.check_model(model, full_check=True)
-        feeds = random_inputs(model, seed)
+        feeds = (inputs or random_inputs)(model, seed)
         ref = _run(model, feeds, custom=False)
     except Exception as e:  # the generator made a model ONNX Runtime rejects: not the optimizer's fault
         return "skip", f"original: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
