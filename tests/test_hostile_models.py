@@ -28,8 +28,10 @@ def ort_run(model_or_path, feeds):
     return ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def test_int4_weights_are_written_packed(tmp_path):
-    w = helper.make_tensor("w", TensorProto.INT4, [8], vals=[1, -2, 3, -4, 5, -6, 7, -8])
+@pytest.mark.parametrize("elem,vals", [(TensorProto.INT4, [1, -2, 3, -4, 5, -6, 7, -8]),
+                                       (TensorProto.UINT4, [1, 2, 3, 4, 5, 6, 7, 15])], ids=["int4", "uint4"])
+def test_int4_weights_are_written_packed(tmp_path, elem, vals):
+    w = helper.make_tensor("w", elem, [8], vals=vals)
     s = helper.make_tensor("s", TensorProto.FLOAT, [], vals=[0.5])
     g = helper.make_graph([helper.make_node("DequantizeLinear", ["w", "s"], ["d"]),
                            helper.make_node("Add", ["x", "d"], ["y"])], "g",
@@ -42,7 +44,7 @@ def test_int4_weights_are_written_packed(tmp_path):
     assert result.exit_code == 0, result.stderr
     onnx.checker.check_model(onnx.load(out), full_check=True)
     x = np.zeros(8, np.float32)
-    np.testing.assert_array_equal(ort_run(out, {"x": x})[0], 0.5 * np.array([1, -2, 3, -4, 5, -6, 7, -8], np.float32))
+    np.testing.assert_array_equal(ort_run(out, {"x": x})[0], 0.5 * np.array(vals, np.float32))
 
 
 @pytest.mark.parametrize("indices_2d", [False, True])
