@@ -35,3 +35,15 @@ def test_constant_key_mask_is_folded_in_one_run(shape, target):
         want, got = run_ort(model, feeds), run_ort(first.model, feeds)
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [dict(mask="padding"), dict(mask=None), dict(mask="padding", cross=True)])
+def test_shape_reads_of_static_dims_are_folded_in_one_run(kw):
+    """The exporter reads Shape of the scores and heads; the rewrite recomputes them from Shape(x), whose
+    S is static: Slice(Shape(x), 1, 2) is fold-constants' work, done in the same run (failed at 9cd5a04,
+    whose pending looked at constant inputs only)."""
+    model = attention_model(shape_reads=True, **kw)
+    first = onnxfuse.optimize(model, target="contrib", bench=False)
+    assert Counter(n.op_type for n in first.model.graph.node)["Attention"] == 1
+    second = onnxfuse.optimize(first.model, target="contrib", bench=False)
+    assert not any(second.applied.counts.values()), second.applied.counts
