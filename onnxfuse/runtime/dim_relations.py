@@ -112,8 +112,9 @@ class Relations:
         """One note naming the relations (dependents grouped by what they equal), one naming the
         dimensions no relation ties (when there are any)."""
         groups: dict = {}
+        order = _order(self.symbols)
         for s, e in self.defs.items():
-            groups.setdefault((repr(e), s in self.named), []).append(s)
+            groups.setdefault((e.render(order), s in self.named), []).append(s)
         parts = []
         for (rhs, _named), names in sorted(groups.items(), key=lambda kv: (-len(_poly_terms(kv[0][0])), kv[0])):
             shown = names if len(names) <= NOTE_NAMES else names[:NOTE_NAMES - 1] + [f"... ({len(names)} in all)"]

@@ -125,10 +125,15 @@ class Poly:
         return total
 
     def __repr__(self) -> str:
+        return self.render()
+
+    def render(self, order: dict | None = None) -> str:
+        """The polynomial as text, terms in ``order`` (symbol → rank; default: by name), constant last."""
         if not self.terms:
             return "0"
         parts = []
-        for k, v in sorted(self.terms.items(), key=lambda kv: (len(kv[0]) == 0, kv[0])):
+        rank = (lambda k: tuple(order.get(s, len(order)) for s in k)) if order else (lambda k: k)
+        for k, v in sorted(self.terms.items(), key=lambda kv: (len(kv[0]) == 0, rank(kv[0]), kv[0])):
             name = "*".join(k)
             if not k:
                 parts.append(str(v))
