@@ -29,8 +29,8 @@ Every relation is a polynomial over the input symbols: ``p = 0`` (equalities) or
    computed, and every relation and bound is checked on the result (any negative size, unmet bound or
    equality refuses the assignment).
 
-Sizes are derived only when every dimension at 1 breaks a relation (:attr:`Relations.needed`): other
-models keep exactly the sizes they had. ``--shape`` sizes are fixed first and the rest solved around them.
+Sizes are derived only when every dimension at 1 breaks a strict relation or a bound, or a dimension
+is a sum of others (:attr:`Relations.needed`): other models keep exactly the sizes they had. ``--shape`` sizes are fixed first and the rest solved around them.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class Relations:
     free: list = field(default_factory=list)
     summed: list = field(default_factory=list)
     cache: list = field(default_factory=list)
-    equalities: list = field(default_factory=list)  # Polys == 0
+    equalities: list = field(default_factory=list)  # Polys == 0 at the derived sizes
+    strict: list = field(default_factory=list)  # Polys == 0 at any sizes the model runs at
     bounds: list = field(default_factory=list)  # Polys >= 0
     tied: set = field(default_factory=set)
     tight: set = field(default_factory=set)  # dependents defined by a tight bound
@@ -82,9 +83,13 @@ class Relations:
 
     @property
     def needed(self) -> bool:
-        """Whether every dimension at 1 breaks a relation (then, and only then, sizes are derived)."""
+        """Whether sizes must be derived: every dimension at 1 breaks a strict relation or a bound, or
+        some dimension is a sum of others (``M = P + S``: at 1 a broadcast may let the model run, but no
+        second size where each dimension grows on its own can). A loose equality alone (``N`` meeting a
+        constant 3 in a broadcast, where N = 1 is as legal as 3) never is a reason."""
         ones = {s: 1 for s in self.symbols}
-        return any(p.evaluate(ones) != 0 for p in self.equalities) or any(p.evaluate(ones) < 0 for p in self.bounds)
+        return (bool(self.summed) or any(p.evaluate(ones) != 0 for p in self.strict)
+                or any(p.evaluate(ones) < 0 for p in self.bounds))
 
     def primary(self, fixed: dict | None = None, default: int = 1) -> dict:
         """Values of the free symbols for the first validation size (module docstring, step 4)."""
@@ -215,6 +220,7 @@ def derive(model: onnx.ModelProto, fixed: dict | None = None) -> Relations | Non
     rel.free = [s for s in w.symbols if s not in rel.defs]
     rel.tied |= set(rel.defs)
     rel.equalities = rows + pending
+    rel.strict = list(dict.fromkeys(r for r in (a - b for a, b in w.strict) if r.terms))
     rel.bounds = bounds
     free = set(rel.free)
     rel.summed = [s for s in rel.free if any(s in e.symbols() and len(e.symbols() & free) >= 2 for e in rel.defs.values())]

@@ -9,8 +9,8 @@ solves them). This module walks the graph once, in order, with one symbol per dy
 (``input_ids[1]``), and records:
 
 * **equalities** ``a = b``: elementwise broadcasting of two dimensions neither of which is the constant 1
-  (Add, Mul, Where, Expand, ...), MatMul's inner dimensions, the other axes of a Concat, a Reshape whose
-  target is read from another tensor's Shape;
+  (Add, Mul, Where, Expand, ...; such an equality also holds with either side 1, so it is *loose*), and
+  *strict* ones: MatMul's inner dimensions, the other axes of a Concat, Gemm's inner dimensions;
 * **sums** are not recorded apart: a ``Concat(past, new)`` along an axis gives the output dimension the
   polynomial ``P + S``, and that polynomial meeting ``attention_mask[1]`` in a broadcast is the equality
   ``attention_mask[1] = P + S``; sizes computed from ``Shape`` (Gather of a shape, Add, Sub, Mul,
@@ -164,6 +164,7 @@ class Walk:
 
     symbols: dict = field(default_factory=dict)
     equalities: list = field(default_factory=list)
+    strict: list = field(default_factory=list)  # the equalities no broadcast can relax (MatMul, Concat, Gemm)
     bounds: list = field(default_factory=list)
     appended: list = field(default_factory=list)  # (symbol of the cached part, Poly of the result)
 
@@ -227,6 +228,7 @@ class _Walker:
     def eq(self, a, b) -> None:
         if a is not None and b is not None and a != b:
             self.result.equalities.append((a, b))
+            self.result.strict.append((a, b))
 
     def value_of(self, name: str) -> list | None:
         return self.get(name).value if name else None

@@ -247,7 +247,7 @@ def make_samples(
 
 def _relations(model: onnx.ModelProto, specs: list[InputSpec], shapes: dict[str, list[int]]):
     """The model's dimension relations with ``shapes`` (``--shape``) fixed, when sizes must be derived
-    (every dynamic dimension at 1 breaks one); else None."""
+    (:attr:`~onnxfuse.runtime.dim_relations.Relations.needed`); else None."""
     from onnxfuse.runtime.dim_relations import derive
 
     if not any(not isinstance(d, int) for s in specs for d in s.shape):

@@ -131,6 +131,15 @@ def test_contradicting_relations_derive_nothing_and_keep_the_default_sizes():
     assert sample.shapes() == {"x": [1]}
 
 
+def test_a_broadcast_against_a_constant_does_not_change_the_sizes():
+    # x [N] + c [3]: N = 3 or N = 1 (broadcast) both run; the model keeps the default 1.
+    model = _model([h.make_node("Add", ["x", "c"], ["y"])], [h.make_tensor_value_info("x", T.FLOAT, ["N"])],
+                   [h.make_tensor_value_info("y", T.FLOAT, None)], [numpy_helper.from_array(np.ones(3, np.float32), "c")])
+    assert not derive(model).needed
+    (sample,) = make_samples(model)
+    assert sample.shapes() == {"x": [1]}
+
+
 def test_models_whose_dimensions_all_fit_at_1_keep_their_sizes():
     model = onnx.load(str(TESTDATA / "bert_tiny_opset14.onnx"))
     rel = derive(model)
