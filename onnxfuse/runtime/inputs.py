@@ -254,11 +254,13 @@ def _relations(model: onnx.ModelProto, specs: list[InputSpec], shapes: dict[str,
         return None
     fixed = {f"{s.name}[{k}]": shapes[s.name][k] for s in specs if s.name in shapes
              for k, d in enumerate(s.shape) if not isinstance(d, int) and k < len(shapes[s.name])}
-    try:
-        rel = derive(model, fixed)
+    try:  # whether the model has binding ties is a question about the graph, asked before --shape fixes any
+        unfixed = derive(model)
+        if unfixed is None or not unfixed.needed:
+            return None
+        return derive(model, fixed) if fixed else unfixed
     except Exception:  # reading relations is a help, never a reason to stop validation
         return None
-    return rel if rel is not None and rel.needed else None
 
 
 def derived_shapes(model: onnx.ModelProto, specs: list[InputSpec], shapes: dict[str, list[int]],
