@@ -385,6 +385,8 @@ class _Walker:
             self.split(node, ins, outs, shapes)
         elif op.startswith("Reduce") or op in ("ArgMax", "ArgMin"):
             self.reduce(node, op, ins, outs, shapes)
+        elif op == "GroupQueryAttention" and node.domain == "com.microsoft":
+            self.group_query_attention(node, ins, outs, shapes)
         elif op == "Tile":
             reps = self.value_of(ins[1]) if len(ins) > 1 else None
             if shapes[0] is not None and reps is not None and len(reps) == len(shapes[0]):
@@ -426,6 +428,35 @@ class _Walker:
         if alo is not None and alo == ahi and alo.nonneg and blo is not None and blo.nonneg:
             return blo * alo, (bhi * alo if bhi is not None else None)
         return None
+
+    def group_query_attention(self, node, ins, outs, shapes):
+        """ONNX Runtime's GroupQueryAttention (what onnxruntime-genai's builder writes): query ``[B, S,
+        N·D]`` (or q, k and v packed, ``(N + 2·Nkv)·D``), ``past_key``/``past_value`` ``[B, Nkv, P, D]``,
+        ``total_sequence_length`` a scalar T. The kernel checks the batch, the heads and the head size;
+        T counts every key, past and new: ``T = P + S`` (the attention mask's length, in the builder's
+        graph). Outputs: ``[B, S, N·D]`` and the present caches ``[B, Nkv, T, D]``."""
+        q = shapes[0]
+        heads, kv_heads = _attr(node, "num_heads", 0), _attr(node, "kv_num_heads", 0)
+        if q is None or len(q) != 3 or not heads or not kv_heads:
+            return
+        packed = len(ins) < 2 or not ins[1]
+        size = _divide(q[2], Poly.const(heads + 2 * kv_heads if packed else heads)) if q[2] is not None else None
+        past = shapes[3] if len(ins) > 3 and ins[3] else None
+        total = self.scalar(ins[6]) if len(ins) > 6 and ins[6] else None
+        for k in (3, 4):
+            cache = shapes[k] if len(ins) > k and ins[k] else None
+            if cache is not None and len(cache) == 4:
+                self.eq(cache[0], q[0])
+                self.eq(cache[1], Poly.const(kv_heads))
+                self.eq(cache[3], size)
+        if past is not None and len(past) == 4 and total is not None and past[2] is not None and q[1] is not None:
+            self.eq(total, past[2] + q[1])
+            if len(past[2].symbols()) == 1 and past[2].linear:  # the op appends the new keys to this cache
+                self.result.appended.append((next(iter(past[2].symbols())), total))
+        self.info[outs[0]] = Info(shape=[q[0], q[1], size * Poly.const(heads) if size is not None else None])
+        present = total if total is not None else None
+        for o in outs[1:3]:
+            self.info[o] = Info(shape=[q[0], Poly.const(kv_heads), present, size])
 
     def matmul(self, ins, outs, shapes):
         a, b = shapes[0], shapes[1]

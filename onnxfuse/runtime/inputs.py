@@ -288,7 +288,8 @@ def relation_variants(model: onnx.ModelProto, first: Inputs, seed: int = 0) -> l
     """Further samples for a model whose dynamic dimensions are tied (:func:`derived_shapes`): groups of
     (what, candidates), the caller keeping the first candidate of each group the original runs on.
 
-    * a second size: every free dimension one larger than in ``first``, the tied ones computed;
+    * a second size: every free dimension one larger than in ``first``, the tied ones computed (else
+      all but one of them, each in turn);
     * for a KV-cache model (a free dimension the graph concatenates new entries to): a *prefill* sample
       (cache length 0, else 1; the new tokens one more than in ``first``) and a *decode* sample (one new
       token, the cache as in ``first``), batch one larger: the two shapes a generation loop feeds.
@@ -306,7 +307,10 @@ def relation_variants(model: onnx.ModelProto, first: Inputs, seed: int = 0) -> l
             return []
         base[sym] = int(first.feeds[name].shape[axis])
     groups = []
-    plans = [("second size (free dimensions one larger)", [{s: v + 1 for s, v in base.items()}])]
+    bigger = {s: v + 1 for s, v in base.items()}
+    # then with one free dimension kept at a time: a kernel may refuse one combination (ONNX Runtime's
+    # GroupQueryAttention on the CPU: batch 1 only when several new tokens follow a cache)
+    plans = [("second size (free dimensions one larger)", [bigger] + [{**bigger, s: base[s]} for s in rel.free])]
     if rel.cache:
         others = [s for s in rel.summed if s not in rel.cache]
         bigger = {s: v + 1 for s, v in base.items()}

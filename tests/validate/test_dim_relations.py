@@ -185,3 +185,38 @@ def test_every_kv_input_is_tied():
     specs = input_specs(onnx.load(str(TESTDATA / "llama_kv_opset14.onnx")))
     shapes = rel.shapes(specs, rel.assign(rel.primary()))
     assert shapes["attention_mask"] == [1, 5] and shapes["past_key_values.1.value"] == [1, 2, 3, 16]
+
+
+GENAI_MODELS = ["qwen2_genai_builder_fp32", "qwen2_genai_builder_fp16"]
+
+
+@pytest.mark.parametrize("name", GENAI_MODELS)
+def test_genai_builder_model_is_sized_through_group_query_attention(name):
+    """onnxruntime-genai's graph has no Concat: GroupQueryAttention appends to the cache and takes the
+    mask's length as its total sequence length, and sums the mask into seqlens_k. Sizes are derived
+    from the op (T = P + S, the head size 16 for the dynamic ``kv_cache_dim``), the mask is drawn all
+    ones, and the original runs on the first size, a second size, a prefill and a decode sample.
+    (onnxfuse's loader refuses the model for now, SimplifiedLayerNormalization in the ONNX domain, so the
+    samples are run here directly.)"""
+    model = onnx.load(str(TESTDATA / f"{name}.onnx"))
+    rel = derive(model)
+    assert rel.needed and rel.untied == []
+    assert rel.defs["attention_mask[1]"].render() == "input_ids[1] + past_key_values.0.key[2]"
+    assert rel.defs["past_key_values.0.key[3]"].render() == "16"
+    assert rel.cache == ["past_key_values.0.key[2]"]
+    samples = make_samples(model, count=2)
+    assert all((s.feeds["attention_mask"] == 1).all() for s in samples)
+    for sample in samples:
+        run_ort(model, sample.feeds)
+    from onnxfuse.runtime.inputs import relation_variants
+
+    ran = []
+    for how, draws in relation_variants(model, samples[0]):
+        for draw in draws:
+            try:
+                run_ort(model, draw.feeds)
+            except Exception:  # noqa: BLE001 - a candidate the kernel refuses; the next one is tried
+                continue
+            ran.append(how.split(" (")[0])
+            break
+    assert ran == ["second size", "prefill", "decode"]
