@@ -220,3 +220,11 @@ def test_genai_builder_model_is_sized_through_group_query_attention(name):
             ran.append(how.split(" (")[0])
             break
     assert ran == ["second size", "prefill", "decode"]
+
+
+def test_diff_sizes_a_kv_cache_decoder_the_same_way():
+    """diff draws from model A's signature through the same make_samples: a float32 decoder against
+    its float16 export runs without --shape."""
+    report = onnxfuse.diff(str(TESTDATA / "llama_kv_opset14.onnx"), str(TESTDATA / "llama_kv_opset14_fp16.onnx"))
+    assert report.passed
+    assert any("attention_mask[1] = input_ids[1] + past_key_values.0.key[2]" in n for n in report.notes)
