@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from onnxfuse.runtime.dim_symbols import Poly, walk
+from onnxfuse.runtime.dim_poly import Poly
+from onnxfuse.runtime.dim_symbols import walk
 
 #: Groups of equal dimensions longer than this are shortened in the note.
 NOTE_NAMES = 4

@@ -21,7 +21,7 @@ solves them). This module walks the graph once, in order, with one symbol per dy
   transformers' mask lookup ``Gather(Flatten(mask), b * M + kv)`` gives ``M - (P + S) >= 0``; a Slice to
   a symbolic end ``e`` gives ``d - e >= 0``.
 
-Dimensions are polynomials with integer coefficients over the symbols (a flattened ``[B, M]`` is
+Dimensions are polynomials (:mod:`.dim_poly`) with integer coefficients over the symbols (a flattened ``[B, M]`` is
 ``B*M``), all symbols non-negative. Anything the walk cannot follow (an op it does not know, a size it
 cannot compute) becomes unknown and ties nothing: the relations found are those the graph proves under
 the usual assumption that a broadcast dimension is not secretly 1, never guesses.
@@ -36,114 +36,12 @@ import onnx
 from onnx import numpy_helper
 
 from onnxfuse.constant_nodes import constant_node_value
+from onnxfuse.runtime.dim_poly import Poly, poly_divide, poly_product, poly_sum
 
 #: A small integer tensor (a shape, an index) whose elements are followed one by one.
 SMALL = 64
 #: A Slice end at or beyond this is "to the end" (exporters write INT64_MAX or INT32_MAX).
 BIG = 2**30
-
-
-class Poly:
-    """An integer polynomial over dimension symbols: ``{(sym, sym, ...): coefficient}``."""
-
-    __slots__ = ("terms",)
-
-    def __init__(self, terms=None):
-        self.terms = {k: v for k, v in (terms or {}).items() if v}
-
-    @staticmethod
-    def const(c: int) -> Poly:
-        return Poly({(): int(c)})
-
-    @staticmethod
-    def sym(name: str) -> Poly:
-        return Poly({(name,): 1})
-
-    def __add__(self, other: Poly) -> Poly:
-        out = dict(self.terms)
-        for k, v in other.terms.items():
-            out[k] = out.get(k, 0) + v
-        return Poly(out)
-
-    def __neg__(self) -> Poly:
-        return Poly({k: -v for k, v in self.terms.items()})
-
-    def __sub__(self, other: Poly) -> Poly:
-        return self + (-other)
-
-    def __mul__(self, other: Poly) -> Poly:
-        out: dict = {}
-        for k1, v1 in self.terms.items():
-            for k2, v2 in other.terms.items():
-                k = tuple(sorted(k1 + k2))
-                out[k] = out.get(k, 0) + v1 * v2
-        return Poly(out)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Poly) and self.terms == other.terms
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self.terms.items()))
-
-    @property
-    def is_const(self) -> bool:
-        return all(k == () for k in self.terms)
-
-    @property
-    def value(self) -> int:
-        return self.terms.get((), 0)
-
-    @property
-    def nonneg(self) -> bool:
-        """Every coefficient >= 0, so >= 0 for any sizes."""
-        return all(v >= 0 for v in self.terms.values())
-
-    @property
-    def linear(self) -> bool:
-        return all(len(k) <= 1 for k in self.terms)
-
-    def symbols(self) -> set:
-        return {s for k in self.terms for s in k}
-
-    def substitute(self, defs: dict) -> Poly:
-        """Each symbol with a definition in ``defs`` (symbol → Poly) replaced by it."""
-        out = Poly()
-        for k, v in self.terms.items():
-            term = Poly.const(v)
-            for s in k:
-                term = term * (defs[s] if s in defs else Poly.sym(s))
-            out = out + term
-        return out
-
-    def evaluate(self, values: dict) -> int:
-        total = 0
-        for k, v in self.terms.items():
-            p = v
-            for s in k:
-                p *= values[s]
-            total += p
-        return total
-
-    def __repr__(self) -> str:
-        return self.render()
-
-    def render(self, order: dict | None = None) -> str:
-        """The polynomial as text, terms in ``order`` (symbol → rank; default: by name), constant last."""
-        if not self.terms:
-            return "0"
-        parts = []
-        rank = (lambda k: tuple(order.get(s, len(order)) for s in k)) if order else (lambda k: k)
-        for k, v in sorted(self.terms.items(), key=lambda kv: (len(kv[0]) == 0, rank(kv[0]), kv[0])):
-            name = "*".join(k)
-            if not k:
-                parts.append(str(v))
-            elif v == 1:
-                parts.append(name)
-            elif v == -1:
-                parts.append("-" + name)
-            else:
-                parts.append(f"{v}*{name}")
-        return " + ".join(parts).replace("+ -", "- ")
 
 
 @dataclass
@@ -346,7 +244,7 @@ class _Walker:
             if shape is not None:
                 axis = _norm_axis(_attr(node, "axis", 1), len(shape) + 1)
                 if axis is not None:
-                    self.info[outs[0]] = Info(shape=[_product(shape[:axis]), _product(shape[axis:])],
+                    self.info[outs[0]] = Info(shape=[poly_product(shape[:axis]), poly_product(shape[axis:])],
                                               bounds=self.get(ins[0]).bounds)
         elif op == "Transpose":
             shape = shapes[0]
@@ -373,7 +271,7 @@ class _Walker:
                     if arr.dtype.kind in "iub" and arr.size == 1:
                         fill_value = int(arr[0])
                 info = Info(shape=list(target))
-                n = _product(target)
+                n = poly_product(target)
                 if fill_value is not None and n is not None and n.is_const and n.value <= SMALL:
                     info.value = [Poly.const(fill_value)] * n.value
                 self.info[outs[0]] = info
@@ -398,7 +296,7 @@ class _Walker:
         values = [self.value_of(i) for i in ins]
         if any(v is None for v in values) or shape is None:
             return None
-        n = _product(shape)
+        n = poly_product(shape)
         if n is None or not n.is_const or n.value > SMALL:
             return None
         n = n.value
@@ -440,7 +338,7 @@ class _Walker:
         if q is None or len(q) != 3 or not heads or not kv_heads:
             return
         packed = len(ins) < 2 or not ins[1]
-        size = _divide(q[2], Poly.const(heads + 2 * kv_heads if packed else heads)) if q[2] is not None else None
+        size = poly_divide(q[2], Poly.const(heads + 2 * kv_heads if packed else heads)) if q[2] is not None else None
         past = shapes[3] if len(ins) > 3 and ins[3] else None
         total = self.scalar(ins[6]) if len(ins) > 6 and ins[6] else None
         for k in (3, 4):
@@ -484,7 +382,7 @@ class _Walker:
         for k in range(rank):
             dims = [s[k] for s in shapes]
             if k == axis:
-                out.append(_sum(dims))
+                out.append(poly_sum(dims))
             else:
                 known = [d for d in dims if d is not None]
                 for d in known[1:]:
@@ -565,7 +463,7 @@ class _Walker:
                 out.append(t)
         if "infer" in out:
             k = out.index("infer")
-            out[k] = _divide(_product(shape) if shape is not None else None, _product(out[:k] + out[k + 1:]))
+            out[k] = poly_divide(poly_product(shape) if shape is not None else None, poly_product(out[:k] + out[k + 1:]))
         self.info[outs[0]] = Info(shape=out, value=src.value, bounds=src.bounds)
 
     def range(self, ins, outs):
@@ -722,54 +620,10 @@ def _opt_sub(a, b):
     return None if a is None or b is None else a - b
 
 
-def _sum(dims: list):
-    total = Poly()
-    for d in dims:
-        if d is None:
-            return None
-        total = total + d
-    return total
-
-
-def _product(dims):
-    if dims is None:
-        return None
-    total = Poly.const(1)
-    for d in dims:
-        if d is None:
-            return None
-        total = total * d
-    return total
-
-
-def _divide(total: Poly | None, part: Poly | None) -> Poly | None:
-    """``total / part`` where exact: constants, or a monomial factor ``part`` of every term of ``total``."""
-    if total is None or part is None:
-        return None
-    if part.is_const:
-        if part.value and all(v % part.value == 0 for v in total.terms.values()):
-            return Poly({k: v // part.value for k, v in total.terms.items()})
-        return None
-    if len(part.terms) != 1:
-        return None
-    ((mono, coef),) = part.terms.items()
-    out = {}
-    for k, v in total.terms.items():
-        rest = list(k)
-        for s in mono:
-            if s not in rest:
-                return None
-            rest.remove(s)
-        if v % coef:
-            return None
-        out[tuple(rest)] = v // coef
-    return Poly(out)
-
-
 def walk(model: onnx.ModelProto) -> Walk:
     """Symbols, equalities, bounds and cache concatenations of ``model``'s top-level graph (see the
     module docstring). Never raises for a graph it cannot follow: it finds less."""
     return _Walker(model).run()
 
 
-__all__ = ["Poly", "Walk", "walk"]
+__all__ = ["Walk", "walk"]
