@@ -252,8 +252,7 @@ def _relations(model: onnx.ModelProto, specs: list[InputSpec], shapes: dict[str,
 
     if not any(not isinstance(d, int) for s in specs for d in s.shape):
         return None
-    fixed = {f"{s.name}[{k}]": shapes[s.name][k] for s in specs if s.name in shapes
-             for k, d in enumerate(s.shape) if not isinstance(d, int) and k < len(shapes[s.name])}
+    fixed = _fixed_symbols(specs, shapes)
     try:  # whether the model has binding ties is a question about the graph, asked before --shape fixes any
         unfixed = derive(model)
         if unfixed is None or not unfixed.needed:
@@ -272,16 +271,20 @@ def derived_shapes(model: onnx.ModelProto, specs: list[InputSpec], shapes: dict[
     rel = _relations(model, specs, shapes)
     if rel is None:
         return None
-    fixed = {f"{s.name}[{k}]": shapes[s.name][k] for s in specs if s.name in shapes
-             for k, d in enumerate(s.shape) if not isinstance(d, int) and k < len(shapes[s.name])}
-    values = rel.assign(rel.primary(fixed, default_dim))
+    values = rel.assign(rel.primary(_fixed_symbols(specs, shapes), default_dim))
     if values is None:
         return None
     sized = {**rel.shapes(specs, values), **shapes}
     shown = ", ".join(f"{s.name} {'x'.join(map(str, sized[s.name]))}" for s in specs if s.name not in shapes
                       and any(not isinstance(d, int) for d in s.shape))
-    notes = rel.describe() + [f"sizes that satisfy them: {shown} (use --shape to choose)"]
+    notes = rel.describe() + ([f"sizes that satisfy them: {shown} (use --shape to choose)"] if shown else [])
     return sized, notes
+
+
+def _fixed_symbols(specs: list[InputSpec], shapes: dict[str, list[int]]) -> dict[str, int]:
+    """``input[axis]`` → size for every dynamic dimension ``shapes`` (``--shape``) sizes."""
+    return {f"{s.name}[{k}]": shapes[s.name][k] for s in specs if s.name in shapes
+            for k, d in enumerate(s.shape) if not isinstance(d, int) and k < len(shapes[s.name])}
 
 
 def relation_variants(model: onnx.ModelProto, first: Inputs, seed: int = 0) -> list[tuple[str, list[Inputs]]]:

@@ -120,6 +120,17 @@ def test_shape_option_fixes_its_sizes_and_the_rest_is_solved_around_them():
     run_ort(model, sample.feeds)
 
 
+def test_shapes_given_for_every_input_are_kept_as_given():
+    model = _concat_meets_mask()
+    given = {"past": [1, 2, 4, 4], "new": [1, 2, 3, 4], "mask": [1, 7]}
+    (sample,) = make_samples(model, shapes=given)
+    assert sample.shapes() == given
+    assert not any(n.startswith("sizes that satisfy them") for n in sample.notes)
+    wrong = {**given, "mask": [1, 5]}  # the user's sizes win even where they break a relation
+    (sample,) = make_samples(model, shapes=wrong)
+    assert sample.shapes() == wrong
+
+
 def test_contradicting_relations_derive_nothing_and_keep_the_default_sizes():
     # x [N] + c [3] and x [N] + d [5]: N would be 3 and 5 at once.
     nodes = [h.make_node("Add", ["x", "c"], ["y"]), h.make_node("Add", ["x", "d"], ["z"])]
