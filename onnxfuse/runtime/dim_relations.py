@@ -120,12 +120,11 @@ class Relations:
         groups: dict = {}
         order = _order(self.symbols)
         for s, e in self.defs.items():
-            groups.setdefault((e.render(order), s in self.named), []).append(s)
+            how = " (an index lookup covers it all)" if s in self.tight else " (same declared name)" if s in self.named else ""
+            groups.setdefault((e.render(order), how), []).append(s)
         parts = []
-        for (rhs, _named), names in sorted(groups.items(), key=lambda kv: (-len(_poly_terms(kv[0][0])), kv[0])):
+        for (rhs, how), names in sorted(groups.items(), key=lambda kv: (-len(_poly_terms(kv[0][0])), kv[0])):
             shown = names if len(names) <= NOTE_NAMES else names[:NOTE_NAMES - 1] + [f"... ({len(names)} in all)"]
-            how = (" (the lookup covers every key)" if any(n in self.tight for n in names)
-                   else " (same declared name)" if all(n in self.named for n in names) else "")
             parts.append(f"{', '.join(shown)} = {rhs}{how}")
         notes = ["dimension relations read from the graph: " + "; ".join(parts)] if parts else []
         if self.untied:

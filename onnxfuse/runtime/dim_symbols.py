@@ -18,8 +18,9 @@ solves them). This module walks the graph once, in order, with one symbol per dy
   followed the same way;
 * **bounds** ``expr >= 0``: a Gather's indices must stay inside the data's axis. Indices built from
   ``Range`` carry bounds (``Range(0, n)`` is ``[0, n-1]``, sums and scaled copies add up), so
-  transformers' mask lookup ``Gather(Flatten(mask), b * M + kv)`` gives ``M - (P + S) >= 0``; a Slice to
-  a symbolic end ``e`` gives ``d - e >= 0``.
+  transformers' mask lookup ``Gather(Flatten(mask), b * M + kv)`` gives ``M - (P + S) >= 0`` (and the
+  dynamo exporter's ``GatherND(mask, Concat(b, kv))`` the same, entry by entry); a Slice to a symbolic
+  end ``e`` gives ``d - e >= 0``.
 
 Dimensions are polynomials (:mod:`.dim_poly`) with integer coefficients over the symbols (a flattened ``[B, M]`` is
 ``B*M``), all symbols non-negative. Anything the walk cannot follow (an op it does not know, a size it
@@ -52,6 +53,7 @@ class Info:
     shape: list | None = None  # [Poly | None] or None (rank unknown)
     value: list | None = None  # [Poly | None], flattened, when small
     bounds: tuple | None = None  # (lo Poly | None, hi Poly | None)
+    parts: list | None = None  # bounds of each entry along the last axis (GatherND indices built by Concat)
 
 
 @dataclass
@@ -76,8 +78,6 @@ SAME_SHAPE = {"Cast", "CastLike", "Relu", "Neg", "Sqrt", "Exp", "Log", "Tanh", "
               "SimplifiedLayerNormalization", "Trilu", "Softplus", "Selu", "Celu", "Mish", "HardSwish",
               "BitwiseNot", "CumSum", "QuickGelu", "FastGelu", "BiasGelu", "SkipLayerNormalization",
               "SkipSimplifiedLayerNormalization", "RotaryEmbedding", "Shrink", "ThresholdedRelu", "Tan", "Atan"}
-#: Ops whose output keeps the integer input's values (bounds carry through).
-KEEPS_VALUES = {"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand", "Transpose", "Slice"}
 
 
 def _attr(node, name, default=None):
@@ -118,10 +118,31 @@ class _Walker:
         self.info: dict[str, Info] = {}
         self.result = Walk()
         self.origin: dict[str, tuple] = {}  # tensor → (graph input, axis map) for the cache detection
+        self._alias: dict[str, str] = {}
+        self._aliased = 0
 
     # --- helpers -------------------------------------------------------------------------------------
     def get(self, name: str) -> Info:
         return self.info.get(name) or Info()
+
+    def canon(self, p: Poly | None) -> Poly | None:
+        """``p`` with every symbol replaced by one representative of the symbols found equal to it so
+        far (``B_ids = B_mask``): a Reshape's ``-1`` divides dimensions read from different inputs."""
+        if p is None:
+            return None
+        eqs = self.result.equalities
+        for a, b in eqs[self._aliased:]:
+            if _single(a) and _single(b):
+                ra, rb = self._find(_single(a)), self._find(_single(b))
+                if ra != rb:
+                    self._alias[max(ra, rb)] = min(ra, rb)
+        self._aliased = len(eqs)
+        return p.substitute({x: Poly.sym(self._find(x)) for x in p.symbols() if self._find(x) != x})
+
+    def _find(self, x: str) -> str:
+        while x in self._alias:
+            x = self._alias[x]
+        return x
 
     def eq(self, a, b) -> None:
         if a is not None and b is not None and a != b:
@@ -235,6 +256,8 @@ class _Walker:
             self.concat(node, ins, outs, shapes)
         elif op == "Gather":
             self.gather(node, ins, outs, shapes)
+        elif op == "GatherND":
+            self.gather_nd(node, ins, outs, shapes)
         elif op in ("Unsqueeze", "Squeeze"):
             self.squeeze(node, op, ins, outs, shapes)
         elif op == "Reshape":
@@ -390,7 +413,20 @@ class _Walker:
                 out.append(known[0] if len(known) == len(dims) else None)
         values = [self.value_of(i) for i in ins]
         value = [x for v in values for x in v] if rank == 1 and all(v is not None for v in values) else None
-        self.info[outs[0]] = Info(shape=out, value=value)
+        parts = None
+        if axis == rank - 1 and rank > 1:  # index tuples: each operand's bounds, one per last-axis entry
+            parts = []
+            for i, shape in zip(ins, shapes):
+                info = self.get(i)
+                width = shape[-1]
+                if info.parts is not None:
+                    parts += info.parts
+                elif width is not None and width.is_const and info.bounds is not None:
+                    parts += [info.bounds] * width.value
+                else:
+                    parts = None
+                    break
+        self.info[outs[0]] = Info(shape=out, value=value, parts=parts)
         if len(ins) >= 2 and ins[0] in self.origin and out[axis] is not None:
             name, axes = self.origin[ins[0]]
             first = shapes[0][axis]
@@ -420,6 +456,25 @@ class _Walker:
             if all(-n <= i < n for i in iv):
                 value = [dv[i] for i in iv]
         self.info[outs[0]] = Info(shape=data[:axis] + list(idx) + data[axis + 1:], value=value)
+
+    def gather_nd(self, node, ins, outs, shapes):
+        """``GatherND(data, indices)``: the last axis of ``indices`` (k entries) indexes data's axes
+        ``batch_dims .. batch_dims + k - 1``; each entry built from a Range stays inside its axis (the
+        dynamo exporter's mask lookup ``mask[batch_idx, kv_idx]``)."""
+        data, idx = shapes[0], shapes[1]
+        batch = _attr(node, "batch_dims", 0)
+        if data is None or idx is None or not idx or idx[-1] is None or not idx[-1].is_const:
+            return
+        k = idx[-1].value
+        parts = self.get(ins[1]).parts
+        if parts is not None and len(parts) == k:
+            for axis, part in enumerate(parts):
+                if part is not None and part[1] is not None and batch + axis < len(data) \
+                        and data[batch + axis] is not None:
+                    need = data[batch + axis] - Poly.const(1) - part[1]
+                    if not need.is_const:
+                        self.result.bounds.append(need)
+        self.info[outs[0]] = Info(shape=list(idx[:-1]) + data[batch + k:])
 
     def squeeze(self, node, op, ins, outs, shapes):
         shape = shapes[0]
@@ -463,7 +518,8 @@ class _Walker:
                 out.append(t)
         if "infer" in out:
             k = out.index("infer")
-            out[k] = poly_divide(poly_product(shape) if shape is not None else None, poly_product(out[:k] + out[k + 1:]))
+            total = poly_product(shape) if shape is not None else None
+            out[k] = poly_divide(self.canon(total), self.canon(poly_product(out[:k] + out[k + 1:])))
         self.info[outs[0]] = Info(shape=out, value=src.value, bounds=src.bounds)
 
     def range(self, ins, outs):
@@ -618,6 +674,15 @@ def _opt_add(a, b):
 
 def _opt_sub(a, b):
     return None if a is None or b is None else a - b
+
+
+def _single(p: Poly) -> str | None:
+    """The symbol ``p`` is, when it is one symbol alone."""
+    if len(p.terms) == 1:
+        ((k, v),) = p.terms.items()
+        if len(k) == 1 and v == 1:
+            return k[0]
+    return None
 
 
 def walk(model: onnx.ModelProto) -> Walk:

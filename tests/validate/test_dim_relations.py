@@ -102,6 +102,38 @@ def test_a_mask_lookup_by_key_index_is_sized_to_cover_every_key():
     run_ort(model, sample.feeds)
 
 
+def test_a_mask_looked_up_by_gather_nd_is_sized_entry_by_entry():
+    """The dynamo exporter's form: ``GatherND(mask, Concat(batch_idx, kv_idx))`` on the last axis, each
+    index from a Range: the mask's batch covers the batch, its length every key."""
+    nodes = [
+        h.make_node("Shape", ["past"], ["sp"]), h.make_node("Gather", ["sp", "two"], ["p"], axis=0),
+        h.make_node("Shape", ["ids"], ["si"]), h.make_node("Gather", ["si", "one"], ["s"], axis=0),
+        h.make_node("Gather", ["si", "zero"], ["b"], axis=0),
+        h.make_node("Add", ["p", "s"], ["total"]),
+        h.make_node("Range", ["zero", "b", "one"], ["bi"]), h.make_node("Range", ["zero", "total", "one"], ["kv"]),
+        h.make_node("Unsqueeze", ["bi", "ax_b"], ["bi2"]), h.make_node("Unsqueeze", ["kv", "ax_kv"], ["kv2"]),
+        h.make_node("Unsqueeze", ["b", "zero1"], ["b1"]), h.make_node("Unsqueeze", ["total", "zero1"], ["t1"]),
+        h.make_node("Concat", ["b1", "t1"], ["grid_shape"], axis=0),
+        h.make_node("Expand", ["bi2", "grid_shape"], ["bi3"]), h.make_node("Expand", ["kv2", "grid_shape"], ["kv3"]),
+        h.make_node("Unsqueeze", ["bi3", "last"], ["bi4"]), h.make_node("Unsqueeze", ["kv3", "last"], ["kv4"]),
+        h.make_node("Concat", ["bi4", "kv4"], ["index"], axis=-1),  # [B, T, 2]: (batch, key) pairs
+        h.make_node("GatherND", ["mask", "index"], ["picked"]),
+        h.make_node("Concat", ["past", "past"], ["y"], axis=0),
+    ]
+    model = _model(nodes, [h.make_tensor_value_info("ids", T.INT64, ["batch", "seq"]),
+                           h.make_tensor_value_info("mask", T.INT64, ["mask_batch", "total"]),
+                           h.make_tensor_value_info("past", T.FLOAT, ["batch", 2, "past", 4])],
+                   [h.make_tensor_value_info("picked", T.INT64, None), h.make_tensor_value_info("y", T.FLOAT, None)],
+                   [_i64("zero", 0), _i64("one", 1), _i64("two", 2), _i64("ax_b", [1]), _i64("ax_kv", [0]),
+                    _i64("last", [-1]), _i64("zero1", [0])])
+    rel = derive(model)
+    assert rel is not None and rel.needed
+    assert rel.defs["mask[1]"].render() == "ids[1] + past[2]" and rel.defs["mask[0]"].render() == "ids[0]"
+    (sample,) = make_samples(model)
+    run_ort(model, sample.feeds)
+    assert sample.shapes()["mask"] == [sample.shapes()["ids"][0], sample.shapes()["ids"][1] + sample.shapes()["past"][2]]
+
+
 def test_optimize_validates_a_tied_model_without_shapes_and_names_the_relation():
     result = onnxfuse.optimize(_concat_meets_mask(), target="onnx")
     assert result.validation.passed
