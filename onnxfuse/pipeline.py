@@ -433,8 +433,7 @@ def _add_variants(model, samples: list, reference: list, options: OptimizeOption
             reference.append(outputs)
             break
         else:
-            samples[0].notes.append(f"no {how.split(' (')[0]} sample: the original model does not run at "
-                                    "the sizes derived for it")
+            samples[0].notes.append(f"no {how} sample: the original model does not run at the sizes derived for it")
 
 
 def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions, default_dim: int = 1,

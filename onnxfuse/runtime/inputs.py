@@ -309,20 +309,22 @@ def relation_variants(model: onnx.ModelProto, first: Inputs, seed: int = 0) -> l
         if name not in first.feeds or axis >= first.feeds[name].ndim:
             return []
         base[sym] = int(first.feeds[name].shape[axis])
-    groups = []
     bigger = {s: v + 1 for s, v in base.items()}
+    second = "second size (free dimensions one larger)"
     # then with one free dimension kept at a time: a kernel may refuse one combination (ONNX Runtime's
     # GroupQueryAttention on the CPU: batch 1 only when several new tokens follow a cache)
-    plans = [("second size (free dimensions one larger)", [bigger] + [{**bigger, s: base[s]} for s in rel.free])]
+    plans = [("second size", [(second, bigger)] + [(second, {**bigger, s: base[s]}) for s in rel.free])]
     if rel.cache:
         others = [s for s in rel.summed if s not in rel.cache]
-        bigger = {s: v + 1 for s, v in base.items()}
-        prefill = [{**bigger, **{c: p for c in rel.cache}} for p in (0, 1)]
-        decode = {**bigger, **{c: max(1, base[c]) for c in rel.cache}, **{s: 1 for s in others}}
-        plans += [("prefill (empty cache)", prefill), ("decode (one new token)", [decode])]
-    for how, assignments in plans:
+        plans.append(("prefill", [("prefill (empty cache)", {**bigger, **{c: 0 for c in rel.cache}}),
+                                  ("prefill (a cache of 1: the original does not run on an empty one)",
+                                   {**bigger, **{c: 1 for c in rel.cache}})]))
+        plans.append(("decode", [("decode (one new token)",
+                                  {**bigger, **{c: max(1, base[c]) for c in rel.cache}, **{s: 1 for s in others}})]))
+    groups = []
+    for group, assignments in plans:
         draws = []
-        for free in assignments:
+        for how, free in assignments:
             values = rel.assign(free)
             if values is None:
                 continue
@@ -331,7 +333,7 @@ def relation_variants(model: onnx.ModelProto, first: Inputs, seed: int = 0) -> l
             draw.notes = [f"{how}: " + ", ".join(f"{k} {values[k]}" for k in rel.free)]
             draws.append(draw)
         if draws:
-            groups.append((how, draws))
+            groups.append((group, draws))
     return groups
 
 
