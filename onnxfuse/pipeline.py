@@ -10,6 +10,7 @@ to name the first rule whose rewrites break the outputs; nothing is written and
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -269,6 +270,11 @@ def optimize_model(
         raise UsageError(f"unknown precision {options.precision!r}; choose fp32 or fp16")
     step("rewriting")
     optimized, applied = rewrite_model(start, rules)  # checked there: it returns a valid model or raises
+    # The rewrites' graphsurgeon graphs are reference cycles (nodes <-> tensors) holding weight arrays (a
+    # folded BatchNorm's, a loaded lazy weight's): freed now, not whenever the collector next runs, so
+    # validation's sessions (each a copy of the weights) do not stack on top of them. Measured: a lazily
+    # loaded 256 MiB model peaked at 2.1x its weights or 1.1x, depending only on the collector's timing.
+    gc.collect()
     model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
     fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
     if fused_values:

@@ -248,10 +248,10 @@ def make_samples(
 def _relations(model: onnx.ModelProto, specs: list[InputSpec], shapes: dict[str, list[int]]):
     """The model's dimension relations with ``shapes`` (``--shape``) fixed, when sizes must be derived
     (:attr:`~onnxfuse.runtime.dim_relations.Relations.needed`); else None."""
-    from onnxfuse.runtime.dim_relations import derive
-
     if not any(not isinstance(d, int) for s in specs for d in s.shape):
         return None
+    from onnxfuse.runtime.dim_relations import derive  # only for models with dynamic dimensions
+
     fixed = _fixed_symbols(specs, shapes)
     try:  # whether the model has binding ties is a question about the graph, asked before --shape fixes any
         unfixed = derive(model)
