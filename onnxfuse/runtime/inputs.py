@@ -257,7 +257,13 @@ def _relations(model: onnx.ModelProto, specs: list[InputSpec], shapes: dict[str,
         unfixed = derive(model)
         if unfixed is None or not unfixed.needed:
             return None
-        return derive(model, fixed) if fixed else unfixed
+        if not fixed:
+            return unfixed
+        rel = derive(model, fixed)
+        if rel is not None:  # a cache still grows by the new tokens when --shape fixed the tokens' count
+            rel.summed = [x for x in rel.free if x in unfixed.summed]
+            rel.cache = [x for x in rel.free if x in unfixed.cache]
+        return rel
     except Exception:  # reading relations is a help, never a reason to stop validation
         return None
 

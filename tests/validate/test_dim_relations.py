@@ -149,6 +149,7 @@ def test_shape_option_fixes_its_sizes_and_the_rest_is_solved_around_them():
     shapes = sample.shapes()
     assert shapes["new"] == [2, 2, 6, 4]
     assert shapes["past"][0] == 2 and shapes["mask"] == [2, shapes["past"][2] + 6]
+    assert shapes["past"][2] == 2  # still a size of its own (it adds up with the new tokens), not 1
     run_ort(model, sample.feeds)
 
 
