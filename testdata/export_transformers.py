@@ -256,6 +256,72 @@ def export_llama_fp16(folder: Path, seed: int) -> None:
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
+class _CachedDecoder(torch.nn.Module):
+    """A causal LM fed its past keys and values as plain tensors (``past_key_values.N.key``/``.value``,
+    ``[B, kv_heads, P, head_dim]``), returning the logits and the grown cache (``present.N.*``,
+    ``[B, kv_heads, P + S, head_dim]``): the generation-loop signature of optimum and the genai builder."""
+
+    def __init__(self, model, layers: int):
+        super().__init__()
+        self.model, self.layers = model, layers
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        for i in range(self.layers):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+        present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        return (out.logits, *present)
+
+
+def export_kv_cache_models(folder: Path, seed: int) -> None:
+    """``{llama,qwen2}_kv_opset{14,17}[_fp16].onnx``: tiny random Llama and Qwen2 causal LMs (vocabulary 128,
+    hidden 64, 4 query heads sharing 2 key/value heads, 2 layers, eager attention; Qwen2 adds q/k/v
+    biases) WITH their KV cache, legacy exporter, opset 14 and 17, float32 and float16 (``.half()``
+    before tracing: torch 2.13 runs every op of these models in float16 on the CPU). Inputs
+    ``input_ids [batch, sequence]``, ``attention_mask [batch, total_sequence]``, ``position_ids
+    [batch, sequence]``, ``past_key_values.N.key/value [batch, 2, past_sequence, 16]``; outputs
+    ``logits`` and ``present.N.key/value``. Traced at batch 2, 3 new tokens, 4 cached (distinct, so no
+    size is mistaken for another). The mask is ``past + sequence`` long: the model the size derivation
+    (onnxfuse/runtime/dim_relations.py) exists for, behind tests/validate/test_dim_relations.py."""
+    from transformers import DynamicCache  # noqa: F401  (fails early on a transformers without it)
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    small = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
+    batch, new, cached, layers = 2, 3, 4, 2
+    names = ["input_ids", "attention_mask", "position_ids"] + [
+        f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    outputs = ["logits"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total_sequence"},
+            "position_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"},
+            **{n: {0: "batch", 2: "past_sequence"} for n in names[3:]},
+            **{n: {0: "batch", 2: "total_sequence"} for n in outputs[1:]}}
+    for arch, (config, cls) in {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}.items():
+        for opset in (14, 17):
+            for half in (False, True):
+                torch.manual_seed(seed)
+                model = _randomize(cls(config(**small)).eval(), seed + 1)
+                wrapper = _CachedDecoder(model, layers).eval()
+                dtype = torch.float16 if half else torch.float32
+                if half:
+                    wrapper = wrapper.half()
+                g = torch.Generator().manual_seed(seed)
+                ids = torch.randint(0, 128, (batch, new), generator=g)
+                mask = torch.ones(batch, cached + new, dtype=torch.int64)
+                position = torch.arange(cached, cached + new).expand(batch, new)
+                past = [torch.randn(batch, 2, cached, 16, generator=g).to(dtype) for _ in range(2 * layers)]
+                out = folder / f"{arch}_kv_opset{opset}{'_fp16' if half else ''}.onnx"
+                torch.onnx.export(wrapper, (ids, mask, position, *past), str(out), input_names=names,
+                                  output_names=outputs, dynamic_axes=axes, opset_version=opset, dynamo=False,
+                                  do_constant_folding=True)
+                onnx.checker.check_model(onnx.load(str(out)))
+                print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("bert_tiny_opset14.onnx"))
@@ -267,8 +333,12 @@ def main() -> None:
                     help="write the dynamo-exporter models (BERT, GPT-2, ViT; opset 18, sdpa) instead")
     ap.add_argument("--llama", action="store_true",
                     help="write the float16 dynamo Llama (rotary, grouped key/value heads) instead")
+    ap.add_argument("--kv-cache", action="store_true",
+                    help="write the Llama and Qwen2 decoders with past_key_values (opset 14/17, fp32/fp16) instead")
     args = ap.parse_args()
-    if args.llama:
+    if args.kv_cache:
+        export_kv_cache_models(Path(__file__).resolve().parent, args.seed)
+    elif args.llama:
         export_llama_fp16(Path(__file__).resolve().parent, args.seed)
     elif args.dynamo:
         export_dynamo_models(Path(__file__).resolve().parent, args.seed)

@@ -24,6 +24,11 @@ Concat) to the ops that use them as indices:
   legal whenever it has the input's rank). Drawn as 0 or 1, these made the *original* model fail
   before anything was compared.
 
+* a *lengths mask*: an input summed (``ReduceSum``, then Sub/Add/Cast) into GroupQueryAttention's
+  ``seqlens_k``, as onnxruntime-genai's builder writes ``attention_mask``: ``[1, 1]``. The kernel
+  refuses a row with fewer kept keys than new tokens (``seqlens_k[0] = 0 is too small``), and a random
+  0/1 row says nothing a padded batch would: all ones is what a generation loop feeds.
+
 Several uses intersect: a shape-like use wins (it is a requirement, the others are realism), then an
 index range (the tightest table), then a comparison. Inputs with no such use keep ``[0, 1]``: masks
 and token-type ids, the other common integer inputs, are 0/1. ``--input-range NAME:LO,HI`` overrides
@@ -191,7 +196,32 @@ def implied_ranges(model: onnx.ModelProto) -> dict[str, ValueRange]:
                     best, best_rank = found, rank
         if best is not None:
             out[name] = best
+    for name in _lengths_masks(model, int_inputs, readers):
+        out[name] = ValueRange(1, 1, "summed into GroupQueryAttention's seqlens_k: every key kept")
     return out
+
+
+#: Ops between a summed mask and GroupQueryAttention's seqlens_k (``ReduceSum - 1``, cast to int32).
+_LENGTH_STEPS = {"Sub", "Add", "Cast", "Identity", "Squeeze", "Reshape"}
+
+
+def _lengths_masks(model: onnx.ModelProto, names: list[str], readers: dict) -> list[str]:
+    """The integer inputs summed into a GroupQueryAttention's ``seqlens_k`` (input 5)."""
+    found = []
+    for name in names:
+        stack = [n.output[0] for n in readers.get(name, ()) if n.op_type == "ReduceSum" and n.input[0] == name]
+        seen = set(stack)
+        while stack:
+            value = stack.pop()
+            for node in readers.get(value, ()):
+                if node.op_type == "GroupQueryAttention" and len(node.input) > 5 and node.input[5] == value:
+                    found.append(name)
+                    stack = []
+                    break
+                if node.op_type in _LENGTH_STEPS and node.input[0] == value and node.output[0] not in seen:
+                    seen.add(node.output[0])
+                    stack.append(node.output[0])
+    return found
 
 
 __all__ = ["ValueRange", "implied_ranges", "parse_range_options"]

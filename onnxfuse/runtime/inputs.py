@@ -2,7 +2,10 @@
 
 Both ``optimize`` (validation) and ``diff``/``bench`` draw inputs here, so every command feeds a model
 the same data for the same seed and shapes. Dynamic dimensions come from ``--shape NAME:D0,D1,...``;
-any left unspecified default to 1, and that is reported as a note (never silently).
+any left unspecified default to 1, and that is reported as a note (never silently). Where the graph
+ties dynamic dimensions so that all at 1 cannot run (a KV-cache decoder: mask length = past +
+sequence), they get sizes that satisfy the ties instead (:func:`derived_shapes`,
+:mod:`onnxfuse.runtime.dim_relations`), also with notes.
 
 User inputs (:func:`given_inputs`) come as a dict ``{input name: array}`` (one sample), a list of such
 dicts (several samples), or the path of an ``.npz`` file (one sample, ``--inputs``). Every one is
@@ -187,8 +190,9 @@ def make_inputs(
     if npz_path is not None:
         return load_npz(specs, Path(npz_path))
     value_range, notes = value_ranges(model, ranges)
-    inputs = random_inputs(specs, shapes, seed, value_range)
-    inputs.notes.extend(notes)
+    derived = derived_shapes(model, specs, shapes)
+    inputs = random_inputs(specs, derived[0] if derived else shapes, seed, value_range)
+    inputs.notes.extend((derived[1] if derived else []) + notes)
     return inputs
 
 
@@ -202,13 +206,16 @@ def make_samples(
     count: int = 1,
     floats_as_float32: bool = False,
     right_padded=(),
+    derive: bool = True,
 ) -> list[Inputs]:
     """The samples to run ``model`` on: the user's (``given``, see :func:`given_inputs`) when given,
     else ``count`` seeded draws (seeds ``seed``, ``seed+1``, ...; as :func:`make_inputs`, value ranges
     included). ``floats_as_float32``: floating inputs are left in float32, to be cast for each model
     (:func:`cast_feeds`), so an fp16 model and its fp32 original see the same values.
     ``right_padded``: inputs promised right-padded (``--right-padded``, :mod:`.right_padding`): drawn as
-    such, and given inputs must keep the promise."""
+    such, and given inputs must keep the promise. ``derive``: where the graph ties dynamic dimensions
+    so that all at 1 cannot run (a KV-cache decoder's mask is past + sequence long), the unsized ones
+    get sizes that satisfy the ties (:func:`derived_shapes`), with notes naming them."""
     from onnxfuse.runtime import right_padding
 
     specs = input_specs(model)
@@ -226,12 +233,114 @@ def make_samples(
         notes.extend(law.describe(name) for name, law in padded.items())
         if floats_as_float32:
             specs = [replace(s, dtype=np.dtype(np.float32)) if is_floating(s.dtype) else s for s in specs]
-        draws = [random_inputs(specs, shapes or {}, seed + k, value_range, default_dim) for k in range(max(1, count))]
+        derived = derived_shapes(model, specs, shapes or {}, default_dim) if derive else None
+        sized = derived[0] if derived else (shapes or {})
+        if derived:
+            notes = derived[1] + notes
+        draws = [random_inputs(specs, sized, seed + k, value_range, default_dim) for k in range(max(1, count))]
         draws[0].notes.extend(notes)
         return draws
     samples = given_inputs(specs, given)
     right_padding.check_given(samples, right_padded)
     return samples
+
+
+def _relations(model: onnx.ModelProto, specs: list[InputSpec], shapes: dict[str, list[int]]):
+    """The model's dimension relations with ``shapes`` (``--shape``) fixed, when sizes must be derived
+    (:attr:`~onnxfuse.runtime.dim_relations.Relations.needed`); else None."""
+    if not any(not isinstance(d, int) for s in specs for d in s.shape):
+        return None
+    from onnxfuse.runtime.dim_relations import derive  # only for models with dynamic dimensions
+
+    fixed = _fixed_symbols(specs, shapes)
+    try:  # whether the model has binding ties is a question about the graph, asked before --shape fixes any
+        unfixed = derive(model)
+        if unfixed is None or not unfixed.needed:
+            return None
+        if not fixed:
+            return unfixed
+        rel = derive(model, fixed)
+        if rel is not None:  # a cache still grows by the new tokens when --shape fixed the tokens' count
+            rel.summed = [x for x in rel.free if x in unfixed.summed]
+            rel.cache = [x for x in rel.free if x in unfixed.cache]
+        return rel
+    except Exception:  # reading relations is a help, never a reason to stop validation
+        return None
+
+
+def derived_shapes(model: onnx.ModelProto, specs: list[InputSpec], shapes: dict[str, list[int]],
+                   default_dim: int = 1) -> tuple[dict, list[str]] | None:
+    """Every input's shape where the graph ties dynamic dimensions that cannot all be 1
+    (:mod:`onnxfuse.runtime.dim_relations`), ``shapes`` kept; and the notes naming the relations,
+    the untied dimensions and the sizes. None for models without such ties (they keep the default
+    sizes) or when no assignment satisfies them."""
+    rel = _relations(model, specs, shapes)
+    if rel is None:
+        return None
+    values = rel.assign(rel.primary(_fixed_symbols(specs, shapes), default_dim))
+    if values is None:
+        return None
+    sized = {**rel.shapes(specs, values), **shapes}
+    shown = ", ".join(f"{s.name} {'x'.join(map(str, sized[s.name]))}" for s in specs if s.name not in shapes
+                      and any(not isinstance(d, int) for d in s.shape))
+    notes = rel.describe() + ([f"sizes that satisfy them: {shown} (use --shape to choose)"] if shown else [])
+    return sized, notes
+
+
+def _fixed_symbols(specs: list[InputSpec], shapes: dict[str, list[int]]) -> dict[str, int]:
+    """``input[axis]`` → size for every dynamic dimension ``shapes`` (``--shape``) sizes."""
+    return {f"{s.name}[{k}]": shapes[s.name][k] for s in specs if s.name in shapes
+            for k, d in enumerate(s.shape) if not isinstance(d, int) and k < len(shapes[s.name])}
+
+
+def relation_variants(model: onnx.ModelProto, first: Inputs, seed: int = 0) -> list[tuple[str, list[Inputs]]]:
+    """Further samples for a model whose dynamic dimensions are tied (:func:`derived_shapes`): groups of
+    (what, candidates), the caller keeping the first candidate of each group the original runs on.
+
+    * a second size: every free dimension one larger than in ``first``, the tied ones computed (else
+      all but one of them, each in turn);
+    * for a KV-cache model (a free dimension the graph concatenates new entries to): a *prefill* sample
+      (cache length 0, else 1; the new tokens one more than in ``first``) and a *decode* sample (one new
+      token, the cache as in ``first``), batch one larger: the two shapes a generation loop feeds.
+
+    Empty for models without such ties: they keep :func:`second_size_candidates`.
+    """
+    specs = input_specs(model)
+    rel = _relations(model, specs, {})
+    if rel is None:
+        return []
+    base = {}
+    for sym in rel.free:
+        name, axis, _ = rel.symbols[sym]
+        if name not in first.feeds or axis >= first.feeds[name].ndim:
+            return []
+        base[sym] = int(first.feeds[name].shape[axis])
+    bigger = {s: v + 1 for s, v in base.items()}
+    second = "second size (free dimensions one larger)"
+    # then with one free dimension kept at a time: a kernel may refuse one combination (ONNX Runtime's
+    # GroupQueryAttention on the CPU: batch 1 only when several new tokens follow a cache)
+    plans = [("second size", [(second, bigger)] + [(second, {**bigger, s: base[s]}) for s in rel.free])]
+    if rel.cache:
+        others = [s for s in rel.summed if s not in rel.cache]
+        plans.append(("prefill", [("prefill (empty cache)", {**bigger, **{c: 0 for c in rel.cache}}),
+                                  ("prefill (a cache of 1: the original does not run on an empty one)",
+                                   {**bigger, **{c: 1 for c in rel.cache}})]))
+        plans.append(("decode", [("decode (one new token)",
+                                  {**bigger, **{c: max(1, base[c]) for c in rel.cache}, **{s: 1 for s in others}})]))
+    groups = []
+    for group, assignments in plans:
+        draws = []
+        for how, free in assignments:
+            values = rel.assign(free)
+            if values is None:
+                continue
+            shapes = rel.shapes(specs, values)
+            draw = random_inputs(specs, shapes, seed + 1 + len(groups), first.ranges)
+            draw.notes = [f"{how}: " + ", ".join(f"{k} {values[k]}" for k in rel.free)]
+            draws.append(draw)
+        if draws:
+            groups.append((group, draws))
+    return groups
 
 
 def is_floating(dtype: np.dtype) -> bool:

@@ -147,3 +147,21 @@ def test_reshape_with_allowzero_has_no_implied_range():
     model.opset_import[0].version = 14
     model.graph.node[0].attribute.append(h.make_attribute("allowzero", 1))
     assert "s" not in implied_ranges(model)
+
+
+def test_a_mask_summed_into_group_query_attention_lengths_is_all_ones():
+    """onnxruntime-genai's form: ``seqlens_k = ReduceSum(mask) - 1`` (int32) into GroupQueryAttention,
+    whose kernel refuses rows with fewer kept keys than new tokens: the mask is drawn as ones."""
+    nodes = [
+        h.make_node("ReduceSum", ["mask", "one"], ["kept"], keepdims=0),
+        h.make_node("Sub", ["kept", "one"], ["last"]),
+        h.make_node("Cast", ["last"], ["seqlens"], to=T.INT32),
+        h.make_node("GroupQueryAttention", ["q", "", "", "", "", "seqlens", "total"], ["y"], domain="com.microsoft",
+                    num_heads=1, kv_num_heads=1),
+    ]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("mask", T.INT64, ["B", "T"]),
+                                  h.make_tensor_value_info("q", T.FLOAT, ["B", "S", 12]),
+                                  h.make_tensor_value_info("total", T.INT32, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [numpy_helper.from_array(np.array([1], np.int64), "one")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+    assert implied_ranges(model)["mask"] == ValueRange(1, 1, "summed into GroupQueryAttention's seqlens_k: every key kept")
