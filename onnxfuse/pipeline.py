@@ -20,7 +20,7 @@ from typing import Callable
 
 import onnx
 
-from onnxfuse import model_io
+from onnxfuse import model_io, repair
 from onnxfuse.errors import (
     first_line,
     EXIT_SLOWER,
@@ -163,7 +163,7 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
         except RuleFailed as e:
             culprit, reason = e.rule, f"raised {type(e.error).__name__}: {first_line(e.error)}"
         else:
-            problem = model_io.validity_problem(out)
+            problem = repair.validity_problem(out)
             if problem is None:
                 report.dropped = dropped
                 return out, report
@@ -189,7 +189,7 @@ def _first_invalidating_rule(model: onnx.ModelProto, changed: list[Rule]) -> str
         mid = (lo + hi) // 2
         try:
             candidate, _ = _rewrite_once(model, changed[:mid])
-            valid = model_io.validity_problem(candidate) is None
+            valid = repair.validity_problem(candidate) is None
         except RuleFailed:
             valid = False
         if valid:
@@ -258,6 +258,8 @@ def optimize_model(
         right_padded_draws(input_specs(model), options.right_padded)
     rules = select_rules(options.target, options.only, options.skip, options.rules,
                          Assumptions(right_padded=frozenset(options.right_padded)))
+    model, repairs = repair.repaired(model)  # what ONNX Runtime runs and onnx.checker refuses (onnxfuse/repair.py)
+    repair_notes = [repair.note(repairs)] if repairs else []
     start, precision, precision_notes = model, None, []
     if options.precision == "fp16":
         from onnxfuse.precision import convert_to_fp16
@@ -270,6 +272,8 @@ def optimize_model(
     step("rewriting")
     optimized, applied = rewrite_model(start, rules)  # checked there: it returns a valid model or raises
     model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
+    if repairs:
+        model_io.set_metadata(optimized, repair.METADATA_KEY, "; ".join(repairs))
     fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
     if fused_values:
         from onnxfuse.custom_ops import FUSED_VALUES_KEY
@@ -308,7 +312,7 @@ def optimize_model(
         floor = noise_floor(model, samples, reference, options.provider, name=source)
         report = validate_models(model, optimized, samples, options.provider, options.rtol, options.atol,
                                  reference=reference, floor=floor, strict=options.strict, precision=precision)
-        report.notes.extend(precision_notes)
+        report.notes.extend(repair_notes + precision_notes)
         result.validation = report
         if not report.passed:
             step("searching for the rule responsible")
