@@ -3,7 +3,8 @@
 Why: a model may declare an output shape its graph never computes, and the checker cannot tell while
 the shape is computed at run time. ORT's ``reshape_fusion_with_graph_inputs.onnx`` declares
 ``[10, 20, unk]`` for ``Reshape(x[1, 200, 50], Concat([-1], Shape(q)[1]))``, which is [200, 50] on
-every run (ONNX Runtime runs it and at most warns). Once fold-constants makes the target a constant,
+every run (ONNX Runtime runs it and at most warns); ``reshape_fusion_distillbert.onnx`` declares
+``[1, -1, 2, 4]`` (-1: dynamic, as ORT reads it) for what is [1, 1, 2, 4]. Once fold-constants makes the target a constant,
 shape inference proves [200, 50] and ``onnx.checker.check_model(full_check=True)`` refuses the output
 although it passed for the input. The rewrites are exact, so the output computes what the original
 computes; a declaration contradicted by proof was false for the original too. Replacing it (rank
@@ -56,7 +57,7 @@ def correct_output_shapes(model: onnx.ModelProto) -> list[str]:
             continue
         changed = False
         for d, p in zip(declared.dim, shape.dim):
-            if d.HasField("dim_value") and p.HasField("dim_value") and d.dim_value != p.dim_value and d.dim_value >= 0:
+            if d.HasField("dim_value") and p.HasField("dim_value") and d.dim_value != p.dim_value:
                 d.CopyFrom(p)
                 changed = True
         if changed:

@@ -92,6 +92,10 @@ def repair_model(model: onnx.ModelProto) -> list[str]:
     return what was repaired."""
     done = [_opset_imports(model), _sort_nodes(model), _initializer_inputs(model), _layernorm_opset(model),
             _declared_types(model)]
+    kept = ort_onnx_domain_ops(model)
+    if kept:  # not a change: said so the user knows why the output fails onnx.checker as the input does
+        done.append(f"ONNX Runtime's ONNX-domain op kept as ORT runs it ({', '.join(kept)}: onnx.checker "
+                    "has no schema for it, so the output fails the checker as the input does)")
     return [d for d in done if d]
 
 
@@ -259,7 +263,7 @@ def _initializer_inputs(model: onnx.ModelProto) -> str | None:
     missing = [t for t in model.graph.initializer if t.name not in listed]
     for t in missing:
         model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    return f"{len(missing)} initializer(s) listed as graph inputs (IR version {model.ir_version})" if missing else None
+    return f"initializers listed as graph inputs ({len(missing)}, IR version {model.ir_version})" if missing else None
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -296,7 +300,7 @@ def _layernorm_opset(model: onnx.ModelProto) -> str | None:
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx"):
             o.version = LAYERNORM_OPSET
-    return f"opset {opset} → {LAYERNORM_OPSET} for LayerNormalization (ONNX Runtime's op below 17 is ONNX's)"
+    return f"opset raised to {LAYERNORM_OPSET} for LayerNormalization (from {opset}: ONNX Runtime's op below 17 is ONNX's)"
 
 
 def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
