@@ -21,12 +21,14 @@ when it reads the model:
   signature a caller sees and every value are unchanged (:func:`onnxfuse.model_io.to_model` keeps the
   list for the output).
 * **Graph outputs (or inputs) declared without a shape or type** get the type and shape ONNX shape
-  inference gives them (what the graph provably computes; the checker wants a shape field and an
-  absent one cannot be written otherwise, since an empty one means a scalar). Where inference cannot
-  tell, nothing is invented and the refusal stands.
+  inference gives them: what the graph provably computes (contrib ops that keep input 0's type and
+  shape, FastGelu or SkipLayerNormalization, are read as Identity for that inference only). Where
+  inference finds the dtype but not the rank, only the dtype is declared: the checker wants a shape
+  field, but an empty one means a scalar, and an unknown rank cannot be written. Such a value is then
+  checked as ORT reads it (next point): a missing shape means any shape.
 * **``LayerNormalization`` below opset 17**: ORT registers its own LayerNormalization kernel in the
   ONNX domain for opsets 1-16 (``contrib_defs.cc``; same inputs, outputs, attributes and defaults as
-  ONNX's opset-17 op, and the CPU kernel is the one ONNX's op runs). The model's opset is raised to 17
+  ONNX's opset-17 op; on the CPU both kernels are ORT's ``LayerNormImpl``, not simplified). The model's opset is raised to 17
   when every other op means the same there (:func:`~onnxfuse.rewrites.engine.opset.ops_changed_by_raise`,
   the rule ``contrib-layernorm`` uses) and each LayerNormalization's X and Scale (and B) share one
   dtype (ORT's op lets Y follow Scale's dtype; ONNX's wants one T). Then the op is ONNX's, which the
@@ -35,8 +37,16 @@ when it reads the model:
   ``cpu_contrib_kernels.cc``: SimplifiedLayerNormalization, LayerNormalization below 17 and the old
   experimental ops) are left as they are, since ORT runs them there and nowhere else
   (SimplifiedLayerNormalization has no com.microsoft kernel). :func:`validity_problem` checks a model as
-  ORT reads it: such nodes are checked as contrib ops (domain ``com.microsoft`` during the check only).
-  The output then fails ``onnx.checker`` exactly as the input did, and loads wherever the input loads.
+  ORT reads it: such nodes are checked as contrib ops (domain ``com.microsoft`` during the check only),
+  and main-graph inputs and outputs with a dtype but no shape as of any shape (an empty shape during
+  the check only). The output then fails ``onnx.checker`` exactly as the input did, and loads wherever
+  the input loads. The LayerNorm rules leave ORT's LayerNormalization alone where X and Scale differ in
+  dtype (``layernorm_pattern.match_standard``): the fused ops take one type.
+
+Not repaired: a value produced by two nodes (ORT's ``gpt2_past.onnx`` has two Constants writing
+``284``, 12 and 2): which one a reader sees is ORT's implementation detail, not the model's meaning.
+Sorting goes further than ORT in one place: ORT refuses an unsorted If/Loop/Scan body, which is sorted
+here like the main graph.
 
 Anything else the checker refuses is still refused with its one line; so is anything ORT cannot run.
 """

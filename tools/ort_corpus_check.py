@@ -8,7 +8,8 @@ fusion test models there):
 
 1. ORT (CPU) loads the original *as given* and runs it on onnxfuse's seeded inputs (dynamic dimensions
    1, else 8, 32: as validation sizes them), twice; a model it cannot load or run, or whose outputs
-   differ between the two runs (Dropout in training mode), is counted and skipped;
+   are random (a Dropout given training_mode, Random* ops; or outputs that differ between two runs),
+   is counted and skipped;
 2. ``onnxfuse.optimize(model, out, target=...)`` (what ``onnxfuse optimize`` calls; validation on, on the
    CPU) must succeed (exit code 0);
 3. the output must pass the full checker when the input does;
@@ -42,11 +43,17 @@ def _full_check(path, full: bool = True) -> str | None:
     return None
 
 
+#: Ops whose outputs are random (Dropout too, when given a training_mode input).
+RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+              "BiasDropout", "BitmaskDropout", "BitmaskBiasDropout"}
+
+
 def _ort_runs(path: Path):
     """(samples, None) when ORT runs the model as given on onnxfuse's draws with the same outputs twice,
     else (None, why)."""
     import numpy as np
     import onnx
+    import onnx.numpy_helper
 
     from onnxfuse import repair
     from onnxfuse.errors import first_line
@@ -54,6 +61,11 @@ def _ort_runs(path: Path):
     from onnxfuse.runtime.session import run_samples
 
     model = onnx.load(str(path))
+    off = {t.name for t in model.graph.initializer if not onnx.numpy_helper.to_array(t).any()}
+    random = sorted({n.op_type for n in model.graph.node if n.op_type in RANDOM_OPS
+                     or (n.op_type == "Dropout" and len(n.input) > 2 and n.input[2] and n.input[2] not in off)})
+    if random:
+        return None, f"ORT runs it, with random outputs ({', '.join(random)}: training mode)"
     try:
         run_samples(model, [], provider="cpu")  # session creation alone: does ORT load it?
     except Exception as exc:
