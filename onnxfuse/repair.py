@@ -277,7 +277,10 @@ def _initializer_inputs(model: onnx.ModelProto) -> str | None:
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    inferred = _inferred(model)
+    """Element types of the model's values, ORT's normalizations read as Identity (Y typed as X): sound
+    for judging whether every LayerNormalization has one dtype, since the first one (in order) that
+    does not is seen with correct types upstream of it."""
+    inferred = _inferred(_with_identity_stand_ins(model))
     types = {}
     for g in (inferred.graph, model.graph):
         for v in list(g.input) + list(g.value_info) + list(g.output):

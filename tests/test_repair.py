@@ -67,6 +67,14 @@ def layernorm_opset13():
                   [_w("g", [8]), _w("b", [8])], opset=13)
 
 
+def layernorm_chain_opset16():
+    # the second LayerNormalization reads the first's output: its dtype is known only through it
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["h"], axis=-1),
+             helper.make_node("Add", ["h", "x"], ["r"]),
+             helper.make_node("LayerNormalization", ["r", "g", "b"], ["y"], axis=-1)]
+    return _model(nodes, [_vi("x", [2, 3, 8])], [_vi("y", [2, 3, 8])], [_w("g", [8]), _w("b", [8])], opset=16)
+
+
 def layernorm_opset11_blocked():
     # opset 11 → 17 would change Unsqueeze (axes became an input at 13): the op stays ORT's
     nodes = [helper.make_node("Unsqueeze", ["x"], ["u"], axes=[0]),
@@ -101,6 +109,7 @@ CASES = {
     "unsorted": (unsorted, "nodes sorted topologically"),
     "unsorted-subgraph": (unsorted_subgraph, "nodes sorted topologically"),
     "layernorm-opset13": (layernorm_opset13, "opset raised to 17 for LayerNormalization (from 13"),
+    "layernorm-chain-opset16": (layernorm_chain_opset16, "opset raised to 17 for LayerNormalization (from 16"),
     "layernorm-opset11-kept": (layernorm_opset11_blocked, "ONNX Runtime's ONNX-domain op"),
     "ir3-initializer": (ir3_initializer, "listed as graph inputs"),
     "shapeless-output": (shapeless_output, "output types declared"),
