@@ -100,8 +100,20 @@ def load_model(path: str | os.PathLike, check: bool = True) -> onnx.ModelProto:
     except OSError as exc:
         raise ModelLoadError(f"{p}: cannot load external data ({first_line(exc)})") from None
     if check:
-        check_model(model, name=str(p), error=ModelLoadError)
+        _check_repairable(model, name=str(p))
     return model
+
+
+def _check_repairable(model: onnx.ModelProto, name: str) -> None:
+    """The load check: ``onnx.checker`` on the model as :mod:`onnxfuse.repair` would repair it (what ONNX
+    Runtime runs, the checker's false refusals repaired); the model itself is returned unrepaired, the
+    pipeline repairs it (and reports what it repaired)."""
+    from onnxfuse import repair
+
+    fixed, _ = repair.repaired(model)
+    problem = repair.validity_problem(fixed)
+    if problem is not None:
+        raise ModelLoadError(f"{name}: invalid ONNX model: {problem}")
 
 
 def _parse(p: Path, size: int) -> tuple[onnx.ModelProto, bool]:

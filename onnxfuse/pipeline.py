@@ -21,7 +21,8 @@ from typing import Callable
 
 import onnx
 
-from onnxfuse import model_io
+from onnxfuse import model_io, repair
+from onnxfuse.declared_shapes import correct_output_shapes
 from onnxfuse.errors import (
     first_line,
     EXIT_SLOWER,
@@ -164,7 +165,7 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
         except RuleFailed as e:
             culprit, reason = e.rule, f"raised {type(e.error).__name__}: {first_line(e.error)}"
         else:
-            problem = model_io.validity_problem(out)
+            problem = repair.validity_problem(out)
             if problem is None:
                 report.dropped = dropped
                 return out, report
@@ -180,7 +181,9 @@ def _rewrite_once(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
     graph = model_io.to_graph(model_io.infer_shapes(model))
     prove_dims(graph)
     report = apply_rules(graph, rules)
-    return model_io.to_model(graph, model), report
+    out = model_io.to_model(graph, model)
+    correct_output_shapes(out)  # a declaration the rewritten graph provably contradicts (onnxfuse/declared_shapes.py)
+    return out, report
 
 
 def _first_invalidating_rule(model: onnx.ModelProto, changed: list[Rule]) -> str | None:
@@ -190,7 +193,7 @@ def _first_invalidating_rule(model: onnx.ModelProto, changed: list[Rule]) -> str
         mid = (lo + hi) // 2
         try:
             candidate, _ = _rewrite_once(model, changed[:mid])
-            valid = model_io.validity_problem(candidate) is None
+            valid = repair.validity_problem(candidate) is None
         except RuleFailed:
             valid = False
         if valid:
@@ -259,6 +262,8 @@ def optimize_model(
         right_padded_draws(input_specs(model), options.right_padded)
     rules = select_rules(options.target, options.only, options.skip, options.rules,
                          Assumptions(right_padded=frozenset(options.right_padded)))
+    model, repairs = repair.repaired(model)  # what ONNX Runtime runs and onnx.checker refuses (onnxfuse/repair.py)
+    repair_notes = [repair.note(repairs)] if repairs else []
     start, precision, precision_notes = model, None, []
     if options.precision == "fp16":
         from onnxfuse.precision import convert_to_fp16
@@ -276,6 +281,8 @@ def optimize_model(
     # loaded 256 MiB model peaked at 2.1x its weights or 1.1x, depending only on the collector's timing.
     gc.collect()
     model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
+    if repairs:
+        model_io.set_metadata(optimized, repair.METADATA_KEY, "; ".join(repairs))
     fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
     if fused_values:
         from onnxfuse.custom_ops import FUSED_VALUES_KEY
@@ -314,7 +321,7 @@ def optimize_model(
         floor = noise_floor(model, samples, reference, options.provider, name=source)
         report = validate_models(model, optimized, samples, options.provider, options.rtol, options.atol,
                                  reference=reference, floor=floor, strict=options.strict, precision=precision)
-        report.notes.extend(precision_notes)
+        report.notes.extend(repair_notes + precision_notes)
         result.validation = report
         if not report.passed:
             step("searching for the rule responsible")

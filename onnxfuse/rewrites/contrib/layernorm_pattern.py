@@ -303,6 +303,12 @@ def match_standard(graph, ln):
     if not (axis == -1 or (r is not None and axis == r - 1)):
         return f"LayerNormalization axis={axis} is not the last axis", None
     beta = ln.inputs[2] if len(ln.inputs) > 2 and not ln.inputs[2].is_empty() else None
+    dtypes = {first_known_dtype(graph, t) for t in (x, ln.inputs[1], beta) if t is not None} - {None}
+    if len(dtypes) > 1:
+        # ONNX Runtime's own LayerNormalization below opset 17 (kept as ORT runs it, onnxfuse/repair.py)
+        # lets Y follow a float32 scale over a float16 x; fused ops take one type (ORT refused the
+        # SkipLayerNormalization written for its skip_layer_norm_no_beta_with_cast.onnx)
+        return f"LayerNormalization mixes {' and '.join(sorted(str(d) for d in dtypes))} (one type in the fused ops)", None
     return None, LayerNormMatch(x=x, k=1, eps=float(ln.attrs.get("epsilon", 1e-5)), gamma=ln.inputs[1], beta=beta,
                                 nodes=[ln], root=ln, x_readers=[ln],
                                 dtype=first_known_dtype(graph, ln.inputs[1], x))

@@ -66,6 +66,13 @@ def _same_meaning(op: str, old: int, new: int) -> bool:
     return True
 
 
+def ops_changed_by_raise(ops, current: int, target: int) -> list[str]:
+    """The default-domain ops among ``ops`` whose meaning differs between opsets ``current`` and
+    ``target`` (sorted); empty when raising the opset is exact for all of them. Works on op names, so
+    protobuf-level callers (``onnxfuse.repair``) share the rule above."""
+    return sorted({op for op in ops if not _same_meaning(op, current, target)})
+
+
 def opset_raise_problem(graph: gs.Graph, target: int) -> str | None:
     """Why ``graph``'s default-domain opset cannot be raised to ``target`` exactly, or ``None``."""
     current = opset_of(graph, default=0)
@@ -73,8 +80,8 @@ def opset_raise_problem(graph: gs.Graph, target: int) -> str | None:
         return None
     if current <= 0:
         return "the model's default-domain opset is unknown"
-    blocking = sorted({n.op for g in graphs_within(graph) for n in g.nodes
-                       if (n.domain or "") in ("", "ai.onnx") and not _same_meaning(n.op, current, target)})
+    blocking = ops_changed_by_raise({n.op for g in graphs_within(graph) for n in g.nodes
+                                     if (n.domain or "") in ("", "ai.onnx")}, current, target)
     if blocking:
         return (f"raising the model's opset {current} → {target} would change the meaning of "
                 f"{', '.join(blocking)}")

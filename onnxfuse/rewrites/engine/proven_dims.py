@@ -106,6 +106,8 @@ class _Pass:
             return self.proved[d]
         if isinstance(d, str) and d in self.clamped:
             return self.clamped[d]
+        if isinstance(d, int) and d < 0:
+            return None  # a declared -1: a dynamic dimension (shape_values._known), not a size
         return None if d is None or d == "" else d  # an unresolved invented name is a symbol still
 
     def dims(self, tensor):

@@ -46,7 +46,10 @@ def known_name(dim) -> bool:
 
 
 def _known(dim) -> bool:
-    return isinstance(dim, (int, np.integer)) or known_name(dim)
+    """A size, or a name that means one. A negative ``dim_value`` is not a size: exporters write -1 for
+    a dynamic dimension and ONNX Runtime reads it so (read as -1, ORT's embed_layer_norm_format8 test
+    model's ``Range(0, Shape(ids)[1], 1)`` became 0 long and the output contradicted its Expand)."""
+    return (isinstance(dim, (int, np.integer)) and dim >= 0) or known_name(dim)
 
 
 def tensor_dims(tensor) -> list[Dim] | None:
