@@ -272,3 +272,14 @@ def test_diff_sizes_a_kv_cache_decoder_the_same_way():
     report = onnxfuse.diff(str(TESTDATA / "llama_kv_opset14.onnx"), str(TESTDATA / "llama_kv_opset14_fp16.onnx"))
     assert report.passed
     assert any("attention_mask[1] = input_ids[1] + past_key_values.0.key[2]" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("name", GENAI_MODELS)
+def test_genai_builder_model_optimizes_without_shape_options(name):
+    """End to end (issue 29's Done-when): a model onnxruntime-genai's builder wrote loads (its
+    ONNX-domain SimplifiedLayerNormalization kept as ONNX Runtime reads it), is sized from its
+    GroupQueryAttention, and validates at prefill and decode shapes, with no --shape or --inputs."""
+    result = onnxfuse.optimize(str(TESTDATA / f"{name}.onnx"), bench=False, target="contrib")
+    assert result.validation is not None and result.validation.passed
+    notes = " ".join(result.validation.notes)
+    assert "prefill" in notes and "decode" in notes and "repaired" in notes
