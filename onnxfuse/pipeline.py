@@ -407,22 +407,14 @@ def _add_second_size(model, samples: list, reference: list, options: OptimizeOpt
     """Append a sample at a second size of every dynamic dimension (and the original's outputs on it)
     when the original runs there (:func:`onnxfuse.runtime.inputs.second_size_candidates`); else a
     note says validation ran at one size."""
-    from onnxfuse.errors import RuntimeFailure
     from onnxfuse.runtime.inputs import relation_variants, second_size_candidates
-    from onnxfuse.runtime.session import run_samples
 
     groups = relation_variants(model, samples[0], options.seed)
     if groups:
         _add_variants(model, samples, reference, options, source, groups)
         return
     candidates = second_size_candidates(model, samples[0], options.seed)
-    for draw in candidates:
-        try:
-            (outputs,) = run_samples(model, [draw], options.provider, name=source)
-        except RuntimeFailure:
-            continue
-        samples.append(draw)
-        reference.append(outputs)
+    if _add_first_that_runs(model, candidates, samples, reference, options, source):
         return
     if candidates:
         samples[0].notes.append("validated at one size only: the original model does not run with its dynamic "
@@ -433,20 +425,25 @@ def _add_variants(model, samples: list, reference: list, options: OptimizeOption
     """For a model whose dynamic dimensions are tied: the first candidate of each group (second size,
     prefill, decode: :func:`onnxfuse.runtime.inputs.relation_variants`) the original runs on, with a note
     for a group where it runs on none."""
+    for how, draws in groups:
+        if not _add_first_that_runs(model, draws, samples, reference, options, source):
+            samples[0].notes.append(f"no {how} sample: the original model does not run at the sizes derived for it")
+
+
+def _add_first_that_runs(model, draws, samples: list, reference: list, options: OptimizeOptions, source: str) -> bool:
+    """Append the first of ``draws`` the original model runs on (and its outputs); False when none runs."""
     from onnxfuse.errors import RuntimeFailure
     from onnxfuse.runtime.session import run_samples
 
-    for how, draws in groups:
-        for draw in draws:
-            try:
-                (outputs,) = run_samples(model, [draw], options.provider, name=source)
-            except RuntimeFailure:
-                continue
-            samples.append(draw)
-            reference.append(outputs)
-            break
-        else:
-            samples[0].notes.append(f"no {how} sample: the original model does not run at the sizes derived for it")
+    for draw in draws:
+        try:
+            (outputs,) = run_samples(model, [draw], options.provider, name=source)
+        except RuntimeFailure:
+            continue
+        samples.append(draw)
+        reference.append(outputs)
+        return True
+    return False
 
 
 def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions, default_dim: int = 1,
