@@ -22,6 +22,7 @@ from typing import Callable
 import onnx
 
 from onnxfuse import model_io, repair
+from onnxfuse.unfused import unfused_patterns
 from onnxfuse.declared_shapes import correct_output_shapes
 from onnxfuse.errors import (
     first_line,
@@ -83,6 +84,7 @@ class OptimizeResult:
     validation_seconds: float = 0.0
     total_seconds: float = 0.0
     custom_library: str | None = None
+    unfused: list = field(default_factory=list)  # onnxfuse.unfused.Unfused rows: patterns left decomposed
     extra: dict = field(default_factory=dict)
     model: onnx.ModelProto | None = field(default=None, repr=False)  # the optimized model (not reported)
     timing: object | None = None  # onnxfuse.timing.ComparisonResult when timing ran (or was skipped)
@@ -110,6 +112,7 @@ class OptimizeResult:
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
             "custom_library": self.custom_library,
+            "unfused": [u.to_dict() for u in self.unfused],
             "validation": self.validation.to_dict() if self.validation else None,
             "timing": self.timing.to_dict() if self.timing is not None else None,
             "timings": {
@@ -299,6 +302,7 @@ def optimize_model(
         ops_after=op_counts(optimized),
         rewrite_seconds=rewrite_seconds,
         custom_library=custom_library_needed(optimized),
+        unfused=unfused_patterns(applied.refusals, {n.name: n.op_type for n in optimized.graph.node if n.name}),
     )
     if precision:
         result.extra["precision"] = {"precision": options.precision, "notes": precision_notes}

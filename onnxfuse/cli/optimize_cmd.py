@@ -141,6 +141,8 @@ def optimize(input_path, output_path, target, only, skip, explain, explain_all, 
                      markup=False, highlight=False, soft_wrap=True)
     stdout.print(render.rules_table(result.applied.counts, result.applied.cleanup))
     stdout.print(render.ops_table(result.ops_before, result.ops_after))
+    for row in result.unfused:
+        render.print_prose(stdout, render.unfused_line(row), "not fused: ", "[yellow]not fused:[/] ")
     if explain or explain_all:
         details = render.details_table if explain_all else render.details_summary_table
         refusals = render.refusals_table if explain_all else render.refusal_summary_table

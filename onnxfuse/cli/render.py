@@ -4,12 +4,11 @@ library."""
 
 from __future__ import annotations
 
-import re
-
 from rich.markup import escape
 
 from onnxfuse.cli.layout import Column, FitTable, print_prose  # noqa: F401  (print_prose: for commands)
 from onnxfuse.reports import formatting
+from onnxfuse.unfused import reason_pattern
 
 
 def rules_table(counts: dict[str, int], cleanup: dict[str, int]) -> FitTable:
@@ -60,14 +59,11 @@ def comparison_table(title: str, comparisons, label_a: str = "original", label_b
     return table
 
 
-#: Quoted names inside a refusal reason ('/layers.0/Add_output_0'): replaced to group alike reasons.
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
-
-
-def reason_pattern(reason: str) -> str:
-    """A refusal reason with the names it quotes replaced by ``<name>``, so that reasons that differ only in
-    the node or tensor they name count as one."""
-    return _QUOTED.sub("<name>", reason)
+def unfused_line(row) -> str:
+    """One line for an :class:`onnxfuse.unfused.Unfused` row (printed by default after the op counts)."""
+    share = "" if row.reason_count == row.count else f" ({row.reason_count} of {row.count})"
+    return (f"{row.count} {row.op} left by {row.rule}: {row.reason}{share}"
+            + ("; --explain lists the other reasons" if row.reason_count != row.count else ""))
 
 
 def refusal_summary_table(refusals) -> FitTable:

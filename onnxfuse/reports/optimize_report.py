@@ -42,6 +42,9 @@ def optimize_markdown(result, error: str | None = None) -> str:
     out.append("- **rewrites**: " + (", ".join(f"{k} ×{v}" for k, v in applied.items()) or "none") + "\n")
     for dropped in result.applied.dropped:
         out.append(f"- ⚠️ **rule dropped**: `{dropped['rule']}`: {cell(dropped['reason'])}\n")
+    for row in getattr(result, "unfused", []):
+        out.append(f"- **not fused**: {row.count} {row.op} left by `{row.rule}`: {cell(row.reason)}"
+                   + (f" ({row.reason_count} of {row.count})" if row.reason_count != row.count else "") + "\n")
     out.append("\n")
     if result.custom_library:
         out.append(f"> needs the onnxfuse custom-op library (domain `{result.custom_library}`)\n\n")

@@ -1,0 +1,59 @@
+"""The default output says which decomposed patterns that have a fused form stayed unfused, with the
+count and the most frequent reason (issue 30, item 5)."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+import onnxfuse
+from helpers import TESTDATA
+from onnxfuse.cli import main
+from onnxfuse.unfused import Unfused, unfused_patterns
+from onnxfuse.rewrites import Refusal
+
+
+def test_rows_count_surviving_anchors_once_with_the_top_reason():
+    refusals = [
+        Refusal("contrib-attention", "sm0", "float32 over 'k0' is slow"),
+        Refusal("contrib-attention", "sm0", "another pass, another reason"),  # counted once, first reason
+        Refusal("contrib-attention", "sm1", "float32 over 'k1' is slow"),
+        Refusal("contrib-attention", "sm2", "mask 'm' is not a keep mask"),
+        Refusal("contrib-attention", "gone", "float32 over 'k' is slow"),  # fused later: not in the output
+        Refusal("contrib-gelu", "erf0", "not GELU"),
+        Refusal("contrib-gelu", "erf1", "not GELU"),  # now inside a FusedElementwise: not counted
+        Refusal("fuse-elementwise", "sm1", "not elementwise"),  # a rule without a fused form of its own
+    ]
+    ops = {"sm0": "Softmax", "sm1": "Softmax", "sm2": "Softmax", "erf0": "Erf", "erf1": "FusedElementwise"}
+    rows = unfused_patterns(refusals, ops)
+    assert rows == [Unfused("contrib-attention", "Softmax", 3, "float32 over <name> is slow", 2),
+                    Unfused("contrib-gelu", "Erf", 1, "not GELU", 1)]
+
+
+def test_float32_llama_reports_its_softmax_left_unfused():
+    result = onnxfuse.optimize(str(TESTDATA / "llama_kv_opset14.onnx"), validate=False, bench=False)
+    softmax_left = sum(1 for n in result.model.graph.node if n.op_type == "Softmax")
+    (row,) = [u for u in result.unfused if u.op == "Softmax"]
+    assert row.rule == "contrib-attention" and row.count == softmax_left == 2
+    assert "float32 attention over given" in row.reason and row.reason_count == 2
+    assert result.to_dict()["unfused"][0]["count"] == 2
+
+
+def test_fully_fused_model_reports_nothing():
+    result = onnxfuse.optimize(str(TESTDATA / "bert_tiny_opset14.onnx"), validate=False, bench=False)
+    assert not any(n.op_type == "Softmax" for n in result.model.graph.node)
+    assert result.unfused == []
+
+
+def test_cli_prints_it_by_default_and_writes_it_to_json(tmp_path):
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["optimize", str(TESTDATA / "llama_kv_opset14.onnx"), str(out), "--no-bench",
+                                    "--no-validate", "--json", str(report)], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    assert "not fused: 2 Softmax left by contrib-attention" in " ".join(res.stdout.split())
+    rows = json.loads(report.read_text())["result"]["unfused"]
+    assert rows[0]["op"] == "Softmax" and rows[0]["count"] == 2
+    quiet = CliRunner().invoke(main, ["optimize", str(TESTDATA / "llama_kv_opset14.onnx"), str(out), "--no-bench",
+                                      "--no-validate", "-q"], catch_exceptions=False)
+    assert quiet.exit_code == 0 and "not fused" not in quiet.stdout
