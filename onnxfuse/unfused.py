@@ -30,7 +30,7 @@ LEFT_BEHIND: dict[str, tuple[str, ...]] = {
 }
 
 #: Quoted names inside a refusal reason ('/layers.0/Add_output_0'): replaced to group alike reasons.
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_QUOTED = re.compile(r"(?<![A-Za-z])'[^']*'(?![A-Za-z])|\"[^\"]*\"")  # an apostrophe (Softmax's) is no quote
 
 
 def reason_pattern(reason: str) -> str:

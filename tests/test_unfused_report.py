@@ -57,3 +57,10 @@ def test_cli_prints_it_by_default_and_writes_it_to_json(tmp_path):
     quiet = CliRunner().invoke(main, ["optimize", str(TESTDATA / "llama_kv_opset14.onnx"), str(out), "--no-bench",
                                       "--no-validate", "-q"], catch_exceptions=False)
     assert quiet.exit_code == 0 and "not fused" not in quiet.stdout
+
+
+def test_reason_pattern_folds_quoted_names_not_apostrophes():
+    from onnxfuse.unfused import reason_pattern
+
+    assert reason_pattern("tensor 'a/b:0' is read by 'c'") == "tensor <name> is read by <name>"
+    assert reason_pattern("the Softmax's guard; the fused op's rows 'x'") == "the Softmax's guard; the fused op's rows <name>"
