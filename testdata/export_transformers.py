@@ -180,6 +180,66 @@ def export_attention_models(folder: Path, seed: int) -> None:
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
+def export_sdpa_models(folder: Path, seed: int) -> None:
+    """``{bert,roberta,distilbert,gpt2,vit,whisper_encoder}_tiny_sdpa_opset{14,17}.onnx``: the same tiny
+    architectures as :func:`export_attention_models` (plus BERT and ViT) with transformers' *default*
+    attention (``attn_implementation="sdpa"``, what most users export) through the legacy exporter, which
+    writes torch's ``scaled_dot_product_attention`` as MatMul/Softmax/MatMul with a ``Where(IsNaN(p), 0, p)``
+    guard after the Softmax and the mask as ``Where(keep, 0, -inf)`` (issue 30). Padding in one mask row
+    is left to the tests; the export uses all-ones masks."""
+    import transformers.masking_utils as masking
+    from transformers import (BertConfig, BertModel, DistilBertConfig, DistilBertModel, GPT2Config, GPT2Model,
+                              RobertaConfig, RobertaModel, ViTConfig, ViTModel, WhisperConfig, WhisperModel)
+
+    if hasattr(masking, "sdpa_mask_older_torch"):  # transformers < 5.2x: no vmap, traceable
+        masking.sdpa_mask = masking.sdpa_mask_older_torch
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
+            "last_hidden_state": {0: "batch", 1: "sequence"}}
+    for opset in (14, 17):
+        torch.manual_seed(seed)
+        text = {
+            "bert": BertModel(BertConfig(vocab_size=1000, max_position_embeddings=64, attn_implementation="sdpa",
+                                         **small), add_pooling_layer=False),
+            "roberta": RobertaModel(RobertaConfig(vocab_size=1000, max_position_embeddings=66,
+                                                  attn_implementation="sdpa", **small), add_pooling_layer=False),
+            "distilbert": DistilBertModel(DistilBertConfig(
+                vocab_size=1000, max_position_embeddings=64, dim=64, n_layers=2, n_heads=2, hidden_dim=128,
+                attn_implementation="sdpa")),
+            "gpt2": GPT2Model(GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=2,
+                                         attn_implementation="sdpa", use_cache=False)),
+        }
+        for name, model in text.items():
+            out = folder / f"{name}_tiny_sdpa_opset{opset}.onnx"
+            wrapper = _Decoder if name == "gpt2" else _Encoder
+            torch.onnx.export(wrapper(_randomize(model.eval(), seed + 1)).eval(), (ids, mask), str(out),
+                              input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
+                              dynamic_axes=axes, opset_version=opset, dynamo=False, do_constant_folding=True)
+            print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+        vit = ViTModel(ViTConfig(image_size=32, patch_size=8, attn_implementation="sdpa", **small),
+                       add_pooling_layer=False)
+        out = folder / f"vit_tiny_sdpa_opset{opset}.onnx"
+        torch.onnx.export(_Vision(_randomize(vit.eval(), seed + 1)).eval(), (torch.randn(2, 3, 32, 32),), str(out),
+                          input_names=["pixel_values"], output_names=["last_hidden_state"],
+                          dynamic_axes={"pixel_values": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+                          opset_version=opset, dynamo=False, do_constant_folding=True)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+        config = WhisperConfig(vocab_size=1000, num_mel_bins=16, encoder_layers=2, encoder_attention_heads=2,
+                               decoder_layers=1, decoder_attention_heads=2, d_model=64, encoder_ffn_dim=128,
+                               decoder_ffn_dim=128, max_source_positions=16, max_target_positions=16,
+                               pad_token_id=1, bos_token_id=2, eos_token_id=2, decoder_start_token_id=2,
+                               attn_implementation="sdpa")
+        encoder = _randomize(WhisperModel(config).eval(), seed + 1).get_encoder()
+        out = folder / f"whisper_encoder_tiny_sdpa_opset{opset}.onnx"
+        torch.onnx.export(_Audio(encoder).eval(), (torch.randn(2, 16, 32),), str(out), input_names=["input_features"],
+                          output_names=["last_hidden_state"],
+                          dynamic_axes={"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+                          opset_version=opset, dynamo=False, do_constant_folding=True)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
+
 class _Vision(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
@@ -333,10 +393,15 @@ def main() -> None:
                     help="write the dynamo-exporter models (BERT, GPT-2, ViT; opset 18, sdpa) instead")
     ap.add_argument("--llama", action="store_true",
                     help="write the float16 dynamo Llama (rotary, grouped key/value heads) instead")
+    ap.add_argument("--sdpa", action="store_true",
+                    help="write BERT, RoBERTa, DistilBERT, GPT-2, ViT and Whisper-encoder with transformers' default "
+                         "(sdpa) attention, legacy exporter, opset 14 and 17, instead")
     ap.add_argument("--kv-cache", action="store_true",
                     help="write the Llama and Qwen2 decoders with past_key_values (opset 14/17, fp32/fp16) instead")
     args = ap.parse_args()
-    if args.kv_cache:
+    if args.sdpa:
+        export_sdpa_models(Path(__file__).resolve().parent, args.seed)
+    elif args.kv_cache:
         export_kv_cache_models(Path(__file__).resolve().parent, args.seed)
     elif args.llama:
         export_llama_fp16(Path(__file__).resolve().parent, args.seed)
