@@ -112,6 +112,8 @@ def _to_of(node) -> int:
 def _normalization(graph, sqrt, x32):
     """``(reason, nodes)``: the nodes dividing x32 by √(v + ε), the last one writing the result."""
     reader = _single_reader(graph, sqrt.outputs[0])
+    if is_op(reader, "Div") and reader.inputs[0] is sqrt.outputs[0]:
+        return "√(mean(x²) + ε) is divided, not the divisor", None
     if is_op(reader, "Div") and reader.inputs[1] is sqrt.outputs[0]:
         if reader.inputs[0] is x32:
             return None, [reader]
