@@ -128,6 +128,28 @@ def test_rmsnorm_float16_with_float32_island(gamma_inside):
     np.testing.assert_allclose(got.astype(np.float64), reference(feeds["x"], GAMMA), rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("opset", [17, 23])
+def test_t5_form_with_its_own_upcast_for_the_product(opset):
+    # T5LayerNorm: v from x.to(float32), then x * rsqrt(v + ε) with x float16: the product reads a second
+    # Cast(x, float); the result is cast back and γ applied in float16. As the residual-free first norm
+    # (opset 23) and after a residual Add (opset 17, SkipSimplifiedLayerNormalization).
+    norm = "one = Constant <value = float {1.0}> ()\nr = Div(one, sd)\nxb = Cast <to = 1> (x)\nn = Mul(xb, r)"
+    tail = "c = Cast <to = 10> (n)\ny = Mul(gamma, c)"
+    body = rms_body(island=True, norm=norm, tail=tail, opset=opset)
+    inits = {"gamma": GAMMA.astype(np.float16)}
+    if opset == 23:
+        m = model(body, opset=23, inputs="float16[2,5,8] x", outputs="float16[2,5,8] y", inits=inits)
+    else:
+        m = parse("g (float16[2,5,8] a, float16[2,5,8] b) => (float16[2,5,8] y) {\nx = Add(a, b)\n" + body + "\n}",
+                  opset=opset, inits=inits)
+    out, report = fuse(m, SKIP, RMS)
+    assert ops(out) == ({RMS_OP: 1} if opset == 23 else {SKIP_OP: 1}), refusals(report)
+    feeds = feeds_for(m)
+    x = feeds["x"] if opset == 23 else feeds["a"] + feeds["b"]
+    np.testing.assert_allclose(run(out, feeds)["y"].astype(np.float64), reference(x, GAMMA.astype(np.float16)),
+                               rtol=2e-3, atol=2e-3)
+
+
 def test_rmsnorm_below_opset23_is_refused_with_the_reason():
     # Opset 17: raising to 23 re-reads ReduceMean (axes moved to an input at 18); SimplifiedLayerNormalization
     # would make a checker-valid model invalid. The decomposed form stays.

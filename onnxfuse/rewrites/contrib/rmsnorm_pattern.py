@@ -21,7 +21,8 @@ Accepted variants: every operand order of the commutative Add/Mul; the reduction
 (opset < 18) or constant input (opset ≥ 18), given as −1 or rank − 1; ε and γ constants of any rank
 that broadcast over the last axis only (a scalar ε, γ of shape (d,), (1, …, 1, d) or size 1, made
 (d,) in x's type); the reciprocal written ``Reciprocal`` (dynamo) or ``Div(1, ·)`` (TorchScript's
-``rsqrt``).
+``rsqrt``); in a float32 island, the normalization reading x through a Cast of its own (T5's
+``x * rsqrt(v)`` with x float16: torch's type promotion writes a second ``Cast(x, float)``).
 
 Conditions (as ONNX Runtime's SimplifiedLayerNormFusion): normalized over the last axis only (the
 fused kernels take no other); every intermediate read only inside the pattern and not a graph output;
@@ -109,14 +110,34 @@ def _to_of(node) -> int:
     return int(node.attrs.get("to", 0))
 
 
+def _upcast(graph, tensor):
+    """The node when ``tensor`` is ``Cast(x, to=float)`` of a float16/float32 x, else None."""
+    p = producer_of(tensor)
+    if is_op(p, "Cast") and _to_of(p) == onnx.TensorProto.FLOAT and dtype_of(graph, p.inputs[0]) in RMS_DTYPES:
+        return p
+    return None
+
+
 def _normalization(graph, sqrt, x32):
-    """``(reason, nodes)``: the nodes dividing x32 by √(v + ε), the last one writing the result."""
+    """``(reason, nodes)``: the nodes dividing x by √(v + ε), the last one writing the result. x is read
+    as x32 or, in a float32 island, as another ``Cast(x, float)`` of the same x (T5's ``x * rsqrt(v)``,
+    the float16 x promoted to float by a Cast of its own), which then comes first in ``nodes``."""
+    up = _upcast(graph, x32)
+
+    def operand(t):
+        """[] when t is x32, [its Cast] when t is another upcast of x, None otherwise."""
+        if t is x32:
+            return []
+        other = _upcast(graph, t) if t is not None else None
+        return [other] if up is not None and other is not None and other.inputs[0] is up.inputs[0] else None
+
     reader = _single_reader(graph, sqrt.outputs[0])
     if is_op(reader, "Div") and reader.inputs[0] is sqrt.outputs[0]:
         return "√(mean(x²) + ε) is divided, not the divisor", None
     if is_op(reader, "Div") and reader.inputs[1] is sqrt.outputs[0]:
-        if reader.inputs[0] is x32:
-            return None, [reader]
+        cast = operand(reader.inputs[0])
+        if cast is not None:
+            return None, [*cast, reader]
         one = constant_value(graph, reader.inputs[0])
         if one is None or one.size != 1 or float(one.reshape(-1)[0]) != 1.0:
             return "√(mean(x²) + ε) divides neither x nor 1", None
@@ -126,9 +147,10 @@ def _normalization(graph, sqrt, x32):
     else:
         return "√(mean(x²) + ε) is not read by one Div or Reciprocal only", None
     mul = _single_reader(graph, recip.outputs[0])
-    if not is_op(mul, "Mul") or other_input(mul, recip.outputs[0]) is not x32:
+    cast = operand(other_input(mul, recip.outputs[0])) if is_op(mul, "Mul") else None
+    if cast is None:
         return "1/√(mean(x²) + ε) is not multiplied by x only", None
-    return None, [recip, mul]
+    return None, [*cast, recip, mul]
 
 
 def match_rmsnorm(graph, rm):
@@ -162,16 +184,16 @@ def match_rmsnorm(graph, rm):
         return reason, None
     norm = norm_nodes[-1]
     nodes = [sq, rm, add_eps, sqrt, *norm_nodes]
+    second_cast = [n for n in norm_nodes if n.op == "Cast"]  # T5: the normalization's own upcast of x
 
     # The float32 island: x32 = Cast(x, float) read by the square and the normalization only.
-    upcast = producer_of(x32)
-    if is_op(upcast, "Cast") and _to_of(upcast) == onnx.TensorProto.FLOAT \
-            and dtype_of(graph, upcast.inputs[0]) in RMS_DTYPES:
-        x, x_readers = upcast.inputs[0], [upcast]
+    upcast = _upcast(graph, x32)
+    if upcast is not None:
+        x, x_readers = upcast.inputs[0], [upcast, *second_cast]
         if dtype_of(graph, x) == FP32 and only_read_by(graph, x32, [sq, norm]):
             # torch's .to(float32) of a float32 tensor: a Cast that changes nothing, whose output the
             # residual stream reads too. It stays for those readers; the fused op reads its input.
-            x_readers = []
+            x_readers = second_cast
         else:
             nodes.append(upcast)
     else:
