@@ -19,7 +19,8 @@ accepts it at any opset. Element types here: float16/float32.
 
 Refused: an Add with a constant or a broadcast operand (no skip then), x not an Add, shapes not
 provably equal, an unknown hidden size, the conditions of the shared matcher (axes, ε, γ, private
-intermediates, an island not cast back).
+intermediates, an island not cast back). Not done: a 1-D bias Add before the residual Add (the op's
+``bias`` input; Llama, Qwen2 and Mistral have no output-projection bias).
 
 Precision (decided here): the ops compute s in x's type as the Add did (the residual stream output is
 the Add's own value: bit-identical on ONNX Runtime's CPU, tested), then the statistics. The CPU kernel

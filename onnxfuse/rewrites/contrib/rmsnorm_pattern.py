@@ -26,9 +26,11 @@ that broadcast over the last axis only (a scalar ε, γ of shape (d,), (1, …, 
 
 Conditions (as ONNX Runtime's SimplifiedLayerNormFusion): normalized over the last axis only (the
 fused kernels take no other); every intermediate read only inside the pattern and not a graph output;
-ε a constant; γ a constant (a run-time γ is refused); x float16 or float32 (the element types both
-ONNX Runtime kernels register on CPU and CUDA); in a float32 island, the result cast back to x's
-type (a float32 result of a float16 input has no fused op of one type); the hidden size d known.
+ε a constant; γ a constant (a run-time γ stays a Mul after the fused op); x float16 or float32, the
+element types both ops have on CPU and CUDA (bfloat16 is refused: ONNX Runtime's CUDA
+SkipSimplifiedLayerNormalization and its CPU RMSNormalization have no bfloat16 kernel); in a float32
+island, the result cast back to x's type (a float32 result of a float16 input has no fused op of one
+type); the hidden size d known.
 
 Exactness: the fused ops compute n·γ with float32 statistics (RMSNormalization and
 SimplifiedLayerNormalization with stash_type=1; ONNX Runtime's CPU SkipSimplifiedLayerNormalization
