@@ -51,6 +51,8 @@ ORDER = [
     "contrib/contrib-skip-layernorm",  # before contrib-layernorm, which would take the LayerNorm without its Add
     "contrib/contrib-layernorm",
     "contrib/contrib-embed-layernorm",  # after contrib-layernorm, whose LayerNormalization it takes
+    "contrib/contrib-skip-rmsnorm",  # before contrib-rmsnorm, which would take the RMSNorm without its Add
+    "contrib/contrib-rmsnorm",
     "contrib/contrib-fused-matmul-scale",  # before the transpose rule, which also folds into the FusedMatMul it makes
     "contrib/contrib-fused-matmul-transpose",
     "contrib/contrib-fused-conv",  # contrib-bias-softmax is CUDA-only (no CPU kernel): not registered by default

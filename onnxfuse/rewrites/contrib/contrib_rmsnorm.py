@@ -1,0 +1,97 @@
+"""contrib-rmsnorm: a decomposed RMSNorm without a residual Add → ONNX RMSNormalization (opset 23).
+
+``contrib-rmsnorm`` (the maths, the accepted forms and the conditions:
+:mod:`onnxfuse.rewrites.contrib.rmsnorm_pattern`) writes::
+
+    y = RMSNormalization(x, γ, axis=-1, epsilon=ε, stash_type=1)      (default-domain opset 23)
+
+i.e. x / √(mean(x²) + ε) · γ with float32 statistics, cast back to x's type once. Which op, and why:
+
+* ``RMSNormalization`` is ONNX's own op from opset 23: ``onnx.checker`` accepts it, ONNX Runtime runs
+  it on the CPU (float, double, float16) and on CUDA (float, double, float16, bfloat16:
+  ``core/providers/cuda/nn/rms_norm.cc`` registers it for opset 23 and runs ONNX Runtime's LayerNorm
+  kernel in its simplified form, statistics in float; onnxruntime-gpu 1.31.1's CUDA provider library
+  carries that kernel's messages). Below opset 23 the rule raises the model's opset when that changes
+  no node's meaning (:mod:`onnxfuse.rewrites.engine.opset`), and refuses, naming the ops, otherwise.
+  Exports below 18 keep ``ReduceMean``'s axes as an attribute (changed at 18) and torch writes
+  ``Cast`` (an attribute added at 19): such models stay as they are.
+* ``SimplifiedLayerNormalization`` (what ONNX Runtime's own SimplifiedLayerNormFusion and
+  onnxruntime-genai's builder write) exists only in the ONNX domain, where ``onnx.checker`` has no
+  schema for it: a model the checker accepted would be refused after the rewrite. It is written only
+  into a model that already holds ONNX Runtime's ONNX-domain ops (:data:`onnxfuse.repair.ORT_ONNX_DOMAIN_OPS`,
+  an onnxruntime-genai model, say), which fails the checker that way already and is checked as ONNX
+  Runtime reads it. ``com.microsoft.SimplifiedLayerNormalization`` is no registered ONNX Runtime op.
+* Otherwise refused with the reason; a residual RMSNorm is contrib-skip-rmsnorm's (it runs first).
+
+Exactness: float32 statistics, as the float32 island of Hugging Face's exports; against a float32
+decomposed form, float32 rounding only (relative ~1e-6); a float16 output is rounded once, γ applied in
+float32 before that rounding (≤ 2⁻¹¹ relative where the original rounded before γ).
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from onnxfuse.repair import ORT_ONNX_DOMAIN_OPS
+from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
+from onnxfuse.rewrites.contrib.rmsnorm_pattern import RMS_DTYPES, match_rmsnorm, rms_candidate, rmsnorm_gamma
+from onnxfuse.rewrites.engine.edit import fuse
+from onnxfuse.rewrites.engine.facts import graphs_within, is_default_domain, opset_of
+from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
+
+#: Default-domain opset that introduced RMSNormalization.
+RMSNORM_OPSET = 23
+
+
+def ort_domain_ops_present(graph) -> bool:
+    """The graph already holds ONNX Runtime's own ONNX-domain ops (no ONNX schema at its opset)."""
+    opset = opset_of(graph, default=0)
+    for g in graphs_within(graph):
+        for n in g.nodes:
+            span = ORT_ONNX_DOMAIN_OPS.get(n.op)
+            if span is None or not is_default_domain(n):
+                continue
+            first, last = span
+            if first <= opset and (last is None or opset <= last):
+                try:
+                    onnx.defs.get_schema(n.op, opset, "")
+                except onnx.defs.SchemaError:
+                    return True
+    return False
+
+
+class ContribRmsNorm(ContribRule):
+    name = "contrib-rmsnorm"
+    description = "decomposed Pow/ReduceMean/Sqrt/…(/Mul γ) RMSNorm → RMSNormalization (raises opset to 23)"
+
+    def match(self, graph):
+        return [n for n in graph.nodes if rms_candidate(n)]
+
+    def analyze(self, graph, node):
+        reason, m = match_rmsnorm(graph, node)
+        if reason:
+            return reason, None
+        problem = dtype_problem(m.dtype, RMS_DTYPES, "RMSNormalization input")
+        if problem:
+            return problem, None
+        raise_problem = opset_raise_problem(graph, RMSNORM_OPSET)
+        if raise_problem is None:
+            op = "RMSNormalization"
+        elif ort_domain_ops_present(graph):
+            op = "SimplifiedLayerNormalization"
+        else:
+            return (f"ONNX RMSNormalization needs opset {RMSNORM_OPSET}, and {raise_problem}; "
+                    "SimplifiedLayerNormalization would fail onnx.checker (ONNX domain, no schema)"), None
+        reason, gamma = rmsnorm_gamma(graph, m)
+        if reason:
+            return reason, None
+        return None, (m, gamma, op)
+
+    def apply(self, graph, node, plan):
+        m, gamma, op = plan
+        if op == "RMSNormalization":
+            raise_opset(graph, RMSNORM_OPSET)
+        fuse(graph, m.nodes, op, [m.x, gamma], m.root.outputs[0],
+             attrs={"axis": -1, "epsilon": m.eps, "stash_type": 1}, domain="",
+             name=f"{m.root.name}/RMSNorm" if m.root.name else None)
+        return {"op": op, "input": m.x.name, "epsilon": m.eps, "replaced": len(m.nodes)}
