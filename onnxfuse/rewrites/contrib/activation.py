@@ -25,22 +25,17 @@ already has. The argument and outer expressions are walked through Casts that ch
 same or a wider float type); a Cast that rounds inside the pattern (a narrower type) is refused, except
 the one Cast reading the pattern's result back to x's own type, which is the rounding the fused op makes
 itself. The fused op then reads x in its own type and writes the result's type (:func:`match_activation`
-says when a Cast of x stays and what it reads). Exactness: ONNX Runtime's float16 ``Gelu`` computes
-in float32 (CUDA ``OP_Gelu<half>`` is ``half(_Gelu(float(a)))``, core/providers/cuda/tensor/gelu_impl.cu;
-the CPU kernels are float-only and ONNX Runtime runs a float16 node there between inserted Casts to
-float32 and back), so ``Gelu(x16)`` is the float32 island rounded once to float16: equal up to the float32
-arithmetic's order (1e-7 relative), i.e. equal or one float16 step apart. float16 ``FastGelu`` on CUDA
-computes in half precision (``FastGeluKernel2`` on ``half2``, contrib_ops/cuda/bert/fast_gelu_impl,
-the kernel every float16 FastGelu onnxfuse writes runs), so there the island's result is matched within
-float16's tolerance, as for a FastGelu fused from float16 arithmetic, not exactly; on the CPU it is float32
-between Casts, as Gelu.
-
-Conditions, as ONNX Runtime's own fusions (gelu_fusion.cc, fast_gelu_fusion.cc, bias_gelu_fusion.cc,
-quick_gelu_fusion.cc): every intermediate node is read only inside the pattern and is not a graph
-output (the last node's output, kept by name, may be); a rank>0 constant must not broadcast x to a
-higher rank; element types: Gelu float16/float/double, FastGelu float16/float (its CUDA kernel; ONNX
-Runtime's CPU fusion only fuses float), BiasGelu's bias must be 1-D with x's last dimension (known from
-shape information or a MatMul/Gemm with constant weights).
+says when a Cast of x stays and what it reads). How close the fused op comes to the island: on CUDA,
+ONNX Runtime's float16 ``Gelu`` computes in float32 and rounds once (``OP_Gelu<half>`` is
+``half(_Gelu(float(a)))``, core/providers/cuda/tensor/gelu_impl.cu), as the island does, so the two are
+equal up to float32 rounding; float16 ``FastGelu`` on CUDA computes in half precision
+(``FastGeluKernel2`` on ``half2``, core/providers/cuda/tensor/gelu_approximate_impl.cu), as every float16
+FastGelu onnxfuse writes does: within float16's tolerance, not exact. On the CPU (ONNX Runtime 1.32.0,
+measured over every float16 in [-10, 10]) the fused float16 op differs from the island in 17% of
+values for Gelu and 9% for FastGelu, by at most two (Gelu) or one (FastGelu) float16 steps wherever
+|y| ≥ 0.01 (largest difference 0.00195 at y ≈ 2.1, resp. 0.00098) and at most 1.6e-5 absolute below:
+inside float16's validation tolerance (rtol 1e-2, atol 1e-3) with room to spare, though not bit-equal.
+QuickGelu keeps its Casts outside (not checked for this).
 """
 
 from __future__ import annotations
