@@ -325,3 +325,28 @@ def test_cast_to_integer_inside_is_refused():
     }""")
     out, report = fuse(model, GELU)
     assert report.counts[GELU.name] == 0
+
+
+# --- a bias computed at run time (ONNX Runtime's bias_gelu_fusion*.onnx, bias_onnx_*gelu_fusion.onnx) ----
+
+
+@pytest.mark.parametrize("approximate,op,reference", [("none", "BiasGelu", gelu64), ("tanh", "FastGelu", fast_gelu64)])
+def test_run_time_bias_of_known_length(approximate, op, reference):
+    model = parse("g (float[2,5,8] v, float[8] b) => (float[2,5,8] y) {\n    x = Add(v, b)\n"
+                  f'    y = Gelu <approximate = "{approximate}"> (x)\n}}', opset=20)
+    rule = GELU if approximate == "none" else FAST
+    out, report = fuse(model, rule, BIAS)
+    assert ops(out) == {f"com.microsoft:{op}": 1}, refusals(report)
+    assert list(out.graph.node[0].input) == ["v", "b"]
+    rng = np.random.default_rng(5)
+    v, b = (rng.standard_normal((2, 5, 8)) * 3).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    got = helpers.run_ort(out, {"v": v, "b": b})["y"].astype(np.float64)
+    np.testing.assert_allclose(got, reference(v.astype(np.float64) + b), rtol=1e-4, atol=1e-5)
+
+
+def test_run_time_bias_of_unknown_length_is_refused():
+    model = parse("g (float[2,5,8] v, float[n] b) => (float[2,5,8] y) {\n    x = Add(v, b)\n    y = Gelu(x)\n}",
+                  opset=20)
+    out, report = fuse(model, GELU, BIAS)
+    assert ops(out) == {"Add": 1, "com.microsoft:Gelu": 1}
+    assert any("no 1-D bias operand" in r for r in refusals(report, BIAS)), refusals(report)
