@@ -36,6 +36,13 @@ values for Gelu and 9% for FastGelu, by at most two (Gelu) or one (FastGelu) flo
 |y| ≥ 0.01 (largest difference 0.00195 at y ≈ 2.1, resp. 0.00098) and at most 1.6e-5 absolute below:
 inside float16's validation tolerance (rtol 1e-2, atol 1e-3) with room to spare, though not bit-equal.
 QuickGelu keeps its Casts outside (not checked for this).
+
+Conditions, as ONNX Runtime's own fusions (gelu_fusion.cc, fast_gelu_fusion.cc, bias_gelu_fusion.cc,
+quick_gelu_fusion.cc): every intermediate node is read only inside the pattern and is not a graph
+output (the last node's output, kept by name, may be); a rank>0 constant must not broadcast x to a
+higher rank; element types: Gelu float16/float/double, FastGelu float16/float (its CUDA kernel; ONNX
+Runtime's CPU fusion only fuses float), BiasGelu's bias must be 1-D with x's last dimension (known from
+shape information or a MatMul/Gemm with constant weights).
 """
 
 from __future__ import annotations
@@ -67,25 +74,27 @@ def close_to(value: float, exact: float, dtype, rel: float = CONSTANT_RTOL) -> b
     float16 model is validated at: rtol 1e-2, atol 1e-3).
 
     ``rel`` is how far the *written* value may be from the exact one, for the constants inside the
-    argument of Erf or Tanh (√2 or 1/√2, √(2/π), 0.044715·√(2/π)); :data:`CONSTANT_RTOL` = 5e-6, so BERT's
-    divisor 1.41421 (TensorFlow's exports, ONNX Runtime's own test models; written 1.4142099618911743,
-    2.6e-6 below √2) and 0.7071068 match, and 1.4142 (9.6e-5 off) or 0.7978 (1.1e-4) do not. Why the
-    error stays small whatever x is: a relative error δ in the argument's constant changes
-    ``gelu(x) = 0.5·x·(1 + erf(x/(√2(1+δ))))`` by at most ``max_x x²·e^(−x²/2)/√(2π)·|δ|
-    = (2/e)/√(2π)·|δ| = 0.294·|δ|`` (at x = ±√2; Erf's saturation damps it for large |x|), and the tanh
-    form by at most ``0.24·|δ₁| + 0.026·|δ₃|`` for errors δ₁ in √(2/π) and δ₃ in its cubic coefficient
-    (maxima taken numerically over x). At δ = 5e-6 the fused op differs from the original by at most
-    1.5e-6 absolute, on any input: 0.15 of float32 validation's atol (1e-5) and, where |gelu(x)| ≥ 0.1,
-    1.5e-5 relative, 0.15 of its rtol (1e-4); beside float16's rtol 1e-2 it is nothing. The same check
-    in ONNX Runtime's graph optimizer (``IsInitializerWithExpectedValue``, rtol 1e-5 around √2 or its
-    1.41421) is twice as wide; its transformers optimizer compares with absolute deltas of 1e-3 to 1e-2
-    (1.4142 ± 0.001), far wider. A constant just outside (√2·(1 + 6e-6)) is refused.
+    argument of Erf or Tanh (√2 or 1/√2, √(2/π), 0.044715·√(2/π)); :data:`CONSTANT_RTOL` = 5e-6, so the
+    divisor 1.41421 ("some Bert model uses this approximation", ONNX Runtime's gelu_fusion.cc; its
+    gelu_format2 test models; written 1.4142099618911743, 2.6e-6 below √2) and 0.7071068 match, and
+    1.4142 (9.6e-5 off) or 0.7978 (1.1e-4) do not. Why the error stays small whatever x is: a relative
+    error δ in the argument's constant changes ``gelu(x) = 0.5·x·(1 + erf(x/(√2(1+δ))))`` by at most
+    ``max_x x²·e^(−x²/2)/√(2π)·|δ| = (2/e)/√(2π)·|δ| = 0.294·|δ|`` (at x = ±√2; Erf's saturation damps it
+    for large |x|), and the tanh form by at most ``0.24·|δ₁| + 0.026·|δ₃|`` for errors δ₁ in √(2/π) and δ₃
+    in its cubic coefficient (maxima taken numerically over x; tests/rewrites/test_gelu_tolerance_casts.py
+    checks both). At δ = 5e-6 (plus float32's 2.4e-7) the fused op differs from the original by at most
+    about 1.5e-6 absolute, on any input: 0.15 of float32 validation's atol (1e-5) and, where
+    |gelu(x)| ≥ 0.1, 1.5e-5 relative, 0.15 of its rtol (1e-4); beside float16's rtol 1e-2 it is nothing.
+    ONNX Runtime's graph optimizer (``IsInitializerWithExpectedValue``: rtol 1e-5 around √2 and around
+    1.41421) accepts a window about twice as wide; its transformers optimizer compares with absolute
+    deltas of 1e-3 to 1e-2 (1.4142 ± 0.001), far wider. A constant just outside (√2·(1 + 6e-6)) is refused.
 
     The outer coefficients (the 0.5s and the 1 of ``0.5·x·(1+T)``) take ``rel=0``: they are exact binary
     numbers every exporter writes exactly, and an error there is not damped: ``0.5·x·(δ₁ − δ₂·T)`` grows
     with |x| where the output goes to 0.
     """
-    eps = float(np.finfo(dtype).eps) if dtype is not None and np.dtype(dtype).kind == "f" else float(np.finfo(FP32).eps)
+    kind_f = dtype is not None and np.dtype(dtype).kind == "f"
+    eps = float(np.finfo(dtype if kind_f else FP32).eps)
     return abs(float(value) - exact) <= (rel + 2.0 * eps) * max(abs(exact), 1e-30)
 
 
@@ -96,7 +105,7 @@ class ActivationPlan:
 
 
 def _exact_cast(graph, node) -> bool:
-    return node is not None and is_op(node, "Cast") and len(node.inputs) == 1 and exact_cast_problem(graph, node) is None
+    return is_op(node, "Cast") and len(node.inputs) == 1 and exact_cast_problem(graph, node) is None
 
 
 def _readers_through_casts(graph, t, depth=0) -> int:
