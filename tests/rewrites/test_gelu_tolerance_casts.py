@@ -182,6 +182,27 @@ def test_gelu_float32_island_in_float16_becomes_float16_gelu():
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2e-3, atol=2e-4)
 
 
+@pytest.mark.parametrize("scale", ["Mul(m, x32)", "Mul(x32, m)"])
+def test_gelu_multiplier_0_70710677_in_a_float32_island(scale):
+    """ONNX Runtime's transformers-optimizer form (x·0.7071067690849304), computed in float32 in a float16
+    model, the constants on either side of the commutative ops."""
+    model = parse(head("float16") + f"""
+        x32 = Cast <to = 1> (x)
+        m = Constant <value = float {{0.70710677}}> ()
+        d = {scale}
+        e = Erf(d)
+        one = Constant <value = float {{1.0}}> ()
+        a = Add(one, e)
+        xa = Mul(a, x32)
+        h = Constant <value = float {{0.5}}> ()
+        r = Mul(h, xa)
+        y = Cast <to = 10> (r)
+    }}""")
+    out, report = fuse(model, GELU)
+    assert ops(out) == {"com.microsoft:Gelu": 1}, refusals(report)
+    check_against(out, gelu64, "float16")
+
+
 def test_same_type_casts_inside_fast_gelu():
     """ONNX Runtime's fast_gelu3_with_casts.onnx: Casts to the type x already has, on several branches."""
     model = parse(head() + """
