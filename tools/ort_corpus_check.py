@@ -18,8 +18,13 @@ fusion test models there):
 
 Prints one line per model that failed a step, the repairs made (from the output's
 ``onnxfuse.repaired`` metadata) and a table of counts (Markdown, for docs/ort-corpus.md).
+``--count-ops Gelu,FastGelu,...`` also counts those op types (any domain, subgraphs included) in each
+original and in onnxfuse's output, per model and in total (models whose original holds none of the
+``--with-ops`` types are left out when that option is given: a quick run over the models a rule can fire on).
 
     python tools/ort_corpus_check.py /tmp/ort-corpus --target contrib -j 2
+    python tools/ort_corpus_check.py /tmp/ort-corpus --count-ops Gelu,FastGelu,BiasGelu,QuickGelu \
+        --with-ops Erf,Tanh,Sigmoid,Gelu,FastGelu,BiasGelu,QuickGelu
 """
 
 from __future__ import annotations
@@ -86,6 +91,21 @@ def _ort_runs(path: Path):
     return None, "ORT cannot run it on onnxfuse's draws: " + why
 
 
+def op_counts(model) -> "collections.Counter":
+    """Op types of ``model`` (a ModelProto), subgraphs included."""
+    counts = collections.Counter()
+
+    def walk(graph):
+        for node in graph.node:
+            counts[node.op_type] += 1
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    walk(sub)
+
+    walk(model.graph)
+    return counts
+
+
 def check_one(path: str, target: str) -> dict:
     import numpy as np
     import onnx
@@ -115,6 +135,7 @@ def check_one(path: str, target: str) -> dict:
             row.update(status="crash", detail=f"{type(exc).__name__}: {first_line(exc)[:200]}")
             return row
         optimized = onnx.load(str(out))
+        row["ops_in"], row["ops_out"] = op_counts(onnx.load(str(p), load_external_data=False)), op_counts(optimized)
         row["repaired"] = next((m.value for m in optimized.metadata_props if m.key == "onnxfuse.repaired"), "")
         problem = _full_check(out)
         if row["input_full_check"] and problem:
@@ -146,9 +167,16 @@ def main(argv=None) -> int:
     ap.add_argument("folder", type=Path)
     ap.add_argument("--target", default="contrib", choices=["cuda", "contrib", "onnx"])
     ap.add_argument("-j", "--jobs", type=int, default=1, help="models checked at once (one process each)")
+    ap.add_argument("--count-ops", default="", help="comma-separated op types to count in each original and output")
+    ap.add_argument("--with-ops", default="", help="check only models whose original holds one of these op types")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     models = sorted(str(f) for f in args.folder.rglob("*.onnx"))
+    if args.with_ops:
+        import onnx
+
+        wanted = set(args.with_ops.split(","))
+        models = [m for m in models if wanted & set(op_counts(onnx.load(m, load_external_data=False)))]
     rows = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = {pool.submit(check_one, m, args.target): m for m in models}
@@ -185,7 +213,23 @@ def main(argv=None) -> int:
     print("\n| repair | models |\n|---|---|")
     for kind, n in kinds.most_common():
         print(f"| {kind} | {n} |")
+    if args.count_ops:
+        print_op_counts(rows, args.count_ops.split(","), base)
     return 0 if all(r["status"] in ("ok", "ort-skip") for r in rows) else 1
+
+
+def print_op_counts(rows, names, base) -> None:
+    """Per model with any of ``names`` in its original or output: their counts before → after; totals."""
+    print(f"\n| model | {' | '.join(names)} (original → onnxfuse) |\n|---|{'---|' * len(names)}")
+    total_in, total_out = collections.Counter(), collections.Counter()
+    for r in rows:
+        ops_in, ops_out = r.get("ops_in"), r.get("ops_out")
+        if ops_in is None or not any(ops_in[n] or ops_out[n] for n in names):
+            continue
+        total_in.update({n: ops_in[n] for n in names})
+        total_out.update({n: ops_out[n] for n in names})
+        print(f"| {r['model'].replace(base, '')} | " + " | ".join(f"{ops_in[n]} → {ops_out[n]}" for n in names) + " |")
+    print("| **total** | " + " | ".join(f"{total_in[n]} → {total_out[n]}" for n in names) + " |")
 
 
 if __name__ == "__main__":

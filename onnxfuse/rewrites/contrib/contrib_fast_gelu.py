@@ -28,7 +28,7 @@ class ContribFastGelu(ContribRule):
         if is_op(node, "Gelu"):  # ONNX's own (opset 20), approximate="tanh": the same function
             reason, plan = native_gelu(node)
         else:
-            reason, plan = match_activation(graph, node, fast_gelu_inner, HALF_X_ONE_PLUS_T)
+            reason, plan = match_activation(graph, node, fast_gelu_inner, HALF_X_ONE_PLUS_T, through_casts=True)
         if reason:
             return reason, None
         problem = dtype_problem(activation_dtype(graph, plan), (FP16, FP32), "FastGelu input")

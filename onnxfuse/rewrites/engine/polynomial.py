@@ -3,19 +3,45 @@
 :class:`Poly` and :func:`eval_expression` evaluate Add/Sub/Mul/Div/Pow with scalar constants as a
 polynomial. The activation rules use it to recognise ``0.5·x·(1+erf(x/√2))`` in every operand order and
 association with one comparison of coefficients instead of one hand-written matcher per export style.
+How close a coefficient must be to its exact value is the caller's (``Poly.matches(target, close)``):
+the activation rules' tolerance is ``contrib.activation.close_to``. With ``through_casts``,
+:func:`eval_expression` also walks through ``Cast`` nodes that change no value (:func:`exact_cast_problem`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+from onnx import helper
 
-from onnxfuse.rewrites.engine.facts import FP16, is_op, producer_of, scalar_constant
+from onnxfuse.rewrites.engine.facts import dtype_of, is_op, producer_of, scalar_constant
+
+#: (from, to) float element types a Cast converts without changing any value (every value of the first
+#: is a value of the second), besides a Cast to the type it already has.
+WIDENING_CASTS = {("float16", "float32"), ("float16", "float64"), ("float32", "float64"),
+                  ("bfloat16", "float32"), ("bfloat16", "float64")}
+FLOAT_NAMES = {"float16", "bfloat16", "float32", "float64"}
 
 
-def close(value: float, target: float, dtype) -> bool:
-    """``value`` equals ``target`` to the precision of ``dtype`` (constants are written rounded)."""
-    tol = 2e-3 if np.dtype(dtype) == FP16 else 1e-6
-    return abs(float(value) - target) <= tol * max(abs(target), 1e-30)
+def cast_target(node):
+    """The numpy dtype a ``Cast`` node converts to (``None`` when unknown)."""
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(int(node.attrs.get("to", 0))))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def exact_cast_problem(graph, node) -> str | None:
+    """``None`` when the ``Cast`` ``node`` converts a float tensor to the same or a wider float type (exact:
+    every value survives), else why not: a narrowing Cast rounds, a Cast from or to a non-float type is
+    not arithmetic on the same numbers."""
+    src, dst = dtype_of(graph, node.inputs[0]), cast_target(node)
+    if src is None or dst is None:
+        return f"{node.name or 'Cast'}: element type of its input or output unknown"
+    if src.name not in FLOAT_NAMES or dst.name not in FLOAT_NAMES:
+        return f"{node.name or 'Cast'} casts {src.name} to {dst.name}, not between float types"
+    if src != dst and (src.name, dst.name) not in WIDENING_CASTS:
+        return f"{node.name or 'Cast'} casts {src.name} to the narrower {dst.name} inside the pattern (rounds)"
+    return None
 
 
 class Poly:
@@ -60,10 +86,11 @@ class Poly:
             return self.terms[(0,) * self.nsym]
         return None
 
-    def matches(self, target: dict[tuple[int, ...], float], dtype) -> bool:
+    def matches(self, target: dict[tuple[int, ...], float], close) -> bool:
+        """The same terms as ``target``, each coefficient accepted by ``close(value, exact)``."""
         if set(self.terms) != set(target):
             return False
-        return all(close(self.terms[k], v, dtype) for k, v in target.items())
+        return all(close(self.terms[k], v) for k, v in target.items())
 
     def __repr__(self) -> str:
         return " + ".join(f"{v:.6g}*{k}" for k, v in sorted(self.terms.items())) or "0"
@@ -77,19 +104,23 @@ class Expression:
     """Result of :func:`eval_expression`: the polynomial, the nodes it spans, the constants it read."""
 
     def __init__(self):
-        self.nodes: list = []
+        self.nodes: list = []  # Casts walked through included
+        self.casts: list = []  # the Cast nodes among them
         self.leaves: list = []  # non-constant tensors that became symbols, in discovery order
         self.problem: str | None = None
         self.const_dtype = None
 
 
-def eval_expression(graph, tensor, symbols, nsym: int, is_leaf=None, max_nodes: int = 16):
+def eval_expression(graph, tensor, symbols, nsym: int, is_leaf=None, max_nodes: int = 16,
+                    through_casts: bool = False):
     """Evaluate ``tensor`` as a polynomial whose leaves are ``symbols`` ({id(tensor): index}).
 
     ``is_leaf(tensor) -> index | None`` may name further leaves on the fly (used to *discover* the input
     of an activation). Every other tensor must be a size-1 float constant or the output of an
     Add/Sub/Mul/Div/Pow (default domain); Div only by a constant, Pow only by the integer constants 2
-    or 3. Returns ``(poly | None, Expression)``; on failure ``Expression.problem`` says why.
+    or 3. With ``through_casts``, also of a ``Cast`` that changes no value (:func:`exact_cast_problem`;
+    a narrowing one is a problem), evaluated as its input and listed in ``Expression.casts``.
+    Returns ``(poly | None, Expression)``; on failure ``Expression.problem`` says why.
     """
     expr = Expression()
     seen_nodes: set[int] = set()
@@ -110,6 +141,18 @@ def eval_expression(graph, tensor, symbols, nsym: int, is_leaf=None, max_nodes: 
                 expr.leaves.append(t)
                 return Poly.symbol(idx, nsym)
         p = producer_of(t)
+        if through_casts and is_op(p, "Cast") and len(p.inputs) == 1 and len(p.outputs) == 1:
+            expr.problem = exact_cast_problem(graph, p)
+            if expr.problem:
+                return None
+            if id(p) not in seen_nodes:
+                seen_nodes.add(id(p))
+                expr.nodes.append(p)
+                expr.casts.append(p)
+                if len(expr.nodes) > max_nodes:
+                    expr.problem = "expression too large"
+                    return None
+            return walk(p.inputs[0])
         if not is_op(p, *POLY_OPS) or len(p.inputs) != 2 or len(p.outputs) != 1:
             expr.problem = f"tensor {t.name!r} is not part of the pattern (produced by {p.op if p else 'nothing'})"
             return None
