@@ -28,6 +28,7 @@ _ADDED_OPTIONAL_ATTRS = {
     "Shape": {"start", "end"},
     "ScatterND": {"reduction"},
     "ScatterElements": {"reduction"},
+    "Cast": {"saturate"},  # Cast-19: saturate only acts on float8 targets, which no Cast below 19 has
 }
 
 
