@@ -1,0 +1,110 @@
+"""Snapshot of what the rewrites make of every test graph, to prove a refactor changes nothing.
+
+For every ``testdata/*.onnx`` (a file that fails to load or optimize is recorded with its error, as it
+fails today) and target ``cuda`` and ``contrib`` and each again with ``precision="fp16"`` (a model
+that refuses it, a float16 one, is recorded with the error), and for ``tests/fuzz_attention_graphs.random_attention_model(seed)``, seeds 0..199 by default, it
+runs ``onnxfuse.optimize(model, target=T, validate=False, bench=False)`` and records the sha256 of
+``result.model.SerializeToString()``, the refusals (rule, node, reason), the per-rewrite details and the
+dropped rules. Run it before and after a change and compare::
+
+    python tools/rewrite_snapshot.py --out /tmp/before.json            # on the base commit
+    python tools/rewrite_snapshot.py --out /tmp/after.json --compare /tmp/before.json
+
+``--compare`` prints every case whose record differs and exits 1 if any does. ``--jobs`` runs cases in
+that many processes (default 2); ``--seeds N`` takes seeds 0..N-1; ``--only SUBSTRING`` keeps the cases
+whose name contains it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ("cuda", "contrib")
+
+
+def _record(model, **kwargs) -> dict:
+    import onnxfuse
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = onnxfuse.optimize(model, validate=False, bench=False, **kwargs)
+    except Exception as e:  # noqa: BLE001  (recorded: it must fail the same way after the change)
+        return {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+    applied = result.applied
+    return {
+        "sha256": hashlib.sha256(result.model.SerializeToString()).hexdigest(),
+        "refusals": [[r.rule, r.node, r.reason] for r in applied.refusals],
+        "details": json.loads(json.dumps(applied.details, default=str)),
+        "dropped": applied.dropped,
+    }
+
+
+def _file_case(path: str) -> dict:
+    import onnx
+
+    out = {}
+    try:
+        model = onnx.load(path)
+    except Exception as e:  # noqa: BLE001
+        return {f"{Path(path).name}": {"load_error": f"{type(e).__name__}: {str(e)[:200]}"}}
+    for target in TARGETS:
+        out[f"{Path(path).name}|{target}"] = _record(model, target=target)
+        out[f"{Path(path).name}|{target}|fp16"] = _record(model, target=target, precision="fp16")
+    return out
+
+
+def _seed_case(seed: int) -> dict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fuzz_attention_graphs import random_attention_model
+
+    model = random_attention_model(seed)
+    return {f"fuzz-attention-{seed}|{t}": _record(model, target=t) for t in TARGETS}
+
+
+def _run(case):
+    kind, arg = case
+    return _file_case(arg) if kind == "file" else _seed_case(arg)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--compare")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=200)
+    parser.add_argument("--only", default="")
+    args = parser.parse_args(argv)
+    cases = [("file", str(p)) for p in sorted((ROOT / "testdata").glob("*.onnx"))]
+    cases += [("seed", s) for s in range(args.seeds)]
+    cases = [c for c in cases if args.only in (Path(c[1]).name if c[0] == "file" else f"fuzz-attention-{c[1]}")]
+    snapshot: dict = {}
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for part in pool.map(_run, cases):
+            snapshot.update(part)
+    Path(args.out).write_text(json.dumps(snapshot, indent=1, sort_keys=True))
+    print(f"{len(snapshot)} records ({sum('sha256' in r for r in snapshot.values())} optimized) -> {args.out}")
+    if not args.compare:
+        return 0
+    base = json.loads(Path(args.compare).read_text())
+    keys = sorted(set(base) | set(snapshot)) if not args.only else sorted(snapshot)
+    differ = [k for k in keys if base.get(k) != snapshot.get(k)]
+    for k in differ:
+        b, a = base.get(k, {}), snapshot.get(k, {})
+        fields = sorted(f for f in set(b) | set(a) if b.get(f) != a.get(f))
+        print(f"DIFFERS {k}: {', '.join(fields)}")
+    same_hash = sum(1 for k in keys if "sha256" in snapshot.get(k, {}) and base.get(k, {}).get("sha256") == snapshot[k]["sha256"])
+    print(f"compared {len(keys)} records: {len(keys) - len(differ)} identical ({same_hash} equal model hashes), "
+          f"{len(differ)} differ")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
