@@ -2,7 +2,8 @@
 
 For every ``testdata/*.onnx`` (a file that fails to load or optimize is recorded with its error, as it
 fails today) and target ``cuda`` and ``contrib`` and each again with ``precision="fp16"`` (a model
-that refuses it, a float16 one, is recorded with the error), and for ``tests/fuzz_attention_graphs.random_attention_model(seed)``, seeds 0..199 by default, it
+that refuses it, a float16 one, is recorded with the error), and for ``tests/fuzz_attention_graphs.random_attention_model(seed)``, seeds 0..199 by default, and
+a few hand-picked ``tests/rewrites/test_contrib_attention.attention_model`` graphs (:data:`EXTRA`), it
 runs ``onnxfuse.optimize(model, target=T, validate=False, bench=False)`` and records the sha256 of
 ``result.model.SerializeToString()``, the refusals (rule, node, reason), the per-rewrite details and the
 dropped rules. Run it before and after a change and compare::
@@ -69,9 +70,32 @@ def _seed_case(seed: int) -> dict:
     return {f"fuzz-attention-{seed}|{t}": _record(model, target=t) for t in TARGETS}
 
 
+#: hand-picked ``attention_model`` options for paths the files and the random graphs do not reach: the
+#: float32 long-key policy (refused cross-attention, the packed all-keys mask), cross-attention masks
+EXTRA = {
+    "long-self": dict(seq=256), "long-self-padding": dict(seq=256, mask="padding"),
+    "long-self-causal": dict(seq=256, mask="causal"), "long-self-where": dict(seq=256, mask="where"), "long-cross": dict(cross=True, kv_len=256),
+    "long-cross-fp16": dict(cross=True, kv_len=256, dtype="float16"), "cross-255": dict(cross=True, kv_len=255),
+    "cross-padding": dict(cross=True, mask="padding"), "cross-where": dict(cross=True, mask="where"),
+    "cross-padding-fp16": dict(cross=True, mask="padding", dtype="float16"),
+}
+
+
+def _extra_case(name: str) -> dict:
+    import numpy as np
+
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "rewrites")]
+    from test_contrib_attention import attention_model
+
+    options = dict(EXTRA[name])
+    options["dtype"] = np.dtype(options.get("dtype", "float32")).type
+    model = attention_model(**options)
+    return {f"extra-{name}|{t}": _record(model, target=t) for t in TARGETS}
+
+
 def _run(case):
     kind, arg = case
-    return _file_case(arg) if kind == "file" else _seed_case(arg)
+    return {"file": _file_case, "seed": _seed_case, "extra": _extra_case}[kind](arg)
 
 
 def main(argv=None) -> int:
@@ -83,8 +107,9 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="")
     args = parser.parse_args(argv)
     cases = [("file", str(p)) for p in sorted((ROOT / "testdata").glob("*.onnx"))]
-    cases += [("seed", s) for s in range(args.seeds)]
-    cases = [c for c in cases if args.only in (Path(c[1]).name if c[0] == "file" else f"fuzz-attention-{c[1]}")]
+    cases += [("seed", s) for s in range(args.seeds)] + [("extra", name) for name in EXTRA]
+    names = {"file": lambda a: Path(a).name, "seed": lambda a: f"fuzz-attention-{a}", "extra": lambda a: f"extra-{a}"}
+    cases = [c for c in cases if args.only in names[c[0]](c[1])]
     snapshot: dict = {}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for part in pool.map(_run, cases):
