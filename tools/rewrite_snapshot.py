@@ -18,7 +18,8 @@ collector off: optimizing a model is not independent of what the same process op
 here: ``distilbert_tiny_opset14.onnx`` with ``precision="fp16"`` folds one more Cast after three other
 models were optimized in that process, and not with ``gc.disable()``, which points at something keyed by
 ``id()`` of freed objects), so a snapshot taken in shared processes would differ between runs for no
-change of code. ``--jobs`` runs cases in
+change of code. String hashing is seeded (``PYTHONHASHSEED=0``, the script re-runs itself with it): some
+rewrites iterate over sets of names, whose order otherwise changes from one process to the next. ``--jobs`` runs cases in
 that many processes (default 2); ``--seeds N`` takes seeds 0..N-1; ``--only SUBSTRING`` keeps the cases
 whose name contains it.
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import warnings
 import gc
@@ -114,6 +116,8 @@ def _run(case):
 
 
 def main(argv=None) -> int:
+    if os.environ.get("PYTHONHASHSEED") != "0":  # set iteration order must not change between runs
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--compare")
