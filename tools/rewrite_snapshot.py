@@ -11,7 +11,12 @@ dropped rules. Run it before and after a change and compare::
     python tools/rewrite_snapshot.py --out /tmp/before.json            # on the base commit
     python tools/rewrite_snapshot.py --out /tmp/after.json --compare /tmp/before.json
 
-``--compare`` prints every case whose record differs and exits 1 if any does.
+(several ``--compare`` snapshots of the base, from several runs, collect the variants of the float16
+cases that are not deterministic: below.)
+
+``--compare`` prints every case whose record differs and exits 1 if any does; a differing case is first
+rerun up to ``--retries`` times (default 5) and passes if a rerun equals the base, with a line saying so
+(:func:`_retry`: the float16 conversion is not deterministic from one process to the next).
 
 Each case (a file, a chunk of seeds, the extra graphs) runs in a fresh process with the cyclic garbage
 collector off: optimizing a model is not independent of what the same process optimized before (found
@@ -120,10 +125,12 @@ def main(argv=None) -> int:
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--compare")
+    parser.add_argument("--compare", action="append", default=[],
+                        help="a snapshot of the base; several: a record passes when it equals any of theirs")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--only", default="")
+    parser.add_argument("--retries", type=int, default=5, help="reruns of a differing case before it counts")
     args = parser.parse_args(argv)
     cases = [("file", str(p)) for p in sorted((ROOT / "testdata").glob("*.onnx"))]
     seeds = [s for s in range(args.seeds) if args.only in f"fuzz-attention-{s}"]
@@ -139,18 +146,48 @@ def main(argv=None) -> int:
     print(f"{len(snapshot)} records ({sum('sha256' in r for r in snapshot.values())} optimized) -> {args.out}")
     if not args.compare:
         return 0
-    base = json.loads(Path(args.compare).read_text())
-    keys = sorted(set(base) | set(snapshot)) if not args.only else sorted(snapshot)
-    differ = [k for k in keys if base.get(k) != snapshot.get(k)]
+    bases = [json.loads(Path(p).read_text()) for p in args.compare]
+    base = bases[0]
+    keys = sorted(set().union(*bases, snapshot)) if not args.only else sorted(snapshot)
+    differ = [k for k in keys if all(b.get(k) != snapshot.get(k) for b in bases)]
+    if differ and args.retries:
+        differ = _retry(differ, bases, args.retries, args.jobs)
     for k in differ:
         b, a = base.get(k, {}), snapshot.get(k, {})
         fields = sorted(f for f in set(b) | set(a) if b.get(f) != a.get(f))
         print(f"DIFFERS {k}: {', '.join(fields)}")
-    same_hash = sum(1 for k in keys if "sha256" in snapshot.get(k, {}) and base.get(k, {}).get("sha256") == snapshot[k]["sha256"])
-    print(f"compared {len(keys)} records: {len(keys) - len(differ)} identical ({same_hash} equal model hashes), "
-          f"{len(differ)} differ")
+    print(f"compared {len(keys)} records: {len(keys) - len(differ)} identical, {len(differ)} differ "
+          f"({sum('sha256' in base.get(k, {}) for k in keys)} optimized models in the base)")
     return 1 if differ else 0
 
+
+def _case_of(key: str):
+    name = key.split("|")[0]
+    if name.startswith("fuzz-attention-"):
+        return ("seed", (int(name.rsplit("-", 1)[1]),))
+    if name.startswith("extra-"):
+        return ("extra", (name[len("extra-"):],))
+    return ("file", str(ROOT / "testdata" / name))
+
+
+def _retry(differ, bases, retries: int, jobs: int) -> list[str]:
+    """The keys still differing after rerunning their cases up to ``retries`` times, each in a fresh process:
+    a record passes when one rerun equals the base. Needed for the float16 cases: on the base commit
+    itself, a rerun of ``--precision fp16`` sometimes folds one Cast more or less (fold-constants' count,
+    then the names of later nodes), 1-3 of the 156 float16 records per run; the cause is outside the
+    rewrites this tool checks (the float16 conversion and constant folding), and it is printed per key."""
+    left = set(differ)
+    for attempt in range(1, retries + 1):
+        cases = sorted({_case_of(k) for k in left})
+        with Pool(jobs, initializer=gc.disable, maxtasksperchild=1) as pool:
+            rerun = {k: v for part in pool.imap(_run, cases, chunksize=1) for k, v in part.items()}
+        for k in sorted(left):
+            if any(rerun.get(k) == b.get(k) for b in bases):
+                print(f"equal on rerun {attempt}: {k}")
+                left.discard(k)
+        if not left:
+            break
+    return sorted(left)
 
 if __name__ == "__main__":
     sys.exit(main())
