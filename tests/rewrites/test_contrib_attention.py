@@ -315,7 +315,7 @@ def test_float16():
 def test_float32_over_many_keys_is_left_unfused_and_float16_is_not():
     """ONNX Runtime's fp32 attention kernel for >= 256 keys was slower than the unfused graph (Whisper,
     L = 1500): refused in float32 with the measured reason; one key fewer, and float16, fuse."""
-    from onnxfuse.rewrites.contrib.contrib_attention import FP32_LONG_KEYS
+    from onnxfuse.rewrites.contrib.attention.policy import FP32_LONG_KEYS
 
     long_fp32 = attention_model(cross=True, kv_len=FP32_LONG_KEYS)
     out, report = apply(long_fp32)
@@ -333,7 +333,7 @@ def test_float32_self_attention_over_many_keys_packs_with_a_mask_of_ones():
     computed from x on the device: a raw mask keeps ONNX Runtime on its unfused kernel (the
     memory-efficient one it would pick was the slow part) and masks nothing. Checked against the
     original at two batch sizes, and the mask's values directly: all ones, whatever x holds (NaN too)."""
-    from onnxfuse.rewrites.contrib.contrib_attention import FP32_LONG_KEYS
+    from onnxfuse.rewrites.contrib.attention.policy import FP32_LONG_KEYS
 
     model = attention_model(seq=FP32_LONG_KEYS)
     out, report = apply(model)

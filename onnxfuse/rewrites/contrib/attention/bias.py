@@ -1,0 +1,193 @@
+"""The mask written as the fused op takes it: an additive ``attention_bias`` [·, ·, S, L] (shared between
+layers where provably the same tensor), a raw 0/1 ``mask_index`` / ``key_padding_mask`` from a keep
+mask, or the all-keys ``mask_index`` of ones.
+
+MultiHeadAttention wants ``attention_bias`` ``[B or 1, H or 1, S, L]``: one Add's mask of lower rank is
+unsqueezed to rank 4, and unless its last two dimensions are provably S and L, the bias is expanded with
+``Expand(M, [1, 1, S, L])`` (S and L read from q and k at run time). Expand is exact: it copies values,
+and M's last two dimensions can only be 1 or S and L (it broadcast against the scores).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask
+from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, run_time_dim, sequence_of
+from onnxfuse.rewrites.engine.edit import new_constant
+from onnxfuse.rewrites.engine.facts import constant_value, consumers, dims_equal, is_op, opset_of, producer_of
+
+def _combined_mask(graph, plan, names, base):
+    """One additive mask from the terms, innermost first: ``x + M`` adds M; ``Where(c, x, f)`` is
+    ``x + Where(c, 0, f)`` (f absorbing), and around an earlier bias b, ``Where(c, x + b, f)`` is
+    ``x + Where(c, b, f)``."""
+    bias = None
+    for term in reversed(plan.terms):
+        if term.kind == "add":
+            if bias is None:
+                bias = term.mask
+            else:
+                out = gs.Variable(names(f"{base}/mask_sum"), dtype=plan.dtype)
+                graph.nodes.append(gs.Node("Add", names(f"{base}/mask_add"), inputs=[bias, term.mask],
+                                           outputs=[out]))
+                bias = out
+            continue
+        kept = bias if bias is not None else new_constant(graph, f"{base}/zero", np.zeros((), plan.dtype))
+        fill = new_constant(graph, f"{base}/fill", np.array(term.fill, plan.dtype))
+        out = gs.Variable(names(f"{base}/mask_where"), dtype=plan.dtype)
+        graph.nodes.append(gs.Node("Where", names(f"{base}/mask_where"), inputs=[
+            term.cond, *((kept, fill) if term.scores_if_true else (fill, kept))], outputs=[out]))
+        bias = out
+    return bias
+
+def _unsqueeze(graph, names, base, mask, axes_values, dtype):
+    axes = new_constant(graph, f"{base}/mask_axes", axes_values)
+    out = gs.Variable(names(f"{base}/mask_rank4"), dtype=dtype)
+    graph.nodes.append(gs.Node("Unsqueeze", names(f"{base}/mask_unsqueeze"), inputs=[mask, axes], outputs=[out]))
+    return out
+
+def build_attention_bias(graph, plan, names, base, query, key):
+    """The mask as [·, ·, S, L]: unsqueezed to rank 4 when it is one Add's of known lower rank, expanded
+    to S and L (read from ``query`` and ``key``, the tensors the fused op gets; a constant target when
+    both are static sizes, so no Shape, Slice and Concat run on the CPU at every inference) unless
+    they are provably there. Every layer of a transformer adds the same mask: the Unsqueeze and the Expand an
+    earlier layer's rewrite made are reused when they provably give the same tensor
+    (:func:`_shared_unsqueeze`, :func:`_shared_expansion`), instead of one Shape, Slice, Concat and
+    Expand per layer."""
+    mask = _combined_mask(graph, plan, names, base)
+    if plan.mask_rank and plan.mask_rank < 4:
+        axes_values = np.arange(4 - plan.mask_rank, dtype=np.int64)
+        mask = _shared_unsqueeze(graph, mask, axes_values) or _unsqueeze(graph, names, base, mask,
+                                                                               axes_values, plan.dtype)
+    if plan.mask_tail_known:
+        return mask
+    key_layout = plan.key_layout  # L of [B, L, E], or of [B, H, L, D] heads
+    key_axis = AXES[key_layout][2]
+    s_dim, l_dim = sequence_of(graph, query), sequence_of(graph, key, key_layout)
+    if isinstance(s_dim, int) and isinstance(l_dim, int):  # static: a constant target, no shape ops
+        target = new_constant(graph, f"{base}/bias_shape", np.array([1, 1, s_dim, l_dim], np.int64))
+    else:
+        shared = _shared_expansion(graph, mask, query, key, key_layout)
+        if shared is not None:
+            return shared
+        dims = [run_time_dim(graph, names, base, query, 1), run_time_dim(graph, names, base, key, key_axis)]
+        target = gs.Variable(names(f"{base}/bias_shape"), dtype=np.int64)
+        graph.nodes.append(gs.Node("Concat", names(f"{base}/Concat"), {"axis": 0}, inputs=[
+            new_constant(graph, f"{base}/ones", np.array([1, 1], np.int64)), *dims], outputs=[target]))
+    out = gs.Variable(names(f"{base}/attention_bias"), dtype=plan.dtype)
+    graph.nodes.append(gs.Node("Expand", names(f"{base}/mask_expand"), inputs=[mask, target], outputs=[out]))
+    return out
+
+
+def build_mask_index(graph, names, base, mask: KeepMask, query, key, key_axis: int):
+    """``Attention``'s raw ``mask_index`` (MultiHeadAttention's ``key_padding_mask``) of 0 and 1 from the
+    bool ``keep``: 2-D [B, L] as
+    ``Cast(Flatten(keep, axis=1), int32)`` for a key padding mask, 3-D [B, S, L] as ``Cast(Squeeze(keep,
+    [1]), int32)`` for one per query (``Not`` first when the mask drops where ``keep`` is True). A
+    broadcast dimension of ``keep`` (a causal mask shared across the batch, [1, 1, S, L]) is spelled out
+    first by ``Expand`` to [B, 1, S or 1, L], B and S read from ``query`` ([B, S, ·]) and L from ``key``'s
+    axis ``key_axis`` at run time (packed self-attention: both x, S = L): Expand only copies values.
+    Every layer builds the same nodes from the same ``keep``; cleanup's duplicate merge leaves one set."""
+    keep = mask.keep
+    if mask.expand:
+        one = new_constant(graph, f"{base}/one", np.array([1], np.int64))
+        batch, seq = run_time_dim(graph, names, base, query, 0), run_time_dim(graph, names, base, query, 1)
+        length = seq if key is query and key_axis == 1 else run_time_dim(graph, names, base, key, key_axis)
+        pieces = [batch, one, seq if mask.rank == 3 else one, length]
+        target = gs.Variable(names(f"{base}/keep_shape"), dtype=np.int64)
+        graph.nodes.append(gs.Node("Concat", names(f"{base}/keep_shape"), {"axis": 0}, inputs=pieces,
+                                   outputs=[target]))
+        full = gs.Variable(names(f"{base}/keep_full"), dtype=np.bool_)
+        graph.nodes.append(gs.Node("Expand", names(f"{base}/keep_expand"), inputs=[keep, target], outputs=[full]))
+        keep = full
+    flat = gs.Variable(names(f"{base}/key_keep"), dtype=np.bool_)
+    if mask.rank == 2:
+        graph.nodes.append(gs.Node("Flatten", names(f"{base}/key_keep_flatten"), {"axis": 1},
+                                   inputs=[keep], outputs=[flat]))
+    elif opset_of(graph) >= 13:
+        graph.nodes.append(gs.Node("Squeeze", names(f"{base}/keep_squeeze"), inputs=[
+            keep, new_constant(graph, f"{base}/head_axis", np.array([1], np.int64))], outputs=[flat]))
+    else:
+        graph.nodes.append(gs.Node("Squeeze", names(f"{base}/keep_squeeze"), {"axes": [1]}, inputs=[keep],
+                                   outputs=[flat]))
+    if mask.negate:
+        kept = gs.Variable(names(f"{base}/key_keep_not"), dtype=np.bool_)
+        graph.nodes.append(gs.Node("Not", names(f"{base}/key_keep_not"), inputs=[flat], outputs=[kept]))
+        flat = kept
+    out = gs.Variable(names(f"{base}/mask_index"), dtype=np.int32)
+    graph.nodes.append(gs.Node("Cast", names(f"{base}/mask_index_cast"), {"to": 6}, inputs=[flat],
+                               outputs=[out]))
+    return out
+
+def build_all_keys_mask(graph, names, base, x):
+    """A raw ``mask_index`` of ones, [B, L] int32 with B and L = S x's (self-attention), computed on the
+    device from x itself: ``Where(Equal(c, c), 1, 1)`` of ``c = Flatten(Slice(x, [0:1] on the last
+    axis))`` is 1 everywhere (NaN in c only changes the condition, and both branches are 1). A raw mask
+    keeps ONNX Runtime's float32 Attention on its unfused kernel (GEMM, softmax, GEMM) instead of the
+    memory-efficient one it picks from 256 keys on (``attention.cc``: that kernel takes no raw mask),
+    and a mask of ones masks nothing: the kernel adds ``mask_filter_value`` only where the mask is 0."""
+    piece = gs.Variable(names(f"{base}/all_keys_slice"), dtype=x.dtype)
+    graph.nodes.append(gs.Node("Slice", names(f"{base}/all_keys_slice"), inputs=[
+        x, new_constant(graph, f"{base}/start", np.array([0], np.int64)),
+        new_constant(graph, f"{base}/end", np.array([1], np.int64)),
+        new_constant(graph, f"{base}/last_axis", np.array([2], np.int64))], outputs=[piece]))
+    flat = gs.Variable(names(f"{base}/all_keys_rows"), dtype=x.dtype)
+    graph.nodes.append(gs.Node("Flatten", names(f"{base}/all_keys_flatten"), {"axis": 1}, inputs=[piece],
+                               outputs=[flat]))
+    cond = gs.Variable(names(f"{base}/all_keys_cond"), dtype=np.bool_)
+    graph.nodes.append(gs.Node("Equal", names(f"{base}/all_keys_equal"), inputs=[flat, flat], outputs=[cond]))
+    one = new_constant(graph, f"{base}/one_int32", np.array(1, np.int32))
+    out = gs.Variable(names(f"{base}/all_keys_mask"), dtype=np.int32)
+    graph.nodes.append(gs.Node("Where", names(f"{base}/all_keys_mask"), inputs=[cond, one, one], outputs=[out]))
+    return out
+
+
+def _shared_unsqueeze(graph, mask, axes_values):
+    """An existing ``Unsqueeze(mask, axes)`` with these constant axes (same input, same axes: the same
+    tensor), or None."""
+    for node in consumers(mask):
+        if is_op(node, "Unsqueeze") and len(node.inputs) == 2 and node.inputs[0] is mask:
+            axes = constant_value(graph, node.inputs[1])
+            if axes is not None and np.array_equal(axes, axes_values):
+                return node.outputs[0]
+    return None
+
+
+def _expansion_sources(graph, expand):
+    """((q, layout), (k, layout)) when ``expand`` is ``Expand(m, Concat([1, 1], Slice(Shape(q), [1], [2]),
+    Slice(Shape(k), [a], [a + 1])))``, the form :func:`build_attention_bias` writes (a = 1:
+    k is [B, L, E]; a = 2: given [B, H, L, D] heads); else None."""
+    target = producer_of(expand.inputs[1]) if len(expand.inputs) == 2 else None
+    if target is None or not is_op(target, "Concat") or len(target.inputs) != 3:
+        return None
+    ones = constant_value(graph, target.inputs[0])
+    if ones is None or ones.tolist() != [1, 1]:
+        return None
+    sources = []
+    for dim in target.inputs[1:]:
+        sl = producer_of(dim)
+        if sl is None or not is_op(sl, "Slice") or len(sl.inputs) != 3:
+            return None
+        start, end = constant_value(graph, sl.inputs[1]), constant_value(graph, sl.inputs[2])
+        shape = producer_of(sl.inputs[0])
+        if (start is None or end is None or start.size != 1 or end.size != 1 or int(start[0]) not in (1, 2)
+                or int(end[0]) != int(start[0]) + 1 or shape is None or not is_op(shape, "Shape")
+                or shape.attrs.get("start", 0) or "end" in shape.attrs):
+            return None
+        sources.append((shape.inputs[0], BATCH_FIRST if int(start[0]) == 1 else GIVEN))
+    return tuple(sources)
+
+
+def _shared_expansion(graph, mask, query, key, key_layout=BATCH_FIRST):
+    """The output of an existing ``Expand(mask, [1, 1, S', L'])`` whose S' and L' (read at run time from an
+    earlier layer's query and key) are provably this attention's S and L (equal static sizes, or the same
+    named dimension), or None. Same input, same target values: the same tensor."""
+    for node in consumers(mask):
+        if not is_op(node, "Expand") or node.inputs[0] is not mask:
+            continue
+        sources = _expansion_sources(graph, node)
+        if sources and dims_equal(sequence_of(graph, *sources[0]), sequence_of(graph, query)) and dims_equal(
+                sequence_of(graph, *sources[1]), sequence_of(graph, key, key_layout)):
+            return node.outputs[0]
+    return None

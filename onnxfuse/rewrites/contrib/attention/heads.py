@@ -1,0 +1,240 @@
+"""Heads and their sources: q, k and v split into heads, traced back to the tensor each was cut from.
+
+**Heads** (:func:`split_heads`), two layouts, H and D read
+from the Reshape targets (constants after fold-constants and constant-reshape-target), never a model
+type, never a head count asked; E = H·D must be the source's static last dimension; q, k and v must
+agree on H, D and layout:
+
+* *batch-first* (BERT, RoBERTa, DistilBERT, GPT-2, Whisper): ``Transpose(0,2,1,3)(Reshape(x [B,S,E],
+  [b, s, H, D]))``; Kᵀ by perm (0,2,3,1) or the heads Transpose then (0,1,3,2). Each of b, s is 0 or
+  the static dimension it keeps; or one of them is -1 while the other keeps its dimension and H, D are
+  given: the element count then forces -1 to be the dimension it replaces. H or D may be -1 instead
+  (inferred from E). The output is merged by Transpose(0,2,1,3) into [B,S,H,D].
+* *sequence-first* (``torch.nn.MultiheadAttention``, torchvision's ViT): ``Reshape(Transpose(1,0,2)(
+  Reshape(x [S,B,E], [S, -1, D])), [-1, H, S, D])`` with S static: element (s, b, h·D+d) goes to
+  (s, b·H+h, d), to (b·H+h, s, d), and row-major to (b, h, s, d), the heads of x. MultiHeadAttention
+  gets ``Transpose(1,0,2)(x)`` = [B,S,E] for each of q, k, v (pure data movement), and its output is
+  transposed back to [S,B,E] for the Reshape that read the Transpose(2,0,1,3) merge [S,B,H,D].
+* *given* (Llama, Qwen2, Mistral: :func:`given_heads`): when a
+  heads tensor cannot be traced to the tensor it was cut from (rotary embeddings rotate q and k after the
+  split; ``repeat_kv`` repeats each key/value head H / H_kv times by Unsqueeze, Expand, Reshape), it is
+  taken as the graph has it: [B, H, S, D] with H and D static (Kᵀ: ``Transpose(0,1,3,2)`` of [B, H, L,
+  D]). MultiHeadAttention then reads key and value as those [B, H, L, D] heads (its "past" layout, which
+  takes no ``bias`` input; a K or V that was split is re-read as its heads) and the query as
+  ``Reshape(Transpose(0,2,1,3)(q), [0, 0, E])``, or q's [B, S, E] source when q was split: head h's values
+  at h·D + d, as the op splits them. Whatever made the heads stays in the graph. Float16 only: measured on
+  H100 (benchmarks/gqa_attention.py, the attention core of Llama-3-8B's and Qwen2-0.5B's shapes, S 128 and
+  512) 1.4-2.7x faster in float16 and 0.82-1.04x in float32; on the whole Qwen2-0.5B-shaped zoo model
+  (docs/benchmarks.md 5.14) 9-10% faster in float16, -2% / +0.5% (batch 1 / 16) in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx_graphsurgeon as gs
+
+from onnxfuse.rewrites.contrib.attention.layout import (
+    BATCH_FIRST,
+    GIVEN,
+    HEADS,
+    HEADS_T,
+    SEQ_FIRST,
+    SEQ_FIRST_MERGE,
+    SWAP_LAST,
+    copies_dim,
+)
+from onnxfuse.rewrites.contrib.attention.facts import strip_scale
+from onnxfuse.rewrites.engine.facts import constant_value, consumers, is_op, perm_of, producer_of, shape_of
+
+@dataclass
+class Head:
+    """One of q/k/v split into heads: the tensor it was cut from, its layout, H and D, the split's nodes."""
+
+    source: gs.Tensor
+    heads: int
+    size: int
+    nodes: list
+    layout: str = BATCH_FIRST
+    factors: list = field(default_factory=list)  # scalar factors on the source (q·c before the split)
+    why: str = ""  # given heads: why they could not be traced to the tensor they were cut from
+
+
+def _batch_first(graph, r, t) -> Head | str:
+    """``Transpose(perm)(Reshape(source [B, S, E], [b, s, H, D]))``: every entry of [b, s] copies the
+    source's dimension (0 or the same static value), or one of them is -1 while the other copies and
+    H and D are given: the element count then forces -1 to be the remaining dimension."""
+    if r is None or not is_op(r, "Reshape") or len(r.inputs) != 2 or int(r.attrs.get("allowzero", 0)):
+        return "heads are not split by a Reshape"
+    target = constant_value(graph, r.inputs[1])
+    if target is None or target.ndim != 1 or target.size != 4:
+        return "the head-splitting Reshape's target is not a constant [·, ·, H, D]"
+    source = r.inputs[0]
+    shape = shape_of(graph, source)
+    if shape is None or len(shape) != 3 or not isinstance(shape[2], int):
+        return f"{source.name!r} is not [batch, sequence, hidden] with a static hidden size"
+    hidden = shape[2]
+    target = [int(v) for v in target]
+    heads, size = target[2], target[3]
+    if heads == -1 and size > 0 and hidden % size == 0:  # [·, ·, -1, D]: H inferred
+        heads = hidden // size
+        if -1 in target[:2]:
+            return "the head-splitting Reshape's target has two -1 entries"
+    elif size == -1 and heads > 0 and hidden % heads == 0:  # [·, ·, H, -1]: D inferred
+        size = hidden // heads
+        if -1 in target[:2]:
+            return "the head-splitting Reshape's target has two -1 entries"
+    if heads <= 0 or size <= 0 or heads * size != hidden:
+        return f"the head-splitting Reshape's target {target} does not split {hidden} into H x D"
+    copies = [copies_dim(target[i], shape[i]) for i in (0, 1)]
+    if not (all(copies) or (target[0] == -1 and copies[1]) or (target[1] == -1 and copies[0])):
+        return "the head-splitting Reshape changes the batch or sequence dimension"
+    return Head(source, heads, size, [t, r], BATCH_FIRST)
+
+
+def _sequence_first(graph, r4) -> Head | str:
+    """torch.nn.MultiheadAttention's split: ``Reshape(Transpose(Reshape(x [S, B, E], [S, -1, D]),
+    perm=[1, 0, 2]), [-1, H, S, D])``. Element (s, b, h·D + d) goes to (s, b·H + h, d), then to
+    (b·H + h, s, d), then, row-major, to (b, h, s, d): the heads of the sequence-first x."""
+    if len(r4.inputs) != 2 or int(r4.attrs.get("allowzero", 0)):
+        return "heads are not split by a Reshape"
+    t = producer_of(r4.inputs[0])
+    if t is None or perm_of(t) != [1, 0, 2]:
+        return "heads are not split by Transpose(perm=[0, 2, 1, 3]) nor by Reshape(Transpose(perm=[1, 0, 2]))"
+    r3 = producer_of(t.inputs[0])
+    if r3 is None or not is_op(r3, "Reshape") or len(r3.inputs) != 2 or int(r3.attrs.get("allowzero", 0)):
+        return "the [S, B·H, D] heads are not made by a Reshape"
+    t3, t4 = constant_value(graph, r3.inputs[1]), constant_value(graph, r4.inputs[1])
+    if t3 is None or t4 is None or t3.shape != (3,) or t4.shape != (4,):
+        return "the sequence-first head split's Reshape targets are not constants [S, -1, D] and [-1, H, S, D]"
+    source = r3.inputs[0]
+    shape = shape_of(graph, source)
+    if shape is None or len(shape) != 3 or not isinstance(shape[2], int) or not isinstance(shape[0], int):
+        return f"{source.name!r} is not [sequence, batch, hidden] with a static sequence and hidden size"
+    seq, hidden = shape[0], shape[2]
+    size = int(t3[2])
+    if not (copies_dim(t3[0], seq) and int(t3[1]) == -1 and size > 0 and hidden % size == 0):
+        return f"the sequence-first head split's target {t3.tolist()} is not [S, -1, D]"
+    heads = hidden // size
+    if [int(v) for v in t4] != [-1, heads, seq, size]:
+        return f"the sequence-first head merge's target {t4.tolist()} is not [-1, {heads}, {seq}, {size}]"
+    return Head(source, heads, size, [r4, t, r3], SEQ_FIRST)
+
+
+def split_heads(graph, tensor, transposed: bool) -> Head | str:
+    """``tensor`` [B, H, S, D] (Kᵀ [B, H, D, L] when ``transposed``) traced to the rank-3 tensor it was cut
+    from. Kᵀ is the heads perm [0, 2, 3, 1] in one step, or any heads form followed by a swap of the last
+    two axes."""
+    t = producer_of(tensor)
+    if t is None:
+        return "no head-splitting producer"
+    perm = perm_of(t)
+    if transposed:
+        if perm == SWAP_LAST:
+            inner = split_heads(graph, t.inputs[0], transposed=False)
+            if isinstance(inner, str):
+                return "Kᵀ is not a Transpose of the split heads: " + inner
+            inner.nodes.insert(0, t)
+            return inner
+        if perm != HEADS_T:
+            return f"expected a Transpose(perm={HEADS_T}) splitting heads"
+        return _batch_first(graph, producer_of(t.inputs[0]), t)
+    if perm == HEADS:
+        return _batch_first(graph, producer_of(t.inputs[0]), t)
+    if is_op(t, "Reshape"):
+        return _sequence_first(graph, t)
+    return f"expected a Transpose(perm={HEADS}) splitting heads"
+
+
+def given_heads(graph, tensor, transposed: bool, why: str = "") -> Head | str:
+    """``tensor`` taken as heads the way the graph already has them, when it cannot be traced to the
+    [B, S, E] tensor it was cut from: [B, H, S, D] with H and D static (Kᵀ: ``Transpose(perm=[0, 1, 3,
+    2])`` of such a [B, H, L, D] k). This is how Llama-style models reach the scores: rotary embeddings
+    rotate q and k after the head split (elementwise on [B, H, S, D]) and ``repeat_kv`` repeats each of
+    the H_kv key/value heads H / H_kv times (Unsqueeze, Expand, Reshape) before QKᵀ and P·V. Whatever made
+    the heads stays in the graph; MultiHeadAttention reads key and value in this layout (its [B, H, L, D]
+    "past" form) and the query merged back to [B, S, E] (:mod:`~onnxfuse.rewrites.contrib.attention.emit`)."""
+    nodes = []
+    if transposed:
+        t = producer_of(tensor)
+        if t is None or perm_of(t) != SWAP_LAST:
+            return f"Kᵀ is not Transpose(perm={SWAP_LAST}) of [B, H, L, D] heads"
+        nodes, tensor = [t], t.inputs[0]
+    shape = shape_of(graph, tensor)
+    if shape is None or len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in (shape[1], shape[3])):
+        return f"{tensor.name!r} is not [B, H, S, D] heads with a static H and D"
+    return Head(tensor, shape[1], shape[3], nodes, GIVEN, why=why)
+
+
+def as_given(head: Head, heads_tensor) -> Head | None:
+    """A batch-first split ``head`` re-read as given heads: V's ``heads_tensor`` (the [B, H, L, D] it read),
+    or K's [B, H, L, D] under the ``Transpose(perm=[0, 1, 3, 2])`` that made Kᵀ (the split's first node);
+    the split itself then stays in the graph. None when there is no such tensor (Kᵀ in one step)."""
+    if head.layout == GIVEN:
+        return head
+    if head.layout != BATCH_FIRST:
+        return None
+    if heads_tensor is not None:
+        return Head(heads_tensor, head.heads, head.size, [], GIVEN)
+    if len(head.nodes) == 3 and perm_of(head.nodes[0]) == SWAP_LAST:
+        return Head(head.nodes[0].inputs[0], head.heads, head.size, [head.nodes[0]], GIVEN)
+    return None
+
+
+def heads_of(graph, tensor, transposed: bool, which: str) -> Head | str:
+    """``tensor``'s heads split from the tensor they were cut from, else as the graph has them
+    (:func:`given_heads`); or why neither."""
+    head = split_heads(graph, tensor, transposed)
+    if isinstance(head, str):
+        given = given_heads(graph, tensor, transposed, why=f"{which}: {head}")
+        if isinstance(given, str):
+            return f"{which}: {head}; as given heads: {given}"
+        head = given
+    return head
+
+
+def values_and_merge(graph, v_heads, out):
+    """(V's heads, Transpose, Reshape): V split into heads (or given) and the attention output ``out``
+    [B, H, S, D] merged back by a Transpose read only by a Reshape, in V's layout; or why not."""
+    v = heads_of(graph, v_heads, False, "V")
+    if isinstance(v, str):
+        return v
+    merge_perm = SEQ_FIRST_MERGE if v.layout == SEQ_FIRST else HEADS
+    after = consumers(out)
+    if len(after) != 1 or perm_of(after[0]) != merge_perm:
+        why = f"{v.why}; as given heads: " if v.layout == GIVEN else ""
+        return f"{why}the attention output is not merged back by Transpose(perm={merge_perm})"
+    merge_t = after[0]
+    after = consumers(merge_t.outputs[0])
+    if len(after) != 1 or not is_op(after[0], "Reshape") or after[0].inputs[0] is not merge_t.outputs[0]:
+        return "the attention output is not merged back by a Reshape"
+    return v, merge_t, after[0]
+
+
+def query_key_value(graph, query, key, key_transposed: bool, v, v_heads, nodes, factors):
+    """(Q's, K's and V's heads): Q and K split (or given) from the attention's q and k inputs (Kᵀ when
+    ``key_transposed``), the scalar factors on each peeled into ``factors`` and their nodes into ``nodes``,
+    then read together with ``v`` (split from ``v_heads``) by :func:`_given_kv`; or why not."""
+    q = heads_of(graph, strip_scale(graph, query, nodes, factors), False, "Q")
+    if isinstance(q, str):
+        return q
+    k_heads = strip_scale(graph, key, nodes, factors)
+    k = heads_of(graph, k_heads, key_transposed, "K")
+    if isinstance(k, str):
+        return k
+    return _given_kv(q, k, v, None if key_transposed else k_heads, v_heads)
+
+
+def _given_kv(q, k, v, k_heads, v_heads):
+    """(q, k, v) with k and v re-read as given heads when any of the three is (MultiHeadAttention takes
+    key and value in one layout; q stays split when it is: the op reads its [B, S, E] source); or why
+    not. ``k_heads`` (None when the scores read Kᵀ), ``v_heads``: the [B, H, L, D] tensors read."""
+    if GIVEN not in (q.layout, k.layout, v.layout):
+        return q, k, v
+    why = next(head.why for head in (q, k, v) if head.layout == GIVEN)
+    if SEQ_FIRST in (q.layout, k.layout, v.layout):
+        return f"{why}; taken as given heads, beside heads split from a sequence-first [S, B, E] tensor"
+    k_given, v_given = as_given(k, k_heads), as_given(v, v_heads)
+    if k_given is None:
+        return f"{why}; taken as given heads, but Kᵀ is made in one step from [B, S, E] (no [B, H, L, D] key to read)"
+    return q, k_given, v_given

@@ -1,0 +1,222 @@
+"""Mask steps proved to be a 0/fill keep mask, which the fused op takes raw (``mask_index``,
+``key_padding_mask``) instead of as an additive ``attention_bias``.
+
+**Keep masks as a raw ``mask_index``** (packed ``Attention``; float32, or a float32 softmax island
+below): when the mask is one ``Where`` of a bool condition that is a broadcast of a tensor ``keep``
+provably ``[B|1, 1, 1, L]`` or ``[B|1, 1, S, L]`` (B, S = L x's;
+:func:`keep_mask`: transformers 5's ``sdpa_mask``,
+``Where(keep, 0, finfo.min)``, its GPT-2 form ``Where(Not(And(causal, padding)), finfo.min, zeros)``,
+or a ``masked_fill``), the op gets ``mask_index`` = ``Cast(Flatten(keep), int32)`` ([B, L], a key padding
+mask) or ``Cast(Squeeze(keep, [1]), int32)`` ([B, S, L], a mask per query: causal and padding), with a
+batch of 1 spelled out by ``Expand`` first and ``Not`` first when the Where fills where the condition is
+True, and ``mask_filter_value`` = the fill, instead of the expanded [B, 1, S, L] ``attention_bias``. ONNX
+Runtime's kernels add ``mask_filter_value`` in float32 to a score whose mask entry is 0 (CUDA ``mask ==
+0``, CPU ``mask > 0`` keeps: the same for 0/1) and nothing otherwise, which is what the graph computes
+(``s + fill`` or ``s + 0``): exact for any finite fill, rows with every key masked included (uniform for
+finfo.min, as in the graph). A raw mask takes ONNX Runtime's unfused CUDA path (flash, memory-efficient
+and TensorRT kernels take no raw mask; ``attention.cc``). Measured (one BERT-base layer, H100): 0.069
+against 0.076 ms at fp32 batch 1. Not in float16: there the raw mask was slower (0.096 against 0.079 ms
+at batch 16) than ``attention_bias``, which reaches the memory-efficient kernel. A ``(1 - m)·c`` float
+mask is not converted: it equals a keep/drop mask only for m in {0, 1}. MultiHeadAttention (q, k, v not
+packed: given heads, cross-attention) takes the same raw mask as its ``key_padding_mask`` with the same
+``mask_filter_value``, B and S read from its query, L from its key; only where a float16 bias would not be
+exact (a float32 softmax island, a float16 masked_fill of -65504), since the raw mask leaves the fused
+float16 kernels (checked on ONNX Runtime 1.32 CPU: rows with every key masked average V).
+
+**Float32 softmax islands** (GPT-2's float16 export, which promotes the scores to the float32 mask's
+type): ``Cast(to=float)`` of the float16 scaled scores, float32 mask steps, a float32 Softmax and
+``Cast(to=float16)`` of its result for ×V. The island fuses into a float16 ``Attention`` (every
+float16 kernel of ONNX Runtime's computes the softmax in float32 and rounds the weights to float16, as
+the Casts do) only with the mask as a raw ``mask_index``, whose fill the kernel adds in float32 exactly
+as the island does; a float16 ``attention_bias`` would hold finfo(float32).min as -inf (a fully masked
+row becomes NaN) or, clamped, as -65504 (that row then follows its scores instead of being uniform).
+Refused otherwise (a mask that is not a keep mask, q/k/v not packed), with that reason.
+
+**Float16 masked_fill** (DistilBERT's float16 export, and ``--precision fp16`` of its float32 one):
+``Where(keep, s, -65504)``, float16's finfo.min, which is not absorbing (s - 65504 != -65504 for |s| >= 16),
+fuses only as a raw keep ``mask_index`` with ``mask_filter_value`` = finfo(float32).min, which the
+kernel adds in float32: a masked score becomes finfo(float32).min, so a row with every key masked is
+uniform as in the original (-65504 everywhere), and where a row keeps a key with a score above -65487
+(any a float16 model gives short of overflow) each masked weight exp(-65504 - max) < 2^-25 rounds to 0
+in the original's float16 output, as it is 0 in the kernel. Slower than an ``attention_bias`` (0.096
+against 0.079 ms, one BERT-base layer at batch 16, H100, above) and below the decomposed layer (0.117
+ms, H200, "Which op" in :mod:`~onnxfuse.rewrites.contrib.attention.plan`; not measured side by side), but
+the bias is not exact here. Refused otherwise (not packed, not a keep mask), with that reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse.rewrites.engine.facts import (
+    constant_value,
+    dims_equal,
+    dtype_of,
+    is_op,
+    producer_of,
+    provably_nonnegative,
+    scalar_constant,
+    shape_of,
+)
+
+@dataclass
+class KeepMask:
+    """The additive mask proved to be a keep/drop mask: entry (b, h, s, l) adds 0 where the bool ``keep``
+    is True at the broadcast index (False when ``negate``) and ``fill`` elsewhere. ``keep``'s shape,
+    right-aligned to rank 4, is ``[B|1, 1, 1, L|1]`` (``rank`` 2: a key padding mask, per batch item and
+    key) or ``[B|1, 1, S, L|1]`` (``rank`` 3: per query too, a causal mask and its padding); ``expand``
+    says some dimension is a broadcast 1 that the raw ``mask_index`` must spell out."""
+
+    keep: gs.Tensor
+    negate: bool
+    fill: float
+    rank: int = 2
+    expand: bool = False
+
+
+def keep_mask(graph, terms, batch, queries, keys) -> KeepMask | None:
+    """The mask steps ``terms`` (:func:`mask_terms`) as a :class:`KeepMask`, or None.
+
+    Accepted: one term, either ``x + Where(c, 0, f)`` / ``x + Where(c, f, 0)`` (one branch a scalar
+    constant f, finite; the other zeros: a scalar 0, or a zero-valued ``ConstantOfShape`` or constant
+    when the Where's result (or the tensor whose ``Shape`` the ConstantOfShape reads) provably fits the
+    scores: transformers 5's ``sdpa_mask``, ``Where(keep, 0,
+    finfo.min)``, and its GPT-2 form ``Where(Not(keep), finfo.min, zeros)``) or ``Where(c, x, f)`` / ``Where(c, f, x)``
+    (``masked_fill``; :func:`mask_terms` already proved f absorbing), where the bool condition c is a
+    broadcast of a tensor ``keep`` (:func:`broadcast_source`; a ``Not`` is absorbed into ``negate``)
+    whose shape, right-aligned to rank 4, is provably ``[batch or 1, 1, queries or 1, keys or 1]``.
+    Anything else (a head-dependent mask, two terms, a
+    float mask computed as ``(1 - m)·c``) gives None: the mask then stays an additive bias."""
+    if len(terms) != 1:
+        return None
+    term = terms[0]
+    if term.kind == "add":
+        where = producer_of(term.mask)
+        if not is_op(where, "Where") or len(where.inputs) != 3:
+            return None
+        cond, a, b = where.inputs
+        va, vb = scalar_constant(graph, a), scalar_constant(graph, b)
+        va = None if va is None else float(np.asarray(va, np.float64).reshape(()))
+        vb = None if vb is None else float(np.asarray(vb, np.float64).reshape(()))
+        if is_zeros(graph, a) and vb is not None and np.isfinite(vb):
+            keep_if_true, fill = True, vb
+        elif is_zeros(graph, b) and va is not None and np.isfinite(va):
+            keep_if_true, fill = False, va
+        else:
+            return None
+        zeros, scores = (a if keep_if_true else b), [batch, None, queries, keys]
+        if scalar_constant(graph, zeros) is None and not (_fits(shape_of(graph, where.outputs[0]), scores)
+                                                          or _fits(_shape_source(graph, zeros), scores)):
+            return None  # a shaped zeros branch must not make the mask larger than the scores
+    else:
+        cond, keep_if_true, fill = term.cond, term.scores_if_true, term.fill
+    keep, negate = broadcast_source(graph, cond), not keep_if_true
+    inverse = producer_of(keep)
+    if negate and is_op(inverse, "Not") and inverse.inputs:  # Where(Not(k), f, 0) keeps where k
+        keep, negate = broadcast_source(graph, inverse.inputs[0]), False
+    shape = shape_of(graph, keep)
+    if dtype_of(graph, keep) != np.dtype(bool) or shape is None or len(shape) > 4:
+        return None
+    dims = [1] * (4 - len(shape)) + list(shape)
+    if dims[1] != 1 or not _fits(dims, [batch, 1, queries, keys]):
+        return None
+    rank = 2 if dims[2] == 1 else 3
+    expand = len(shape) != 4 or not (dims_equal(dims[0], batch) and dims_equal(dims[3], keys))
+    return KeepMask(keep, negate, fill, rank, expand)
+
+
+def _fits(shape, dims) -> bool:
+    """``shape`` (right-aligned to rank 4) broadcasts into ``dims`` without growing them: each entry is 1
+    or provably the dimension it meets (``None`` in ``dims``: any)."""
+    if shape is None or len(shape) > 4:
+        return False
+    shape = [1] * (4 - len(shape)) + list(shape)
+    return all(d == 1 or want is None or dims_equal(d, want) for d, want in zip(shape, dims))
+
+
+def _shape_source(graph, tensor):
+    """The shape of t when ``tensor`` is ``ConstantOfShape(Shape(t))`` (so it has t's shape), else None."""
+    p = producer_of(tensor)
+    if not is_op(p, "ConstantOfShape") or not p.inputs:
+        return None
+    shape = producer_of(p.inputs[0])
+    if not is_op(shape, "Shape") or not shape.inputs or shape.attrs.get("start", 0) or "end" in shape.attrs:
+        return None
+    return shape_of(graph, shape.inputs[0])
+
+
+def is_zeros(graph, tensor) -> bool:
+    """A constant of zeros, or ``ConstantOfShape`` filling zeros (its ``value`` attribute zero or absent)."""
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return value.size > 0 and not np.any(value)
+    p = producer_of(tensor)
+    if not is_op(p, "ConstantOfShape"):
+        return False
+    fill = p.attrs.get("value")
+    if fill is None:
+        return True
+    fill = getattr(fill, "values", fill)
+    try:
+        return not np.any(np.asarray(fill))
+    except (TypeError, ValueError):
+        return False
+
+
+def always_true(graph, tensor, depth: int = 8) -> bool:
+    """Every element of the bool ``tensor`` is True whatever the inputs: an all-True constant; ``x >= c``
+    (``c <= x``) with x provably non-negative (:func:`~onnxfuse.rewrites.engine.facts.provably_nonnegative`)
+    and c a constant with no positive element, or ``x > c`` (``c < x``) with every c negative; and of
+    those, ``And`` of two, ``Or`` with one, bool-to-bool ``Cast``, ``Expand`` and ``Identity``.
+    transformers 5 ands its padding mask with ``q_idx >= 0`` over ``Range(0, S)`` (itself anded with an
+    all-True ``ConstantOfShape`` and cast to bool): a constant when S is static, this when it is not."""
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return value.dtype == np.bool_ and value.size > 0 and bool(np.all(value))
+    p = producer_of(tensor)
+    if depth == 0 or p is None or not p.inputs:
+        return False
+    if is_op(p, "Expand", "Identity") or (is_op(p, "Cast") and int(p.attrs.get("to", 0)) == 9
+                                          and dtype_of(graph, p.inputs[0]) == np.dtype(bool)):
+        return always_true(graph, p.inputs[0], depth - 1)
+    if is_op(p, "And", "Or") and len(p.inputs) == 2:
+        parts = [always_true(graph, t, depth - 1) for t in p.inputs]
+        return all(parts) if p.op == "And" else any(parts)
+    if not is_op(p, "GreaterOrEqual", "Greater", "LessOrEqual", "Less") or len(p.inputs) != 2:
+        return False
+    big, small = p.inputs if p.op in ("GreaterOrEqual", "Greater") else p.inputs[::-1]
+    bound = constant_value(graph, small)
+    if bound is None or bound.size == 0 or bound.dtype.kind not in "iuf":
+        return False
+    strict = p.op in ("Greater", "Less")
+    return bool(np.all(bound < 0) if strict else np.all(bound <= 0)) and provably_nonnegative(graph, big)
+
+
+def broadcast_source(graph, tensor, depth: int = 8):
+    """The tensor that ``tensor`` is a broadcast of: back through ``Expand`` (it only broadcasts),
+    ``And`` with an all-True operand (a constant, or :func:`always_true`) and ``Or`` with an all-False
+    constant (the identities of bool logic, which then only broadcast the other operand), bool-to-bool
+    ``Cast`` and ``Identity``. Each step keeps every element of the result equal to the source's element
+    at the broadcast index."""
+    for _ in range(depth):
+        p = producer_of(tensor)
+        if is_op(p, "Expand", "Identity") and p.inputs:
+            tensor = p.inputs[0]
+        elif is_op(p, "Cast") and dtype_of(graph, p.inputs[0]) == np.dtype(bool) and int(p.attrs.get("to", 0)) == 9:
+            tensor = p.inputs[0]
+        elif is_op(p, "And", "Or") and len(p.inputs) == 2:
+            identity = p.op == "And"
+            for this, other in (p.inputs, p.inputs[::-1]):
+                value = constant_value(graph, other)
+                if (value is not None and value.dtype == np.bool_ and bool(np.all(value == identity))) \
+                        or (identity and always_true(graph, other)):
+                    tensor = this
+                    break
+            else:
+                return tensor
+        else:
+            return tensor
+    return tensor

@@ -1,0 +1,121 @@
+"""The dataflow walked from the anchor: a ``Softmax`` (the decomposed form every exporter writes) or ONNX's
+own ``Attention`` (opset 23), back to q, k and v and forward to the merge, handed to
+:func:`~onnxfuse.rewrites.contrib.attention.plan.plan_attention`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxfuse.rewrites.contrib.attention.facts import is_downcast, is_noop_cast, is_upcast, strip_scale
+from onnxfuse.rewrites.contrib.attention.heads import query_key_value, values_and_merge
+from onnxfuse.rewrites.contrib.attention.layout import DTYPES
+from onnxfuse.rewrites.contrib.attention.masks import finite_masks, mask_terms, nan_guard
+from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan, plan_attention
+from onnxfuse.rewrites.contrib.attention.shape_reads import find_shape_reads
+from onnxfuse.rewrites.engine.facts import consumers, dtype_of, is_graph_output, is_op, producer_of, rank_of, shape_of
+
+def analyze_softmax(graph, softmax) -> AttentionPlan | str:
+    if len(softmax.inputs) != 1:
+        return "Softmax does not have one input"
+    scores_shape = shape_of(graph, softmax.inputs[0])
+    if scores_shape is None or len(scores_shape) != 4:
+        return "Softmax input is not known to be rank 4 [batch, heads, query, key]"
+    if int(softmax.attrs.get("axis", -1)) not in (-1, 3):
+        return "Softmax is not over the last axis"
+    score_dtype = dtype = dtype_of(graph, softmax.inputs[0])
+    if dtype not in DTYPES:
+        return f"element type {dtype} (MultiHeadAttention: float32, float16)"
+    nodes = [softmax]
+    # after: (no-op Cast, or the float32 → float16 Cast that ends an island) → MatMul(P, V_heads)
+    # → Transpose → Reshape
+    probs = softmax.outputs[0]
+    readers = consumers(probs)
+    island = False
+    guard = None  # the dynamo exporter's Where(IsNaN(p), 0, p)
+    while True:
+        if guard is None and (guard := nan_guard(graph, probs)) is not None:
+            nodes += guard
+            probs = guard[1].outputs[0]
+        elif len(readers) == 1 and (is_noop_cast(graph, readers[0])
+                                    or (not island and is_downcast(graph, readers[0]))):
+            island = island or is_downcast(graph, readers[0])
+            nodes.append(readers[0])
+            probs = readers[0].outputs[0]
+        else:
+            break
+        readers = consumers(probs)
+    if island:
+        dtype = np.dtype(np.float16)
+    if len(readers) != 1 or not is_op(readers[0], "MatMul") or readers[0].inputs[0] is not probs:
+        return "Softmax output is not read by exactly one MatMul (× V)"
+    pv = readers[0]
+    nodes.append(pv)
+    found = values_and_merge(graph, pv.inputs[1], pv.outputs[0])
+    if isinstance(found, str):
+        return found
+    v, merge_t, merge_r = found
+    nodes.append(merge_t)
+    # before: mask steps (+ M, Where(c, ·, f)) ← (×/÷ s) ← MatMul(Q_heads, Kᵀ)
+    found = mask_terms(graph, softmax.inputs[0], nodes, score_dtype)
+    if isinstance(found, str):
+        return found
+    terms, x = found
+    if guard is not None and not finite_masks(graph, terms):
+        return ("the Softmax's NaN guard Where(IsNaN(p), 0, p) zeroes rows whose every score is -inf; the "
+                "mask here is not provably finite, so the fused op's rows could differ")
+    factors: list[float] = []
+    x = strip_scale(graph, x, nodes, factors)
+    if island:  # the float16 scores enter float32 here, before any mask step
+        upcast = producer_of(x)
+        if not is_upcast(graph, upcast):
+            return "a float32 Softmax read as float16 whose scores are not float16 cast up to float32"
+        nodes.append(upcast)
+        x = strip_scale(graph, upcast.inputs[0], nodes, factors)
+    qk = producer_of(x)
+    if qk is None or not is_op(qk, "MatMul") or len(qk.inputs) != 2:
+        return "no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)"
+    nodes.append(qk)
+    found = query_key_value(graph, qk.inputs[0], qk.inputs[1], True, v, pv.inputs[1], nodes, factors)
+    if isinstance(found, str):
+        return found
+    q, k, v = found
+    return plan_attention(graph, softmax, nodes, q, k, v, factors, terms, dtype, island, merge_r,
+                      lambda: find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t))
+
+def analyze_onnx_attention(graph, op) -> AttentionPlan | str:
+    """ONNX's own ``Attention`` (opset 23, which torch's dynamo exporter writes for scaled_dot_product_
+    attention from ``opset_version=23`` on) over [B, H, S, D] heads: ``softmax(scale·Q·Kᵀ + mask)·V``
+    with ``scale`` the attribute or 1/√D, K given untransposed: the same plan as the decomposed form
+    without a mask step (ViT). Refused: a mask (ONNX Runtime 1.32's CPU kernel returns 0 for a row whose
+    every key carries finfo.min, where the spec's arithmetic and com.microsoft Attention average the row:
+    checked on a one-layer model), the causal flag, a softcap, past keys and values or sequence lengths,
+    an output other than Y read, 3-D inputs."""
+    inputs = list(op.inputs)
+    if len(inputs) < 3 or any(t.name for t in inputs[4:]):
+        return "ONNX Attention with past keys/values or sequence lengths (a KV cache)"
+    if len(inputs) > 3 and inputs[3].name:
+        return ("ONNX Attention with a mask: ONNX Runtime's CPU kernel gives 0 for a row whose every key is "
+                "masked (finfo.min), where com.microsoft Attention and the spec's arithmetic average the row")
+    if any(o.name and consumers(o) for o in op.outputs[1:]) or any(is_graph_output(graph, o) for o in op.outputs[1:]):
+        return "ONNX Attention's present keys/values or QK output are read"
+    if int(op.attrs.get("is_causal", 0)) or float(op.attrs.get("softcap", 0.0)) != 0.0:
+        return "ONNX Attention with is_causal or softcap"
+    dtype = dtype_of(graph, op.outputs[0])
+    if dtype not in DTYPES:
+        return f"element type {dtype} (Attention: float32, float16)"
+    if any(rank_of(graph, t) != 4 for t in inputs[:3]):
+        return "ONNX Attention on 3-D (packed heads) inputs"
+    nodes = [op]
+    found = values_and_merge(graph, inputs[2], op.outputs[0])
+    if isinstance(found, str):
+        return found
+    v, merge_t, merge_r = found
+    nodes.append(merge_t)
+    factors: list[float] = []
+    found = query_key_value(graph, inputs[0], inputs[1], False, v, inputs[2], nodes, factors)
+    if isinstance(found, str):
+        return found
+    q, k, v = found
+    scale = op.attrs.get("scale")
+    factors.append(float(scale) if scale is not None else float(q.size) ** -0.5)
+    return plan_attention(graph, op, nodes, q, k, v, factors, [], dtype, False, merge_r, None)

@@ -1,0 +1,104 @@
+"""When fusing pays: the speed decisions of contrib-attention, each with the measurement behind it, in
+one place (:func:`speed_policy`, :func:`raw_mask_pays`). Exactness is decided elsewhere (the mask and
+heads steps); this module only says whether an exact fusion would make the model slower.
+
+**When it pays** (:func:`slower_than_unfused`): every float16 attention fuses; in float32 the
+sequence-first layout and key lengths known to be >= :data:`FP32_LONG_KEYS` are refused as
+MultiHeadAttention or with an ``attention_bias``, each with the measurement that showed the fused model
+slower; as the packed ``Attention`` with a raw mask (a keep mask, or none) both fuse: sequence-first
+without the extra Transposes, long keys with a ``mask_index`` of ones
+(:func:`~onnxfuse.rewrites.contrib.attention.bias.build_all_keys_mask`), which keeps ONNX Runtime off its
+slow float32 memory-efficient kernel (ViT-B/16 fp32 1.56× / 1.15× and Whisper-base 1.05× / 1.05×
+over this code without them at batch 1 / 16, docs/benchmarks.md 5.9). On by default since those measurements
+(issue 15; docs/benchmarks.md).
+
+What :func:`speed_policy` does not look at (every other attention fuses): float16 (always fuses), a
+key length that is not a static size (dynamic L is never "long"), and the packed ``Attention`` with a
+raw mask (a keep mask, or none): float32 sequence-first and long keys included, the latter with the
+mask of ones it asks for (:attr:`Verdict.all_keys_mask`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxfuse.rewrites.contrib.attention.layout import GIVEN, SEQ_FIRST, sequence_of
+
+#: float32 key length from which ONNX Runtime's CUDA attention runs its float32 memory-efficient kernel
+#: (its ``kMinSeqLenForMemoryEfficientAttentionFp32``); there that kernel was slower than the unfused GEMMs
+#: it replaces (Whisper-base encoder, L = 1500, H200, 2026-11-23: 0.88× / 0.90× over the original at batch
+#: 1 / 16 with the fusion, 1.02× / 1.05× without).
+FP32_LONG_KEYS = 256
+
+
+def long_keys(graph, key, layout) -> bool:
+    """The key length is known to be >= :data:`FP32_LONG_KEYS`."""
+    length = sequence_of(graph, key, layout)
+    return isinstance(length, int) and length >= FP32_LONG_KEYS
+
+
+def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> str | None:
+    """Why fusing this attention would make the model slower on the GPU (measured), or None.
+
+    Float16 always fuses: every fp16 row gained (BERT-base 1.68-1.70×, ViT-B/16 1.40-1.65×, Whisper-base
+    2.25× at batch 16, against 1.06-1.51× without). Float32 has no flash kernel; two cases measured
+    slower than leaving the attention to ONNX Runtime's own GEMMs and Softmax are refused unless the
+    packed ``Attention`` op with a raw mask (``raw_mask``: a keep mask, or none, which becomes a mask of
+    ones) avoids what made them slow:
+
+    * the sequence-first layout as MultiHeadAttention: the four Transposes into and out of [B, S, E] cost
+      more than the fusion saves (ViT-B/16 fp32, H200: 0.99× with vs 1.13× without at batch 16, 1.32× vs
+      1.39× at batch 1). Packed, the op reads the [B, S, E] tensor the projection's input was transposed
+      from, and only its output is transposed back;
+    * a key length known to be >= :data:`FP32_LONG_KEYS`, where ONNX Runtime picks its memory-efficient
+      kernel unless the mask is raw.
+    """
+    if dtype != np.float32 or raw_mask:
+        return None
+    if layout == GIVEN:
+        return ("float32 attention over given (rotated or repeated) heads is left unfused: MultiHeadAttention "
+                "with [B, H, L, D] key and value measured 0.82-1.04x the decomposed graph in float32 "
+                "(benchmarks/gqa_attention.py, H100), 1.4-2.7x in float16: a float16 export (model.half()) fuses it")
+    if layout == SEQ_FIRST:
+        return ("float32 sequence-first attention is left unfused unless its q, k, v are packed projections "
+                "with no mask or a keep mask: the Transposes into [B, S, E] and back cost more than the fusion "
+                "saves (measured: ViT-B/16 fp32); fp16 (--precision fp16) fuses it")
+    if long_keys(graph, key, layout):
+        return (f"float32 attention over {sequence_of(graph, key, layout)} keys is left unfused unless its q, k, v are "
+                f"packed projections with no mask or a keep mask: ONNX Runtime's fp32 memory-efficient kernel "
+                f"is slower than its unfused GEMMs from {FP32_LONG_KEYS} keys on (measured: Whisper-base, "
+                f"L=1500); fp16 (--precision fp16) fuses it")
+    return None
+
+
+def raw_mask_pays(dtype, packed: bool) -> bool:
+    """Whether a keep mask goes to packed ``Attention`` as a raw ``mask_index`` for speed alone (where the
+    bias would be exact too): in float32, measured faster (one BERT-base layer, H100: 0.069 against
+    0.076 ms at batch 1); not in float16, where the raw mask was slower (0.096 against 0.079 ms at batch
+    16) than an ``attention_bias``, which reaches the memory-efficient kernel
+    (:mod:`~onnxfuse.rewrites.contrib.attention.keep_masks`)."""
+    return packed and dtype == np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Fuse; ``all_keys_mask``: packed float32 self-attention over long keys, given a raw ``mask_index``
+    of ones (:func:`~onnxfuse.rewrites.contrib.attention.bias.build_all_keys_mask`), which keeps ONNX
+    Runtime off its float32 memory-efficient kernel."""
+
+    all_keys_mask: bool = False
+
+
+def speed_policy(graph, *, dtype, layout, key, packed: bool, key_mask: bool, masked: bool) -> Verdict | str:
+    """Whether this attention, once proved exact, fuses: the measured reason it would be slower
+    (:func:`slower_than_unfused`), or a :class:`Verdict`. ``layout``: how the op reads ``key``;
+    ``packed``: q, k, v go into ``Attention``; ``key_mask``: the mask is a raw keep mask; ``masked``:
+    there are mask steps. The packed op with a raw mask (a keep mask, or none) avoids both slow cases."""
+    raw_mask = packed and (key_mask or not masked)
+    slower = slower_than_unfused(graph, dtype, layout, key, raw_mask)
+    if slower:
+        return slower
+    return Verdict(all_keys_mask=raw_mask and not key_mask and dtype == np.dtype(np.float32)
+                   and long_keys(graph, key, layout))
