@@ -293,12 +293,15 @@ SPECS = {s.name: s for s in [
 ATTN_BUILDERS = ("bert_base", "gpt2_small", "qwen2_0_5b")
 
 
-def build_module(spec: Spec, seed: int = 0, exporter: str = "legacy"):
+def build_module(spec: Spec, seed: int = 0, exporter: str = "legacy", attention: str | None = None):
+    """``attention``: transformers' ``attn_implementation`` for the models that take one (None: sdpa for
+    the dynamo exporter, eager for the legacy one; ``--attention sdpa`` with the legacy exporter is what a
+    user who never sets it exports, issue 30)."""
     import torch
 
     torch.manual_seed(seed)
     if spec.name in ATTN_BUILDERS:
-        module = spec.build("sdpa" if exporter == "dynamo" else "eager").eval()
+        module = spec.build(attention or ("sdpa" if exporter == "dynamo" else "eager")).eval()
     else:
         module = spec.build().eval()
     # Random weights leave BatchNorm's running statistics at 0/1; make them non-trivial so folding them
@@ -511,7 +514,7 @@ def run_model(name: str, args, part: Path) -> None:
 
     torch.backends.cudnn.benchmark = True
     log(f"{name}: export (opset {args.opset})")
-    module = build_module(spec, exporter=args.exporter)
+    module = build_module(spec, exporter=args.exporter, attention=args.attention)
     path = work / f"{name}.onnx"
     rec.info("export", export(spec, module, path, args.opset, dynamic_seq=args.dynamic_seq, exporter=args.exporter))
     original = onnx.load(str(path))
@@ -692,7 +695,7 @@ def run_model(name: str, args, part: Path) -> None:
         try:
             log(f"{name}: fp16 export")
             path16 = work / f"{name}.fp16.onnx"
-            half = HalfIO(build_module(spec, exporter=args.exporter))
+            half = HalfIO(build_module(spec, exporter=args.exporter, attention=args.attention))
             rec.info("export_fp16", export(spec, half, path16, args.opset, device="cuda", dynamic_seq=args.dynamic_seq,
                                                  exporter=args.exporter))
             del half
@@ -962,6 +965,9 @@ def parse_args(argv=None):
     p.add_argument("--fp16-batches", default=None, help="batches for fp16 timing (default: --batches)")
     p.add_argument("--fp16-graph-modes", default=None, help="CUDA graph modes for fp16 (default: --graph-modes)")
     p.add_argument("--opset", type=int, default=14)
+    p.add_argument("--attention", choices=["eager", "sdpa"], default=None,
+                   help="transformers' attn_implementation for BERT, GPT-2, Qwen2 (default: sdpa with --exporter "
+                        "dynamo, eager with legacy)")
     p.add_argument("--exporter", choices=["legacy", "dynamo"], default="legacy",
                    help="legacy: TorchScript exporter, eager attention (default); dynamo: torch.onnx.export's default "
                         "since torch 2.9, sdpa attention, opset >= 18")

@@ -120,6 +120,36 @@ def build_mask_index(graph, names, base, mask: KeepMask, query, key, key_axis: i
                                outputs=[out]))
     return out
 
+def build_row_keep_factor(graph, names, base, mask_index, rank: int, dtype):
+    """``max(mask_index over the keys)`` as ``dtype``, shaped to broadcast over the fused op's [B, S, E]
+    output: [B, 1, 1] for a key padding mask ([B, L]), [B, S, 1] for one per query ([B, S, L]). 1 for a
+    row that keeps a key, 0 for a row that keeps none: multiplying the output by it zeroes exactly the
+    rows a NaN guard after the original's Softmax zeroed (:func:`~onnxfuse.rewrites.contrib.attention.
+    plan.plan_attention`, ``zero_empty_rows``). The Cast comes first: ReduceMax over a float mask is in
+    every provider's kernel list."""
+    as_float = gs.Variable(names(f"{base}/row_keep_values"), dtype=dtype)
+    graph.nodes.append(gs.Node("Cast", names(f"{base}/row_keep_cast"),
+                               {"to": 10 if np.dtype(dtype) == np.float16 else 1},
+                               inputs=[mask_index], outputs=[as_float]))
+    kept = gs.Variable(names(f"{base}/row_keep"), dtype=dtype)
+    if opset_of(graph) >= 18:
+        graph.nodes.append(gs.Node("ReduceMax", names(f"{base}/row_keep_max"), {"keepdims": 1}, inputs=[
+            as_float, new_constant(graph, f"{base}/key_axis", np.array([-1], np.int64))], outputs=[kept]))
+    else:
+        graph.nodes.append(gs.Node("ReduceMax", names(f"{base}/row_keep_max"), {"axes": [-1], "keepdims": 1},
+                                   inputs=[as_float], outputs=[kept]))
+    if rank == 3:
+        return kept
+    factor = gs.Variable(names(f"{base}/row_keep_factor"), dtype=dtype)
+    if opset_of(graph) >= 13:
+        graph.nodes.append(gs.Node("Unsqueeze", names(f"{base}/row_keep_unsqueeze"), inputs=[
+            kept, new_constant(graph, f"{base}/query_axis", np.array([1], np.int64))], outputs=[factor]))
+    else:
+        graph.nodes.append(gs.Node("Unsqueeze", names(f"{base}/row_keep_unsqueeze"), {"axes": [1]},
+                                   inputs=[kept], outputs=[factor]))
+    return factor
+
+
 def build_all_keys_mask(graph, names, base, x):
     """A raw ``mask_index`` of ones, [B, L] int32 with B and L = S x's (self-attention), computed on the
     device from x itself: ``Where(Equal(c, c), 1, 1)`` of ``c = Flatten(Slice(x, [0:1] on the last

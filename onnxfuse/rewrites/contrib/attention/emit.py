@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.contrib.attention.bias import build_all_keys_mask, build_attention_bias, build_mask_index
+from onnxfuse.rewrites.contrib.attention.bias import (build_all_keys_mask, build_attention_bias, build_mask_index,
+                                                      build_row_keep_factor)
 from onnxfuse.rewrites.contrib.attention.layout import AXES, GIVEN, HEADS, SEQ_FIRST
 from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan
 from onnxfuse.rewrites.contrib.attention.shape_reads import replace_shape
@@ -64,6 +65,9 @@ def emit(graph, plan: AttentionPlan):
                       shape=_output_shape(inputs[0], plan.heads * plan.head_size))
     graph.nodes.append(gs.Node("MultiHeadAttention", names(f"{base}/MultiHeadAttention"), attrs,
                                inputs=inputs, outputs=[out], domain="com.microsoft"))
+    if plan.zero_empty_rows:  # batch-first only (plan_attention): rows with no key kept → 0
+        out = _times(graph, names, base, out, build_row_keep_factor(graph, names, base, key_padding,
+                                                                    plan.key_mask.rank, plan.dtype), plan.dtype)
     if plan.layout == SEQ_FIRST:
         out = _swap01(graph, names, base, out, plan.dtype)
     plan.merge.inputs[0] = out
@@ -122,12 +126,15 @@ def _emit_packed(graph, plan: AttentionPlan, names, base):
                       shape=_output_shape(x, plan.heads * plan.head_size))
     graph.nodes.append(gs.Node("Attention", names(f"{base}/Attention"), attrs, inputs=inputs, outputs=[out],
                                domain="com.microsoft"))
+    if plan.zero_empty_rows:  # batch-first only (plan_attention): rows with no key kept → 0
+        out = _times(graph, names, base, out, build_row_keep_factor(graph, names, base, mask_index,
+                                                                    plan.key_mask.rank, plan.dtype), plan.dtype)
     if plan.layout == SEQ_FIRST:
         out = _swap01(graph, names, base, out, plan.dtype)
     plan.merge.inputs[0] = out
     return {"op": "com.microsoft.Attention", "num_heads": plan.heads, "scale": plan.scale,
             "mask": bool(plan.terms), "qkv_packed": True, "layout": plan.layout,
-            "mask_terms": [t.kind for t in plan.terms],
+            "mask_terms": [t.kind for t in plan.terms], "empty_rows_zeroed": plan.zero_empty_rows,
             "mask_form": ("all-keys mask_index" if plan.all_keys_mask else "mask_index" if mask_index is not None
                           else "attention_bias" if plan.terms else "none")}
 
@@ -140,6 +147,13 @@ def _batch_first_source(graph, names, base, x, dtype):
     if perm_of(p) == [1, 0, 2]:
         return p.inputs[0]
     return _swap01(graph, names, base, x, dtype)
+
+def _times(graph, names, base, out, factor, dtype):
+    """``out · factor`` (the fused op's output, its shape kept)."""
+    scaled = gs.Variable(names(f"{base}/attention_output_guarded"), dtype=dtype, shape=out.shape)
+    graph.nodes.append(gs.Node("Mul", names(f"{base}/empty_rows_to_zero"), inputs=[out, factor], outputs=[scaled]))
+    return scaled
+
 
 def _swap01(graph, names, base, tensor, dtype):
     shape = declared_shape(tensor)

@@ -77,7 +77,7 @@ class KeepMask:
     expand: bool = False
 
 
-def keep_mask(graph, terms, batch, queries, keys) -> KeepMask | None:
+def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False) -> KeepMask | None:
     """The mask steps ``terms`` (:func:`mask_terms`) as a :class:`KeepMask`, or None.
 
     Accepted: one term, either ``x + Where(c, 0, f)`` / ``x + Where(c, f, 0)`` (one branch a scalar
@@ -89,7 +89,9 @@ def keep_mask(graph, terms, batch, queries, keys) -> KeepMask | None:
     broadcast of a tensor ``keep`` (:func:`broadcast_source`; a ``Not`` is absorbed into ``negate``)
     whose shape, right-aligned to rank 4, is provably ``[batch or 1, 1, queries or 1, keys or 1]``.
     Anything else (a head-dependent mask, two terms, a
-    float mask computed as ``(1 - m)·c``) gives None: the mask then stays an additive bias."""
+    float mask computed as ``(1 - m)·c``) gives None: the mask then stays an additive bias.
+    ``infinite_fill``: f may be -inf too (torch's legacy export of scaled_dot_product_attention,
+    ``Where(keep, 0, -inf)``, whose NaN guard the caller emulates; the fill is then replaced)."""
     if len(terms) != 1:
         return None
     term = terms[0]
@@ -101,9 +103,10 @@ def keep_mask(graph, terms, batch, queries, keys) -> KeepMask | None:
         va, vb = scalar_constant(graph, a), scalar_constant(graph, b)
         va = None if va is None else float(np.asarray(va, np.float64).reshape(()))
         vb = None if vb is None else float(np.asarray(vb, np.float64).reshape(()))
-        if is_zeros(graph, a) and vb is not None and np.isfinite(vb):
+        usable = (lambda f: f is not None and (np.isfinite(f) or (infinite_fill and f == -np.inf)))
+        if is_zeros(graph, a) and usable(vb):
             keep_if_true, fill = True, vb
-        elif is_zeros(graph, b) and va is not None and np.isfinite(va):
+        elif is_zeros(graph, b) and usable(va):
             keep_if_true, fill = False, va
         else:
             return None

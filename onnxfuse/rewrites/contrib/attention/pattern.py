@@ -60,9 +60,8 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | str:
     if isinstance(found, str):
         return found
     terms, x = found
-    if guard is not None and not finite_masks(graph, terms):
-        return ("the Softmax's NaN guard Where(IsNaN(p), 0, p) zeroes rows whose every score is -inf; the "
-                "mask here is not provably finite, so the fused op's rows could differ")
+    # a guard after a mask that may hold -inf zeroes the rows with every key masked: emulated, or refused
+    zero_empty_rows = guard is not None and not finite_masks(graph, terms)
     factors: list[float] = []
     x = strip_scale(graph, x, nodes, factors)
     if island:  # the float16 scores enter float32 here, before any mask step
@@ -80,7 +79,8 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | str:
         return found
     q, k, v = found
     return plan_attention(graph, softmax, nodes, q, k, v, factors, terms, dtype, island, merge_r,
-                      lambda: find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t))
+                          lambda: find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t),
+                          zero_empty_rows=zero_empty_rows)
 
 def analyze_onnx_attention(graph, op) -> AttentionPlan | str:
     """ONNX's own ``Attention`` (opset 23, which torch's dynamo exporter writes for scaled_dot_product_

@@ -57,6 +57,7 @@ class AttentionPlan:
     island: bool = False  # a float16 attention whose scores, mask and Softmax are float32
     all_keys_mask: bool = False  # packed float32 over long keys: a raw mask of ones keeps the unfused kernel
     kv_heads: bool = False  # k and v are given [B, H, L, D] heads, the op's "past" layout (q: ``layout``)
+    zero_empty_rows: bool = False  # the NaN guard after a -inf mask: rows with no key kept become 0
 
     @property
     def key_layout(self) -> str:
@@ -64,9 +65,19 @@ class AttentionPlan:
         return GIVEN if self.kv_heads else BATCH_FIRST
 
 
-def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island, merge_r, shape_reads_of):
+def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island, merge_r, shape_reads_of,
+                   zero_empty_rows: bool = False):
     """The checks and the plan both forms share once q, k, v are split and the mask steps peeled:
-    ``shape_reads_of`` finds the Shape readers the rewrite can recompute (None: none allowed)."""
+    ``shape_reads_of`` finds the Shape readers the rewrite can recompute (None: none allowed).
+
+    ``zero_empty_rows``: a NaN guard ``Where(IsNaN(p), 0, p)`` follows a Softmax whose mask may hold -inf
+    (torch's legacy export of ``scaled_dot_product_attention``: transformers' default sdpa attention adds
+    ``Where(keep, 0, -inf)``). Fused only when that mask is a keep mask the op takes raw: a row keeping
+    at least one key gets exactly the original's weights with the fill finfo(float32).min in place of
+    -inf (every masked weight exp(s + fill - max) is 0 in float32, as exp(-inf) is), and a row keeping
+    none, NaN in the original and zeroed by the guard, is the fused op's output times
+    ``max(keep over the keys)``: 0 there, 1 elsewhere (x·1 = x exactly; x·0 = 0 for finite x, and an
+    infinite or NaN value of V gives NaN in both models). Refused otherwise, with the guard's reason."""
     if not (q.heads == k.heads == v.heads and q.size == k.size == v.size):
         return f"Q, K and V split into different heads ({q.heads}x{q.size}, {k.heads}x{k.size}, {v.heads}x{v.size})"
     given = k.layout == GIVEN  # heads.query_key_value: then v too; q given or batch-first
@@ -111,13 +122,20 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     # a raw 0/1 mask: packed Attention's mask_index (float32 too: measured faster there), or
     # MultiHeadAttention's key_padding_mask where a float16 bias would not be exact; both kernels add
     # mask_filter_value to float32 scores. Packed: B and S = L are x's; else q's B and S, k's L.
-    if (island or fp16_fill or raw_mask_pays(dtype, packed is not None)) and (
+    if (island or fp16_fill or zero_empty_rows or raw_mask_pays(dtype, packed is not None)) and (
             packed is not None or q.layout != SEQ_FIRST):
         (qx, q_layout), (kx, k_layout) = ([(packed.x, q.layout)] * 2 if packed is not None
                                           else [(q_source, q.layout), (k_source, k.layout)])
         if rank_of(graph, qx) == AXES[q_layout][0] and rank_of(graph, kx) == AXES[k_layout][0]:
             key_mask = keep_mask(graph, terms, batch_of(graph, qx, q_layout), sequence_of(graph, qx, q_layout),
-                                 sequence_of(graph, kx, k_layout))
+                                 sequence_of(graph, kx, k_layout), infinite_fill=zero_empty_rows)
+    if zero_empty_rows:
+        if key_mask is None or q.layout == SEQ_FIRST:
+            return ("the Softmax's NaN guard Where(IsNaN(p), 0, p) zeroes rows whose every score is -inf; the "
+                    "mask here is not provably finite and not a keep mask of [B, 1, S or 1, L] the fused op "
+                    "could take raw (then rows with no key kept are zeroed after it), so the fused op's rows "
+                    "could differ")
+        key_mask = replace(key_mask, fill=float(np.finfo(np.float32).min))
     if fp16_fill:
         if key_mask is None:
             return (f"Where-mask fill {FP16_MIN:g} (float16) is not absorbing (s + f != f for |s| >= 16): fused "
@@ -140,4 +158,4 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                          head_size=q.size, scale=scale, layout=q.layout, dtype=dtype, merge=merge_r, terms=terms,
                          mask_rank=mask_rank, mask_tail_known=tail_known, biases=biases, shape_reads=shape_reads,
                          packed=packed, key_mask=key_mask, island=island, all_keys_mask=verdict.all_keys_mask,
-                         kv_heads=given)
+                         kv_heads=given, zero_empty_rows=zero_empty_rows)
