@@ -245,6 +245,12 @@ class _Converter:
         return helper.make_node("Cast", [source], [dest], to=to, name=f"{source}/{suffix}_{self.counter}")
 
     def graph(self, graph: onnx.GraphProto, main: bool) -> None:
+        # Node sets below are keyed by id(). protobuf (upb) hands out one Python object per node only while
+        # one is alive: a node read again after its object was freed comes back as a new object, whose id
+        # may be any freed object's. Holding every node's object for the whole conversion keeps each id
+        # that node's own; without it, island membership depended on what the process had freed before
+        # (the same model converted differently after other models: one Cast more or fewer).
+        alive = list(graph.node)  # noqa: F841  (held, not read)
         inits = {t.name: t for t in graph.initializer}
         kept: dict[str, str] = {}  # float32 constant name → why it stays float32
         graph_inputs = {vi.name for vi in graph.input}
