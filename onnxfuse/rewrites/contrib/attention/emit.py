@@ -65,12 +65,7 @@ def emit(graph, plan: AttentionPlan):
                       shape=_output_shape(inputs[0], plan.heads * plan.head_size))
     graph.nodes.append(gs.Node("MultiHeadAttention", names(f"{base}/MultiHeadAttention"), attrs,
                                inputs=inputs, outputs=[out], domain="com.microsoft"))
-    if plan.zero_empty_rows:  # batch-first only (plan_attention): rows with no key kept → 0
-        out = _times(graph, names, base, out, build_row_keep_factor(graph, names, base, key_padding,
-                                                                    plan.key_mask.rank, plan.dtype), plan.dtype)
-    if plan.layout == SEQ_FIRST:
-        out = _swap01(graph, names, base, out, plan.dtype)
-    plan.merge.inputs[0] = out
+    _connect_output(graph, names, base, plan, out, key_padding)
     return {"op": "com.microsoft.MultiHeadAttention", "num_heads": plan.heads, "scale": plan.scale,
             "mask": bool(plan.terms), "qkv_bias": plan.biases is not None, "layout": plan.layout,
             "kv_layout": "BNSH" if plan.kv_heads else "BSD", "mask_terms": [t.kind for t in plan.terms],
@@ -126,12 +121,7 @@ def _emit_packed(graph, plan: AttentionPlan, names, base):
                       shape=_output_shape(x, plan.heads * plan.head_size))
     graph.nodes.append(gs.Node("Attention", names(f"{base}/Attention"), attrs, inputs=inputs, outputs=[out],
                                domain="com.microsoft"))
-    if plan.zero_empty_rows:  # batch-first only (plan_attention): rows with no key kept → 0
-        out = _times(graph, names, base, out, build_row_keep_factor(graph, names, base, mask_index,
-                                                                    plan.key_mask.rank, plan.dtype), plan.dtype)
-    if plan.layout == SEQ_FIRST:
-        out = _swap01(graph, names, base, out, plan.dtype)
-    plan.merge.inputs[0] = out
+    _connect_output(graph, names, base, plan, out, mask_index)
     return {"op": "com.microsoft.Attention", "num_heads": plan.heads, "scale": plan.scale,
             "mask": bool(plan.terms), "qkv_packed": True, "layout": plan.layout,
             "mask_terms": [t.kind for t in plan.terms], "empty_rows_zeroed": plan.zero_empty_rows,
@@ -148,11 +138,19 @@ def _batch_first_source(graph, names, base, x, dtype):
         return p.inputs[0]
     return _swap01(graph, names, base, x, dtype)
 
-def _times(graph, names, base, out, factor, dtype):
-    """``out · factor`` (the fused op's output, its shape kept)."""
-    scaled = gs.Variable(names(f"{base}/attention_output_guarded"), dtype=dtype, shape=out.shape)
-    graph.nodes.append(gs.Node("Mul", names(f"{base}/empty_rows_to_zero"), inputs=[out, factor], outputs=[scaled]))
-    return scaled
+def _connect_output(graph, names, base, plan: AttentionPlan, out, raw_mask) -> None:
+    """The fused op's [B, S, E] output into the merging Reshape: times the row-keep factor first when the
+    plan emulates a NaN guard (``zero_empty_rows``, batch-first only: rows with no key kept become 0),
+    transposed back to [S, B, E] for the sequence-first layout."""
+    if plan.zero_empty_rows:
+        factor = build_row_keep_factor(graph, names, base, raw_mask, plan.key_mask.rank, plan.dtype)
+        scaled = gs.Variable(names(f"{base}/attention_output_guarded"), dtype=plan.dtype, shape=out.shape)
+        graph.nodes.append(gs.Node("Mul", names(f"{base}/empty_rows_to_zero"), inputs=[out, factor],
+                                   outputs=[scaled]))
+        out = scaled
+    if plan.layout == SEQ_FIRST:
+        out = _swap01(graph, names, base, out, plan.dtype)
+    plan.merge.inputs[0] = out
 
 
 def _swap01(graph, names, base, tensor, dtype):
