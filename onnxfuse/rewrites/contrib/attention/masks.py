@@ -25,8 +25,11 @@ Softmax, into zeros. When every mask step adds finite values (a Where's finite f
 ±inf, or ``Where(c, a, b)`` of finite scalars: :func:`finite_masks`), finite scores give finite
 masked scores, a Softmax row is never NaN and the guard is the identity: it goes with the pattern.
 NaN or infinite scores (an overflow upstream) would be zeroed by the guard and stay NaN in the fused
-op: outside what validation's finite inputs can reach, and no real attention's. A mask that may hold -inf is
-refused with the guard, with that reason.
+op: outside what validation's finite inputs can reach, and no real attention's. A mask that may hold -inf
+(torch's legacy export of transformers' default sdpa attention: ``Where(keep, 0, -inf)``) fuses when it is
+a keep mask the op takes raw: the guard is then emulated by zeroing the rows that keep no key
+(:func:`~onnxfuse.rewrites.contrib.attention.plan.plan_attention`, ``zero_empty_rows``); any other such
+mask is refused with the guard, with that reason.
 """
 
 from __future__ import annotations
