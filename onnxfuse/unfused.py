@@ -27,6 +27,7 @@ LEFT_BEHIND: dict[str, tuple[str, ...]] = {
     "contrib-attention": ("Softmax",),
     "contrib-gelu": ("Erf",),
     "contrib-layernorm": ("ReduceMean",),
+    "contrib-rmsnorm": ("ReduceMean",),  # a lone RMSNorm (one after a residual Add is contrib-skip-rmsnorm's)
 }
 
 #: Quoted names inside a refusal reason ('/layers.0/Add_output_0'): replaced to group alike reasons.

@@ -64,3 +64,9 @@ def test_reason_pattern_folds_quoted_names_not_apostrophes():
 
     assert reason_pattern("tensor 'a/b:0' is read by 'c'") == "tensor <name> is read by <name>"
     assert reason_pattern("the Softmax's guard; the fused op's rows 'x'") == "the Softmax's guard; the fused op's rows <name>"
+
+
+def test_a_lone_rmsnorm_left_unfused_is_reported_with_the_opset_reason():
+    result = onnxfuse.optimize(str(TESTDATA / "llama_kv_opset14.onnx"), validate=False, bench=False)
+    (row,) = [u for u in result.unfused if u.rule == "contrib-rmsnorm"]
+    assert row.op == "ReduceMean" and row.count == 1 and "RMSNormalization needs opset 23" in row.reason
