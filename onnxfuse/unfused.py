@@ -61,9 +61,16 @@ def unfused_patterns(refusals, output_ops_by_name: dict[str, str]) -> list[Unfus
         ops = LEFT_BEHIND.get(r.rule)
         if ops and output_ops_by_name.get(r.node) in ops:
             first_reason.setdefault((r.rule, r.node), reason_pattern(r.reason))
+    # A node two rules refused (a LayerNorm's variance ReduceMean is also an RMSNorm candidate) counts
+    # once, for the rule listed first in LEFT_BEHIND.
+    order = {rule: k for k, rule in enumerate(LEFT_BEHIND)}
+    owner: dict[str, str] = {}
+    for rule, node in sorted(first_reason, key=lambda key: order[key[0]]):
+        owner.setdefault(node, rule)
     groups: dict[tuple[str, str], Counter] = {}
     for (rule, node), reason in first_reason.items():
-        groups.setdefault((rule, output_ops_by_name[node]), Counter())[reason] += 1
+        if owner[node] == rule:
+            groups.setdefault((rule, output_ops_by_name[node]), Counter())[reason] += 1
     rows = []
     for (rule, op), reasons in groups.items():
         reason, n = reasons.most_common(1)[0]

@@ -70,3 +70,10 @@ def test_a_lone_rmsnorm_left_unfused_is_reported_with_the_opset_reason():
     result = onnxfuse.optimize(str(TESTDATA / "llama_kv_opset14.onnx"), validate=False, bench=False)
     (row,) = [u for u in result.unfused if u.rule == "contrib-rmsnorm"]
     assert row.op == "ReduceMean" and row.count == 1 and "RMSNormalization needs opset 23" in row.reason
+
+
+def test_a_node_two_rules_refused_counts_once_for_the_first_listed():
+    refusals = [Refusal("contrib-rmsnorm", "var", "not the last axis only"),
+                Refusal("contrib-layernorm", "var", "axes [2] are not the trailing axes")]
+    rows = unfused_patterns(refusals, {"var": "ReduceMean"})
+    assert rows == [Unfused("contrib-layernorm", "ReduceMean", 1, "axes [2] are not the trailing axes", 1)]
