@@ -304,6 +304,7 @@ def optimize_model(
         custom_library=custom_library_needed(optimized),
         unfused=unfused_patterns(applied.refusals, {n.name: n.op_type for n in optimized.graph.node if n.name}),
     )
+    result.extra["repairs"] = list(repairs)  # also without validation (its note carries them otherwise)
     if precision:
         result.extra["precision"] = {"precision": options.precision, "notes": precision_notes}
     if options.right_padded:

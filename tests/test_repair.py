@@ -216,3 +216,26 @@ def test_what_ort_cannot_run_is_still_refused_in_one_line(build, message, tmp_pa
     assert r.returncode == 1
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "invalid ONNX model" in lines[0], r.stderr
+
+
+def test_repairs_are_reported_without_validation_too(tmp_path):
+    """With --no-validate there is no validation note: the repairs are in the report's ``repairs`` and
+    one note line on the terminal."""
+    import json
+
+    from click.testing import CliRunner
+
+    from onnxfuse.cli import main
+
+    src = tmp_path / "unsorted.onnx"
+    onnx.save(unsorted(), src)
+    report = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["optimize", str(src), str(tmp_path / "out.onnx"), "--no-validate", "--no-bench",
+                                    "--json", str(report)], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    repairs = json.loads(report.read_text())["result"]["repairs"]
+    assert repairs and "sorted" in " ".join(repairs)
+    assert "the input was repaired" in " ".join(res.stdout.split())
+    plain = onnxfuse.optimize(_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])]),
+                              validate=False, bench=False)
+    assert plain.to_dict()["repairs"] == []

@@ -11,6 +11,7 @@ from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, hand
                                  report_console, report_file, right_padded_option, stderr, write_failure_json)
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, ValidationFailed
 from onnxfuse import api, model_io
+from onnxfuse.repair import note as repair_note
 from onnxfuse.atomic import OutputSet
 from onnxfuse.reports.files import check_report_paths, json_text, stage_report
 from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
@@ -159,6 +160,8 @@ def optimize(input_path, output_path, target, only, skip, explain, explain_all, 
             render.print_prose(stdout, note, "note: ", "[yellow]note:[/] ")
     else:
         stdout.print("[yellow]validation skipped (--no-validate)[/]")
+        if result.extra.get("repairs"):  # with validation its notes say it
+            render.print_prose(stdout, repair_note(result.extra["repairs"]), "note: ", "[yellow]note:[/] ")
     if result.timing is not None:
         if result.timing.status == "ok":
             stdout.print(render.timing_table(result.timing))
