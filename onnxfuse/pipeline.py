@@ -33,6 +33,7 @@ from onnxfuse.errors import (
     UsageError,
     ValidationFailed,
 )
+from onnxfuse.rewrites.engine.rule import unnamed_label
 from onnxfuse.rewrites.engine.proven_dims import prove_dims
 from onnxfuse.rewrites import ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, select_rules
 from onnxfuse.runtime.inputs import Inputs, make_samples
@@ -302,7 +303,8 @@ def optimize_model(
         ops_after=op_counts(optimized),
         rewrite_seconds=rewrite_seconds,
         custom_library=custom_library_needed(optimized),
-        unfused=unfused_patterns(applied.refusals, {n.name: n.op_type for n in optimized.graph.node if n.name}),
+        unfused=unfused_patterns(applied.refusals, {n.name or unnamed_label(n.op_type, n.output[0] if n.output else ""):
+                                                    n.op_type for n in optimized.graph.node}),
     )
     result.extra["repairs"] = list(repairs)  # also without validation (its note carries them otherwise)
     if precision:

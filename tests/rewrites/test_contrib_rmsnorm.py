@@ -150,15 +150,28 @@ def test_t5_form_with_its_own_upcast_for_the_product(opset):
                                rtol=2e-3, atol=2e-3)
 
 
-def test_rmsnorm_below_opset23_is_refused_with_the_reason():
-    # Opset 17: raising to 23 re-reads ReduceMean (axes moved to an input at 18); SimplifiedLayerNormalization
-    # would make a checker-valid model invalid. The decomposed form stays.
+def test_rmsnorm_below_opset23_raises_when_only_its_own_nodes_would_change():
+    # Opset 17: the pattern's own ReduceMean (axes moved to an input at 18) goes with the rewrite, so the
+    # raise to 23 changes no node that stays.
     m = model(rms_body(), opset=17)
+    out, report = fuse(m, SKIP, RMS)
+    assert report.counts[RMS.name] == 1 and ops(out)["RMSNormalization"] == 1 and ops(out)["ReduceMean"] == 0
+    assert [o.version for o in out.opset_import if o.domain in ("", "ai.onnx")] == [23]
+    onnx.checker.check_model(out, full_check=True)
+    x = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)
+    np.testing.assert_allclose(run(out, {"x": x})["y"], reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_rmsnorm_below_opset23_is_refused_when_another_node_would_change():
+    # Another ReduceMean (not the norm's) would be re-read at 18: the raise is refused, the norm stays, and
+    # SimplifiedLayerNormalization would make a checker-valid model invalid.
+    body = rms_body() + "\n        other = ReduceMean <axes = [-1]> (x)"
+    m = model(body, opset=17, outputs="float[2,5,8] y, float[2,5,1] other")
     out, report = fuse(m, SKIP, RMS)
     assert report.counts[RMS.name] == 0
     assert any("RMSNormalization needs opset 23" in r and "ReduceMean" in r and "onnx.checker" in r
                for r in refusals(report, RMS)), refusals(report)
-    assert ops(out)["ReduceMean"] == 1
+    assert ops(out)["ReduceMean"] == 2
 
 
 def test_rmsnorm_simplified_layernorm_only_where_the_model_already_has_ort_onnx_domain_ops():
@@ -300,18 +313,13 @@ def test_skip_rmsnorm_refuses_a_constant_operand():
 def test_decoder_exports_fuse_four_residual_rmsnorms(name):
     # Per layer: input_layernorm and post_attention_layernorm, then the final norm: 5. Every one but the
     # first (on the embeddings, no residual Add) follows a residual Add → 4 SkipSimplifiedLayerNormalization;
-    # the first is refused below opset 18 (14/17 → 23 would re-read ReduceMean's axes); the opset-18 dynamo
-    # export is raised to 23 (Cast-19's saturate changes nothing below 19) and gets RMSNormalization.
+    # the first becomes RMSNormalization: its own ReduceMean was all that kept the opset from 23 (and
+    # Cast-19's saturate changes nothing below 19).
     m = helpers.load_testdata(name)
     out, report = fuse(m, SKIP, RMS)
     assert report.counts[SKIP.name] == 4, refusals(report)
-    if name == "llama_tiny_dynamo_fp16":
-        assert report.counts[RMS.name] == 1 and ops(out)["RMSNormalization"] == 1 and ops(out)["ReduceMean"] == 0
-        assert [o.version for o in out.opset_import if o.domain in ("", "ai.onnx")] == [23]
-    else:
-        assert report.counts[RMS.name] == 0
-        assert any("RMSNormalization needs opset 23" in r for r in refusals(report, RMS)), refusals(report)
-        assert ops(out)["ReduceMean"] == 1
+    assert report.counts[RMS.name] == 1 and ops(out)["RMSNormalization"] == 1 and ops(out)["ReduceMean"] == 0
+    assert [o.version for o in out.opset_import if o.domain in ("", "ai.onnx")] == [23]
     assert ops(out)[SKIP_OP] == 4
     sums = [n for n in out.graph.node if n.op_type == "SkipSimplifiedLayerNormalization" and len(n.output) == 4]
     assert len(sums) == 3  # the last one (the final norm) has no residual stream after it

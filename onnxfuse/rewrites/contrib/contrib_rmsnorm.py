@@ -74,7 +74,9 @@ class ContribRmsNorm(ContribRule):
         problem = dtype_problem(m.dtype, RMS_DTYPES, "RMSNormalization input")
         if problem:
             return problem, None
-        raise_problem = opset_raise_problem(graph, RMSNORM_OPSET)
+        # the pattern's own nodes go (its ReduceMean's axes attribute would otherwise block 14/17 → 23);
+        # a leading Cast the residual stream still reads stays, and Cast's meaning is unchanged up to 23
+        raise_problem = opset_raise_problem(graph, RMSNORM_OPSET, replaced=[n for n in m.nodes if n.op != "Cast"])
         if raise_problem is None:
             op = "RMSNormalization"
         elif ort_domain_ops_present(graph):

@@ -32,6 +32,11 @@ from typing import Any, ClassVar, Iterable
 TARGETS = ("cuda", "contrib", "onnx")
 
 
+def unnamed_label(op: str, first_output: str) -> str:
+    """How a node without a name is named in refusals and reports: ``<op → first output>``."""
+    return f"<{op} → {first_output}>"
+
+
 @dataclass(frozen=True)
 class Refusal:
     """A candidate a rule looked at and declined, with the reason."""
@@ -143,7 +148,12 @@ class Rule:
     def anchor_name(self, match) -> str:
         """The name shown for a match in refusals (a node's name by default)."""
         node = self.anchor(match)
-        return getattr(node, "name", None) or str(node)
+        if getattr(node, "name", None):
+            return node.name
+        outputs = getattr(node, "outputs", None)
+        if outputs:  # an unnamed node: its op and first output (str(node) is a multi-line dump)
+            return unnamed_label(node.op, outputs[0].name)
+        return str(node)
 
     def __repr__(self) -> str:
         return f"<Rule {self.name}>"
