@@ -199,15 +199,14 @@ def destination(final, what: str = "file") -> Path:
         mode = None
     except OSError as exc:
         raise write_error(exc, final, what) from None
+    only_files = f"the {what} is only written to a regular file" + (" (for stdout use --json -)" if "JSON" in what else "")
     if mode is not None and not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-        raise ModelSaveError(f"{final}: is {kind}; the {what} is only written to a regular file"
-                             + (" (for stdout use --json -)" if "JSON" in what else ""))
+        raise ModelSaveError(f"{final}: is {kind}; {only_files}")
     special = next((hop for hop in _link_chain(final)
                     if any(hop == top or hop.startswith(top + "/") for top in _SPECIAL_TREES)), None)
     if special is not None:
-        raise ModelSaveError(f"{final}: leads to {special}, a device or stream, not a file; the {what} is only "
-                             "written to a regular file" + (" (for stdout use --json -)" if "JSON" in what else ""))
+        raise ModelSaveError(f"{final}: leads to {special}, a device or stream, not a file; {only_files}")
     return real if final.is_symlink() else final
 
 

@@ -133,14 +133,6 @@ def is_lazy(tensor: onnx.TensorProto) -> bool:
     return is_external(tensor) and external_info(tensor).get("location", "") in _own_sources
 
 
-def is_foreign_absolute(tensor: onnx.TensorProto) -> bool:
-    """True for an external tensor whose absolute ``location`` this process did not make: never read."""
-    if not is_external(tensor):
-        return False
-    location = external_info(tensor).get("location", "")
-    return os.path.isabs(location) and location not in _own_sources
-
-
 def set_external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
     """Make ``tensor`` a reference to ``length`` bytes at ``offset`` of ``location`` (its data cleared)."""
     tensor.ClearField("raw_data")

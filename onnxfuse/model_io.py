@@ -111,6 +111,8 @@ def _check_repairable(model: onnx.ModelProto, name: str) -> None:
     from onnxfuse import repair
 
     fixed, _ = repair.repaired(model)
+    if fixed is model:  # onnx.checker accepted it as it is: no second check
+        return
     problem = repair.validity_problem(fixed)
     if problem is not None:
         raise ModelLoadError(f"{name}: invalid ONNX model: {problem}")

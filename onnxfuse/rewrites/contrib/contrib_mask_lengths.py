@@ -40,8 +40,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.matching import ContribRule
-from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import declared_shape, dtype_of, int_attr, is_ms_op, is_op, opset_of, rank_of, subgraphs
+from onnxfuse.rewrites.engine.edit import NameAllocator, append_axes_op
+from onnxfuse.rewrites.engine.facts import declared_shape, dtype_of, int_attr, is_ms_op, is_op, rank_of, subgraphs
 
 #: Ops that read only their input's shape, never its values.
 SHAPE_READS = ("Shape", "Size")
@@ -95,13 +95,7 @@ class ContribMaskLengths(ContribRule):
         counted = mask if _zero_one(mask) else _as_zero_one(graph, names, base, mask)
         batch = (declared_shape(mask) or (None,))[0]
         lengths = gs.Variable(names(f"{base}/key_lengths"), dtype=np.int32, shape=[batch])
-        if opset_of(graph) >= 13:
-            axes = new_constant(graph, f"{base}/key_axis", np.array([1], np.int64))
-            graph.nodes.append(gs.Node("ReduceSum", names(f"{base}/key_lengths"), {"keepdims": 0},
-                                       inputs=[counted, axes], outputs=[lengths]))
-        else:
-            graph.nodes.append(gs.Node("ReduceSum", names(f"{base}/key_lengths"), {"axes": [1], "keepdims": 0},
-                                       inputs=[counted], outputs=[lengths]))
+        append_axes_op(graph, "ReduceSum", names(f"{base}/key_lengths"), counted, [1], lengths, {"keepdims": 0})
         node.inputs[3] = lengths
         return {"op": "com.microsoft.Attention", "mask_form": "1-D key lengths", "right_padded": promised}
 

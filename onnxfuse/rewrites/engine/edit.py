@@ -5,6 +5,7 @@
   node alone, it is updated in place (its name is kept); when anything else reads it (weights shared by
   two convolutions, a Constant node's output, a graph output) the node gets a fresh *copy* and every
   other reader keeps the original. In a large model the new weight goes to the spill file at once.
+* :func:`append_axes_op` writes a Squeeze, Unsqueeze or Reduce* with its axes as the graph's opset wants.
 * :func:`bypass` makes one node write another's output; :func:`fuse` replaces a set of nodes by one
   node writing the last node's output tensor, so downstream names (graph outputs included) are kept.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.facts import MS_DOMAIN, is_graph_output
+from onnxfuse.rewrites.engine.facts import MS_DOMAIN, is_graph_output, opset_of
 
 
 def _owned_by(graph, tensor, node) -> bool:
@@ -153,3 +154,24 @@ def empty_input():
 def new_constant(graph, base: str, values: np.ndarray) -> gs.Constant:
     """A new initializer named after ``base`` (made unique in ``graph``)."""
     return gs.Constant(NameAllocator(graph)(base), np.ascontiguousarray(values))
+
+
+#: The default-domain opset from which an op takes ``axes`` as an input instead of an attribute.
+AXES_INPUT_SINCE = {"Squeeze": 13, "Unsqueeze": 13, "ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18,
+                    "ReduceMin": 18, "ReduceProd": 18, "ReduceL1": 18, "ReduceL2": 18, "ReduceLogSum": 18,
+                    "ReduceLogSumExp": 18, "ReduceSumSquare": 18}
+
+
+def append_axes_op(graph, op: str, name: str, data, axes, output, attrs=None) -> gs.Node:
+    """Append ``op(data)`` over ``axes`` writing ``output``: ``axes`` an attribute below
+    :data:`AXES_INPUT_SINCE` ``[op]`` at the graph's opset, a constant int64 input from there on (the two
+    spellings of the same op, so one call serves every opset)."""
+    attrs = dict(attrs or {})
+    axes = [int(a) for a in axes]
+    if opset_of(graph) >= AXES_INPUT_SINCE[op]:
+        inputs = [data, new_constant(graph, f"{name}/axes", np.array(axes, np.int64))]
+    else:
+        inputs, attrs["axes"] = [data], axes
+    node = gs.Node(op, name, attrs, inputs=inputs, outputs=[output])
+    graph.nodes.append(node)
+    return node

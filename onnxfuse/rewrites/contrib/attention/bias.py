@@ -15,8 +15,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, run_time_dim, sequence_of
-from onnxfuse.rewrites.engine.edit import new_constant
-from onnxfuse.rewrites.engine.facts import constant_value, consumers, dims_equal, is_op, opset_of, producer_of
+from onnxfuse.rewrites.engine.edit import append_axes_op, new_constant
+from onnxfuse.rewrites.engine.facts import constant_value, consumers, dims_equal, is_op, producer_of
 
 def _combined_mask(graph, plan, names, base):
     """One additive mask from the terms, innermost first: ``x + M`` adds M; ``Where(c, x, f)`` is
@@ -42,9 +42,8 @@ def _combined_mask(graph, plan, names, base):
     return bias
 
 def _unsqueeze(graph, names, base, mask, axes_values, dtype):
-    axes = new_constant(graph, f"{base}/mask_axes", axes_values)
     out = gs.Variable(names(f"{base}/mask_rank4"), dtype=dtype)
-    graph.nodes.append(gs.Node("Unsqueeze", names(f"{base}/mask_unsqueeze"), inputs=[mask, axes], outputs=[out]))
+    append_axes_op(graph, "Unsqueeze", names(f"{base}/mask_unsqueeze"), mask, axes_values, out)
     return out
 
 def build_attention_bias(graph, plan, names, base, query, key):
@@ -105,12 +104,8 @@ def build_mask_index(graph, names, base, mask: KeepMask, query, key, key_axis: i
     if mask.rank == 2:
         graph.nodes.append(gs.Node("Flatten", names(f"{base}/key_keep_flatten"), {"axis": 1},
                                    inputs=[keep], outputs=[flat]))
-    elif opset_of(graph) >= 13:
-        graph.nodes.append(gs.Node("Squeeze", names(f"{base}/keep_squeeze"), inputs=[
-            keep, new_constant(graph, f"{base}/head_axis", np.array([1], np.int64))], outputs=[flat]))
     else:
-        graph.nodes.append(gs.Node("Squeeze", names(f"{base}/keep_squeeze"), {"axes": [1]}, inputs=[keep],
-                                   outputs=[flat]))
+        append_axes_op(graph, "Squeeze", names(f"{base}/keep_squeeze"), keep, [1], flat)
     if mask.negate:
         kept = gs.Variable(names(f"{base}/key_keep_not"), dtype=np.bool_)
         graph.nodes.append(gs.Node("Not", names(f"{base}/key_keep_not"), inputs=[flat], outputs=[kept]))
@@ -132,21 +127,11 @@ def build_row_keep_factor(graph, names, base, mask_index, rank: int, dtype):
                                {"to": 10 if np.dtype(dtype) == np.float16 else 1},
                                inputs=[mask_index], outputs=[as_float]))
     kept = gs.Variable(names(f"{base}/row_keep"), dtype=dtype)
-    if opset_of(graph) >= 18:
-        graph.nodes.append(gs.Node("ReduceMax", names(f"{base}/row_keep_max"), {"keepdims": 1}, inputs=[
-            as_float, new_constant(graph, f"{base}/key_axis", np.array([-1], np.int64))], outputs=[kept]))
-    else:
-        graph.nodes.append(gs.Node("ReduceMax", names(f"{base}/row_keep_max"), {"axes": [-1], "keepdims": 1},
-                                   inputs=[as_float], outputs=[kept]))
+    append_axes_op(graph, "ReduceMax", names(f"{base}/row_keep_max"), as_float, [-1], kept, {"keepdims": 1})
     if rank == 3:
         return kept
     factor = gs.Variable(names(f"{base}/row_keep_factor"), dtype=dtype)
-    if opset_of(graph) >= 13:
-        graph.nodes.append(gs.Node("Unsqueeze", names(f"{base}/row_keep_unsqueeze"), inputs=[
-            kept, new_constant(graph, f"{base}/query_axis", np.array([1], np.int64))], outputs=[factor]))
-    else:
-        graph.nodes.append(gs.Node("Unsqueeze", names(f"{base}/row_keep_unsqueeze"), {"axes": [1]},
-                                   inputs=[kept], outputs=[factor]))
+    append_axes_op(graph, "Unsqueeze", names(f"{base}/row_keep_unsqueeze"), kept, [1], factor)
     return factor
 
 
