@@ -30,7 +30,7 @@ import onnx
 from onnxfuse.rewrites.engine.edit import new_constant
 from onnxfuse.rewrites.engine.facts import (
     FP16, consumers, constant_value, dtype_of, first_known_dtype, int_attr, internal_problem, is_graph_output,
-    is_op, last_dim, other_input, producer_of, rank_of, scalar_constant, shape_of,
+    is_op, last_dim, other_input, producer_of, rank_of, scalar_constant, shape_of, sole_reader,
 )
 
 
@@ -74,13 +74,6 @@ def _trailing_k(graph, x, axes):
     return k if sorted(axes) == list(range(-k, 0)) else None
 
 
-def _single_reader(graph, tensor):
-    readers = consumers(tensor)
-    if len(readers) != 1 or is_graph_output(graph, tensor):
-        return None
-    return readers[0]
-
-
 def _mean_anchor(graph, rm1):
     """``(reason, (x, mean, k, axes))`` for the first ReduceMean of a decomposed LayerNorm: keepdims=1
     over the last k axes of x."""
@@ -99,7 +92,7 @@ def _mean_anchor(graph, rm1):
 def _std_chain(graph, sq_node, x, k, axes):
     """``(reason, (rm2, add_eps, eps_tensor, eps, sqrt))`` for the standard deviation of a decomposed
     LayerNorm: ReduceMean over the same k trailing axes → Add(ε) → Sqrt, each read only by the next."""
-    rm2 = _single_reader(graph, sq_node.outputs[0])
+    rm2 = sole_reader(graph, sq_node.outputs[0])
     if not is_op(rm2, "ReduceMean") or rm2.inputs[0] is not sq_node.outputs[0]:
         return "the square is not read by a ReduceMean only", None
     reason, axes2 = _reduce_axes(graph, rm2)
@@ -107,14 +100,14 @@ def _std_chain(graph, sq_node, x, k, axes):
         return reason, None
     if _trailing_k(graph, sq_node.outputs[0], axes2) != k:
         return f"the two ReduceMeans reduce different axes ({axes} vs {axes2})", None
-    add_eps = _single_reader(graph, rm2.outputs[0])
+    add_eps = sole_reader(graph, rm2.outputs[0])
     if not is_op(add_eps, "Add"):
         return "the variance is not read by an Add(ε) only", None
     eps_t = other_input(add_eps, rm2.outputs[0])
     eps = scalar_constant(graph, eps_t) if eps_t is not None else None
     if eps is None or eps.ndim > 0 and rank_of(graph, x) is None:
         return "ε is not a scalar constant", None
-    sqrt = _single_reader(graph, add_eps.outputs[0])
+    sqrt = sole_reader(graph, add_eps.outputs[0])
     if not is_op(sqrt, "Sqrt"):
         return "variance + ε is not read by a Sqrt only", None
     return None, (rm2, add_eps, eps_t, eps, sqrt)
@@ -161,7 +154,7 @@ def match_decomposed(graph, rm1):
     # PyTorch's float16 exports compute the variance in float (double when exported on the CPU):
     # Sub → Cast → Pow … Div → Cast back. LayerNormalization(stash_type=1) computes all of it in float,
     # which is at least as accurate as the float16 mean and difference of the decomposed form.
-    upcast = _single_reader(graph, subs[0].outputs[0]) if len(subs) == 1 else None
+    upcast = sole_reader(graph, subs[0].outputs[0]) if len(subs) == 1 else None
     if not (is_op(upcast, "Cast")
             and int(upcast.attrs.get("to", 0)) in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
             and dtype_of(graph, x) == FP16):
@@ -196,18 +189,18 @@ def match_decomposed(graph, rm1):
     nodes.append(div_node)
     root = div_node
     if upcast is not None:
-        down = _single_reader(graph, div_node.outputs[0])
+        down = sole_reader(graph, div_node.outputs[0])
         want = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype_of(graph, x)))
         if not is_op(down, "Cast") or int(down.attrs.get("to", 0)) != want:
             return "the float division is not cast back to x's type", None
         nodes += [upcast, down]
         root = down
-    nxt = _single_reader(graph, root.outputs[0])
+    nxt = sole_reader(graph, root.outputs[0])
     gamma = _constant_operand(graph, nxt, "Mul", root.outputs[0])
     if gamma is not None:
         root = nxt
         nodes.append(nxt)
-        nxt = _single_reader(graph, root.outputs[0])
+        nxt = sole_reader(graph, root.outputs[0])
     beta = _constant_operand(graph, nxt, "Add", root.outputs[0])
     if beta is not None:
         root = nxt
@@ -237,19 +230,19 @@ def match_folded_scale(graph, rm1):
     if len(readers) != 2 or len(subs) != 1 or len(muls) != 1 or is_graph_output(graph, mu):
         return "the mean is not read by exactly Sub(x, mean) and Mul(mean, s)", None
     sub, mul_mu = subs[0], muls[0]
-    sq = _single_reader(graph, sub.outputs[0])
+    sq = sole_reader(graph, sub.outputs[0])
     if sq is None or not _square_of(graph, sq, sub.outputs[0]):
         return "x − mean is not read by a square only", None
     reason, chain = _std_chain(graph, sq, x, k, axes)
     if reason:
         return reason, None
     rm2, add_eps, eps_t, eps, sqrt = chain
-    recip = _single_reader(graph, sqrt.outputs[0])
+    recip = sole_reader(graph, sqrt.outputs[0])
     if not is_op(recip, "Reciprocal"):
         return "the std is not read by a Reciprocal only", None
     nodes = [rm1, sub, sq, rm2, add_eps, sqrt, recip]
     scale = recip.outputs[0]
-    g_mul = _single_reader(graph, scale)
+    g_mul = sole_reader(graph, scale)
     gamma = _constant_operand(graph, g_mul, "Mul", scale)
     if gamma is not None:
         scale = g_mul.outputs[0]
@@ -264,11 +257,11 @@ def match_folded_scale(graph, rm1):
         return "the scale is not applied to x", None
     xm, mm = mul_x.outputs[0], mul_mu.outputs[0]
     beta = None
-    root = _single_reader(graph, xm)
+    root = sole_reader(graph, xm)
     if is_op(root, "Sub") and root.inputs[0] is xm and root.inputs[1] is mm:
         nodes += [mul_x, mul_mu, root]
     else:
-        sub_beta = _single_reader(graph, mm)
+        sub_beta = sole_reader(graph, mm)
         if not is_op(sub_beta, "Sub") or sub_beta.inputs[1] is not mm:
             return "mean · s is not subtracted from β or from x · s", None
         beta = sub_beta.inputs[0]

@@ -53,8 +53,8 @@ import onnx
 
 from onnxfuse.rewrites.engine.edit import new_constant
 from onnxfuse.rewrites.engine.facts import (
-    FP16, FP32, axes_of, constant_value, consumers, dtype_of, int_attr, internal_problem, is_graph_output,
-    is_op, last_dim, only_read_by, other_input, producer_of, rank_of, scalar_constant,
+    FP16, FP32, axes_of, constant_value, dtype_of, int_attr, internal_problem,
+    is_op, last_dim, only_read_by, other_input, producer_of, rank_of, scalar_constant, sole_reader,
 )
 
 #: Element types the fused RMSNorm ops take here (ONNX Runtime's CPU and CUDA kernels both have them).
@@ -76,13 +76,6 @@ def rms_candidate(node) -> bool:
     if not is_op(node, "ReduceMean") or len(node.outputs) != 1 or not node.inputs:
         return False
     return is_op(producer_of(node.inputs[0]), "Pow", "Mul")
-
-
-def _single_reader(graph, tensor):
-    readers = consumers(tensor)
-    if len(readers) != 1 or is_graph_output(graph, tensor):
-        return None
-    return readers[0]
 
 
 def _squared(graph, node):
@@ -133,7 +126,7 @@ def _normalization(graph, sqrt, x32):
         other = _upcast(graph, t) if t is not None else None
         return [other] if up is not None and other is not None and other.inputs[0] is up.inputs[0] else None
 
-    reader = _single_reader(graph, sqrt.outputs[0])
+    reader = sole_reader(graph, sqrt.outputs[0])
     if is_op(reader, "Div") and reader.inputs[0] is sqrt.outputs[0]:
         return "√(mean(x²) + ε) is divided, not the divisor", None
     if is_op(reader, "Div") and reader.inputs[1] is sqrt.outputs[0]:
@@ -148,7 +141,7 @@ def _normalization(graph, sqrt, x32):
         recip = reader
     else:
         return "√(mean(x²) + ε) is not read by one Div or Reciprocal only", None
-    mul = _single_reader(graph, recip.outputs[0])
+    mul = sole_reader(graph, recip.outputs[0])
     cast = operand(other_input(mul, recip.outputs[0])) if is_op(mul, "Mul") else None
     if cast is None:
         return "1/√(mean(x²) + ε) is not multiplied by x only", None
@@ -163,12 +156,12 @@ def match_rmsnorm(graph, rm):
     x32 = _squared(graph, sq)
     if x32 is None:
         return f"the ReduceMean reads {sq.op}, not x² (Pow(x, 2) or Mul(x, x))", None
-    if _single_reader(graph, sq.outputs[0]) is not rm:
+    if sole_reader(graph, sq.outputs[0]) is not rm:
         return "x² is also read outside the pattern", None
     reason = _last_axis_only(graph, rm, x32)
     if reason:
         return reason, None
-    add_eps = _single_reader(graph, rm.outputs[0])
+    add_eps = sole_reader(graph, rm.outputs[0])
     if not is_op(add_eps, "Add"):
         return "mean(x²) is not read by one Add(ε) only", None
     eps_t = other_input(add_eps, rm.outputs[0])
@@ -178,7 +171,7 @@ def match_rmsnorm(graph, rm):
     r = rank_of(graph, x32)
     if eps.ndim > 0 and (r is None or eps.ndim > r):
         return f"ε of shape {eps.shape} may broadcast x to a higher rank", None
-    sqrt = _single_reader(graph, add_eps.outputs[0])
+    sqrt = sole_reader(graph, add_eps.outputs[0])
     if not is_op(sqrt, "Sqrt"):
         return "mean(x²) + ε is not read by one Sqrt only", None
     reason, norm_nodes = _normalization(graph, sqrt, x32)
@@ -206,7 +199,7 @@ def match_rmsnorm(graph, rm):
     # The tail: the cast back (in an island) and γ, in either order.
     root, gamma, cast_back = norm, None, None
     for _ in range(2):
-        nxt = _single_reader(graph, root.outputs[0])
+        nxt = sole_reader(graph, root.outputs[0])
         if upcast is not None and cast_back is None and is_op(nxt, "Cast") and _to_of(nxt) == back_to:
             cast_back = root = nxt
         elif gamma is None and is_op(nxt, "Mul") and constant_value(graph, other_input(nxt, root.outputs[0])) is not None:

@@ -296,6 +296,15 @@ def sole_consumer_problem(graph, tensor, consumer) -> str | None:
     return None
 
 
+def sole_reader(graph, tensor):
+    """The one node reading ``tensor`` when exactly one does and it is not a graph output (so removing
+    its producer with that reader orphans nothing), else None."""
+    readers = consumers(tensor)
+    if len(readers) != 1 or is_graph_output(graph, tensor):
+        return None
+    return readers[0]
+
+
 def only_read_by(graph, tensor, allowed) -> str | None:
     """A refusal reason unless every reader of ``tensor`` is in ``allowed`` and it is not a graph output."""
     if is_graph_output(graph, tensor):

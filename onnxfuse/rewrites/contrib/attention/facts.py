@@ -14,7 +14,7 @@ import onnx_graphsurgeon as gs
 from onnx import helper
 
 from onnxfuse.rewrites.contrib.matmul import scale_of
-from onnxfuse.rewrites.engine.facts import consumers, dtype_of, is_graph_output, is_op, producer_of
+from onnxfuse.rewrites.engine.facts import dtype_of, is_op, producer_of, sole_reader
 
 def cast_types(graph, node) -> tuple[np.dtype, np.dtype] | None:
     """(input element type, target element type) of a Cast whose input type is known, else None."""
@@ -76,4 +76,4 @@ def strip_scale(graph, tensor, nodes, factors):
 
 def single_reader(graph, tensor) -> bool:
     """Read by exactly one node and not a graph output (removing its producer would orphan the output)."""
-    return len(consumers(tensor)) == 1 and not is_graph_output(graph, tensor)
+    return sole_reader(graph, tensor) is not None
