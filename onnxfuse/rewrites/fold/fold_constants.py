@@ -35,6 +35,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.facts import graphs_within, is_default_domain
 from onnxfuse.rewrites.engine.rule import GraphPass
 from onnxfuse.rewrites.engine.proven_dims import prove_dims
+from onnxfuse.rewrites.engine.shape_values import shape_value
 from onnxfuse.rewrites.engine.shapes import weights_as_inputs
 from onnxfuse.rewrites.engine.edit import replace_reads
 from onnxfuse.rewrites.fold import SIZE_LIMIT
@@ -166,33 +167,14 @@ def _result_bytes(node) -> int:
     return max(sizes, default=0)
 
 
-def _reads_static_dims(node) -> bool:
-    """``Slice`` or ``Gather`` (constant parameters) of ``Shape(x)`` picking only dimensions of x that
-    are static: size arithmetic this pass folds (a rule that reads a static S from ``Shape`` at run time
-    leaves one)."""
-    if node.op not in ("Slice", "Gather") or not node.inputs or len(node.inputs[0].inputs) != 1:
+def _reads_static_dims(graph, node) -> bool:
+    """``Slice`` or ``Gather`` of a ``Shape`` chain that :func:`~onnxfuse.rewrites.engine.shape_values.
+    shape_value` evaluates to static sizes only: size arithmetic this pass folds (a rule that reads a
+    static S from ``Shape`` at run time leaves one)."""
+    if node.op not in ("Slice", "Gather") or not node.outputs:
         return False
-    shape_node = node.inputs[0].inputs[0]
-    if shape_node.op != "Shape" or shape_node.attrs.get("start") is not None or shape_node.attrs.get("end") is not None:
-        return False
-    dims = shape_node.inputs[0].shape if shape_node.inputs else None
-    params = node.inputs[1:]
-    if dims is None or not params or not all(isinstance(t, gs.Constant) for t in params):
-        return False
-    index = np.arange(len(dims))
-    try:
-        if node.op == "Gather":
-            picked = index[np.asarray(params[0].values, dtype=np.int64)]
-        else:
-            starts, ends = (np.asarray(p.values, dtype=np.int64).reshape(-1) for p in params[:2])
-            axes = np.asarray(params[2].values).reshape(-1) if len(params) > 2 else np.zeros(1, np.int64)
-            steps = np.asarray(params[3].values, dtype=np.int64).reshape(-1) if len(params) > 3 else np.ones(1, np.int64)
-            if axes.size != 1 or int(axes[0]) not in (0, -1) or starts.size != 1:
-                return False
-            picked = index[int(starts[0]):int(ends[0]):int(steps[0])]
-    except Exception:
-        return False
-    return picked.size > 0 and all(isinstance(dims[int(i)], (int, np.integer)) for i in np.reshape(picked, -1))
+    values = shape_value(graph, node.outputs[0])
+    return bool(values) and all(isinstance(v, (int, np.integer)) for v in values)
 
 
 class FoldConstants(GraphPass):
@@ -218,7 +200,7 @@ class FoldConstants(GraphPass):
             present = [t for t in node.inputs if not (isinstance(t, gs.Variable) and not t.name)]
             if present and all(isinstance(t, gs.Constant) for t in present) and _result_bytes(node) <= SIZE_LIMIT:
                 return True
-            if _reads_static_dims(node):
+            if _reads_static_dims(graph, node):
                 return True
         return False
 
