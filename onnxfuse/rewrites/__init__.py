@@ -31,6 +31,7 @@ from onnxfuse.rewrites.engine.rule import TARGETS, ApplyReport, GraphPass, Plan,
 ORDER = [
     "fold/fold-constants",  # first: static sizes and constants let the pattern rules below match
     "fold/reshape-allowzero",  # early: the pattern rules match allowzero=0 Reshapes (dynamo writes 1)
+    "fold/cancel-cast-roundtrip",  # before contrib-attention: float16 Llama's Softmax → Cast ↑ → Cast ↓ → MatMul
     "fold/fold-weight-transpose",  # before contrib-fused-matmul-transpose would absorb it as transB
     "fold/fold-size-sentinel",  # before constant-reshape-target: the sizes it keeps can then be copies
     "fold/constant-reshape-target",
