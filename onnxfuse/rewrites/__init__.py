@@ -54,6 +54,7 @@ ORDER = [
     "contrib/contrib-embed-layernorm",  # after contrib-layernorm, whose LayerNormalization it takes
     "contrib/contrib-skip-rmsnorm",  # before contrib-rmsnorm, which would take the RMSNorm without its Add
     "contrib/contrib-rmsnorm",
+    "contrib/contrib-rotary-embedding",  # after contrib-rmsnorm, whose ReduceMeans would block the opset raise
     "contrib/contrib-fused-matmul-scale",  # before the transpose rule, which also folds into the FusedMatMul it makes
     "contrib/contrib-fused-matmul-transpose",
     "contrib/contrib-fused-conv",  # contrib-bias-softmax is CUDA-only (no CPU kernel): not registered by default

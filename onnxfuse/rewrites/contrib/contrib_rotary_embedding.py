@@ -1,0 +1,85 @@
+"""contrib-rotary-embedding: the rotary embedding (RoPE) of Llama-family exports → ONNX RotaryEmbedding.
+
+``contrib-rotary-embedding`` (the pattern, what is proved and the maths:
+:mod:`onnxfuse.rewrites.contrib.rotary_pattern`) writes, for q and for k of every layer::
+
+    y = RotaryEmbedding(x, cos[..., :D/2], sin[..., :D/2])        (default-domain opset 23, 4-D x)
+
+Why: the decomposed form is seven nodes per tensor (two Slices, Neg, Concat, two Muls, Add; five
+kernels once fuse-elementwise has taken the arithmetic), fourteen per layer for q and k, and a KV-cache
+decode step is bound by kernel launches (issue 31: 1,437 nodes for a Qwen2-0.5B-shaped decoder against
+276 in onnxruntime-genai's hand-built graph). One kernel per tensor reads x and the caches once.
+
+Which op: ONNX's ``RotaryEmbedding`` (opset 23) without ``position_ids`` takes the cos and sin caches
+per token, [B, S, D/2], so the model's own cos and sin (computed from its ``position_ids`` input, any
+values) are used as they are: nothing about positions is assumed. ONNX Runtime registers the op on the
+CPU and on CUDA (``core/providers/cuda/llm/rotary_embedding.cc``; float, float16, bfloat16).
+``com.microsoft.RotaryEmbedding`` needs a cache indexed by position, whose length the graph does not
+bound. Below opset 23 the rule raises the model's opset when that changes no node's meaning
+(:mod:`onnxfuse.rewrites.engine.opset`; it runs after contrib-rmsnorm, whose replaced ReduceMeans
+would otherwise block the raise from 14 or 17), and refuses, naming the ops, otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
+from onnxfuse.rewrites.contrib.rotary_pattern import match_rotary, rotary_candidate
+from onnxfuse.rewrites.engine.edit import NameAllocator, fuse, new_constant
+from onnxfuse.rewrites.engine.facts import dtype_of
+from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
+
+#: Default-domain opset that introduced RotaryEmbedding.
+ROTARY_OPSET = 23
+#: the element types ONNX Runtime's CPU and CUDA kernels both take (bfloat16: CUDA only, not taken)
+ROTARY_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+class ContribRotaryEmbedding(ContribRule):
+    name = "contrib-rotary-embedding"
+    description = ("x·Unsqueeze(cos) + rotate_half(x)·Unsqueeze(sin) on [B, H, S, D] heads → RotaryEmbedding "
+                   "(raises opset to 23)")
+
+    def match(self, graph):
+        return [n for n in graph.nodes if rotary_candidate(n)]
+
+    def analyze(self, graph, node):
+        found = match_rotary(graph, node)
+        if isinstance(found, str):
+            return found, None
+        problem = dtype_problem(dtype_of(graph, found.x), ROTARY_DTYPES, "RotaryEmbedding input")
+        if problem:
+            return problem, None
+        raise_problem = opset_raise_problem(graph, ROTARY_OPSET, replaced=found.nodes)
+        if raise_problem:
+            return f"ONNX RotaryEmbedding needs opset {ROTARY_OPSET}, and {raise_problem}", None
+        return None, found
+
+    def apply(self, graph, node, found):
+        raise_opset(graph, ROTARY_OPSET)
+        names = NameAllocator(graph)
+        caches = [_first_half(graph, names, t, found.half) for t in (found.cos, found.sin)]
+        name = f"{found.root.name}/RotaryEmbedding" if found.root.name else None
+        if found.merged is not None:  # the 3-D form: [B, S, H·D] in, the merged [B, S, H·D] out
+            src, heads, merge_r, _ = found.merged
+            fuse(graph, found.nodes + [merge_r], "RotaryEmbedding", [src, *caches], merge_r.outputs[0], domain="",
+                 attrs={"num_heads": heads}, name=name)
+            return {"input": src.name, "form": "3-D, heads merged", "num_heads": heads, "head_size": 2 * found.half,
+                    "replaced": len(found.nodes) + 1}
+        fuse(graph, found.nodes, "RotaryEmbedding", [found.x, *caches], found.root.outputs[0], domain="", name=name)
+        return {"input": found.x.name, "form": "4-D heads", "head_size": 2 * found.half, "replaced": len(found.nodes)}
+
+
+def _first_half(graph, names, cache, half: int):
+    """``cache[..., :half]`` [B, S, D/2]: the op's per-token cache. With constant bounds, every layer's copy
+    is a duplicate that cleanup merges into one."""
+    base = f"{cache.name}/half"
+    out = gs.Variable(names(base), dtype=cache.dtype,
+                      shape=None if cache.shape is None else [*cache.shape[:-1], half])
+    graph.nodes.append(gs.Node("Slice", names(f"{base}/Slice"), inputs=[
+        cache, new_constant(graph, f"{base}/start", np.array([0], np.int64)),
+        new_constant(graph, f"{base}/end", np.array([half], np.int64)),
+        new_constant(graph, f"{base}/axis", np.array([-1], np.int64))], outputs=[out]))
+    return out
