@@ -40,7 +40,9 @@ model: nodes run per step on the CUDA provider (after ONNX Runtime's own fusions
 has kernel records, GPU kernels per step ("kernels per token"; ``--no-profile`` skips it).
 
 ``--deadline`` (seconds from start) stops before a cell (or the profile) that would not finish in time;
-results are written after every cell, so a cut run still leaves its tables.
+results are written after every cell, so a cut run still leaves its tables. ``--cache DIR`` keeps the
+export and onnxfuse's output (with its report) and reuses them in a later run: export and optimization
+in one command, timing in the next, where one would not fit the time limit.
 
 Usage (repo root; onnxruntime-gpu, torch, transformers importable)::
 
@@ -58,6 +60,7 @@ Writes ``decode.json`` and ``decode.md`` under ``--out``. Never imported by the 
 from __future__ import annotations
 
 import gc
+import json
 import sys
 import tempfile
 import time
@@ -96,6 +99,9 @@ def options(p) -> None:
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-profile", action="store_true", help="skip the per-model profile (kernels per token)")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="keep the export and onnxfuse's output (and its report) here, and reuse them when present "
+                        "(~1 GB each: splits export + optimize and timing over two runs)")
 
 
 # --------------------------------------------------------------------------------------------- models
@@ -203,24 +209,28 @@ def check_outputs(timer, want: dict) -> None:
             raise RuntimeError(f"{timer.name}: output {spec.name} is {spec.shape}, expected {want[key]}")
 
 
-def time_cell(models: dict, sessions: dict, feeds: dict, cfg, rounds: int, want: dict) -> dict:
-    """Interleaved rounds over the models of one cell (outputs checked by ``want`` after warm-up);
-    ``{name: BenchResult}``."""
+def time_cell(models: dict, sessions: dict, feeds: dict, cfg, rounds: int, want: dict) -> tuple[dict, dict]:
+    """Interleaved rounds over the models of one cell (each warmed up and its outputs checked by ``want``
+    first); ``({name: BenchResult}, {name: error})``: a model that fails is left out of the rounds."""
     from onnxfuse.timing.runner import Timer
 
-    timers = []
+    timers, errors = [], {}
     try:
         for name, model in models.items():
-            timers.append(Timer(model, feeds[name], cfg, name=name,
-                                session_factory=lambda *_a, _s=sessions[name], **_k: _s))
-        for t in timers:
-            t.warmup(max(1, cfg.warmup))
-            check_outputs(t, want)
+            try:
+                t = Timer(model, feeds[name], cfg, name=name, session_factory=lambda *_a, _s=sessions[name], **_k: _s)
+                timers.append(t)
+                t.warmup(max(1, cfg.warmup))
+                check_outputs(t, want)
+            except Exception as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"
+                if timers and timers[-1].name == name:
+                    timers.pop().close()
         floor = max(1, -(-cfg.min_iterations // rounds))
         for _ in range(rounds):
             for t in timers:
                 t.sample(None, cfg.time_budget_s / rounds, min_iterations=floor)
-        return {t.name: t.result() for t in timers}
+        return {t.name: t.result() for t in timers}, errors
     finally:
         for t in timers:
             t.close()
@@ -289,8 +299,13 @@ def table(report: dict) -> list[str]:
     return lines
 
 
-def save(out: Path, report: dict) -> None:
-    write_results(out, "decode", [report], table(report))
+def save(out: Path, report: dict, final: bool = False) -> None:
+    """``decode.json`` and ``decode.md``; the table printed only at the end."""
+    if final:
+        write_results(out, "decode", [report], table(report))
+    else:
+        write_results(out, "decode", [report])
+        (out / "decode.md").write_text("\n".join(table(report)) + "\n")
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -298,6 +313,7 @@ def save(out: Path, report: dict) -> None:
 
 def main(argv=None) -> int:
     args, out, batches = parse_args(__doc__, 0.3, argv, batches="1,8", extra=options)
+    import onnx
     import onnxruntime as ort
 
     from onnxfuse.pipeline import op_counts
@@ -316,20 +332,39 @@ def main(argv=None) -> int:
               "note": "random weights: latency depends on shapes only"}
 
     models = {}
-    with tempfile.TemporaryDirectory(prefix="decode-export-") as tmp:
-        log(f"exporting {shape} (legacy exporter, opset {args.opset}, fp16)")
-        models["original"] = export_original(shape, args.opset, args.seed, Path(tmp))
-    log(f"original: {len(models['original'].graph.node)} nodes; optimizing with onnxfuse (validation on)")
-    try:
-        models["onnxfuse"], report["onnxfuse"] = optimize(models["original"], args.device)
-        log(f"onnxfuse: {report['onnxfuse']['nodes_after']} nodes, validation {report['onnxfuse']['validation']}, "
-            f"{report['onnxfuse']['seconds']} s")
-    except Exception as exc:
-        report["errors"].append(f"onnxfuse: {type(exc).__name__}: {exc}")
-        traceback.print_exc()
+    stem = f"{shape}-opset{args.opset}-seed{args.seed}"
+    cached = args.cache / f"{stem}-original.onnx" if args.cache else None
+    if cached and cached.is_file():
+        log(f"original: loading {cached}")
+        models["original"] = onnx.load(str(cached))
+    else:
+        with tempfile.TemporaryDirectory(prefix="decode-export-") as tmp:
+            log(f"exporting {shape} (legacy exporter, opset {args.opset}, fp16)")
+            models["original"] = export_original(shape, args.opset, args.seed, Path(tmp))
+        if cached:
+            args.cache.mkdir(parents=True, exist_ok=True)
+            onnx.save(models["original"], str(cached))
+    log(f"original: {len(models['original'].graph.node)} nodes ({time.perf_counter() - START:.0f} s)")
+    fused = args.cache / f"{stem}-onnxfuse.onnx" if args.cache else None
+    if fused and fused.is_file() and fused.with_suffix(".json").is_file():
+        log(f"onnxfuse: loading {fused} (optimized by an earlier run; see its report)")
+        models["onnxfuse"] = onnx.load(str(fused))
+        report["onnxfuse"] = {**json.loads(fused.with_suffix(".json").read_text()), "cached": str(fused)}
+    else:
+        log("optimizing with onnxfuse (validation on)")
+        try:
+            models["onnxfuse"], report["onnxfuse"] = optimize(models["original"], args.device)
+            log(f"onnxfuse: {report['onnxfuse']['nodes_after']} nodes, validation {report['onnxfuse']['validation']}, "
+                f"{report['onnxfuse']['seconds']} s")
+            if fused:
+                onnx.save(models["onnxfuse"], str(fused))
+                fused.with_suffix(".json").write_text(json.dumps(report["onnxfuse"], indent=1, default=str))
+        except Exception as exc:
+            report["errors"].append(f"onnxfuse: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
     if args.builder_skeleton is not None and not args.skip_builder:
         model, meta = load_skeleton(args.builder_skeleton, args.seed)
-        got = {k: meta["config"].get(k) for k in SHAPES[shape] if k in meta["config"]}
+        got = {k: meta["config"][k] for k in SHAPES[shape] if meta["config"].get(k) is not None}
         if any(got[k] != v for k, v in SHAPES[shape].items() if k in got):
             raise SystemExit(f"{args.builder_skeleton}: the skeleton's config {got} is not the {shape} shape")
         models["genai-builder"] = model
@@ -357,7 +392,9 @@ def main(argv=None) -> int:
             del models[name]
 
     limit = config.get("max_position_embeddings", 1 << 30)
-    cells = [("decode", b, 1, p) for b in batches for p in pasts] + [("prefill", b, prefill, 0) for b in prefill_batches]
+    cells = []  # batch by batch, each batch's prefill after its decode cells: batch 1 first under --deadline
+    for b in sorted(set(batches) | set(prefill_batches)):
+        cells += [("decode", b, 1, p) for p in pasts if b in batches] + [("prefill", b, prefill, 0)] * (b in prefill_batches)
     feeds = Feeds(config, args.seed)
     spent: list[float] = []
     for kind, batch, seq, past in cells:
@@ -376,7 +413,11 @@ def main(argv=None) -> int:
             cell_feeds = {n: feeds.inputs(m, n, batch, seq, past) for n, m in models.items()}
             want = {"logits": [batch, seq, config["vocab_size"]],
                     "present": [batch, feeds.kv, past + seq, feeds.head]}
-            results = time_cell(models, sessions, cell_feeds, cfg, args.rounds, want)
+            results, failed = time_cell(models, sessions, cell_feeds, cfg, args.rounds, want)
+            for n, err in failed.items():
+                row["models"][n] = {"error": err}
+                report["errors"].append(f"{label}: {n}: {err}")
+                log(f"{label}: {n}: {err}")
             tokens = batch * seq
             for n, r in results.items():
                 med = r.stats.median_ms
@@ -404,7 +445,7 @@ def main(argv=None) -> int:
             report["profile"] = {"cell": f"decode B={batch} P={past}", "models": profile_models(
                 models, {n: feeds.inputs(m, n, batch, seq, past) for n, m in models.items()}, pcfg)}
     sessions.clear()
-    save(out, report)
+    save(out, report, final=True)
     log(f"wrote {out / 'decode.json'} and {out / 'decode.md'}")
     return 1 if report["errors"] else 0
 
