@@ -14,14 +14,17 @@ import time
 from pathlib import Path
 
 
-def parse_args(doc: str, time_budget: float, argv=None) -> tuple[argparse.Namespace, Path, list[int]]:
+def parse_args(doc: str, time_budget: float, argv=None, batches: str = "1,16",
+               extra=None) -> tuple[argparse.Namespace, Path, list[int]]:
     """The arguments (first paragraph of ``doc`` as the description), the output folder (created) and
-    the batch sizes."""
+    the batch sizes. ``extra(parser)`` adds a script's own options."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--batches", default="1,16")
+    p.add_argument("--batches", default=batches)
     p.add_argument("--time-budget", type=float, default=time_budget)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    if extra is not None:
+        extra(p)
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

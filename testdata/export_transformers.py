@@ -316,10 +316,11 @@ def export_llama_fp16(folder: Path, seed: int) -> None:
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
-class _CachedDecoder(torch.nn.Module):
+class CachedDecoder(torch.nn.Module):
     """A causal LM fed its past keys and values as plain tensors (``past_key_values.N.key``/``.value``,
     ``[B, kv_heads, P, head_dim]``), returning the logits and the grown cache (``present.N.*``,
-    ``[B, kv_heads, P + S, head_dim]``): the generation-loop signature of optimum and the genai builder."""
+    ``[B, kv_heads, P + S, head_dim]``): the generation-loop signature of optimum and the genai builder.
+    Also used by benchmarks/decode.py (with :func:`kv_cache_signature`)."""
 
     def __init__(self, model, layers: int):
         super().__init__()
@@ -335,6 +336,18 @@ class _CachedDecoder(torch.nn.Module):
                          past_key_values=cache, use_cache=True)
         present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
         return (out.logits, *present)
+
+
+def kv_cache_signature(layers: int) -> tuple[list[str], list[str], dict]:
+    """:class:`CachedDecoder`'s input names, output names and dynamic axes for ``torch.onnx.export``."""
+    names = ["input_ids", "attention_mask", "position_ids"] + [
+        f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    outputs = ["logits"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total_sequence"},
+            "position_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"},
+            **{n: {0: "batch", 2: "past_sequence"} for n in names[3:]},
+            **{n: {0: "batch", 2: "total_sequence"} for n in outputs[1:]}}
+    return names, outputs, axes
 
 
 def export_kv_cache_models(folder: Path, seed: int) -> None:
@@ -353,19 +366,13 @@ def export_kv_cache_models(folder: Path, seed: int) -> None:
     small = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
     batch, new, cached, layers = 2, 3, 4, 2
-    names = ["input_ids", "attention_mask", "position_ids"] + [
-        f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    outputs = ["logits"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "total_sequence"},
-            "position_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch", 1: "sequence"},
-            **{n: {0: "batch", 2: "past_sequence"} for n in names[3:]},
-            **{n: {0: "batch", 2: "total_sequence"} for n in outputs[1:]}}
+    names, outputs, axes = kv_cache_signature(layers)
     for arch, (config, cls) in {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}.items():
         for opset in (14, 17):
             for half in (False, True):
                 torch.manual_seed(seed)
                 model = _randomize(cls(config(**small)).eval(), seed + 1)
-                wrapper = _CachedDecoder(model, layers).eval()
+                wrapper = CachedDecoder(model, layers).eval()
                 dtype = torch.float16 if half else torch.float32
                 if half:
                     wrapper = wrapper.half()
