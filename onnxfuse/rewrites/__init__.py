@@ -62,6 +62,7 @@ ORDER = [
     "fold/gathernd-index-grid",  # like flat-index-gather, for the dynamo exporter's GatherND form
     "fold/flat-index-gather",  # before range-by-cumsum, which would turn its Ranges into CumSums
     "fold/range-by-cumsum",  # after contrib-attention, which proves mask shapes through the Range's named length
+    "fold/pack-sibling-matmuls",  # after the contrib rules (Attention packs BERT's q, k, v itself), before fuse-elementwise
     "elementwise/conv-bias-into-elementwise",  # decides with fuse-elementwise's own region analysis
     "elementwise/fuse-elementwise",  # last: takes whatever elementwise ops are left
 ]

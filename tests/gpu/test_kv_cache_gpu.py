@@ -1,0 +1,65 @@
+"""KV-cache decoders on CUDA (issue 31): testdata's float16 Llama and Qwen2 with ``past_key_values``
+optimized with validation on the GPU, every attention a MultiHeadAttention, every rotary a
+RotaryEmbedding, repeat_kv a Gather and q/k/v one packed MatMul; then prefill (empty cache) and decode
+(one new token over a cache) on ONNX Runtime's CUDA provider, the optimized model's logits and presents
+equal to the original's at every real token, with left padding in the batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import onnxfuse
+from helpers import load_testdata
+from onnxfuse.custom_ops import session_options
+from onnxfuse.runtime.session import cuda_available
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
+LAYERS, KV_HEADS, HEAD = 2, 2, 16
+
+
+def _session(model, options=None):
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CUDAExecutionProvider"])
+    assert session.get_providers()[0] == "CUDAExecutionProvider"
+    return session
+
+
+def _feeds(batch, new, past, rng, pad=2):
+    total = past + new
+    mask = np.ones((batch, total), np.int64)
+    mask[0, :pad] = 0  # left padding of the first sequence
+    position = np.cumsum(mask, axis=1)[:, past:] - 1
+    position[position < 0] = 1
+    feeds = {"input_ids": rng.integers(0, 128, (batch, new)).astype(np.int64), "attention_mask": mask,
+             "position_ids": position.astype(np.int64)}
+    for i in range(LAYERS):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((batch, KV_HEADS, past, HEAD)).astype(np.float16)
+    return feeds, mask.astype(bool)
+
+
+@pytest.mark.parametrize("name", ["llama_kv_opset17_fp16", "qwen2_kv_opset14_fp16"])
+def test_kv_cache_decoder_fused_and_equal_on_cuda(name):
+    model = load_testdata(name)
+    result = onnxfuse.optimize(model, provider="cuda", samples=2)
+    assert result.validation.passed and result.validation.provider == "cuda", result.validation
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("MultiHeadAttention") == LAYERS and "Softmax" not in ops, result.applied.refusals
+    assert ops.count("RotaryEmbedding") == 2 * LAYERS and "Neg" not in ops, ops
+    assert "Expand" not in ops and ops.count("Split") == LAYERS, ops
+    original, optimized = _session(model), _session(result.model, session_options())
+    names = [o.name for o in original.get_outputs()]
+    rng = np.random.default_rng(3)
+    for batch, new, past in ((2, 6, 0), (2, 1, 9), (1, 1, 30), (3, 1, 4)):
+        feeds, real = _feeds(batch, new, past, rng)
+        want = dict(zip(names, original.run(None, feeds)))
+        got = dict(zip(names, optimized.run(None, feeds)))
+        rows = real[:, past:]  # the new tokens that are not padding
+        np.testing.assert_allclose(got["logits"][rows].astype(np.float64), want["logits"][rows].astype(np.float64),
+                                   rtol=2e-2, atol=2e-2, err_msg=f"logits {batch}x{new} past {past}")
+        for out in names[1:]:  # presents: the cache as given plus the new keys/values, at real positions
+            keep = real[:, None, :, None]
+            np.testing.assert_allclose(np.where(keep, got[out], 0).astype(np.float64),
+                                       np.where(keep, want[out], 0).astype(np.float64), rtol=2e-2, atol=2e-2,
+                                       err_msg=f"{out} {batch}x{new} past {past}")
