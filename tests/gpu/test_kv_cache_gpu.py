@@ -47,7 +47,10 @@ def test_kv_cache_decoder_fused_and_equal_on_cuda(name):
     ops = [n.op_type for n in result.model.graph.node]
     assert ops.count("MultiHeadAttention") == LAYERS and "Softmax" not in ops, result.applied.refusals
     assert ops.count("RotaryEmbedding") == 2 * LAYERS and "Neg" not in ops, ops
-    assert "Expand" not in ops and ops.count("Split") == LAYERS, ops
+    assert ops.count("Split") == LAYERS, ops  # q, k and v: one packed MatMul per layer
+    repeats = [n for n in result.model.graph.node if n.op_type == "Gather"  # repeat_kv along the heads axis
+               and any(a.name == "axis" and a.i == 1 for a in n.attribute)]
+    assert len(repeats) == 2 * LAYERS, [n.name for n in result.model.graph.node if n.op_type == "Gather"]
     original, optimized = _session(model), _session(result.model, session_options())
     names = [o.name for o in original.get_outputs()]
     rng = np.random.default_rng(3)

@@ -24,6 +24,9 @@ constant ``m >= 1``. For nodes whose outputs inference left invented or unknown,
 * ``Range(0, n, 1)`` with n a size: n elements (``max(0, n)``, and a size is >= 0);
 * ``Reshape(x, target)`` with the target's ``0`` entries x's dimensions and its ``-1`` the quotient of
   x's product by the other entries', names cancelled (``[B, S, 12, 64]`` by ``[0, -1, 768]``: S);
+* ``MatMul``: the broadcast of the operands' leading (batch) dimensions, then [M, N]; ``Transpose``:
+  its input's dimensions permuted (rotary frequencies ``inv_freq [B, D/2, 1] @ positions [B, 1, S]``,
+  transposed, as transformers 5.17 writes them: inference names the product's batch ``unk__``);
 * ``Expand(x, target)`` and the broadcasting ops (Add, Where, Equal, ...): the broadcast of the
   inputs' dimensions (and the target's), where besides ``1 ⊕ d = d`` and ``d ⊕ d = d``,
   ``Clamped(n, m) ⊕ n = n``: if n <= m both are n; if n > m >= 1 then ``min(n, m) = m`` differs from n,
@@ -151,7 +154,26 @@ class _Pass:
             return self.slice_result(node)
         if is_op(node, "Reshape") and len(node.inputs) == 2:
             return self.reshape_result(node)
+        if is_op(node, "MatMul") and len(node.inputs) == 2:
+            return self.matmul_result(node)
+        if is_op(node, "Transpose") and len(node.inputs) == 1:
+            data, perm = self.dims(node.inputs[0]), node.attrs.get("perm")
+            if data is None:
+                return None
+            perm = list(perm) if perm is not None else list(range(len(data)))[::-1]
+            return [data[p] for p in perm] if sorted(perm) == list(range(len(data))) else None
         return None
+
+    def matmul_result(self, node) -> list | None:
+        """numpy matmul: the broadcast of the leading (batch) dimensions, then [M, N] (a rank-1 operand's
+        axis is dropped); None for ranks below 1."""
+        a, b = self.dims(node.inputs[0]), self.dims(node.inputs[1])
+        if a is None or b is None or not a or not b:
+            return None
+        rows = [a[-2]] if len(a) >= 2 else []
+        cols = [b[-1]] if len(b) >= 2 else []
+        batch = broadcast_dims(a[:-2], b[:-2])
+        return None if batch is None else batch + rows + cols
 
     def reshape_result(self, node) -> list | None:
         data, target = self.dims(node.inputs[0]), self.sizes(node.inputs[1])

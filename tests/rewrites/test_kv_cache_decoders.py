@@ -1,0 +1,46 @@
+"""KV-cache decoders as exported (issue 31), float16 and float32, legacy opset 14 and 17, transformers 5.24
+and 5.17: what fuses (attention as MultiHeadAttention over the cache, the rotary embeddings, repeat_kv,
+the packed projections), validated against the original on ONNX Runtime's CPU provider at prefill and
+decode sizes; float32 attention stays, with the measured reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import onnxfuse
+from helpers import load_testdata
+
+LAYERS = 2
+FP16 = ["llama_kv_opset14_fp16", "llama_kv_opset17_fp16", "qwen2_kv_opset14_fp16", "qwen2_kv_opset17_fp16",
+        "qwen2_kv_opset17_fp16_tx517"]
+
+
+def _ops(model) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+@pytest.mark.parametrize("name", FP16)
+def test_float16_decoder_attention_rotary_and_repeats_fused(name):
+    result = onnxfuse.optimize(load_testdata(name), samples=2)
+    assert result.validation.passed, result.validation
+    ops = _ops(result.model)
+    assert ops["MultiHeadAttention"] == LAYERS and ops["Softmax"] == 0, result.applied.refusals
+    assert ops["RotaryEmbedding"] == 2 * LAYERS and ops["Neg"] == 0, ops
+    assert ops["Split"] == LAYERS, ops  # q, k, v: one packed MatMul per layer
+    repeats = [n for n in result.model.graph.node if n.op_type == "Gather"  # repeat_kv along the heads axis
+               and any(a.name == "axis" and a.i == 1 for a in n.attribute)]
+    assert len(repeats) == 2 * LAYERS, ops
+    names = {o.name for o in result.model.graph.output}
+    assert {f"present.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")} <= names
+
+
+@pytest.mark.parametrize("name", ["llama_kv_opset17", "qwen2_kv_opset14"])
+def test_float32_decoder_keeps_attention_with_the_measured_reason(name):
+    result = onnxfuse.optimize(load_testdata(name), samples=2)
+    assert result.validation.passed, result.validation
+    ops = _ops(result.model)
+    assert ops["Softmax"] == LAYERS and ops["RotaryEmbedding"] == 2 * LAYERS, ops
+    reasons = [r.reason for r in result.applied.refusals if r.rule == "contrib-attention"]
+    assert any("float32 attention over given" in r for r in reasons), reasons
