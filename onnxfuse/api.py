@@ -61,6 +61,7 @@ def optimize(
     bench: bool = False,
     force: bool = False,
     fail_on_slowdown: float | None = None,
+    never_slower: bool = True,
     bench_config=None,
     rules: list[Rule] | None = None,
     progress: Callable[[str], None] | None = None,
@@ -103,6 +104,10 @@ def optimize(
     seconds and says nothing without a GPU (the result then carries ``timing.status == "no-gpu"``).
     ``fail_on_slowdown``: with ``bench``, raise :class:`~onnxfuse.errors.SlowerThanAllowed` when the
     optimized median latency exceeds this ratio of the original's.
+    ``never_slower`` (default): with ``bench``, when the optimized model times slower than the original
+    on the GPU (median and fastest run both beyond 3%), fewer rewrites are tried, each validated and
+    timed, down to the graph as loaded; the one kept is returned and ``result.extra["selection"]`` says
+    what was measured (:mod:`onnxfuse.selection`). ``False`` keeps the first model whatever its speed.
 
     ``progress(message)`` and ``bench_progress(message, fraction)`` are optional callbacks for a UI.
 
@@ -126,7 +131,7 @@ def optimize(
         samples=_count(samples), save_inputs=None if save_inputs is None else os.fspath(save_inputs),
         provider=provider, precision=precision,
         force=force, rules=rules,
-        bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown,
+        bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
     )
     return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
 

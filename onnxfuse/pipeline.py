@@ -69,6 +69,7 @@ class OptimizeOptions:
     bench: bool = True  # time both models on the GPU after validation (skipped, with a note, without one)
     bench_config: object | None = None  # onnxfuse.timing.BenchConfig; None = its defaults
     fail_on_slowdown: float | None = None  # fail when optimized median > ratio × original median
+    never_slower: bool = True  # timed slower: fall back to fewer rewrites (onnxfuse/selection.py)
 
 
 @dataclass
@@ -284,14 +285,7 @@ def optimize_model(
     # validation's sessions (each a copy of the weights) do not stack on top of them. Measured: a lazily
     # loaded 256 MiB model peaked at 2.1x its weights or 1.1x, depending only on the collector's timing.
     gc.collect()
-    model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
-    if repairs:
-        model_io.set_metadata(optimized, repair.METADATA_KEY, "; ".join(repairs))
-    fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
-    if fused_values:
-        from onnxfuse.custom_ops import FUSED_VALUES_KEY
-
-        model_io.set_metadata(optimized, FUSED_VALUES_KEY, json.dumps(fused_values, sort_keys=True))
+    _stamp(optimized, applied, repairs)
     rewrite_seconds = time.perf_counter() - t0
     result = OptimizeResult(
         input_path=source,
@@ -300,19 +294,16 @@ def optimize_model(
         rules=[r.name for r in rules],
         applied=applied,
         ops_before=op_counts(model),
-        ops_after=op_counts(optimized),
+        ops_after={},
         rewrite_seconds=rewrite_seconds,
-        custom_library=custom_library_needed(optimized),
-        unfused=unfused_patterns(applied.refusals, {n.name or unnamed_label(n.op_type, n.output[0] if n.output else ""):
-                                                    n.op_type for n in optimized.graph.node}),
     )
+    _set_output(result, optimized, applied)
     result.extra["repairs"] = list(repairs)  # also without validation (its note carries them otherwise)
     if precision:
         result.extra["precision"] = {"precision": options.precision, "notes": precision_notes}
     if options.right_padded:
         result.extra["assumptions"] = {"right_padded": list(options.right_padded)}
-    result.model = optimized
-    samples = None
+    samples = reference = floor = None
     if options.validate:
         step("validating")
         t1 = time.perf_counter()
@@ -350,6 +341,9 @@ def optimize_model(
         if samples is None:
             samples = sample_inputs(model, options)
         result.timing = time_both(model, optimized, samples[0], options, bench_progress)
+        if options.never_slower:
+            _keep_not_slower(result, model, start, rules, samples, reference, floor, options, precision,
+                             repairs, repair_notes + precision_notes, step, bench_progress)
         check_slowdown(result, options.fail_on_slowdown)
     result.total_seconds = time.perf_counter() - t0
     return result
@@ -463,6 +457,60 @@ def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions, default_dim:
     given = options.inputs if options.inputs is not None else options.inputs_path
     return make_samples(model, options.shapes, options.seed, given, options.input_ranges, default_dim, options.samples,
                         right_padded=options.right_padded, derive=derive)
+
+
+def _stamp(optimized, applied, repairs) -> None:
+    """The metadata every output carries: the rules that applied, the repairs, FusedElementwise values."""
+    model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
+    if repairs:
+        model_io.set_metadata(optimized, repair.METADATA_KEY, "; ".join(repairs))
+    fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
+    if fused_values:
+        from onnxfuse.custom_ops import FUSED_VALUES_KEY
+
+        model_io.set_metadata(optimized, FUSED_VALUES_KEY, json.dumps(fused_values, sort_keys=True))
+
+
+def _set_output(result: OptimizeResult, optimized, applied) -> None:
+    """``result`` describes ``optimized``, written by the rewrite ``applied``."""
+    result.model, result.applied, result.ops_after = optimized, applied, op_counts(optimized)
+    result.custom_library = custom_library_needed(optimized)
+    result.unfused = unfused_patterns(applied.refusals, {n.name or unnamed_label(n.op_type, n.output[0] if n.output else ""):
+                                                         n.op_type for n in optimized.graph.node})
+
+
+def _keep_not_slower(result, model, start, rules, samples, reference, floor, options, precision, repairs, notes,
+                     step, bench_progress) -> None:
+    """:mod:`onnxfuse.selection`: when the output timed slower than the original, fewer rewrites, each
+    validated and timed, down to the graph as loaded; ``result`` then describes the one kept."""
+    from onnxfuse.selection import ALL, keep_not_slower
+
+    def attempt(skipped):
+        step("timed slower: trying fewer rewrites")
+        chosen = [] if skipped == ALL else [r for r in rules if r.name not in skipped]
+        candidate, applied = rewrite_model(start, chosen)
+        report = None
+        if options.validate:
+            report = validate_models(model, candidate, samples, options.provider, options.rtol, options.atol,
+                                     reference=reference, floor=floor, strict=options.strict, precision=precision)
+            report.notes.extend(notes)
+            if not report.passed:
+                return "validation failed"
+        return candidate, applied, report
+
+    selection = keep_not_slower(result.timing, result.applied.applied_rules(), attempt,
+                                lambda candidate: time_both(model, candidate, samples[0], options, bench_progress))
+    if selection is None:
+        return
+    kept = selection.kept
+    _stamp(kept.model, kept.applied, repairs)
+    _set_output(result, kept.model, kept.applied)
+    if kept.validation is not None:
+        result.validation = kept.validation
+    if kept.timing is not None and kept.timing.status == "ok":
+        result.timing = kept.timing
+    result.timing.notes.append(selection.note())
+    result.extra["selection"] = selection.to_dict()
 
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):

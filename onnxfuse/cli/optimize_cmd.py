@@ -76,6 +76,9 @@ Examples:
 @click.option("--fail-on-slowdown", type=click.FloatRange(min=0, min_open=True), metavar="RATIO", default=None,
               help="Exit 4 and write nothing when the optimized model's median GPU latency exceeds RATIO × the "
                    "original's (e.g. 1.0, or 1.05 to allow 5% noise). Ignored without a GPU.")
+@click.option("--allow-slower", is_flag=True,
+              help="Keep the optimized model even when it times slower than the original on the GPU. By default "
+                   "fewer rewrites are then tried (each validated and timed), down to the graph as loaded.")
 @json_option("Also write the report as JSON to this file (schema: onnxfuse/reports/schemas/report.schema.json).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
               help="Also write a Markdown summary (appended when PATH is $GITHUB_STEP_SUMMARY).")
@@ -85,7 +88,7 @@ Examples:
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 @handle_errors
 def optimize(input_path, output_path, target, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
-             right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, json_path, markdown_path, junit_path, quiet,
+             right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, json_path, markdown_path, junit_path, quiet,
              force) -> None:
     try:
         check_runtime(quiet)
@@ -106,7 +109,8 @@ def optimize(input_path, output_path, target, only, skip, explain, explain_all, 
                 right_padded=list(right_padded),
                 rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
                 precision=precision,
-                bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, progress=bar.step,
+                bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
+                progress=bar.step,
                 bench_progress=bar.fraction,
             )
             bar.step("saving")
@@ -165,6 +169,8 @@ def optimize(input_path, output_path, target, only, skip, explain, explain_all, 
     if result.timing is not None:
         if result.timing.status == "ok":
             stdout.print(render.timing_table(result.timing))
+            for note in result.timing.notes:
+                render.print_prose(stdout, note, "note: ", "[yellow]note:[/] ")
         else:
             render.print_prose(stdout, result.timing.message, "note: ", "[yellow]note:[/] ")
     if result.custom_library:

@@ -26,6 +26,7 @@ def _timing_lines(timing) -> list[str]:
         f"| original | {o.median_ms:.3f} | {o.p90_ms:.3f} | {o.p99_ms:.3f} | {o.min_ms:.3f} | {o.count} |\n",
         f"| optimized | {p.median_ms:.3f} | {p.p90_ms:.3f} | {p.p99_ms:.3f} | {p.min_ms:.3f} | {p.count} |\n\n",
         f"Speed-up: **{timing.speedup:.2f}×**\n\n",
+        *(f"> note: {cell(note)}\n\n" for note in timing.notes),
     ]
 
 

@@ -1,0 +1,143 @@
+"""Never hand back a slower model: when the optimized model times slower than the original on the GPU,
+fall back step by step to fewer rewrites, down to the unrewritten graph, and say so.
+
+Why: the rules decide by static patterns and thresholds measured on a few GPUs. Where one of those
+decisions goes the wrong way on the user's GPU and shapes, the user used to get a slower model with exit
+0 (issue 32: a Whisper-base encoder in float32 came out 0.71x the original at batch 8 on an H200, 1.08x
+with its attention left unfused; the same model measures 1.10x fused on an H100, docs/benchmarks.md
+5.18: no static threshold gets both right).
+
+What: after timing, the optimized model is *slower* when both its median and its fastest run exceed
+the original's by more than :data:`SLOWER_MARGIN` (host-bound runs are noisy; the two statistics must
+agree, so one lucky or unlucky burst does not decide). Then each rung of :data:`LADDER` whose rules
+applied is tried in order, cumulatively leaving out more rules: the kernels whose speed depends on the
+GPU and shapes first (the fused attention ops, which chose ONNX Runtime's attention kernels), then
+FusedElementwise (the generated kernels), and last every rule (the graph as loaded, after repairs and
+any precision conversion). Each candidate is rewritten, validated like the first model and timed against
+the original again (interleaved, same inputs); the first that is not slower is kept. The original graph
+is not slower than itself by definition, so the ladder always ends. What was measured and what was
+kept go in the report (``selection``) and in one note.
+
+Off with ``never_slower=False`` (``--allow-slower``), and whenever timing did not run (no GPU, or
+``--no-bench``): nothing is measured then, so nothing is decided.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+#: Relative slowdown below which a difference counts as noise.
+SLOWER_MARGIN = 0.03
+
+#: (what the rung leaves out, the rules it adds to the skipped set), tried in order, cumulatively.
+LADDER = [
+    ("fused attention", ("contrib-attention", "contrib-mask-lengths")),
+    ("FusedElementwise kernels", ("fuse-elementwise", "conv-bias-into-elementwise")),
+    ("every rewrite", None),  # None: all rules
+]
+
+
+def slowdown(timing) -> float | None:
+    """How much slower the optimized model is (0.05 = 5%), by the smaller of the median and minimum
+    ratios; None when timing did not run."""
+    if timing is None or timing.status != "ok" or timing.original is None or timing.optimized is None:
+        return None
+    before, after = timing.original.stats, timing.optimized.stats
+    if before.median_ms <= 0 or before.min_ms <= 0:
+        return None
+    return min(after.median_ms / before.median_ms, after.min_ms / before.min_ms) - 1.0
+
+
+def is_slower(timing) -> bool:
+    found = slowdown(timing)
+    return found is not None and found > SLOWER_MARGIN
+
+
+@dataclass
+class Candidate:
+    """One rung: its model, rewrite report and validation (None when validation is off) and timing."""
+
+    name: str
+    skipped: frozenset
+    model: object = None
+    applied: object = None
+    validation: object = None
+    timing: object = None
+    refused: str | None = None  # why it was not kept (failed validation, slower, timing failed)
+
+
+@dataclass
+class Selection:
+    """What was measured and kept; ``to_dict`` is the report's ``selection``."""
+
+    first_slowdown: float
+    tried: list = field(default_factory=list)
+    kept: Candidate | None = None
+
+    def to_dict(self) -> dict:
+        def row(c: Candidate) -> dict:
+            t = c.timing
+            ok = t is not None and t.status == "ok"
+            return {"candidate": c.name, "skipped_rules": sorted(c.skipped),
+                    "original_ms": round(t.original.stats.median_ms, 6) if ok else None,
+                    "candidate_ms": round(t.optimized.stats.median_ms, 6) if ok else None,
+                    "slowdown": round(slowdown(t), 4) if ok else None, "refused": c.refused}
+        return {"first_slowdown": round(self.first_slowdown, 4), "tried": [row(c) for c in self.tried],
+                "kept": self.kept.name if self.kept else None}
+
+    def note(self) -> str:
+        kept = self.kept
+        tried = "; ".join(f"without {c.name}: " + (c.refused or "kept") for c in self.tried)
+        return (f"the optimized model measured {self.first_slowdown:+.1%} slower than the original on this GPU, "
+                f"so fewer rewrites were tried ({tried}); wrote the model without {kept.name}"
+                + (" (the graph as loaded)" if kept.skipped == ALL else ""))
+
+
+#: marker for "every rule skipped"
+ALL = frozenset({"*"})
+
+
+def ladder(applied_rules) -> list[tuple[str, frozenset]]:
+    """The rungs worth trying for a model whose rewrite applied ``applied_rules``: cumulative skip sets,
+    a rung kept only when it leaves out a rule that applied; the last always leaves out everything."""
+    applied, skipped, out = set(applied_rules), set(), []
+    for name, rules in LADDER:
+        if rules is None:
+            out.append((name, ALL))
+            break
+        if applied & set(rules):
+            skipped |= set(rules)
+            out.append((name, frozenset(skipped)))
+    return out
+
+
+def keep_not_slower(timing, applied_rules, attempt: Callable, retime: Callable) -> Selection | None:
+    """None when the first model is not slower (or was not timed); else the :class:`Selection` whose
+    ``kept`` candidate is the first rung that validated and timed not slower. ``attempt(skipped)``
+    returns (model, applied, validation) or raises/returns a reason string; ``retime(model)`` times
+    it against the original (a timing result)."""
+    if not is_slower(timing):
+        return None
+    selection = Selection(first_slowdown=slowdown(timing))
+    for name, skipped in ladder(applied_rules):
+        candidate = Candidate(name=name, skipped=skipped)
+        selection.tried.append(candidate)
+        made = attempt(skipped)
+        if isinstance(made, str):
+            candidate.refused = made
+            continue
+        candidate.model, candidate.applied, candidate.validation = made
+        candidate.timing = retime(candidate.model)
+        if skipped == ALL:  # the graph as loaded: not slower than itself whatever this timing says
+            selection.kept = candidate
+            break
+        if candidate.timing is None or candidate.timing.status != "ok":
+            candidate.refused = "timing failed"
+            continue
+        if is_slower(candidate.timing):
+            candidate.refused = f"{slowdown(candidate.timing):+.1%} slower"
+            continue
+        selection.kept = candidate
+        break
+    return selection

@@ -1,0 +1,103 @@
+"""Never slower (onnxfuse/selection.py): when the optimized model times slower than the original, fewer
+rewrites are tried, each validated and timed, down to the graph as loaded. The GPU timing is replaced by a
+stand-in whose latency is a function of the graph (so the test decides which candidate is "slower"); the
+rewrites and the validation are real."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import onnxfuse
+import onnxfuse.pipeline as pipeline
+from helpers import load_testdata
+from onnxfuse.selection import ALL, SLOWER_MARGIN, is_slower, ladder, slowdown
+from onnxfuse.timing.compare import ComparisonResult
+from onnxfuse.timing.runner import BenchResult
+from onnxfuse.timing.stats import summarize
+
+ATTENTION = {"Attention", "MultiHeadAttention"}
+
+
+def _bench(name, ms, fastest=None):
+    samples = [fastest if fastest is not None else ms, ms, ms, ms * 1.01]
+    return BenchResult(name=name, device="cuda", cuda_graph=False, optimization="all", stats=summarize(samples),
+                       warmup=1, shapes={}, nodes=1, providers=["CUDAExecutionProvider"], samples_ms=samples)
+
+
+def _timing(before, after, fastest_after=None):
+    return ComparisonResult(status="ok", device="cuda", cuda_graph=False, original=_bench("original", before),
+                            optimized=_bench("optimized", after, fastest_after))
+
+
+def test_slower_needs_median_and_fastest_run_to_agree():
+    assert is_slower(_timing(1.0, 1.2))
+    assert not is_slower(_timing(1.0, 1.2, fastest_after=0.99))  # one fast run: within noise
+    assert not is_slower(_timing(1.0, 1.0 + SLOWER_MARGIN / 2))
+    assert slowdown(ComparisonResult(status="no-gpu", device="cuda", cuda_graph=False)) is None
+
+
+def test_ladder_only_leaves_out_rules_that_applied_and_ends_with_everything():
+    assert ladder(["fold-constants", "fuse-elementwise"]) == [
+        ("FusedElementwise kernels", frozenset({"fuse-elementwise", "conv-bias-into-elementwise"})),
+        ("every rewrite", ALL)]
+    rungs = ladder(["contrib-attention", "fuse-elementwise"])
+    assert [name for name, _ in rungs] == ["fused attention", "FusedElementwise kernels", "every rewrite"]
+    assert rungs[0][1] < rungs[1][1]  # cumulative
+
+
+def _fake_time(cost):
+    """time_both's stand-in: the original takes 1 ms, a candidate ``cost(op counts)`` ms."""
+    calls = []
+
+    def time_both(original, candidate, inputs, options, progress=None):
+        calls.append(Counter(n.op_type for n in candidate.graph.node))
+        return _timing(1.0, cost(calls[-1]))
+    return time_both, calls
+
+
+def test_slower_attention_falls_back_to_the_model_without_it(monkeypatch):
+    # fused attention "slow on this GPU": 1.5 ms with it, 0.8 ms without
+    fake, calls = _fake_time(lambda ops: 1.5 if ATTENTION & set(ops) else 0.8)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1)
+    ops = Counter(n.op_type for n in result.model.graph.node)
+    assert not ATTENTION & set(ops) and ops["Softmax"] >= 1, ops
+    assert result.validation.passed and len(calls) == 2
+    selection = result.extra["selection"]
+    assert selection["kept"] == "fused attention" and selection["first_slowdown"] == pytest.approx(0.5, abs=0.02)
+    assert selection["tried"][0]["candidate_ms"] == pytest.approx(0.8, rel=0.02)
+    assert "contrib-attention" not in result.applied.applied_rules()
+    assert sum(result.ops_after.values()) == len(result.model.graph.node)  # the report describes the kept model
+    assert any("slower than the original" in n for n in result.timing.notes)
+    doc = result.to_json()
+    assert doc["result"]["selection"]["kept"] == "fused attention"
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnxfuse.reports import load_schema
+
+    jsonschema.validate(doc, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_every_rewrite_slower_writes_the_graph_as_loaded(monkeypatch):
+    original = load_testdata("bert_tiny_sdpa_opset14")
+    fake, calls = _fake_time(lambda ops: 2.0 if sum(ops.values()) < len(original.graph.node) else 1.0)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(original, bench=True, samples=1)
+    assert result.extra["selection"]["kept"] == "every rewrite"
+    assert [t["refused"] for t in result.extra["selection"]["tried"][:2]] == ["+100.0% slower"] * 2
+    assert result.applied.applied_rules() == []
+    assert len(result.model.graph.node) <= len(original.graph.node)
+    assert result.validation.passed
+
+
+def test_allow_slower_and_not_slower_keep_the_first_model(monkeypatch):
+    fake, calls = _fake_time(lambda ops: 1.5)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1, never_slower=False)
+    assert "selection" not in result.extra and len(calls) == 1
+    fake, calls = _fake_time(lambda ops: 0.5)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1)
+    assert "selection" not in result.extra and len(calls) == 1
+    assert ATTENTION & {n.op_type for n in result.model.graph.node}
