@@ -220,3 +220,14 @@ def test_shapes_equal_only_by_a_name_two_inputs_declare_stay_apart():
     assert counts["duplicate"] == 0 and op_types(out).count("Shape") == 2
     feeds = {"ids": np.zeros((2, 3), np.int64), "mask": np.zeros((4, 5), np.int64)}
     assert run_ort(out, feeds)["y"].tolist() == run_ort(model, feeds)["y"].tolist() == [2, 3, 4, 5]
+
+
+def test_one_input_concat_is_an_identity_and_goes():
+    # the legacy exporter's Concat(past_key_values.0.key): a copy of the cache on every step
+    model = make_model([_node("Concat", ["x"], ["c"], axis=-2), _node("Relu", ["c"], ["y"]),
+                        _node("Concat", ["x", "x"], ["z"], axis=1)],
+                       [X], [vi("y", ["N", 3]), vi("z", ["N", 6])])
+    out, counts = _clean(model)
+    assert op_types(out) == ["Relu", "Concat"], op_types(out)  # the two-input Concat stays
+    assert list(out.graph.node[0].input) == ["x"]
+    assert_same_outputs(model, out)

@@ -67,3 +67,19 @@ def test_packing_refused(kwargs, reason):
     assert report.counts[RULE.name] == 0
     assert any(reason in r for r in refusals(report, RULE)), refusals(report, RULE)
     assert "Split" not in ops(out)
+
+
+def test_biases_shared_with_other_adds_pack_too():
+    # random-init exports share equal (zero) biases between layers: each group still packs its biases
+    inits = {f"w{i}": WEIGHTS[i] for i in range(3)} | {f"v{i}": WEIGHTS[i] * 2 for i in range(3)}
+    inits |= {f"b{i}": BIASES[i] for i in range(3)}
+    lines = [f"m{i} = MatMul(x, w{i})\ny{i} = Add(m{i}, b{i})\nn{i} = MatMul(x2, v{i})\nz{i} = Add(n{i}, b{i})"
+             for i in range(3)]
+    outs = ", ".join(f"float[B,S,{WIDTHS[i]}] {v}{i}" for v in "yz" for i in range(3))
+    m = parse(f"g (float[B,S,{K}] x, float[B,S,{K}] x2) => ({outs}) {{\n" + "\n".join(lines) + "\n}", inits=inits)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 2 and ops(out)["Add"] == 2 and ops(out)["Split"] == 2, ops(out)
+    feeds = {"x": RNG.standard_normal((2, 3, K)).astype(np.float32), "x2": RNG.standard_normal((2, 3, K)).astype(np.float32)}
+    got = helpers.run_ort(out, feeds)
+    for i in range(3):
+        np.testing.assert_allclose(got[f"z{i}"], feeds["x2"].astype(np.float64) @ (WEIGHTS[i] * 2) + BIASES[i], rtol=1e-5, atol=1e-5)

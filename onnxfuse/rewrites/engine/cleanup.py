@@ -14,6 +14,9 @@
   them (contrib-attention's merge Reshape reads an [B, S, E] output and asks for [B, S, E]); each is
   a kernel launch at run time and, worse, ONNX shape inference does not propagate values through
   Reshape, so sizes that pass through one stop being known.
+* One-input Concats: ``Concat(x)`` is ``x`` (ONNX allows a single input and copies it); it becomes an
+  Identity (then removed as above). The legacy exporter writes one for transformers' cache of the first
+  layer (``Concat(past_key_values.0.key)``): a copy of that layer's whole key cache on every decode step.
 * Duplicates (common subexpressions): two ONNX-domain nodes of one graph with the same op, the same
   attributes and the same inputs compute the same outputs, so the later one's readers read the
   earlier one's outputs. Inputs count as the same when they are the same tensor or small constants
@@ -81,6 +84,18 @@ def identity_reshapes_to_identity(graph: gs.Graph) -> int:
                 to_identity(node, node.inputs[0])
                 changed += 1
     unify_dims(graph, same)
+    return changed
+
+
+def single_concats_to_identity(graph: gs.Graph) -> int:
+    """Turn every ``Concat`` of one input into an Identity of it (module docstring), subgraphs included."""
+    changed = 0
+    for g in graphs_within(graph):
+        for node in g.nodes:
+            if node.op == "Concat" and is_default_domain(node) and len(node.inputs) == 1 \
+                    and len(node.outputs) == 1 and not node.inputs[0].is_empty():
+                to_identity(node, node.inputs[0])
+                changed += 1
     return changed
 
 
@@ -216,7 +231,7 @@ def cleanup(graph: gs.Graph) -> dict[str, int]:
     """Run every cleanup pass; return what each removed (for the report)."""
     before = len(graph.nodes)
     everything = _all_nodes(graph)
-    reshapes = identity_reshapes_to_identity(graph)
+    reshapes = identity_reshapes_to_identity(graph) + single_concats_to_identity(graph)
     identities = max(remove_identities(graph) - reshapes, 0)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     duplicates = merge_duplicates(graph)

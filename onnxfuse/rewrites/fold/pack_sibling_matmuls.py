@@ -17,7 +17,8 @@ differ only by the order in which the GEMM library accumulates each dot product 
 on the matrix width): rounding, which validation bounds like any rewrite.
 
 Conditions: at least two MatMuls whose first input is the same tensor x and whose second is a 2-D
-constant [K, Nᵢ] of x's element type, read by nothing else (its values move into the packed weight);
+constant [K, Nᵢ] of x's element type, read by nothing else (its values move into the packed weight; a
+bias, N values, may be shared: it is copied);
 packed only when that removes kernels: three or more MatMuls, or two whose every MatMul feeds exactly
 one Add of a 1-D constant [Nᵢ] (the biases then pack too; otherwise only the MatMuls do). It runs
 after the contrib rules (contrib-attention packs BERT's q, k and v into its own Attention, and the
@@ -55,7 +56,7 @@ def _bias(graph, mm, width: int):
     add = readers[0]
     other = other_input(add, out)
     value = constant_value(graph, other) if other is not None else None
-    if value is None or value.shape != (width,) or len(consumers(other)) != 1:
+    if value is None or value.shape != (width,):  # a bias shared with other Adds is copied: N values
         return None
     return add, value
 
@@ -84,8 +85,9 @@ class PackSiblingMatmuls(Rule):
         if dtype is None or shape is None or len(shape) < 2:
             return Refuse("the shared input's element type or rank is unknown")
         group = []
+        here = {id(n) for n in graph.nodes}  # graphsurgeon also lists readers inside If/Loop bodies
         for mm in consumers(x):
-            if is_op(mm, "MatMul") and len(mm.inputs) == 2 and mm.inputs[0] is x:
+            if id(mm) in here and is_op(mm, "MatMul") and len(mm.inputs) == 2 and mm.inputs[0] is x:
                 w = _weight(graph, mm, dtype)
                 if w is not None and w.shape[0] == (shape[-1] if isinstance(shape[-1], int) else w.shape[0]):
                     group.append((mm, w))
