@@ -389,6 +389,57 @@ def export_kv_cache_models(folder: Path, seed: int) -> None:
                 print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
+#: ``--kv-families``: the other Llama-family decoders of issue 31, as :func:`export_kv_cache_models` writes
+#: Llama and Qwen2 (tiny, random, eager attention, legacy exporter, opset 17, float16, with past).
+KV_FAMILIES = {
+    # Mistral: Llama's graph plus the sliding-window mask (window 4096 by default, longer than any test)
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    # Phi-3: q, k, v packed in one qkv_proj and gate/up in one gate_up_proj, cut by Slice; full rotation
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Phi-3 with partial_rotary_factor 0.5 (Phi-4-mini's form; 0.75 there): rotary on the first half of
+    # each head only, the rest passed through by Concat
+    "phi3_partial": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                                           partial_rotary_factor=0.5)),
+    # Gemma: RMSNorm x·(1 + w), embeddings scaled by √hidden, one key/value head, tanh GELU
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_key_value_heads=1, head_dim=16)),
+    # Qwen3: per-head RMSNorm of q and k before the rotary
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
+}
+
+
+def export_kv_family_models(folder: Path, seed: int, families=None) -> None:
+    """``{mistral,phi3,phi3_partial,gemma,qwen3}_kv_opset17_fp16.onnx``: :data:`KV_FAMILIES` with past, made
+    as :func:`export_kv_cache_models` makes ``*_kv_opset17_fp16`` (vocabulary 128, hidden 64, 4 query heads,
+    2 key/value heads unless noted, head size 16, 2 layers, eager attention, every bias and norm weight
+    randomized, ``.half()``, legacy exporter, traced at batch 2, 3 new tokens, 4 cached)."""
+    import transformers
+
+    batch, new, cached, layers = 2, 3, 4, 2
+    names, outputs, axes = kv_cache_signature(layers)
+    for arch in families or KV_FAMILIES:
+        config_name, cls_name, extra = KV_FAMILIES[arch]
+        small = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                     attn_implementation="eager")
+        small.update(extra)
+        config = getattr(transformers, config_name)(**small)
+        torch.manual_seed(seed)
+        model = _randomize(getattr(transformers, cls_name)(config).eval(), seed + 1)
+        wrapper = CachedDecoder(model, layers).eval().half()
+        kv_heads, head = small["num_key_value_heads"], small.get("head_dim", 16)
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, 128, (batch, new), generator=g)
+        mask = torch.ones(batch, cached + new, dtype=torch.int64)
+        position = torch.arange(cached, cached + new).expand(batch, new)
+        past = [torch.randn(batch, kv_heads, cached, head, generator=g).half() for _ in range(2 * layers)]
+        out = folder / f"{arch}_kv_opset17_fp16.onnx"
+        torch.onnx.export(wrapper, (ids, mask, position, *past), str(out), input_names=names,
+                          output_names=outputs, dynamic_axes=axes, opset_version=17, dynamo=False,
+                          do_constant_folding=True)
+        onnx.checker.check_model(onnx.load(str(out)))
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("bert_tiny_opset14.onnx"))
@@ -405,8 +456,15 @@ def main() -> None:
                          "(sdpa) attention, legacy exporter, opset 14 and 17, instead")
     ap.add_argument("--kv-cache", action="store_true",
                     help="write the Llama and Qwen2 decoders with past_key_values (opset 14/17, fp32/fp16) instead")
+    ap.add_argument("--kv-families", nargs="*", metavar="FAMILY",
+                    help=f"write the float16 opset-17 decoders with past of other families ({', '.join(KV_FAMILIES)}; "
+                         "all when none is named) instead")
+    ap.add_argument("--folder", type=Path, default=Path(__file__).resolve().parent,
+                    help="where --kv-families writes (default: testdata)")
     args = ap.parse_args()
-    if args.sdpa:
+    if args.kv_families is not None:
+        export_kv_family_models(args.folder, args.seed, args.kv_families)
+    elif args.sdpa:
         export_sdpa_models(Path(__file__).resolve().parent, args.seed)
     elif args.kv_cache:
         export_kv_cache_models(Path(__file__).resolve().parent, args.seed)

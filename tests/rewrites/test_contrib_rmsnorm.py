@@ -174,6 +174,44 @@ def test_rmsnorm_below_opset23_is_refused_when_another_node_would_change():
     assert ops(out)["ReduceMean"] == 2
 
 
+def _second_norm(x="z", tail="w = Mul(gamma, n)"):
+    """Another RMSNorm, of ``x`` into ``w``, its intermediates renamed (``_b``)."""
+    import re
+    body = rms_body(x=x, tail=tail)
+    return re.sub(r"\b(two|sq|var|eps|ve|sd|r|n)\b", r"\1_b", body)
+
+
+def test_rmsnorm_several_below_opset23_raise_together():
+    # Qwen3's per-head q/k RMSNorms beside the layer norms: alone, each one's raise to 23 is blocked by the
+    # others' ReduceMeans; all of them go in the same pass, so together they block nothing. Here a norm
+    # over [B, S, E] and a per-head one over [B, S, H, D], opset 17, against a float64 reference.
+    body = rms_body() + _second_norm()
+    m = model(body, opset=17, inputs="float[2,5,8] x, float[2,5,3,8] z", outputs="float[2,5,8] y, float[2,5,3,8] w")
+    out, report = fuse(m, SKIP, RMS)
+    assert report.counts[RMS.name] == 2 and ops(out)["RMSNormalization"] == 2 and ops(out)["ReduceMean"] == 0
+    assert [o.version for o in out.opset_import if o.domain in ("", "ai.onnx")] == [23]
+    onnx.checker.check_model(out, full_check=True)
+    rng = np.random.default_rng(1)
+    x, z = rng.standard_normal((2, 5, 8)).astype(np.float32), rng.standard_normal((2, 5, 3, 8)).astype(np.float32)
+    got = run(out, {"x": x, "z": z})
+    np.testing.assert_allclose(got["y"], reference(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["w"], reference(z), rtol=1e-5, atol=1e-5)
+
+
+def test_rmsnorm_several_below_opset23_one_refused_blocks_the_raise():
+    # The second norm's γ varies outside the last axis (refused): its ReduceMean stays, the raise would
+    # change its meaning, so the first norm is refused too, naming ReduceMean.
+    inits = {"gamma": GAMMA, "gamma2": (RNG.random((5, D)) + 0.5).astype(np.float32)}
+    body = rms_body() + _second_norm(tail="w = Mul(gamma2, n)")
+    m = model(body, opset=17, inputs="float[2,5,8] x, float[2,5,8] z", outputs="float[2,5,8] y, float[2,5,8] w",
+              inits=inits)
+    out, report = fuse(m, SKIP, RMS)
+    assert report.counts[RMS.name] == 0 and ops(out)["ReduceMean"] == 2
+    reasons = refusals(report, RMS)
+    assert any("varies outside the last axis" in r for r in reasons), reasons
+    assert any("RMSNormalization needs opset 23" in r and "ReduceMean" in r for r in reasons), reasons
+
+
 def test_rmsnorm_simplified_layernorm_only_where_the_model_already_has_ort_onnx_domain_ops():
     # An onnxruntime-genai-style model already holds SimplifiedLayerNormalization in the ONNX domain (it
     # fails onnx.checker that way already): the RMSNorm becomes one too, checked as ONNX Runtime reads it.

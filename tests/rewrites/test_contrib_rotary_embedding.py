@@ -153,3 +153,74 @@ def test_rotary_of_split_heads_merged_back_takes_the_3d_form():
     src = f.pop("x").transpose(0, 2, 1, 3).reshape(B, S, H * D)
     want = reference(src.reshape(B, S, H, D).transpose(0, 2, 1, 3), f["pos"]).transpose(0, 2, 1, 3).reshape(B, S, -1)
     np.testing.assert_allclose(helpers.run_ort(out, {"src": src, **f})["out"], want, rtol=2e-5, atol=2e-5)
+
+
+# --- partial rotation: rotary_embedding_dim -----------------------------------------------------------------
+
+FULL = D + 6  # the head size; the first D dimensions are rotated, the last 6 passed through
+
+
+def partial_model(tail_first=False):
+    """Phi-3 / GPT-NeoX's partial rotary: ``Concat(rope(src[..., :D]), src[..., D:])`` on src [B, H, S, FULL];
+    ``tail_first``: the pass-through half first (not the op's layout)."""
+    half = D // 2
+    joined = "out = Concat <axis = -1> (tail, y)" if tail_first else "out = Concat <axis = -1> (y, tail)"
+    body = f"""
+        x = Slice(src, zero, rot, last)
+        tail = Slice(src, rot, end, last)
+        p1 = Unsqueeze(pos, ax2)
+        pf = Cast <to = 1> (p1)
+        f = Mul(pf, inv_freq)
+        emb = Concat <axis = -1> (f, f)
+        cr = Cos(emb)
+        sr = Sin(emb)
+        cu = Unsqueeze(cr, ax1)
+        su = Unsqueeze(sr, ax1)
+        xc = Mul(x, cu)
+        x1 = Slice(x, zero, h, last)
+        x2 = Slice(x, h, end, last)
+        nx2 = Neg(x2)
+        rh = Concat <axis = -1> (nx2, x1)
+        rs = Mul(rh, su)
+        y = Add(xc, rs)
+        {joined}
+    """
+    return parse(f"g (float[B,{H},S,{FULL}] src, int64[B,S] pos) => (float[B,{H},S,{FULL}] out) {{\n{body}\n}}",
+                 opset=17, inits={"inv_freq": INV_FREQ, "ax1": np.array([1], np.int64),
+                                  "ax2": np.array([2], np.int64), "zero": np.array([0], np.int64),
+                                  "h": np.array([half], np.int64), "rot": np.array([D], np.int64),
+                                  "end": np.array([9223372036854775807], np.int64),
+                                  "last": np.array([-1], np.int64)})
+
+
+def partial_feeds(seed=0):
+    rng = np.random.default_rng(seed)
+    return {"src": rng.standard_normal((B, H, S, FULL)).astype(np.float32),
+            "pos": rng.integers(0, 4096, size=(B, S)).astype(np.int64)}
+
+
+def test_partial_rotary_takes_the_whole_head_with_rotary_embedding_dim():
+    out, report = fuse(partial_model(), ROPE)
+    assert report.counts[ROPE.name] == 1, refusals(report)
+    assert ops(out)["RotaryEmbedding"] == 1 and ops(out)["Slice"] == 2 and "Concat" in ops(out), ops(out)
+    node = next(n for n in out.graph.node if n.op_type == "RotaryEmbedding")
+    assert node.input[0] == "src" and node.output[0] == "out"
+    assert {a.name: a.i for a in node.attribute} == {"rotary_embedding_dim": D}
+    onnx.checker.check_model(out, full_check=True)
+    f = partial_feeds()
+    got = helpers.run_ort(out, f)["out"]
+    want = np.concatenate([reference(f["src"][..., :D], f["pos"]), f["src"][..., D:].astype(np.float64)], axis=-1)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(got[..., D:], f["src"][..., D:])  # passed through bitwise
+
+
+def test_partial_rotary_with_another_layout_rotates_the_slice_only():
+    # the pass-through half first: not RotaryEmbedding's layout. The sliced x is rotated as a full rotation
+    # of a D-wide tensor; the Slices and the Concat stay.
+    out, report = fuse(partial_model(tail_first=True), ROPE)
+    assert report.counts[ROPE.name] == 1, refusals(report)
+    node = next(n for n in out.graph.node if n.op_type == "RotaryEmbedding")
+    assert node.input[0] == "x" and not node.attribute
+    f = partial_feeds(1)
+    want = np.concatenate([f["src"][..., D:].astype(np.float64), reference(f["src"][..., :D], f["pos"])], axis=-1)
+    np.testing.assert_allclose(helpers.run_ort(out, f)["out"], want, rtol=1e-4, atol=1e-4)

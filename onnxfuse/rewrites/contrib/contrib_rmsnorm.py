@@ -14,7 +14,10 @@ i.e. x / √(mean(x²) + ε) · γ with float32 statistics, cast back to x's typ
   carries that kernel's messages). Below opset 23 the rule raises the model's opset when that changes
   no node's meaning (:mod:`onnxfuse.rewrites.engine.opset`), and refuses, naming the ops, otherwise.
   Exports below 18 keep ``ReduceMean``'s axes as an attribute (changed at 18) and torch writes
-  ``Cast`` (an attribute added at 19): such models stay as they are.
+  ``Cast`` (an attribute added at 19): such models stay as they are. Every RMSNorm's own ReduceMean
+  goes with it, so the ReduceMeans of all the RMSNorms this rule takes (each passing every other check)
+  block no raise together: Qwen3's per-head q and k norms beside the layer norms, where each one alone
+  would be blocked by the others' ReduceMeans.
 * ``SimplifiedLayerNormalization`` (what ONNX Runtime's own SimplifiedLayerNormFusion and
   onnxruntime-genai's builder write) exists only in the ONNX domain, where ``onnx.checker`` has no
   schema for it: a model the checker accepted would be refused after the rewrite. It is written only
@@ -60,6 +63,27 @@ def ort_domain_ops_present(graph) -> bool:
     return False
 
 
+def _fusable(graph, node):
+    """``(reason, (match, γ))``: the RMSNorm anchored at ``node`` as this rule takes it, every check but the
+    opset's."""
+    reason, m = match_rmsnorm(graph, node)
+    if reason:
+        return reason, None
+    problem = dtype_problem(m.dtype, RMS_DTYPES, "RMSNormalization input")
+    if problem:
+        return problem, None
+    reason, gamma = rmsnorm_gamma(graph, m)
+    if reason:
+        return reason, None
+    return None, (m, gamma)
+
+
+def _fused_nodes(graph, node) -> list:
+    """The nodes the RMSNorm anchored at ``node`` replaces when this rule takes it, else []."""
+    reason, found = _fusable(graph, node)
+    return [] if reason else found[0].nodes
+
+
 class ContribRmsNorm(ContribRule):
     name = "contrib-rmsnorm"
     description = "decomposed Pow/ReduceMean/Sqrt/…(/Mul γ) RMSNorm → RMSNormalization (raises opset to 23)"
@@ -68,15 +92,23 @@ class ContribRmsNorm(ContribRule):
         return [n for n in graph.nodes if rms_candidate(n)]
 
     def analyze(self, graph, node):
-        reason, m = match_rmsnorm(graph, node)
+        reason, found = _fusable(graph, node)
         if reason:
             return reason, None
-        problem = dtype_problem(m.dtype, RMS_DTYPES, "RMSNormalization input")
-        if problem:
-            return problem, None
+        m, gamma = found
         # the pattern's own nodes go (its ReduceMean's axes attribute would otherwise block 14/17 → 23);
         # a leading Cast the residual stream still reads stays, and Cast's meaning is unchanged up to 23
-        raise_problem = opset_raise_problem(graph, RMSNORM_OPSET, replaced=[n for n in m.nodes if n.op != "Cast"])
+        replaced = [n for n in m.nodes if n.op != "Cast"]
+        raise_problem = opset_raise_problem(graph, RMSNORM_OPSET, replaced=replaced)
+        if raise_problem is not None:
+            # Several RMSNorms (Qwen3's per-head q/k norms beside the layer norms): each one's ReduceMean
+            # blocks the raise for the others. Every one this rule takes goes in this same pass (the first
+            # rewrite raises the opset, the rest then need no raise), so together they block nothing.
+            # Only those that pass every other check here are counted: one refused would keep its
+            # ReduceMean, whose axes attribute the raised opset would misread.
+            replaced += [n for other in graph.nodes if other is not node and rms_candidate(other)
+                         for n in _fused_nodes(graph, other) if n.op != "Cast"]
+            raise_problem = opset_raise_problem(graph, RMSNORM_OPSET, replaced=replaced)
         if raise_problem is None:
             op = "RMSNormalization"
         elif ort_domain_ops_present(graph):
@@ -84,9 +116,6 @@ class ContribRmsNorm(ContribRule):
         else:
             return (f"ONNX RMSNormalization needs opset {RMSNORM_OPSET}, and {raise_problem}; "
                     "SimplifiedLayerNormalization would fail onnx.checker (ONNX domain, no schema)"), None
-        reason, gamma = rmsnorm_gamma(graph, m)
-        if reason:
-            return reason, None
         return None, (m, gamma, op)
 
     def apply(self, graph, node, plan):

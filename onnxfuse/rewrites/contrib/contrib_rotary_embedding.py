@@ -68,6 +68,12 @@ class ContribRotaryEmbedding(ContribRule):
                  attrs={"num_heads": heads}, name=name)
             return {"input": src.name, "form": "3-D, heads merged", "num_heads": heads, "head_size": 2 * found.half,
                     "replaced": len(found.nodes) + 1}
+        if found.partial is not None:  # src [B, H, S, D], the first 2·half rotated, the rest passed through
+            src, concat = found.partial
+            fuse(graph, found.nodes, "RotaryEmbedding", [src, *caches], concat.outputs[0], domain="",
+                 attrs={"rotary_embedding_dim": 2 * found.half}, name=name)
+            return {"input": src.name, "form": "4-D heads, partial", "head_size": 2 * found.half,
+                    "rotary_embedding_dim": 2 * found.half, "replaced": len(found.nodes)}
         fuse(graph, found.nodes, "RotaryEmbedding", [found.x, *caches], found.root.outputs[0], domain="", name=name)
         return {"input": found.x.name, "form": "4-D heads", "head_size": 2 * found.half, "replaced": len(found.nodes)}
 

@@ -33,8 +33,20 @@ contrib-attention writes for MultiHeadAttention's query from given heads), the o
 itself, head h's values at h·D + d as the Reshape put them, so the values are the same and the split
 and merge (four kernels) go.
 
-**Refused**, with the reason: any piece missing or shaped otherwise; partial rotation (the rotated part
-shorter than D: Phi-2, GPT-NeoX's ``rotary_pct``); interleaved pairs (GPT-J); cos or sin not provably
+**Partial rotation** (:func:`partial_form`; Phi-3 with ``partial_rotary_factor`` < 1, Phi-4-mini, GPT-NeoX's
+``rotary_pct``): transformers writes ``Concat(rope(src[..., :R]), src[..., R:], axis=-1)`` with cos and sin
+[B, S, R]. The pattern above then matches with x = ``src[..., :R]`` and D = R. When the rotated x is
+read only by that Concat, whose other operand is ``src[..., R:]`` (to the end) of the same src
+[B, H, S, D], D > R static, the op takes src itself with ``rotary_embedding_dim = R``: ONNX
+RotaryEmbedding-23 then rotates ``src[..., :R]`` with the [B, S, R/2] caches and concatenates
+``src[..., R:]`` unchanged (the spec's function body: ``x_rotate = x[..., :rotary_embedding_dim]``,
+``x_not_rotate = x[..., rotary_embedding_dim:]``, Concat on the last axis), which is the pattern's
+value; the pass-through half is copied, bitwise equal. ONNX Runtime 1.32's CPU kernel agrees with a
+float64 reference (tests/rewrites/test_contrib_rotary_embedding.py). Otherwise the sliced x is
+rotated as it stands (a full rotation of an R-wide tensor) and the Slices and Concat stay.
+
+**Refused**, with the reason: any piece missing or shaped otherwise; cos and sin narrower than the
+rotated x; interleaved pairs (GPT-J); cos or sin not provably
 repeated in halves; a cache batch or sequence dimension not provably x's (a batch of 1 broadcast
 included); an intermediate read outside the pattern; element types other than float32, float16 or
 bfloat16, or x's and the caches' types differing.
@@ -68,6 +80,7 @@ class Rotary:
     half: int
     nodes: list
     merged: tuple | None = None  # (src [B, S, E], H, the merging Reshape) for the 3-D form: see merged_form
+    partial: tuple | None = None  # (src [B, H, S, D], the pass-through Concat) for partial rotation: see partial_form
 
 
 def _slice_bounds(graph, node):
@@ -179,7 +192,7 @@ def _checked(graph, add, x, cos, sin, half, nodes, shape, unsqueezes) -> Rotary 
     for name, cache in (("cos", cos), ("sin", sin)):
         cache_shape = shape_of(graph, cache)
         if cache_shape[2] != 2 * half:
-            return f"{name} is {cache_shape}, not [B, S, {2 * half}] (partial rotation is not taken)"
+            return f"{name} is {cache_shape}, not [B, S, {2 * half}] (the caches must span the rotated x exactly)"
         if not (dims_equal(cache_shape[0], shape[0]) and dims_equal(cache_shape[1], shape[2])):
             return (f"{name}'s batch and sequence {cache_shape[:2]} are not provably x's {[shape[0], shape[2]]} "
                     "(RotaryEmbedding takes a [B, S, D/2] cache of exactly x's batch and sequence)")
@@ -196,7 +209,41 @@ def _checked(graph, add, x, cos, sin, half, nodes, shape, unsqueezes) -> Rotary 
     found.merged = merged_form(graph, found)
     if found.merged is not None:
         found.nodes = nodes + found.merged[3]
+    else:
+        partial = partial_form(graph, found)
+        if partial is not None:
+            found.partial, found.nodes = partial[:2], nodes + partial[2]
     return found
+
+
+def partial_form(graph, found: Rotary):
+    """(src, the Concat, the Slices and Concat) when the rotary is a partial one (module docstring):
+    x = ``src[..., :R]`` (R = 2·half, step 1) and the only reader of the rotated x is
+    ``Concat(rotated, src[..., R:], axis=-1)``, src [B, H, S, D] with D static and larger than R, the
+    Slices read only by the pattern; else None."""
+    r = 2 * found.half
+    head = producer_of(found.x)
+    if not is_op(head, "Slice") or _slice_bounds(graph, head) != (0, r):
+        return None
+    src = head.inputs[0]
+    shape = shape_of(graph, src)
+    if shape is None or len(shape) != 4 or not isinstance(shape[3], int) or shape[3] <= r:
+        return None
+    after = consumers(found.root.outputs[0])
+    if len(after) != 1 or is_graph_output(graph, found.root.outputs[0]):
+        return None
+    concat = after[0]
+    if (not is_op(concat, "Concat") or len(concat.inputs) != 2 or concat.inputs[0] is not found.root.outputs[0]
+            or int(concat.attrs.get("axis", 0)) not in (-1, 3)):
+        return None
+    tail = producer_of(concat.inputs[1])
+    bounds = _slice_bounds(graph, tail)
+    if bounds is None or tail.inputs[0] is not src or bounds[0] != r or bounds[1] < shape[3]:
+        return None
+    extra = [head, tail, concat]
+    if internal_problem(graph, found.nodes + extra, concat):
+        return None
+    return src, concat, extra
 
 
 def _split(graph, x):

@@ -1,0 +1,60 @@
+"""KV-cache decoders of the other Llama-family architectures (issue 31), float16, legacy exporter, opset 17
+(testdata ``*_kv_opset17_fp16``, made by ``export_transformers.py --kv-families``): Mistral, Phi-3 (q, k, v
+in one ``qkv_proj`` cut by Slice; full and partial rotation), Gemma (one key/value head, RMSNorm weight
+1 + w) and Qwen3 (per-head q and k RMSNorm before the rotary). Every attention, rotary embedding and
+RMSNorm fuses, validated against the original on ONNX Runtime's CPU provider at prefill and decode sizes."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import onnxfuse
+from helpers import load_testdata
+
+LAYERS = 2
+#: name → (RMSNorms without a residual Add, per-layer q/k/v MatMuls packed by pack-sibling-matmuls)
+FAMILIES = {
+    "mistral_kv_opset17_fp16": (1, True),
+    "phi3_kv_opset17_fp16": (1, False),  # already one qkv_proj: its Slices are the attention's input
+    "phi3_partial_kv_opset17_fp16": (1, False),
+    "gemma_kv_opset17_fp16": (1, True),
+    "qwen3_kv_opset17_fp16": (1 + 2 * LAYERS, True),  # the first layer norm, and q_norm, k_norm per layer
+}
+
+
+def _ops(model) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_family_decoder_attention_rotary_norms_and_repeats_fused(name):
+    standalone, packed = FAMILIES[name]
+    result = onnxfuse.optimize(load_testdata(name), samples=2)
+    assert result.validation.passed, result.validation
+    ops = _ops(result.model)
+    refusals = [(r.rule, r.reason) for r in result.applied.refusals]
+    assert ops["MultiHeadAttention"] == LAYERS and ops["Softmax"] == 0, refusals
+    assert ops["RotaryEmbedding"] == 2 * LAYERS and ops["Neg"] == 0, refusals
+    # every RMSNorm: the residual ones (two per layer, minus the first layer's input norm, plus the final
+    # norm) with their Add, the rest alone
+    assert ops["ReduceMean"] == 0 and ops["Pow"] == 0, refusals
+    assert ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS, ops
+    assert ops["RMSNormalization"] == standalone, ops
+    assert ops["Split"] == (LAYERS if packed else 0), ops
+    repeats = [n for n in result.model.graph.node if n.op_type == "Gather"
+               and any(a.name == "axis" and a.i == 1 for a in n.attribute)]
+    assert len(repeats) == 2 * LAYERS, ops
+    names = {o.name for o in result.model.graph.output}
+    assert {f"present.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")} <= names
+
+
+def test_partial_rotary_rotates_the_sliced_part_and_passes_the_rest_through():
+    # Phi-3 with partial_rotary_factor 0.5: rotate_half over the first 8 of 16 head dimensions, the other 8
+    # concatenated back as they are: one RotaryEmbedding over the whole head with rotary_embedding_dim 8
+    # (the Slices and the Concat go with it).
+    result = onnxfuse.optimize(load_testdata("phi3_partial_kv_opset17_fp16"), samples=2)
+    assert result.validation.passed, result.validation
+    details = [d for d in result.applied.details if d["rule"] == "contrib-rotary-embedding"]
+    assert len(details) == 2 * LAYERS and {d.get("rotary_embedding_dim") for d in details} == {8}, details
