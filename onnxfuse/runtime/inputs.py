@@ -153,10 +153,10 @@ def resolve_shape(spec: InputSpec, shapes: dict[str, list[int]], notes: list[str
     if spec.name in shapes:
         given = shapes[spec.name]
         if spec.shape and len(given) != len(spec.shape):
-            raise InputsError(f"--shape {spec.name}: model expects rank {len(spec.shape)}, got {len(given)}")
+            raise UsageError(f"--shape {spec.name}: model expects rank {len(spec.shape)}, got {len(given)}")
         for want, got in zip(spec.shape, given):
             if isinstance(want, int) and want != got:
-                raise InputsError(f"--shape {spec.name}: dimension {want} is fixed in the model, got {got}")
+                raise UsageError(f"--shape {spec.name}: dimension {want} is fixed in the model, got {got}")
         return list(given)
     out = []
     defaulted = []

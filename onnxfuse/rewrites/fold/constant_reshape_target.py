@@ -14,7 +14,7 @@ of the Reshape's own input.
 What
 ----
 For ``Reshape(x, Concat(p₀, …, pₖ))`` whose parts are constants or one-element
-computed values, the target becomes a constant:
+computed values (or a target a Shape chain computes whole, one part), the target becomes a constant:
 
 * a computed part that is ``x``'s own dimension at the same position (``Gather(Shape(x), i)``,
   possibly through Unsqueeze/Squeeze/Cast/Slice), or another tensor's dimension that shape inference
@@ -100,6 +100,14 @@ def _copies(x, start: int, src, positions) -> bool:
     return True
 
 
+def _whole_shape_target(graph, target) -> bool:
+    """A computed (non-constant) target that a Shape chain gives whole: read by ``shape_read`` or valued
+    by ``shape_value`` (cleanup turns the exporter's one-input ``Concat(Shape(y))`` into ``Shape(y)``)."""
+    if producer_of(target) is None or constant_value(graph, target) is not None:
+        return False
+    return shape_read(graph, target) is not None or shape_value(graph, target) is not None
+
+
 def _named_copy(x, position: int, name) -> bool:
     """x's dimension at ``position`` has the name ``name``: a 0 there copies that value."""
     shape = getattr(x, "shape", None)
@@ -120,18 +128,25 @@ class ConstantReshapeTarget(Rule):
 
     def match(self, graph):
         for node in graph.nodes:
-            if is_op(node, "Reshape") and len(node.inputs) == 2 and is_op(producer_of(node.inputs[1]), "Concat"):
+            if is_op(node, "Reshape") and len(node.inputs) == 2 and (
+                    is_op(producer_of(node.inputs[1]), "Concat") or _whole_shape_target(graph, node.inputs[1])):
                 yield node
 
     def check(self, graph, node):
         x, target = node.inputs
         concat = producer_of(target)
         allowzero = int(node.attrs.get("allowzero", 0))
-        if not is_op(concat, "Concat") or int(concat.attrs.get("axis", 0)) not in (0, -1):
-            return Refuse("target is no longer a Concat")
+        if is_op(concat, "Concat"):
+            if int(concat.attrs.get("axis", 0)) not in (0, -1):
+                return Refuse("target is a Concat along another axis")
+            parts = concat.inputs
+        elif _whole_shape_target(graph, target):
+            parts = [target]  # one computed part: the whole target (a Concat of one input, removed by cleanup)
+        else:
+            return Refuse("target is no longer a Concat or a Shape chain")
         entries: list = []  # int constants, "copy" or "computed"
         computed = 0
-        for part in concat.inputs:
+        for part in parts:
             arr = constant_value(graph, part)
             if arr is not None:
                 entries.extend(int(v) for v in arr.reshape(-1))
