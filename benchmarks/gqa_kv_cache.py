@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from gqa_attention import _repeat_kv, _to_bsd  # noqa: E402  (the same graph pieces as the no-cache probe)
 from micro import parse_args, write_results  # noqa: E402
 
 from onnxfuse.runtime.inputs import Inputs  # noqa: E402
@@ -71,41 +72,21 @@ def gqa_input_names() -> list[str]:
     raise SystemExit("this onnxruntime has no com.microsoft GroupQueryAttention")
 
 
-def _const(inits, name, value):
-    inits.append(numpy_helper.from_array(np.asarray(value), name))
-    return name
-
-
-def _repeat_kv(nodes, inits, name, heads, kv_heads, size):
-    rep = heads // kv_heads
-    nodes += [helper.make_node("Unsqueeze", [name, _const(inits, f"{name}_ax", np.array([2], np.int64))], [f"{name}_u"]),
-              helper.make_node("Expand", [f"{name}_u", _const(inits, f"{name}_rep", np.array([1, 1, rep, 1, 1], np.int64))],
-                               [f"{name}_e"]),
-              helper.make_node("Reshape", [f"{name}_e", _const(inits, f"{name}_t", np.array([0, heads, -1, size], np.int64))],
-                               [f"{name}_r"])]
-    return f"{name}_r"
-
-
-def _to_bsd(nodes, inits, name, hidden):
-    nodes += [helper.make_node("Transpose", [name], [f"{name}_t"], perm=[0, 2, 1, 3]),
-              helper.make_node("Reshape", [f"{name}_t", _const(inits, f"{name}_e", np.array([0, 0, hidden], np.int64))],
-                               [f"{name}_bsd"])]
-    return f"{name}_bsd"
-
-
 def build(variant, heads, kv_heads, size, elem):
     nodes, inits = [], []
     hidden, scale = heads * size, float(size) ** -0.5
     if variant.startswith("gqa"):
+        inits += [numpy_helper.from_array(np.array([], np.int64), "scalar"),
+                  numpy_helper.from_array(np.array([1], np.int32), "one")]
         q = _to_bsd(nodes, inits, "q", hidden)
         k = _to_bsd(nodes, inits, "k", kv_heads * size)
         v = _to_bsd(nodes, inits, "v", kv_heads * size)
         # seqlens_k = P + S - 1 and total = P + S, from the mask's last dimension (every key counted)
         nodes += [helper.make_node("Shape", ["m"], ["m_shape"], start=3, end=4),
                   helper.make_node("Cast", ["m_shape"], ["total_1"], to=TensorProto.INT32),
-                  helper.make_node("Reshape", ["total_1", _const(inits, "scalar", np.array([], np.int64))], ["total"]),
+                  helper.make_node("Reshape", ["total_1", "scalar"], ["total"]),
                   helper.make_node("Shape", ["q"], ["b_shape"], start=0, end=1),
-                  helper.make_node("Sub", ["total_1", _const(inits, "one", np.array([1], np.int32))], ["last"]),
+                  helper.make_node("Sub", ["total_1", "one"], ["last"]),
                   helper.make_node("Expand", ["last", "b_shape"], ["seqlens"])]
         given = {"query": q, "key": k, "value": v, "past_key": "past_k", "past_value": "past_v",
                  "seqlens_k": "seqlens", "total_sequence_length": "total"}
