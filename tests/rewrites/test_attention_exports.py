@@ -91,7 +91,7 @@ def test_vit_float32_packs_into_attention_reading_the_batch_first_input():
     assert ops.count("Attention") == 2 and "Softmax" not in ops and "MultiHeadAttention" not in ops
     assert result.applied.counts["cancel-row-transposes"] == 2
     assert ops.count("Transpose") == 1  # the patch embedding's [B, E, N] → [B, N, E], not an attention's
-    assert ops.count("SkipLayerNormalization") == 4
+    assert ops.count("SkipLayerNormalization") == 5  # and the first block's: patches + [1, N, E] positions
     details = [d for d in result.applied.details if d["rule"] == RULE]
     assert {d["layout"] for d in details} == {"sequence-first"} and all(d["qkv_packed"] for d in details)
     for batch in (1, 3):
@@ -141,7 +141,9 @@ FIRST_OR_LAST_LAYERNORM = {
     # positions computed at run time from the ids (two run-time lookups and a constant row): the
     # Add(words + types, positions) is of two [B, S, H] tensors, a SkipLayerNormalization
     "roberta_tiny_opset14": "SkipLayerNormalization",
-    "gpt2_tiny_opset14": "LayerNormalization", "whisper_encoder_tiny_opset14": "LayerNormalization",
+    # pre-norm: the first block's LayerNorm reads the token (or conv) embeddings [B, S, H] plus the position
+    # embeddings [1, S, H], a skip ONNX Runtime's kernels broadcast: a SkipLayerNormalization too
+    "gpt2_tiny_opset14": "SkipLayerNormalization", "whisper_encoder_tiny_opset14": "SkipLayerNormalization",
 }
 
 
@@ -153,8 +155,8 @@ def test_every_residual_layernorm_becomes_skip_layernorm(name):
     the merge Reshape dropped as an identity and its invented dims renamed); the embeddings' LayerNorm
     becomes what :data:`FIRST_OR_LAST_LAYERNORM` says. Pre-norm (GPT-2, Whisper): the residual stream is
     read again by the next block, so it is the op's fourth output; GPT-2 needs its Conv1D projections as
-    MatMuls (gemm-rows-to-matmul) for the batch to be provable; the final LayerNorm has no residual Add
-    and stays plain."""
+    MatMuls (gemm-rows-to-matmul) for the batch to be provable; the first block's LayerNorm reads the
+    embeddings plus a broadcast [1, S, H] position skip."""
     layers = MODELS[name][0]
     model = load_testdata(name)
     result = onnxfuse.optimize(model, only=NAMES, provider="cpu", samples=2)

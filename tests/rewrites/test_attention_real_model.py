@@ -48,11 +48,11 @@ def test_scale_folds_into_attention_matmul():
     # The attention scale's Sqrt, Div, Cast and its two Muls per layer are gone; of the 5 decomposed
     # LayerNorms the four that read a residual Add became SkipLayerNorm (three also write the sum, read
     # again by the next block; both sides of every residual Add are provably of one shape since
-    # engine/proven_dims.py, two before it) and the first block's ln_1, which reads the embeddings, an
-    # ONNX LayerNormalization (opset raised 14 → 17).
+    # engine/proven_dims.py, two before it), and so did the first block's ln_1, which reads the class
+    # token + patches [B, N, E] plus the position embedding [1, N, E], a skip ONNX Runtime broadcasts.
     assert after["Sqrt"] == 0 and after["Cast"] == 0
-    assert after["SkipLayerNormalization"] == 4
-    assert after["LayerNormalization"] == 1
+    assert after["SkipLayerNormalization"] == 5
+    assert after["LayerNormalization"] == 0
     # Size arithmetic on static dims is folded; the one size left computed, the batch of the class
     # token's Expand, is carried from the input by expand-by-broadcast: no Shape is left to run on the CPU.
     assert after["Shape"] == 0 and after["Expand"] == 0

@@ -242,3 +242,85 @@ def test_every_proved_dimension_is_the_one_onnx_runtime_computes(seed):
             for d, actual in zip(shape, got[name].shape):
                 if isinstance(d, int) or d in values:
                     assert (d if isinstance(d, int) else values[d]) == actual, (seed, name, shape, got[name].shape)
+
+
+def tensordot_model(tail):
+    """tf2onnx's ``Tensordot`` at opset 11: ``Reshape(MatMul(Reshape(x, [B·S, 4]), W), target)`` with the
+    target ``Concat(Gather(Cast(Shape(x), int32), [0, 1]), [8])`` cast back to int64, which ONNX inference
+    gives no rank; then ``tail`` (nodes reading ``dense``, the last one writing ``f_out``)."""
+    inits = [numpy_helper.from_array(np.asarray([0, 1], np.int64), "free"),
+             numpy_helper.from_array(np.asarray([8], np.int32), "h32"),
+             numpy_helper.from_array(np.asarray([-1, 4], np.int64), "flat_t"),
+             numpy_helper.from_array(np.ones((4, 8), np.float32), "w"),
+             numpy_helper.from_array(np.ones((8, 8), np.float32), "w2")]
+    nodes = [h.make_node("Shape", ["x"], ["shp"]), h.make_node("Cast", ["shp"], ["shp32"], to=T.INT32),
+             h.make_node("Gather", ["shp32", "free"], ["lead"], axis=0),
+             h.make_node("Concat", ["lead", "h32"], ["tgt32"], axis=0),
+             h.make_node("Cast", ["tgt32"], ["tgt"], to=T.INT64),
+             h.make_node("Reshape", ["x", "flat_t"], ["flat"]), h.make_node("MatMul", ["flat", "w"], ["mm"]),
+             h.make_node("Reshape", ["mm", "tgt"], ["dense"]), *tail]
+    return _model(nodes, [h.make_tensor_value_info("x", T.FLOAT, ["batch", "sequence", 4])], ["f_out"], inits,
+                  opset=11)
+
+
+def test_a_computed_target_with_no_0_or_minus_1_is_the_reshapes_shape():
+    model = tensordot_model([h.make_node("Softmax", ["dense"], ["soft"], axis=-1),
+                             h.make_node("ReduceMean", ["soft"], ["mean"], axes=[2], keepdims=1),
+                             h.make_node("ReduceSum", ["soft"], ["f_out"], axes=[-1], keepdims=0)])
+    shapes = _proved(model)
+    assert shapes["dense"] == ["batch", "sequence", 8] and shapes["soft"] == ["batch", "sequence", 8]
+    assert shapes["mean"] == ["batch", "sequence", 1] and shapes["f_out"] == ["batch", "sequence"]
+    assert run_ort(model, {"x": np.zeros((2, 5, 4), np.float32)})["f_out"].shape == (2, 5)
+
+
+def test_gather_carries_a_proved_shape():
+    inits = [numpy_helper.from_array(np.asarray([0], np.int64), "col0")]
+    model = tensordot_model([h.make_node("Gather", ["dense", "col0"], ["picked"], axis=2),
+                             h.make_node("Relu", ["picked"], ["f_out"])])
+    model.graph.initializer.extend(inits)
+    shapes = _proved(model)
+    assert shapes["picked"] == ["batch", "sequence", 1] and shapes["f_out"] == ["batch", "sequence", 1]
+    assert run_ort(model, {"x": np.zeros((2, 5, 4), np.float32)})["f_out"].shape == (2, 5, 1)
+
+
+def test_gemm_carries_a_proved_shape():
+    # A = Reshape(y, [rows, 4]) from y's own Shape through int32 Casts: no rank for ONNX inference
+    inits = [numpy_helper.from_array(np.asarray([0], np.int64), "first"),
+             numpy_helper.from_array(np.asarray([4], np.int32), "h32"),
+             numpy_helper.from_array(np.ones((8, 4), np.float32), "w")]
+    nodes = [h.make_node("Shape", ["y"], ["shp"]), h.make_node("Cast", ["shp"], ["shp32"], to=T.INT32),
+             h.make_node("Gather", ["shp32", "first"], ["lead"], axis=0),
+             h.make_node("Concat", ["lead", "h32"], ["tgt32"], axis=0),
+             h.make_node("Cast", ["tgt32"], ["tgt"], to=T.INT64),
+             h.make_node("Reshape", ["y", "tgt"], ["a"]), h.make_node("Gemm", ["a", "w"], ["f_out"], transB=1)]
+    model = _model(nodes, [h.make_tensor_value_info("y", T.FLOAT, ["rows", 4])], ["f_out"], inits, opset=11)
+    assert _proved(model)["f_out"] == ["rows", 8]
+    assert run_ort(model, {"y": np.zeros((3, 4), np.float32)})["f_out"].shape == (3, 8)
+
+
+def offset_range_model(start_from="past"):
+    """GPT-2's position ids with a KV cache: ``Range(P, P + S, 1)``, P the past length and S the new one."""
+    inits = [numpy_helper.from_array(np.asarray(2, np.int64), "two"), numpy_helper.from_array(np.asarray(1, np.int64), "one"),
+             numpy_helper.from_array(np.asarray(3, np.int64), "three")]
+    nodes = [h.make_node("Shape", ["past"], ["ps"]), h.make_node("Gather", ["ps", "two"], ["p"], axis=0),
+             h.make_node("Shape", ["ids"], ["is"]), h.make_node("Gather", ["is", "one"], ["s"], axis=0),
+             h.make_node("Shape", [start_from], ["ss"]),
+             h.make_node("Gather", ["ss", "two" if start_from == "past" else "three"], ["start"], axis=0),
+             h.make_node("Add", ["p", "s"], ["limit"]), h.make_node("Range", ["start", "limit", "one"], ["rows"])]
+    inputs = [h.make_tensor_value_info("past", T.FLOAT, ["batch", 2, "past_len", 4]),
+              h.make_tensor_value_info("other", T.FLOAT, ["batch", 2, 4, "other_len"]),
+              h.make_tensor_value_info("ids", T.INT64, ["batch", "sequence"])]
+    return _model(nodes, inputs, ["rows"], inits)
+
+
+def test_a_range_from_the_past_length_to_past_plus_sequence_has_the_sequence_length():
+    model = offset_range_model()
+    assert _proved(model)["rows"] == ["sequence"]
+    feeds = {"past": np.zeros((2, 2, 3, 4), np.float32), "other": np.zeros((2, 2, 4, 6), np.float32),
+             "ids": np.zeros((2, 5), np.int64)}
+    assert run_ort(model, feeds)["rows"].shape == (5,)
+
+
+def test_a_range_from_another_start_is_left_alone():
+    # Range(O, P + S, 1) has P + S − O elements: not a name
+    assert "sequence" not in (_proved(offset_range_model(start_from="other"))["rows"] or [])

@@ -3,9 +3,13 @@ com.microsoft SkipLayerNormalization.
 
 ``contrib-skip-layernorm``: when x itself is ``Add(a, b)`` of two tensors of provably equal shape
 (rank 2 or 3: ONNX Runtime's kernel takes no other; dims equal as numbers or as the same named
-dim-param) and the normalization is over the last axis only, the Add and the normalization become
-``com.microsoft.SkipLayerNormalization(a, b, γ, β)``; an ``Add(y, c)`` with c a constant 1-D bias
-feeding one side is absorbed too (its ``bias`` input), as in skip_layer_norm_fusion.cc. When the Add's
+dim-param), or of a ``[B, S, H]`` input and a ``[1, S, H]`` / ``[S, H]`` skip that the kernel
+broadcasts as numpy does (GPT-2's token + position embeddings: :func:`_input_and_skip`), and the
+normalization is over the last axis only (a Cast between the Add and the normalization only when it
+is to the Add's own type: :func:`_add_behind_cast` says why a float16 → float32 Cast is refused), the
+Add and the normalization become ``com.microsoft.SkipLayerNormalization(a, b, γ, β)``; an ``Add(y, c)``
+with c a constant 1-D bias feeding one side (the full one, for a broadcast skip) is absorbed too (its
+``bias`` input), as in skip_layer_norm_fusion.cc. When the Add's
 result is also read elsewhere (a graph output, or the residual stream of a pre-norm block: GPT-2, ViT,
 Whisper read it again for the next residual), it becomes the op's fourth output,
 ``input_skip_bias_sum`` (a + b + bias, the Add's own value; ONNX Runtime's CPU and CUDA kernels both
@@ -24,6 +28,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from onnx import helper
 
 from onnxfuse.rewrites.contrib.layernorm_pattern import (
     match_any_decomposed, match_standard, mean_candidate, skip_layernorm_params,
@@ -31,8 +36,8 @@ from onnxfuse.rewrites.contrib.layernorm_pattern import (
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import empty_input, fuse
 from onnxfuse.rewrites.engine.facts import (
-    FP16, FP32, constant_value, first_known_dtype, is_ms_op, is_op, only_read_by, producer_of, shape_of,
-    shapes_equal,
+    FP16, FP32, constant_value, dims_equal, dtype_of, first_known_dtype, is_ms_op, is_op, only_read_by,
+    producer_of, shape_of, shapes_equal,
 )
 
 
@@ -65,17 +70,21 @@ class ContribSkipLayerNorm(ContribRule):
         if m.k != 1:
             return f"normalizes the last {m.k} axes; SkipLayerNormalization normalizes the last one", None
         add = producer_of(m.x)
+        adds = [add]
+        if is_op(add, "Cast"):
+            reason, add = _add_behind_cast(graph, add)
+            if reason:
+                return reason, None
+            adds.append(add)
         if not is_op(add, "Add") or len(add.inputs) != 2:
             return "LayerNorm input is not produced by an Add", None
         # Read elsewhere too (a pre-norm block's residual stream: GPT-2, ViT, Whisper): the sum becomes
         # the op's optional fourth output, input_skip_bias_sum, which is exactly this Add's result.
         keep_sum = only_read_by(graph, m.x, m.x_readers) is not None
-        a, b = add.inputs
-        sa, sb = shape_of(graph, a), shape_of(graph, b)
-        if sa is None or sb is None:
-            return "shapes of the Add's inputs unknown (run shape inference first)", None
-        if len(sa) not in (2, 3) or not shapes_equal(sa, sb):
-            return f"Add inputs of shapes {sa} and {sb} are not provably equal rank-2/3 shapes", None
+        sides = _input_and_skip(graph, *add.inputs)
+        if isinstance(sides, str):
+            return sides, None
+        a, b, sa = sides
         d = sa[-1]
         if not isinstance(d, (int, np.integer)):
             return "hidden size (last dimension) unknown", None
@@ -83,11 +92,13 @@ class ContribSkipLayerNorm(ContribRule):
         problem = dtype_problem(dtype, (FP16, FP32), "SkipLayerNormalization input")
         if problem:
             return problem, None
-        inp, skip, bias, bias_add = _bias_side(graph, add, a, b, sa, d) or (a, b, None, None)
+        broadcast = not shapes_equal(sa, shape_of(graph, b))  # only the full input may carry the bias
+        found = _bias_side(graph, add, a, b, sa, d, either=not broadcast)
+        inp, skip, bias, bias_add = found or (a, b, None, None)
         reason, gamma, beta = skip_layernorm_params(graph, m, int(d), dtype)
         if reason:
             return reason, None
-        return None, (m, add, inp, skip, gamma, beta, bias, bias_add, keep_sum)
+        return None, (m, adds, inp, skip, gamma, beta, bias, bias_add, keep_sum)
 
     @staticmethod
     def _late_bias(graph, node):
@@ -113,11 +124,11 @@ class ContribSkipLayerNorm(ContribRule):
             bias_add.inputs.clear()
             return {"op": "com.microsoft.SkipLayerNormalization", "input": inp.name, "skip": skip.name,
                     "bias": True, "late": True, "replaced": 1}
-        m, add, inp, skip, gamma, beta, bias, bias_add, keep_sum = plan
+        m, adds, inp, skip, gamma, beta, bias, bias_add, keep_sum = plan
         inputs = [inp, skip, gamma, beta if beta is not None else empty_input()]
         if bias is not None:
             inputs.append(bias)
-        nodes = list(m.nodes) + [add] + ([bias_add] if bias_add is not None else [])
+        nodes = list(m.nodes) + adds + ([bias_add] if bias_add is not None else [])
         fused = fuse(graph, nodes, "SkipLayerNormalization", inputs, m.root.outputs[0], attrs={"epsilon": m.eps},
                      name=f"{m.root.name}/SkipLayerNorm" if m.root.name else None)
         if keep_sum:  # outputs: normalized, (mean), (inv_std_var), input_skip_bias_sum
@@ -126,17 +137,66 @@ class ContribSkipLayerNorm(ContribRule):
                 "bias": bias is not None, "sum_output": keep_sum, "replaced": len(nodes)}
 
 
+def _add_behind_cast(graph, cast):
+    """``(reason, add)`` for a LayerNorm that reads ``Cast(Add(a, b))``.
+
+    Only a Cast to the Add's own element type is absorbed: it returns its input unchanged, so the
+    op's sum is the Add's value (the Add's result must be read by the Cast alone). A Cast between two
+    float types is refused: SkipLayerNormalization takes one element type for its inputs and output, and
+    ONNX Runtime's test models (``skip_layer_norm_format*_with_cast``) add in float16 and normalize in
+    float32. A float32 op would add a and b without the float16 rounding of their sum (ONNX Runtime's
+    transformers optimizer does this: ``Cast(a) + Cast(b)`` in float32); a float16 op would round the
+    normalized output to float16. Both change the value, so neither is written."""
+    src = cast.inputs[0]
+    add = producer_of(src)
+    if not is_op(add, "Add"):
+        return "LayerNorm input is a Cast of something other than an Add", None
+    have, to = dtype_of(graph, src), int(cast.attrs.get("to", 0))
+    if have is None:
+        return "LayerNorm input is a Cast of an Add of unknown element type", None
+    want = np.dtype(helper.tensor_dtype_to_np_dtype(to)) if to else None
+    if have != want:
+        return (f"LayerNorm input is Cast({have} → {want}) of the Add: SkipLayerNormalization has one element "
+                f"type, and moving the sum or the normalization to the other type changes the value "
+                f"(not written)"), None
+    problem = only_read_by(graph, src, [cast])
+    if problem:
+        return f"the Add behind the no-op Cast: {problem}", None
+    return None, add
+
+
+def _input_and_skip(graph, a, b):
+    """``(input, skip, input_shape)`` for ``Add(a, b)``, or the reason it cannot be the op's sum.
+
+    Equal shapes of rank 2 or 3 (dims equal as numbers or as the same named dim-param): a is the input.
+    Else a rank-3 ``[B, S, H]`` operand and a ``[1, S, H]`` or ``[S, H]`` one (S and H provably the
+    same): the broadcast sum is ``[B, S, H]``, and ONNX Runtime's kernels (CPU and CUDA, since 1.16)
+    read the skip at ``offset % (S·H)``, the same element numpy's broadcast adds; the full operand is
+    the input. Anything else (a scalar, a batch that is not provably 1, unknown shapes) is refused."""
+    sa, sb = shape_of(graph, a), shape_of(graph, b)
+    if sa is None or sb is None:
+        return "shapes of the Add's inputs unknown (run shape inference first)"
+    if len(sa) in (2, 3) and shapes_equal(sa, sb):
+        return a, b, sa
+    for full, part, sf, sp in ((a, b, sa, sb), (b, a, sb, sa)):
+        if (len(sf) == 3 and (len(sp) == 2 or len(sp) == 3 and dims_equal(sp[0], 1))
+                and shapes_equal(sf[1:], sp[-2:])):
+            return full, part, sf
+    return (f"Add inputs of shapes {sa} and {sb} are neither provably equal rank-2/3 shapes nor "
+            "[B, S, H] and a [1, S, H] or [S, H] skip")
+
+
 def _without_bias(node) -> bool:
     """A com.microsoft SkipLayerNormalization with no bias input."""
     return (is_ms_op(node, "SkipLayerNormalization") and len(node.inputs) >= 2
             and (len(node.inputs) < 5 or not node.inputs[4].name))
 
 
-def _bias_side(graph, reader, a, b, shape, hidden: int):
-    """``(y, other, c, bias_add)`` when a or b is ``Add(y, c)`` read only by ``reader``, c a constant of
-    ``hidden`` values (1-D) and y a non-constant of ``shape``; else None. Adding c inside the op is the
-    same sum (up to float association)."""
-    for first, second in ((a, b), (b, a)):
+def _bias_side(graph, reader, a, b, shape, hidden: int, either: bool = True):
+    """``(y, other, c, bias_add)`` when a (or b, if ``either``) is ``Add(y, c)`` read only by ``reader``,
+    c a constant of ``hidden`` values (1-D) and y a non-constant of ``shape``; else None. Adding c inside
+    the op is the same sum (up to float association)."""
+    for first, second in ((a, b), (b, a)) if either else ((a, b),):
         p = producer_of(first)
         if not is_op(p, "Add") or len(p.inputs) != 2 or only_read_by(graph, first, [reader]):
             continue

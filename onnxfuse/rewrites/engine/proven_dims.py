@@ -21,9 +21,19 @@ constant ``m >= 1``. For nodes whose outputs inference left invented or unknown,
 * ``Slice`` on an axis of size D, start 0, step 1, end e (:func:`shape_value`: a constant or a size
   read from ``Shape``): ``min(e, D)``, which is e when D is the same name, ``Clamped(e, D)`` for a
   constant D, ``Clamped(D, e)`` for a constant e (ONNX clamps the end to the axis; a size is >= 0);
-* ``Range(0, n, 1)`` with n a size: n elements (``max(0, n)``, and a size is >= 0);
+* ``Range(0, n, 1)`` with n a size: n elements (``max(0, n)``, and a size is >= 0); integer
+  ``Range(s, s + n, 1)`` (an ``Add`` of the start and n): n elements too;
 * ``Reshape(x, target)`` with the target's ``0`` entries x's dimensions and its ``-1`` the quotient of
-  x's product by the other entries', names cancelled (``[B, S, 12, 64]`` by ``[0, -1, 768]``: S);
+  x's product by the other entries', names cancelled (``[B, S, 12, 64]`` by ``[0, -1, 768]``: S); a
+  target with neither is the output's shape whatever x's is (tf2onnx's ``Tensordot`` writes
+  ``Reshape(MatMul(·), Concat(Gather(Shape(x), [0, 1]), [H]))``, where x's product is a ReduceProd);
+* ``Gather`` (data's dimensions before the axis, the indices', data's after it) and ``Gemm``
+  ([M, N] from A and B, transposed as its attributes say);
+* the ops that keep their input's shape (:data:`SAME_SHAPE_OPS`: Softmax, Cast, Sqrt, Reciprocal, ...)
+  and reductions (:data:`REDUCE_OPS`: the reduced axes 1 with keepdims, dropped without): ONNX's
+  inference derives these too, but it does not run between the rounds of this pass, so without them a
+  proved shape would stop at the first Softmax (tf2onnx's opset-11 BERT, where inference lost every
+  shape after the first computed Reshape target: each layer's are proved in one pass);
 * ``MatMul``: the broadcast of the operands' leading (batch) dimensions, then [M, N]; ``Transpose``:
   its input's dimensions permuted (rotary frequencies ``inv_freq [B, D/2, 1] @ positions [B, 1, S]``,
   transposed, as transformers 5.17 writes them: inference names the product's batch ``unk__``);
@@ -45,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, is_op, unit_range_limit
+from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, is_op, producer_of, unit_range_limit
 from onnxfuse.rewrites.engine.shape_values import shape_value
 from onnxfuse.rewrites.engine.shapes import unify_dims
 
@@ -54,6 +64,20 @@ BROADCAST_OPS = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal",
     "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Where", "BitShift", "BitwiseAnd", "BitwiseOr",
     "BitwiseXor",
+})
+
+#: ONNX ops whose output 0 has exactly their input 0's shape (elementwise on one tensor; Clip's bounds
+#: and the Dropout ratio are scalars; Softmax at any axis).
+SAME_SHAPE_OPS = frozenset({
+    "Identity", "Cast", "Softmax", "LogSoftmax", "Sqrt", "Reciprocal", "Relu", "Erf", "Tanh", "Sigmoid",
+    "Neg", "Abs", "Exp", "Log", "Not", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Clip", "Dropout",
+    "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Softplus", "Softsign", "IsNaN", "IsInf",
+})
+
+#: Reductions over ``axes`` (attribute, or the second input from opset 18; ReduceSum from 13).
+REDUCE_OPS = frozenset({
+    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+    "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
 })
 
 #: Rounds of the whole pass: a rename found in one round can only help the next one.
@@ -150,12 +174,31 @@ class _Pass:
             if limit is None or len(limit) != 1:
                 return None
             return [max(0, limit[0]) if isinstance(limit[0], int) else limit[0]]
+        if is_op(node, "Range") and len(node.inputs) == 3:
+            return self.offset_range_result(node)
         if is_op(node, "Slice") and len(node.inputs) >= 3:
             return self.slice_result(node)
         if is_op(node, "Reshape") and len(node.inputs) == 2:
             return self.reshape_result(node)
         if is_op(node, "MatMul") and len(node.inputs) == 2:
             return self.matmul_result(node)
+        if is_op(node, "Gather") and len(node.inputs) == 2:
+            data, idx = self.dims(node.inputs[0]), self.dims(node.inputs[1])
+            axis = int(node.attrs.get("axis", 0))
+            if data is None or idx is None or not -len(data) <= axis < len(data):
+                return None
+            axis %= len(data)
+            return data[:axis] + idx + data[axis + 1:]
+        if is_op(node, "Gemm") and len(node.inputs) >= 2:
+            a, b = self.dims(node.inputs[0]), self.dims(node.inputs[1])
+            if a is None or b is None or len(a) != 2 or len(b) != 2:
+                return None
+            return [a[1] if int(node.attrs.get("transA", 0)) else a[0],
+                    b[0] if int(node.attrs.get("transB", 0)) else b[1]]
+        if is_op(node, *SAME_SHAPE_OPS) and node.inputs:
+            return self.dims(node.inputs[0])
+        if is_op(node, *REDUCE_OPS) and node.inputs:
+            return self.reduce_result(node)
         if is_op(node, "Transpose") and len(node.inputs) == 1:
             data, perm = self.dims(node.inputs[0]), node.attrs.get("perm")
             if data is None:
@@ -163,6 +206,53 @@ class _Pass:
             perm = list(perm) if perm is not None else list(range(len(data)))[::-1]
             return [data[p] for p in perm] if sorted(perm) == list(range(len(data))) else None
         return None
+
+    def offset_range_result(self, node) -> list | None:
+        """``Range(s, Add(s, n), 1)`` over integers (a past length s and a new length n: GPT-2's position
+        ids with a KV cache): ``max(0, ceil((s + n − s) / 1)) = max(0, n)`` elements, n itself for a size.
+        The start is the Add's operand itself or has the same single value (:func:`shape_value`, which
+        only evaluates integer tensors, so the sum is exact)."""
+        start, limit, delta = node.inputs
+        step = constant_value(self.graph, delta)
+        add = producer_of(limit)
+        if step is None or step.size != 1 or float(step.reshape(-1)[0]) != 1 or not is_op(add, "Add") \
+                or len(add.inputs) != 2:
+            return None
+        first = self.sizes(start)
+        if first is None or len(first) != 1:
+            return None
+        for i in (0, 1):
+            if add.inputs[i] is start or self.sizes(add.inputs[i]) == first:
+                n = self.sizes(add.inputs[1 - i])
+                if n is not None and len(n) == 1:
+                    return [max(0, n[0]) if isinstance(n[0], int) else n[0]]
+        return None
+
+    def reduce_result(self, node) -> list | None:
+        """A reduction's output: its input's dimensions, those of the reduced axes 1 (keepdims=1) or
+        dropped (keepdims=0); axes from the attribute or a constant second input; no axes reduces all
+        of them unless noop_with_empty_axes=1 (then the output is the input)."""
+        data = self.dims(node.inputs[0])
+        if data is None:
+            return None
+        if "axes" in node.attrs:
+            axes = [int(a) for a in node.attrs["axes"]]
+        elif len(node.inputs) > 1 and node.inputs[1].name:
+            value = constant_value(self.graph, node.inputs[1])
+            if value is None:
+                return None
+            axes = [int(a) for a in value.reshape(-1)]
+        else:
+            axes = []
+        if not axes:
+            if int(node.attrs.get("noop_with_empty_axes", 0)) == 1:
+                return list(data)
+            axes = list(range(len(data)))
+        if any(not -len(data) <= a < len(data) for a in axes):
+            return None
+        axes = {a % len(data) for a in axes}
+        keep = int(node.attrs.get("keepdims", 1)) == 1
+        return [1 if i in axes else d for i, d in enumerate(data) if keep or i not in axes]
 
     def matmul_result(self, node) -> list | None:
         """numpy matmul: the broadcast of the leading (batch) dimensions, then [M, N] (a rank-1 operand's
@@ -177,9 +267,13 @@ class _Pass:
 
     def reshape_result(self, node) -> list | None:
         data, target = self.dims(node.inputs[0]), self.sizes(node.inputs[1])
-        if data is None or target is None or target.count(-1) > 1:
-            return None
         keep_zero = int(node.attrs.get("allowzero", 0)) == 1
+        if target is None or target.count(-1) > 1:
+            return None
+        if data is None:  # the target alone decides, unless an entry copies or divides x's dimensions
+            if -1 in target or (0 in target and not keep_zero):
+                return None
+            data = []
         out = []
         for i, t in enumerate(target):
             if t == 0 and not keep_zero:
