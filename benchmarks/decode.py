@@ -100,6 +100,8 @@ def options(p) -> None:
                    help="seconds from start; no cell starts that would end later (default 480)")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--with-rules", default="",
+                   help="opt-in rules (comma list): a fourth column, onnxfuse's output with them besides the defaults")
     p.add_argument("--no-profile", action="store_true", help="skip the per-model profile (kernels per token)")
     p.add_argument("--cache", type=Path, default=None,
                    help="keep the export and onnxfuse's output (and its report) here, and reuse them when present "
@@ -136,14 +138,17 @@ def export_original(shape: str, opset: int, seed: int, folder: Path):
     return onnx.load(str(path))
 
 
-def optimize(model, device: str) -> tuple[object, dict]:
-    """onnxfuse's output of ``model`` (validation on) and what to report about it."""
+def optimize(model, device: str, with_rules: list[str] | None = None) -> tuple[object, dict]:
+    """onnxfuse's output of ``model`` (validation on) and what to report about it; ``with_rules``: opt-in
+    rules to run besides the default ones."""
     import onnxfuse
     from onnxfuse.errors import ValidationFailed
+    from onnxfuse.rewrites import rule_names
 
+    only = list(rule_names()) + list(with_rules) if with_rules else None
     t0 = time.perf_counter()
     try:
-        res, verdict = onnxfuse.optimize(model, target="cuda", validate=True, provider=device), "passed"
+        res, verdict = onnxfuse.optimize(model, target="cuda", validate=True, provider=device, only=only), "passed"
     except ValidationFailed as exc:  # still timed: the table marks it
         res, verdict = exc.report, f"FAILED ({exc}; culprit {exc.culprit})"
     fused = {k: v for k, v in res.ops_after.items() if "::" in k}  # com.microsoft and ai.onnxfuse ops
@@ -273,13 +278,18 @@ def table(report: dict) -> list[str]:
              "| cell | original ms | onnxfuse ms | builder ms | onnxfuse/builder | speed-up over original "
              "| tok/s original | tok/s onnxfuse | tok/s builder |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    extras = [n for n in names if n not in MODELS]
+    if extras:
+        lines[2] += "".join(f" {n} ms |" for n in extras)
+        lines[3] += "---:|" * len(extras)
     for row in report["cells"]:
         o, f, b = (_ms(row, n) for n in MODELS)
         tps = [row["models"].get(n, {}).get("tokens_per_s") for n in MODELS]
         lines.append(f"| {row['cell']} | {_fmt(o)} | {_fmt(f)} | {_fmt(b)} | "
                      f"{_fmt(None if f is None or b is None else f / b, '.2f')} | "
                      f"{_fmt(None if f is None or o is None else o / f, '.2f')}× | "
-                     + " | ".join(_fmt(t, ",.0f") for t in tps) + " |")
+                     + " | ".join(_fmt(t, ",.0f") for t in tps) + " |"
+                     + "".join(f" {_fmt(_ms(row, n))} |" for n in extras))
     lines += ["", "| model | graph nodes | nodes run on the provider per step | kernels per step |", "|---|---:|---:|---:|"]
     prof = report.get("profile") or {}
     provider = "CUDAExecutionProvider" if report["device"] == "cuda" else "CPUExecutionProvider"
@@ -363,6 +373,16 @@ def main(argv=None) -> int:
                 fused.with_suffix(".json").write_text(json.dumps(report["onnxfuse"], indent=1, default=str))
         except Exception as exc:
             report["errors"].append(f"onnxfuse: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
+    extra = [r for r in args.with_rules.split(",") if r]
+    if extra and "onnxfuse" in models:
+        name = "onnxfuse+" + "+".join(extra)
+        log(f"optimizing with onnxfuse and {', '.join(extra)} (validation on)")
+        try:
+            models[name], report[name] = optimize(models["original"], args.device, extra)
+            log(f"{name}: {report[name]['nodes_after']} nodes, validation {report[name]['validation']}")
+        except Exception as exc:
+            report["errors"].append(f"{name}: {type(exc).__name__}: {exc}")
             traceback.print_exc()
     if args.builder_skeleton is not None and not args.skip_builder:
         model, meta = load_skeleton(args.builder_skeleton, args.seed)

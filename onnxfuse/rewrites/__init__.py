@@ -45,7 +45,8 @@ ORDER = [
     "fold/fold-batchnorm-gemm",
     "fold/fold-scale-bias",
     "contrib/contrib-attention",  # before the FusedMatMul rules, which would take its scale and Kᵀ (opt-in)
-    "contrib/contrib-mask-lengths",  # after contrib-attention, whose raw masks it reads (--right-padded only)
+    "contrib/contrib-mask-lengths",
+    "contrib/contrib-grouped-queries",  # opt-in; after contrib-attention, whose MultiHeadAttention over repeated K/V it regroups  # after contrib-attention, whose raw masks it reads (--right-padded only)
     "contrib/contrib-quick-gelu",
     "contrib/contrib-gelu",
     "contrib/contrib-fast-gelu",

@@ -1,0 +1,58 @@
+"""contrib-grouped-queries (opt-in): MultiHeadAttention over repeated key/value heads regrouped over the
+key/value heads themselves; the float16 KV-cache decoders' logits and presents equal the original's at
+prefill and decode with left padding (ONNX Runtime's CPU provider), and without repeated heads it refuses."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import onnxfuse
+from helpers import load_testdata
+from onnxfuse.custom_ops import session_options
+from onnxfuse.rewrites import rule_names
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from test_kv_cache_gpu import LAYERS, _feeds  # noqa: E402  (the same prefill/decode feeds, run on the CPU here)
+
+RULE = "contrib-grouped-queries"
+
+
+def _with_rule(model):
+    return onnxfuse.optimize(model, samples=2, only=list(rule_names()) + [RULE])
+
+
+@pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "mistral_kv_opset17_fp16"])
+def test_grouped_queries_equal_the_original_at_prefill_and_decode(name):
+    model = load_testdata(name)
+    result = _with_rule(model)
+    assert result.validation.passed and result.applied.counts[RULE] == LAYERS, result.applied.refusals
+    mha = [n for n in result.model.graph.node if n.op_type == "MultiHeadAttention"]
+    assert [next(a.i for a in n.attribute if a.name == "num_heads") for n in mha] == [2] * LAYERS  # H_kv, not H
+    made_by = {o: n.op_type for n in result.model.graph.node for o in n.output}
+    assert all(made_by.get(n.input[i]) != "Gather" for n in mha for i in (1, 2))  # K and V no longer repeated
+    original = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    grouped = ort.InferenceSession(result.model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in original.get_outputs()]
+    rng = np.random.default_rng(7)
+    for batch, new, past in ((2, 6, 0), (3, 1, 9), (2, 3, 4)):
+        feeds, real = _feeds(batch, new, past, rng)
+        want, got = dict(zip(names, original.run(None, feeds))), dict(zip(names, grouped.run(None, feeds)))
+        rows = real[:, past:]
+        np.testing.assert_allclose(got["logits"][rows].astype(np.float64), want["logits"][rows].astype(np.float64),
+                                   rtol=2e-2, atol=2e-2, err_msg=f"{batch}x{new} past {past}")
+        keep = real[:, None, :, None]  # presents at real positions (their k/v rows come from the fused layers)
+        for out in names[1:]:
+            np.testing.assert_allclose(np.where(keep, got[out], 0).astype(np.float64),
+                                       np.where(keep, want[out], 0).astype(np.float64), rtol=2e-2, atol=2e-2)
+
+
+def test_grouped_queries_is_opt_in_and_refuses_attention_without_repeats():
+    default = onnxfuse.optimize(load_testdata("qwen2_kv_opset14_fp16"), validate=False)
+    assert RULE not in default.applied.counts or default.applied.counts[RULE] == 0
+    bert = _with_rule(load_testdata("bert_tiny_sdpa_opset14"))
+    assert bert.applied.counts.get(RULE, 0) == 0
