@@ -72,8 +72,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
     declared_shape,
-    constant_value, consumers, dims_equal, dtype_of, is_graph_output, is_op, is_whole_shape_read, producer_of,
-    shape_of,
+    axes_of, constant_value, consumers, dims_equal, dtype_of, is_graph_output, is_ms_op, is_op, is_whole_shape_read,
+    producer_of, shape_of, unit_range_limit,
 )
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shape_values import SourcedDim, known_name, shape_value
@@ -130,6 +130,68 @@ def _position_slice(graph, tensor):
             or int(axes.reshape(-1)[0]) % buffer.ndim != buffer.ndim - 1:
         return None
     return buffer.shape[-1], p.inputs[2]
+
+
+def _ids_source(graph, tensor):
+    """The integer rank-2 tensor that ``tensor`` is, or is an integer Cast of (a Cast between int32 and
+    int64 of token ids or of a dimension keeps every value: both are below 2³¹); else None."""
+    p = producer_of(tensor)
+    if is_op(p, "Cast") and int(p.attrs.get("to", 0)) in (6, 7):
+        tensor = p.inputs[0]
+    shape = declared_shape(tensor)
+    if dtype_of(graph, tensor) not in (np.dtype(np.int64), np.dtype(np.int32)) or shape is None or len(shape) != 2:
+        return None
+    return tensor
+
+
+def _range_positions(graph, index):
+    """The ids tensor when ``index`` is ``Expand(Unsqueeze(Range(0, S, 1), [0]), Shape(ids))`` with S
+    ``Gather(Shape(ids), 1)`` (through an integer Cast or not) and ids an integer rank-2 tensor [B, S]
+    (ORT's embed_layer_norm_format8/9: positions built at run time from the ids' own length): its
+    shape is then broadcast([1, S], [B, S]) = [B, S], exactly the ids', and element [b, s] is s.
+    None otherwise."""
+    expand = producer_of(index)
+    if not is_op(expand, "Expand") or len(expand.inputs) != 2:
+        return None
+    unsqueeze, shape = producer_of(expand.inputs[0]), producer_of(expand.inputs[1])
+    if not is_op(unsqueeze, "Unsqueeze") or axes_of(graph, unsqueeze) != [0] or not is_op(shape, "Shape") \
+            or not is_whole_shape_read(shape):
+        return None
+    ids = _ids_source(graph, shape.inputs[0])
+    rng = producer_of(unsqueeze.inputs[0])
+    limit = unit_range_limit(graph, rng)
+    if ids is None or limit is None:
+        return None
+    length = producer_of(limit)
+    if is_op(length, "Cast") and int(length.attrs.get("to", 0)) in (6, 7):  # a dimension is below 2³¹
+        length = producer_of(length.inputs[0])
+    if not is_op(length, "Gather") or int(length.attrs.get("axis", 0)) != 0:
+        return None
+    dim_shape, axis = producer_of(length.inputs[0]), constant_value(graph, length.inputs[1])
+    if not is_op(dim_shape, "Shape") or not is_whole_shape_read(dim_shape) or axis is None or axis.shape != () \
+            or int(axis) not in (1, -1) or _ids_source(graph, dim_shape.inputs[0]) is not ids:
+        return None
+    return ids
+
+
+def _lookup_shape(graph, leaves):
+    """``(ids, H)`` when the Add tree's shape is provable from its leaves alone, whatever shape inference
+    knew (dimensions ONNX Runtime's tests declare as -1 are not sizes to it): every leaf is ``Gather(T,
+    idx, axis=0)`` of a constant [V, H] table with idx the integer rank-2 ids [B, S] (or their Cast) or
+    :func:`_range_positions` of those ids ([B, S] too), so every leaf, and their sum, is [B, S, H]; else
+    None."""
+    ids, hidden = None, None
+    for leaf in leaves:
+        gather = producer_of(leaf)
+        if not is_op(gather, "Gather") or int(gather.attrs.get("axis", 0)) != 0:
+            return None
+        table = constant_value(graph, gather.inputs[0])
+        source = _range_positions(graph, gather.inputs[1]) or _ids_source(graph, gather.inputs[1])
+        if table is None or table.ndim != 2 or source is None or (hidden is not None and table.shape[1] != hidden) \
+                or (ids is not None and source is not ids):
+            return None
+        ids, hidden = source, int(table.shape[1])
+    return None if ids is None else (ids, hidden)
 
 
 def _leaves(graph, tensor, adds, depth=0):
@@ -225,7 +287,7 @@ def _static_rows(positions, constant_rows, seq: int, hidden: int):
     rewrite): the first S rows of each position lookup plus every constant contribution broadcast to
     [S, H]; or why not (a str)."""
     parts = list(constant_rows)
-    for table, _ in positions:
+    for table, *_ in positions:
         if table.shape[0] < seq:
             return f"the position table has {table.shape[0]} rows, fewer than S = {seq}"
         parts.append(table[:seq])
@@ -246,7 +308,7 @@ def _dynamic_rows(positions, constant_rows, hidden: int):
     if len(positions) != 1:
         return ("the sequence length is not static and there is not exactly one position lookup (P[0:S]) to "
                 "make the position table from")
-    (table, _), = positions
+    (table, *_), = positions
     rows = table.astype(np.float32)  # summed in float32, rounded once to the tables' type in rewrite
     for contribution in constant_rows:
         if contribution.ndim > 1 and np.prod(contribution.shape[:-1]) != 1:
@@ -262,32 +324,55 @@ class ContribEmbedLayerNorm(Rule):
     targets = frozenset({"contrib", "cuda"})
 
     def match(self, graph):
-        return [n for n in graph.nodes if is_op(n, "LayerNormalization")]
+        return [n for n in graph.nodes if is_op(n, "LayerNormalization") or is_ms_op(n, "SkipLayerNormalization")]
 
     def check(self, graph, ln):
+        skip = is_ms_op(ln, "SkipLayerNormalization")  # LayerNorm(input + skip (+ bias)), written earlier
         x = ln.inputs[0]
+        if skip and (len(ln.inputs) < 3 or ln.inputs[1] is x):
+            return Refuse("a SkipLayerNormalization without γ, or adding its input to itself")
+        roots = [x, ln.inputs[1]] if skip else [x]
+        if any(consumers(r) != [ln] or is_graph_output(graph, r) for r in roots if is_op(producer_of(r), "Add")) \
+                or (not skip and (len(consumers(x)) != 1 or is_graph_output(graph, x))):
+            return Refuse("the LayerNorm input is read elsewhere too")
+        if any(consumers(t) or is_graph_output(graph, t) for t in ln.outputs[1:]):
+            return Refuse("the LayerNorm's mean, inverse standard deviation or sum is read")
+        adds: list = []
+        leaves = []
+        for root in roots:
+            found = _leaves(graph, root, adds)
+            if found is None:
+                return Refuse("the LayerNorm input is not an Add tree read only by it")
+            leaves += found
+        if not skip and not adds:
+            return Refuse("the LayerNorm input is not an Add tree read only by it")
         shape = shape_of(graph, x)
-        if shape is None or len(shape) != 3 or int(ln.attrs.get("axis", -1)) not in (-1, 2):
+        proven_ids = None
+        if shape is None or len(shape) != 3 or None in shape:
+            found = _lookup_shape(graph, leaves)  # dimensions declared -1 (ONNX Runtime's tests)
+            if found is not None:
+                proven_ids, hidden = found
+                shape = (None, None, hidden)
+        if shape is None or len(shape) != 3 or (not skip and int(ln.attrs.get("axis", -1)) not in (-1, 2)):
             return Refuse("LayerNorm is not over the last axis of a rank-3 tensor")
         dtype = dtype_of(graph, x)
         if dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
             return Refuse(f"element type {dtype} (the op takes float32 or float16)")
         hidden = shape[2]
-        gamma = constant_value(graph, ln.inputs[1]) if len(ln.inputs) > 1 else None
-        beta = constant_value(graph, ln.inputs[2]) if len(ln.inputs) > 2 and ln.inputs[2].name else np.zeros(
+        params = ln.inputs[2:] if skip else ln.inputs[1:]  # γ, β (, bias: SkipLayerNormalization)
+        gamma = constant_value(graph, params[0]) if params else None
+        beta = constant_value(graph, params[1]) if len(params) > 1 and params[1].name else np.zeros(
             hidden if isinstance(hidden, int) else 0, np.float32)
         if gamma is None or beta is None or gamma.shape != (hidden,) or beta.shape != (hidden,):
             return Refuse("γ or β is not a constant of H values")
-        if len(consumers(x)) != 1 or is_graph_output(graph, x):
-            return Refuse("the LayerNorm input is read elsewhere too")
-        if any(consumers(t) or is_graph_output(graph, t) for t in ln.outputs[1:]):
-            return Refuse("the LayerNorm's mean or inverse standard deviation is read")
-        adds: list = []
-        leaves = _leaves(graph, x, adds)
-        if not adds or leaves is None:
-            return Refuse("the LayerNorm input is not an Add tree read only by it")
+        constant_rows = []
+        if skip and len(params) > 2 and params[2].name:  # the bias: one more constant row for every token
+            bias = constant_value(graph, params[2])
+            if bias is None or bias.shape != (hidden,) or bias.dtype != dtype:
+                return Refuse("the SkipLayerNormalization's bias is not a constant of H values")
+            constant_rows.append(bias)
         batch, seq = shape[0], shape[1]
-        runtime, constant_rows, positions = [], [], []
+        runtime, positions = [], []
         shape_reads = []
         for leaf in leaves:
             folded = constant_value(graph, leaf)  # a lookup with a constant index, already folded
@@ -295,7 +380,7 @@ class ContribEmbedLayerNorm(Rule):
                 constant_rows.append(folded)
                 continue
             gather = producer_of(leaf)
-            readers = [n for n in consumers(leaf) if n not in adds]
+            readers = [n for n in consumers(leaf) if n not in adds and n is not ln]
             if not is_op(gather, "Gather") or int(gather.attrs.get("axis", 0)) != 0 or is_graph_output(graph, leaf) \
                     or any(not is_whole_shape_read(n) for n in readers):
                 return Refuse("an addend is not a Gather (axis 0) read only by the Add (and whole-shape Shape nodes)")
@@ -307,7 +392,8 @@ class ContribEmbedLayerNorm(Rule):
                 uniform = _uniform_index(graph, gather.inputs[1])
                 index = None if uniform is None else np.asarray(uniform)  # one row, broadcast to every token
             sliced = _position_slice(graph, gather.inputs[1])
-            if readers and (index is not None or sliced is not None):
+            ranged = _range_positions(graph, gather.inputs[1])
+            if readers and (index is not None or sliced is not None or ranged is not None):
                 return Refuse("a constant or position lookup's shape is read too")
             if index is not None:
                 if not np.issubdtype(index.dtype, np.integer) or np.any(index < -table.shape[0]) \
@@ -317,10 +403,15 @@ class ContribEmbedLayerNorm(Rule):
                 continue
             # M >= 2: a one-row slice would broadcast P[0] to every position, which the op's table cannot say
             if sliced is not None and 2 <= sliced[0] <= table.shape[0]:
-                positions.append((table[: sliced[0]], sliced[1]))
+                positions.append((table[: sliced[0]], sliced[1], None))
+                continue
+            if ranged is not None:  # arange(S) of the ids' own S: position s reads row s of the whole table
+                positions.append((table, None, ranged))
                 continue
             idx_shape = shape_of(graph, gather.inputs[1])
-            if (dtype_of(graph, gather.inputs[1]) not in (np.dtype(np.int64), np.dtype(np.int32))
+            if proven_ids is not None and _ids_source(graph, gather.inputs[1]) is proven_ids:
+                pass  # [B, S], the shape the whole tree has (_lookup_shape)
+            elif (dtype_of(graph, gather.inputs[1]) not in (np.dtype(np.int64), np.dtype(np.int32))
                     or idx_shape is None or len(idx_shape) != 2
                     or not (dims_equal(idx_shape[0], batch) and dims_equal(idx_shape[1], seq))):
                 return Refuse("a run-time index is not an integer tensor of the input's [B, S]")
@@ -328,8 +419,12 @@ class ContribEmbedLayerNorm(Rule):
             shape_reads += readers
         if not 1 <= len(runtime) <= 2:
             return Refuse(f"{len(runtime)} run-time lookups (the op takes words and at most token types)")
-        for _, ends in positions:
-            if not _is_sequence_length(graph, ends, runtime[0][0], seq):
+        sources = [_ids_source(graph, g.inputs[1]) for g, _ in runtime]  # each proved [B, S] above
+        for _, ends, ids in positions:
+            if ids is not None:
+                if not any(ids is t for t in sources):
+                    return Refuse("a position arange is not of a looked-up index's length")
+            elif not _is_sequence_length(graph, ends, runtime[0][0], seq):
                 return Refuse("a position Slice does not end at the word ids' sequence length")
         rows = _static_rows(positions, constant_rows, seq, hidden) if isinstance(seq, int) else \
             _dynamic_rows(positions, constant_rows, hidden)
@@ -338,7 +433,7 @@ class ContribEmbedLayerNorm(Rule):
         problem = _float16_statistics_problem(runtime, rows)
         if problem:
             return Refuse(problem)
-        epsilon = float(ln.attrs.get("epsilon", 1e-5))
+        epsilon = float(ln.attrs.get("epsilon", 1e-12 if skip else 1e-5))  # each op's own default
         return Plan(ln, (runtime, rows, gamma, beta, epsilon, adds, leaves, shape_reads))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
