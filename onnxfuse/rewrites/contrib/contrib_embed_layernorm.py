@@ -35,6 +35,28 @@ a constant index that fold-constants already folded: the float16 export's positi
   looked-up words, DistilBERT) and M >= 2 give the table ``P[0:M]``: the sum is [B, S, H] (proved,
   engine/proven_dims.py), so ``min(S, M)`` is S whenever the model runs and position s reads row s.
 
+* or the **positions** built at run time from the ids' own length, ``Expand(Unsqueeze(Range(0,
+  Gather(Shape(ids), 1), 1), [0]), Shape(ids))`` (ONNX Runtime's embed_layer_norm_format8/9; an
+  int32/int64 Cast of the length or of the ids allowed: both are below 2³¹): broadcast([1, S], [B, S])
+  is exactly the ids' [B, S] and element [b, s] is s, so the lookup gives ``P[s]``, what the op reads
+  without ``position_ids`` (:func:`_range_positions`). With ids [B, S] of an integer rank-2 tensor and
+  every leaf a lookup by the ids or by that arange, the sum is [B, S, H] whatever shape inference knew
+  (their tests declare the dims -1, no size to it: :func:`_lookup_shape`). Refused: an arange from
+  another start, or of another tensor's length (an arange of length 1 would broadcast P[0]).
+
+The anchor may also be a com.microsoft ``SkipLayerNormalization(input, skip, γ, β[, bias])``:
+contrib-skip-layernorm runs first and makes the embeddings' last Add and LayerNorm one (it is also
+what ONNX Runtime's transformers optimizer leaves). Its value is ``LayerNorm(input + skip (+ bias))``,
+so input and skip are the two halves of the Add tree, the constant [H] bias one more constant row for
+every token, epsilon its own (default 1e-12); refused when its mean, inverse standard deviation or
+``input_skip_bias_sum`` output is read (GPT-2's residual stream: the sum is read again).
+
+Not taken: an attention-mask ``ReduceSum(Cast(mask, int32), axis=1)`` beside the embeddings is left as
+it is (the op is written without ``mask``). The op's ``mask_index`` is not that sum: ONNX Runtime's
+CPU kernel counts the elements equal to 1, its CUDA kernel gives the last nonzero position + 1; the
+three agree only for a 0/1 right-padded mask, which a run-time int64 input does not promise. Nor
+``position_ids`` (a run-time position index: three run-time lookups are refused).
+
 A run-time lookup whose ``Shape`` is also read (DistilBERT reads S from its words) is allowed: the
 Shape then reads ``Concat(Shape(ids), [H])``, the lookup's shape by Gather's definition.
 
@@ -54,7 +76,8 @@ Not the same for invalid ids: ONNX ``Gather`` accepts negative indices (counted 
 rejects ids ≥ V; ONNX Runtime's kernel rejects negative ids too (CPU) or does not check them (CUDA).
 Token ids from a tokenizer are never negative.
 
-Refused, with the reason: LayerNorm not over the last axis of a rank-3 tensor, γ/β not constants,
+Refused, with the reason: LayerNorm not over the last axis of a rank-3 tensor (nor provably [B, S, H]
+from its lookups), γ/β (or a SkipLayerNormalization's bias) not constants, its extra outputs read,
 an element type other than float32/float16; float16 rows whose variance is tiny or swamped by their
 mean (:func:`_float16_statistics_problem`: the CUDA kernel's float16 statistics would lose it); a leaf that is not a Gather of a constant [V, H] table, an Add tree read
 elsewhere, no run-time word index or more than two, constant indices whose rows do not broadcast to
