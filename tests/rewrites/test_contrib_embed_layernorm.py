@@ -223,3 +223,167 @@ def test_a_dynamic_sequence_refuses_what_it_cannot_prove():
         out, report = rewrite_model(model, select_rules("cuda", only=[RULE]))
         assert report.counts[RULE] == 0, name
         assert any(reason in r.reason for r in report.refusals if r.rule == RULE), (name, report.refusals)
+
+
+def reference64(model, f, positions=None, segment=True, bias=None, eps=1e-12):
+    """The embeddings' LayerNorm in float64 from the model's own tables: ``LN(W[ids] + P[pos] (+ Tt[tt]) (+
+    bias))`` with pos = s (or ``positions``) and biased variance, γ and β as given."""
+    tables = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in model.graph.initializer}
+    ids = f["ids"]
+    pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape) if positions is None else positions
+    x = tables["W"][ids] + tables["Pt"][pos]
+    if segment:
+        x = x + tables["Tt"][f["tt"]]
+    if bias is not None:
+        x = x + bias
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * tables["gamma"] + tables["beta"]
+
+
+def test_the_whole_pipeline_fuses_embeddings_that_contrib_skip_layernorm_took_first():
+    """contrib-skip-layernorm runs first and makes the embeddings' last Add and LayerNorm one
+    SkipLayerNormalization; contrib-embed-layernorm takes that op (its input and skip are the Add tree's
+    two halves): the same value, compared with a float64 reference (float32 rounding only)."""
+    model = embeddings_model("input", "arange")
+    out, report = rewrite_model(model, select_rules("contrib"))
+    assert report.counts["contrib-skip-layernorm"] == 1 and report.counts[RULE] == 1, report.refusals
+    ops = helpers.op_types(out)
+    assert ops.count("EmbedLayerNormalization") == 1 and not {"Gather", "Add", "SkipLayerNormalization"} & set(ops)
+    for seed in (1, 2):
+        f = feeds(model, seed)
+        want = reference64(model, f)
+        np.testing.assert_allclose(run_ort(model, f)["out"], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(run_ort(out, f)["out"], want, rtol=1e-5, atol=1e-5)
+
+
+def skip_embeddings_model(bias=True, read_sum=False, epsilon=None) -> onnx.ModelProto:
+    """``SkipLayerNormalization(W[ids] + Tt[tt], P[arange(S)], γ, β, bias)`` (com.microsoft, as
+    contrib-skip-layernorm writes it, or ORT-T's own output): ``read_sum`` makes the fourth output, the
+    sum, a graph output; ``epsilon`` None leaves the op's default (1e-12)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((V, H)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal((P, H)).astype(np.float32), "Pt"),
+             numpy_helper.from_array(rng.standard_normal((2, H)).astype(np.float32), "Tt"),
+             numpy_helper.from_array((1 + 0.1 * rng.standard_normal(H)).astype(np.float32), "gamma"),
+             numpy_helper.from_array((0.1 * rng.standard_normal(H)).astype(np.float32), "beta"),
+             numpy_helper.from_array(rng.standard_normal(H).astype(np.float32), "bias"),
+             numpy_helper.from_array(np.arange(S, dtype=np.int64)[None], "pos")]
+    inputs = [helpers.vi("ids", ["B", S], T.INT64), helpers.vi("tt", ["B", S], T.INT64)]
+    attrs = {} if epsilon is None else {"epsilon": epsilon}
+    nodes = [h.make_node("Gather", ["W", "ids"], ["words"]), h.make_node("Gather", ["Tt", "tt"], ["types"]),
+             h.make_node("Gather", ["Pt", "pos"], ["positions"]),
+             h.make_node("Add", ["words", "types"], ["with_types"]),
+             h.make_node("SkipLayerNormalization", ["with_types", "positions", "gamma", "beta"] + (["bias"] if bias else []),
+                         ["out", "", "", "sum"] if read_sum else ["out"], domain="com.microsoft", **attrs)]
+    outputs = [helpers.vi("out", ["B", S, H])] + ([helpers.vi("sum", ["B", S, H])] if read_sum else [])
+    model = helpers.make_model(nodes, inputs, outputs, inits, opset=17)
+    model.opset_import.append(h.make_opsetid("com.microsoft", 1))
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.mark.parametrize("bias,epsilon", [(True, None), (False, 1e-5)])
+def test_a_skip_layernorm_of_lookups_becomes_one_embed_layernorm(bias, epsilon):
+    """Its bias is one more constant row (folded into the position table), its epsilon (the op's
+    default 1e-12 when absent) carried over; float64 reference."""
+    model = skip_embeddings_model(bias=bias, epsilon=epsilon)
+    out, report = helpers.optimize(model, only=[RULE])
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    (node,) = [n for n in out.graph.node if n.op_type == "EmbedLayerNormalization"]
+    assert h.get_attribute_value(node.attribute[0]) == pytest.approx(epsilon or 1e-12)
+    assert helpers.op_types(out) == ["Cast", "Cast", "EmbedLayerNormalization"]
+    b = numpy_helper.to_array([i for i in model.graph.initializer if i.name == "bias"][0]).astype(np.float64)
+    for seed in (1, 2):
+        f = feeds(model, seed)
+        want = reference64(model, f, bias=b if bias else None, eps=epsilon or 1e-12)
+        np.testing.assert_allclose(run_ort(model, f)["out"], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(run_ort(out, f)["out"], want, rtol=1e-5, atol=1e-5)
+        if bias:  # the tolerance tells the bias's absence apart
+            assert np.max(np.abs(reference64(model, f) - want)) > 1e-2
+
+
+def test_a_skip_layernorm_whose_sum_is_read_is_refused():
+    """The op's embedding_sum is W + P + Tt without the bias' place fixed by the original's fourth output
+    (and ORT's CPU kernel does not write it for every input form): refused, not rewritten."""
+    model = skip_embeddings_model(read_sum=True)
+    out, report = helpers.optimize(model, only=[RULE])
+    assert report.counts[RULE] == 0
+    assert any("sum is read" in r.reason for r in report.refusals if r.rule == RULE), report.refusals
+    assert "EmbedLayerNormalization" not in helpers.op_types(out)
+
+
+def range_positions_model(start=0, length_from="ids", mask=False) -> onnx.ModelProto:
+    """ORT's embed_layer_norm_format8: ids [-1, -1] (exporters' -1: no size to shape inference), positions
+    ``Expand(Unsqueeze(Range(start, Shape(length_from)[1], 1), 0), Shape(ids))`` built at run time, no
+    token types; ``mask``: an attention-mask ``ReduceSum(Cast(mask, int32), axis 1)`` beside it, a
+    graph output (what the op's mask_index output would replace only for a 0/1 mask)."""
+    rng = np.random.default_rng(0)
+    i64 = lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)  # noqa: E731
+    inits = [numpy_helper.from_array(rng.standard_normal((V, H)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal((P, H)).astype(np.float32), "Pt"),
+             numpy_helper.from_array((1 + 0.1 * rng.standard_normal(H)).astype(np.float32), "gamma"),
+             numpy_helper.from_array((0.1 * rng.standard_normal(H)).astype(np.float32), "beta"),
+             i64("start", start), i64("delta", 1), i64("one", 1), i64("axes0", [0]), i64("axes1", [1])]
+    inputs = [h.make_tensor_value_info("ids", T.INT64, [-1, -1]),
+              h.make_tensor_value_info("other", T.INT64, [-1, -1])]
+    nodes = [h.make_node("Gather", ["W", "ids"], ["words"]),
+             h.make_node("Shape", ["ids"], ["ids_shape"]),
+             h.make_node("Shape", [length_from], ["len_shape"]),
+             h.make_node("Gather", ["len_shape", "one"], ["s"]),
+             h.make_node("Range", ["start", "s", "delta"], ["arange"]),
+             h.make_node("Unsqueeze", ["arange", "axes0"], ["arange1"]),
+             h.make_node("Expand", ["arange1", "ids_shape"], ["pos"]),
+             h.make_node("Gather", ["Pt", "pos"], ["positions"]),
+             h.make_node("Add", ["words", "positions"], ["summed"]),
+             h.make_node("LayerNormalization", ["summed", "gamma", "beta"], ["out"], axis=-1, epsilon=1e-12)]
+    outputs = [h.make_tensor_value_info("out", T.FLOAT, [-1, -1, H])]
+    if mask:
+        inputs.append(h.make_tensor_value_info("mask", T.INT64, [-1, -1]))
+        nodes += [h.make_node("Cast", ["mask"], ["mask32"], to=T.INT32),
+                  h.make_node("ReduceSum", ["mask32", "axes1"], ["mask_index"], keepdims=0)]
+        outputs.append(h.make_tensor_value_info("mask_index", T.INT32, [-1]))
+    model = helpers.make_model(nodes, inputs, outputs, inits, opset=17)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_run_time_arange_positions_become_one_embed_layernorm(mask):
+    """The positions arange(S) of the ids' own S, broadcast to the ids' [B, S]: the tree is [B, S, H] by
+    the lookups' shapes alone (shape inference knows no size of a -1 dimension), position s reads row s.
+    The attention-mask ReduceSum stays as it is (the op's mask_index counts the 1s on CPU and gives the
+    last nonzero position + 1 on CUDA: equal to the sum only for a 0/1, right-padded mask, which a run-time
+    int64 input does not promise). float64 reference at several sizes."""
+    model = range_positions_model(mask=mask)
+    out, report = rewrite_model(model, select_rules("cuda", only=[RULE]))
+    assert report.counts[RULE] == 1, [r.reason for r in report.refusals]
+    ops = helpers.op_types(out)
+    assert ops.count("EmbedLayerNormalization") == 1 and not {"Range", "Expand", "Gather", "LayerNormalization"} & set(ops)
+    (node,) = [n for n in out.graph.node if n.op_type == "EmbedLayerNormalization"]
+    assert len(node.input) == 7  # no mask input: the mask_index output is not used
+    assert ("ReduceSum" in ops) == mask
+    rng = np.random.default_rng(7)
+    for batch, seq in [(1, 1), (3, 5), (2, P)]:
+        f = {"ids": rng.integers(0, V, (batch, seq)).astype(np.int64), "other": np.zeros((1, 2), np.int64)}
+        if mask:
+            f["mask"] = rng.integers(0, 3, (batch, seq)).astype(np.int64)  # not 0/1: the sum is not a count
+        want = reference64(model, f, segment=False)
+        got = run_ort(out, f)
+        np.testing.assert_allclose(run_ort(model, f)["out"], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
+        if mask:
+            np.testing.assert_array_equal(got["mask_index"], f["mask"].sum(1))
+
+
+def test_run_time_positions_that_are_not_the_ids_arange_are_refused():
+    cases = {
+        # positions 1..S: not the op's s (the kernel reads row s without position_ids)
+        "offset": (range_positions_model(start=1), "run-time index is not an integer tensor"),
+        # arange of another input's length: need not be S (Expand broadcasts a length-1 arange), unproved
+        "other length": (range_positions_model(length_from="other"), "run-time index is not an integer tensor"),
+    }
+    for name, (model, reason) in cases.items():
+        out, report = rewrite_model(model, select_rules("cuda", only=[RULE]))
+        assert report.counts[RULE] == 0, name
+        assert any(reason in r.reason for r in report.refusals if r.rule == RULE), (name, report.refusals)
+        assert "EmbedLayerNormalization" not in helpers.op_types(out)

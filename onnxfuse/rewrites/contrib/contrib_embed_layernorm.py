@@ -35,6 +35,28 @@ a constant index that fold-constants already folded: the float16 export's positi
   looked-up words, DistilBERT) and M >= 2 give the table ``P[0:M]``: the sum is [B, S, H] (proved,
   engine/proven_dims.py), so ``min(S, M)`` is S whenever the model runs and position s reads row s.
 
+* or the **positions** built at run time from the ids' own length, ``Expand(Unsqueeze(Range(0,
+  Gather(Shape(ids), 1), 1), [0]), Shape(ids))`` (ONNX Runtime's embed_layer_norm_format8/9; an
+  int32/int64 Cast of the length or of the ids allowed: both are below 2³¹): broadcast([1, S], [B, S])
+  is exactly the ids' [B, S] and element [b, s] is s, so the lookup gives ``P[s]``, what the op reads
+  without ``position_ids`` (:func:`_range_positions`). With ids [B, S] of an integer rank-2 tensor and
+  every leaf a lookup by the ids or by that arange, the sum is [B, S, H] whatever shape inference knew
+  (their tests declare the dims -1, no size to it: :func:`_lookup_shape`). Refused: an arange from
+  another start, or of another tensor's length (an arange of length 1 would broadcast P[0]).
+
+The anchor may also be a com.microsoft ``SkipLayerNormalization(input, skip, γ, β[, bias])``:
+contrib-skip-layernorm runs first and makes the embeddings' last Add and LayerNorm one (it is also
+what ONNX Runtime's transformers optimizer leaves). Its value is ``LayerNorm(input + skip (+ bias))``,
+so input and skip are the two halves of the Add tree, the constant [H] bias one more constant row for
+every token, epsilon its own (default 1e-12); refused when its mean, inverse standard deviation or
+``input_skip_bias_sum`` output is read (GPT-2's residual stream: the sum is read again).
+
+Not taken: an attention-mask ``ReduceSum(Cast(mask, int32), axis=1)`` beside the embeddings is left as
+it is (the op is written without ``mask``). The op's ``mask_index`` is not that sum: ONNX Runtime's
+CPU kernel counts the elements equal to 1, its CUDA kernel gives the last nonzero position + 1; the
+three agree only for a 0/1 right-padded mask, which a run-time int64 input does not promise. Nor
+``position_ids`` (a run-time position index: three run-time lookups are refused).
+
 A run-time lookup whose ``Shape`` is also read (DistilBERT reads S from its words) is allowed: the
 Shape then reads ``Concat(Shape(ids), [H])``, the lookup's shape by Gather's definition.
 
@@ -54,7 +76,8 @@ Not the same for invalid ids: ONNX ``Gather`` accepts negative indices (counted 
 rejects ids ≥ V; ONNX Runtime's kernel rejects negative ids too (CPU) or does not check them (CUDA).
 Token ids from a tokenizer are never negative.
 
-Refused, with the reason: LayerNorm not over the last axis of a rank-3 tensor, γ/β not constants,
+Refused, with the reason: LayerNorm not over the last axis of a rank-3 tensor (nor provably [B, S, H]
+from its lookups), γ/β (or a SkipLayerNormalization's bias) not constants, its extra outputs read,
 an element type other than float32/float16; float16 rows whose variance is tiny or swamped by their
 mean (:func:`_float16_statistics_problem`: the CUDA kernel's float16 statistics would lose it); a leaf that is not a Gather of a constant [V, H] table, an Add tree read
 elsewhere, no run-time word index or more than two, constant indices whose rows do not broadcast to
@@ -72,8 +95,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import (
     declared_shape,
-    constant_value, consumers, dims_equal, dtype_of, is_graph_output, is_op, is_whole_shape_read, producer_of,
-    shape_of,
+    axes_of, constant_value, consumers, dims_equal, dtype_of, is_graph_output, is_ms_op, is_op, is_whole_shape_read,
+    producer_of, shape_of, unit_range_limit,
 )
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.shape_values import SourcedDim, known_name, shape_value
@@ -130,6 +153,68 @@ def _position_slice(graph, tensor):
             or int(axes.reshape(-1)[0]) % buffer.ndim != buffer.ndim - 1:
         return None
     return buffer.shape[-1], p.inputs[2]
+
+
+def _ids_source(graph, tensor):
+    """The integer rank-2 tensor that ``tensor`` is, or is an integer Cast of (a Cast between int32 and
+    int64 of token ids or of a dimension keeps every value: both are below 2³¹); else None."""
+    p = producer_of(tensor)
+    if is_op(p, "Cast") and int(p.attrs.get("to", 0)) in (6, 7):
+        tensor = p.inputs[0]
+    shape = declared_shape(tensor)
+    if dtype_of(graph, tensor) not in (np.dtype(np.int64), np.dtype(np.int32)) or shape is None or len(shape) != 2:
+        return None
+    return tensor
+
+
+def _range_positions(graph, index):
+    """The ids tensor when ``index`` is ``Expand(Unsqueeze(Range(0, S, 1), [0]), Shape(ids))`` with S
+    ``Gather(Shape(ids), 1)`` (through an integer Cast or not) and ids an integer rank-2 tensor [B, S]
+    (ORT's embed_layer_norm_format8/9: positions built at run time from the ids' own length): its
+    shape is then broadcast([1, S], [B, S]) = [B, S], exactly the ids', and element [b, s] is s.
+    None otherwise."""
+    expand = producer_of(index)
+    if not is_op(expand, "Expand") or len(expand.inputs) != 2:
+        return None
+    unsqueeze, shape = producer_of(expand.inputs[0]), producer_of(expand.inputs[1])
+    if not is_op(unsqueeze, "Unsqueeze") or axes_of(graph, unsqueeze) != [0] or not is_op(shape, "Shape") \
+            or not is_whole_shape_read(shape):
+        return None
+    ids = _ids_source(graph, shape.inputs[0])
+    rng = producer_of(unsqueeze.inputs[0])
+    limit = unit_range_limit(graph, rng)
+    if ids is None or limit is None:
+        return None
+    length = producer_of(limit)
+    if is_op(length, "Cast") and int(length.attrs.get("to", 0)) in (6, 7):  # a dimension is below 2³¹
+        length = producer_of(length.inputs[0])
+    if not is_op(length, "Gather") or int(length.attrs.get("axis", 0)) != 0:
+        return None
+    dim_shape, axis = producer_of(length.inputs[0]), constant_value(graph, length.inputs[1])
+    if not is_op(dim_shape, "Shape") or not is_whole_shape_read(dim_shape) or axis is None or axis.shape != () \
+            or int(axis) not in (1, -1) or _ids_source(graph, dim_shape.inputs[0]) is not ids:
+        return None
+    return ids
+
+
+def _lookup_shape(graph, leaves):
+    """``(ids, H)`` when the Add tree's shape is provable from its leaves alone, whatever shape inference
+    knew (dimensions ONNX Runtime's tests declare as -1 are not sizes to it): every leaf is ``Gather(T,
+    idx, axis=0)`` of a constant [V, H] table with idx the integer rank-2 ids [B, S] (or their Cast) or
+    :func:`_range_positions` of those ids ([B, S] too), so every leaf, and their sum, is [B, S, H]; else
+    None."""
+    ids, hidden = None, None
+    for leaf in leaves:
+        gather = producer_of(leaf)
+        if not is_op(gather, "Gather") or int(gather.attrs.get("axis", 0)) != 0:
+            return None
+        table = constant_value(graph, gather.inputs[0])
+        source = _range_positions(graph, gather.inputs[1]) or _ids_source(graph, gather.inputs[1])
+        if table is None or table.ndim != 2 or source is None or (hidden is not None and table.shape[1] != hidden) \
+                or (ids is not None and source is not ids):
+            return None
+        ids, hidden = source, int(table.shape[1])
+    return None if ids is None else (ids, hidden)
 
 
 def _leaves(graph, tensor, adds, depth=0):
@@ -225,7 +310,7 @@ def _static_rows(positions, constant_rows, seq: int, hidden: int):
     rewrite): the first S rows of each position lookup plus every constant contribution broadcast to
     [S, H]; or why not (a str)."""
     parts = list(constant_rows)
-    for table, _ in positions:
+    for table, *_ in positions:
         if table.shape[0] < seq:
             return f"the position table has {table.shape[0]} rows, fewer than S = {seq}"
         parts.append(table[:seq])
@@ -246,7 +331,7 @@ def _dynamic_rows(positions, constant_rows, hidden: int):
     if len(positions) != 1:
         return ("the sequence length is not static and there is not exactly one position lookup (P[0:S]) to "
                 "make the position table from")
-    (table, _), = positions
+    (table, *_), = positions
     rows = table.astype(np.float32)  # summed in float32, rounded once to the tables' type in rewrite
     for contribution in constant_rows:
         if contribution.ndim > 1 and np.prod(contribution.shape[:-1]) != 1:
@@ -262,32 +347,55 @@ class ContribEmbedLayerNorm(Rule):
     targets = frozenset({"contrib", "cuda"})
 
     def match(self, graph):
-        return [n for n in graph.nodes if is_op(n, "LayerNormalization")]
+        return [n for n in graph.nodes if is_op(n, "LayerNormalization") or is_ms_op(n, "SkipLayerNormalization")]
 
     def check(self, graph, ln):
+        skip = is_ms_op(ln, "SkipLayerNormalization")  # LayerNorm(input + skip (+ bias)), written earlier
         x = ln.inputs[0]
+        if skip and (len(ln.inputs) < 3 or ln.inputs[1] is x):
+            return Refuse("a SkipLayerNormalization without γ, or adding its input to itself")
+        roots = [x, ln.inputs[1]] if skip else [x]
+        if any(consumers(r) != [ln] or is_graph_output(graph, r) for r in roots if is_op(producer_of(r), "Add")) \
+                or (not skip and (len(consumers(x)) != 1 or is_graph_output(graph, x))):
+            return Refuse("the LayerNorm input is read elsewhere too")
+        if any(consumers(t) or is_graph_output(graph, t) for t in ln.outputs[1:]):
+            return Refuse("the LayerNorm's mean, inverse standard deviation or sum is read")
+        adds: list = []
+        leaves = []
+        for root in roots:
+            found = _leaves(graph, root, adds)
+            if found is None:
+                return Refuse("the LayerNorm input is not an Add tree read only by it")
+            leaves += found
+        if not skip and not adds:
+            return Refuse("the LayerNorm input is not an Add tree read only by it")
         shape = shape_of(graph, x)
-        if shape is None or len(shape) != 3 or int(ln.attrs.get("axis", -1)) not in (-1, 2):
+        proven_ids = None
+        if shape is None or len(shape) != 3 or None in shape:
+            found = _lookup_shape(graph, leaves)  # dimensions declared -1 (ONNX Runtime's tests)
+            if found is not None:
+                proven_ids, hidden = found
+                shape = (None, None, hidden)
+        if shape is None or len(shape) != 3 or (not skip and int(ln.attrs.get("axis", -1)) not in (-1, 2)):
             return Refuse("LayerNorm is not over the last axis of a rank-3 tensor")
         dtype = dtype_of(graph, x)
         if dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
             return Refuse(f"element type {dtype} (the op takes float32 or float16)")
         hidden = shape[2]
-        gamma = constant_value(graph, ln.inputs[1]) if len(ln.inputs) > 1 else None
-        beta = constant_value(graph, ln.inputs[2]) if len(ln.inputs) > 2 and ln.inputs[2].name else np.zeros(
+        params = ln.inputs[2:] if skip else ln.inputs[1:]  # γ, β (, bias: SkipLayerNormalization)
+        gamma = constant_value(graph, params[0]) if params else None
+        beta = constant_value(graph, params[1]) if len(params) > 1 and params[1].name else np.zeros(
             hidden if isinstance(hidden, int) else 0, np.float32)
         if gamma is None or beta is None or gamma.shape != (hidden,) or beta.shape != (hidden,):
             return Refuse("γ or β is not a constant of H values")
-        if len(consumers(x)) != 1 or is_graph_output(graph, x):
-            return Refuse("the LayerNorm input is read elsewhere too")
-        if any(consumers(t) or is_graph_output(graph, t) for t in ln.outputs[1:]):
-            return Refuse("the LayerNorm's mean or inverse standard deviation is read")
-        adds: list = []
-        leaves = _leaves(graph, x, adds)
-        if not adds or leaves is None:
-            return Refuse("the LayerNorm input is not an Add tree read only by it")
+        constant_rows = []
+        if skip and len(params) > 2 and params[2].name:  # the bias: one more constant row for every token
+            bias = constant_value(graph, params[2])
+            if bias is None or bias.shape != (hidden,) or bias.dtype != dtype:
+                return Refuse("the SkipLayerNormalization's bias is not a constant of H values")
+            constant_rows.append(bias)
         batch, seq = shape[0], shape[1]
-        runtime, constant_rows, positions = [], [], []
+        runtime, positions = [], []
         shape_reads = []
         for leaf in leaves:
             folded = constant_value(graph, leaf)  # a lookup with a constant index, already folded
@@ -295,7 +403,7 @@ class ContribEmbedLayerNorm(Rule):
                 constant_rows.append(folded)
                 continue
             gather = producer_of(leaf)
-            readers = [n for n in consumers(leaf) if n not in adds]
+            readers = [n for n in consumers(leaf) if n not in adds and n is not ln]
             if not is_op(gather, "Gather") or int(gather.attrs.get("axis", 0)) != 0 or is_graph_output(graph, leaf) \
                     or any(not is_whole_shape_read(n) for n in readers):
                 return Refuse("an addend is not a Gather (axis 0) read only by the Add (and whole-shape Shape nodes)")
@@ -307,7 +415,8 @@ class ContribEmbedLayerNorm(Rule):
                 uniform = _uniform_index(graph, gather.inputs[1])
                 index = None if uniform is None else np.asarray(uniform)  # one row, broadcast to every token
             sliced = _position_slice(graph, gather.inputs[1])
-            if readers and (index is not None or sliced is not None):
+            ranged = _range_positions(graph, gather.inputs[1])
+            if readers and (index is not None or sliced is not None or ranged is not None):
                 return Refuse("a constant or position lookup's shape is read too")
             if index is not None:
                 if not np.issubdtype(index.dtype, np.integer) or np.any(index < -table.shape[0]) \
@@ -317,10 +426,15 @@ class ContribEmbedLayerNorm(Rule):
                 continue
             # M >= 2: a one-row slice would broadcast P[0] to every position, which the op's table cannot say
             if sliced is not None and 2 <= sliced[0] <= table.shape[0]:
-                positions.append((table[: sliced[0]], sliced[1]))
+                positions.append((table[: sliced[0]], sliced[1], None))
+                continue
+            if ranged is not None:  # arange(S) of the ids' own S: position s reads row s of the whole table
+                positions.append((table, None, ranged))
                 continue
             idx_shape = shape_of(graph, gather.inputs[1])
-            if (dtype_of(graph, gather.inputs[1]) not in (np.dtype(np.int64), np.dtype(np.int32))
+            if proven_ids is not None and _ids_source(graph, gather.inputs[1]) is proven_ids:
+                pass  # [B, S], the shape the whole tree has (_lookup_shape)
+            elif (dtype_of(graph, gather.inputs[1]) not in (np.dtype(np.int64), np.dtype(np.int32))
                     or idx_shape is None or len(idx_shape) != 2
                     or not (dims_equal(idx_shape[0], batch) and dims_equal(idx_shape[1], seq))):
                 return Refuse("a run-time index is not an integer tensor of the input's [B, S]")
@@ -328,8 +442,12 @@ class ContribEmbedLayerNorm(Rule):
             shape_reads += readers
         if not 1 <= len(runtime) <= 2:
             return Refuse(f"{len(runtime)} run-time lookups (the op takes words and at most token types)")
-        for _, ends in positions:
-            if not _is_sequence_length(graph, ends, runtime[0][0], seq):
+        sources = [_ids_source(graph, g.inputs[1]) for g, _ in runtime]  # each proved [B, S] above
+        for _, ends, ids in positions:
+            if ids is not None:
+                if not any(ids is t for t in sources):
+                    return Refuse("a position arange is not of a looked-up index's length")
+            elif not _is_sequence_length(graph, ends, runtime[0][0], seq):
                 return Refuse("a position Slice does not end at the word ids' sequence length")
         rows = _static_rows(positions, constant_rows, seq, hidden) if isinstance(seq, int) else \
             _dynamic_rows(positions, constant_rows, hidden)
@@ -338,7 +456,7 @@ class ContribEmbedLayerNorm(Rule):
         problem = _float16_statistics_problem(runtime, rows)
         if problem:
             return Refuse(problem)
-        epsilon = float(ln.attrs.get("epsilon", 1e-5))
+        epsilon = float(ln.attrs.get("epsilon", 1e-12 if skip else 1e-5))  # each op's own default
         return Plan(ln, (runtime, rows, gamma, beta, epsilon, adds, leaves, shape_reads))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
