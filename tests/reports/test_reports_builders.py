@@ -134,7 +134,7 @@ def test_optimize_junit_fails_the_latency_case_by_exit_code_not_by_wording():
 
     stats = SimpleNamespace(median_ms=2.0)
     timing = SimpleNamespace(status="ok", original=SimpleNamespace(stats=stats),
-                             optimized=SimpleNamespace(stats=SimpleNamespace(median_ms=3.0)), speedup=2 / 3)
+                             optimized=SimpleNamespace(stats=SimpleNamespace(median_ms=3.0)), speedup=2 / 3, notes=[])
 
     def result(exit_code, error):
         return SimpleNamespace(validation=None, validation_seconds=0.0, timing=timing, exit_code=exit_code,
@@ -144,3 +144,22 @@ def test_optimize_junit_fails_the_latency_case_by_exit_code_not_by_wording():
     assert '<failure message="median 3.000 ms exceeds' in latency_failed
     other = optimize_junit(result(3, "output 'slower_path' differs"), error="output 'slower_path' differs")
     assert "<failure" not in other
+
+
+def test_optimize_junit_reports_latency_skipped_without_a_gpu():
+    """A CI runner without a GPU: the latency check could not run, which the report says as a skipped
+    testcase with the reason (not by leaving the case out)."""
+    import xml.etree.ElementTree as ET
+    from types import SimpleNamespace
+
+    from onnxfuse.reports.optimize_report import optimize_junit
+
+    timing = SimpleNamespace(status="no-gpu", message="timing needs a CUDA GPU (none is usable here)", notes=[])
+    result = SimpleNamespace(validation=None, validation_seconds=0.0, timing=timing, exit_code=0, error=None,
+                             applied=SimpleNamespace(dropped=[]))
+    suite = ET.fromstring(optimize_junit(result)).find("testsuite")
+    (case,) = [c for c in suite.findall("testcase") if c.get("name") == "latency"]
+    assert case.find("skipped").get("message") == "timing needs a CUDA GPU (none is usable here)"
+    assert suite.get("skipped") == "1" and suite.get("tests") == "1"
+    no_timing = SimpleNamespace(**{**vars(result), "timing": None})  # --no-bench: nothing asked, no case
+    assert ET.fromstring(optimize_junit(no_timing)).find("testsuite").find("testcase") is None
