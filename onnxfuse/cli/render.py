@@ -196,23 +196,47 @@ def profile_tables(prof, top: int) -> list[FitTable]:
     return tables
 
 
+#: Off a terminal, stage lines start once a command has run this long (a quick run prints only its report).
+QUIET_FIRST_SECONDS = 1.0
+
+
 class _Bar:
     """The one progress display of every command: a rich bar on stderr (transient: gone when the command
     prints its report) whose description follows steps (:meth:`step`, a spinner) and whose bar follows
-    a fraction (:meth:`fraction`, e.g. timing). Disabled with ``--quiet`` and off a terminal."""
+    a fraction (:meth:`fraction`, e.g. timing). Off a terminal (a CI log, a pipe), where a bar cannot be
+    redrawn in place, each stage is one short line on stderr as it starts, with the seconds since the
+    command started (``[   3.2 s] validating``), so a log shows where a long run is and where its time
+    went; the lines start once the command has run :data:`QUIET_FIRST_SECONDS` (earlier stages are then
+    printed with their own times), so a quick run, and a bad input refused at once, print nothing
+    beside their report or their one error line. Disabled with ``--quiet``."""
 
     def __init__(self, disabled: bool):
+        import time
+
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         from onnxfuse.cli.common import stderr
 
-        # Not on a terminal (a CI log, a pipe) rich cannot redraw a bar in place: show nothing there.
-        disabled = disabled or not stderr.is_terminal
-        self._progress = None if disabled else Progress(
+        self._stderr, self._started, self._clock = stderr, time.perf_counter(), time.perf_counter
+        self._lines = not disabled and not stderr.is_terminal
+        self._last = None
+        self._pending: list[tuple[float, str]] = []  # stages not printed yet (the run was still short)
+        self._progress = None if disabled or not stderr.is_terminal else Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
             console=stderr, transient=True,
         )
         self._task = None
+
+    def _line(self, message: str) -> None:
+        """One line per stage off a terminal; repeated messages (timing's fractions) print once."""
+        if not self._lines or message == self._last:
+            return
+        self._last = message
+        self._pending.append((self._clock() - self._started, message))
+        if self._pending[-1][0] >= QUIET_FIRST_SECONDS:
+            for elapsed, text in self._pending:
+                self._stderr.print(f"[{elapsed:7.1f} s] {text}", markup=False, highlight=False, soft_wrap=True)
+            self._pending.clear()
 
     def __enter__(self):
         if self._progress is not None:
@@ -226,10 +250,12 @@ class _Bar:
         return False
 
     def step(self, message: str) -> None:
+        self._line(message)
         if self._progress is not None:
             self._progress.update(self._task, description=f"{message}…", total=None)
 
     def fraction(self, message: str, fraction: float) -> None:
+        self._line(message)
         if self._progress is not None:
             self._progress.update(self._task, description=message, total=1.0, completed=fraction)
 
