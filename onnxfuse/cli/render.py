@@ -12,12 +12,21 @@ from onnxfuse.unfused import reason_pattern
 
 
 def rules_table(counts: dict[str, int], cleanup: dict[str, int]) -> FitTable:
-    table = FitTable("Rewrites", [Column("rule", "id"), Column("applied", "num")])
+    """The rules that applied, in run order, with their counts; the rest summed up in the caption ("N
+    rules did not apply": `onnxfuse rules` lists them, `--explain` says why), so a small model's report
+    is not 30 rows of zeros (issue 35)."""
+    idle = [name for name, n in counts.items() if not n]
+    caption = (f"{len(idle)} rule{'s' if len(idle) != 1 else ''} did not apply"
+               if idle else None)
+    table = FitTable("Rewrites", [Column("rule", "id"), Column("applied", "num")], caption=caption)
     for name, n in counts.items():
-        table.add_row(name, str(n), style=None if n else "dim")
+        if n:
+            table.add_row(name, str(n))
     for name, n in cleanup.items():
         if n:
             table.add_row(f"cleanup: {name}", str(n), style="dim")
+    if not table.rows:
+        table.add_row("(none)", "0", style="dim")
     return table
 
 

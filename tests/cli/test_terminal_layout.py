@@ -163,3 +163,16 @@ def test_node_names_wrap_only_before_a_slash():
     table.add_row("gemm-rows-to-matmul", name)
     text = "\n".join(render(table, 50))
     assert "Reshape_10" in text and "self_attention" in text
+
+
+def test_rewrites_table_lists_the_rules_that_applied_and_counts_the_rest():
+    from onnxfuse.cli.render import rules_table
+
+    lines = render(rules_table({"fold-constants": 3, "contrib-gelu": 0, "contrib-attention": 2, "fuse-elementwise": 0},
+                               {"duplicate": 4, "identity": 0}), 80)
+    rows = [cells(line)[0] for line in lines if line.startswith("│")]
+    assert rows == ["fold-constants", "contrib-attention", "cleanup: duplicate"]
+    assert any(line.strip() == "2 rules did not apply" for line in lines)
+    nothing = render(rules_table({"contrib-gelu": 0}, {}), 80)
+    assert [cells(line) for line in nothing if line.startswith("│")] == [["(none)", "0"]]
+    assert any(line.strip() == "1 rule did not apply" for line in nothing)
