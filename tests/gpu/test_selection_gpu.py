@@ -1,0 +1,29 @@
+"""Never slower on the GPU (onnxfuse/selection.py): the fallback ladder with real CUDA timing and
+validation. Every timing is made to count as slower (the margin set below -100%), so every rung runs:
+each candidate is rewritten, validated on CUDA and timed against the original, and the graph as loaded
+is kept; the report carries every rung's real medians."""
+
+from __future__ import annotations
+
+import pytest
+
+import onnxfuse
+import onnxfuse.selection as selection
+from helpers import load_testdata
+from onnxfuse.runtime.session import cuda_available
+from onnxfuse.timing import BenchConfig
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
+
+
+def test_every_rung_is_validated_and_timed_on_cuda(monkeypatch):
+    monkeypatch.setattr(selection, "SLOWER_MARGIN", -2.0)
+    model = load_testdata("bert_tiny_sdpa_opset14")
+    result = onnxfuse.optimize(model, provider="cuda", samples=1, bench=True,
+                               bench_config=BenchConfig(device="cuda", warmup=3, time_budget_s=0.05, min_iterations=5))
+    chosen = result.extra["selection"]
+    assert [t["candidate"] for t in chosen["tried"]] == ["fused attention", "FusedElementwise kernels", "every rewrite"]
+    assert all(t["original_ms"] > 0 and t["candidate_ms"] > 0 for t in chosen["tried"])
+    assert chosen["kept"] == "every rewrite" and result.applied.applied_rules() == []
+    assert result.validation.passed and result.validation.provider == "cuda"
+    assert result.timing.status == "ok" and any("slower than the original" in n for n in result.timing.notes)
