@@ -51,20 +51,23 @@ def ops_table(before: dict[str, int], after: dict[str, int]) -> FitTable:
 
 
 def comparison_table(title: str, comparisons, label_a: str = "original", label_b: str = "optimized") -> FitTable:
+    """One row per output, its verdict second (issue 35: at 80 columns the numbers that do not fit move to a
+    continued table, the verdict never does), then shape, errors, tolerance (rtol / atol) and the noise
+    floor multiple when there is one."""
     floors = any("noise_floor" in c.extra for c in comparisons)
-    columns = [Column("output", "id"), Column("shape", "num"), Column("max abs", "num"), Column("max rel", "num"),
-               Column("tolerance", "num")] + ([Column("x floor", "num")] if floors else []) + [Column("result", "text")]
+    columns = [Column("output", "id"), Column("result", "text"), Column("shape", "num"), Column("max abs", "num"),
+               Column("max rel", "num"), Column("rtol / atol", "num")] + ([Column("x floor", "num")] if floors else [])
     table = FitTable(title, columns)
     for c in comparisons:
         verdict = "[green]pass[/]" if c.passed else f"[red]FAIL[/]{' (' + escape(c.error) + ')' if c.error else ''}"
         if c.passed and c.extra.get("passed_by") == "noise floor":
             verdict = "[yellow]pass[/] (floor)"
-        row = [escape(c.name), "x".join(str(d) for d in c.shape) or "scalar", formatting.num(c.max_abs), formatting.num(c.max_rel),
-               f"rtol {c.rtol:.0e}, atol {c.atol:.1e}"]
+        row = [escape(c.name), verdict, "x".join(str(d) for d in c.shape) or "scalar", formatting.num(c.max_abs),
+               formatting.num(c.max_rel), f"{c.rtol:.0e} / {c.atol:.1e}"]
         if floors:
             multiple = c.extra.get("floor_multiple")
             row.append("-" if multiple is None else f"{multiple:.1f}")
-        table.add_row(*row, verdict)
+        table.add_row(*row)
     return table
 
 
