@@ -48,7 +48,8 @@ Examples:
 @click.argument("output_path", metavar="OUTPUT", type=click.Path())
 @click.option("--target", type=click.Choice(TARGETS), default="cuda", show_default=True,
               help="cuda: everything; contrib: only ONNX Runtime's own ops; onnx: standard ONNX ops only.")
-@click.option("--only", multiple=True, metavar="RULE,...", help="Run only these rules (see `onnxfuse rules`).")
+@click.option("--only", multiple=True, metavar="RULE,...",
+              help="Run only these rules (see `onnxfuse rules`); +RULE adds an opt-in rule to the default ones.")
 @click.option("--skip", multiple=True, metavar="RULE,...", help="Do not run these rules.")
 @click.option("--explain", is_flag=True, help="Summarize the rewrites applied and the candidates refused: counts "
                                               "per rule and per reason, with an example of each.")

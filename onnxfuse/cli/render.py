@@ -35,7 +35,7 @@ def rule_list_table(rows: list[dict]) -> FitTable:
     table = FitTable("Rewrite rules (in run order)",
                      [Column("rule", "id"), Column("targets", "text"), Column("what it does", "text")])
     for row in rows:
-        targets = ", ".join(row["targets"]) + (" (opt-in: --only)" if row["opt_in"] else "")
+        targets = ", ".join(row["targets"]) + (" (opt-in: --only +RULE)" if row["opt_in"] else "")
         table.add_row(row["name"], escape(targets), escape(row["description"]))
     return table
 

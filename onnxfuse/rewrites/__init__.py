@@ -108,18 +108,21 @@ def _parse_names(spec) -> list[str]:
 def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] | None = None,
                  assumptions: Assumptions = NO_ASSUMPTIONS) -> list[Rule]:
     """The rules to run for ``target``, restricted by ``only`` and ``skip`` (comma-separated names), each
-    configured with the user's ``assumptions`` about the inputs (:meth:`Rule.under`)."""
+    configured with the user's ``assumptions`` about the inputs (:meth:`Rule.under`). An ``only`` name
+    written ``+name`` adds that (opt-in) rule to the default ones instead of restricting to it."""
     if target not in TARGETS:
         raise UsageError(f"unknown target {target!r}; choose one of: {', '.join(TARGETS)}")
     pool = RULES if rules is None else rules
     known = {r.name for r in pool}
-    only_names, skip_names = _parse_names(only), _parse_names(skip)
-    for n in only_names + skip_names:
+    requested, skip_names = _parse_names(only), _parse_names(skip)
+    added = [n[1:] for n in requested if n.startswith("+")]
+    only_names = [n for n in requested if not n.startswith("+")]
+    for n in only_names + added + skip_names:
         if n not in known:
             raise UsageError(f"unknown rule {n!r}; `onnxfuse rules` lists them: {', '.join(sorted(known))}")
-    chosen = [r for r in pool if target in r.targets and (not r.opt_in or r.name in only_names)]
+    chosen = [r for r in pool if target in r.targets and (not r.opt_in or r.name in only_names or r.name in added)]
     if only_names:
-        chosen = [r for r in chosen if r.name in only_names]
+        chosen = [r for r in chosen if r.name in only_names or r.name in added]
     return [r.under(assumptions) for r in chosen if r.name not in skip_names]
 
 

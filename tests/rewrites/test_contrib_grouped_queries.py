@@ -14,7 +14,7 @@ import pytest
 import onnxfuse
 from helpers import load_testdata
 from onnxfuse.custom_ops import session_options
-from onnxfuse.rewrites import rule_names
+from onnxfuse.rewrites import RULES, select_rules
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 from test_kv_cache_gpu import LAYERS, _feeds  # noqa: E402  (the same prefill/decode feeds, run on the CPU here)
@@ -23,7 +23,7 @@ RULE = "contrib-grouped-queries"
 
 
 def _with_rule(model):
-    return onnxfuse.optimize(model, samples=2, only=list(rule_names()) + [RULE])
+    return onnxfuse.optimize(model, samples=2, only=[f"+{RULE}"])  # the defaults plus this opt-in rule
 
 
 @pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "mistral_kv_opset17_fp16"])
@@ -56,3 +56,10 @@ def test_grouped_queries_is_opt_in_and_refuses_attention_without_repeats():
     assert RULE not in default.applied.counts or default.applied.counts[RULE] == 0
     bert = _with_rule(load_testdata("bert_tiny_sdpa_opset14"))
     assert bert.applied.counts.get(RULE, 0) == 0
+
+
+def test_plus_adds_an_opt_in_rule_to_the_defaults():
+    defaults = [r.name for r in select_rules()]
+    assert RULE not in defaults
+    assert [r.name for r in select_rules(only=f"+{RULE}")] == [r.name for r in RULES if r.name in defaults + [RULE]]
+    assert [r.name for r in select_rules(only=f"fold-constants,+{RULE}")] == ["fold-constants", RULE]
