@@ -27,7 +27,7 @@ mask row of row j·S + s being M_s:
   ``[B, S, H_kv, n, D]`` → Reshape ``[B, S, H·D]``: head g·n + j at column (g·n + j)·D again.
 
 Pure data movement around the same per-row arithmetic (the kernel may order its sums differently:
-rounding). **Opt-in** (``--only``, or an explicit rule list): it adds six small nodes per layer to save
+rounding). **Opt-in** (``--only +contrib-grouped-queries`` adds it to the default rules): it adds six small nodes per layer to save
 the repeat, which pays where B·L is large and costs where the step is launch-bound (batch 1); the
 choice depends on shapes the graph does not know, which is issue 32's measured selection, not yet a
 default. Refused: no repeated K/V (Gathers along axis 1 with index [h // n]), a bias input, a
