@@ -39,7 +39,7 @@ ROTARY_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 class ContribRotaryEmbedding(ContribRule):
     name = "contrib-rotary-embedding"
-    description = ("x·Unsqueeze(cos) + rotate_half(x)·Unsqueeze(sin) on [B, H, S, D] heads → RotaryEmbedding "
+    description = ("x·cos + rotate_half(x)·sin on [B, H, S, D] heads (rotary embedding) → RotaryEmbedding "
                    "(raises opset to 23)")
 
     def match(self, graph):
