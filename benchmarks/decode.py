@@ -29,6 +29,9 @@ of 16, 2 layers), to check the whole flow on a CPU machine. Three columns, timed
    feeds are built from each model's input list. Without ``--builder-skeleton`` (or with
    ``--skip-builder``) the column is left out.
 
+``--with-rules RULE,...`` adds a fourth column: onnxfuse's output with those opt-in rules besides the
+defaults (``--only +RULE``), e.g. ``contrib-grouped-queries`` (docs/benchmarks.md 5.17).
+
 Cells: a decode step (S = 1) at each past length P (``--past``) and batch (``--batches``), and a prefill of
 ``--prefill`` tokens (P = 0) at each ``--prefill-batches`` size; inputs: all-ones mask, positions P … P+S-1,
 random past. Per cell the three models run in interleaved rounds (``--rounds``, each ``--time-budget``
