@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from onnx import helper
 
 from onnxfuse.rewrites.contrib.layernorm_pattern import (
     match_any_decomposed, match_standard, mean_candidate, skip_layernorm_params,
@@ -39,6 +38,7 @@ from onnxfuse.rewrites.engine.facts import (
     FP16, FP32, constant_value, dims_equal, dtype_of, first_known_dtype, is_ms_op, is_op, only_read_by,
     producer_of, shape_of, shapes_equal,
 )
+from onnxfuse.rewrites.engine.polynomial import cast_target
 
 
 class _LateBias(NamedTuple):
@@ -151,10 +151,9 @@ def _add_behind_cast(graph, cast):
     add = producer_of(src)
     if not is_op(add, "Add"):
         return "LayerNorm input is a Cast of something other than an Add", None
-    have, to = dtype_of(graph, src), int(cast.attrs.get("to", 0))
+    have, want = dtype_of(graph, src), cast_target(cast)
     if have is None:
         return "LayerNorm input is a Cast of an Add of unknown element type", None
-    want = np.dtype(helper.tensor_dtype_to_np_dtype(to)) if to else None
     if have != want:
         return (f"LayerNorm input is Cast({have} → {want}) of the Add: SkipLayerNormalization has one element "
                 f"type, and moving the sum or the normalization to the other type changes the value "

@@ -25,45 +25,27 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from onnx import helper
 
 from onnxfuse.rewrites.engine.edit import to_identity
 from onnxfuse.rewrites.engine.facts import consumers, dtype_of, is_graph_output, is_op, producer_of
+from onnxfuse.rewrites.engine.polynomial import WIDENING_CASTS, cast_target
 from onnxfuse.rewrites.engine.rule import TARGETS, Refuse, Rule
 
-_FLOATS = [np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)]
 _SIGNED = [np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64)]
 _UNSIGNED = [np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64)]
 
 
-def _bfloat16():
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(16))
-    except (KeyError, TypeError, ValueError):  # an onnx without a bfloat16 mapping
-        return None
-
-
 def widens_exactly(source: np.dtype, wide: np.dtype) -> bool:
-    """Every value of ``source`` is a value of ``wide`` (so a Cast there and back is the identity)."""
-    if source == wide:
+    """Every value of ``source`` is a value of ``wide`` (so a Cast there and back is the identity): the
+    float widenings of :data:`~onnxfuse.rewrites.engine.polynomial.WIDENING_CASTS`, or an integer type
+    into a wider one of the same signedness (or a signed one wider than an unsigned one)."""
+    if source == wide or (source.name, wide.name) in WIDENING_CASTS:
         return True
-    if source in _FLOATS and wide in _FLOATS:
-        return _FLOATS.index(wide) > _FLOATS.index(source)
-    bf16 = _bfloat16()
-    if bf16 is not None and source == bf16:
-        return wide in _FLOATS[1:]
     if source in _SIGNED and wide in _SIGNED:
         return wide.itemsize > source.itemsize
     if source in _UNSIGNED and (wide in _UNSIGNED or wide in _SIGNED):
         return wide.itemsize > source.itemsize
     return False
-
-
-def _target(node) -> np.dtype | None:
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(int(node.attrs.get("to", 0))))
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 class CancelCastRoundtrip(Rule):
@@ -81,7 +63,7 @@ class CancelCastRoundtrip(Rule):
     def check(self, graph, back):
         up = producer_of(back.inputs[0])
         x = up.inputs[0] if up.inputs else None
-        source, wide, target = dtype_of(graph, x) if x is not None else None, _target(up), _target(back)
+        source, wide, target = dtype_of(graph, x) if x is not None else None, cast_target(up), cast_target(back)
         if source is None or wide is None or target is None:
             return Refuse("an element type is unknown")
         if target != source or not widens_exactly(source, wide):
@@ -93,7 +75,7 @@ class CancelCastRoundtrip(Rule):
     def rewrite(self, graph, back) -> dict[str, Any]:
         up = producer_of(back.inputs[0])
         x, middle = up.inputs[0], up.outputs[0]
-        report = {"node": back.name, "types": f"{dtype_of(graph, x)} → {_target(up)} → back"}
+        report = {"node": back.name, "types": f"{dtype_of(graph, x)} → {cast_target(up)} → back"}
         to_identity(back, x)
         if not consumers(middle) and not is_graph_output(graph, middle):
             up.outputs.clear()

@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from onnx import helper
 
 from onnxfuse.rewrites.contrib.matmul import scale_of
 from onnxfuse.rewrites.engine.facts import dtype_of, is_op, producer_of, sole_reader
+from onnxfuse.rewrites.engine.polynomial import cast_target
 
 def cast_types(graph, node) -> tuple[np.dtype, np.dtype] | None:
     """(input element type, target element type) of a Cast whose input type is known, else None."""
     if not is_op(node, "Cast") or len(node.inputs) != 1:
         return None
-    source = dtype_of(graph, node.inputs[0])
-    try:
-        target = np.dtype(helper.tensor_dtype_to_np_dtype(int(node.attrs.get("to", 0))))
-    except (KeyError, TypeError, ValueError):
-        return None
-    return None if source is None else (source, target)
+    source, target = dtype_of(graph, node.inputs[0]), cast_target(node)
+    return None if source is None or target is None else (source, target)
 
 
 def is_noop_cast(graph, node) -> bool:
