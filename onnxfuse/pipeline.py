@@ -216,6 +216,13 @@ def custom_library_needed(model: onnx.ModelProto) -> str | None:
     return DOMAIN if uses_custom_ops(model) else None
 
 
+def _validate(original, candidate, samples, options: OptimizeOptions, reference, floor, precision) -> ValidationReport:
+    """``validate_models`` as optimize judges every candidate: the user's provider, tolerances and strictness
+    against the one ``reference`` and ``floor``."""
+    return validate_models(original, candidate, samples, options.provider, options.rtol, options.atol,
+                           reference=reference, floor=floor, strict=options.strict, precision=precision)
+
+
 def find_culprit(
     original: onnx.ModelProto,
     rules: list[Rule],
@@ -232,18 +239,14 @@ def find_culprit(
     converted model); when ``start`` itself fails, the conversion is named (``precision-fp16``)."""
     precision = "float16" if options.precision == "fp16" else None
     if start is not None:
-        report = validate_models(original, start, inputs, options.provider, options.rtol, options.atol,
-                                 reference=reference, floor=floor, strict=options.strict, precision=precision)
-        if not report.passed:
+        if not _validate(original, start, inputs, options, reference, floor, precision).passed:
             return PRECISION_CULPRIT
     active = [r for r in rules if applied.counts.get(r.name, 0) > 0]
     lo, hi = 0, len(active)  # prefix of length lo passes (the original), length hi fails
     while hi - lo > 1:
         mid = (lo + hi) // 2
         candidate, _ = rewrite_model(original if start is None else start, active[:mid])
-        report = validate_models(original, candidate, inputs, options.provider, options.rtol, options.atol,
-                                 reference=reference, floor=floor, strict=options.strict, precision=precision)
-        if report.passed:
+        if _validate(original, candidate, inputs, options, reference, floor, precision).passed:
             lo = mid
         else:
             hi = mid
@@ -317,10 +320,9 @@ def optimize_model(
         from onnxfuse.validate import noise_floor
 
         floor = noise_floor(model, samples, reference, options.provider, name=source)
-        drift = _conversion_floor(start, samples, reference, options, source) if precision else {}
-        floor = {k: max(floor.get(k, 0.0), drift.get(k, 0.0)) for k in floor.keys() | drift.keys()}
-        report = validate_models(model, optimized, samples, options.provider, options.rtol, options.atol,
-                                 reference=reference, floor=floor, strict=options.strict, precision=precision)
+        drift = _conversion_drift(start, samples, reference, options, source) if precision else {}
+        floor = _with_conversion(floor, drift)
+        report = _validate(model, optimized, samples, options, reference, floor, precision)
         report.notes.extend(repair_notes + precision_notes + _conversion_notes(report, drift))
         result.validation = report
         if not report.passed:
@@ -358,38 +360,46 @@ def optimize_model(
 CONVERSION_MULTIPLE = 3.0
 
 
-def _conversion_floor(start, samples, reference, options: OptimizeOptions, source: str) -> dict[str, float]:
+def _conversion_drift(start, samples, reference, options: OptimizeOptions, source: str) -> dict[str, float]:
     """``--precision fp16`` with the default tolerances: each output's drift in the model merely converted
-    (no rewrite) joins the noise floor, so that the rewritten model is judged by what float16 allows
-    (within :data:`CONVERSION_MULTIPLE` times that drift) rather than by float32's noise. It enters the
-    floor scaled by ``CONVERSION_MULTIPLE / FLOOR_MULTIPLE``, so the one floor test (within
-    ``FLOOR_MULTIPLE`` x the floor) applies that multiple; the report keeps the drift itself. Explicit
-    ``--rtol``/``--atol`` are the user's drift budget and keep it off, as ``--strict`` does."""
+    (no rewrite), which joins the noise floor (:func:`_with_conversion`) so that the rewritten model is
+    judged by what float16 allows (within :data:`CONVERSION_MULTIPLE` times that drift) rather than by
+    float32's noise. Explicit ``--rtol``/``--atol`` are the user's drift budget and keep it off, as
+    ``--strict`` does."""
     if options.rtol is not None or options.atol is not None or options.strict:
         return {}
-    from onnxfuse.validate import FLOOR_MULTIPLE, conversion_drift
+    from onnxfuse.validate import conversion_drift
 
-    drift = conversion_drift(start, samples, reference, options.provider, name=f"{source} (float16, no rewrite)")
-    return {k: v * CONVERSION_MULTIPLE / FLOOR_MULTIPLE for k, v in drift.items()}
+    return conversion_drift(start, samples, reference, options.provider, name=f"{source} (float16, no rewrite)")
+
+
+def _conversion_share(drift: float) -> float:
+    """The floor a conversion ``drift`` stands for: scaled by ``CONVERSION_MULTIPLE / FLOOR_MULTIPLE``, so the
+    one floor test (within ``FLOOR_MULTIPLE`` x the floor) applies :data:`CONVERSION_MULTIPLE` to it."""
+    from onnxfuse.validate import FLOOR_MULTIPLE
+
+    return drift * CONVERSION_MULTIPLE / FLOOR_MULTIPLE
+
+
+def _with_conversion(floor: dict[str, float], drift: dict[str, float]) -> dict[str, float]:
+    """The noise floor raised, per output, to what its conversion drift allows."""
+    return {k: max(floor.get(k, 0.0), _conversion_share(drift.get(k, 0.0))) for k in floor.keys() | drift.keys()}
 
 
 def _conversion_notes(report: ValidationReport, drift: dict[str, float]) -> list[str]:
     """Each output's conversion drift in the report (``extra["conversion_drift"]``) and one note when an output
     passed only within it."""
-    from onnxfuse.validate import FLOOR_MULTIPLE
-
-    unscaled = {k: v * FLOOR_MULTIPLE / CONVERSION_MULTIPLE for k, v in drift.items()}
     for c in report.outputs:
-        if c.name in unscaled:
-            c.extra["conversion_drift"] = unscaled[c.name]
+        if c.name in drift:
+            c.extra["conversion_drift"] = drift[c.name]
     helped = [c for c in report.outputs if c.extra.get("passed_by") == "noise floor"
-              and drift.get(c.name, 0.0) >= c.extra.get("noise_floor", 0.0) > 0]
+              and _conversion_share(drift.get(c.name, 0.0)) >= c.extra.get("noise_floor", 0.0) > 0]
     if not helped:
         return []
     worst = max(helped, key=lambda c: c.max_abs)
     return [f"--precision fp16: {', '.join(c.name for c in helped)} beyond float16's default tolerance but within "
             f"{CONVERSION_MULTIPLE:g}x the drift of the model merely converted to float16, no rewrite ({worst.name}: "
-            f"max abs {worst.max_abs:.3g} against {unscaled[worst.name]:.3g}); explicit --rtol/--atol or --strict "
+            f"max abs {worst.max_abs:.3g} against {drift[worst.name]:.3g}); explicit --rtol/--atol or --strict "
             "judge by tolerance alone"]
 
 
@@ -535,8 +545,7 @@ def _keep_not_slower(result, model, start, rules, samples, reference, floor, opt
         candidate, applied = rewrite_model(start, chosen)
         report = None
         if options.validate:
-            report = validate_models(model, candidate, samples, options.provider, options.rtol, options.atol,
-                                     reference=reference, floor=floor, strict=options.strict, precision=precision)
+            report = _validate(model, candidate, samples, options, reference, floor, precision)
             report.notes.extend(notes)
             if not report.passed:
                 return "validation failed"
