@@ -261,7 +261,8 @@ def export_dynamo_models(folder: Path, seed: int) -> None:
     writes them: opset 18, sdpa attention (onnxscript's scaled_dot_product_attention: Kᵀ through rank 3,
     ``allowzero=1`` Reshapes, a ``Where(IsNaN(p), 0, p)`` guard after a masked Softmax), LayerNormalization
     as one op, sizes read from one layer's tensors for every layer. Dynamic batch and sequence."""
-    from transformers import BertConfig, GPT2Config, GPT2Model, ViTConfig, ViTModel
+    from transformers import (BertConfig, DistilBertConfig, DistilBertModel, GPT2Config, GPT2Model, RobertaConfig,
+                              RobertaModel, ViTConfig, ViTModel, WhisperConfig, WhisperModel)
 
     torch.manual_seed(seed)
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
@@ -270,6 +271,12 @@ def export_dynamo_models(folder: Path, seed: int) -> None:
                                                  attn_implementation="sdpa", **small), add_pooling_layer=False),
         "gpt2_tiny_dynamo": GPT2Model(GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=2,
                                                  attn_implementation="sdpa", use_cache=False)),
+        "roberta_tiny_dynamo": RobertaModel(RobertaConfig(vocab_size=1000, max_position_embeddings=66,
+                                                          attn_implementation="sdpa", **small),
+                                            add_pooling_layer=False),
+        "distilbert_tiny_dynamo": DistilBertModel(DistilBertConfig(
+            vocab_size=1000, max_position_embeddings=64, dim=64, n_layers=2, n_heads=2, hidden_dim=128,
+            attn_implementation="sdpa")),
     }
     ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(seed))
     mask = torch.ones(2, 8, dtype=torch.int64)
@@ -286,6 +293,18 @@ def export_dynamo_models(folder: Path, seed: int) -> None:
     out = folder / "vit_tiny_dynamo.onnx"
     torch.onnx.export(_Vision(_randomize(vit.eval(), seed + 1)).eval(), (torch.randn(2, 3, 32, 32),), str(out),
                       dynamo=True, input_names=["pixel_values"], output_names=["last_hidden_state"],
+                      dynamic_shapes=({0: torch.export.Dim.AUTO},), opset_version=18)
+    _inline(out)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    config = WhisperConfig(vocab_size=1000, num_mel_bins=16, encoder_layers=2, encoder_attention_heads=2,
+                           decoder_layers=1, decoder_attention_heads=2, d_model=64, encoder_ffn_dim=128,
+                           decoder_ffn_dim=128, max_source_positions=16, max_target_positions=16,
+                           pad_token_id=1, bos_token_id=2, eos_token_id=2, decoder_start_token_id=2,
+                           attn_implementation="sdpa")
+    encoder = _randomize(WhisperModel(config).eval(), seed + 1).get_encoder()
+    out = folder / "whisper_encoder_tiny_dynamo.onnx"
+    torch.onnx.export(_Audio(encoder).eval(), (torch.randn(2, 16, 32),), str(out), dynamo=True,
+                      input_names=["input_features"], output_names=["last_hidden_state"],
                       dynamic_shapes=({0: torch.export.Dim.AUTO},), opset_version=18)
     _inline(out)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
@@ -448,7 +467,8 @@ def main() -> None:
     ap.add_argument("--attention", action="store_true",
                     help="write the attention-coverage models (GPT-2, DistilBERT, RoBERTa, Whisper encoder) instead")
     ap.add_argument("--dynamo", action="store_true",
-                    help="write the dynamo-exporter models (BERT, GPT-2, ViT; opset 18, sdpa) instead")
+                    help="write the dynamo-exporter models (BERT, RoBERTa, DistilBERT, GPT-2, ViT, Whisper encoder; "
+                         "opset 18, sdpa) instead")
     ap.add_argument("--llama", action="store_true",
                     help="write the float16 dynamo Llama (rotary, grouped key/value heads) instead")
     ap.add_argument("--sdpa", action="store_true",
@@ -460,7 +480,7 @@ def main() -> None:
                     help=f"write the float16 opset-17 decoders with past of other families ({', '.join(KV_FAMILIES)}; "
                          "all when none is named) instead")
     ap.add_argument("--folder", type=Path, default=Path(__file__).resolve().parent,
-                    help="where --kv-families writes (default: testdata)")
+                    help="where --kv-families and --dynamo write (default: testdata)")
     args = ap.parse_args()
     if args.kv_families is not None:
         export_kv_family_models(args.folder, args.seed, args.kv_families)
@@ -471,7 +491,7 @@ def main() -> None:
     elif args.llama:
         export_llama_fp16(Path(__file__).resolve().parent, args.seed)
     elif args.dynamo:
-        export_dynamo_models(Path(__file__).resolve().parent, args.seed)
+        export_dynamo_models(args.folder, args.seed)
     elif args.attention:
         export_attention_models(Path(__file__).resolve().parent, args.seed)
     else:

@@ -6,9 +6,11 @@ constant-reshape-target), Kᵀ goes through rank 3 (merged-axes-transpose), a ma
 by ``Where(IsNaN(p), 0, p)`` (contrib-attention's NaN guard), and later layers read their sizes from the
 first layer's tensors. Before those rules no attention of these models was fused. Each model here must
 come out with every Softmax in one ``Attention``, pass validation, and match the original on ONNX Runtime
-CPU with right and left padding (GPT-2's left padding leaves query rows with every key masked).
+CPU and an independent float64 reference (the original graph in float64 on onnx's reference evaluator)
+with right and left padding (GPT-2's left padding leaves query rows with every key masked).
 
-Models: ``testdata/export_transformers.py --dynamo`` (BERT, GPT-2 without cache, ViT; opset 18, sdpa).
+Models: ``testdata/export_transformers.py --dynamo`` (BERT, RoBERTa, DistilBERT, GPT-2 without cache, ViT,
+Whisper encoder; opset 18, sdpa).
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ import numpy as np
 import pytest
 
 import onnxfuse
-from helpers import load_testdata, run_ort
+from helpers import load_testdata, run_float64, run_ort
 from test_attention_exports import run_optimized
 
-MODELS = {"bert_tiny_dynamo": 2, "gpt2_tiny_dynamo": 2, "vit_tiny_dynamo": 2}
+MODELS = {f"{arch}_tiny_dynamo": 2 for arch in ("bert", "roberta", "distilbert", "gpt2", "vit", "whisper_encoder")}
 
 
 def _feeds(name, batch, seq, rng):
     if name.startswith("vit"):
         return {"pixel_values": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)}
+    if name.startswith("whisper"):
+        return {"input_features": rng.standard_normal((batch, 16, 32)).astype(np.float32)}
     mask = np.ones((batch, seq), np.int64)
     mask[0, seq - 3:] = 0  # right padding
     if batch > 1:
@@ -53,9 +57,11 @@ def test_every_attention_of_a_dynamo_export_is_fused(name):
         feeds = _feeds(name, batch, seq, rng)
         want = run_ort(model, feeds)
         got = run_optimized(result.model, feeds)
+        exact = run_float64(model, feeds)
         for (out, a), b in zip(want.items(), got):
             assert np.isfinite(a).all()
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4, err_msg=f"{out} at {batch}x{seq}")
+            np.testing.assert_allclose(b, exact[out], rtol=1e-4, atol=1e-4, err_msg=f"{out} at {batch}x{seq}, float64")
 
 
 def test_nan_guard_with_a_mask_that_may_be_minus_inf_is_refused():

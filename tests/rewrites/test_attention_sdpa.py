@@ -1,6 +1,7 @@
 """transformers' default attention (sdpa) through torch's legacy exporter (issue 30): every Softmax of
 the six tiny architectures, opset 14 and 17, becomes one fused attention op and the optimized model
-matches the original on ONNX Runtime CPU, with padded rows and a row whose every key is masked.
+matches the original on ONNX Runtime CPU and an independent float64 reference (the original graph in
+float64 on onnx's reference evaluator), with padded rows and a row whose every key is masked.
 
 The encoders' export adds ``Where(keep, 0, -inf)`` and guards the Softmax with ``Where(IsNaN(p), 0, p)``:
 a row with no key kept is NaN, then 0, in the original. The fused op takes the keep mask raw (fill
@@ -14,7 +15,7 @@ import onnxruntime as ort
 import pytest
 
 import onnxfuse
-from helpers import load_testdata, run_ort
+from helpers import load_testdata, run_float64, run_ort
 from onnxfuse.custom_ops import session_options
 
 ARCHS = ["bert", "roberta", "distilbert", "gpt2", "vit", "whisper_encoder"]
@@ -49,9 +50,11 @@ def test_every_softmax_fuses_and_matches_with_padding_and_empty_rows(name):
     sess = ort.InferenceSession(result.model.SerializeToString(), session_options(),
                                 providers=["CPUExecutionProvider"])
     got = sess.run(None, feeds)
+    exact = run_float64(model, feeds)
     for (out, a), b in zip(want.items(), got):
         assert np.isfinite(a).all()
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4, err_msg=out)
+        np.testing.assert_allclose(b, exact[out], rtol=1e-4, atol=1e-4, err_msg=f"{out} against float64")
 
 
 @pytest.mark.parametrize("name", ["bert_tiny_sdpa_opset14", "distilbert_tiny_sdpa_opset17"])
