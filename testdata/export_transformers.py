@@ -408,6 +408,44 @@ def export_kv_cache_models(folder: Path, seed: int) -> None:
                 print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
+
+class _Seq2Seq(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          decoder_input_ids=decoder_input_ids, use_cache=False).last_hidden_state
+
+
+def export_t5(folder: Path, seed: int) -> None:
+    """``t5_tiny_opset17.onnx``: a tiny random T5 (d_model 64, 4 heads of 16, feed-forward 128, 2 encoder
+    and 2 decoder layers, relative position buckets, vocabulary 128; every norm weight randomized), the
+    whole encoder-decoder without a cache, float32, legacy exporter, opset 17. Its 12 T5LayerNorms are
+    RMSNorms (no mean, no bias), each after a residual Add but the first of each stack: the T5-style
+    block of issue 30's RMSNorm item, behind tests/rewrites/test_t5_export.py."""
+    from transformers import T5Config, T5Model
+
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+                      num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                      decoder_start_token_id=0, pad_token_id=0)
+    model = _randomize(T5Model(config).eval(), seed + 1)
+    g = torch.Generator().manual_seed(seed)
+    ids, decoder_ids = torch.randint(0, 128, (2, 7), generator=g), torch.randint(0, 128, (2, 5), generator=g)
+    mask = torch.ones(2, 7, dtype=torch.int64)
+    out = folder / "t5_tiny_opset17.onnx"
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
+            "decoder_input_ids": {0: "batch", 1: "decoder_sequence"},
+            "last_hidden_state": {0: "batch", 1: "decoder_sequence"}}
+    torch.onnx.export(_Seq2Seq(model).eval(), (ids, mask, decoder_ids), str(out),
+                      input_names=["input_ids", "attention_mask", "decoder_input_ids"],
+                      output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False,
+                      do_constant_folding=True)
+    onnx.checker.check_model(onnx.load(str(out)))
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
 #: ``--kv-families``: the other Llama-family decoders of issue 31, as :func:`export_kv_cache_models` writes
 #: Llama and Qwen2 (tiny, random, eager attention, legacy exporter, opset 17, float16, with past).
 KV_FAMILIES = {
@@ -479,10 +517,13 @@ def main() -> None:
     ap.add_argument("--kv-families", nargs="*", metavar="FAMILY",
                     help=f"write the float16 opset-17 decoders with past of other families ({', '.join(KV_FAMILIES)}; "
                          "all when none is named) instead")
+    ap.add_argument("--t5", action="store_true", help="write the tiny float32 T5 encoder-decoder instead")
     ap.add_argument("--folder", type=Path, default=Path(__file__).resolve().parent,
-                    help="where --kv-families and --dynamo write (default: testdata)")
+                    help="where --kv-families, --dynamo and --t5 write (default: testdata)")
     args = ap.parse_args()
-    if args.kv_families is not None:
+    if args.t5:
+        export_t5(args.folder, args.seed)
+    elif args.kv_families is not None:
         export_kv_family_models(args.folder, args.seed, args.kv_families)
     elif args.sdpa:
         export_sdpa_models(Path(__file__).resolve().parent, args.seed)

@@ -206,7 +206,8 @@ def run_float64(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[st
     reference, neither ONNX Runtime nor any rewrite of ours. Every float32 tensor of the graph (inputs,
     initializers, Constant values, Cast targets) becomes float64, so the only difference from a float32
     run is float32's rounding. Rows an attention mask empties are NaN before the exporter's own
-    ``Where(IsNaN)`` guard, as in the original, hence the silenced warning."""
+    ``Where(IsNaN)`` guard, and T5's relative-position buckets take ``Log(0)`` before a ``Where`` drops
+    it, as in the original: hence the silenced warnings."""
     from onnx.reference import ReferenceEvaluator
     from onnx.reference.op_run import OpRun
 
@@ -238,6 +239,6 @@ def run_float64(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[st
     widen(wide.graph)
     names = [o.name for o in model.graph.output]
     wide_feeds = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         got = ReferenceEvaluator(wide, new_ops=[GatherElements]).run(None, wide_feeds)
     return dict(zip(names, got))
