@@ -5,8 +5,8 @@ com.microsoft SkipLayerNormalization.
 (rank 2 or 3: ONNX Runtime's kernel takes no other; dims equal as numbers or as the same named
 dim-param), or of a ``[B, S, H]`` input and a ``[1, S, H]`` / ``[S, H]`` skip that the kernel
 broadcasts as numpy does (GPT-2's token + position embeddings: :func:`_input_and_skip`), and the
-normalization is over the last axis only (a Cast between the Add and the normalization only when it
-is to the Add's own type: :func:`_add_behind_cast` says why a float16 → float32 Cast is refused), the
+normalization is over the last axis only (a Cast between the Add and the normalization when it is to
+the Add's own type, or from float16 to float32, within the tolerance :func:`_add_behind_cast` states), the
 Add and the normalization become ``com.microsoft.SkipLayerNormalization(a, b, γ, β)``; an ``Add(y, c)``
 with c a constant 1-D bias feeding one side (the full one, for a broadcast skip) is absorbed too (its
 ``bias`` input), as in skip_layer_norm_fusion.cc. When the Add's
@@ -28,12 +28,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.layernorm_pattern import (
     match_any_decomposed, match_standard, mean_candidate, skip_layernorm_params,
 )
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
-from onnxfuse.rewrites.engine.edit import empty_input, fuse
+from onnxfuse.rewrites.engine.edit import NameAllocator, empty_input, fuse, new_constant
 from onnxfuse.rewrites.engine.facts import (
     FP16, FP32, constant_value, dims_equal, dtype_of, first_known_dtype, is_ms_op, is_op, only_read_by,
     producer_of, shape_of, shapes_equal,
@@ -70,12 +71,13 @@ class ContribSkipLayerNorm(ContribRule):
         if m.k != 1:
             return f"normalizes the last {m.k} axes; SkipLayerNormalization normalizes the last one", None
         add = producer_of(m.x)
-        adds = [add]
+        adds, widen = [add], False
         if is_op(add, "Cast"):
-            reason, add = _add_behind_cast(graph, add)
+            reason, add, widen = _add_behind_cast(graph, add)
             if reason:
                 return reason, None
-            adds.append(add)
+            if only_read_by(graph, add.outputs[0], [adds[0]]) is None:
+                adds.append(add)  # else the float16 sum stays for its other readers
         if not is_op(add, "Add") or len(add.inputs) != 2:
             return "LayerNorm input is not produced by an Add", None
         # Read elsewhere too (a pre-norm block's residual stream: GPT-2, ViT, Whisper): the sum becomes
@@ -88,7 +90,7 @@ class ContribSkipLayerNorm(ContribRule):
         d = sa[-1]
         if not isinstance(d, (int, np.integer)):
             return "hidden size (last dimension) unknown", None
-        dtype = m.dtype or first_known_dtype(graph, a, b)
+        dtype = FP32 if widen else m.dtype or first_known_dtype(graph, a, b)
         problem = dtype_problem(dtype, (FP16, FP32), "SkipLayerNormalization input")
         if problem:
             return problem, None
@@ -98,7 +100,7 @@ class ContribSkipLayerNorm(ContribRule):
         reason, gamma, beta = skip_layernorm_params(graph, m, int(d), dtype)
         if reason:
             return reason, None
-        return None, (m, adds, inp, skip, gamma, beta, bias, bias_add, keep_sum)
+        return None, (m, adds, inp, skip, gamma, beta, bias, bias_add, keep_sum, widen)
 
     @staticmethod
     def _late_bias(graph, node):
@@ -124,7 +126,13 @@ class ContribSkipLayerNorm(ContribRule):
             bias_add.inputs.clear()
             return {"op": "com.microsoft.SkipLayerNormalization", "input": inp.name, "skip": skip.name,
                     "bias": True, "late": True, "replaced": 1}
-        m, adds, inp, skip, gamma, beta, bias, bias_add, keep_sum = plan
+        m, adds, inp, skip, gamma, beta, bias, bias_add, keep_sum, widen = plan
+        if widen:  # the float16 operands read in float32 (the tolerance: _add_behind_cast)
+            names = NameAllocator(graph)
+            inp, skip = (_to_float32(graph, names, t, f"{m.root.name or 'skip_ln'}/{role}_float")
+                         for t, role in ((inp, "input"), (skip, "skip")))
+            if bias is not None:
+                bias = new_constant(graph, f"{bias.name}_float", constant_value(graph, bias).astype(np.float32))
         inputs = [inp, skip, gamma, beta if beta is not None else empty_input()]
         if bias is not None:
             inputs.append(bias)
@@ -134,34 +142,49 @@ class ContribSkipLayerNorm(ContribRule):
         if keep_sum:  # outputs: normalized, (mean), (inv_std_var), input_skip_bias_sum
             fused.outputs.extend([empty_input(), empty_input(), m.x])
         return {"op": "com.microsoft.SkipLayerNormalization", "input": inp.name, "skip": skip.name,
-                "bias": bias is not None, "sum_output": keep_sum, "replaced": len(nodes)}
+                "bias": bias is not None, "sum_output": keep_sum, "replaced": len(nodes),
+                **({"float16_sum_in_float32": True} if widen else {})}
 
 
 def _add_behind_cast(graph, cast):
-    """``(reason, add)`` for a LayerNorm that reads ``Cast(Add(a, b))``.
+    """``(reason, add, widened)`` for a LayerNorm that reads ``Cast(Add(a, b))``.
 
-    Only a Cast to the Add's own element type is absorbed: it returns its input unchanged, so the
-    op's sum is the Add's value (the Add's result must be read by the Cast alone). A Cast between two
-    float types is refused: SkipLayerNormalization takes one element type for its inputs and output, and
-    ONNX Runtime's test models (``skip_layer_norm_format*_with_cast``) add in float16 and normalize in
-    float32. A float32 op would add a and b without the float16 rounding of their sum (ONNX Runtime's
-    transformers optimizer does this: ``Cast(a) + Cast(b)`` in float32); a float16 op would round the
-    normalized output to float16. Both change the value, so neither is written."""
+    A Cast to the Add's own element type is absorbed exactly: it returns its input unchanged, so the
+    op's sum is the Add's value (the Add's result must be read by the Cast alone).
+
+    A float16 → float32 Cast (ONNX Runtime's ``skip_layer_norm_format*_with_cast`` test models: the
+    residual added in float16, normalized in float32) is taken **within a stated tolerance**: the op is
+    written in float32 over ``Cast(a)`` and ``Cast(b)`` (as ONNX Runtime's transformers optimizer writes
+    it), so the sum (and a 1-D bias Add absorbed with it) is computed in float32 instead of being rounded
+    to float16 after each Add. The only difference is that rounding, at most 2⁻¹¹ of |a + b| per element
+    and Add, and it moves the result towards the exact value: the original's own float16 error. Through
+    the normalization the difference is at most about 2⁻¹⁰·max|a + b|/σ·|γ|; a model whose sum is
+    float16 is validated at float16's tolerances. The fused op's sum output (for other readers of the
+    Cast) is that float32 sum; other readers of the float16 Add keep the Add. A float16 op instead would
+    round the normalized output to float16, a larger change: never written; other Casts are refused."""
     src = cast.inputs[0]
     add = producer_of(src)
     if not is_op(add, "Add"):
-        return "LayerNorm input is a Cast of something other than an Add", None
+        return "LayerNorm input is a Cast of something other than an Add", None, False
     have, want = dtype_of(graph, src), cast_target(cast)
     if have is None:
-        return "LayerNorm input is a Cast of an Add of unknown element type", None
+        return "LayerNorm input is a Cast of an Add of unknown element type", None, False
+    if have == FP16 and want == FP32:
+        return None, add, True
     if have != want:
         return (f"LayerNorm input is Cast({have} → {want}) of the Add: SkipLayerNormalization has one element "
-                f"type, and moving the sum or the normalization to the other type changes the value "
-                f"(not written)"), None
+                f"type, and only a float16 sum normalized in float32 is written (in float32)"), None, False
     problem = only_read_by(graph, src, [cast])
     if problem:
-        return f"the Add behind the no-op Cast: {problem}", None
-    return None, add
+        return f"the Add behind the no-op Cast: {problem}", None, False
+    return None, add, False
+
+
+def _to_float32(graph, names, tensor, base: str):
+    """A float32 copy of the float16 ``tensor`` (a new ``Cast``; exact: every float16 value is a float32)."""
+    out = gs.Variable(names(base), dtype=np.float32, shape=tensor.shape)
+    graph.nodes.append(gs.Node("Cast", names(f"{base}/cast"), {"to": 1}, inputs=[tensor], outputs=[out]))
+    return out
 
 
 def _input_and_skip(graph, a, b):
