@@ -215,11 +215,11 @@ def _gpt2(attn: str = "eager"):
             self.gpt2 = gpt2
 
         def forward(self, input_ids, attention_mask):
-            if attn == "sdpa":  # the dynamo exporter traces transformers' own mask builder
+            if attn == "sdpa" and not torch.jit.is_tracing():  # dynamo traces transformers' own mask builder
                 return self.gpt2(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
             # The causal and padding mask as one additive [B, 1, S, S] tensor, as GPT-2's eager attention
-            # adds it; transformers passes a 4-D mask through unchanged (its own mask builder uses vmap,
-            # which the TorchScript exporter cannot trace).
+            # adds it; transformers passes a 4-D mask through unchanged to either attention (its own mask
+            # builder uses vmap, which the TorchScript exporter cannot trace).
             s = input_ids.shape[1]
             causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
             keep = causal[None, None] & attention_mask[:, None, None, :].bool()

@@ -10,8 +10,9 @@ skips, this skips):
    hidden_size=0, opt_level=L, use_gpu=False)`` for every T in ``--model-types`` (bert, gpt2) and L in
    ``--opt-levels`` (0, 1); a configuration that raises is counted as failed. Per model and kind ORT-T is
    credited with the **best** of its configurations (the most fused ops of that kind), so ORT-T is
-   given every chance. Each configuration's output is checked by ``onnx.checker`` (full_check), run
-   by ORT (CPU) on the same seeded inputs, and compared with the original by onnxfuse's comparator.
+   given every chance; a second column credits it with one configuration per model
+   (:func:`one_config_ort_t`), as a user runs it. Each configuration's output is checked by
+   ``onnx.checker`` (full_check), run by ORT (CPU) on the same seeded inputs, and compared with the original by onnxfuse's comparator.
 2. onnxfuse: ``onnxfuse.optimize(path, out, target="contrib", validate=True, bench=False)`` (validation
    on: an output that is not equal is an error, caught and counted as ``ort_corpus_check`` does), then the
    full checker on its output.
@@ -226,6 +227,19 @@ def best_ort_t(row: dict, kind: str, only_sound: bool = False) -> tuple[int, str
     return top, ",".join(cfg for n, cfg in made if n == top)
 
 
+def one_config_ort_t(row: dict, kind: str) -> int:
+    """ORT-T's fused ops of ``kind`` in ONE output per model: of the outputs that count, the one with the
+    most fused ops of all kinds together (the first such configuration on a tie). The best-config columns
+    credit ORT-T per kind with a different configuration where that gives more, which counts one residual
+    Add + LayerNorm twice when one configuration writes SkipLayerNormalization and another
+    LayerNormalization; a user runs one configuration, and onnxfuse writes one model."""
+    made = [c for c in row["ort_t"] if not c["error"] and sound(row, c)]
+    if not made:
+        return 0
+    best = max(made, key=lambda c: sum(fused(c["counts"], row["original"], k) for k in KINDS))
+    return fused(best["counts"], row["original"], kind)
+
+
 def report(rows, base: str, args_line: str, model_types, opt_levels) -> str:
     import onnx
     import onnxruntime
@@ -266,20 +280,22 @@ def report(rows, base: str, args_line: str, model_types, opt_levels) -> str:
     lines.append(f"Fused ops made (output minus original, at least 0), over the {len(counted)} models onnxfuse "
                  "optimized and validated (`ok`):\n")
     lines.append("| kind | in the originals | ORT-T (best config) | ORT-T, outputs that count (best config) | "
-                 "onnxfuse | models where ORT-T made more (ORT-T vs onnxfuse; * : that ORT-T output counts) |")
-    lines.append("|---|---|---|---|---|---|")
+                 "ORT-T, outputs that count (one config per model) | onnxfuse | models where ORT-T made more "
+                 "(ORT-T vs onnxfuse; * : that ORT-T output counts) |")
+    lines.append("|---|---|---|---|---|---|---|")
     ahead: dict[str, list] = {}
     for kind in KINDS:
         orig = sum(r["original"][kind] for r in counted)
         t_total = sum(best_ort_t(r, kind)[0] for r in counted)
         s_total = sum(best_ort_t(r, kind, True)[0] for r in counted)
+        one_total = sum(one_config_ort_t(r, kind) for r in counted)
         f_total = sum(fused(r["onnxfuse"], r["original"], kind) for r in counted)
         more = [r for r in counted if best_ort_t(r, kind)[0] > fused(r["onnxfuse"], r["original"], kind)]
         ahead[kind] = more
         star = lambda r: "*" if best_ort_t(r, kind, True)[0] > fused(r["onnxfuse"], r["original"], kind) else ""  # noqa: E731
         names = ", ".join(f"`{rel(r)}`{star(r)} ({best_ort_t(r, kind)[0]} vs {fused(r['onnxfuse'], r['original'], kind)})"
                           for r in more) or "none"
-        lines.append(f"| {kind} | {orig} | {t_total} | {s_total} | {f_total} | {names} |")
+        lines.append(f"| {kind} | {orig} | {t_total} | {s_total} | {one_total} | {f_total} | {names} |")
     lines.append("")
     # ORT-T ahead: reasons and whether ORT-T's output counted
     details = []
