@@ -14,7 +14,7 @@ import threading
 import click
 from rich.console import Console
 
-from onnxfuse.errors import EXIT_USER_ERROR, Interrupted, OnnxfuseError
+from onnxfuse.errors import EXIT_INTERNAL, EXIT_USER_ERROR, Interrupted, OnnxfuseError, first_line
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -23,6 +23,8 @@ Exit codes:
   2  usage error (bad options)
   3  validation failed: outputs differ beyond tolerance (nothing written)
   4  optimize --fail-on-slowdown: the optimized model is slower than allowed (nothing written)
+  5  internal error: onnxfuse wrote a model ONNX Runtime cannot load, or failed
+     unexpectedly (nothing written; please report it)
   130, 143  interrupted by SIGINT (Ctrl-C) or SIGTERM: temporary files removed, nothing written
 """
 
@@ -169,10 +171,13 @@ def _run(func, args, kwargs):
 
 
 def _internal(exc: BaseException) -> None:
+    """An exception no onnxfuse code raised on purpose: a bug, exit 5 like a model onnxfuse wrote that ONNX
+    Runtime cannot load (:class:`~onnxfuse.errors.InternalError`), so that CI never files it under the
+    user's or the model's errors (exit 1)."""
     fail(
-        RuntimeError(f"internal error ({type(exc).__name__}: {exc}); rerun with ONNXFUSE_DEBUG=1 "
+        RuntimeError(f"internal error ({type(exc).__name__}: {first_line(exc)}); rerun with ONNXFUSE_DEBUG=1 "
                      "for a traceback and please report it"),
-        EXIT_USER_ERROR,
+        EXIT_INTERNAL,
     )
 
 
