@@ -66,6 +66,12 @@ class RuntimeFailure(OnnxfuseError):
     """ONNX Runtime could not create a session or run the model."""
 
 
+class SessionRefused(RuntimeFailure):
+    """ONNX Runtime refused to create a session for the model (its type check, an op it has no kernel
+    for): exit 1 for a model the user gave, but the pipeline turns it into :class:`InternalError` for a
+    model onnxfuse wrote, which is why it is told apart from a failed run or a missing library."""
+
+
 class InternalError(OnnxfuseError):
     """onnxfuse's own fault, never the user's or the model's: a model it wrote (the optimized model, or
     the ``--precision fp16`` conversion) that ONNX Runtime cannot load, or an unexpected exception in the
@@ -100,10 +106,13 @@ class ValidationFailed(OnnxfuseError):
 
     exit_code = EXIT_VALIDATION_FAILED
 
-    def __init__(self, message: str, culprit: str | None = None, report=None):
+    def __init__(self, message: str, culprit: str | None = None, report=None, skip: list[str] | None = None):
         super().__init__(message)
         self.culprit = culprit
         self.report = report
+        #: The rules the message suggests skipping: checked to give a model that loads and validates
+        #: (``[culprit]`` when skipping it alone does); None when no rerun is suggested.
+        self.skip = skip
 
 
 class OnnxRuntimeUnavailable(OnnxfuseError):
