@@ -29,7 +29,6 @@ from onnxfuse.errors import (
     EXIT_SLOWER,
     EXIT_VALIDATION_FAILED,
     InternalError,
-    ModelSaveError,
     SessionRefused,
     SlowerThanAllowed,
     UsageError,
@@ -178,8 +177,12 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
                 return out, report
             culprit = _first_invalidating_rule(model, [r for r in active if report.counts.get(r.name)])
             reason = f"its output fails the ONNX checker: {problem}"
-            if culprit is None:  # no single rule to blame (cleanup alone breaks it): say so plainly
-                raise ModelSaveError(f"optimized model: invalid ONNX model: {problem}")
+            if culprit is None:  # no single rule to blame (cleanup alone breaks it): our output, say so plainly
+                names = [d["rule"] for d in dropped]
+                raise InternalError(f"internal error: onnxfuse wrote a model the ONNX checker rejects ({problem}) with "
+                                    f"no rule to blame (rules dropped on the way: {', '.join(names) or 'none'}); nothing "
+                                    "was written. This is onnxfuse's fault, not the model's: please report it",
+                                    rules=names)
         dropped.append({"rule": culprit, "reason": reason})
         active = [r for r in active if r.name != culprit]
 

@@ -266,3 +266,25 @@ def test_a_never_slower_candidate_onnx_runtime_cannot_load_is_refused_not_kept(m
     assert result.extra["selection"]["kept"] == "every rewrite"
     assert not any(n.op_type == "NoSuchKernel" for n in result.model.graph.node)
     _assert_computes_the_original(result.model)
+
+
+def test_an_output_the_checker_rejects_with_no_rule_to_blame_is_an_internal_error(tmp_path, monkeypatch):
+    """Was ModelSaveError, exit 1. The rewrite's cleanup (run for every rule set, none included) is made to
+    leave a node reading a tensor nothing produces: every rule that changed the model is dropped in turn,
+    and what is left is still onnxfuse's own invalid output."""
+    real = pipeline._rewrite_once
+
+    def breaks(model, rules):
+        out, report = real(model, rules)
+        out.graph.node.append(h.make_node("Relu", ["ghost"], ["ghost_out"]))
+        return out, report
+
+    monkeypatch.setattr(pipeline, "_rewrite_once", breaks)
+    with pytest.raises(onnxfuse.InternalError) as info:
+        onnxfuse.optimize(onnx.load(MODEL), target="onnx", provider="cpu")
+    message = str(info.value)
+    assert info.value.exit_code == 5 and "fold-batchnorm-conv" in info.value.rules
+    assert message.startswith("internal error: onnxfuse wrote a model the ONNX checker rejects (") and "ghost" in message
+    assert "with no rule to blame (rules dropped on the way: " in message and "please report it" in message
+    r = CliRunner().invoke(main, ["optimize", str(MODEL), str(tmp_path / "o.onnx"), "--target", "onnx", "--no-bench"])
+    assert r.exit_code == 5 and "the ONNX checker rejects" in r.stderr and not (tmp_path / "o.onnx").exists()
