@@ -288,3 +288,20 @@ def test_an_output_the_checker_rejects_with_no_rule_to_blame_is_an_internal_erro
     assert "with no rule to blame (rules dropped on the way: " in message and "please report it" in message
     r = CliRunner().invoke(main, ["optimize", str(MODEL), str(tmp_path / "o.onnx"), "--target", "onnx", "--no-bench"])
     assert r.exit_code == 5 and "the ONNX checker rejects" in r.stderr and not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("command", ["optimize", "diff"])
+def test_an_unexpected_exception_writes_a_json_document_with_exit_5(tmp_path, monkeypatch, command):
+    """The failure document says what stderr says: exit 5 and the same line (was: no document at all)."""
+    def broken(*_args, **_kwargs):
+        raise KeyError("no such tensor")
+
+    monkeypatch.setattr(f"onnxfuse.api.{command}", broken)
+    js = tmp_path / "r.json"
+    args = [str(MODEL), str(tmp_path / "o.onnx"), "--no-bench"] if command == "optimize" else [str(MODEL), str(MODEL)]
+    r = CliRunner().invoke(main, [command, *args, "--json", str(js)])
+    assert r.exit_code == 5
+    doc = json.loads(js.read_text())
+    assert doc["ok"] is False and doc["exit_code"] == 5 and doc["result"] is None
+    assert doc["error"] == r.stderr.strip().removeprefix("error: ") == (
+        "internal error (KeyError: 'no such tensor'); rerun with ONNXFUSE_DEBUG=1 for a traceback and please report it")
