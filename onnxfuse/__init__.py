@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 from onnxfuse.api import bench, diff, optimize  # noqa: E402  (after __version__, which modules import from here)
 from onnxfuse.errors import (  # noqa: E402
     InputsError,
+    InternalError,
     ModelLoadError,
     ModelSaveError,
     OnnxfuseError,
@@ -57,7 +58,7 @@ def __dir__():
 
 
 __all__ = [
-    "BenchConfig", "BenchReport", "Comparison", "DiffReport", "InputsError", "ModelLoadError", "ModelSaveError", "OnnxRuntimeConflictWarning", "PrecisionError",
+    "BenchConfig", "BenchReport", "Comparison", "DiffReport", "InputsError", "InternalError", "ModelLoadError", "ModelSaveError", "OnnxRuntimeConflictWarning", "PrecisionError",
     "OnnxRuntimeUnavailable", "OnnxfuseError", "OptimizeResult", "RuntimeFailure", "SlowerThanAllowed",
     "UsageError", "ValidationFailed", "ValidationReport", "bench", "diff", "optimize", "__version__",
 ]

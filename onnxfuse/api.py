@@ -11,8 +11,10 @@ Errors are the documented :mod:`onnxfuse.errors` classes, all subclasses of
 :class:`~onnxfuse.errors.SlowerThanAllowed`, :class:`~onnxfuse.errors.ModelLoadError`,
 :class:`~onnxfuse.errors.ModelSaveError`, :class:`~onnxfuse.errors.InputsError`,
 :class:`~onnxfuse.errors.UsageError` (unknown rule or target, inconsistent arguments),
-:class:`~onnxfuse.errors.RuntimeFailure` (ONNX Runtime cannot run a model) and
-:class:`~onnxfuse.errors.OnnxRuntimeUnavailable` (no usable ONNX Runtime installed). A model that is
+:class:`~onnxfuse.errors.RuntimeFailure` (ONNX Runtime cannot run a model),
+:class:`~onnxfuse.errors.OnnxRuntimeUnavailable` (no usable ONNX Runtime installed) and
+:class:`~onnxfuse.errors.InternalError` (onnxfuse's own fault: a model it wrote that ONNX Runtime cannot
+load; ``.rules`` names the rules it is traced to). A model that is
 neither a path nor an ``onnx.ModelProto`` is a ``TypeError``.
 """
 
@@ -115,7 +117,9 @@ def optimize(
     ``.validation`` (per-output metrics), ``.applied`` (rewrites and refusals), ``.ops_before`` /
     ``.ops_after``, ``.timing``, ``.to_json()`` (the dict ``onnxfuse optimize --json`` writes) and
     ``.save(path)``. Raises :class:`~onnxfuse.errors.ValidationFailed` (``.culprit`` names the rule,
-    ``.report.to_json()`` is the failure report) when an output drifts beyond tolerance.
+    ``.skip`` the rules to skip for a model that validates, ``.report.to_json()`` is the failure report)
+    when an output drifts beyond tolerance, :class:`~onnxfuse.errors.InternalError` when the model
+    onnxfuse wrote cannot be loaded by ONNX Runtime.
     """
     from onnxfuse.ort_runtime import require_runtime
 

@@ -7,6 +7,8 @@ Exit codes are a contract with CI pipelines (documented in the README and in ``-
 * 2 — usage error (bad command line)
 * 3 — validation failed (the optimized model's outputs drifted beyond tolerance)
 * 4 — the optimized model is slower than ``--fail-on-slowdown`` allows (measured on the GPU)
+* 5 — internal error: onnxfuse wrote a model ONNX Runtime cannot load, or failed unexpectedly (a bug to
+  report, never the user's or the model's fault; see :class:`InternalError`)
 * 130, 143 — interrupted by SIGINT or SIGTERM (128 + the signal's number; see :class:`Interrupted`)
 """
 
@@ -17,6 +19,7 @@ EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
 EXIT_VALIDATION_FAILED = 3
 EXIT_SLOWER = 4
+EXIT_INTERNAL = 5
 
 
 def first_line(exc: BaseException) -> str:
@@ -63,6 +66,26 @@ class RuntimeFailure(OnnxfuseError):
     """ONNX Runtime could not create a session or run the model."""
 
 
+class SessionRefused(RuntimeFailure):
+    """ONNX Runtime refused to create a session for the model (its type check, an op it has no kernel
+    for): exit 1 for a model the user gave, but the pipeline turns it into :class:`InternalError` for a
+    model onnxfuse wrote, which is why it is told apart from a failed run or a missing library."""
+
+
+class InternalError(OnnxfuseError):
+    """onnxfuse's own fault, never the user's or the model's: a model it wrote (the optimized model, or
+    the ``--precision fp16`` conversion) that ONNX Runtime cannot load, or an unexpected exception in the
+    command line. Its own exit code (5), so that CI tells a bug to report from a model to fix (exit 1);
+    the message names the rules applied where they are known and asks for a report. ``rules``: the rules
+    (or ``precision-fp16``, the conversion) the failure is traced to, in run order."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, message: str, rules: list[str] | None = None):
+        super().__init__(message)
+        self.rules = list(rules or [])
+
+
 class InputsError(OnnxfuseError):
     """User-supplied inputs (``--inputs``, ``--shape``) do not fit the model."""
 
@@ -83,10 +106,13 @@ class ValidationFailed(OnnxfuseError):
 
     exit_code = EXIT_VALIDATION_FAILED
 
-    def __init__(self, message: str, culprit: str | None = None, report=None):
+    def __init__(self, message: str, culprit: str | None = None, report=None, skip: list[str] | None = None):
         super().__init__(message)
         self.culprit = culprit
         self.report = report
+        #: The rules the message suggests skipping: checked to give a model that loads and validates
+        #: (``[culprit]`` when skipping it alone does); None when no rerun is suggested.
+        self.skip = skip
 
 
 class OnnxRuntimeUnavailable(OnnxfuseError):

@@ -28,7 +28,8 @@ from onnxfuse.errors import (
     first_line,
     EXIT_SLOWER,
     EXIT_VALIDATION_FAILED,
-    ModelSaveError,
+    InternalError,
+    SessionRefused,
     SlowerThanAllowed,
     UsageError,
     ValidationFailed,
@@ -176,8 +177,12 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
                 return out, report
             culprit = _first_invalidating_rule(model, [r for r in active if report.counts.get(r.name)])
             reason = f"its output fails the ONNX checker: {problem}"
-            if culprit is None:  # no single rule to blame (cleanup alone breaks it): say so plainly
-                raise ModelSaveError(f"optimized model: invalid ONNX model: {problem}")
+            if culprit is None:  # no single rule to blame (cleanup alone breaks it): our output, say so plainly
+                names = [d["rule"] for d in dropped]
+                raise InternalError(f"internal error: onnxfuse wrote a model the ONNX checker rejects ({problem}) with "
+                                    f"no rule to blame (rules dropped on the way: {', '.join(names) or 'none'}); nothing "
+                                    "was written. This is onnxfuse's fault, not the model's: please report it",
+                                    rules=names)
         dropped.append({"rule": culprit, "reason": reason})
         active = [r for r in active if r.name != culprit]
 
@@ -234,23 +239,138 @@ def find_culprit(
     start: onnx.ModelProto | None = None,
 ) -> str | None:
     """Name the first rule (in run order) whose rewrites make validation fail, by bisecting prefixes.
+    A prefix whose model ONNX Runtime cannot load fails too: it is no more a way out than drift.
 
     ``start`` is what the rules were applied to when it is not ``original`` (``--precision fp16``: the
     converted model); when ``start`` itself fails, the conversion is named (``precision-fp16``)."""
-    precision = "float16" if options.precision == "fp16" else None
-    if start is not None:
-        if not _validate(original, start, inputs, options, reference, floor, precision).passed:
-            return PRECISION_CULPRIT
+    judge = _validation_problem(original, inputs, options, reference, floor)
+    if start is not None and judge(start) is not None:
+        return PRECISION_CULPRIT
     active = [r for r in rules if applied.counts.get(r.name, 0) > 0]
-    lo, hi = 0, len(active)  # prefix of length lo passes (the original), length hi fails
+    return _first_failing_rule(original if start is None else start, active, judge)
+
+
+def _first_failing_rule(start: onnx.ModelProto, changed: list[Rule], judge) -> str | None:
+    """The first rule of ``changed`` (the rules that changed the model, in run order) whose prefix gives a
+    model ``judge`` finds a problem with, by bisection; the empty prefix (``start`` itself) is known to be
+    good and the whole list not. None when no rule changed the model."""
+    lo, hi = 0, len(changed)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        candidate, _ = rewrite_model(original if start is None else start, active[:mid])
-        if _validate(original, candidate, inputs, options, reference, floor, precision).passed:
+        candidate, _ = rewrite_model(start, changed[:mid])
+        if judge(candidate) is None:
             lo = mid
         else:
             hi = mid
-    return active[hi - 1].name if active else None
+    return changed[hi - 1].name if changed else None
+
+
+#: The most rules a suggested ``--skip`` names: each one more costs a bisection of rewrites and validations.
+MAX_SKIPS = 3
+
+
+def working_skip(start: onnx.ModelProto, rules: list[Rule], culprit: str,
+                 judge: Callable[[onnx.ModelProto], str | None]) -> tuple[list[str] | None, list[str]]:
+    """The rules to suggest skipping after ``culprit`` was blamed, checked before anyone is told to rerun:
+    a rerun without a rule can break a model that another rule's rewrites relied on it for (issue 33,
+    measured on 93e2115: without contrib-skip-layernorm, ``--precision fp16`` of BERT-base left a
+    ``Where`` bound to float16 and float, which ONNX Runtime refused). Starting from ``[culprit]``, the
+    rules left are applied to ``start`` and ``judge``d (None when the model is good, else what is wrong
+    with it); while it is not good, the first rule whose prefix of the rules left is not good joins the
+    set, up to :data:`MAX_SKIPS`. Returns (the set, or None when no set within the limit gives a good
+    model; what each smaller set left: "skipping a, b leaves a model that ...")."""
+    skipped, failures = [culprit], []
+    while True:
+        left = [r for r in rules if r.name not in skipped]
+        candidate, applied = rewrite_model(start, left)
+        problem = judge(candidate)
+        if problem is None:
+            return skipped, failures
+        failures.append(f"skipping {', '.join(skipped)} leaves a model that {problem}")
+        if len(skipped) >= MAX_SKIPS:
+            return None, failures
+        following = _first_failing_rule(start, [r for r in left if applied.counts.get(r.name, 0) > 0], judge)
+        if following is None:  # no rule left changed the model: skipping cannot help
+            return None, failures
+        skipped.append(following)
+
+
+def _validation_problem(original, samples, options: OptimizeOptions, reference, floor):
+    """What keeps a candidate from loading in ONNX Runtime and passing validation (None when it passes): the
+    culprit searches' test, where a model that does not load is no more a way out than drift."""
+    precision = "float16" if options.precision == "fp16" else None
+
+    def judge(candidate: onnx.ModelProto) -> str | None:
+        try:
+            report = _validate(original, candidate, samples, options, reference, floor, precision)
+        except SessionRefused as exc:
+            return f"ONNX Runtime cannot load, an onnxfuse bug: please report it ({_refusal(exc)})"
+        return None if report.passed else f"still fails validation (output(s) {', '.join(report.failing())})"
+
+    return judge
+
+
+def _load_problem(options: OptimizeOptions):
+    """What keeps ONNX Runtime from creating a session for a candidate, on the provider validation uses
+    (None when it loads)."""
+    from onnxfuse.runtime.session import make_session
+
+    def judge(candidate: onnx.ModelProto) -> str | None:
+        try:
+            make_session(candidate, options.provider, name="candidate model")
+        except SessionRefused as exc:
+            return f"ONNX Runtime cannot load either ({_refusal(exc)})"
+        return None
+
+    return judge
+
+
+def _refusal(exc: SessionRefused) -> str:
+    """ONNX Runtime's reason in a :class:`SessionRefused`, without the model's name in front."""
+    text = str(exc)
+    marker = "ONNX Runtime cannot load the model: "
+    return text.split(marker, 1)[1] if marker in text else text
+
+
+def _skip_advice(culprit: str, skip: list[str] | None, failures: list[str]) -> str:
+    """The words after "culprit rule: X" in a failure message: the checked rerun, or plainly none."""
+    if skip == [culprit]:
+        return f" (rerun with --skip {culprit})"
+    if skip:
+        return f" (rerun with --skip {','.join(skip)}: {'; '.join(failures)})"
+    return (f"; no rerun with --skip is suggested: no set of up to {MAX_SKIPS} rules was found that gives a model "
+            f"that loads and validates ({'; '.join(failures)})")
+
+
+def _unloadable(exc: SessionRefused, model, start, rules: list[Rule], applied: ApplyReport,
+                options: OptimizeOptions) -> InternalError:
+    """The error for an optimized model ONNX Runtime cannot load: onnxfuse wrote it, so it is an internal
+    error (exit 5), never the user's or the model's (exit 1). It names what is to blame, the float16
+    conversion (``start`` does not load) or the first rule whose prefix gives a model that does not load,
+    with a ``--skip`` that was checked to load, and asks for a report."""
+    reason = _refusal(exc)
+    report_it = "; nothing was written. This is onnxfuse's fault, not the model's: please report it"
+    judge = _load_problem(options)
+    if start is not model and judge(start) is not None:
+        return InternalError(f"internal error: onnxfuse's float16 conversion (--precision fp16) wrote a model ONNX "
+                             f"Runtime cannot load ({reason}), before any rule; keep --precision fp32{report_it}",
+                             rules=[PRECISION_CULPRIT])
+    applied_rules = applied.applied_rules()
+    changed = [r for r in rules if applied.counts.get(r.name, 0) > 0]
+    culprit = _first_failing_rule(start, changed, judge)
+    if culprit is None:  # no rule changed the model: the cleanup alone wrote it
+        return InternalError(f"internal error: onnxfuse wrote a model ONNX Runtime cannot load ({reason}) with no rule "
+                             f"applied{report_it}", rules=[])
+    skip, failures = working_skip(start, rules, culprit, judge)
+    if skip:
+        workaround = f"; rerun with --skip {','.join(skip)} to work around it" + (
+            f" ({'; '.join(failures)})" if failures else "")
+    else:
+        workaround = (f"; no --skip of up to {MAX_SKIPS} rules was found that gives a model ONNX Runtime loads "
+                      f"({'; '.join(failures)})")
+    return InternalError(f"internal error: onnxfuse wrote a model ONNX Runtime cannot load ({reason}); rules "
+                         f"applied: {', '.join(applied_rules)}; traced to rule {culprit}{workaround}{report_it}",
+                         rules=skip or [culprit])
 
 
 def optimize_model(
@@ -322,23 +442,32 @@ def optimize_model(
         floor = noise_floor(model, samples, reference, options.provider, name=source)
         drift = _conversion_drift(start, samples, reference, options, source) if precision else {}
         floor = _with_conversion(floor, drift)
-        report = _validate(model, optimized, samples, options, reference, floor, precision)
+        try:
+            report = _validate(model, optimized, samples, options, reference, floor, precision)
+        except SessionRefused as exc:
+            step("searching for the rule responsible")
+            raise _unloadable(exc, model, start, rules, applied, options) from None
         report.notes.extend(repair_notes + precision_notes + _conversion_notes(report, drift))
         result.validation = report
         if not report.passed:
             step("searching for the rule responsible")
             culprit = find_culprit(model, rules, applied, samples, options, reference, floor,
                                    start=start if precision else None)
-            result.validation_seconds = time.perf_counter() - t1
-            result.total_seconds = time.perf_counter() - t0
+            skip = None
             failing = ", ".join(report.failing())
             if culprit == PRECISION_CULPRIT:
                 blame = "; culprit: the float16 conversion itself, before any rule" + _precision_drift(report)
+            elif culprit:
+                skip, failures = working_skip(start, rules, culprit,
+                                              _validation_problem(model, samples, options, reference, floor))
+                blame = f"; culprit rule: {culprit}" + _skip_advice(culprit, skip, failures)
             else:
-                blame = f"; culprit rule: {culprit} (rerun with --skip {culprit})" if culprit else ""
+                blame = ""
+            result.validation_seconds = time.perf_counter() - t1
+            result.total_seconds = time.perf_counter() - t0
             message = f"validation failed: output(s) {failing} differ beyond tolerance{blame}; nothing was written"
             result.error, result.exit_code, result.culprit = message, EXIT_VALIDATION_FAILED, culprit
-            raise ValidationFailed(message, culprit=culprit, report=result)
+            raise ValidationFailed(message, culprit=culprit, report=result, skip=skip)
         result.validation_seconds = time.perf_counter() - t1
     if options.bench:
         step("timing")
@@ -545,7 +674,10 @@ def _keep_not_slower(result, model, start, rules, samples, reference, floor, opt
         candidate, applied = rewrite_model(start, chosen)
         report = None
         if options.validate:
-            report = _validate(model, candidate, samples, options, reference, floor, precision)
+            try:
+                report = _validate(model, candidate, samples, options, reference, floor, precision)
+            except SessionRefused as exc:  # never kept, never written; the reason says whose fault it is
+                return f"ONNX Runtime cannot load it, an onnxfuse bug ({_refusal(exc)})"
             report.notes.extend(notes)
             if not report.passed:
                 return "validation failed"

@@ -36,7 +36,7 @@ What changes, and what deliberately does not:
   not accept float16 there (``Resize``'s scales).
 * **Other domains** (no schema here, e.g. ``com.microsoft`` ops already in the model) get float16
   inputs like the rest; ONNX Runtime's type check decides whether they take them, and a model it
-  rejects fails validation with the conversion named as the culprit.
+  rejects is onnxfuse's own output it cannot load: an internal error (exit 5) naming the conversion.
 
 Refused with one line (:class:`onnxfuse.errors.PrecisionError`, exit 1): a model that declares nothing in
 float32 (a float16 model: float32 steps its exporter kept inside, Casts to float around a Softmax,

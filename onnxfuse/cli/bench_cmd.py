@@ -9,7 +9,6 @@ from onnxfuse import api, model_io
 from onnxfuse.cli import render
 from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
                                  range_map, report_console, report_file, write_failure_json)
-from onnxfuse.errors import OnnxfuseError
 from onnxfuse.reports.files import check_report_paths, json_text, write_text
 from onnxfuse.runtime.inputs import parse_shape_options
 
@@ -68,7 +67,7 @@ def bench(model_path, model2_path, batch, shapes, inputs_path, seed, input_range
                 iterations=iterations, warmup=warmup, time_budget=time_budget, sessions=sessions,
                 profile=do_profile, top=top, progress=bar.fraction,
             )
-    except OnnxfuseError as exc:
+    except Exception as exc:  # an internal error too: its document says exit 5, as stderr does
         write_failure_json(json_path, "bench", exc, read)
         raise
 

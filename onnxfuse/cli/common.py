@@ -14,7 +14,7 @@ import threading
 import click
 from rich.console import Console
 
-from onnxfuse.errors import EXIT_USER_ERROR, Interrupted, OnnxfuseError
+from onnxfuse.errors import InternalError, Interrupted, OnnxfuseError, ResourceError, first_line
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -23,6 +23,8 @@ Exit codes:
   2  usage error (bad options)
   3  validation failed: outputs differ beyond tolerance (nothing written)
   4  optimize --fail-on-slowdown: the optimized model is slower than allowed (nothing written)
+  5  internal error: onnxfuse wrote a model ONNX Runtime cannot load, or failed
+     unexpectedly (nothing written; please report it)
   130, 143  interrupted by SIGINT (Ctrl-C) or SIGTERM: temporary files removed, nothing written
 """
 
@@ -110,12 +112,33 @@ def _interrupted(exc: KeyboardInterrupt) -> None:
     sys.exit(128 + signum)
 
 
-def _out_of_memory() -> None:
+def _out_of_memory() -> str:
     from onnxfuse.model_io import last_model_weights
 
     size = f" (the model holds {last_model_weights / 2**30:.2f} GiB of weights; optimize needs about 1.5x " \
         "that in memory, see docs/large-models.md)" if last_model_weights else ""
-    fail(RuntimeError(f"out of memory{size}"), EXIT_USER_ERROR)
+    return f"out of memory{size}"
+
+
+def as_error(exc: Exception) -> OnnxfuseError | None:
+    """What the command line makes of an exception no onnxfuse code raised on purpose, as the error it
+    prints and exits with, so that stderr and the ``--json`` failure document say the same: exhausted
+    memory or disk is the user's resource (:class:`~onnxfuse.errors.ResourceError`, exit 1); anything
+    else is a bug (:class:`~onnxfuse.errors.InternalError`, exit 5, like a model onnxfuse wrote that ONNX
+    Runtime cannot load), never filed under the user's or the model's errors. None for click's own
+    exceptions, which click reports."""
+    if isinstance(exc, OnnxfuseError):
+        return exc
+    if isinstance(exc, (click.exceptions.Exit, click.ClickException)):
+        return None
+    if isinstance(exc, MemoryError):
+        return ResourceError(_out_of_memory())
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return ResourceError(f"no space left on the device{where}: free space, or set TMPDIR to a folder with room "
+                             "for temporary files")
+    return InternalError(f"internal error ({type(exc).__name__}: {first_line(exc)}); rerun with ONNXFUSE_DEBUG=1 "
+                         "for a traceback and please report it")
 
 
 def handle_errors(func):
@@ -139,41 +162,18 @@ def handle_errors(func):
 
 
 def _run(func, args, kwargs):
-    """Call the command; map what it raises to one line and an exit code."""
+    """Call the command; map what it raises to one line and an exit code (:func:`as_error`)."""
     try:
         return func(*args, **kwargs)
-    except OnnxfuseError as exc:
-        if os.environ.get("ONNXFUSE_DEBUG"):
-            raise
-        fail(exc, exc.exit_code)
     except KeyboardInterrupt as exc:
         _interrupted(exc)
     except (click.exceptions.Exit, click.ClickException, SystemExit):
         raise
-    except MemoryError:
+    except Exception as exc:  # an OnnxfuseError, an exhausted resource, or an onnxfuse bug: one line each
         if os.environ.get("ONNXFUSE_DEBUG"):
             raise
-        _out_of_memory()
-    except OSError as exc:
-        if os.environ.get("ONNXFUSE_DEBUG"):
-            raise
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            where = f" ({exc.filename})" if exc.filename else ""
-            fail(RuntimeError(f"no space left on the device{where}: free space, or set TMPDIR to a "
-                              "folder with room for temporary files"), EXIT_USER_ERROR)
-        _internal(exc)
-    except Exception as exc:  # an onnxfuse bug: still one line, with a way to see more
-        if os.environ.get("ONNXFUSE_DEBUG"):
-            raise
-        _internal(exc)
-
-
-def _internal(exc: BaseException) -> None:
-    fail(
-        RuntimeError(f"internal error ({type(exc).__name__}: {exc}); rerun with ONNXFUSE_DEBUG=1 "
-                     "for a traceback and please report it"),
-        EXIT_USER_ERROR,
-    )
+        error = as_error(exc)
+        fail(error, error.exit_code)
 
 
 #: ``--json -``: the JSON document goes to stdout, and what the command would print there goes to stderr.
@@ -207,15 +207,17 @@ def write_failure_json(json_path, command: str, exc, protected: dict | None = No
     """After an error that leaves no result: the contract's failure document (``ok: false``, the exit
     code, the one-line error), to the file or stdout. Never raises: the error itself matters more.
     ``protected`` (path → what) are the files the run reads: a report path naming one of them is not
-    written (the error may be exactly that)."""
+    written (the error may be exactly that). An exception onnxfuse did not raise on purpose is written
+    as :func:`as_error` makes it (an internal error, exit 5), as it is printed."""
 
     from onnxfuse.reports.contract import failure_document
     from onnxfuse.reports.files import check_report_paths, json_text, write_text
 
-    if not json_path:
+    exc = as_error(exc)
+    if not json_path or exc is None:
         return
     with contextlib.suppress(OnnxfuseError, OSError):
-        text = json_text(failure_document(command, exc, getattr(exc, "exit_code", EXIT_USER_ERROR)))
+        text = json_text(failure_document(command, exc, exc.exit_code))
         if json_path == JSON_TO_STDOUT:
             emit_json(json_path, text)
         else:

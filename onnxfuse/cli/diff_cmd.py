@@ -11,7 +11,7 @@ from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, fail
                                  json_option, report_console, report_file, right_padded_option, write_failure_json)
 from onnxfuse import api, model_io
 from onnxfuse.drift import DEFAULT_BATCH_SIZE, parse_tol_options
-from onnxfuse.errors import OnnxfuseError, ValidationFailed
+from onnxfuse.errors import ValidationFailed
 from onnxfuse.atomic import OutputSet
 from onnxfuse.reports import formatting, diff_html, diff_junit, diff_markdown
 from onnxfuse.reports.files import check_report_paths, json_text, stage_report
@@ -92,7 +92,7 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, in
                 tolerances=tolerances, intermediates=intermediates, batch_size=batch_size,
                 histograms=html_path is not None or json_path is not None, progress=bar.step,
             )
-    except OnnxfuseError as exc:
+    except Exception as exc:  # an internal error too: its document says exit 5, as stderr does
         write_failure_json(json_path, "diff", exc, read)
         raise
 

@@ -9,7 +9,7 @@ import click
 from onnxfuse.cli import render
 from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
                                  report_console, report_file, right_padded_option, stderr, write_failure_json)
-from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, ValidationFailed
+from onnxfuse.errors import SlowerThanAllowed, ValidationFailed
 from onnxfuse import api, model_io
 from onnxfuse.repair import note as repair_note
 from onnxfuse.atomic import OutputSet
@@ -132,7 +132,7 @@ def optimize(input_path, output_path, target, only, skip, explain, explain_all, 
         else:
             write_failure_json(json_path, "optimize", exc, model_io.input_files(input_path))
         raise
-    except OnnxfuseError as exc:
+    except Exception as exc:  # an internal error too: its document says exit 5, as stderr does
         write_failure_json(json_path, "optimize", exc, model_io.input_files(input_path))
         raise
 

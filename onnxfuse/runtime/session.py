@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 
 from onnxfuse import model_io
-from onnxfuse.errors import RuntimeFailure, UsageError, first_line
+from onnxfuse.errors import OnnxfuseError, RuntimeFailure, SessionRefused, UsageError, first_line
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 #: ONNX Runtime log severity: 3 = errors only, 4 = fatal only.
@@ -89,7 +89,8 @@ def make_session(
     ``optimization`` is ONNX Runtime's graph optimization level: 'disable', 'basic', 'extended' or
     'all'. Validation uses 'disable' so what is compared is onnxfuse's rewrites, not ONNX Runtime's.
     TF32 math is off unless ``tf32`` (timing turns it on: ONNX Runtime's default, the fair baseline).
-    Raises :class:`RuntimeFailure` with one line when ONNX Runtime refuses the model.
+    Raises :class:`~onnxfuse.errors.SessionRefused` (a :class:`RuntimeFailure`) with one line when ONNX
+    Runtime refuses the model.
     """
     ort = _ort()
     kind = resolve_provider(provider)
@@ -130,8 +131,10 @@ def make_session(
                 model_io.write_model(model, path)
                 return ort.InferenceSession(str(path), opts, providers=providers)
         return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+    except OnnxfuseError:  # writing the external-data copy failed (a full $TMPDIR): its own error
+        raise
     except Exception as exc:
-        raise RuntimeFailure(f"{name}: ONNX Runtime cannot load the model: {first_line(exc)}") from None
+        raise SessionRefused(f"{name}: ONNX Runtime cannot load the model: {first_line(exc)}") from None
 
 
 def run_session(session, feeds: dict, name: str = "model", output_names: list[str] | None = None) -> dict:
