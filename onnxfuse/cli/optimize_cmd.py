@@ -253,7 +253,7 @@ def _optimize_many(paths, out_dir, target, only, skip, explain, explain_all, no_
         stdout = report_console(json_path)
         stdout.print(render.many_table(result))
         for run in result.failed:
-            render.print_prose(stdout, f"{run.name}: {run.error}", "failed: ", "[red]failed:[/] ")
+            render.print_prose(stdout, f"{run.name}: {run.error}", "failed: ", "[red]failed:[/] ", fold=True)
         libraries = sorted({r.result.custom_library for r in result.runs if r.ok and r.result.custom_library})
         if libraries:
             render.print_prose(stdout, f"outputs use custom ops of domain {', '.join(map(repr, libraries))}: run them "
