@@ -192,3 +192,25 @@ def print_prose(console, text: str, prefix: str = "", prefix_markup: str | None 
         head = (prefix_markup if prefix_markup is not None else prefix) if k == 0 else " " * indent
         console.print(head, end="", markup=prefix_markup is not None and k == 0, highlight=False)
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def shell_lines(words: list[str], width: int, indent: int = 2) -> list[str]:
+    """A shell command (its words, already quoted) as lines of at most ``width`` cells, continued with
+    `` \\`` and indented under the first, so it can still be pasted as printed; a flag stays on the line
+    of its value. A word longer than a line gets a line of its own."""
+    groups: list[str] = []
+    for word in words:
+        if groups and groups[-1].startswith("--") and " " not in groups[-1] and not word.startswith("-"):
+            groups[-1] += " " + word
+        else:
+            groups.append(word)
+    lines, line = [], " " * indent
+    for group in groups:
+        candidate = f"{line} {group}" if line.strip() else line + group
+        if line.strip() and len(candidate) + 2 > width:
+            lines.append(line + " \\")
+            line = " " * (indent + 4) + group
+        else:
+            line = candidate
+    lines.append(line)
+    return lines

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from onnxfuse.cli.layout import Column, FitTable, print_prose  # noqa: F401  (print_prose: for commands)
+from onnxfuse.cli.layout import Column, FitTable, print_prose, shell_lines  # noqa: F401  (print_prose, shell_lines: for commands)
 from onnxfuse.reports import formatting
 from onnxfuse.unfused import reason_pattern
 
