@@ -16,7 +16,7 @@ transformer's feed-forward half (LayerNorm, MatMul, GELU, residual), decomposed 
 Both are built on the spot with seeded weights: the same bytes on every machine. --run also optimizes
 both into DIR/optimized and prints the report.
 
-\\b
+\b
 Examples:
   onnxfuse demo
   onnxfuse demo /tmp/demo --run
@@ -24,7 +24,7 @@ Examples:
 
 
 @click.command(help=DEMO_HELP, epilog=EXIT_CODES_HELP)
-@click.argument("folder", metavar="DIR", required=False, default=demo.DEFAULT_DIR,
+@click.argument("folder", metavar="[DIR]", required=False, default=demo.DEFAULT_DIR,
                 type=click.Path(file_okay=False))
 @click.option("--run", "run_it", is_flag=True, help="Also optimize both models into DIR/optimized now.")
 @click.option("--force", is_flag=True, help="Replace sample files already in DIR.")

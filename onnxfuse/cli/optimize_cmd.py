@@ -45,7 +45,6 @@ Examples:
   onnxfuse optimize model.onnx out.onnx --fail-on-slowdown 1.0 --markdown "$GITHUB_STEP_SUMMARY"
   onnxfuse optimize a.onnx b.onnx exports/ 'more/*.onnx' --out-dir optimized --json report.json
 
-\b
 With --out-dir every option applies to each model (--inputs: every model must accept the file), one
 report covers them all (--json: a list of models; --junit: a test suite per model; --markdown: a
 section per model), a model that fails does not stop the others, and the exit code is the worst of
