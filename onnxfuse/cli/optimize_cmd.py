@@ -250,7 +250,16 @@ def _optimize_many(paths, out_dir, target, only, skip, explain, explain_all, no_
     emit_json(json_path, json_text(result))
     if not quiet:
         stdout = report_console(json_path)
+        for run in result.runs:  # a broken rule, dropped: said for each model, as with one
+            for dropped in (run.result.applied.dropped if run.result is not None else ()):
+                stderr.print("[yellow]warning:[/] ", end="")
+                stderr.print(f"{run.name}: rule {dropped['rule']} was dropped ({dropped['reason']}); the other "
+                             "rules were applied", markup=False, highlight=False, soft_wrap=True)
         stdout.print(render.many_table(result))
+        for run in result.runs:  # what stayed unfused, one line per model (the reasons: one model alone, or --json)
+            if run.ok and run.result.unfused:
+                left = ", ".join(f"{u.count} {u.op} left by {u.rule}" for u in run.result.unfused)
+                render.print_prose(stdout, f"{run.name}: {left}", "not fused: ", "[yellow]not fused:[/] ")
         for run in result.failed:
             render.print_prose(stdout, f"{run.name}: {run.error}", "failed: ", "[red]failed:[/] ", fold=True)
         libraries = sorted({r.result.custom_library for r in result.runs if r.ok and r.result.custom_library})

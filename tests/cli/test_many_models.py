@@ -221,3 +221,22 @@ def test_long_words_fold_at_a_slash_when_asked():
     text = "cannot load /very/long/folder/name/that/goes/on/model.onnx: bad"
     assert wrap_prose(text, 20) == ["cannot load", "/very/long/folder/name/that/goes/on/model.onnx:", "bad"]
     assert wrap_prose(text, 20, fold=True) == ["cannot load", "/very/long/folder", "/name/that/goes/on", "/model.onnx:", "bad"]
+
+
+def test_unfused_patterns_and_dropped_rules_are_said_per_model(tmp_path, monkeypatch):
+    from test_rule_isolation import RaisingRule
+
+    models = [TESTDATA / "llama_kv_opset14.onnx", TESTDATA / "conv_bn_relu.onnx"]
+    result = run(["optimize", *models, "--out-dir", tmp_path / "out", "--no-bench"])
+    assert result.exit_code == 0, result.stderr
+    assert "not fused: llama_kv_opset14.onnx: 2 Softmax left by contrib-attention" in result.output
+    assert "not fused: conv_bn_relu" not in result.output
+
+    monkeypatch.setattr("onnxfuse.rewrites.RULES", [*RULES, RaisingRule()])  # raises on a Relu
+    shutil.copy(TESTDATA / "conv_bn_relu.onnx", tmp_path / "second.onnx")
+    result = run(["optimize", TESTDATA / "conv_bn_relu.onnx", tmp_path / "second.onnx", "--out-dir",
+                  tmp_path / "out2", "--target", "onnx", "--no-bench"])
+    assert result.exit_code == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert [w.split(" was dropped")[0] for w in warnings] == ["warning: conv_bn_relu.onnx: rule test-raises",
+                                                               "warning: second.onnx: rule test-raises"]
