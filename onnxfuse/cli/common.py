@@ -25,7 +25,8 @@ Exit codes:
   4  optimize --fail-on-slowdown: the optimized model is slower than allowed (nothing written)
   130, 143  interrupted by SIGINT (Ctrl-C) or SIGTERM: temporary files removed, nothing written
   optimize --out-dir (several models): the worst of the models' codes, in the order
-  2 > 3 > 4 > 1 > 0 (a wrong command line, then wrong answers, then slower, then a bad file)
+  2 > 3 > 4 > 1 > 0 (a wrong command line, then wrong answers, then slower, then a bad file);
+  interrupted, the models already done stay written
 """
 
 #: What a character the stream cannot encode becomes (``PYTHONIOENCODING=ascii``, a C locale in a CI
