@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from onnxfuse import demo
@@ -42,7 +44,7 @@ def demo_command(ctx, folder, run_it, force, quiet) -> None:
     if run_it:
         from onnxfuse.cli.optimize_cmd import optimize
 
-        ctx.invoke(optimize, paths=tuple(str(p) for p in paths), out_dir=str(render.Path(folder) / "optimized"),
+        ctx.invoke(optimize, paths=tuple(str(p) for p in paths), out_dir=str(Path(folder) / "optimized"),
                    quiet=quiet, force=force)
         return
     if not quiet:
