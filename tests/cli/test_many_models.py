@@ -13,10 +13,11 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import onnx
 import pytest
 from click.testing import CliRunner
 
-from helpers import TESTDATA, BreakConvWeights
+from helpers import TESTDATA, BreakConvWeights, conv_bn_model
 from onnxfuse.cli import main
 from onnxfuse.errors import worst_exit_code
 from onnxfuse.reports import load_schema
@@ -103,14 +104,19 @@ def test_a_bad_model_does_not_stop_the_others_and_sets_the_exit_code(models, tmp
     assert "| `conv_bn_relu.onnx` | 12 → 8 | ✅ ok |" in text
 
 
-def test_exit_code_is_the_worst_validation_beats_a_bad_file(models, tmp_path, monkeypatch):
+def test_exit_code_is_the_worst_validation_beats_a_bad_file(tmp_path, monkeypatch):
     monkeypatch.setattr("onnxfuse.rewrites.RULES", RULES + [BreakConvWeights()])
+    folder = tmp_path / "models"
+    folder.mkdir()
+    onnx.save(conv_bn_model(), folder / "conv.onnx")  # its Conv weights doubled: validation fails (3)
+    for name in ("bert_tiny_opset14.onnx", BAD):
+        shutil.copy(TESTDATA / name, folder / name)
     report = tmp_path / "r.json"
-    result = run(["optimize", models, "--out-dir", tmp_path / "out", "--json", report])
+    result = run(["optimize", folder, "--out-dir", tmp_path / "out", "--json", report])
     assert result.exit_code == 3
     doc = validate(json.loads(report.read_text()))
     codes = {Path(m["input"]).name: m["exit_code"] for m in doc["result"]["models"]}
-    assert codes == {BAD: 1, "bert_tiny_opset14.onnx": 0, "conv_bn_relu.onnx": 3}
+    assert codes == {BAD: 1, "bert_tiny_opset14.onnx": 0, "conv.onnx": 3}
     conv = next(m for m in doc["result"]["models"] if m["exit_code"] == 3)
     assert conv["output"] is None and conv["result"]["culprit"] == "test-break-conv"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["bert_tiny_opset14.onnx"]
