@@ -6,6 +6,7 @@ Python API (the command line calls the same functions)::
 
     result = onnxfuse.optimize("model.onnx", "model.opt.onnx", inputs={"x": x})  # raises ValidationFailed on drift
     result.model, result.validation, result.to_json()
+    batch = onnxfuse.optimize_many(["a.onnx", "exports/"], "optimized")         # batch.runs, batch.exit_code
     report = onnxfuse.diff("model.onnx", "model.opt.onnx", samples=4)          # drift is reported: report.passed
     timing = onnxfuse.bench("model.onnx", "model.opt.onnx", batch=8)           # timing.speedup, timing.to_json()
 
@@ -15,12 +16,13 @@ classes of :mod:`onnxfuse.errors`, re-exported here; the result types load on fi
 
 __version__ = "0.1.0"
 
-from onnxfuse.api import bench, diff, optimize  # noqa: E402  (after __version__, which modules import from here)
+from onnxfuse.api import bench, diff, optimize, optimize_many  # noqa: E402  (after __version__, which modules import from here)
 from onnxfuse.errors import (  # noqa: E402
     InputsError,
     InternalError,
     ModelLoadError,
     ModelSaveError,
+    ModelsFailed,
     OnnxfuseError,
     OnnxRuntimeConflictWarning,
     OnnxRuntimeUnavailable,
@@ -34,6 +36,7 @@ from onnxfuse.errors import (  # noqa: E402
 #: Result types, imported on first access (they pull in onnx, numpy and the rewrites).
 _LAZY = {
     "OptimizeResult": "onnxfuse.pipeline",
+    "BatchResult": "onnxfuse.batch",
     "DiffReport": "onnxfuse.drift",
     "ValidationReport": "onnxfuse.validate",
     "Comparison": "onnxfuse.runtime.compare",
@@ -58,6 +61,7 @@ def __dir__():
 
 
 __all__ = [
+    "BatchResult", "ModelsFailed", "optimize_many",
     "BenchConfig", "BenchReport", "Comparison", "DiffReport", "InputsError", "InternalError", "ModelLoadError", "ModelSaveError", "OnnxRuntimeConflictWarning", "PrecisionError",
     "OnnxRuntimeUnavailable", "OnnxfuseError", "OptimizeResult", "RuntimeFailure", "SlowerThanAllowed",
     "UsageError", "ValidationFailed", "ValidationReport", "bench", "diff", "optimize", "__version__",

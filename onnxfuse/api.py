@@ -124,11 +124,27 @@ def optimize(
     from onnxfuse.ort_runtime import require_runtime
 
     require_runtime()
-    from onnxfuse.pipeline import OptimizeOptions, run_pipeline
+    from onnxfuse.pipeline import run_pipeline
+
+    options = _optimize_options(
+        target=target, only=only, skip=skip, validate=validate, shapes=shapes, inputs=inputs, seed=seed,
+        input_ranges=input_ranges, right_padded=right_padded, rtol=rtol, atol=atol, strict=strict, samples=samples,
+        save_inputs=save_inputs, provider=provider, precision=precision, force=force, rules=rules, bench=bench,
+        bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
+    )
+    return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
+
+
+def _optimize_options(*, target="cuda", only=None, skip=None, validate=True, shapes=None, inputs=None, seed=0,
+                      input_ranges=None, right_padded=None, rtol=None, atol=None, strict=False, samples=2,
+                      save_inputs=None, provider="auto", precision="fp32", force=False, rules=None, bench=False,
+                      bench_config=None, fail_on_slowdown=None, never_slower=True):
+    """:func:`optimize`'s keywords, checked, as the pipeline's options (shared with :func:`optimize_many`,
+    so one model and many are fed and judged alike)."""
+    from onnxfuse.pipeline import OptimizeOptions
 
     _checked_numbers(rtol, atol, seed)
-
-    options = OptimizeOptions(
+    return OptimizeOptions(
         target=target, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
         inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), right_padded=_input_names(right_padded),
         rtol=rtol, atol=atol, strict=strict,
@@ -137,7 +153,41 @@ def optimize(
         force=force, rules=rules,
         bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
     )
-    return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
+
+
+def optimize_many(
+    models: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    *,
+    started=None,
+    progress: Callable[[str], None] | None = None,
+    bench_progress: Callable[[str, float], None] | None = None,
+    finished=None,
+    reraise: bool = False,
+    **kwargs,
+):
+    """Optimize several models into ``out_dir`` (``out_dir/<stem>.onnx`` each), as ``onnxfuse optimize
+    a.onnx b.onnx --out-dir DIR`` does: ``models`` are paths, folders (their ``*.onnx`` files) or glob
+    patterns, expanded in sorted order (:func:`onnxfuse.batch.plan`); ``kwargs`` are :func:`optimize`'s
+    and apply to every model (``save_inputs`` excepted: refused).
+
+    Clashing stems, or an output that would overwrite an input, raise :class:`~onnxfuse.errors.UsageError`
+    before any model is read. Then every model runs even when one fails; returns a
+    :class:`~onnxfuse.batch.BatchResult` (``.runs``: each model's exit code, error and result;
+    ``.exit_code``: the worst, :func:`onnxfuse.errors.worst_exit_code`; ``.to_json()``), never raising for
+    a model's failure: call ``.raise_for_failure()`` for :class:`~onnxfuse.errors.ModelsFailed`.
+    ``started(k, n, job)`` and ``finished(k, n, run)`` frame each model for a UI.
+    """
+    from onnxfuse.ort_runtime import require_runtime
+
+    require_runtime()
+    from onnxfuse.batch import check_options, optimize_many as run_many, plan
+
+    options = _optimize_options(**kwargs)
+    check_options(save_inputs=options.save_inputs)
+    jobs = plan(models, out_dir, force=options.force)
+    return run_many(jobs, out_dir, options, started=started, progress=progress, bench_progress=bench_progress,
+                    finished=finished, reraise=reraise)
 
 
 def diff(
@@ -312,4 +362,4 @@ def _shapes(shapes) -> dict[str, list[int]]:
     return out
 
 
-__all__ = ["bench", "diff", "optimize"]
+__all__ = ["bench", "diff", "optimize", "optimize_many"]

@@ -10,6 +10,9 @@ Exit codes are a contract with CI pipelines (documented in the README and in ``-
 * 5 — internal error: onnxfuse wrote a model ONNX Runtime cannot load, or failed unexpectedly (a bug to
   report, never the user's or the model's fault; see :class:`InternalError`)
 * 130, 143 — interrupted by SIGINT or SIGTERM (128 + the signal's number; see :class:`Interrupted`)
+
+With several models (``optimize a.onnx b.onnx --out-dir DIR``) the exit code is the worst of theirs,
+by :data:`SEVERITY` (:func:`worst_exit_code`): 2 > 5 > 3 > 4 > 1 > 0.
 """
 
 from __future__ import annotations
@@ -20,6 +23,25 @@ EXIT_USAGE = 2
 EXIT_VALIDATION_FAILED = 3
 EXIT_SLOWER = 4
 EXIT_INTERNAL = 5
+
+#: Exit codes from least to most severe, for a run over several models (:func:`worst_exit_code`).
+#: Why this order: a usage error (2) means the command line itself is wrong for some model (an unknown
+#: rule, a --shape naming an input it lacks), so nothing the run says about any model can be trusted
+#: until it is fixed. Among the models' own outcomes, a verdict outranks a failure to reach one: a
+#: validation failure (3: an optimized model would give wrong answers) is what a CI gate exists to
+#: catch, then a latency gate (4: correct but slower than allowed), and only then an input that could
+#: not be processed at all (1: a bad file, a model ONNX Runtime cannot run), which the per-model lines
+#: name anyway. So a drift is never reported as "a file was unreadable" because another model was. An
+#: internal error (5: onnxfuse itself failed, or wrote a model ONNX Runtime cannot load) ranks above every
+#: verdict, since the tool that gave them is at fault, and below a wrong command line.
+SEVERITY = (EXIT_OK, EXIT_USER_ERROR, EXIT_SLOWER, EXIT_VALIDATION_FAILED, EXIT_INTERNAL, EXIT_USAGE)
+
+
+def worst_exit_code(codes) -> int:
+    """The most severe of ``codes`` by :data:`SEVERITY` (0 for none); a code outside it (an interrupt,
+    130/143) ranks above all, since the run did not finish."""
+    rank = {code: k for k, code in enumerate(SEVERITY)}
+    return max(codes, key=lambda c: rank.get(c, len(SEVERITY)), default=EXIT_OK)
 
 
 def first_line(exc: BaseException) -> str:
@@ -135,4 +157,15 @@ class SlowerThanAllowed(OnnxfuseError):
 
     def __init__(self, message: str, report=None):
         super().__init__(message)
+        self.report = report
+
+
+class ModelsFailed(OnnxfuseError):
+    """``optimize`` over several models: at least one did not succeed. ``exit_code`` is the worst of
+    theirs (:func:`worst_exit_code`); ``report`` is the :class:`onnxfuse.batch.BatchResult` (every model's
+    outcome; the others' outputs were written)."""
+
+    def __init__(self, message: str, exit_code: int, report=None):
+        super().__init__(message)
+        self.exit_code = exit_code
         self.report = report

@@ -48,7 +48,9 @@ def main() -> None:
 
     \b
     Examples:
+      onnxfuse demo                            # sample models to try, and the commands
       onnxfuse optimize model.onnx model.opt.onnx
+      onnxfuse optimize a.onnx b.onnx --out-dir optimized
       onnxfuse optimize model.onnx out.onnx --explain --json report.json
       onnxfuse diff model.onnx model.opt.onnx --intermediates
       onnxfuse bench model.onnx model.opt.onnx --batch 16 --cuda-graph
@@ -57,10 +59,11 @@ def main() -> None:
 
 
 def _register() -> None:
-    from onnxfuse.cli import optimize_cmd, rules_cmd
+    from onnxfuse.cli import demo_cmd, optimize_cmd, rules_cmd
 
     main.add_command(optimize_cmd.optimize)
     main.add_command(rules_cmd.rules)
+    main.add_command(demo_cmd.demo_command, name="demo")
     for module_name, attr in (("diff_cmd", "diff"), ("bench_cmd", "bench")):
         try:
             module = __import__(f"onnxfuse.cli.{module_name}", fromlist=[attr])

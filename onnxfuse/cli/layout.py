@@ -159,9 +159,11 @@ def wrap_path(text: str, width: int) -> str:
     return "\n".join(lines)
 
 
-def wrap_prose(text: str, width: int) -> list[str]:
+def wrap_prose(text: str, width: int, fold: bool = False) -> list[str]:
     """Wrap ``text`` at spaces into lines of at most ``width`` cells, never inside a `backticked`
-    span or between a ``--flag`` and its value (a span longer than a line gets a line of its own)."""
+    span or between a ``--flag`` and its value (a span longer than a line gets a line of its own).
+    ``fold``: a word longer than a line (a file path in an error message) is broken as :func:`wrap_path`
+    breaks it, before a ``/``, so no line is wider than ``width``."""
     protected = _UNBREAKABLE.sub(lambda m: m.group(0).replace(" ", "\x00"), text)
     lines: list[str] = []
     line = ""
@@ -174,15 +176,41 @@ def wrap_prose(text: str, width: int) -> list[str]:
             line = candidate
     if line or not lines:
         lines.append(line)
-    return [x.replace("\x00", " ") for x in lines]
+    lines = [x.replace("\x00", " ") for x in lines]
+    if fold:
+        lines = [part for x in lines for part in (wrap_path(x, width).split("\n") if len(x) > width else [x])]
+    return lines
 
 
-def print_prose(console, text: str, prefix: str = "", prefix_markup: str | None = None) -> None:
+def print_prose(console, text: str, prefix: str = "", prefix_markup: str | None = None, fold: bool = False) -> None:
     """Print ``prefix`` + ``text`` wrapped to ``console``'s width with :func:`wrap_prose`, later lines
-    indented under the text. ``text`` is plain (never markup); ``prefix_markup`` styles the prefix."""
+    indented under the text. ``text`` is plain (never markup); ``prefix_markup`` styles the prefix;
+    ``fold`` breaks words longer than a line (see :func:`wrap_prose`)."""
     indent = len(prefix)
-    lines = wrap_prose(text, max(20, console.width - indent))
+    lines = wrap_prose(text, max(20, console.width - indent), fold=fold)
     for k, line in enumerate(lines):
         head = (prefix_markup if prefix_markup is not None else prefix) if k == 0 else " " * indent
         console.print(head, end="", markup=prefix_markup is not None and k == 0, highlight=False)
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def shell_lines(words: list[str], width: int, indent: int = 2) -> list[str]:
+    """A shell command (its words, already quoted) as lines of at most ``width`` cells, continued with
+    `` \\`` and indented under the first, so it can still be pasted as printed; a flag stays on the line
+    of its value. A word longer than a line gets a line of its own."""
+    groups: list[str] = []
+    for word in words:
+        if groups and groups[-1].startswith("--") and " " not in groups[-1] and not word.startswith("-"):
+            groups[-1] += " " + word
+        else:
+            groups.append(word)
+    lines, line = [], " " * indent
+    for group in groups:
+        candidate = f"{line} {group}" if line.strip() else line + group
+        if line.strip() and len(candidate) + 2 > width:
+            lines.append(line + " \\")
+            line = " " * (indent + 4) + group
+        else:
+            line = candidate
+    lines.append(line)
+    return lines

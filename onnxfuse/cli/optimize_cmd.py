@@ -1,7 +1,9 @@
-"""``onnxfuse optimize IN OUT``: rewrite, validate and save a model."""
+"""``onnxfuse optimize IN OUT`` (rewrite, validate and save a model) and ``onnxfuse optimize IN... --out-dir
+DIR`` (each of several models, one report; the loop is :func:`onnxfuse.api.optimize_many`)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -9,17 +11,18 @@ import click
 from onnxfuse.cli import render
 from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
                                  report_console, report_file, right_padded_option, stderr, write_failure_json)
-from onnxfuse.errors import SlowerThanAllowed, ValidationFailed
-from onnxfuse import api, model_io
+from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, UsageError, ValidationFailed
+from onnxfuse import api, batch, model_io
 from onnxfuse.repair import note as repair_note
 from onnxfuse.atomic import OutputSet
 from onnxfuse.reports.files import check_report_paths, json_text, stage_report
-from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
+from onnxfuse.reports.optimize_report import many_junit, many_markdown, optimize_junit, optimize_markdown
 from onnxfuse.rewrites import TARGETS
 from onnxfuse.runtime.inputs import parse_shape_options
 from onnxfuse.cli.common import range_map
 
-OPTIMIZE_HELP = """Optimize INPUT and write the result to OUTPUT.
+OPTIMIZE_HELP = """Optimize INPUT and write the result to OUTPUT; or, with --out-dir DIR, optimize every
+INPUT (a model, a folder of .onnx files, or a quoted glob pattern) into DIR/<stem>.onnx.
 
 Folds BatchNormalization and constant scale/bias into Conv, ConvTranspose and Gemm weights, maps
 known patterns to ONNX Runtime's fused ops and collapses chains of elementwise ops into one
@@ -40,12 +43,20 @@ Examples:
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16
   onnxfuse optimize bert.onnx bert.opt.onnx --right-padded attention_mask
   onnxfuse optimize model.onnx out.onnx --fail-on-slowdown 1.0 --markdown "$GITHUB_STEP_SUMMARY"
+  onnxfuse optimize a.onnx b.onnx exports/ 'more/*.onnx' --out-dir optimized --json report.json
+
+With --out-dir every option applies to each model (--inputs: every model must accept the file), one
+report covers them all (--json: a list of models; --junit: a test suite per model; --markdown: a
+section per model), a model that fails does not stop the others, and the exit code is the worst of
+theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one model.
 """
 
 
 @click.command(help=OPTIMIZE_HELP, epilog=EXIT_CODES_HELP)
-@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True))
-@click.argument("output_path", metavar="OUTPUT", type=click.Path())
+@click.argument("paths", nargs=-1, metavar="INPUT OUTPUT | INPUT... --out-dir DIR", type=click.Path(dir_okay=True))
+@click.option("--out-dir", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Optimize every INPUT into DIR/<stem>.onnx (DIR is created if missing); INPUT may be a "
+                   "folder (its .onnx files) or a quoted glob pattern.")
 @click.option("--target", type=click.Choice(TARGETS), default="cuda", show_default=True,
               help="cuda: everything; contrib: only ONNX Runtime's own ops; onnx: standard ONNX ops only.")
 @click.option("--only", multiple=True, metavar="RULE,...",
@@ -88,9 +99,18 @@ Examples:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 @handle_errors
-def optimize(input_path, output_path, target, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
-             right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, json_path, markdown_path, junit_path, quiet,
-             force) -> None:
+def optimize(paths, out_dir, **options) -> None:
+    if out_dir is not None:
+        return _optimize_many(paths, out_dir, **options)
+    if len(paths) != 2:
+        raise click.UsageError(f"expected INPUT OUTPUT, got {len(paths)} path{'s' if len(paths) != 1 else ''}; to "
+                               "optimize several models give --out-dir DIR", ctx=click.get_current_context())
+    return _optimize_one(*paths, **options)
+
+
+def _optimize_one(input_path, output_path, target, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
+                  right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, json_path, markdown_path, junit_path, quiet,
+                  force) -> None:
     try:
         check_runtime(quiet)
         shape_map = parse_shape_options(shapes)
@@ -182,6 +202,72 @@ def optimize(input_path, output_path, target, only, skip, explain, explain_all, 
                        f"rewrite {result.rewrite_seconds:.2f} s, validation {result.validation_seconds:.2f} s, "
                        f"total {result.total_seconds:.2f} s")
     sys.stdout.flush()
+
+
+def _optimize_many(paths, out_dir, target, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed,
+                   input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench,
+                   fail_on_slowdown, allow_slower, json_path, markdown_path, junit_path, quiet, force) -> None:
+    """The many-models form: plan, check every path, run each model (library), write one report of all."""
+    protected = {}
+    try:
+        if not paths:
+            raise UsageError("--out-dir: give at least one INPUT (a model, a folder or a quoted glob pattern)")
+        if explain or explain_all:
+            raise UsageError(f"--explain{'-all' if explain_all else ''} prints one model's rewrites: use it with one "
+                             "model (INPUT OUTPUT); with --out-dir the --json report holds every model's")
+        batch.check_options(save_inputs=save_inputs)
+        check_runtime(quiet)
+        jobs = batch.plan(paths, out_dir, force=force)
+        for job in jobs:
+            protected.update(model_io.input_files(str(job.input_path)))
+        outputs = {}
+        for job in jobs:
+            outputs[str(job.output_path)] = "output model"
+            outputs[str(model_io.data_path(job.output_path))] = "output model's external data"
+        check_report_paths({report_file(json_path): "JSON report", markdown_path: "Markdown report",
+                            junit_path: "JUnit report"}, {**outputs, **protected})
+        with render.BatchProgress(disabled=quiet) as progress:
+            result = api.optimize_many(
+                [str(p) for p in paths], out_dir, target=target, only=list(only), skip=list(skip),
+                validate=not no_validate, shapes=parse_shape_options(shapes), inputs=inputs_path, seed=seed,
+                input_ranges=range_map(input_ranges), right_padded=list(right_padded), rtol=rtol, atol=atol,
+                samples=samples, strict=strict, provider=provider, precision=precision, bench=not no_bench,
+                force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
+                started=progress.started, progress=progress.step, bench_progress=progress.fraction,
+                finished=progress.finished, reraise=bool(os.environ.get("ONNXFUSE_DEBUG")),
+            )
+    except OnnxfuseError as exc:
+        write_failure_json(json_path, "optimize", exc, protected)
+        raise
+    with OutputSet() as out:
+        if report_file(json_path):
+            stage_report(out, json_path, json_text(result), "JSON report")
+        if markdown_path:
+            stage_report(out, markdown_path, many_markdown(result), "Markdown report")
+        if junit_path:
+            stage_report(out, junit_path, many_junit(result), "JUnit report")
+        out.commit()
+    emit_json(json_path, json_text(result))
+    if not quiet:
+        stdout = report_console(json_path)
+        for run in result.runs:  # a broken rule, dropped: said for each model, as with one
+            for dropped in (run.result.applied.dropped if run.result is not None else ()):
+                stderr.print("[yellow]warning:[/] ", end="")
+                stderr.print(f"{run.name}: rule {dropped['rule']} was dropped ({dropped['reason']}); the other "
+                             "rules were applied", markup=False, highlight=False, soft_wrap=True)
+        stdout.print(render.many_table(result))
+        for run in result.runs:  # what stayed unfused, one line per model (the reasons: one model alone, or --json)
+            if run.ok and run.result.unfused:
+                left = ", ".join(f"{u.count} {u.op} left by {u.rule}" for u in run.result.unfused)
+                render.print_prose(stdout, f"{run.name}: {left}", "not fused: ", "[yellow]not fused:[/] ")
+        for run in result.failed:
+            render.print_prose(stdout, f"{run.name}: {run.error}", "failed: ", "[red]failed:[/] ", fold=True)
+        libraries = sorted({r.result.custom_library for r in result.runs if r.ok and r.result.custom_library})
+        if libraries:
+            render.print_prose(stdout, f"outputs use custom ops of domain {', '.join(map(repr, libraries))}: run them "
+                               "with `onnxfuse.custom_ops.session_options()`", "note: ", "[yellow]note:[/] ")
+        sys.stdout.flush()
+    result.raise_for_failure()
 
 
 def _save(result, input_path, output_path, force, json_path, markdown_path, junit_path) -> None:

@@ -4,9 +4,11 @@ library."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.markup import escape
 
-from onnxfuse.cli.layout import Column, FitTable, print_prose  # noqa: F401  (print_prose: for commands)
+from onnxfuse.cli.layout import Column, FitTable, print_prose, shell_lines  # noqa: F401  (print_prose, shell_lines: for commands)
 from onnxfuse.reports import formatting
 from onnxfuse.unfused import reason_pattern
 
@@ -222,7 +224,7 @@ class _Bar:
     printed with their own times), so a quick run, and a bad input refused at once, print nothing
     beside their report or their one error line. Disabled with ``--quiet``."""
 
-    def __init__(self, disabled: bool):
+    def __init__(self, disabled: bool, label: str = ""):
         import time
 
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -238,6 +240,7 @@ class _Bar:
             console=stderr, transient=True,
         )
         self._task = None
+        self._label = f"{label}: " if label else ""  # the model, in a run over several
 
     def _line(self, message: str) -> None:
         """One line per stage off a terminal; repeated messages (timing's fractions) print once."""
@@ -262,11 +265,13 @@ class _Bar:
         return False
 
     def step(self, message: str) -> None:
+        message = self._label + message
         self._line(message)
         if self._progress is not None:
             self._progress.update(self._task, description=f"{message}…", total=None)
 
     def fraction(self, message: str, fraction: float) -> None:
+        message = self._label + message
         self._line(message)
         if self._progress is not None:
             self._progress.update(self._task, description=message, total=1.0, completed=fraction)
@@ -274,3 +279,68 @@ class _Bar:
 
 def progress_bar(disabled: bool = False) -> _Bar:
     return _Bar(disabled)
+
+
+def model_line(k: int, n: int, run) -> str:
+    """One model's line in a run over several, as it ends: ``[2/5] bert.onnx ... ok, 1.93× (12.1 s)``."""
+    timing = run.timing_text()
+    verdict = ("ok" + (f", {timing}" if timing != "-" else "")) if run.ok else f"{run.verdict()}, exit {run.exit_code}"
+    return f"[{k}/{n}] {run.name} ... {verdict} ({run.seconds:.1f} s)"
+
+
+class BatchProgress:
+    """Progress of a run over several models (``optimize ... --out-dir``): each model gets the one-model
+    display (:class:`_Bar`, its stages labelled ``[k/n] name``, so off a terminal only a model that runs
+    over a second prints stage lines) and, as it ends, one :func:`model_line` on stderr, so a CI log
+    shows each model's verdict as it happens. Methods are the callbacks :func:`onnxfuse.api.optimize_many`
+    takes. Disabled with ``--quiet``."""
+
+    def __init__(self, disabled: bool):
+        from onnxfuse.cli.common import stderr
+
+        self._disabled, self._stderr, self._bar = disabled, stderr, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._close(*exc)
+        return False
+
+    def _close(self, *exc) -> None:
+        if self._bar is not None:
+            bar, self._bar = self._bar, None
+            bar.__exit__(*(exc or (None, None, None)))
+
+    def started(self, k: int, n: int, job) -> None:
+        self._close()
+        self._bar = _Bar(self._disabled, label=f"[{k}/{n}] {job.name}").__enter__()
+
+    def step(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.step(message)
+
+    def fraction(self, message: str, fraction: float) -> None:
+        if self._bar is not None:
+            self._bar.fraction(message, fraction)
+
+    def finished(self, k: int, n: int, run) -> None:
+        self._close()
+        if not self._disabled:
+            self._stderr.print(model_line(k, n, run), markup=False, highlight=False)
+
+
+def many_table(batch) -> FitTable:
+    """The summary of a run over several models: one row per model (nodes before → after, verdict,
+    speed-up or "no GPU"). Models are named by stem (their output is DIR/<stem>.onnx), whole: with a name
+    too long for 80 columns the table continues below rather than cut it."""
+    ok = len(batch.runs) - len(batch.failed)
+    caption = (f"{ok} of {len(batch.runs)} ok" + (f"; exit code {batch.exit_code} (the worst)" if batch.failed else "")
+               + f"; {batch.seconds:.1f} s")
+    table = FitTable(f"Models (outputs in {escape(batch.out_dir)})",
+                     [Column("model", "id"), Column("nodes", "num"), Column("verdict", "text"),
+                      Column("speed-up", "num")], caption=caption)
+    for run in batch.runs:
+        verdict = "[green]ok[/]" if run.ok else f"[red]{run.verdict()}[/] ({run.exit_code})"
+        table.add_row(escape(Path(run.input_path).stem), run.nodes_text(), verdict, run.timing_text())
+    return table

@@ -18,11 +18,15 @@ def diff_json(report) -> dict:
     return document("diff", report.to_dict(), exit_code=0 if error is None else EXIT_VALIDATION_FAILED, error=error)
 
 
+def optimize_body(result) -> dict:
+    """The ``result`` body of one model's ``optimize`` report (also each entry of the many-models report)."""
+    return {**result.to_dict(), "culprit": result.culprit if result.exit_code == EXIT_VALIDATION_FAILED else None}
+
+
 def optimize_json(result) -> dict:
     """The ``optimize`` document of an :class:`onnxfuse.pipeline.OptimizeResult`, also after a failed
     validation or latency check (``result.error`` set; ``culprit`` names the rule after exit 3)."""
-    body = {**result.to_dict(), "culprit": result.culprit if result.exit_code == EXIT_VALIDATION_FAILED else None}
-    return document("optimize", body, exit_code=result.exit_code, error=result.error)
+    return document("optimize", optimize_body(result), exit_code=result.exit_code, error=result.error)
 
 
 def write_json(path: str | os.PathLike, payload) -> Path:

@@ -30,10 +30,11 @@ def _timing_lines(timing) -> list[str]:
     ]
 
 
-def optimize_markdown(result, error: str | None = None) -> str:
-    """A Markdown section: verdict, rules applied, node counts, validation table, latency."""
+def optimize_markdown(result, error: str | None = None, heading: str = "onnxfuse optimize") -> str:
+    """A Markdown section: verdict, rules applied, node counts, validation table, latency. ``heading``:
+    what the section's title names (each model's file name in a run over several)."""
     ok = error is None
-    out = [f"## onnxfuse optimize: {'✅ ok' if ok else '❌ FAIL'}\n\n"]
+    out = [f"## {heading}: {'✅ ok' if ok else '❌ FAIL'}\n\n"]
     out.append(f"- **input**: `{result.input_path}`\n")
     out.append(f"- **output**: `{result.output_path}`\n" if result.output_path else "- **output**: not written\n")
     out.append(f"- **target**: {result.target}; nodes {result.nodes_before} → {result.nodes_after}\n")
@@ -63,6 +64,18 @@ def optimize_junit(result, error: str | None = None, suite_name: str = "onnxfuse
     """JUnit XML: each validated output is a testcase; latency is one more when timing ran, and a skipped one
     when it was asked for but could not run (no GPU: ``--fail-on-slowdown`` then checked nothing)."""
     root = ET.Element("testsuites", {"name": suite_name})
+    suite = _optimize_suite(root, result, error, suite_name)
+    root.set("tests", suite.get("tests"))
+    root.set("failures", suite.get("failures"))
+    return to_string(root)
+
+
+def _count(suite, key: str) -> None:
+    suite.set(key, str(int(suite.get(key, "0")) + 1))
+
+
+def _optimize_suite(root, result, error: str | None, suite_name: str):
+    """One model's ``<testsuite>`` under ``root`` (see :func:`optimize_junit`)."""
     comparisons = result.validation.outputs if result.validation is not None else []
     suite = testsuite_element(root, suite_name, comparisons, result.validation_seconds or None)
     timing = result.timing
@@ -73,28 +86,72 @@ def optimize_junit(result, error: str | None = None, suite_name: str = "onnxfuse
         text = "\n".join([text, *timing.notes])  # a fallback to fewer rewrites says so (onnxfuse/selection.py)
         if error and result.exit_code == EXIT_SLOWER:  # the latency check failed (not validation)
             ET.SubElement(case, "failure", {"message": error}).text = text
-            suite.set("failures", str(int(suite.get("failures", "0")) + 1))
+            _count(suite, "failures")
         else:
             ET.SubElement(case, "system-out").text = text
-        suite.set("tests", str(int(suite.get("tests", "0")) + 1))
+        _count(suite, "tests")
     elif timing is not None and not error:  # timing asked for but not run (no GPU): a skipped case, not silence
         case = ET.SubElement(suite, "testcase", {"classname": suite_name, "name": "latency"})
         ET.SubElement(case, "skipped", {"message": timing.message or f"timing {timing.status}"})
-        suite.set("tests", str(int(suite.get("tests", "0")) + 1))
-        suite.set("skipped", str(int(suite.get("skipped", "0")) + 1))
+        _count(suite, "tests")
+        _count(suite, "skipped")
     elif error and not comparisons:
-        case = ET.SubElement(suite, "testcase", {"classname": suite_name, "name": "optimize"})
-        ET.SubElement(case, "error", {"message": error}).text = error
-        suite.set("tests", str(int(suite.get("tests", "0")) + 1))
-        suite.set("errors", str(int(suite.get("errors", "0")) + 1))
+        _error_case(suite, suite_name, error)
     for dropped in result.applied.dropped:  # a broken rule, dropped: reported, not a failure
         case = ET.SubElement(suite, "testcase", {"classname": suite_name, "name": f"rule {dropped['rule']}"})
         ET.SubElement(case, "skipped", {"message": f"dropped: {dropped['reason']}"})
-        suite.set("tests", str(int(suite.get("tests", "0")) + 1))
-        suite.set("skipped", str(int(suite.get("skipped", "0")) + 1))
-    root.set("tests", suite.get("tests"))
-    root.set("failures", suite.get("failures"))
+        _count(suite, "tests")
+        _count(suite, "skipped")
+    return suite
+
+
+def _error_case(suite, suite_name: str, error: str) -> None:
+    case = ET.SubElement(suite, "testcase", {"classname": suite_name, "name": "optimize"})
+    ET.SubElement(case, "error", {"message": error}).text = error
+    _count(suite, "tests")
+    _count(suite, "errors")
+
+
+def many_junit(batch, suite_name: str = "onnxfuse.optimize") -> str:
+    """JUnit XML of a run over several models (an :class:`onnxfuse.batch.BatchResult`): one
+    ``<testsuite>`` per model, named ``onnxfuse.optimize.<file name>``, as :func:`optimize_junit` builds it;
+    a model that failed before it had a result (a bad file) is one errored testcase."""
+    root = ET.Element("testsuites", {"name": suite_name})
+    totals = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)
+    for run in batch.runs:
+        name = f"{suite_name}.{run.name}"
+        if run.result is not None:
+            suite = _optimize_suite(root, run.result, run.error, name)
+        else:
+            suite = testsuite_element(root, name, [], run.seconds)
+            _error_case(suite, name, run.error or "failed")
+        for key in totals:
+            totals[key] += int(suite.get(key, "0"))
+    for key in ("tests", "failures", "errors"):
+        root.set(key, str(totals[key]))
     return to_string(root)
 
 
-__all__ = ["optimize_markdown", "optimize_junit"]
+def many_markdown(batch) -> str:
+    """Markdown of a run over several models: a summary table (model, nodes, verdict, speed-up), then
+    each model's section as :func:`optimize_markdown` writes it (or its error)."""
+    ok = not batch.failed
+    out = [f"## onnxfuse optimize: {len(batch.runs)} models, "
+           f"{'✅ all ok' if ok else f'❌ {len(batch.failed)} failed (exit {batch.exit_code})'}\n\n",
+           f"Outputs in `{cell(batch.out_dir)}`.\n\n",
+           "| model | nodes | verdict | speed-up |\n|---|---:|---|---:|\n"]
+    for run in batch.runs:
+        mark = "✅" if run.ok else "❌"
+        out.append(f"| `{cell(run.name)}` | {run.nodes_text()} | {mark} {run.verdict()} | {run.timing_text()} |\n")
+    out.append("\n")
+    for run in batch.runs:
+        if run.result is not None:
+            out.append(optimize_markdown(run.result, error=run.error, heading=f"`{cell(run.name)}`"))
+        else:
+            out.append(f"## `{cell(run.name)}`: ❌ FAIL\n\n- **input**: `{run.input_path}`\n"
+                       "- **output**: not written\n"
+                       f"- **error** (exit {run.exit_code}): {cell(run.error)}\n\n")
+    return "".join(out)
+
+
+__all__ = ["many_junit", "many_markdown", "optimize_junit", "optimize_markdown"]
