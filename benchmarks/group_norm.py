@@ -98,8 +98,9 @@ def _group_norm_node(inp, out, channels_last):
 
 
 def group_norm(c, hw, dtype, layout):
-    gamma, beta = _params(c, dtype)
-    inits = [numpy_helper.from_array(gamma, "gamma"), numpy_helper.from_array(beta, "beta")]
+    gamma, beta = _params(c, dtype)  # the op takes γ and β in float32 whatever X is (its CUDA kernel says so)
+    inits = [numpy_helper.from_array(gamma.astype(np.float32), "gamma"),
+             numpy_helper.from_array(beta.astype(np.float32), "beta")]
     if layout == "nhwc":
         nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 3, 1]), _group_norm_node("xt", "yt", 1),
                  helper.make_node("Transpose", ["yt"], ["y"], perm=[0, 3, 1, 2])]
