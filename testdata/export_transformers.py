@@ -497,6 +497,38 @@ def export_kv_family_models(folder: Path, seed: int, families=None) -> None:
         print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
+
+def export_kv_dynamo_models(folder: Path, seed: int) -> None:
+    """``llama_kv_dynamo[_fp16].onnx``: the tiny Llama of :func:`export_kv_cache_models` (4 query heads
+    sharing 2 key/value heads, 2 layers, sdpa attention, transformers' default) with its KV cache, through
+    torch's dynamo exporter (opset 18), float32 and float16. Dynamic batch, sequence, past and total
+    lengths (``torch.export.Dim``); the exporter names the present caches ``past_sequence + sequence``
+    and computes repeat_kv's Expand target as ``Shape(past)[2] + Shape(input_ids)[1]`` (issue 31's
+    dynamo row, behind tests/rewrites/test_kv_cache_dynamo.py)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    layers, batch, new, cached = 2, 2, 3, 4
+    small = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    names, outputs, _ = kv_cache_signature(layers)
+    b, s, p, t = (torch.export.Dim(n) for n in ("batch", "sequence", "past_sequence", "total_sequence"))
+    for half in (False, True):
+        torch.manual_seed(seed)
+        wrapper = CachedDecoder(_randomize(LlamaForCausalLM(LlamaConfig(**small)).eval(), seed + 1), layers).eval()
+        dtype = torch.float16 if half else torch.float32
+        wrapper = wrapper.to(dtype)
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, 128, (batch, new), generator=g)
+        mask = torch.ones(batch, cached + new, dtype=torch.int64)
+        position = torch.arange(cached, cached + new).expand(batch, new)
+        past = [torch.randn(batch, 2, cached, 16, generator=g).to(dtype) for _ in range(2 * layers)]
+        shapes = ({0: b, 1: s}, {0: b, 1: t}, {0: b, 1: s}, tuple({0: b, 2: p} for _ in past))
+        out = folder / f"llama_kv_dynamo{'_fp16' if half else ''}.onnx"
+        torch.onnx.export(wrapper, (ids, mask, position, *past), str(out), input_names=names, output_names=outputs,
+                          dynamo=True, dynamic_shapes=shapes, opset_version=18)
+        _inline(out)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("bert_tiny_opset14.onnx"))
@@ -518,11 +550,15 @@ def main() -> None:
                     help=f"write the float16 opset-17 decoders with past of other families ({', '.join(KV_FAMILIES)}; "
                          "all when none is named) instead")
     ap.add_argument("--t5", action="store_true", help="write the tiny float32 T5 encoder-decoder instead")
+    ap.add_argument("--kv-dynamo", action="store_true",
+                    help="write the tiny Llama with its KV cache through the dynamo exporter (fp32, fp16) instead")
     ap.add_argument("--folder", type=Path, default=Path(__file__).resolve().parent,
-                    help="where --kv-families, --dynamo and --t5 write (default: testdata)")
+                    help="where --kv-families, --dynamo, --t5 and --kv-dynamo write (default: testdata)")
     args = ap.parse_args()
     if args.t5:
         export_t5(args.folder, args.seed)
+    elif args.kv_dynamo:
+        export_kv_dynamo_models(args.folder, args.seed)
     elif args.kv_families is not None:
         export_kv_family_models(args.folder, args.seed, args.kv_families)
     elif args.sdpa:

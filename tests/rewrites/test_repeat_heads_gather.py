@@ -77,3 +77,50 @@ def test_other_expands_and_reshapes_stay(kwargs, reason):
     assert report.counts[RULE.name] == 0
     assert any(reason in r for r in refusals(report, RULE)), refusals(report, RULE)
     assert "Expand" in ops(out)
+
+
+def cache_repeat_model(length_terms=("pk", "ids"), dims="B,2,P,4", new="B,2,S,4"):
+    """The dynamo KV-cache export's repeat_kv: x = Concat(past, new) along the length, the Expand's target
+    length ``Shape(a)[2] + Shape(b)[1]`` read from other inputs (another layer's past, the ids)."""
+    a, b = length_terms
+    body = f"""
+        x = Concat <axis = 2> (past, fresh)
+        u = Unsqueeze(x, ua)
+        s = Shape(past)
+        bt = Gather <axis = 0> (s, i0)
+        pl = Shape <start = 2, end = 3> ({a})
+        sl = Shape <start = 1, end = 2> ({b})
+        tl = Add(pl, sl)
+        bu = Unsqueeze(bt, ax0)
+        t = Concat <axis = 0> (bu, c2, c3, tl, c4)
+        e = Expand(u, t)
+        r = Concat <axis = 0> (bu, c6, tl, c4)
+        y = Reshape(e, r)
+    """
+    return parse(f"g (float[{dims}] past, float[{new}] fresh, float[B,2,P,4] pk, int64[B,S] ids) => "
+                 f"(float[B,6,T,4] y) {{\n{body}\n}}",
+                 inits={"ua": np.array([2], np.int64), "i0": np.array(0, np.int64), "ax0": np.array([0], np.int64),
+                        "c2": np.array([2], np.int64), "c3": np.array([3], np.int64),
+                        "c4": np.array([4], np.int64), "c6": np.array([6], np.int64)})
+
+
+def test_a_cache_length_summed_from_shapes_is_proved_by_the_concat():
+    m = cache_repeat_model()
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 1, refusals(report, RULE)
+    rng = np.random.default_rng(7)
+    feeds = {"past": rng.standard_normal((2, 2, 3, 4)).astype(np.float32),
+             "fresh": rng.standard_normal((2, 2, 5, 4)).astype(np.float32),
+             "pk": np.zeros((2, 2, 3, 4), np.float32), "ids": np.zeros((2, 5), np.int64)}
+    want, got = helpers.run_ort(m, feeds)["y"], helpers.run_ort(out, feeds)["y"]
+    assert np.array_equal(want, got)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(length_terms=("pk", "pk")),  # P + P: not the Concat's P + S
+    dict(new="B,2,Q,4"),  # the new part's length is not the ids' S
+], ids=["wrong-sum", "other-name"])
+def test_a_summed_length_that_is_not_the_concats_is_refused(kwargs):
+    out, report = fuse(cache_repeat_model(**kwargs), RULE, infer=False)
+    assert report.counts[RULE.name] == 0, refusals(report, RULE)
+    assert "Expand" in ops(out)

@@ -60,20 +60,81 @@ def tensor_dims(tensor) -> list[Dim] | None:
     return [int(d) if not isinstance(d, str) else d for d in shape]
 
 
-def shape_value(graph, tensor, depth: int = 16, _seen: dict | None = None) -> list | None:
+class DimSum(str):
+    """A sum of named sizes (and a constant): ``past_sequence + sequence``, what a KV-cache export's
+    ``Shape(past)[2] + Shape(input_ids)[1]`` computes. Its text lists the names sorted, then the
+    constant, so two sums of the same terms compare equal; ``terms`` holds the names, ``constant`` the
+    int. Only :func:`shape_value` with ``sums=True`` makes one: a rule that compares it must prove the
+    other side is the same sum term by term (:func:`concat_length`), never trust a ``dim_param`` that
+    merely reads like one."""
+
+    def __new__(cls, terms, constant: int = 0):
+        terms = tuple(sorted(terms))
+        obj = super().__new__(cls, " + ".join(terms + ((str(constant),) if constant else ())))
+        obj.terms, obj.constant = terms, constant
+        return obj
+
+
+def _sum_parts(d):
+    """(names, constant) of a size: an int, a known name, or a :class:`DimSum`; None otherwise."""
+    if isinstance(d, DimSum):
+        return list(d.terms), d.constant
+    if isinstance(d, str):
+        return ([str(d)], 0) if known_name(d) else None
+    return ([], int(d)) if isinstance(d, (int, np.integer)) and d >= 0 else None
+
+
+def dim_sum(dims):
+    """The sum of sizes ``dims`` (ints, known names, sums): an int when every one is an int, a name when
+    one name is all there is, else a :class:`DimSum`; None when one is not a size."""
+    parts = [_sum_parts(d) for d in dims]
+    if any(p is None for p in parts):
+        return None
+    names = [n for p in parts for n in p[0]]
+    constant = sum(p[1] for p in parts)
+    if not names:
+        return constant
+    if len(names) == 1 and not constant:
+        return names[0]
+    return DimSum(names, constant)
+
+
+def concat_length(graph, tensor, axis: int):
+    """The length of ``tensor`` along ``axis`` when a ``Concat`` on that axis makes it: the sum of its
+    inputs' lengths there (:func:`dim_sum`), each an int or a known name; None otherwise. A KV-cache
+    export's ``present = Concat(past, new, axis=2)`` is ``past_sequence + sequence`` long, proved here
+    from the two inputs, not read from the name the exporter wrote on it."""
+    node = producer_of(tensor)
+    if not is_op(node, "Concat"):
+        return None
+    dims = [getattr(t, "shape", None) for t in node.inputs]
+    if any(d is None for d in dims) or len({len(d) for d in dims}) != 1:
+        return None
+    rank = len(dims[0])
+    along = int(node.attrs.get("axis", 0))
+    along = along + rank if along < 0 else along
+    axis = axis + rank if axis < 0 else axis
+    if along != axis or not 0 <= axis < rank:
+        return None
+    return dim_sum([d[axis] for d in dims])
+
+
+def shape_value(graph, tensor, depth: int = 16, _seen: dict | None = None, sums: bool = False) -> list | None:
     """The 0-D or 1-D integer (or bool, from Equal) ``tensor`` as a list of values, or None.
 
     An input is evaluated only by a step that reads it (``Shape`` reads its input's dimensions, not its
     values), and each (tensor, remaining depth) once per call: torch's ``Where(Equal(s, -1), 1, s)``
-    reads s twice, and a chain of such steps would otherwise be evaluated exponentially often."""
+    reads s twice, and a chain of such steps would otherwise be evaluated exponentially often. With
+    ``sums``, an ``Add`` of sizes that are not all ints gives a :class:`DimSum` (for the callers that
+    prove the other side of a comparison term by term); without, it gives None, as before."""
     seen = {} if _seen is None else _seen
     key = (id(tensor), depth)
     if key not in seen:
-        seen[key] = _evaluate(graph, tensor, depth, seen)
+        seen[key] = _evaluate(graph, tensor, depth, seen, sums)
     return seen[key]
 
 
-def _evaluate(graph, tensor, depth: int, seen: dict) -> list | None:
+def _evaluate(graph, tensor, depth: int, seen: dict, sums: bool = False) -> list | None:
     value = constant_value(graph, tensor)
     if value is not None:
         if value.ndim > 1 or not (np.issubdtype(value.dtype, np.integer) or value.dtype == np.bool_):
@@ -85,7 +146,7 @@ def _evaluate(graph, tensor, depth: int, seen: dict) -> list | None:
 
     def arg(i):
         t = node.inputs[i] if i < len(node.inputs) else None
-        return shape_value(graph, t, depth - 1, seen) if t is not None and t.name else None
+        return shape_value(graph, t, depth - 1, seen, sums) if t is not None and t.name else None
 
     if is_op(node, "Shape"):
         dims = tensor_dims(node.inputs[0])
@@ -121,7 +182,7 @@ def _evaluate(graph, tensor, depth: int, seen: dict) -> list | None:
             return None
         return [v for part in parts for v in part]
     steps = {"Where": (3, lambda c, a, b: (a if c else b) if isinstance(c, bool) else None),
-             "Equal": (2, _equal), "Mul": (2, _mul), "Add": (2, _add)}
+             "Equal": (2, _equal), "Mul": (2, _mul), "Add": (2, _add_sizes if sums else _add)}
     if node.op not in steps or not is_op(node, node.op) or len(node.inputs) != steps[node.op][0]:
         return None
     inputs = [arg(i) for i in range(len(node.inputs))]
@@ -158,6 +219,12 @@ def _add(a, b):
     if isinstance(a, str) or isinstance(b, str):
         return a if b == 0 else b if a == 0 else None
     return a + b
+
+
+def _add_sizes(a, b):
+    """``_add``, and a :class:`DimSum` where names meet (``shape_value(..., sums=True)``)."""
+    plain = _add(a, b)
+    return plain if plain is not None else dim_sum([a, b])
 
 
 # Ops that pass a shape entry through unchanged (one element stays one element, value kept).

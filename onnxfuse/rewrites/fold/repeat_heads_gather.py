@@ -22,8 +22,10 @@ result at head h is x's head h // n: exactly the Gather. Pure data movement, bit
 What is proved: the Unsqueeze inserts one axis a ≥ 1; the Expand's target (a constant or a Shape chain,
 :func:`~onnxfuse.rewrites.engine.shape_values.shape_value`) has a static n > 0 at a and elsewhere 1 or
 x's dimension (the same static size or the same symbolic name: ONNX's contract that a name is one
-size); the Reshape's target keeps every other dimension (0 before axis a − 1, x's own size or name, or
-a single -1 with every other entry fixed) and has H_kv·n at axis a − 1, with H_kv static. Refused
+size; an entry that adds sizes read from ``Shape``, the dynamo KV-cache export's ``past_sequence +
+sequence``, is x's length there only where a Concat along that axis makes x, proved term by term:
+:func:`~onnxfuse.rewrites.engine.shape_values.concat_length`); the Reshape's target keeps every other
+dimension (0 before axis a − 1, x's own size or name, or a single -1 with every other entry fixed) and has H_kv·n at axis a − 1, with H_kv static. Refused
 otherwise, with the reason; an Expand or Unsqueeze also read elsewhere stays (only the Reshape is
 replaced).
 """
@@ -38,11 +40,15 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import axes_of, is_op, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import shape_value
+from onnxfuse.rewrites.engine.shape_values import DimSum, concat_length, shape_value
 
 
-def _same(entry, dim) -> bool:
-    """A target entry that is provably ``dim`` (the same static size, or the same symbolic name)."""
+def _same(entry, dim, summed=None) -> bool:
+    """A target entry that is provably ``dim`` (the same static size, or the same symbolic name), or a sum
+    of sizes (:class:`DimSum`) equal term by term to ``summed``, the length a Concat proves for that axis
+    (a KV-cache export's ``past_sequence + sequence``)."""
+    if isinstance(entry, DimSum):
+        return summed is not None and entry == summed
     return entry is not None and dim is not None and not (isinstance(entry, int) and entry < 0) and entry == dim
 
 
@@ -76,25 +82,28 @@ class RepeatHeadsGather(Rule):
         if not isinstance(heads, int) or heads <= 0:
             return Refuse("the number of heads (the axis before the repeat) is not static")
         widened = list(dims[:axis]) + [1] + list(dims[axis:])
-        target = shape_value(graph, expand.inputs[1])
+        summed = [concat_length(graph, x, i) for i in range(rank)]  # per axis of x, where a Concat makes it
+        summed_widened = summed[:axis] + [None] + summed[axis:]
+        target = shape_value(graph, expand.inputs[1], sums=True)
         if target is None or len(target) != rank + 1:
             return Refuse("the Expand's target is not known as a list of the output's rank")
         n = target[axis]
         if not isinstance(n, int) or n <= 0:
             return Refuse("the repeat count is not a static positive size")
-        if any(i != axis and not (t == 1 or _same(t, widened[i])) for i, t in enumerate(target)):
+        if any(i != axis and not (t == 1 or _same(t, widened[i], summed_widened[i])) for i, t in enumerate(target)):
             return Refuse("the Expand also broadcasts another axis")
-        merged = shape_value(graph, reshape.inputs[1])
+        merged = shape_value(graph, reshape.inputs[1], sums=True)
         if merged is None or len(merged) != rank or int(reshape.attrs.get("allowzero", 0)):
             return Refuse("the Reshape's target is not known (or allowzero=1)")
         out = list(dims[:axis - 1]) + [heads * n] + list(dims[axis:])
+        summed_out = summed[:axis - 1] + [None] + summed[axis:]
         if merged[axis - 1] != heads * n:
             return Refuse(f"the Reshape does not merge the {heads} heads and their {n} copies")
         free = [i for i, t in enumerate(merged) if t == -1]
         for i, t in enumerate(merged):  # a single -1 is inferred as out[i] once every other entry is proven
             if i == axis - 1 or (t == -1 and len(free) == 1):
                 continue
-            if not (_same(t, out[i]) or (t == 0 and i < axis - 1)):
+            if not (_same(t, out[i], summed_out[i]) or (t == 0 and i < axis - 1)):
                 return Refuse("the Reshape changes another dimension")
         return Plan(reshape, (x, axis - 1, heads, n))
 

@@ -1,0 +1,61 @@
+"""A KV-cache decoder through torch's dynamo exporter (issue 31's dynamo row): testdata
+``llama_kv_dynamo[_fp16]`` (``export_transformers.py --kv-dynamo``: tiny Llama, 4 query heads sharing 2
+key/value heads, 2 layers, sdpa, opset 18, dynamic batch, sequence and past). The exporter computes
+repeat_kv's Expand target as ``Shape(past)[2] + Shape(input_ids)[1]``: repeat-heads-gather proves that
+sum equal to the length of ``Concat(past, new)`` term by term (``shape_values.concat_length``), so each
+repeat becomes one Gather. float16: every attention fused; float32: left unfused with the measured
+reason. Both validate with no ``--shape`` and match the float32 export evaluated in float64 (onnx's
+reference evaluator) at prefill (empty cache) and decode (one new token) with left padding."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import onnxfuse
+from helpers import load_testdata, run_float64
+from test_attention_exports import run_optimized
+
+LAYERS, KV_HEADS, HEAD = 2, 2, 16
+
+
+def _feeds(batch, new, past, dtype, rng):
+    mask = np.ones((batch, past + new), np.int64)
+    mask[0, :2] = 0  # left padding: the first row's first two positions are pad
+    position = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, past:]
+    feeds = {"input_ids": rng.integers(0, 128, (batch, new)).astype(np.int64), "attention_mask": mask,
+             "position_ids": position.astype(np.int64)}
+    for i in range(LAYERS):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((batch, KV_HEADS, past, HEAD)).astype(dtype)
+    return feeds
+
+
+@pytest.mark.parametrize("name", ["llama_kv_dynamo_fp16", "llama_kv_dynamo"])
+def test_dynamo_kv_cache_decoder_fuses_and_matches_a_float64_reference(name):
+    half = name.endswith("fp16")
+    result = onnxfuse.optimize(load_testdata(name), samples=2)
+    assert result.validation.passed, result.validation
+    ops = Counter(n.op_type for n in result.model.graph.node)
+    assert result.applied.counts.get("repeat-heads-gather") == 2 * LAYERS, result.applied.refusals
+    assert ops["ReduceMean"] == 0 and ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS, ops
+    assert ops["RotaryEmbedding"] == 2 * LAYERS, ops
+    if half:
+        assert ops["MultiHeadAttention"] == LAYERS and ops["Softmax"] == 0, result.unfused
+    else:  # float32 attention over rotated, repeated heads: a measured refusal, said as such
+        assert ops["Softmax"] == LAYERS and [u.rule for u in result.unfused] == ["contrib-attention"]
+        assert "measured" in result.unfused[0].reason
+    reference = load_testdata("llama_kv_dynamo")  # the float32 export: the weights of both, unrounded
+    rng = np.random.default_rng(31)
+    tol = 2e-2 if half else 1e-4
+    for batch, new, past in ((2, 5, 0), (3, 1, 6)):  # prefill, decode
+        feeds = _feeds(batch, new, past, np.float16 if half else np.float32, rng)
+        exact = run_float64(reference, {k: v.astype(np.float32) if v.dtype == np.float16 else v
+                                        for k, v in feeds.items()})
+        got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))
+        for out, want in exact.items():
+            scale = max(1.0, float(np.abs(want).max()))
+            err = float(np.abs(got[out].astype(np.float64) - want).max()) / scale
+            assert err <= tol, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e}"
