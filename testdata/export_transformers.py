@@ -504,7 +504,7 @@ def export_kv_dynamo_models(folder: Path, seed: int) -> None:
     torch's dynamo exporter (opset 18), float32 and float16. Dynamic batch, sequence, past and total
     lengths (``torch.export.Dim``); the exporter names the present caches ``past_sequence + sequence``
     and computes repeat_kv's Expand target as ``Shape(past)[2] + Shape(input_ids)[1]`` (issue 31's
-    dynamo row, behind tests/rewrites/test_kv_cache_dynamo.py)."""
+    dynamo row, behind tests/rewrites/test_kv_cache_float64.py)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     layers, batch, new, cached = 2, 2, 3, 4
