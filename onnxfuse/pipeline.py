@@ -392,12 +392,19 @@ def optimize_model(
                          Assumptions(right_padded=frozenset(options.right_padded)))
     model, repairs = repair.repaired(model)  # what ONNX Runtime runs and onnx.checker refuses (onnxfuse/repair.py)
     repair_notes = [repair.note(repairs)] if repairs else []
-    start, precision, precision_notes = model, None, []
+    start, precision, precision_notes, float32_nodes = model, None, [], {}
+    samples = reference = None
     if options.precision == "fp16":
         from onnxfuse.precision import convert_to_fp16
 
+        if options.validate:  # the nodes float16 cannot hold, measured on the validation inputs
+            from onnxfuse.validate.float16_range import largest_magnitudes, out_of_range_nodes
+
+            step("measuring float16 ranges")
+            samples, reference = _validation_inputs(model, options, source)
+            float32_nodes = out_of_range_nodes(model, largest_magnitudes(model, samples, options.provider, source))
         step("converting to float16")
-        start, precision_notes = convert_to_fp16(model)
+        start, precision_notes = convert_to_fp16(model, keep_nodes=float32_nodes)
         precision = "float16"
     elif options.precision != "fp32":
         raise UsageError(f"unknown precision {options.precision!r}; choose fp32 or fp16")
@@ -423,16 +430,16 @@ def optimize_model(
     _set_output(result, optimized, applied)
     result.extra["repairs"] = list(repairs)  # also without validation (its note carries them otherwise)
     if precision:
-        result.extra["precision"] = {"precision": options.precision, "notes": precision_notes}
+        result.extra["precision"] = {"precision": options.precision, "notes": precision_notes,
+                                     "float32_nodes": float32_nodes}
     if options.right_padded:
         result.extra["assumptions"] = {"right_padded": list(options.right_padded)}
-    samples = reference = floor = None
+    floor = None
     if options.validate:
         step("validating")
         t1 = time.perf_counter()
-        samples, reference = _reference_run(model, options, source)
-        if options.inputs is None and options.inputs_path is None:
-            _add_second_size(model, samples, reference, options, source)
+        if samples is None:
+            samples, reference = _validation_inputs(model, options, source)
         if options.save_inputs:
             from onnxfuse.runtime.inputs import save_samples
 
@@ -549,6 +556,15 @@ def _precision_drift(report: ValidationReport) -> str:
 #: Sizes tried, in order, for dynamic dimensions nobody sized when the original model cannot run at 1
 #: (a 3x3 Conv over H = W = 1, a pooling window wider than the input).
 DEFAULT_DIM_RETRIES = (8, 32, 224)
+
+
+def _validation_inputs(model, options: OptimizeOptions, source: str):
+    """The validation samples and the original's outputs on them: the drawn (or given) samples, plus the
+    second size when onnxfuse drew them."""
+    samples, reference = _reference_run(model, options, source)
+    if options.inputs is None and options.inputs_path is None:
+        _add_second_size(model, samples, reference, options, source)
+    return samples, reference
 
 
 def _reference_run(model, options: OptimizeOptions, source: str):

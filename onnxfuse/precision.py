@@ -81,9 +81,14 @@ def to_half(values: np.ndarray) -> np.ndarray:
     return np.clip(values, -HALF_MAX, HALF_MAX).astype(np.float16)
 
 
-def convert_to_fp16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = None) -> tuple[onnx.ModelProto, list[str]]:
     """A copy of ``model`` computing in float16 with float32 inputs and outputs, and notes (what stayed
-    float32 and why). The input is never modified."""
+    float32 and why). The input is never modified.
+
+    ``keep_nodes``: ``{node name: why}`` of main-graph nodes that compute in float32 as in the original
+    (:mod:`onnxfuse.validate.float16_range` measures the nodes whose values float16 cannot hold), held as
+    the softmax islands are: float16 inputs cast up, a float32 value another kept node reads passed on in
+    float32, one read outside cast down (a kept graph output stays float32)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     notes: list[str] = []
@@ -92,7 +97,7 @@ def convert_to_fp16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]
     if not _declares_float32(model.graph):
         raise PrecisionError("the model declares no float32 input, output, weight or value: nothing to convert to "
                              "float16 (float32 steps an exporter left inside a float16 model stay as they are)")
-    _Converter(opsets, notes, floats).graph(out.graph, main=True)
+    _Converter(opsets, notes, floats, dict(keep_nodes or {})).graph(out.graph, main=True)
     try:
         onnx.checker.check_model(out)
         onnx.shape_inference.infer_shapes(out, strict_mode=True)
@@ -224,8 +229,9 @@ def softmax_islands(graph: onnx.GraphProto, floats: set[str]) -> tuple[set[int],
 
 
 class _Converter:
-    def __init__(self, opsets: dict[str, int], notes: list[str], floats: set[str]):
+    def __init__(self, opsets: dict[str, int], notes: list[str], floats: set[str], keep_nodes: dict[str, str]):
         self.opsets = opsets
+        self.keep_nodes = keep_nodes  # main-graph node name → why it computes in float32 (measured)
         self.notes = notes
         self.floats = floats  # the float32 values of the original model (only these change type)
         self.counter = 0
@@ -264,6 +270,18 @@ class _Converter:
         constants = [t.name for t in graph.initializer if t.data_type == FLOAT] + [
             n.output[0] for n in graph.node if n.op_type == "Constant" and n.output and n.output[0] in self.floats]
         island, island_values = softmax_islands(graph, self.floats)
+        graph_outputs = {vi.name for vi in graph.output}
+        if main and self.keep_nodes:
+            island, island_values = set(island), set(island_values)
+            measured = [n for n in graph.node if n.name in self.keep_nodes]
+            island |= {id(n) for n in measured}
+            for n in measured:  # a value another kept node reads (or a graph output) stays float32 as it is
+                island_values.update(o for o in n.output if o in self.floats and (
+                    o in graph_outputs or any(id(r) in island for r, _ in reads.get(o, []))))
+            shown = ", ".join(f"{n.name!r} ({self.keep_nodes[n.name]})" for n in measured[:3])
+            more = f" and {len(measured) - 3} more" if len(measured) > 3 else ""
+            self.notes.append(f"{len(measured)} node(s) stay float32, their values measured beyond float16's range "
+                              f"on the validation inputs: {shown}{more}")
         island_kept = set()  # constants an island reads: float32 there, a clamped float16 copy elsewhere
         for name in constants:
             uses = reads.get(name, [])
@@ -271,7 +289,7 @@ class _Converter:
                 kept[name] = "is read only where the op needs float32"
                 schema_kept.add(name)
             elif any(id(node) in island for node, _ in uses):
-                kept[name] = "is read by a float32 softmax island"
+                kept[name] = "is read by a float32 island"
                 island_kept.add(name)
         if island:
             count = sum(1 for n in graph.node if id(n) in island and n.op_type in SOFTMAX_OPS)
@@ -359,8 +377,8 @@ class _Converter:
         if main:  # float32 outputs leave as float32
             producers = {o: n for n in new_nodes for o in n.output}
             for vi in graph.output:
-                if vi.type.tensor_type.elem_type != FLOAT or vi.name in kept:
-                    continue
+                if vi.type.tensor_type.elem_type != FLOAT or vi.name in kept or vi.name in island_values:
+                    continue  # (an island's output is float32 already)
                 half = self.fresh(vi.name)
                 source = vi.name
                 if source in producers:  # (an input passed straight through stays as it is)
