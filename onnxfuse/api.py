@@ -98,8 +98,9 @@ def optimize(
     ``inputs``, validation runs on ``samples`` seeded draws plus one at a second size of every dynamic
     dimension; ``save_inputs`` writes all of them to an .npz that ``inputs`` replays exactly. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
     ``precision="fp16"`` converts the model to compute in float16 with float32 inputs and outputs before the
-    rewrites (:mod:`onnxfuse.precision`) and validates it against the float32 original at float16's
-    tolerances; the conversion is named as the culprit when it alone fails.
+    rewrites (:mod:`onnxfuse.precision`; ``"fp16-io"``: float16 inputs and outputs too) and validates it
+    against the float32 original at float16's tolerances (its inputs cast to float16 for an fp16-io model);
+    the conversion is named as the culprit when it alone fails.
 
     ``bench``: also time both models on the GPU (ORT_ENABLE_ALL on both; ``bench_config`` an
     :class:`onnxfuse.timing.runner.BenchConfig`). Off by default in the API, unlike the CLI: timing takes

@@ -66,7 +66,8 @@ class OptimizeOptions:
     provider: str = "auto"
     force: bool = False
     rules: list[Rule] | None = None  # a custom rule pool (tests, plugins); None = the registry
-    precision: str = "fp32"  # "fp16": compute in float16 with float32 I/O (onnxfuse.precision), validated at fp16
+    precision: str = "fp32"  # "fp16": compute in float16 with float32 I/O (onnxfuse.precision), validated at fp16;
+    # "fp16-io": the same with float16 inputs and outputs
     bench: bool = True  # time both models on the GPU after validation (skipped, with a note, without one)
     bench_config: object | None = None  # onnxfuse.timing.BenchConfig; None = its defaults
     fail_on_slowdown: float | None = None  # fail when optimized median > ratio × original median
@@ -298,7 +299,7 @@ def working_skip(start: onnx.ModelProto, rules: list[Rule], culprit: str,
 def _validation_problem(original, samples, options: OptimizeOptions, reference, floor):
     """What keeps a candidate from loading in ONNX Runtime and passing validation (None when it passes): the
     culprit searches' test, where a model that does not load is no more a way out than drift."""
-    precision = "float16" if options.precision == "fp16" else None
+    precision = "float16" if options.precision in ("fp16", "fp16-io") else None
 
     def judge(candidate: onnx.ModelProto) -> str | None:
         try:
@@ -394,7 +395,7 @@ def optimize_model(
     repair_notes = [repair.note(repairs)] if repairs else []
     start, precision, precision_notes, float32_nodes = model, None, [], {}
     samples = reference = None
-    if options.precision == "fp16":
+    if options.precision in ("fp16", "fp16-io"):
         from onnxfuse.precision import convert_to_fp16
 
         if options.validate:  # the nodes float16 cannot hold, measured on the validation inputs
@@ -404,10 +405,11 @@ def optimize_model(
             samples, reference = _validation_inputs(model, options, source)
             float32_nodes = out_of_range_nodes(model, largest_magnitudes(model, samples, options.provider, source))
         step("converting to float16")
-        start, precision_notes = convert_to_fp16(model, keep_nodes=float32_nodes)
+        start, precision_notes = convert_to_fp16(model, keep_nodes=float32_nodes,
+                                                 float16_io=options.precision == "fp16-io")
         precision = "float16"
     elif options.precision != "fp32":
-        raise UsageError(f"unknown precision {options.precision!r}; choose fp32 or fp16")
+        raise UsageError(f"unknown precision {options.precision!r}; choose fp32, fp16 or fp16-io")
     step("rewriting")
     optimized, applied = rewrite_model(start, rules)  # checked there: it returns a valid model or raises
     # The rewrites' graphsurgeon graphs are reference cycles (nodes <-> tensors) holding weight arrays (a

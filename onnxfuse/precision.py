@@ -59,7 +59,9 @@ HALF_MAX = float(np.finfo(np.float16).max)
 HALF_TINY = 2.0 ** -24
 #: Magnitudes at least this large are sentinels for infinity (finfo(float32).min/max), clamped to ±HALF_MAX.
 SENTINEL = 1e30
-PRECISIONS = ("fp32", "fp16")
+#: ``--precision`` values: fp16 computes in float16 with float32 inputs and outputs; fp16-io also takes and
+#: returns float16 (``convert_to_fp16(float16_io=True)``), for pipelines that feed float16.
+PRECISIONS = ("fp32", "fp16", "fp16-io")
 
 
 def half_problem(values: np.ndarray) -> str | None:
@@ -81,14 +83,19 @@ def to_half(values: np.ndarray) -> np.ndarray:
     return np.clip(values, -HALF_MAX, HALF_MAX).astype(np.float16)
 
 
-def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = None) -> tuple[onnx.ModelProto, list[str]]:
+def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = None,
+                    float16_io: bool = False) -> tuple[onnx.ModelProto, list[str]]:
     """A copy of ``model`` computing in float16 with float32 inputs and outputs, and notes (what stayed
     float32 and why). The input is never modified.
 
     ``keep_nodes``: ``{node name: why}`` of main-graph nodes that compute in float32 as in the original
     (:mod:`onnxfuse.validate.float16_range` measures the nodes whose values float16 cannot hold), held as
     the softmax islands are: float16 inputs cast up, a float32 value another kept node reads passed on in
-    float32, one read outside cast down (a kept graph output stays float32)."""
+    float32, one read outside cast down (a kept graph output stays float32).
+
+    ``float16_io``: the main graph's float32 inputs and outputs become float16 themselves (no Cast where
+    they enter or leave), for pipelines that feed and read float16; a kept float32 value leaving as an
+    output is cast down there."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     notes: list[str] = []
@@ -97,7 +104,7 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
     if not _declares_float32(model.graph):
         raise PrecisionError("the model declares no float32 input, output, weight or value: nothing to convert to "
                              "float16 (float32 steps an exporter left inside a float16 model stay as they are)")
-    _Converter(opsets, notes, floats, dict(keep_nodes or {})).graph(out.graph, main=True)
+    _Converter(opsets, notes, floats, dict(keep_nodes or {}), float16_io).graph(out.graph, main=True)
     try:
         onnx.checker.check_model(out)
         onnx.shape_inference.infer_shapes(out, strict_mode=True)
@@ -229,8 +236,10 @@ def softmax_islands(graph: onnx.GraphProto, floats: set[str]) -> tuple[set[int],
 
 
 class _Converter:
-    def __init__(self, opsets: dict[str, int], notes: list[str], floats: set[str], keep_nodes: dict[str, str]):
+    def __init__(self, opsets: dict[str, int], notes: list[str], floats: set[str], keep_nodes: dict[str, str],
+                 float16_io: bool = False):
         self.opsets = opsets
+        self.float16_io = float16_io  # main graph's float32 inputs and outputs become float16 themselves
         self.keep_nodes = keep_nodes  # main-graph node name → why it computes in float32 (measured)
         self.notes = notes
         self.floats = floats  # the float32 values of the original model (only these change type)
@@ -327,9 +336,12 @@ class _Converter:
         nodes = list(graph.node)
         new_nodes: list[onnx.NodeProto] = []
         renamed: dict[str, str] = {}
-        if main:  # float32 inputs enter as float16
+        if main:  # float32 inputs enter as float16 (or are float16, with float16_io)
             for vi in graph.input:
                 if vi.type.tensor_type.elem_type == FLOAT and vi.name not in inits:
+                    if self.float16_io:
+                        vi.type.tensor_type.elem_type = HALF
+                        continue
                     half = self.fresh(vi.name)
                     new_nodes.append(self.cast(vi.name, HALF, half))
                     renamed[vi.name] = half
@@ -338,7 +350,7 @@ class _Converter:
         for node in nodes:
             if id(node) in island:
                 new_nodes.extend(self.island_node(node, island, island_values, kept, reads, half_of_island,
-                                                  graph_inputs if main else set()))
+                                                  graph_inputs if main and not self.float16_io else set()))
                 continue
             for i, name in enumerate(node.input):
                 if name in renamed:
@@ -374,7 +386,22 @@ class _Converter:
             if not (node.op_type == "Constant" and node.output and node.output[0] in kept):
                 self.attributes(node, graph)
         self.note_kept({k: v for k, v in kept.items() if k not in schema_kept and k not in island_kept})
-        if main:  # float32 outputs leave as float32
+        if main and self.float16_io:  # float32 outputs are float16 themselves; a float32 island's is cast down
+            producers = {o: n for n in new_nodes for o in n.output}
+            for vi in graph.output:
+                if vi.type.tensor_type.elem_type != FLOAT or vi.name in kept:
+                    continue
+                vi.type.tensor_type.elem_type = HALF
+                if vi.name in island_values and vi.name in producers:
+                    node = producers[vi.name]
+                    wide = self.fresh(vi.name)
+                    node.output[list(node.output).index(vi.name)] = wide
+                    for other in new_nodes:  # island readers inside keep the float32 value
+                        for i, name in enumerate(other.input):
+                            if name == vi.name and other is not node:
+                                other.input[i] = wide
+                    new_nodes.append(self.cast(wide, HALF, vi.name))
+        elif main:  # float32 outputs leave as float32
             producers = {o: n for n in new_nodes for o in n.output}
             for vi in graph.output:
                 if vi.type.tensor_type.elem_type != FLOAT or vi.name in kept or vi.name in island_values:

@@ -41,6 +41,7 @@ Examples:
   onnxfuse optimize model.onnx out.onnx --inputs sample.npz --rtol 1e-3 --quiet
   onnxfuse optimize model.onnx out.onnx --target onnx      # standard ONNX ops only
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16
+  onnxfuse optimize model.onnx out.fp16.onnx --precision fp16-io   # float16 in, float16 out
   onnxfuse optimize bert.onnx bert.opt.onnx --right-padded attention_mask
   onnxfuse optimize model.onnx out.onnx --fail-on-slowdown 1.0 --markdown "$GITHUB_STEP_SUMMARY"
   onnxfuse optimize a.onnx b.onnx exports/ 'more/*.onnx' --out-dir optimized --json report.json
@@ -81,9 +82,10 @@ theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one 
                                              "with ONNX Runtime's optimizations off vs on).")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="ONNX Runtime provider used for validation.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
-              help="fp16: compute in float16 with float32 inputs and outputs (constants float16 cannot hold stay "
-                   "float32), validated against the float32 original at float16's tolerances.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "fp16-io"]), default="fp32", show_default=True,
+              help="fp16: compute in float16 with float32 inputs and outputs (constants and nodes float16 cannot "
+                   "hold stay float32), validated against the float32 original at float16's tolerances. fp16-io: "
+                   "the same, taking and returning float16 (for pipelines that feed float16).")
 @click.option("--no-bench", is_flag=True, help="Skip timing both models on the GPU after validation.")
 @click.option("--fail-on-slowdown", type=click.FloatRange(min=0, min_open=True), metavar="RATIO", default=None,
               help="Exit 4 and write nothing when the optimized model's median GPU latency exceeds RATIO × the "

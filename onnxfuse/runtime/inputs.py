@@ -369,6 +369,23 @@ def cast_feeds(model: onnx.ModelProto, feeds: dict, label: str) -> dict:
     return out
 
 
+def for_model(model: onnx.ModelProto, inputs: "Inputs") -> "Inputs":
+    """``inputs`` (drawn for another model) with each float feed cast to the float type ``model`` declares
+    for it (``--precision fp16 --float16-io``: the optimized model takes float16 where its original took
+    float32; the values are the same draw, rounded once). Other feeds, and inputs that need no cast, are
+    returned as they are."""
+    given = inputs if isinstance(inputs, dict) else inputs.feeds  # (a plain feeds dict works too)
+    declared = {spec.name: spec.dtype for spec in input_specs(model)}
+    casts = {k: declared[k] for k, v in given.items()
+             if k in declared and v.dtype != declared[k] and is_floating(v.dtype) and is_floating(declared[k])}
+    if not casts:
+        return inputs
+    feeds = {k: (v.astype(casts[k]) if k in casts else v) for k, v in given.items()}
+    if isinstance(inputs, dict):
+        return feeds
+    return Inputs(feeds=feeds, notes=list(inputs.notes), seed=inputs.seed, source=inputs.source, ranges=inputs.ranges)
+
+
 def unsized_dimensions(specs: list[InputSpec], shapes: dict[str, list[int]]) -> list[str]:
     """``input[axis] (name)`` for every dynamic dimension neither ``shapes`` nor a shared name sizes."""
     symbols = dimension_symbols(specs, shapes or {})

@@ -22,7 +22,7 @@ from onnxfuse.timing.runner import (
 )
 from onnxfuse.timing.stats import speedup, summarize
 from onnxfuse.errors import OnnxfuseError, first_line
-from onnxfuse.runtime.inputs import Inputs
+from onnxfuse.runtime.inputs import Inputs, for_model
 
 
 @dataclass
@@ -179,14 +179,15 @@ def compare_models(
         step(message, fraction * timing_share)
 
     try:
+        fitted = for_model(optimized, inputs)  # float16 inputs where the optimized model takes them (--float16-io)
         result.original, result.optimized = time_models(
-            [("original", original, inputs), ("optimized", optimized, inputs)], config, rounds=rounds,
+            [("original", original, inputs), ("optimized", optimized, fitted)], config, rounds=rounds,
             progress=timing_step,
         )
         if profile_ops:
             result.profile_original = profile(original, inputs, config, name="original", runs=profile_runs,
                                               progress=lambda m, f: step(m, 0.7 + 0.15 * f))
-            result.profile_optimized = profile(optimized, inputs, config, name="optimized", runs=profile_runs,
+            result.profile_optimized = profile(optimized, fitted, config, name="optimized", runs=profile_runs,
                                                progress=lambda m, f: step(m, 0.85 + 0.15 * f))
             result.notes.extend(result.profile_original.summary.notes[:1])
     except OnnxfuseError as exc:

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from onnxfuse.runtime.compare import Comparison, Tolerance, compare_runs, lowest_float_precision
-from onnxfuse.runtime.inputs import Inputs
+from onnxfuse.runtime.inputs import Inputs, for_model
 from onnxfuse.runtime.session import resolve_provider, run_samples
 
 
@@ -95,7 +95,8 @@ def conversion_drift(converted: onnx.ModelProto, samples: list[Inputs], referenc
     from onnxfuse.errors import RuntimeFailure
 
     try:
-        runs = [run_samples(converted, samples, resolve_provider(provider), name=name)]
+        runs = [run_samples(converted, [for_model(converted, s) for s in samples], resolve_provider(provider),
+                            name=name)]
     except RuntimeFailure:
         return {}
     return _largest_errors(reference, runs)
@@ -144,7 +145,8 @@ def validate_models(
     else:
         references = [reference] if isinstance(reference, dict) else list(reference)
     # A sample the optimized model fails on (the original ran on it) is a failing comparison, not the user's error.
-    gots = run_samples(optimized, samples, kind, name="optimized model", keep_failures=True)
+    gots = run_samples(optimized, [for_model(optimized, s) for s in samples], kind, name="optimized model",
+                       keep_failures=True)
     precision = precision or lowest_float_precision(original)
     notes = list(dict.fromkeys(n for s in samples for n in s.notes))
     if precision and (rtol is None or atol is None) and any(

@@ -94,3 +94,44 @@ def test_a_model_inside_float16s_range_keeps_nothing():
     result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset17"), provider="cpu", precision="fp16", samples=2)
     assert result.validation.passed
     assert result.extra["precision"]["float32_nodes"] == {}
+
+
+def test_fp16_io_takes_and_returns_float16_and_validates():
+    """``--precision fp16-io``: the optimized model's inputs and outputs are float16 (no Cast at the
+    edges); validation feeds it the same draws cast to float16 and compares with the float32 original."""
+    from helpers import load_testdata
+    import onnxruntime as ort
+    from onnxfuse.custom_ops import session_options
+
+    model = load_testdata("bert_tiny_sdpa_opset17")
+    plain = onnxfuse.optimize(model, provider="cpu", precision="fp16", samples=2)
+    result = onnxfuse.optimize(model, provider="cpu", precision="fp16-io", samples=2)
+    assert result.validation.passed
+    out = result.model.graph.output[0].type.tensor_type.elem_type
+    assert out == onnx.TensorProto.FLOAT16 and plain.model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    casts = lambda m: sum(n.op_type == "Cast" for n in m.graph.node)  # noqa: E731
+    assert casts(result.model) < casts(plain.model)  # the exit Cast to float32 is gone
+    rng = np.random.default_rng(2)
+    feeds = {"input_ids": rng.integers(0, 1000, (2, 9)).astype(np.int64), "attention_mask": np.ones((2, 9), np.int64)}
+    got = ort.InferenceSession(result.model.SerializeToString(), session_options(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), run_ort(model, feeds)["last_hidden_state"], rtol=2e-2, atol=2e-2)
+
+
+def test_fp16_io_with_a_float_input_and_a_float32_island_output():
+    """A float input becomes float16; the island's sum, read from the float16 input cast up, stays float32
+    inside and the float16 output is in range."""
+    model = hostile_model()
+    result = onnxfuse.optimize(model, provider="cpu", precision="fp16-io", samples=2)
+    assert result.validation.passed, result.validation
+    assert result.model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    assert set(result.extra["precision"]["float32_nodes"]) == {"big_sum", "scale_down"}
+    feeds = _feeds(batch=4, seed=3)
+    import onnxruntime as ort
+    from onnxfuse.custom_ops import session_options
+
+    got = ort.InferenceSession(result.model.SerializeToString(), session_options(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": feeds["x"].astype(np.float16)})[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), run_ort(model, feeds)["y"], rtol=1e-2, atol=1e-2)
