@@ -105,6 +105,32 @@ def _parse_names(spec) -> list[str]:
     return names
 
 
+#: The devices a model can be optimized for (``optimize --device``), the default first.
+DEVICES = ("cuda", "cpu")
+
+
+def target_for_device(target: str | None, device: str = "cuda") -> str:
+    """The rule target a run for ``device`` uses: ``target`` when given, else the device's own.
+
+    ``cpu`` defaults to (and allows only) ``contrib`` or ``onnx``: the cuda-only rules
+    (fuse-elementwise, conv-bias-into-elementwise) write FusedElementwise, whose CPU kernel is an
+    interpreter meant as a correctness reference, and the default output measured 0.3-0.4x the original
+    on ONNX Runtime's CPU provider (issue 32). Every op the contrib rules write (Attention,
+    MultiHeadAttention, SkipLayerNormalization, Gelu, FastGelu, BiasGelu, QuickGelu, FusedMatMul,
+    EmbedLayerNormalization, the RMSNorm and RotaryEmbedding ops) has a CPU kernel: the test suite
+    validates them all on the CPU provider. ``contrib`` also maps SiLU to QuickGelu, which the cuda
+    target leaves to FusedElementwise."""
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}")
+    if target is None:
+        return "contrib" if device == "cpu" else "cuda"
+    if device == "cpu" and target == "cuda":
+        raise UsageError("--target cuda writes FusedElementwise, whose CPU kernel is an interpreter (0.3-0.4x the "
+                         "original on ONNX Runtime's CPU provider); with --device cpu use --target contrib (its "
+                         "default) or onnx")
+    return target
+
+
 def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] | None = None,
                  assumptions: Assumptions = NO_ASSUMPTIONS) -> list[Rule]:
     """The rules to run for ``target``, restricted by ``only`` and ``skip`` (comma-separated names), each
@@ -127,4 +153,4 @@ def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] |
 
 
 __all__ = ["Assumptions", "NO_ASSUMPTIONS", "RULES", "ORDER", "Rule", "GraphPass", "Plan", "Refuse", "Refusal", "RuleFailed", "ApplyReport", "TARGETS",
-           "MAX_PASSES_PER_RULE", "MAX_ROUNDS", "apply_rules", "select_rules", "rule_names", "load_rule", "rule_module"]
+           "MAX_PASSES_PER_RULE", "MAX_ROUNDS", "apply_rules", "select_rules", "DEVICES", "target_for_device", "rule_names", "load_rule", "rule_module"]
