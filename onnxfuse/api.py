@@ -135,9 +135,9 @@ def optimize(
 
     options = _optimize_options(
         target=target, device=device, only=only, skip=skip, validate=validate, shapes=shapes, inputs=inputs,
-        seed=seed, input_ranges=input_ranges, right_padded=right_padded, rtol=rtol, atol=atol, strict=strict, samples=samples,
-        save_inputs=save_inputs, provider=provider, precision=precision, force=force, rules=rules, bench=bench,
-        bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
+        seed=seed, input_ranges=input_ranges, right_padded=right_padded, rtol=rtol, atol=atol, strict=strict,
+        samples=samples, save_inputs=save_inputs, provider=provider, precision=precision, force=force, rules=rules,
+        bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
     )
     return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
 

@@ -215,8 +215,8 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
     sys.stdout.flush()
 
 
-def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed,
-                   input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench,
+def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path,
+                   seed, input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench,
                    fail_on_slowdown, allow_slower, json_path, markdown_path, junit_path, quiet, force) -> None:
     """The many-models form: plan, check every path, run each model (library), write one report of all."""
     protected = {}
