@@ -45,7 +45,8 @@ def optimize(
     output: str | os.PathLike | None = None,
     *,
     inputs: InputsLike | None = None,
-    target: str = "cuda",
+    target: str | None = None,
+    device: str = "cuda",
     only: str | Sequence[str] | None = None,
     skip: str | Sequence[str] | None = None,
     validate: bool = True,
@@ -88,8 +89,12 @@ def optimize(
     Runtime's transformers optimizer writes (rule contrib-mask-lengths; docs/benchmarks.md 5.10 measures it), and validation draws such rows (given ``inputs`` must
     keep the promise). Wrong for left-padded masks: promise it only when it holds.
 
-    ``target``: ``"cuda"`` (everything, FusedElementwise included), ``"contrib"`` (only ONNX Runtime's
-    own fused ops) or ``"onnx"`` (standard ops only). ``only``/``skip``: rule names (a list or one
+    ``target``: ``"cuda"`` (everything, FusedElementwise included; the default), ``"contrib"`` (only ONNX
+    Runtime's own fused ops) or ``"onnx"`` (standard ops only). ``device``: the ONNX Runtime provider the
+    model is for, ``"cuda"`` (default) or ``"cpu"``: ``"cpu"`` defaults to (and allows only) the
+    ``contrib`` or ``onnx`` target, because the CPU FusedElementwise kernel is an interpreter, validates
+    on the CPU provider and, with ``bench``, times both models on the CPU, so ``never_slower`` and
+    ``fail_on_slowdown`` decide on CPU timings. ``only``/``skip``: rule names (a list or one
     comma-separated string; ``onnxfuse rules`` lists them). ``rules``: a custom rule pool replacing the
     registry (plugins, tests). ``validate=False`` skips validation. ``rtol``/``atol`` replace the
     dtype-aware default tolerances. An output also passes when its error is within
@@ -102,9 +107,11 @@ def optimize(
     against the float32 original at float16's tolerances (its inputs cast to float16 for an fp16-io model);
     the conversion is named as the culprit when it alone fails.
 
-    ``bench``: also time both models on the GPU (ORT_ENABLE_ALL on both; ``bench_config`` an
-    :class:`onnxfuse.timing.runner.BenchConfig`). Off by default in the API, unlike the CLI: timing takes
-    seconds and says nothing without a GPU (the result then carries ``timing.status == "no-gpu"``).
+    ``bench``: also time both models on the device (ORT_ENABLE_ALL on both; ``bench_config`` an
+    :class:`onnxfuse.timing.runner.BenchConfig`, whose device must be ``"cpu"`` with ``device="cpu"``). Off
+    by default in the API, unlike the CLI: timing takes seconds, and for ``device="cuda"`` says nothing
+    without a GPU (the result then carries ``timing.status == "no-gpu"``, and ``timing.message`` says when
+    ``fail_on_slowdown`` was therefore not checked).
     ``fail_on_slowdown``: with ``bench``, raise :class:`~onnxfuse.errors.SlowerThanAllowed` when the
     optimized median latency exceeds this ratio of the original's.
     ``never_slower`` (default): with ``bench``, when the optimized model times slower than the original
@@ -128,15 +135,15 @@ def optimize(
     from onnxfuse.pipeline import run_pipeline
 
     options = _optimize_options(
-        target=target, only=only, skip=skip, validate=validate, shapes=shapes, inputs=inputs, seed=seed,
-        input_ranges=input_ranges, right_padded=right_padded, rtol=rtol, atol=atol, strict=strict, samples=samples,
-        save_inputs=save_inputs, provider=provider, precision=precision, force=force, rules=rules, bench=bench,
-        bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
+        target=target, device=device, only=only, skip=skip, validate=validate, shapes=shapes, inputs=inputs,
+        seed=seed, input_ranges=input_ranges, right_padded=right_padded, rtol=rtol, atol=atol, strict=strict,
+        samples=samples, save_inputs=save_inputs, provider=provider, precision=precision, force=force, rules=rules,
+        bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
     )
     return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
 
 
-def _optimize_options(*, target="cuda", only=None, skip=None, validate=True, shapes=None, inputs=None, seed=0,
+def _optimize_options(*, target=None, device="cuda", only=None, skip=None, validate=True, shapes=None, inputs=None, seed=0,
                       input_ranges=None, right_padded=None, rtol=None, atol=None, strict=False, samples=2,
                       save_inputs=None, provider="auto", precision="fp32", force=False, rules=None, bench=False,
                       bench_config=None, fail_on_slowdown=None, never_slower=True):
@@ -146,7 +153,7 @@ def _optimize_options(*, target="cuda", only=None, skip=None, validate=True, sha
 
     _checked_numbers(rtol, atol, seed)
     return OptimizeOptions(
-        target=target, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
+        target=target, device=device, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
         inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), right_padded=_input_names(right_padded),
         rtol=rtol, atol=atol, strict=strict,
         samples=_count(samples), save_inputs=None if save_inputs is None else os.fspath(save_inputs),

@@ -144,12 +144,13 @@ class ModelRun:
         return timing.speedup if timing is not None and timing.status == "ok" else None
 
     def timing_text(self) -> str:
-        """The speed-up as the summary shows it: ``1.93×``, ``no GPU``, or ``-`` (not timed)."""
+        """The speed-up as the summary shows it: ``1.93×``, ``1.02× CPU`` (``--device cpu``), ``no GPU``, or
+        ``-`` (not timed)."""
         timing = getattr(self.result, "timing", None)
         if timing is None:
             return "-"
         if timing.status == "ok" and timing.speedup:
-            return f"{timing.speedup:.2f}×"
+            return f"{timing.speedup:.2f}×" + (" CPU" if getattr(timing, "device", "cuda") == "cpu" else "")
         return "no GPU" if timing.status == "no-gpu" else "-"
 
     def verdict(self) -> str:

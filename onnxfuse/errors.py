@@ -6,7 +6,8 @@ Exit codes are a contract with CI pipelines (documented in the README and in ``-
 * 1 — user or model error (bad file, bad model, unwritable output, runtime failure)
 * 2 — usage error (bad command line)
 * 3 — validation failed (the optimized model's outputs drifted beyond tolerance)
-* 4 — the optimized model is slower than ``--fail-on-slowdown`` allows (measured on the GPU)
+* 4 — the optimized model is slower than ``--fail-on-slowdown`` allows (measured on the device: the GPU,
+  or the CPU with ``--device cpu``)
 * 5 — internal error: onnxfuse wrote a model ONNX Runtime cannot load, or failed unexpectedly (a bug to
   report, never the user's or the model's fault; see :class:`InternalError`)
 * 130, 143 — interrupted by SIGINT or SIGTERM (128 + the signal's number; see :class:`Interrupted`)

@@ -1,4 +1,5 @@
-"""Never hand back a slower model: when the optimized model times slower than the original on the GPU,
+"""Never hand back a slower model: when the optimized model times slower than the original on the device
+it is for (the GPU, or the CPU with ``--device cpu``),
 fall back step by step to fewer rewrites, down to the unrewritten graph, and say so.
 
 Why: the rules decide by static patterns and thresholds measured on a few GPUs. Where one of those
@@ -18,8 +19,10 @@ the original again (interleaved, same inputs); the first that is not slower is k
 is not slower than itself by definition, so the ladder always ends. What was measured and what was
 kept go in the report (``selection``) and in one note.
 
-Off with ``never_slower=False`` (``--allow-slower``), and whenever timing did not run (no GPU, or
-``--no-bench``): nothing is measured then, so nothing is decided.
+Off with ``never_slower=False`` (``--allow-slower``), and whenever timing did not run (``--device cuda``
+without a GPU, or ``--no-bench``): nothing is measured then, so nothing is decided. With ``--device cpu``
+the same ladder runs on CPU timings (the cpu rule set writes no FusedElementwise, so that rung never
+applies there).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class Selection:
     first_slowdown: float
     tried: list = field(default_factory=list)
     kept: Candidate | None = None
+    device: str = "cuda"  # where the timings were taken (the note names it)
 
     def to_dict(self) -> dict:
         def row(c: Candidate) -> dict:
@@ -89,7 +93,8 @@ class Selection:
     def note(self) -> str:
         kept = self.kept
         tried = "; ".join(f"without {c.name}: " + (c.refused or "kept") for c in self.tried)
-        return (f"the optimized model measured {self.first_slowdown:+.1%} slower than the original on this GPU, "
+        where = "CPU" if self.device == "cpu" else "GPU"
+        return (f"the optimized model measured {self.first_slowdown:+.1%} slower than the original on this {where}, "
                 f"so fewer rewrites were tried ({tried}); wrote the model without {kept.name}"
                 + (" (the graph as loaded)" if kept.skipped == ALL else ""))
 
@@ -119,7 +124,7 @@ def keep_not_slower(timing, applied_rules, attempt: Callable, retime: Callable) 
     it against the original (a timing result)."""
     if not is_slower(timing):
         return None
-    selection = Selection(first_slowdown=slowdown(timing))
+    selection = Selection(first_slowdown=slowdown(timing), device=getattr(timing, "device", "cuda"))
     for name, skipped in ladder(applied_rules):
         candidate = Candidate(name=name, skipped=skipped)
         selection.tried.append(candidate)

@@ -17,7 +17,7 @@ from onnxfuse.repair import note as repair_note
 from onnxfuse.atomic import OutputSet
 from onnxfuse.reports.files import check_report_paths, json_text, stage_report
 from onnxfuse.reports.optimize_report import many_junit, many_markdown, optimize_junit, optimize_markdown
-from onnxfuse.rewrites import TARGETS
+from onnxfuse.rewrites import DEVICES, TARGETS
 from onnxfuse.runtime.inputs import parse_shape_options
 from onnxfuse.cli.common import range_map
 
@@ -29,8 +29,9 @@ known patterns to ONNX Runtime's fused ops and collapses chains of elementwise o
 FusedElementwise op, then checks the result: the original and optimized models run on ONNX Runtime
 (CUDA when a GPU is usable, else CPU) on the same seeded inputs, and every output must match within
 tolerance. If one does not, the rule responsible is named, nothing is written, and the exit code is 3.
-With a GPU, both models are then timed (ORT_ENABLE_ALL on both). The input file is never modified;
-the output is written atomically.
+With a GPU, both models are then timed (ORT_ENABLE_ALL on both). --device cpu optimizes for ONNX
+Runtime's CPU provider instead: no FusedElementwise (its CPU kernel is an interpreter), validated and
+timed on the CPU. The input file is never modified; the output is written atomically.
 
 \b
 Examples:
@@ -40,6 +41,7 @@ Examples:
   onnxfuse optimize model.onnx out.onnx --only fuse-elementwise --explain-all
   onnxfuse optimize model.onnx out.onnx --inputs sample.npz --rtol 1e-3 --quiet
   onnxfuse optimize model.onnx out.onnx --target onnx      # standard ONNX ops only
+  onnxfuse optimize model.onnx out.onnx --device cpu       # for ONNX Runtime's CPU provider, timed there
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16-io   # float16 in, float16 out
   onnxfuse optimize bert.onnx bert.opt.onnx --right-padded attention_mask
@@ -58,8 +60,13 @@ theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one 
 @click.option("--out-dir", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Optimize every INPUT into DIR/<stem>.onnx (DIR is created if missing); INPUT may be a "
                    "folder (its .onnx files) or a quoted glob pattern.")
-@click.option("--target", type=click.Choice(TARGETS), default="cuda", show_default=True,
-              help="cuda: everything; contrib: only ONNX Runtime's own ops; onnx: standard ONNX ops only.")
+@click.option("--target", type=click.Choice(TARGETS), default=None,
+              help="cuda: everything (the default); contrib: only ONNX Runtime's own ops (the default with "
+                   "--device cpu); onnx: standard ONNX ops only.")
+@click.option("--device", type=click.Choice(DEVICES), default="cuda", show_default=True,
+              help="The ONNX Runtime provider the model is for. cpu: rules without FusedElementwise (--target "
+                   "contrib or onnx), validated and timed on the CPU, so the never-slower fallback and "
+                   "--fail-on-slowdown use CPU timings.")
 @click.option("--only", multiple=True, metavar="RULE,...",
               help="Run only these rules (see `onnxfuse rules`); +RULE adds an opt-in rule to the default ones.")
 @click.option("--skip", multiple=True, metavar="RULE,...", help="Do not run these rules.")
@@ -86,12 +93,15 @@ theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one 
               help="fp16: compute in float16 with float32 inputs and outputs (constants and nodes float16 cannot "
                    "hold stay float32), validated against the float32 original at float16's tolerances. fp16-io: "
                    "the same, taking and returning float16 (for pipelines that feed float16).")
-@click.option("--no-bench", is_flag=True, help="Skip timing both models on the GPU after validation.")
+@click.option("--no-bench", is_flag=True, help="Skip timing both models (on the GPU, or the CPU with --device cpu) "
+                                               "after validation.")
 @click.option("--fail-on-slowdown", type=click.FloatRange(min=0, min_open=True), metavar="RATIO", default=None,
-              help="Exit 4 and write nothing when the optimized model's median GPU latency exceeds RATIO × the "
-                   "original's (e.g. 1.0, or 1.05 to allow 5% noise). Ignored without a GPU.")
+              help="Exit 4 and write nothing when the optimized model's median latency on the device exceeds "
+                   "RATIO × the original's (e.g. 1.0, or 1.05 to allow 5% noise). Where it cannot measure "
+                   "(--device cuda without a GPU) one line says it was not checked and --junit writes a "
+                   "skipped latency case.")
 @click.option("--allow-slower", is_flag=True,
-              help="Keep the optimized model even when it times slower than the original on the GPU. By default "
+              help="Keep the optimized model even when it times slower than the original on the device. By default "
                    "fewer rewrites are then tried (each validated and timed), down to the graph as loaded.")
 @json_option("Also write the report as JSON to this file (schema: onnxfuse/reports/schemas/report.schema.json).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
@@ -110,7 +120,7 @@ def optimize(paths, out_dir, **options) -> None:
     return _optimize_one(*paths, **options)
 
 
-def _optimize_one(input_path, output_path, target, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
+def _optimize_one(input_path, output_path, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
                   right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, json_path, markdown_path, junit_path, quiet,
                   force) -> None:
     try:
@@ -127,7 +137,7 @@ def _optimize_one(input_path, output_path, target, only, skip, explain, explain_
         )
         with render.progress_bar(disabled=quiet) as bar:
             result = api.optimize(
-                input_path, None, inputs=inputs_path, target=target, only=list(only), skip=list(skip),
+                input_path, None, inputs=inputs_path, target=target, device=device, only=list(only), skip=list(skip),
                 validate=not no_validate, shapes=shape_map, seed=seed, input_ranges=range_map(input_ranges),
                 right_padded=list(right_padded),
                 rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
@@ -161,6 +171,7 @@ def _optimize_one(input_path, output_path, target, only, skip, explain, explain_
     emit_json(json_path, json_text(result))
 
     if quiet:
+        _warn_unchecked(result, fail_on_slowdown)
         return
     stdout = report_console(json_path)
     for dropped in result.applied.dropped:
@@ -206,8 +217,8 @@ def _optimize_one(input_path, output_path, target, only, skip, explain, explain_
     sys.stdout.flush()
 
 
-def _optimize_many(paths, out_dir, target, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed,
-                   input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench,
+def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path,
+                   seed, input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench,
                    fail_on_slowdown, allow_slower, json_path, markdown_path, junit_path, quiet, force) -> None:
     """The many-models form: plan, check every path, run each model (library), write one report of all."""
     protected = {}
@@ -230,7 +241,7 @@ def _optimize_many(paths, out_dir, target, only, skip, explain, explain_all, no_
                             junit_path: "JUnit report"}, {**outputs, **protected})
         with render.BatchProgress(disabled=quiet) as progress:
             result = api.optimize_many(
-                [str(p) for p in paths], out_dir, target=target, only=list(only), skip=list(skip),
+                [str(p) for p in paths], out_dir, target=target, device=device, only=list(only), skip=list(skip),
                 validate=not no_validate, shapes=parse_shape_options(shapes), inputs=inputs_path, seed=seed,
                 input_ranges=range_map(input_ranges), right_padded=list(right_padded), rtol=rtol, atol=atol,
                 samples=samples, strict=strict, provider=provider, precision=precision, bench=not no_bench,
@@ -250,6 +261,9 @@ def _optimize_many(paths, out_dir, target, only, skip, explain, explain_all, no_
             stage_report(out, junit_path, many_junit(result), "JUnit report")
         out.commit()
     emit_json(json_path, json_text(result))
+    for run in result.runs:  # the summary table says "no GPU", not that the latency check was skipped
+        if run.result is not None:
+            _warn_unchecked(run.result, fail_on_slowdown, f"{run.name}: ")
     if not quiet:
         stdout = report_console(json_path)
         for run in result.runs:  # a broken rule, dropped: said for each model, as with one
@@ -270,6 +284,16 @@ def _optimize_many(paths, out_dir, target, only, skip, explain, explain_all, no_
                                "with `onnxfuse.custom_ops.session_options()`", "note: ", "[yellow]note:[/] ")
         sys.stdout.flush()
     result.raise_for_failure()
+
+
+def _warn_unchecked(result, fail_on_slowdown, prefix: str = "") -> None:
+    """The one line saying --fail-on-slowdown could not measure, on stderr: with --quiet, and for each model of
+    --out-dir (one model without --quiet prints it as the timing note): a latency check that did not run is
+    never a silent pass."""
+    timing = result.timing
+    if fail_on_slowdown is not None and timing is not None and timing.status != "ok" and timing.message:
+        stderr.print("[yellow]warning:[/] ", end="")
+        stderr.print(prefix + timing.message, markup=False, highlight=False, soft_wrap=True)
 
 
 def _save(result, input_path, output_path, force, json_path, markdown_path, junit_path) -> None:

@@ -37,7 +37,9 @@ def optimize_markdown(result, error: str | None = None, heading: str = "onnxfuse
     out = [f"## {heading}: {'✅ ok' if ok else '❌ FAIL'}\n\n"]
     out.append(f"- **input**: `{result.input_path}`\n")
     out.append(f"- **output**: `{result.output_path}`\n" if result.output_path else "- **output**: not written\n")
-    out.append(f"- **target**: {result.target}; nodes {result.nodes_before} → {result.nodes_after}\n")
+    device = getattr(result, "device", "cuda")
+    for_device = "" if device == "cuda" else f" for the {device.upper()} provider (--device {device})"
+    out.append(f"- **target**: {result.target}{for_device}; nodes {result.nodes_before} → {result.nodes_after}\n")
     if error:
         out.append(f"- **error**: {cell(error)}\n")
     applied = {k: v for k, v in result.applied.counts.items() if v}
@@ -81,7 +83,8 @@ def _optimize_suite(root, result, error: str | None, suite_name: str):
     timing = result.timing
     if timing is not None and timing.status == "ok":
         case = ET.SubElement(suite, "testcase", {"classname": suite_name, "name": "latency"})
-        text = (f"original median {timing.original.stats.median_ms:.4f} ms, optimized "
+        text = ("CPU: " if getattr(timing, "device", "cuda") == "cpu" else "") + (
+                f"original median {timing.original.stats.median_ms:.4f} ms, optimized "
                 f"{timing.optimized.stats.median_ms:.4f} ms, speed-up {timing.speedup:.3f}x")
         text = "\n".join([text, *timing.notes])  # a fallback to fewer rewrites says so (onnxfuse/selection.py)
         if error and result.exit_code == EXIT_SLOWER:  # the latency check failed (not validation)

@@ -105,6 +105,35 @@ def _parse_names(spec) -> list[str]:
     return names
 
 
+#: The devices a model can be optimized for (``optimize --device``), the default first.
+DEVICES = ("cuda", "cpu")
+
+
+def target_for_device(target: str | None, device: str = "cuda") -> str:
+    """The rule target a run for ``device`` uses: ``target`` when given, else the device's own.
+
+    ``cpu`` defaults to (and allows only) ``contrib`` or ``onnx``: the cuda-only rules
+    (fuse-elementwise, conv-bias-into-elementwise) write FusedElementwise, whose CPU kernel is an
+    interpreter meant as a correctness reference. Measured on ONNX Runtime's CPU provider
+    (docs/benchmarks.md 5.22, 2 cores): the default output is slower than the original on 8 of the 59
+    testdata models, the CNNs and small graphs whose elementwise ops it fuses, from 0.96x down to 0.10x
+    (efficientnet blocks), while ``--device cpu`` gives 0.99x-3.22x on all 59 (0.99x: a model no rule
+    applies to, within noise). Every op the contrib and standard rules wrote there has a CPU kernel and was
+    validated on the CPU provider: Attention, MultiHeadAttention, SkipLayerNormalization,
+    SkipSimplifiedLayerNormalization, EmbedLayerNormalization, Gelu, FastGelu, BiasGelu, QuickGelu,
+    FusedMatMul, LayerNormalization, SimplifiedLayerNormalization, RMSNormalization and RotaryEmbedding
+    (opset 23). ``contrib`` also maps SiLU to QuickGelu, which the cuda target leaves to FusedElementwise."""
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}")
+    if target is None:
+        return "contrib" if device == "cpu" else "cuda"
+    if device == "cpu" and target == "cuda":
+        raise UsageError("--target cuda writes FusedElementwise, whose CPU kernel is an interpreter (down to 0.1x "
+                         "the original on ONNX Runtime's CPU provider, docs/benchmarks.md 5.22); with --device cpu use "
+                         "--target contrib (its default) or onnx")
+    return target
+
+
 def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] | None = None,
                  assumptions: Assumptions = NO_ASSUMPTIONS) -> list[Rule]:
     """The rules to run for ``target``, restricted by ``only`` and ``skip`` (comma-separated names), each
@@ -127,4 +156,5 @@ def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] |
 
 
 __all__ = ["Assumptions", "NO_ASSUMPTIONS", "RULES", "ORDER", "Rule", "GraphPass", "Plan", "Refuse", "Refusal", "RuleFailed", "ApplyReport", "TARGETS",
-           "MAX_PASSES_PER_RULE", "MAX_ROUNDS", "apply_rules", "select_rules", "rule_names", "load_rule", "rule_module"]
+           "MAX_PASSES_PER_RULE", "MAX_ROUNDS", "apply_rules", "select_rules", "DEVICES", "target_for_device",
+           "rule_names", "load_rule", "rule_module"]
