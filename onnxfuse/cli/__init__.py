@@ -48,7 +48,7 @@ def main() -> None:
 
     \b
     Examples:
-      onnxfuse demo                            # sample models to try, and the commands
+      onnxfuse demo                      # sample models to try, and commands
       onnxfuse optimize model.onnx model.opt.onnx
       onnxfuse optimize a.onnx b.onnx --out-dir optimized
       onnxfuse optimize model.onnx out.onnx --explain --json report.json

@@ -25,10 +25,12 @@ Timing needs a CUDA GPU: without one, bench says so in one line and exits with 1
 Examples:
   onnxfuse bench model.onnx
   onnxfuse bench model.onnx model.opt.onnx --batch 16
-  onnxfuse bench model.onnx model.opt.onnx --cuda-graph --time-budget 5 --json bench.json
-  onnxfuse bench bert.onnx --shape input_ids:8,128 --shape attention_mask:8,128 --profile
+  onnxfuse bench model.onnx model.opt.onnx --cuda-graph --time-budget 5 \\
+      --json bench.json
+  onnxfuse bench bert.onnx --shape input_ids:8,128 \\
+      --shape attention_mask:8,128 --profile
   onnxfuse bench model.onnx --device cpu --iterations 100 --warmup 5
-  onnxfuse bench model.onnx model.opt.onnx --batch 16 --sessions 3 --time-budget 3
+  onnxfuse bench model.onnx model.opt.onnx --batch 16 --sessions 3
 """
 
 

@@ -19,16 +19,20 @@ from onnxfuse.errors import InternalError, Interrupted, OnnxfuseError, ResourceE
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  success
-  1  user or model error (bad file, invalid model, unwritable output, runtime failure)
+  1  user or model error (bad file, invalid model, unwritable output,
+     runtime failure)
   2  usage error (bad options)
   3  validation failed: outputs differ beyond tolerance (nothing written)
-  4  optimize --fail-on-slowdown: the optimized model is slower than allowed (nothing written)
-  5  internal error: onnxfuse wrote a model ONNX Runtime cannot load, or failed
-     unexpectedly (nothing written; please report it)
-  130, 143  interrupted by SIGINT (Ctrl-C) or SIGTERM: temporary files removed, nothing written
-  optimize --out-dir (several models): the worst of the models' codes, in the order
-  2 > 5 > 3 > 4 > 1 > 0 (a wrong command line, an onnxfuse bug, wrong answers, slower, a bad
-  file); interrupted, the models already done stay written
+  4  optimize --fail-on-slowdown: the optimized model is slower than
+     allowed (nothing written)
+  5  internal error: onnxfuse wrote a model ONNX Runtime cannot load, or
+     failed unexpectedly (nothing written; please report it)
+  130, 143  interrupted by SIGINT (Ctrl-C) or SIGTERM: temporary files
+     removed, nothing written
+  optimize --out-dir (several models): the worst of the models' codes, in
+  the order 2 > 5 > 3 > 4 > 1 > 0 (a wrong command line, an onnxfuse bug,
+  wrong answers, slower, a bad file); interrupted, the models already done
+  stay written
 """
 
 #: What a character the stream cannot encode becomes (``PYTHONIOENCODING=ascii``, a C locale in a CI

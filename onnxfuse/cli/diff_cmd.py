@@ -32,9 +32,11 @@ names the first one that drifts beyond tolerance.
 Examples:
   onnxfuse diff model.onnx model.opt.onnx
   onnxfuse diff model.onnx model.onnx --provider-a cpu --provider-b cuda
-  onnxfuse diff model.fp32.onnx model.fp16.onnx --samples 4 --tol logits:1e-2:1e-3
-  onnxfuse diff a.onnx b.onnx --intermediates --json diff.json --html diff.html
-  onnxfuse diff a.onnx b.onnx --shape input:8,3,224,224 --markdown "$GITHUB_STEP_SUMMARY" --junit diff.xml
+  onnxfuse diff model.fp32.onnx model.fp16.onnx --samples 4 \\
+      --tol logits:1e-2:1e-3
+  onnxfuse diff a.onnx b.onnx --intermediates --json diff.json --html d.html
+  onnxfuse diff a.onnx b.onnx --shape input:8,3,224,224 \\
+      --markdown "$GITHUB_STEP_SUMMARY" --junit diff.xml
   onnxfuse diff bert.onnx bert.opt.onnx --right-padded attention_mask
 
 Tolerance per element: |B - A| <= atol + rtol * |A|. Defaults depend on dtype (the looser of the two

@@ -36,17 +36,19 @@ timed on the CPU. The input file is never modified; the output is written atomic
 \b
 Examples:
   onnxfuse optimize resnet.onnx resnet.opt.onnx
-  onnxfuse optimize model.onnx out.onnx --shape input:8,3,224,224 --json report.json
+  onnxfuse optimize model.onnx out.onnx --shape input:8,3,224,224 \\
+      --json report.json
   onnxfuse optimize model.onnx out.onnx --skip fold-scale-bias --explain
   onnxfuse optimize model.onnx out.onnx --only fuse-elementwise --explain-all
-  onnxfuse optimize model.onnx out.onnx --inputs sample.npz --rtol 1e-3 --quiet
-  onnxfuse optimize model.onnx out.onnx --target onnx      # standard ONNX ops only
-  onnxfuse optimize model.onnx out.onnx --device cpu       # for ONNX Runtime's CPU provider, timed there
+  onnxfuse optimize model.onnx out.onnx --inputs sample.npz --quiet
+  onnxfuse optimize model.onnx out.onnx --target onnx  # standard ops only
+  onnxfuse optimize model.onnx out.onnx --device cpu   # for the CPU provider
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16
-  onnxfuse optimize model.onnx out.fp16.onnx --precision fp16-io   # float16 in, float16 out
+  onnxfuse optimize model.onnx out.fp16.onnx --precision fp16-io  # fp16 I/O
   onnxfuse optimize bert.onnx bert.opt.onnx --right-padded attention_mask
-  onnxfuse optimize model.onnx out.onnx --fail-on-slowdown 1.0 --markdown "$GITHUB_STEP_SUMMARY"
-  onnxfuse optimize a.onnx b.onnx exports/ 'more/*.onnx' --out-dir optimized --json report.json
+  onnxfuse optimize model.onnx out.onnx --fail-on-slowdown 1.0 \\
+      --markdown "$GITHUB_STEP_SUMMARY"
+  onnxfuse optimize a.onnx b.onnx exports/ 'more/*.onnx' --out-dir optimized
 
 With --out-dir every option applies to each model (--inputs: every model must accept the file), one
 report covers them all (--json: a list of models; --junit: a test suite per model; --markdown: a

@@ -32,14 +32,20 @@ def rules_table(counts: dict[str, int], cleanup: dict[str, int]) -> FitTable:
     return table
 
 
-def rule_list_table(rows: list[dict]) -> FitTable:
-    """``onnxfuse rules``: every rule's name (whole: users pass it to --skip), targets and description."""
-    table = FitTable("Rewrite rules (in run order)",
-                     [Column("rule", "id"), Column("targets", "text"), Column("what it does", "text")])
+def rule_list_lines(rows: list[dict], width: int) -> list[str]:
+    """``onnxfuse rules`` as a list, not a table: each rule's name (whole: users pass it to --skip) and its
+    targets on one line, its description wrapped under it at word boundaries only. A three-column table
+    at 80 columns left the description 20 characters and cut words such as ``Shape→Gather→Div→Reshape``
+    in two (issue 35); a word longer than the line stays whole and runs past it."""
+    import textwrap
+
+    lines = ["Rewrite rules in run order, each with the --target values that run it", ""]
     for row in rows:
-        targets = ", ".join(row["targets"]) + (" (opt-in: --only +RULE)" if row["opt_in"] else "")
-        table.add_row(row["name"], escape(targets), escape(row["description"]))
-    return table
+        targets = ", ".join(row["targets"]) + ("; opt-in: --only +RULE" if row["opt_in"] else "")
+        lines.append(f"{row['name']}  [{targets}]")
+        lines.extend(textwrap.wrap(row["description"], width=max(20, width - 4), initial_indent="    ",
+                                   subsequent_indent="    ", break_long_words=False, break_on_hyphens=False))
+    return lines
 
 
 def ops_table(before: dict[str, int], after: dict[str, int]) -> FitTable:

@@ -26,4 +26,5 @@ def rules(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    stdout.print(render.rule_list_table(rows))
+    for line in render.rule_list_lines(rows, stdout.width):
+        stdout.print(line, markup=False, highlight=False, soft_wrap=True)
