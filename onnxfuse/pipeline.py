@@ -10,6 +10,7 @@ to name the first rule whose rewrites break the outputs; nothing is written and
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -73,6 +74,7 @@ class OptimizeOptions:
     bench_config: object | None = None  # onnxfuse.timing.BenchConfig; None = its defaults
     fail_on_slowdown: float | None = None  # fail when optimized median > ratio × original median
     never_slower: bool = True  # timed slower: fall back to fewer rewrites (onnxfuse/selection.py)
+    tuning_record: str | None = None  # read and write measured decisions here (onnxfuse/tuning_record.py)
 
 
 def for_device(options: OptimizeOptions) -> OptimizeOptions:
@@ -509,17 +511,114 @@ def optimize_model(
             result.error, result.exit_code, result.culprit = message, EXIT_VALIDATION_FAILED, culprit
             raise ValidationFailed(message, culprit=culprit, report=result, skip=skip)
         result.validation_seconds = time.perf_counter() - t1
+    if (options.bench or options.tuning_record) and samples is None:
+        samples = sample_inputs(model, options)
+    fewer = functools.partial(_fewer_rewrites, model, start, rules, samples, reference, floor, options, precision,
+                              repair_notes + precision_notes, step)
+    record = decided = None
+    if options.tuning_record:
+        record, decided = _apply_tuning_record(result, model, samples, options, repairs, fewer)
     if options.bench:
         step("timing")
-        if samples is None:
-            samples = sample_inputs(model, options)
-        result.timing = time_both(model, optimized, samples[0], options, bench_progress)
-        if options.never_slower:
-            _keep_not_slower(result, model, start, rules, samples, reference, floor, options, precision,
-                             repairs, repair_notes + precision_notes, step, bench_progress)
+        result.timing = time_both(model, result.model, samples[0], options, bench_progress)
+        if options.never_slower and decided is None:
+            _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress)
+        if record is not None and decided is None:
+            _record_decision(result, record)
         check_slowdown(result, options.fail_on_slowdown)
     result.total_seconds = time.perf_counter() - t0
     return result
+
+
+def _tuning_key(model, options: OptimizeOptions, sample) -> tuple[str, dict]:
+    """The tuning record's key for ``model`` under ``options`` at ``sample``'s shapes, and what it hashes."""
+    from onnxfuse.tuning_record import fingerprint, record_key
+
+    choices = {"target": options.target, "device": options.device, "only": options.only or [],
+               "skip": options.skip or [], "precision": options.precision, "right_padded": list(options.right_padded)}
+    shapes = {k: list(v) for k, v in sample.shapes().items()}
+    return record_key(model, choices, shapes), {"model": fingerprint(model), "choices": choices, "shapes": shapes}
+
+
+def _measuring_device(options: OptimizeOptions) -> str | None:
+    """What a decision measured here is keyed by: ``cpu`` for ``--device cpu``, else the GPU's name; None
+    where nothing can be measured (``--device cuda`` without a usable GPU)."""
+    if options.device == "cpu":
+        return "cpu"
+    from onnxfuse.timing import gpu_unavailable_reason
+    from onnxfuse.timing.env import gpu_names
+
+    if gpu_unavailable_reason():
+        return None
+    names = gpu_names()
+    return names[0].split(",")[0].strip() if names else "CUDA GPU"
+
+
+def _apply_tuning_record(result, model, samples, options: OptimizeOptions, repairs, fewer):
+    """``--tuning-record``: read the record; where it holds a decision for this model, options and shapes
+    (measured on this GPU, or on any when none is usable here), apply it: the rules it left out are left
+    out again, the candidate validated as the first model was. Returns (record, the decision applied or
+    None); the report's ``tuning_record`` says which."""
+    from onnxfuse import tuning_record
+
+    record = tuning_record.load(options.tuning_record)
+    key, meta = _tuning_key(model, options, samples[0])
+    here = _measuring_device(options)
+    decision = record.lookup(key, here)
+    info = {"path": str(record.path), "key": key, "matched": decision is not None, "written": False}
+    result.extra["tuning_record"] = info
+    record.pending = (key, meta, here)
+    if decision is None:
+        where = "on this device" if here else "anywhere (no decision for this model, options and shapes)"
+        info["note"] = (f"tuning record {record.path}: nothing measured {where}" +
+                        ("; measured now and recorded" if here and options.bench else
+                         "; the rules' static defaults apply"))
+        return record, None
+    info.update({"gpu": decision.gpu, "onnxruntime": decision.onnxruntime, "skipped_rules": decision.skipped_rules,
+                 "kept": decision.kept, "measured": decision.measured})
+    from onnxfuse.selection import ALL
+
+    skipped = ALL if decision.skipped_rules == sorted(ALL) else frozenset(decision.skipped_rules)
+    where = decision.gpu or "an unnamed device"
+    if skipped:
+        made = fewer(skipped)
+        if isinstance(made, str):
+            info["note"] = (f"tuning record {record.path}: its decision (measured on {where}) to leave out "
+                            f"{', '.join(sorted(skipped))} was not applied: {made}")
+            return record, decision
+        candidate, applied, report = made
+        _stamp(candidate, applied, repairs)
+        _set_output(result, candidate, applied)
+        if report is not None:
+            result.validation = report
+    info["note"] = (f"tuning record {record.path}: applied the decision measured on {where} "
+                    f"(ONNX Runtime {decision.onnxruntime or '?'}, {decision.measured or '?'}): "
+                    + (f"without {decision.kept}" if skipped else "every rewrite kept"))
+    return record, decision
+
+
+def _record_decision(result, record) -> None:
+    """After timing without a matching decision: what was kept (the never-slower ladder's choice, or every
+    rewrite) becomes the record's decision for this model on this device; nothing when timing did not
+    measure."""
+    from onnxfuse import tuning_record
+    from onnxfuse.timing.env import environment
+
+    key, meta, here = record.pending
+    timing = result.timing
+    if here is None or timing is None or timing.status != "ok":
+        return
+    selection = result.extra.get("selection")
+    skipped = sorted(next((set(t["skipped_rules"]) for t in selection["tried"] if t["candidate"] == selection["kept"]),
+                          set())) if selection else []
+    decision = tuning_record.Decision(
+        skipped_rules=skipped, kept=selection["kept"] if selection else None, gpu=here,
+        onnxruntime=environment(timing.device).get("onnxruntime"), device=timing.device,
+        original_ms=round(timing.original.stats.median_ms, 6), optimized_ms=round(timing.optimized.stats.median_ms, 6),
+        measured=tuning_record.today())
+    record.store(key, meta, decision)
+    record.save()
+    result.extra["tuning_record"]["written"] = True
 
 
 #: ``--precision fp16``: an output passes within this many times the drift of the model merely converted
@@ -711,28 +810,33 @@ def _set_output(result: OptimizeResult, optimized, applied) -> None:
                                                          n.op_type for n in optimized.graph.node})
 
 
-def _keep_not_slower(result, model, start, rules, samples, reference, floor, options, precision, repairs, notes,
-                     step, bench_progress) -> None:
-    """:mod:`onnxfuse.selection`: when the output timed slower than the original, fewer rewrites, each
-    validated and timed, down to the graph as loaded; ``result`` then describes the one kept."""
-    from onnxfuse.selection import ALL, keep_not_slower
+def _fewer_rewrites(model, start, rules, samples, reference, floor, options, precision, notes, step, skipped):
+    """``start`` rewritten without the ``skipped`` rules (:data:`~onnxfuse.selection.ALL`: none run),
+    validated as the first model was: (model, applied, validation or None), or why it cannot be kept."""
+    from onnxfuse.selection import ALL
 
-    def attempt(skipped):
-        step("timed slower: trying fewer rewrites")
-        chosen = [] if skipped == ALL else [r for r in rules if r.name not in skipped]
-        candidate, applied = rewrite_model(start, chosen)
-        report = None
-        if options.validate:
-            try:
-                report = _validate(model, candidate, samples, options, reference, floor, precision)
-            except SessionRefused as exc:  # never kept, never written; the reason says whose fault it is
-                return f"ONNX Runtime cannot load it, an onnxfuse bug ({_refusal(exc)})"
-            report.notes.extend(notes)
-            if not report.passed:
-                return "validation failed"
-        return candidate, applied, report
+    step("trying fewer rewrites")
+    chosen = [] if skipped == ALL else [r for r in rules if r.name not in skipped]
+    candidate, applied = rewrite_model(start, chosen)
+    report = None
+    if options.validate:
+        try:
+            report = _validate(model, candidate, samples, options, reference, floor, precision)
+        except SessionRefused as exc:  # never kept, never written; the reason says whose fault it is
+            return f"ONNX Runtime cannot load it, an onnxfuse bug ({_refusal(exc)})"
+        report.notes.extend(notes)
+        if not report.passed:
+            return "validation failed"
+    return candidate, applied, report
 
-    selection = keep_not_slower(result.timing, result.applied.applied_rules(), attempt,
+
+def _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress) -> None:
+    """:mod:`onnxfuse.selection`: when the output timed slower than the original, fewer rewrites
+    (``fewer(skipped)``: :func:`_fewer_rewrites`), each validated and timed, down to the graph as loaded;
+    ``result`` then describes the one kept."""
+    from onnxfuse.selection import keep_not_slower
+
+    selection = keep_not_slower(result.timing, result.applied.applied_rules(), fewer,
                                 lambda candidate: time_both(model, candidate, samples[0], options, bench_progress))
     if selection is None:
         return

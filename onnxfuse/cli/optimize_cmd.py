@@ -105,6 +105,10 @@ theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one 
 @click.option("--allow-slower", is_flag=True,
               help="Keep the optimized model even when it times slower than the original on the device. By default "
                    "fewer rewrites are then tried (each validated and timed), down to the graph as loaded.")
+@click.option("--tuning-record", "tuning_record", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Read and write measured decisions here: where FILE holds one for this model, options and "
+                   "shapes (measured on this GPU, or on any GPU when none is usable here, as on a CI runner) it "
+                   "is applied; else what this run measures is added to FILE.")
 @json_option("Also write the report as JSON to this file (schema: onnxfuse/reports/schemas/report.schema.json).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
               help="Also write a Markdown summary (appended when PATH is $GITHUB_STEP_SUMMARY).")
@@ -123,7 +127,7 @@ def optimize(paths, out_dir, **options) -> None:
 
 
 def _optimize_one(input_path, output_path, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
-                  right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, json_path, markdown_path, junit_path, quiet,
+                  right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, tuning_record, json_path, markdown_path, junit_path, quiet,
                   force) -> None:
     try:
         check_runtime(quiet)
@@ -133,7 +137,7 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
         model_io.check_output_path(output_path, input_path, force)
         check_report_paths(
             {report_file(json_path): "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report",
-             save_inputs: "--save-inputs file"},
+             save_inputs: "--save-inputs file", tuning_record: "tuning record"},
             {output_path: "output model", str(model_io.data_path(output_path)): "output model's external data",
              **model_io.input_files(input_path)},
         )
@@ -145,7 +149,7 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
                 rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
                 precision=precision,
                 bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
-                progress=bar.step,
+                tuning_record=tuning_record, progress=bar.step,
                 bench_progress=bar.fraction,
             )
             bar.step("saving")
@@ -209,6 +213,10 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
                 render.print_prose(stdout, note, "note: ", "[yellow]note:[/] ")
         else:
             render.print_prose(stdout, result.timing.message, "note: ", "[yellow]note:[/] ")
+    record = result.extra.get("tuning_record")
+    if record and record.get("note"):
+        render.print_prose(stdout, record["note"] + (" (written)" if record.get("written") else ""),
+                           "note: ", "[yellow]note:[/] ")
     if result.custom_library:
         render.print_prose(stdout, f"the output uses custom ops of domain {result.custom_library!r}: run it with "
                            "`onnxfuse.custom_ops.session_options()` (library: `onnxfuse.custom_ops.library_path()`)",
@@ -221,7 +229,8 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
 
 def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path,
                    seed, input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench,
-                   fail_on_slowdown, allow_slower, json_path, markdown_path, junit_path, quiet, force) -> None:
+                   fail_on_slowdown, allow_slower, tuning_record, json_path, markdown_path, junit_path, quiet,
+                   force) -> None:
     """The many-models form: plan, check every path, run each model (library), write one report of all."""
     protected = {}
     try:
@@ -248,6 +257,7 @@ def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_
                 input_ranges=range_map(input_ranges), right_padded=list(right_padded), rtol=rtol, atol=atol,
                 samples=samples, strict=strict, provider=provider, precision=precision, bench=not no_bench,
                 force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
+                tuning_record=tuning_record,
                 started=progress.started, progress=progress.step, bench_progress=progress.fraction,
                 finished=progress.finished, reraise=bool(os.environ.get("ONNXFUSE_DEBUG")),
             )

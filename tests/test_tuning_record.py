@@ -1,0 +1,102 @@
+"""Tuning records (issue 32): a decision measured where timing runs is written to the record, and a run
+that cannot measure (a GPU-less CI runner) applies it, writing the same graph byte for byte. Timing is the
+stand-in of tests/test_selection.py (latency a function of the graph); rewrites and validation are real."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+import onnxfuse
+import onnxfuse.pipeline as pipeline
+from helpers import load_testdata
+from onnxfuse import tuning_record
+from test_selection import ATTENTION, _fake_time
+
+MODEL = "bert_tiny_sdpa_opset14"
+
+
+def _measured_run(monkeypatch, path, cost):
+    fake, calls = _fake_time(cost)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    monkeypatch.setattr(pipeline, "_measuring_device", lambda options: "Stand-in GPU")
+    result = onnxfuse.optimize(load_testdata(MODEL), bench=True, samples=1, tuning_record=str(path))
+    monkeypatch.undo()
+    return result, calls
+
+
+def test_a_gpu_decision_applied_without_a_gpu_gives_the_same_graph(monkeypatch, tmp_path):
+    path = tmp_path / "tuning.json"
+    measured, calls = _measured_run(monkeypatch, path, lambda ops: 1.5 if ATTENTION & set(ops) else 0.8)
+    assert measured.extra["selection"]["kept"] == "fused attention" and len(calls) == 2
+    info = measured.extra["tuning_record"]
+    assert info["written"] and not info["matched"]
+    doc = json.loads(path.read_text())
+    (entry,) = doc["entries"].values()
+    (decision,) = entry["decisions"]
+    assert decision["gpu"] == "Stand-in GPU" and "contrib-attention" in decision["skipped_rules"]
+    # the CI runner: no GPU, nothing timed; the record decides
+    applied = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1, tuning_record=str(path))
+    info = applied.extra["tuning_record"]
+    assert info["matched"] and info["gpu"] == "Stand-in GPU" and not info["written"]
+    assert "applied the decision measured on Stand-in GPU" in info["note"]
+    assert applied.validation.passed
+    assert applied.model.SerializeToString() == measured.model.SerializeToString()
+    assert not ATTENTION & set(Counter(n.op_type for n in applied.model.graph.node))
+    # and without the record the runner writes the static default (attention fused): the record mattered
+    default = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1)
+    assert ATTENTION & set(Counter(n.op_type for n in default.model.graph.node))
+
+
+def test_a_not_slower_decision_keeps_every_rewrite(monkeypatch, tmp_path):
+    path = tmp_path / "tuning.json"
+    measured, _ = _measured_run(monkeypatch, path, lambda ops: 0.5)
+    assert "selection" not in measured.extra
+    (entry,) = json.loads(path.read_text())["entries"].values()
+    assert entry["decisions"][0]["skipped_rules"] == [] and entry["decisions"][0]["kept"] is None
+    applied = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1, tuning_record=str(path))
+    assert applied.extra["tuning_record"]["matched"]
+    assert applied.model.SerializeToString() == measured.model.SerializeToString()
+
+
+def test_another_model_or_other_options_do_not_match(monkeypatch, tmp_path):
+    path = tmp_path / "tuning.json"
+    _measured_run(monkeypatch, path, lambda ops: 1.5 if ATTENTION & set(ops) else 0.8)
+    other = onnxfuse.optimize(load_testdata("roberta_tiny_sdpa_opset14"), bench=False, samples=1,
+                              tuning_record=str(path))
+    assert not other.extra["tuning_record"]["matched"]
+    assert "static defaults apply" in other.extra["tuning_record"]["note"]
+    skipped = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1, skip=["contrib-gelu"],
+                                tuning_record=str(path))
+    assert not skipped.extra["tuning_record"]["matched"]
+
+
+def test_a_file_that_is_not_a_record_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "notes.json"
+    path.write_text('{"hello": 1}')
+    with pytest.raises(tuning_record.TuningRecordError, match="not an onnxfuse tuning record"):
+        onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1, tuning_record=str(path))
+    assert path.read_text() == '{"hello": 1}'  # never overwritten
+
+
+def test_the_fingerprint_ignores_names_outside_the_graph_and_sees_a_weight_change():
+    model = load_testdata(MODEL)
+    base = tuning_record.fingerprint(model)
+    model.producer_name, model.doc_string = "someone else", "re-saved"
+    assert tuning_record.fingerprint(model) == base
+    init = model.graph.initializer[0]
+    init.raw_data = bytes(len(init.raw_data)) if init.raw_data else init.raw_data
+    assert tuning_record.fingerprint(model) != base
+
+
+def test_the_report_with_a_record_validates_against_the_schema(monkeypatch, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnxfuse.reports import load_schema
+
+    path = tmp_path / "tuning.json"
+    measured, _ = _measured_run(monkeypatch, path, lambda ops: 1.5 if ATTENTION & set(ops) else 0.8)
+    applied = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1, tuning_record=str(path))
+    for result in (measured, applied):
+        jsonschema.validate(result.to_json(), load_schema(), cls=jsonschema.Draft202012Validator)
