@@ -78,3 +78,23 @@ def test_the_guard_is_emulated_by_zeroing_rows_with_no_key(name):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(loose[:3], want[:3], rtol=1e-4, atol=1e-4)  # rows that keep a key
     assert np.abs(loose[3] - want[3]).max() > 1e-2  # the empty row: only the factor makes it right
+
+
+@pytest.mark.parametrize("name", ["bert_tiny_sdpa_opset17", "roberta_tiny_sdpa_opset14", "distilbert_tiny_sdpa_opset14"])
+def test_float16_sdpa_takes_the_keep_mask_as_a_bias_and_stays_exact(name):
+    """Under --precision fp16 the guarded sdpa attention gets ``Where(keep, 0, -65504)`` as a float16
+    ``attention_bias`` (the raw mask took ONNX Runtime's slower unfused float16 kernel), rows with no key
+    zeroed after the op: against the float32 original in float64, padded rows and a fully masked row
+    included, within float16's rounding."""
+    model = load_testdata(name)
+    result = onnxfuse.optimize(model, provider="cpu", samples=2, target="contrib", precision="fp16")
+    assert result.validation.passed
+    details = [d for d in result.applied.details if d["rule"] == "contrib-attention"]
+    assert len(details) == 2 and all(d["mask_form"] == "keep attention_bias" for d in details), details
+    feeds = feeds_for(name, model, np.random.default_rng(11))
+    sess = ort.InferenceSession(result.model.SerializeToString(), session_options(),
+                                providers=["CPUExecutionProvider"])
+    got = sess.run(None, feeds)[0]
+    exact = run_float64(model, feeds)["last_hidden_state"]
+    # float16's rounding gives ~5e-3 here; a bias that masked nothing would give ~2.7e-2 on the padded rows
+    assert float(np.abs(got - exact).max()) < 1e-2

@@ -115,6 +115,28 @@ def build_mask_index(graph, names, base, mask: KeepMask, query, key, key_axis: i
                                outputs=[out]))
     return out
 
+def build_keep_bias(graph, names, base, mask: KeepMask, query, key, key_axis: int, dtype):
+    """``Where(keep, 0, -65504)`` as the float16 op's ``attention_bias`` [B, 1, S, L] (``Not``-ed keep
+    read the other way round), ``keep`` spelled out to [B, 1, S, L] by ``Expand`` first (B and S read from
+    ``query``, L from ``key``'s axis ``key_axis``): the op's bias needs S and L whole
+    (:func:`~onnxfuse.rewrites.contrib.attention.policy.keep_bias_pays` says why and when it is exact)."""
+    one = new_constant(graph, f"{base}/one", np.array([1], np.int64))
+    batch, seq = run_time_dim(graph, names, base, query, 0), run_time_dim(graph, names, base, query, 1)
+    length = seq if key is query and key_axis == 1 else run_time_dim(graph, names, base, key, key_axis)
+    target = gs.Variable(names(f"{base}/keep_bias_shape"), dtype=np.int64)
+    graph.nodes.append(gs.Node("Concat", names(f"{base}/keep_bias_shape"), {"axis": 0},
+                               inputs=[batch, one, seq, length], outputs=[target]))
+    full = gs.Variable(names(f"{base}/keep_bias_keep"), dtype=np.bool_)
+    graph.nodes.append(gs.Node("Expand", names(f"{base}/keep_bias_expand"), inputs=[mask.keep, target],
+                               outputs=[full]))
+    zero = new_constant(graph, f"{base}/keep_bias_zero", np.zeros((), dtype))
+    fill = new_constant(graph, f"{base}/keep_bias_fill", np.array(np.finfo(np.float16).min, dtype))
+    out = gs.Variable(names(f"{base}/attention_bias"), dtype=dtype)
+    graph.nodes.append(gs.Node("Where", names(f"{base}/keep_bias"), inputs=[
+        full, *((fill, zero) if mask.negate else (zero, fill))], outputs=[out]))
+    return out
+
+
 def build_row_keep_factor(graph, names, base, mask_index, rank: int, dtype):
     """``max(mask_index over the keys)`` as ``dtype``, shaped to broadcast over the fused op's [B, S, E]
     output: [B, 1, 1] for a key padding mask ([B, L]), [B, S, 1] for one per query ([B, S, L]). 1 for a

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.contrib.attention.bias import (build_all_keys_mask, build_attention_bias, build_mask_index,
-                                                      build_row_keep_factor)
+from onnxfuse.rewrites.contrib.attention.bias import (build_all_keys_mask, build_attention_bias, build_keep_bias,
+                                                      build_mask_index, build_row_keep_factor)
 from onnxfuse.rewrites.contrib.attention.layout import AXES, GIVEN, HEADS, SEQ_FIRST
 from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan
 from onnxfuse.rewrites.contrib.attention.shape_reads import replace_shape
@@ -43,11 +43,15 @@ def emit(graph, plan: AttentionPlan):
     if plan.layout == GIVEN:  # q given [B, H, S, D] → [B, S, H, D] → [B, S, E]: data movement and a view
         inputs[0] = _merged_heads(graph, names, base, plan)
     attrs = {"num_heads": plan.heads, "scale": plan.scale}
-    attention_bias, key_padding = gs.Variable.empty(), gs.Variable.empty()
+    attention_bias, key_padding, raw = gs.Variable.empty(), gs.Variable.empty(), None
     if plan.key_mask is not None:
-        key_padding = build_mask_index(graph, names, base, plan.key_mask, inputs[0], inputs[1],
-                                       AXES[plan.key_layout][2])
-        attrs["mask_filter_value"] = plan.key_mask.fill
+        raw = build_mask_index(graph, names, base, plan.key_mask, inputs[0], inputs[1], AXES[plan.key_layout][2])
+        if plan.keep_as_bias:  # the raw mask only feeds the row factor
+            attention_bias = build_keep_bias(graph, names, base, plan.key_mask, inputs[0], inputs[1],
+                                             AXES[plan.key_layout][2], plan.dtype)
+        else:
+            key_padding = raw
+            attrs["mask_filter_value"] = plan.key_mask.fill
     elif plan.terms:
         attention_bias = build_attention_bias(graph, plan, names, base, inputs[0], inputs[1])
     for shape_node, letters in plan.shape_reads:
@@ -65,12 +69,12 @@ def emit(graph, plan: AttentionPlan):
                       shape=_output_shape(inputs[0], plan.heads * plan.head_size))
     graph.nodes.append(gs.Node("MultiHeadAttention", names(f"{base}/MultiHeadAttention"), attrs,
                                inputs=inputs, outputs=[out], domain="com.microsoft"))
-    _connect_output(graph, names, base, plan, out, key_padding)
+    _connect_output(graph, names, base, plan, out, raw)
     return {"op": "com.microsoft.MultiHeadAttention", "num_heads": plan.heads, "scale": plan.scale,
             "mask": bool(plan.terms), "qkv_bias": plan.biases is not None, "layout": plan.layout,
             "kv_layout": "BNSH" if plan.kv_heads else "BSD", "mask_terms": [t.kind for t in plan.terms],
-            "mask_form": ("key_padding_mask" if plan.key_mask is not None else "attention_bias" if plan.terms
-                          else "none")}
+            "mask_form": ("keep attention_bias" if plan.keep_as_bias else "key_padding_mask"
+                          if plan.key_mask is not None else "attention_bias" if plan.terms else "none")}
 
 def _merged_heads(graph, names, base, plan):
     """``Reshape(Transpose(q, perm=[0, 2, 1, 3]), [0, 0, E])``: the query as MultiHeadAttention reads it
@@ -99,10 +103,14 @@ def _emit_packed(graph, plan: AttentionPlan, names, base):
     weight = new_constant(graph, f"{base}/qkv_weight", packed.weight)
     bias = new_constant(graph, f"{base}/qkv_bias", packed.bias)
     attrs = {"num_heads": plan.heads, "scale": plan.scale}
-    attention_bias, mask_index = gs.Variable.empty(), None
+    attention_bias, mask_index, raw = gs.Variable.empty(), None, None
     if plan.key_mask is not None:
-        mask_index = build_mask_index(graph, names, base, plan.key_mask, x, x, 1)
-        attrs["mask_filter_value"] = plan.key_mask.fill
+        raw = build_mask_index(graph, names, base, plan.key_mask, x, x, 1)
+        if plan.keep_as_bias:  # the raw mask only feeds the row factor
+            attention_bias = build_keep_bias(graph, names, base, plan.key_mask, x, x, 1, plan.dtype)
+        else:
+            mask_index = raw
+            attrs["mask_filter_value"] = plan.key_mask.fill
     elif plan.all_keys_mask:
         mask_index = build_all_keys_mask(graph, names, base, x)
     elif plan.terms:
@@ -121,12 +129,13 @@ def _emit_packed(graph, plan: AttentionPlan, names, base):
                       shape=_output_shape(x, plan.heads * plan.head_size))
     graph.nodes.append(gs.Node("Attention", names(f"{base}/Attention"), attrs, inputs=inputs, outputs=[out],
                                domain="com.microsoft"))
-    _connect_output(graph, names, base, plan, out, mask_index)
+    _connect_output(graph, names, base, plan, out, raw if raw is not None else mask_index)
     return {"op": "com.microsoft.Attention", "num_heads": plan.heads, "scale": plan.scale,
             "mask": bool(plan.terms), "qkv_packed": True, "layout": plan.layout,
             "mask_terms": [t.kind for t in plan.terms], "empty_rows_zeroed": plan.zero_empty_rows,
-            "mask_form": ("all-keys mask_index" if plan.all_keys_mask else "mask_index" if mask_index is not None
-                          else "attention_bias" if plan.terms else "none")}
+            "mask_form": ("keep attention_bias" if plan.keep_as_bias else "all-keys mask_index" if plan.all_keys_mask
+                          else "mask_index" if mask_index is not None else "attention_bias" if plan.terms
+                          else "none")}
 
 def _batch_first_source(graph, names, base, x, dtype):
     """[B, S, E] for the sequence-first x [S, B, E]: the tensor x was transposed from when x is

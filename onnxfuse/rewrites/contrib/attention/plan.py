@@ -30,7 +30,7 @@ from onnxfuse.rewrites.contrib.attention.facts import strip_scale
 from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask, keep_mask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, SEQ_FIRST, batch_of, sequence_of
 from onnxfuse.rewrites.contrib.attention.masks import FP16_MIN
-from onnxfuse.rewrites.contrib.attention.policy import raw_mask_pays, speed_policy
+from onnxfuse.rewrites.contrib.attention.policy import keep_bias_pays, raw_mask_pays, speed_policy
 from onnxfuse.rewrites.contrib.attention.projections import PackedProjections, fold_biases, packed_projections
 from onnxfuse.rewrites.engine.facts import dims_equal, dtype_of, internal_problem, rank_of, shape_of
 
@@ -58,6 +58,7 @@ class AttentionPlan:
     all_keys_mask: bool = False  # packed float32 over long keys: a raw mask of ones keeps the unfused kernel
     kv_heads: bool = False  # k and v are given [B, H, L, D] heads, the op's "past" layout (q: ``layout``)
     zero_empty_rows: bool = False  # the NaN guard after a -inf mask: rows with no key kept become 0
+    keep_as_bias: bool = False  # float16, zero_empty_rows: key_mask goes in as Where(keep, 0, -65504) attention_bias
 
     @property
     def key_layout(self) -> str:
@@ -142,9 +143,11 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                     "only with the mask as a raw keep mask (Attention's mask_index, MultiHeadAttention's "
                     "key_padding_mask); the mask is not a keep mask of [B, 1, S or 1, L]")
         key_mask = replace(key_mask, fill=float(np.finfo(np.float32).min))
+    keep_as_bias = key_mask is not None and keep_bias_pays(dtype, zero_empty_rows)
     # k's layout is q's unless k is given (then packed is None: no all-keys mask either way)
     verdict = speed_policy(graph, dtype=dtype, layout=k.layout if given else q.layout, key=k_source,
-                           packed=packed is not None, key_mask=key_mask is not None, masked=bool(terms))
+                           packed=packed is not None, key_mask=key_mask is not None and not keep_as_bias,
+                           masked=bool(terms))
     if isinstance(verdict, str):
         return verdict
     if island and terms and key_mask is None:
@@ -158,4 +161,4 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                          head_size=q.size, scale=scale, layout=q.layout, dtype=dtype, merge=merge_r, terms=terms,
                          mask_rank=mask_rank, mask_tail_known=tail_known, biases=biases, shape_reads=shape_reads,
                          packed=packed, key_mask=key_mask, island=island, all_keys_mask=verdict.all_keys_mask,
-                         kv_heads=given, zero_empty_rows=zero_empty_rows)
+                         kv_heads=given, zero_empty_rows=zero_empty_rows, keep_as_bias=keep_as_bias)

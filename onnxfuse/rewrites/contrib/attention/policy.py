@@ -82,6 +82,19 @@ def raw_mask_pays(dtype, packed: bool) -> bool:
     return packed and dtype == np.dtype(np.float32)
 
 
+def keep_bias_pays(dtype, zero_empty_rows: bool) -> bool:
+    """Whether a keep mask that must zero its empty rows (the NaN guard after an sdpa export's -inf mask)
+    goes to the float16 op as an ``attention_bias`` ``Where(keep, 0, -65504)`` rather than a raw mask:
+    in float16 the raw mask takes ONNX Runtime's unfused kernel, measured slower than the bias's
+    memory-efficient one (0.096 against 0.079 ms, one BERT-base layer at batch 16, H100; BERT-base under
+    ``--precision fp16``, whose islands took the raw mask, ran 1.523 ms against 0.949 ms for the float16
+    export's optimized model, H200, docs/benchmarks.md 5.20). Exact there: a masked score plus -65504
+    weighs exp(-65504 + s - max) = 0 in the kernel's float32 softmax, as exp(-inf) does in the graph,
+    wherever a row keeps a key; a row that keeps none is zeroed after the op by the row factor, as the
+    guard zeroes it (:func:`~onnxfuse.rewrites.contrib.attention.plan.plan_attention`)."""
+    return zero_empty_rows and dtype == np.dtype(np.float16)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Fuse; ``all_keys_mask``: packed float32 self-attention over long keys, given a raw ``mask_index``
