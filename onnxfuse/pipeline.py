@@ -434,9 +434,11 @@ def optimize_model(
     if options.validate:
         step("validating")
         t1 = time.perf_counter()
-        samples, reference = _reference_run(model, options, source)
+        original = _OriginalRuns(model, options.provider, source)
+        samples, reference = _reference_run(model, options, source, original)
         if options.inputs is None and options.inputs_path is None:
-            _add_second_size(model, samples, reference, options, source)
+            _add_second_size(model, samples, reference, options, source, original)
+        original.close()  # before the noise floor's and the optimized model's sessions: one model's at a time
         if options.save_inputs:
             from onnxfuse.runtime.inputs import save_samples
 
@@ -558,19 +560,41 @@ def _precision_drift(report: ValidationReport) -> str:
 DEFAULT_DIM_RETRIES = (8, 32, 224)
 
 
-def _reference_run(model, options: OptimizeOptions, source: str):
+class _OriginalRuns:
+    """The original model's outputs (graph optimizations off) on any draws, from one ONNX Runtime session
+    made on first use: the reference run, its retries at other sizes and the second size's candidates
+    used to make a session each. Why: creating a session is most of validation's time on large models;
+    measured (cProfile, this 2-core machine, CPU): BERT-base 0.34 s a session, a 1.1B-parameter decoder
+    4.4 s, six sessions a run (docs/benchmarks.md 5.23). Outputs are those of :func:`run_samples`, which
+    makes the same session (a failed creation is not kept: the next call tries again, as before)."""
+
+    def __init__(self, model, provider: str, name: str):
+        self.model, self.provider, self.name, self.session = model, provider, name, None
+
+    def __call__(self, samples: list) -> list:
+        from onnxfuse.runtime.session import make_session, run_session
+
+        if self.session is None:
+            self.session = make_session(self.model, provider=self.provider, name=self.name)
+        return [run_session(self.session, s if isinstance(s, dict) else s.feeds, name=self.name) for s in samples]
+
+    def close(self) -> None:
+        self.session = None
+
+
+def _reference_run(model, options: OptimizeOptions, source: str, original: _OriginalRuns | None = None):
     """The validation samples and the original's outputs on them. Unsized dynamic dimensions default
     to 1; where the original cannot run at 1, to 8, 32 and then 224 (with a note); where it runs at
     none of these, one line names the dimensions and the --shape to pass."""
     from onnxfuse.errors import InputsError, RuntimeFailure
     from onnxfuse.runtime.inputs import input_specs, unsized_dimensions
-    from onnxfuse.runtime.session import run_samples
 
+    run = original or _OriginalRuns(model, options.provider, source)
     samples = sample_inputs(model, options)
     given = options.inputs is not None or options.inputs_path is not None
     unsized = [] if given else unsized_dimensions(input_specs(model), options.shapes)
     try:
-        return samples, run_samples(model, samples, options.provider, name=source)
+        return samples, run(samples)
     except RuntimeFailure as first:
         if not unsized:
             raise
@@ -580,7 +604,7 @@ def _reference_run(model, options: OptimizeOptions, source: str):
                     retry[0].feeds[k].shape == samples[0].feeds[k].shape for k in retry[0].feeds):
                 continue  # no sizes were derived: the same draw as the one that failed
             try:
-                reference = run_samples(model, retry, options.provider, name=source)
+                reference = run(retry)
             except RuntimeFailure:
                 continue
             if not derive:
@@ -594,41 +618,44 @@ def _reference_run(model, options: OptimizeOptions, source: str):
                           f"1, 8, 32 or 224; give sizes with --shape NAME:D0,D1,... ({first})") from None
 
 
-def _add_second_size(model, samples: list, reference: list, options: OptimizeOptions, source: str) -> None:
+def _add_second_size(model, samples: list, reference: list, options: OptimizeOptions, source: str,
+                     original: _OriginalRuns | None = None) -> None:
     """Append a sample at a second size of every dynamic dimension (and the original's outputs on it)
     when the original runs there (:func:`onnxfuse.runtime.inputs.second_size_candidates`); else a
     note says validation ran at one size."""
     from onnxfuse.runtime.inputs import relation_variants, second_size_candidates
 
+    run = original or _OriginalRuns(model, options.provider, source)
     groups = relation_variants(model, samples[0], options.seed)
     if groups:
-        _add_variants(model, samples, reference, options, source, groups)
+        _add_variants(model, samples, reference, options, source, groups, run)
         return
     candidates = second_size_candidates(model, samples[0], options.seed)
-    if _add_first_that_runs(model, candidates, samples, reference, options, source):
+    if _add_first_that_runs(model, candidates, samples, reference, options, source, run):
         return
     if candidates:
         samples[0].notes.append("validated at one size only: the original model does not run with its dynamic "
                                 "dimensions one larger (use --shape to choose sizes)")
 
 
-def _add_variants(model, samples: list, reference: list, options: OptimizeOptions, source: str, groups) -> None:
+def _add_variants(model, samples: list, reference: list, options: OptimizeOptions, source: str, groups,
+                  run: _OriginalRuns) -> None:
     """For a model whose dynamic dimensions are tied: the first candidate of each group (second size,
     prefill, decode: :func:`onnxfuse.runtime.inputs.relation_variants`) the original runs on, with a note
     for a group where it runs on none."""
     for how, draws in groups:
-        if not _add_first_that_runs(model, draws, samples, reference, options, source):
+        if not _add_first_that_runs(model, draws, samples, reference, options, source, run):
             samples[0].notes.append(f"no {how} sample: the original model does not run at the sizes derived for it")
 
 
-def _add_first_that_runs(model, draws, samples: list, reference: list, options: OptimizeOptions, source: str) -> bool:
+def _add_first_that_runs(model, draws, samples: list, reference: list, options: OptimizeOptions, source: str,
+                         run: _OriginalRuns) -> bool:
     """Append the first of ``draws`` the original model runs on (and its outputs); False when none runs."""
     from onnxfuse.errors import RuntimeFailure
-    from onnxfuse.runtime.session import run_samples
 
     for draw in draws:
         try:
-            (outputs,) = run_samples(model, [draw], options.provider, name=source)
+            (outputs,) = run([draw])
         except RuntimeFailure:
             continue
         samples.append(draw)
