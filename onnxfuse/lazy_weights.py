@@ -61,9 +61,11 @@ LAZY_MODEL_BYTES = 1 << 30
 #: self-contained proto buys nothing there, and every serialization of an in-memory model (shape
 #: inference, the checker, each ONNX Runtime session) copies its weights again. Measured on BERT-base
 #: (435 MB, legacy export, CPU validation, this 2-core machine; docs/benchmarks.md 5.23): `onnxfuse
-#: optimize` took 21.3 s and peaked at 3.5 GB held in memory, 3.0 s and 0.47 GB held lazily, with the
-#: same output bytes and report. 32 MiB keeps every model under it (all of testdata/, every test's
-#: model) on the in-memory path exactly as before.
+#: optimize` took 21-24 s and peaked at 3.44 GB held in memory (13 s of it serializing and re-parsing the
+#: weights), 2.9-3.2 s and 0.45 GB held lazily, with the same output bytes and report. At that rate 32 MiB
+#: of weights cost about a second in memory; every testdata model (the largest 1.8 MB) stays on the
+#: in-memory path as before, and held lazily gives the same bytes too (tools/check_identical.py
+#: --lazy-bytes 0).
 CLI_LAZY_MODEL_BYTES = 32 << 20
 #: Tensors larger than this stay on disk in a lazy model; smaller ones are loaded inline. Must be at
 #: least the constant folder's limit (rewrites.fold.SIZE_LIMIT, 1 MiB): every tensor it may
