@@ -56,6 +56,17 @@ import onnx
 #: Weights (bytes of tensor data) from which a model is held lazily. Below it everything is in memory
 #: as before (a ``ModelProto`` returned by the API is then self-contained).
 LAZY_MODEL_BYTES = 1 << 30
+#: The threshold the command line holds models lazily from (:func:`lazy_from`), far below
+#: :data:`LAZY_MODEL_BYTES`: the CLI never hands its ``ModelProto`` to anyone, it only writes it, so a
+#: self-contained proto buys nothing there, and every serialization of an in-memory model (shape
+#: inference, the checker, each ONNX Runtime session) copies its weights again. Measured on BERT-base
+#: (435 MB, legacy export, CPU validation, this 2-core machine; docs/benchmarks.md 5.23): `onnxfuse
+#: optimize` took 21-24 s and peaked at 3.44 GB held in memory (13 s of it serializing and re-parsing the
+#: weights), 2.9-3.2 s and 0.45 GB held lazily, with the same output bytes and report. At that rate 32 MiB
+#: of weights cost about a second in memory; every testdata model (the largest 1.8 MB) stays on the
+#: in-memory path as before, and held lazily gives the same bytes too (tools/check_identical.py
+#: --lazy-bytes 0).
+CLI_LAZY_MODEL_BYTES = 32 << 20
 #: Tensors larger than this stay on disk in a lazy model; smaller ones are loaded inline. Must be at
 #: least the constant folder's limit (rewrites.fold.SIZE_LIMIT, 1 MiB): every tensor it may
 #: evaluate must be inline, since ONNX Runtime refuses absolute external locations.
@@ -153,6 +164,20 @@ def file_range(tensor: onnx.TensorProto) -> FileRange:
     info = external_info(tensor)
     length = int(info["length"]) if "length" in info else tensor_nbytes(tensor)
     return FileRange(info["location"], int(info.get("offset", 0) or 0), length)
+
+
+@contextlib.contextmanager
+def lazy_from(nbytes: int):
+    """Hold models with ``nbytes`` of weights or more lazily while the block runs (loads, shape
+    inference's skeleton, rewritten models), then restore :data:`LAZY_MODEL_BYTES`: the command line's
+    :data:`CLI_LAZY_MODEL_BYTES`, without changing what the API returns to a program."""
+    global LAZY_MODEL_BYTES
+    saved = LAZY_MODEL_BYTES
+    LAZY_MODEL_BYTES = min(saved, nbytes)
+    try:
+        yield
+    finally:
+        LAZY_MODEL_BYTES = saved
 
 
 def top_initializers(model: onnx.ModelProto):

@@ -6,8 +6,9 @@ model over protobuf's 2 GiB limit must work like any other.
 
 * ``load_model`` reads a model and turns every way a file can be wrong into a :class:`ModelLoadError`
   naming the file. External data is found relative to the **model's own folder** (never the working
-  directory). A model with :data:`~onnxfuse.lazy_weights.LAZY_MODEL_BYTES` (1 GiB) of weights or more is
-  loaded *lazily*: its large tensors stay in their files and are memory-mapped when a rule reads them
+  directory). A model with :data:`~onnxfuse.lazy_weights.LAZY_MODEL_BYTES` (1 GiB; in ``onnxfuse
+  optimize`` 32 MiB, :data:`~onnxfuse.lazy_weights.CLI_LAZY_MODEL_BYTES`) of weights or more is loaded
+  *lazily*: its large tensors stay in their files and are memory-mapped when a rule reads them
   (:mod:`onnxfuse.lazy_weights` says how and why); smaller models are loaded whole, as before.
 * ``save_model`` writes atomically through :class:`onnxfuse.atomic.OutputSet`: temporary files in the
   destination folder, renamed into place together (external data, then the model) under a folder

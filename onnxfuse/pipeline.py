@@ -116,6 +116,8 @@ class OptimizeResult:
     validation: ValidationReport | None = None
     validation_seconds: float = 0.0
     total_seconds: float = 0.0
+    load_seconds: float = 0.0  # reading the input file (0 for a ModelProto given in memory)
+    timing_seconds: float = 0.0  # timing both models on the GPU, never-slower's fallbacks included
     custom_library: str | None = None
     unfused: list = field(default_factory=list)  # onnxfuse.unfused.Unfused rows: patterns left decomposed
     extra: dict = field(default_factory=dict)
@@ -150,9 +152,11 @@ class OptimizeResult:
             "unfused": [u.to_dict() for u in self.unfused],
             "validation": self.validation.to_dict() if self.validation else None,
             "timing": self.timing.to_dict() if self.timing is not None else None,
-            "timings": {
+            "timings": {  # per stage (issue 35 item 8: where the time of a run goes); total_s includes them all
+                "load_s": round(self.load_seconds, 4),
                 "rewrite_s": round(self.rewrite_seconds, 4),
                 "validation_s": round(self.validation_seconds, 4),
+                "timing_s": round(self.timing_seconds, 4),
                 "total_s": round(self.total_seconds, 4),
             },
             **self.extra,
@@ -520,11 +524,14 @@ def optimize_model(
         record, decided = _apply_tuning_record(result, model, samples, options, repairs, fewer)
     if options.bench:
         step("timing")
+        t2 = time.perf_counter()
         result.timing = time_both(model, result.model, samples[0], options, bench_progress)
         if options.never_slower and decided is None:
             _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress)
         if record is not None and decided is None:
             _record_decision(result, record)
+        result.timing_seconds = time.perf_counter() - t2
+        result.total_seconds = time.perf_counter() - t0
         check_slowdown(result, options.fail_on_slowdown)
     result.total_seconds = time.perf_counter() - t0
     return result
@@ -692,26 +699,50 @@ DEFAULT_DIM_RETRIES = (8, 32, 224)
 
 def _validation_inputs(model, options: OptimizeOptions, source: str):
     """The validation samples and the original's outputs on them: the drawn (or given) samples, plus the
-    second size when onnxfuse drew them."""
-    samples, reference = _reference_run(model, options, source)
+    second size when onnxfuse drew them, all from one session of the original (:class:`_OriginalRuns`)."""
+    original = _OriginalRuns(model, options.provider, source)
+    samples, reference = _reference_run(model, options, source, original)
     if options.inputs is None and options.inputs_path is None:
-        _add_second_size(model, samples, reference, options, source)
+        _add_second_size(model, samples, reference, options, source, original)
+    original.close()  # before the noise floor's and the optimized model's sessions: one model's at a time
     return samples, reference
 
 
-def _reference_run(model, options: OptimizeOptions, source: str):
+class _OriginalRuns:
+    """The original model's outputs (graph optimizations off) on any draws, from one ONNX Runtime session
+    made on first use: the reference run, its retries at other sizes and the second size's candidates
+    used to make a session each. Why: creating a session is most of validation's time on large models;
+    measured (cProfile, this 2-core machine, CPU): BERT-base 0.34 s a session, a 1.1B-parameter decoder
+    4.4 s, six sessions a run (docs/benchmarks.md 5.23). Outputs are those of :func:`run_samples`, which
+    makes the same session (a failed creation is not kept: the next call tries again, as before)."""
+
+    def __init__(self, model, provider: str, name: str):
+        self.model, self.provider, self.name, self.session = model, provider, name, None
+
+    def __call__(self, samples: list) -> list:
+        from onnxfuse.runtime.session import make_session, run_session
+
+        if self.session is None:
+            self.session = make_session(self.model, provider=self.provider, name=self.name)
+        return [run_session(self.session, s if isinstance(s, dict) else s.feeds, name=self.name) for s in samples]
+
+    def close(self) -> None:
+        self.session = None
+
+
+def _reference_run(model, options: OptimizeOptions, source: str, original: _OriginalRuns | None = None):
     """The validation samples and the original's outputs on them. Unsized dynamic dimensions default
     to 1; where the original cannot run at 1, to 8, 32 and then 224 (with a note); where it runs at
     none of these, one line names the dimensions and the --shape to pass."""
     from onnxfuse.errors import InputsError, RuntimeFailure
     from onnxfuse.runtime.inputs import input_specs, unsized_dimensions
-    from onnxfuse.runtime.session import run_samples
 
+    run = original or _OriginalRuns(model, options.provider, source)
     samples = sample_inputs(model, options)
     given = options.inputs is not None or options.inputs_path is not None
     unsized = [] if given else unsized_dimensions(input_specs(model), options.shapes)
     try:
-        return samples, run_samples(model, samples, options.provider, name=source)
+        return samples, run(samples)
     except RuntimeFailure as first:
         if not unsized:
             raise
@@ -721,7 +752,7 @@ def _reference_run(model, options: OptimizeOptions, source: str):
                     retry[0].feeds[k].shape == samples[0].feeds[k].shape for k in retry[0].feeds):
                 continue  # no sizes were derived: the same draw as the one that failed
             try:
-                reference = run_samples(model, retry, options.provider, name=source)
+                reference = run(retry)
             except RuntimeFailure:
                 continue
             if not derive:
@@ -735,41 +766,44 @@ def _reference_run(model, options: OptimizeOptions, source: str):
                           f"1, 8, 32 or 224; give sizes with --shape NAME:D0,D1,... ({first})") from None
 
 
-def _add_second_size(model, samples: list, reference: list, options: OptimizeOptions, source: str) -> None:
+def _add_second_size(model, samples: list, reference: list, options: OptimizeOptions, source: str,
+                     original: _OriginalRuns | None = None) -> None:
     """Append a sample at a second size of every dynamic dimension (and the original's outputs on it)
     when the original runs there (:func:`onnxfuse.runtime.inputs.second_size_candidates`); else a
     note says validation ran at one size."""
     from onnxfuse.runtime.inputs import relation_variants, second_size_candidates
 
+    run = original or _OriginalRuns(model, options.provider, source)
     groups = relation_variants(model, samples[0], options.seed)
     if groups:
-        _add_variants(model, samples, reference, options, source, groups)
+        _add_variants(model, samples, reference, options, source, groups, run)
         return
     candidates = second_size_candidates(model, samples[0], options.seed)
-    if _add_first_that_runs(model, candidates, samples, reference, options, source):
+    if _add_first_that_runs(model, candidates, samples, reference, options, source, run):
         return
     if candidates:
         samples[0].notes.append("validated at one size only: the original model does not run with its dynamic "
                                 "dimensions one larger (use --shape to choose sizes)")
 
 
-def _add_variants(model, samples: list, reference: list, options: OptimizeOptions, source: str, groups) -> None:
+def _add_variants(model, samples: list, reference: list, options: OptimizeOptions, source: str, groups,
+                  run: _OriginalRuns) -> None:
     """For a model whose dynamic dimensions are tied: the first candidate of each group (second size,
     prefill, decode: :func:`onnxfuse.runtime.inputs.relation_variants`) the original runs on, with a note
     for a group where it runs on none."""
     for how, draws in groups:
-        if not _add_first_that_runs(model, draws, samples, reference, options, source):
+        if not _add_first_that_runs(model, draws, samples, reference, options, source, run):
             samples[0].notes.append(f"no {how} sample: the original model does not run at the sizes derived for it")
 
 
-def _add_first_that_runs(model, draws, samples: list, reference: list, options: OptimizeOptions, source: str) -> bool:
+def _add_first_that_runs(model, draws, samples: list, reference: list, options: OptimizeOptions, source: str,
+                         run: _OriginalRuns) -> bool:
     """Append the first of ``draws`` the original model runs on (and its outputs); False when none runs."""
     from onnxfuse.errors import RuntimeFailure
-    from onnxfuse.runtime.session import run_samples
 
     for draw in draws:
         try:
-            (outputs,) = run_samples(model, [draw], options.provider, name=source)
+            (outputs,) = run([draw])
         except RuntimeFailure:
             continue
         samples.append(draw)
@@ -905,11 +939,21 @@ def run_pipeline(
         model_io.check_given_model(model, "<model>")
     if output_path is not None:
         model_io.check_output_path(output_path, input_path, options.force)
+    load_seconds = 0.0
     if input_path is not None:
         step("loading")
+        t_load = time.perf_counter()
         model = model_io.load_model(input_path)
+        load_seconds = time.perf_counter() - t_load
     source = str(input_path) if input_path is not None else "<model>"
-    result = optimize_model(model, options, progress, source=source, bench_progress=bench_progress)
+    try:
+        result = optimize_model(model, options, progress, source=source, bench_progress=bench_progress)
+    except (ValidationFailed, SlowerThanAllowed) as exc:  # their report's timings include the load too
+        if isinstance(exc.report, OptimizeResult):
+            exc.report.load_seconds = load_seconds
+            exc.report.total_seconds = time.perf_counter() - t0
+        raise
+    result.load_seconds = load_seconds
     if output_path is not None:
         step("saving")
         model_io.save_model(result.model, output_path, input_path=input_path, force=options.force,

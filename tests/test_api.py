@@ -165,6 +165,29 @@ def test_report_equals_the_cli_json(model_path, tmp_path):
     assert set(written["result"]["timings"]) == set(api.to_json()["result"]["timings"])
 
 
+def test_report_times_every_stage(model_path):
+    """Issue 35 item 8: the report says where a run's time went (load, rewrite, validation, timing)."""
+    timings = onnxfuse.optimize(model_path, inputs={"x": x()}).to_json()["result"]["timings"]
+    assert list(timings) == ["load_s", "rewrite_s", "validation_s", "timing_s", "total_s"]
+    assert timings["load_s"] > 0 and timings["rewrite_s"] > 0 and timings["validation_s"] > 0
+    assert timings["timing_s"] == 0  # bench is off by default in the API
+    assert timings["load_s"] + timings["rewrite_s"] + timings["validation_s"] <= timings["total_s"] + 3e-4
+    in_memory = onnxfuse.optimize(conv_bn_model(), inputs={"x": x()}).to_json()["result"]["timings"]
+    assert in_memory["load_s"] == 0 and in_memory["total_s"] > 0
+
+
+def test_markdown_report_times_every_stage_that_ran(model_path):
+    from onnxfuse.reports.optimize_report import optimize_markdown
+
+    text = optimize_markdown(onnxfuse.optimize(model_path, inputs={"x": x()}))
+    line = next(ln for ln in text.splitlines() if ln.startswith("- **time**"))
+    assert re.fullmatch(r"- \*\*time\*\*: load \d+\.\d\d s, rewrite \d+\.\d\d s, validation \d+\.\d\d s, "
+                        r"total \d+\.\d\d s", line), line
+    text = optimize_markdown(onnxfuse.optimize(conv_bn_model(), validate=False))
+    line = next(ln for ln in text.splitlines() if ln.startswith("- **time**"))
+    assert re.fullmatch(r"- \*\*time\*\*: rewrite \d+\.\d\d s, total \d+\.\d\d s", line), line
+
+
 def test_failure_report_equals_the_cli_json(model_path, tmp_path, monkeypatch):
     out, cli_json = tmp_path / "out.onnx", tmp_path / "cli.json"
     with pytest.raises(onnxfuse.ValidationFailed) as info:

@@ -12,7 +12,7 @@ from onnxfuse.cli import render
 from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
                                  report_console, report_file, right_padded_option, stderr, write_failure_json)
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, UsageError, ValidationFailed
-from onnxfuse import api, batch, model_io
+from onnxfuse import api, batch, lazy_weights, model_io
 from onnxfuse.repair import note as repair_note
 from onnxfuse.atomic import OutputSet
 from onnxfuse.reports.files import check_report_paths, json_text, stage_report
@@ -118,12 +118,17 @@ theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one 
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
 @handle_errors
 def optimize(paths, out_dir, **options) -> None:
+    # Models from CLI_LAZY_MODEL_BYTES of weights are held lazily (why: its comment), except with
+    # --precision fp16, which converts weights held in memory only (onnxfuse/precision.py).
+    lazy = lazy_weights.CLI_LAZY_MODEL_BYTES if options["precision"] == "fp32" else lazy_weights.LAZY_MODEL_BYTES
     if out_dir is not None:
-        return _optimize_many(paths, out_dir, **options)
+        with lazy_weights.lazy_from(lazy):
+            return _optimize_many(paths, out_dir, **options)
     if len(paths) != 2:
         raise click.UsageError(f"expected INPUT OUTPUT, got {len(paths)} path{'s' if len(paths) != 1 else ''}; to "
                                "optimize several models give --out-dir DIR", ctx=click.get_current_context())
-    return _optimize_one(*paths, **options)
+    with lazy_weights.lazy_from(lazy):
+        return _optimize_one(*paths, **options)
 
 
 def _optimize_one(input_path, output_path, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,

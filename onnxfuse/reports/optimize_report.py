@@ -30,6 +30,15 @@ def _timing_lines(timing) -> list[str]:
     ]
 
 
+def _time_line(result) -> str:
+    """The seconds of each stage that ran (issue 35 item 8: every report says where the time went)."""
+    stages = [("load", result.load_seconds if result.load_seconds else None), ("rewrite", result.rewrite_seconds),
+              ("validation", result.validation_seconds if result.validation is not None else None),
+              ("timing", result.timing_seconds if result.timing is not None else None),
+              ("total", result.total_seconds)]
+    return "- **time**: " + ", ".join(f"{name} {sec:.2f} s" for name, sec in stages if sec is not None) + "\n"
+
+
 def optimize_markdown(result, error: str | None = None, heading: str = "onnxfuse optimize") -> str:
     """A Markdown section: verdict, rules applied, node counts, validation table, latency. ``heading``:
     what the section's title names (each model's file name in a run over several)."""
@@ -40,6 +49,7 @@ def optimize_markdown(result, error: str | None = None, heading: str = "onnxfuse
     device = getattr(result, "device", "cuda")
     for_device = "" if device == "cuda" else f" for the {device.upper()} provider (--device {device})"
     out.append(f"- **target**: {result.target}{for_device}; nodes {result.nodes_before} → {result.nodes_after}\n")
+    out.append(_time_line(result))
     if error:
         out.append(f"- **error**: {cell(error)}\n")
     applied = {k: v for k, v in result.applied.counts.items() if v}

@@ -59,3 +59,25 @@ def test_second_size_is_reported_and_can_be_refused_by_the_model():
     result = onnxfuse.optimize(m, target="onnx")
     assert result.validation.passed
     assert any("validated at one size only" in n for n in result.validation.notes)
+
+
+def test_the_original_runs_every_draw_in_one_session(monkeypatch):
+    """The reference draws and the second size run on one session of the original (graph optimizations
+    off): creating a session is most of validation's time on large models (docs/benchmarks.md 5.23)."""
+    from helpers import TESTDATA
+    from onnxfuse.runtime import session
+
+    made = []
+    real = session.make_session
+
+    def counting(model, provider="auto", optimization="disable", **kwargs):
+        made.append((len(model.graph.node), optimization))
+        return real(model, provider=provider, optimization=optimization, **kwargs)
+
+    monkeypatch.setattr(session, "make_session", counting)
+    model = onnx.load(TESTDATA / "conv_bn_relu.onnx")
+    result = onnxfuse.optimize(model, target="onnx", provider="cpu")
+    assert any(n.startswith("second size") for n in result.validation.notes)
+    assert len(result.validation.outputs) == 1 and result.validation.passed
+    original = len(model.graph.node)
+    assert made.count((original, "disable")) == 1, made  # was 2: the reference run, then the second size
