@@ -704,8 +704,33 @@ def _validation_inputs(model, options: OptimizeOptions, source: str):
     samples, reference = _reference_run(model, options, source, original)
     if options.inputs is None and options.inputs_path is None:
         _add_second_size(model, samples, reference, options, source, original)
+        _add_realistic_size(model, samples, reference, options, original)
     original.close()  # before the noise floor's and the optimized model's sessions: one model's at a time
     return samples, reference
+
+
+def _add_realistic_size(model, samples: list, reference: list, options: OptimizeOptions, original) -> None:
+    """Append a token model's realistic sample (:mod:`onnxfuse.runtime.realistic`: three rows at the first of
+    128, 64, 32, 16 tokens the original runs at, masks with real padding) and the original's outputs on it;
+    nothing for other models, for KV-cache decoders (sizes derived from relations: their prefill and
+    decode samples do this job) or where the original runs at none of the lengths."""
+    from onnxfuse.errors import RuntimeFailure
+    from onnxfuse.runtime.inputs import derived_shapes, input_specs
+    from onnxfuse.runtime.realistic import LENGTHS, realistic_sample
+
+    if derived_shapes(model, input_specs(model), options.shapes or {}) is not None:
+        return
+    for length in LENGTHS:
+        sample = realistic_sample(model, length, options.seed + 7, options.right_padded, options.shapes)
+        if sample is None:
+            return
+        try:
+            outputs = original([sample])
+        except RuntimeFailure:
+            continue
+        samples.append(sample)
+        reference.extend(outputs)
+        return
 
 
 class _OriginalRuns:

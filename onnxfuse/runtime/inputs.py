@@ -169,9 +169,10 @@ def resolve_shape(spec: InputSpec, shapes: dict[str, list[int]], notes: list[str
             out.append(default)
             defaulted.append(str(d) if d else "?")
     if defaulted:
+        example = [x if isinstance(d, int) else (8 if k == 0 else 128) for k, (x, d) in enumerate(zip(out, spec.shape))]
         notes.append(
             f"input {spec.name!r}: dynamic dimension(s) {', '.join(defaulted)} set to {default} "
-            f"(use --shape {spec.name}:{','.join(str(x) for x in out)} to choose)"
+            f"(other sizes: e.g. --shape {spec.name}:{','.join(str(x) for x in example)})"
         )
     return out
 
