@@ -7,7 +7,7 @@ import click
 
 from onnxfuse import api, model_io
 from onnxfuse.cli import render
-from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
+from onnxfuse.cli.common import (verbosity_options, EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
                                  range_map, report_console, report_file, write_failure_json)
 from onnxfuse.reports.files import check_report_paths, json_text, write_text
 from onnxfuse.runtime.inputs import parse_shape_options
@@ -55,6 +55,7 @@ Examples:
 @click.option("--top", type=int, default=10, show_default=True, help="Rows in the --profile tables.")
 @json_option("Also write the results as JSON (schema: onnxfuse/reports/schemas/report.schema.json).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
+@verbosity_options
 @handle_errors
 def bench(model_path, model2_path, batch, shapes, inputs_path, seed, input_ranges, device, cuda_graph, iterations, warmup,
           time_budget, sessions, do_profile, top, json_path, quiet) -> None:

@@ -35,6 +35,34 @@ Exit codes:
   stay written
 """
 
+def verbosity_options(command):
+    """``-v/--verbose`` and ``--log-level`` beside a command's own ``-q/--quiet``: ``error`` is ``--quiet``
+    (errors only), ``info`` the default (the report, and stage lines off a terminal once a run takes a
+    second), ``debug`` is ``--verbose`` (every stage line from the start, on a terminal too). Folded into
+    the command's ``quiet`` argument and the progress display's verbosity; ``-q`` with ``-v`` (or a log
+    level saying otherwise) is a usage error."""
+    import functools
+
+    from onnxfuse.cli import render
+
+    @functools.wraps(command)
+    def run(*args, verbose=False, log_level=None, **kwargs):
+        quiet = kwargs.get("quiet", False)
+        if log_level is not None and ((quiet and log_level != "error") or (verbose and log_level != "debug")):
+            raise click.UsageError(f"--log-level {log_level} contradicts {'--quiet' if quiet else '--verbose'}")
+        if quiet and verbose:
+            raise click.UsageError("--quiet and --verbose contradict each other: give one")
+        level = log_level or ("error" if quiet else "debug" if verbose else "info")
+        kwargs["quiet"] = level == "error"
+        render.set_verbose(level == "debug")
+        return command(*args, **kwargs)
+
+    run = click.option("--log-level", type=click.Choice(["error", "info", "debug"]), default=None,
+                       help="error: as --quiet; info: the default; debug: as --verbose.")(run)
+    return click.option("-v", "--verbose", is_flag=True,
+                        help="Print every stage as a line with its start time, from the first second.")(run)
+
+
 #: What a character the stream cannot encode becomes (``PYTHONIOENCODING=ascii``, a C locale in a CI
 #: container): the ASCII its meaning is usually written with, else ``?``.
 _ASCII_FALLBACK = {"→": "->", "←": "<-", "×": "x", "≤": "<=", "≥": ">=", "±": "+/-", "…": "...", "—": "-",

@@ -7,7 +7,7 @@ import click
 from rich.markup import escape
 
 from onnxfuse.cli import render
-from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, fail, handle_errors, input_options,
+from onnxfuse.cli.common import (verbosity_options, EXIT_CODES_HELP, check_runtime, emit_json, fail, handle_errors, input_options,
                                  json_option, report_console, report_file, right_padded_option, write_failure_json)
 from onnxfuse import api, model_io
 from onnxfuse.drift import DEFAULT_BATCH_SIZE, parse_tol_options
@@ -75,6 +75,7 @@ PROVIDER = click.Choice(["auto", "cpu", "cuda"], case_sensitive=False)
 @click.option("--html", "html_path", type=click.Path(dir_okay=False),
               help="Write a self-contained HTML report with an error histogram per output.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors (and the failure line on drift).")
+@verbosity_options
 @handle_errors
 def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, input_ranges, right_padded, samples, rtol, atol, tols,
          intermediates, batch_size, json_path, markdown_path, junit_path, html_path, quiet) -> None:

@@ -9,7 +9,7 @@ import sys
 import click
 
 from onnxfuse.cli import render
-from onnxfuse.cli.common import (EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
+from onnxfuse.cli.common import (verbosity_options, EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
                                  report_console, report_file, right_padded_option, stderr, write_failure_json)
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, UsageError, ValidationFailed
 from onnxfuse import api, batch, lazy_weights, model_io
@@ -116,6 +116,7 @@ theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one 
               help="Also write JUnit XML: each validated output (and the latency check) is a test case.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
 @click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
+@verbosity_options
 @handle_errors
 def optimize(paths, out_dir, **options) -> None:
     # Models from CLI_LAZY_MODEL_BYTES of weights are held lazily (why: its comment), except with

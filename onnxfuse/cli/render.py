@@ -219,6 +219,16 @@ def profile_tables(prof, top: int) -> list[FitTable]:
 #: Off a terminal, stage lines start once a command has run this long (a quick run prints only its report).
 QUIET_FIRST_SECONDS = 1.0
 
+#: ``-v`` / ``--log-level debug``: stage lines from the first second, on a terminal too (:func:`set_verbose`)
+_VERBOSE = [False]
+
+
+def set_verbose(on: bool) -> None:
+    """Every stage as one line on stderr as it starts, with the seconds since the command started, from
+    the first second and on a terminal too (instead of the redrawn bar), and a last line when the command
+    is done: for a log that must show every stage, however short the run."""
+    _VERBOSE[0] = bool(on)
+
 
 class _Bar:
     """The one progress display of every command: a rich bar on stderr (transient: gone when the command
@@ -238,10 +248,11 @@ class _Bar:
         from onnxfuse.cli.common import stderr
 
         self._stderr, self._started, self._clock = stderr, time.perf_counter(), time.perf_counter
-        self._lines = not disabled and not stderr.is_terminal
+        self._verbose = _VERBOSE[0] and not disabled
+        self._lines = not disabled and (self._verbose or not stderr.is_terminal)
         self._last = None
         self._pending: list[tuple[float, str]] = []  # stages not printed yet (the run was still short)
-        self._progress = None if disabled or not stderr.is_terminal else Progress(
+        self._progress = None if disabled or self._verbose or not stderr.is_terminal else Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
             console=stderr, transient=True,
         )
@@ -254,7 +265,7 @@ class _Bar:
             return
         self._last = message
         self._pending.append((self._clock() - self._started, message))
-        if self._pending[-1][0] >= QUIET_FIRST_SECONDS:
+        if self._verbose or self._pending[-1][0] >= QUIET_FIRST_SECONDS:
             for elapsed, text in self._pending:
                 self._stderr.print(f"[{elapsed:7.1f} s] {text}", markup=False, highlight=False, soft_wrap=True)
             self._pending.clear()
@@ -268,6 +279,8 @@ class _Bar:
     def __exit__(self, *exc):
         if self._progress is not None:
             self._progress.__exit__(*exc)
+        if self._verbose and exc[0] is None:
+            self._line(self._label + "done")
         return False
 
     def step(self, message: str) -> None:
