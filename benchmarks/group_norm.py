@@ -32,7 +32,6 @@ Writes ``group_norm.json`` and ``group_norm.md`` under ``--out``. Never imported
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -43,13 +42,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from micro import parse_args, write_results  # noqa: E402
+from micro import parse_args, time_variants, variant_cells, write_results  # noqa: E402
 
 from onnxfuse.pipeline import rewrite_model  # noqa: E402
 from onnxfuse.rewrites import select_rules  # noqa: E402
 from onnxfuse.runtime.inputs import Inputs  # noqa: E402
 from onnxfuse.runtime.session import run_model  # noqa: E402
-from onnxfuse.timing import BenchConfig, time_models  # noqa: E402
 
 G, EPS = 32, 1e-5
 SHAPES = [(320, 64), (640, 32), (1280, 16)]  # (channels, height = width)
@@ -148,21 +146,12 @@ def main(argv=None) -> int:
                     except Exception as exc:  # a kernel this ONNX Runtime does not have: recorded
                         checks[label] = {"error": " ".join(str(exc).split())[:300]}
                 runnable = [(label, m, inputs[label]) for label, m, _ in vs if "error" not in checks.get(label, {})]
-                cfg = BenchConfig(device=args.device, warmup=5, time_budget_s=args.time_budget, min_iterations=10)
-                results = time_models(runnable, cfg, rounds=3)
-                times = {label: r.stats.median_ms for (label, _, _), r in zip(runnable, results)}
-                row = {"dtype": np.dtype(dtype).name, "channels": c, "hw": hw, "batch": batch,
-                       "median_ms": times, "checks": checks}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                rows.append(time_variants(runnable, args, checks, dtype=np.dtype(dtype).name, channels=c, hw=hw,
+                                          batch=batch))
     md = ["| dtype | C × H × W | batch | " + " | ".join(LABELS) + " |", "|---|---|---:|" + "---:|" * len(LABELS)]
     for r in rows:
-        cells = []
-        for label in LABELS:
-            t, c = r["median_ms"].get(label), r["checks"].get(label, {})
-            mark = "" if c.get("ok", True) else " (WRONG)"
-            cells.append("error" if t is None else f"{t:.3f}{mark}")
-        md.append(f"| {r['dtype']} | {r['channels']} × {r['hw']} × {r['hw']} | {r['batch']} | " + " | ".join(cells) + " |")
+        md.append(f"| {r['dtype']} | {r['channels']} × {r['hw']} × {r['hw']} | {r['batch']} | "
+                  + " | ".join(variant_cells(r, LABELS)) + " |")
     write_results(out, "group_norm", rows, md)
     return 0
 

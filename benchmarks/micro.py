@@ -38,3 +38,26 @@ def write_results(out: Path, name: str, rows: list[dict], table: list[str] | Non
     if table:
         (out / f"{name}.md").write_text("\n".join(table) + "\n")
         print("\n".join(table))
+
+
+def time_variants(runnable: list, args, checks: dict, **fields) -> dict:
+    """Time the ``(label, model, inputs)`` variants interleaved (3 rounds, ``args.time_budget`` each) on
+    ``args.device``; the row ``{**fields, "median_ms": {label: ms}, "checks": checks}``, also printed."""
+    from onnxfuse.timing import BenchConfig, time_models
+
+    cfg = BenchConfig(device=args.device, warmup=5, time_budget_s=args.time_budget, min_iterations=10)
+    results = time_models(runnable, cfg, rounds=3)
+    row = {**fields, "median_ms": {label: r.stats.median_ms for (label, _, _), r in zip(runnable, results)},
+           "checks": checks}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def variant_cells(row: dict, labels: list[str]) -> list[str]:
+    """One Markdown cell per variant: its median ms, "(WRONG)" after it when its check failed, "error"
+    when it did not run."""
+    cells = []
+    for label in labels:
+        t, check = row["median_ms"].get(label), row["checks"].get(label, {})
+        cells.append("error" if t is None else f"{t:.3f}" + ("" if check.get("ok", True) in (True, None) else " (WRONG)"))
+    return cells

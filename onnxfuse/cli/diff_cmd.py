@@ -14,7 +14,7 @@ from onnxfuse.drift import DEFAULT_BATCH_SIZE, parse_tol_options
 from onnxfuse.errors import ValidationFailed
 from onnxfuse.atomic import OutputSet
 from onnxfuse.reports import formatting, diff_html, diff_junit, diff_markdown
-from onnxfuse.reports.files import check_report_paths, json_text, stage_report
+from onnxfuse.reports.files import check_report_paths, json_text, stage_reports
 from onnxfuse.runtime.inputs import parse_shape_options
 from onnxfuse.cli.common import range_map
 
@@ -101,14 +101,10 @@ def diff(model_a, model_b, provider_a, provider_b, shapes, inputs_path, seed, in
 
     # All reports land together or not at all (an error or a signal while writing leaves none).
     with OutputSet() as out:
-        if report_file(json_path):
-            stage_report(out, json_path, json_text(report), "JSON report")
-        if markdown_path:
-            stage_report(out, markdown_path, diff_markdown(report) + "\n", "Markdown report")
-        if junit_path:
-            stage_report(out, junit_path, diff_junit(report), "JUnit report")
-        if html_path:
-            stage_report(out, html_path, diff_html(report), "HTML report")
+        stage_reports(out, [(report_file(json_path), lambda: json_text(report), "JSON report"),
+                            (markdown_path, lambda: diff_markdown(report) + "\n", "Markdown report"),
+                            (junit_path, lambda: diff_junit(report), "JUnit report"),
+                            (html_path, lambda: diff_html(report), "HTML report")])
         out.commit()
     emit_json(json_path, json_text(report))
 

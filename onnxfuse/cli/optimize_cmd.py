@@ -15,7 +15,7 @@ from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, UsageError, Valida
 from onnxfuse import api, batch, lazy_weights, model_io
 from onnxfuse.repair import note as repair_note
 from onnxfuse.atomic import OutputSet
-from onnxfuse.reports.files import check_report_paths, json_text, stage_report
+from onnxfuse.reports.files import check_report_paths, json_text, stage_reports
 from onnxfuse.reports.optimize_report import many_junit, many_markdown, optimize_junit, optimize_markdown
 from onnxfuse.rewrites import DEVICES, TARGETS
 from onnxfuse.runtime.inputs import parse_shape_options
@@ -271,12 +271,9 @@ def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_
         write_failure_json(json_path, "optimize", exc, protected)
         raise
     with OutputSet() as out:
-        if report_file(json_path):
-            stage_report(out, json_path, json_text(result), "JSON report")
-        if markdown_path:
-            stage_report(out, markdown_path, many_markdown(result), "Markdown report")
-        if junit_path:
-            stage_report(out, junit_path, many_junit(result), "JUnit report")
+        stage_reports(out, [(report_file(json_path), lambda: json_text(result), "JSON report"),
+                            (markdown_path, lambda: many_markdown(result), "Markdown report"),
+                            (junit_path, lambda: many_junit(result), "JUnit report")])
         out.commit()
     emit_json(json_path, json_text(result))
     for run in result.runs:  # the summary table says "no GPU", not that the latency check was skipped
@@ -327,9 +324,6 @@ def _save(result, input_path, output_path, force, json_path, markdown_path, juni
 
 def _stage_reports(out, result, json_path, markdown_path, junit_path) -> None:
     """JSON, Markdown and JUnit reports of a finished (or failed-at-validation/timing) run, staged in ``out``."""
-    if report_file(json_path):
-        stage_report(out, json_path, json_text(result), "JSON report")
-    if markdown_path:
-        stage_report(out, markdown_path, optimize_markdown(result, error=result.error) + "\n", "Markdown report")
-    if junit_path:
-        stage_report(out, junit_path, optimize_junit(result, error=result.error), "JUnit report")
+    stage_reports(out, [(report_file(json_path), lambda: json_text(result), "JSON report"),
+                        (markdown_path, lambda: optimize_markdown(result, error=result.error) + "\n", "Markdown report"),
+                        (junit_path, lambda: optimize_junit(result, error=result.error), "JUnit report")])

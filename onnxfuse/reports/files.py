@@ -91,6 +91,14 @@ def stage_report(outputs, path, text: str, what: str) -> None:
         outputs.write_text(path, text, what)
 
 
+def stage_reports(outputs, reports) -> None:
+    """Stage each ``(path, make_text, what)`` of ``reports`` whose path is given (:func:`stage_report`);
+    ``make_text()`` runs only for those, so a report nobody asked for is never rendered."""
+    for path, make_text, what in reports:
+        if path:
+            stage_report(outputs, path, make_text(), what)
+
+
 def write_markdown(path: str | os.PathLike, text: str) -> Path:
     """Write a Markdown report; append instead when ``path`` is ``$GITHUB_STEP_SUMMARY``.
 
