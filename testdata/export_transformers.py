@@ -189,7 +189,7 @@ def export_sdpa_models(folder: Path, seed: int) -> None:
     is left to the tests; the export uses all-ones masks."""
     import transformers.masking_utils as masking
     from transformers import (BertConfig, BertModel, DistilBertConfig, DistilBertModel, GPT2Config, GPT2Model,
-                              RobertaConfig, RobertaModel, ViTConfig, ViTModel, WhisperConfig, WhisperModel)
+                              RobertaConfig, RobertaModel, ViTConfig, ViTModel)
 
     if hasattr(masking, "sdpa_mask_older_torch"):  # transformers < 5.2x: no vmap, traceable
         masking.sdpa_mask = masking.sdpa_mask_older_torch
@@ -226,12 +226,7 @@ def export_sdpa_models(folder: Path, seed: int) -> None:
                           dynamic_axes={"pixel_values": {0: "batch"}, "last_hidden_state": {0: "batch"}},
                           opset_version=opset, dynamo=False, do_constant_folding=True)
         print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
-        config = WhisperConfig(vocab_size=1000, num_mel_bins=16, encoder_layers=2, encoder_attention_heads=2,
-                               decoder_layers=1, decoder_attention_heads=2, d_model=64, encoder_ffn_dim=128,
-                               decoder_ffn_dim=128, max_source_positions=16, max_target_positions=16,
-                               pad_token_id=1, bos_token_id=2, eos_token_id=2, decoder_start_token_id=2,
-                               attn_implementation="sdpa")
-        encoder = _randomize(WhisperModel(config).eval(), seed + 1).get_encoder()
+        encoder = _whisper_tiny_sdpa_encoder(seed)
         out = folder / f"whisper_encoder_tiny_sdpa_opset{opset}.onnx"
         torch.onnx.export(_Audio(encoder).eval(), (torch.randn(2, 16, 32),), str(out), input_names=["input_features"],
                           output_names=["last_hidden_state"],
@@ -239,6 +234,19 @@ def export_sdpa_models(folder: Path, seed: int) -> None:
                           opset_version=opset, dynamo=False, do_constant_folding=True)
         print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
+
+
+def _whisper_tiny_sdpa_encoder(seed: int):
+    """The tiny Whisper encoder of the sdpa and dynamo exports (d_model 64, 2 layers of 2 heads, 16 mel bins,
+    16 source positions), sdpa attention, weights randomized."""
+    from transformers import WhisperConfig, WhisperModel
+
+    config = WhisperConfig(vocab_size=1000, num_mel_bins=16, encoder_layers=2, encoder_attention_heads=2,
+                           decoder_layers=1, decoder_attention_heads=2, d_model=64, encoder_ffn_dim=128,
+                           decoder_ffn_dim=128, max_source_positions=16, max_target_positions=16,
+                           pad_token_id=1, bos_token_id=2, eos_token_id=2, decoder_start_token_id=2,
+                           attn_implementation="sdpa")
+    return _randomize(WhisperModel(config).eval(), seed + 1).get_encoder()
 
 class _Vision(torch.nn.Module):
     def __init__(self, model):
@@ -262,7 +270,7 @@ def export_dynamo_models(folder: Path, seed: int) -> None:
     ``allowzero=1`` Reshapes, a ``Where(IsNaN(p), 0, p)`` guard after a masked Softmax), LayerNormalization
     as one op, sizes read from one layer's tensors for every layer. Dynamic batch and sequence."""
     from transformers import (BertConfig, DistilBertConfig, DistilBertModel, GPT2Config, GPT2Model, RobertaConfig,
-                              RobertaModel, ViTConfig, ViTModel, WhisperConfig, WhisperModel)
+                              RobertaModel, ViTConfig, ViTModel)
 
     torch.manual_seed(seed)
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
@@ -296,12 +304,7 @@ def export_dynamo_models(folder: Path, seed: int) -> None:
                       dynamic_shapes=({0: torch.export.Dim.AUTO},), opset_version=18)
     _inline(out)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
-    config = WhisperConfig(vocab_size=1000, num_mel_bins=16, encoder_layers=2, encoder_attention_heads=2,
-                           decoder_layers=1, decoder_attention_heads=2, d_model=64, encoder_ffn_dim=128,
-                           decoder_ffn_dim=128, max_source_positions=16, max_target_positions=16,
-                           pad_token_id=1, bos_token_id=2, eos_token_id=2, decoder_start_token_id=2,
-                           attn_implementation="sdpa")
-    encoder = _randomize(WhisperModel(config).eval(), seed + 1).get_encoder()
+    encoder = _whisper_tiny_sdpa_encoder(seed)
     out = folder / "whisper_encoder_tiny_dynamo.onnx"
     torch.onnx.export(_Audio(encoder).eval(), (torch.randn(2, 16, 32),), str(out), dynamo=True,
                       input_names=["input_features"], output_names=["last_hidden_state"],
