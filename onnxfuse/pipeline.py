@@ -553,7 +553,7 @@ def _measuring_device(options: OptimizeOptions) -> str | None:
     if options.device == "cpu":
         return "cpu"
     from onnxfuse.timing import gpu_unavailable_reason
-    from onnxfuse.timing.env import gpu_names
+    from onnxfuse.runtime.env import gpu_names
 
     if gpu_unavailable_reason():
         return None
@@ -609,7 +609,7 @@ def _record_decision(result, record) -> None:
     rewrite) becomes the record's decision for this model on this device; nothing when timing did not
     measure."""
     from onnxfuse import tuning_record
-    from onnxfuse.timing.env import environment
+    from onnxfuse.runtime.env import environment
 
     key, meta, here = record.pending
     timing = result.timing

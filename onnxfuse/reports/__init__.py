@@ -11,7 +11,8 @@ Each builder works on :class:`onnxfuse.runtime.compare.Comparison` objects (or o
 from __future__ import annotations
 
 from onnxfuse.reports.files import clean_json, write_markdown, write_text
-from onnxfuse.reports.histogram import error_histogram, histogram_svg
+from onnxfuse.reports.histogram import histogram_svg
+from onnxfuse.runtime.histogram import error_histogram
 from onnxfuse.reports.html import diff_html
 from onnxfuse.reports.contract import SCHEMA_VERSION, load_schema, schema_path
 from onnxfuse.reports.jsonreport import diff_json, optimize_json, write_json

@@ -45,7 +45,7 @@ def load_schema() -> dict:
 
 
 def _environment() -> dict:
-    from onnxfuse.timing.env import environment
+    from onnxfuse.runtime.env import environment
 
     return environment()
 

@@ -287,7 +287,7 @@ def worst_of(rows: list[Comparison], extras: list | None = None):
 def compare_tensor(name: str, refs: list[np.ndarray], gots: list[np.ndarray], tolerance: Tolerance | None = None,
                    *, stack: bool = True, histogram: bool = False) -> tuple[Comparison, dict | None]:
     """Compare one tensor over all samples; returns the comparison and, with ``histogram``, its error
-    histogram (:func:`onnxfuse.reports.histogram.error_histogram`).
+    histogram (:func:`onnxfuse.runtime.histogram.error_histogram`).
 
     ``stack=True`` (``diff``): the samples are compared as one stacked tensor (every metric over all of
     them; the worst element's sample in ``extra["worst_sample"]``); tensors of more than
@@ -314,7 +314,7 @@ def compare_tensor(name: str, refs: list[np.ndarray], gots: list[np.ndarray], to
         c = compare_arrays(name, ref, got, rtol=rt, atol=at)
         hist = None
         if histogram and numeric:
-            from onnxfuse.reports.histogram import error_histogram
+            from onnxfuse.runtime.histogram import error_histogram
 
             hist = error_histogram(ref, got)
     c.cosine = min(1.0, max(-1.0, c.cosine)) if math.isfinite(c.cosine) else c.cosine  # rounding: 1+1e-16
@@ -469,7 +469,7 @@ def _histogram_pieces(refs, gots, bins_per_decade: int = 2, max_bins: int = 40) 
     hist = {"zeros": zeros, "edges": [], "counts": [], "nonfinite": nonfinite}
     if hi_err == 0.0:
         return hist
-    from onnxfuse.reports.histogram import log_bin_edges
+    from onnxfuse.runtime.histogram import log_bin_edges
 
     log_edges = log_bin_edges(lo_err, hi_err, bins_per_decade, max_bins)
     counts = np.zeros(len(log_edges) - 1, dtype=np.int64)

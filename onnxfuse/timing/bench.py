@@ -113,7 +113,7 @@ def bench_models(
     ``inputs`` (an ``.npz`` path). ``profile_ops``: also profile each model (``top`` rows in the report).
     ``progress(message, fraction)`` reports the whole job, 0..1.
     """
-    from onnxfuse.timing.env import environment
+    from onnxfuse.runtime.env import environment
 
     config = config or BenchConfig()
     if not 1 <= len(models) <= 2:
