@@ -158,6 +158,9 @@ def _optimize_options(*, target=None, device="cuda", only=None, skip=None, valid
     from onnxfuse.pipeline import OptimizeOptions
 
     _checked_numbers(rtol, atol, seed)
+    if fail_on_slowdown is not None and not bench:  # it would never be checked: say so instead of passing
+        raise UsageError("fail_on_slowdown needs the models timed (bench=True; on the command line, drop "
+                         "--no-bench)")
     return OptimizeOptions(
         target=target, device=device, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
         inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), right_padded=_input_names(right_padded),

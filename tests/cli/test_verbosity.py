@@ -45,3 +45,9 @@ def test_contradictions_are_usage_errors(args, tmp_path):
     out = _run(*args, tmp_path=tmp_path)
     assert out.returncode == 2 and "contradict" in out.stderr
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_fail_on_slowdown_with_no_bench_is_a_usage_error(tmp_path):
+    """It could never be checked: one line and exit 2, not a silent pass (issue 32)."""
+    out = _run("--no-bench", "--fail-on-slowdown", "1.05", tmp_path=tmp_path)
+    assert out.returncode == 2 and "--no-bench" in out.stderr and not (tmp_path / "out.onnx").exists()
