@@ -746,7 +746,7 @@ def run_model(name: str, args, part: Path) -> None:
 def environment() -> dict:
     env = {}
     try:
-        from onnxfuse.timing.env import environment as ort_env
+        from onnxfuse.runtime.env import environment as ort_env
 
         env.update(ort_env("cuda"))
     except Exception as exc:  # pragma: no cover
