@@ -37,6 +37,11 @@ def ops(model: onnx.ModelProto) -> Counter:
     return Counter((f"{n.domain}:" if n.domain not in ("", "ai.onnx") else "") + n.op_type for n in model.graph.node)
 
 
+def attrs(node) -> dict:
+    """A NodeProto's attributes as {name: value}."""
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
 def refusals(report, rule=None) -> list[str]:
     return [r.reason for r in report.refusals if rule is None or r.rule == rule.name]
 

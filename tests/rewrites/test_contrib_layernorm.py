@@ -188,7 +188,7 @@ def test_skip_layernorm_on_standard_layernorm():
 
 
 def test_skip_layernorm_refuses_broadcast_add():
-    # a [1, S, H] skip is the kernel's own broadcast (test_contrib_skip_layernorm_forms.py); [B, 1, H] is not
+    # a [1, S, H] skip is the kernel's own broadcast (test_contrib_skip_layernorm.py); [B, 1, H] is not
     m = skip_model(shapes=("float[2,5,8] a", "float[2,1,8] b"))
     out, report = fuse(m, SKIP, LN)
     assert report.counts[SKIP.name] == 0

@@ -47,6 +47,15 @@ def test_every_rule_lives_in_a_family_file_named_after_it():
     assert sorted(set(seen) - set(registered)) == ["contrib/contrib-bias-softmax"]
 
 
+def test_every_rule_file_has_a_test_file_of_its_name():
+    """A rule's tests are where its name says (issue 36): ``fold/fold_batchnorm_conv.py`` is tested in
+    ``tests/rewrites/test_fold_batchnorm_conv.py`` (shared checks of a family may live elsewhere too)."""
+    here = Path(__file__).resolve().parent
+    missing = [entry for entry in ORDER
+               if not (here / f"test_{rewrites.rule_module(entry).rsplit('.', 1)[1]}.py").exists()]
+    assert missing == []
+
+
 def test_no_rule_imports_another_rule():
     rule_modules = _rule_modules()
     for name, path in _modules().items():
