@@ -381,7 +381,7 @@ def export_kv_cache_models(folder: Path, seed: int) -> None:
     [batch, sequence]``, ``past_key_values.N.key/value [batch, 2, past_sequence, 16]``; outputs
     ``logits`` and ``present.N.key/value``. Traced at batch 2, 3 new tokens, 4 cached (distinct, so no
     size is mistaken for another). The mask is ``past + sequence`` long: the model the size derivation
-    (onnxfuse/runtime/dim_relations.py) exists for, behind tests/validate/test_dim_relations.py."""
+    (onnxfuse/runtime/dim_relations.py) exists for, behind tests/runtime/test_dim_relations.py."""
     from transformers import DynamicCache  # noqa: F401  (fails early on a transformers without it)
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 

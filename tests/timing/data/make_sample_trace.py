@@ -1,5 +1,5 @@
 """Regenerate sample_trace_cpu.json: ONNX Runtime's CPU profiler trace of a tiny Conv→Relu→Add model,
-1 warm-up run + 3 profiled runs. Run from the repo root: ``python tests/bench/data/make_sample_trace.py``.
+1 warm-up run + 3 profiled runs. Run from the repo root: ``python tests/timing/data/make_sample_trace.py``.
 """
 
 from __future__ import annotations
