@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime"),
 ]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "timing"))
 import tiny_models  # noqa: E402
 from helpers import outputs_on_cuda  # noqa: E402
 
