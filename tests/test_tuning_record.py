@@ -100,3 +100,18 @@ def test_the_report_with_a_record_validates_against_the_schema(monkeypatch, tmp_
     applied = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1, tuning_record=str(path))
     for result in (measured, applied):
         jsonschema.validate(result.to_json(), load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_markdown_and_junit_say_which_decision_was_applied(monkeypatch, tmp_path):
+    """Decisions go in every report format (issue 32): the applied one is in the Markdown section and in
+    the JUnit suite's output, where a CI log reader finds it."""
+    from onnxfuse.reports.optimize_report import optimize_junit, optimize_markdown
+
+    path = tmp_path / "tuning.json"
+    _measured_run(monkeypatch, path, lambda ops: 1.5 if ATTENTION & set(ops) else 0.8)
+    applied = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1, tuning_record=str(path))
+    assert "**tuning record**: tuning record" in optimize_markdown(applied)
+    assert "applied the decision measured on Stand-in GPU" in optimize_markdown(applied)
+    assert "<system-out>tuning record: tuning record" in optimize_junit(applied)
+    plain = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1)
+    assert "tuning record" not in optimize_markdown(plain) + optimize_junit(plain)

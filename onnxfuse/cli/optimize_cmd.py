@@ -16,7 +16,7 @@ from onnxfuse import api, batch, lazy_weights, model_io
 from onnxfuse.repair import note as repair_note
 from onnxfuse.atomic import OutputSet
 from onnxfuse.reports.files import check_report_paths, json_text, stage_reports
-from onnxfuse.reports.optimize_report import many_junit, many_markdown, optimize_junit, optimize_markdown
+from onnxfuse.reports.optimize_report import many_junit, many_markdown, optimize_junit, optimize_markdown, tuning_note
 from onnxfuse.rewrites import DEVICES, TARGETS
 from onnxfuse.runtime.inputs import parse_shape_options
 from onnxfuse.cli.common import range_map
@@ -219,10 +219,9 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
                 render.print_prose(stdout, note, "note: ", "[yellow]note:[/] ")
         else:
             render.print_prose(stdout, result.timing.message, "note: ", "[yellow]note:[/] ")
-    record = result.extra.get("tuning_record")
-    if record and record.get("note"):
-        render.print_prose(stdout, record["note"] + (" (written)" if record.get("written") else ""),
-                           "note: ", "[yellow]note:[/] ")
+    record = tuning_note(result)
+    if record:
+        render.print_prose(stdout, record, "note: ", "[yellow]note:[/] ")
     if result.custom_library:
         render.print_prose(stdout, f"the output uses custom ops of domain {result.custom_library!r}: run it with "
                            "`onnxfuse.custom_ops.session_options()` (library: `onnxfuse.custom_ops.library_path()`)",

@@ -54,6 +54,9 @@ def optimize_markdown(result, error: str | None = None, heading: str = "onnxfuse
         out.append(f"- **error**: {cell(error)}\n")
     applied = {k: v for k, v in result.applied.counts.items() if v}
     out.append("- **rewrites**: " + (", ".join(f"{k} ×{v}" for k, v in applied.items()) or "none") + "\n")
+    record = tuning_note(result)
+    if record:
+        out.append(f"- **tuning record**: {cell(record)}\n")
     for dropped in result.applied.dropped:
         out.append(f"- ⚠️ **rule dropped**: `{dropped['rule']}`: {cell(dropped['reason'])}\n")
     for row in getattr(result, "unfused", []):
@@ -82,6 +85,15 @@ def optimize_junit(result, error: str | None = None, suite_name: str = "onnxfuse
     return to_string(root)
 
 
+def tuning_note(result) -> str | None:
+    """The line the console prints about ``--tuning-record`` (applied, recorded, or nothing measured), with
+    "(written)" when this run added its decision; None without the option."""
+    record = getattr(result, "extra", {}).get("tuning_record")
+    if not record or not record.get("note"):
+        return None
+    return record["note"] + (" (written)" if record.get("written") else "")
+
+
 def _count(suite, key: str) -> None:
     suite.set(key, str(int(suite.get(key, "0")) + 1))
 
@@ -108,6 +120,9 @@ def _optimize_suite(root, result, error: str | None, suite_name: str):
         ET.SubElement(case, "skipped", {"message": timing.message or f"timing {timing.status}"})
         _count(suite, "tests")
         _count(suite, "skipped")
+    record = tuning_note(result)
+    if record:  # the decision applied or recorded, where a CI log reader looks for it
+        ET.SubElement(suite, "system-out").text = f"tuning record: {record}"
     elif error and not comparisons:
         _error_case(suite, suite_name, error)
     for dropped in result.applied.dropped:  # a broken rule, dropped: reported, not a failure
