@@ -386,37 +386,20 @@ class _Converter:
             if not (node.op_type == "Constant" and node.output and node.output[0] in kept):
                 self.attributes(node, graph)
         self.note_kept({k: v for k, v in kept.items() if k not in schema_kept and k not in island_kept})
-        if main and self.float16_io:  # float32 outputs are float16 themselves; a float32 island's is cast down
+        if main:  # float32 outputs leave as float32 (float16_io: as float16, a float32 island's cast down)
             producers = {o: n for n in new_nodes for o in n.output}
             for vi in graph.output:
                 if vi.type.tensor_type.elem_type != FLOAT or vi.name in kept:
                     continue
-                vi.type.tensor_type.elem_type = HALF
-                if vi.name in island_values and vi.name in producers:
-                    node = producers[vi.name]
-                    wide = self.fresh(vi.name)
-                    node.output[list(node.output).index(vi.name)] = wide
-                    for other in new_nodes:  # island readers inside keep the float32 value
-                        for i, name in enumerate(other.input):
-                            if name == vi.name and other is not node:
-                                other.input[i] = wide
-                    new_nodes.append(self.cast(wide, HALF, vi.name))
-        elif main:  # float32 outputs leave as float32
-            producers = {o: n for n in new_nodes for o in n.output}
-            for vi in graph.output:
-                if vi.type.tensor_type.elem_type != FLOAT or vi.name in kept or vi.name in island_values:
-                    continue  # (an island's output is float32 already)
-                half = self.fresh(vi.name)
-                source = vi.name
-                if source in producers:  # (an input passed straight through stays as it is)
-                    node = producers[source]
-                    node.output[list(node.output).index(source)] = half
-                    for other in new_nodes:  # readers of the output inside the graph read the float16 value
-                        for i, name in enumerate(other.input):
-                            if name == source:
-                                other.input[i] = half
-                    renamed[source] = half  # and so do readers inside bodies (below)
-                    new_nodes.append(self.cast(half, FLOAT, source))
+                if self.float16_io:
+                    vi.type.tensor_type.elem_type = HALF
+                    if vi.name in island_values and vi.name in producers:  # island readers keep float32
+                        self.exit_cast(new_nodes, producers[vi.name], vi.name, HALF)
+                elif vi.name not in island_values:  # (an island's is float32 already)
+                    inner = self.fresh(vi.name)  # (named first, as the converter always has: names stay as they were)
+                    if vi.name in producers:  # (an input passed straight through stays as it is)
+                        # readers inside bodies read the float16 value too (below)
+                        renamed[vi.name] = self.exit_cast(new_nodes, producers[vi.name], vi.name, FLOAT, inner)
         del graph.node[:]
         graph.node.extend(new_nodes)
         if renamed:  # bodies of If/Loop/Scan read outer values by name: they read the float16 one too
@@ -431,6 +414,19 @@ class _Converter:
                                 for i, name in enumerate(inner.input):
                                     if name in renamed:
                                         inner.input[i] = renamed[name]
+
+    def exit_cast(self, new_nodes, producer, name: str, to: int, inner: str | None = None) -> str:
+        """Make the graph output ``name`` a ``Cast(to)`` of what ``producer`` writes, under a fresh name
+        (``inner``, or a new one) that every reader inside the graph now reads (they keep the computing
+        type); returns that name."""
+        inner = inner or self.fresh(name)
+        producer.output[list(producer.output).index(name)] = inner
+        for other in new_nodes:
+            for i, read in enumerate(other.input):
+                if read == name:
+                    other.input[i] = inner
+        new_nodes.append(self.cast(inner, to, name))
+        return inner
 
     def island_node(self, node, island, island_values, kept, reads, half_of_island,
                     float32_inputs: set[str]) -> list[onnx.NodeProto]:
