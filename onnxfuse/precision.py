@@ -100,7 +100,7 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
     out.CopyFrom(model)
     notes: list[str] = []
     opsets = {o.domain or "": o.version for o in out.opset_import}
-    floats = _float32_values(model)
+    floats = float32_values(model)
     if not _declares_float32(model.graph):
         raise PrecisionError("the model declares no float32 input, output, weight or value: nothing to convert to "
                              "float16 (float32 steps an exporter left inside a float16 model stay as they are)")
@@ -126,7 +126,7 @@ def _declares_float32(graph: onnx.GraphProto) -> bool:
     return False
 
 
-def _float32_values(model: onnx.ModelProto) -> set[str]:
+def float32_values(model: onnx.ModelProto) -> set[str]:
     """Names of the float32 values of ``model`` (all graphs), from ONNX type inference."""
     from onnxfuse.model_io import proto_graphs
 
@@ -566,4 +566,4 @@ class _Converter:
                     self.graph(g, main=False)
 
 
-__all__ = ["PRECISIONS", "convert_to_fp16", "half_problem", "to_half"]
+__all__ = ["PRECISIONS", "convert_to_fp16", "float32_values", "half_problem", "to_half"]

@@ -34,39 +34,29 @@ HALF_MAX = float(np.finfo(np.float16).max)
 LIMIT = HALF_MAX / 4
 
 
-def _float32_values(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    """The float32 values of the main graph written by nodes, with their inferred annotations."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001  (inference is a help: what it cannot type is not measured)
-        inferred = model
-    infos = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
-    written = {o for n in model.graph.node for o in n.output if o}
-    return {name: vi for name, vi in infos.items()
-            if name in written and vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
-
-
 def largest_magnitudes(model: onnx.ModelProto, samples: list, provider: str = "auto",
                        name: str = "model") -> dict[str, float]:
     """Per float32 value of ``model``'s main graph, its largest finite magnitude over ``samples``."""
-    values = _float32_values(model)
+    from onnxfuse.precision import float32_values
+
+    written = {o for n in model.graph.node for o in n.output if o}
+    values = sorted(float32_values(model) & written)  # main-graph values a node writes (the converter's view)
     if not values:
         return {}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     declared = {o.name for o in probe.graph.output}
-    for value, info in values.items():
+    for value in values:
         if value not in declared:
             out = probe.graph.output.add()
             out.name = value
             out.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     session = make_session(probe, provider=provider, name=name)
-    names = list(values)
-    largest = dict.fromkeys(names, 0.0)
+    largest = dict.fromkeys(values, 0.0)
     for sample in samples:
         feeds = sample if isinstance(sample, dict) else sample.feeds
-        outputs = run_session(session, feeds, name=name, output_names=names)
-        for value in names:
+        outputs = run_session(session, feeds, name=name, output_names=values)
+        for value in values:
             array = np.asarray(outputs.pop(value))
             finite = np.abs(array[np.isfinite(array)]) if array.size else array
             if finite.size:
