@@ -45,6 +45,8 @@ from onnxfuse.validate import ValidationReport, validate_models
 METADATA_KEY = "onnxfuse"
 #: The culprit named when ``--precision fp16``'s conversion alone makes validation fail.
 PRECISION_CULPRIT = "precision-fp16"
+#: the ``--precision`` values that convert the model to compute in float16 (fp16-io: float16 I/O too)
+FLOAT16_PRECISIONS = ("fp16", "fp16-io")
 
 
 @dataclass
@@ -334,7 +336,7 @@ def working_skip(start: onnx.ModelProto, rules: list[Rule], culprit: str,
 def _validation_problem(original, samples, options: OptimizeOptions, reference, floor):
     """What keeps a candidate from loading in ONNX Runtime and passing validation (None when it passes): the
     culprit searches' test, where a model that does not load is no more a way out than drift."""
-    precision = "float16" if options.precision in ("fp16", "fp16-io") else None
+    precision = "float16" if options.precision in FLOAT16_PRECISIONS else None
 
     def judge(candidate: onnx.ModelProto) -> str | None:
         try:
@@ -431,7 +433,7 @@ def optimize_model(
     repair_notes = [repair.note(repairs)] if repairs else []
     start, precision, precision_notes, float32_nodes = model, None, [], {}
     samples = reference = None
-    if options.precision in ("fp16", "fp16-io"):
+    if options.precision in FLOAT16_PRECISIONS:
         from onnxfuse.precision import convert_to_fp16
 
         if options.validate:  # the nodes float16 cannot hold, measured on the validation inputs
@@ -519,17 +521,17 @@ def optimize_model(
         samples = sample_inputs(model, options)
     fewer = functools.partial(_fewer_rewrites, model, start, rules, samples, reference, floor, options, precision,
                               repair_notes + precision_notes, step)
-    record = decided = None
+    pending = decided = None
     if options.tuning_record:
-        record, decided = _apply_tuning_record(result, model, samples, options, repairs, fewer)
+        pending, decided = _apply_tuning_record(result, model, samples, options, repairs, fewer)
     if options.bench:
         step("timing")
         t2 = time.perf_counter()
         result.timing = time_both(model, result.model, samples[0], options, bench_progress)
         if options.never_slower and decided is None:
             _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress)
-        if record is not None and decided is None:
-            _record_decision(result, record)
+        if pending is not None and decided is None:
+            _record_decision(result, *pending)
         result.timing_seconds = time.perf_counter() - t2
         result.total_seconds = time.perf_counter() - t0
         check_slowdown(result, options.fail_on_slowdown)
@@ -564,8 +566,8 @@ def _measuring_device(options: OptimizeOptions) -> str | None:
 def _apply_tuning_record(result, model, samples, options: OptimizeOptions, repairs, fewer):
     """``--tuning-record``: read the record; where it holds a decision for this model, options and shapes
     (measured on this GPU, or on any when none is usable here), apply it: the rules it left out are left
-    out again, the candidate validated as the first model was. Returns (record, the decision applied or
-    None); the report's ``tuning_record`` says which."""
+    out again, the candidate validated as the first model was. Returns ((record, key, what the key hashes,
+    the device measuring here), the decision applied or None); the report's ``tuning_record`` says which."""
     from onnxfuse import tuning_record
 
     record = tuning_record.load(options.tuning_record)
@@ -574,13 +576,13 @@ def _apply_tuning_record(result, model, samples, options: OptimizeOptions, repai
     decision = record.lookup(key, here)
     info = {"path": str(record.path), "key": key, "matched": decision is not None, "written": False}
     result.extra["tuning_record"] = info
-    record.pending = (key, meta, here)
+    pending = (record, key, meta, here)
     if decision is None:
         where = "on this device" if here else "anywhere (no decision for this model, options and shapes)"
         info["note"] = (f"tuning record {record.path}: nothing measured {where}" +
                         ("; measured now and recorded" if here and options.bench else
                          "; the rules' static defaults apply"))
-        return record, None
+        return pending, None
     info.update({"gpu": decision.gpu, "onnxruntime": decision.onnxruntime, "skipped_rules": decision.skipped_rules,
                  "kept": decision.kept, "measured": decision.measured})
     from onnxfuse.selection import ALL
@@ -592,7 +594,7 @@ def _apply_tuning_record(result, model, samples, options: OptimizeOptions, repai
         if isinstance(made, str):
             info["note"] = (f"tuning record {record.path}: its decision (measured on {where}) to leave out "
                             f"{', '.join(sorted(skipped))} was not applied: {made}")
-            return record, decision
+            return pending, decision
         candidate, applied, report = made
         _stamp(candidate, applied, repairs)
         _set_output(result, candidate, applied)
@@ -601,17 +603,16 @@ def _apply_tuning_record(result, model, samples, options: OptimizeOptions, repai
     info["note"] = (f"tuning record {record.path}: applied the decision measured on {where} "
                     f"(ONNX Runtime {decision.onnxruntime or '?'}, {decision.measured or '?'}): "
                     + (f"without {decision.kept}" if skipped else "every rewrite kept"))
-    return record, decision
+    return pending, decision
 
 
-def _record_decision(result, record) -> None:
+def _record_decision(result, record, key: str, meta: dict, here: str | None) -> None:
     """After timing without a matching decision: what was kept (the never-slower ladder's choice, or every
     rewrite) becomes the record's decision for this model on this device; nothing when timing did not
     measure."""
     from onnxfuse import tuning_record
     from onnxfuse.runtime.env import environment
 
-    key, meta, here = record.pending
     timing = result.timing
     if here is None or timing is None or timing.status != "ok":
         return

@@ -86,7 +86,6 @@ class Decision:
 class TuningRecord:
     path: Path
     entries: dict  # key -> {"model": fingerprint, "choices": ..., "shapes": ..., "decisions": [Decision dicts]}
-    pending: tuple | None = None  # (key, what it hashes, the device measuring here): set by the pipeline
 
     def lookup(self, key: str, gpu: str | None) -> Decision | None:
         """The decision for ``key`` measured on ``gpu``; with ``gpu`` None (no GPU here), the most
