@@ -85,21 +85,11 @@ def build_mask_index(graph, names, base, mask: KeepMask, query, key, key_axis: i
     ``Cast(Flatten(keep, axis=1), int32)`` for a key padding mask, 3-D [B, S, L] as ``Cast(Squeeze(keep,
     [1]), int32)`` for one per query (``Not`` first when the mask drops where ``keep`` is True). A
     broadcast dimension of ``keep`` (a causal mask shared across the batch, [1, 1, S, L]) is spelled out
-    first by ``Expand`` to [B, 1, S or 1, L], B and S read from ``query`` ([B, S, ·]) and L from ``key``'s
-    axis ``key_axis`` at run time (packed self-attention: both x, S = L): Expand only copies values.
+    first by ``Expand`` to [B, 1, S or 1, L] (:func:`_spelled_out_keep`).
     Every layer builds the same nodes from the same ``keep``; cleanup's duplicate merge leaves one set."""
     keep = mask.keep
     if mask.expand:
-        one = new_constant(graph, f"{base}/one", np.array([1], np.int64))
-        batch, seq = run_time_dim(graph, names, base, query, 0), run_time_dim(graph, names, base, query, 1)
-        length = seq if key is query and key_axis == 1 else run_time_dim(graph, names, base, key, key_axis)
-        pieces = [batch, one, seq if mask.rank == 3 else one, length]
-        target = gs.Variable(names(f"{base}/keep_shape"), dtype=np.int64)
-        graph.nodes.append(gs.Node("Concat", names(f"{base}/keep_shape"), {"axis": 0}, inputs=pieces,
-                                   outputs=[target]))
-        full = gs.Variable(names(f"{base}/keep_full"), dtype=np.bool_)
-        graph.nodes.append(gs.Node("Expand", names(f"{base}/keep_expand"), inputs=[keep, target], outputs=[full]))
-        keep = full
+        keep = _spelled_out_keep(graph, names, base, mask.keep, query, key, key_axis, mask.rank == 3, "keep")
     flat = gs.Variable(names(f"{base}/key_keep"), dtype=np.bool_)
     if mask.rank == 2:
         graph.nodes.append(gs.Node("Flatten", names(f"{base}/key_keep_flatten"), {"axis": 1},
@@ -115,20 +105,27 @@ def build_mask_index(graph, names, base, mask: KeepMask, query, key, key_axis: i
                                outputs=[out]))
     return out
 
+def _spelled_out_keep(graph, names, base, keep, query, key, key_axis: int, per_query: bool, tag: str):
+    """``Expand(keep, [B, 1, S or 1, L])``, B and S read from ``query`` ([B, S, ·]) and L from ``key``'s axis
+    ``key_axis`` at run time (packed self-attention: both x, S = L); ``per_query``: S, else 1. Expand only
+    copies values. New names start with ``tag``."""
+    one = new_constant(graph, f"{base}/one", np.array([1], np.int64))
+    batch, seq = run_time_dim(graph, names, base, query, 0), run_time_dim(graph, names, base, query, 1)
+    length = seq if key is query and key_axis == 1 else run_time_dim(graph, names, base, key, key_axis)
+    target = gs.Variable(names(f"{base}/{tag}_shape"), dtype=np.int64)
+    graph.nodes.append(gs.Node("Concat", names(f"{base}/{tag}_shape"), {"axis": 0},
+                               inputs=[batch, one, seq if per_query else one, length], outputs=[target]))
+    full = gs.Variable(names(f"{base}/{tag}_full"), dtype=np.bool_)
+    graph.nodes.append(gs.Node("Expand", names(f"{base}/{tag}_expand"), inputs=[keep, target], outputs=[full]))
+    return full
+
+
 def build_keep_bias(graph, names, base, mask: KeepMask, query, key, key_axis: int, dtype):
     """``Where(keep, 0, -65504)`` as the float16 op's ``attention_bias`` [B, 1, S, L] (``Not``-ed keep
     read the other way round), ``keep`` spelled out to [B, 1, S, L] by ``Expand`` first (B and S read from
     ``query``, L from ``key``'s axis ``key_axis``): the op's bias needs S and L whole
     (:func:`~onnxfuse.rewrites.contrib.attention.policy.keep_bias_pays` says why and when it is exact)."""
-    one = new_constant(graph, f"{base}/one", np.array([1], np.int64))
-    batch, seq = run_time_dim(graph, names, base, query, 0), run_time_dim(graph, names, base, query, 1)
-    length = seq if key is query and key_axis == 1 else run_time_dim(graph, names, base, key, key_axis)
-    target = gs.Variable(names(f"{base}/keep_bias_shape"), dtype=np.int64)
-    graph.nodes.append(gs.Node("Concat", names(f"{base}/keep_bias_shape"), {"axis": 0},
-                               inputs=[batch, one, seq, length], outputs=[target]))
-    full = gs.Variable(names(f"{base}/keep_bias_keep"), dtype=np.bool_)
-    graph.nodes.append(gs.Node("Expand", names(f"{base}/keep_bias_expand"), inputs=[mask.keep, target],
-                               outputs=[full]))
+    full = _spelled_out_keep(graph, names, base, mask.keep, query, key, key_axis, True, "keep_bias")
     zero = new_constant(graph, f"{base}/keep_bias_zero", np.zeros((), dtype))
     fill = new_constant(graph, f"{base}/keep_bias_fill", np.array(np.finfo(np.float16).min, dtype))
     out = gs.Variable(names(f"{base}/attention_bias"), dtype=dtype)
