@@ -71,6 +71,7 @@ class ValueRange:
     lo: float
     hi: float
     why: str
+    indexes: bool = False  # the input indexes rows of a Gather or GatherElements (token ids into an embedding)
 
     def describe(self, name: str) -> str:
         return f"input {name!r}: values in [{_num(self.lo)}, {_num(self.hi)}] ({self.why})"
@@ -162,7 +163,7 @@ def implied_ranges(model: onnx.ModelProto) -> dict[str, ValueRange]:
                     if data and -len(data) <= axis < len(data) and data[axis]:
                         rows = int(data[axis])
                         found = ValueRange(0, rows - 1, f"indices into {rows} entries of {node.op_type} "
-                                                        f"{node.name or node.input[0]!r}")
+                                                        f"{node.name or node.input[0]!r}", indexes=True)
                 elif node.op_type == "OneHot" and node.input and node.input[0] == value and len(node.input) > 1:
                     depth = _constant(model, node.input[1])
                     if depth is not None and np.size(depth) == 1:

@@ -33,7 +33,7 @@ def token_inputs(model: onnx.ModelProto, ranges: dict) -> list[str]:
     from onnxfuse.runtime.inputs import input_specs
 
     return [s.name for s in input_specs(model) if len(s.shape) == 2 and np.issubdtype(s.dtype, np.integer)
-            and s.name in ranges and "entries of Gather" in ranges[s.name].why]
+            and s.name in ranges and ranges[s.name].indexes]
 
 
 def _is_mask(spec, tokens) -> bool:
