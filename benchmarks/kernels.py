@@ -19,7 +19,11 @@ median of several batches; (b) host time: median wall time of synchronised singl
 with CUDA events the same way. Also measured, in fresh processes: the first NVRTC compile of a
 kernel and its load from the disk cache.
 
-    python benchmarks/kernels.py --out results/kernels.json [--cuda-graph] [--quick]
+    python benchmarks/kernels.py --out results/kernels.json [--cuda-graph] [--quick] [--chain 16]
+
+``--chain K`` puts K copies of each computation in one model, each reading the one before (and times K
+copies per timed copy): the per-run host cost is then spread over K kernels, as in a real model, and
+the time per copy is the kernel's (with ``--cuda-graph``, nearly nothing else).
 
 torch is used here only (buffers, streams, events); onnxfuse itself never imports it.
 """
@@ -49,7 +53,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from onnxfuse.custom_ops import DOMAIN, OPSET_VERSION, make_node, session_options  # noqa: E402
 
-SIZES = [1 << 20, 16 << 20, 64 << 20]
+SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20]
 DTYPES = ["float32", "float16"]
 ONNX_T = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 NP_T = {"float32": np.float32, "float16": np.float16}
@@ -91,26 +95,42 @@ def _model(nodes, inputs, outputs, inits=(), fused=False) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=ops, ir_version=10)
 
 
-def chain_models(dtype: str, n: int):
+def _links(repeat: int):
+    """(input, output) names of ``repeat`` copies of a computation, each reading the one before: one
+    run then launches ``repeat`` kernels, so ONNX Runtime's per-run host cost (~0.05-0.09 ms) is spread
+    over them and the per-kernel time is what a node of a real model costs (``--chain``)."""
+    names = ["x"] + [f"y{k}" for k in range(1, repeat)] + ["y"]
+    return list(zip(names[:-1], names[1:]))
+
+
+def chain_models(dtype: str, n: int, repeat: int = 1):
     T = ONNX_T[dtype]
     vi = [helper.make_tensor_value_info("x", T, [n])], [helper.make_tensor_value_info("y", T, [n])]
     inits = [helper.make_tensor("half", T, [], [0.5]), helper.make_tensor("one", T, [], [1.0])]
-    unfused = _model([helper.make_node("Sigmoid", ["x"], ["t0"]), helper.make_node("Mul", ["x", "t0"], ["t1"]),
-                      helper.make_node("Mul", ["t1", "half"], ["t2"]), helper.make_node("Add", ["t2", "one"], ["t3"]),
-                      helper.make_node("Tanh", ["t3"], ["y"])], *vi, inits)
-    fused = _model([make_node(chain_program(dtype), ["x"], ["y"])], *vi, fused=True)
+    unfused_nodes, fused_nodes = [], []
+    for k, (a, y) in enumerate(_links(repeat)):
+        t = [f"t{k}_{i}" for i in range(4)]
+        unfused_nodes += [helper.make_node("Sigmoid", [a], [t[0]]), helper.make_node("Mul", [a, t[0]], [t[1]]),
+                          helper.make_node("Mul", [t[1], "half"], [t[2]]), helper.make_node("Add", [t[2], "one"], [t[3]]),
+                          helper.make_node("Tanh", [t[3]], [y])]
+        fused_nodes.append(make_node(chain_program(dtype), [a], [y]))
+    unfused = _model(unfused_nodes, *vi, inits)
+    fused = _model(fused_nodes, *vi, fused=True)
     return unfused, fused, {"x": (n,)}, (n,)
 
 
-def scale_bias_models(dtype: str, shape):
+def scale_bias_models(dtype: str, shape, repeat: int = 1):
     T = ONNX_T[dtype]
     c = shape[1]
     ins = [helper.make_tensor_value_info("x", T, list(shape)), helper.make_tensor_value_info("s", T, [1, c, 1, 1]),
            helper.make_tensor_value_info("b", T, [1, c, 1, 1])]
     outs = [helper.make_tensor_value_info("y", T, list(shape))]
-    unfused = _model([helper.make_node("Mul", ["x", "s"], ["t0"]), helper.make_node("Add", ["t0", "b"], ["y"])],
-                     ins, outs)
-    fused = _model([make_node(scale_bias_program(dtype), ["x", "s", "b"], ["y"])], ins, outs, fused=True)
+    unfused_nodes, fused_nodes = [], []
+    for k, (a, y) in enumerate(_links(repeat)):
+        unfused_nodes += [helper.make_node("Mul", [a, "s"], [f"t{k}"]), helper.make_node("Add", [f"t{k}", "b"], [y])]
+        fused_nodes.append(make_node(scale_bias_program(dtype), [a, "s", "b"], [y]))
+    unfused = _model(unfused_nodes, ins, outs)
+    fused = _model(fused_nodes, ins, outs, fused=True)
     return unfused, fused, {"x": shape, "s": (1, c, 1, 1), "b": (1, c, 1, 1)}, shape
 
 
@@ -138,15 +158,22 @@ class Harness:
                 res.append(start.elapsed_time(end) / self.batch)
         return statistics.median(res)
 
-    def time_copy(self, nbytes: int) -> dict:
+    def time_copy(self, nbytes: int, repeat: int = 1) -> dict:
+        """A device-to-device copy of ``nbytes``, ``repeat`` times per timed call (as the ORT models of
+        ``--chain`` repeat their computation), time per copy."""
         torch = self.torch
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
+
+        def copies():
+            for _ in range(repeat):
+                dst.copy_(src)
+
         with torch.cuda.stream(self.stream):
             for _ in range(self.warmup):
-                dst.copy_(src)
+                copies()
         self.stream.synchronize()
-        ms = self.events_ms(lambda: dst.copy_(src))
+        ms = self.events_ms(copies) / repeat
         return {"gpu_ms": ms, "bytes": 2 * nbytes}
 
     def session(self, model: onnx.ModelProto, fused: bool):
@@ -233,7 +260,11 @@ def main() -> None:
     ap.add_argument("--cuda-graph", action="store_true", help="ORT sessions with enable_cuda_graph")
     ap.add_argument("--quick", action="store_true", help="fewer runs (smoke test)")
     ap.add_argument("--sizes", type=lambda s: [int(float(v)) for v in s.split(",")], default=SIZES,
-                    help="comma-separated element counts (default 1M,16M,64M)")
+                    help="comma-separated element counts (default 1M,4M,16M,64M)")
+    ap.add_argument("--chain", type=int, default=1, metavar="K",
+                    help="K copies of each computation in one model, each reading the last (and K copies "
+                         "per timed copy): times are per copy, ONNX Runtime's per-run host cost spread "
+                         "over K kernels as in a real model (default 1: one node per run)")
     args = ap.parse_args()
 
     import torch  # only here: buffers, streams and events for timing
@@ -248,11 +279,11 @@ def main() -> None:
     for dtype in DTYPES + ["bfloat16"]:
         sizes = args.sizes if dtype in DTYPES else [max(args.sizes)]  # bfloat16: the largest size only
         for n in sizes:
-            plan.append((dtype, "tanh(x*sigmoid(x)*0.5+1)", n, lambda d=dtype, n=n: chain_models(d, n)))
+            plan.append((dtype, "tanh(x*sigmoid(x)*0.5+1)", n, lambda d=dtype, n=n: chain_models(d, n, args.chain)))
         if dtype in DTYPES:
-            for nchw in [(32, 64, 128, 64), (32, 64, 256, 128)]:  # 16M and 64M elements
+            for nchw in [(32, 64, 64, 32), (32, 64, 128, 64), (32, 64, 256, 128)]:  # 4M, 16M and 64M elements
                 plan.append((dtype, f"x*s+b, s,b per channel [1,64,1,1], x [{','.join(map(str, nchw))}]",
-                             int(np.prod(nchw)), lambda d=dtype, s=nchw: scale_bias_models(d, s)))
+                             int(np.prod(nchw)), lambda d=dtype, s=nchw: scale_bias_models(d, s, args.chain)))
     for dtype, name, n, models in plan:
         tdt = getattr(torch, dtype)
         es = ES[dtype]
@@ -260,11 +291,15 @@ def main() -> None:
         try:
             g = torch.Generator(device="cuda").manual_seed(0)
             tensors = {k: torch.randn(s, generator=g, device="cuda", dtype=tdt) for k, s in in_shapes.items()}
+            if "s" in tensors:  # |s| <= 1 keeps a --chain of x*s+b finite in float16
+                tensors["s"] = torch.tanh(tensors["s"])
             in_bytes = sum(int(np.prod(s)) * es for s in in_shapes.values())
             moved = in_bytes + n * es  # bytes read + written by an ideal kernel
-            copy = h.time_copy(moved // 2)
+            copy = h.time_copy(moved // 2, args.chain)
             u = h.time_ort(unfused, False, tensors, out_shape, dtype)
             f = h.time_ort(fused, True, tensors, out_shape, dtype)
+            u["gpu_ms"] /= args.chain  # per copy of the computation
+            f["gpu_ms"] /= args.chain
             err = (f["y"].float() - u["y"].float()).abs().max().item()
             row = {
                 "case": name, "dtype": dtype, "elements": n, "bytes_moved": moved,
@@ -289,12 +324,13 @@ def main() -> None:
     ct = compile_times()
     env = {"gpu": torch.cuda.get_device_name(0), "capability": list(torch.cuda.get_device_capability(0)),
            "onnxruntime": ort.__version__, "torch": torch.__version__, "python": platform.python_version(),
-           "cuda_graph": args.cuda_graph, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+           "cuda_graph": args.cuda_graph, "chain": args.chain, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
 
     print(f"\n### FusedElementwise kernels — {env['gpu']}, onnxruntime {env['onnxruntime']}"
-          f"{', CUDA graphs' if args.cuda_graph else ''}\n")
-    print("GPU time per run (CUDA events, median); GB/s counts bytes read + written.\n")
+          f"{', CUDA graphs' if args.cuda_graph else ''}{f', chains of {args.chain}' if args.chain > 1 else ''}\n")
+    print(f"GPU time per {'copy of the computation' if args.chain > 1 else 'run'} (CUDA events, median); "
+          "GB/s counts bytes read + written.\n")
     print("| case | dtype | elements | copy ms (GB/s) | unfused ms | fused ms (GB/s) | fused / copy speed | "
           "speed-up vs unfused | unfused host ms | fused host ms |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")

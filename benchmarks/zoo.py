@@ -550,6 +550,9 @@ def run_model(name: str, args, part: Path) -> None:
         info.update(seconds=round(time.perf_counter() - t0, 2), nodes_before=result.nodes_before,
                     nodes_after=result.nodes_after, rewrites=result.applied.counts,
                     custom_library=result.custom_library, ops_after=op_counts(out))
+        selection = result.extra.get("selection") if hasattr(result, "extra") else None
+        if selection:  # the never-slower ladder ran: what it tried and kept (onnxfuse/selection.py)
+            info["selection"] = selection
         return out, info
 
     log(f"{name}: optimize + validate")
@@ -716,18 +719,17 @@ def run_model(name: str, args, part: Path) -> None:
                 f"cosine {drift['optimized']['cosine']:.6f}")
             extra16 = anchors(original16, path16, "fp16", 1e-2) + right_padded_column(
                 original16, "fp16-right-padded", rtol=1e-2, atol=1e-2)
-            if spec.transformer or spec.seq:
-                # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute): what a user
-                # without a half-precision export gets.
-                try:
-                    converted, info_p = optimize(original, "precision-fp16", rtol=1e-2, atol=1e-2,
-                                                 precision="fp16")
-                    rec.info("optimize_precision_fp16", info_p)
-                    log(f"  --precision fp16: {info_p['nodes_after']} nodes, "
-                        f"validation {info_p['validation']}")
-                    extra16.append(("precision", converted))
-                except Exception as exc:
-                    rec.error("optimize_precision_fp16", exc)
+            # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute): what a user
+            # without a half-precision export gets (issue 33: every zoo model, CNNs included).
+            try:
+                converted, info_p = optimize(original, "precision-fp16", rtol=1e-2, atol=1e-2,
+                                             precision="fp16")
+                rec.info("optimize_precision_fp16", info_p)
+                log(f"  --precision fp16: {info_p['nodes_after']} nodes, "
+                    f"validation {info_p['validation']}")
+                extra16.append(("precision", converted))
+            except Exception as exc:
+                rec.error("optimize_precision_fp16", exc)
             keep = args.graph_modes
             args.graph_modes = args.fp16_graph_modes or args.graph_modes
             try:

@@ -91,6 +91,9 @@ def test_float16_sdpa_takes_the_keep_mask_as_a_bias_and_stays_exact(name):
     assert result.validation.passed
     details = [d for d in result.applied.details if d["rule"] == "contrib-attention"]
     assert len(details) == 2 and all(d["mask_form"] == "keep attention_bias" for d in details), details
+    fused = [n for n in result.model.graph.node if n.op_type in FUSED]
+    biases = {n.input[5] for n in fused}  # attention_bias in both ops
+    assert len(fused) == 2 and len(biases) == 1, biases  # both layers read one bias, built once
     feeds = feeds_for(name, model, np.random.default_rng(11))
     sess = ort.InferenceSession(result.model.SerializeToString(), session_options(),
                                 providers=["CPUExecutionProvider"])
