@@ -640,7 +640,20 @@ def run_model(name: str, args, part: Path) -> None:
             f"{used} masks as lengths" + ("" if used else " (the same graph as optimized: not timed)"))
         return [("right-padded", promised)] if used else []
 
-    fp32_anchors = anchors(original, path, "fp32", 1e-3) + right_padded_column(original, "fp32-right-padded")
+    def with_rules_column(model, label: str, **tolerances) -> list:
+        """With ``--with-rules R,...``: onnxfuse with those (opt-in) rules added (``--only +R``), a column
+        of its own ("with-rules"); not timed where they changed nothing."""
+        if not args.with_rules:
+            return []
+        added, info_w = optimize(model, label, only=",".join(f"+{r}" for r in args.with_rules), **tolerances)
+        rec.info(f"optimize_{label}", info_w)
+        used = sum(info_w["rewrites"].get(r, 0) for r in args.with_rules)
+        log(f"  +{',+'.join(args.with_rules)}: {info_w['nodes_after']} nodes, validation {info_w['validation']}, "
+            f"applied {used}" + ("" if used else " (the same graph as optimized: not timed)"))
+        return [("with-rules", added)] if used else []
+
+    fp32_anchors = (anchors(original, path, "fp32", 1e-3) + right_padded_column(original, "fp32-right-padded")
+                    + with_rules_column(original, "fp32-with-rules"))
     ort_cells("ort", [("original", original), ("optimized", optimized)] + fp32_anchors, args.batches)
     del fp32_anchors
 
@@ -718,7 +731,8 @@ def run_model(name: str, args, part: Path) -> None:
             log(f"  fp16 drift vs fp32: max_abs {drift['optimized']['max_abs']:.3g}, "
                 f"cosine {drift['optimized']['cosine']:.6f}")
             extra16 = anchors(original16, path16, "fp16", 1e-2) + right_padded_column(
-                original16, "fp16-right-padded", rtol=1e-2, atol=1e-2)
+                original16, "fp16-right-padded", rtol=1e-2, atol=1e-2) + with_rules_column(
+                original16, "fp16-with-rules", rtol=1e-2, atol=1e-2)
             # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute): what a user
             # without a half-precision export gets (issue 33: every zoo model, CNNs included).
             try:
@@ -792,7 +806,8 @@ def _cells(models: dict):
                              fp16_orig=m("ort-fp16-original"), fp16_opt=m("ort-fp16-optimized"),
                              att=m("ort-attention"), tx=m("ort-tx"),
                              fp16_att=m("ort-fp16-attention"), fp16_tx=m("ort-fp16-tx"),
-                             fp16_prec=m("ort-fp16-precision")))
+                             fp16_prec=m("ort-fp16-precision"), with_rules=m("ort-with-rules"),
+                             fp16_with_rules=m("ort-fp16-with-rules")))
     return rows
 
 
@@ -831,6 +846,28 @@ def markdown(results: dict) -> str:
             f"| {_f(row['opt'])} | {_f(sp, 2) + '×' if sp else '–'} | {_f(row['eager'])} | {_f(row['compile'])} "
             f"| {_f(row['fp16_orig'])} | {_f(row['fp16_opt'])} | {_f(sp16, 2) + '×' if sp16 else '–'} |"
         )
+    def speedup(a, b):
+        r = _ratio(a, b)
+        return _f(r, 2) + "×" if r else "–"
+
+    added = results.get("config", {}).get("with_rules") or []
+    extra_rows = [r for r in _cells(results["models"]) if any(r[k] for k in ("fp16_prec", "with_rules", "fp16_with_rules"))]
+    if extra_rows:
+        lines += ["", "## Every model: --precision fp16" + (f" and +{', +'.join(added)}" if added else ""), "",
+                  "Speed-up over the original of the same precision. fp16 half(): the module exported in "
+                  "float16 and optimized; --precision fp16: `optimize --precision fp16` on the float32 export "
+                  "(float32 I/O), timed against the float16 original; its ratio to half() is the cost of not "
+                  "exporting in float16 (issue 33: within 5%)."
+                  + (f" +rules: onnxfuse with `--only +{',+'.join(added)}`." if added else ""), "",
+                  "| model | batch | CUDA graph | onnxfuse | +rules | fp16 half() | fp16 half() +rules "
+                  "| --precision fp16 | --precision fp16 / half() |",
+                  "|---|---:|:---:|---:|---:|---:|---:|---:|---:|"]
+        for r in extra_rows:
+            vs_half = _ratio(r["fp16_prec"], r["fp16_opt"])
+            lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} "
+                         f"| {speedup(r['orig'], r['opt'])} | {speedup(r['orig'], r['with_rules'])} "
+                         f"| {speedup(r['fp16_orig'], r['fp16_opt'])} | {speedup(r['fp16_orig'], r['fp16_with_rules'])} "
+                         f"| {speedup(r['fp16_orig'], r['fp16_prec'])} | {_f(vs_half, 3) if vs_half else '–'} |")
     transformer_rows = [r for r in _cells(results["models"]) if any(r[k] for k in ("att", "tx", "fp16_att", "fp16_tx", "fp16_prec"))]
     if transformer_rows:
         lines += ["", "## Transformers: against ONNX Runtime's transformers optimizer", "",
@@ -976,6 +1013,9 @@ def parse_args(argv=None):
     p.add_argument("--target", default="cuda", help="onnxfuse optimize --target")
     p.add_argument("--dynamic-seq", action="store_true",
                    help="export token models with a dynamic sequence axis too (timed at their usual length)")
+    p.add_argument("--with-rules", type=lambda v: [r for r in v.split(",") if r], default=[],
+                   help="comma list of opt-in rules: also time onnxfuse with them added (--only +RULE), "
+                        "fp32 and fp16, column +rules")
     p.add_argument("--right-padded", action="store_true",
                    help="models fed an attention_mask: also time onnxfuse under --right-padded attention_mask "
                         "(column right-padded; the zoo's masks are all ones, which keeps that promise)")

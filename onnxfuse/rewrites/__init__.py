@@ -44,6 +44,7 @@ ORDER = [
     "fold/fold-batchnorm-convtranspose",
     "fold/fold-batchnorm-gemm",
     "fold/fold-scale-bias",
+    "contrib/contrib-channels-last",  # after the BatchNorm and scale folds (their Conv weights), before the elementwise rules fuse on NHWC tensors (opt-in, CUDA only)
     "contrib/contrib-attention",  # before the FusedMatMul rules, which would take its scale and Kᵀ (opt-in)
     "contrib/contrib-mask-lengths",
     "contrib/contrib-grouped-queries",  # opt-in; after contrib-attention, whose MultiHeadAttention over repeated K/V it regroups  # after contrib-attention, whose raw masks it reads (--right-padded only)

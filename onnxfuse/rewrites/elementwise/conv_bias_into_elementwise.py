@@ -15,7 +15,8 @@ rounding of the convolution sum (tests/rewrites/test_conv_bias_into_elementwise.
 the region keeps the sum in float until its output (one rounding fewer), well within the
 half-precision tolerance validation applies.
 
-Which Convs: default-domain Conv with a constant 1-D bias of length C (the output channels), output of
+Which Convs: default-domain Conv, or com.microsoft ``NhwcConv`` (channels-last: its bias is added in a
+second cuDNN pass too, and broadcasts on the last axis as it is), with a constant 1-D bias of length C (the output channels), output of
 known rank ≥ 3 and float element type, not a graph output, read only by default-domain ops the
 elementwise language has. Whether those readers really become one fused region is decided by running
 the region analysis of fuse-elementwise (:mod:`onnxfuse.rewrites.elementwise.regions`) on a trial graph with every candidate
@@ -31,10 +32,18 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.elementwise.regions import RegionAnalysis, candidate_ops
 from onnxfuse.rewrites.engine.edit import NameAllocator, fresh_name
-from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, is_alive, is_default_domain, is_graph_output
+from onnxfuse.rewrites.engine.facts import (
+    constant_value, graphs_within, is_alive, is_default_domain, is_graph_output, is_ms_op,
+)
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
 
 _FLOAT = (np.float32, np.float16)
+
+
+def is_nhwc_conv(node) -> bool:
+    """com.microsoft ``NhwcConv`` (contrib-channels-last writes it): a Conv on [N, H, W, C] tensors, its
+    bias added by cuDNN in a second pass as the NCHW Conv's is."""
+    return is_ms_op(node, "NhwcConv")
 
 
 def _candidate_problem(graph, conv) -> str | None:
@@ -71,8 +80,9 @@ class _Lift:
         self.bias_tensor = conv.inputs[2]
         rank = np.asarray(constant_value(graph, conv.inputs[1])).ndim
         bias = np.asarray(constant_value(graph, conv.inputs[2]))
-        self.bias = gs.Constant(names(f"{self.bias_tensor.name}/lifted"),
-                                np.ascontiguousarray(bias.reshape((bias.shape[0],) + (1,) * (rank - 2))))
+        channels_last = is_nhwc_conv(conv)  # [N, H, W, C]: the 1-D bias broadcasts on the last axis as it is
+        shape = bias.shape if channels_last else (bias.shape[0],) + (1,) * (rank - 2)
+        self.bias = gs.Constant(names(f"{self.bias_tensor.name}/lifted"), np.ascontiguousarray(bias.reshape(shape)))
         self.raw = gs.Variable(names(f"{self.out.name}/no_bias"), dtype=self.out.dtype, shape=self.out.shape)
         self.add_name = fresh_name(node_names, f"{conv.name or 'Conv'}/bias")
         self.add = None
@@ -106,7 +116,7 @@ class LiftConvBiasIntoElementwise(Rule):
     def match(self, graph):
         found = []
         for g in graphs_within(graph):
-            convs = [n for n in g.nodes if n.op == "Conv" and is_default_domain(n)]
+            convs = [n for n in g.nodes if (n.op == "Conv" and is_default_domain(n)) or is_nhwc_conv(n)]
             if not convs:
                 continue
             problems = {id(c): _candidate_problem(g, c) for c in convs}
