@@ -1,8 +1,9 @@
 """contrib-channels-last (issue 34): Conv regions on NHWC tensors, one Transpose per boundary.
 
 ONNX Runtime runs ``NhwcConv`` on CUDA only, so on this CPU machine the optimized graph is checked through
-an independent stand-in: every ``NhwcConv(x)`` replaced by ``Transpose(Conv(Transpose(x)))`` (the
-definition of the op), run on ONNX Runtime's CPU provider and compared with the original. The GPU test
+an independent stand-in: every ``NhwcConv(x, w)`` replaced by ``Transpose(Conv(Transpose(x), Transpose(w)))``
+(the definition of the op, which takes its weight channels-last), run on ONNX Runtime's CPU provider and
+compared with the original. The GPU test
 (tests/gpu/test_channels_last_gpu.py) runs the real op.
 """
 
@@ -23,7 +24,8 @@ RULE = "contrib-channels-last"
 
 
 def nchw_stand_in(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with every com.microsoft NhwcConv written as Transpose → Conv → Transpose (NCHW)."""
+    """``model`` with every com.microsoft NhwcConv written as Transpose → Conv → Transpose (NCHW), its
+    channels-last weight [M, kH, kW, C/group] transposed back to Conv's [M, C/group, kH, kW]."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     nodes = []
@@ -31,9 +33,10 @@ def nchw_stand_in(model: onnx.ModelProto) -> onnx.ModelProto:
         if n.op_type != "NhwcConv" or n.domain != "com.microsoft":
             nodes.append(n)
             continue
-        x, y = f"stand_in_{k}_x", f"stand_in_{k}_y"
+        x, w, y = f"stand_in_{k}_x", f"stand_in_{k}_w", f"stand_in_{k}_y"
         nodes.append(helper.make_node("Transpose", [n.input[0]], [x], perm=TO_NCHW))
-        conv = helper.make_node("Conv", [x, *n.input[1:]], [y], name=f"stand_in_{k}")
+        nodes.append(helper.make_node("Transpose", [n.input[1]], [w], perm=TO_NCHW))  # [M, kH, kW, C/g] → [M, C/g, kH, kW]
+        conv = helper.make_node("Conv", [x, w, *n.input[2:]], [y], name=f"stand_in_{k}")
         conv.attribute.extend(n.attribute)
         nodes.append(conv)
         nodes.append(helper.make_node("Transpose", [y], [n.output[0]], perm=TO_NHWC))

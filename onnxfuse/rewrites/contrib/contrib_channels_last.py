@@ -11,8 +11,13 @@ the elementwise regions between convolutions are fused on NHWC tensors with no t
 The maths: with ``T = Transpose(perm=[0, 2, 3, 1])`` (NCHW → NHWC) and ``T⁻¹ = Transpose(perm=[0, 3, 1,
 2])``, every op of a region commutes with the layout change:
 
-* ``NhwcConv(T(x), W, B) = T(Conv(x, W, B))``: the same convolution, ONNX Runtime's kernel reads and writes
-  NHWC (W stays [M, C/group, kH, kW]; the kernel pre-packs it);
+* ``NhwcConv(T(x), T(W), B) = T(Conv(x, W, B))``: the same convolution, ONNX Runtime's kernel reads and
+  writes NHWC. Its weight is channels-last too, [M, kH, kW, C/group]: the com.microsoft op marks a
+  constant weight "already NHWC" when it pre-packs (``conv.cc``: only its internal NHWC domain transposes
+  W itself), and reads W's dims that way (the ContribOperators.md text, copied from Conv, says otherwise;
+  with W as [M, C/group, kH, kW] it fails "Input channels C is not equal to kernel channels * group",
+  measured on onnxruntime-gpu 1.31.1). ONNX Runtime's transformers optimizer transposes the weights of
+  the NhwcConv it writes for the same reason;
 * a pointwise op ``f(T(a), P(c))`` = ``T(f(a, c))`` where ``P(c)`` is a constant ``c`` broadcast to rank 4
   (leading 1s, as broadcasting aligns on the right) and permuted like the data; a one-element operand
   broadcasts the same in either layout and is left as it is;
@@ -256,6 +261,9 @@ class ContribChannelsLast(Rule):
                 node.inputs[i] = entries[id(t)]
             if role == "conv":
                 node.op, node.domain = "NhwcConv", MS_DOMAIN
+                weight = constant_value(graph, node.inputs[1])
+                node.inputs[1] = new_constant(graph, f"{node.inputs[1].name}/nhwc",
+                                              np.ascontiguousarray(weight.transpose(TO_NHWC)))
             elif node.op in ("Concat", "Split"):
                 node.attrs["axis"] = _nhwc_axis(node.attrs.get("axis", 0))
             elif node.op == "Slice":
