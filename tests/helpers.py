@@ -201,6 +201,22 @@ def outputs_on_cuda(model: onnx.ModelProto, inputs, cuda_graph: bool = True) -> 
         timer.close()
 
 
+def kv_cache_feeds(batch, new, past, dtype, rng, layers: int = 2, kv_heads: int = 2, head: int = 16):
+    """Inputs of a KV-cache decoder with the generation-loop signature (``input_ids``, ``attention_mask``
+    [batch, past + new], ``position_ids``, ``past_key_values.N.key/value`` [batch, kv_heads, past, head]):
+    ``new`` tokens after ``past`` cached ones, the first row left-padded (its first two positions are
+    pad, so at prefill its first two queries keep no key), positions counted over the kept tokens."""
+    mask = np.ones((batch, past + new), np.int64)
+    mask[0, :2] = 0
+    position = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, past:]
+    feeds = {"input_ids": rng.integers(0, 128, (batch, new)).astype(np.int64), "attention_mask": mask,
+             "position_ids": position.astype(np.int64)}
+    for i in range(layers):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((batch, kv_heads, past, head)).astype(dtype)
+    return feeds
+
+
 def run_float64(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The model's outputs computed in float64 by onnx's reference evaluator (numpy): an independent
     reference, neither ONNX Runtime nor any rewrite of ours. Every float32 tensor of the graph (inputs,

@@ -777,12 +777,14 @@ def sdpa_mask_model(keep_shape=("B", 1, 1, S), true_shape=(1, 1, S, 1), true_val
 def test_a_run_time_always_true_grid_is_seen_through(op, bound, proven, wrapped):
     """``And(keep, Range(0, B) >= 0)`` over a dynamic batch is ``keep`` broadcast: the key padding mask
     becomes a raw mask_index, also when the comparison is cast to bool and anded with all-True ones
-    (``wrapped``). ``>= 1`` and ``> 0`` are False at row 0, so the mask stays a bias there, and both
-    forms give the original's outputs."""
+    (``wrapped``). ``>= 1`` and ``> 0`` are False at row 0, so the comparison stays: the keep mask is then
+    the And itself, [B, 1, 1, L] by length (``Range(0, B)`` is B long: ``shape_values.axis_length``,
+    where inference invents the And's batch), still a raw mask_index; both forms give the original's
+    outputs."""
     model = sdpa_mask_model(grid=(op, bound, wrapped))
     out, report = apply(model)
     (detail,) = [d for d in report.details if d["rule"] == RULE]
-    assert detail["mask_form"] == ("mask_index" if proven else "attention_bias")
+    assert detail["mask_form"] == "mask_index"
     assert ("GreaterOrEqual" in helpers.op_types(out) or "Greater" in helpers.op_types(out)) is not proven
     feeds = holey_feeds(model)
     want, got = run_ort(model, feeds), run_ort(out, feeds)

@@ -17,22 +17,10 @@ import numpy as np
 import pytest
 
 import onnxfuse
-from helpers import load_testdata, run_float64
+from helpers import kv_cache_feeds, load_testdata, run_float64
 from test_attention_exports import run_optimized
 
-LAYERS, KV_HEADS, HEAD = 2, 2, 16
-
-
-def _feeds(batch, new, past, dtype, rng):
-    mask = np.ones((batch, past + new), np.int64)
-    mask[0, :2] = 0  # left padding: the first row's first two positions are pad
-    position = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, past:]
-    feeds = {"input_ids": rng.integers(0, 128, (batch, new)).astype(np.int64), "attention_mask": mask,
-             "position_ids": position.astype(np.int64)}
-    for i in range(LAYERS):
-        for kv in ("key", "value"):
-            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((batch, KV_HEADS, past, HEAD)).astype(dtype)
-    return feeds
+LAYERS = 2
 
 
 @pytest.mark.parametrize("name", ["llama_kv_dynamo_fp16", "llama_kv_dynamo"])
@@ -53,7 +41,7 @@ def test_dynamo_kv_cache_decoder_fuses_and_matches_a_float64_reference(name):
     rng = np.random.default_rng(31)
     tol = 2e-2 if half else 1e-4
     for batch, new, past in ((2, 5, 0), (3, 1, 6)):  # prefill, decode
-        feeds = _feeds(batch, new, past, np.float16 if half else np.float32, rng)
+        feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, rng)
         exact = run_float64(reference, {k: v.astype(np.float32) if v.dtype == np.float16 else v
                                         for k, v in feeds.items()})
         got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))
@@ -77,7 +65,7 @@ def test_legacy_kv_cache_decoders_match_a_float64_reference(name):
     rng = np.random.default_rng(17)
     tol = 2e-2 if half else 1e-4
     for batch, new, past in ((2, 5, 0), (3, 1, 6)):
-        feeds = _feeds(batch, new, past, np.float16 if half else np.float32, rng)
+        feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, rng)
         exact = run_float64(reference, {k: v.astype(np.float32) if v.dtype == np.float16 else v
                                         for k, v in feeds.items()})
         got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))

@@ -22,7 +22,7 @@ constant ``m >= 1``. For nodes whose outputs inference left invented or unknown,
   read from ``Shape``): ``min(e, D)``, which is e when D is the same name, ``Clamped(e, D)`` for a
   constant D, ``Clamped(D, e)`` for a constant e (ONNX clamps the end to the axis; a size is >= 0);
 * ``Range(0, n, 1)`` with n a size: n elements (``max(0, n)``, and a size is >= 0); integer
-  ``Range(s, s + n, 1)`` (an ``Add`` of the start and n): n elements too;
+  ``Range(s, s + n, 1)`` (an ``Add`` of the start and n, through int64 → int64 Casts): n elements too;
 * ``Reshape(x, target)`` with the target's ``0`` entries x's dimensions and its ``-1`` the quotient of
   x's product by the other entries', names cancelled (``[B, S, 12, 64]`` by ``[0, -1, 768]``: S); a
   target with neither is the output's shape whatever x's is (tf2onnx's ``Tensordot`` writes
@@ -55,8 +55,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, is_op, producer_of, unit_range_limit
-from onnxfuse.rewrites.engine.shape_values import shape_value
+from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, is_op, unit_range_limit
+from onnxfuse.rewrites.engine.shape_values import range_length, shape_value
 from onnxfuse.rewrites.engine.shapes import unify_dims
 
 #: ONNX ops whose output has the numpy broadcast of all their inputs' shapes.
@@ -209,24 +209,11 @@ class _Pass:
 
     def offset_range_result(self, node) -> list | None:
         """``Range(s, Add(s, n), 1)`` over integers (a past length s and a new length n: GPT-2's position
-        ids with a KV cache): ``max(0, ceil((s + n − s) / 1)) = max(0, n)`` elements, n itself for a size.
-        The start is the Add's operand itself or has the same single value (:func:`shape_value`, which
-        only evaluates integer tensors, so the sum is exact)."""
-        start, limit, delta = node.inputs
-        step = constant_value(self.graph, delta)
-        add = producer_of(limit)
-        if step is None or step.size != 1 or float(step.reshape(-1)[0]) != 1 or not is_op(add, "Add") \
-                or len(add.inputs) != 2:
-            return None
-        first = self.sizes(start)
-        if first is None or len(first) != 1:
-            return None
-        for i in (0, 1):
-            if add.inputs[i] is start or self.sizes(add.inputs[i]) == first:
-                n = self.sizes(add.inputs[1 - i])
-                if n is not None and len(n) == 1:
-                    return [max(0, n[0]) if isinstance(n[0], int) else n[0]]
-        return None
+        ids with a KV cache; transformers 4.57's ``cache_position``, whose limit torch's legacy exporter
+        casts from int64 to int64): ``max(0, n)`` elements, n itself for a size
+        (:func:`~onnxfuse.rewrites.engine.shape_values.range_length`)."""
+        n = range_length(self.graph, node)
+        return None if n is None else [n if isinstance(n, int) else str(n)]
 
     def reduce_result(self, node) -> list | None:
         """A reduction's output: its input's dimensions, those of the reduced axes 1 (keepdims=1) or

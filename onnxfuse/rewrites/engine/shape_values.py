@@ -15,13 +15,17 @@ integer ``Cast`` (a size fits in int32); ``Where(c, a, b)`` when c is known elem
 ``Equal(a, b)`` element by element, known when both are ints, or a name against a negative int (a size
 is never negative, so ``batch == -1`` is False); ``Mul`` by 1 and ``Add`` of 0 keep a name, ints
 multiply and add. Anything else gives None.
+
+:func:`axis_length` proves one dimension of a tensor from how the tensor is made (Concat sums, index
+grids, broadcasts, Shape-read Reshapes), with sums of named sizes as :class:`DimSum`, and
+:func:`same_length` compares two such lengths (a sum only ever equals a sum with the same terms).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from onnxfuse.rewrites.engine.facts import constant_value, is_op, producer_of
+from onnxfuse.rewrites.engine.facts import axes_of, constant_value, is_op, producer_of, unit_range_limit
 
 #: A dimension: an int, or a symbolic name ("batch").
 Dim = int | str
@@ -294,3 +298,209 @@ def _shape_source(shape_node):
     if start is not None or end is not None:
         positions = positions[slice(int(start) if start is not None else None, int(end) if end is not None else None)]
     return src, positions
+
+
+#: ONNX ops whose output has the numpy broadcast of all their inputs' shapes (the ones masks are built of).
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "And", "Or", "Xor", "Equal", "Less", "LessOrEqual",
+                           "Greater", "GreaterOrEqual", "Where", "Max", "Min"})
+#: ONNX ops whose output 0 has exactly their input 0's shape.
+_SAME_SHAPE = frozenset({"Identity", "Cast", "Not", "Neg", "Abs", "IsNaN", "IsInf"})
+
+
+def same_length(a, b) -> bool:
+    """Two proved lengths (:func:`axis_length`) are the same size: equal ints, the same name, or two
+    :class:`DimSum` with the same terms. A sum never equals a plain name, however the name reads (a
+    ``dim_param`` ``"past + sequence"`` is one opaque symbol, not a sum)."""
+    if a is None or b is None or isinstance(a, DimSum) != isinstance(b, DimSum):
+        return False
+    if isinstance(a, str) or isinstance(b, str):
+        return isinstance(a, str) and isinstance(b, str) and str(a) == str(b)
+    return int(a) == int(b)
+
+
+def axis_length(graph, tensor, axis: int, depth: int = 24, _seen: dict | None = None):
+    """The length of ``tensor`` along ``axis`` proved from how it is made: an int, a known name
+    (:func:`known_name`) or a :class:`DimSum`; None when not proved.
+
+    Why: a KV-cache decoder's masks are built from index grids whose lengths ONNX's inference invents
+    (``Range(0, past + sequence)``, broadcast against the padding mask), while the key they must fit
+    is ``Concat(past, new)``, which an exporter declares with a name that only reads like a sum. Both
+    are proved here term by term, never from a declared name that looks like one.
+
+    Steps (each exact for the length it names): a constant's shape, or a declared static size;
+    ``Concat`` along the axis: the sum of its inputs' lengths (:func:`dim_sum`; along another axis,
+    their common length); ``Range`` (:func:`range_length`, sums of sizes included);
+    ``Unsqueeze``/``Squeeze`` with constant axes (an inserted axis is 1 long); ops that keep their
+    input's shape (Cast, Not, ...); ``Gather`` (data's length off the axis, the indices' on it);
+    ``Transpose``; ``Reshape`` to ``Shape(t)`` read whole: t's length, where a 0 entry cannot copy the
+    input's dimension instead (allowzero=1, an axis at or past the input's rank, or a positive int
+    length); ``Expand`` and the broadcasting ops (numpy rules, inputs right-aligned): the inputs'
+    lengths there with the 1s dropped, when those left are all the same (1 when none is left). Then a
+    declared known name. Anything else gives None. Each (tensor, axis) is evaluated once per call (a
+    mask reads the same grid along several paths)."""
+    rank = _rank(graph, tensor)
+    if rank is None or not -rank <= axis < rank or depth == 0:
+        return None
+    axis %= rank
+    seen = {} if _seen is None else _seen
+    key = (id(tensor), axis)
+    if key not in seen:
+        seen[key] = None  # a cycle (none in a valid graph) proves nothing
+        seen[key] = _axis_length(graph, tensor, axis, rank, depth, seen)
+    return seen[key]
+
+
+def _axis_length(graph, tensor, axis: int, rank: int, depth: int, seen: dict):
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return int(value.shape[axis])
+    declared = getattr(tensor, "shape", None)[axis]
+    if isinstance(declared, (int, np.integer)) and declared >= 0:
+        return int(declared)
+    node = producer_of(tensor)
+    found = _made_length(graph, node, axis, rank, depth - 1, seen) if node is not None else None
+    if found is not None:
+        return found
+    return declared if known_name(declared) else None
+
+
+def _rank(graph, tensor):
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return value.ndim
+    shape = getattr(tensor, "shape", None)
+    return None if shape is None else len(shape)
+
+
+def _made_length(graph, node, axis: int, rank: int, depth: int, seen: dict):
+    """:func:`axis_length` of ``node``'s output 0 from the node that makes it (see there), or None."""
+    if is_op(node, "Concat"):
+        along = int(node.attrs.get("axis", 0))
+        if along % rank != axis:
+            parts = [axis_length(graph, t, axis, depth, seen) for t in node.inputs]
+            return parts[0] if parts and all(same_length(p, parts[0]) for p in parts) else None
+        return dim_sum([axis_length(graph, t, axis, depth, seen) for t in node.inputs]) \
+            if all(_rank(graph, t) == rank for t in node.inputs) else None
+    if is_op(node, "Range") and len(node.inputs) == 3:
+        return range_length(graph, node, sums=True)
+    if is_op(node, *_SAME_SHAPE) and node.inputs:
+        return axis_length(graph, node.inputs[0], axis, depth, seen)
+    if is_op(node, "Unsqueeze", "Squeeze"):
+        axes = axes_of(graph, node)
+        if axes is None:
+            return None
+        if node.op == "Unsqueeze":
+            axes = sorted(a % rank for a in axes)
+            if axis in axes:
+                return 1
+            return axis_length(graph, node.inputs[0], axis - sum(a < axis for a in axes), depth, seen)
+        source_rank = rank + len(axes)
+        axes = sorted(a % source_rank for a in axes)
+        for a in axes:  # the output's axis is the source's axis past every removed one before it
+            if a <= axis:
+                axis += 1
+        return axis_length(graph, node.inputs[0], axis, depth, seen)
+    if is_op(node, "Transpose"):
+        perm = node.attrs.get("perm")
+        perm = list(perm) if perm is not None else list(range(rank))[::-1]
+        return axis_length(graph, node.inputs[0], perm[axis], depth, seen) if len(perm) == rank else None
+    if is_op(node, "Gather") and len(node.inputs) == 2:
+        data_rank, idx_rank = _rank(graph, node.inputs[0]), _rank(graph, node.inputs[1])
+        if data_rank is None or idx_rank is None:
+            return None
+        along = int(node.attrs.get("axis", 0)) % data_rank
+        if axis < along:
+            return axis_length(graph, node.inputs[0], axis, depth, seen)
+        if axis < along + idx_rank:
+            return axis_length(graph, node.inputs[1], axis - along, depth, seen)
+        return axis_length(graph, node.inputs[0], axis - idx_rank + 1, depth, seen)
+    if is_op(node, "Reshape") and len(node.inputs) == 2:
+        read = shape_read(graph, node.inputs[1])
+        if read is None or read[1] != list(range(len(getattr(read[0], "shape", None) or []))):
+            return None
+        length = axis_length(graph, read[0], axis, depth, seen)
+        source_rank = _rank(graph, node.inputs[0])
+        # a 0 entry copies the input's dimension at that index (allowzero=0): none to copy past its rank
+        zero_copies = int(node.attrs.get("allowzero", 0)) == 0 and (source_rank is None or axis < source_rank)
+        return None if zero_copies and not (isinstance(length, int) and length > 0) else length
+    if is_op(node, "Expand") and len(node.inputs) == 2:
+        target = shape_value(graph, node.inputs[1], sums=True)
+        if target is None or len(target) > rank:
+            return None
+        offset = rank - len(target)
+        lengths = [target[axis - offset] if axis >= offset else 1]
+        if _sum_parts(lengths[0]) is None:  # not a size (a negative or bool entry): the Expand fails
+            return None
+        lengths.append(_aligned_length(graph, node.inputs[0], axis, rank, depth, seen))
+        return _broadcast_length(lengths)
+    if is_op(node, *_BROADCASTING):
+        return _broadcast_length([_aligned_length(graph, t, axis, rank, depth, seen) for t in node.inputs])
+    return None
+
+
+def _aligned_length(graph, tensor, axis: int, rank: int, depth: int, seen: dict):
+    """``tensor``'s length at the output's ``axis`` of a broadcast to ``rank`` (right-aligned: a missing
+    leading axis is 1)."""
+    own = _rank(graph, tensor)
+    if own is None:
+        return None
+    return 1 if axis < rank - own else axis_length(graph, tensor, axis - (rank - own), depth, seen)
+
+
+def _broadcast_length(lengths):
+    """The numpy broadcast of lengths at one axis: the ones that are not 1, when they are all the same
+    size (1 when none is left); None when one is not proved or two differ (or may: two names)."""
+    if any(n is None for n in lengths):
+        return None
+    rest = [n for n in lengths if not (isinstance(n, int) and n == 1)]
+    if not rest:
+        return 1
+    return rest[0] if all(same_length(n, rest[0]) for n in rest) else None
+
+
+def range_length(graph, node, sums: bool = False):
+    """The length of ``Range(0, n, 1)`` or of integer ``Range(s, s + n, 1)`` (the limit an ``Add`` of the
+    start, or of a value equal to it, and n; through int64 → int64 Casts, which torch's legacy exporter
+    writes around transformers 4.57's ``cache_position`` sum): ``max(0, ceil((s + n − s) / 1)) = max(0,
+    n)``, so n for a size, evaluated by :func:`shape_value` (with ``sums``: a sum of sizes too); None
+    otherwise. The start and n are integers (:func:`shape_value` evaluates only those): the sum is exact."""
+    if not is_op(node, "Range") or len(node.inputs) != 3:
+        return None
+    limit = unit_range_limit(graph, node)
+    if limit is not None:
+        n = shape_value(graph, limit, sums=sums)
+        return _length(n[0]) if n is not None and len(n) == 1 else None
+    start, limit, delta = node.inputs
+    step = constant_value(graph, delta)
+    if step is None or step.size != 1 or float(step.reshape(-1)[0]) != 1:
+        return None
+    first = shape_value(graph, start, sums=sums)
+    if first is None or len(first) != 1:
+        return None
+    add = producer_of(limit)
+    while is_op(add, "Cast") and int(add.attrs.get("to", 0)) == 7 and add.inputs and _is_int64(graph, add.inputs[0]):
+        add = producer_of(add.inputs[0])
+    if not is_op(add, "Add") or len(add.inputs) != 2:
+        return None
+    for i in (0, 1):
+        if add.inputs[i] is start or shape_value(graph, add.inputs[i], sums=sums) == first:
+            n = shape_value(graph, add.inputs[1 - i], sums=sums)
+            if n is not None and len(n) == 1:
+                return _length(n[0])
+    return None
+
+
+def _length(n):
+    """``max(0, n)``, a Range's length for an int limit − start n; n itself for a name or a sum of sizes
+    (never negative); None for anything else (a bool)."""
+    if isinstance(n, bool):
+        return None
+    if isinstance(n, (int, np.integer)) and not isinstance(n, str):
+        return max(0, int(n))
+    return n if _sum_parts(n) is not None else None
+
+
+def _is_int64(graph, tensor) -> bool:
+    value = constant_value(graph, tensor)
+    dtype = value.dtype if value is not None else getattr(tensor, "dtype", None)
+    return dtype is not None and np.dtype(dtype) == np.dtype(np.int64)

@@ -157,8 +157,13 @@ def _connect_output(graph, names, base, plan: AttentionPlan, out, raw_mask) -> N
         graph.nodes.append(gs.Node("Mul", names(f"{base}/empty_rows_to_zero"), inputs=[out, factor],
                                    outputs=[scaled]))
         out = scaled
+    if plan.float32_output:  # every float16 value is a float32 value: the Cast only widens
+        wide = gs.Variable(names(f"{base}/attention_output_float"), dtype=np.float32, shape=out.shape)
+        graph.nodes.append(gs.Node("Cast", names(f"{base}/attention_output_cast"), {"to": 1}, inputs=[out],
+                                   outputs=[wide]))
+        out = wide
     if plan.layout == SEQ_FIRST:
-        out = _swap01(graph, names, base, out, plan.dtype)
+        out = _swap01(graph, names, base, out, out.dtype)
     plan.merge.inputs[0] = out
 
 

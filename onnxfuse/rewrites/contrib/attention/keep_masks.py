@@ -9,7 +9,13 @@ provably ``[B|1, 1, 1, L]`` or ``[B|1, 1, S, L]`` (B, S = L x's;
 or a ``masked_fill``), the op gets ``mask_index`` = ``Cast(Flatten(keep), int32)`` ([B, L], a key padding
 mask) or ``Cast(Squeeze(keep, [1]), int32)`` ([B, S, L], a mask per query: causal and padding), with a
 batch of 1 spelled out by ``Expand`` first and ``Not`` first when the Where fills where the condition is
-True, and ``mask_filter_value`` = the fill, instead of the expanded [B, 1, S, L] ``attention_bias``. ONNX
+True, and ``mask_filter_value`` = the fill, instead of the expanded [B, 1, S, L] ``attention_bias``.
+"Provably" is by name (the same static size or ``dim_param``) or, where inference invented the
+dimension, by length proved from how keep and the query or key are made
+(:func:`~onnxfuse.rewrites.engine.shape_values.axis_length`: a KV-cache mask grid ``Range(0, past + S)``
+against the key ``Concat(past, new)``, term by term); a ``Slice`` that cuts the mask to a length it
+provably has already is seen through (:func:`whole_slice`: transformers 4.57's sdpa attention,
+``mask[:, :, :, :key.shape[-2]]``, in optimum's export). ONNX
 Runtime's kernels add ``mask_filter_value`` in float32 to a score whose mask entry is 0 (CUDA ``mask ==
 0``, CPU ``mask > 0`` keeps: the same for 0/1) and nothing otherwise, which is what the graph computes
 (``s + fill`` or ``s + 0``): exact for any finite fill, rows with every key masked included (uniform for
@@ -31,6 +37,20 @@ the Casts do) only with the mask as a raw ``mask_index``, whose fill the kernel 
 as the island does; a float16 ``attention_bias`` would hold finfo(float32).min as -inf (a fully masked
 row becomes NaN) or, clamped, as -65504 (that row then follows its scores instead of being uniform).
 Refused otherwise (a mask that is not a keep mask, q/k/v not packed), with that reason.
+
+**Float32 P·V** (optimum's float16 Llama export with transformers' sdpa attention, issue 31: torch's
+legacy symbolic of scaled_dot_product_attention promotes the float16 scores to its float32 mask
+constants' type, so the Softmax, the NaN guard, ``P·Cast(V, to=float)`` and everything up to the
+residual stream are float32): taken as an island whose weights are not cast down, with ``V``'s upcast
+(exact) in the pattern and the fused float16 op's output cast up to float32 (exact) for the merge.
+Not bitwise: the kernel rounds the float32 weights to float16 and its output to float16 (two roundings
+of relative size 2⁻¹¹ that the original does not make; its scores were already float16), measured on
+``optimum_llama_kv_fp16`` against a float64 evaluation of the float32 export at prefill and decode: every
+output within 1.4x the original export's own error (logits 1.3e-3 against 9.6e-4 at prefill, relative to
+max(1, |logit|); tests/rewrites/test_optimum_kv_cache.py).
+The float16 op is the one the speed policy lets through: MultiHeadAttention over given heads in float32
+was measured slower (:mod:`~onnxfuse.rewrites.contrib.attention.policy`). The mask rules are the
+island's.
 
 **Float16 masked_fill** (DistilBERT's float16 export, and ``--precision fp16`` of its float32 one):
 ``Where(keep, s, -65504)``, float16's finfo.min, which is not absorbing (s - 65504 != -65504 for |s| >= 16),
@@ -61,6 +81,7 @@ from onnxfuse.rewrites.engine.facts import (
     scalar_constant,
     shape_of,
 )
+from onnxfuse.rewrites.engine.shape_values import axis_length, same_length, shape_read
 
 @dataclass
 class KeepMask:
@@ -77,7 +98,7 @@ class KeepMask:
     expand: bool = False
 
 
-def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False) -> KeepMask | None:
+def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, lengths=None) -> KeepMask | None:
     """The mask steps ``terms`` (:func:`mask_terms`) as a :class:`KeepMask`, or None.
 
     Accepted: one term, either ``x + Where(c, 0, f)`` / ``x + Where(c, f, 0)`` (one branch a scalar
@@ -91,7 +112,12 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False) -
     Anything else (a head-dependent mask, two terms, a
     float mask computed as ``(1 - m)·c``) gives None: the mask then stays an additive bias.
     ``infinite_fill``: f may be -inf too (torch's legacy export of scaled_dot_product_attention,
-    ``Where(keep, 0, -inf)``, whose NaN guard the caller emulates; the fill is then replaced)."""
+    ``Where(keep, 0, -inf)``, whose NaN guard the caller emulates; the fill is then replaced).
+    ``lengths``: ``(tensor, axis)`` where B, S and L are read at run time; a dimension of ``keep`` that
+    is not provably 1 or its name is then compared by length, both proved from how the tensors are made
+    (:func:`~onnxfuse.rewrites.engine.shape_values.axis_length`): a KV-cache decoder's causal and padding
+    mask is ``past + sequence`` keys long through index grids whose lengths inference invents, its key
+    ``Concat(past, new)`` (optimum's transformers 4.57 export)."""
     if len(terms) != 1:
         return None
     term = terms[0]
@@ -124,11 +150,31 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False) -
     if dtype_of(graph, keep) != np.dtype(bool) or shape is None or len(shape) > 4:
         return None
     dims = [1] * (4 - len(shape)) + list(shape)
-    if dims[1] != 1 or not _fits(dims, [batch, 1, queries, keys]):
+    wants, pad = [batch, 1, queries, keys], 4 - len(shape)
+    sources = [None, None, None, None] if lengths is None else [lengths[0], None, lengths[1], lengths[2]]
+    equal = [dims_equal(d, want) for d, want in zip(dims, wants)]
+    ones = [d == 1 for d in dims]
+    for i, (d, want) in enumerate(zip(dims, wants)):
+        if d == 1 or want is None or equal[i]:  # fits as named (:func:`_fits`)
+            continue
+        equal[i] = _same_length(graph, keep, pad, i, sources[i])  # else proved from how both are made
+        ones[i] = not equal[i] and i >= pad and axis_length(graph, keep, i - pad) == 1
+        if not (equal[i] or ones[i]):
+            return None
+    if not ones[1]:
         return None
-    rank = 2 if dims[2] == 1 else 3
-    expand = len(shape) != 4 or not (dims_equal(dims[0], batch) and dims_equal(dims[3], keys))
+    rank = 2 if ones[2] else 3
+    expand = len(shape) != 4 or not (equal[0] and equal[3])
     return KeepMask(keep, negate, fill, rank, expand)
+
+
+def _same_length(graph, keep, pad: int, i: int, source) -> bool:
+    """Dimension ``i`` of ``keep`` (right-aligned to rank 4: ``pad`` leading axes missing) has the length
+    of ``source`` = (tensor, axis), both proved from how the tensors are made
+    (:func:`~onnxfuse.rewrites.engine.shape_values.axis_length`)."""
+    if source is None or i < pad:
+        return False
+    return same_length(axis_length(graph, keep, i - pad), axis_length(graph, *source))
 
 
 def _fits(shape, dims) -> bool:
@@ -202,11 +248,14 @@ def broadcast_source(graph, tensor, depth: int = 8):
     """The tensor that ``tensor`` is a broadcast of: back through ``Expand`` (it only broadcasts),
     ``And`` with an all-True operand (a constant, or :func:`always_true`) and ``Or`` with an all-False
     constant (the identities of bool logic, which then only broadcast the other operand), bool-to-bool
-    ``Cast`` and ``Identity``. Each step keeps every element of the result equal to the source's element
-    at the broadcast index."""
+    ``Cast``, ``Identity`` and a ``Slice`` that keeps every element (:func:`whole_slice`: transformers'
+    sdpa attention cuts its mask to the key's length, ``mask[:, :, :, :L]``, which it already is).
+    Each step keeps every element of the result equal to the source's element at the broadcast index."""
     for _ in range(depth):
         p = producer_of(tensor)
         if is_op(p, "Expand", "Identity") and p.inputs:
+            tensor = p.inputs[0]
+        elif is_op(p, "Slice") and whole_slice(graph, p):
             tensor = p.inputs[0]
         elif is_op(p, "Cast") and dtype_of(graph, p.inputs[0]) == np.dtype(bool) and int(p.attrs.get("to", 0)) == 9:
             tensor = p.inputs[0]
@@ -223,3 +272,47 @@ def broadcast_source(graph, tensor, depth: int = 8):
         else:
             return tensor
     return tensor
+
+
+#: an end at or past this keeps the whole axis of any tensor that fits in memory (torch writes INT64_MAX)
+_WHOLE_AXIS_END = 2**62
+
+
+def whole_slice(graph, node) -> bool:
+    """``node`` is a ``Slice`` that keeps every element of its input: on each sliced axis it starts at 0
+    with step 1 and ends at or past the axis' length, that is at a constant >= 2^62, at a constant
+    >= the static length, or at a length proved the same as the axis' (its end a size read from
+    ``Shape``, both proved from how the tensors are made:
+    :func:`~onnxfuse.rewrites.engine.shape_values.axis_length`). ONNX clamps an end to the axis, so
+    the output is then the input."""
+    if not is_op(node, "Slice") or len(node.inputs) < 3:
+        return False
+    bounds = [constant_value(graph, t) if t.name else None for t in node.inputs[1:5]]
+    starts = bounds[0]
+    rank = len(shape_of(graph, node.inputs[0]) or ())
+    if starts is None or not rank or np.any(starts.reshape(-1) != 0):
+        return False
+    count = starts.size
+    axes = bounds[2] if len(bounds) > 2 and bounds[2] is not None else np.arange(count)
+    steps = bounds[3] if len(bounds) > 3 and bounds[3] is not None else np.ones(count, np.int64)
+    if (len(node.inputs) > 3 and node.inputs[3].name and bounds[2] is None) or (
+            len(node.inputs) > 4 and node.inputs[4].name and bounds[3] is None):
+        return False
+    if axes.size != count or steps.size != count or np.any(steps.reshape(-1) != 1):
+        return False
+    ends = bounds[1]
+    for k, axis in enumerate(int(a) for a in axes.reshape(-1)):
+        if not -rank <= axis < rank:
+            return False
+        length = axis_length(graph, node.inputs[0], axis)
+        if ends is not None:
+            end = int(ends.reshape(-1)[k])
+            if not (end >= _WHOLE_AXIS_END or (isinstance(length, int) and end >= length)):
+                return False
+            continue
+        if count != 1:
+            return False
+        read = shape_read(graph, node.inputs[2])
+        if read is None or len(read[1]) != 1 or not same_length(axis_length(graph, read[0], read[1][0]), length):
+            return False
+    return True

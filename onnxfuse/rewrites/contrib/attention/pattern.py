@@ -50,7 +50,13 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | str:
         return "Softmax output is not read by exactly one MatMul (× V)"
     pv = readers[0]
     nodes.append(pv)
-    found = values_and_merge(graph, pv.inputs[1], pv.outputs[0])
+    v_heads, wide = pv.inputs[1], False
+    # float32 P·V over float16 values (keep_masks, "Float32 P·V"): the weights stay float32 up to ×V
+    if not island and score_dtype == np.dtype(np.float32) and is_upcast(graph, producer_of(v_heads)):
+        wide, island, dtype = True, True, np.dtype(np.float16)
+        nodes.append(producer_of(v_heads))
+        v_heads = producer_of(v_heads).inputs[0]
+    found = values_and_merge(graph, v_heads, pv.outputs[0])
     if isinstance(found, str):
         return found
     v, merge_t, merge_r = found
@@ -64,23 +70,24 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | str:
     zero_empty_rows = guard is not None and not finite_masks(graph, terms)
     factors: list[float] = []
     x = strip_scale(graph, x, nodes, factors)
-    if island:  # the float16 scores enter float32 here, before any mask step
+    if island:  # the float16 scores enter float32 here, before any mask step (island or float32 P·V)
         upcast = producer_of(x)
         if not is_upcast(graph, upcast):
-            return "a float32 Softmax read as float16 whose scores are not float16 cast up to float32"
+            return ("a float32 Softmax of a float16 attention (its weights cast down, or its values cast up) "
+                    "whose scores are not float16 cast up to float32")
         nodes.append(upcast)
         x = strip_scale(graph, upcast.inputs[0], nodes, factors)
     qk = producer_of(x)
     if qk is None or not is_op(qk, "MatMul") or len(qk.inputs) != 2:
         return "no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)"
     nodes.append(qk)
-    found = query_key_value(graph, qk.inputs[0], qk.inputs[1], True, v, pv.inputs[1], nodes, factors)
+    found = query_key_value(graph, qk.inputs[0], qk.inputs[1], True, v, v_heads, nodes, factors)
     if isinstance(found, str):
         return found
     q, k, v = found
     return plan_attention(graph, softmax, nodes, q, k, v, factors, terms, dtype, island, merge_r,
                           lambda: find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t),
-                          zero_empty_rows=zero_empty_rows)
+                          zero_empty_rows=zero_empty_rows, float32_output=wide)
 
 def analyze_onnx_attention(graph, op) -> AttentionPlan | str:
     """ONNX's own ``Attention`` (opset 23, which torch's dynamo exporter writes for scaled_dot_product_

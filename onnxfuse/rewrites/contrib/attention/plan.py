@@ -59,6 +59,7 @@ class AttentionPlan:
     kv_heads: bool = False  # k and v are given [B, H, L, D] heads, the op's "past" layout (q: ``layout``)
     zero_empty_rows: bool = False  # the NaN guard after a -inf mask: rows with no key kept become 0
     keep_as_bias: bool = False  # float16, zero_empty_rows: key_mask goes in as Where(keep, 0, -65504) attention_bias
+    float32_output: bool = False  # island whose P·V is float32 (V cast up): the op's float16 output is cast up
 
     @property
     def key_layout(self) -> str:
@@ -67,7 +68,7 @@ class AttentionPlan:
 
 
 def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island, merge_r, shape_reads_of,
-                   zero_empty_rows: bool = False):
+                   zero_empty_rows: bool = False, float32_output: bool = False):
     """The checks and the plan both forms share once q, k, v are split and the mask steps peeled:
     ``shape_reads_of`` finds the Shape readers the rewrite can recompute (None: none allowed).
 
@@ -129,7 +130,8 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                                           else [(q_source, q.layout), (k_source, k.layout)])
         if rank_of(graph, qx) == AXES[q_layout][0] and rank_of(graph, kx) == AXES[k_layout][0]:
             key_mask = keep_mask(graph, terms, batch_of(graph, qx, q_layout), sequence_of(graph, qx, q_layout),
-                                 sequence_of(graph, kx, k_layout), infinite_fill=zero_empty_rows)
+                                 sequence_of(graph, kx, k_layout), infinite_fill=zero_empty_rows,
+                                 lengths=((qx, AXES[q_layout][1]), (qx, AXES[q_layout][2]), (kx, AXES[k_layout][2])))
     if zero_empty_rows:
         if key_mask is None or q.layout == SEQ_FIRST:
             return ("the Softmax's NaN guard Where(IsNaN(p), 0, p) zeroes rows whose every score is -inf; the "
@@ -161,4 +163,5 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                          head_size=q.size, scale=scale, layout=q.layout, dtype=dtype, merge=merge_r, terms=terms,
                          mask_rank=mask_rank, mask_tail_known=tail_known, biases=biases, shape_reads=shape_reads,
                          packed=packed, key_mask=key_mask, island=island, all_keys_mask=verdict.all_keys_mask,
-                         kv_heads=given, zero_empty_rows=zero_empty_rows, keep_as_bias=keep_as_bias)
+                         kv_heads=given, zero_empty_rows=zero_empty_rows, keep_as_bias=keep_as_bias,
+                         float32_output=float32_output)

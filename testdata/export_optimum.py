@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Export a tiny random Llama with its KV cache through optimum: ``optimum_llama_kv.onnx`` (float32) and
+``optimum_llama_kv_fp16.onnx`` (float16), the exports behind tests/rewrites/test_optimum_kv_cache.py.
+
+The committed models were made with optimum 2.1.0, optimum-onnx 0.1.0, transformers 4.57.6, torch
+2.13.0 (CPU) and onnx 1.23.2, in a venv of their own (optimum is not a dependency of onnxfuse):
+
+    python testdata/export_optimum.py                    # writes both into testdata/
+    python testdata/export_optimum.py --folder /tmp/x    # elsewhere
+
+What it runs is ``optimum-cli export onnx --task text-generation-with-past [--dtype fp16]`` (optimum's
+``main_export``) on a folder holding a seeded ``LlamaForCausalLM``: vocabulary 128, hidden 64,
+intermediate 128, 2 layers, 4 query heads sharing 2 key/value heads, head size 16, 64 positions,
+``initializer_range`` 0.1 (5x the default: the attention weights differ and the padding mask moves the
+logits by 0.8 relative, while float16 validation keeps its margin; at 0.2 the float16 export fails
+validation on main) and every RMSNorm weight randomized around 1. Default (sdpa) attention, torch's
+legacy exporter at opset 18 as optimum calls it. Inputs ``input_ids``, ``attention_mask`` [batch, past + sequence],
+``position_ids`` and ``past_key_values.{0,1}.{key,value}`` [batch, 2, past, 16]; outputs ``logits`` and
+``present.{0,1}.{key,value}``.
+
+What the exports hold that onnxfuse's own KV-cache exports do not (transformers 4.57's ``sdpa_mask``
+through the legacy exporter): the causal-and-padding mask built as a bool tensor from index grids
+(``Range(past, past + S)``, ``Range(0, past + S)``, the padding mask looked up by key index), expanded
+to ``[B, 1, S, past + S]`` and cut to the key's length by a ``Slice`` whose end is read from
+``Shape(key)``; ``Where(keep, 0, -inf)`` added to the scores and a ``Where(IsNaN(p), 0, p)`` guard after
+the Softmax. The float16 export computes the masked scores, the Softmax and P·V in float32 (torch's
+symbolic casts the float16 scores and values up to the float32 mask constants' type) and keeps the
+residual stream after the attention in float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def build(folder: Path, seed: int) -> None:
+    """A tiny random Llama saved as a transformers folder (config and safetensors weights)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                         initializer_range=0.1, rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+    model.save_pretrained(folder)
+
+
+def export(out_folder: Path, seed: int) -> None:
+    from optimum.exporters.onnx import main_export
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "tiny-llama"
+        build(source, seed)
+        for dtype, name in ((None, "optimum_llama_kv.onnx"), ("fp16", "optimum_llama_kv_fp16.onnx")):
+            folder = Path(tmp) / (dtype or "fp32")
+            main_export(str(source), folder, task="text-generation-with-past", dtype=dtype, device="cpu",
+                        library_name="transformers")
+            out = out_folder / name
+            model = onnx.load(str(folder / "model.onnx"))  # weights inline (no external data at this size)
+            onnx.checker.check_model(model)
+            onnx.save(model, str(out))
+            shutil.rmtree(folder)
+            print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(model.graph.node)} nodes)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--folder", type=Path, default=Path(__file__).resolve().parent)
+    ap.add_argument("--seed", type=int, default=31)
+    args = ap.parse_args()
+    export(args.folder, args.seed)
+
+
+if __name__ == "__main__":
+    main()
