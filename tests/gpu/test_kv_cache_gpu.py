@@ -66,3 +66,24 @@ def test_kv_cache_decoder_fused_and_equal_on_cuda(name):
             np.testing.assert_allclose(np.where(keep, got[out], 0).astype(np.float64),
                                        np.where(keep, want[out], 0).astype(np.float64), rtol=2e-2, atol=2e-2,
                                        err_msg=f"{out} {batch}x{new} past {past}")
+
+
+@pytest.mark.parametrize("batch,new,past", [(2, 5, 0), (3, 1, 6)], ids=["prefill", "decode"])
+def test_optimum_float16_export_fuses_and_matches_on_cuda(batch, new, past):
+    """optimum's float16 Llama export (float32 Softmax and P·V: the fused op takes them as a float16
+    island, tests/rewrites/test_optimum_kv_cache.py): validated on CUDA, and its logits and presents equal
+    the original's on CUDA at prefill and decode with a left-padded row, within float16's rounding."""
+    from helpers import kv_cache_feeds
+
+    original = load_testdata("optimum_llama_kv_fp16")
+    result = onnxfuse.optimize(original, provider="cuda", bench=False)
+    assert result.validation.passed
+    assert [n.op_type for n in result.model.graph.node].count("MultiHeadAttention") == 2
+    feeds = kv_cache_feeds(batch, new, past, np.float16, np.random.default_rng(4))
+    names = [o.name for o in original.graph.output]
+    want = dict(zip(names, _session(original).run(None, feeds)))
+    got = dict(zip(names, _session(result.model, session_options()).run(None, feeds)))
+    for name in names:
+        a, b = want[name].astype(np.float32), got[name].astype(np.float32)
+        assert np.isfinite(b).all(), name
+        np.testing.assert_allclose(b, a, rtol=2e-2, atol=2e-2 * max(1.0, float(np.abs(a).max())), err_msg=name)
