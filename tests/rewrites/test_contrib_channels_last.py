@@ -169,3 +169,28 @@ def test_float16_convs_are_taken_too():
     convs = op_types(model).count("Conv")
     assert op_types(result.model).count("NhwcConv") == (convs if convs >= 2 else 0)
     assert TensorProto.FLOAT16 in {i.data_type for i in result.model.graph.initializer}
+
+
+def test_a_tensor_an_if_branch_reads_from_outside_stays_nchw_under_its_name():
+    """The If's branches read the region's ``m`` as an outer value (by name): ``m`` is written again, NCHW,
+    by the region's exit Transpose, and both branches give the original's result."""
+    rng = np.random.default_rng(4)
+    w1 = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32), "w2")
+    branch = [vi("t", [2, 4, 8, 8])], [vi("e", [2, 4, 8, 8])]
+    then_g = helper.make_graph([helper.make_node("Neg", ["m"], ["t"])], "then", [], branch[0])
+    else_g = helper.make_graph([helper.make_node("Abs", ["m"], ["e"])], "else", [], branch[1])
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Sigmoid", ["c1"], ["s"]),
+             helper.make_node("Mul", ["c1", "s"], ["m"]), helper.make_node("Conv", ["m", "w2"], ["y"]),
+             helper.make_node("If", ["cond"], ["z"], then_branch=then_g, else_branch=else_g)]
+    model = make_model(nodes, [vi("x", [2, 3, 8, 8]), vi("cond", [], TensorProto.BOOL)],
+                       [vi("y", [2, 4, 8, 8]), vi("z", [2, 4, 8, 8])], [w1, w2], opset=17)
+    result = channels_last(model)
+    assert op_types(result.model).count("NhwcConv") == 2
+    writer = next(n for n in result.model.graph.node if "m" in n.output)
+    assert writer.op_type == "Transpose" and list(writer.attribute[0].ints) == TO_NCHW
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    for cond in (True, False):
+        feeds = {"x": x, "cond": np.array(cond)}
+        for a, b in zip(run(model, feeds), run(nchw_stand_in(result.model), feeds)):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
