@@ -411,24 +411,6 @@ def _unloadable(exc: SessionRefused, model, start, rules: list[Rule], applied: A
                          rules=skip or [culprit])
 
 
-def _without_cuda_only(rules: list[Rule], options: OptimizeOptions) -> tuple[list[Rule], list[str]]:
-    """``rules`` less those that write ops only ONNX Runtime's CUDA provider runs (``Rule.cuda_only``)
-    when validation would run them elsewhere (no usable GPU, ``--provider cpu``): such a model cannot
-    even be loaded there, so the rule is left out, with a note, rather than failing validation. Kept
-    with ``--no-validate`` (nothing runs the model here then)."""
-    cuda_only = [r for r in rules if getattr(r, "cuda_only", False)]
-    if not cuda_only or not options.validate:
-        return rules, []
-    from onnxfuse.runtime.session import resolve_provider
-
-    if resolve_provider(options.provider) == "cuda":
-        return rules, []
-    names = ", ".join(r.name for r in cuda_only)
-    return [r for r in rules if r not in cuda_only], [
-        f"not run: {names} (its ops run on ONNX Runtime's CUDA provider only, and validation here runs on "
-        f"the CPU; --no-validate writes it unvalidated)"]
-
-
 def optimize_model(
     model: onnx.ModelProto,
     options: OptimizeOptions,
@@ -447,9 +429,8 @@ def optimize_model(
         right_padded_draws(input_specs(model), options.right_padded)
     rules = select_rules(options.target, options.only, options.skip, options.rules,
                          Assumptions(right_padded=frozenset(options.right_padded)))
-    rules, cuda_notes = _without_cuda_only(rules, options)
     model, repairs = repair.repaired(model)  # what ONNX Runtime runs and onnx.checker refuses (onnxfuse/repair.py)
-    repair_notes = ([repair.note(repairs)] if repairs else []) + cuda_notes
+    repair_notes = [repair.note(repairs)] if repairs else []
     start, precision, precision_notes, float32_nodes = model, None, [], {}
     samples = reference = None
     if options.precision in FLOAT16_PRECISIONS:

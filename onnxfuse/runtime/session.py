@@ -89,11 +89,17 @@ def make_session(
     ``optimization`` is ONNX Runtime's graph optimization level: 'disable', 'basic', 'extended' or
     'all'. Validation uses 'disable' so what is compared is onnxfuse's rewrites, not ONNX Runtime's.
     TF32 math is off unless ``tf32`` (timing turns it on: ONNX Runtime's default, the fair baseline).
+    On the CPU, an op only the CUDA provider has (``NhwcConv``) runs as its definition in standard ops
+    (:mod:`onnxfuse.runtime.stand_ins`).
     Raises :class:`~onnxfuse.errors.SessionRefused` (a :class:`RuntimeFailure`) with one line when ONNX
     Runtime refuses the model.
     """
     ort = _ort()
     kind = resolve_provider(provider)
+    if kind == "cpu":  # ops with a CUDA kernel only run as their standard-op definitions (stand_ins.py)
+        from onnxfuse.runtime.stand_ins import for_cpu
+
+        model = for_cpu(model)
     levels = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -153,14 +153,25 @@ def test_an_operand_of_another_rank_keeps_the_op_out_of_the_region():
     assert "NhwcConv" not in op_types(result.model)
 
 
-def test_left_out_where_validation_runs_on_the_cpu():
-    """NhwcConv has no CPU kernel: validating here, the rule is not run, and a note says so."""
-    model = load_testdata("mobilenet_v2_w035")
+def test_validated_on_the_cpu_through_the_stand_in():
+    """NhwcConv has no CPU kernel: validating here, the CPU provider runs it as its definition
+    (runtime/stand_ins.py), so the rewrite is checked and written; a rewrite that broke the function
+    would fail there (a weight left in Conv's order, planted below, is caught)."""
+    from onnxfuse.runtime.session import make_session
+
+    model = _two_conv_model()
     result = onnxfuse.optimize(model, only=f"+{RULE}", provider="cpu", bench=False)
-    assert result.validation.passed and "NhwcConv" not in op_types(result.model)
-    assert any(f"not run: {RULE}" in n for n in result.validation.notes)
-    unvalidated = onnxfuse.optimize(model, only=f"+{RULE}", provider="cpu", validate=False, bench=False)
-    assert "NhwcConv" in op_types(unvalidated.model)
+    assert result.validation.passed and op_types(result.model).count("NhwcConv") == 2
+    broken = onnx.ModelProto()
+    broken.CopyFrom(result.model)
+    conv = next(n for n in broken.graph.node if n.op_type == "NhwcConv")
+    weight = next(i for i in broken.graph.initializer if i.name == conv.input[1])
+    w = numpy_helper.to_array(weight)  # [4, 3, 3, 3] channels-last
+    weight.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w.transpose(TO_NCHW)).reshape(w.shape), weight.name))
+    x = {"x": np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype(np.float32)}
+    want = run(model, x)[0]
+    np.testing.assert_allclose(make_session(result.model, "cpu").run(None, x)[0], want, rtol=1e-5, atol=1e-5)
+    assert np.abs(make_session(broken, "cpu").run(None, x)[0] - want).max() > 1e-2
 
 
 def test_float16_convs_are_taken_too():

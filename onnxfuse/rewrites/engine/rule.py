@@ -121,9 +121,6 @@ class Rule:
     targets: ClassVar[frozenset[str]] = frozenset(TARGETS)
     #: Opt-in rules run only when named in ``--only`` (correct, but measured slower on the GPU).
     opt_in: ClassVar[bool] = False
-    #: The rule writes ops only ONNX Runtime's CUDA provider runs (``NhwcConv``): the pipeline leaves it
-    #: out, with a note, when validation would run on the CPU (``pipeline._without_cuda_only``).
-    cuda_only: ClassVar[bool] = False
     #: Shapes are inferred again after a run of this rule that changed the graph
     #: (:func:`~.shapes.refresh_shapes`): set by rules whose rewrites let ONNX infer dimensions it could
     #: not before (a computed Reshape target made constant), so that later rules can prove them.
