@@ -76,6 +76,7 @@ class OptimizeOptions:
     bench_config: object | None = None  # onnxfuse.timing.BenchConfig; None = its defaults
     fail_on_slowdown: float | None = None  # fail when optimized median > ratio × original median
     never_slower: bool = True  # timed slower: fall back to fewer rewrites (onnxfuse/selection.py)
+    tune: bool = True  # timed: try the measured choices (selection.MEASURED) on top, keep what is faster
     tuning_record: str | None = None  # read and write measured decisions here (onnxfuse/tuning_record.py)
 
 
@@ -530,6 +531,8 @@ def optimize_model(
         result.timing = time_both(model, result.model, samples[0], options, bench_progress)
         if options.never_slower and decided is None:
             _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress)
+        if options.tune and decided is None and "selection" not in result.extra:
+            _try_measured(result, model, samples, options, repairs, fewer, bench_progress)
         if pending is not None and decided is None:
             _record_decision(result, *pending)
         result.timing_seconds = time.perf_counter() - t2
@@ -584,16 +587,19 @@ def _apply_tuning_record(result, model, samples, options: OptimizeOptions, repai
                          "; the rules' static defaults apply"))
         return pending, None
     info.update({"gpu": decision.gpu, "onnxruntime": decision.onnxruntime, "skipped_rules": decision.skipped_rules,
-                 "kept": decision.kept, "measured": decision.measured})
+                 "kept": decision.kept, "measured": decision.measured, "added_rules": decision.added_rules})
     from onnxfuse.selection import ALL
 
     skipped = ALL if decision.skipped_rules == sorted(ALL) else frozenset(decision.skipped_rules)
+    added = tuple(decision.added_rules)
     where = decision.gpu or "an unnamed device"
-    if skipped:
-        made = fewer(skipped)
+    if skipped or added:
+        made = fewer(skipped, added=added)
         if isinstance(made, str):
-            info["note"] = (f"tuning record {record.path}: its decision (measured on {where}) to leave out "
-                            f"{', '.join(sorted(skipped))} was not applied: {made}")
+            what = ", ".join([f"leave out {', '.join(sorted(skipped))}"] * bool(skipped) +
+                             [f"add {', '.join(added)}"] * bool(added))
+            info["note"] = (f"tuning record {record.path}: its decision (measured on {where}) to {what} "
+                            f"was not applied: {made}")
             return pending, decision
         candidate, applied, report = made
         _stamp(candidate, applied, repairs)
@@ -602,7 +608,8 @@ def _apply_tuning_record(result, model, samples, options: OptimizeOptions, repai
             result.validation = report
     info["note"] = (f"tuning record {record.path}: applied the decision measured on {where} "
                     f"(ONNX Runtime {decision.onnxruntime or '?'}, {decision.measured or '?'}): "
-                    + (f"without {decision.kept}" if skipped else "every rewrite kept"))
+                    + (f"without {decision.kept}" if skipped else "every rewrite kept")
+                    + (f", with {', '.join(added)}" if added else ""))
     return pending, decision
 
 
@@ -623,7 +630,8 @@ def _record_decision(result, record, key: str, meta: dict, here: str | None) -> 
         skipped_rules=skipped, kept=selection["kept"] if selection else None, gpu=here,
         onnxruntime=environment(timing.device).get("onnxruntime"), device=timing.device,
         original_ms=round(timing.original.stats.median_ms, 6), optimized_ms=round(timing.optimized.stats.median_ms, 6),
-        measured=tuning_record.today())
+        measured=tuning_record.today(),
+        added_rules=[t["rule"] for t in result.extra.get("measured", []) if t["kept"]])
     record.store(key, meta, decision)
     record.save()
     result.extra["tuning_record"]["written"] = True
@@ -870,13 +878,20 @@ def _set_output(result: OptimizeResult, optimized, applied) -> None:
                                                          n.op_type for n in optimized.graph.node})
 
 
-def _fewer_rewrites(model, start, rules, samples, reference, floor, options, precision, notes, step, skipped):
-    """``start`` rewritten without the ``skipped`` rules (:data:`~onnxfuse.selection.ALL`: none run),
-    validated as the first model was: (model, applied, validation or None), or why it cannot be kept."""
+def _fewer_rewrites(model, start, rules, samples, reference, floor, options, precision, notes, step, skipped,
+                    added=()):
+    """``start`` rewritten without the ``skipped`` rules (:data:`~onnxfuse.selection.ALL`: none run) and
+    with the opt-in rules ``added`` (in their place in the run order), validated as the first model was:
+    (model, applied, validation or None), or why it cannot be kept."""
     from onnxfuse.selection import ALL
 
-    step("trying fewer rewrites")
+    step("trying fewer rewrites" if not added else f"trying {', '.join(added)}")
     chosen = [] if skipped == ALL else [r for r in rules if r.name not in skipped]
+    if added:
+        extra = select_rules(options.target, [f"+{name}" for name in added], None, options.rules,
+                             Assumptions(right_padded=frozenset(options.right_padded)))
+        names = {r.name for r in chosen} | set(added)
+        chosen = [r for r in extra if r.name in names]  # the registry's order
     candidate, applied = rewrite_model(start, chosen)
     report = None
     if options.validate:
@@ -909,6 +924,35 @@ def _keep_not_slower(result, model, rules, samples, options, repairs, fewer, ben
         result.timing = kept.timing
     result.timing.notes.append(selection.note())
     result.extra["selection"] = selection.to_dict()
+
+
+def _try_measured(result, model, samples, options, repairs, fewer, bench_progress) -> None:
+    """:func:`onnxfuse.selection.try_measured`: the measured choices (opt-in rules whose worth depends on
+    the GPU and shapes, ``selection.MEASURED``) tried on top of the output, each validated and timed
+    against the original; ``result`` then describes the output with those that were faster. Their
+    trials go in the report (``measured``) and one note each."""
+    from onnxfuse.rewrites import rule_names
+    from onnxfuse.selection import measured_rules, try_measured
+
+    candidates = measured_rules(model, result.rules, list(options.skip or []))
+    if not candidates or result.timing is None or result.timing.status != "ok":
+        return
+    before = result.timing
+    trials = try_measured(before, candidates, lambda added: fewer(frozenset(), added=tuple(added)),
+                          lambda candidate: time_both(model, candidate, samples[0], options, bench_progress))
+    kept = [t for t in trials if t.refused is None]
+    notes = [t.note(before) for t in trials]
+    result.extra["measured"] = [t.to_dict(before) for t in trials]
+    if kept:
+        last = kept[-1]
+        _stamp(last.model, last.applied, repairs)
+        _set_output(result, last.model, last.applied)
+        chosen = set(result.rules) | {t.rule for t in kept}
+        result.rules = [name for name in rule_names() if name in chosen]
+        if last.validation is not None:
+            result.validation = last.validation
+        result.timing = last.timing
+    result.timing.notes.extend(notes)
 
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):

@@ -148,3 +148,93 @@ def keep_not_slower(timing, applied_rules, attempt: Callable, retime: Callable) 
         selection.kept = candidate
         break
     return selection
+
+
+# --- measured choices: opt-in rules a timing decides (issue 32 item 1, issue 34 item 3) -------------------
+
+#: Opt-in rules whose worth depends on the GPU and the shapes, tried on top of the output wherever the
+#: device times it: (rule, the op it rewrites, how many of them it needs to apply). contrib-channels-last
+#: measured 1.10-1.32x faster than the default output on ConvNeXt-T, ResNet-50 and a YOLO-style detector
+#: (H200, fp32 and fp16, batch 1 and 16, docs/benchmarks.md 5.26), not yet on depthwise nets: a measurement
+#: on the user's GPU decides.
+MEASURED = (("contrib-channels-last", "Conv", 2),)
+
+
+def measured_rules(model, selected: list[str], skipped: list[str]) -> list[str]:
+    """The rules of :data:`MEASURED` worth a trial on ``model`` (an onnx ModelProto): not already selected
+    (``--only +rule``), not skipped, and with enough of the op they rewrite in the main graph."""
+    ops = [n.op_type for n in model.graph.node]
+    return [rule for rule, op, least in MEASURED
+            if rule not in selected and rule not in skipped and ops.count(op) >= least]
+
+
+def speedup(timing) -> float | None:
+    """original / optimized by the larger of the median and the fastest run ratios (the optimistic
+    one, so that a choice is kept only when it beats the other beyond that: :func:`is_faster`)."""
+    found = slowdown(timing)
+    return None if found is None else 1.0 / (1.0 + found)
+
+
+def is_faster(candidate_timing, current_timing) -> bool:
+    """The candidate's speed-up over the original beats the current output's by more than
+    :data:`SLOWER_MARGIN`, each measured against the original in its own interleaved run (so a drift of
+    the GPU's clock between the two runs cancels out)."""
+    new, old = speedup(candidate_timing), speedup(current_timing)
+    return new is not None and old is not None and new > old * (1.0 + SLOWER_MARGIN)
+
+
+@dataclass
+class Trial:
+    """One measured rule tried on top of the output: what it gave and whether it was kept."""
+
+    rule: str
+    model: object = None
+    applied: object = None
+    validation: object = None
+    timing: object = None
+    refused: str | None = None
+
+    def to_dict(self, current_timing) -> dict:
+        t = self.timing
+        ok = t is not None and t.status == "ok"
+        return {"rule": self.rule, "kept": self.refused is None,
+                "speedup": round(speedup(t), 4) if ok else None,
+                "without_speedup": round(speedup(current_timing), 4) if speedup(current_timing) else None,
+                "refused": self.refused}
+
+    def note(self, current_timing) -> str:
+        t = self.timing
+        ok = t is not None and t.status == "ok"
+        measured = (f"{speedup(t):.2f}x the original against {speedup(current_timing):.2f}x without it"
+                    if ok and speedup(current_timing) else "not timed")
+        return f"measured choice {self.rule}: {measured}: " + ("kept" if self.refused is None else f"not kept ({self.refused})")
+
+
+def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Callable) -> list[Trial]:
+    """Each of ``rules`` tried in turn on top of the output timed as ``current_timing``: ``attempt(added)``
+    rewrites with the rules kept so far plus this one and validates, returning (model, applied,
+    validation) or a reason string; ``retime(model)`` times it against the original. A trial is kept when
+    its rule applied and it :func:`is_faster`; the next trial builds on the kept ones. Nothing is tried
+    when the output was not timed."""
+    trials: list[Trial] = []
+    if speedup(current_timing) is None:
+        return trials
+    kept: list[str] = []
+    for rule in rules:
+        trial = Trial(rule=rule)
+        trials.append(trial)
+        made = attempt(kept + [rule])
+        if isinstance(made, str):
+            trial.refused = made
+            continue
+        trial.model, trial.applied, trial.validation = made
+        if not trial.applied.counts.get(rule):
+            trial.refused = "does not apply"
+            continue
+        trial.timing = retime(trial.model)
+        if not is_faster(trial.timing, current_timing):
+            trial.refused = "not faster"
+            continue
+        kept.append(rule)
+        current_timing = trial.timing
+    return trials

@@ -15,9 +15,11 @@ missing one is measured and added; without one, the most recently measured decis
 applies, and the note names its GPU.
 
 What is recorded: the rules left out (none when the optimized model was not slower; ``*`` for every
-rewrite, the graph as loaded), what the kept candidate was called, and both medians. Nothing else
-is decided by measurement today; new measured choices add fields, and ``version`` changes when an old
-reader could misapply them.
+rewrite, the graph as loaded), what the kept candidate was called, the measured choices kept on top
+(``added_rules``: opt-in rules a timing chose, ``selection.MEASURED``), and both medians. New measured
+choices add fields, and ``version`` changes when an old reader could misapply them: version 2 added
+``added_rules`` (a version-1 reader would have written the graph without them); version 1 files are
+still read (they hold no added rule).
 
 File: JSON, written atomically; a file that is not a tuning record is refused in one line (exit 1), never
 overwritten.
@@ -28,15 +30,16 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
 from onnxfuse.errors import OnnxfuseError
 
-#: the record format's version: a reader refuses another
-VERSION = 1
+#: the record format's version: a reader refuses a newer one (:data:`READS` lists what it reads)
+VERSION = 2
+READS = (1, 2)
 KIND = "onnxfuse-tuning-record"
 
 
@@ -67,7 +70,8 @@ def record_key(model: onnx.ModelProto, choices: dict, shapes: dict) -> str:
 
 @dataclass
 class Decision:
-    """One measured decision: the rules left out (``["*"]``: every rewrite) and where it was measured."""
+    """One measured decision: the rules left out (``["*"]``: every rewrite), the measured choices added, and
+    where it was measured."""
 
     skipped_rules: list
     kept: str | None
@@ -77,6 +81,7 @@ class Decision:
     original_ms: float | None = None
     optimized_ms: float | None = None
     measured: str = ""  # UTC date
+    added_rules: list = field(default_factory=list)  # version 2: measured choices kept on top
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -96,7 +101,9 @@ class TuningRecord:
         if not decisions:
             return None
         latest = max(decisions, key=lambda d: d.get("measured", ""))
-        return Decision(**{k: latest.get(k) for k in Decision.__dataclass_fields__})
+        found = Decision(**{k: latest.get(k) for k in Decision.__dataclass_fields__})
+        found.added_rules = list(found.added_rules or [])  # version 1: none
+        return found
 
     def store(self, key: str, meta: dict, decision: Decision) -> None:
         """Record ``decision`` for ``key`` (replacing the one measured on the same GPU)."""
@@ -122,7 +129,7 @@ def load(path) -> TuningRecord:
     if not isinstance(doc, dict) or doc.get("kind") != KIND or not isinstance(doc.get("entries"), dict):
         raise TuningRecordError(f"{path}: not an onnxfuse tuning record (no \"kind\": \"{KIND}\"); "
                                 "give a new file name to start one")
-    if doc.get("version") != VERSION:
+    if doc.get("version") not in READS:
         raise TuningRecordError(f"{path}: tuning record version {doc.get('version')!r}, this onnxfuse reads "
                                 f"version {VERSION}; measure again into a new file")
     return TuningRecord(path, doc["entries"])

@@ -106,3 +106,43 @@ def test_allow_slower_and_not_slower_keep_the_first_model(monkeypatch):
     result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1)
     assert "selection" not in result.extra and len(calls) == 1
     assert ATTENTION & {n.op_type for n in result.model.graph.node}
+
+
+def test_a_measured_choice_is_kept_only_when_faster(monkeypatch):
+    """contrib-channels-last (opt-in) is tried on top of a timed conv net's output: kept when its model
+    times faster beyond the margin (NhwcConv "fast on this GPU"), not kept otherwise; validated either
+    way, and the report says what was measured."""
+    from onnxfuse.selection import MEASURED
+
+    assert ("contrib-channels-last", "Conv", 2) in MEASURED
+    fake, calls = _fake_time(lambda ops: 0.5 if ops["NhwcConv"] else 0.8)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1)
+    assert len(calls) == 2 and result.validation.passed
+    assert result.ops_after.get("com.microsoft::NhwcConv", 0) > 0 or "NhwcConv" in {
+        n.op_type for n in result.model.graph.node}
+    assert "contrib-channels-last" in result.rules and "contrib-channels-last" in result.applied.applied_rules()
+    (trial,) = result.extra["measured"]
+    assert trial["kept"] and trial["speedup"] == pytest.approx(2.0, rel=0.02)
+    assert trial["without_speedup"] == pytest.approx(1.25, rel=0.02)
+    assert any("measured choice contrib-channels-last" in n and "kept" in n for n in result.timing.notes)
+    assert result.timing.optimized.stats.median_ms == pytest.approx(0.5, rel=0.02)  # the kept model's timing
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnxfuse.reports import load_schema
+
+    doc = result.to_json()
+    assert doc["result"]["measured"][0]["rule"] == "contrib-channels-last"
+    jsonschema.validate(doc, load_schema(), cls=jsonschema.Draft202012Validator)
+
+    fake, calls = _fake_time(lambda ops: 0.79 if ops["NhwcConv"] else 0.8)  # within the margin: not kept
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1)
+    assert "NhwcConv" not in {n.op_type for n in result.model.graph.node}
+    assert result.extra["measured"][0]["refused"] == "not faster" and len(calls) == 2
+
+    fake, calls = _fake_time(lambda ops: 0.5)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1, tune=False)
+    assert "measured" not in result.extra and len(calls) == 1  # --tune off
+    result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1)
+    assert "measured" not in result.extra  # no Conv: nothing to try

@@ -115,3 +115,45 @@ def test_markdown_and_junit_say_which_decision_was_applied(monkeypatch, tmp_path
     assert "<system-out>tuning record: tuning record" in optimize_junit(applied)
     plain = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1)
     assert "tuning record" not in optimize_markdown(plain) + optimize_junit(plain)
+
+
+def test_a_measured_choice_recorded_on_the_gpu_is_applied_without_one(monkeypatch, tmp_path):
+    """Channels-last chosen by timing on the "GPU" (its model faster) is recorded as an added rule; the
+    GPU-less run applies it, validates it on the CPU (NhwcConv as its definition) and writes the same
+    bytes; without the record it writes the static default (NCHW)."""
+    path = tmp_path / "tuning.json"
+    fake, _ = _fake_time(lambda ops: 0.5 if ops["NhwcConv"] else 0.8)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    monkeypatch.setattr(pipeline, "_measuring_device", lambda options: "Stand-in GPU")
+    measured = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1,
+                                 tuning_record=str(path))
+    monkeypatch.undo()
+    assert measured.extra["measured"][0]["kept"]
+    doc = json.loads(path.read_text())
+    assert doc["version"] == tuning_record.VERSION == 2
+    (entry,) = doc["entries"].values()
+    assert entry["decisions"][0]["added_rules"] == ["contrib-channels-last"]
+    applied = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=False, samples=1,
+                                tuning_record=str(path))
+    assert applied.extra["tuning_record"]["matched"] and applied.validation.passed
+    assert "with contrib-channels-last" in applied.extra["tuning_record"]["note"]
+    assert applied.model.SerializeToString() == measured.model.SerializeToString()
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnxfuse.reports import load_schema
+
+    for result in (measured, applied):
+        jsonschema.validate(result.to_json(), load_schema(), cls=jsonschema.Draft202012Validator)
+    default = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=False, samples=1)
+    assert "NhwcConv" not in {n.op_type for n in default.model.graph.node}
+
+
+def test_a_version_1_record_is_still_read(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"kind": tuning_record.KIND, "version": 1, "entries": {"k": {"decisions": [
+        {"skipped_rules": [], "kept": None, "gpu": "G", "onnxruntime": "1.31.1", "device": "cuda",
+         "measured": "2026-11-26T00:00:00Z"}]}}}))
+    found = tuning_record.load(path).lookup("k", "G")
+    assert found is not None and found.added_rules == []
+    path.write_text(json.dumps({"kind": tuning_record.KIND, "version": 3, "entries": {}}))
+    with pytest.raises(tuning_record.TuningRecordError, match="version 3"):
+        tuning_record.load(path)

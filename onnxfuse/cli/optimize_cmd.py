@@ -105,6 +105,9 @@ theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one 
 @click.option("--allow-slower", is_flag=True,
               help="Keep the optimized model even when it times slower than the original on the device. By default "
                    "fewer rewrites are then tried (each validated and timed), down to the graph as loaded.")
+@click.option("--tune", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="on: with timing, also try the measured choices (channels-last for conv nets) on top of the "
+                   "output, each validated and timed, and keep what is faster. off: the rules' static choices.")
 @click.option("--tuning-record", "tuning_record", type=click.Path(dir_okay=False), metavar="FILE",
               help="Read and write measured decisions here: where FILE holds one for this model, options and "
                    "shapes (measured on this GPU, or on any GPU when none is usable here, as on a CI runner) it "
@@ -133,7 +136,7 @@ def optimize(paths, out_dir, **options) -> None:
 
 
 def _optimize_one(input_path, output_path, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
-                  right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, tuning_record, json_path, markdown_path, junit_path, quiet,
+                  right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, tune, tuning_record, json_path, markdown_path, junit_path, quiet,
                   force) -> None:
     try:
         check_runtime(quiet)
@@ -155,7 +158,7 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
                 rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
                 precision=precision,
                 bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
-                tuning_record=tuning_record, progress=bar.step,
+                tune=tune == "on", tuning_record=tuning_record, progress=bar.step,
                 bench_progress=bar.fraction,
             )
             bar.step("saving")
@@ -234,7 +237,7 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
 
 def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path,
                    seed, input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench,
-                   fail_on_slowdown, allow_slower, tuning_record, json_path, markdown_path, junit_path, quiet,
+                   fail_on_slowdown, allow_slower, tune, tuning_record, json_path, markdown_path, junit_path, quiet,
                    force) -> None:
     """The many-models form: plan, check every path, run each model (library), write one report of all."""
     protected = {}
@@ -262,7 +265,7 @@ def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_
                 input_ranges=range_map(input_ranges), right_padded=list(right_padded), rtol=rtol, atol=atol,
                 samples=samples, strict=strict, provider=provider, precision=precision, bench=not no_bench,
                 force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
-                tuning_record=tuning_record,
+                tune=tune == "on", tuning_record=tuning_record,
                 started=progress.started, progress=progress.step, bench_progress=progress.fraction,
                 finished=progress.finished, reraise=bool(os.environ.get("ONNXFUSE_DEBUG")),
             )

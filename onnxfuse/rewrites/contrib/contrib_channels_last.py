@@ -45,7 +45,9 @@ kernels for the CUDA provider only, so the model it writes needs that provider (
 Validated on a machine without a GPU, the CPU provider runs each NhwcConv as its definition
 (:mod:`onnxfuse.runtime.stand_ins`). Measured faster on ConvNeXt-T, ResNet-50 and a YOLO-style detector at
 batch 1 and 16, fp32 and fp16 (docs/benchmarks.md 5.26), not yet on depthwise nets (MobileNet,
-EfficientNet): it runs only when asked for, and the never-slower ladder's first rung leaves it out.
+EfficientNet). So it is a measured choice (``selection.MEASURED``): where optimize times the model on a
+GPU, it is tried on top of the output and kept when faster; otherwise it runs only when asked for; and
+the never-slower ladder's first rung leaves it out.
 """
 
 from __future__ import annotations
