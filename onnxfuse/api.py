@@ -66,6 +66,7 @@ def optimize(
     fail_on_slowdown: float | None = None,
     never_slower: bool = True,
     tune: bool = True,
+    tune_time: float | None = None,
     tuning_record: str | os.PathLike | None = None,
     bench_config=None,
     rules: list[Rule] | None = None,
@@ -123,6 +124,8 @@ def optimize(
     ``tune`` (default): with ``bench``, the measured choices (opt-in rules whose worth depends on the GPU
     and the shapes, ``selection.MEASURED``: channels-last for conv nets) are tried on top of the output,
     each validated and timed, and kept when faster; ``result.extra["measured"]`` says what was measured.
+    ``tune_time``: seconds of that tuning and of the never-slower ladder after the first timing (default
+    60); past it no new candidate starts, and the ladder goes straight to the graph as loaded.
     ``tuning_record``: a file of measured decisions (:mod:`onnxfuse.tuning_record`): where it holds one for
     this model, options and shapes (measured on this GPU, or on any when none is usable here) it is applied
     without timing; else what this run's timing decided is added to it. ``result.extra["tuning_record"]``
@@ -148,15 +151,25 @@ def optimize(
         seed=seed, input_ranges=input_ranges, right_padded=right_padded, rtol=rtol, atol=atol, strict=strict,
         samples=samples, save_inputs=save_inputs, provider=provider, precision=precision, force=force, rules=rules,
         bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
-        tune=tune, tuning_record=tuning_record,
+        tune=tune, tune_time=tune_time, tuning_record=tuning_record,
     )
     return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
+
+
+def _seconds(value, what: str) -> float | None:
+    """A non-negative number of seconds, or None; else one line (a usage error)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+        raise UsageError(f"{what} must be a number of seconds >= 0, not {value!r}")
+    return float(value)
 
 
 def _optimize_options(*, target=None, device="cuda", only=None, skip=None, validate=True, shapes=None, inputs=None, seed=0,
                       input_ranges=None, right_padded=None, rtol=None, atol=None, strict=False, samples=2,
                       save_inputs=None, provider="auto", precision="fp32", force=False, rules=None, bench=False,
-                      bench_config=None, fail_on_slowdown=None, never_slower=True, tune=True, tuning_record=None):
+                      bench_config=None, fail_on_slowdown=None, never_slower=True, tune=True, tune_time=None,
+                      tuning_record=None):
     """:func:`optimize`'s keywords, checked, as the pipeline's options (shared with :func:`optimize_many`,
     so one model and many are fed and judged alike)."""
     from onnxfuse.pipeline import OptimizeOptions
@@ -173,7 +186,8 @@ def _optimize_options(*, target=None, device="cuda", only=None, skip=None, valid
         provider=provider, precision=precision,
         force=force, rules=rules,
         bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
-        tune=tune, tuning_record=None if tuning_record is None else os.fspath(tuning_record),
+        tune=tune, tune_time=_seconds(tune_time, "tune_time"),
+        tuning_record=None if tuning_record is None else os.fspath(tuning_record),
     )
 
 

@@ -77,6 +77,7 @@ class OptimizeOptions:
     fail_on_slowdown: float | None = None  # fail when optimized median > ratio × original median
     never_slower: bool = True  # timed slower: fall back to fewer rewrites (onnxfuse/selection.py)
     tune: bool = True  # timed: try the measured choices (selection.MEASURED) on top, keep what is faster
+    tune_time: float | None = None  # seconds of tuning after the first timing (None: selection.TUNE_TIME_S)
     tuning_record: str | None = None  # read and write measured decisions here (onnxfuse/tuning_record.py)
 
 
@@ -529,10 +530,11 @@ def optimize_model(
         step("timing")
         t2 = time.perf_counter()
         result.timing = time_both(model, result.model, samples[0], options, bench_progress)
+        deadline = _tuning_deadline(options)
         if options.never_slower and decided is None:
-            _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress)
+            _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress, deadline)
         if options.tune and decided is None and "selection" not in result.extra:
-            _try_measured(result, model, samples, options, repairs, fewer, bench_progress)
+            _try_measured(result, model, samples, options, repairs, fewer, bench_progress, deadline)
         if pending is not None and decided is None:
             _record_decision(result, *pending)
         result.timing_seconds = time.perf_counter() - t2
@@ -905,14 +907,23 @@ def _fewer_rewrites(model, start, rules, samples, reference, floor, options, pre
     return candidate, applied, report
 
 
-def _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress) -> None:
+def _tuning_deadline(options: OptimizeOptions) -> float:
+    """When tuning (the never-slower ladder, the measured choices) starts no new candidate: now plus
+    ``options.tune_time`` seconds (:data:`~onnxfuse.selection.TUNE_TIME_S` by default)."""
+    from onnxfuse.selection import TUNE_TIME_S
+
+    return time.monotonic() + (TUNE_TIME_S if options.tune_time is None else options.tune_time)
+
+
+def _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress, deadline=None) -> None:
     """:mod:`onnxfuse.selection`: when the output timed slower than the original, fewer rewrites
     (``fewer(skipped)``: :func:`_fewer_rewrites`), each validated and timed, down to the graph as loaded;
     ``result`` then describes the one kept."""
     from onnxfuse.selection import keep_not_slower
 
     selection = keep_not_slower(result.timing, result.applied.applied_rules(), fewer,
-                                lambda candidate: time_both(model, candidate, samples[0], options, bench_progress))
+                                lambda candidate: time_both(model, candidate, samples[0], options, bench_progress),
+                                deadline)
     if selection is None:
         return
     kept = selection.kept
@@ -926,7 +937,7 @@ def _keep_not_slower(result, model, rules, samples, options, repairs, fewer, ben
     result.extra["selection"] = selection.to_dict()
 
 
-def _try_measured(result, model, samples, options, repairs, fewer, bench_progress) -> None:
+def _try_measured(result, model, samples, options, repairs, fewer, bench_progress, deadline=None) -> None:
     """:func:`onnxfuse.selection.try_measured`: the measured choices (opt-in rules whose worth depends on
     the GPU and shapes, ``selection.MEASURED``) tried on top of the output, each validated and timed
     against the original; ``result`` then describes the output with those that were faster. Their
@@ -939,7 +950,8 @@ def _try_measured(result, model, samples, options, repairs, fewer, bench_progres
         return
     before = result.timing
     trials = try_measured(before, candidates, lambda added: fewer(frozenset(), added=tuple(added)),
-                          lambda candidate: time_both(model, candidate, samples[0], options, bench_progress))
+                          lambda candidate: time_both(model, candidate, samples[0], options, bench_progress),
+                          deadline)
     kept = [t for t in trials if t.refused is None]
     notes = [t.note(before) for t in trials]
     result.extra["measured"] = [t.to_dict(before) for t in trials]

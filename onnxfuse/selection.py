@@ -119,15 +119,33 @@ def ladder(applied_rules) -> list[tuple[str, frozenset]]:
     return out
 
 
-def keep_not_slower(timing, applied_rules, attempt: Callable, retime: Callable) -> Selection | None:
+#: Seconds of tuning (the ladder's candidates and the measured choices, each rewritten, validated and
+#: timed) after the first timing, by default: about a dozen candidates of BERT-base on a GPU. Past it no
+#: new candidate starts; the ladder then goes straight to the graph as loaded (never slower), the
+#: measured choices stop (``--tune-time``).
+TUNE_TIME_S = 60.0
+
+
+def _past(deadline: float | None) -> bool:
+    import time
+
+    return deadline is not None and time.monotonic() > deadline
+
+
+def keep_not_slower(timing, applied_rules, attempt: Callable, retime: Callable,
+                    deadline: float | None = None) -> Selection | None:
     """None when the first model is not slower (or was not timed); else the :class:`Selection` whose
     ``kept`` candidate is the first rung that validated and timed not slower. ``attempt(skipped)``
     returns (model, applied, validation) or raises/returns a reason string; ``retime(model)`` times
-    it against the original (a timing result)."""
+    it against the original (a timing result). Past ``deadline`` (``time.monotonic()``) no rung but the
+    graph as loaded starts."""
     if not is_slower(timing):
         return None
     selection = Selection(first_slowdown=slowdown(timing), device=getattr(timing, "device", "cuda"))
     for name, skipped in ladder(applied_rules):
+        if skipped != ALL and _past(deadline):  # out of tuning time: the graph as loaded is never slower
+            selection.tried.append(Candidate(name=name, skipped=skipped, refused="not tried: tuning time spent"))
+            continue
         candidate = Candidate(name=name, skipped=skipped)
         selection.tried.append(candidate)
         made = attempt(skipped)
@@ -210,12 +228,13 @@ class Trial:
         return f"measured choice {self.rule}: {measured}: " + ("kept" if self.refused is None else f"not kept ({self.refused})")
 
 
-def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Callable) -> list[Trial]:
+def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Callable,
+                 deadline: float | None = None) -> list[Trial]:
     """Each of ``rules`` tried in turn on top of the output timed as ``current_timing``: ``attempt(added)``
     rewrites with the rules kept so far plus this one and validates, returning (model, applied,
     validation) or a reason string; ``retime(model)`` times it against the original. A trial is kept when
     its rule applied and it :func:`is_faster`; the next trial builds on the kept ones. Nothing is tried
-    when the output was not timed."""
+    when the output was not timed; none starts past ``deadline`` (``time.monotonic()``)."""
     trials: list[Trial] = []
     if speedup(current_timing) is None:
         return trials
@@ -223,6 +242,9 @@ def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Ca
     for rule in rules:
         trial = Trial(rule=rule)
         trials.append(trial)
+        if _past(deadline):
+            trial.refused = "not tried: tuning time spent"
+            continue
         made = attempt(kept + [rule])
         if isinstance(made, str):
             trial.refused = made

@@ -146,3 +146,20 @@ def test_a_measured_choice_is_kept_only_when_faster(monkeypatch):
     assert "measured" not in result.extra and len(calls) == 1  # --tune off
     result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1)
     assert "measured" not in result.extra  # no Conv: nothing to try
+
+
+def test_out_of_tuning_time_a_slower_model_falls_back_to_the_graph_as_loaded(monkeypatch):
+    """tune_time=0: no ladder rung but the last (the graph as loaded, never slower) and no measured choice
+    starts; the report says why each was not tried."""
+    fake, calls = _fake_time(lambda ops: 1.5 if ATTENTION & set(ops) else 0.8)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1, tune_time=0)
+    selection = result.extra["selection"]
+    assert selection["kept"] == "every rewrite" and result.applied.applied_rules() == []
+    assert selection["tried"][0]["refused"] == "not tried: tuning time spent" and len(calls) == 2
+    fake, calls = _fake_time(lambda ops: 0.5 if ops["NhwcConv"] else 0.8)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1, tune_time=0)
+    assert result.extra["measured"][0]["refused"] == "not tried: tuning time spent" and len(calls) == 1
+    with pytest.raises(onnxfuse.UsageError, match="tune_time"):
+        onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, tune_time=-1)

@@ -108,6 +108,10 @@ theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one 
 @click.option("--tune", type=click.Choice(["on", "off"]), default="on", show_default=True,
               help="on: with timing, also try the measured choices (channels-last for conv nets) on top of the "
                    "output, each validated and timed, and keep what is faster. off: the rules' static choices.")
+@click.option("--tune-time", "tune_time", type=click.FloatRange(min=0), metavar="SECONDS", default=None,
+              help="Seconds of tuning after the first timing (the never-slower fallbacks and the measured "
+                   "choices; default 60): past it no new candidate starts, and a slower model falls back "
+                   "straight to the graph as loaded.")
 @click.option("--tuning-record", "tuning_record", type=click.Path(dir_okay=False), metavar="FILE",
               help="Read and write measured decisions here: where FILE holds one for this model, options and "
                    "shapes (measured on this GPU, or on any GPU when none is usable here, as on a CI runner) it "
@@ -136,7 +140,7 @@ def optimize(paths, out_dir, **options) -> None:
 
 
 def _optimize_one(input_path, output_path, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
-                  right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, tune, tuning_record, json_path, markdown_path, junit_path, quiet,
+                  right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, tune, tune_time, tuning_record, json_path, markdown_path, junit_path, quiet,
                   force) -> None:
     try:
         check_runtime(quiet)
@@ -158,7 +162,7 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
                 rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
                 precision=precision,
                 bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
-                tune=tune == "on", tuning_record=tuning_record, progress=bar.step,
+                tune=tune == "on", tune_time=tune_time, tuning_record=tuning_record, progress=bar.step,
                 bench_progress=bar.fraction,
             )
             bar.step("saving")
@@ -237,7 +241,7 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
 
 def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path,
                    seed, input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench,
-                   fail_on_slowdown, allow_slower, tune, tuning_record, json_path, markdown_path, junit_path, quiet,
+                   fail_on_slowdown, allow_slower, tune, tune_time, tuning_record, json_path, markdown_path, junit_path, quiet,
                    force) -> None:
     """The many-models form: plan, check every path, run each model (library), write one report of all."""
     protected = {}
@@ -265,7 +269,7 @@ def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_
                 input_ranges=range_map(input_ranges), right_padded=list(right_padded), rtol=rtol, atol=atol,
                 samples=samples, strict=strict, provider=provider, precision=precision, bench=not no_bench,
                 force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
-                tune=tune == "on", tuning_record=tuning_record,
+                tune=tune == "on", tune_time=tune_time, tuning_record=tuning_record,
                 started=progress.started, progress=progress.step, bench_progress=progress.fraction,
                 finished=progress.finished, reraise=bool(os.environ.get("ONNXFUSE_DEBUG")),
             )
