@@ -389,9 +389,11 @@ def _run(model: onnx.ModelProto, feeds, custom: bool):
     import onnxruntime as ort
 
     from onnxfuse.custom_ops import session_options
+    from onnxfuse.runtime.stand_ins import for_cpu
 
     opts = session_options() if custom else ort.SessionOptions()
     opts.log_severity_level = 3
+    model = for_cpu(model)  # NhwcConv (contrib-channels-last) as its definition: CUDA has its only kernel
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 
@@ -425,11 +427,12 @@ def _computes_in_half(model: onnx.ModelProto) -> bool:
     return walk(model.graph) or any(v.type.tensor_type.elem_type == TensorProto.FLOAT16 for v in model.graph.input)
 
 
-def check_seed(seed: int, target: str | None = None, make=None, inputs=None) -> tuple[str, str]:
+def check_seed(seed: int, target: str | None = None, make=None, inputs=None, only=None) -> tuple[str, str]:
     """('ok' | 'skip' | 'ort-bug' | 'invalid' | 'unloadable' | 'wrong' | 'not-idempotent' | 'error',
     detail) for one seed. 'skip': ONNX Runtime cannot run the generated model itself; 'ort-bug': it
     runs the model but not the same graph with its dead nodes removed (its own graph optimizer breaks:
-    seed 7721, LayerNormFusion binding float and float16), so no rewrite of ours is involved."""
+    seed 7721, LayerNormFusion binding float and float16), so no rewrite of ours is involved. ``only``:
+    optimize's rule selection (``"+contrib-channels-last"`` adds an opt-in rule)."""
     import onnxfuse
 
     target = target or TARGETS[seed % len(TARGETS)]
@@ -444,7 +447,7 @@ def check_seed(seed: int, target: str | None = None, make=None, inputs=None) -> 
     except Exception as e:  # the generator made a model ONNX Runtime rejects: not the optimizer's fault
         return "skip", f"original: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     try:
-        result = onnxfuse.optimize(model, target=target, validate=False)
+        result = onnxfuse.optimize(model, target=target, validate=False, only=only)
     except Exception as e:
         return "error", f"optimize ({target}): {type(e).__name__}: {str(e).splitlines()[0][:300]}"
     out = result.model
@@ -466,7 +469,7 @@ def check_seed(seed: int, target: str | None = None, make=None, inputs=None) -> 
         if not _close(r, g, half):
             err = float(np.nanmax(np.abs(r.astype(np.float64) - g.astype(np.float64)))) if r.shape == g.shape else -1
             return "wrong", f"{target}: output {i} ({out.graph.output[i].name}) max abs err {err:.3g}"
-    again = onnxfuse.optimize(out, target=target, validate=False)
+    again = onnxfuse.optimize(out, target=target, validate=False, only=only)
     changed = {k: v for k, v in again.applied.counts.items() if v}
     if changed:
         return "not-idempotent", f"{target}: second pass applied {changed}"
