@@ -47,3 +47,27 @@ def test_loop_output_of_unknown_shape_feeding_a_fused_region():
 def test_seeds_the_fuzz_found(seed, target):
     status, detail = check_seed(seed, target)
     assert status in ("ok", "ort-bug"), f"seed {seed}: {status}: {detail}"
+
+
+@pytest.mark.parametrize("seed", range(0, 48, 2))
+def test_random_conv_net_goes_channels_last_soundly(seed):
+    """tests/fuzz_cnn_graphs.py: random conv nets with contrib-channels-last added, NhwcConv run on the CPU
+    as its definition: valid, loadable, equal to the original, idempotent."""
+    from fuzz_cnn_graphs import check_cnn_seed
+
+    status, detail = check_cnn_seed(seed)
+    assert status in ("ok", "skip"), f"seed {seed}: {status}: {detail}"
+
+
+def test_conv_net_generator_reaches_the_rule_and_its_boundaries():
+    import onnxfuse
+    from fuzz_cnn_graphs import random_cnn_model
+
+    applied, ops = 0, set()
+    for seed in range(0, 48, 2):
+        model = random_cnn_model(seed)
+        ops |= {n.op_type for n in model.graph.node}
+        result = onnxfuse.optimize(model, target="cuda", validate=False, only="+contrib-channels-last")
+        applied += result.applied.counts.get("contrib-channels-last", 0) > 0
+    assert applied >= 16
+    assert {"Conv", "Split", "Concat", "Slice", "MaxPool", "Resize", "If", "Add"} <= ops

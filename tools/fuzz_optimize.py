@@ -5,6 +5,7 @@ validity, loadability, equal outputs and idempotence. Prints a tally and every f
     python tools/fuzz_optimize.py --count 2000 [--start 0] [--jobs 2] [--target cuda|contrib|onnx]
     python tools/fuzz_optimize.py --attention --count 2000   # random attention graphs (fuzz_attention_graphs.py)
     python tools/fuzz_optimize.py --only +contrib-channels-last --target cuda --count 500   # with an opt-in rule
+    python tools/fuzz_optimize.py --cnn --count 1000   # random conv nets through contrib-channels-last
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from fuzz_graphs import check_seed  # noqa: E402
 
 def _one(args):
     seed, target, attention, only = args
+    if attention == "cnn":
+        from fuzz_cnn_graphs import check_cnn_seed
+
+        return seed, *check_cnn_seed(seed, target)
     if attention:
         from fuzz_attention_graphs import check_attention_seed
 
@@ -37,12 +42,15 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--target", default=None, help="default: cycle cuda, contrib, onnx by seed")
     ap.add_argument("--attention", action="store_true", help="random attention graphs instead of random op graphs")
+    ap.add_argument("--cnn", action="store_true",
+                    help="random conv nets with contrib-channels-last added (tests/fuzz_cnn_graphs.py)")
     ap.add_argument("--only", default=None, metavar="RULES",
                     help="optimize's --only, e.g. +contrib-channels-last to add an opt-in rule (op graphs only)")
     args = ap.parse_args()
     t0 = time.time()
     tally = collections.Counter()
-    work = [(s, args.target, args.attention, args.only) for s in range(args.start, args.start + args.count)]
+    kind = "cnn" if args.cnn else args.attention
+    work = [(s, args.target, kind, args.only) for s in range(args.start, args.start + args.count)]
     with ProcessPoolExecutor(args.jobs) as pool:
         for seed, status, detail in pool.map(_one, work, chunksize=8):
             tally[status] += 1
