@@ -91,6 +91,23 @@ def expected_tables() -> dict:
     }
 
 
+def fast_prelude() -> str:
+    """The CUDA source of the fast half-precision functions: ``fast_cuda.HEADER``, then each row's
+    ``fast_src`` in table order (a function another row's calls comes first: Div before Reciprocal and
+    Softsign, Sigmoid before Gelu); every function a row names in ``fast``/``fast_bf16`` is defined."""
+    parts = [expr.fast_cuda.HEADER.rstrip("\n")]
+    for name, spec in expr.OP_TABLE.items():
+        if spec.fast_src:
+            parts.append(spec.fast_src.rstrip("\n"))
+        for fn in (spec.fast, spec.fast_bf16):
+            if fn and f" {fn}(" not in spec.fast_src:
+                raise SystemExit(f"{name}: fast function {fn} has no source in its row's fast_src")
+    text = "\n".join(parts) + "\n"
+    if ")CUDA\"" in text:
+        raise SystemExit("fast_src must not contain the raw string's end )CUDA\"")
+    return text
+
+
 def _camel(s: str) -> str:
     return "".join(w.capitalize() for w in s.split("_"))
 
@@ -211,6 +228,13 @@ def render() -> str:
             continue
         out.append(f"#define ONNXFUSE_OPS_{f.upper()}(X) " + " ".join(items))
     out += [
+        "",
+        "// ---------------------------------------------------------------- fast half-precision maths",
+        "// The fast_src of every OP_TABLE row that has one (onnxfuse/custom_ops/fast_cuda.py), in table order,",
+        "// after fast_cuda.HEADER: appended to the CUDA prelude (cuda_codegen.cc).",
+        "inline constexpr const char* kFastPrelude = R\"CUDA(",
+        *fast_prelude().rstrip("\n").split("\n"),
+        ")CUDA\";",
         "",
         "// ---------------------------------------------------------------- CUDA kernels (native.KERNELS)",
         "// Kernel k of a module has variant flag 1 << k and exists as <name>_32 and <name>_64 (index width).",

@@ -69,6 +69,7 @@ __all__ = [
 # The op's contract constants are defined once, in the package (which imports nothing heavy).
 from onnxfuse.custom_ops import DOMAIN, LANGUAGE_VERSION, OP_TYPE  # noqa: E402
 from onnxfuse.custom_ops import OPSET_VERSION as DOMAIN_OPSET  # noqa: E402
+from onnxfuse.custom_ops import fast_cuda  # noqa: E402
 
 HEADER = "onnxfuse.elementwise"
 
@@ -294,8 +295,10 @@ class OpSpec:
     kernel's dispatch, the CUDA generator's calls):
     ``cfunc``: the ``csrc/ops.h`` function computing the op (default ``ofx_`` + the name in
     snake_case: ``HardSwish`` -> ``ofx_hard_swish``); float attributes are passed after the operands.
-    ``fast``: the CUDA prelude's hardware approximation used when the result is float16/bfloat16
-    (``fast_bf16``: another one for bfloat16); empty: ``cfunc`` in every dtype.
+    ``fast``: the CUDA function, a hardware approximation, used when the result is float16/bfloat16
+    (``fast_bf16``: another one for bfloat16); empty: ``cfunc`` in every dtype. ``fast_src``: their
+    CUDA source (:mod:`onnxfuse.custom_ops.fast_cuda`), emitted in table order into the generated
+    header's ``kFastPrelude``: a row with a fast path is the only place that says so.
     """
 
     op_type: str
@@ -309,6 +312,7 @@ class OpSpec:
     cfunc: str = ""
     fast: str = ""
     fast_bf16: str = ""
+    fast_src: str = ""
 
     @property
     def c_function(self) -> str:
@@ -343,30 +347,34 @@ OP_TABLE: dict[str, OpSpec] = {
         OpSpec("Add", 2, _NUMERIC, "same", _b(np.add)),
         OpSpec("Sub", 2, _NUMERIC, "same", _b(np.subtract)),
         OpSpec("Mul", 2, _NUMERIC, "same", _b(np.multiply)),
-        OpSpec("Div", 2, _NUMERIC, "same", _div, fast="ofx_fast_div"),
+        OpSpec("Div", 2, _NUMERIC, "same", _div, fast="ofx_fast_div", fast_src=fast_cuda.DIV),
         OpSpec("Pow", 2, _FLOATS, "same", _b(np.power)),
         OpSpec("Min", 2, _NUMERIC, "same", _b(np.minimum)),
         OpSpec("Max", 2, _NUMERIC, "same", _b(np.maximum)),
         OpSpec("Neg", 1, _NUMERIC, "same", _u(np.negative)),
         OpSpec("Abs", 1, _NUMERIC, "same", _u(np.abs)),
         OpSpec("Sign", 1, _NUMERIC, "same", _u(np.sign)),
-        OpSpec("Exp", 1, _FLOATS, "same", _u(np.exp), fast="ofx_fast_exp"),
+        OpSpec("Exp", 1, _FLOATS, "same", _u(np.exp), fast="ofx_fast_exp", fast_src=fast_cuda.EXP),
         OpSpec("Log", 1, _FLOATS, "same", _u(np.log)),
         OpSpec("Sqrt", 1, _FLOATS, "same", _u(np.sqrt)),
-        OpSpec("Reciprocal", 1, _FLOATS, "same", _u(lambda a: 1.0 / a), fast="ofx_fast_reciprocal"),
+        OpSpec("Reciprocal", 1, _FLOATS, "same", _u(lambda a: 1.0 / a), fast="ofx_fast_reciprocal",
+               fast_src=fast_cuda.RECIPROCAL),
         OpSpec("Sin", 1, _FLOATS, "same", _u(np.sin)),
         OpSpec("Cos", 1, _FLOATS, "same", _u(np.cos)),
         OpSpec("Atan", 1, _FLOATS, "same", _u(np.arctan)),
-        OpSpec("Tanh", 1, _FLOATS, "same", _u(np.tanh), fast="ofx_fast_tanh", fast_bf16="ofx_fast_tanh_bf16"),
+        OpSpec("Tanh", 1, _FLOATS, "same", _u(np.tanh), fast="ofx_fast_tanh", fast_bf16="ofx_fast_tanh_bf16",
+               fast_src=fast_cuda.TANH),
         OpSpec("Erf", 1, _FLOATS, "same", _u(_erf)),
         OpSpec("Floor", 1, _FLOATS, "same", _u(np.floor)),
         OpSpec("Ceil", 1, _FLOATS, "same", _u(np.ceil)),
         OpSpec("Round", 1, _FLOATS, "same", _u(np.rint)),  # rint: half to even
-        OpSpec("Sigmoid", 1, _FLOATS, "same", _u(lambda a: 1.0 / (1.0 + np.exp(-a))), fast="ofx_fast_sigmoid"),
+        OpSpec("Sigmoid", 1, _FLOATS, "same", _u(lambda a: 1.0 / (1.0 + np.exp(-a))), fast="ofx_fast_sigmoid",
+               fast_src=fast_cuda.SIGMOID),
         OpSpec("Relu", 1, _NUMERIC, "same", _u(lambda a: np.maximum(a, a.dtype.type(0)))),
         # Softplus = ln(exp(x) + 1); logaddexp is the same value without overflow.
         OpSpec("Softplus", 1, _FLOATS, "same", _u(lambda a: np.logaddexp(0.0, a))),
-        OpSpec("Softsign", 1, _FLOATS, "same", _u(lambda a: a / (1.0 + np.abs(a))), fast="ofx_fast_softsign"),
+        OpSpec("Softsign", 1, _FLOATS, "same", _u(lambda a: a / (1.0 + np.abs(a))), fast="ofx_fast_softsign",
+               fast_src=fast_cuda.SOFTSIGN),
         OpSpec("Mish", 1, _FLOATS, "same", _u(lambda a: a * np.tanh(np.logaddexp(0.0, a)))),
         OpSpec("HardSwish", 1, _FLOATS, "same",
                _u(lambda a: a * np.maximum(0.0, np.minimum(1.0, a / 6.0 + 0.5)))),
@@ -382,7 +390,8 @@ OP_TABLE: dict[str, OpSpec] = {
                (_ALPHA(0.2), AttrSpec("beta", "float", 0.5))),
         # Gelu: ofx_gelu, or ofx_gelu_tanh with approximate=tanh; fast only for the tanh form.
         OpSpec("Gelu", 1, _FLOATS, "same", _gelu,
-               (AttrSpec("approximate", "word", "none", ("none", "tanh")),), fast="ofx_fast_gelu_tanh"),
+               (AttrSpec("approximate", "word", "none", ("none", "tanh")),), fast="ofx_fast_gelu_tanh",
+               fast_src=fast_cuda.GELU_TANH),
         OpSpec("Clip", 1, _NUMERIC, "same", _clip,
                (AttrSpec("min", "bound", -math.inf), AttrSpec("max", "bound", math.inf))),
         OpSpec("Identity", 1, _ALL, "same", _u(lambda a: a)),

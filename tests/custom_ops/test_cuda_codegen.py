@@ -140,10 +140,21 @@ def test_vector_kernels_use_128_bit_accesses(dtype, vec_load, variant):
     assert re.search(r"st\.global\." + re.escape(vec_load), ptx), "no 128-bit store"
 
 
-# Ops generated with fast approximations when their declared dtype is float16/bfloat16.
-FAST_OPS = {"Exp": "ofx_fast_exp", "Sigmoid": "ofx_fast_sigmoid", "Tanh": "ofx_fast_tanh",
-            "Reciprocal": "ofx_fast_reciprocal", "Div": "ofx_fast_div", "Softsign": "ofx_fast_softsign",
-            "Gelu[approximate=tanh]": "ofx_fast_gelu_tanh"}
+# Ops generated with fast approximations when their declared dtype is float16/bfloat16: the rows of the
+# op table that carry one (Gelu's only in its tanh form).
+FAST_OPS = {("Gelu[approximate=tanh]" if name == "Gelu" else name): spec.fast
+            for name, spec in expr.OP_TABLE.items() if spec.fast}
+
+
+def test_the_fast_ops_are_the_expected_ones_and_each_is_defined_once():
+    """The table is the one place a fast path is declared: these seven, each function defined exactly
+    once in the generated source, before any use, bfloat16 Tanh's too."""
+    assert set(FAST_OPS) == {"Exp", "Sigmoid", "Tanh", "Reciprocal", "Div", "Softsign", "Gelu[approximate=tanh]"}
+    src = native.cuda_source(fast_ops_program("bfloat16"))
+    for fn in [*FAST_OPS.values(), expr.OP_TABLE["Tanh"].fast_bf16]:
+        defined = src.index(f"float {fn}(")
+        assert src.count(f"float {fn}(") == 1, fn
+        assert src.index(f"{fn}(") == defined + len("float "), fn  # no use before the definition
 
 
 def fast_ops_program(dtype: str) -> str:
@@ -163,7 +174,7 @@ def test_fast_maths_only_for_half_dtypes(dtype):
     body = src[start:src.index("\n}\n", start)]
     for op, fn in FAST_OPS.items():
         if op == "Tanh" and dtype == "bfloat16":
-            fn = "ofx_fast_tanh_bf16"
+            fn = expr.OP_TABLE["Tanh"].fast_bf16
         assert (f" = {fn}(" in body) == (dtype != "float32"), (op, dtype)
     assert " = ofx_gelu(" in body and " = ofx_log(" in body
     if dtype == "float32":
