@@ -736,8 +736,7 @@ def run_model(name: str, args, part: Path) -> None:
             # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute): what a user
             # without a half-precision export gets (issue 33: every zoo model, CNNs included).
             try:
-                converted, info_p = optimize(original, "precision-fp16", rtol=1e-2, atol=1e-2,
-                                             precision="fp16")
+                converted, info_p = optimize(original, "precision-fp16", precision="fp16")
                 rec.info("optimize_precision_fp16", info_p)
                 log(f"  --precision fp16: {info_p['nodes_after']} nodes, "
                     f"validation {info_p['validation']}")

@@ -61,6 +61,7 @@ def optimize(
     save_inputs: str | os.PathLike | None = None,
     provider: str = "auto",
     precision: str = "fp32",
+    max_drift: float | tuple[float, float] | str | None = None,
     bench: bool = False,
     force: bool = False,
     fail_on_slowdown: float | None = None,
@@ -108,7 +109,14 @@ def optimize(
     ``precision="fp16"`` converts the model to compute in float16 with float32 inputs and outputs before the
     rewrites (:mod:`onnxfuse.precision`; ``"fp16-io"``: float16 inputs and outputs too) and validates it
     against the float32 original at float16's tolerances (its inputs cast to float16 for an fp16-io model);
-    the conversion is named as the culprit when it alone fails.
+    the conversion is named as the culprit when it alone fails. An output of such a model also passes
+    within ``max_drift``, the drift budget of a precision change (:mod:`onnxfuse.validate.drift_budget`):
+    its normalized max error (max |got - ref| / max |ref|) at most ERR and its cosine at least COS against
+    the float32 original, and its normalized max error within 3x the model merely converted (no rewrite).
+    ``max_drift``: ``(ERR, COS)``, a float ERR (COS 0.999) or the command line's ``"ERR[,COS]"``; default
+    ``(2e-2, 0.999)`` (none with ``strict`` unless given); only with a precision change. Every output's
+    figures, and the plain conversion's, are in the report (``drift_error``, ``drift_cosine``,
+    ``conversion_error``, ``conversion_cosine``; ``passed_by: "drift budget"``).
 
     ``bench``: also time both models on the device (ORT_ENABLE_ALL on both; ``bench_config`` an
     :class:`onnxfuse.timing.runner.BenchConfig`, whose device must be ``"cpu"`` with ``device="cpu"``). Off
@@ -149,9 +157,9 @@ def optimize(
     options = _optimize_options(
         target=target, device=device, only=only, skip=skip, validate=validate, shapes=shapes, inputs=inputs,
         seed=seed, input_ranges=input_ranges, right_padded=right_padded, rtol=rtol, atol=atol, strict=strict,
-        samples=samples, save_inputs=save_inputs, provider=provider, precision=precision, force=force, rules=rules,
-        bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
-        tune=tune, tune_time=tune_time, tuning_record=tuning_record,
+        samples=samples, save_inputs=save_inputs, provider=provider, precision=precision, max_drift=max_drift,
+        force=force, rules=rules, bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown,
+        never_slower=never_slower, tune=tune, tune_time=tune_time, tuning_record=tuning_record,
     )
     return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
 
@@ -167,9 +175,9 @@ def _seconds(value, what: str) -> float | None:
 
 def _optimize_options(*, target=None, device="cuda", only=None, skip=None, validate=True, shapes=None, inputs=None, seed=0,
                       input_ranges=None, right_padded=None, rtol=None, atol=None, strict=False, samples=2,
-                      save_inputs=None, provider="auto", precision="fp32", force=False, rules=None, bench=False,
-                      bench_config=None, fail_on_slowdown=None, never_slower=True, tune=True, tune_time=None,
-                      tuning_record=None):
+                      save_inputs=None, provider="auto", precision="fp32", max_drift=None, force=False, rules=None,
+                      bench=False, bench_config=None, fail_on_slowdown=None, never_slower=True, tune=True,
+                      tune_time=None, tuning_record=None):
     """:func:`optimize`'s keywords, checked, as the pipeline's options (shared with :func:`optimize_many`,
     so one model and many are fed and judged alike)."""
     from onnxfuse.pipeline import OptimizeOptions
@@ -183,7 +191,7 @@ def _optimize_options(*, target=None, device="cuda", only=None, skip=None, valid
         inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), right_padded=_input_names(right_padded),
         rtol=rtol, atol=atol, strict=strict,
         samples=_count(samples), save_inputs=None if save_inputs is None else os.fspath(save_inputs),
-        provider=provider, precision=precision,
+        provider=provider, precision=precision, max_drift=_max_drift(max_drift),
         force=force, rules=rules,
         bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
         tune=tune, tune_time=_seconds(tune_time, "tune_time"),
@@ -370,6 +378,16 @@ def _checked_numbers(rtol, atol, seed) -> None:
             raise UsageError(f"--{name} {value}: a tolerance must be a finite number >= 0")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise UsageError(f"--seed {seed}: the seed must be an integer >= 0")
+
+
+def _max_drift(value):
+    """``max_drift`` as the pipeline takes it (a DriftBudget, or None for the default), checked: usage
+    errors otherwise (exit 2 in the CLI)."""
+    if value is None:
+        return None
+    from onnxfuse.validate.drift_budget import parse_max_drift
+
+    return parse_max_drift(value)
 
 
 def _count(samples) -> int:

@@ -40,6 +40,7 @@ from onnxfuse.rewrites.engine.proven_dims import prove_dims
 from onnxfuse.rewrites import ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, select_rules
 from onnxfuse.runtime.inputs import Inputs, make_samples
 from onnxfuse.validate import ValidationReport, validate_models
+from onnxfuse.validate.drift_budget import failure_text
 
 #: Metadata key recording which onnxfuse produced a model (and with which rules).
 METADATA_KEY = "onnxfuse"
@@ -72,6 +73,8 @@ class OptimizeOptions:
     rules: list[Rule] | None = None  # a custom rule pool (tests, plugins); None = the registry
     precision: str = "fp32"  # "fp16": compute in float16 with float32 I/O (onnxfuse.precision), validated at fp16;
     # "fp16-io": the same with float16 inputs and outputs
+    max_drift: object | None = None  # validate.drift_budget.DriftBudget (``--max-drift``); None: the default one
+    # with fp16/fp16-io (none with --strict); only with a precision change
     bench: bool = True  # time both models on the device after validation (cuda without a GPU: skipped, with a note)
     bench_config: object | None = None  # onnxfuse.timing.BenchConfig; None = its defaults
     fail_on_slowdown: float | None = None  # fail when optimized median > ratio × original median
@@ -261,11 +264,11 @@ def custom_library_needed(model: onnx.ModelProto) -> str | None:
     return DOMAIN if uses_custom_ops(model) else None
 
 
-def _validate(original, candidate, samples, options: OptimizeOptions, reference, floor, precision) -> ValidationReport:
+def _validate(original, candidate, samples, options: OptimizeOptions, reference, floor, judge) -> ValidationReport:
     """``validate_models`` as optimize judges every candidate: the user's provider, tolerances and strictness
-    against the one ``reference`` and ``floor``."""
+    against the one ``reference`` and ``floor``, and a precision change's ``judge`` (None at fp32)."""
     return validate_models(original, candidate, samples, options.provider, options.rtol, options.atol,
-                           reference=reference, floor=floor, strict=options.strict, precision=precision)
+                           reference=reference, floor=floor, strict=options.strict, judge=judge)
 
 
 def find_culprit(
@@ -277,17 +280,19 @@ def find_culprit(
     reference: dict | list[dict],
     floor: dict[str, float] | None = None,
     start: onnx.ModelProto | None = None,
+    judge=None,
 ) -> str | None:
     """Name the first rule (in run order) whose rewrites make validation fail, by bisecting prefixes.
     A prefix whose model ONNX Runtime cannot load fails too: it is no more a way out than drift.
 
     ``start`` is what the rules were applied to when it is not ``original`` (``--precision fp16``: the
-    converted model); when ``start`` itself fails, the conversion is named (``precision-fp16``)."""
-    judge = _validation_problem(original, inputs, options, reference, floor)
-    if start is not None and judge(start) is not None:
+    converted model); when ``start`` itself fails, the conversion is named (``precision-fp16``). ``judge``:
+    the precision change's (:class:`~onnxfuse.validate.drift_budget.PrecisionJudge`), None at fp32."""
+    problem = _validation_problem(original, inputs, options, reference, floor, judge)
+    if start is not None and problem(start) is not None:
         return PRECISION_CULPRIT
     active = [r for r in rules if applied.counts.get(r.name, 0) > 0]
-    return _first_failing_rule(original if start is None else start, active, judge)
+    return _first_failing_rule(original if start is None else start, active, problem)
 
 
 def _first_failing_rule(start: onnx.ModelProto, changed: list[Rule], judge) -> str | None:
@@ -335,14 +340,13 @@ def working_skip(start: onnx.ModelProto, rules: list[Rule], culprit: str,
         skipped.append(following)
 
 
-def _validation_problem(original, samples, options: OptimizeOptions, reference, floor):
+def _validation_problem(original, samples, options: OptimizeOptions, reference, floor, precision_judge=None):
     """What keeps a candidate from loading in ONNX Runtime and passing validation (None when it passes): the
     culprit searches' test, where a model that does not load is no more a way out than drift."""
-    precision = "float16" if options.precision in FLOAT16_PRECISIONS else None
 
     def judge(candidate: onnx.ModelProto) -> str | None:
         try:
-            report = _validate(original, candidate, samples, options, reference, floor, precision)
+            report = _validate(original, candidate, samples, options, reference, floor, precision_judge)
         except SessionRefused as exc:
             return f"ONNX Runtime cannot load, an onnxfuse bug: please report it ({_refusal(exc)})"
         return None if report.passed else f"still fails validation (output(s) {', '.join(report.failing())})"
@@ -424,6 +428,9 @@ def optimize_model(
     step = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     options = for_device(options)
+    if options.max_drift is not None and options.precision not in FLOAT16_PRECISIONS:
+        raise UsageError("--max-drift is the drift budget of a precision change: use it with --precision fp16 or "
+                         "fp16-io")
     if options.right_padded:  # usage errors (unknown names) before any work, validated or not
         from onnxfuse.runtime.inputs import input_specs
         from onnxfuse.runtime.right_padding import right_padded_draws
@@ -473,11 +480,13 @@ def optimize_model(
     _set_output(result, optimized, applied)
     result.extra["repairs"] = list(repairs)  # also without validation (its note carries them otherwise)
     if precision:
+        budget = _drift_budget(options)
         result.extra["precision"] = {"precision": options.precision, "notes": precision_notes,
-                                     "float32_nodes": float32_nodes}
+                                     "float32_nodes": float32_nodes,
+                                     "max_drift": budget.to_dict() if budget is not None else None}
     if options.right_padded:
         result.extra["assumptions"] = {"right_padded": list(options.right_padded)}
-    floor = None
+    floor = judge = None
     if options.validate:
         step("validating")
         t1 = time.perf_counter()
@@ -490,10 +499,11 @@ def optimize_model(
         from onnxfuse.validate import noise_floor
 
         floor = noise_floor(model, samples, reference, options.provider, name=source)
-        drift = _conversion_drift(start, samples, reference, options, source) if precision else {}
+        judge = _precision_judge(start, samples, reference, options, source) if precision else None
+        drift = _conversion_drift(judge, options)
         floor = _with_conversion(floor, drift)
         try:
-            report = _validate(model, optimized, samples, options, reference, floor, precision)
+            report = _validate(model, optimized, samples, options, reference, floor, judge)
         except SessionRefused as exc:
             step("searching for the rule responsible")
             raise _unloadable(exc, model, start, rules, applied, options) from None
@@ -502,26 +512,28 @@ def optimize_model(
         if not report.passed:
             step("searching for the rule responsible")
             culprit = find_culprit(model, rules, applied, samples, options, reference, floor,
-                                   start=start if precision else None)
+                                   start=start if precision else None, judge=judge)
             skip = None
             failing = ", ".join(report.failing())
             if culprit == PRECISION_CULPRIT:
-                blame = "; culprit: the float16 conversion itself, before any rule" + _precision_drift(report)
+                blame = "; culprit: the float16 conversion itself, before any rule" + _precision_drift(report, judge)
             elif culprit:
                 skip, failures = working_skip(start, rules, culprit,
-                                              _validation_problem(model, samples, options, reference, floor))
+                                              _validation_problem(model, samples, options, reference, floor, judge))
                 blame = f"; culprit rule: {culprit}" + _skip_advice(culprit, skip, failures)
             else:
                 blame = ""
             result.validation_seconds = time.perf_counter() - t1
             result.total_seconds = time.perf_counter() - t0
-            message = f"validation failed: output(s) {failing} differ beyond tolerance{blame}; nothing was written"
+            figures = "" if culprit == PRECISION_CULPRIT else failure_text(report.outputs, judge)
+            message = (f"validation failed: output(s) {failing} differ beyond tolerance{figures}{blame}; nothing was "
+                       "written")
             result.error, result.exit_code, result.culprit = message, EXIT_VALIDATION_FAILED, culprit
             raise ValidationFailed(message, culprit=culprit, report=result, skip=skip)
         result.validation_seconds = time.perf_counter() - t1
     if (options.bench or options.tuning_record) and samples is None:
         samples = sample_inputs(model, options)
-    fewer = functools.partial(_fewer_rewrites, model, start, rules, samples, reference, floor, options, precision,
+    fewer = functools.partial(_fewer_rewrites, model, start, rules, samples, reference, floor, options, judge,
                               repair_notes + precision_notes, step)
     pending = decided = None
     if options.tuning_record:
@@ -646,17 +658,35 @@ def _record_decision(result, record, key: str, meta: dict, here: str | None) -> 
 CONVERSION_MULTIPLE = 3.0
 
 
-def _conversion_drift(start, samples, reference, options: OptimizeOptions, source: str) -> dict[str, float]:
-    """``--precision fp16`` with the default tolerances: each output's drift in the model merely converted
-    (no rewrite), which joins the noise floor (:func:`_with_conversion`) so that the rewritten model is
-    judged by what float16 allows (within :data:`CONVERSION_MULTIPLE` times that drift) rather than by
-    float32's noise. Explicit ``--rtol``/``--atol`` are the user's drift budget and keep it off, as
-    ``--strict`` does."""
-    if options.rtol is not None or options.atol is not None or options.strict:
-        return {}
-    from onnxfuse.validate import conversion_drift
+def _precision_judge(start, samples, reference, options: OptimizeOptions, source: str):
+    """How a precision change is judged besides tolerance and floor (:mod:`onnxfuse.validate.drift_budget`):
+    the user's ``--max-drift`` or the default budget (none with ``--strict`` unless given), and the drift of
+    the model merely converted (``start``, no rewrite) against the float32 original on the same samples,
+    which the rewritten model may exceed by at most :data:`CONVERSION_MULTIPLE` times."""
+    from onnxfuse.validate import PrecisionJudge, conversion_drift
 
-    return conversion_drift(start, samples, reference, options.provider, name=f"{source} (float16, no rewrite)")
+    conversion = conversion_drift(start, samples, reference, options.provider, name=f"{source} (float16, no rewrite)")
+    return PrecisionJudge("float16", _drift_budget(options), conversion, CONVERSION_MULTIPLE)
+
+
+def _drift_budget(options: OptimizeOptions):
+    """The drift budget a precision change is judged by: ``--max-drift``, else the default one, except that
+    ``--strict`` (tolerance alone) has none unless ``--max-drift`` is given."""
+    from onnxfuse.validate.drift_budget import DEFAULT_BUDGET
+
+    return options.max_drift if options.max_drift is not None else (None if options.strict else DEFAULT_BUDGET)
+
+
+def _conversion_drift(judge, options: OptimizeOptions) -> dict[str, float]:
+    """``--precision fp16`` with the default tolerances: each output's largest absolute drift in the model
+    merely converted (no rewrite, ``judge.conversion``), which joins the noise floor
+    (:func:`_with_conversion`) so that the rewritten model is judged by what float16 allows (within
+    :data:`CONVERSION_MULTIPLE` times that drift) rather than by float32's noise. Explicit
+    ``--rtol``/``--atol`` keep it off, as ``--strict`` does: they are judged by tolerance, and by the drift
+    budget (scale-free, unlike an absolute drift)."""
+    if judge is None or options.rtol is not None or options.atol is not None or options.strict:
+        return {}
+    return {name: d.max_abs for name, d in judge.conversion.items()}
 
 
 def _conversion_share(drift: float) -> float:
@@ -685,22 +715,27 @@ def _conversion_notes(report: ValidationReport, drift: dict[str, float]) -> list
     worst = max(helped, key=lambda c: c.max_abs)
     return [f"--precision fp16: {', '.join(c.name for c in helped)} beyond float16's default tolerance but within "
             f"{CONVERSION_MULTIPLE:g}x the drift of the model merely converted to float16, no rewrite ({worst.name}: "
-            f"max abs {worst.max_abs:.3g} against {drift[worst.name]:.3g}); explicit --rtol/--atol or --strict "
-            "judge by tolerance alone"]
+            f"max abs {worst.max_abs:.3g} against {drift[worst.name]:.3g}); explicit --rtol/--atol judge by tolerance "
+            "and the drift budget (--max-drift), --strict by tolerance alone"]
 
 
-def _precision_drift(report: ValidationReport) -> str:
+def _precision_drift(report: ValidationReport, judge) -> str:
     """What the user needs to decide after ``--precision fp16`` alone fails validation: how far the worst
-    output drifted, how close its direction stayed (a cosine of 0.9999+ is float16 rounding through a
-    deep model, BERT-base's own float16 export drifts 0.01 from float32; a low one, values float16
-    cannot hold), against what the tolerance allowed, and the two ways on."""
+    output drifted, scale-free (normalized max error) and in direction (cosine: 0.9999+ is float16
+    rounding through a deep model, BERT-base's own float16 export drifts 0.01 from float32; a low one,
+    values float16 cannot hold), against what the tolerance and the drift budget allowed, and the two
+    ways on."""
     failing = [c for c in report.outputs if not c.passed]
     if not failing:
-        return " (keep --precision fp32, or loosen --rtol/--atol)"
+        return " (keep --precision fp32, or widen --max-drift)"
     worst = max(failing, key=lambda c: c.max_abs / max(c.atol, 1e-30))
-    return (f": {worst.name} drifts up to {worst.max_abs:.3g} from float32 (cosine {worst.cosine:.6f}) where "
-            f"the tolerance allows {worst.atol:.2g} + {worst.rtol:g}·|ref| (keep --precision fp32, "
-            "or pass a looser --atol/--rtol if that drift is acceptable)")
+    b = judge.budget if judge is not None else None
+    budget = "" if b is None else f" and the drift budget {b.error:g}, cosine {b.cosine:g} (--max-drift {b.text()})"
+    figures = (f"normalized max error {worst.extra['drift_error']:.3g}, cosine {worst.extra['drift_cosine']:.6f}"
+               if "drift_error" in worst.extra else f"cosine {worst.cosine:.6f}")
+    return (f": {worst.name} drifts up to {worst.max_abs:.3g} from float32 ({figures}) where the tolerance "
+            f"allows {worst.atol:.2g} + {worst.rtol:g}·|ref|{budget} (keep --precision fp32, or pass a wider "
+            "--max-drift ERR,COS or a looser --atol/--rtol if that drift is acceptable)")
 
 
 #: Sizes tried, in order, for dynamic dimensions nobody sized when the original model cannot run at 1
@@ -880,7 +915,7 @@ def _set_output(result: OptimizeResult, optimized, applied) -> None:
                                                          n.op_type for n in optimized.graph.node})
 
 
-def _fewer_rewrites(model, start, rules, samples, reference, floor, options, precision, notes, step, skipped,
+def _fewer_rewrites(model, start, rules, samples, reference, floor, options, judge, notes, step, skipped,
                     added=()):
     """``start`` rewritten without the ``skipped`` rules (:data:`~onnxfuse.selection.ALL`: none run) and
     with the opt-in rules ``added`` (in their place in the run order), validated as the first model was:
@@ -898,7 +933,7 @@ def _fewer_rewrites(model, start, rules, samples, reference, floor, options, pre
     report = None
     if options.validate:
         try:
-            report = _validate(model, candidate, samples, options, reference, floor, precision)
+            report = _validate(model, candidate, samples, options, reference, floor, judge)
         except SessionRefused as exc:  # never kept, never written; the reason says whose fault it is
             return f"ONNX Runtime cannot load it, an onnxfuse bug ({_refusal(exc)})"
         report.notes.extend(notes)

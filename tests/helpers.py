@@ -258,3 +258,21 @@ def run_float64(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[st
     with np.errstate(invalid="ignore", divide="ignore"):
         got = ReferenceEvaluator(wide, new_ops=[GatherElements]).run(None, wide_feeds)
     return dict(zip(names, got))
+
+
+def residual_layernorm_stack(width: int = 64, blocks: int = 16) -> onnx.ModelProto:
+    """``blocks`` blocks of x = LayerNorm(x + x·W) (float32, batch dynamic): converted to float16, its rounding
+    compounds past float16's default tolerance with no rewrite (--precision fp16's floor and drift budget tests)."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(blocks):
+        inits += [numpy_helper.from_array((rng.standard_normal((width, width)) * 1.3 / np.sqrt(width)).astype(np.float32),
+                                          f"w{i}"),
+                  numpy_helper.from_array((rng.random(width) + 0.5).astype(np.float32), f"g{i}"),
+                  numpy_helper.from_array((rng.standard_normal(width) * 0.1).astype(np.float32), f"b{i}")]
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]), helper.make_node("Add", [f"m{i}", x], [f"r{i}"]),
+                  helper.make_node("LayerNormalization", [f"r{i}", f"g{i}", f"b{i}"], [f"n{i}"], axis=-1, epsilon=1e-5)]
+        x = f"n{i}"
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    graph = helper.make_graph(nodes, "stack", [vi("x", ["B", 8, width])], [vi("y", ["B", 8, width])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

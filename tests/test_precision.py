@@ -191,11 +191,12 @@ def test_if_branches_reading_outer_values_convert_consistently():
 def test_the_conversion_itself_is_named_when_it_breaks_validation():
     model = load_testdata("conv_bn_relu")
     with pytest.raises(onnxfuse.ValidationFailed) as info:
-        onnxfuse.optimize(model, precision="fp16", provider="cpu", rtol=1e-7, atol=1e-9)
+        onnxfuse.optimize(model, precision="fp16", provider="cpu", rtol=1e-7, atol=1e-9, max_drift=1e-6)
     assert info.value.culprit == "precision-fp16" and "float16 conversion itself" in str(info.value)
     message = str(info.value)  # the drift the user weighs, with the tolerance it missed
     worst = max(info.value.report.validation.outputs, key=lambda c: c.max_abs)
     assert f"drifts up to {worst.max_abs:.3g}" in message and "cosine" in message and "--atol" in message
+    assert f"normalized max error {worst.extra['drift_error']:.3g}" in message and "--max-drift" in message
 
 
 def test_refusals_are_one_line_errors(tmp_path):

@@ -45,6 +45,8 @@ Examples:
   onnxfuse optimize model.onnx out.onnx --device cpu   # for the CPU provider
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16-io  # fp16 I/O
+  onnxfuse optimize model.onnx out.fp16.onnx --precision fp16 \\
+      --max-drift 1e-2,0.9999
   onnxfuse optimize bert.onnx bert.opt.onnx --right-padded attention_mask
   onnxfuse optimize model.onnx out.onnx --fail-on-slowdown 1.0 \\
       --markdown "$GITHUB_STEP_SUMMARY"
@@ -95,6 +97,11 @@ theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one 
               help="fp16: compute in float16 with float32 inputs and outputs (constants and nodes float16 cannot "
                    "hold stay float32), validated against the float32 original at float16's tolerances. fp16-io: "
                    "the same, taking and returning float16 (for pipelines that feed float16).")
+@click.option("--max-drift", "max_drift", default=None, metavar="ERR[,COS]",
+              help="The drift budget of --precision fp16/fp16-io (default 2e-2,0.999): an output beyond tolerance "
+                   "also passes when its normalized max error (max |err| / max |ref|) against the float32 original "
+                   "is at most ERR, its cosine at least COS, and its error within 3x the model merely converted "
+                   "to float16.")
 @click.option("--no-bench", is_flag=True, help="Skip timing both models (on the GPU, or the CPU with --device cpu) "
                                                "after validation.")
 @click.option("--fail-on-slowdown", type=click.FloatRange(min=0, min_open=True), metavar="RATIO", default=None,
@@ -140,7 +147,7 @@ def optimize(paths, out_dir, **options) -> None:
 
 
 def _optimize_one(input_path, output_path, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
-                  right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench, fail_on_slowdown, allow_slower, tune, tune_time, tuning_record, json_path, markdown_path, junit_path, quiet,
+                  right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, max_drift, no_bench, fail_on_slowdown, allow_slower, tune, tune_time, tuning_record, json_path, markdown_path, junit_path, quiet,
                   force) -> None:
     try:
         check_runtime(quiet)
@@ -160,7 +167,7 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
                 validate=not no_validate, shapes=shape_map, seed=seed, input_ranges=range_map(input_ranges),
                 right_padded=list(right_padded),
                 rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
-                precision=precision,
+                precision=precision, max_drift=max_drift,
                 bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
                 tune=tune == "on", tune_time=tune_time, tuning_record=tuning_record, progress=bar.step,
                 bench_progress=bar.fraction,
@@ -240,9 +247,9 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
 
 
 def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path,
-                   seed, input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, no_bench,
-                   fail_on_slowdown, allow_slower, tune, tune_time, tuning_record, json_path, markdown_path, junit_path, quiet,
-                   force) -> None:
+                   seed, input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, max_drift,
+                   no_bench, fail_on_slowdown, allow_slower, tune, tune_time, tuning_record, json_path, markdown_path,
+                   junit_path, quiet, force) -> None:
     """The many-models form: plan, check every path, run each model (library), write one report of all."""
     protected = {}
     try:
@@ -267,7 +274,8 @@ def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_
                 [str(p) for p in paths], out_dir, target=target, device=device, only=list(only), skip=list(skip),
                 validate=not no_validate, shapes=parse_shape_options(shapes), inputs=inputs_path, seed=seed,
                 input_ranges=range_map(input_ranges), right_padded=list(right_padded), rtol=rtol, atol=atol,
-                samples=samples, strict=strict, provider=provider, precision=precision, bench=not no_bench,
+                samples=samples, strict=strict, provider=provider, precision=precision, max_drift=max_drift,
+                bench=not no_bench,
                 force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
                 tune=tune == "on", tune_time=tune_time, tuning_record=tuning_record,
                 started=progress.started, progress=progress.step, bench_progress=progress.fraction,

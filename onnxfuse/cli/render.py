@@ -60,21 +60,28 @@ def ops_table(before: dict[str, int], after: dict[str, int]) -> FitTable:
 
 def comparison_table(title: str, comparisons, label_a: str = "original", label_b: str = "optimized") -> FitTable:
     """One row per output, its verdict second (issue 35: at 80 columns the numbers that do not fit move to a
-    continued table, the verdict never does), then shape, errors, tolerance (rtol / atol) and the noise
-    floor multiple when there is one."""
+    continued table, the verdict never does), then shape, errors, tolerance (rtol / atol), the noise
+    floor multiple when there is one and, for a precision change, the drift figures (normalized max error
+    and cosine against the float32 original, the plain cast's in brackets)."""
     floors = any("noise_floor" in c.extra for c in comparisons)
+    drifts = any(formatting.drift(c) for c in comparisons)  # a precision change: its figures, the cast's in ()
     columns = [Column("output", "id"), Column("result", "text"), Column("shape", "num"), Column("max abs", "num"),
-               Column("max rel", "num"), Column("rtol / atol", "num")] + ([Column("x floor", "num")] if floors else [])
+               Column("max rel", "num"), Column("rtol / atol", "num")] + ([Column("x floor", "num")] if floors else []) \
+        + ([Column("norm. err (cast)", "num"), Column("cosine (cast)", "num")] if drifts else [])
     table = FitTable(title, columns)
     for c in comparisons:
         verdict = "[green]pass[/]" if c.passed else f"[red]FAIL[/]{' (' + escape(c.error) + ')' if c.error else ''}"
         if c.passed and c.extra.get("passed_by") == "noise floor":
             verdict = "[yellow]pass[/] (floor)"
+        elif c.passed and c.extra.get("passed_by") == "drift budget":
+            verdict = "[yellow]pass[/] (budget)"
         row = [escape(c.name), verdict, "x".join(str(d) for d in c.shape) or "scalar", formatting.num(c.max_abs),
                formatting.num(c.max_rel), f"{c.rtol:.0e} / {c.atol:.1e}"]
         if floors:
             multiple = c.extra.get("floor_multiple")
             row.append("-" if multiple is None else f"{multiple:.1f}")
+        if drifts:
+            row.extend(formatting.drift(c) or ("-", "-"))
         table.add_row(*row)
     return table
 

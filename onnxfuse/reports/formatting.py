@@ -50,6 +50,18 @@ def tolerance(c) -> str:
     return f"rtol {c.rtol:.1e}, atol {c.atol:.1e}"
 
 
+def drift(c) -> tuple[str, str] | None:
+    """A precision change's figures for a Comparison (``--precision fp16``, onnxfuse/validate/drift_budget.py):
+    (normalized max error, cosine), each followed by the plain conversion's in brackets; None without."""
+    if "drift_error" not in c.extra:
+        return None
+    err, cos = num(c.extra["drift_error"]), f"{c.extra['drift_cosine']:.6f}"
+    if "conversion_error" in c.extra:
+        err += f" ({num(c.extra['conversion_error'])})"
+        cos += f" ({c.extra['conversion_cosine']:.6f})"
+    return err, cos
+
+
 def one_line(c) -> str:
     """A failing comparison in one line (JUnit messages, summaries)."""
     if c.error:

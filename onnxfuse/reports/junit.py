@@ -27,6 +27,11 @@ def _details(c) -> str:
         lines.append(f"noise floor: {formatting.num(c.extra['noise_floor'], 6)} (drift "
                      f"{'-' if multiple is None else f'{multiple:.1f}x'} the floor"
                      f"{'; passed within the floor' if c.extra.get('passed_by') == 'noise floor' else ''})")
+    figures = formatting.drift(c)
+    if figures:
+        lines.append(f"drift against float32: normalized max error {figures[0]}, cosine {figures[1]} (the model merely "
+                     "converted, no rewrite, in brackets"
+                     f"{'; passed within the drift budget' if c.extra.get('passed_by') == 'drift budget' else ''})")
     return "\n".join(lines)
 
 

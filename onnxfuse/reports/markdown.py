@@ -46,6 +46,13 @@ def comparisons_markdown(title: str, comparisons, notes=None, level: int = 2) ->
     if floors:
         out.append("> drift as a multiple of the model's own noise floor (original, ONNX Runtime's optimizations "
                    "off vs on): " + ", ".join(f"`{cell(c.name)}` {_multiple(c)}" for c in floors) + "\n")
+    drifts = [(c, formatting.drift(c)) for c in comparisons if formatting.drift(c)]
+    if drifts:
+        out.append("> drift against the float32 original, normalized max error / cosine (the model merely converted, "
+                   "no rewrite, in brackets): " + ", ".join(
+                       f"`{cell(c.name)}` {err} / {cos}" + (" (passed by the drift budget)"
+                                                            if c.extra.get("passed_by") == "drift budget" else "")
+                       for c, (err, cos) in drifts) + "\n")
     for note in notes or ():
         out.append(f"> note: {cell(note)}\n")
     return "".join(out)

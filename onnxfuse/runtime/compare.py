@@ -137,6 +137,21 @@ def compare_exactly(name: str, ref: np.ndarray, got: np.ndarray) -> Comparison:
                             f"{_show(ref[first])} vs {_show(got[first])}")
 
 
+def _cosine(dot: float, nr: float, ng: float) -> float:
+    """The cosine from a dot product and two norms: 1 for two zero vectors, 0 for one."""
+    if nr == 0.0 and ng == 0.0:
+        return 1.0
+    if nr == 0.0 or ng == 0.0:
+        return 0.0
+    return float(dot / (nr * ng))
+
+
+def cosine(r: np.ndarray, g: np.ndarray) -> float:
+    """The cosine of two float64 vectors (finite elements): the comparator's, and the drift budget's
+    (:mod:`onnxfuse.validate.drift_budget`)."""
+    return _cosine(np.dot(r, g), float(np.linalg.norm(r)), float(np.linalg.norm(g)))
+
+
 def _finite_or_none(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
 
@@ -191,14 +206,7 @@ def compare_arrays(
     max_rel = float(rel[rel_mask].max()) if rel_mask.any() else 0.0
     mean_abs = float(diff[both].mean()) if n_both else 0.0
     rms = float(np.sqrt((diff[both] ** 2).mean())) if n_both else 0.0
-    rv, gv = r[both], g[both]
-    nr, ng = float(np.linalg.norm(rv)), float(np.linalg.norm(gv))
-    if nr == 0.0 and ng == 0.0:
-        cosine = 1.0
-    elif nr == 0.0 or ng == 0.0:
-        cosine = 0.0
-    else:
-        cosine = float(np.dot(rv, gv) / (nr * ng))
+    cos = cosine(r[both], g[both])
     # The worst element is where the absolute error is largest (a NaN/Inf mismatch beats any number),
     # so it matches the max-abs column.
     score = np.where(nonfinite_bad, np.inf, np.where(both, diff, -np.inf))
@@ -210,7 +218,7 @@ def compare_arrays(
         max_rel=max_rel,
         mean_abs=mean_abs,
         rms=rms,
-        cosine=cosine,
+        cosine=cos,
         mismatch_fraction=float(bad.mean()),
         worst_index=[int(i) for i in worst],
         worst_ref=_finite_or_none(r[worst]) if r.size else None,
@@ -435,18 +443,12 @@ def _compare_pieces(name: str, refs, gots, rtol: float, atol: float) -> Comparis
         score = math.inf if c.nonfinite_mismatches else (c.max_abs if k else -math.inf)
         if worst is None or score > worst[0]:
             worst = (score, offset + c.worst_index[0], c.worst_ref, c.worst_got)
-    nr, ng = math.sqrt(nr2), math.sqrt(ng2)
-    if nr == 0.0 and ng == 0.0:
-        cosine = 1.0
-    elif nr == 0.0 or ng == 0.0:
-        cosine = 0.0
-    else:
-        cosine = dot / (nr * ng)
+    cos = _cosine(dot, math.sqrt(nr2), math.sqrt(ng2))
     index = [int(i) for i in np.unravel_index(worst[1], shape)] if shape else []
     return Comparison(
         name=name, dtype=refs[0].dtype.name, shape=shape, rtol=rtol, atol=atol, passed=passed,
         max_abs=max_abs, max_rel=max_rel, mean_abs=sum_abs / n_both if n_both else 0.0,
-        rms=math.sqrt(sum_sq / n_both) if n_both else 0.0, cosine=cosine, mismatch_fraction=mismatches / total,
+        rms=math.sqrt(sum_sq / n_both) if n_both else 0.0, cosine=cos, mismatch_fraction=mismatches / total,
         worst_index=index, worst_ref=worst[2], worst_got=worst[3], nonfinite_mismatches=nonfinite,
         extra={"dtype_b": gots[0].dtype.name} if refs[0].dtype != gots[0].dtype else {},
     )

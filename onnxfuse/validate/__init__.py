@@ -16,6 +16,7 @@ import onnx
 from onnxfuse.runtime.compare import Comparison, Tolerance, compare_runs, lowest_float_precision
 from onnxfuse.runtime.inputs import Inputs, for_model
 from onnxfuse.runtime.session import resolve_provider, run_samples
+from onnxfuse.validate.drift_budget import Drift, PrecisionJudge, apply_budget, output_drift
 
 
 @dataclass
@@ -84,14 +85,16 @@ def _largest_errors(reference: list[dict], runs: list[list[dict]]) -> dict[str, 
 
 
 def conversion_drift(converted: onnx.ModelProto, samples: list[Inputs], reference: list[dict],
-                     provider: str = "auto", name: str = "converted model") -> dict[str, float]:
+                     provider: str = "auto", name: str = "converted model") -> dict[str, Drift]:
     """Per output, how far the original merely converted to a lower precision (``--precision fp16``, before
     any rewrite) lands from the float32 original's ``reference`` on the same inputs, run as validation runs
     the optimized model (with ONNX Runtime's optimizations on, its CPU provider crashed on one converted
     test model). That is what the precision itself costs: a float16 model of 12 residual
     blocks drifts beyond float16's default tolerance with no rewrite at all (issue 33: BERT-base, max abs
     0.0026 against an atol of 1e-3), so judging the rewritten model by float32's noise floor blamed a rule
-    for float16's rounding. {} when the converted model does not run."""
+    for float16's rounding. Per float output its :class:`~onnxfuse.validate.drift_budget.Drift`: the largest
+    absolute error (what joins the noise floor), the normalized max error and the cosine (what the drift
+    budget compares with). {} when the converted model does not run."""
     from onnxfuse.errors import RuntimeFailure
 
     try:
@@ -99,7 +102,7 @@ def conversion_drift(converted: onnx.ModelProto, samples: list[Inputs], referenc
                             name=name)]
     except RuntimeFailure:
         return {}
-    return _largest_errors(reference, runs)
+    return output_drift(reference, runs[0])
 
 
 def _apply_floor(comparisons: list[Comparison], floor: dict[str, float] | None, strict: bool) -> None:
@@ -127,6 +130,7 @@ def validate_models(
     floor: dict[str, float] | None = None,
     strict: bool = False,
     precision: str | None = None,
+    judge: PrecisionJudge | None = None,
 ) -> ValidationReport:
     """Compare every output of ``optimized`` with ``original`` on ``inputs`` (one sample, or a list).
 
@@ -136,7 +140,9 @@ def validate_models(
     as float16). With several samples an output passes when it passes on every sample, and its row is
     the worst sample's (a failing one first, else the largest max abs error), numbered in
     ``extra["worst_sample"]``. ``precision`` ("float16") judges at that type's tolerances whatever the
-    original computes in: ``--precision fp16`` compares a float16 model with its float32 original.
+    original computes in: ``--precision fp16`` compares a float16 model with its float32 original, and
+    ``judge`` then also records each output's drift figures and passes what is within its drift budget
+    (:mod:`onnxfuse.validate.drift_budget`; ``precision`` is the judge's).
     """
     samples = [inputs] if isinstance(inputs, Inputs) else list(inputs)
     kind = resolve_provider(provider)
@@ -147,7 +153,7 @@ def validate_models(
     # A sample the optimized model fails on (the original ran on it) is a failing comparison, not the user's error.
     gots = run_samples(optimized, [for_model(optimized, s) for s in samples], kind, name="optimized model",
                        keep_failures=True)
-    precision = precision or lowest_float_precision(original)
+    precision = precision or (judge.precision if judge else None) or lowest_float_precision(original)
     notes = list(dict.fromkeys(n for s in samples for n in s.notes))
     if precision and (rtol is None or atol is None) and any(
             a.dtype.kind == "f" and a.dtype.name != precision for a in references[0].values()):
@@ -159,7 +165,10 @@ def validate_models(
     if any(c.extra.get("passed_by") == "noise floor" for c in outputs):
         notes.append(f"output(s) beyond tolerance but within {FLOOR_MULTIPLE:g}x the original model's own noise floor "
                      "(ONNX Runtime's optimizations off vs on) passed; --strict judges by tolerance alone")
+    if judge is not None:
+        notes.extend(apply_budget(outputs, references, gots, judge))
     return ValidationReport(provider=kind, outputs=outputs, notes=notes)
 
 
-__all__ = ["FLOOR_MULTIPLE", "ValidationReport", "conversion_drift", "noise_floor", "validate_models"]
+__all__ = ["FLOOR_MULTIPLE", "Drift", "PrecisionJudge", "ValidationReport", "conversion_drift", "noise_floor",
+           "validate_models"]

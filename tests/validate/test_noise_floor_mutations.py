@@ -13,6 +13,7 @@ from onnx import numpy_helper
 
 import onnxfuse
 from onnxfuse.errors import ValidationFailed
+from onnxfuse.pipeline import CONVERSION_MULTIPLE
 from onnxfuse.rewrites import RULES
 from onnxfuse.rewrites import Rule
 
@@ -85,13 +86,14 @@ class Planted(Rule):
         return {"node": node.name}
 
 
+# The mutations keep each constant's dtype, so they plant the same bug in a model converted to float16.
 def _fold_bn_without_eps(graph, bn):
     conv = bn.inputs[0].inputs[0]
     w, b = conv.inputs[1].values, conv.inputs[2].values
-    g, beta, mean, var = (t.values for t in bn.inputs[1:])
+    g, beta, mean, var = (t.values.astype(np.float32) for t in bn.inputs[1:])
     k = g / np.sqrt(var)  # the bug: ε forgotten
-    conv.inputs[1] = gs.Constant(w.name + "_f" if hasattr(w, "name") else "w_f", (w * k[:, None, None, None]).astype(np.float32))
-    conv.inputs[2] = gs.Constant("b_f", ((b - mean) * k + beta).astype(np.float32))
+    conv.inputs[1] = gs.Constant(w.name + "_f" if hasattr(w, "name") else "w_f", (w * k[:, None, None, None]).astype(w.dtype))
+    conv.inputs[2] = gs.Constant("b_f", ((b - mean) * k + beta).astype(w.dtype))
     conv.outputs[0] = bn.outputs[0]
     bn.outputs.clear()
 
@@ -99,30 +101,35 @@ def _fold_bn_without_eps(graph, bn):
 def _scale_wrong_channel(graph, mul):
     conv = mul.inputs[0].inputs[0]
     s = np.roll(mul.inputs[1].values.reshape(-1), 1)  # the bug: channel c gets channel c-1's scale
-    conv.inputs[1] = gs.Constant("w_s", (conv.inputs[1].values * s[:, None, None, None]).astype(np.float32))
+    w = conv.inputs[1].values
+    conv.inputs[1] = gs.Constant("w_s", (w * s[:, None, None, None]).astype(w.dtype))
     conv.outputs[0] = mul.outputs[0]
     mul.outputs.clear()
 
 
 def _gelu_constant_off(graph, div):
-    div.inputs[1] = gs.Constant("r2_off", np.array(np.sqrt(2) * 1.01, np.float32))  # 1% off
+    div.inputs[1] = gs.Constant("r2_off", np.array(np.sqrt(2) * 1.01, div.inputs[1].values.dtype))  # 1% off
 
 
 def _scale_1_over_d(graph, mul):
-    mul.inputs[1] = gs.Constant("scale_d", np.array(1 / 16, np.float32))  # 1/d instead of 1/sqrt(d)
+    mul.inputs[1] = gs.Constant("scale_d", np.array(1 / 16, mul.inputs[1].values.dtype))  # 1/d instead of 1/sqrt(d)
 
 
 def _drop_bias(graph, conv):
     del conv.inputs[2]
 
 
-@pytest.mark.parametrize("build, planted", [
+PLANTED = [
     (conv_bn, Planted("planted-bn-without-eps", "BatchNormalization", _fold_bn_without_eps)),
     (conv_scale, Planted("planted-scale-wrong-channel", "Mul", _scale_wrong_channel)),
     (gelu, Planted("planted-gelu-constant", "Div", _gelu_constant_off)),
     (attention, Planted("planted-scale-1-over-d", "Mul", _scale_1_over_d)),
     (conv_bias, Planted("planted-dropped-bias", "Conv", _drop_bias)),
-], ids=["bn-eps", "scale-channel", "gelu-1pct", "attention-scale", "dropped-bias"])
+]
+PLANTED_IDS = ["bn-eps", "scale-channel", "gelu-1pct", "attention-scale", "dropped-bias"]
+
+
+@pytest.mark.parametrize("build, planted", PLANTED, ids=PLANTED_IDS)
 def test_planted_bug_fails_validation_with_its_rule_named(build, planted):
     model = build()
     with pytest.raises(ValidationFailed) as err:
@@ -130,6 +137,23 @@ def test_planted_bug_fails_validation_with_its_rule_named(build, planted):
     assert err.value.culprit == planted.name
     rows = err.value.report.validation.outputs
     assert all("noise_floor" in c.extra for c in rows)  # judged with the floor active
+
+
+@pytest.mark.parametrize("build, planted", PLANTED, ids=PLANTED_IDS)
+def test_planted_bug_in_float16_is_caught_by_the_drift_budget(build, planted):
+    """--precision fp16 with explicit tolerances: the drift budget (onnxfuse/validate/drift_budget.py) is
+    then what could pass these outputs. Its 2e-2 / 0.999 alone would pass the GELU, BatchNorm-ε and
+    dropped-bias bugs (normalized max error ~2e-3, ~5e-3, ~2e-2; cosine >= 0.9995): the bound at
+    CONVERSION_MULTIPLE x the plain conversion's error is what catches them."""
+    planted.done = False
+    with pytest.raises(ValidationFailed) as err:
+        onnxfuse.optimize(build(), target="onnx", rules=[planted, *RULES], precision="fp16", provider="cpu",
+                          rtol=1e-2, atol=1e-3)
+    assert err.value.culprit == planted.name
+    for c in err.value.report.validation.outputs:
+        assert c.extra.get("passed_by") != "drift budget"
+        assert c.extra["drift_error"] > CONVERSION_MULTIPLE * c.extra["conversion_error"], c.to_dict()
+    assert "normalized max error" in str(err.value)
 
 
 @pytest.mark.parametrize("build", [conv_bn, conv_scale, gelu, attention, conv_bias])

@@ -210,13 +210,14 @@ def test_cli_the_suggested_rerun_exits_0(tmp_path, monkeypatch):
 
 
 def test_cli_the_float16_conversion_itself_is_named_in_words(tmp_path):
-    """Item 3's last clause: when the conversion alone drifts beyond the tolerance, the message says so
-    and suggests no --skip (no rule is to blame)."""
+    """Item 3's last clause: when the conversion alone drifts beyond the tolerance and the drift budget,
+    the message says so, with its figures, and suggests no --skip (no rule is to blame)."""
     out = tmp_path / "o.onnx"
     r = CliRunner().invoke(main, ["optimize", str(MODEL), str(out), "--precision", "fp16", "--rtol", "1e-7",
-                                  "--atol", "1e-9", "--no-bench", "--provider", "cpu"])
+                                  "--atol", "1e-9", "--max-drift", "1e-6", "--no-bench", "--provider", "cpu"])
     assert r.exit_code == 3 and not out.exists(), r.output
     assert "culprit: the float16 conversion itself, before any rule: " in r.stderr
+    assert "normalized max error" in r.stderr and "--max-drift 1e-06,0.999" in r.stderr
     assert "keep --precision fp32" in r.stderr and "--skip" not in r.stderr
 
 

@@ -1,0 +1,145 @@
+"""--precision fp16 judged by what float16 allows (issue 33 item 1): one fp32 testdata export per family
+passes ``optimize(precision="fp16")``, and this test's own comparison (ONNX Runtime's CPU provider, not the
+pipeline's validation) of the optimized model with the float32 original, on random inputs and, for token
+models, masks with left- and right-padded rows, stays within what a plain float16 cast gives: normalized
+max error (max |got - ref| / max |ref|) <= 2e-2 and cosine >= 0.999 for every output. Then ``--max-drift``:
+honoured (a budget tighter than the drift fails with exit 3 and the figures named), parsed, and bad input
+refused in one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+import onnxfuse
+from helpers import kv_cache_feeds, load_testdata, residual_layernorm_stack, run_ort
+from onnxfuse.cli import main
+from onnxfuse.custom_ops import session_options
+from onnxfuse.errors import UsageError
+
+#: issue 33's figures for what a plain float16 cast of the zoo's models gives
+MAX_ERROR, MIN_COSINE = 2e-2, 0.999
+
+#: one fp32 export per family (BERT, RoBERTa, DistilBERT and GPT-2 with transformers' sdpa attention)
+MODELS = ["bert_tiny_sdpa_opset17", "roberta_tiny_sdpa_opset17", "distilbert_tiny_sdpa_opset17",
+          "gpt2_tiny_sdpa_opset17", "vit_tiny_sdpa_opset17", "whisper_encoder_tiny_sdpa_opset17",
+          "convnext_blocks_opset13", "efficientnet_blocks_opset13", "yolo_conv_bn_silu_opset13", "llama_kv_opset17",
+          "t5_tiny_opset17"]
+
+
+def padded_mask(batch: int, length: int) -> np.ndarray:
+    """Row 0 full, row 1 right-padded (a tokenizer padding on the right), row 2 left-padded (on the left)."""
+    mask = np.ones((batch, length), np.int64)
+    mask[1, length * 5 // 8:] = 0
+    mask[2, :length * 3 // 8] = 0
+    return mask
+
+
+def samples_for(name: str, model: onnx.ModelProto, rng) -> list[dict[str, np.ndarray]]:
+    """The test's own inputs: random floats; token ids below every tiny model's vocabulary with padded
+    masks; a KV-cache decoder at prefill (no past) and at a decode step (its first row left-padded)."""
+    if name.startswith("llama"):
+        return [kv_cache_feeds(3, 8, 0, np.float32, rng), kv_cache_feeds(3, 1, 8, np.float32, rng)]
+    spec = model.graph.input
+    if spec[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+        dims = [d.dim_value or 2 for d in spec[0].type.tensor_type.shape.dim]
+        return [{spec[0].name: rng.standard_normal(dims).astype(np.float32)}]
+    feeds = {"input_ids": rng.integers(0, 100, (3, 16)).astype(np.int64), "attention_mask": padded_mask(3, 16)}
+    if any(i.name == "decoder_input_ids" for i in spec):  # T5: encoder and decoder
+        feeds["decoder_input_ids"] = rng.integers(0, 100, (3, 8)).astype(np.int64)
+    return [feeds]
+
+
+def drift(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
+    """(normalized max error, cosine), computed here, independently of onnxfuse.validate."""
+    r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+    assert (np.isfinite(r) == np.isfinite(g)).all()
+    r, g = r[np.isfinite(r)], g[np.isfinite(g)]
+    scale = np.abs(r).max() or 1.0
+    return float(np.abs(g - r).max() / scale), float(r @ g / (np.linalg.norm(r) * np.linalg.norm(g)))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fp16_of_every_family_passes_and_drifts_as_float16_does(name):
+    model = load_testdata(name)
+    result = onnxfuse.optimize(model, precision="fp16", provider="cpu")
+    assert result.validation.passed
+    for row in result.validation.outputs:  # the figures are reported, the plain conversion's too
+        assert {"drift_error", "drift_cosine", "conversion_error", "conversion_cosine"} <= set(row.extra), row.to_dict()
+    session = ort.InferenceSession(result.model.SerializeToString(), session_options(),
+                                   providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    for feeds in samples_for(name, model, np.random.default_rng(0)):
+        want = run_ort(model, feeds)
+        got = dict(zip(names, session.run(names, feeds)))
+        for out, ref in want.items():
+            err, cos = drift(ref, got[out])
+            assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}: normalized max error {err:.3g}, cosine {cos:.6f}"
+
+
+@pytest.fixture
+def stack(tmp_path):
+    """A model whose float16 rounding alone exceeds float16's default tolerance (normalized max error ~2e-3)."""
+    path = tmp_path / "stack.onnx"
+    onnx.save(residual_layernorm_stack(), path)
+    return path
+
+
+def optimize_cli(path, *args):
+    return CliRunner().invoke(main, ["optimize", str(path), str(path.with_suffix(".opt.onnx")), "--precision", "fp16",
+                                     "--provider", "cpu", "--no-bench", "--rtol", "1e-2", "--atol", "1e-3",
+                                     *args])
+
+
+def test_max_drift_is_honoured(stack, tmp_path):
+    """With explicit tolerances the tolerance fails this model's float16 rounding; the default budget passes
+    it, a budget tighter than its drift fails it (exit 3), naming the figures."""
+    ok = optimize_cli(stack, "--json", str(tmp_path / "ok.json"))
+    assert ok.exit_code == 0, ok.output
+    assert "pass (budget)" in ok.output
+    doc = json.loads((tmp_path / "ok.json").read_text())
+    result = doc["result"]
+    assert result["precision"]["max_drift"] == {"normalized_error": 2e-2, "cosine": 0.999}
+    assert result["validation"]["outputs"][0]["passed_by"] == "drift budget"
+    tight = optimize_cli(stack, "--max-drift", "1e-3,0.999", "--json", str(tmp_path / "tight.json"))
+    assert tight.exit_code == 3, tight.output
+    message = tight.output.split("error: ", 1)[1]
+    assert "normalized max error" in message and "cosine" in message and "--max-drift 0.001,0.999" in message
+    failed = json.loads((tmp_path / "tight.json").read_text())
+    assert failed["result"]["precision"]["max_drift"] == {"normalized_error": 1e-3, "cosine": 0.999}
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnxfuse.reports import load_schema
+
+    for document in (doc, failed):  # the new figures are in the schema
+        jsonschema.validate(document, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_max_drift_parses_err_and_an_optional_cosine():
+    from onnxfuse.validate.drift_budget import DriftBudget, parse_max_drift
+
+    assert parse_max_drift("1e-2") == DriftBudget(1e-2, 0.999)
+    assert parse_max_drift(" 5e-3 , 0.9999 ") == DriftBudget(5e-3, 0.9999)
+    assert parse_max_drift((1e-2, 0.99)) == DriftBudget(1e-2, 0.99)
+    assert parse_max_drift(0.05) == DriftBudget(0.05, 0.999)
+    for bad in ("abc", "0", "-1e-2", "1e-2,1.5", "1e-2,0", "1e-2,0.9,3", "", "nan", (1e-2, "x"), True):
+        with pytest.raises(UsageError):
+            parse_max_drift(bad)
+
+
+@pytest.mark.parametrize("value", ["abc", "1e-2,2", "1e-2,0.9,3", "0"])
+def test_bad_max_drift_is_one_line_and_exit_2(stack, value):
+    res = optimize_cli(stack, "--max-drift", value)
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "--max-drift" in lines[0] and "ERR[,COS]" in lines[0], res.output
+
+
+def test_max_drift_needs_a_precision_change(stack):
+    res = CliRunner().invoke(main, ["optimize", str(stack), str(stack.with_suffix(".opt.onnx")), "--provider", "cpu",
+                                    "--no-bench", "--max-drift", "1e-2"])
+    assert res.exit_code == 2 and "--precision fp16" in res.output, res.output
