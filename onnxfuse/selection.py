@@ -245,7 +245,13 @@ def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Ca
         if _past(deadline):
             trial.refused = "not tried: tuning time spent"
             continue
-        made = attempt(kept + [rule])
+        try:  # a trial is optional: whatever breaks in it costs the trial, never the run
+            made = attempt(kept + [rule])
+            if not isinstance(made, str) and made[1].counts.get(rule):
+                trial.timing = retime(made[0])
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            trial.refused = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            continue
         if isinstance(made, str):
             trial.refused = made
             continue
@@ -253,7 +259,6 @@ def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Ca
         if not trial.applied.counts.get(rule):
             trial.refused = "does not apply"
             continue
-        trial.timing = retime(trial.model)
         if not is_faster(trial.timing, current_timing):
             trial.refused = "not faster"
             continue

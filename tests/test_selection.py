@@ -163,3 +163,21 @@ def test_out_of_tuning_time_a_slower_model_falls_back_to_the_graph_as_loaded(mon
     assert result.extra["measured"][0]["refused"] == "not tried: tuning time spent" and len(calls) == 1
     with pytest.raises(onnxfuse.UsageError, match="tune_time"):
         onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, tune_time=-1)
+
+
+def test_a_measured_choice_that_breaks_costs_only_itself(monkeypatch):
+    """A trial whose timing raises (a kernel that fails at run time on this GPU, say) is reported as
+    failed and the output stays the one already validated and timed."""
+    calls = []
+
+    def time_both(original, candidate, inputs, options, progress=None):
+        calls.append(1)
+        if "NhwcConv" in {n.op_type for n in candidate.graph.node}:
+            raise onnxfuse.RuntimeFailure("ONNX Runtime failed to run the model: NhwcConv")
+        return _timing(1.0, 0.8)
+
+    monkeypatch.setattr(pipeline, "time_both", time_both)
+    result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1)
+    (trial,) = result.extra["measured"]
+    assert not trial["kept"] and trial["refused"].startswith("failed: RuntimeFailure")
+    assert "NhwcConv" not in {n.op_type for n in result.model.graph.node} and len(calls) == 2
