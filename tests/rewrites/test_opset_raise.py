@@ -45,7 +45,7 @@ def test_problem_names_the_blocking_ops_including_subgraph_bodies():
                         }>
         }
     """, opset=14)
-    assert opset_raise_problem(g, 17) == "raising the model's opset 14 → 17 would change the meaning of BatchNormalization"
+    assert opset_raise_problem(g, 17).reason == "raising the model's opset 14 → 17 would change the meaning of BatchNormalization"
 
 
 def test_no_problem_and_raise():

@@ -56,6 +56,7 @@ from onnxfuse.rewrites.engine.facts import (
     FP32, consumers, constant_value, dtype_of, internal_problem, is_graph_output, is_op, producer_of,
 )
 from onnxfuse.rewrites.engine.polynomial import POLY_OPS, cast_target, eval_expression, exact_cast_problem
+from onnxfuse.rewrites.engine.rule import Refuse
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -117,7 +118,7 @@ def _readers_through_casts(graph, t, depth=0) -> int:
 
 
 def match_activation(graph, anchor, inner_check, outer_target, max_outer_steps=4, through_casts=False):
-    """Match ``outer(x, T)`` around ``T = anchor(inner(x))``; returns ``(reason, plan)``.
+    """Match ``outer(x, T)`` around ``T = anchor(inner(x))``; returns the plan or a ``Refuse``.
 
     ``inner_check(poly, dtype) -> (ok, alpha)`` judges the argument polynomial in x.
 
@@ -128,7 +129,7 @@ def match_activation(graph, anchor, inner_check, outer_target, max_outer_steps=4
     Where the result keeps the wider type (no Cast back), the fused op reads the Cast of x to that type.
     """
     if len(anchor.inputs) != 1 or len(anchor.outputs) != 1:
-        return f"{anchor.op} has an unexpected number of inputs or outputs", None
+        return Refuse(f"{anchor.op} has an unexpected number of inputs or outputs")
 
     def is_leaf(t):
         p = producer_of(t)
@@ -146,14 +147,14 @@ def match_activation(graph, anchor, inner_check, outer_target, max_outer_steps=4
 
     inner_poly, inner = eval_expression(graph, anchor.inputs[0], {}, 1, is_leaf=is_leaf, through_casts=through_casts)
     if inner_poly is None:
-        return f"argument of {anchor.op}: {inner.problem}", None
+        return Refuse(f"argument of {anchor.op}: {inner.problem.reason}", inner.problem.node)
     if len(inner.leaves) != 1:
-        return f"argument of {anchor.op} depends on {len(inner.leaves)} tensors, expected one", None
+        return Refuse(f"argument of {anchor.op} depends on {len(inner.leaves)} tensors, expected one")
     x = inner.leaves[0]
     dtype = inner.const_dtype or dtype_of(graph, x)
     ok, alpha = inner_check(inner_poly, dtype if dtype is not None else FP32)
     if not ok:
-        return f"argument of {anchor.op} is {inner_poly} in x={x.name!r}, not the expected form", None
+        return Refuse(f"argument of {anchor.op} is {inner_poly} in x={x.name!r}, not the expected form")
 
     t = anchor.outputs[0]
     cur = t
@@ -162,14 +163,14 @@ def match_activation(graph, anchor, inner_check, outer_target, max_outer_steps=4
         readers = consumers(cur)
         if len(readers) != 1 or is_graph_output(graph, cur):
             if poly is None:
-                return f"{anchor.op} output {cur.name!r} is read more than once or is a graph output", None
+                return Refuse(f"{anchor.op} output {cur.name!r} is read more than once or is a graph output")
             break
         nxt = readers[0]
         if not (is_op(nxt, *POLY_OPS) or (through_casts and is_op(nxt, "Cast"))):
-            return f"{anchor.op} result flows into {nxt.op}, not the expected product", None
+            return Refuse(f"{anchor.op} result flows into {nxt.op}, not the expected product")
         poly, expr = eval_expression(graph, nxt.outputs[0], {id(x): 0, id(t): 1}, 2, through_casts=through_casts)
         if poly is None:
-            return f"expression around {anchor.op}: {expr.problem}", None
+            return Refuse(f"expression around {anchor.op}: {expr.problem.reason}", expr.problem.node)
         d = expr.const_dtype or dtype
         if poly.matches(outer_target, lambda v, e: close_to(v, e, d, rel=0.0)):
             root, outer = nxt, expr
@@ -177,8 +178,8 @@ def match_activation(graph, anchor, inner_check, outer_target, max_outer_steps=4
             break
         cur = nxt.outputs[0]
     if root is None:
-        return (f"no expression of the expected form around {anchor.op} up to {cur.name!r} "
-                f"(last seen: {poly})"), None
+        return Refuse(f"no expression of the expected form around {anchor.op} up to {cur.name!r} "
+                      f"(last seen: {poly})")
 
     nodes = []
     for n in inner.nodes + [anchor] + outer.nodes:
@@ -187,25 +188,26 @@ def match_activation(graph, anchor, inner_check, outer_target, max_outer_steps=4
     op_dtype = dtype
     casts = inner.casts + [c for c in outer.casts if all(c is not i for i in inner.casts)]
     if casts:
-        reason, x, root, nodes, op_dtype = _settle_casts(graph, x, root, nodes, casts, dtype)
-        if reason:
-            return reason, None
+        settled = _settle_casts(graph, x, root, nodes, casts, dtype)
+        if isinstance(settled, Refuse):
+            return settled
+        x, root, nodes, op_dtype = settled
     problem = internal_problem(graph, nodes, root) or constants_rank_problem(graph, nodes, x)
     if problem:
-        return problem, None
-    return None, ActivationPlan(x, nodes, root, alpha, op_dtype)
+        return problem
+    return ActivationPlan(x, nodes, root, alpha, op_dtype)
 
 
 def _settle_casts(graph, x, root, nodes, casts, const_dtype):
     """The fused op's input, root, nodes and element type for a pattern holding exact ``casts``.
 
-    Returns ``(reason, x, root, nodes, dtype)``. The casts of x (x → Cast → Cast …) read outside the
+    Returns ``(x, root, nodes, dtype)`` or a ``Refuse``. The casts of x (x → Cast → Cast …) read outside the
     pattern stay out of ``nodes``; the result computed in a type wider than x's must be read by one Cast
     back to x's type (then the root), else the fused op reads the Cast of x to the result's type.
     """
     x_type = dtype_of(graph, x)
     if x_type is None:
-        return f"element type of {x.name!r} unknown", x, root, nodes, None
+        return Refuse(f"element type of {x.name!r} unknown")
     inside = {id(n) for n in nodes}
     of_x, frontier = [], [x]
     while frontier:
@@ -220,18 +222,18 @@ def _settle_casts(graph, x, root, nodes, casts, const_dtype):
     result = root.outputs[0]
     result_type = dtype_of(graph, result) or const_dtype
     if result_type is None:
-        return f"element type of {result.name!r} unknown", x, root, nodes, None
+        return Refuse(f"element type of {result.name!r} unknown")
     if result_type == x_type:
-        return None, x, root, nodes, x_type
+        return x, root, nodes, x_type
     readers = consumers(result)
     back = readers[0] if len(readers) == 1 and not is_graph_output(graph, result) else None
     if back is not None and is_op(back, "Cast") and cast_target(back) == x_type:
-        return None, x, back, nodes + [back], x_type  # the fused op's own rounding to x's type
+        return x, back, nodes + [back], x_type  # the fused op's own rounding to x's type
     for c in of_x:
         if c.inputs[0] is x and cast_target(c) == result_type:
-            return None, c.outputs[0], root, [n for n in nodes if n is not c], result_type
-    return (f"the pattern computes in {result_type.name} from {x.name!r} of {x_type.name} and its result "
-            f"is not cast back to {x_type.name}"), x, root, nodes, None
+            return c.outputs[0], root, [n for n in nodes if n is not c], result_type
+    return Refuse(f"the pattern computes in {result_type.name} from {x.name!r} of {x_type.name} and its result "
+                  f"is not cast back to {x_type.name}")
 
 
 def scaled_x(expected):
@@ -274,15 +276,16 @@ def fused_name(root, op):
 
 
 def native_gelu(node):
-    """(reason, plan) for ONNX's own ``Gelu`` (opset 20; torch's exporters write it from ``opset_version=20``):
+    """The plan, or a ``Refuse``, for ONNX's own ``Gelu`` (opset 20; torch's exporters write it from
+    ``opset_version=20``):
     ``approximate="none"`` is 0.5·x·(1 + erf(x/√2)), ``"tanh"`` the tanh form, exactly com.microsoft
     Gelu's and FastGelu's definitions (each rule's ``match`` picks its mode: :func:`gelu_mode`). Mapping it
     lets contrib-bias-gelu absorb the bias Add before it (BiasGelu measured 27-42% faster than a
     FusedElementwise Add+Gelu, docs/benchmarks.md section 2), where fuse-elementwise would otherwise take
     the pair."""
     if len(node.inputs) != 1 or len(node.outputs) != 1:
-        return "not a one-input Gelu", None
-    return None, ActivationPlan(node.inputs[0], [node], node)
+        return Refuse("not a one-input Gelu")
+    return ActivationPlan(node.inputs[0], [node], node)
 
 
 def gelu_mode(node) -> str:

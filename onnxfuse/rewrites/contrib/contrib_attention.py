@@ -49,7 +49,7 @@ from onnxfuse.rewrites.contrib.attention.emit import emit
 from onnxfuse.rewrites.contrib.attention.pattern import analyze_onnx_attention, analyze_softmax
 from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan
 from onnxfuse.rewrites.engine.facts import is_op
-from onnxfuse.rewrites.engine.rule import Refuse, Rule
+from onnxfuse.rewrites.engine.rule import Rule
 
 
 class ContribAttention(Rule):
@@ -62,8 +62,7 @@ class ContribAttention(Rule):
         return [n for n in graph.nodes if is_op(n, "Softmax", "Attention")]
 
     def check(self, graph, anchor):
-        found = analyze_onnx_attention(graph, anchor) if is_op(anchor, "Attention") else analyze_softmax(graph, anchor)
-        return Refuse(found) if isinstance(found, str) else found
+        return analyze_onnx_attention(graph, anchor) if is_op(anchor, "Attention") else analyze_softmax(graph, anchor)
 
     def rewrite(self, graph, plan: AttentionPlan):
         return emit(graph, plan)

@@ -20,6 +20,7 @@ from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import (
     FP16, FP32, FP64, constant_value, dtype_of, is_ms_op, is_op, last_dim, only_read_by, producer_of, shape_of,
 )
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class ContribBiasGelu(ContribRule):
@@ -32,27 +33,27 @@ class ContribBiasGelu(ContribRule):
     def analyze(self, graph, node):
         live_inputs = [t for t in node.inputs if not t.is_empty()]
         if len(live_inputs) != 1:
-            return f"{node.op} already has a bias", None
+            return Refuse(f"{node.op} already has a bias")
         add = producer_of(node.inputs[0])
         if not is_op(add, "Add") or len(add.inputs) != 2:
-            return f"{node.op} input is not produced by an Add", None
+            return Refuse(f"{node.op} input is not produced by an Add")
         problem = only_read_by(graph, add.outputs[0], [node])
         if problem:
-            return problem, None
+            return problem
         found = self._bias_and_x(graph, add)
         if found is None:
-            return "the Add has no 1-D bias operand (a constant, or a tensor of known shape [d])", None
+            return Refuse("the Add has no 1-D bias operand (a constant, or a tensor of known shape [d])")
         bias_t, x, n, bias_dtype = found
         d = last_dim(graph, x)
         if d is None:
-            return f"last dimension of {x.name!r} unknown; cannot prove the bias covers it", None
+            return Refuse(f"last dimension of {x.name!r} unknown; cannot prove the bias covers it")
         if n != d:
-            return f"bias has {n} entries, {x.name!r} has last dimension {d}", None
+            return Refuse(f"bias has {n} entries, {x.name!r} has last dimension {d}")
         allowed = (FP16, FP32, FP64) if node.op == "Gelu" else (FP16, FP32)
         problem = dtype_problem(bias_dtype, allowed, f"{node.op} bias")
         if problem:
-            return problem, None
-        return None, (add, x, bias_t)
+            return problem
+        return (add, x, bias_t)
 
     @staticmethod
     def _bias_and_x(graph, add):

@@ -22,27 +22,28 @@ from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import (
     dims_equal, first_known_dtype, int_attr, is_op, only_read_by, opset_of, producer_of, shape_of,
 )
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 def _broadcast_plan(graph, add, softmax):
-    """``(reason, (input, bias, axis, is_inner_broadcast))`` following bias_softmax_fusion.cc."""
+    """``(input, bias, axis, is_inner_broadcast)`` or a ``Refuse``, following bias_softmax_fusion.cc."""
     t1, t2 = add.inputs
     s1, s2 = shape_of(graph, t1), shape_of(graph, t2)
     if s1 is None or s2 is None or not s1 or not s2:
-        return "shapes of the Add's inputs unknown (run shape inference first)", None
+        return Refuse("shapes of the Add's inputs unknown (run shape inference first)")
     n1, n2 = len(s1), len(s2)
     rank = max(n1, n2)
     opset = opset_of(graph)
     axis = int_attr(softmax, "axis", -1 if opset >= 13 else 1)
     axis = axis + rank if axis < 0 else axis
     if axis != rank - 1:
-        return f"Softmax axis {axis} is not the last axis of the rank-{rank} input", None
+        return Refuse(f"Softmax axis {axis} is not the last axis of the rank-{rank} input")
     single = rank - axis
     if single > n1 or single > n2:
-        return "an Add input has lower rank than the softmax's trailing axes", None
+        return Refuse("an Add input has lower rank than the softmax's trailing axes")
     for i in range(1, single + 1):
         if not dims_equal(s1[n1 - i], s2[n2 - i]):
-            return f"Add inputs differ on the softmax axis ({s1} vs {s2})", None
+            return Refuse(f"Add inputs differ on the softmax axis ({s1} vs {s2})")
 
     def one(d):
         return isinstance(d, (int, np.integer)) and int(d) == 1
@@ -54,7 +55,7 @@ def _broadcast_plan(graph, add, softmax):
         lhs_input = pos == axis or not one(s1[pos])
         inp, bias, sb = (t1, t2, s2) if lhs_input else (t2, t1, s1)
         if all(one(sb[i]) for i in range(pos, axis)):
-            return None, (inp, bias, axis, 1)
+            return (inp, bias, axis, 1)
     p1, p2 = n1 - single - 1, n2 - single - 1
     while p1 >= 0 and p2 >= 0 and dims_equal(s1[p1], s2[p2]):
         p1 -= 1
@@ -62,8 +63,8 @@ def _broadcast_plan(graph, add, softmax):
     lhs_input = p1 > p2 or (p1 == p2 and (p1 < 0 or not one(s1[p1])))
     inp, bias, sb, pb = (t1, t2, s2, p2) if lhs_input else (t2, t1, s1, p1)
     if not all(one(sb[i]) for i in range(pb, -1, -1)):
-        return f"bias of shape {sb} does not broadcast in a way BiasSoftmax supports", None
-    return None, (inp, bias, axis, 0)
+        return Refuse(f"bias of shape {sb} does not broadcast in a way BiasSoftmax supports")
+    return (inp, bias, axis, 0)
 
 
 class ContribBiasSoftmax(ContribRule):
@@ -78,18 +79,18 @@ class ContribBiasSoftmax(ContribRule):
     def analyze(self, graph, node):
         add = producer_of(node.inputs[0])
         if not is_op(add, "Add") or len(add.inputs) != 2:
-            return "Softmax input is not produced by an Add", None
+            return Refuse("Softmax input is not produced by an Add")
         problem = only_read_by(graph, add.outputs[0], [node])
         if problem:
-            return problem, None
-        reason, plan = _broadcast_plan(graph, add, node)
-        if reason:
-            return reason, None
+            return problem
+        plan = _broadcast_plan(graph, add, node)
+        if isinstance(plan, Refuse):
+            return plan
         problem = dtype_problem(first_known_dtype(graph, *add.inputs, node.outputs[0]), MATMUL_DTYPES,
                                 "BiasSoftmax input")
         if problem:
-            return problem, None
-        return None, (add, *plan)
+            return problem
+        return (add, *plan)
 
     def apply(self, graph, node, plan):
         add, inp, bias, axis, inner = plan

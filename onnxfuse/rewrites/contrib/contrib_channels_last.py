@@ -134,7 +134,7 @@ def _role(graph, node) -> str | None:
     return None
 
 
-def _operand_problem(graph, node, tensor, inside: set[int]) -> str | None:
+def _operand_problem(graph, node, tensor, inside: set[int]) -> Refuse | None:
     """Why ``tensor`` cannot be an operand of pointwise ``node`` in a region (None: it can)."""
     if not tensor.name:
         return None  # an absent optional input
@@ -143,7 +143,7 @@ def _operand_problem(graph, node, tensor, inside: set[int]) -> str | None:
     value = constant_value(graph, tensor)
     if value is not None and value.ndim <= 4:
         return None
-    return f"{node.op} operand {tensor.name!r} is neither rank 4, a constant of rank <= 4, nor one element"
+    return Refuse(f"{node.op} operand {tensor.name!r} is neither rank 4, a constant of rank <= 4, nor one element", node)
 
 
 class Region:

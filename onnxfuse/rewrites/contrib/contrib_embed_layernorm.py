@@ -279,7 +279,7 @@ FLOAT16_MIN_RELATIVE_VARIANCE = 1 / 16
 FLOAT16_MIN_VARIANCE = 1e-6
 
 
-def _float16_statistics_problem(runtime, rows) -> str | None:
+def _float16_statistics_problem(runtime, rows) -> Refuse | None:
     """For float16 tables: why the CUDA kernel's float16 statistics would not hold for these embeddings,
     or None. Checked on the rows the op can form with every row of each table in turn and the first row
     of the others (every word with position 0, every position with word 0, ...), in float32: a row
@@ -299,20 +299,20 @@ def _float16_statistics_problem(runtime, rows) -> str | None:
         worst = min(worst, float(var.min()))
         worst_relative = min(worst_relative, float((var / np.maximum(square, np.finfo(np.float32).tiny)).min()))
     if worst < FLOAT16_MIN_VARIANCE or worst_relative < FLOAT16_MIN_RELATIVE_VARIANCE:
-        return (f"float16 embeddings whose rows have a variance of {worst:.2g} ({worst_relative:.2g} of their mean "
-                "square): ONNX Runtime's CUDA EmbedLayerNormalization sums its statistics in float16 and would "
-                "lose it (the original normalizes in float32)")
+        return Refuse(f"float16 embeddings whose rows have a variance of {worst:.2g} ({worst_relative:.2g} of their mean "
+                      "square): ONNX Runtime's CUDA EmbedLayerNormalization sums its statistics in float16 and would "
+                      "lose it (the original normalizes in float32)")
     return None
 
 
 def _static_rows(positions, constant_rows, seq: int, hidden: int):
     """The [S, H] position table for a static S (float32: summed once, rounded to the tables' type in
     rewrite): the first S rows of each position lookup plus every constant contribution broadcast to
-    [S, H]; or why not (a str)."""
+    [S, H]; or a ``Refuse`` saying why not."""
     parts = list(constant_rows)
     for table, *_ in positions:
         if table.shape[0] < seq:
-            return f"the position table has {table.shape[0]} rows, fewer than S = {seq}"
+            return Refuse(f"the position table has {table.shape[0]} rows, fewer than S = {seq}")
         parts.append(table[:seq])
     rows = np.zeros((seq, hidden), np.float32)
     for contribution in parts:
@@ -320,23 +320,23 @@ def _static_rows(positions, constant_rows, seq: int, hidden: int):
             rows = rows + np.broadcast_to(contribution, (1, seq, hidden) if contribution.ndim == 3 else (seq, hidden)
                                           ).reshape(seq, hidden)
         except ValueError:
-            return f"constant rows of shape {contribution.shape} do not broadcast to [S, H] = [{seq}, {hidden}]"
+            return Refuse(f"constant rows of shape {contribution.shape} do not broadcast to [S, H] = [{seq}, {hidden}]")
     return rows
 
 
 def _dynamic_rows(positions, constant_rows, hidden: int):
     """The table for a dynamic sequence length: one position lookup ``P[0:S]`` (a Slice of the arange
     buffer) gives its rows, every other constant contribution must be one row for all tokens (added to
-    each of them); the op reads row s for token s, as the original does. Or why not (a str)."""
+    each of them); the op reads row s for token s, as the original does. Or a ``Refuse`` saying why not."""
     if len(positions) != 1:
-        return ("the sequence length is not static and there is not exactly one position lookup (P[0:S]) to "
-                "make the position table from")
+        return Refuse("the sequence length is not static and there is not exactly one position lookup (P[0:S]) to "
+                      "make the position table from")
     (table, *_), = positions
     rows = table.astype(np.float32)  # summed in float32, rounded once to the tables' type in rewrite
     for contribution in constant_rows:
         if contribution.ndim > 1 and np.prod(contribution.shape[:-1]) != 1:
-            return (f"constant rows of shape {contribution.shape} depend on the position and the sequence "
-                    "length is not static")
+            return Refuse(f"constant rows of shape {contribution.shape} depend on the position and the sequence "
+                          "length is not static")
         rows = rows + contribution.reshape(-1, hidden)
     return rows
 
@@ -451,11 +451,11 @@ class ContribEmbedLayerNorm(Rule):
                 return Refuse("a position Slice does not end at the word ids' sequence length")
         rows = _static_rows(positions, constant_rows, seq, hidden) if isinstance(seq, int) else \
             _dynamic_rows(positions, constant_rows, hidden)
-        if isinstance(rows, str):
-            return Refuse(rows)
+        if isinstance(rows, Refuse):
+            return rows
         problem = _float16_statistics_problem(runtime, rows)
         if problem:
-            return Refuse(problem)
+            return problem
         epsilon = float(ln.attrs.get("epsilon", 1e-12 if skip else 1e-5))  # each op's own default
         return Plan(ln, (runtime, rows, gamma, beta, epsilon, adds, leaves, shape_reads))
 

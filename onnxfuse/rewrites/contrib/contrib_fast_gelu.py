@@ -15,6 +15,7 @@ from onnxfuse.rewrites.contrib.activation import (
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import FP16, FP32, is_op, nodes_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class ContribFastGelu(ContribRule):
@@ -26,13 +27,13 @@ class ContribFastGelu(ContribRule):
 
     def analyze(self, graph, node):
         if is_op(node, "Gelu"):  # ONNX's own (opset 20), approximate="tanh": the same function
-            reason, plan = native_gelu(node)
+            plan = native_gelu(node)
         else:
-            reason, plan = match_activation(graph, node, fast_gelu_inner, HALF_X_ONE_PLUS_T, through_casts=True)
-        if reason:
-            return reason, None
+            plan = match_activation(graph, node, fast_gelu_inner, HALF_X_ONE_PLUS_T, through_casts=True)
+        if isinstance(plan, Refuse):
+            return plan
         problem = dtype_problem(activation_dtype(graph, plan), (FP16, FP32), "FastGelu input")
-        return (problem, None) if problem else (None, plan)
+        return problem or plan
 
     def apply(self, graph, node, plan):
         fuse(graph, plan.nodes, "FastGelu", [plan.x], plan.root.outputs[0], name=fused_name(plan.root, "FastGelu"))

@@ -27,6 +27,7 @@ from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import (
     FP32, consumers, first_known_dtype, is_op, nodes_of, only_read_by, other_input, shape_of, shapes_equal,
 )
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class ContribFusedConv(ContribRule):
@@ -39,39 +40,39 @@ class ContribFusedConv(ContribRule):
 
     def analyze(self, graph, node):
         if len(node.outputs) != 1 or len(node.inputs) < 2:
-            return "Conv has an unexpected number of inputs or outputs", None
+            return Refuse("Conv has an unexpected number of inputs or outputs")
         y = node.outputs[0]
         readers = consumers(y)
         if len(readers) != 1:
-            return f"Conv output {y.name!r} is read by {len(readers)} nodes", None
+            return Refuse(f"Conv output {y.name!r} is read by {len(readers)} nodes")
         nxt = readers[0]
         problem = only_read_by(graph, y, [nxt])
         if problem:
-            return problem, None
+            return problem
         dtype = first_known_dtype(graph, node.inputs[1], node.inputs[0], y)
         problem = dtype_problem(dtype, (FP32,), "Conv")
         if problem:
-            return problem, None
+            return problem
         if is_op(nxt, "Relu"):
-            return None, ([node, nxt], None, nxt.outputs[0])
+            return ([node, nxt], None, nxt.outputs[0])
         if not is_op(nxt, "Add") or len(nxt.inputs) != 2:
-            return f"Conv output flows into {nxt.op}, not Relu or Add", None
+            return Refuse(f"Conv output flows into {nxt.op}, not Relu or Add")
         z = other_input(nxt, y)
         if z is None:
-            return "the Add adds the Conv output to itself", None
+            return Refuse("the Add adds the Conv output to itself")
         add_out = nxt.outputs[0]
         relu = add_out.outputs[0] if len(add_out.outputs) == 1 else None
         if not is_op(relu, "Relu"):
-            return "the Add is not followed by a Relu (only)", None
+            return Refuse("the Add is not followed by a Relu (only)")
         problem = only_read_by(graph, add_out, [relu])
         if problem:
-            return problem, None
+            return problem
         sy, sz = shape_of(graph, y), shape_of(graph, z)
         if sy is None or sz is None:
-            return "shapes of the Conv output and the added tensor unknown (run shape inference first)", None
+            return Refuse("shapes of the Conv output and the added tensor unknown (run shape inference first)")
         if not shapes_equal(sy, sz):
-            return f"added tensor of shape {sz} is not provably the Conv output's shape {sy}", None
-        return None, ([node, nxt, relu], z, relu.outputs[0])
+            return Refuse(f"added tensor of shape {sz} is not provably the Conv output's shape {sy}")
+        return ([node, nxt, relu], z, relu.outputs[0])
 
     def apply(self, graph, node, plan):
         nodes, z, out = plan

@@ -18,6 +18,7 @@ from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem, scala
 from onnxfuse.rewrites.contrib.matmul import MATMUL_DTYPES, is_matmul, matmul_attrs, scale_of
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import consumers, is_graph_output, producer_of, rank_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class ContribFusedMatMulScale(ContribRule):
@@ -29,7 +30,7 @@ class ContribFusedMatMulScale(ContribRule):
 
     def analyze(self, graph, node):
         if len(node.inputs) != 2 or len(node.outputs) != 1:
-            return "MatMul has an unexpected number of inputs or outputs", None
+            return Refuse("MatMul has an unexpected number of inputs or outputs")
         alpha = float(node.attrs.get("alpha", 1.0)) if node.op == "FusedMatMul" else 1.0
         new_inputs = list(node.inputs)
         consts = []
@@ -56,14 +57,14 @@ class ContribFusedMatMulScale(ContribRule):
                 consts.append(sc[2])
                 out_node = readers[0]
         if not merged_in and out_node is None:
-            return "no constant scalar Mul/Div on the MatMul's inputs or output", None
+            return Refuse("no constant scalar Mul/Div on the MatMul's inputs or output")
         dtype = consts[0].dtype  # a Mul/Div constant has the data's element type
         problem = dtype_problem(dtype, MATMUL_DTYPES, "FusedMatMul input")
         if problem:
-            return problem, None
+            return problem
         if not np.isfinite(np.float32(alpha)) or np.float32(alpha) == 0.0:
-            return f"fused alpha {alpha} is not a finite non-zero float", None
-        return None, (alpha, new_inputs, out_node, len(merged_in))
+            return Refuse(f"fused alpha {alpha} is not a finite non-zero float")
+        return (alpha, new_inputs, out_node, len(merged_in))
 
     def apply(self, graph, node, plan):
         alpha, new_inputs, out_node, n_in = plan

@@ -15,6 +15,7 @@ from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.contrib.matmul import MATMUL_DTYPES, is_matmul, matmul_attrs
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import first_known_dtype, int_attr, is_graph_output, is_op, producer_of, rank_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 def _swap_last_two(graph, transpose):
@@ -36,9 +37,9 @@ class ContribFusedMatMulTranspose(ContribRule):
 
     def analyze(self, graph, node):
         if len(node.inputs) != 2 or len(node.outputs) != 1:
-            return "MatMul has an unexpected number of inputs or outputs", None
+            return Refuse("MatMul has an unexpected number of inputs or outputs")
         if node.op == "FusedMatMul" and (int_attr(node, "transBatchA", 0) or int_attr(node, "transBatchB", 0)):
-            return "FusedMatMul already transposes batch axes", None
+            return Refuse("FusedMatMul already transposes batch axes")
         new_inputs = list(node.inputs)
         flips = [False, False]
         for i, t in enumerate(node.inputs):
@@ -47,12 +48,12 @@ class ContribFusedMatMulTranspose(ContribRule):
                 new_inputs[i] = p.inputs[0]
                 flips[i] = True
         if not any(flips):
-            return "no Transpose of the last two axes feeds the MatMul", None
+            return Refuse("no Transpose of the last two axes feeds the MatMul")
         dtype = first_known_dtype(graph, node.inputs[0], node.inputs[1], new_inputs[0], new_inputs[1], node.outputs[0])
         problem = dtype_problem(dtype, MATMUL_DTYPES, "FusedMatMul input")
         if problem:
-            return problem, None
-        return None, (new_inputs, flips)
+            return problem
+        return (new_inputs, flips)
 
     def apply(self, graph, node, plan):
         new_inputs, flips = plan

@@ -15,6 +15,7 @@ from onnxfuse.rewrites.contrib.activation import (
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import FP16, FP32, FP64, is_op, nodes_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class ContribGelu(ContribRule):
@@ -26,13 +27,13 @@ class ContribGelu(ContribRule):
 
     def analyze(self, graph, node):
         if is_op(node, "Gelu"):  # ONNX's own (opset 20), approximate="none": the same function
-            reason, plan = native_gelu(node)
+            plan = native_gelu(node)
         else:
-            reason, plan = match_activation(graph, node, scaled_x(SQRT_HALF), HALF_X_ONE_PLUS_T, through_casts=True)
-        if reason:
-            return reason, None
+            plan = match_activation(graph, node, scaled_x(SQRT_HALF), HALF_X_ONE_PLUS_T, through_casts=True)
+        if isinstance(plan, Refuse):
+            return plan
         problem = dtype_problem(activation_dtype(graph, plan), (FP16, FP32, FP64), "Gelu input")
-        return (problem, None) if problem else (None, plan)
+        return problem or plan
 
     def apply(self, graph, node, plan):
         fuse(graph, plan.nodes, "Gelu", [plan.x], plan.root.outputs[0], name=fused_name(plan.root, "Gelu"))

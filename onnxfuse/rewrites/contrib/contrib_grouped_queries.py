@@ -42,6 +42,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.facts import constant_value, is_ms_op, is_op, producer_of, shape_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 def _repeated_heads(graph, tensor):
@@ -74,10 +75,10 @@ class ContribGroupedQueries(ContribRule):
     def analyze(self, graph, node):
         inputs = list(node.inputs) + [gs.Variable.empty()] * (8 - len(node.inputs))
         if any(not t.is_empty() for t in (inputs[3], inputs[4], inputs[6], inputs[7])):
-            return "MultiHeadAttention with a bias, key_padding_mask or past inputs", None
+            return Refuse("MultiHeadAttention with a bias, key_padding_mask or past inputs")
         found_k, found_v = _repeated_heads(graph, inputs[1]), _repeated_heads(graph, inputs[2])
         if found_k is None or found_v is None or found_k[1] != found_v[1]:
-            return "key and value are not the same n-fold repeat of [B, H_kv, L, D] heads", None
+            return Refuse("key and value are not the same n-fold repeat of [B, H_kv, L, D] heads")
         (k, n), (v, _) = found_k, found_v
         heads = int(node.attrs.get("num_heads", 0))
         size = shape_of(graph, k)[3]
@@ -85,9 +86,9 @@ class ContribGroupedQueries(ContribRule):
         query_shape = shape_of(graph, inputs[0])
         if (not isinstance(size, int) or heads != kv_heads * n or query_shape is None or len(query_shape) != 3
                 or query_shape[2] != heads * size):
-            return "the query is not [B, S, H·D] for the repeated heads", None
+            return Refuse("the query is not [B, S, H·D] for the repeated heads")
         # attention_bias is [B or 1, H or 1, S, L] by the op's contract (it fails otherwise): no check needed
-        return None, (k, v, n, kv_heads, size, inputs[5])
+        return (k, v, n, kv_heads, size, inputs[5])
 
     def apply(self, graph, node, found):
         k, v, n, kv_heads, size, bias = found

@@ -20,6 +20,7 @@ from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import FP16, FP32, FP64
 from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
+from onnxfuse.rewrites.engine.rule import Refuse
 
 #: Default-domain opset that introduced LayerNormalization.
 LAYERNORM_OPSET = 17
@@ -33,19 +34,19 @@ class ContribLayerNorm(ContribRule):
         return [n for n in graph.nodes if mean_candidate(n)]
 
     def analyze(self, graph, node):
-        reason, m = match_any_decomposed(graph, node)
-        if reason:
-            return reason, None
+        m = match_any_decomposed(graph, node)
+        if isinstance(m, Refuse):
+            return m
         problem = opset_raise_problem(graph, LAYERNORM_OPSET)
         if problem:
-            return (f"ONNX LayerNormalization needs opset {LAYERNORM_OPSET}, and {problem}"), None
+            return Refuse(f"ONNX LayerNormalization needs opset {LAYERNORM_OPSET}, and {problem.reason}")
         problem = dtype_problem(m.dtype, (FP16, FP32, FP64), "LayerNormalization input")
         if problem:
-            return problem, None
-        reason, gamma, beta = layernorm_params(graph, m, m.dtype)
-        if reason:
-            return reason, None
-        return None, (m, gamma, beta)
+            return problem
+        params = layernorm_params(graph, m, m.dtype)
+        if isinstance(params, Refuse):
+            return params
+        return (m, *params)
 
     def apply(self, graph, node, plan):
         m, gamma, beta = plan

@@ -42,6 +42,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, append_axes_op
 from onnxfuse.rewrites.engine.facts import declared_shape, dtype_of, int_attr, is_ms_op, is_op, rank_of, subgraphs
+from onnxfuse.rewrites.engine.rule import Refuse
 
 #: Ops that read only their input's shape, never its values.
 SHAPE_READS = ("Shape", "Size")
@@ -67,26 +68,26 @@ class ContribMaskLengths(ContribRule):
     def analyze(self, graph, node):
         mask = node.inputs[3]
         if int_attr(node, "unidirectional", 0):
-            return "causal (unidirectional) Attention: lengths are verified only for bidirectional attention", None
+            return Refuse("causal (unidirectional) Attention: lengths are verified only for bidirectional attention")
         if any(not t.is_empty() for t in node.inputs[4:]):
-            return "Attention also has past or attention_bias inputs: lengths are verified without them", None
+            return Refuse("Attention also has past or attention_bias inputs: lengths are verified without them")
         rank = _rank(graph, mask)
         if rank != 2:
-            return f"mask_index is not a raw [B, L] mask (rank {rank if rank is not None else 'unknown'})", None
+            return Refuse(f"mask_index is not a raw [B, L] mask (rank {rank if rank is not None else 'unknown'})")
         cast = mask.inputs[0] if mask.inputs else None
         if dtype_of(graph, mask) != np.dtype(np.int32) and not (is_op(cast, "Cast") and int_attr(cast, "to", 0) == 6):
-            return "mask_index is not int32", None
+            return Refuse("mask_index is not int32")
         sources = value_sources(mask)
         if sources is None:
-            return "mask_index is computed through control flow (If/Loop/Scan): its inputs are not traced", None
+            return Refuse("mask_index is computed through control flow (If/Loop/Scan): its inputs are not traced")
         promised = sorted(sources & self.right_padded)
         others = sorted(sources - self.right_padded)
         if not promised:
-            return (f"mask_index does not derive from an input promised right-padded "
-                    f"(--right-padded {', '.join(sorted(self.right_padded))})"), None
+            return Refuse(f"mask_index does not derive from an input promised right-padded "
+                          f"(--right-padded {', '.join(sorted(self.right_padded))})")
         if others:
-            return f"mask_index also reads input(s) {', '.join(others)}, not promised right-padded", None
-        return None, (mask, promised)
+            return Refuse(f"mask_index also reads input(s) {', '.join(others)}, not promised right-padded")
+        return (mask, promised)
 
     def apply(self, graph, node, found):
         mask, promised = found

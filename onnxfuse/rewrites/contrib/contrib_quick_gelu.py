@@ -11,6 +11,7 @@ from onnxfuse.rewrites.contrib.activation import activation_dtype, any_scaled_x,
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import FP16, FP32, FP64, nodes_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class ContribQuickGelu(ContribRule):
@@ -25,15 +26,15 @@ class ContribQuickGelu(ContribRule):
         return nodes_of(graph, "Sigmoid")
 
     def analyze(self, graph, node):
-        reason, plan = match_activation(graph, node, any_scaled_x, {(1, 1): 1.0}, max_outer_steps=1)
-        if reason:
-            return reason, None
+        plan = match_activation(graph, node, any_scaled_x, {(1, 1): 1.0}, max_outer_steps=1)
+        if isinstance(plan, Refuse):
+            return plan
         dtype = activation_dtype(graph, plan)
         if dtype is not None:  # Sigmoid only takes float types, all of which QuickGelu's kernels take
             problem = dtype_problem(dtype, (FP16, FP32, FP64), "QuickGelu input")
             if problem:
-                return problem, None
-        return None, plan
+                return problem
+        return plan
 
     def apply(self, graph, node, plan):
         fuse(graph, plan.nodes, "QuickGelu", [plan.x], plan.root.outputs[0], attrs={"alpha": float(plan.alpha)},

@@ -41,6 +41,7 @@ from onnxfuse.rewrites.contrib.rmsnorm_pattern import RMS_DTYPES, match_rmsnorm,
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.facts import graphs_within, is_default_domain, opset_of
 from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
+from onnxfuse.rewrites.engine.rule import Refuse
 
 #: Default-domain opset that introduced RMSNormalization.
 RMSNORM_OPSET = 23
@@ -64,24 +65,24 @@ def ort_domain_ops_present(graph) -> bool:
 
 
 def _fusable(graph, node):
-    """``(reason, (match, γ))``: the RMSNorm anchored at ``node`` as this rule takes it, every check but the
+    """``(match, γ)`` or a ``Refuse``: the RMSNorm anchored at ``node`` as this rule takes it, every check but the
     opset's."""
-    reason, m = match_rmsnorm(graph, node)
-    if reason:
-        return reason, None
+    m = match_rmsnorm(graph, node)
+    if isinstance(m, Refuse):
+        return m
     problem = dtype_problem(m.dtype, RMS_DTYPES, "RMSNormalization input")
     if problem:
-        return problem, None
-    reason, gamma = rmsnorm_gamma(graph, m)
-    if reason:
-        return reason, None
-    return None, (m, gamma)
+        return problem
+    gamma = rmsnorm_gamma(graph, m)
+    if isinstance(gamma, Refuse):
+        return gamma
+    return (m, gamma)
 
 
 def _fused_nodes(graph, node) -> list:
     """The nodes the RMSNorm anchored at ``node`` replaces when this rule takes it, else []."""
-    reason, found = _fusable(graph, node)
-    return [] if reason else found[0].nodes
+    found = _fusable(graph, node)
+    return [] if isinstance(found, Refuse) else found[0].nodes
 
 
 class ContribRmsNorm(ContribRule):
@@ -92,9 +93,9 @@ class ContribRmsNorm(ContribRule):
         return [n for n in graph.nodes if rms_candidate(n)]
 
     def analyze(self, graph, node):
-        reason, found = _fusable(graph, node)
-        if reason:
-            return reason, None
+        found = _fusable(graph, node)
+        if isinstance(found, Refuse):
+            return found
         m, gamma = found
         # the pattern's own nodes go (its ReduceMean's axes attribute would otherwise block 14/17 → 23);
         # a leading Cast the residual stream still reads stays, and Cast's meaning is unchanged up to 23
@@ -114,9 +115,9 @@ class ContribRmsNorm(ContribRule):
         elif ort_domain_ops_present(graph):
             op = "SimplifiedLayerNormalization"
         else:
-            return (f"ONNX RMSNormalization needs opset {RMSNORM_OPSET}, and {raise_problem}; "
-                    "SimplifiedLayerNormalization would fail onnx.checker (ONNX domain, no schema)"), None
-        return None, (m, gamma, op)
+            return Refuse(f"ONNX RMSNormalization needs opset {RMSNORM_OPSET}, and {raise_problem.reason}; "
+                          "SimplifiedLayerNormalization would fail onnx.checker (ONNX domain, no schema)")
+        return (m, gamma, op)
 
     def apply(self, graph, node, plan):
         m, gamma, op = plan

@@ -30,6 +30,7 @@ from onnxfuse.rewrites.contrib.rotary_pattern import match_rotary, rotary_candid
 from onnxfuse.rewrites.engine.edit import NameAllocator, fuse, new_constant
 from onnxfuse.rewrites.engine.facts import dtype_of
 from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
+from onnxfuse.rewrites.engine.rule import Refuse
 
 #: Default-domain opset that introduced RotaryEmbedding.
 ROTARY_OPSET = 23
@@ -47,15 +48,15 @@ class ContribRotaryEmbedding(ContribRule):
 
     def analyze(self, graph, node):
         found = match_rotary(graph, node)
-        if isinstance(found, str):
-            return found, None
+        if isinstance(found, Refuse):
+            return found
         problem = dtype_problem(dtype_of(graph, found.x), ROTARY_DTYPES, "RotaryEmbedding input")
         if problem:
-            return problem, None
+            return problem
         raise_problem = opset_raise_problem(graph, ROTARY_OPSET, replaced=found.nodes)
         if raise_problem:
-            return f"ONNX RotaryEmbedding needs opset {ROTARY_OPSET}, and {raise_problem}", None
-        return None, found
+            return Refuse(f"ONNX RotaryEmbedding needs opset {ROTARY_OPSET}, and {raise_problem.reason}")
+        return found
 
     def apply(self, graph, node, found):
         raise_opset(graph, ROTARY_OPSET)

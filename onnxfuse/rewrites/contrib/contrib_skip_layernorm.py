@@ -40,6 +40,7 @@ from onnxfuse.rewrites.engine.facts import (
     producer_of, shape_of, shapes_equal,
 )
 from onnxfuse.rewrites.engine.polynomial import cast_target
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class _LateBias(NamedTuple):
@@ -63,44 +64,46 @@ class ContribSkipLayerNorm(ContribRule):
         if _without_bias(node):
             return self._late_bias(graph, node)
         if node.op == "ReduceMean":
-            reason, m = match_any_decomposed(graph, node)
+            m = match_any_decomposed(graph, node)
         else:
-            reason, m = match_standard(graph, node)
-        if reason:
-            return reason, None
+            m = match_standard(graph, node)
+        if isinstance(m, Refuse):
+            return m
         if m.k != 1:
-            return f"normalizes the last {m.k} axes; SkipLayerNormalization normalizes the last one", None
+            return Refuse(f"normalizes the last {m.k} axes; SkipLayerNormalization normalizes the last one")
         add = producer_of(m.x)
         adds, widen = [add], False
         if is_op(add, "Cast"):
-            reason, add, widen = _add_behind_cast(graph, add)
-            if reason:
-                return reason, None
+            behind = _add_behind_cast(graph, add)
+            if isinstance(behind, Refuse):
+                return behind
+            add, widen = behind
             if only_read_by(graph, add.outputs[0], [adds[0]]) is None:
                 adds.append(add)  # else the float16 sum stays for its other readers
         if not is_op(add, "Add") or len(add.inputs) != 2:
-            return "LayerNorm input is not produced by an Add", None
+            return Refuse("LayerNorm input is not produced by an Add")
         # Read elsewhere too (a pre-norm block's residual stream: GPT-2, ViT, Whisper): the sum becomes
         # the op's optional fourth output, input_skip_bias_sum, which is exactly this Add's result.
         keep_sum = only_read_by(graph, m.x, m.x_readers) is not None
         sides = _input_and_skip(graph, *add.inputs)
-        if isinstance(sides, str):
-            return sides, None
+        if isinstance(sides, Refuse):
+            return sides
         a, b, sa = sides
         d = sa[-1]
         if not isinstance(d, (int, np.integer)):
-            return "hidden size (last dimension) unknown", None
+            return Refuse("hidden size (last dimension) unknown")
         dtype = FP32 if widen else m.dtype or first_known_dtype(graph, a, b)
         problem = dtype_problem(dtype, (FP16, FP32), "SkipLayerNormalization input")
         if problem:
-            return problem, None
+            return problem
         broadcast = not shapes_equal(sa, shape_of(graph, b))  # only the full input may carry the bias
         found = _bias_side(graph, add, a, b, sa, d, either=not broadcast)
         inp, skip, bias, bias_add = found or (a, b, None, None)
-        reason, gamma, beta = skip_layernorm_params(graph, m, int(d), dtype)
-        if reason:
-            return reason, None
-        return None, (m, adds, inp, skip, gamma, beta, bias, bias_add, keep_sum, widen)
+        params = skip_layernorm_params(graph, m, int(d), dtype)
+        if isinstance(params, Refuse):
+            return params
+        gamma, beta = params
+        return (m, adds, inp, skip, gamma, beta, bias, bias_add, keep_sum, widen)
 
     @staticmethod
     def _late_bias(graph, node):
@@ -110,11 +113,11 @@ class ContribSkipLayerNorm(ContribRule):
         shape = shape_of(graph, node.inputs[0])
         if shape is None or not shapes_equal(shape, shape_of(graph, node.inputs[1])) \
                 or not isinstance(shape[-1], (int, np.integer)):
-            return "shapes of the SkipLayerNormalization's inputs unknown or unequal", None
+            return Refuse("shapes of the SkipLayerNormalization's inputs unknown or unequal")
         found = _bias_side(graph, node, node.inputs[0], node.inputs[1], shape, int(shape[-1]))
         if found is None:
-            return "no 1-D bias Add feeds the SkipLayerNormalization", None
-        return None, _LateBias(node, *found)
+            return Refuse("no 1-D bias Add feeds the SkipLayerNormalization")
+        return _LateBias(node, *found)
 
     def apply(self, graph, node, plan):
         if isinstance(plan, _LateBias):
@@ -147,7 +150,7 @@ class ContribSkipLayerNorm(ContribRule):
 
 
 def _add_behind_cast(graph, cast):
-    """``(reason, add, widened)`` for a LayerNorm that reads ``Cast(Add(a, b))``.
+    """``(add, widened)`` (or a ``Refuse``) for a LayerNorm that reads ``Cast(Add(a, b))``.
 
     A Cast to the Add's own element type is absorbed exactly: it returns its input unchanged, so the
     op's sum is the Add's value (the Add's result must be read by the Cast alone).
@@ -165,19 +168,19 @@ def _add_behind_cast(graph, cast):
     src = cast.inputs[0]
     add = producer_of(src)
     if not is_op(add, "Add"):
-        return "LayerNorm input is a Cast of something other than an Add", None, False
+        return Refuse("LayerNorm input is a Cast of something other than an Add")
     have, want = dtype_of(graph, src), cast_target(cast)
     if have is None:
-        return "LayerNorm input is a Cast of an Add of unknown element type", None, False
+        return Refuse("LayerNorm input is a Cast of an Add of unknown element type")
     if have == FP16 and want == FP32:
-        return None, add, True
+        return add, True
     if have != want:
-        return (f"LayerNorm input is Cast({have} → {want}) of the Add: SkipLayerNormalization has one element "
-                f"type, and only a float16 sum normalized in float32 is written (in float32)"), None, False
+        return Refuse(f"LayerNorm input is Cast({have} → {want}) of the Add: SkipLayerNormalization has one element "
+                      f"type, and only a float16 sum normalized in float32 is written (in float32)")
     problem = only_read_by(graph, src, [cast])
     if problem:
-        return f"the Add behind the no-op Cast: {problem}", None, False
-    return None, add, False
+        return Refuse(f"the Add behind the no-op Cast: {problem.reason}", problem.node)
+    return add, False
 
 
 def _to_float32(graph, names, tensor, base: str):
@@ -188,7 +191,7 @@ def _to_float32(graph, names, tensor, base: str):
 
 
 def _input_and_skip(graph, a, b):
-    """``(input, skip, input_shape)`` for ``Add(a, b)``, or the reason it cannot be the op's sum.
+    """``(input, skip, input_shape)`` for ``Add(a, b)``, or a ``Refuse`` saying why it cannot be the op's sum.
 
     Equal shapes of rank 2 or 3 (dims equal as numbers or as the same named dim-param): a is the input.
     Else a rank-3 ``[B, S, H]`` operand and a ``[1, S, H]`` or ``[S, H]`` one (S and H provably the
@@ -197,15 +200,15 @@ def _input_and_skip(graph, a, b):
     the input. Anything else (a scalar, a batch that is not provably 1, unknown shapes) is refused."""
     sa, sb = shape_of(graph, a), shape_of(graph, b)
     if sa is None or sb is None:
-        return "shapes of the Add's inputs unknown (run shape inference first)"
+        return Refuse("shapes of the Add's inputs unknown (run shape inference first)")
     if len(sa) in (2, 3) and shapes_equal(sa, sb):
         return a, b, sa
     for full, part, sf, sp in ((a, b, sa, sb), (b, a, sb, sa)):
         if (len(sf) == 3 and (len(sp) == 2 or len(sp) == 3 and dims_equal(sp[0], 1))
                 and shapes_equal(sf[1:], sp[-2:])):
             return full, part, sf
-    return (f"Add inputs of shapes {sa} and {sb} are neither provably equal rank-2/3 shapes nor "
-            "[B, S, H] and a [1, S, H] or [S, H] skip")
+    return Refuse(f"Add inputs of shapes {sa} and {sb} are neither provably equal rank-2/3 shapes nor "
+                  "[B, S, H] and a [1, S, H] or [S, H] skip")
 
 
 def _without_bias(node) -> bool:

@@ -45,6 +45,7 @@ from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.contrib.rmsnorm_pattern import RMS_DTYPES, match_rmsnorm, rms_candidate, rmsnorm_gamma
 from onnxfuse.rewrites.engine.edit import empty_input, fuse
 from onnxfuse.rewrites.engine.facts import constant_value, is_op, only_read_by, producer_of, shape_of, shapes_equal
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class ContribSkipRmsNorm(ContribRule):
@@ -55,31 +56,31 @@ class ContribSkipRmsNorm(ContribRule):
         return [n for n in graph.nodes if rms_candidate(n)]
 
     def analyze(self, graph, node):
-        reason, m = match_rmsnorm(graph, node)
-        if reason:
-            return reason, None
+        m = match_rmsnorm(graph, node)
+        if isinstance(m, Refuse):
+            return m
         add = producer_of(m.x)
         if not is_op(add, "Add") or len(add.inputs) != 2:
-            return "RMSNorm input is not produced by an Add", None
+            return Refuse("RMSNorm input is not produced by an Add")
         a, b = add.inputs
         if constant_value(graph, a) is not None or constant_value(graph, b) is not None:
-            return "the Add before the RMSNorm adds a constant (a bias, not a residual)", None
+            return Refuse("the Add before the RMSNorm adds a constant (a bias, not a residual)")
         sa, sb = shape_of(graph, a), shape_of(graph, b)
         if sa is None or sb is None:
-            return "shapes of the Add's inputs unknown (run shape inference first)", None
+            return Refuse("shapes of the Add's inputs unknown (run shape inference first)")
         if len(sa) not in (2, 3) or not shapes_equal(sa, sb):
-            return f"Add inputs of shapes {sa} and {sb} are not provably equal rank-2/3 shapes", None
+            return Refuse(f"Add inputs of shapes {sa} and {sb} are not provably equal rank-2/3 shapes")
         if not isinstance(sa[-1], (int, np.integer)):
-            return "hidden size (last dimension) unknown", None
+            return Refuse("hidden size (last dimension) unknown")
         problem = dtype_problem(m.dtype, RMS_DTYPES, "SkipSimplifiedLayerNormalization input")
         if problem:
-            return problem, None
-        reason, gamma = rmsnorm_gamma(graph, m, "skip_rms_scale")
-        if reason:
-            return reason, None
+            return problem
+        gamma = rmsnorm_gamma(graph, m, "skip_rms_scale")
+        if isinstance(gamma, Refuse):
+            return gamma
         # Read elsewhere too (the residual stream): the sum becomes the op's fourth output.
         keep_sum = only_read_by(graph, m.x, m.x_readers) is not None
-        return None, (m, add, gamma, keep_sum)
+        return (m, add, gamma, keep_sum)
 
     def apply(self, graph, node, plan):
         m, add, gamma, keep_sum = plan

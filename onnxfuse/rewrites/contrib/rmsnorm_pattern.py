@@ -56,6 +56,7 @@ from onnxfuse.rewrites.engine.facts import (
     FP16, FP32, axes_of, constant_value, dtype_of, int_attr, internal_problem,
     is_op, last_dim, only_read_by, other_input, producer_of, rank_of, scalar_constant, sole_reader,
 )
+from onnxfuse.rewrites.engine.rule import Refuse
 
 #: Element types the fused RMSNorm ops take here (ONNX Runtime's CPU and CUDA kernels both have them).
 RMS_DTYPES = (FP16, FP32)
@@ -88,17 +89,17 @@ def _squared(graph, node):
     return None
 
 
-def _last_axis_only(graph, rm, x) -> str | None:
-    """A refusal reason unless ``rm`` is ReduceMean over the last axis of ``x`` with keepdims=1."""
+def _last_axis_only(graph, rm, x) -> Refuse | None:
+    """A refusal unless ``rm`` is ReduceMean over the last axis of ``x`` with keepdims=1."""
     if int_attr(rm, "keepdims", 1) != 1:
-        return "the ReduceMean has keepdims=0"
+        return Refuse("the ReduceMean has keepdims=0")
     axes = axes_of(graph, rm)
     if axes is None:
-        return "the ReduceMean's axes are not a constant list (or it reduces over all axes)"
+        return Refuse("the ReduceMean's axes are not a constant list (or it reduces over all axes)")
     r = rank_of(graph, x)
     if axes == [-1] or (r is not None and axes == [r - 1]):
         return None
-    return f"ReduceMean axes {axes} are not the last axis only (the fused ops normalize the last axis)"
+    return Refuse(f"ReduceMean axes {axes} are not the last axis only (the fused ops normalize the last axis)")
 
 
 def _to_of(node) -> int:
@@ -114,7 +115,7 @@ def _upcast(graph, tensor):
 
 
 def _normalization(graph, sqrt, x32):
-    """``(reason, nodes)``: the nodes dividing x by √(v + ε), the last one writing the result. x is read
+    """The nodes (or a ``Refuse``): the nodes dividing x by √(v + ε), the last one writing the result. x is read
     as x32 or, in a float32 island, as another ``Cast(x, float)`` of the same x (T5's ``x * rsqrt(v)``,
     the float16 x promoted to float by a Cast of its own), which then comes first in ``nodes``."""
     up = _upcast(graph, x32)
@@ -128,55 +129,55 @@ def _normalization(graph, sqrt, x32):
 
     reader = sole_reader(graph, sqrt.outputs[0])
     if is_op(reader, "Div") and reader.inputs[0] is sqrt.outputs[0]:
-        return "√(mean(x²) + ε) is divided, not the divisor", None
+        return Refuse("√(mean(x²) + ε) is divided, not the divisor")
     if is_op(reader, "Div") and reader.inputs[1] is sqrt.outputs[0]:
         cast = operand(reader.inputs[0])
         if cast is not None:
-            return None, [*cast, reader]
+            return [*cast, reader]
         one = constant_value(graph, reader.inputs[0])
         if one is None or one.size != 1 or float(one.reshape(-1)[0]) != 1.0:
-            return "√(mean(x²) + ε) divides neither x nor 1", None
+            return Refuse("√(mean(x²) + ε) divides neither x nor 1")
         recip = reader
     elif is_op(reader, "Reciprocal"):
         recip = reader
     else:
-        return "√(mean(x²) + ε) is not read by one Div or Reciprocal only", None
+        return Refuse("√(mean(x²) + ε) is not read by one Div or Reciprocal only")
     mul = sole_reader(graph, recip.outputs[0])
     cast = operand(other_input(mul, recip.outputs[0])) if is_op(mul, "Mul") else None
     if cast is None:
-        return "1/√(mean(x²) + ε) is not multiplied by x only", None
-    return None, [*cast, recip, mul]
+        return Refuse("1/√(mean(x²) + ε) is not multiplied by x only")
+    return [*cast, recip, mul]
 
 
 def match_rmsnorm(graph, rm):
-    """Match the decomposed RMSNorm anchored at its ReduceMean; ``(reason, RmsNormMatch)``."""
+    """Match the decomposed RMSNorm anchored at its ReduceMean: an ``RmsNormMatch`` or a ``Refuse``."""
     if not rms_candidate(rm):
-        return "not a ReduceMean of a square", None
+        return Refuse("not a ReduceMean of a square")
     sq = producer_of(rm.inputs[0])
     x32 = _squared(graph, sq)
     if x32 is None:
-        return f"the ReduceMean reads {sq.op}, not x² (Pow(x, 2) or Mul(x, x))", None
+        return Refuse(f"the ReduceMean reads {sq.op}, not x² (Pow(x, 2) or Mul(x, x))")
     if sole_reader(graph, sq.outputs[0]) is not rm:
-        return "x² is also read outside the pattern", None
-    reason = _last_axis_only(graph, rm, x32)
-    if reason:
-        return reason, None
+        return Refuse("x² is also read outside the pattern")
+    problem = _last_axis_only(graph, rm, x32)
+    if problem:
+        return problem
     add_eps = sole_reader(graph, rm.outputs[0])
     if not is_op(add_eps, "Add"):
-        return "mean(x²) is not read by one Add(ε) only", None
+        return Refuse("mean(x²) is not read by one Add(ε) only")
     eps_t = other_input(add_eps, rm.outputs[0])
     eps = scalar_constant(graph, eps_t) if eps_t is not None else None
     if eps is None:
-        return "ε is not a size-1 constant", None
+        return Refuse("ε is not a size-1 constant")
     r = rank_of(graph, x32)
     if eps.ndim > 0 and (r is None or eps.ndim > r):
-        return f"ε of shape {eps.shape} may broadcast x to a higher rank", None
+        return Refuse(f"ε of shape {eps.shape} may broadcast x to a higher rank")
     sqrt = sole_reader(graph, add_eps.outputs[0])
     if not is_op(sqrt, "Sqrt"):
-        return "mean(x²) + ε is not read by one Sqrt only", None
-    reason, norm_nodes = _normalization(graph, sqrt, x32)
-    if reason:
-        return reason, None
+        return Refuse("mean(x²) + ε is not read by one Sqrt only")
+    norm_nodes = _normalization(graph, sqrt, x32)
+    if isinstance(norm_nodes, Refuse):
+        return norm_nodes
     norm = norm_nodes[-1]
     nodes = [sq, rm, add_eps, sqrt, *norm_nodes]
     second_cast = [n for n in norm_nodes if n.op == "Cast"]  # T5: the normalization's own upcast of x
@@ -209,28 +210,28 @@ def match_rmsnorm(graph, rm):
             break
         nodes.append(root)
     if upcast is not None and dtype != FP32 and cast_back is None:
-        return "the float32 normalization is not cast back to x's type", None
+        return Refuse("the float32 normalization is not cast back to x's type")
     problem = internal_problem(graph, nodes, root)
     if problem:
-        return problem, None
-    return None, RmsNormMatch(x=x, eps=float(eps.reshape(())), gamma=gamma, nodes=nodes, root=root,
+        return problem
+    return RmsNormMatch(x=x, eps=float(eps.reshape(())), gamma=gamma, nodes=nodes, root=root,
                               x_readers=x_readers, dtype=dtype)
 
 
 def rmsnorm_gamma(graph, m: RmsNormMatch, role: str = "rms_scale"):
-    """``(reason, tensor)``: γ as a constant of shape (d,) in x's type (ones when absent)."""
+    """The tensor (or a ``Refuse``): γ as a constant of shape (d,) in x's type (ones when absent)."""
     d = last_dim(graph, m.x)
     if d is None:
-        return f"hidden size (last dimension of {m.x.name!r}) unknown (run shape inference first)", None
+        return Refuse(f"hidden size (last dimension of {m.x.name!r}) unknown (run shape inference first)")
     if m.gamma is None:
-        return None, new_constant(graph, f"{m.x.name}_{role}", np.ones((d,), dtype=m.dtype))
+        return new_constant(graph, f"{m.x.name}_{role}", np.ones((d,), dtype=m.dtype))
     value = constant_value(graph, m.gamma)
     r = rank_of(graph, m.x)
     if value.ndim > 0 and (r is None or value.ndim > r):
-        return f"γ of shape {value.shape} may broadcast x to a higher rank", None
+        return Refuse(f"γ of shape {value.shape} may broadcast x to a higher rank")
     if any(s != 1 for s in value.shape[:-1]) or (value.ndim and value.shape[-1] not in (1, d)):
-        return f"γ of shape {value.shape} varies outside the last axis (d = {d})", None
+        return Refuse(f"γ of shape {value.shape} varies outside the last axis (d = {d})")
     full = np.broadcast_to(value.reshape(-1), (d,)).astype(m.dtype)
     if value.shape == (d,) and value.dtype == m.dtype:
-        return None, m.gamma
-    return None, new_constant(graph, f"{m.gamma.name}_{role}", full.copy())
+        return m.gamma
+    return new_constant(graph, f"{m.gamma.name}_{role}", full.copy())

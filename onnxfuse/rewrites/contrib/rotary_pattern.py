@@ -62,6 +62,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.contrib.attention.layout import HEADS, copies_dim
 from onnxfuse.rewrites.engine.facts import (axes_of, consumers, constant_value, dims_equal, dtype_of, internal_problem,
                                             is_graph_output, is_op, perm_of, producer_of, shape_of)
+from onnxfuse.rewrites.engine.rule import Refuse
 
 INT64_MAX = np.iinfo(np.int64).max
 #: steps that keep "value at i equals value at i + h" on the last axis
@@ -168,12 +169,12 @@ def rotary_candidate(node) -> bool:
     return all(is_op(m, "Mul") for m in muls) and any(is_op(producer_of(t), "Concat") for m in muls for t in m.inputs)
 
 
-def match_rotary(graph, add) -> Rotary | str:
+def match_rotary(graph, add) -> Rotary | Refuse:
     """The rotary embedding ``add`` computes, or why it is not one (module docstring)."""
     products = [producer_of(t) for t in add.inputs]
     found = [_product(graph, m) for m in products]
     if any(f is None for f in found):
-        return "not x·Unsqueeze(cos, 1) + rotate_half(x)·Unsqueeze(sin, 1)"
+        return Refuse("not x·Unsqueeze(cos, 1) + rotate_half(x)·Unsqueeze(sin, 1)")
     for direct, rotated in ((0, 1), (1, 0)):
         x, cos, cos_u = found[direct]
         r, sin, sin_u = found[rotated]
@@ -185,22 +186,22 @@ def match_rotary(graph, add) -> Rotary | str:
         if rotate is None:
             continue
         return _checked(graph, add, x, cos, sin, half, [add, *products, *rotate], shape, (cos_u, sin_u))
-    return "no operand is rotate_half(x) = Concat(Neg(x[..., D/2:]), x[..., :D/2]) of the other's x [B, H, S, D]"
+    return Refuse("no operand is rotate_half(x) = Concat(Neg(x[..., D/2:]), x[..., :D/2]) of the other's x [B, H, S, D]")
 
 
-def _checked(graph, add, x, cos, sin, half, nodes, shape, unsqueezes) -> Rotary | str:
+def _checked(graph, add, x, cos, sin, half, nodes, shape, unsqueezes) -> Rotary | Refuse:
     for name, cache in (("cos", cos), ("sin", sin)):
         cache_shape = shape_of(graph, cache)
         if cache_shape[2] != 2 * half:
-            return f"{name} is {cache_shape}, not [B, S, {2 * half}] (the caches must span the rotated x exactly)"
+            return Refuse(f"{name} is {cache_shape}, not [B, S, {2 * half}] (the caches must span the rotated x exactly)")
         if not (dims_equal(cache_shape[0], shape[0]) and dims_equal(cache_shape[1], shape[2])):
-            return (f"{name}'s batch and sequence {cache_shape[:2]} are not provably x's {[shape[0], shape[2]]} "
-                    "(RotaryEmbedding takes a [B, S, D/2] cache of exactly x's batch and sequence)")
+            return Refuse(f"{name}'s batch and sequence {cache_shape[:2]} are not provably x's {[shape[0], shape[2]]} "
+                          "(RotaryEmbedding takes a [B, S, D/2] cache of exactly x's batch and sequence)")
         if not halves_repeat(graph, cache, half):
-            return f"{name} is not provably Concat(f, f) of frequencies f (its halves may differ)"
+            return Refuse(f"{name} is not provably Concat(f, f) of frequencies f (its halves may differ)")
     types = {dtype_of(graph, t) for t in (x, cos, sin)}
     if len(types) != 1:
-        return "x, cos and sin have different element types"
+        return Refuse("x, cos and sin have different element types")
     # the Unsqueezes are shared by q's and k's rotary (and by every layer once duplicates merge): they stay
     problem = internal_problem(graph, nodes, add)
     if problem:

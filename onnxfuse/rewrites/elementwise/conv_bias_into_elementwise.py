@@ -46,28 +46,32 @@ def is_nhwc_conv(node) -> bool:
     return is_ms_op(node, "NhwcConv")
 
 
-def _candidate_problem(graph, conv) -> str | None:
+#: A Conv without a bias: nothing to lift, and not worth a line in the report.
+_NO_BIAS = Refuse("no bias")
+
+
+def _candidate_problem(graph, conv) -> Refuse | None:
     """Why ``conv`` cannot have its bias lifted (before the trial), or ``None``."""
     if len(conv.inputs) < 3 or conv.inputs[2].is_empty():
-        return "no bias"
+        return _NO_BIAS
     bias = constant_value(graph, conv.inputs[2])
     weight = constant_value(graph, conv.inputs[1])
     if bias is None or weight is None:
-        return "bias or weight is not a constant"
+        return Refuse("bias or weight is not a constant")
     if bias.ndim != 1 or weight.ndim < 3 or bias.shape[0] != weight.shape[0]:
-        return "bias is not one value per output channel"
+        return Refuse("bias is not one value per output channel")
     if bias.dtype.type not in _FLOAT and str(bias.dtype) != "bfloat16":
-        return f"bias dtype {bias.dtype}"
+        return Refuse(f"bias dtype {bias.dtype}")
     out = conv.outputs[0]
     if is_graph_output(graph, out):
-        return "its output is a graph output"
+        return Refuse("its output is a graph output")
     readers = list(out.outputs)
     if not readers:
-        return "its output is unused"
+        return Refuse("its output is unused")
     ops = candidate_ops()
     for r in readers:
         if not is_default_domain(r) or r.op not in ops:
-            return f"its output is also read by {r.op} {r.name!r}, which is not elementwise"
+            return Refuse(f"its output is also read by {r.op} {r.name!r}, which is not elementwise", r)
     return None
 
 
@@ -121,7 +125,7 @@ class LiftConvBiasIntoElementwise(Rule):
                 continue
             problems = {id(c): _candidate_problem(g, c) for c in convs}
             candidates = [c for c in convs if problems[id(c)] is None]
-            verdict: dict[int, str | None] = {}
+            verdict: dict[int, Refuse | None] = {}
             if candidates:
                 names, node_names = NameAllocator(g), {n.name for n in g.nodes}
                 lifts = [_Lift(g, c, names, node_names) for c in candidates]
@@ -130,18 +134,18 @@ class LiftConvBiasIntoElementwise(Rule):
                 try:
                     fused = set()
                     for region in RegionAnalysis(g).regions():
-                        if region.reason is None and len(region.nodes) > 1:
+                        if region.refusal is None and len(region.nodes) > 1:
                             fused.update(id(n) for n in region.nodes)
                 finally:
                     for lift in reversed(lifts):
                         lift.revert()
                 for lift in lifts:
-                    verdict[id(lift.conv)] = (None if id(lift.add) in fused else
-                                              "the Conv's readers do not form a fused region with the bias Add")
+                    verdict[id(lift.conv)] = (None if id(lift.add) in fused else Refuse(
+                        "the Conv's readers do not form a fused region with the bias Add"))
             for c in convs:
-                reason = problems[id(c)] if problems[id(c)] is not None else verdict[id(c)]
-                if reason != "no bias":
-                    found.append((g, c, reason))
+                refusal = problems[id(c)] if problems[id(c)] is not None else verdict[id(c)]
+                if refusal is not _NO_BIAS:
+                    found.append((g, c, refusal))
         return found
 
     def anchor(self, match):
@@ -151,13 +155,12 @@ class LiftConvBiasIntoElementwise(Rule):
         return match[1].name or "Conv"
 
     def check(self, graph, match):
-        g, conv, reason = match
-        if reason:
-            return Refuse(reason)
+        g, conv, refusal = match
+        if refusal:
+            return refusal
         if not is_alive(conv):
             return Refuse("the Conv changed during this pass")
-        reason = _candidate_problem(g, conv)
-        return Refuse(reason) if reason else Plan(conv, g)
+        return _candidate_problem(g, conv) or Plan(conv, g)
 
     def rewrite(self, graph, plan: Plan):
         conv, g = plan.anchor, plan.found

@@ -37,6 +37,8 @@ enclosing graph; a body's outputs keep their names; regions never cross a graph 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.elementwise.regions import Region, RegionAnalysis, build_program
@@ -82,10 +84,10 @@ class FuseElementwiseRegions(Rule):
         return n.name or n.op
 
     def check(self, graph, match: Region):
-        if match.reason:
+        if match.refusal:
             # A later pass over the same graph sees the ops refused earlier again (often with less
             # context, since their neighbours are fused by then): report each op once, the first time.
-            return Refuse(match.reason, once_per_anchor=True)
+            return replace(match.refusal, once_per_anchor=True)
         if not all(is_alive(n) for n in match.nodes):
             return Refuse("region changed during this pass")
         try:

@@ -8,6 +8,7 @@ contrib-layernorm's on purpose (:func:`decomposed_layernorm_nodes`).
 from __future__ import annotations
 
 from onnxfuse.rewrites.engine.facts import constant_value, consumers, is_op, producer_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 #: Ops a decomposed LayerNorm is made of (PyTorch's fp16 exports add Casts to float and back).
 _LN_CORE = {"Cast", "Pow", "Mul", "ReduceMean", "Add", "Sqrt", "Reciprocal", "Div"}
@@ -68,11 +69,11 @@ def _layernorm_like_nodes(graph, rm1) -> list | None:
 def _reserve_residual_add(graph, layernorm_input_reader, reserved: dict) -> None:
     p = producer_of(layernorm_input_reader.inputs[0])
     if is_op(p, "Add") and all(constant_value(graph, t) is None for t in p.inputs):
-        reserved[id(p)] = "residual Add feeding a LayerNorm: ONNX Runtime fuses both (SkipLayerNormFusion)"
+        reserved[id(p)] = Refuse("residual Add feeding a LayerNorm: ONNX Runtime fuses both (SkipLayerNormFusion)", p)
 
 
-def decomposed_layernorm_nodes(graph) -> dict[int, str]:
-    """``{id(node): reason}`` for the nodes of every decomposed LayerNorm still in ``graph``.
+def decomposed_layernorm_nodes(graph) -> dict[int, Refuse]:
+    """``{id(node): refusal}`` for the nodes of every decomposed LayerNorm still in ``graph``.
 
     Used by the elementwise-region fusion to keep its hands off them: where contrib-layernorm could not map a
     LayerNorm (below opset 17, say), ONNX Runtime's own LayerNormFusion still turns the decomposed form
@@ -82,7 +83,7 @@ def decomposed_layernorm_nodes(graph) -> dict[int, str]:
     when those pieces were fused into FusedElementwise nodes; fp16 BERT-base at 0.66× (its LayerNorms
     carry Casts to float and back, which a strict matcher misses).
     """
-    reserved: dict[int, str] = {}
+    reserved: dict[int, Refuse] = {}
     for node in list(graph.nodes):
         if not is_op(node, "ReduceMean"):
             continue
@@ -91,7 +92,7 @@ def decomposed_layernorm_nodes(graph) -> dict[int, str]:
             continue
         why = "part of a decomposed LayerNorm that ONNX Runtime fuses itself (LayerNormFusion)"
         for n in nodes:
-            reserved[id(n)] = why
+            reserved[id(n)] = Refuse(why, n)
         _reserve_residual_add(graph, node, reserved)
     # Likewise before a LayerNorm that is already one op (contrib-layernorm's, or the model's own).
     for node in list(graph.nodes):
@@ -102,5 +103,6 @@ def decomposed_layernorm_nodes(graph) -> dict[int, str]:
         if is_op(node, "Softmax") and node.inputs:
             p = producer_of(node.inputs[0])
             if is_op(p, "Add") and len(consumers(p.outputs[0])) == 1:
-                reserved[id(p)] = "Add feeding a Softmax: ONNX Runtime's CUDA provider fuses both (BiasSoftmaxFusion)"
+                reserved[id(p)] = Refuse(
+                    "Add feeding a Softmax: ONNX Runtime's CUDA provider fuses both (BiasSoftmaxFusion)", p)
     return reserved

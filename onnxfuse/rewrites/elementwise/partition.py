@@ -43,6 +43,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Protocol, Sequence
 
+from onnxfuse.rewrites.engine.rule import Refuse
+
 
 class Judge(Protocol):
     """What the caller knows about regions; ``state`` objects are its own summaries of groups."""
@@ -55,9 +57,9 @@ class Judge(Protocol):
         the largest, since it is called only for a join that was accepted."""
 
     def verdict(self, states: list, i: int | None, contains: Callable[[int], bool], boundary: list[int],
-                final: bool, upto: int) -> "tuple[int, str] | None":
+                final: bool, upto: int) -> "tuple[int, Refuse] | None":
         """None when the region made of ``states``' groups (and node ``i``, unless None) is acceptable,
-        else (offending member, reason). ``boundary`` holds every member whose value may leave the
+        else (offending member, its refusal). ``boundary`` holds every member whose value may leave the
         region; ``contains`` tests membership in O(1)."""
 
 
@@ -104,17 +106,17 @@ def partition(
     judge: Judge,
     sink: Sequence[bool] | None = None,
     label: Callable[[int], str] = lambda i: f"#{i}",
-) -> tuple[list[list[int]], dict[int, str]]:
+) -> tuple[list[list[int]], dict[int, Refuse]]:
     """Regions (sorted member lists, sorted by first member) and notes on why nodes were kept apart.
 
     ``sink[i]``: node ``i``'s value leaves the graph whatever its readers (a graph output).
-    ``notes[i]`` is a short explanation for a node whose merge with a neighbour was refused (cycle or
-    shape), used to qualify the "single op" refusal.
+    ``notes[i]`` is the refusal of a node's merge with a neighbour (cycle or shape), whose reason
+    qualifies the "single op" refusal.
     """
     sink = sink if sink is not None else [False] * n
     group_of: dict[int, int] = {}
     groups: dict[int, _Group] = {}
-    notes: dict[int, str] = {}
+    notes: dict[int, Refuse] = {}
     next_gid = 0
 
     def creates_cycle(gids: list[int], i: int) -> int | None:
@@ -164,7 +166,7 @@ def partition(
         def attempt(gids: list[int]):
             via = creates_cycle(gids, i)
             if via is not None:
-                return f"joining would create a cycle through {label(via)}"
+                return Refuse(f"joining would create a cycle through {label(via)}")
             inside = set(gids)
 
             def contains(x: int) -> bool:
@@ -181,18 +183,18 @@ def partition(
         boundary: list[int] = [i] if sink[i] or consumers[i] else []
         if cand:
             result = attempt(cand)
-            if not isinstance(result, str):
+            if not isinstance(result, Refuse):
                 chosen, boundary = cand, result
             else:
                 last_why = result
                 for g in sorted(cand, key=lambda g: (-len(groups[g].members), min(groups[g].members))):
                     result = attempt(chosen + [g])
-                    if not isinstance(result, str):
+                    if not isinstance(result, Refuse):
                         chosen, boundary = chosen + [g], result
                     else:
                         last_why = result
                         for x in groups[g].members:
-                            notes.setdefault(x, f"not joined with {label(i)}: {result}")
+                            notes.setdefault(x, Refuse(f"not joined with {label(i)}: {result.reason}", result.node))
                 if last_why and len(chosen) < len(cand):
                     notes[i] = last_why
         if chosen:  # merge the smaller groups into the largest, which keeps its id

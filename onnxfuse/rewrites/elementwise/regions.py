@@ -26,6 +26,7 @@ from onnxfuse.rewrites.elementwise.partition import partition
 from onnxfuse.rewrites.engine.facts import (
     constant_node_value, constant_producer, declared_shape, is_default_domain, opset_of, subgraphs,
 )
+from onnxfuse.rewrites.engine.rule import Refuse, Refused
 from onnxfuse.rewrites.engine.scopes import Scope
 
 # Elementwise ONNX ops the language may lack: fused once OP_TABLE has them (a new op is a table row,
@@ -231,40 +232,38 @@ class Lowering:
         return results
 
 
-class _Refuse(Exception):
-    pass
-
-
 def lower_node(node, graph, dtype_of) -> Lowering:
-    """A :class:`Lowering` for ``node``, or raise _Refuse(reason)."""
+    """A :class:`Lowering` for ``node``, or raise :class:`Refused` carrying the ``Refuse`` (an exception
+    here because the checks sit in nested helpers and in :meth:`RegionAnalysis._type`, several calls
+    deep; :class:`RegionAnalysis` catches it and keeps the value)."""
     expr = _expr()
     op = node.op
     if not is_default_domain(node):
-        raise _Refuse(f"op {node.domain}::{op} is not a standard ONNX op")
+        raise Refused(Refuse(f"op {node.domain}::{op} is not a standard ONNX op", node))
     if any(isinstance(v, gs.Graph) for v in node.attrs.values()):
-        raise _Refuse("op has a subgraph")
+        raise Refused(Refuse("op has a subgraph", node))
     if len(node.outputs) != 1:
-        raise _Refuse(f"{op} with {len(node.outputs)} outputs")
+        raise Refused(Refuse(f"{op} with {len(node.outputs)} outputs", node))
     inputs = [t for t in node.inputs]
     present = [t for t in inputs if t.name != ""]
 
     def need_attrs_subset(allowed):
         extra = set(node.attrs) - set(allowed) - _IGNORED_ATTRS.get(op, set())
         if extra:
-            raise _Refuse(f"attribute {sorted(extra)[0]} is not supported")
+            raise Refused(Refuse(f"attribute {sorted(extra)[0]} is not supported", node))
 
     def _const_scalar(t, what):
         arr, is_const = const_value(t)
         if arr is None or arr.size != 1:
-            raise _Refuse(f"{what} is not a constant scalar")
+            raise Refused(Refuse(f"{what} is not a constant scalar", node))
         return arr
 
     if op in _UNSUPPORTED_ELEMENTWISE and op not in _expr().OP_TABLE:
-        raise _Refuse(f"{op} is not in the FusedElementwise language")
+        raise Refused(Refuse(f"{op} is not in the FusedElementwise language", node))
     if op in ("Sum", "Min", "Max", "Mean"):
         need_attrs_subset(())
         if not present or len(present) != len(inputs):
-            raise _Refuse(f"{op} with missing inputs")
+            raise Refused(Refuse(f"{op} with missing inputs", node))
         base = {"Sum": "Add", "Mean": "Add", "Min": "Min", "Max": "Max"}[op]
         if len(present) == 1:
             steps = [("Identity", [0], {})]
@@ -277,7 +276,7 @@ def lower_node(node, graph, dtype_of) -> Lowering:
         return Lowering(node, present, steps)
     if op == "Clip":
         if not inputs or inputs[0].name == "":
-            raise _Refuse("Clip without input")
+            raise Refused(Refuse("Clip without input", node))
         attrs = {}
         if opset_of(graph) < 11 or len(inputs) == 1:
             need_attrs_subset(("min", "max"))
@@ -299,11 +298,11 @@ def lower_node(node, graph, dtype_of) -> Lowering:
                                         ("Where", [("s", 0), ("s", 1), 0], {})])
     spec = expr.op_spec(op)
     if spec is None:
-        raise _Refuse(f"{op} is not elementwise")
+        raise Refused(Refuse(f"{op} is not elementwise", node))
     if op == "Gelu" and opset_of(graph) < 20:
-        raise _Refuse("Gelu needs opset 20")
+        raise Refused(Refuse("Gelu needs opset 20", node))
     if len(present) != spec.arity or len(inputs) != spec.arity:
-        raise _Refuse(f"{op} with {len(present)} inputs")
+        raise Refused(Refuse(f"{op} with {len(present)} inputs", node))
     need_attrs_subset([a.name for a in spec.attrs])
     attrs = {}
     for a in spec.attrs:
@@ -314,13 +313,14 @@ def lower_node(node, graph, dtype_of) -> Lowering:
                     v = _np_to_onnx(v) or 0
                 name = expr.DTYPE_FROM_ONNX.get(int(v))
                 if name is None:
-                    raise _Refuse(f"Cast to ONNX dtype {onnx.TensorProto.DataType.Name(int(v)).lower()} is not supported")
+                    name = onnx.TensorProto.DataType.Name(int(v)).lower()
+                    raise Refused(Refuse(f"Cast to ONNX dtype {name} is not supported", node))
                 v = name
             elif isinstance(v, bytes):
                 v = v.decode()
             attrs[a.name] = v
     if op == "Cast" and "to" not in attrs:
-        raise _Refuse("Cast without 'to'")
+        raise Refused(Refuse("Cast without 'to'", node))
     return Lowering(node, present, [(op, list(range(len(present))), attrs)])
 
 
@@ -344,7 +344,7 @@ class Region:
     inputs: list  # gs tensors, node input order
     outputs: list  # gs tensors, node output order
     lowerings: list
-    reason: str | None = None
+    refusal: Refuse | None = None  # why the region is not fused (None: it is)
     analysis: Any = None  # the RegionAnalysis that found it (dtypes and shapes of its graph)
     graph: Any = None  # the graph (top level or an If/Loop/Scan body) the fused node goes into
     node_names: set = field(default_factory=set)  # node names taken in the whole model (shared by one match)
@@ -406,7 +406,7 @@ class RegionAnalysis:
         self.dtypes: dict[str, str | None] = {}
         self.shapes: dict[str, tuple | None] = {}
         self.lowered: dict[int, Lowering] = {}
-        self.refused: dict[int, str] = {}
+        self.refused: dict[int, Refuse] = {}
         self.shape_derived = _shape_derived_tensors(self.nodes)
         cands = candidate_ops()
         left_to_ort = decomposed_layernorm_nodes(graph)
@@ -420,10 +420,10 @@ class RegionAnalysis:
                 low = lower_node(n, graph, self.dtype_of)
                 self._type(low)
                 self.lowered[i] = low
-            except _Refuse as r:
-                self.refused[i] = str(r)
+            except Refused as r:
+                self.refused[i] = r.refusal
             except expr.ProgramError as e:
-                self.refused[i] = e.problem
+                self.refused[i] = Refuse(e.problem, n)
         self.consumers: list[list[int]] = [[] for _ in self.nodes]
         self.producers: list[list[int]] = [[] for _ in self.nodes]
         for i, n in enumerate(self.nodes):
@@ -464,23 +464,24 @@ class RegionAnalysis:
         for t in low.operands:
             d = self.dtype_of(t)
             if d is None:
-                raise _Refuse(f"input {t.name!r} has dtype {self.elem_name(t)}, not supported by the language"
-                              if self.info.get(t.name, (None,))[0] else f"dtype of input {t.name!r} is unknown")
+                reason = (f"input {t.name!r} has dtype {self.elem_name(t)}, not supported by the language"
+                          if self.info.get(t.name, (None,))[0] else f"dtype of input {t.name!r} is unknown")
+                raise Refused(Refuse(reason, node))
             op_dtypes.append(d)
         consts = []
         for t in low.operands:
             arr, is_const = const_value(t)
             consts.append((arr, is_const))
         if all(c for _, c in consts):
-            raise _Refuse("all inputs are constant (constant folding, not fusion)")
+            raise Refused(Refuse("all inputs are constant (constant folding, not fusion)", node))
         shapes = [self.shape_of(t) for t in low.operands]
         for t, shape, (_, is_const) in zip(low.operands, shapes, consts):
             if shape is None and not is_const:
                 # ONNX Runtime hands a custom op's shape inference an input of unknown shape as rank 0,
                 # the same as a scalar: the fused op would then declare a wrong rank (a Loop output
                 # fused before a Gather made the model unloadable, fuzz seed 60).
-                raise _Refuse(f"input {t.name!r} has an unknown rank (the fused op's shape inference would "
-                              "take it for a scalar)")
+                raise Refused(Refuse(f"input {t.name!r} has an unknown rank (the fused op's shape inference would "
+                                     "take it for a scalar)", node))
         # Scalar constants fold into the program unless they would raise the op's rank.
         for k, (arr, is_const) in enumerate(consts):
             if arr is None or arr.size != 1:
@@ -494,11 +495,11 @@ class RegionAnalysis:
             if 1 in low.folded and op_dtypes[0] in expr.FLOAT_DTYPES:
                 v = low.folded[1]
                 if float(v) != float(np.float32(v)):
-                    raise _Refuse("Pow exponent not exactly representable")
+                    raise Refused(Refuse("Pow exponent not exactly representable", node))
                 low.folded[1] = float(v)
                 op_dtypes[1] = op_dtypes[0]
             else:
-                raise _Refuse(f"Pow of {op_dtypes[0]} by {op_dtypes[1]}")
+                raise Refused(Refuse(f"Pow of {op_dtypes[0]} by {op_dtypes[1]}", node))
         # Result dtype through the steps (validates dtypes against OP_TABLE).
         def step_dtype(op_type, arg_dt, attrs):  # a number takes its data operands' dtype
             data = [d for d in arg_dt if d is not None]
@@ -509,7 +510,7 @@ class RegionAnalysis:
         out = node.outputs[0]
         inferred = self.info.get(out.name, (None, None))
         if inferred[0] and expr.DTYPE_FROM_ONNX.get(inferred[0]) not in (None, low.dtype):
-            raise _Refuse(f"inferred dtype of {out.name!r} disagrees with the op's")
+            raise Refused(Refuse(f"inferred dtype of {out.name!r} disagrees with the op's", node))
         mine = bcast_shapes(shapes)
         theirs = inferred[1]
         if mine is None:
@@ -523,24 +524,24 @@ class RegionAnalysis:
         rank = max([len(s) for s in shapes + [shape] if s is not None], default=0)
         if rank > MAX_RANK:
             # The op's broadcast rank limit; a region's rank is the largest of its ops' ranks.
-            raise _Refuse(f"rank {rank} exceeds FusedElementwise's limit of {MAX_RANK}")
+            raise Refused(Refuse(f"rank {rank} exceeds FusedElementwise's limit of {MAX_RANK}", node))
         ints = ("int32", "int64")
         if shape is not None and len(shape) <= 1 and (low.dtype in ints or any(d in ints for d in op_dtypes)):
             # Shape arithmetic (Shape -> Gather -> Add/Div -> Slice...): ONNX Runtime keeps it on
             # the CPU; a custom op there would cost device round trips and block constant folding.
-            raise _Refuse(f"shape computation (integer op of rank {len(shape)}): left to ONNX Runtime")
+            raise Refused(Refuse(f"shape computation (integer op of rank {len(shape)}): left to ONNX Runtime", node))
         if shape is not None and all(d == 1 for d in shape) and not self._reads_graph_input(low):
             # One-element arithmetic, e.g. attention's scale sqrt(1/sqrt(d)) computed from Shape:
             # ONNX Runtime runs it on the CPU beside the shape ops. Fusing it (or folding it into the
             # full-size op that reads it) saves no memory pass and made ViT-B/16 slower (docs/benchmarks.md).
-            raise _Refuse("scalar computation (one element): left to ONNX Runtime")
+            raise Refused(Refuse("scalar computation (one element): left to ONNX Runtime", node))
         if all(id(t) in self.shape_derived for t in low.operands):
             # Index and mask arithmetic on Range/Shape results (transformers' attention-mask
             # construction, testdata/bert_tiny_opset14.onnx): it depends on tensor sizes only. ONNX
             # Runtime keeps such chains beside its CPU shape ops; a CUDA custom op in the middle of
             # them would add host-device copies and saves no memory pass on the GPU's real data.
-            raise _Refuse("shape-derived computation (its inputs depend on tensor sizes only, not on "
-                          "data): left to ONNX Runtime")
+            raise Refused(Refuse("shape-derived computation (its inputs depend on tensor sizes only, not on "
+                                 "data): left to ONNX Runtime", node))
         low.shape = shape
         self.dtypes[out.name] = low.dtype
         self.shapes[out.name] = shape
@@ -646,8 +647,9 @@ class RegionAnalysis:
             anc = self.ancestors_inputs(m, produced_by)  # only when needed: it walks the region
             for t in larger:
                 if id(t) not in anc:
-                    return m, (f"{v.name!r} {_fmt_shape(vshape)} is used outside but region input "
-                               f"{t.name!r} {_fmt_shape(self.shape_of(t))} may broadcast it larger")
+                    return m, Refuse(f"{v.name!r} {_fmt_shape(vshape)} is used outside but region input "
+                                     f"{t.name!r} {_fmt_shape(self.shape_of(t))} may broadcast it larger",
+                                     self.nodes[m])
         return None
 
     def regions(self) -> list[Region]:
@@ -658,12 +660,13 @@ class RegionAnalysis:
                                  label=lambda i: f"{self.nodes[i].op} {self.nodes[i].name!r}")
         out: list[Region] = []
         for i, why in sorted(self.refused.items()):
-            out.append(Region([self.nodes[i]], [], [], [], reason=why))
+            out.append(Region([self.nodes[i]], [], [], [], refusal=why))
         for members in parts:
             nodes = [self.nodes[i] for i in members]
             if len(members) == 1:
                 note = notes.get(members[0])
-                out.append(Region(nodes, [], [], [], reason="single op" + (f" ({note})" if note else "")))
+                single = "single op" + (f" ({note.reason})" if note else "")
+                out.append(Region(nodes, [], [], [], refusal=Refuse(single, nodes[0])))
                 continue
             inputs, _ = self.region_io(set(members))
             inside = set(members)

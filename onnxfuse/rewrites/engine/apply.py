@@ -135,7 +135,7 @@ class _Run:
                         self.seen.add(refusal)
                         self.report.refusals.append(refusal)
                     continue
-                if plan is None or isinstance(plan, str):
+                if plan is None or isinstance(plan, str):  # neither: a refusal is a Refuse, never a bare reason
                     raise TypeError(f"{rule.name}.check returned {plan!r}: a plan or a Refuse(reason) is expected")
                 detail = rule.rewrite(self.graph, plan)
                 applied += 1

@@ -13,18 +13,20 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import new_constant
 from onnxfuse.rewrites.engine.facts import constant_value, dtype_of, is_op, producer_of, shape_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
-def carrier_problem(graph, tensor, axis: int) -> str | None:
+def carrier_problem(graph, tensor, axis: int) -> Refuse | None:
     """Why ``tensor`` cannot carry its dimension ``axis`` (:func:`carrier_cond`), or None: it must be
     numeric or bool (``Equal`` reads it) and its other dimensions static positive sizes (the slice must
-    have exactly one element per index; a zero-size axis would make it empty)."""
+    have exactly one element per index; a zero-size axis would make it empty). The reason is a predicate
+    ("is not numeric ..."): the caller's sentence names the tensor."""
     kind = dtype_of(graph, tensor)
     if kind is None or kind.kind not in "biuf":
-        return "is not numeric or bool (Equal cannot read it)"
+        return Refuse("is not numeric or bool (Equal cannot read it)")
     dims = shape_of(graph, tensor)
     if dims is None or not all(isinstance(d, int) and d > 0 for i, d in enumerate(dims) if i != axis):
-        return "has other dimensions that are not static positive sizes"
+        return Refuse("has other dimensions that are not static positive sizes")
     return None
 
 

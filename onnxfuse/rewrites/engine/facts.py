@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.engine.rule import Refuse
+
 #: Domain of ONNX Runtime's contrib operators.
 MS_DOMAIN = "com.microsoft"
 
@@ -284,15 +286,15 @@ def is_graph_output(graph, tensor) -> bool:
     return any(t is tensor for t in graph.outputs)
 
 
-def sole_consumer_problem(graph, tensor, consumer) -> str | None:
-    """A refusal reason unless ``consumer`` is the only reader of ``tensor`` and it is not a graph output."""
+def sole_consumer_problem(graph, tensor, consumer) -> Refuse | None:
+    """A refusal unless ``consumer`` is the only reader of ``tensor`` and it is not a graph output."""
     if is_graph_output(graph, tensor):
-        return f"intermediate tensor {tensor.name!r} is also a graph output"
+        return Refuse(f"intermediate tensor {tensor.name!r} is also a graph output")
     readers = [n for n in tensor.outputs if n is not consumer]
     if readers:
-        return f"intermediate tensor {tensor.name!r} is also read by {readers[0].name or readers[0].op!r}"
+        return Refuse(f"intermediate tensor {tensor.name!r} is also read by {readers[0].name or readers[0].op!r}")
     if sum(1 for t in consumer.inputs if t is tensor) != 1:
-        return f"intermediate tensor {tensor.name!r} is read more than once by {consumer.name!r}"
+        return Refuse(f"intermediate tensor {tensor.name!r} is read more than once by {consumer.name!r}")
     return None
 
 
@@ -305,18 +307,18 @@ def sole_reader(graph, tensor):
     return readers[0]
 
 
-def only_read_by(graph, tensor, allowed) -> str | None:
-    """A refusal reason unless every reader of ``tensor`` is in ``allowed`` and it is not a graph output."""
+def only_read_by(graph, tensor, allowed) -> Refuse | None:
+    """A refusal unless every reader of ``tensor`` is in ``allowed`` and it is not a graph output."""
     if is_graph_output(graph, tensor):
-        return f"intermediate tensor {tensor.name!r} is also a graph output"
+        return Refuse(f"intermediate tensor {tensor.name!r} is also a graph output")
     ids = {id(n) for n in allowed}
     for n in tensor.outputs:
         if id(n) not in ids:
-            return f"intermediate tensor {tensor.name!r} is also read by {n.name or n.op!r}"
+            return Refuse(f"intermediate tensor {tensor.name!r} is also read by {n.name or n.op!r}", n)
     return None
 
 
-def internal_problem(graph, nodes, root) -> str | None:
+def internal_problem(graph, nodes, root) -> Refuse | None:
     """Every node in ``nodes`` except ``root`` must be read only from inside ``nodes`` (and not be an output)."""
     inside = {id(n) for n in nodes}
     for n in nodes:
@@ -324,10 +326,10 @@ def internal_problem(graph, nodes, root) -> str | None:
             continue
         for out in n.outputs:
             if is_graph_output(graph, out):
-                return f"intermediate tensor {out.name!r} is also a graph output"
+                return Refuse(f"intermediate tensor {out.name!r} is also a graph output", n)
             for c in out.outputs:
                 if id(c) not in inside:
-                    return f"intermediate tensor {out.name!r} is also read by {c.name or c.op!r}"
+                    return Refuse(f"intermediate tensor {out.name!r} is also read by {c.name or c.op!r}", c)
     return None
 
 

@@ -22,6 +22,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.facts import graphs_within, opset_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 #: Attributes added by a later schema whose absence means the old behaviour, per op.
 _ADDED_OPTIONAL_ATTRS = {
@@ -74,7 +75,7 @@ def ops_changed_by_raise(ops, current: int, target: int) -> list[str]:
     return sorted({op for op in ops if not _same_meaning(op, current, target)})
 
 
-def opset_raise_problem(graph: gs.Graph, target: int, replaced=()) -> str | None:
+def opset_raise_problem(graph: gs.Graph, target: int, replaced=()) -> Refuse | None:
     """Why ``graph``'s default-domain opset cannot be raised to ``target`` exactly, or ``None``.
     ``replaced``: nodes the caller's rewrite removes (an RMSNorm's own ReduceMean, whose meaning changes at
     18, blocks nothing once it is gone)."""
@@ -82,13 +83,13 @@ def opset_raise_problem(graph: gs.Graph, target: int, replaced=()) -> str | None
     if current >= target:
         return None
     if current <= 0:
-        return "the model's default-domain opset is unknown"
+        return Refuse("the model's default-domain opset is unknown")
     gone = {id(n) for n in replaced}
     blocking = ops_changed_by_raise({n.op for g in graphs_within(graph) for n in g.nodes
                                      if (n.domain or "") in ("", "ai.onnx") and id(n) not in gone}, current, target)
     if blocking:
-        return (f"raising the model's opset {current} → {target} would change the meaning of "
-                f"{', '.join(blocking)}")
+        return Refuse(f"raising the model's opset {current} → {target} would change the meaning of "
+                      f"{', '.join(blocking)}")
     return None
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from onnx import helper
 
 from onnxfuse.rewrites.engine.facts import dtype_of, is_op, producer_of, scalar_constant
+from onnxfuse.rewrites.engine.rule import Refuse
 
 #: (from, to) float element types a Cast converts without changing any value (every value of the first
 #: is a value of the second), besides a Cast to the type it already has.
@@ -30,17 +31,17 @@ def cast_target(node):
         return None
 
 
-def exact_cast_problem(graph, node) -> str | None:
+def exact_cast_problem(graph, node) -> Refuse | None:
     """``None`` when the ``Cast`` ``node`` converts a float tensor to the same or a wider float type (exact:
     every value survives), else why not: a narrowing Cast rounds, a Cast from or to a non-float type is
     not arithmetic on the same numbers."""
     src, dst = dtype_of(graph, node.inputs[0]), cast_target(node)
     if src is None or dst is None:
-        return f"{node.name or 'Cast'}: element type of its input or output unknown"
+        return Refuse(f"{node.name or 'Cast'}: element type of its input or output unknown", node)
     if src.name not in FLOAT_NAMES or dst.name not in FLOAT_NAMES:
-        return f"{node.name or 'Cast'} casts {src.name} to {dst.name}, not between float types"
+        return Refuse(f"{node.name or 'Cast'} casts {src.name} to {dst.name}, not between float types", node)
     if src != dst and (src.name, dst.name) not in WIDENING_CASTS:
-        return f"{node.name or 'Cast'} casts {src.name} to the narrower {dst.name} inside the pattern (rounds)"
+        return Refuse(f"{node.name or 'Cast'} casts {src.name} to the narrower {dst.name} inside the pattern (rounds)", node)
     return None
 
 
@@ -107,7 +108,7 @@ class Expression:
         self.nodes: list = []  # Casts walked through included
         self.casts: list = []  # the Cast nodes among them
         self.leaves: list = []  # non-constant tensors that became symbols, in discovery order
-        self.problem: str | None = None
+        self.problem: Refuse | None = None
         self.const_dtype = None
 
 
@@ -150,23 +151,23 @@ def eval_expression(graph, tensor, symbols, nsym: int, is_leaf=None, max_nodes: 
                 expr.nodes.append(p)
                 expr.casts.append(p)
                 if len(expr.nodes) > max_nodes:
-                    expr.problem = "expression too large"
+                    expr.problem = Refuse("expression too large", p)
                     return None
             return walk(p.inputs[0])
         if not is_op(p, *POLY_OPS) or len(p.inputs) != 2 or len(p.outputs) != 1:
-            expr.problem = f"tensor {t.name!r} is not part of the pattern (produced by {p.op if p else 'nothing'})"
+            expr.problem = Refuse(f"tensor {t.name!r} is not part of the pattern (produced by {p.op if p else 'nothing'})", p)
             return None
         if id(p) not in seen_nodes:
             seen_nodes.add(id(p))
             expr.nodes.append(p)
             if len(expr.nodes) > max_nodes:
-                expr.problem = "expression too large"
+                expr.problem = Refuse("expression too large", p)
                 return None
         a, b = p.inputs
         if p.op == "Pow":
             e = scalar_constant(graph, b)
             if e is None or float(e.reshape(())) not in (2.0, 3.0):
-                expr.problem = f"{p.name or 'Pow'} exponent is not the constant 2 or 3"
+                expr.problem = Refuse(f"{p.name or 'Pow'} exponent is not the constant 2 or 3", p)
                 return None
             base = walk(a)
             if base is None:
@@ -178,7 +179,7 @@ def eval_expression(graph, tensor, symbols, nsym: int, is_leaf=None, max_nodes: 
         if p.op == "Div":
             d = scalar_constant(graph, b)
             if d is None or float(d.reshape(())) == 0.0:
-                expr.problem = f"{p.name or 'Div'} divides by something other than a non-zero constant"
+                expr.problem = Refuse(f"{p.name or 'Div'} divides by something other than a non-zero constant", p)
                 return None
             num = walk(a)
             return None if num is None else num.scale(1.0 / float(d.reshape(())))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxfuse.rewrites.engine.facts import constant_value, dims_equal, is_op, only_read_by, producer_of, shape_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 
 @dataclass
@@ -37,41 +38,41 @@ class RowWiseGemm:
     bias: np.ndarray | None  # C's values, when the Gemm has a C
 
 
-def row_wise_gemm(graph, back) -> tuple[str | None, RowWiseGemm | None]:
-    """``(None, chain)`` when ``back`` ends a row-wise Gemm chain (module docstring), else ``(reason, None)``.
+def row_wise_gemm(graph, back) -> RowWiseGemm | Refuse:
+    """The chain ``back`` ends when it is a row-wise Gemm chain (module docstring), else a ``Refuse``.
 
     W is only required to have a known [K, N] / [N, K] (transB) shape; whether it must be a constant is
     the caller's business."""
     gemm = producer_of(back.inputs[0]) if is_op(back, "Reshape") and len(back.inputs) == 2 else None
     if not is_op(gemm, "Gemm"):
-        return "the Reshape does not read a Gemm", None
+        return Refuse("the Reshape does not read a Gemm")
     flat = producer_of(gemm.inputs[0])
     if not is_op(flat, "Reshape"):
-        return "the Gemm's A is not a Reshape", None
+        return Refuse("the Gemm's A is not a Reshape")
     if (float(gemm.attrs.get("alpha", 1.0)) != 1.0 or float(gemm.attrs.get("beta", 1.0)) != 1.0
             or int(gemm.attrs.get("transA", 0)) != 0):
-        return "the Gemm scales (alpha/beta ≠ 1) or transposes A", None
+        return Refuse("the Gemm scales (alpha/beta ≠ 1) or transposes A")
     for tensor, reader in ((gemm.inputs[0], gemm), (back.inputs[0], back)):
         problem = only_read_by(graph, tensor, [reader])
         if problem:
-            return problem, None
+            return problem
     x = flat.inputs[0]
     xs, fs, outs = shape_of(graph, x), shape_of(graph, gemm.inputs[0]), shape_of(graph, back.outputs[0])
     if xs is None or len(xs) != 3 or not isinstance(xs[2], int):
-        return "the flattened tensor is not of rank 3 with a static last dimension", None
+        return Refuse("the flattened tensor is not of rank 3 with a static last dimension")
     if fs is None or len(fs) != 2 or fs[1] != xs[2]:
-        return f"the first Reshape does not flatten the rows (gives {fs}, from {xs})", None
+        return Refuse(f"the first Reshape does not flatten the rows (gives {fs}, from {xs})")
     w_shape = shape_of(graph, gemm.inputs[1])
     if w_shape is None or len(w_shape) != 2:
-        return "W's shape is unknown", None
+        return Refuse("W's shape is unknown")
     n = w_shape[0] if int(gemm.attrs.get("transB", 0)) else w_shape[1]
     if not isinstance(n, int):
-        return "W's output size is unknown", None
+        return Refuse("W's output size is unknown")
     c = None
     if len(gemm.inputs) > 2 and not gemm.inputs[2].is_empty():
         c = constant_value(graph, gemm.inputs[2])
         if c is None or c.size != n or c.shape[-1] != n:
-            return "C is not a constant bias of N values", None
+            return Refuse("C is not a constant bias of N values")
     target = constant_value(graph, back.inputs[1])
     if target is not None:  # decided by the target alone: [-1, S, N], [B, -1, N] or [B, S, N]
         t = [int(v) for v in target.reshape(-1)]
@@ -82,5 +83,5 @@ def row_wise_gemm(graph, back) -> tuple[str | None, RowWiseGemm | None]:
         rows_back = (outs is not None and len(outs) == 3 and dims_equal(outs[0], xs[0])
                      and dims_equal(outs[1], xs[1]) and dims_equal(outs[2], n))
     if not rows_back:
-        return "the second Reshape does not provably give back x's [B, S] rows", None
-    return None, RowWiseGemm(back, gemm, flat, x, n, c)
+        return Refuse("the second Reshape does not provably give back x's [B, S] rows")
+    return RowWiseGemm(back, gemm, flat, x, n, c)

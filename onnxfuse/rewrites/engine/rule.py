@@ -3,11 +3,12 @@
 A rule is a small class with three steps, after onnxscript's rewriter:
 
 * ``match(graph)`` yields candidate anchors (usually a node) cheaply, without judging them;
-* ``check(graph, match)`` judges one candidate and returns either a :class:`Refuse` carrying the
-  one-line *reason* it declines (the reason is what ``--explain`` prints and what the JSON report
-  carries), or a *plan*: whatever ``rewrite`` needs, with the analysis ``check`` already did (a
-  :class:`Plan`, the rule's own object, or by default the match itself). Nothing is analysed twice and
-  nothing is kept on the rule instance or on the graph between the two steps;
+* ``check(graph, match)`` judges one candidate and returns either a :class:`Refuse` (the one refusal
+  type in ``rewrites/``) carrying the one-line *reason* it declines (the reason is what ``--explain``
+  prints and what the JSON report carries), or a *plan*: whatever ``rewrite`` needs, with the analysis
+  ``check`` already did (a :class:`Plan`, the rule's own object, or by default the match itself).
+  Nothing is analysed twice and nothing is kept on the rule instance or on the graph between the two
+  steps;
 * ``rewrite(graph, plan)`` performs it, and may return a dict describing what it did (for reports).
 
 The apply loop (:mod:`.apply`) calls ``rewrite`` right after the ``check`` that produced the plan, so
@@ -91,7 +92,20 @@ class ApplyReport:
 
 @dataclass(frozen=True)
 class Refuse:
-    """What ``check`` returns to decline a candidate: the one-line reason.
+    """*The* refusal: "declined, because ``reason``", about ``node`` where one is known.
+
+    One type for every "no" in ``rewrites/`` (issue 36): what ``check`` returns, what a contrib rule's
+    ``analyze``, a shared pattern helper (``dtype_problem``, the attention pattern's steps) and the
+    elementwise regions code return or record instead of a plan. A caller tells it from a plan with
+    ``isinstance(x, Refuse)``, never by asking whether a value is a ``str``: a plan or a found value
+    may well be a string or a tuple of them, and a bare string carries no node. The apply loop turns
+    the ``Refuse`` a ``check`` returns into the report's :class:`Refusal` (rule, anchor's name, reason).
+
+    ``reason`` is one line, what ``--explain`` prints and what the JSON report carries. ``node`` is
+    the node the reason is about, when the code that declined knows it (it may be a neighbour of the
+    rule's anchor); the report still names the anchor, as it always has. Two refusals are equal (and
+    hash alike) by their reason and ``once_per_anchor`` alone: the node is a pointer into the graph,
+    not part of what was said (and onnx-graphsurgeon's nodes are unhashable).
 
     ``once_per_anchor``: report this anchor's refusal the first time only, whatever the reason says
     later. fuse-elementwise uses it: a later pass sees the ops it refused again, often with less
@@ -99,7 +113,18 @@ class Refuse:
     as a refusal (so it does not make the apply loop run a round again)."""
 
     reason: str
-    once_per_anchor: bool = False
+    node: Any = field(default=None, compare=False)
+    once_per_anchor: bool = field(default=False, kw_only=True)
+
+
+class Refused(Exception):
+    """Carries a :class:`Refuse` out of an analysis nested too deep to return it step by step (the
+    elementwise regions' lowering of one node); the code that started the analysis catches it and
+    keeps ``refusal``. Never escapes ``rewrites/``: the apply loop only ever sees the value."""
+
+    def __init__(self, refusal: Refuse):
+        super().__init__(refusal.reason)
+        self.refusal = refusal
 
 
 @dataclass

@@ -34,38 +34,38 @@ _BN_PARAMS = ("scale", "B", "mean", "var")
 
 
 def batchnorm_affine(graph, bn):
-    """``(reason, scale, shift)`` for an inference BatchNormalization: ``BN(y) = y·scale + shift``."""
+    """``(scale, shift)`` for an inference BatchNormalization, ``BN(y) = y·scale + shift``; or a ``Refuse``."""
     if not is_default_domain(bn):
-        return f"BatchNormalization is in domain {bn.domain!r}", None, None
+        return Refuse(f"BatchNormalization is in domain {bn.domain!r}")
     if len(bn.inputs) != 5:
-        return f"BatchNormalization has {len(bn.inputs)} inputs; expected 5", None, None
+        return Refuse(f"BatchNormalization has {len(bn.inputs)} inputs; expected 5")
     if int(bn.attrs.get("training_mode", 0)) != 0:
-        return "BatchNormalization is in training mode (training_mode=1)", None, None
+        return Refuse("BatchNormalization is in training mode (training_mode=1)")
     if "is_test" in bn.attrs and int(bn.attrs["is_test"]) == 0:
-        return "BatchNormalization is in training mode (is_test=0)", None, None
+        return Refuse("BatchNormalization is in training mode (is_test=0)")
     outputs = [t for t in bn.outputs if not t.is_empty()]
     if len(outputs) != 1 or bn.outputs[0].is_empty():
-        return f"BatchNormalization has {len(outputs)} outputs (training statistics)", None, None
+        return Refuse(f"BatchNormalization has {len(outputs)} outputs (training statistics)")
     if int(bn.attrs.get("spatial", 1)) != 1:
-        return "BatchNormalization has spatial=0 (per-element statistics)", None, None
+        return Refuse("BatchNormalization has spatial=0 (per-element statistics)")
     values = {}
     for name, tensor in zip(_BN_PARAMS, bn.inputs[1:]):
         v = constant_value(graph, tensor)
         if v is None:
-            return f"BatchNormalization {name} {tensor.name!r} is not a constant", None, None
+            return Refuse(f"BatchNormalization {name} {tensor.name!r} is not a constant")
         problem = float_dtype_problem((f"BatchNormalization {name}", v.dtype))
         if problem:
-            return problem, None, None
+            return problem
         values[name] = v
     shapes = {v.shape for v in values.values()}
     if len(shapes) != 1 or len(next(iter(shapes))) != 1:
-        return f"BatchNormalization parameters have shapes {sorted(shapes)}; unknown channel count", None, None
+        return Refuse(f"BatchNormalization parameters have shapes {sorted(shapes)}; unknown channel count")
     denom = f64(values["var"]) + float(bn.attrs.get("epsilon", 1e-5))
     if not np.all(denom > 0):
-        return "BatchNormalization has var + epsilon <= 0", None, None
+        return Refuse("BatchNormalization has var + epsilon <= 0")
     scale = f64(values["scale"]) / np.sqrt(denom)
     shift = f64(values["B"]) - f64(values["mean"]) * scale
-    return None, scale, shift
+    return scale, shift
 
 
 class FoldBatchNorm(Rule):
@@ -86,19 +86,19 @@ class FoldBatchNorm(Rule):
         p = producer_of(x)
         if p is None or p.op not in self.producers or not is_alive(p):
             return Refuse("the input is no longer produced by " + "/".join(self.producers))
-        reason = sole_consumer_problem(graph, x, bn)
-        if reason:
-            return Refuse(reason)
-        reason, scale, shift = batchnorm_affine(graph, bn)
-        if reason:
-            return Refuse(reason)
-        reason, fold = self.plan_fold(graph, p, scale, shift)
-        if reason:
-            return Refuse(reason)
+        problem = sole_consumer_problem(graph, x, bn)
+        if problem:
+            return problem
+        affine = batchnorm_affine(graph, bn)
+        if isinstance(affine, Refuse):
+            return affine
+        fold = self.plan_fold(graph, p, *affine)
+        if isinstance(fold, Refuse):
+            return fold
         return Plan(bn, fold)
 
     def plan_fold(self, graph, p, scale, shift):
-        """``(reason, None)`` or ``(None, plan)`` whose ``apply(graph)`` writes the folded parameters."""
+        """A ``Refuse``, or a plan whose ``apply(graph)`` writes the folded parameters."""
         return plan_affine(graph, p, scale, shift)
 
     def rewrite(self, graph, plan: Plan):

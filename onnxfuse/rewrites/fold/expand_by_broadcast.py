@@ -86,10 +86,10 @@ class ExpandByBroadcast(Rule):
                 static[position] = dim
                 continue
             source, axis = getattr(dim, "tensor", None), getattr(dim, "axis", None)
-            problem = "is not known" if source is None else carrier_problem(graph, source, axis)
+            problem = Refuse("is not known") if source is None else carrier_problem(graph, source, axis)
             if problem:
                 return Refuse(f"dimension {dim!r} is not read from a numeric tensor whose other dimensions are static: "
-                              f"its source {problem}")
+                              f"its source {problem.reason}")
             carriers.append((position, source, axis))
         return Plan(node, (len(out), carriers, static, out))
 

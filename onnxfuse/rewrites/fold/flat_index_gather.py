@@ -189,7 +189,7 @@ class FlatIndexGather(Rule):
                 return Refuse("the batch Range's limit is not traced to a tensor's dimension (Gather(Shape(T), k))")
             problem = carrier_problem(graph, *source)
             if problem:
-                return Refuse(f"the tensor whose shape gives the batch size {problem}")
+                return Refuse(f"the tensor whose shape gives the batch size {problem.reason}")
             rows = (rows, source)
         return Plan(gather, (b_limit, i, l_limit, j, rank_o, data_rank, rows))
 

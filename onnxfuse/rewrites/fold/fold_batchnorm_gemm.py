@@ -17,6 +17,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import set_param
 from onnxfuse.rewrites.engine.facts import constant_value, declared_shape, producer_of
+from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.fold.affine import cast_back, f64, float_dtype_problem, plan_affine
 from onnxfuse.rewrites.fold.batchnorm import FoldBatchNorm
 
@@ -62,26 +63,26 @@ class FoldBatchNormIntoGemm(FoldBatchNorm):
         if p.op == "Gemm":
             return plan_affine(graph, p, scale, shift)
         if len(p.inputs) != 2:
-            return "MatMul has an unexpected number of inputs", None
+            return Refuse("MatMul has an unexpected number of inputs")
         w = constant_value(graph, p.inputs[1])
         if w is None:
-            return f"MatMul weight {p.inputs[1].name!r} is not a constant", None
+            return Refuse(f"MatMul weight {p.inputs[1].name!r} is not a constant")
         if w.ndim != 2:
-            return f"MatMul weight has rank {w.ndim}; only a constant 2-D weight is folded", None
+            return Refuse(f"MatMul weight has rank {w.ndim}; only a constant 2-D weight is folded")
         problem = float_dtype_problem(("MatMul weight", w.dtype))
         if problem:
-            return problem, None
+            return problem
         rank = rank_of_input(p.inputs[0])
         if rank is None:
-            return "MatMul input rank is unknown; BatchNormalization's channel axis may not be the feature axis", None
+            return Refuse("MatMul input rank is unknown; BatchNormalization's channel axis may not be the feature axis")
         if rank != 2:
-            return (f"MatMul input has rank {rank}: BatchNormalization normalizes axis 1, "
-                    f"not MatMul's feature axis (the last)"), None
+            return Refuse(f"MatMul input has rank {rank}: BatchNormalization normalizes axis 1, "
+                          f"not MatMul's feature axis (the last)")
         channels = int(w.shape[1])
         if scale.shape != (channels,):
-            return f"BatchNormalization has {scale.size} channels but MatMul produces {channels}", None
+            return Refuse(f"BatchNormalization has {scale.size} channels but MatMul produces {channels}")
         new_b = cast_back(f64(w) * scale.reshape(1, channels), w.dtype)
         new_c = cast_back(shift, w.dtype)
         if new_b is None or new_c is None:
-            return f"folded MatMul weight or bias overflows {w.dtype.name}", None
-        return None, _MatMulPlan(p, new_b, new_c)
+            return Refuse(f"folded MatMul weight or bias overflows {w.dtype.name}")
+        return _MatMulPlan(p, new_b, new_c)

@@ -74,20 +74,21 @@ class FoldScaleBias(Rule):
         p = _foldable_producer(y)
         if p is None or not is_alive(p):
             return Refuse(f"the {node.op} input is no longer produced by Conv/ConvTranspose/Gemm")
-        reason = sole_consumer_problem(graph, y, node)
-        if reason:
-            return Refuse(reason)
+        problem = sole_consumer_problem(graph, y, node)
+        if problem:
+            return problem
         c = constant_value(graph, other)
         if c is None:
             return Refuse(f"the other operand of {node.op} ({other.name!r}) is not a constant")
-        reason, w, rank, channels = producer_geometry(graph, p)
-        if reason:
-            return Refuse(reason)
+        geometry = producer_geometry(graph, p)
+        if isinstance(geometry, Refuse):
+            return geometry
+        w, rank, channels = geometry
         if c.dtype != w.dtype:
             return Refuse(f"dtype mismatch: the {node.op} constant is {c.dtype.name}, the {p.op} weight is {w.dtype.name}")
-        reason = broadcast_channel_problem(c.shape, rank, channels)
-        if reason:
-            return Refuse(reason)
+        problem = broadcast_channel_problem(c.shape, rank, channels)
+        if problem:
+            return problem
         v = per_channel_vector(c, rank, channels)
         if not np.all(np.isfinite(v)):
             return Refuse(f"the {node.op} constant is not finite")
@@ -104,9 +105,9 @@ class FoldScaleBias(Rule):
             if np.any(v == 0):
                 return Refuse("division by zero in the Div constant")
             scale, shift = 1.0 / v, zeros
-        reason, plan = plan_affine(graph, p, scale, shift)
-        if reason:
-            return Refuse(reason)
+        plan = plan_affine(graph, p, scale, shift)
+        if isinstance(plan, Refuse):
+            return plan
         return Plan(node, plan)
 
     def rewrite(self, graph, plan: Plan):

@@ -53,9 +53,9 @@ class GemmRowsToMatMul(Rule):
                 yield node
 
     def check(self, graph, back):
-        reason, rows = row_wise_gemm(graph, back)
-        if reason:
-            return Refuse(reason)
+        rows = row_wise_gemm(graph, back)
+        if isinstance(rows, Refuse):
+            return rows
         w_value = None
         if int(rows.gemm.attrs.get("transB", 0)):
             w_value = constant_value(graph, rows.gemm.inputs[1])

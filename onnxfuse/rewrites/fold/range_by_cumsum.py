@@ -64,7 +64,7 @@ class RangeByCumsum(Rule):
         tensor, axis = found
         problem = carrier_problem(graph, tensor, axis)
         if problem:
-            return Refuse(f"the tensor whose shape gives the limit {problem}")
+            return Refuse(f"the tensor whose shape gives the limit {problem.reason}")
         return Plan(node, (tensor, axis))
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:

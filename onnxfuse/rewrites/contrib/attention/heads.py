@@ -46,6 +46,7 @@ from onnxfuse.rewrites.contrib.attention.layout import (
 )
 from onnxfuse.rewrites.contrib.attention.facts import strip_scale
 from onnxfuse.rewrites.engine.facts import constant_value, consumers, is_op, perm_of, producer_of, shape_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 @dataclass
 class Head:
@@ -60,93 +61,93 @@ class Head:
     why: str = ""  # given heads: why they could not be traced to the tensor they were cut from
 
 
-def _batch_first(graph, r, t) -> Head | str:
+def _batch_first(graph, r, t) -> Head | Refuse:
     """``Transpose(perm)(Reshape(source [B, S, E], [b, s, H, D]))``: every entry of [b, s] copies the
     source's dimension (0 or the same static value), or one of them is -1 while the other copies and
     H and D are given: the element count then forces -1 to be the remaining dimension."""
     if r is None or not is_op(r, "Reshape") or len(r.inputs) != 2 or int(r.attrs.get("allowzero", 0)):
-        return "heads are not split by a Reshape"
+        return Refuse("heads are not split by a Reshape")
     target = constant_value(graph, r.inputs[1])
     if target is None or target.ndim != 1 or target.size != 4:
-        return "the head-splitting Reshape's target is not a constant [·, ·, H, D]"
+        return Refuse("the head-splitting Reshape's target is not a constant [·, ·, H, D]")
     source = r.inputs[0]
     shape = shape_of(graph, source)
     if shape is None or len(shape) != 3 or not isinstance(shape[2], int):
-        return f"{source.name!r} is not [batch, sequence, hidden] with a static hidden size"
+        return Refuse(f"{source.name!r} is not [batch, sequence, hidden] with a static hidden size")
     hidden = shape[2]
     target = [int(v) for v in target]
     heads, size = target[2], target[3]
     if heads == -1 and size > 0 and hidden % size == 0:  # [·, ·, -1, D]: H inferred
         heads = hidden // size
         if -1 in target[:2]:
-            return "the head-splitting Reshape's target has two -1 entries"
+            return Refuse("the head-splitting Reshape's target has two -1 entries")
     elif size == -1 and heads > 0 and hidden % heads == 0:  # [·, ·, H, -1]: D inferred
         size = hidden // heads
         if -1 in target[:2]:
-            return "the head-splitting Reshape's target has two -1 entries"
+            return Refuse("the head-splitting Reshape's target has two -1 entries")
     if heads <= 0 or size <= 0 or heads * size != hidden:
-        return f"the head-splitting Reshape's target {target} does not split {hidden} into H x D"
+        return Refuse(f"the head-splitting Reshape's target {target} does not split {hidden} into H x D")
     copies = [copies_dim(target[i], shape[i]) for i in (0, 1)]
     if not (all(copies) or (target[0] == -1 and copies[1]) or (target[1] == -1 and copies[0])):
-        return "the head-splitting Reshape changes the batch or sequence dimension"
+        return Refuse("the head-splitting Reshape changes the batch or sequence dimension")
     return Head(source, heads, size, [t, r], BATCH_FIRST)
 
 
-def _sequence_first(graph, r4) -> Head | str:
+def _sequence_first(graph, r4) -> Head | Refuse:
     """torch.nn.MultiheadAttention's split: ``Reshape(Transpose(Reshape(x [S, B, E], [S, -1, D]),
     perm=[1, 0, 2]), [-1, H, S, D])``. Element (s, b, h·D + d) goes to (s, b·H + h, d), then to
     (b·H + h, s, d), then, row-major, to (b, h, s, d): the heads of the sequence-first x."""
     if len(r4.inputs) != 2 or int(r4.attrs.get("allowzero", 0)):
-        return "heads are not split by a Reshape"
+        return Refuse("heads are not split by a Reshape")
     t = producer_of(r4.inputs[0])
     if t is None or perm_of(t) != [1, 0, 2]:
-        return "heads are not split by Transpose(perm=[0, 2, 1, 3]) nor by Reshape(Transpose(perm=[1, 0, 2]))"
+        return Refuse("heads are not split by Transpose(perm=[0, 2, 1, 3]) nor by Reshape(Transpose(perm=[1, 0, 2]))")
     r3 = producer_of(t.inputs[0])
     if r3 is None or not is_op(r3, "Reshape") or len(r3.inputs) != 2 or int(r3.attrs.get("allowzero", 0)):
-        return "the [S, B·H, D] heads are not made by a Reshape"
+        return Refuse("the [S, B·H, D] heads are not made by a Reshape")
     t3, t4 = constant_value(graph, r3.inputs[1]), constant_value(graph, r4.inputs[1])
     if t3 is None or t4 is None or t3.shape != (3,) or t4.shape != (4,):
-        return "the sequence-first head split's Reshape targets are not constants [S, -1, D] and [-1, H, S, D]"
+        return Refuse("the sequence-first head split's Reshape targets are not constants [S, -1, D] and [-1, H, S, D]")
     source = r3.inputs[0]
     shape = shape_of(graph, source)
     if shape is None or len(shape) != 3 or not isinstance(shape[2], int) or not isinstance(shape[0], int):
-        return f"{source.name!r} is not [sequence, batch, hidden] with a static sequence and hidden size"
+        return Refuse(f"{source.name!r} is not [sequence, batch, hidden] with a static sequence and hidden size")
     seq, hidden = shape[0], shape[2]
     size = int(t3[2])
     if not (copies_dim(t3[0], seq) and int(t3[1]) == -1 and size > 0 and hidden % size == 0):
-        return f"the sequence-first head split's target {t3.tolist()} is not [S, -1, D]"
+        return Refuse(f"the sequence-first head split's target {t3.tolist()} is not [S, -1, D]")
     heads = hidden // size
     if [int(v) for v in t4] != [-1, heads, seq, size]:
-        return f"the sequence-first head merge's target {t4.tolist()} is not [-1, {heads}, {seq}, {size}]"
+        return Refuse(f"the sequence-first head merge's target {t4.tolist()} is not [-1, {heads}, {seq}, {size}]")
     return Head(source, heads, size, [r4, t, r3], SEQ_FIRST)
 
 
-def split_heads(graph, tensor, transposed: bool) -> Head | str:
+def split_heads(graph, tensor, transposed: bool) -> Head | Refuse:
     """``tensor`` [B, H, S, D] (Kᵀ [B, H, D, L] when ``transposed``) traced to the rank-3 tensor it was cut
     from. Kᵀ is the heads perm [0, 2, 3, 1] in one step, or any heads form followed by a swap of the last
     two axes."""
     t = producer_of(tensor)
     if t is None:
-        return "no head-splitting producer"
+        return Refuse("no head-splitting producer")
     perm = perm_of(t)
     if transposed:
         if perm == SWAP_LAST:
             inner = split_heads(graph, t.inputs[0], transposed=False)
-            if isinstance(inner, str):
-                return "Kᵀ is not a Transpose of the split heads: " + inner
+            if isinstance(inner, Refuse):
+                return Refuse("Kᵀ is not a Transpose of the split heads: " + inner.reason)
             inner.nodes.insert(0, t)
             return inner
         if perm != HEADS_T:
-            return f"expected a Transpose(perm={HEADS_T}) splitting heads"
+            return Refuse(f"expected a Transpose(perm={HEADS_T}) splitting heads")
         return _batch_first(graph, producer_of(t.inputs[0]), t)
     if perm == HEADS:
         return _batch_first(graph, producer_of(t.inputs[0]), t)
     if is_op(t, "Reshape"):
         return _sequence_first(graph, t)
-    return f"expected a Transpose(perm={HEADS}) splitting heads"
+    return Refuse(f"expected a Transpose(perm={HEADS}) splitting heads")
 
 
-def given_heads(graph, tensor, transposed: bool, why: str = "") -> Head | str:
+def given_heads(graph, tensor, transposed: bool, why: str = "") -> Head | Refuse:
     """``tensor`` taken as heads the way the graph already has them, when it cannot be traced to the
     [B, S, E] tensor it was cut from: [B, H, S, D] with H and D static (Kᵀ: ``Transpose(perm=[0, 1, 3,
     2])`` of such a [B, H, L, D] k). This is how Llama-style models reach the scores: rotary embeddings
@@ -158,11 +159,11 @@ def given_heads(graph, tensor, transposed: bool, why: str = "") -> Head | str:
     if transposed:
         t = producer_of(tensor)
         if t is None or perm_of(t) != SWAP_LAST:
-            return f"Kᵀ is not Transpose(perm={SWAP_LAST}) of [B, H, L, D] heads"
+            return Refuse(f"Kᵀ is not Transpose(perm={SWAP_LAST}) of [B, H, L, D] heads")
         nodes, tensor = [t], t.inputs[0]
     shape = shape_of(graph, tensor)
     if shape is None or len(shape) != 4 or not all(isinstance(d, int) and d > 0 for d in (shape[1], shape[3])):
-        return f"{tensor.name!r} is not [B, H, S, D] heads with a static H and D"
+        return Refuse(f"{tensor.name!r} is not [B, H, S, D] heads with a static H and D")
     return Head(tensor, shape[1], shape[3], nodes, GIVEN, why=why)
 
 
@@ -181,14 +182,14 @@ def as_given(head: Head, heads_tensor) -> Head | None:
     return None
 
 
-def heads_of(graph, tensor, transposed: bool, which: str) -> Head | str:
+def heads_of(graph, tensor, transposed: bool, which: str) -> Head | Refuse:
     """``tensor``'s heads split from the tensor they were cut from, else as the graph has them
     (:func:`given_heads`); or why neither."""
     head = split_heads(graph, tensor, transposed)
-    if isinstance(head, str):
-        given = given_heads(graph, tensor, transposed, why=f"{which}: {head}")
-        if isinstance(given, str):
-            return f"{which}: {head}; as given heads: {given}"
+    if isinstance(head, Refuse):
+        given = given_heads(graph, tensor, transposed, why=f"{which}: {head.reason}")
+        if isinstance(given, Refuse):
+            return Refuse(f"{which}: {head.reason}; as given heads: {given.reason}")
         head = given
     return head
 
@@ -197,17 +198,17 @@ def values_and_merge(graph, v_heads, out):
     """(V's heads, Transpose, Reshape): V split into heads (or given) and the attention output ``out``
     [B, H, S, D] merged back by a Transpose read only by a Reshape, in V's layout; or why not."""
     v = heads_of(graph, v_heads, False, "V")
-    if isinstance(v, str):
+    if isinstance(v, Refuse):
         return v
     merge_perm = SEQ_FIRST_MERGE if v.layout == SEQ_FIRST else HEADS
     after = consumers(out)
     if len(after) != 1 or perm_of(after[0]) != merge_perm:
         why = f"{v.why}; as given heads: " if v.layout == GIVEN else ""
-        return f"{why}the attention output is not merged back by Transpose(perm={merge_perm})"
+        return Refuse(f"{why}the attention output is not merged back by Transpose(perm={merge_perm})")
     merge_t = after[0]
     after = consumers(merge_t.outputs[0])
     if len(after) != 1 or not is_op(after[0], "Reshape") or after[0].inputs[0] is not merge_t.outputs[0]:
-        return "the attention output is not merged back by a Reshape"
+        return Refuse("the attention output is not merged back by a Reshape")
     return v, merge_t, after[0]
 
 
@@ -216,11 +217,11 @@ def query_key_value(graph, query, key, key_transposed: bool, v, v_heads, nodes, 
     ``key_transposed``), the scalar factors on each peeled into ``factors`` and their nodes into ``nodes``,
     then read together with ``v`` (split from ``v_heads``) by :func:`_given_kv`; or why not."""
     q = heads_of(graph, strip_scale(graph, query, nodes, factors), False, "Q")
-    if isinstance(q, str):
+    if isinstance(q, Refuse):
         return q
     k_heads = strip_scale(graph, key, nodes, factors)
     k = heads_of(graph, k_heads, key_transposed, "K")
-    if isinstance(k, str):
+    if isinstance(k, Refuse):
         return k
     return _given_kv(q, k, v, None if key_transposed else k_heads, v_heads)
 
@@ -233,8 +234,8 @@ def _given_kv(q, k, v, k_heads, v_heads):
         return q, k, v
     why = next(head.why for head in (q, k, v) if head.layout == GIVEN)
     if SEQ_FIRST in (q.layout, k.layout, v.layout):
-        return f"{why}; taken as given heads, beside heads split from a sequence-first [S, B, E] tensor"
+        return Refuse(f"{why}; taken as given heads, beside heads split from a sequence-first [S, B, E] tensor")
     k_given, v_given = as_given(k, k_heads), as_given(v, v_heads)
     if k_given is None:
-        return f"{why}; taken as given heads, but Kᵀ is made in one step from [B, S, E] (no [B, H, L, D] key to read)"
+        return Refuse(f"{why}; taken as given heads, but Kᵀ is made in one step from [B, S, E] (no [B, H, L, D] key to read)")
     return q, k_given, v_given

@@ -50,6 +50,7 @@ from onnxfuse.rewrites.engine.facts import (
     scalar_constant,
     shape_of,
 )
+from onnxfuse.rewrites.engine.rule import Refuse
 
 #: a Where fill f is absorbing in float32 when f <= this: s + f == f for |s| < ulp(f)/2 (>= 3.7e22)
 ABSORBING_FILL = -1e30
@@ -88,7 +89,7 @@ class MaskTerm:
     absorbing: bool = True
 
 
-def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] | str:
+def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] | Refuse:
     """Peel the mask steps (Add of a tensor not computed from the scores, Where with a scalar fill, no-op
     Casts) off the Softmax input ``tensor``; returns them outermost first and the tensor inside them."""
     terms: list[MaskTerm] = []
@@ -103,15 +104,15 @@ def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] 
         if is_op(p, "Add") and len(p.inputs) == 2:
             sides = [_reaches_matmul(graph, t) for t in p.inputs]
             if sides == [True, True]:
-                return "both operands of the mask Add are computed from a MatMul"
+                return Refuse("both operands of the mask Add are computed from a MatMul")
             if sides == [False, False]:
-                return "the Softmax input is an Add with no Q·Kᵀ MatMul behind it"
+                return Refuse("the Softmax input is an Add with no Q·Kᵀ MatMul behind it")
             x, mask = p.inputs if sides[0] else p.inputs[::-1]
             if dtype_of(graph, mask) != dtype:
-                return "the mask's element type differs from the scores'"
+                return Refuse("the mask's element type differs from the scores'")
             m_shape = shape_of(graph, mask)
             if m_shape is None or len(m_shape) > 4:
-                return "the mask's rank is unknown or above 4"
+                return Refuse("the mask's rank is unknown or above 4")
             terms.append(MaskTerm("add", mask=mask))
             nodes.append(p)
             tensor = x
@@ -120,16 +121,16 @@ def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] 
             cond, a, b = p.inputs
             fill_a, fill_b = scalar_constant(graph, a), scalar_constant(graph, b)
             if (fill_a is None) == (fill_b is None):
-                return "the Where on the scores does not select between the scores and a scalar fill"
+                return Refuse("the Where on the scores does not select between the scores and a scalar fill")
             scores_if_true = fill_b is not None
             fill = float(np.asarray(fill_b if scores_if_true else fill_a, np.float64).reshape(()))
             absorbing = dtype == np.dtype(np.float32) and np.isfinite(fill) and fill <= ABSORBING_FILL
             if not absorbing and not (dtype == np.dtype(np.float16) and fill == FP16_MIN):
-                return (f"Where-mask fill {fill:g} ({dtype}) is not absorbing: Where(c, s, f) = s + Where(c, 0, f) "
-                        f"needs s + f == f, proved only for a finite float32 f <= {ABSORBING_FILL:g}")
+                return Refuse(f"Where-mask fill {fill:g} ({dtype}) is not absorbing: Where(c, s, f) = s + Where(c, 0, f) "
+                              f"needs s + f == f, proved only for a finite float32 f <= {ABSORBING_FILL:g}")
             c_shape = shape_of(graph, cond)
             if dtype_of(graph, cond) != np.dtype(bool) or c_shape is None or len(c_shape) > 4:
-                return "the Where-mask condition is not a bool tensor of known rank <= 4"
+                return Refuse("the Where-mask condition is not a bool tensor of known rank <= 4")
             terms.append(MaskTerm("where", cond=cond, fill=fill, scores_if_true=scores_if_true, absorbing=absorbing))
             nodes.append(p)
             tensor = a if scores_if_true else b

@@ -13,18 +13,19 @@ from onnxfuse.rewrites.contrib.attention.masks import finite_masks, mask_terms, 
 from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan, plan_attention
 from onnxfuse.rewrites.contrib.attention.shape_reads import find_shape_reads
 from onnxfuse.rewrites.engine.facts import consumers, dtype_of, is_graph_output, is_op, producer_of, rank_of, shape_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
-def analyze_softmax(graph, softmax) -> AttentionPlan | str:
+def analyze_softmax(graph, softmax) -> AttentionPlan | Refuse:
     if len(softmax.inputs) != 1:
-        return "Softmax does not have one input"
+        return Refuse("Softmax does not have one input")
     scores_shape = shape_of(graph, softmax.inputs[0])
     if scores_shape is None or len(scores_shape) != 4:
-        return "Softmax input is not known to be rank 4 [batch, heads, query, key]"
+        return Refuse("Softmax input is not known to be rank 4 [batch, heads, query, key]")
     if int(softmax.attrs.get("axis", -1)) not in (-1, 3):
-        return "Softmax is not over the last axis"
+        return Refuse("Softmax is not over the last axis")
     score_dtype = dtype = dtype_of(graph, softmax.inputs[0])
     if dtype not in DTYPES:
-        return f"element type {dtype} (MultiHeadAttention: float32, float16)"
+        return Refuse(f"element type {dtype} (MultiHeadAttention: float32, float16)")
     nodes = [softmax]
     # after: (no-op Cast, or the float32 → float16 Cast that ends an island) → MatMul(P, V_heads)
     # → Transpose → Reshape
@@ -47,7 +48,7 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | str:
     if island:
         dtype = np.dtype(np.float16)
     if len(readers) != 1 or not is_op(readers[0], "MatMul") or readers[0].inputs[0] is not probs:
-        return "Softmax output is not read by exactly one MatMul (× V)"
+        return Refuse("Softmax output is not read by exactly one MatMul (× V)")
     pv = readers[0]
     nodes.append(pv)
     v_heads, wide = pv.inputs[1], False
@@ -57,13 +58,13 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | str:
         nodes.append(producer_of(v_heads))
         v_heads = producer_of(v_heads).inputs[0]
     found = values_and_merge(graph, v_heads, pv.outputs[0])
-    if isinstance(found, str):
+    if isinstance(found, Refuse):
         return found
     v, merge_t, merge_r = found
     nodes.append(merge_t)
     # before: mask steps (+ M, Where(c, ·, f)) ← (×/÷ s) ← MatMul(Q_heads, Kᵀ)
     found = mask_terms(graph, softmax.inputs[0], nodes, score_dtype)
-    if isinstance(found, str):
+    if isinstance(found, Refuse):
         return found
     terms, x = found
     # a guard after a mask that may hold -inf zeroes the rows with every key masked: emulated, or refused
@@ -73,23 +74,23 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | str:
     if island:  # the float16 scores enter float32 here, before any mask step (island or float32 P·V)
         upcast = producer_of(x)
         if not is_upcast(graph, upcast):
-            return ("a float32 Softmax of a float16 attention (its weights cast down, or its values cast up) "
-                    "whose scores are not float16 cast up to float32")
+            return Refuse("a float32 Softmax of a float16 attention (its weights cast down, or its values cast up) "
+                          "whose scores are not float16 cast up to float32")
         nodes.append(upcast)
         x = strip_scale(graph, upcast.inputs[0], nodes, factors)
     qk = producer_of(x)
     if qk is None or not is_op(qk, "MatMul") or len(qk.inputs) != 2:
-        return "no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)"
+        return Refuse("no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)")
     nodes.append(qk)
     found = query_key_value(graph, qk.inputs[0], qk.inputs[1], True, v, v_heads, nodes, factors)
-    if isinstance(found, str):
+    if isinstance(found, Refuse):
         return found
     q, k, v = found
     return plan_attention(graph, softmax, nodes, q, k, v, factors, terms, dtype, island, merge_r,
                           lambda: find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t),
                           zero_empty_rows=zero_empty_rows, float32_output=wide)
 
-def analyze_onnx_attention(graph, op) -> AttentionPlan | str:
+def analyze_onnx_attention(graph, op) -> AttentionPlan | Refuse:
     """ONNX's own ``Attention`` (opset 23, which torch's dynamo exporter writes for scaled_dot_product_
     attention from ``opset_version=23`` on) over [B, H, S, D] heads: ``softmax(scale·Q·Kᵀ + mask)·V``
     with ``scale`` the attribute or 1/√D, K given untransposed: the same plan as the decomposed form
@@ -99,28 +100,28 @@ def analyze_onnx_attention(graph, op) -> AttentionPlan | str:
     an output other than Y read, 3-D inputs."""
     inputs = list(op.inputs)
     if len(inputs) < 3 or any(t.name for t in inputs[4:]):
-        return "ONNX Attention with past keys/values or sequence lengths (a KV cache)"
+        return Refuse("ONNX Attention with past keys/values or sequence lengths (a KV cache)")
     if len(inputs) > 3 and inputs[3].name:
-        return ("ONNX Attention with a mask: ONNX Runtime's CPU kernel gives 0 for a row whose every key is "
-                "masked (finfo.min), where com.microsoft Attention and the spec's arithmetic average the row")
+        return Refuse("ONNX Attention with a mask: ONNX Runtime's CPU kernel gives 0 for a row whose every key is "
+                      "masked (finfo.min), where com.microsoft Attention and the spec's arithmetic average the row")
     if any(o.name and consumers(o) for o in op.outputs[1:]) or any(is_graph_output(graph, o) for o in op.outputs[1:]):
-        return "ONNX Attention's present keys/values or QK output are read"
+        return Refuse("ONNX Attention's present keys/values or QK output are read")
     if int(op.attrs.get("is_causal", 0)) or float(op.attrs.get("softcap", 0.0)) != 0.0:
-        return "ONNX Attention with is_causal or softcap"
+        return Refuse("ONNX Attention with is_causal or softcap")
     dtype = dtype_of(graph, op.outputs[0])
     if dtype not in DTYPES:
-        return f"element type {dtype} (Attention: float32, float16)"
+        return Refuse(f"element type {dtype} (Attention: float32, float16)")
     if any(rank_of(graph, t) != 4 for t in inputs[:3]):
-        return "ONNX Attention on 3-D (packed heads) inputs"
+        return Refuse("ONNX Attention on 3-D (packed heads) inputs")
     nodes = [op]
     found = values_and_merge(graph, inputs[2], op.outputs[0])
-    if isinstance(found, str):
+    if isinstance(found, Refuse):
         return found
     v, merge_t, merge_r = found
     nodes.append(merge_t)
     factors: list[float] = []
     found = query_key_value(graph, inputs[0], inputs[1], False, v, inputs[2], nodes, factors)
-    if isinstance(found, str):
+    if isinstance(found, Refuse):
         return found
     q, k, v = found
     scale = op.attrs.get("scale")

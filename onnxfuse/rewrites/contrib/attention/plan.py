@@ -33,6 +33,7 @@ from onnxfuse.rewrites.contrib.attention.masks import FP16_MIN
 from onnxfuse.rewrites.contrib.attention.policy import keep_bias_pays, raw_mask_pays, speed_policy
 from onnxfuse.rewrites.contrib.attention.projections import PackedProjections, fold_biases, packed_projections
 from onnxfuse.rewrites.engine.facts import dims_equal, dtype_of, internal_problem, rank_of, shape_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 @dataclass(kw_only=True)
 class AttentionPlan:
@@ -81,14 +82,14 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     ``max(keep over the keys)``: 0 there, 1 elsewhere (x·1 = x exactly; x·0 = 0 for finite x, and an
     infinite or NaN value of V gives NaN in both models). Refused otherwise, with the guard's reason."""
     if not (q.heads == k.heads == v.heads and q.size == k.size == v.size):
-        return f"Q, K and V split into different heads ({q.heads}x{q.size}, {k.heads}x{k.size}, {v.heads}x{v.size})"
+        return Refuse(f"Q, K and V split into different heads ({q.heads}x{q.size}, {k.heads}x{k.size}, {v.heads}x{v.size})")
     given = k.layout == GIVEN  # heads.query_key_value: then v too; q given or batch-first
     if not given and not (q.layout == k.layout == v.layout):
-        return "Q, K and V are split from different layouts (batch-first and sequence-first)"
+        return Refuse("Q, K and V are split from different layouts (batch-first and sequence-first)")
     if given:  # MatMul broadcasts a batch of 1 against B; MultiHeadAttention wants B everywhere
         batches = [batch_of(graph, head.source, head.layout) for head in (q, k, v)]
         if not (dims_equal(batches[0], batches[1]) and dims_equal(batches[1], batches[2])):
-            return f"given Q, K and V heads not provably of one batch size ({batches}: MatMul broadcasts it)"
+            return Refuse(f"given Q, K and V heads not provably of one batch size ({batches}: MatMul broadcasts it)")
     nodes += q.nodes + k.nodes + v.nodes
     # a scalar factor on q or k before the split (q_proj(x)·c) scales the scores just the same
     q_source = strip_scale(graph, q.source, nodes, factors)
@@ -96,15 +97,15 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     v_source = v.source
     types = {dtype_of(graph, t) for t in (q_source, k_source, v_source)}
     if types != {dtype}:
-        return "Q, K, V and the scores have different element types"
+        return Refuse("Q, K, V and the scores have different element types")
     shape_reads = []
     problem = internal_problem(graph, nodes + [merge_r], merge_r)
     if problem:
         if shape_reads_of is None:
             return problem
         shape_reads = shape_reads_of()
-        if isinstance(shape_reads, str):
-            return problem if shape_reads == "" else shape_reads
+        if shape_reads is None:
+            return problem
     mask_rank, tail_known = 0, False
     if len(terms) == 1 and terms[0].kind == "add":
         m_shape = shape_of(graph, terms[0].mask)
@@ -134,31 +135,31 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                                  lengths=((qx, AXES[q_layout][1]), (qx, AXES[q_layout][2]), (kx, AXES[k_layout][2])))
     if zero_empty_rows:
         if key_mask is None or q.layout == SEQ_FIRST:
-            return ("the Softmax's NaN guard Where(IsNaN(p), 0, p) zeroes rows whose every score is -inf; the "
-                    "mask here is not provably finite and not a keep mask of [B, 1, S or 1, L] the fused op "
-                    "could take raw (then rows with no key kept are zeroed after it), so the fused op's rows "
-                    "could differ")
+            return Refuse("the Softmax's NaN guard Where(IsNaN(p), 0, p) zeroes rows whose every score is -inf; the "
+                          "mask here is not provably finite and not a keep mask of [B, 1, S or 1, L] the fused op "
+                          "could take raw (then rows with no key kept are zeroed after it), so the fused op's rows "
+                          "could differ")
         key_mask = replace(key_mask, fill=float(np.finfo(np.float32).min))
     if fp16_fill:
         if key_mask is None:
-            return (f"Where-mask fill {FP16_MIN:g} (float16) is not absorbing (s + f != f for |s| >= 16): fused "
-                    "only with the mask as a raw keep mask (Attention's mask_index, MultiHeadAttention's "
-                    "key_padding_mask); the mask is not a keep mask of [B, 1, S or 1, L]")
+            return Refuse(f"Where-mask fill {FP16_MIN:g} (float16) is not absorbing (s + f != f for |s| >= 16): fused "
+                          "only with the mask as a raw keep mask (Attention's mask_index, MultiHeadAttention's "
+                          "key_padding_mask); the mask is not a keep mask of [B, 1, S or 1, L]")
         key_mask = replace(key_mask, fill=float(np.finfo(np.float32).min))
     keep_as_bias = key_mask is not None and keep_bias_pays(dtype, zero_empty_rows)
     # k's layout is q's unless k is given (then packed is None: no all-keys mask either way)
     verdict = speed_policy(graph, dtype=dtype, layout=k.layout if given else q.layout, key=k_source,
                            packed=packed is not None, key_mask=key_mask is not None and not keep_as_bias,
                            masked=bool(terms))
-    if isinstance(verdict, str):
+    if isinstance(verdict, Refuse):
         return verdict
     if island and terms and key_mask is None:
-        return ("float16 attention with a float32 Softmax: fused only with the mask as a raw 0/1 mask "
-                "(Attention's mask_index, MultiHeadAttention's key_padding_mask: the kernel adds "
-                "mask_filter_value in float32, as the graph does); "
-                + ("the sequence-first layout takes no raw mask unless packed" if q.layout == SEQ_FIRST
-                   and packed is None else "the mask is not a 0/fill keep mask of [B, 1, S or 1, L] (a "
-                   "float16 attention_bias would round the float32 mask)"))
+        return Refuse("float16 attention with a float32 Softmax: fused only with the mask as a raw 0/1 mask "
+                      "(Attention's mask_index, MultiHeadAttention's key_padding_mask: the kernel adds "
+                      "mask_filter_value in float32, as the graph does); "
+                      + ("the sequence-first layout takes no raw mask unless packed" if q.layout == SEQ_FIRST
+                         and packed is None else "the mask is not a 0/fill keep mask of [B, 1, S or 1, L] (a "
+                      "float16 attention_bias would round the float32 mask)"))
     return AttentionPlan(anchor=anchor, nodes=nodes, q=q_source, k=k_source, v=v_source, heads=q.heads,
                          head_size=q.size, scale=scale, layout=q.layout, dtype=dtype, merge=merge_r, terms=terms,
                          mask_rank=mask_rank, mask_tail_known=tail_known, biases=biases, shape_reads=shape_reads,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxfuse.rewrites.contrib.attention.layout import GIVEN, SEQ_FIRST, sequence_of
+from onnxfuse.rewrites.engine.rule import Refuse
 
 #: float32 key length from which ONNX Runtime's CUDA attention runs its float32 memory-efficient kernel
 #: (its ``kMinSeqLenForMemoryEfficientAttentionFp32``); there that kernel was slower than the unfused GEMMs
@@ -39,7 +40,7 @@ def long_keys(graph, key, layout) -> bool:
     return isinstance(length, int) and length >= FP32_LONG_KEYS
 
 
-def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> str | None:
+def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> Refuse | None:
     """Why fusing this attention would make the model slower on the GPU (measured), or None.
 
     Float16 always fuses: every fp16 row gained (BERT-base 1.68-1.70×, ViT-B/16 1.40-1.65×, Whisper-base
@@ -58,18 +59,18 @@ def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> str | None
     if dtype != np.float32 or raw_mask:
         return None
     if layout == GIVEN:
-        return ("float32 attention over given (rotated or repeated) heads is left unfused: MultiHeadAttention "
-                "with [B, H, L, D] key and value measured 0.82-1.04x the decomposed graph in float32 "
-                "(benchmarks/gqa_attention.py, H100), 1.4-2.7x in float16: a float16 export (model.half()) fuses it")
+        return Refuse("float32 attention over given (rotated or repeated) heads is left unfused: MultiHeadAttention "
+                      "with [B, H, L, D] key and value measured 0.82-1.04x the decomposed graph in float32 "
+                      "(benchmarks/gqa_attention.py, H100), 1.4-2.7x in float16: a float16 export (model.half()) fuses it")
     if layout == SEQ_FIRST:
-        return ("float32 sequence-first attention is left unfused unless its q, k, v are packed projections "
-                "with no mask or a keep mask: the Transposes into [B, S, E] and back cost more than the fusion "
-                "saves (measured: ViT-B/16 fp32); fp16 (--precision fp16) fuses it")
+        return Refuse("float32 sequence-first attention is left unfused unless its q, k, v are packed projections "
+                      "with no mask or a keep mask: the Transposes into [B, S, E] and back cost more than the fusion "
+                      "saves (measured: ViT-B/16 fp32); fp16 (--precision fp16) fuses it")
     if long_keys(graph, key, layout):
-        return (f"float32 attention over {sequence_of(graph, key, layout)} keys is left unfused unless its q, k, v are "
-                f"packed projections with no mask or a keep mask: ONNX Runtime's fp32 memory-efficient kernel "
-                f"is slower than its unfused GEMMs from {FP32_LONG_KEYS} keys on (measured: Whisper-base, "
-                f"L=1500); fp16 (--precision fp16) fuses it")
+        return Refuse(f"float32 attention over {sequence_of(graph, key, layout)} keys is left unfused unless its q, k, v are "
+                      f"packed projections with no mask or a keep mask: ONNX Runtime's fp32 memory-efficient kernel "
+                      f"is slower than its unfused GEMMs from {FP32_LONG_KEYS} keys on (measured: Whisper-base, "
+                      f"L=1500); fp16 (--precision fp16) fuses it")
     return None
 
 
@@ -104,9 +105,9 @@ class Verdict:
     all_keys_mask: bool = False
 
 
-def speed_policy(graph, *, dtype, layout, key, packed: bool, key_mask: bool, masked: bool) -> Verdict | str:
-    """Whether this attention, once proved exact, fuses: the measured reason it would be slower
-    (:func:`slower_than_unfused`), or a :class:`Verdict`. ``layout``: how the op reads ``key``;
+def speed_policy(graph, *, dtype, layout, key, packed: bool, key_mask: bool, masked: bool) -> Verdict | Refuse:
+    """Whether this attention, once proved exact, fuses: a ``Refuse`` with the measured reason it would
+    be slower (:func:`slower_than_unfused`), or a :class:`Verdict`. ``layout``: how the op reads ``key``;
     ``packed``: q, k, v go into ``Attention``; ``key_mask``: the mask is a raw keep mask; ``masked``:
     there are mask steps. The packed op with a raw mask (a keep mask, or none) avoids both slow cases."""
     raw_mask = packed and (key_mask or not masked)

@@ -29,6 +29,7 @@ from onnxfuse.rewrites.engine.facts import (
     shape_of,
 )
 from onnxfuse.rewrites.engine.row_wise import row_wise_gemm
+from onnxfuse.rewrites.engine.rule import Refuse
 
 def projection_bias(graph, tensor):
     """(MatMul output, bias values, Add) when ``tensor`` = Add(MatMul(...), b) with b a 1-D constant."""
@@ -195,8 +196,8 @@ def _packed_source(graph, t, hidden: int, dtype, nodes: list) -> PackedProjectio
     p = producer_of(t)
     bias = np.zeros(3 * hidden, dtype)
     if p is not None and is_op(p, "Reshape"):  # Reshape(Gemm(Reshape(x, [N, E_in])), [A, B, 3E])
-        reason, rows = row_wise_gemm(graph, p)
-        if reason or rows.n != 3 * hidden:
+        rows = row_wise_gemm(graph, p)
+        if isinstance(rows, Refuse) or rows.n != 3 * hidden:
             return None
         x, gemm = rows.x, rows.gemm
         w = _constant_matrix(graph, gemm.inputs[1])

@@ -18,10 +18,11 @@ from onnxfuse.rewrites.engine.facts import consumers, is_op, perm_of
 
 def find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t):
     """The readers outside the pattern when all are ``Shape`` of a batch-first pattern tensor whose dims
-    are known by name ([B, H, S, L] for the scores...), as (node, dims); "" when some other reader (or a
-    graph output) is the problem; a reason when they are Shapes the rewrite cannot recompute."""
+    are known by name ([B, H, S, L] for the scores...), as (node, dims); None when some other reader (or
+    a graph output) is the problem, or they are Shapes the rewrite cannot recompute (the caller then
+    refuses with the pattern's own reason)."""
     if not (q.layout == k.layout == v.layout == BATCH_FIRST):
-        return ""
+        return None
     roles = {}
 
     def tag(node, letters):
@@ -50,12 +51,12 @@ def find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t):
             continue
         for out in n.outputs:
             if any(t is out for t in graph.outputs):
-                return ""
+                return None
             for c in out.outputs:
                 if id(c) in inside:
                     continue
                 if id(out) not in roles:
-                    return ""
+                    return None
                 letters = roles[id(out)]
                 readers = [c]
                 if is_op(c, "Transpose") and sorted(perm_of(c)) == list(range(len(letters))) and not any(
@@ -64,7 +65,7 @@ def find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t):
                     readers = consumers(c.outputs[0])
                 for r in readers:
                     if not is_op(r, "Shape") or r.attrs.get("start", 0) or "end" in r.attrs:
-                        return ""
+                        return None
                     reads.append((r, letters))
     return reads
 
