@@ -976,11 +976,16 @@ def _try_measured(result, model, samples, options, repairs, fewer, bench_progres
     """:func:`onnxfuse.selection.try_measured`: the measured choices (opt-in rules whose worth depends on
     the GPU and shapes, ``selection.MEASURED``) tried on top of the output, each validated and timed
     against the original; ``result`` then describes the output with those that were faster. Their
-    trials go in the report (``measured``) and one note each."""
-    from onnxfuse.rewrites import rule_names
+    trials go in the report (``measured``) and one note each. Not with a restricting ``--only`` (the user
+    chose the rules), and only rules of the target (``--target contrib``/``onnx``, ``--device cpu``:
+    channels-last is for the CUDA provider)."""
+    from onnxfuse.rewrites import parse_rule_names, rule_names
     from onnxfuse.selection import measured_rules, try_measured
 
-    candidates = measured_rules(model, result.rules, list(options.skip or []))
+    if any(not name.startswith("+") for name in parse_rule_names(options.only)):
+        return
+    candidates = [name for name in measured_rules(model, result.rules, parse_rule_names(options.skip))
+                  if name in {r.name for r in select_rules(options.target, [f"+{name}"], None, options.rules)}]
     if not candidates or result.timing is None or result.timing.status != "ok":
         return
     before = result.timing

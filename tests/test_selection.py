@@ -181,3 +181,17 @@ def test_a_measured_choice_that_breaks_costs_only_itself(monkeypatch):
     (trial,) = result.extra["measured"]
     assert not trial["kept"] and trial["refused"].startswith("failed: RuntimeFailure")
     assert "NhwcConv" not in {n.op_type for n in result.model.graph.node} and len(calls) == 2
+
+
+def test_measured_choices_respect_only_and_the_target(monkeypatch):
+    """A restricting --only is the user's choice of rules: nothing is added; a target without the rule
+    (contrib: channels-last is for the CUDA provider) tries nothing either."""
+    fake, calls = _fake_time(lambda ops: 0.5 if ops["NhwcConv"] else 0.8)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    model = load_testdata("yolo_conv_bn_silu_opset13")
+    result = onnxfuse.optimize(model, bench=True, samples=1, only="fuse-elementwise")
+    assert "measured" not in result.extra and len(calls) == 1
+    result = onnxfuse.optimize(model, bench=True, samples=1, target="contrib")
+    assert "measured" not in result.extra
+    result = onnxfuse.optimize(model, bench=True, samples=1, only="+contrib-fused-conv")
+    assert result.extra["measured"][0]["rule"] == "contrib-channels-last"  # "+rule" only adds

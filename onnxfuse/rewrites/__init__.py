@@ -95,7 +95,8 @@ def rule_names() -> list[str]:
     return [r.name for r in RULES]
 
 
-def _parse_names(spec) -> list[str]:
+def parse_rule_names(spec) -> list[str]:
+    """``--only``/``--skip`` as names: a comma-separated string, or a list of them, split and stripped."""
     if spec is None:
         return []
     if isinstance(spec, str):
@@ -144,7 +145,7 @@ def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] |
         raise UsageError(f"unknown target {target!r}; choose one of: {', '.join(TARGETS)}")
     pool = RULES if rules is None else rules
     known = {r.name for r in pool}
-    requested, skip_names = _parse_names(only), _parse_names(skip)
+    requested, skip_names = parse_rule_names(only), parse_rule_names(skip)
     added = [n[1:] for n in requested if n.startswith("+")]
     only_names = [n for n in requested if not n.startswith("+")]
     for n in only_names + added + skip_names:
@@ -158,4 +159,4 @@ def select_rules(target: str = "cuda", only=None, skip=None, rules: list[Rule] |
 
 __all__ = ["Assumptions", "NO_ASSUMPTIONS", "RULES", "ORDER", "Rule", "GraphPass", "Plan", "Refuse", "Refusal", "RuleFailed", "ApplyReport", "TARGETS",
            "MAX_PASSES_PER_RULE", "MAX_ROUNDS", "apply_rules", "select_rules", "DEVICES", "target_for_device",
-           "rule_names", "load_rule", "rule_module"]
+           "rule_names", "load_rule", "rule_module", "parse_rule_names"]

@@ -34,7 +34,7 @@ STR_CHECKS_NOT_ABOUT_REFUSALS = {
     # rule: a str is never a plan, and never a refusal either
     ("engine/apply.py", "_Run.rule"): "a check returning a bare str is a broken rule",
     # --only / --skip accept one name or a list of names
-    ("__init__.py", "_parse_names"): "a rule name given alone",
+    ("__init__.py", "parse_rule_names"): "a rule name given alone",
     # symbolic dimensions
     ("engine/cleanup.py", "_shared_declared_names"): "dim_param names",
     ("engine/cleanup.py", "merge_duplicates"): "dim_param names",
