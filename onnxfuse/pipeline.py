@@ -911,6 +911,13 @@ def _set_output(result: OptimizeResult, optimized, applied) -> None:
     """``result`` describes ``optimized``, written by the rewrite ``applied``."""
     result.model, result.applied, result.ops_after = optimized, applied, op_counts(optimized)
     result.custom_library = custom_library_needed(optimized)
+    from onnxfuse.runtime.stand_ins import cuda_only_ops
+
+    needs_cuda = cuda_only_ops(optimized)  # only when there are some: reports without them stay as they were
+    if needs_cuda:
+        result.extra["cuda_only_ops"] = needs_cuda
+    else:
+        result.extra.pop("cuda_only_ops", None)
     result.unfused = unfused_patterns(applied.refusals, {n.name or unnamed_label(n.op_type, n.output[0] if n.output else ""):
                                                          n.op_type for n in optimized.graph.node})
 

@@ -236,6 +236,9 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
     record = tuning_note(result)
     if record:
         render.print_prose(stdout, record, "note: ", "[yellow]note:[/] ")
+    if result.extra.get("cuda_only_ops"):
+        render.print_prose(stdout, f"the output runs on ONNX Runtime's CUDA provider only "
+                           f"({', '.join(result.extra['cuda_only_ops'])})", "note: ", "[yellow]note:[/] ")
     if result.custom_library:
         render.print_prose(stdout, f"the output uses custom ops of domain {result.custom_library!r}: run it with "
                            "`onnxfuse.custom_ops.session_options()` (library: `onnxfuse.custom_ops.library_path()`)",

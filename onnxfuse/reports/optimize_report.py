@@ -65,6 +65,8 @@ def optimize_markdown(result, error: str | None = None, heading: str = "onnxfuse
     out.append("\n")
     if result.custom_library:
         out.append(f"> needs the onnxfuse custom-op library (domain `{result.custom_library}`)\n\n")
+    if result.extra.get("cuda_only_ops"):
+        out.append(f"> needs ONNX Runtime's CUDA provider ({', '.join(result.extra['cuda_only_ops'])})\n\n")
     if result.validation is not None:
         out.append(comparisons_markdown(f"Validation ({result.validation.provider.upper()})",
                                         result.validation.outputs, notes=result.validation.notes, level=3))

@@ -38,16 +38,6 @@ def _nhwc_conv(node: onnx.NodeProto, tag: str) -> list[onnx.NodeProto]:
 STAND_INS = {(MS_DOMAIN, "NhwcConv"): _nhwc_conv}
 
 
-def _has_stand_in(graph: onnx.GraphProto) -> bool:
-    for node in graph.node:
-        if (node.domain, node.op_type) in STAND_INS:
-            return True
-        if any(_has_stand_in(a.g) for a in node.attribute if a.type == onnx.AttributeProto.GRAPH) or any(
-                _has_stand_in(g) for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs):
-            return True
-    return False
-
-
 def _replace(graph: onnx.GraphProto, counter: list[int]) -> None:
     nodes = []
     for node in graph.node:
@@ -66,9 +56,28 @@ def _replace(graph: onnx.GraphProto, counter: list[int]) -> None:
     graph.node.extend(nodes)
 
 
+def cuda_only_ops(model: onnx.ModelProto) -> list[str]:
+    """``domain::op`` of each op in ``model`` (subgraphs included) that only ONNX Runtime's CUDA provider
+    runs (:data:`STAND_INS`), sorted: a model with one needs that provider wherever it is deployed."""
+    found: set[str] = set()
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if (node.domain, node.op_type) in STAND_INS:
+                found.add(f"{node.domain}::{node.op_type}")
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g)
+                for g in a.graphs:
+                    walk(g)
+
+    walk(model.graph)
+    return sorted(found)
+
+
 def needs_stand_ins(model: onnx.ModelProto) -> bool:
     """``model`` has a node only ONNX Runtime's CUDA provider runs (:data:`STAND_INS`)."""
-    return _has_stand_in(model.graph)
+    return bool(cuda_only_ops(model))
 
 
 def for_cpu(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -205,3 +205,19 @@ def test_a_tensor_an_if_branch_reads_from_outside_stays_nchw_under_its_name():
         feeds = {"x": x, "cond": np.array(cond)}
         for a, b in zip(run(model, feeds), run(nchw_stand_in(result.model), feeds)):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_the_report_says_the_output_needs_the_cuda_provider():
+    """A model with NhwcConv runs on ONNX Runtime's CUDA provider only: the report says so (JSON
+    ``cuda_only_ops``, schema-valid; Markdown); a model without such an op has no such key."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnxfuse.reports import load_schema
+    from onnxfuse.reports.optimize_report import optimize_markdown
+
+    result = channels_last(load_testdata("yolo_conv_bn_silu_opset13"))
+    doc = result.to_json()
+    assert doc["result"]["cuda_only_ops"] == ["com.microsoft::NhwcConv"]
+    jsonschema.validate(doc, load_schema(), cls=jsonschema.Draft202012Validator)
+    assert "needs ONNX Runtime's CUDA provider (com.microsoft::NhwcConv)" in optimize_markdown(result)
+    plain = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), validate=False, bench=False)
+    assert "cuda_only_ops" not in plain.to_json()["result"]
