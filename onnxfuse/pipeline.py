@@ -615,11 +615,7 @@ def _apply_tuning_record(result, model, samples, options: OptimizeOptions, repai
             info["note"] = (f"tuning record {record.path}: its decision (measured on {where}) to {what} "
                             f"was not applied: {made}")
             return pending, decision
-        candidate, applied, report = made
-        _stamp(candidate, applied, repairs)
-        _set_output(result, candidate, applied)
-        if report is not None:
-            result.validation = report
+        _adopt(result, *made, repairs, added)
     info["note"] = (f"tuning record {record.path}: applied the decision measured on {where} "
                     f"(ONNX Runtime {decision.onnxruntime or '?'}, {decision.measured or '?'}): "
                     + (f"without {decision.kept}" if skipped else "every rewrite kept")
@@ -907,6 +903,21 @@ def _stamp(optimized, applied, repairs) -> None:
         model_io.set_metadata(optimized, FUSED_VALUES_KEY, json.dumps(fused_values, sort_keys=True))
 
 
+def _adopt(result: OptimizeResult, model, applied, validation, repairs, added=()) -> None:
+    """``result`` describes another candidate instead (the never-slower ladder's, a measured choice's, a
+    tuning record's): ``model`` as ``applied`` wrote it, stamped, with its ``validation`` (None when
+    validation is off) and the opt-in rules ``added`` among the rules run."""
+    _stamp(model, applied, repairs)
+    _set_output(result, model, applied)
+    if validation is not None:
+        result.validation = validation
+    if added:
+        from onnxfuse.rewrites import rule_names
+
+        chosen = set(result.rules) | set(added)
+        result.rules = [name for name in rule_names() if name in chosen]
+
+
 def _set_output(result: OptimizeResult, optimized, applied) -> None:
     """``result`` describes ``optimized``, written by the rewrite ``applied``."""
     result.model, result.applied, result.ops_after = optimized, applied, op_counts(optimized)
@@ -969,10 +980,7 @@ def _keep_not_slower(result, model, rules, samples, options, repairs, fewer, ben
     if selection is None:
         return
     kept = selection.kept
-    _stamp(kept.model, kept.applied, repairs)
-    _set_output(result, kept.model, kept.applied)
-    if kept.validation is not None:
-        result.validation = kept.validation
+    _adopt(result, kept.model, kept.applied, kept.validation, repairs)
     if kept.timing is not None and kept.timing.status == "ok":
         result.timing = kept.timing
     result.timing.notes.append(selection.note())
@@ -986,7 +994,7 @@ def _try_measured(result, model, samples, options, repairs, fewer, bench_progres
     trials go in the report (``measured``) and one note each. Not with a restricting ``--only`` (the user
     chose the rules), and only rules of the target (``--target contrib``/``onnx``, ``--device cpu``:
     channels-last is for the CUDA provider)."""
-    from onnxfuse.rewrites import parse_rule_names, rule_names
+    from onnxfuse.rewrites import parse_rule_names
     from onnxfuse.selection import measured_rules, try_measured
 
     if any(not name.startswith("+") for name in parse_rule_names(options.only)):
@@ -1004,12 +1012,7 @@ def _try_measured(result, model, samples, options, repairs, fewer, bench_progres
     result.extra["measured"] = [t.to_dict(before) for t in trials]
     if kept:
         last = kept[-1]
-        _stamp(last.model, last.applied, repairs)
-        _set_output(result, last.model, last.applied)
-        chosen = set(result.rules) | {t.rule for t in kept}
-        result.rules = [name for name in rule_names() if name in chosen]
-        if last.validation is not None:
-            result.validation = last.validation
+        _adopt(result, last.model, last.applied, last.validation, repairs, [t.rule for t in kept])
         result.timing = last.timing
     result.timing.notes.extend(notes)
 

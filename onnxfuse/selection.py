@@ -213,18 +213,14 @@ class Trial:
     refused: str | None = None
 
     def to_dict(self, current_timing) -> dict:
-        t = self.timing
-        ok = t is not None and t.status == "ok"
+        new, old = speedup(self.timing), speedup(current_timing)  # None where not timed
         return {"rule": self.rule, "kept": self.refused is None,
-                "speedup": round(speedup(t), 4) if ok else None,
-                "without_speedup": round(speedup(current_timing), 4) if speedup(current_timing) else None,
-                "refused": self.refused}
+                "speedup": None if new is None else round(new, 4),
+                "without_speedup": None if old is None else round(old, 4), "refused": self.refused}
 
     def note(self, current_timing) -> str:
-        t = self.timing
-        ok = t is not None and t.status == "ok"
-        measured = (f"{speedup(t):.2f}x the original against {speedup(current_timing):.2f}x without it"
-                    if ok and speedup(current_timing) else "not timed")
+        new, old = speedup(self.timing), speedup(current_timing)
+        measured = "not timed" if new is None or old is None else f"{new:.2f}x the original against {old:.2f}x without it"
         return f"measured choice {self.rule}: {measured}: " + ("kept" if self.refused is None else f"not kept ({self.refused})")
 
 
@@ -247,17 +243,16 @@ def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Ca
             continue
         try:  # a trial is optional: whatever breaks in it costs the trial, never the run
             made = attempt(kept + [rule])
-            if not isinstance(made, str) and made[1].counts.get(rule):
-                trial.timing = retime(made[0])
+            if isinstance(made, str):
+                trial.refused = made
+                continue
+            trial.model, trial.applied, trial.validation = made
+            if not trial.applied.counts.get(rule):
+                trial.refused = "does not apply"
+                continue
+            trial.timing = retime(trial.model)
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             trial.refused = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-            continue
-        if isinstance(made, str):
-            trial.refused = made
-            continue
-        trial.model, trial.applied, trial.validation = made
-        if not trial.applied.counts.get(rule):
-            trial.refused = "does not apply"
             continue
         if not is_faster(trial.timing, current_timing):
             trial.refused = "not faster"

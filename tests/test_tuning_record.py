@@ -138,6 +138,7 @@ def test_a_measured_choice_recorded_on_the_gpu_is_applied_without_one(monkeypatc
     assert applied.extra["tuning_record"]["matched"] and applied.validation.passed
     assert "with contrib-channels-last" in applied.extra["tuning_record"]["note"]
     assert applied.model.SerializeToString() == measured.model.SerializeToString()
+    assert "contrib-channels-last" in applied.rules and applied.rules == measured.rules  # the report's rules too
     jsonschema = pytest.importorskip("jsonschema")
     from onnxfuse.reports import load_schema
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from onnxfuse.model_io import proto_graphs
+
 MS_DOMAIN = "com.microsoft"
 TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
 
@@ -38,41 +40,11 @@ def _nhwc_conv(node: onnx.NodeProto, tag: str) -> list[onnx.NodeProto]:
 STAND_INS = {(MS_DOMAIN, "NhwcConv"): _nhwc_conv}
 
 
-def _replace(graph: onnx.GraphProto, counter: list[int]) -> None:
-    nodes = []
-    for node in graph.node:
-        for a in node.attribute:  # If/Loop/Scan bodies
-            if a.type == onnx.AttributeProto.GRAPH:
-                _replace(a.g, counter)
-            for g in a.graphs:
-                _replace(g, counter)
-        make = STAND_INS.get((node.domain, node.op_type))
-        if make is None:
-            nodes.append(node)
-            continue
-        counter[0] += 1
-        nodes.extend(make(node, f"onnxfuse_stand_in_{counter[0]}/{node.name or node.output[0]}"))
-    del graph.node[:]
-    graph.node.extend(nodes)
-
-
 def cuda_only_ops(model: onnx.ModelProto) -> list[str]:
     """``domain::op`` of each op in ``model`` (subgraphs included) that only ONNX Runtime's CUDA provider
     runs (:data:`STAND_INS`), sorted: a model with one needs that provider wherever it is deployed."""
-    found: set[str] = set()
-
-    def walk(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            if (node.domain, node.op_type) in STAND_INS:
-                found.add(f"{node.domain}::{node.op_type}")
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    walk(a.g)
-                for g in a.graphs:
-                    walk(g)
-
-    walk(model.graph)
-    return sorted(found)
+    return sorted({f"{node.domain}::{node.op_type}" for g in proto_graphs(model.graph) for node in g.node
+                   if (node.domain, node.op_type) in STAND_INS})
 
 
 def needs_stand_ins(model: onnx.ModelProto) -> bool:
@@ -87,5 +59,16 @@ def for_cpu(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    _replace(out.graph, [0])
+    count = 0
+    for graph in proto_graphs(out.graph):  # lazily: a graph's bodies are walked after its nodes are replaced
+        nodes = []
+        for node in graph.node:
+            make = STAND_INS.get((node.domain, node.op_type))
+            if make is None:
+                nodes.append(node)
+                continue
+            count += 1
+            nodes.extend(make(node, f"onnxfuse_stand_in_{count}/{node.name or node.output[0]}"))
+        del graph.node[:]
+        graph.node.extend(nodes)
     return out

@@ -58,7 +58,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.edit import append_axes_op, new_constant, replace_reads, unique_name
 from onnxfuse.rewrites.engine.facts import (
     FP16, FP32, MS_DOMAIN, constant_value, first_known_dtype, is_default_domain, is_graph_output, is_op,
-    perm_of, producer_of, shape_of,
+    perm_of, producer_of, rank_of, shape_of,
 )
 from onnxfuse.rewrites.engine.rule import Refuse, Rule
 
@@ -80,8 +80,7 @@ POINTWISE = frozenset({
 
 
 def _rank4(graph, tensor) -> bool:
-    shape = shape_of(graph, tensor)
-    return shape is not None and len(shape) == 4
+    return rank_of(graph, tensor) == 4
 
 
 def _one_element(graph, tensor) -> bool:

@@ -206,16 +206,10 @@ def _expansion_sources(graph, expand):
         return None
     sources = []
     for dim in target.inputs[1:]:
-        sl = producer_of(dim)
-        if sl is None or not is_op(sl, "Slice") or len(sl.inputs) != 3:
+        source = _run_time_dim_source(graph, dim)
+        if source is None or source[1] not in (1, 2):
             return None
-        start, end = constant_value(graph, sl.inputs[1]), constant_value(graph, sl.inputs[2])
-        shape = producer_of(sl.inputs[0])
-        if (start is None or end is None or start.size != 1 or end.size != 1 or int(start[0]) not in (1, 2)
-                or int(end[0]) != int(start[0]) + 1 or shape is None or not is_op(shape, "Shape")
-                or shape.attrs.get("start", 0) or "end" in shape.attrs):
-            return None
-        sources.append((shape.inputs[0], BATCH_FIRST if int(start[0]) == 1 else GIVEN))
+        sources.append((source[0], BATCH_FIRST if source[1] == 1 else GIVEN))
     return tuple(sources)
 
 
