@@ -657,16 +657,18 @@ def run_model(name: str, args, part: Path) -> None:
     ort_cells("ort", [("original", original), ("optimized", optimized)] + fp32_anchors, args.batches)
     del fp32_anchors
 
-    # ---- PyTorch: eager and torch.compile on the same module
-    if args.torch != "none" and not late("torch"):
+    def torch_cells(module, prefix: str, batches: list[int], with_eager: bool = True) -> None:
+        """PyTorch on the same module: eager and torch.compile, each batch timed after its first call.
+        ``prefix`` is "" for the float32 module and "fp16-" for its .half() twin (variant names
+        torch-compile / torch-fp16-compile, ...)."""
         tdev = torch.device(device)
         module = module.to(tdev)
         variants = []
-        if args.torch in ("eager", "all"):
-            variants.append(("torch-eager", None))
+        if args.torch in ("eager", "all") and with_eager:
+            variants.append((f"torch-{prefix}eager", None))
         if args.torch in ("compile", "all") and device == "cuda":
-            variants += [(v, m) for v, m in (("torch-compile", "default"),
-                                             ("torch-compile-cudagraphs", "reduce-overhead"))
+            variants += [(v, m) for v, m in ((f"torch-{prefix}compile", "default"),
+                                             (f"torch-{prefix}compile-cudagraphs", "reduce-overhead"))
                          if m in args.compile_modes]
         for variant, mode in variants:
             graph = mode == "reduce-overhead"
@@ -679,8 +681,7 @@ def run_model(name: str, args, part: Path) -> None:
                 fn = torch.compile(module, mode=mode, dynamic=False)
                 if graph:
                     before = torch.compiler.cudagraph_mark_step_begin
-            batches = args.batches if mode is None else (args.compile_batches or args.batches)
-            for batch in batches:
+            for batch in batches if mode is None else (args.compile_batches or batches):
                 if late(f"{variant} b{batch}"):
                     break
                 example = spec.example(batch, device)
@@ -702,9 +703,15 @@ def run_model(name: str, args, part: Path) -> None:
                     rec.timing(variant=variant, batch=batch, cuda_graph=graph, status="failed", error=str(exc)[:300])
             del fn
             gc.collect()
-        module = module.to("cpu")
+        module.to("cpu")
         if device == "cuda":
             torch.cuda.empty_cache()
+
+    # ---- PyTorch: eager and torch.compile on the same module
+    if args.torch != "none" and not late("torch"):
+        rec.info("torch_tf32", {"cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+                                "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32})
+        torch_cells(module, "", args.batches)
 
     # ---- fp16: the module in .half(), fp32 inputs/outputs cast inside the graph
     if args.fp16 and device == "cuda" and not late("fp16"):
@@ -750,6 +757,10 @@ def run_model(name: str, args, part: Path) -> None:
                           args.fp16_batches or args.batches)
             finally:
                 args.graph_modes = keep
+            if args.torch in ("compile", "all") and not late("torch fp16"):
+                # torch.compile of the same .half() module the fp16 export came from (issue 34's column)
+                torch_cells(HalfIO(build_module(spec, exporter=args.exporter, attention=args.attention)), "fp16-",
+                            args.fp16_batches or args.batches, with_eager=False)
         except Exception as exc:
             rec.error("fp16", exc)
     log(f"{name}: done")
@@ -806,7 +817,8 @@ def _cells(models: dict):
                              att=m("ort-attention"), tx=m("ort-tx"),
                              fp16_att=m("ort-fp16-attention"), fp16_tx=m("ort-fp16-tx"),
                              fp16_prec=m("ort-fp16-precision"), with_rules=m("ort-with-rules"),
-                             fp16_with_rules=m("ort-fp16-with-rules")))
+                             fp16_with_rules=m("ort-fp16-with-rules"),
+                             fp16_compile=m("torch-fp16-compile-cudagraphs") if graph else m("torch-fp16-compile")))
     return rows
 
 
@@ -889,6 +901,21 @@ def markdown(results: dict) -> str:
                          f"| {sp(r['orig'], r['opt'])} | {sp(r['orig'], r['att'])} | {sp(r['fp16_orig'], r['fp16_tx'])} "
                          f"| {sp(r['fp16_orig'], r['fp16_opt'])} | {sp(r['fp16_orig'], r['fp16_att'])} "
                          f"| {sp(r['fp16_orig'], r['fp16_prec'])} |")
+    compile_rows = [r for r in _cells(results["models"]) if r["compile"] or r["fp16_compile"]]
+    if compile_rows:
+        lines += ["", "## Against torch.compile", "",
+                  "Median ms. onnxfuse best: the faster of the default output and +rules (where measured). "
+                  "ratio = torch.compile / onnxfuse best (above 1: onnxfuse is faster). fp16: the same "
+                  ".half() module, exported and optimized, or compiled.", "",
+                  "| model | batch | CUDA graph | torch.compile | onnxfuse best | ratio | fp16 torch.compile "
+                  "| fp16 onnxfuse best | fp16 ratio |",
+                  "|---|---:|:---:|---:|---:|---:|---:|---:|---:|"]
+        for r in compile_rows:
+            best = min([v for v in (r["opt"], r["with_rules"]) if v], default=None)
+            best16 = min([v for v in (r["fp16_opt"], r["fp16_with_rules"]) if v], default=None)
+            lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} | {_f(r['compile'])} "
+                         f"| {_f(best)} | {_f(_ratio(r['compile'], best), 2)} | {_f(r['fp16_compile'])} "
+                         f"| {_f(best16)} | {_f(_ratio(r['fp16_compile'], best16), 2)} |")
     lines += ["", "## Per model", ""]
     for name, data in results["models"].items():
         info = data.get("info", {})

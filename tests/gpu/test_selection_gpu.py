@@ -27,3 +27,20 @@ def test_every_rung_is_validated_and_timed_on_cuda(monkeypatch):
     assert chosen["kept"] == "every rewrite" and result.applied.applied_rules() == []
     assert result.validation.passed and result.validation.provider == "cuda"
     assert result.timing.status == "ok" and any("slower than the original" in n for n in result.timing.notes)
+
+
+def test_a_measured_choice_is_timed_and_decided_on_cuda():
+    """The measured choice (selection.try_measured) with real CUDA timing, at batch 16 where channels-last
+    can pay: contrib-channels-last is tried on top of the YOLO block's output, validated on CUDA and timed;
+    the decision agrees with its own figures (kept exactly when its speed-up beats the output's by the
+    margin), and the written model is the one decided on."""
+    model = load_testdata("yolo_conv_bn_silu_opset13")
+    result = onnxfuse.optimize(model, provider="cuda", samples=1, bench=True, shapes={"input": [16, 3, 64, 64]},
+                               bench_config=BenchConfig(device="cuda", warmup=5, time_budget_s=0.3, min_iterations=20))
+    assert result.validation.passed and result.validation.provider == "cuda"
+    (trial,) = result.extra["measured"]
+    assert trial["rule"] == "contrib-channels-last" and trial["speedup"] > 0 and trial["without_speedup"] > 0
+    beats = trial["speedup"] > trial["without_speedup"] * (1 + selection.SLOWER_MARGIN)
+    assert trial["kept"] == beats
+    has_nhwc = "NhwcConv" in {n.op_type for n in result.model.graph.node}
+    assert has_nhwc == trial["kept"]
