@@ -1,11 +1,18 @@
-"""The ``optimize`` pipeline as plain functions: load → rewrite → check → validate → time → save.
+"""The ``optimize`` pipeline as plain functions, the stages in order: load → precision → rewrite → validate →
+tune/time → report → save.
 
 :func:`run_pipeline` takes a path or a ``ModelProto`` and an optional output path; the Python API
 (:func:`onnxfuse.optimize`) and the CLI (through it) only turn their arguments into
-:class:`OptimizeOptions` and read the :class:`OptimizeResult`. When validation fails,
-:func:`find_culprit` re-applies the rules that changed the model as growing prefixes (binary search)
-to name the first rule whose rewrites break the outputs; nothing is written and
-:class:`~onnxfuse.errors.ValidationFailed` carries the culprit.
+:class:`OptimizeOptions` and read the :class:`OptimizeResult`. :func:`optimize_model` runs the stages,
+each calling into the package that owns it: the float16 conversion (:mod:`onnxfuse.precision`, the
+nodes kept float32 measured by :mod:`onnxfuse.validate.float16_range`), the rewrites
+(:func:`rewrite_model` on :mod:`onnxfuse.rewrites`: a broken rule is dropped), validation
+(:mod:`onnxfuse.validate`: the samples and the original's outputs on them, one
+:class:`~onnxfuse.validate.verdict.Validator` for every candidate, and when the output fails,
+:mod:`onnxfuse.validate.culprit` names the rule to blame; nothing is written and
+:class:`~onnxfuse.errors.ValidationFailed` carries the culprit), a tuning record's decision
+(:mod:`onnxfuse.tuning_record`), timing (:mod:`onnxfuse.timing`), never slower and the measured choices
+(:mod:`onnxfuse.selection`). What stays here is their order and the result they fill in.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from onnxfuse.rewrites.engine.proven_dims import prove_dims
 from onnxfuse.rewrites import ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, select_rules
 from onnxfuse.runtime.inputs import Inputs
 from onnxfuse.validate import ValidationReport
-from onnxfuse.validate.culprit import explain_failure, unloadable
+from onnxfuse.validate.culprit import explain_failure, first_failing_rule, unloadable
 from onnxfuse.validate.precision_judge import conversion_notes, drift_budget_of
 from onnxfuse.validate.reference import validation_inputs
 from onnxfuse.validate.samples import sample_inputs
@@ -242,20 +249,20 @@ def _rewrite_once(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
 
 
 def _first_invalidating_rule(model: onnx.ModelProto, changed: list[Rule]) -> str | None:
-    """The first rule (in run order) whose prefix of ``changed`` gives an invalid model; bisection."""
-    lo, hi = 0, len(changed)  # prefix of length lo is valid (the input was checked at load); hi is not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
+    """The first rule (in run order) whose prefix of ``changed`` gives an invalid model (or raises): the
+    culprit search's bisection (:func:`~onnxfuse.validate.culprit.first_failing_rule`) with the checker as
+    judge; the empty prefix is valid (the input was checked at load), the whole list not."""
+
+    def rewrite(start, rules):  # a prefix whose rule raises is as invalid as one the checker refuses
         try:
-            candidate, _ = _rewrite_once(model, changed[:mid])
-            valid = repair.validity_problem(candidate) is None
-        except RuleFailed:
-            valid = False
-        if valid:
-            lo = mid
-        else:
-            hi = mid
-    return changed[hi - 1].name if changed else None
+            return _rewrite_once(start, rules)
+        except RuleFailed as failed:
+            return failed, None
+
+    def problem(candidate):
+        return "a rule raised" if isinstance(candidate, RuleFailed) else repair.validity_problem(candidate)
+
+    return first_failing_rule(model, changed, problem, rewrite)
 
 
 def custom_library_needed(model: onnx.ModelProto) -> str | None:
@@ -315,17 +322,9 @@ def optimize_model(
     gc.collect()
     _stamp(optimized, applied, repairs)
     rewrite_seconds = time.perf_counter() - t0
-    result = OptimizeResult(
-        input_path=source,
-        output_path=None,
-        target=options.target,
-        device=options.device,
-        rules=[r.name for r in rules],
-        applied=applied,
-        ops_before=op_counts(model),
-        ops_after={},
-        rewrite_seconds=rewrite_seconds,
-    )
+    result = OptimizeResult(input_path=source, output_path=None, target=options.target, device=options.device,
+                            rules=[r.name for r in rules], applied=applied, ops_before=op_counts(model), ops_after={},
+                            rewrite_seconds=rewrite_seconds)
     _set_output(result, optimized, applied)
     result.extra["repairs"] = list(repairs)  # also without validation (its note carries them otherwise)
     if precision:
