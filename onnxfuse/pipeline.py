@@ -1,11 +1,18 @@
-"""The ``optimize`` pipeline as plain functions: load → rewrite → check → validate → time → save.
+"""The ``optimize`` pipeline as plain functions, the stages in order: load → precision → rewrite → validate →
+tune/time → report → save.
 
 :func:`run_pipeline` takes a path or a ``ModelProto`` and an optional output path; the Python API
 (:func:`onnxfuse.optimize`) and the CLI (through it) only turn their arguments into
-:class:`OptimizeOptions` and read the :class:`OptimizeResult`. When validation fails,
-:func:`find_culprit` re-applies the rules that changed the model as growing prefixes (binary search)
-to name the first rule whose rewrites break the outputs; nothing is written and
-:class:`~onnxfuse.errors.ValidationFailed` carries the culprit.
+:class:`OptimizeOptions` and read the :class:`OptimizeResult`. :func:`optimize_model` runs the stages,
+each calling into the package that owns it: the float16 conversion (:mod:`onnxfuse.precision`, the
+nodes kept float32 measured by :mod:`onnxfuse.validate.float16_range`), the rewrites
+(:func:`rewrite_model` on :mod:`onnxfuse.rewrites`: a broken rule is dropped), validation
+(:mod:`onnxfuse.validate`: the samples and the original's outputs on them, one
+:class:`~onnxfuse.validate.verdict.Validator` for every candidate, and when the output fails,
+:mod:`onnxfuse.validate.culprit` names the rule to blame; nothing is written and
+:class:`~onnxfuse.errors.ValidationFailed` carries the culprit), a tuning record's decision
+(:mod:`onnxfuse.tuning_record`), timing (:mod:`onnxfuse.timing`), never slower and the measured choices
+(:mod:`onnxfuse.selection`). What stays here is their order and the result they fill in.
 """
 
 from __future__ import annotations
@@ -38,14 +45,16 @@ from onnxfuse.errors import (
 from onnxfuse.rewrites.engine.rule import unnamed_label
 from onnxfuse.rewrites.engine.proven_dims import prove_dims
 from onnxfuse.rewrites import ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, select_rules
-from onnxfuse.runtime.inputs import Inputs, make_samples
-from onnxfuse.validate import ValidationReport, validate_models
-from onnxfuse.validate.drift_budget import failure_text
+from onnxfuse.runtime.inputs import Inputs
+from onnxfuse.validate import ValidationReport
+from onnxfuse.validate.culprit import explain_failure, first_failing_rule, unloadable
+from onnxfuse.validate.precision_judge import conversion_notes, drift_budget_of
+from onnxfuse.validate.reference import validation_inputs
+from onnxfuse.validate.samples import sample_inputs
+from onnxfuse.validate.verdict import make_validator, refusal_reason
 
 #: Metadata key recording which onnxfuse produced a model (and with which rules).
 METADATA_KEY = "onnxfuse"
-#: The culprit named when ``--precision fp16``'s conversion alone makes validation fail.
-PRECISION_CULPRIT = "precision-fp16"
 #: the ``--precision`` values that convert the model to compute in float16 (fp16-io: float16 I/O too)
 FLOAT16_PRECISIONS = ("fp16", "fp16-io")
 
@@ -240,20 +249,20 @@ def _rewrite_once(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
 
 
 def _first_invalidating_rule(model: onnx.ModelProto, changed: list[Rule]) -> str | None:
-    """The first rule (in run order) whose prefix of ``changed`` gives an invalid model; bisection."""
-    lo, hi = 0, len(changed)  # prefix of length lo is valid (the input was checked at load); hi is not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
+    """The first rule (in run order) whose prefix of ``changed`` gives an invalid model (or raises): the
+    culprit search's bisection (:func:`~onnxfuse.validate.culprit.first_failing_rule`) with the checker as
+    judge; the empty prefix is valid (the input was checked at load), the whole list not."""
+
+    def rewrite(start, rules):  # a prefix whose rule raises is as invalid as one the checker refuses
         try:
-            candidate, _ = _rewrite_once(model, changed[:mid])
-            valid = repair.validity_problem(candidate) is None
-        except RuleFailed:
-            valid = False
-        if valid:
-            lo = mid
-        else:
-            hi = mid
-    return changed[hi - 1].name if changed else None
+            return _rewrite_once(start, rules)
+        except RuleFailed as failed:
+            return failed, None
+
+    def problem(candidate):
+        return "a rule raised" if isinstance(candidate, RuleFailed) else repair.validity_problem(candidate)
+
+    return first_failing_rule(model, changed, problem, rewrite)
 
 
 def custom_library_needed(model: onnx.ModelProto) -> str | None:
@@ -262,159 +271,6 @@ def custom_library_needed(model: onnx.ModelProto) -> str | None:
     from onnxfuse.runtime.session import uses_custom_ops
 
     return DOMAIN if uses_custom_ops(model) else None
-
-
-def _validate(original, candidate, samples, options: OptimizeOptions, reference, floor, judge) -> ValidationReport:
-    """``validate_models`` as optimize judges every candidate: the user's provider, tolerances and strictness
-    against the one ``reference`` and ``floor``, and a precision change's ``judge`` (None at fp32)."""
-    return validate_models(original, candidate, samples, options.provider, options.rtol, options.atol,
-                           reference=reference, floor=floor, strict=options.strict, judge=judge)
-
-
-def find_culprit(
-    original: onnx.ModelProto,
-    rules: list[Rule],
-    applied: ApplyReport,
-    inputs: Inputs | list[Inputs],
-    options: OptimizeOptions,
-    reference: dict | list[dict],
-    floor: dict[str, float] | None = None,
-    start: onnx.ModelProto | None = None,
-    judge=None,
-) -> str | None:
-    """Name the first rule (in run order) whose rewrites make validation fail, by bisecting prefixes.
-    A prefix whose model ONNX Runtime cannot load fails too: it is no more a way out than drift.
-
-    ``start`` is what the rules were applied to when it is not ``original`` (``--precision fp16``: the
-    converted model); when ``start`` itself fails, the conversion is named (``precision-fp16``). ``judge``:
-    the precision change's (:class:`~onnxfuse.validate.drift_budget.PrecisionJudge`), None at fp32."""
-    problem = _validation_problem(original, inputs, options, reference, floor, judge)
-    if start is not None and problem(start) is not None:
-        return PRECISION_CULPRIT
-    active = [r for r in rules if applied.counts.get(r.name, 0) > 0]
-    return _first_failing_rule(original if start is None else start, active, problem)
-
-
-def _first_failing_rule(start: onnx.ModelProto, changed: list[Rule], judge) -> str | None:
-    """The first rule of ``changed`` (the rules that changed the model, in run order) whose prefix gives a
-    model ``judge`` finds a problem with, by bisection; the empty prefix (``start`` itself) is known to be
-    good and the whole list not. None when no rule changed the model."""
-    lo, hi = 0, len(changed)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        candidate, _ = rewrite_model(start, changed[:mid])
-        if judge(candidate) is None:
-            lo = mid
-        else:
-            hi = mid
-    return changed[hi - 1].name if changed else None
-
-
-#: The most rules a suggested ``--skip`` names: each one more costs a bisection of rewrites and validations.
-MAX_SKIPS = 3
-
-
-def working_skip(start: onnx.ModelProto, rules: list[Rule], culprit: str,
-                 judge: Callable[[onnx.ModelProto], str | None]) -> tuple[list[str] | None, list[str]]:
-    """The rules to suggest skipping after ``culprit`` was blamed, checked before anyone is told to rerun:
-    a rerun without a rule can break a model that another rule's rewrites relied on it for (issue 33,
-    measured on 93e2115: without contrib-skip-layernorm, ``--precision fp16`` of BERT-base left a
-    ``Where`` bound to float16 and float, which ONNX Runtime refused). Starting from ``[culprit]``, the
-    rules left are applied to ``start`` and ``judge``d (None when the model is good, else what is wrong
-    with it); while it is not good, the first rule whose prefix of the rules left is not good joins the
-    set, up to :data:`MAX_SKIPS`. Returns (the set, or None when no set within the limit gives a good
-    model; what each smaller set left: "skipping a, b leaves a model that ...")."""
-    skipped, failures = [culprit], []
-    while True:
-        left = [r for r in rules if r.name not in skipped]
-        candidate, applied = rewrite_model(start, left)
-        problem = judge(candidate)
-        if problem is None:
-            return skipped, failures
-        failures.append(f"skipping {', '.join(skipped)} leaves a model that {problem}")
-        if len(skipped) >= MAX_SKIPS:
-            return None, failures
-        following = _first_failing_rule(start, [r for r in left if applied.counts.get(r.name, 0) > 0], judge)
-        if following is None:  # no rule left changed the model: skipping cannot help
-            return None, failures
-        skipped.append(following)
-
-
-def _validation_problem(original, samples, options: OptimizeOptions, reference, floor, precision_judge=None):
-    """What keeps a candidate from loading in ONNX Runtime and passing validation (None when it passes): the
-    culprit searches' test, where a model that does not load is no more a way out than drift."""
-
-    def judge(candidate: onnx.ModelProto) -> str | None:
-        try:
-            report = _validate(original, candidate, samples, options, reference, floor, precision_judge)
-        except SessionRefused as exc:
-            return f"ONNX Runtime cannot load, an onnxfuse bug: please report it ({_refusal(exc)})"
-        return None if report.passed else f"still fails validation (output(s) {', '.join(report.failing())})"
-
-    return judge
-
-
-def _load_problem(options: OptimizeOptions):
-    """What keeps ONNX Runtime from creating a session for a candidate, on the provider validation uses
-    (None when it loads)."""
-    from onnxfuse.runtime.session import make_session
-
-    def judge(candidate: onnx.ModelProto) -> str | None:
-        try:
-            make_session(candidate, options.provider, name="candidate model")
-        except SessionRefused as exc:
-            return f"ONNX Runtime cannot load either ({_refusal(exc)})"
-        return None
-
-    return judge
-
-
-def _refusal(exc: SessionRefused) -> str:
-    """ONNX Runtime's reason in a :class:`SessionRefused`, without the model's name in front."""
-    text = str(exc)
-    marker = "ONNX Runtime cannot load the model: "
-    return text.split(marker, 1)[1] if marker in text else text
-
-
-def _skip_advice(culprit: str, skip: list[str] | None, failures: list[str]) -> str:
-    """The words after "culprit rule: X" in a failure message: the checked rerun, or plainly none."""
-    if skip == [culprit]:
-        return f" (rerun with --skip {culprit})"
-    if skip:
-        return f" (rerun with --skip {','.join(skip)}: {'; '.join(failures)})"
-    return (f"; no rerun with --skip is suggested: no set of up to {MAX_SKIPS} rules was found that gives a model "
-            f"that loads and validates ({'; '.join(failures)})")
-
-
-def _unloadable(exc: SessionRefused, model, start, rules: list[Rule], applied: ApplyReport,
-                options: OptimizeOptions) -> InternalError:
-    """The error for an optimized model ONNX Runtime cannot load: onnxfuse wrote it, so it is an internal
-    error (exit 5), never the user's or the model's (exit 1). It names what is to blame, the float16
-    conversion (``start`` does not load) or the first rule whose prefix gives a model that does not load,
-    with a ``--skip`` that was checked to load, and asks for a report."""
-    reason = _refusal(exc)
-    report_it = "; nothing was written. This is onnxfuse's fault, not the model's: please report it"
-    judge = _load_problem(options)
-    if start is not model and judge(start) is not None:
-        return InternalError(f"internal error: onnxfuse's float16 conversion (--precision fp16) wrote a model ONNX "
-                             f"Runtime cannot load ({reason}), before any rule; keep --precision fp32{report_it}",
-                             rules=[PRECISION_CULPRIT])
-    applied_rules = applied.applied_rules()
-    changed = [r for r in rules if applied.counts.get(r.name, 0) > 0]
-    culprit = _first_failing_rule(start, changed, judge)
-    if culprit is None:  # no rule changed the model: the cleanup alone wrote it
-        return InternalError(f"internal error: onnxfuse wrote a model ONNX Runtime cannot load ({reason}) with no rule "
-                             f"applied{report_it}", rules=[])
-    skip, failures = working_skip(start, rules, culprit, judge)
-    if skip:
-        workaround = f"; rerun with --skip {','.join(skip)} to work around it" + (
-            f" ({'; '.join(failures)})" if failures else "")
-    else:
-        workaround = (f"; no --skip of up to {MAX_SKIPS} rules was found that gives a model ONNX Runtime loads "
-                      f"({'; '.join(failures)})")
-    return InternalError(f"internal error: onnxfuse wrote a model ONNX Runtime cannot load ({reason}); rules "
-                         f"applied: {', '.join(applied_rules)}; traced to rule {culprit}{workaround}{report_it}",
-                         rules=skip or [culprit])
 
 
 def optimize_model(
@@ -449,7 +305,7 @@ def optimize_model(
             from onnxfuse.validate.float16_range import largest_magnitudes, out_of_range_nodes
 
             step("measuring float16 ranges")
-            samples, reference = _validation_inputs(model, options, source)
+            samples, reference = validation_inputs(model, options, source)
             float32_nodes = out_of_range_nodes(model, largest_magnitudes(model, samples, options.provider, source))
         step("converting to float16")
         start, precision_notes = convert_to_fp16(model, keep_nodes=float32_nodes,
@@ -466,75 +322,48 @@ def optimize_model(
     gc.collect()
     _stamp(optimized, applied, repairs)
     rewrite_seconds = time.perf_counter() - t0
-    result = OptimizeResult(
-        input_path=source,
-        output_path=None,
-        target=options.target,
-        device=options.device,
-        rules=[r.name for r in rules],
-        applied=applied,
-        ops_before=op_counts(model),
-        ops_after={},
-        rewrite_seconds=rewrite_seconds,
-    )
+    result = OptimizeResult(input_path=source, output_path=None, target=options.target, device=options.device,
+                            rules=[r.name for r in rules], applied=applied, ops_before=op_counts(model), ops_after={},
+                            rewrite_seconds=rewrite_seconds)
     _set_output(result, optimized, applied)
     result.extra["repairs"] = list(repairs)  # also without validation (its note carries them otherwise)
     if precision:
-        budget = _drift_budget(options)
+        budget = drift_budget_of(options)
         result.extra["precision"] = {"precision": options.precision, "notes": precision_notes,
                                      "float32_nodes": float32_nodes,
                                      "max_drift": budget.to_dict() if budget is not None else None}
     if options.right_padded:
         result.extra["assumptions"] = {"right_padded": list(options.right_padded)}
-    floor = judge = None
+    validator = None
     if options.validate:
         step("validating")
         t1 = time.perf_counter()
         if samples is None:
-            samples, reference = _validation_inputs(model, options, source)
+            samples, reference = validation_inputs(model, options, source)
         if options.save_inputs:
             from onnxfuse.runtime.inputs import save_samples
 
             save_samples(samples, options.save_inputs)
-        from onnxfuse.validate import noise_floor
-
-        floor = noise_floor(model, samples, reference, options.provider, name=source)
-        judge = _precision_judge(start, samples, reference, options, source) if precision else None
-        drift = _conversion_drift(judge, options)
-        floor = _with_conversion(floor, drift)
+        validator = make_validator(model, start, samples, reference, options, source, precision)
         try:
-            report = _validate(model, optimized, samples, options, reference, floor, judge)
+            report = validator.validate(optimized)
         except SessionRefused as exc:
             step("searching for the rule responsible")
-            raise _unloadable(exc, model, start, rules, applied, options) from None
-        report.notes.extend(repair_notes + precision_notes + _conversion_notes(report, drift))
+            raise unloadable(exc, model, start, rules, applied, options, rewrite_model) from None
+        report.notes.extend(repair_notes + precision_notes + conversion_notes(report, validator.conversion))
         result.validation = report
         if not report.passed:
             step("searching for the rule responsible")
-            culprit = find_culprit(model, rules, applied, samples, options, reference, floor,
-                                   start=start if precision else None, judge=judge)
-            skip = None
-            failing = ", ".join(report.failing())
-            if culprit == PRECISION_CULPRIT:
-                blame = "; culprit: the float16 conversion itself, before any rule" + _precision_drift(report, judge)
-            elif culprit:
-                skip, failures = working_skip(start, rules, culprit,
-                                              _validation_problem(model, samples, options, reference, floor, judge))
-                blame = f"; culprit rule: {culprit}" + _skip_advice(culprit, skip, failures)
-            else:
-                blame = ""
+            culprit, skip, message = explain_failure(validator, report, start, rules, applied, rewrite_model,
+                                                     precision)
             result.validation_seconds = time.perf_counter() - t1
             result.total_seconds = time.perf_counter() - t0
-            figures = "" if culprit == PRECISION_CULPRIT else failure_text(report.outputs, judge)
-            message = (f"validation failed: output(s) {failing} differ beyond tolerance{figures}{blame}; nothing was "
-                       "written")
             result.error, result.exit_code, result.culprit = message, EXIT_VALIDATION_FAILED, culprit
             raise ValidationFailed(message, culprit=culprit, report=result, skip=skip)
         result.validation_seconds = time.perf_counter() - t1
     if (options.bench or options.tuning_record) and samples is None:
         samples = sample_inputs(model, options)
-    fewer = functools.partial(_fewer_rewrites, model, start, rules, samples, reference, floor, options, judge,
-                              repair_notes + precision_notes, step)
+    fewer = functools.partial(_fewer_rewrites, start, rules, validator, options, repair_notes + precision_notes, step)
     pending = decided = None
     if options.tuning_record:
         pending, decided = _apply_tuning_record(result, model, samples, options, repairs, fewer)
@@ -647,250 +476,6 @@ def _record_decision(result, record, key: str, meta: dict, here: str | None) -> 
     result.extra["tuning_record"]["written"] = True
 
 
-#: ``--precision fp16``: an output passes within this many times the drift of the model merely converted
-#: to float16. Tighter than the float32 noise floor's 10x, because float16's drift is large: on a 16-block
-#: residual LayerNorm stack the rewritten model drifted 1.4x the plain conversion's (0.0088 against 0.0063),
-#: and tests/validate/test_noise_floor_mutations.py's planted float16 bugs are beyond 3x.
-CONVERSION_MULTIPLE = 3.0
-
-
-def _precision_judge(start, samples, reference, options: OptimizeOptions, source: str):
-    """How a precision change is judged besides tolerance and floor (:mod:`onnxfuse.validate.drift_budget`):
-    the user's ``--max-drift`` or the default budget (none with ``--strict`` unless given), and the drift of
-    the model merely converted (``start``, no rewrite) against the float32 original on the same samples,
-    which the rewritten model may exceed by at most :data:`CONVERSION_MULTIPLE` times."""
-    from onnxfuse.validate import PrecisionJudge, conversion_drift
-
-    conversion = conversion_drift(start, samples, reference, options.provider, name=f"{source} (float16, no rewrite)")
-    return PrecisionJudge("float16", _drift_budget(options), conversion, CONVERSION_MULTIPLE)
-
-
-def _drift_budget(options: OptimizeOptions):
-    """The drift budget a precision change is judged by: ``--max-drift``, else the default one, except that
-    ``--strict`` (tolerance alone) has none unless ``--max-drift`` is given."""
-    from onnxfuse.validate.drift_budget import DEFAULT_BUDGET
-
-    return options.max_drift if options.max_drift is not None else (None if options.strict else DEFAULT_BUDGET)
-
-
-def _conversion_drift(judge, options: OptimizeOptions) -> dict[str, float]:
-    """``--precision fp16`` with the default tolerances: each output's largest absolute drift in the model
-    merely converted (no rewrite, ``judge.conversion``), which joins the noise floor
-    (:func:`_with_conversion`) so that the rewritten model is judged by what float16 allows (within
-    :data:`CONVERSION_MULTIPLE` times that drift) rather than by float32's noise. Explicit
-    ``--rtol``/``--atol`` keep it off, as ``--strict`` does: they are judged by tolerance, and by the drift
-    budget (scale-free, unlike an absolute drift)."""
-    if judge is None or options.rtol is not None or options.atol is not None or options.strict:
-        return {}
-    return {name: d.max_abs for name, d in judge.conversion.items()}
-
-
-def _conversion_share(drift: float) -> float:
-    """The floor a conversion ``drift`` stands for: scaled by ``CONVERSION_MULTIPLE / FLOOR_MULTIPLE``, so the
-    one floor test (within ``FLOOR_MULTIPLE`` x the floor) applies :data:`CONVERSION_MULTIPLE` to it."""
-    from onnxfuse.validate import FLOOR_MULTIPLE
-
-    return drift * CONVERSION_MULTIPLE / FLOOR_MULTIPLE
-
-
-def _with_conversion(floor: dict[str, float], drift: dict[str, float]) -> dict[str, float]:
-    """The noise floor raised, per output, to what its conversion drift allows."""
-    return {k: max(floor.get(k, 0.0), _conversion_share(drift.get(k, 0.0))) for k in floor.keys() | drift.keys()}
-
-
-def _conversion_notes(report: ValidationReport, drift: dict[str, float]) -> list[str]:
-    """Each output's conversion drift in the report (``extra["conversion_drift"]``) and one note when an output
-    passed only within it."""
-    for c in report.outputs:
-        if c.name in drift:
-            c.extra["conversion_drift"] = drift[c.name]
-    helped = [c for c in report.outputs if c.extra.get("passed_by") == "noise floor"
-              and _conversion_share(drift.get(c.name, 0.0)) >= c.extra.get("noise_floor", 0.0) > 0]
-    if not helped:
-        return []
-    worst = max(helped, key=lambda c: c.max_abs)
-    return [f"--precision fp16: {', '.join(c.name for c in helped)} beyond float16's default tolerance but within "
-            f"{CONVERSION_MULTIPLE:g}x the drift of the model merely converted to float16, no rewrite ({worst.name}: "
-            f"max abs {worst.max_abs:.3g} against {drift[worst.name]:.3g}); explicit --rtol/--atol judge by tolerance "
-            "and the drift budget (--max-drift), --strict by tolerance alone"]
-
-
-def _precision_drift(report: ValidationReport, judge) -> str:
-    """What the user needs to decide after ``--precision fp16`` alone fails validation: how far the worst
-    output drifted, scale-free (normalized max error) and in direction (cosine: 0.9999+ is float16
-    rounding through a deep model, BERT-base's own float16 export drifts 0.01 from float32; a low one,
-    values float16 cannot hold), against what the tolerance and the drift budget allowed, and the two
-    ways on."""
-    failing = [c for c in report.outputs if not c.passed]
-    if not failing:
-        return " (keep --precision fp32, or widen --max-drift)"
-    worst = max(failing, key=lambda c: c.max_abs / max(c.atol, 1e-30))
-    b = judge.budget if judge is not None else None
-    budget = "" if b is None else f" and the drift budget {b.error:g}, cosine {b.cosine:g} (--max-drift {b.text()})"
-    figures = (f"normalized max error {worst.extra['drift_error']:.3g}, cosine {worst.extra['drift_cosine']:.6f}"
-               if "drift_error" in worst.extra else f"cosine {worst.cosine:.6f}")
-    return (f": {worst.name} drifts up to {worst.max_abs:.3g} from float32 ({figures}) where the tolerance "
-            f"allows {worst.atol:.2g} + {worst.rtol:g}·|ref|{budget} (keep --precision fp32, or pass a wider "
-            "--max-drift ERR,COS or a looser --atol/--rtol if that drift is acceptable)")
-
-
-#: Sizes tried, in order, for dynamic dimensions nobody sized when the original model cannot run at 1
-#: (a 3x3 Conv over H = W = 1, a pooling window wider than the input).
-DEFAULT_DIM_RETRIES = (8, 32, 224)
-
-
-def _validation_inputs(model, options: OptimizeOptions, source: str):
-    """The validation samples and the original's outputs on them: the drawn (or given) samples, plus the
-    second size when onnxfuse drew them, all from one session of the original (:class:`_OriginalRuns`)."""
-    original = _OriginalRuns(model, options.provider, source)
-    samples, reference = _reference_run(model, options, source, original)
-    if options.inputs is None and options.inputs_path is None:
-        _add_second_size(model, samples, reference, options, source, original)
-        _add_realistic_size(model, samples, reference, options, original)
-    original.close()  # before the noise floor's and the optimized model's sessions: one model's at a time
-    return samples, reference
-
-
-def _add_realistic_size(model, samples: list, reference: list, options: OptimizeOptions, original) -> None:
-    """Append a token model's realistic sample (:mod:`onnxfuse.runtime.realistic`: three rows at the first of
-    128, 64, 32, 16 tokens the original runs at, masks with real padding) and the original's outputs on it;
-    nothing for other models, for KV-cache decoders (sizes derived from relations: their prefill and
-    decode samples do this job) or where the original runs at none of the lengths."""
-    from onnxfuse.errors import RuntimeFailure
-    from onnxfuse.runtime.inputs import derived_shapes, input_specs
-    from onnxfuse.runtime.realistic import LENGTHS, realistic_sample
-
-    if derived_shapes(model, input_specs(model), options.shapes or {}) is not None:
-        return
-    for length in LENGTHS:
-        sample = realistic_sample(model, length, options.seed + 7, options.right_padded, options.shapes)
-        if sample is None:
-            return
-        try:
-            outputs = original([sample])
-        except RuntimeFailure:
-            continue
-        samples.append(sample)
-        reference.extend(outputs)
-        return
-
-
-class _OriginalRuns:
-    """The original model's outputs (graph optimizations off) on any draws, from one ONNX Runtime session
-    made on first use: the reference run, its retries at other sizes and the second size's candidates
-    used to make a session each. Why: creating a session is most of validation's time on large models;
-    measured (cProfile, this 2-core machine, CPU): BERT-base 0.34 s a session, a 1.1B-parameter decoder
-    4.4 s, six sessions a run (docs/benchmarks.md 5.23). Outputs are those of :func:`run_samples`, which
-    makes the same session (a failed creation is not kept: the next call tries again, as before)."""
-
-    def __init__(self, model, provider: str, name: str):
-        self.model, self.provider, self.name, self.session = model, provider, name, None
-
-    def __call__(self, samples: list) -> list:
-        from onnxfuse.runtime.session import make_session, run_session
-
-        if self.session is None:
-            self.session = make_session(self.model, provider=self.provider, name=self.name)
-        return [run_session(self.session, s if isinstance(s, dict) else s.feeds, name=self.name) for s in samples]
-
-    def close(self) -> None:
-        self.session = None
-
-
-def _reference_run(model, options: OptimizeOptions, source: str, original: _OriginalRuns | None = None):
-    """The validation samples and the original's outputs on them. Unsized dynamic dimensions default
-    to 1; where the original cannot run at 1, to 8, 32 and then 224 (with a note); where it runs at
-    none of these, one line names the dimensions and the --shape to pass."""
-    from onnxfuse.errors import InputsError, RuntimeFailure
-    from onnxfuse.runtime.inputs import input_specs, unsized_dimensions
-
-    run = original or _OriginalRuns(model, options.provider, source)
-    samples = sample_inputs(model, options)
-    given = options.inputs is not None or options.inputs_path is not None
-    unsized = [] if given else unsized_dimensions(input_specs(model), options.shapes)
-    try:
-        return samples, run(samples)
-    except RuntimeFailure as first:
-        if not unsized:
-            raise
-        for size, derive in ((1, False), *((size, True) for size in DEFAULT_DIM_RETRIES)):
-            retry = sample_inputs(model, options, default_dim=size, derive=derive)
-            if not derive and retry[0].feeds.keys() == samples[0].feeds.keys() and all(
-                    retry[0].feeds[k].shape == samples[0].feeds[k].shape for k in retry[0].feeds):
-                continue  # no sizes were derived: the same draw as the one that failed
-            try:
-                reference = run(retry)
-            except RuntimeFailure:
-                continue
-            if not derive:
-                retry[0].notes.append(f"the original model does not run at the sizes derived from its dimension "
-                                      f"relations ({first}); validated with every dynamic dimension at 1")
-            else:
-                retry[0].notes.append(f"the original model does not run with {', '.join(unsized)} set to 1 "
-                                      f"({first}); validated with {size}")
-            return retry, reference
-        raise InputsError(f"the original model does not run with dynamic dimension(s) {', '.join(unsized)} set to "
-                          f"1, 8, 32 or 224; give sizes with --shape NAME:D0,D1,... ({first})") from None
-
-
-def _add_second_size(model, samples: list, reference: list, options: OptimizeOptions, source: str,
-                     original: _OriginalRuns | None = None) -> None:
-    """Append a sample at a second size of every dynamic dimension (and the original's outputs on it)
-    when the original runs there (:func:`onnxfuse.runtime.inputs.second_size_candidates`); else a
-    note says validation ran at one size."""
-    from onnxfuse.runtime.inputs import relation_variants, second_size_candidates
-
-    run = original or _OriginalRuns(model, options.provider, source)
-    groups = relation_variants(model, samples[0], options.seed)
-    if groups:
-        _add_variants(model, samples, reference, options, source, groups, run)
-        return
-    candidates = second_size_candidates(model, samples[0], options.seed)
-    if _add_first_that_runs(model, candidates, samples, reference, options, source, run):
-        return
-    if candidates:
-        samples[0].notes.append("validated at one size only: the original model does not run with its dynamic "
-                                "dimensions one larger (use --shape to choose sizes)")
-
-
-def _add_variants(model, samples: list, reference: list, options: OptimizeOptions, source: str, groups,
-                  run: _OriginalRuns) -> None:
-    """For a model whose dynamic dimensions are tied: the first candidate of each group (second size,
-    prefill, decode: :func:`onnxfuse.runtime.inputs.relation_variants`) the original runs on, with a note
-    for a group where it runs on none."""
-    for how, draws in groups:
-        if not _add_first_that_runs(model, draws, samples, reference, options, source, run):
-            samples[0].notes.append(f"no {how} sample: the original model does not run at the sizes derived for it")
-
-
-def _add_first_that_runs(model, draws, samples: list, reference: list, options: OptimizeOptions, source: str,
-                         run: _OriginalRuns) -> bool:
-    """Append the first of ``draws`` the original model runs on (and its outputs); False when none runs."""
-    from onnxfuse.errors import RuntimeFailure
-
-    for draw in draws:
-        try:
-            (outputs,) = run([draw])
-        except RuntimeFailure:
-            continue
-        samples.append(draw)
-        reference.append(outputs)
-        return True
-    return False
-
-
-def sample_inputs(model: onnx.ModelProto, options: OptimizeOptions, default_dim: int = 1,
-                  derive: bool = True) -> list[Inputs]:
-    """The samples validation runs on: the user's (``options.inputs`` or ``options.inputs_path``), else
-    seeded draws (at sizes derived from the graph's dimension relations where it has binding ones,
-    ``derive``). Timing uses the first."""
-    if options.inputs is not None and options.inputs_path is not None:
-        raise UsageError("give the inputs once: OptimizeOptions.inputs or inputs_path, not both")
-    given = options.inputs if options.inputs is not None else options.inputs_path
-    return make_samples(model, options.shapes, options.seed, given, options.input_ranges, default_dim, options.samples,
-                        right_padded=options.right_padded, derive=derive)
-
-
 def _stamp(optimized, applied, repairs) -> None:
     """The metadata every output carries: the rules that applied, the repairs, FusedElementwise values."""
     model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
@@ -933,10 +518,10 @@ def _set_output(result: OptimizeResult, optimized, applied) -> None:
                                                          n.op_type for n in optimized.graph.node})
 
 
-def _fewer_rewrites(model, start, rules, samples, reference, floor, options, judge, notes, step, skipped,
-                    added=()):
+def _fewer_rewrites(start, rules, validator, options, notes, step, skipped, added=()):
     """``start`` rewritten without the ``skipped`` rules (:data:`~onnxfuse.selection.ALL`: none run) and
-    with the opt-in rules ``added`` (in their place in the run order), validated as the first model was:
+    with the opt-in rules ``added`` (in their place in the run order), validated as the first model was
+    (``validator``: :class:`~onnxfuse.validate.verdict.Validator`, None when validation is off):
     (model, applied, validation or None), or why it cannot be kept."""
     from onnxfuse.selection import ALL
 
@@ -951,9 +536,9 @@ def _fewer_rewrites(model, start, rules, samples, reference, floor, options, jud
     report = None
     if options.validate:
         try:
-            report = _validate(model, candidate, samples, options, reference, floor, judge)
+            report = validator.validate(candidate)
         except SessionRefused as exc:  # never kept, never written; the reason says whose fault it is
-            return f"ONNX Runtime cannot load it, an onnxfuse bug ({_refusal(exc)})"
+            return f"ONNX Runtime cannot load it, an onnxfuse bug ({refusal_reason(exc)})"
         report.notes.extend(notes)
         if not report.passed:
             return "validation failed"

@@ -3,7 +3,17 @@
 Both models run on ONNX Runtime with its own graph optimizations disabled, so any difference found is
 onnxfuse's doing. The CUDA provider is used when a GPU is really usable, else the CPU provider.
 Sessions, inputs and the comparison itself are :mod:`onnxfuse.runtime`'s; this package adds what only
-validation does: the original model's noise floor and the pass rule built on it.
+validation does: the original model's noise floor and the pass rule built on it (here), and optimize's
+validation around them, which the pipeline calls stage by stage:
+
+* :mod:`~onnxfuse.validate.samples`: what validation runs on (drawn or given samples, a second size,
+  variants for tied dimensions, a realistic size);
+* :mod:`~onnxfuse.validate.reference`: the original's outputs on them, retried at other sizes;
+* :mod:`~onnxfuse.validate.verdict`: one :class:`~onnxfuse.validate.verdict.Validator` per run, judging
+  every candidate alike;
+* :mod:`~onnxfuse.validate.precision_judge` and :mod:`~onnxfuse.validate.drift_budget`: how a precision
+  change is judged; :mod:`~onnxfuse.validate.float16_range`: the nodes float16 cannot hold;
+* :mod:`~onnxfuse.validate.culprit`: the rule to blame, and a checked ``--skip``, when the output fails.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ judged by two scale-free figures against the float32 original:
 
 An output passes by the budget (``passed_by: "drift budget"``) when its normalized max error is within
 the budget's ``error``, its cosine at least the budget's ``cosine``, **and** its normalized max error
-within :data:`onnxfuse.pipeline.CONVERSION_MULTIPLE` times the plain conversion's (the original merely
+within :data:`onnxfuse.validate.precision_judge.CONVERSION_MULTIPLE` times the plain conversion's (the original merely
 converted, no rewrite, on the same inputs). The last condition is what keeps the judge from hiding real
 bugs: the budget alone is loose by design (2e-2 is what float16 gives a deep model), and the planted
 float16 bugs are small against it. Measured with --precision fp16 and explicit tolerances

@@ -15,7 +15,7 @@ large sum that divides it back into range, a mean, computes in float32 and hands
 result). Values that are ±inf or NaN in the original itself are not counted: float16 cannot do worse.
 
 Not measured here: rounding error that stays in range (float16's 2⁻¹¹ relative step). The float16 judge
-(the conversion's own drift, ``pipeline.CONVERSION_MULTIPLE``) accepts what a plain conversion gives.
+(the conversion's own drift, ``precision_judge.CONVERSION_MULTIPLE``) accepts what a plain conversion gives.
 
 Cost: one session of the original with all its float32 values as outputs, one run per sample, each
 value reduced to one number as it arrives; nodes inside If/Loop bodies and of other domains are not

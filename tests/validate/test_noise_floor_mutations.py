@@ -13,7 +13,7 @@ from onnx import numpy_helper
 
 import onnxfuse
 from onnxfuse.errors import ValidationFailed
-from onnxfuse.pipeline import CONVERSION_MULTIPLE
+from onnxfuse.validate.precision_judge import CONVERSION_MULTIPLE
 from onnxfuse.rewrites import RULES
 from onnxfuse.rewrites import Rule
 

@@ -27,6 +27,7 @@ from helpers import TESTDATA, random_feeds, run_ort
 from onnxfuse import pipeline
 from onnxfuse.cli import main
 from onnxfuse.rewrites import RULES, Rule
+from onnxfuse.validate import culprit
 
 MODEL = TESTDATA / "conv_bn_relu.onnx"
 
@@ -184,7 +185,7 @@ def test_a_skip_that_leaves_another_drift_grows_until_it_validates():
 
 
 def test_where_no_skip_set_is_found_none_is_suggested(monkeypatch):
-    monkeypatch.setattr(pipeline, "MAX_SKIPS", 1)
+    monkeypatch.setattr(culprit, "MAX_SKIPS", 1)
     with pytest.raises(onnxfuse.ValidationFailed) as info:
         onnxfuse.optimize(onnx.load(MODEL), target="onnx", rules=[Drifts(), *RULES, Unloadable()], provider="cpu")
     message = str(info.value)

@@ -11,7 +11,7 @@ import pytest
 import onnxfuse
 from helpers import residual_layernorm_stack
 from onnxfuse.errors import ValidationFailed
-from onnxfuse.pipeline import CONVERSION_MULTIPLE
+from onnxfuse.validate.precision_judge import CONVERSION_MULTIPLE
 from onnxfuse.rewrites import RULES, Rule
 
 
