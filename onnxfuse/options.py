@@ -73,8 +73,10 @@ class Option:
     (``help``: the command line's help text), the API's ``default`` and type (``annotation``, as the
     signature writes it), ``check`` (the keyword's value → the field's; raises
     :class:`~onnxfuse.errors.UsageError`; None: taken as given), its ``command_line`` spelling (None:
-    API only) and ``report``: where the report says it (None: nowhere). ``field_default``: the pipeline
-    field's default when it is not the checked API default (``SAME``)."""
+    API only) and ``report``: the key of ``optimize``'s JSON report that says it (dotted, as in
+    ``onnxfuse/reports/schemas/report.schema.json``; None: no key says it as given). ``field_default``: the pipeline
+    field's default when it is not the checked API default (``SAME``). ``together``: a check of this
+    option with the others, given every keyword the API was called with."""
 
     keyword: str
     help: str
@@ -82,8 +84,9 @@ class Option:
     annotation: str = ""
     check: Callable[[object], object] | None = None
     command_line: CommandLine | None = None
-    report: str | None = None
+    report: str | None = None  # e.g. "validation.provider"
     field_default: object = SAME
+    together: Callable[[dict], None] | None = None  # a check of it with the others (all the API's keywords)
 
     def field_value(self, value):
         """``value`` (the API keyword's) as the pipeline's field holds it, checked."""
@@ -207,16 +210,57 @@ def _devices() -> tuple:
     return tuple(DEVICES)
 
 
+def _fail_on_slowdown_needs_bench(keywords: dict) -> None:
+    """``fail_on_slowdown`` without ``bench`` would never be checked: say so instead of passing."""
+    if keywords.get("fail_on_slowdown") is not None and not keywords.get("bench", OPTIMIZE["bench"].default):
+        raise UsageError("fail_on_slowdown needs the models timed (bench=True; on the command line, drop "
+                         "--no-bench)")
+
+
 # -- the declarations ----------------------------------------------------------------------------------------
 
-#: How models are fed, shared by ``optimize``, ``diff`` and ``bench`` (in the command line's order).
-INPUT_OPTIONS = (
+#: ``optimize``'s options, in the order the API checks them (the command shows them in its own order).
+_OPTIMIZE = (
+    Option("rtol", "Relative tolerance (default depends on dtype: fp32 1e-4, fp16 1e-2; a model that computes in "
+                   "fp16 is judged as fp16 even where its outputs are fp32).",
+           annotation="float | None", check=lambda value: checked_tolerance(value, "rtol"),
+           command_line=CommandLine("--rtol", value="float")),
+    Option("atol", "Absolute tolerance (default depends on dtype and output scale).",
+           annotation="float | None", check=lambda value: checked_tolerance(value, "atol"),
+           command_line=CommandLine("--atol", value="float")),
+    Option("seed", "Seed for the random inputs.", default=0, annotation="int", check=checked_seed,
+           command_line=CommandLine("--seed", value="int", show_default=True)),
+    Option("fail_on_slowdown", "Exit 4 and write nothing when the optimized model's median latency on the device "
+                               "exceeds RATIO × the original's (e.g. 1.0, or 1.05 to allow 5% noise). Where it "
+                               "cannot measure (--device cuda without a GPU) one line says it was not checked and "
+                               "--junit writes a skipped latency case.",
+           annotation="float | None",
+           command_line=CommandLine("--fail-on-slowdown", value="float", minimum=0, minimum_open=True,
+                                    metavar="RATIO"),
+           together=_fail_on_slowdown_needs_bench),
+    Option("target", "cuda: everything (the default); contrib: only ONNX Runtime's own ops (the default with "
+                     "--device cpu); onnx: standard ONNX ops only.",
+           annotation="str | None", command_line=CommandLine("--target", value="choice", choices=_targets),
+           report="target"),
+    Option("device", "The ONNX Runtime provider the model is for. cpu: rules without FusedElementwise (--target "
+                     "contrib or onnx), validated and timed on the CPU, so the never-slower fallback and "
+                     "--fail-on-slowdown use CPU timings.",
+           default="cuda", annotation="str",
+           command_line=CommandLine("--device", value="choice", choices=_devices, show_default=True),
+           report="device"),
+    Option("only", "Run only these rules (see `onnxfuse rules`); +RULE adds an opt-in rule to the default ones.",
+           annotation="str | Sequence[str] | None", check=rule_names,
+           command_line=CommandLine("--only", multiple=True, metavar="RULE,...", to_api=list)),
+    Option("skip", "Do not run these rules.", annotation="str | Sequence[str] | None", check=rule_names,
+           command_line=CommandLine("--skip", multiple=True, metavar="RULE,...", to_api=list)),
+    Option("validate", "Skip comparing the optimized model's outputs with the original's.", default=True,
+           annotation="bool", command_line=CommandLine("--no-validate", value="flag", to_api=_absent),
+           report="validation"),
     Option("shapes", "Shape of an input with dynamic dimensions (repeatable). "
                      "Unspecified dynamic dimensions default to 1.",
            annotation="Mapping[str, Sequence[int]] | None", check=checked_shapes,
            command_line=CommandLine("--shape", "shapes", multiple=True, metavar="NAME:D0,D1,...",
-                                    to_api=shapes_from_command_line),
-           report="the tuning record's key (the shapes timed)"),
+                                    to_api=shapes_from_command_line)),
     Option("inputs", "An .npz file with one array per model input, used instead of random data.",
            annotation="InputsLike | None",
            command_line=CommandLine("--inputs", "inputs_path", value="file")),
@@ -227,51 +271,14 @@ INPUT_OPTIONS = (
            annotation="Mapping[str, tuple[float, float]] | None", check=checked_ranges,
            command_line=CommandLine("--input-range", "input_ranges", multiple=True, metavar="NAME:LO,HI",
                                     to_api=ranges_from_command_line)),
-    Option("seed", "Seed for the random inputs.", default=0, annotation="int", check=checked_seed,
-           command_line=CommandLine("--seed", value="int", show_default=True)),
-)
-
-#: The promise contrib-mask-lengths relies on, shared by ``optimize`` and ``diff``.
-RIGHT_PADDED = Option(
-    "right_padded", "Promise that input NAME (an attention mask) holds right-padded rows: n >= 1 "
-                    "ones, then zeros, as a tokenizer that pads on the right writes (repeatable). "
-                    "Attention then reads it as 1-D lengths (ReduceSum of the mask), as ONNX "
-                    "Runtime's transformers optimizer writes it; random inputs keep the promise. "
-                    "Wrong for left-padded masks.",
-    annotation="str | Sequence[str] | None", check=input_names,
-    command_line=CommandLine("--right-padded", "right_padded", multiple=True, metavar="NAME", to_api=list),
-    report="the tuning record's key (right_padded)")
-
-_OPTIMIZE = (
-    Option("target", "cuda: everything (the default); contrib: only ONNX Runtime's own ops (the default with "
-                     "--device cpu); onnx: standard ONNX ops only.",
-           annotation="str | None", command_line=CommandLine("--target", value="choice", choices=_targets),
-           report="the report's target (the device's own when not given); the tuning record's key"),
-    Option("device", "The ONNX Runtime provider the model is for. cpu: rules without FusedElementwise (--target "
-                     "contrib or onnx), validated and timed on the CPU, so the never-slower fallback and "
-                     "--fail-on-slowdown use CPU timings.",
-           default="cuda", annotation="str",
-           command_line=CommandLine("--device", value="choice", choices=_devices, show_default=True),
-           report="the report's device; the tuning record's key"),
-    Option("only", "Run only these rules (see `onnxfuse rules`); +RULE adds an opt-in rule to the default ones.",
-           annotation="str | Sequence[str] | None", check=rule_names,
-           command_line=CommandLine("--only", multiple=True, metavar="RULE,...", to_api=list),
-           report="the tuning record's key"),
-    Option("skip", "Do not run these rules.", annotation="str | Sequence[str] | None", check=rule_names,
-           command_line=CommandLine("--skip", multiple=True, metavar="RULE,...", to_api=list),
-           report="the tuning record's key"),
-    Option("validate", "Skip comparing the optimized model's outputs with the original's.", default=True,
-           annotation="bool", command_line=CommandLine("--no-validate", value="flag", to_api=_absent),
-           report="the report's validation (null when skipped)"),
-    *INPUT_OPTIONS,
-    RIGHT_PADDED,
-    Option("rtol", "Relative tolerance (default depends on dtype: fp32 1e-4, fp16 1e-2; a model that computes in "
-                   "fp16 is judged as fp16 even where its outputs are fp32).",
-           annotation="float | None", check=lambda value: checked_tolerance(value, "rtol"),
-           command_line=CommandLine("--rtol", value="float")),
-    Option("atol", "Absolute tolerance (default depends on dtype and output scale).",
-           annotation="float | None", check=lambda value: checked_tolerance(value, "atol"),
-           command_line=CommandLine("--atol", value="float")),
+    Option("right_padded", "Promise that input NAME (an attention mask) holds right-padded rows: n >= 1 "
+                           "ones, then zeros, as a tokenizer that pads on the right writes (repeatable). "
+                           "Attention then reads it as 1-D lengths (ReduceSum of the mask), as ONNX "
+                           "Runtime's transformers optimizer writes it; random inputs keep the promise. "
+                           "Wrong for left-padded masks.",
+           annotation="str | Sequence[str] | None", check=input_names,
+           command_line=CommandLine("--right-padded", "right_padded", multiple=True, metavar="NAME", to_api=list),
+           report="assumptions.right_padded"),
     Option("samples", "Seeded random samples to validate on (seeds SEED, SEED+1, ...), besides one at a second "
                       "size of every dynamic dimension.",
            default=2, annotation="int", check=checked_samples,
@@ -286,7 +293,7 @@ _OPTIMIZE = (
     Option("provider", "ONNX Runtime provider used for validation.", default="auto", annotation="str",
            command_line=CommandLine("--provider", value="choice", choices=("auto", "cpu", "cuda"),
                                     show_default=True),
-           report="the report's validation provider"),
+           report="validation.provider"),
     Option("precision", "fp16: compute in float16 with float32 inputs and outputs (constants and nodes float16 "
                         "cannot hold stay float32), validated against the float32 original at float16's "
                         "tolerances. fp16-io: the same, taking and returning float16 (for pipelines that feed "
@@ -294,7 +301,7 @@ _OPTIMIZE = (
            default="fp32", annotation="str",
            command_line=CommandLine("--precision", value="choice", choices=("fp32", "fp16", "fp16-io"),
                                     show_default=True),
-           report="the report's extra.precision; the tuning record's key"),
+           report="precision.precision"),
     Option("max_drift", "The drift budget of --precision fp16/fp16-io (default 2e-2,0.999): an output beyond "
                         "tolerance also passes when its normalized max error (max |err| / max |ref|) against the "
                         "float32 original is at most ERR, its cosine at least COS, and its error within 3x the "
@@ -306,26 +313,19 @@ _OPTIMIZE = (
     Option("bench", "Skip timing both models (on the GPU, or the CPU with --device cpu) after validation.",
            default=False, annotation="bool", field_default=True,
            command_line=CommandLine("--no-bench", value="flag", to_api=_absent),
-           report="the report's timing (null when not timed)"),
-    Option("fail_on_slowdown", "Exit 4 and write nothing when the optimized model's median latency on the device "
-                               "exceeds RATIO × the original's (e.g. 1.0, or 1.05 to allow 5% noise). Where it "
-                               "cannot measure (--device cuda without a GPU) one line says it was not checked and "
-                               "--junit writes a skipped latency case.",
-           annotation="float | None",
-           command_line=CommandLine("--fail-on-slowdown", value="float", minimum=0, minimum_open=True,
-                                    metavar="RATIO")),
+           report="timing"),
     Option("never_slower", "Keep the optimized model even when it times slower than the original on the device. "
                            "By default fewer rewrites are then tried (each validated and timed), down to the graph "
                            "as loaded.",
            default=True, annotation="bool",
            command_line=CommandLine("--allow-slower", value="flag", to_api=_absent),
-           report="the report's extra.selection"),
+           report="selection"),
     Option("tune", "on: with timing, also try the measured choices (channels-last for conv nets) on top of the "
                    "output, each validated and timed, and keep what is faster. off: the rules' static choices.",
            default=True, annotation="bool",
            command_line=CommandLine("--tune", value="choice", choices=("on", "off"), default="on",
                                     show_default=True, to_api=_on),
-           report="the report's extra.measured"),
+           report="measured"),
     Option("tune_time", "Seconds of tuning after the first timing (the never-slower fallbacks and the measured "
                         "choices; default 60): past it no new candidate starts, and a slower model falls back "
                         "straight to the graph as loaded.",
@@ -336,7 +336,7 @@ _OPTIMIZE = (
                             "runner) it is applied; else what this run measures is added to FILE.",
            annotation="str | os.PathLike | None", check=_path,
            command_line=CommandLine("--tuning-record", "tuning_record", value="file", metavar="FILE"),
-           report="the report's extra.tuning_record"),
+           report="tuning_record"),
     Option("force", "Allow OUTPUT to be the same file as INPUT.", default=False, annotation="bool",
            command_line=CommandLine("--force", value="flag")),
     Option("bench_config", "How both models are timed (an onnxfuse.timing.runner.BenchConfig; its device must be "
@@ -345,20 +345,12 @@ _OPTIMIZE = (
            annotation="list[Rule] | None"),
 )
 
-#: ``optimize``'s options by API keyword (= pipeline field), in the command line's order (the API-only
-#: ones last).
+#: ``optimize``'s options by API keyword (= pipeline field).
 OPTIMIZE: dict[str, Option] = {option.keyword: option for option in _OPTIMIZE}
-
-
-def _fail_on_slowdown_needs_bench(keywords: dict) -> None:
-    if keywords.get("fail_on_slowdown") is not None and not keywords.get("bench", OPTIMIZE["bench"].default):
-        # it would never be checked: say so instead of passing
-        raise UsageError("fail_on_slowdown needs the models timed (bench=True; on the command line, drop "
-                         "--no-bench)")
-
-
-#: Checks of options together, after each alone.
-TOGETHER = (_fail_on_slowdown_needs_bench,)
+#: How models are fed, shared by ``optimize``, ``diff`` and ``bench`` (in the command line's order).
+INPUT_OPTIONS = tuple(OPTIMIZE[keyword] for keyword in ("shapes", "inputs", "input_ranges", "seed"))
+#: The promise contrib-mask-lengths relies on, shared by ``optimize`` and ``diff``.
+RIGHT_PADDED = OPTIMIZE["right_padded"]
 
 
 def field_values(caller: str, **keywords) -> dict:
@@ -367,23 +359,27 @@ def field_values(caller: str, **keywords) -> dict:
     for name in keywords:
         if name not in OPTIMIZE:
             raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
-    values = {name: option.field_value(keywords.get(name, option.default)) for name, option in OPTIMIZE.items()}
-    for check in TOGETHER:
-        check(keywords)
+    values = {}
+    for name, option in OPTIMIZE.items():  # in order: the first problem is the one reported
+        values[name] = option.field_value(keywords.get(name, option.default))
+        if option.together is not None:
+            option.together(keywords)
     return values
 
 
-def from_command_line(values: dict) -> dict:
+def from_command_line(values: dict, keywords: list[str] | None = None) -> dict:
     """The parsed command line (click's values by parameter name) as ``optimize``'s API keywords: each
-    declared option's ``to_api`` (``--no-bench`` → ``bench=False``, ``--shape`` parsed); the command
-    line's own options (not declared) are left out."""
-    keywords = {}
+    declared option's ``to_api`` (``--no-bench`` → ``bench=False``, ``--shape`` parsed; usage errors exit
+    2); the command line's own options (not declared) are left out. ``keywords``: only these."""
+    converted = {}
     for option in OPTIMIZE.values():
         spelling = option.command_line
+        if keywords is not None and option.keyword not in keywords:
+            continue
         if spelling is not None and spelling.name in values:
             value = values[spelling.name]
-            keywords[option.keyword] = value if spelling.to_api is None else spelling.to_api(value)
-    return keywords
+            converted[option.keyword] = value if spelling.to_api is None else spelling.to_api(value)
+    return converted
 
 
 def declared_fields(cls):

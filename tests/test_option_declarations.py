@@ -1,5 +1,6 @@
 """Each ``optimize`` option is declared once, in ``onnxfuse/options.py`` (issue 36): the click options,
-the API's keywords and the pipeline's fields all come from (or are held to) those declarations. Each
+the API's keywords and the pipeline's fields all come from (or are held to) those declarations, and
+where a declaration says the report holds it, the report's schema has that key. Each
 check below returns its problems, so the tests can show it finds one (an option spelled outside its
 declaration) as well as that there are none."""
 
@@ -114,6 +115,35 @@ SPELLERS = ["onnxfuse/cli/optimize_cmd.py", "onnxfuse/cli/common.py", "onnxfuse/
             "onnxfuse/batch.py"]
 
 
+def report_problems(schema: dict) -> list[str]:
+    """Every declared ``report`` key is a key of optimize's report in the JSON schema."""
+    def properties(node):
+        if "$ref" in node:
+            node = schema["$defs"][node["$ref"].rsplit("/", 1)[1]]
+        merged = dict(node.get("properties", {}))
+        for alternative in node.get("oneOf", []) + node.get("anyOf", []):
+            merged.update(properties(alternative))
+        return merged
+
+    problems = []
+    for option in options.OPTIMIZE.values():
+        if option.report is None:
+            continue
+        node = schema["$defs"]["optimize"]
+        for part in option.report.split("."):
+            node = properties(node).get(part)
+            if node is None:
+                problems.append(f"{option.keyword}: the report has no {option.report}")
+                break
+    return problems
+
+
+def report_schema() -> dict:
+    import json
+
+    return json.loads((ROOT / "onnxfuse/reports/schemas/report.schema.json").read_text())
+
+
 def test_every_option_of_the_command_is_declared():
     assert command_problems(optimize_command()) == []
 
@@ -130,6 +160,16 @@ def test_every_keyword_of_the_api_is_declared(function):
 @pytest.mark.parametrize("path", SPELLERS)
 def test_no_option_is_spelled_outside_its_declaration(path):
     assert spelled_outside(ROOT / path, DECLARED_FLAGS) == []
+
+
+def test_the_report_says_the_declared_options():
+    assert report_problems(report_schema()) == []
+
+
+def test_a_report_key_missing_from_the_report_is_found(monkeypatch):
+    monkeypatch.setitem(options.OPTIMIZE, "provider",
+                        dataclasses.replace(options.OPTIMIZE["provider"], report="validation.providers"))
+    assert report_problems(report_schema()) == ["provider: the report has no validation.providers"]
 
 
 def test_an_undeclared_command_option_is_found():

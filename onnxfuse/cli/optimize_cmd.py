@@ -109,19 +109,20 @@ def _optimize_one(input_path, output_path, values, explain, explain_all, json_pa
                   quiet) -> None:
     try:
         check_runtime(quiet)
-        keywords = options.from_command_line(values)  # --shape and --input-range parsed: usage errors first
-        force, fail_on_slowdown = keywords["force"], keywords["fail_on_slowdown"]
+        options.from_command_line(values, ["shapes"])  # a bad --shape is the first error, before the paths'
+        force, fail_on_slowdown = values["force"], values["fail_on_slowdown"]
         # Every output path is checked before the (possibly long) run: nothing may be written when a
         # report cannot be, and nothing is written until everything can be (see _save).
         model_io.check_output_path(output_path, input_path, force)
         check_report_paths(
             {report_file(json_path): "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report",
-             keywords["save_inputs"]: "--save-inputs file", keywords["tuning_record"]: "tuning record"},
+             values["save_inputs"]: "--save-inputs file", values["tuning_record"]: "tuning record"},
             {output_path: "output model", str(model_io.data_path(output_path)): "output model's external data",
              **model_io.input_files(input_path)},
         )
         with render.progress_bar(disabled=quiet) as bar:
-            result = api.optimize(input_path, None, **keywords, progress=bar.step, bench_progress=bar.fraction)
+            result = api.optimize(input_path, None, **options.from_command_line(values), progress=bar.step,
+                                  bench_progress=bar.fraction)
             bar.step("saving")
             _save(result, input_path, output_path, force, json_path, markdown_path, junit_path)
     except (ValidationFailed, SlowerThanAllowed) as exc:
