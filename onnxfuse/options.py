@@ -10,7 +10,8 @@ From them:
 
 - ``onnxfuse/cli/common.py`` makes the click options (:func:`onnxfuse.cli.common.declared_options`),
   and :func:`from_command_line` turns the parsed command line into the API's keywords;
-- :func:`onnxfuse.api.optimize` and ``optimize_many`` check their keywords with :func:`field_values`;
+- :func:`onnxfuse.api.optimize` and ``optimize_many`` check their keywords with :func:`field_values`, in
+  the declarations' order (so the first of several problems is the one reported);
 - :func:`declared_fields` gives :class:`~onnxfuse.pipeline.OptimizeOptions` a field per option, its
   default the checked API default.
 
@@ -74,9 +75,9 @@ class Option:
     signature writes it), ``check`` (the keyword's value → the field's; raises
     :class:`~onnxfuse.errors.UsageError`; None: taken as given), its ``command_line`` spelling (None:
     API only) and ``report``: the key of ``optimize``'s JSON report that says it (dotted, as in
-    ``onnxfuse/reports/schemas/report.schema.json``; None: no key says it as given). ``field_default``: the pipeline
-    field's default when it is not the checked API default (``SAME``). ``together``: a check of this
-    option with the others, given every keyword the API was called with."""
+    ``onnxfuse/reports/schemas/report.schema.json``; None: no key says it as given).
+    ``field_default``: the pipeline field's default when it is not the checked API default (``SAME``).
+    ``together``: a check of this option with the others, given every keyword the API was called with."""
 
     keyword: str
     help: str
@@ -110,6 +111,7 @@ def checked_seed(seed):
 
 
 def checked_samples(samples) -> int:
+    """The number of seeded samples validation runs on: an integer >= 1."""
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise UsageError(f"--samples {samples}: need an integer >= 1")
     return samples

@@ -9,9 +9,9 @@ import sys
 import click
 
 from onnxfuse.cli import render
-from onnxfuse.cli.common import (verbosity_options, EXIT_CODES_HELP, check_runtime, declared_options, emit_json, handle_errors,
-                                 input_options, json_option, report_console, report_file, right_padded_option, stderr,
-                                 write_failure_json)
+from onnxfuse.cli.common import (verbosity_options, EXIT_CODES_HELP, check_runtime, declared_options, emit_json,
+                                 handle_errors, input_options, json_option, report_console, report_file,
+                                 right_padded_option, stderr, write_failure_json)
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, UsageError, ValidationFailed
 from onnxfuse import api, batch, lazy_weights, model_io, options
 from onnxfuse.repair import note as repair_note
@@ -200,7 +200,8 @@ def _optimize_one(input_path, output_path, values, explain, explain_all, json_pa
     sys.stdout.flush()
 
 
-def _optimize_many(paths, out_dir, values, explain, explain_all, json_path, markdown_path, junit_path, quiet) -> None:
+def _optimize_many(paths, out_dir, values, explain, explain_all, json_path, markdown_path, junit_path,
+                   quiet) -> None:
     """The many-models form: plan, check every path, run each model (library), write one report of all."""
     protected = {}
     try:
