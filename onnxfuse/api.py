@@ -20,12 +20,11 @@ neither a path nor an ``onnx.ModelProto`` is a ``TypeError``.
 
 from __future__ import annotations
 
-import math
-
 import os
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
 
-from onnxfuse.errors import UsageError
+from onnxfuse.options import (OPTIMIZE, checked_ranges, checked_seed, checked_shapes, checked_tolerance, field_values,
+                              input_names)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -149,54 +148,14 @@ def optimize(
     when an output drifts beyond tolerance, :class:`~onnxfuse.errors.InternalError` when the model
     onnxfuse wrote cannot be loaded by ONNX Runtime.
     """
+    keywords = {name: value for name, value in locals().items() if name in OPTIMIZE}  # first: the parameters
     from onnxfuse.ort_runtime import require_runtime
 
     require_runtime()
-    from onnxfuse.pipeline import run_pipeline
+    from onnxfuse.pipeline import OptimizeOptions, run_pipeline
 
-    options = _optimize_options(
-        target=target, device=device, only=only, skip=skip, validate=validate, shapes=shapes, inputs=inputs,
-        seed=seed, input_ranges=input_ranges, right_padded=right_padded, rtol=rtol, atol=atol, strict=strict,
-        samples=samples, save_inputs=save_inputs, provider=provider, precision=precision, max_drift=max_drift,
-        force=force, rules=rules, bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown,
-        never_slower=never_slower, tune=tune, tune_time=tune_time, tuning_record=tuning_record,
-    )
+    options = OptimizeOptions(**field_values("optimize", **keywords))
     return run_pipeline(model, output, options, progress=progress, bench_progress=bench_progress)
-
-
-def _seconds(value, what: str) -> float | None:
-    """A non-negative number of seconds, or None; else one line (a usage error)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
-        raise UsageError(f"{what} must be a number of seconds >= 0, not {value!r}")
-    return float(value)
-
-
-def _optimize_options(*, target=None, device="cuda", only=None, skip=None, validate=True, shapes=None, inputs=None, seed=0,
-                      input_ranges=None, right_padded=None, rtol=None, atol=None, strict=False, samples=2,
-                      save_inputs=None, provider="auto", precision="fp32", max_drift=None, force=False, rules=None,
-                      bench=False, bench_config=None, fail_on_slowdown=None, never_slower=True, tune=True,
-                      tune_time=None, tuning_record=None):
-    """:func:`optimize`'s keywords, checked, as the pipeline's options (shared with :func:`optimize_many`,
-    so one model and many are fed and judged alike)."""
-    from onnxfuse.pipeline import OptimizeOptions
-
-    _checked_numbers(rtol, atol, seed)
-    if fail_on_slowdown is not None and not bench:  # it would never be checked: say so instead of passing
-        raise UsageError("fail_on_slowdown needs the models timed (bench=True; on the command line, drop "
-                         "--no-bench)")
-    return OptimizeOptions(
-        target=target, device=device, only=_names(only), skip=_names(skip), validate=validate, shapes=_shapes(shapes),
-        inputs=inputs, seed=seed, input_ranges=_ranges(input_ranges), right_padded=_input_names(right_padded),
-        rtol=rtol, atol=atol, strict=strict,
-        samples=_count(samples), save_inputs=None if save_inputs is None else os.fspath(save_inputs),
-        provider=provider, precision=precision, max_drift=_max_drift(max_drift),
-        force=force, rules=rules,
-        bench=bench, bench_config=bench_config, fail_on_slowdown=fail_on_slowdown, never_slower=never_slower,
-        tune=tune, tune_time=_seconds(tune_time, "tune_time"),
-        tuning_record=None if tuning_record is None else os.fspath(tuning_record),
-    )
 
 
 def optimize_many(
@@ -226,8 +185,9 @@ def optimize_many(
 
     require_runtime()
     from onnxfuse.batch import check_options, optimize_many as run_many, plan
+    from onnxfuse.pipeline import OptimizeOptions
 
-    options = _optimize_options(**kwargs)
+    options = OptimizeOptions(**field_values("optimize_many", **kwargs))
     check_options(save_inputs=options.save_inputs)
     jobs = plan(models, out_dir, force=options.force)
     return run_many(jobs, out_dir, options, started=started, progress=progress, bench_progress=bench_progress,
@@ -282,16 +242,16 @@ def diff(
     require_runtime()
     from onnxfuse.drift import DEFAULT_BATCH_SIZE, diff_models
 
-    _checked_numbers(rtol, atol, seed)
+    checked_tolerance(rtol, "rtol"), checked_tolerance(atol, "atol"), checked_seed(seed)
     for name, (t_rtol, t_atol) in dict(tolerances or {}).items():
-        _checked_numbers(t_rtol, t_atol, 0)
+        checked_tolerance(t_rtol, "rtol"), checked_tolerance(t_atol, "atol")
 
     return diff_models(
-        a, b, shapes=_shapes(shapes), seed=seed, inputs=inputs, samples=samples, provider_a=provider_a,
+        a, b, shapes=checked_shapes(shapes), seed=seed, inputs=inputs, samples=samples, provider_a=provider_a,
         provider_b=provider_b, rtol=rtol, atol=atol, tolerances=dict(tolerances or {}),
         intermediates=intermediates, batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
-        histograms=histograms, progress=progress, input_ranges=_ranges(input_ranges),
-        right_padded=_input_names(right_padded),
+        histograms=histograms, progress=progress, input_ranges=checked_ranges(input_ranges),
+        right_padded=input_names(right_padded),
     )
 
 
@@ -342,78 +302,14 @@ def bench(
     from onnxfuse.timing.bench import bench_models
     from onnxfuse.timing.runner import BenchConfig
 
-    _checked_numbers(None, None, seed)
+    checked_seed(seed)
     config = BenchConfig(device=device, warmup=warmup, iterations=iterations, time_budget_s=time_budget,
                          cuda_graph=cuda_graph, sessions=sessions)
     return bench_models(
-        [a] if b is None else [a, b], config, batch=batch, shapes=_shapes(shapes),
-        inputs=None if inputs is None else os.fspath(inputs), seed=seed, input_ranges=_ranges(input_ranges),
+        [a] if b is None else [a, b], config, batch=batch, shapes=checked_shapes(shapes),
+        inputs=None if inputs is None else os.fspath(inputs), seed=seed, input_ranges=checked_ranges(input_ranges),
         profile_ops=profile, top=top, progress=progress,
     )
-
-
-def _names(value) -> list[str] | None:
-    """Rule names as the pipeline takes them (a list of comma-separated strings), None when empty."""
-    if value is None:
-        return None
-    items = [value] if isinstance(value, str) else list(value)
-    return items or None
-
-
-def _input_names(value) -> list[str]:
-    """Input names: one string (not split: a name may hold a comma) or a sequence of them."""
-    if value is None:
-        return []
-    names = [value] if isinstance(value, str) else list(value)
-    if not all(isinstance(n, str) and n for n in names):
-        raise UsageError("right_padded: expected input names (strings)")
-    return names
-
-
-def _checked_numbers(rtol, atol, seed) -> None:
-    """Tolerances must be finite and >= 0 (``nan`` would turn every comparison into a pass), the seed
-    a non-negative integer: usage errors otherwise (exit 2 in the CLI)."""
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise UsageError(f"--{name} {value}: a tolerance must be a finite number >= 0")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise UsageError(f"--seed {seed}: the seed must be an integer >= 0")
-
-
-def _max_drift(value):
-    """``max_drift`` as the pipeline takes it (a DriftBudget, or None for the default), checked: usage
-    errors otherwise (exit 2 in the CLI)."""
-    if value is None:
-        return None
-    from onnxfuse.validate.drift_budget import parse_max_drift
-
-    return parse_max_drift(value)
-
-
-def _count(samples) -> int:
-    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
-        raise UsageError(f"--samples {samples}: need an integer >= 1")
-    return samples
-
-
-def _ranges(ranges) -> dict | None:
-    """``{name: (lo, hi)}`` (inclusive) → ValueRange objects, checked like ``--input-range``."""
-    if not ranges:
-        return None
-    from onnxfuse.runtime.input_ranges import parse_range_options
-
-    return parse_range_options([f"{name}:{lo},{hi}" for name, (lo, hi) in ranges.items()])
-
-
-def _shapes(shapes) -> dict[str, list[int]]:
-    """``{input name: [dims]}`` with integer, non-negative dimensions."""
-    from onnxfuse.errors import UsageError
-
-    out = {str(k): [int(d) for d in v] for k, v in (shapes or {}).items()}
-    for name, dims in out.items():
-        if any(d < 0 for d in dims):
-            raise UsageError(f"shapes[{name!r}]: dimensions must be non-negative, got {dims}")
-    return out
 
 
 __all__ = ["bench", "diff", "optimize", "optimize_many"]

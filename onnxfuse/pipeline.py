@@ -59,38 +59,17 @@ METADATA_KEY = "onnxfuse"
 FLOAT16_PRECISIONS = ("fp16", "fp16-io")
 
 
+from onnxfuse.options import declared_fields  # noqa: E402  (beside the one class it shapes)
+
+
 @dataclass
+@declared_fields
 class OptimizeOptions:
-    target: str | None = None  # None: the device's own (cuda: "cuda", cpu: "contrib"; rewrites.target_for_device)
-    device: str = "cuda"  # the provider the model is for: its rules, validation and timing (``--device``)
-    only: list[str] | None = None
-    skip: list[str] | None = None
-    validate: bool = True
-    shapes: dict[str, list[int]] = field(default_factory=dict)
-    inputs_path: str | None = None  # an .npz file (``--inputs``); or use ``inputs``
-    inputs: object | None = None  # {name: array}, a list of such dicts, or an .npz path (see runtime.inputs.given_inputs)
-    seed: int = 0
-    input_ranges: dict | None = None  # name -> runtime.input_ranges.ValueRange (``--input-range``)
-    right_padded: list[str] = field(default_factory=list)  # inputs promised right-padded (``--right-padded``)
-    strict: bool = False  # judge by tolerance alone, not also by the model's own noise floor
-    samples: int = 2  # seeded draws validation runs on (seeds seed, seed+1, ...), besides the second size
-    save_inputs: str | None = None  # write every sample validation used to this .npz (``--save-inputs``)
-    rtol: float | None = None
-    atol: float | None = None
-    provider: str = "auto"
-    force: bool = False
-    rules: list[Rule] | None = None  # a custom rule pool (tests, plugins); None = the registry
-    precision: str = "fp32"  # "fp16": compute in float16 with float32 I/O (onnxfuse.precision), validated at fp16;
-    # "fp16-io": the same with float16 inputs and outputs
-    max_drift: object | None = None  # validate.drift_budget.DriftBudget (``--max-drift``); None: the default one
-    # with fp16/fp16-io (none with --strict); only with a precision change
-    bench: bool = True  # time both models on the device after validation (cuda without a GPU: skipped, with a note)
-    bench_config: object | None = None  # onnxfuse.timing.BenchConfig; None = its defaults
-    fail_on_slowdown: float | None = None  # fail when optimized median > ratio × original median
-    never_slower: bool = True  # timed slower: fall back to fewer rewrites (onnxfuse/selection.py)
-    tune: bool = True  # timed: try the measured choices (selection.MEASURED) on top, keep what is faster
-    tune_time: float | None = None  # seconds of tuning after the first timing (None: selection.TUNE_TIME_S)
-    tuning_record: str | None = None  # read and write measured decisions here (onnxfuse/tuning_record.py)
+    """What one ``optimize`` run does. A field for every option of :data:`onnxfuse.options.OPTIMIZE` (its
+    meaning, default and check are declared there once; :func:`onnxfuse.api.optimize` fills them checked),
+    then the fields below, which no option sets."""
+
+    inputs_path: str | None = None  # an .npz file (as ``inputs`` takes one; only one of the two)
 
 
 def for_device(options: OptimizeOptions) -> OptimizeOptions:

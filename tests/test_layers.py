@@ -15,7 +15,8 @@ The layers, lowest first, and why each sits where it does:
    of the layer above serialize themselves through;
 4. judging and measuring: ``validate``, ``drift`` (diff), ``timing`` (bench), ``selection``,
    ``tuning_record``;
-5. the pipelines and the API: ``pipeline``, ``batch``, ``demo``, ``api``, the package itself;
+5. the pipelines and the API: ``options`` (optimize's options, declared once: their checks use the
+   parsers of the layers below), ``pipeline``, ``batch``, ``demo``, ``api``, the package itself;
 6. the command line (``cli``, ``__main__``).
 """
 
@@ -31,7 +32,7 @@ LAYERS = [
     ("runtime",),
     ("reports",),
     ("validate", "drift", "timing", "selection", "tuning_record"),
-    ("pipeline", "batch", "demo", "api", "__init__"),
+    ("options", "pipeline", "batch", "demo", "api", "__init__"),
     ("cli", "__main__"),
 ]
 EVERYWHERE = {"onnxfuse.__version__"}

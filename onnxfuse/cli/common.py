@@ -14,6 +14,7 @@ import threading
 import click
 from rich.console import Console
 
+from onnxfuse import options
 from onnxfuse.errors import InternalError, Interrupted, OnnxfuseError, ResourceError, first_line
 
 EXIT_CODES_HELP = """\b
@@ -262,33 +263,64 @@ def write_failure_json(json_path, command: str, exc, protected: dict | None = No
 
 def range_map(values) -> dict[str, tuple[float, float]] | None:
     """``--input-range NAME:LO,HI`` options as the API takes them (usage errors exit 2)."""
-    from onnxfuse.runtime.input_ranges import parse_range_options
-
-    return {k: (r.lo, r.hi) for k, r in parse_range_options(values).items()} or None
+    return options.ranges_from_command_line(values)
 
 
-def right_padded_option(func):
-    """--right-padded NAME: the promise contrib-mask-lengths relies on, for optimize and diff."""
-    return click.option("--right-padded", "right_padded", multiple=True, metavar="NAME",
-                        help="Promise that input NAME (an attention mask) holds right-padded rows: n >= 1 "
-                             "ones, then zeros, as a tokenizer that pads on the right writes (repeatable). "
-                             "Attention then reads it as 1-D lengths (ReduceSum of the mask), as ONNX "
-                             "Runtime's transformers optimizer writes it; random inputs keep the promise. "
-                             "Wrong for left-padded masks.")(func)
+def _click_type(spelling: options.CommandLine):
+    """The click type of a declared option's value (None: click's own, text)."""
+    if spelling.value == "int":
+        return int
+    if spelling.value == "float":
+        if spelling.minimum is None:
+            return float
+        return click.FloatRange(min=spelling.minimum, min_open=spelling.minimum_open)
+    if spelling.value == "choice":
+        return click.Choice(spelling.choice_values())
+    if spelling.value == "file":
+        return click.Path(dir_okay=False)
+    if spelling.value == "folder":
+        return click.Path(file_okay=False)
+    if spelling.value == "text":
+        return None
+    raise ValueError(f"{spelling.flag}: no click type for a {spelling.value!r} value")
 
 
-def input_options(func):
-    """--shape, --input-range, --inputs, --seed: how models are fed, shared by optimize, diff and bench."""
-    func = click.option("--seed", type=int, default=0, show_default=True,
-                        help="Seed for the random inputs.")(func)
-    func = click.option("--input-range", "input_ranges", multiple=True, metavar="NAME:LO,HI",
-                        help="Draw this input's random values in [LO, HI] (repeatable). Default: integer "
-                             "inputs in the range the graph implies (ids into an embedding of V rows: "
-                             "0..V-1; the shape of an Expand, Tile, Reshape or ConstantOfShape: values it "
-                             "accepts), else 0 or 1; floats standard normal (uniform with a range).")(func)
-    func = click.option("--inputs", "inputs_path", type=click.Path(dir_okay=False),
-                        help="An .npz file with one array per model input, used instead of random data.")(func)
-    func = click.option("--shape", "shapes", multiple=True, metavar="NAME:D0,D1,...",
-                        help="Shape of an input with dynamic dimensions (repeatable). "
-                             "Unspecified dynamic dimensions default to 1.")(func)
-    return func
+def declared_option(option: options.Option):
+    """The click option of a declared option (:mod:`onnxfuse.options`): its flag, parameter name, value
+    type, default, metavar and help text, as declared."""
+    spelling = option.command_line
+    settings = {"help": option.help}
+    if spelling.value == "flag":
+        settings["is_flag"] = True
+    else:
+        kind = _click_type(spelling)
+        if kind is not None:
+            settings["type"] = kind
+        if spelling.multiple:
+            settings["multiple"] = True
+        elif spelling.value not in ("file", "folder"):
+            settings["default"] = option.default if spelling.default is options.SAME else spelling.default
+        if spelling.show_default:
+            settings["show_default"] = True
+        if spelling.metavar is not None:
+            settings["metavar"] = spelling.metavar
+    names = [spelling.flag] if spelling.dest is None else [spelling.flag, spelling.dest]
+    return click.option(*names, **settings)
+
+
+def declared_options(*declared: options.Option):
+    """Decorator: the click options of ``declared``, shown in that order."""
+
+    def decorate(func):
+        for option in reversed(declared):
+            func = declared_option(option)(func)
+        return func
+
+    return decorate
+
+
+#: --right-padded NAME: the promise contrib-mask-lengths relies on, for optimize and diff.
+right_padded_option = declared_options(options.RIGHT_PADDED)
+
+#: --shape, --inputs, --input-range, --seed: how models are fed, shared by optimize, diff and bench.
+input_options = declared_options(*options.INPUT_OPTIONS)

@@ -9,17 +9,15 @@ import sys
 import click
 
 from onnxfuse.cli import render
-from onnxfuse.cli.common import (verbosity_options, EXIT_CODES_HELP, check_runtime, emit_json, handle_errors, input_options, json_option,
-                                 report_console, report_file, right_padded_option, stderr, write_failure_json)
+from onnxfuse.cli.common import (verbosity_options, EXIT_CODES_HELP, check_runtime, declared_options, emit_json,
+                                 handle_errors, input_options, json_option, report_console, report_file,
+                                 right_padded_option, stderr, write_failure_json)
 from onnxfuse.errors import OnnxfuseError, SlowerThanAllowed, UsageError, ValidationFailed
-from onnxfuse import api, batch, lazy_weights, model_io
+from onnxfuse import api, batch, lazy_weights, model_io, options
 from onnxfuse.repair import note as repair_note
 from onnxfuse.atomic import OutputSet
 from onnxfuse.reports.files import check_report_paths, json_text, stage_reports
 from onnxfuse.reports.optimize_report import many_junit, many_markdown, optimize_junit, optimize_markdown, tuning_note
-from onnxfuse.rewrites import DEVICES, TARGETS
-from onnxfuse.runtime.inputs import parse_shape_options
-from onnxfuse.cli.common import range_map
 
 OPTIMIZE_HELP = """Optimize INPUT and write the result to OUTPUT; or, with --out-dir DIR, optimize every
 INPUT (a model, a folder of .onnx files, or a quoted glob pattern) into DIR/<stem>.onnx.
@@ -59,119 +57,72 @@ theirs (2 > 5 > 3 > 4 > 1 > 0: see below). --save-inputs and --explain need one 
 """
 
 
+def declared(*keywords):
+    """The click options of these of optimize's declared options (:data:`onnxfuse.options.OPTIMIZE`), in
+    this order; the ones only the command line has (where reports go, what is printed) are its own."""
+    return declared_options(*(options.OPTIMIZE[keyword] for keyword in keywords))
+
+
 @click.command(help=OPTIMIZE_HELP, epilog=EXIT_CODES_HELP)
 @click.argument("paths", nargs=-1, metavar="INPUT OUTPUT | INPUT... --out-dir DIR", type=click.Path(dir_okay=True))
 @click.option("--out-dir", "out_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="Optimize every INPUT into DIR/<stem>.onnx (DIR is created if missing); INPUT may be a "
                    "folder (its .onnx files) or a quoted glob pattern.")
-@click.option("--target", type=click.Choice(TARGETS), default=None,
-              help="cuda: everything (the default); contrib: only ONNX Runtime's own ops (the default with "
-                   "--device cpu); onnx: standard ONNX ops only.")
-@click.option("--device", type=click.Choice(DEVICES), default="cuda", show_default=True,
-              help="The ONNX Runtime provider the model is for. cpu: rules without FusedElementwise (--target "
-                   "contrib or onnx), validated and timed on the CPU, so the never-slower fallback and "
-                   "--fail-on-slowdown use CPU timings.")
-@click.option("--only", multiple=True, metavar="RULE,...",
-              help="Run only these rules (see `onnxfuse rules`); +RULE adds an opt-in rule to the default ones.")
-@click.option("--skip", multiple=True, metavar="RULE,...", help="Do not run these rules.")
+@declared("target", "device", "only", "skip")
 @click.option("--explain", is_flag=True, help="Summarize the rewrites applied and the candidates refused: counts "
                                               "per rule and per reason, with an example of each.")
 @click.option("--explain-all", is_flag=True, help="List every rewrite applied and every candidate refused, with "
                                                   "its node and reason (the JSON report always has them all).")
-@click.option("--no-validate", is_flag=True, help="Skip comparing the optimized model's outputs with the original's.")
+@declared("validate")
 @input_options
 @right_padded_option
-@click.option("--rtol", type=float, default=None, help="Relative tolerance (default depends on dtype: fp32 1e-4, fp16 1e-2; a model that computes in fp16 is judged as fp16 even where its outputs are fp32).")
-@click.option("--atol", type=float, default=None, help="Absolute tolerance (default depends on dtype and output scale).")
-@click.option("--samples", type=int, default=2, show_default=True,
-              help="Seeded random samples to validate on (seeds SEED, SEED+1, ...), besides one at a second size "
-                   "of every dynamic dimension.")
-@click.option("--save-inputs", "save_inputs", type=click.Path(dir_okay=False),
-              help="Write every sample validation used to this .npz; --inputs replays it exactly.")
-@click.option("--strict", is_flag=True, help="Judge by tolerance alone: an output beyond tolerance fails even when its "
-                                             "error is within 10x the original model's own noise floor (its outputs "
-                                             "with ONNX Runtime's optimizations off vs on).")
-@click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="ONNX Runtime provider used for validation.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "fp16-io"]), default="fp32", show_default=True,
-              help="fp16: compute in float16 with float32 inputs and outputs (constants and nodes float16 cannot "
-                   "hold stay float32), validated against the float32 original at float16's tolerances. fp16-io: "
-                   "the same, taking and returning float16 (for pipelines that feed float16).")
-@click.option("--max-drift", "max_drift", default=None, metavar="ERR[,COS]",
-              help="The drift budget of --precision fp16/fp16-io (default 2e-2,0.999): an output beyond tolerance "
-                   "also passes when its normalized max error (max |err| / max |ref|) against the float32 original "
-                   "is at most ERR, its cosine at least COS, and its error within 3x the model merely converted "
-                   "to float16.")
-@click.option("--no-bench", is_flag=True, help="Skip timing both models (on the GPU, or the CPU with --device cpu) "
-                                               "after validation.")
-@click.option("--fail-on-slowdown", type=click.FloatRange(min=0, min_open=True), metavar="RATIO", default=None,
-              help="Exit 4 and write nothing when the optimized model's median latency on the device exceeds "
-                   "RATIO × the original's (e.g. 1.0, or 1.05 to allow 5% noise). Where it cannot measure "
-                   "(--device cuda without a GPU) one line says it was not checked and --junit writes a "
-                   "skipped latency case.")
-@click.option("--allow-slower", is_flag=True,
-              help="Keep the optimized model even when it times slower than the original on the device. By default "
-                   "fewer rewrites are then tried (each validated and timed), down to the graph as loaded.")
-@click.option("--tune", type=click.Choice(["on", "off"]), default="on", show_default=True,
-              help="on: with timing, also try the measured choices (channels-last for conv nets) on top of the "
-                   "output, each validated and timed, and keep what is faster. off: the rules' static choices.")
-@click.option("--tune-time", "tune_time", type=click.FloatRange(min=0), metavar="SECONDS", default=None,
-              help="Seconds of tuning after the first timing (the never-slower fallbacks and the measured "
-                   "choices; default 60): past it no new candidate starts, and a slower model falls back "
-                   "straight to the graph as loaded.")
-@click.option("--tuning-record", "tuning_record", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Read and write measured decisions here: where FILE holds one for this model, options and "
-                   "shapes (measured on this GPU, or on any GPU when none is usable here, as on a CI runner) it "
-                   "is applied; else what this run measures is added to FILE.")
+@declared("rtol", "atol", "samples", "save_inputs", "strict", "provider", "precision", "max_drift", "bench",
+          "fail_on_slowdown", "never_slower", "tune", "tune_time", "tuning_record")
 @json_option("Also write the report as JSON to this file (schema: onnxfuse/reports/schemas/report.schema.json).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
               help="Also write a Markdown summary (appended when PATH is $GITHUB_STEP_SUMMARY).")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
               help="Also write JUnit XML: each validated output (and the latency check) is a test case.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success (errors still go to stderr).")
-@click.option("--force", is_flag=True, help="Allow OUTPUT to be the same file as INPUT.")
+@declared("force")
 @verbosity_options
 @handle_errors
-def optimize(paths, out_dir, **options) -> None:
+def optimize(paths, out_dir, explain, explain_all, json_path, markdown_path, junit_path, quiet, **values) -> None:
+    # ``values``: the declared options (onnxfuse/options.py) as click parsed them, by parameter name;
+    # options.from_command_line makes them the API's keywords.
     # Models from CLI_LAZY_MODEL_BYTES of weights are held lazily (why: its comment), except with
     # --precision fp16, which converts weights held in memory only (onnxfuse/precision.py).
-    lazy = lazy_weights.CLI_LAZY_MODEL_BYTES if options["precision"] == "fp32" else lazy_weights.LAZY_MODEL_BYTES
+    lazy = lazy_weights.CLI_LAZY_MODEL_BYTES if values["precision"] == "fp32" else lazy_weights.LAZY_MODEL_BYTES
+    shown = dict(explain=explain, explain_all=explain_all, json_path=json_path, markdown_path=markdown_path,
+                 junit_path=junit_path, quiet=quiet)
     if out_dir is not None:
         with lazy_weights.lazy_from(lazy):
-            return _optimize_many(paths, out_dir, **options)
+            return _optimize_many(paths, out_dir, values, **shown)
     if len(paths) != 2:
         raise click.UsageError(f"expected INPUT OUTPUT, got {len(paths)} path{'s' if len(paths) != 1 else ''}; to "
                                "optimize several models give --out-dir DIR", ctx=click.get_current_context())
     with lazy_weights.lazy_from(lazy):
-        return _optimize_one(*paths, **options)
+        return _optimize_one(*paths, values, **shown)
 
 
-def _optimize_one(input_path, output_path, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path, seed, input_ranges,
-                  right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, max_drift, no_bench, fail_on_slowdown, allow_slower, tune, tune_time, tuning_record, json_path, markdown_path, junit_path, quiet,
-                  force) -> None:
+def _optimize_one(input_path, output_path, values, explain, explain_all, json_path, markdown_path, junit_path,
+                  quiet) -> None:
     try:
         check_runtime(quiet)
-        shape_map = parse_shape_options(shapes)
+        options.from_command_line(values, ["shapes"])  # a bad --shape is the first error, before the paths'
+        force, fail_on_slowdown = values["force"], values["fail_on_slowdown"]
         # Every output path is checked before the (possibly long) run: nothing may be written when a
         # report cannot be, and nothing is written until everything can be (see _save).
         model_io.check_output_path(output_path, input_path, force)
         check_report_paths(
             {report_file(json_path): "JSON report", markdown_path: "Markdown report", junit_path: "JUnit report",
-             save_inputs: "--save-inputs file", tuning_record: "tuning record"},
+             values["save_inputs"]: "--save-inputs file", values["tuning_record"]: "tuning record"},
             {output_path: "output model", str(model_io.data_path(output_path)): "output model's external data",
              **model_io.input_files(input_path)},
         )
         with render.progress_bar(disabled=quiet) as bar:
-            result = api.optimize(
-                input_path, None, inputs=inputs_path, target=target, device=device, only=list(only), skip=list(skip),
-                validate=not no_validate, shapes=shape_map, seed=seed, input_ranges=range_map(input_ranges),
-                right_padded=list(right_padded),
-                rtol=rtol, atol=atol, samples=samples, save_inputs=save_inputs, strict=strict, provider=provider,
-                precision=precision, max_drift=max_drift,
-                bench=not no_bench, force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
-                tune=tune == "on", tune_time=tune_time, tuning_record=tuning_record, progress=bar.step,
-                bench_progress=bar.fraction,
-            )
+            result = api.optimize(input_path, None, **options.from_command_line(values), progress=bar.step,
+                                  bench_progress=bar.fraction)
             bar.step("saving")
             _save(result, input_path, output_path, force, json_path, markdown_path, junit_path)
     except (ValidationFailed, SlowerThanAllowed) as exc:
@@ -249,10 +200,8 @@ def _optimize_one(input_path, output_path, target, device, only, skip, explain, 
     sys.stdout.flush()
 
 
-def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_all, no_validate, shapes, inputs_path,
-                   seed, input_ranges, right_padded, rtol, atol, samples, save_inputs, strict, provider, precision, max_drift,
-                   no_bench, fail_on_slowdown, allow_slower, tune, tune_time, tuning_record, json_path, markdown_path,
-                   junit_path, quiet, force) -> None:
+def _optimize_many(paths, out_dir, values, explain, explain_all, json_path, markdown_path, junit_path,
+                   quiet) -> None:
     """The many-models form: plan, check every path, run each model (library), write one report of all."""
     protected = {}
     try:
@@ -261,9 +210,9 @@ def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_
         if explain or explain_all:
             raise UsageError(f"--explain{'-all' if explain_all else ''} prints one model's rewrites: use it with one "
                              "model (INPUT OUTPUT); with --out-dir the --json report holds every model's")
-        batch.check_options(save_inputs=save_inputs)
+        batch.check_options(save_inputs=values["save_inputs"])
         check_runtime(quiet)
-        jobs = batch.plan(paths, out_dir, force=force)
+        jobs = batch.plan(paths, out_dir, force=values["force"])
         for job in jobs:
             protected.update(model_io.input_files(str(job.input_path)))
         outputs = {}
@@ -274,13 +223,7 @@ def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_
                             junit_path: "JUnit report"}, {**outputs, **protected})
         with render.BatchProgress(disabled=quiet) as progress:
             result = api.optimize_many(
-                [str(p) for p in paths], out_dir, target=target, device=device, only=list(only), skip=list(skip),
-                validate=not no_validate, shapes=parse_shape_options(shapes), inputs=inputs_path, seed=seed,
-                input_ranges=range_map(input_ranges), right_padded=list(right_padded), rtol=rtol, atol=atol,
-                samples=samples, strict=strict, provider=provider, precision=precision, max_drift=max_drift,
-                bench=not no_bench,
-                force=force, fail_on_slowdown=fail_on_slowdown, never_slower=not allow_slower,
-                tune=tune == "on", tune_time=tune_time, tuning_record=tuning_record,
+                [str(p) for p in paths], out_dir, **options.from_command_line(values),
                 started=progress.started, progress=progress.step, bench_progress=progress.fraction,
                 finished=progress.finished, reraise=bool(os.environ.get("ONNXFUSE_DEBUG")),
             )
@@ -295,7 +238,7 @@ def _optimize_many(paths, out_dir, target, device, only, skip, explain, explain_
     emit_json(json_path, json_text(result))
     for run in result.runs:  # the summary table says "no GPU", not that the latency check was skipped
         if run.result is not None:
-            _warn_unchecked(run.result, fail_on_slowdown, f"{run.name}: ")
+            _warn_unchecked(run.result, values["fail_on_slowdown"], f"{run.name}: ")
     if not quiet:
         stdout = report_console(json_path)
         for run in result.runs:  # a broken rule, dropped: said for each model, as with one
