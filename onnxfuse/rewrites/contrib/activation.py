@@ -52,11 +52,11 @@ import math
 import numpy as np
 
 from onnxfuse.rewrites.contrib.matching import constants_rank_problem
-from onnxfuse.rewrites.engine.facts import (
-    FP32, consumers, constant_value, dtype_of, internal_problem, is_graph_output, is_op, producer_of,
-)
 from onnxfuse.rewrites.engine.polynomial import POLY_OPS, cast_target, eval_expression, exact_cast_problem
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
+    FP32, consumers, constant_value, dtype_of, internal_problem, is_graph_output, is_op, producer_of,
+)
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

@@ -60,7 +60,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.layout import HEADS, copies_dim
-from onnxfuse.rewrites.engine.facts import (axes_of, consumers, constant_value, dims_equal, dtype_of, internal_problem,
+from onnxfuse.rewrites.facts.graph import (axes_of, consumers, constant_value, dims_equal, dtype_of, internal_problem,
                                             is_graph_output, is_op, perm_of, producer_of, shape_of)
 from onnxfuse.rewrites.engine.rule import Refuse
 

@@ -32,10 +32,10 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.elementwise.regions import RegionAnalysis, candidate_ops
 from onnxfuse.rewrites.engine.edit import NameAllocator, fresh_name
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import (
     constant_value, graphs_within, is_alive, is_default_domain, is_graph_output, is_ms_op,
 )
-from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
 
 _FLOAT = (np.float32, np.float16)
 
