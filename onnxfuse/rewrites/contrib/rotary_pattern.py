@@ -42,7 +42,7 @@ RotaryEmbedding-23 then rotates ``src[..., :R]`` with the [B, S, R/2] caches and
 ``src[..., R:]`` unchanged (the spec's function body: ``x_rotate = x[..., :rotary_embedding_dim]``,
 ``x_not_rotate = x[..., rotary_embedding_dim:]``, Concat on the last axis), which is the pattern's
 value; the pass-through half is copied, bitwise equal. ONNX Runtime 1.32's CPU kernel agrees with a
-float64 reference (tests/rewrites/test_contrib_rotary_embedding.py). Otherwise the sliced x is
+float64 reference (tests/rewrites/contrib/test_contrib_rotary_embedding.py). Otherwise the sliced x is
 rotated as it stands (a full rotation of an R-wide tensor) and the Slices and Concat stay.
 
 **Refused**, with the reason: any piece missing or shaped otherwise; cos and sin narrower than the

@@ -47,7 +47,7 @@ Not bitwise: the kernel rounds the float32 weights to float16 and its output to 
 of relative size 2⁻¹¹ that the original does not make; its scores were already float16), measured on
 ``optimum_llama_kv_fp16`` against a float64 evaluation of the float32 export at prefill and decode: every
 output within 1.4x the original export's own error (logits 1.3e-3 against 9.6e-4 at prefill, relative to
-max(1, |logit|); tests/rewrites/test_optimum_kv_cache.py).
+max(1, |logit|); tests/rewrites/contrib/test_optimum_kv_cache.py).
 The float16 op is the one the speed policy lets through: MultiHeadAttention over given heads in float32
 was measured slower (:mod:`~onnxfuse.rewrites.contrib.attention.policy`). The mask rules are the
 island's.
