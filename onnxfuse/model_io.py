@@ -37,8 +37,8 @@ from google.protobuf.message import DecodeError
 
 from onnxfuse import lazy_weights as lw
 from onnxfuse.atomic import OutputSet, check_file_name, destination, pause_point, write_error
-from onnxfuse.range_dims import range_lengths
 from onnxfuse.errors import ModelLoadError, ModelSaveError, ResourceError, first_line
+from onnxfuse.rewrites.facts.range_dims import range_lengths
 
 #: protobuf's hard limit for one serialized message; larger models need external data.
 PROTOBUF_LIMIT = 2**31 - 1
@@ -802,7 +802,7 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference in memory, on the skeleton: a large in-memory model is made lazy first (its
     weights to the spill file), so what is serialized for ONNX is kilobytes, never the weights.
     ``Range(0, n, 1)`` with n a dimension gets that dimension as its length
-    (:func:`onnxfuse.range_dims.range_lengths`), which ONNX's inference does not derive."""
+    (:func:`onnxfuse.rewrites.facts.range_dims.range_lengths`), which ONNX's inference does not derive."""
     try:
         if not lw.has_lazy(model) and (lw.payload_bytes(model) >= lw.LAZY_MODEL_BYTES
                                        or lw.size_bound(model) >= _EXTERNAL_THRESHOLD):

@@ -43,7 +43,7 @@ from onnxfuse.errors import (
     ValidationFailed,
 )
 from onnxfuse.rewrites.engine.rule import unnamed_label
-from onnxfuse.rewrites.engine.proven_dims import prove_dims
+from onnxfuse.rewrites.facts.proven_dims import prove_dims
 from onnxfuse.rewrites import ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, select_rules
 from onnxfuse.runtime.inputs import Inputs
 from onnxfuse.validate import ValidationReport

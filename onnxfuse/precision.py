@@ -50,8 +50,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxfuse.constant_nodes import constant_node_value
 from onnxfuse.errors import PrecisionError
+from onnxfuse.rewrites.facts.constants import constant_node_value
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 #: float16's largest finite value, and the smallest positive one (a subnormal).

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "rewrites"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "rewrites" / "contrib"))
 
 from test_contrib_attention import S, attention_model, feeds_for  # noqa: E402
 

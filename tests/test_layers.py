@@ -5,11 +5,11 @@ name every layer may read from the package.
 The layers, lowest first, and why each sits where it does:
 
 0. foundation: errors, atomic output, the one import of ONNX Runtime (``ort_runtime``; graphsurgeon's
-   constant folding, a rewrite, runs on it), facts about protobuf graphs (``constant_nodes``,
-   ``range_dims``), weights kept on disk (``lazy_weights``);
+   constant folding, a rewrite, runs on it), weights kept on disk (``lazy_weights``);
 1. the graph: loading and saving (``model_io``, which repairs at load: ``repair``; output shapes checked
-   on export: ``declared_shapes``), the rewrites, the custom ops, the float16 conversion, what stayed
-   unfused;
+   on export: ``declared_shapes``), the rewrites (with ``rewrites.facts``, the facts about a graph of
+   either format that ``model_io``, ``precision`` and ``runtime`` read too), the custom ops, the float16
+   conversion, what stayed unfused;
 2. running models: ``runtime`` (sessions, inputs, the comparator, its histograms, what a run ran on);
 3. the report contract (``reports``: JSON envelope, schema, Markdown, JUnit, HTML), which the results
    of the layer above serialize themselves through;
@@ -27,7 +27,7 @@ import pytest
 from helpers import ROOT, module_imports, module_name
 
 LAYERS = [
-    ("errors", "atomic", "ort_runtime", "constant_nodes", "range_dims", "lazy_weights"),
+    ("errors", "atomic", "ort_runtime", "lazy_weights"),
     ("model_io", "repair", "declared_shapes", "rewrites", "custom_ops", "precision", "unfused"),
     ("runtime",),
     ("reports",),

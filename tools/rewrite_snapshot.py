@@ -103,7 +103,7 @@ EXTRA = {
 def _extra_case(names) -> dict:
     import numpy as np
 
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "rewrites")]
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "rewrites" / "contrib")]
     from test_contrib_attention import attention_model
 
     out = {}

@@ -1,10 +1,10 @@
-"""Graph rewrites: the engine (``engine/``) and the rules, in families (``fold/``, ``contrib/``,
-``elementwise/``), one rule per file named after the rule (``fold-batchnorm-conv`` is
-``fold/fold_batchnorm_conv.py``).
+"""Graph rewrites: the facts about a graph (``facts/``: constants, shapes, size proofs, scopes), the
+engine (``engine/``) and the rules, in families (``fold/``, ``contrib/``, ``elementwise/``), one rule per
+file named after the rule (``fold-batchnorm-conv`` is ``fold/fold_batchnorm_conv.py``).
 
 Adding a rule = one file defining one :class:`~onnxfuse.rewrites.engine.rule.Rule` subclass in its
-family's folder + one line in ``ORDER`` below. A rule imports the engine and its family's shared
-(non-rule) modules, never another rule.
+family's folder + one line in ``ORDER`` below + its tests in ``tests/rewrites/FAMILY/test_NAME.py``. A
+rule imports the facts, the engine and its family's shared (non-rule) modules, never another rule.
 """
 
 from __future__ import annotations

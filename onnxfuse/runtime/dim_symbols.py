@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxfuse.constant_nodes import constant_node_value
+from onnxfuse.rewrites.facts.constants import constant_node_value
 from onnxfuse.runtime.dim_poly import Poly, poly_divide, poly_product, poly_sum
 
 #: A small integer tensor (a shape, an index) whose elements are followed one by one.

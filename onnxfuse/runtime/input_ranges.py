@@ -44,8 +44,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxfuse.constant_nodes import constant_node_value
 from onnxfuse.errors import UsageError
+from onnxfuse.rewrites.facts.constants import constant_node_value
 
 #: Ops whose output holds the input's values (possibly fewer, rearranged or repeated).
 VALUE_PRESERVING = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Transpose",

@@ -16,7 +16,7 @@ from onnxfuse.runtime.session import cuda_available, run_model
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
 
 _spec = importlib.util.spec_from_file_location(
-    "embed_cases", Path(__file__).resolve().parents[1] / "rewrites" / "test_contrib_embed_layernorm.py")
+    "embed_cases", Path(__file__).resolve().parents[1] / "rewrites" / "contrib" / "test_contrib_embed_layernorm.py")
 cases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cases)
 

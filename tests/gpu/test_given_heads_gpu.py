@@ -44,14 +44,15 @@ def test_llama_fp16_fused_and_equal_on_cuda():
 
 
 def test_precision_fp16_llama_block_with_a_raw_keep_mask_on_cuda():
-    """``--precision fp16`` of a float32 Llama block (tests/rewrites/test_attention_given_heads.py): its
+    """``--precision fp16`` of a float32 Llama block (tests/rewrites/contrib/test_attention_given_heads.py): its
     float32 softmax island becomes MultiHeadAttention with the keep mask as a raw [B, S, L]
     key_padding_mask on CUDA too (validated there), and every row, those whose every key is masked
     included, matches the float64 reference (those rows average V, as in the float32 original)."""
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewrites"))
+    rewrites = Path(__file__).resolve().parents[1] / "rewrites"
+    sys.path[:0] = [str(rewrites), str(rewrites / "contrib")]  # contrib_testlib, test_attention_exports
     from test_attention_given_heads import _feeds, _llama_block, _reference
 
     model = _llama_block(np.float32, keep=True)

@@ -71,7 +71,7 @@ def test_kv_cache_decoder_fused_and_equal_on_cuda(name):
 @pytest.mark.parametrize("batch,new,past", [(2, 5, 0), (3, 1, 6)], ids=["prefill", "decode"])
 def test_optimum_float16_export_fuses_and_matches_on_cuda(batch, new, past):
     """optimum's float16 Llama export (float32 Softmax and P·V: the fused op takes them as a float16
-    island, tests/rewrites/test_optimum_kv_cache.py): validated on CUDA, and its logits and presents equal
+    island, tests/rewrites/contrib/test_optimum_kv_cache.py): validated on CUDA, and its logits and presents equal
     the original's on CUDA at prefill and decode with a left-padded row, within float16's rounding."""
     from helpers import kv_cache_feeds
 

@@ -116,7 +116,7 @@ def test_transformers5_mask_grid_runs_in_a_cuda_graph():
     from onnxfuse.runtime.session import run_model
 
     spec = importlib.util.spec_from_file_location(
-        "grid_cases", Path(__file__).resolve().parents[1] / "rewrites" / "test_range_by_cumsum.py")
+        "grid_cases", Path(__file__).resolve().parents[1] / "rewrites" / "fold" / "test_range_by_cumsum.py")
     cases = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cases)
     model = cases.grid_model()

@@ -1,5 +1,7 @@
 """The layout of ``onnxfuse/rewrites`` (issue 13): one rule per file named after the rule, no rule
-imports another rule, one registry. (No module imports another's private names: tests/test_no_private_imports.py.)"""
+imports another rule, one registry, the graph facts below the engine and the families (issue 36). Each
+rule file's test file: tests/test_test_layout.py. No module imports another's private names:
+tests/test_no_private_imports.py."""
 
 from __future__ import annotations
 
@@ -47,13 +49,28 @@ def test_every_rule_lives_in_a_family_file_named_after_it():
     assert sorted(set(seen) - set(registered)) == ["contrib/contrib-bias-softmax"]
 
 
-def test_every_rule_file_has_a_test_file_of_its_name():
-    """A rule's tests are where its name says (issue 36): ``fold/fold_batchnorm_conv.py`` is tested in
-    ``tests/rewrites/test_fold_batchnorm_conv.py`` (shared checks of a family may live elsewhere too)."""
-    here = Path(__file__).resolve().parent
-    missing = [entry for entry in ORDER
-               if not (here / f"test_{rewrites.rule_module(entry).rsplit('.', 1)[1]}.py").exists()]
-    assert missing == []
+def test_facts_sit_below_the_engine_and_the_families():
+    """``rewrites/facts/`` (issue 36 item 2) imports no rule family, and from the engine only the rule
+    contract's ``Refuse`` (``engine.rule``) and ``engine.edit``'s ``replace_reads``: the engine and the
+    families build on the facts, not the other way round."""
+    allowed = {"onnxfuse.rewrites.engine.rule": {"Refuse"}, "onnxfuse.rewrites.engine.edit": {"replace_reads"}}
+    bad = []
+    for name, path in _modules().items():
+        if not name.startswith("onnxfuse.rewrites.facts"):
+            continue
+        for target, names in module_imports(path):
+            if not target.startswith("onnxfuse.rewrites") or target.startswith("onnxfuse.rewrites.facts"):
+                continue
+            if target not in allowed or not set(names) <= allowed[target]:
+                bad.append(f"{name} imports {target}: {sorted(names)}")
+    assert bad == []
+
+
+def test_the_engine_imports_no_family():
+    families = tuple(f"onnxfuse.rewrites.{f}" for f in FAMILIES)
+    bad = [f"{name} imports {target}" for name, path in _modules().items() if name.startswith("onnxfuse.rewrites.engine")
+           for target, _ in module_imports(path) if target.startswith(families)]
+    assert bad == []
 
 
 def test_no_rule_imports_another_rule():

@@ -52,11 +52,11 @@ import math
 import numpy as np
 
 from onnxfuse.rewrites.contrib.matching import constants_rank_problem
-from onnxfuse.rewrites.engine.facts import (
-    FP32, consumers, constant_value, dtype_of, internal_problem, is_graph_output, is_op, producer_of,
-)
 from onnxfuse.rewrites.engine.polynomial import POLY_OPS, cast_target, eval_expression, exact_cast_problem
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
+    FP32, consumers, constant_value, dtype_of, internal_problem, is_graph_output, is_op, producer_of,
+)
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -82,7 +82,7 @@ def close_to(value: float, exact: float, dtype, rel: float = CONSTANT_RTOL) -> b
     error δ in the argument's constant changes ``gelu(x) = 0.5·x·(1 + erf(x/(√2(1+δ))))`` by at most
     ``max_x x²·e^(−x²/2)/√(2π)·|δ| = (2/e)/√(2π)·|δ| = 0.294·|δ|`` (at x = ±√2; Erf's saturation damps it
     for large |x|), and the tanh form by at most ``0.24·|δ₁| + 0.026·|δ₃|`` for errors δ₁ in √(2/π) and δ₃
-    in its cubic coefficient (maxima taken numerically over x; tests/rewrites/test_gelu_tolerance_casts.py
+    in its cubic coefficient (maxima taken numerically over x; tests/rewrites/contrib/test_gelu_tolerance_casts.py
     checks both). At δ = 5e-6 (plus float32's 2.4e-7) the fused op differs from the original by at most
     about 1.5e-6 absolute, on any input: 0.15 of float32 validation's atol (1e-5) and, where
     |gelu(x)| ≥ 0.1, 1.5e-5 relative, 0.15 of its rtol (1e-4); beside float16's rtol 1e-2 it is nothing.

@@ -48,8 +48,8 @@ from __future__ import annotations
 from onnxfuse.rewrites.contrib.attention.emit import emit
 from onnxfuse.rewrites.contrib.attention.pattern import analyze_onnx_attention, analyze_softmax
 from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan
-from onnxfuse.rewrites.engine.facts import is_op
 from onnxfuse.rewrites.engine.rule import Rule
+from onnxfuse.rewrites.facts.graph import is_op
 
 
 class ContribAttention(Rule):

@@ -17,10 +17,10 @@ from __future__ import annotations
 from onnxfuse.rewrites.contrib.activation import fused_name
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
     FP16, FP32, FP64, constant_value, dtype_of, is_ms_op, is_op, last_dim, only_read_by, producer_of, shape_of,
 )
-from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class ContribBiasGelu(ContribRule):

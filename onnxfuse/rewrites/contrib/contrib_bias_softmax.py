@@ -19,10 +19,10 @@ import numpy as np
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.contrib.matmul import MATMUL_DTYPES
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
     dims_equal, first_known_dtype, int_attr, is_op, only_read_by, opset_of, producer_of, shape_of,
 )
-from onnxfuse.rewrites.engine.rule import Refuse
 
 
 def _broadcast_plan(graph, add, softmax):

@@ -56,11 +56,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import append_axes_op, new_constant, replace_reads, unique_name
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Refuse, Rule
+from onnxfuse.rewrites.facts.graph import (
     FP16, FP32, MS_DOMAIN, constant_value, first_known_dtype, is_default_domain, is_graph_output, is_op,
     perm_of, producer_of, rank_of, shape_of,
 )
-from onnxfuse.rewrites.engine.rule import Refuse, Rule
 
 #: NCHW → NHWC, and back.
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]

@@ -33,7 +33,7 @@ a constant index that fold-constants already folded: the float16 export's positi
   token-type ids of a dynamic-sequence export) contributes one row to every token; and the
   **positions** ``Slice(arange buffer [1, M], 0, S)`` with S read by ``Shape`` from the ids (or from the
   looked-up words, DistilBERT) and M >= 2 give the table ``P[0:M]``: the sum is [B, S, H] (proved,
-  engine/proven_dims.py), so ``min(S, M)`` is S whenever the model runs and position s reads row s.
+  facts/proven_dims.py), so ``min(S, M)`` is S whenever the model runs and position s reads row s.
 
 * or the **positions** built at run time from the ids' own length, ``Expand(Unsqueeze(Range(0,
   Gather(Shape(ids), 1), 1), [0]), Shape(ids))`` (ONNX Runtime's embed_layer_norm_format8/9; an
@@ -93,13 +93,13 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import (
     declared_shape,
     axes_of, constant_value, consumers, dims_equal, dtype_of, is_graph_output, is_ms_op, is_op, is_whole_shape_read,
     producer_of, shape_of, unit_range_limit,
 )
-from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import SourcedDim, known_name, shape_value
+from onnxfuse.rewrites.facts.shape_values import SourcedDim, known_name, shape_value
 
 
 def _constant_index(graph, tensor):

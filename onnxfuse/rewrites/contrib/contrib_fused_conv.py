@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
     FP32, consumers, first_known_dtype, is_op, nodes_of, only_read_by, other_input, shape_of, shapes_equal,
 )
-from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class ContribFusedConv(ContribRule):

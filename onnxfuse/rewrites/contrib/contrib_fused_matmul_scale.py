@@ -17,8 +17,8 @@ import numpy as np
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem, scalar_rank_problem
 from onnxfuse.rewrites.contrib.matmul import MATMUL_DTYPES, is_matmul, matmul_attrs, scale_of
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import consumers, is_graph_output, producer_of, rank_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import consumers, is_graph_output, producer_of, rank_of
 
 
 class ContribFusedMatMulScale(ContribRule):

@@ -14,8 +14,8 @@ from __future__ import annotations
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.contrib.matmul import MATMUL_DTYPES, is_matmul, matmul_attrs
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import first_known_dtype, int_attr, is_graph_output, is_op, producer_of, rank_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import first_known_dtype, int_attr, is_graph_output, is_op, producer_of, rank_of
 
 
 def _swap_last_two(graph, transpose):

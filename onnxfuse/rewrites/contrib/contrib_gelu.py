@@ -14,8 +14,8 @@ from onnxfuse.rewrites.contrib.activation import (
 )
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import FP16, FP32, FP64, is_op, nodes_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import FP16, FP32, FP64, is_op, nodes_of
 
 
 class ContribGelu(ContribRule):

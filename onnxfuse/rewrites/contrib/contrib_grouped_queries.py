@@ -41,8 +41,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import constant_value, is_ms_op, is_op, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import constant_value, is_ms_op, is_op, producer_of, shape_of
 
 
 def _repeated_heads(graph, tensor):

@@ -18,9 +18,9 @@ from __future__ import annotations
 from onnxfuse.rewrites.contrib.layernorm_pattern import layernorm_params, match_any_decomposed, mean_candidate
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import FP16, FP32, FP64
 from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import FP16, FP32, FP64
 
 #: Default-domain opset that introduced LayerNormalization.
 LAYERNORM_OPSET = 17

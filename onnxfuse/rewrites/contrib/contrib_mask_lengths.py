@@ -41,8 +41,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, append_axes_op
-from onnxfuse.rewrites.engine.facts import declared_shape, dtype_of, int_attr, is_ms_op, is_op, rank_of, subgraphs
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import declared_shape, dtype_of, int_attr, is_ms_op, is_op, rank_of, subgraphs
 
 #: Ops that read only their input's shape, never its values.
 SHAPE_READS = ("Shape", "Size")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from onnxfuse.rewrites.contrib.activation import activation_dtype, any_scaled_x, fused_name, match_activation
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import FP16, FP32, FP64, nodes_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import FP16, FP32, FP64, nodes_of
 
 
 class ContribQuickGelu(ContribRule):

@@ -39,9 +39,9 @@ from onnxfuse.repair import ORT_ONNX_DOMAIN_OPS
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.contrib.rmsnorm_pattern import RMS_DTYPES, match_rmsnorm, rms_candidate, rmsnorm_gamma
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import graphs_within, is_default_domain, opset_of
 from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import graphs_within, is_default_domain, opset_of
 
 #: Default-domain opset that introduced RMSNormalization.
 RMSNORM_OPSET = 23

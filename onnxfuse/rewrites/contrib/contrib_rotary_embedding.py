@@ -28,9 +28,9 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.contrib.rotary_pattern import match_rotary, rotary_candidate
 from onnxfuse.rewrites.engine.edit import NameAllocator, fuse, new_constant
-from onnxfuse.rewrites.engine.facts import dtype_of
 from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import dtype_of
 
 #: Default-domain opset that introduced RotaryEmbedding.
 ROTARY_OPSET = 23

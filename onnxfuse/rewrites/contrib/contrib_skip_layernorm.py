@@ -35,12 +35,12 @@ from onnxfuse.rewrites.contrib.layernorm_pattern import (
 )
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import NameAllocator, empty_input, fuse, new_constant
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.polynomial import cast_target
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
     FP16, FP32, constant_value, dims_equal, dtype_of, first_known_dtype, is_ms_op, is_op, only_read_by,
     producer_of, shape_of, shapes_equal,
 )
-from onnxfuse.rewrites.engine.polynomial import cast_target
-from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class _LateBias(NamedTuple):

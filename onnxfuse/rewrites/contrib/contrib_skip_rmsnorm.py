@@ -44,8 +44,8 @@ import numpy as np
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.contrib.rmsnorm_pattern import RMS_DTYPES, match_rmsnorm, rms_candidate, rmsnorm_gamma
 from onnxfuse.rewrites.engine.edit import empty_input, fuse
-from onnxfuse.rewrites.engine.facts import constant_value, is_op, only_read_by, producer_of, shape_of, shapes_equal
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import constant_value, is_op, only_read_by, producer_of, shape_of, shapes_equal
 
 
 class ContribSkipRmsNorm(ContribRule):

@@ -28,11 +28,11 @@ import numpy as np
 import onnx
 
 from onnxfuse.rewrites.engine.edit import new_constant
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
     FP16, consumers, constant_value, dtype_of, first_known_dtype, int_attr, internal_problem, is_graph_output,
     is_op, last_dim, other_input, producer_of, rank_of, scalar_constant, shape_of, sole_reader,
 )
-from onnxfuse.rewrites.engine.rule import Refuse
 
 
 class LayerNormMatch:

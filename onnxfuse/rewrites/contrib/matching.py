@@ -9,7 +9,7 @@
   higher rank (dropping the op would then change the shape); :func:`dtype_problem` names the element
   types ONNX Runtime's kernel takes. Each returns a ``Refuse`` or None, so a rule hands it on as is.
 
-Constants, shapes and dtypes are read with :mod:`onnxfuse.rewrites.engine.facts`, the same readers
+Constants, shapes and dtypes are read with :mod:`onnxfuse.rewrites.facts.graph`, the same readers
 every rule uses; the polynomial matcher is :mod:`onnxfuse.rewrites.engine.polynomial`.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxfuse.rewrites.engine.facts import rank_of, scalar_constant
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import rank_of, scalar_constant
 
 
 class ContribRule(Rule):

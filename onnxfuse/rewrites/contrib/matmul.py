@@ -9,7 +9,7 @@ Element types float16/float/double (FusedMatMul's CUDA kernel; bfloat16 has no n
 
 from __future__ import annotations
 
-from onnxfuse.rewrites.engine.facts import FP16, FP32, FP64, first_known_dtype, is_ms_op, is_op, scalar_constant
+from onnxfuse.rewrites.facts.graph import FP16, FP32, FP64, first_known_dtype, is_ms_op, is_op, scalar_constant
 
 
 MATMUL_DTYPES = (FP16, FP32, FP64)

@@ -52,11 +52,11 @@ import numpy as np
 import onnx
 
 from onnxfuse.rewrites.engine.edit import new_constant
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
     FP16, FP32, axes_of, constant_value, dtype_of, int_attr, internal_problem,
     is_op, last_dim, only_read_by, other_input, producer_of, rank_of, scalar_constant, sole_reader,
 )
-from onnxfuse.rewrites.engine.rule import Refuse
 
 #: Element types the fused RMSNorm ops take here (ONNX Runtime's CPU and CUDA kernels both have them).
 RMS_DTYPES = (FP16, FP32)

@@ -42,7 +42,7 @@ RotaryEmbedding-23 then rotates ``src[..., :R]`` with the [B, S, R/2] caches and
 ``src[..., R:]`` unchanged (the spec's function body: ``x_rotate = x[..., :rotary_embedding_dim]``,
 ``x_not_rotate = x[..., rotary_embedding_dim:]``, Concat on the last axis), which is the pattern's
 value; the pass-through half is copied, bitwise equal. ONNX Runtime 1.32's CPU kernel agrees with a
-float64 reference (tests/rewrites/test_contrib_rotary_embedding.py). Otherwise the sliced x is
+float64 reference (tests/rewrites/contrib/test_contrib_rotary_embedding.py). Otherwise the sliced x is
 rotated as it stands (a full rotation of an R-wide tensor) and the Slices and Concat stay.
 
 **Refused**, with the reason: any piece missing or shaped otherwise; cos and sin narrower than the
@@ -60,7 +60,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.layout import HEADS, copies_dim
-from onnxfuse.rewrites.engine.facts import (axes_of, consumers, constant_value, dims_equal, dtype_of, internal_problem,
+from onnxfuse.rewrites.facts.graph import (axes_of, consumers, constant_value, dims_equal, dtype_of, internal_problem,
                                             is_graph_output, is_op, perm_of, producer_of, shape_of)
 from onnxfuse.rewrites.engine.rule import Refuse
 

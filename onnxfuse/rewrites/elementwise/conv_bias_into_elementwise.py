@@ -11,7 +11,7 @@ HardSwish, a residual Add…), the bias can be added there for free: the Conv lo
 Exactness: on CUDA, ``cudnnAddTensor`` computes ``1·bias + 1·y`` in float and rounds once to the
 tensor's type; the region computes ``y + bias`` in float and rounds once: the same value for float32.
 ONNX Runtime's CPU Conv adds the bias inside its accumulation instead, so there the two differ by one
-rounding of the convolution sum (tests/rewrites/test_conv_bias_into_elementwise.py bounds it). For float16/bfloat16
+rounding of the convolution sum (tests/rewrites/elementwise/test_conv_bias_into_elementwise.py bounds it). For float16/bfloat16
 the region keeps the sum in float until its output (one rounding fewer), well within the
 half-precision tolerance validation applies.
 
@@ -32,10 +32,10 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.elementwise.regions import RegionAnalysis, candidate_ops
 from onnxfuse.rewrites.engine.edit import NameAllocator, fresh_name
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import (
     constant_value, graphs_within, is_alive, is_default_domain, is_graph_output, is_ms_op,
 )
-from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
 
 _FLOAT = (np.float32, np.float16)
 

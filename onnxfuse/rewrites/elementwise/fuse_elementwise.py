@@ -43,8 +43,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.elementwise.regions import Region, RegionAnalysis, build_program
 from onnxfuse.rewrites.engine.edit import fresh_name
-from onnxfuse.rewrites.engine.facts import graphs_within, is_alive
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import graphs_within, is_alive
 
 
 class FuseElementwiseRegions(Rule):

@@ -7,8 +7,8 @@ contrib-layernorm's on purpose (:func:`decomposed_layernorm_nodes`).
 
 from __future__ import annotations
 
-from onnxfuse.rewrites.engine.facts import constant_value, consumers, is_op, producer_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import constant_value, consumers, is_op, producer_of
 
 #: Ops a decomposed LayerNorm is made of (PyTorch's fp16 exports add Casts to float and back).
 _LN_CORE = {"Cast", "Pow", "Mul", "ReduceMean", "Add", "Sqrt", "Reciprocal", "Div"}

@@ -23,11 +23,10 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.elementwise.ort_fusions import decomposed_layernorm_nodes
 from onnxfuse.rewrites.elementwise.partition import partition
-from onnxfuse.rewrites.engine.facts import (
-    constant_node_value, constant_producer, declared_shape, is_default_domain, opset_of, subgraphs,
-)
 from onnxfuse.rewrites.engine.rule import Refuse, Refused
-from onnxfuse.rewrites.engine.scopes import Scope
+from onnxfuse.rewrites.facts.constants import constant_node_value
+from onnxfuse.rewrites.facts.graph import constant_producer, declared_shape, is_default_domain, opset_of, subgraphs
+from onnxfuse.rewrites.facts.scopes import Scope
 
 # Elementwise ONNX ops the language may lack: fused once OP_TABLE has them (a new op is a table row,
 # nothing here), otherwise reported with a reason, never fused.

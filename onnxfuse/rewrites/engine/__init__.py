@@ -1,3 +1,4 @@
-"""The rewrite engine: the rule contract (``rule``), the apply loop (``apply``), graph facts
-(``facts``), edit helpers (``edit``), the polynomial matcher (``polynomial``), the opset raise
-(``opset``), cleanup (``cleanup``) and graph scopes (``scopes``). No rule lives here."""
+"""The rewrite engine: the rule contract (``rule``), the apply loop (``apply``), what the user promises
+(``assumptions``), edit helpers (``edit``, ``carriers``), the polynomial matcher (``polynomial``), the
+opset raise (``opset``) and cleanup (``cleanup``). Facts about the graph are in ``rewrites/facts/``.
+No rule lives here."""

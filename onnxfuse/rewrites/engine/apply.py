@@ -8,7 +8,7 @@
   the list runs again (at most :data:`MAX_ROUNDS` rounds) from the first rule that refused something
   before a later rule changed the graph; rules that saw no change since their last run are skipped.
 * After a rule that ``makes_shapes_inferable`` changed the graph, shapes are inferred again
-  (:mod:`.shapes`).
+  (:mod:`onnxfuse.rewrites.facts.shapes`).
 * A candidate whose anchor an earlier match of the same pass rewrote (disconnected) is skipped, not
   refused: it is no candidate any more, and every rule would otherwise repeat that check.
 * Refusals are reported once per (rule, node name, reason).
@@ -22,10 +22,10 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.rewrites.engine.cleanup import cleanup
-from onnxfuse.rewrites.engine.facts import is_alive
 from onnxfuse.rewrites.engine.rule import ApplyReport, GraphPass, Refusal, Refuse, Rule, RuleFailed
-from onnxfuse.rewrites.engine.proven_dims import prove_dims
-from onnxfuse.rewrites.engine.shapes import refresh_shapes
+from onnxfuse.rewrites.facts.graph import is_alive
+from onnxfuse.rewrites.facts.proven_dims import prove_dims
+from onnxfuse.rewrites.facts.shapes import refresh_shapes
 
 #: Safety net against a rule that keeps matching its own output.
 MAX_PASSES_PER_RULE = 64

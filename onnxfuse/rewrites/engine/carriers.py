@@ -12,8 +12,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import new_constant
-from onnxfuse.rewrites.engine.facts import constant_value, dtype_of, is_op, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import constant_value, dtype_of, is_op, producer_of, shape_of
 
 
 def carrier_problem(graph, tensor, axis: int) -> Refuse | None:

@@ -22,7 +22,7 @@
   earlier one's outputs. Inputs count as the same when they are the same tensor or small constants
   (≤ :data:`SMALL_CONSTANT_BYTES`) of equal type, shape and bytes; two ``Shape`` nodes read the same
   value when their inputs' shapes are provably equal (every dimension a size or a name, as
-  ``facts.dims_equal`` proves them), but not by a name two graph inputs declare (``input_ids`` and
+  ``facts.graph.dims_equal`` proves them), but not by a name two graph inputs declare (``input_ids`` and
   ``attention_mask`` both ``[batch, sequence]``): ONNX Runtime does not check that those agree, and a
   merged ``Shape(attention_mask)`` read ``input_ids``' sizes (found 2026-11-24; for GPT-2's zoo export
   and BERT-base the node counts are unchanged, the tiny GPT-2 in testdata keeps one more Shape). Never merged: ops with a random
@@ -39,7 +39,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import replace_reads, to_identity
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.facts.graph import (
     constant_value,
     graphs_within,
     int_attr,
@@ -47,8 +47,8 @@ from onnxfuse.rewrites.engine.facts import (
     is_op,
     shape_of,
 )
-from onnxfuse.rewrites.engine.scopes import Scope
-from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
+from onnxfuse.rewrites.facts.scopes import Scope
+from onnxfuse.rewrites.facts.shapes import dims_proven_equal, unify_dims
 
 
 def _is_identity_reshape(graph: gs.Graph, node: gs.Node) -> bool:

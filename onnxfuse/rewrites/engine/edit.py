@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.facts import MS_DOMAIN, is_graph_output, opset_of
+from onnxfuse.rewrites.facts.graph import MS_DOMAIN, is_graph_output, opset_of
 
 
 def _owned_by(graph, tensor, node) -> bool:

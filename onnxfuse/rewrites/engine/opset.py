@@ -21,8 +21,8 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.facts import graphs_within, opset_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import graphs_within, opset_of
 
 #: Attributes added by a later schema whose absence means the old behaviour, per op.
 _ADDED_OPTIONAL_ATTRS = {

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from onnxfuse.rewrites.engine.facts import dtype_of, is_op, producer_of, scalar_constant
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import dtype_of, is_op, producer_of, scalar_constant
 
 #: (from, to) float element types a Cast converts without changing any value (every value of the first
 #: is a value of the second), besides a Cast to the type it already has.

@@ -15,7 +15,7 @@ The apply loop (:mod:`.apply`) calls ``rewrite`` right after the ``check`` that 
 the plan describes the graph as it is. But ``match`` results are collected before any rewrite of the
 same pass: the loop skips a match whose anchor (a node) an earlier rewrite disconnected, and ``check``
 must re-verify the rest of the structure it relies on (a neighbour it expects may already have been
-folded away): :func:`~onnxfuse.rewrites.engine.facts.is_alive` helps with that.
+folded away): :func:`~onnxfuse.rewrites.facts.graph.is_alive` helps with that.
 
 A :class:`GraphPass` is the other kind: a whole-graph transformation (constant folding) that runs once
 per ``apply_rules`` and reports how many nodes it changed, instead of emitting one match per node.
@@ -147,7 +147,7 @@ class Rule:
     #: Opt-in rules run only when named in ``--only`` (correct, but measured slower on the GPU).
     opt_in: ClassVar[bool] = False
     #: Shapes are inferred again after a run of this rule that changed the graph
-    #: (:func:`~.shapes.refresh_shapes`): set by rules whose rewrites let ONNX infer dimensions it could
+    #: (:func:`~onnxfuse.rewrites.facts.shapes.refresh_shapes`): set by rules whose rewrites let ONNX infer dimensions it could
     #: not before (a computed Reshape target made constant), so that later rules can prove them.
     makes_shapes_inferable: ClassVar[bool] = False
 

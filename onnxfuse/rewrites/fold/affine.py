@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from onnxfuse.rewrites.engine.edit import set_param
-from onnxfuse.rewrites.engine.facts import constant_value, is_default_domain
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import constant_value, is_default_domain
 
 #: Weight dtypes the folding rules handle (numpy has no bfloat16).
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))

@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from onnxfuse.rewrites.engine.edit import bypass
-from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_default_domain, producer_of, sole_consumer_problem
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import constant_value, is_alive, is_default_domain, producer_of, sole_consumer_problem
 from onnxfuse.rewrites.fold.affine import f64, float_dtype_problem, plan_affine
 
 _BN_PARAMS = ("scale", "B", "mean", "var")

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from onnxfuse.rewrites.engine.edit import to_identity
-from onnxfuse.rewrites.engine.facts import consumers, dtype_of, is_graph_output, is_op, producer_of
 from onnxfuse.rewrites.engine.polynomial import WIDENING_CASTS, cast_target
 from onnxfuse.rewrites.engine.rule import TARGETS, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import consumers, dtype_of, is_graph_output, is_op, producer_of
 
 _SIGNED = [np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64)]
 _UNSIGNED = [np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64)]

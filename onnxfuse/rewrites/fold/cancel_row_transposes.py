@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnxfuse.rewrites.engine.facts import consumers, is_graph_output, is_op, perm_of, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
+from onnxfuse.rewrites.facts.graph import consumers, is_graph_output, is_op, perm_of, producer_of, shape_of
+from onnxfuse.rewrites.facts.shapes import dims_proven_equal, unify_dims
 
 #: elementwise ops of one input that compute each element from itself alone
 UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Identity", "Cast")

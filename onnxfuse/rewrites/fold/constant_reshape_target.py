@@ -21,7 +21,7 @@ computed values (or a target a Shape chain computes whole, one part), the target
   named with the same symbol (``batch``) or that has the same static size, becomes ``0``, ONNX's "copy
   this dimension";
 * a computed part of several elements whose value the Shape chain determines
-  (:func:`~onnxfuse.rewrites.engine.shape_values.shape_value`: static sizes and dimension names, e.g.
+  (:func:`~onnxfuse.rewrites.facts.shape_values.shape_value`: static sizes and dimension names, e.g.
   ``Shape(idx)`` of transformers 5's mask index grid, [batch, 1, 1, 128]) contributes its static sizes
   as constants (the values the original computes, so the same meaning) and its names as copies when x
   has that name at the same position, else as computed entries;
@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 
 from onnxfuse.rewrites.engine.edit import new_constant
-from onnxfuse.rewrites.engine.facts import constant_value, is_op, producer_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import shape_read, shape_value
+from onnxfuse.rewrites.facts.graph import constant_value, is_op, producer_of
+from onnxfuse.rewrites.facts.shape_values import shape_read, shape_value
 
 
 def _num_elements(graph, tensor, depth: int = 0) -> int | None:

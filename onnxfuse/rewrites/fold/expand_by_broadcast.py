@@ -11,7 +11,7 @@ the optimized ViT-B/16 kept exactly one such chain, this one, after constant-res
 
 What (exact)
 ------------
-The target is evaluated symbolically (:func:`~onnxfuse.rewrites.engine.shape_values.shape_value`: the
+The target is evaluated symbolically (:func:`~onnxfuse.rewrites.facts.shape_values.shape_value`: the
 chain above is ``[batch, 1, 1]``) and broadcast with x's known shape into the output's dimensions
 (each a static size or a named dimension; a pair that is neither 1 nor equal is refused, as Expand
 would fail). Every named output dimension x does not already have (x's is 1 there) is *carried* by a
@@ -37,13 +37,13 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant, to_identity
-from onnxfuse.rewrites.engine.facts import constant_value, is_op, opset_of
-from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem
-from onnxfuse.rewrites.engine.proven_dims import broadcast_dims
-from onnxfuse.rewrites.engine.shape_values import shape_value, tensor_dims
-from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
+from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant, to_identity
+from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import constant_value, is_op, opset_of
+from onnxfuse.rewrites.facts.proven_dims import broadcast_dims
+from onnxfuse.rewrites.facts.shape_values import shape_value, tensor_dims
+from onnxfuse.rewrites.facts.shapes import dims_proven_equal, unify_dims
 
 
 class ExpandByBroadcast(Rule):

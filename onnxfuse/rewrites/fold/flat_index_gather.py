@@ -17,7 +17,7 @@ The indices are ``Add(Mul(outer, C), inner)`` (either operand order; or that, in
 are ``Range(0, L, 1)`` and ``Range(0, B, 1)`` moved by ``Unsqueeze`` alone to axes j and i of the
 same rank R with i < j (every other axis 1; either may also be a constant holding 0 … L-1 along one
 axis, a static length's Range folded), and the scalar C is provably L
-(:func:`~onnxfuse.rewrites.engine.shape_values.shape_value`: the same dimension of the same tensor, or
+(:func:`~onnxfuse.rewrites.facts.shape_values.shape_value`: the same dimension of the same tensor, or
 the same constant). Then entry (…, b, …, l, …) is b·L + l, the row-major position of (b, l) in a
 [B, L] grid: the indices are ``arange(B·L)`` reshaped, and ``Gather(data, indices, axis=0)`` is
 ``Reshape(Slice(data, 0, B·L), grid shape + data's other dimensions)``, whenever the original runs
@@ -61,7 +61,8 @@ from onnxfuse.rewrites.engine.carriers import (
     dimension_source,
 )
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import (
     constant_value,
     dtype_of,
     is_op,
@@ -72,8 +73,7 @@ from onnxfuse.rewrites.engine.facts import (
     rank_of,
     shape_of,
 )
-from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import shape_value
+from onnxfuse.rewrites.facts.shape_values import shape_value
 from onnxfuse.rewrites.fold.index_grid import placed_range
 
 

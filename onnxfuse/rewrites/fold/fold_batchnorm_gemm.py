@@ -16,8 +16,8 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import set_param
-from onnxfuse.rewrites.engine.facts import constant_value, declared_shape, producer_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import constant_value, declared_shape, producer_of
 from onnxfuse.rewrites.fold.affine import cast_back, f64, float_dtype_problem, plan_affine
 from onnxfuse.rewrites.fold.batchnorm import FoldBatchNorm
 

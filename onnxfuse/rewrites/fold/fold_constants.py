@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.facts import graphs_within, is_default_domain
-from onnxfuse.rewrites.engine.rule import GraphPass
-from onnxfuse.rewrites.engine.proven_dims import prove_dims
-from onnxfuse.rewrites.engine.shape_values import shape_value
-from onnxfuse.rewrites.engine.shapes import weights_as_inputs
 from onnxfuse.rewrites.engine.edit import replace_reads
+from onnxfuse.rewrites.engine.rule import GraphPass
+from onnxfuse.rewrites.facts.graph import graphs_within, is_default_domain
+from onnxfuse.rewrites.facts.proven_dims import prove_dims
+from onnxfuse.rewrites.facts.shape_values import shape_value
+from onnxfuse.rewrites.facts.shapes import weights_as_inputs
 from onnxfuse.rewrites.fold import SIZE_LIMIT
 
 #: Rounds of (shape inference, constant folding); each round can uncover sizes for the next.
@@ -168,7 +168,7 @@ def _result_bytes(node) -> int:
 
 
 def _reads_static_dims(graph, node) -> bool:
-    """``Slice`` or ``Gather`` of a ``Shape`` chain that :func:`~onnxfuse.rewrites.engine.shape_values.
+    """``Slice`` or ``Gather`` of a ``Shape`` chain that :func:`~onnxfuse.rewrites.facts.shape_values.
     shape_value` evaluates to static sizes only: size arithmetic this pass folds (a rule that reads a
     static S from ``Shape`` at run time leaves one)."""
     if node.op not in ("Slice", "Gather") or not node.outputs:

@@ -32,8 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from onnxfuse.rewrites.engine.edit import bypass
-from onnxfuse.rewrites.engine.facts import constant_value, is_alive, is_default_domain, producer_of, sole_consumer_problem
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import constant_value, is_alive, is_default_domain, producer_of, sole_consumer_problem
 from onnxfuse.rewrites.fold.affine import (
     AFFINE_PRODUCERS, broadcast_channel_problem, per_channel_vector, plan_affine, producer_geometry,
 )

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from onnxfuse.rewrites.engine.edit import to_identity
-from onnxfuse.rewrites.engine.facts import constant_value, is_op, producer_of, provably_nonnegative, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import constant_value, is_op, producer_of, provably_nonnegative, shape_of
 
 
 def _static(shape) -> bool:

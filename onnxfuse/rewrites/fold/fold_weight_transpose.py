@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from onnxfuse.rewrites.engine.edit import new_constant, to_identity
-from onnxfuse.rewrites.engine.facts import constant_value, consumers, is_op
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import constant_value, consumers, is_op
 from onnxfuse.rewrites.fold import SIZE_LIMIT
 
 

@@ -43,9 +43,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import axes_of, is_op, opset_of, producer_of, provably_nonnegative, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import SourcedDim, shape_value
+from onnxfuse.rewrites.facts.graph import axes_of, is_op, opset_of, producer_of, provably_nonnegative, shape_of
+from onnxfuse.rewrites.facts.shape_values import SourcedDim, shape_value
 from onnxfuse.rewrites.fold.index_grid import placed_range
 
 

@@ -15,7 +15,7 @@ What
 ----
 ``Reshape(Gemm(Reshape(x, t₁), W, c), t₂)`` → ``Add(MatMul(x, W), c)`` (``MatMul(x, W)`` without c) when the
 chain provably applies the Gemm to each row of x [B, S, K] and gives back [B, S, N]: the conditions are
-:mod:`onnxfuse.rewrites.engine.row_wise`'s (``contrib-attention`` packs GPT-2's q/k/v projection with the
+:mod:`onnxfuse.rewrites.facts.row_wise`'s (``contrib-attention`` packs GPT-2's q/k/v projection with the
 same proof). With transB = 1, W must be a constant; it is transposed once here.
 
 Exactness: the same dot products; MatMul's broadcast over B runs as one GEMM with M = B·S rows in ONNX
@@ -31,10 +31,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import constant_value, is_op, producer_of
-from onnxfuse.rewrites.engine.row_wise import row_wise_gemm
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shapes import dims_proven_equal, unify_dims
+from onnxfuse.rewrites.facts.graph import constant_value, is_op, producer_of
+from onnxfuse.rewrites.facts.row_wise import row_wise_gemm
+from onnxfuse.rewrites.facts.shapes import dims_proven_equal, unify_dims
 
 
 class GemmRowsToMatMul(Rule):

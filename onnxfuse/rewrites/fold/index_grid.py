@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.facts.graph import (
     axes_of,
     constant_value,
     is_op,

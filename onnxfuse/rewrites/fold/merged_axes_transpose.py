@@ -24,7 +24,7 @@ What (exact)
 Element (i₀, …, i_{k-1}, t) of x is element (i₀·…, t) after R1, (i₀·…, perm(t)) after T and (i₀, …,
 i_{k-1}, perm(t)) after R2: ``R2(T(R1(x))) = Transpose(x, [0, …, k-1, k-1+perm[1], …])``, value for value.
 "Proven" means a constant equal to x's static dimension, or a value the Shape chain reads
-(:func:`~onnxfuse.rewrites.engine.shape_values.shape_value`) from x at that axis or from a dimension
+(:func:`~onnxfuse.rewrites.facts.shape_values.shape_value`) from x at that axis or from a dimension
 with x's symbolic name there (the same ``dim_param`` is the same size in ONNX; the dynamo exporter
 reads every layer's sizes from the first layer's tensors, named alike). An entry 0 is refused in both targets (a copy with ``allowzero=0``, a zero-size
 axis with 1). R1 and T stay when something else reads them; otherwise cleanup removes them.
@@ -38,9 +38,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import fuse
-from onnxfuse.rewrites.engine.facts import consumers, constant_value, is_op, perm_of, producer_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import SourcedDim, known_name, shape_read, shape_value
+from onnxfuse.rewrites.facts.graph import consumers, constant_value, is_op, perm_of, producer_of
+from onnxfuse.rewrites.facts.shape_values import SourcedDim, known_name, shape_read, shape_value
 
 
 def _target(graph, reshape) -> list | None:

@@ -33,7 +33,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import (consumers, constant_value, dtype_of, is_graph_output, is_op, opset_of,
+from onnxfuse.rewrites.facts.graph import (consumers, constant_value, dtype_of, is_graph_output, is_op, opset_of,
                                             other_input, shape_of)
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 

@@ -12,7 +12,7 @@ What (exact)
 The limit is traced back (integer Casts, Squeeze, Reshape, Identity) to ``Gather(Shape(T), k)``, a
 dimension of a tensor T the graph already computes before the Range (the Range reads its shape). Then
 ``ones = Where(cond, 1, 1)`` with ``cond`` carrying T's dimension k as a 1-D tensor
-(:func:`~onnxfuse.rewrites.engine.shape_values.carrier_cond`: a one-element-per-index Slice of T,
+(:func:`~onnxfuse.rewrites.facts.shape_values.carrier_cond`: a one-element-per-index Slice of T,
 values irrelevant) is n ones, and ``CumSum(ones, axis=0, exclusive=1)`` is ``[0, 1, …, n-1]``:
 exactly ``Range(0, n, 1)``, in the Range's integer type, computed on the device from T itself (no
 symbolic name is trusted: T is the very tensor whose shape gave n).
@@ -32,8 +32,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem, dimension_source
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import dtype_of, is_op, opset_of, unit_range_limit
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import dtype_of, is_op, opset_of, unit_range_limit
 
 _INTS = (np.dtype(np.int64), np.dtype(np.int32))
 

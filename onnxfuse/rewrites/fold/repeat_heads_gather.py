@@ -20,11 +20,11 @@ Reshape that merges axes a − 1 and a (and keeps every other dimension) sends (
 result at head h is x's head h // n: exactly the Gather. Pure data movement, bitwise equal.
 
 What is proved: the Unsqueeze inserts one axis a ≥ 1; the Expand's target (a constant or a Shape chain,
-:func:`~onnxfuse.rewrites.engine.shape_values.shape_value`) has a static n > 0 at a and elsewhere 1 or
+:func:`~onnxfuse.rewrites.facts.shape_values.shape_value`) has a static n > 0 at a and elsewhere 1 or
 x's dimension (the same static size or the same symbolic name: ONNX's contract that a name is one
 size; an entry that adds sizes read from ``Shape``, the dynamo KV-cache export's ``past_sequence +
 sequence``, is x's length there only where a Concat along that axis makes x, proved term by term:
-:func:`~onnxfuse.rewrites.engine.shape_values.concat_length`); the Reshape's target keeps every other
+:func:`~onnxfuse.rewrites.facts.shape_values.concat_length`); the Reshape's target keeps every other
 dimension (0 before axis a − 1, x's own size or name, or a single -1 with every other entry fixed) and has H_kv·n at axis a − 1, with H_kv static. Refused
 otherwise, with the reason; an Expand or Unsqueeze also read elsewhere stays (only the Reshape is
 replaced).
@@ -38,9 +38,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import axes_of, is_op, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.engine.shape_values import DimSum, concat_length, shape_value
+from onnxfuse.rewrites.facts.graph import axes_of, is_op, producer_of, shape_of
+from onnxfuse.rewrites.facts.shape_values import DimSum, concat_length, shape_value
 
 
 def _same(entry, dim, summed=None) -> bool:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnxfuse.rewrites.engine.facts import constant_value, is_op
 from onnxfuse.rewrites.engine.rule import TARGETS, Refuse, Rule
+from onnxfuse.rewrites.facts.graph import constant_value, is_op
 
 
 class ReshapeAllowzero(Rule):

@@ -16,7 +16,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, run_time_dim, sequence_of
 from onnxfuse.rewrites.engine.edit import append_axes_op, new_constant
-from onnxfuse.rewrites.engine.facts import constant_value, consumers, dims_equal, is_op, producer_of, shape_of
+from onnxfuse.rewrites.facts.graph import constant_value, consumers, dims_equal, is_op, producer_of, shape_of
 
 def _combined_mask(graph, plan, names, base):
     """One additive mask from the terms, innermost first: ``x + M`` adds M; ``Where(c, x, f)`` is

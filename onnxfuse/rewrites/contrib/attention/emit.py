@@ -22,7 +22,7 @@ from onnxfuse.rewrites.contrib.attention.layout import AXES, GIVEN, HEADS, SEQ_F
 from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan
 from onnxfuse.rewrites.contrib.attention.shape_reads import replace_shape
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.engine.facts import declared_shape, perm_of, producer_of
+from onnxfuse.rewrites.facts.graph import declared_shape, perm_of, producer_of
 
 def emit(graph, plan: AttentionPlan):
     names = NameAllocator(graph)

@@ -13,8 +13,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.matmul import scale_of
-from onnxfuse.rewrites.engine.facts import dtype_of, is_op, producer_of, sole_reader
 from onnxfuse.rewrites.engine.polynomial import cast_target
+from onnxfuse.rewrites.facts.graph import dtype_of, is_op, producer_of, sole_reader
 
 def cast_types(graph, node) -> tuple[np.dtype, np.dtype] | None:
     """(input element type, target element type) of a Cast whose input type is known, else None."""

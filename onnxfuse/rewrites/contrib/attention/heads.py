@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.contrib.attention.facts import strip_scale
 from onnxfuse.rewrites.contrib.attention.layout import (
     BATCH_FIRST,
     GIVEN,
@@ -44,9 +45,8 @@ from onnxfuse.rewrites.contrib.attention.layout import (
     SWAP_LAST,
     copies_dim,
 )
-from onnxfuse.rewrites.contrib.attention.facts import strip_scale
-from onnxfuse.rewrites.engine.facts import constant_value, consumers, is_op, perm_of, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import constant_value, consumers, is_op, perm_of, producer_of, shape_of
 
 @dataclass
 class Head:

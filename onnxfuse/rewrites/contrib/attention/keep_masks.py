@@ -12,7 +12,7 @@ batch of 1 spelled out by ``Expand`` first and ``Not`` first when the Where fill
 True, and ``mask_filter_value`` = the fill, instead of the expanded [B, 1, S, L] ``attention_bias``.
 "Provably" is by name (the same static size or ``dim_param``) or, where inference invented the
 dimension, by length proved from how keep and the query or key are made
-(:func:`~onnxfuse.rewrites.engine.shape_values.axis_length`: a KV-cache mask grid ``Range(0, past + S)``
+(:func:`~onnxfuse.rewrites.facts.shape_values.axis_length`: a KV-cache mask grid ``Range(0, past + S)``
 against the key ``Concat(past, new)``, term by term); a ``Slice`` that cuts the mask to a length it
 provably has already is seen through (:func:`whole_slice`: transformers 4.57's sdpa attention,
 ``mask[:, :, :, :key.shape[-2]]``, in optimum's export). ONNX
@@ -47,7 +47,7 @@ Not bitwise: the kernel rounds the float32 weights to float16 and its output to 
 of relative size 2⁻¹¹ that the original does not make; its scores were already float16), measured on
 ``optimum_llama_kv_fp16`` against a float64 evaluation of the float32 export at prefill and decode: every
 output within 1.4x the original export's own error (logits 1.3e-3 against 9.6e-4 at prefill, relative to
-max(1, |logit|); tests/rewrites/test_optimum_kv_cache.py).
+max(1, |logit|); tests/rewrites/contrib/test_optimum_kv_cache.py).
 The float16 op is the one the speed policy lets through: MultiHeadAttention over given heads in float32
 was measured slower (:mod:`~onnxfuse.rewrites.contrib.attention.policy`). The mask rules are the
 island's.
@@ -71,7 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.facts.graph import (
     constant_value,
     dims_equal,
     dtype_of,
@@ -81,7 +81,7 @@ from onnxfuse.rewrites.engine.facts import (
     scalar_constant,
     shape_of,
 )
-from onnxfuse.rewrites.engine.shape_values import axis_length, same_length, shape_read
+from onnxfuse.rewrites.facts.shape_values import axis_length, same_length, shape_read
 
 @dataclass
 class KeepMask:
@@ -115,7 +115,7 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
     ``Where(keep, 0, -inf)``, whose NaN guard the caller emulates; the fill is then replaced).
     ``lengths``: ``(tensor, axis)`` where B, S and L are read at run time; a dimension of ``keep`` that
     is not provably 1 or its name is then compared by length, both proved from how the tensors are made
-    (:func:`~onnxfuse.rewrites.engine.shape_values.axis_length`): a KV-cache decoder's causal and padding
+    (:func:`~onnxfuse.rewrites.facts.shape_values.axis_length`): a KV-cache decoder's causal and padding
     mask is ``past + sequence`` keys long through index grids whose lengths inference invents, its key
     ``Concat(past, new)`` (optimum's transformers 4.57 export)."""
     if len(terms) != 1:
@@ -171,7 +171,7 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
 def _same_length(graph, keep, pad: int, i: int, source) -> bool:
     """Dimension ``i`` of ``keep`` (right-aligned to rank 4: ``pad`` leading axes missing) has the length
     of ``source`` = (tensor, axis), both proved from how the tensors are made
-    (:func:`~onnxfuse.rewrites.engine.shape_values.axis_length`)."""
+    (:func:`~onnxfuse.rewrites.facts.shape_values.axis_length`)."""
     if source is None or i < pad:
         return False
     return same_length(axis_length(graph, keep, i - pad), axis_length(graph, *source))
@@ -217,7 +217,7 @@ def is_zeros(graph, tensor) -> bool:
 
 def always_true(graph, tensor, depth: int = 8) -> bool:
     """Every element of the bool ``tensor`` is True whatever the inputs: an all-True constant; ``x >= c``
-    (``c <= x``) with x provably non-negative (:func:`~onnxfuse.rewrites.engine.facts.provably_nonnegative`)
+    (``c <= x``) with x provably non-negative (:func:`~onnxfuse.rewrites.facts.graph.provably_nonnegative`)
     and c a constant with no positive element, or ``x > c`` (``c < x``) with every c negative; and of
     those, ``And`` of two, ``Or`` with one, bool-to-bool ``Cast``, ``Expand`` and ``Identity``.
     transformers 5 ands its padding mask with ``q_idx >= 0`` over ``Range(0, S)`` (itself anded with an
@@ -283,7 +283,7 @@ def whole_slice(graph, node) -> bool:
     with step 1 and ends at or past the axis' length, that is at a constant >= 2^62, at a constant
     >= the static length, or at a length proved the same as the axis' (its end a size read from
     ``Shape``, both proved from how the tensors are made:
-    :func:`~onnxfuse.rewrites.engine.shape_values.axis_length`). ONNX clamps an end to the axis, so
+    :func:`~onnxfuse.rewrites.facts.shape_values.axis_length`). ONNX clamps an end to the axis, so
     the output is then the input."""
     if not is_op(node, "Slice") or len(node.inputs) < 3:
         return False

@@ -11,7 +11,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import new_constant
-from onnxfuse.rewrites.engine.facts import shape_of
+from onnxfuse.rewrites.facts.graph import shape_of
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 #: perm of the Transpose that splits heads: [B, S, H, D] → [B, H, S, D]

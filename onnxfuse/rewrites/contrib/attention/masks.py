@@ -40,7 +40,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.facts import is_noop_cast, is_upcast, scalar_factor, single_reader
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
     constant_value,
     consumers,
     dtype_of,
@@ -50,7 +51,6 @@ from onnxfuse.rewrites.engine.facts import (
     scalar_constant,
     shape_of,
 )
-from onnxfuse.rewrites.engine.rule import Refuse
 
 #: a Where fill f is absorbing in float32 when f <= this: s + f == f for |s| < ulp(f)/2 (>= 3.7e22)
 ABSORBING_FILL = -1e30

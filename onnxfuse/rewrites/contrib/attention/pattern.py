@@ -12,8 +12,8 @@ from onnxfuse.rewrites.contrib.attention.layout import DTYPES
 from onnxfuse.rewrites.contrib.attention.masks import finite_masks, mask_terms, nan_guard
 from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan, plan_attention
 from onnxfuse.rewrites.contrib.attention.shape_reads import find_shape_reads
-from onnxfuse.rewrites.engine.facts import consumers, dtype_of, is_graph_output, is_op, producer_of, rank_of, shape_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import consumers, dtype_of, is_graph_output, is_op, producer_of, rank_of, shape_of
 
 def analyze_softmax(graph, softmax) -> AttentionPlan | Refuse:
     if len(softmax.inputs) != 1:

@@ -32,8 +32,8 @@ from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN,
 from onnxfuse.rewrites.contrib.attention.masks import FP16_MIN
 from onnxfuse.rewrites.contrib.attention.policy import keep_bias_pays, raw_mask_pays, speed_policy
 from onnxfuse.rewrites.contrib.attention.projections import PackedProjections, fold_biases, packed_projections
-from onnxfuse.rewrites.engine.facts import dims_equal, dtype_of, internal_problem, rank_of, shape_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import dims_equal, dtype_of, internal_problem, rank_of, shape_of
 
 @dataclass(kw_only=True)
 class AttentionPlan:

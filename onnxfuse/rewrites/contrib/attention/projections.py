@@ -17,7 +17,8 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.facts import single_reader
 from onnxfuse.rewrites.contrib.attention.layout import copies_dim
-from onnxfuse.rewrites.engine.facts import (
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
     axes_of,
     constant_value,
     dtype_of,
@@ -28,8 +29,7 @@ from onnxfuse.rewrites.engine.facts import (
     rank_of,
     shape_of,
 )
-from onnxfuse.rewrites.engine.row_wise import row_wise_gemm
-from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.row_wise import row_wise_gemm
 
 def projection_bias(graph, tensor):
     """(MatMul output, bias values, Add) when ``tensor`` = Add(MatMul(...), b) with b a 1-D constant."""
@@ -188,7 +188,7 @@ def _packed_source(graph, t, hidden: int, dtype, nodes: list) -> PackedProjectio
     of a [3E] constant, read only by the node that cuts it (``nodes[0]``).
 
     Why the Gemm chain is ``x·W + b`` on [A, B, ·]: it applies the Gemm to each row of x and gives back
-    [A, B, 3E], proved by :func:`~onnxfuse.rewrites.engine.row_wise.row_wise_gemm` (the proof
+    [A, B, 3E], proved by :func:`~onnxfuse.rewrites.facts.row_wise.row_wise_gemm` (the proof
     gemm-rows-to-matmul uses, which turns the chain into the MatMul form when it runs first)."""
     if not single_reader(graph, t):
         return None

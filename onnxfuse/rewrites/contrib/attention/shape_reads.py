@@ -14,7 +14,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.layout import BATCH_FIRST, run_time_dim
 from onnxfuse.rewrites.engine.edit import new_constant
-from onnxfuse.rewrites.engine.facts import consumers, is_op, perm_of
+from onnxfuse.rewrites.facts.graph import consumers, is_op, perm_of
 
 def find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t):
     """The readers outside the pattern when all are ``Shape`` of a batch-first pattern tensor whose dims

@@ -14,7 +14,7 @@ from pathlib import Path
 import onnxfuse
 from onnxfuse.rewrites.elementwise import regions
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from optimizer_scaling import chain  # noqa: E402
 
 

@@ -48,7 +48,7 @@ def test_scale_folds_into_attention_matmul():
     # The attention scale's Sqrt, Div, Cast and its two Muls per layer are gone; of the 5 decomposed
     # LayerNorms the four that read a residual Add became SkipLayerNorm (three also write the sum, read
     # again by the next block; both sides of every residual Add are provably of one shape since
-    # engine/proven_dims.py, two before it), and so did the first block's ln_1, which reads the class
+    # facts/proven_dims.py, two before it), and so did the first block's ln_1, which reads the class
     # token + patches [B, N, E] plus the position embedding [1, N, E], a skip ONNX Runtime broadcasts.
     assert after["Sqrt"] == 0 and after["Cast"] == 0
     assert after["SkipLayerNormalization"] == 5

@@ -16,7 +16,7 @@ from onnxfuse import model_io
 from onnxfuse.rewrites import apply_rules
 from onnxfuse.rewrites.contrib.contrib_layernorm import ContribLayerNorm
 from onnxfuse.rewrites.contrib.contrib_skip_layernorm import ContribSkipLayerNorm
-from onnxfuse.rewrites.engine.proven_dims import prove_dims
+from onnxfuse.rewrites.facts.proven_dims import prove_dims
 
 LN, SKIP = ContribLayerNorm(), ContribSkipLayerNorm()
 B, S, H = 3, 5, 8

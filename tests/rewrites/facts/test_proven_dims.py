@@ -1,4 +1,4 @@
-"""Dimensions ONNX shape inference leaves invented that onnxfuse proves (rewrites/engine/proven_dims.py).
+"""Dimensions ONNX shape inference leaves invented that onnxfuse proves (rewrites/facts/proven_dims.py).
 
 Each proof is checked against ONNX Runtime: the proved shape must be the shape the model really
 computes, at several run-time sizes (an independent reference for the reasoning)."""
@@ -14,7 +14,7 @@ from onnx import numpy_helper
 
 from helpers import run_ort
 from onnxfuse import model_io
-from onnxfuse.rewrites.engine.proven_dims import Clamped, broadcast_dims, prove_dims
+from onnxfuse.rewrites.facts.proven_dims import Clamped, broadcast_dims, prove_dims
 
 M, H = 8, 4  # the buffers' length (max positions) and the hidden size
 
@@ -162,7 +162,7 @@ def test_a_refresh_gives_a_proved_name_to_every_tensor_that_shares_its_new_symbo
     # values = TopK(x, k) has a length ONNX cannot know; say a proof named it ``sequence`` (a name the
     # model declares). Inferring again invents one symbol for values and Relu(values) alike: both must
     # come out ``sequence``, not the kept name on one and the new symbol on the other.
-    from onnxfuse.rewrites.engine.shapes import refresh_shapes
+    from onnxfuse.rewrites.facts.shapes import refresh_shapes
 
     nodes = [h.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1),
              h.make_node("Relu", ["values"], ["f_relu"])]

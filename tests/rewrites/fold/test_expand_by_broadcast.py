@@ -1,7 +1,7 @@
 """expand-by-broadcast: an Expand whose target is computed from Shape (torch's ``x.expand(n, -1, -1)``,
 ViT's class token) becomes ``Where(cond, x, x)`` with no Shape chain left; outputs equal the original's
 (ONNX Runtime CPU) at several batch sizes, NaN inputs included. And the symbolic shape evaluation it
-rests on (:mod:`onnxfuse.rewrites.engine.shape_values`)."""
+rests on (:mod:`onnxfuse.rewrites.facts.shape_values`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from onnx import numpy_helper
 
 import helpers
 from helpers import run_ort
-from onnxfuse.rewrites.engine.shape_values import shape_value
+from onnxfuse.rewrites.facts.shape_values import shape_value
 
 RULE = "expand-by-broadcast"
 E = 6
@@ -121,7 +121,7 @@ def test_a_chain_of_where_equal_steps_is_evaluated_once_per_step(monkeypatch):
     chain below them without shape_value's per-call memo (and Shape's data input, the whole model above
     it, was evaluated too before it became lazy). Counted, not timed; the target is still [batch, 1, 1]
     and the rewrite exact."""
-    import onnxfuse.rewrites.engine.shape_values as shape_values
+    import onnxfuse.rewrites.facts.shape_values as shape_values
 
     model = class_token_model()
     graph = model.graph

@@ -24,7 +24,7 @@ from __future__ import annotations
 import onnx
 from onnx import numpy_helper
 
-from onnxfuse.constant_nodes import constant_node_value
+from onnxfuse.rewrites.facts.constants import constant_node_value
 
 #: Integer element types a Cast may change the limit to without changing its value (a size < 2**31).
 _INT_TYPES = {onnx.TensorProto.INT32, onnx.TensorProto.INT64}

@@ -136,7 +136,7 @@ def test_whisper_q_scale_before_the_split_is_the_attention_scale():
 #: pre-norm decoders' final one
 FIRST_OR_LAST_LAYERNORM = {
     # words + token type 0 + P[0:S] with a dynamic S (DistilBERT: no token types, S read from the words'
-    # Shape): the sum is provably [B, S, H] (engine/proven_dims.py), then one EmbedLayerNormalization
+    # Shape): the sum is provably [B, S, H] (facts/proven_dims.py), then one EmbedLayerNormalization
     "bert_tiny_opset14": "EmbedLayerNormalization", "distilbert_tiny_opset14": "EmbedLayerNormalization",
     # positions computed at run time from the ids (two run-time lookups and a constant row): the
     # Add(words + types, positions) is of two [B, S, H] tensors, a SkipLayerNormalization

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxfuse.rewrites.engine.facts import constant_value, dims_equal, is_op, only_read_by, producer_of, shape_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import constant_value, dims_equal, is_op, only_read_by, producer_of, shape_of
 
 
 @dataclass

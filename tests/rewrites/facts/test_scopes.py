@@ -66,7 +66,7 @@ def test_dead_branch_reading_a_conv_does_not_block_batchnorm_folding():
 
 def test_scope_holder_maps_body_nodes_to_the_node_holding_the_body():
     from onnxfuse.model_io import to_graph
-    from onnxfuse.rewrites.engine.scopes import Scope
+    from onnxfuse.rewrites.facts.scopes import Scope
 
     graph = to_graph(_if_identity_of_outer_value())
     relu, if_node = graph.nodes

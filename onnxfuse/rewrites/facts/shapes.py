@@ -2,7 +2,7 @@
 
 Why
 ---
-Shapes are inferred once, on the input model, and rules prove equalities from them (``facts.shapes_equal``:
+Shapes are inferred once, on the input model, and rules prove equalities from them (``facts.graph.shapes_equal``:
 same value or same symbolic name). Inference on an exporter's graph loses dimensions wherever a Reshape
 target is computed at run time: BERT's head merge ``Reshape(ctx, Concat(Shape(ctx)[:2], [768]))`` comes
 out as ``(unk__1, unk__2, 768)`` while the residual it is added to is ``(batch, 128, 768)``.
@@ -29,7 +29,7 @@ division. Graph inputs and constants are never touched. Where the kept dimension
 new run invented, that symbol is the kept dimension everywhere in the new run (it shares a symbol only
 between dimensions it proved equal), so the equality is not lost between the tensor that kept the name
 and those that only have the symbol (:func:`_kept_symbols`). After a refresh the apply loop runs
-:func:`~onnxfuse.rewrites.engine.proven_dims.prove_dims`, for what no ONNX inference derives.
+:func:`~onnxfuse.rewrites.facts.proven_dims.prove_dims`, for what no ONNX inference derives.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import replace_reads
-from onnxfuse.rewrites.engine.facts import graphs_within, is_default_domain
+from onnxfuse.rewrites.facts.graph import graphs_within, is_default_domain
 
 #: Weights larger than this travel to shape inference as typed graph inputs (their values cannot matter
 #: to any shape: nothing computed from a whole large weight is a size).

@@ -1,4 +1,4 @@
-"""Range(0, dim, 1)'s length (onnxfuse.range_dims), which ONNX shape inference leaves an invented symbol."""
+"""Range(0, dim, 1)'s length (onnxfuse.rewrites.facts.range_dims), which ONNX shape inference leaves an invented symbol."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ constant ``m >= 1``. For nodes whose outputs inference left invented or unknown,
 
 Inference shares an invented symbol only between dimensions it proved equal (an elementwise op keeps
 it, a Gather keeps its indices' symbols), so a symbol proved to be a size or a name is renamed
-everywhere it occurs (:func:`~onnxfuse.rewrites.engine.shapes.unify_dims`), which reaches every tensor
+everywhere it occurs (:func:`~onnxfuse.rewrites.facts.shapes.unify_dims`), which reaches every tensor
 downstream without another inference. A ``Clamped`` value is never written onto a tensor: ONNX shapes
 have no ``min``; it is kept only for the reasoning of this pass. Rounds repeat until nothing new is
 proved, since a size read through ``Shape`` is only known once its tensor's symbols are renamed.
@@ -55,9 +55,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxfuse.rewrites.engine.facts import constant_value, graphs_within, is_op, unit_range_limit
-from onnxfuse.rewrites.engine.shape_values import range_length, shape_value
-from onnxfuse.rewrites.engine.shapes import unify_dims
+from onnxfuse.rewrites.facts.graph import constant_value, graphs_within, is_op, unit_range_limit
+from onnxfuse.rewrites.facts.shape_values import range_length, shape_value
+from onnxfuse.rewrites.facts.shapes import unify_dims
 
 #: ONNX ops whose output has the numpy broadcast of all their inputs' shapes.
 BROADCAST_OPS = frozenset({
@@ -211,7 +211,7 @@ class _Pass:
         """``Range(s, Add(s, n), 1)`` over integers (a past length s and a new length n: GPT-2's position
         ids with a KV cache; transformers 4.57's ``cache_position``, whose limit torch's legacy exporter
         casts from int64 to int64): ``max(0, n)`` elements, n itself for a size
-        (:func:`~onnxfuse.rewrites.engine.shape_values.range_length`)."""
+        (:func:`~onnxfuse.rewrites.facts.shape_values.range_length`)."""
         n = range_length(self.graph, node)
         return None if n is None else [n if isinstance(n, int) else str(n)]
 

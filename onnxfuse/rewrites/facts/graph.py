@@ -1,8 +1,10 @@
-"""Graph facts: the one place rules read constants, shapes, dtypes, domains, producers, readers and scopes.
+"""Facts about a graphsurgeon graph: the one place rules read constants, shapes, dtypes, domains,
+producers, readers and subgraphs.
 
 * :func:`constant_value` reads a tensor that is fixed at run time: an initializer (``gs.Constant``) or
   the output of an ONNX ``Constant`` node (every value attribute: ``value``, ``value_float(s)``,
-  ``value_int(s)``, through :func:`constant_node_value`). A graph input is never constant, even when an
+  ``value_int(s)``, through :func:`.constants.constant_node_value`, the reader
+  protobuf graphs use too). A graph input is never constant, even when an
   initializer of the same name gives it a default, because the caller may feed it.
 * :func:`shape_of` / :func:`declared_shape` give shapes as tuples of ints, dim-param strings and
   ``None`` (unknown); :func:`dtype_of` the numpy dtype.
@@ -18,6 +20,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.constants import constant_node_value
 
 #: Domain of ONNX Runtime's contrib operators.
 MS_DOMAIN = "com.microsoft"
@@ -55,24 +58,6 @@ def opset_of(graph, default: int = 13) -> int:
 
 
 # --- constants ---------------------------------------------------------------------------------------
-
-
-def constant_node_value(node) -> np.ndarray | None:
-    """The value an ONNX ``Constant`` node writes (``value``, ``value_float(s)``, ``value_int(s)``), or
-    ``None`` for the attributes no rule reads (strings, sparse tensors)."""
-    attrs = node.attrs
-    if "value" in attrs:
-        v = attrs["value"]
-        return np.asarray(v.values) if isinstance(v, gs.Constant) else np.asarray(v)
-    if "value_float" in attrs:
-        return np.asarray(attrs["value_float"], dtype=np.float32)
-    if "value_int" in attrs:
-        return np.asarray(attrs["value_int"], dtype=np.int64)
-    if "value_floats" in attrs:
-        return np.asarray(attrs["value_floats"], dtype=np.float32)
-    if "value_ints" in attrs:
-        return np.asarray(attrs["value_ints"], dtype=np.int64)
-    return None
 
 
 def constant_producer(tensor):

@@ -16,7 +16,7 @@ from helpers import load_testdata
 from onnxfuse.custom_ops import session_options
 from onnxfuse.rewrites import RULES, select_rules
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
 from test_kv_cache_gpu import LAYERS, _feeds  # noqa: E402  (the same prefill/decode feeds, run on the CPU here)
 
 RULE = "contrib-grouped-queries"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.facts import graphs_within, subgraphs
+from onnxfuse.rewrites.facts.graph import graphs_within, subgraphs
 
 
 class Scope:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxfuse.rewrites.engine.facts import axes_of, constant_value, is_op, producer_of, unit_range_limit
+from onnxfuse.rewrites.facts.graph import axes_of, constant_value, is_op, producer_of, unit_range_limit
 
 #: A dimension: an int, or a symbolic name ("batch").
 Dim = int | str

@@ -1,5 +1,5 @@
 """fold-batchnorm-convtranspose: BatchNormalization after a ConvTranspose folded into its weights (grouped: each
-group's output-channel slices scaled). The family's shared checks: tests/rewrites/test_fold_batchnorm.py."""
+group's output-channel slices scaled). The family's shared checks: tests/rewrites/fold/test_fold_batchnorm.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from contrib_testlib import fuse, ops, parse, refusals
 import helpers
 from onnxfuse.model_io import to_graph
 from onnxfuse.rewrites import apply_rules
-from onnxfuse.rewrites.engine.facts import provably_nonnegative
+from onnxfuse.rewrites.facts.graph import provably_nonnegative
 from onnxfuse.rewrites.fold.constant_reshape_target import ConstantReshapeTarget
 from onnxfuse.rewrites.fold.fold_size_sentinel import FoldSizeSentinel
 
@@ -148,7 +148,7 @@ def test_reshape_target_refresh_proves_the_merge_output_equal_to_the_residual():
 
 
 def test_refresh_keeps_declared_symbols_and_forgets_invented_ones_it_cannot_infer_again():
-    from onnxfuse.rewrites.engine.shapes import refresh_shapes
+    from onnxfuse.rewrites.facts.shapes import refresh_shapes
 
     model = parse("""
     g (float[batch,4] x) => (float[batch,4] y) {
@@ -171,7 +171,7 @@ def test_refresh_infers_through_same_shape_contrib_ops_and_cuts_others_at_their_
     cannot read enters at the shape a rule declared for it, with sizes and declared names only."""
     import onnx_graphsurgeon as gs
 
-    from onnxfuse.rewrites.engine.shapes import refresh_shapes
+    from onnxfuse.rewrites.facts.shapes import refresh_shapes
 
     model = parse("""
     g (float[batch,4] x, float[batch,4] r, float[4] gamma, float[4] beta, float[4,3] w) => (float[batch,3] y, float[batch,4] z, float[batch,4] v) {

@@ -1,0 +1,16 @@
+"""Facts about a graph, below the rule families and the engine: what every rule, the apply loop and the
+protobuf layers read, proved once.
+
+* ``constants``: the value a ``Constant`` node writes, one reader for protobuf and graphsurgeon nodes;
+* ``graph``: constants, shapes, dtypes, domains, producers, readers and subgraphs of a graphsurgeon graph;
+* ``shapes``: shape inference again mid-rewrite (``refresh_shapes``, on ``model_io.infer_shapes``, the
+  one ONNX inference entry point), symbols proved equal renamed (``unify_dims``);
+* size proofs: ``shape_values`` (what a ``Shape`` chain computes, a tensor's length along an axis),
+  ``proven_dims`` (the dimensions inference leaves invented, graphsurgeon graphs), ``range_dims``
+  (``Range(0, n, 1)``'s length on the protobuf model ``model_io.infer_shapes`` returns), ``row_wise``
+  (a Gemm applied row by row through two Reshapes);
+* ``scopes``: which graph owns a node, which defines a tensor.
+
+From the engine these modules read only the rule contract's ``Refuse`` and ``edit.replace_reads``; no
+rule lives here and nothing here imports a rule family.
+"""
