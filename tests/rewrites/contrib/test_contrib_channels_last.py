@@ -60,7 +60,7 @@ CNNS = [  # name, input size, Transposes left (region boundaries the graph canno
     ("mobilenet_v3_small_w025_opset13", (2, 3, 64, 64), 2),
     ("efficientnet_blocks_opset13", (2, 3, 64, 64), 2),
     ("convnext_blocks_opset13", (2, 3, 32, 32), 2),  # its own permutes around LayerNorm cancel ours
-    ("yolo_conv_bn_silu_opset13", (2, 3, 64, 64), 4),  # in, out, and both sides of the Resize
+    ("yolo_conv_bn_silu_opset13", (2, 3, 64, 64), 2),  # in and out: its nearest Resize takes NHWC scales
 ]
 
 
@@ -221,3 +221,52 @@ def test_the_report_says_the_output_needs_the_cuda_provider():
     assert "needs ONNX Runtime's CUDA provider (com.microsoft::NhwcConv)" in optimize_markdown(result)
     plain = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), validate=False, bench=False)
     assert "cuda_only_ops" not in plain.to_json()["result"]
+
+
+def _resize_model(mode="nearest", by="scales", **attrs):
+    """Conv → Resize (×2 along H and W) → Conv, the Resize given constant scales or sizes."""
+    rng = np.random.default_rng(5)
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 8, 3, 3)).astype(np.float32), "w2")
+    if by == "scales":
+        target = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "target")
+        resize_inputs = ["c1", "", "target"]
+    else:
+        target = numpy_helper.from_array(np.array([2, 8, 10, 14], np.int64), "target")  # H 5→10, W 7→14
+        resize_inputs = ["c1", "", "", "target"]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", resize_inputs, ["r"], mode=mode, **attrs),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    return make_model(nodes, [vi("x", [2, 3, 5, 7])], [vi("y", [2, 4, 10, 14])], [w1, w2, target], opset=17)
+
+
+@pytest.mark.parametrize("by,attrs", [
+    ("scales", dict(coordinate_transformation_mode="asymmetric", nearest_mode="floor")),  # torch's nearest
+    ("scales", dict(coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_ceil")),
+    ("sizes", dict(coordinate_transformation_mode="align_corners", nearest_mode="round_prefer_floor")),
+    ("sizes", dict(coordinate_transformation_mode="pytorch_half_pixel", nearest_mode="ceil")),
+])
+def test_a_nearest_resize_takes_nhwc_scales_inside_the_region(by, attrs):
+    """A nearest Resize joins the region with its scales or sizes permuted like the data ([1, 2, 2, 1]):
+    no transpose around it, and the outputs equal the original's."""
+    model = _resize_model(by=by, **attrs)
+    result = channels_last(model)
+    ops = op_types(result.model)
+    assert ops.count("NhwcConv") == 2 and ops.count("Transpose") == 2 and "Resize" in ops
+    resize = next(n for n in result.model.graph.node if n.op_type == "Resize")
+    values = {i.name: numpy_helper.to_array(i) for i in result.model.graph.initializer}
+    permuted = values[[t for t in resize.input if t][-1]]
+    assert permuted.tolist() == ([1, 2, 2, 1] if by == "scales" else [2, 10, 14, 8])
+    x = np.random.default_rng(6).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    want, got = run(model, {"x": x}), run(nchw_stand_in(result.model), {"x": x})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode,attrs", [("linear", {}), ("nearest", dict(coordinate_transformation_mode="tf_crop_and_resize"))])
+def test_a_linear_or_cropping_resize_stays_a_boundary(mode, attrs):
+    """Only nearest resizing (measured in NHWC on CUDA) joins a region; linear and cubic ones and
+    tf_crop_and_resize (which reads a roi) stay NCHW: each Conv is then a region of one, refused, so
+    nothing changes."""
+    model = _resize_model(mode=mode, **attrs)
+    result = channels_last(model)
+    assert "NhwcConv" not in op_types(result.model) and "Transpose" not in op_types(result.model)
