@@ -1,8 +1,8 @@
 """Random conv nets for the equality and idempotence fuzzer with contrib-channels-last
 (``tools/fuzz_optimize.py --cnn``): chains of Conv (grouped, depthwise, strided, dilated, padded or
 ``auto_pad``, with or without a bias) joined by the ops a channels-last region takes (pointwise ops with
-constants of every broadcast rank, residual Adds, Concat / Split / Slice over channels, global pools) and
-by the ops it does not (MaxPool, Resize, Reshape, a non-constant rank-2 operand), with tensors read from
+constants of every broadcast rank, residual Adds, Concat / Split / Slice over channels, global pools,
+nearest Resize) and by the ops it does not (MaxPool, linear Resize, Reshape, a non-constant rank-2 operand), with tensors read from
 the middle as graph outputs and by an If branch. The optimized model runs on the CPU with every NhwcConv
 as its definition (runtime/stand_ins.py) and must equal the original.
 
@@ -100,14 +100,14 @@ def random_cnn_model(seed: int) -> onnx.ModelProto:
             axes = numpy_helper.from_array(np.array([1], np.int64), net.name("s2"))
             net.inits += [starts, ends, axes]
             x, c = net.node("Slice", [x, starts.name, ends.name, axes.name]), stop
-        elif step < 0.87:  # a boundary: MaxPool or Resize
+        elif step < 0.87:  # MaxPool (a boundary) or Resize (nearest: inside; linear: a boundary)
             if rng.random() < 0.5 and h >= 4:
                 x = net.node("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
                 h, w = h // 2, w // 2
             else:
                 scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), net.name("sc"))
                 net.inits.append(scales)
-                x = net.node("Resize", [x, "", scales.name], mode="nearest")
+                x = net.node("Resize", [x, "", scales.name], mode="nearest" if rng.random() < 0.6 else "linear")
                 h, w = h * 2, w * 2
         elif step < 0.92:
             net.outputs.append((x, [n, c, h, w]))  # read from the middle

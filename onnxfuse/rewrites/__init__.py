@@ -40,6 +40,7 @@ ORDER = [
     "fold/expand-by-broadcast",  # like constant-reshape-target: no Shape chain left on the CPU
     "fold/gemm-rows-to-matmul",  # after constant-reshape-target: it reads the unflatten's constant [-1, S, N]
     "fold/cancel-row-transposes",  # after gemm-rows-to-matmul, whose MatMul it sees through
+    "fold/concat-split-parts",  # before contrib-channels-last: fewer innermost-axis copies in NHWC
     "fold/fold-batchnorm-conv",
     "fold/fold-batchnorm-convtranspose",
     "fold/fold-batchnorm-gemm",
