@@ -1,18 +1,27 @@
-"""The ``optimize`` pipeline as plain functions, the stages in order: load → precision → rewrite → validate →
-tune/time → report → save.
+"""The ``optimize`` pipeline as plain functions: the stages in order, each calling into the package that
+owns it. What stays here is their order and the result they fill in.
 
 :func:`run_pipeline` takes a path or a ``ModelProto`` and an optional output path; the Python API
 (:func:`onnxfuse.optimize`) and the CLI (through it) only turn their arguments into
-:class:`OptimizeOptions` and read the :class:`OptimizeResult`. :func:`optimize_model` runs the stages,
-each calling into the package that owns it: the float16 conversion (:mod:`onnxfuse.precision`, the
-nodes kept float32 measured by :mod:`onnxfuse.validate.float16_range`), the rewrites
-(:func:`rewrite_model` on :mod:`onnxfuse.rewrites`: a broken rule is dropped), validation
-(:mod:`onnxfuse.validate`: the samples and the original's outputs on them, one
-:class:`~onnxfuse.validate.verdict.Validator` for every candidate, and when the output fails,
-:mod:`onnxfuse.validate.culprit` names the rule to blame; nothing is written and
-:class:`~onnxfuse.errors.ValidationFailed` carries the culprit), a tuning record's decision
-(:mod:`onnxfuse.tuning_record`), timing (:mod:`onnxfuse.timing`), never slower and the measured choices
-(:mod:`onnxfuse.selection`). What stays here is their order and the result they fill in.
+:class:`OptimizeOptions` and read the :class:`OptimizeResult`. The stages (:func:`run_pipeline`, then
+:func:`optimize_model`):
+
+1. load (:mod:`onnxfuse.model_io`; the output path checked first) and repair (:mod:`onnxfuse.repair`);
+2. precision: the float16 conversion (:mod:`onnxfuse.precision`), the nodes kept float32 measured by
+   :mod:`onnxfuse.validate.float16_range`;
+3. rewrite: :func:`rewrite_model` on :mod:`onnxfuse.rewrites` (a broken rule is dropped), then stamped;
+4. validate (:mod:`onnxfuse.validate`): the samples and the original's outputs on them, one
+   :class:`~onnxfuse.validate.verdict.Validator` for every candidate; when the output fails,
+   :mod:`onnxfuse.validate.culprit` names the rule to blame, nothing is written and
+   :class:`~onnxfuse.errors.ValidationFailed` carries the culprit;
+5. a tuning record's decision applied (:func:`onnxfuse.tuning_record.apply_decision`);
+6. time both models (:mod:`onnxfuse.timing`), then never slower and the measured choices
+   (:func:`onnxfuse.selection.fall_back_if_slower`, :func:`~onnxfuse.selection.add_measured_choices`),
+   the decision recorded (:func:`onnxfuse.tuning_record.record_decision`) and the slowdown checked;
+7. save (atomically, :func:`onnxfuse.model_io.save_model`).
+
+The candidates of stages 5 and 6 come from one maker here (:func:`_fewer_rewrites`: rewritten, then
+judged by the run's Validator), and :func:`_adopt` makes the result describe the one kept.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from typing import Callable
 
 import onnx
 
-from onnxfuse import model_io, repair
+from onnxfuse import model_io, repair, selection, tuning_record
 from onnxfuse.unfused import unfused_patterns
 from onnxfuse.declared_shapes import correct_output_shapes
 from onnxfuse.errors import (
@@ -343,20 +352,25 @@ def optimize_model(
     if (options.bench or options.tuning_record) and samples is None:
         samples = sample_inputs(model, options)
     fewer = functools.partial(_fewer_rewrites, start, rules, validator, options, repair_notes + precision_notes, step)
+    adopt = functools.partial(_adopt, result, repairs)
     pending = decided = None
     if options.tuning_record:
-        pending, decided = _apply_tuning_record(result, model, samples, options, repairs, fewer)
+        pending, decided = tuning_record.apply_decision(result, model, samples, options, fewer, adopt)
     if options.bench:
         step("timing")
         t2 = time.perf_counter()
         result.timing = time_both(model, result.model, samples[0], options, bench_progress)
-        deadline = _tuning_deadline(options)
+
+        def retime(candidate):  # a candidate of the ladder or a measured choice, timed against the original
+            return time_both(model, candidate, samples[0], options, bench_progress)
+
+        deadline = selection.deadline_after(options.tune_time)
         if options.never_slower and decided is None:
-            _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress, deadline)
+            selection.fall_back_if_slower(result, fewer, retime, adopt, deadline)
         if options.tune and decided is None and "selection" not in result.extra:
-            _try_measured(result, model, samples, options, repairs, fewer, bench_progress, deadline)
+            selection.add_measured_choices(result, model, options, fewer, retime, adopt, deadline)
         if pending is not None and decided is None:
-            _record_decision(result, *pending)
+            tuning_record.record_decision(result, *pending)
         result.timing_seconds = time.perf_counter() - t2
         result.total_seconds = time.perf_counter() - t0
         check_slowdown(result, options.fail_on_slowdown)
@@ -364,95 +378,12 @@ def optimize_model(
     return result
 
 
-def _tuning_key(model, options: OptimizeOptions, sample) -> tuple[str, dict]:
-    """The tuning record's key for ``model`` under ``options`` at ``sample``'s shapes, and what it hashes."""
-    from onnxfuse.tuning_record import fingerprint, record_key
-
-    choices = {"target": options.target, "device": options.device, "only": options.only or [],
-               "skip": options.skip or [], "precision": options.precision, "right_padded": list(options.right_padded)}
-    shapes = {k: list(v) for k, v in sample.shapes().items()}
-    return record_key(model, choices, shapes), {"model": fingerprint(model), "choices": choices, "shapes": shapes}
 
 
-def _measuring_device(options: OptimizeOptions) -> str | None:
-    """What a decision measured here is keyed by: ``cpu`` for ``--device cpu``, else the GPU's name; None
-    where nothing can be measured (``--device cuda`` without a usable GPU)."""
-    if options.device == "cpu":
-        return "cpu"
-    from onnxfuse.timing import gpu_unavailable_reason
-    from onnxfuse.runtime.env import gpu_names
-
-    if gpu_unavailable_reason():
-        return None
-    names = gpu_names()
-    return names[0].split(",")[0].strip() if names else "CUDA GPU"
 
 
-def _apply_tuning_record(result, model, samples, options: OptimizeOptions, repairs, fewer):
-    """``--tuning-record``: read the record; where it holds a decision for this model, options and shapes
-    (measured on this GPU, or on any when none is usable here), apply it: the rules it left out are left
-    out again, the candidate validated as the first model was. Returns ((record, key, what the key hashes,
-    the device measuring here), the decision applied or None); the report's ``tuning_record`` says which."""
-    from onnxfuse import tuning_record
-
-    record = tuning_record.load(options.tuning_record)
-    key, meta = _tuning_key(model, options, samples[0])
-    here = _measuring_device(options)
-    decision = record.lookup(key, here)
-    info = {"path": str(record.path), "key": key, "matched": decision is not None, "written": False}
-    result.extra["tuning_record"] = info
-    pending = (record, key, meta, here)
-    if decision is None:
-        where = "on this device" if here else "anywhere (no decision for this model, options and shapes)"
-        info["note"] = (f"tuning record {record.path}: nothing measured {where}" +
-                        ("; measured now and recorded" if here and options.bench else
-                         "; the rules' static defaults apply"))
-        return pending, None
-    info.update({"gpu": decision.gpu, "onnxruntime": decision.onnxruntime, "skipped_rules": decision.skipped_rules,
-                 "kept": decision.kept, "measured": decision.measured, "added_rules": decision.added_rules})
-    from onnxfuse.selection import ALL
-
-    skipped = ALL if decision.skipped_rules == sorted(ALL) else frozenset(decision.skipped_rules)
-    added = tuple(decision.added_rules)
-    where = decision.gpu or "an unnamed device"
-    if skipped or added:
-        made = fewer(skipped, added=added)
-        if isinstance(made, str):
-            what = ", ".join([f"leave out {', '.join(sorted(skipped))}"] * bool(skipped) +
-                             [f"add {', '.join(added)}"] * bool(added))
-            info["note"] = (f"tuning record {record.path}: its decision (measured on {where}) to {what} "
-                            f"was not applied: {made}")
-            return pending, decision
-        _adopt(result, *made, repairs, added)
-    info["note"] = (f"tuning record {record.path}: applied the decision measured on {where} "
-                    f"(ONNX Runtime {decision.onnxruntime or '?'}, {decision.measured or '?'}): "
-                    + (f"without {decision.kept}" if skipped else "every rewrite kept")
-                    + (f", with {', '.join(added)}" if added else ""))
-    return pending, decision
 
 
-def _record_decision(result, record, key: str, meta: dict, here: str | None) -> None:
-    """After timing without a matching decision: what was kept (the never-slower ladder's choice, or every
-    rewrite) becomes the record's decision for this model on this device; nothing when timing did not
-    measure."""
-    from onnxfuse import tuning_record
-    from onnxfuse.runtime.env import environment
-
-    timing = result.timing
-    if here is None or timing is None or timing.status != "ok":
-        return
-    selection = result.extra.get("selection")
-    skipped = sorted(next((set(t["skipped_rules"]) for t in selection["tried"] if t["candidate"] == selection["kept"]),
-                          set())) if selection else []
-    decision = tuning_record.Decision(
-        skipped_rules=skipped, kept=selection["kept"] if selection else None, gpu=here,
-        onnxruntime=environment(timing.device).get("onnxruntime"), device=timing.device,
-        original_ms=round(timing.original.stats.median_ms, 6), optimized_ms=round(timing.optimized.stats.median_ms, 6),
-        measured=tuning_record.today(),
-        added_rules=[t["rule"] for t in result.extra.get("measured", []) if t["kept"]])
-    record.store(key, meta, decision)
-    record.save()
-    result.extra["tuning_record"]["written"] = True
 
 
 def _stamp(optimized, applied, repairs) -> None:
@@ -467,10 +398,10 @@ def _stamp(optimized, applied, repairs) -> None:
         model_io.set_metadata(optimized, FUSED_VALUES_KEY, json.dumps(fused_values, sort_keys=True))
 
 
-def _adopt(result: OptimizeResult, model, applied, validation, repairs, added=()) -> None:
+def _adopt(result: OptimizeResult, repairs, model, applied, validation, added=()) -> None:
     """``result`` describes another candidate instead (the never-slower ladder's, a measured choice's, a
-    tuning record's): ``model`` as ``applied`` wrote it, stamped, with its ``validation`` (None when
-    validation is off) and the opt-in rules ``added`` among the rules run."""
+    tuning record's): ``model`` as ``applied`` wrote it, stamped (with the run's ``repairs``), with its
+    ``validation`` (None when validation is off) and the opt-in rules ``added`` among the rules run."""
     _stamp(model, applied, repairs)
     _set_output(result, model, applied)
     if validation is not None:
@@ -524,61 +455,10 @@ def _fewer_rewrites(start, rules, validator, options, notes, step, skipped, adde
     return candidate, applied, report
 
 
-def _tuning_deadline(options: OptimizeOptions) -> float:
-    """When tuning (the never-slower ladder, the measured choices) starts no new candidate: now plus
-    ``options.tune_time`` seconds (:data:`~onnxfuse.selection.TUNE_TIME_S` by default)."""
-    from onnxfuse.selection import TUNE_TIME_S
-
-    return time.monotonic() + (TUNE_TIME_S if options.tune_time is None else options.tune_time)
 
 
-def _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress, deadline=None) -> None:
-    """:mod:`onnxfuse.selection`: when the output timed slower than the original, fewer rewrites
-    (``fewer(skipped)``: :func:`_fewer_rewrites`), each validated and timed, down to the graph as loaded;
-    ``result`` then describes the one kept."""
-    from onnxfuse.selection import keep_not_slower
-
-    selection = keep_not_slower(result.timing, result.applied.applied_rules(), fewer,
-                                lambda candidate: time_both(model, candidate, samples[0], options, bench_progress),
-                                deadline)
-    if selection is None:
-        return
-    kept = selection.kept
-    _adopt(result, kept.model, kept.applied, kept.validation, repairs)
-    if kept.timing is not None and kept.timing.status == "ok":
-        result.timing = kept.timing
-    result.timing.notes.append(selection.note())
-    result.extra["selection"] = selection.to_dict()
 
 
-def _try_measured(result, model, samples, options, repairs, fewer, bench_progress, deadline=None) -> None:
-    """:func:`onnxfuse.selection.try_measured`: the measured choices (opt-in rules whose worth depends on
-    the GPU and shapes, ``selection.MEASURED``) tried on top of the output, each validated and timed
-    against the original; ``result`` then describes the output with those that were faster. Their
-    trials go in the report (``measured``) and one note each. Not with a restricting ``--only`` (the user
-    chose the rules), and only rules of the target (``--target contrib``/``onnx``, ``--device cpu``:
-    channels-last is for the CUDA provider)."""
-    from onnxfuse.rewrites import parse_rule_names
-    from onnxfuse.selection import measured_rules, try_measured
-
-    if any(not name.startswith("+") for name in parse_rule_names(options.only)):
-        return
-    candidates = [name for name in measured_rules(model, result.rules, parse_rule_names(options.skip))
-                  if name in {r.name for r in select_rules(options.target, [f"+{name}"], None, options.rules)}]
-    if not candidates or result.timing is None or result.timing.status != "ok":
-        return
-    before = result.timing
-    trials = try_measured(before, candidates, lambda added: fewer(frozenset(), added=tuple(added)),
-                          lambda candidate: time_both(model, candidate, samples[0], options, bench_progress),
-                          deadline)
-    kept = [t for t in trials if t.refused is None]
-    notes = [t.note(before) for t in trials]
-    result.extra["measured"] = [t.to_dict(before) for t in trials]
-    if kept:
-        last = kept[-1]
-        _adopt(result, last.model, last.applied, last.validation, repairs, [t.rule for t in kept])
-        result.timing = last.timing
-    result.timing.notes.extend(notes)
 
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):
