@@ -43,6 +43,7 @@ from typing import Callable
 import onnx
 
 from onnxfuse.errors import ModelLoadError, UsageError
+from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.runtime.compare import Comparison, Tolerance, compare_runs, compare_tensor
 from onnxfuse.runtime.inputs import cast_feeds, make_samples
 from onnxfuse.runtime.session import resolve_provider, run_samples
@@ -175,7 +176,7 @@ class _Pair:
 
 def _infer(model: onnx.ModelProto, label: str, notes: list[str]) -> onnx.ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+        return onnx_inferred(model)
     except Exception as exc:  # too large for in-memory inference, or a custom op it rejects
         notes.append(f"model {label}: shape inference failed ({type(exc).__name__}); only tensors whose "
                      "types the model already records are compared")

@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError
 from onnxfuse import lazy_weights as lw
 from onnxfuse.atomic import OutputSet, check_file_name, destination, pause_point, write_error
 from onnxfuse.errors import ModelLoadError, ModelSaveError, ResourceError, first_line
+from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.rewrites.facts.range_dims import range_lengths
 
 #: protobuf's hard limit for one serialized message; larger models need external data.
@@ -807,7 +808,7 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
         if not lw.has_lazy(model) and (lw.payload_bytes(model) >= lw.LAZY_MODEL_BYTES
                                        or lw.size_bound(model) >= _EXTERNAL_THRESHOLD):
             model = make_lazy(model)
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = onnx_inferred(model, data_prop=True)
         range_lengths(inferred)  # a Range's proved length, where inference left a fresh symbol
         return inferred
     except (ResourceError, ModelSaveError):

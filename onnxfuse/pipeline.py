@@ -52,7 +52,7 @@ from onnxfuse.errors import (
     ValidationFailed,
 )
 from onnxfuse.rewrites.engine.rule import unnamed_label
-from onnxfuse.rewrites.facts.proven_dims import prove_dims
+from onnxfuse.rewrites.facts.inference import inferred_and_proven
 from onnxfuse.rewrites import ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, select_rules
 from onnxfuse.runtime.inputs import Inputs
 from onnxfuse.validate import ValidationReport
@@ -228,8 +228,7 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
 
 
 def _rewrite_once(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.ModelProto, ApplyReport]:
-    graph = model_io.to_graph(model_io.infer_shapes(model))
-    prove_dims(graph)
+    graph = inferred_and_proven(model, model_io.to_graph)
     report = apply_rules(graph, rules)
     out = model_io.to_model(graph, model)
     correct_output_shapes(out)  # a declaration the rewritten graph provably contradicts (onnxfuse/declared_shapes.py)

@@ -52,6 +52,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse.errors import PrecisionError
 from onnxfuse.rewrites.facts.constants import constant_node_value
+from onnxfuse.rewrites.facts.inference import onnx_inferred
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 #: float16's largest finite value, and the smallest positive one (a subnormal).
@@ -107,7 +108,7 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
     _Converter(opsets, notes, floats, dict(keep_nodes or {}), float16_io).graph(out.graph, main=True)
     try:
         onnx.checker.check_model(out)
-        onnx.shape_inference.infer_shapes(out, strict_mode=True)
+        onnx_inferred(out, strict=True)
     except Exception as exc:  # noqa: BLE001  (onnx raises several types)
         raise PrecisionError("the float16 form of the model fails ONNX type inference: "
                              + " ".join(str(exc).split())[:300]) from None
@@ -131,7 +132,7 @@ def float32_values(model: onnx.ModelProto) -> set[str]:
     from onnxfuse.model_io import proto_graphs
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx_inferred(model)
     except Exception:  # noqa: BLE001  (inference is a help: what it cannot type stays as it is)
         inferred = model
     names: set[str] = set()
