@@ -32,14 +32,14 @@ import json
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import onnx
 
 from onnxfuse import model_io, repair, selection, tuning_record
-from onnxfuse.unfused import unfused_patterns
+from onnxfuse.custom_ops import DOMAIN, FUSED_VALUES_KEY
 from onnxfuse.declared_shapes import correct_output_shapes
 from onnxfuse.errors import (
     first_line,
@@ -51,12 +51,22 @@ from onnxfuse.errors import (
     UsageError,
     ValidationFailed,
 )
+from onnxfuse.precision import convert_to_fp16
+from onnxfuse.reports.jsonreport import optimize_json
+from onnxfuse.rewrites import (ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, rule_names, select_rules,
+                               target_for_device)
 from onnxfuse.rewrites.engine.rule import unnamed_label
 from onnxfuse.rewrites.facts.inference import inferred_and_proven
-from onnxfuse.rewrites import ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, select_rules
-from onnxfuse.runtime.inputs import Inputs
+from onnxfuse.runtime.inputs import Inputs, input_specs, save_samples
+from onnxfuse.runtime.right_padding import right_padded_draws
+from onnxfuse.runtime.session import uses_custom_ops
+from onnxfuse.runtime.stand_ins import cuda_only_ops
+from onnxfuse.selection import ALL
+from onnxfuse.timing import BenchConfig
+from onnxfuse.unfused import unfused_patterns
 from onnxfuse.validate import ValidationReport
 from onnxfuse.validate.culprit import explain_failure, first_failing_rule, unloadable
+from onnxfuse.validate.float16_range import largest_magnitudes, out_of_range_nodes
 from onnxfuse.validate.precision_judge import conversion_notes, drift_budget_of
 from onnxfuse.validate.reference import validation_inputs
 from onnxfuse.validate.samples import sample_inputs
@@ -88,10 +98,6 @@ def for_device(options: OptimizeOptions) -> OptimizeOptions:
     ``onnx``; never FusedElementwise, see :func:`onnxfuse.rewrites.target_for_device`), validated on the
     CPU provider, both models timed there, so the never-slower ladder (:mod:`onnxfuse.selection`) and
     ``--fail-on-slowdown`` decide on CPU timings. ``device="cuda"`` changes nothing (the defaults)."""
-    from dataclasses import replace
-
-    from onnxfuse.rewrites import target_for_device
-
     target = target_for_device(options.target, options.device)
     if options.device != "cpu":
         return replace(options, target=target)
@@ -99,8 +105,6 @@ def for_device(options: OptimizeOptions) -> OptimizeOptions:
         raise UsageError(f"--device cpu validates on the CPU provider; drop --provider {options.provider}")
     config = options.bench_config
     if config is None:
-        from onnxfuse.timing import BenchConfig
-
         config = BenchConfig(device="cpu")
     elif config.device != "cpu":
         raise UsageError(f"--device cpu times on the CPU; the timing configuration asks for {config.device!r}")
@@ -170,8 +174,6 @@ class OptimizeResult:
         """The report ``onnxfuse optimize --json`` writes for this run: the one contract of every
         command (:mod:`onnxfuse.reports.contract`) with :meth:`to_dict` (and ``culprit``) as its
         ``result``; ``ok``/``exit_code``/``error`` also after a failed validation or latency check."""
-        from onnxfuse.reports.jsonreport import optimize_json
-
         return optimize_json(self)
 
     def save(self, path: str | os.PathLike, force: bool = False) -> Path:
@@ -254,9 +256,6 @@ def _first_invalidating_rule(model: onnx.ModelProto, changed: list[Rule]) -> str
 
 def custom_library_needed(model: onnx.ModelProto) -> str | None:
     """The custom-op domain the model needs a library for, if any (ONNX Runtime's contrib ops don't)."""
-    from onnxfuse.custom_ops import DOMAIN
-    from onnxfuse.runtime.session import uses_custom_ops
-
     return DOMAIN if uses_custom_ops(model) else None
 
 
@@ -275,9 +274,6 @@ def optimize_model(
         raise UsageError("--max-drift is the drift budget of a precision change: use it with --precision fp16 or "
                          "fp16-io")
     if options.right_padded:  # usage errors (unknown names) before any work, validated or not
-        from onnxfuse.runtime.inputs import input_specs
-        from onnxfuse.runtime.right_padding import right_padded_draws
-
         right_padded_draws(input_specs(model), options.right_padded)
     rules = select_rules(options.target, options.only, options.skip, options.rules,
                          Assumptions(right_padded=frozenset(options.right_padded)))
@@ -286,11 +282,7 @@ def optimize_model(
     start, precision, precision_notes, float32_nodes = model, None, [], {}
     samples = reference = None
     if options.precision in FLOAT16_PRECISIONS:
-        from onnxfuse.precision import convert_to_fp16
-
         if options.validate:  # the nodes float16 cannot hold, measured on the validation inputs
-            from onnxfuse.validate.float16_range import largest_magnitudes, out_of_range_nodes
-
             step("measuring float16 ranges")
             samples, reference = validation_inputs(model, options, source)
             float32_nodes = out_of_range_nodes(model, largest_magnitudes(model, samples, options.provider, source))
@@ -328,8 +320,6 @@ def optimize_model(
         if samples is None:
             samples, reference = validation_inputs(model, options, source)
         if options.save_inputs:
-            from onnxfuse.runtime.inputs import save_samples
-
             save_samples(samples, options.save_inputs)
         validator = make_validator(model, start, samples, reference, options, source, precision)
         try:
@@ -392,8 +382,6 @@ def _stamp(optimized, applied, repairs) -> None:
         model_io.set_metadata(optimized, repair.METADATA_KEY, "; ".join(repairs))
     fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
     if fused_values:
-        from onnxfuse.custom_ops import FUSED_VALUES_KEY
-
         model_io.set_metadata(optimized, FUSED_VALUES_KEY, json.dumps(fused_values, sort_keys=True))
 
 
@@ -406,8 +394,6 @@ def _adopt(result: OptimizeResult, repairs, model, applied, validation, added=()
     if validation is not None:
         result.validation = validation
     if added:
-        from onnxfuse.rewrites import rule_names
-
         chosen = set(result.rules) | set(added)
         result.rules = [name for name in rule_names() if name in chosen]
 
@@ -416,7 +402,6 @@ def _set_output(result: OptimizeResult, optimized, applied) -> None:
     """``result`` describes ``optimized``, written by the rewrite ``applied``."""
     result.model, result.applied, result.ops_after = optimized, applied, op_counts(optimized)
     result.custom_library = custom_library_needed(optimized)
-    from onnxfuse.runtime.stand_ins import cuda_only_ops
 
     needs_cuda = cuda_only_ops(optimized)  # only when there are some: reports without them stay as they were
     if needs_cuda:
@@ -432,8 +417,6 @@ def _fewer_rewrites(start, rules, validator, options, notes, step, skipped, adde
     with the opt-in rules ``added`` (in their place in the run order), validated as the first model was
     (``validator``: :class:`~onnxfuse.validate.verdict.Validator`, None when validation is off):
     (model, applied, validation or None), or why it cannot be kept."""
-    from onnxfuse.selection import ALL
-
     step("trying fewer rewrites" if not added else f"trying {', '.join(added)}")
     chosen = [] if skipped == ALL else [r for r in rules if r.name not in skipped]
     if added:
@@ -463,7 +446,8 @@ def _fewer_rewrites(start, rules, validator, options, notes, step, skipped, adde
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):
     """Time both models under ORT_ENABLE_ALL on ``options.bench_config``'s device (the GPU by default,
     ``status='no-gpu'`` where there is none; the CPU for ``--device cpu``, :func:`for_device`)."""
-    from onnxfuse.timing import BenchConfig, compare_models
+    # looked up when called: tests/test_device_cpu.py stands in for compare_models
+    from onnxfuse.timing import compare_models
 
     config = options.bench_config if options.bench_config is not None else BenchConfig()
     return compare_models(original, optimized, inputs, config, progress=progress)

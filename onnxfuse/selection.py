@@ -28,6 +28,7 @@ applies there).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -127,8 +128,6 @@ TUNE_TIME_S = 60.0
 
 
 def _past(deadline: float | None) -> bool:
-    import time
-
     return deadline is not None and time.monotonic() > deadline
 
 
@@ -273,8 +272,6 @@ def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Ca
 def deadline_after(tune_time: float | None) -> float:
     """When tuning (the never-slower ladder, the measured choices) starts no new candidate: now plus
     ``tune_time`` seconds (``--tune-time``; :data:`TUNE_TIME_S` when None)."""
-    import time
-
     return time.monotonic() + (TUNE_TIME_S if tune_time is None else tune_time)
 
 
@@ -300,6 +297,7 @@ def add_measured_choices(result, model, options, fewer: Callable, retime: Callab
     were faster. Their trials go in the report (``measured``) and one note each. Not with a restricting
     ``--only`` (the user chose the rules), and only rules of the target (``--target contrib``/``onnx``,
     ``--device cpu``: channels-last is for the CUDA provider)."""
+    # start-up: it loads numpy, onnx, graphsurgeon, which importing this module does not
     from onnxfuse.rewrites import parse_rule_names, select_rules
 
     if any(not name.startswith("+") for name in parse_rule_names(options.only)):

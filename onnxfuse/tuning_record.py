@@ -37,6 +37,9 @@ from typing import Callable
 import onnx
 
 from onnxfuse.errors import OnnxfuseError
+from onnxfuse.atomic import write_file_atomically
+from onnxfuse.runtime.env import environment, gpu_names
+from onnxfuse.selection import ALL
 
 #: the record format's version: a reader refuses a newer one (:data:`READS` lists what it reads)
 VERSION = 2
@@ -112,8 +115,6 @@ class TuningRecord:
         entry["decisions"] = [d for d in entry["decisions"] if d.get("gpu") != decision.gpu] + [decision.to_dict()]
 
     def save(self) -> Path:
-        from onnxfuse.atomic import write_file_atomically
-
         text = json.dumps({"kind": KIND, "version": VERSION, "entries": self.entries}, indent=1, sort_keys=True)
         return write_file_atomically(self.path, text + "\n", what="tuning record")
 
@@ -160,8 +161,8 @@ def measuring_device(options) -> str | None:
     where nothing can be measured (``--device cuda`` without a usable GPU)."""
     if options.device == "cpu":
         return "cpu"
+    # start-up: it loads graphsurgeon, which importing this module does not
     from onnxfuse.timing import gpu_unavailable_reason
-    from onnxfuse.runtime.env import gpu_names
 
     if gpu_unavailable_reason():
         return None
@@ -191,7 +192,6 @@ def apply_decision(result, model, samples, options, fewer: Callable, adopt: Call
         return pending, None
     info.update({"gpu": decision.gpu, "onnxruntime": decision.onnxruntime, "skipped_rules": decision.skipped_rules,
                  "kept": decision.kept, "measured": decision.measured, "added_rules": decision.added_rules})
-    from onnxfuse.selection import ALL
 
     skipped = ALL if decision.skipped_rules == sorted(ALL) else frozenset(decision.skipped_rules)
     added = tuple(decision.added_rules)
@@ -216,8 +216,6 @@ def record_decision(result, record: TuningRecord, key: str, meta: dict, here: st
     """After timing without a matching decision: what was kept (the never-slower ladder's choice, or every
     rewrite) becomes the record's decision for this model on this device; nothing when timing did not
     measure."""
-    from onnxfuse.runtime.env import environment
-
     timing = result.timing
     if here is None or timing is None or timing.status != "ok":
         return

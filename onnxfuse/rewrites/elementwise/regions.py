@@ -48,6 +48,7 @@ _IGNORED_ATTRS = {"Cast": {"saturate", "round_mode"}}
 
 
 def _expr():
+    # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops.expr
     from onnxfuse.custom_ops import expr
 
     return expr
@@ -519,6 +520,7 @@ class RegionAnalysis:
             shape = tuple(m if m is not None else t for m, t in zip(mine, theirs))
         else:
             shape = mine
+        # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops
         from onnxfuse.custom_ops import MAX_RANK
 
         rank = max([len(s) for s in shapes + [shape] if s is not None], default=0)

@@ -57,6 +57,7 @@ def _quiet_graphsurgeon():
 
 
 def _ort_severity(level: int) -> None:
+    # start-up: the command line starts (and --help runs) without onnxfuse.ort_runtime
     from onnxfuse.ort_runtime import import_onnxruntime
 
     try:
@@ -67,6 +68,7 @@ def _ort_severity(level: int) -> None:
 
 def folded_copy(graph: gs.Graph) -> gs.Graph | None:
     """A folded copy of ``graph``, or None when folding removes no computing node."""
+    # import cycle: importing onnxfuse.model_io imports this module
     from onnxfuse.model_io import infer_shapes
 
     before = _count_compute_nodes(graph)
