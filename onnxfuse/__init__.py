@@ -14,6 +14,8 @@ Python API (the command line calls the same functions)::
 classes of :mod:`onnxfuse.errors`, re-exported here; the result types load on first access.
 """
 
+import importlib
+
 __version__ = "0.1.0"
 
 from onnxfuse.api import bench, diff, optimize, optimize_many  # noqa: E402  (after __version__, which modules import from here)
@@ -49,7 +51,6 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'onnxfuse' has no attribute {name!r}")
-    import importlib
 
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

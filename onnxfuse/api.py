@@ -149,9 +149,11 @@ def optimize(
     onnxfuse wrote cannot be loaded by ONNX Runtime.
     """
     keywords = {name: value for name, value in locals().items() if name in OPTIMIZE}  # first: the parameters
+    # start-up: import onnxfuse does not load onnxfuse.ort_runtime
     from onnxfuse.ort_runtime import require_runtime
 
     require_runtime()
+    # start-up: import onnxfuse does not load onnxfuse.pipeline (nor numpy, onnx, graphsurgeon)
     from onnxfuse.pipeline import OptimizeOptions, run_pipeline
 
     options = OptimizeOptions(**field_values("optimize", **keywords))
@@ -181,10 +183,13 @@ def optimize_many(
     a model's failure: call ``.raise_for_failure()`` for :class:`~onnxfuse.errors.ModelsFailed`.
     ``started(k, n, job)`` and ``finished(k, n, run)`` frame each model for a UI.
     """
+    # start-up: import onnxfuse does not load onnxfuse.ort_runtime
     from onnxfuse.ort_runtime import require_runtime
 
     require_runtime()
+    # start-up: import onnxfuse does not load onnxfuse.batch (nor numpy, onnx, graphsurgeon)
     from onnxfuse.batch import check_options, optimize_many as run_many, plan
+    # start-up: import onnxfuse does not load onnxfuse.pipeline (nor numpy, onnx, graphsurgeon)
     from onnxfuse.pipeline import OptimizeOptions
 
     options = OptimizeOptions(**field_values("optimize_many", **kwargs))
@@ -237,9 +242,11 @@ def diff(
     :func:`onnxfuse.reports.schema_path`). Errors (bad models, inputs or arguments) raise the
     :mod:`onnxfuse.errors` classes.
     """
+    # start-up: import onnxfuse does not load onnxfuse.ort_runtime
     from onnxfuse.ort_runtime import require_runtime
 
     require_runtime()
+    # start-up: import onnxfuse does not load onnxfuse.drift (nor numpy, onnx, graphsurgeon)
     from onnxfuse.drift import DEFAULT_BATCH_SIZE, diff_models
 
     checked_tolerance(rtol, "rtol"), checked_tolerance(atol, "atol"), checked_seed(seed)
@@ -296,10 +303,13 @@ def bench(
     :class:`~onnxfuse.errors.UsageError`, :class:`~onnxfuse.errors.InputsError`,
     :class:`~onnxfuse.errors.ModelLoadError`.
     """
+    # start-up: import onnxfuse does not load onnxfuse.ort_runtime
     from onnxfuse.ort_runtime import require_runtime
 
     require_runtime()
+    # start-up: import onnxfuse does not load onnxfuse.timing.bench (nor numpy, onnx, graphsurgeon)
     from onnxfuse.timing.bench import bench_models
+    # start-up: import onnxfuse does not load onnxfuse.timing.runner (nor numpy, onnx, graphsurgeon)
     from onnxfuse.timing.runner import BenchConfig
 
     checked_seed(seed)

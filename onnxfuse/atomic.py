@@ -137,6 +137,7 @@ def pause_point(name: str) -> None:
 def _locked(folders):
     """Exclusive ``flock`` on each folder (sorted, so two writers never deadlock); unlocked where the
     file system refuses."""
+    # POSIX only (Windows has no fcntl): imported where the lock is taken
     import fcntl
 
     fds = []

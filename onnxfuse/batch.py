@@ -26,6 +26,8 @@ from typing import Callable, Sequence
 from onnxfuse import model_io
 from onnxfuse.errors import (EXIT_OK, EXIT_SLOWER, EXIT_USAGE, EXIT_USER_ERROR, EXIT_VALIDATION_FAILED, ModelSaveError,
                              ModelsFailed, OnnxfuseError, UsageError, first_line, worst_exit_code)
+from onnxfuse.reports.contract import document
+from onnxfuse.reports.jsonreport import optimize_body
 
 #: Characters that make a command-line argument a pattern (when no file has that very name).
 GLOB_CHARS = "*?["
@@ -163,8 +165,6 @@ class ModelRun:
         return "-" if r is None else f"{r.nodes_before} → {r.nodes_after}"
 
     def to_dict(self) -> dict:
-        from onnxfuse.reports.jsonreport import optimize_body
-
         return {"input": self.input_path, "output": self.output_path, "ok": self.ok, "exit_code": self.exit_code,
                 "error": self.error, "seconds": round(self.seconds, 4),
                 "result": optimize_body(self.result) if self.result is not None else None}
@@ -203,8 +203,6 @@ class BatchResult:
     def to_json(self) -> dict:
         """The ``onnxfuse optimize ... --out-dir DIR --json`` document: the one contract
         (:mod:`onnxfuse.reports.contract`), ``ok`` only when every model passed, the worst exit code."""
-        from onnxfuse.reports.contract import document
-
         return document("optimize", self.to_dict(), exit_code=self.exit_code, error=self.error)
 
     def raise_for_failure(self) -> None:
@@ -242,6 +240,7 @@ def optimize_many(
     ``reraise``: let an unexpected exception (an onnxfuse bug) propagate instead of recording it
     (``ONNXFUSE_DEBUG``). Interrupts (Ctrl-C, SIGTERM) always propagate: the models done stay written.
     """
+    # start-up: the command line starts (and --help runs) without onnxfuse.pipeline
     from onnxfuse.pipeline import run_pipeline
 
     check_options(save_inputs=options.save_inputs)

@@ -24,6 +24,7 @@ def _dims(shape: onnx.TensorShapeProto) -> list:
 def correct_output_shapes(model: onnx.ModelProto) -> list[str]:
     """Fix, in place, the main graph's output shapes that shape inference contradicts; return their names.
     (Inference runs once, with the outputs' shapes set aside and put back: no copy of the weights.)"""
+    # start-up: it loads graphsurgeon, which importing this module does not
     from onnxfuse import model_io
 
     outputs = [o for o in model.graph.output

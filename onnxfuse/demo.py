@@ -21,6 +21,7 @@ Both have a dynamic batch (and sequence) dimension, so validation runs at two si
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse.errors import ModelSaveError
+from onnxfuse.atomic import OutputSet
 
 #: Opset of the samples: 17 keeps ReduceMean's axes an attribute, as most exporters still write it.
 OPSET = 17
@@ -146,8 +148,6 @@ DESCRIPTIONS = {
 def next_commands(folder: str | os.PathLike = DEFAULT_DIR) -> list[tuple[str, list[str]]]:
     """The commands to try on the samples in ``folder``, as (what it does, its words), each word quoted
     for a POSIX shell so that the command can be pasted as printed."""
-    import shlex
-
     def q(p) -> str:
         return shlex.quote(os.fspath(p))
 
@@ -171,8 +171,6 @@ def write_samples(folder: str | os.PathLike = DEFAULT_DIR, force: bool = False) 
     exit 1, one line naming it) unless ``force``: the folder may be the user's, and ``conv_block.onnx`` is
     a name a real model could have. The samples themselves (running the demo again) are simply kept.
     The files are written atomically, together."""
-    from onnxfuse.atomic import OutputSet
-
     out = Path(folder)
     if out.exists() and not out.is_dir():
         raise ModelSaveError(f"{out}: is not a folder; choose another place for the demo models")

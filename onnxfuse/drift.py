@@ -43,9 +43,11 @@ from typing import Callable
 import onnx
 
 from onnxfuse.errors import ModelLoadError, UsageError
+from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.runtime.compare import Comparison, Tolerance, compare_runs, compare_tensor
 from onnxfuse.runtime.inputs import cast_feeds, make_samples
 from onnxfuse.runtime.session import resolve_provider, run_samples
+from onnxfuse.reports.jsonreport import diff_json
 
 #: metadata_props key of an optimized model: JSON {absorbed tensor name: equivalent tensor name}.
 TENSOR_MAP_KEY = "onnxfuse.tensor_map"
@@ -88,8 +90,6 @@ class DiffReport:
     def to_json(self) -> dict:
         """The report ``onnxfuse diff --json`` writes: the one contract of every command
         (:mod:`onnxfuse.reports.contract`) with :meth:`to_dict` as its ``result``."""
-        from onnxfuse.reports.jsonreport import diff_json
-
         return diff_json(self)
 
     def to_dict(self) -> dict:
@@ -175,7 +175,7 @@ class _Pair:
 
 def _infer(model: onnx.ModelProto, label: str, notes: list[str]) -> onnx.ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+        return onnx_inferred(model)
     except Exception as exc:  # too large for in-memory inference, or a custom op it rejects
         notes.append(f"model {label}: shape inference failed ({type(exc).__name__}); only tensors whose "
                      "types the model already records are compared")
@@ -257,6 +257,7 @@ def _run_batch(model, batch_names, provider, feeds_list, label):
 
 
 def _load(model, label: str):
+    # looked up when called: tests/cli/test_cli_lazy.py stands in for load_model
     from onnxfuse.model_io import check_given_model, load_model
 
     if isinstance(model, onnx.ModelProto):

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import errno
 import math
 import mmap
@@ -496,6 +497,7 @@ def mapped_values_class():
     module does not import onnx-graphsurgeon."""
     global _MappedValues
     if _MappedValues is None:
+        # start-up: it loads graphsurgeon, which importing this module does not
         from onnx_graphsurgeon.ir.tensor import LazyValues
 
         class MappedValues(LazyValues):
@@ -515,6 +517,7 @@ _MappedValues = None
 def source_reference(values) -> onnx.TensorProto | None:
     """The reference a graphsurgeon constant's values still equal, if any: a lazy ``LazyValues`` not yet
     loaded, or the exact read-only map :func:`map_tensor` returned (a rule looked, nothing changed)."""
+    # start-up: it loads graphsurgeon, which importing this module does not
     from onnx_graphsurgeon.ir.tensor import LazyValues
 
     if isinstance(values, LazyValues):
@@ -549,8 +552,6 @@ def return_freed_memory() -> bool:
     if _malloc_tuned:
         return True
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None)
         if not hasattr(libc, "gnu_get_libc_version"):
             return False

@@ -33,12 +33,17 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 
 from onnxfuse import lazy_weights as lw
 from onnxfuse.atomic import OutputSet, check_file_name, destination, pause_point, write_error
 from onnxfuse.errors import ModelLoadError, ModelSaveError, ResourceError, first_line
+from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.rewrites.facts.range_dims import range_lengths
+from onnxfuse import repair
 
 #: protobuf's hard limit for one serialized message; larger models need external data.
 PROTOBUF_LIMIT = 2**31 - 1
@@ -109,8 +114,6 @@ def _check_repairable(model: onnx.ModelProto, name: str) -> None:
     """The load check: ``onnx.checker`` on the model as :mod:`onnxfuse.repair` would repair it (what ONNX
     Runtime runs, the checker's false refusals repaired); the model itself is returned unrepaired, the
     pipeline repairs it (and reports what it repaired)."""
-    from onnxfuse import repair
-
     fixed, _ = repair.repaired(model)
     if fixed is model:  # onnx.checker accepted it as it is: no second check
         return
@@ -528,8 +531,6 @@ def to_graph(model: onnx.ModelProto):
     (read-only) instead of copying it. Their graphsurgeon ``data_location`` is cleared, since the values
     carry their own reference (graphsurgeon would otherwise mark a replaced, inline value EXTERNAL).
     """
-    import onnx_graphsurgeon as gs
-
     keep = overridable_initializers(model)
     if keep:
         # Only the graph's initializer list changes; the caller's proto is kept. No weight is copied
@@ -565,7 +566,6 @@ def _hook_graphsurgeon_export() -> None:
     global _export_hooked
     if _export_hooked:
         return
-    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 
     original = OnnxExporter.export_graph
 
@@ -616,9 +616,6 @@ def _densify_sparse(graph) -> None:
     the values' type) and ignores ``raw_data``: a float sparse weight came back float64, and the model
     written (even with ``--no-validate``) was one ONNX Runtime refuses. Exact: the missing entries are
     zeros by definition, and ONNX Runtime densifies sparse initializers at load the same way."""
-    import onnx_graphsurgeon as gs
-    from onnx_graphsurgeon.ir.tensor import SparseValues
-
     for t in graph.tensors().values():
         if isinstance(t, gs.Constant) and isinstance(t._values, SparseValues):
             sparse = t._values.tensor
@@ -633,9 +630,6 @@ def _densify_sparse(graph) -> None:
 
 
 def _adopt_lazy(graph) -> None:
-    import onnx_graphsurgeon as gs
-    from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
-
     mapped = lw.mapped_values_class()
     for t in graph.tensors().values():
         if not isinstance(t, gs.Constant):
@@ -679,8 +673,6 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
     array twice (``tobytes()``, then into the proto). The graph's constants are switched to those
     references, so it stays usable and its arrays can be freed.
     """
-    import onnx_graphsurgeon as gs
-
     _externalize(graph, lazy=lw.has_lazy(template))
     _pack_sub_byte(graph)
     model = gs.export_onnx(graph, do_type_check=False)
@@ -708,8 +700,6 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _externalize(graph, lazy: bool) -> None:
-    import onnx_graphsurgeon as gs
-
     mapped = lw.mapped_values_class()
     constants = [t for t in graph.tensors().values() if isinstance(t, gs.Constant)]
     if not lazy:
@@ -741,9 +731,6 @@ def _pack_sub_byte(graph) -> None:
     """Constants of a 4-bit type that a rule loaded (INT4/UINT4/FLOAT4E2M1 weights): graphsurgeon
     exports ``values.tobytes()``, one byte per element, which is twice the size ONNX expects (its export
     raises); ``onnx.numpy_helper.from_array`` packs two per byte, as ONNX stores them."""
-    import onnx_graphsurgeon as gs
-    from onnx_graphsurgeon.ir.tensor import LazyValues
-
     for t in graph.tensors().values():
         if isinstance(t, gs.Constant) and not isinstance(t._values, LazyValues) \
                 and getattr(t._values, "dtype", None) is not None and t._values.dtype.name in _SUB_BYTE_DTYPES:
@@ -807,7 +794,7 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
         if not lw.has_lazy(model) and (lw.payload_bytes(model) >= lw.LAZY_MODEL_BYTES
                                        or lw.size_bound(model) >= _EXTERNAL_THRESHOLD):
             model = make_lazy(model)
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = onnx_inferred(model, data_prop=True)
         range_lengths(inferred)  # a Range's proved length, where inference left a fresh symbol
         return inferred
     except (ResourceError, ModelSaveError):

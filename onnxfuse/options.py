@@ -157,6 +157,7 @@ def checked_ranges(ranges) -> dict | None:
     """``{name: (lo, hi)}`` (inclusive) → ValueRange objects, checked like ``--input-range``."""
     if not ranges:
         return None
+    # start-up: import onnxfuse does not load onnxfuse.runtime.input_ranges (nor numpy, onnx, graphsurgeon)
     from onnxfuse.runtime.input_ranges import parse_range_options
 
     return parse_range_options([f"{name}:{lo},{hi}" for name, (lo, hi) in ranges.items()])
@@ -166,6 +167,7 @@ def checked_max_drift(value):
     """``max_drift`` as the pipeline takes it (a DriftBudget, or None for the default), checked."""
     if value is None:
         return None
+    # start-up: import onnxfuse does not load onnxfuse.validate.drift_budget (nor numpy, onnx, graphsurgeon)
     from onnxfuse.validate.drift_budget import parse_max_drift
 
     return parse_max_drift(value)
@@ -179,6 +181,7 @@ def _path(value) -> str | None:
 
 def shapes_from_command_line(values) -> dict[str, list[int]]:
     """``--shape NAME:D0,D1,...`` options as the API takes them (usage errors exit 2)."""
+    # start-up: import onnxfuse does not load onnxfuse.runtime.inputs (nor numpy, onnx)
     from onnxfuse.runtime.inputs import parse_shape_options
 
     return parse_shape_options(values)
@@ -186,6 +189,7 @@ def shapes_from_command_line(values) -> dict[str, list[int]]:
 
 def ranges_from_command_line(values) -> dict[str, tuple[float, float]] | None:
     """``--input-range NAME:LO,HI`` options as the API takes them (usage errors exit 2)."""
+    # start-up: import onnxfuse does not load onnxfuse.runtime.input_ranges (nor numpy, onnx, graphsurgeon)
     from onnxfuse.runtime.input_ranges import parse_range_options
 
     return {k: (r.lo, r.hi) for k, r in parse_range_options(values).items()} or None
@@ -201,12 +205,14 @@ def _on(value: str) -> bool:
 
 
 def _targets() -> tuple:
+    # start-up: import onnxfuse does not load onnxfuse.rewrites (nor numpy, onnx, graphsurgeon)
     from onnxfuse.rewrites import TARGETS
 
     return tuple(TARGETS)
 
 
 def _devices() -> tuple:
+    # start-up: import onnxfuse does not load onnxfuse.rewrites (nor numpy, onnx, graphsurgeon)
     from onnxfuse.rewrites import DEVICES
 
     return tuple(DEVICES)

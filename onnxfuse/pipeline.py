@@ -1,18 +1,27 @@
-"""The ``optimize`` pipeline as plain functions, the stages in order: load → precision → rewrite → validate →
-tune/time → report → save.
+"""The ``optimize`` pipeline as plain functions: the stages in order, each calling into the package that
+owns it. What stays here is their order and the result they fill in.
 
 :func:`run_pipeline` takes a path or a ``ModelProto`` and an optional output path; the Python API
 (:func:`onnxfuse.optimize`) and the CLI (through it) only turn their arguments into
-:class:`OptimizeOptions` and read the :class:`OptimizeResult`. :func:`optimize_model` runs the stages,
-each calling into the package that owns it: the float16 conversion (:mod:`onnxfuse.precision`, the
-nodes kept float32 measured by :mod:`onnxfuse.validate.float16_range`), the rewrites
-(:func:`rewrite_model` on :mod:`onnxfuse.rewrites`: a broken rule is dropped), validation
-(:mod:`onnxfuse.validate`: the samples and the original's outputs on them, one
-:class:`~onnxfuse.validate.verdict.Validator` for every candidate, and when the output fails,
-:mod:`onnxfuse.validate.culprit` names the rule to blame; nothing is written and
-:class:`~onnxfuse.errors.ValidationFailed` carries the culprit), a tuning record's decision
-(:mod:`onnxfuse.tuning_record`), timing (:mod:`onnxfuse.timing`), never slower and the measured choices
-(:mod:`onnxfuse.selection`). What stays here is their order and the result they fill in.
+:class:`OptimizeOptions` and read the :class:`OptimizeResult`. The stages (:func:`run_pipeline`, then
+:func:`optimize_model`):
+
+1. load (:mod:`onnxfuse.model_io`; the output path checked first) and repair (:mod:`onnxfuse.repair`);
+2. precision: the float16 conversion (:mod:`onnxfuse.precision`), the nodes kept float32 measured by
+   :mod:`onnxfuse.validate.float16_range`;
+3. rewrite: :func:`rewrite_model` on :mod:`onnxfuse.rewrites` (a broken rule is dropped), then stamped;
+4. validate (:mod:`onnxfuse.validate`): the samples and the original's outputs on them, one
+   :class:`~onnxfuse.validate.verdict.Validator` for every candidate; when the output fails,
+   :mod:`onnxfuse.validate.culprit` names the rule to blame, nothing is written and
+   :class:`~onnxfuse.errors.ValidationFailed` carries the culprit;
+5. a tuning record's decision applied (:func:`onnxfuse.tuning_record.apply_decision`);
+6. time both models (:mod:`onnxfuse.timing`), then never slower and the measured choices
+   (:func:`onnxfuse.selection.fall_back_if_slower`, :func:`~onnxfuse.selection.add_measured_choices`),
+   the decision recorded (:func:`onnxfuse.tuning_record.record_decision`) and the slowdown checked;
+7. save (atomically, :func:`onnxfuse.model_io.save_model`).
+
+The candidates of stages 5 and 6 come from one maker here (:func:`_fewer_rewrites`: rewritten, then
+judged by the run's Validator), and :func:`_adopt` makes the result describe the one kept.
 """
 
 from __future__ import annotations
@@ -23,14 +32,14 @@ import json
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import onnx
 
-from onnxfuse import model_io, repair
-from onnxfuse.unfused import unfused_patterns
+from onnxfuse import model_io, repair, selection, tuning_record
+from onnxfuse.custom_ops import DOMAIN, FUSED_VALUES_KEY
 from onnxfuse.declared_shapes import correct_output_shapes
 from onnxfuse.errors import (
     first_line,
@@ -42,12 +51,22 @@ from onnxfuse.errors import (
     UsageError,
     ValidationFailed,
 )
+from onnxfuse.precision import convert_to_fp16
+from onnxfuse.reports.jsonreport import optimize_json
+from onnxfuse.rewrites import (ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, rule_names, select_rules,
+                               target_for_device)
 from onnxfuse.rewrites.engine.rule import unnamed_label
-from onnxfuse.rewrites.facts.proven_dims import prove_dims
-from onnxfuse.rewrites import ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, select_rules
-from onnxfuse.runtime.inputs import Inputs
+from onnxfuse.rewrites.facts.inference import inferred_and_proven
+from onnxfuse.runtime.inputs import Inputs, input_specs, save_samples
+from onnxfuse.runtime.right_padding import right_padded_draws
+from onnxfuse.runtime.session import uses_custom_ops
+from onnxfuse.runtime.stand_ins import cuda_only_ops
+from onnxfuse.selection import ALL
+from onnxfuse.timing import BenchConfig
+from onnxfuse.unfused import unfused_patterns
 from onnxfuse.validate import ValidationReport
 from onnxfuse.validate.culprit import explain_failure, first_failing_rule, unloadable
+from onnxfuse.validate.float16_range import largest_magnitudes, out_of_range_nodes
 from onnxfuse.validate.precision_judge import conversion_notes, drift_budget_of
 from onnxfuse.validate.reference import validation_inputs
 from onnxfuse.validate.samples import sample_inputs
@@ -79,10 +98,6 @@ def for_device(options: OptimizeOptions) -> OptimizeOptions:
     ``onnx``; never FusedElementwise, see :func:`onnxfuse.rewrites.target_for_device`), validated on the
     CPU provider, both models timed there, so the never-slower ladder (:mod:`onnxfuse.selection`) and
     ``--fail-on-slowdown`` decide on CPU timings. ``device="cuda"`` changes nothing (the defaults)."""
-    from dataclasses import replace
-
-    from onnxfuse.rewrites import target_for_device
-
     target = target_for_device(options.target, options.device)
     if options.device != "cpu":
         return replace(options, target=target)
@@ -90,8 +105,6 @@ def for_device(options: OptimizeOptions) -> OptimizeOptions:
         raise UsageError(f"--device cpu validates on the CPU provider; drop --provider {options.provider}")
     config = options.bench_config
     if config is None:
-        from onnxfuse.timing import BenchConfig
-
         config = BenchConfig(device="cpu")
     elif config.device != "cpu":
         raise UsageError(f"--device cpu times on the CPU; the timing configuration asks for {config.device!r}")
@@ -161,8 +174,6 @@ class OptimizeResult:
         """The report ``onnxfuse optimize --json`` writes for this run: the one contract of every
         command (:mod:`onnxfuse.reports.contract`) with :meth:`to_dict` (and ``culprit``) as its
         ``result``; ``ok``/``exit_code``/``error`` also after a failed validation or latency check."""
-        from onnxfuse.reports.jsonreport import optimize_json
-
         return optimize_json(self)
 
     def save(self, path: str | os.PathLike, force: bool = False) -> Path:
@@ -219,8 +230,7 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
 
 
 def _rewrite_once(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.ModelProto, ApplyReport]:
-    graph = model_io.to_graph(model_io.infer_shapes(model))
-    prove_dims(graph)
+    graph = inferred_and_proven(model, model_io.to_graph)
     report = apply_rules(graph, rules)
     out = model_io.to_model(graph, model)
     correct_output_shapes(out)  # a declaration the rewritten graph provably contradicts (onnxfuse/declared_shapes.py)
@@ -246,9 +256,6 @@ def _first_invalidating_rule(model: onnx.ModelProto, changed: list[Rule]) -> str
 
 def custom_library_needed(model: onnx.ModelProto) -> str | None:
     """The custom-op domain the model needs a library for, if any (ONNX Runtime's contrib ops don't)."""
-    from onnxfuse.custom_ops import DOMAIN
-    from onnxfuse.runtime.session import uses_custom_ops
-
     return DOMAIN if uses_custom_ops(model) else None
 
 
@@ -267,9 +274,6 @@ def optimize_model(
         raise UsageError("--max-drift is the drift budget of a precision change: use it with --precision fp16 or "
                          "fp16-io")
     if options.right_padded:  # usage errors (unknown names) before any work, validated or not
-        from onnxfuse.runtime.inputs import input_specs
-        from onnxfuse.runtime.right_padding import right_padded_draws
-
         right_padded_draws(input_specs(model), options.right_padded)
     rules = select_rules(options.target, options.only, options.skip, options.rules,
                          Assumptions(right_padded=frozenset(options.right_padded)))
@@ -278,11 +282,7 @@ def optimize_model(
     start, precision, precision_notes, float32_nodes = model, None, [], {}
     samples = reference = None
     if options.precision in FLOAT16_PRECISIONS:
-        from onnxfuse.precision import convert_to_fp16
-
         if options.validate:  # the nodes float16 cannot hold, measured on the validation inputs
-            from onnxfuse.validate.float16_range import largest_magnitudes, out_of_range_nodes
-
             step("measuring float16 ranges")
             samples, reference = validation_inputs(model, options, source)
             float32_nodes = out_of_range_nodes(model, largest_magnitudes(model, samples, options.provider, source))
@@ -320,8 +320,6 @@ def optimize_model(
         if samples is None:
             samples, reference = validation_inputs(model, options, source)
         if options.save_inputs:
-            from onnxfuse.runtime.inputs import save_samples
-
             save_samples(samples, options.save_inputs)
         validator = make_validator(model, start, samples, reference, options, source, precision)
         try:
@@ -343,20 +341,25 @@ def optimize_model(
     if (options.bench or options.tuning_record) and samples is None:
         samples = sample_inputs(model, options)
     fewer = functools.partial(_fewer_rewrites, start, rules, validator, options, repair_notes + precision_notes, step)
+    adopt = functools.partial(_adopt, result, repairs)
     pending = decided = None
     if options.tuning_record:
-        pending, decided = _apply_tuning_record(result, model, samples, options, repairs, fewer)
+        pending, decided = tuning_record.apply_decision(result, model, samples, options, fewer, adopt)
     if options.bench:
         step("timing")
         t2 = time.perf_counter()
         result.timing = time_both(model, result.model, samples[0], options, bench_progress)
-        deadline = _tuning_deadline(options)
+
+        def retime(candidate):  # a candidate of the ladder or a measured choice, timed against the original
+            return time_both(model, candidate, samples[0], options, bench_progress)
+
+        deadline = selection.deadline_after(options.tune_time)
         if options.never_slower and decided is None:
-            _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress, deadline)
+            selection.fall_back_if_slower(result, fewer, retime, adopt, deadline)
         if options.tune and decided is None and "selection" not in result.extra:
-            _try_measured(result, model, samples, options, repairs, fewer, bench_progress, deadline)
+            selection.add_measured_choices(result, model, options, fewer, retime, adopt, deadline)
         if pending is not None and decided is None:
-            _record_decision(result, *pending)
+            tuning_record.record_decision(result, *pending)
         result.timing_seconds = time.perf_counter() - t2
         result.total_seconds = time.perf_counter() - t0
         check_slowdown(result, options.fail_on_slowdown)
@@ -364,95 +367,12 @@ def optimize_model(
     return result
 
 
-def _tuning_key(model, options: OptimizeOptions, sample) -> tuple[str, dict]:
-    """The tuning record's key for ``model`` under ``options`` at ``sample``'s shapes, and what it hashes."""
-    from onnxfuse.tuning_record import fingerprint, record_key
-
-    choices = {"target": options.target, "device": options.device, "only": options.only or [],
-               "skip": options.skip or [], "precision": options.precision, "right_padded": list(options.right_padded)}
-    shapes = {k: list(v) for k, v in sample.shapes().items()}
-    return record_key(model, choices, shapes), {"model": fingerprint(model), "choices": choices, "shapes": shapes}
 
 
-def _measuring_device(options: OptimizeOptions) -> str | None:
-    """What a decision measured here is keyed by: ``cpu`` for ``--device cpu``, else the GPU's name; None
-    where nothing can be measured (``--device cuda`` without a usable GPU)."""
-    if options.device == "cpu":
-        return "cpu"
-    from onnxfuse.timing import gpu_unavailable_reason
-    from onnxfuse.runtime.env import gpu_names
-
-    if gpu_unavailable_reason():
-        return None
-    names = gpu_names()
-    return names[0].split(",")[0].strip() if names else "CUDA GPU"
 
 
-def _apply_tuning_record(result, model, samples, options: OptimizeOptions, repairs, fewer):
-    """``--tuning-record``: read the record; where it holds a decision for this model, options and shapes
-    (measured on this GPU, or on any when none is usable here), apply it: the rules it left out are left
-    out again, the candidate validated as the first model was. Returns ((record, key, what the key hashes,
-    the device measuring here), the decision applied or None); the report's ``tuning_record`` says which."""
-    from onnxfuse import tuning_record
-
-    record = tuning_record.load(options.tuning_record)
-    key, meta = _tuning_key(model, options, samples[0])
-    here = _measuring_device(options)
-    decision = record.lookup(key, here)
-    info = {"path": str(record.path), "key": key, "matched": decision is not None, "written": False}
-    result.extra["tuning_record"] = info
-    pending = (record, key, meta, here)
-    if decision is None:
-        where = "on this device" if here else "anywhere (no decision for this model, options and shapes)"
-        info["note"] = (f"tuning record {record.path}: nothing measured {where}" +
-                        ("; measured now and recorded" if here and options.bench else
-                         "; the rules' static defaults apply"))
-        return pending, None
-    info.update({"gpu": decision.gpu, "onnxruntime": decision.onnxruntime, "skipped_rules": decision.skipped_rules,
-                 "kept": decision.kept, "measured": decision.measured, "added_rules": decision.added_rules})
-    from onnxfuse.selection import ALL
-
-    skipped = ALL if decision.skipped_rules == sorted(ALL) else frozenset(decision.skipped_rules)
-    added = tuple(decision.added_rules)
-    where = decision.gpu or "an unnamed device"
-    if skipped or added:
-        made = fewer(skipped, added=added)
-        if isinstance(made, str):
-            what = ", ".join([f"leave out {', '.join(sorted(skipped))}"] * bool(skipped) +
-                             [f"add {', '.join(added)}"] * bool(added))
-            info["note"] = (f"tuning record {record.path}: its decision (measured on {where}) to {what} "
-                            f"was not applied: {made}")
-            return pending, decision
-        _adopt(result, *made, repairs, added)
-    info["note"] = (f"tuning record {record.path}: applied the decision measured on {where} "
-                    f"(ONNX Runtime {decision.onnxruntime or '?'}, {decision.measured or '?'}): "
-                    + (f"without {decision.kept}" if skipped else "every rewrite kept")
-                    + (f", with {', '.join(added)}" if added else ""))
-    return pending, decision
 
 
-def _record_decision(result, record, key: str, meta: dict, here: str | None) -> None:
-    """After timing without a matching decision: what was kept (the never-slower ladder's choice, or every
-    rewrite) becomes the record's decision for this model on this device; nothing when timing did not
-    measure."""
-    from onnxfuse import tuning_record
-    from onnxfuse.runtime.env import environment
-
-    timing = result.timing
-    if here is None or timing is None or timing.status != "ok":
-        return
-    selection = result.extra.get("selection")
-    skipped = sorted(next((set(t["skipped_rules"]) for t in selection["tried"] if t["candidate"] == selection["kept"]),
-                          set())) if selection else []
-    decision = tuning_record.Decision(
-        skipped_rules=skipped, kept=selection["kept"] if selection else None, gpu=here,
-        onnxruntime=environment(timing.device).get("onnxruntime"), device=timing.device,
-        original_ms=round(timing.original.stats.median_ms, 6), optimized_ms=round(timing.optimized.stats.median_ms, 6),
-        measured=tuning_record.today(),
-        added_rules=[t["rule"] for t in result.extra.get("measured", []) if t["kept"]])
-    record.store(key, meta, decision)
-    record.save()
-    result.extra["tuning_record"]["written"] = True
 
 
 def _stamp(optimized, applied, repairs) -> None:
@@ -462,22 +382,18 @@ def _stamp(optimized, applied, repairs) -> None:
         model_io.set_metadata(optimized, repair.METADATA_KEY, "; ".join(repairs))
     fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
     if fused_values:
-        from onnxfuse.custom_ops import FUSED_VALUES_KEY
-
         model_io.set_metadata(optimized, FUSED_VALUES_KEY, json.dumps(fused_values, sort_keys=True))
 
 
-def _adopt(result: OptimizeResult, model, applied, validation, repairs, added=()) -> None:
+def _adopt(result: OptimizeResult, repairs, model, applied, validation, added=()) -> None:
     """``result`` describes another candidate instead (the never-slower ladder's, a measured choice's, a
-    tuning record's): ``model`` as ``applied`` wrote it, stamped, with its ``validation`` (None when
-    validation is off) and the opt-in rules ``added`` among the rules run."""
+    tuning record's): ``model`` as ``applied`` wrote it, stamped (with the run's ``repairs``), with its
+    ``validation`` (None when validation is off) and the opt-in rules ``added`` among the rules run."""
     _stamp(model, applied, repairs)
     _set_output(result, model, applied)
     if validation is not None:
         result.validation = validation
     if added:
-        from onnxfuse.rewrites import rule_names
-
         chosen = set(result.rules) | set(added)
         result.rules = [name for name in rule_names() if name in chosen]
 
@@ -486,7 +402,6 @@ def _set_output(result: OptimizeResult, optimized, applied) -> None:
     """``result`` describes ``optimized``, written by the rewrite ``applied``."""
     result.model, result.applied, result.ops_after = optimized, applied, op_counts(optimized)
     result.custom_library = custom_library_needed(optimized)
-    from onnxfuse.runtime.stand_ins import cuda_only_ops
 
     needs_cuda = cuda_only_ops(optimized)  # only when there are some: reports without them stay as they were
     if needs_cuda:
@@ -502,8 +417,6 @@ def _fewer_rewrites(start, rules, validator, options, notes, step, skipped, adde
     with the opt-in rules ``added`` (in their place in the run order), validated as the first model was
     (``validator``: :class:`~onnxfuse.validate.verdict.Validator`, None when validation is off):
     (model, applied, validation or None), or why it cannot be kept."""
-    from onnxfuse.selection import ALL
-
     step("trying fewer rewrites" if not added else f"trying {', '.join(added)}")
     chosen = [] if skipped == ALL else [r for r in rules if r.name not in skipped]
     if added:
@@ -524,67 +437,17 @@ def _fewer_rewrites(start, rules, validator, options, notes, step, skipped, adde
     return candidate, applied, report
 
 
-def _tuning_deadline(options: OptimizeOptions) -> float:
-    """When tuning (the never-slower ladder, the measured choices) starts no new candidate: now plus
-    ``options.tune_time`` seconds (:data:`~onnxfuse.selection.TUNE_TIME_S` by default)."""
-    from onnxfuse.selection import TUNE_TIME_S
-
-    return time.monotonic() + (TUNE_TIME_S if options.tune_time is None else options.tune_time)
 
 
-def _keep_not_slower(result, model, rules, samples, options, repairs, fewer, bench_progress, deadline=None) -> None:
-    """:mod:`onnxfuse.selection`: when the output timed slower than the original, fewer rewrites
-    (``fewer(skipped)``: :func:`_fewer_rewrites`), each validated and timed, down to the graph as loaded;
-    ``result`` then describes the one kept."""
-    from onnxfuse.selection import keep_not_slower
-
-    selection = keep_not_slower(result.timing, result.applied.applied_rules(), fewer,
-                                lambda candidate: time_both(model, candidate, samples[0], options, bench_progress),
-                                deadline)
-    if selection is None:
-        return
-    kept = selection.kept
-    _adopt(result, kept.model, kept.applied, kept.validation, repairs)
-    if kept.timing is not None and kept.timing.status == "ok":
-        result.timing = kept.timing
-    result.timing.notes.append(selection.note())
-    result.extra["selection"] = selection.to_dict()
 
 
-def _try_measured(result, model, samples, options, repairs, fewer, bench_progress, deadline=None) -> None:
-    """:func:`onnxfuse.selection.try_measured`: the measured choices (opt-in rules whose worth depends on
-    the GPU and shapes, ``selection.MEASURED``) tried on top of the output, each validated and timed
-    against the original; ``result`` then describes the output with those that were faster. Their
-    trials go in the report (``measured``) and one note each. Not with a restricting ``--only`` (the user
-    chose the rules), and only rules of the target (``--target contrib``/``onnx``, ``--device cpu``:
-    channels-last is for the CUDA provider)."""
-    from onnxfuse.rewrites import parse_rule_names
-    from onnxfuse.selection import measured_rules, try_measured
-
-    if any(not name.startswith("+") for name in parse_rule_names(options.only)):
-        return
-    candidates = [name for name in measured_rules(model, result.rules, parse_rule_names(options.skip))
-                  if name in {r.name for r in select_rules(options.target, [f"+{name}"], None, options.rules)}]
-    if not candidates or result.timing is None or result.timing.status != "ok":
-        return
-    before = result.timing
-    trials = try_measured(before, candidates, lambda added: fewer(frozenset(), added=tuple(added)),
-                          lambda candidate: time_both(model, candidate, samples[0], options, bench_progress),
-                          deadline)
-    kept = [t for t in trials if t.refused is None]
-    notes = [t.note(before) for t in trials]
-    result.extra["measured"] = [t.to_dict(before) for t in trials]
-    if kept:
-        last = kept[-1]
-        _adopt(result, last.model, last.applied, last.validation, repairs, [t.rule for t in kept])
-        result.timing = last.timing
-    result.timing.notes.extend(notes)
 
 
 def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):
     """Time both models under ORT_ENABLE_ALL on ``options.bench_config``'s device (the GPU by default,
     ``status='no-gpu'`` where there is none; the CPU for ``--device cpu``, :func:`for_device`)."""
-    from onnxfuse.timing import BenchConfig, compare_models
+    # looked up when called: tests/test_device_cpu.py stands in for compare_models
+    from onnxfuse.timing import compare_models
 
     config = options.bench_config if options.bench_config is not None else BenchConfig()
     return compare_models(original, optimized, inputs, config, progress=progress)

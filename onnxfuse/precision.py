@@ -52,6 +52,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse.errors import PrecisionError
 from onnxfuse.rewrites.facts.constants import constant_node_value
+from onnxfuse.rewrites.facts.inference import onnx_inferred
+from onnxfuse.model_io import proto_graphs
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 #: float16's largest finite value, and the smallest positive one (a subnormal).
@@ -107,7 +109,7 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
     _Converter(opsets, notes, floats, dict(keep_nodes or {}), float16_io).graph(out.graph, main=True)
     try:
         onnx.checker.check_model(out)
-        onnx.shape_inference.infer_shapes(out, strict_mode=True)
+        onnx_inferred(out, strict=True)
     except Exception as exc:  # noqa: BLE001  (onnx raises several types)
         raise PrecisionError("the float16 form of the model fails ONNX type inference: "
                              + " ".join(str(exc).split())[:300]) from None
@@ -116,8 +118,6 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
 
 def _declares_float32(graph: onnx.GraphProto) -> bool:
     """Whether any graph declares a float32 initializer, input, output or value annotation."""
-    from onnxfuse.model_io import proto_graphs
-
     for g in proto_graphs(graph):
         if any(t.data_type == FLOAT for t in g.initializer):
             return True
@@ -128,10 +128,8 @@ def _declares_float32(graph: onnx.GraphProto) -> bool:
 
 def float32_values(model: onnx.ModelProto) -> set[str]:
     """Names of the float32 values of ``model`` (all graphs), from ONNX type inference."""
-    from onnxfuse.model_io import proto_graphs
-
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx_inferred(model)
     except Exception:  # noqa: BLE001  (inference is a help: what it cannot type stays as it is)
         inferred = model
     names: set[str] = set()
@@ -403,8 +401,6 @@ class _Converter:
         del graph.node[:]
         graph.node.extend(new_nodes)
         if renamed:  # bodies of If/Loop/Scan read outer values by name: they read the float16 one too
-            from onnxfuse.model_io import proto_graphs
-
             for node in graph.node:
                 for attr in node.attribute:
                     bodies = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)

@@ -88,6 +88,7 @@ def repaired(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """``(model, [])`` when ``onnx.checker`` accepts ``model``; else a repaired copy and what was repaired
     (short phrases, possibly none when nothing applied). ``model`` itself is never modified. Whether the
     result is acceptable is :func:`validity_problem`'s to say."""
+    # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
 
     if model_io.validity_problem(model) is None:
@@ -119,6 +120,7 @@ def validity_problem(model: onnx.ModelProto) -> str | None:
     """``onnx.checker``'s one-line complaint about ``model`` read as ONNX Runtime reads it (None when
     valid): ORT's contrib ops in the ONNX domain are checked as contrib ops (their domain is switched
     during the check and restored; no copy of the weights)."""
+    # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
 
     opset = _default_opset(model)
@@ -148,6 +150,7 @@ def validity_problem(model: onnx.ModelProto) -> str | None:
 
 def ort_onnx_domain_ops(model: onnx.ModelProto) -> list[str]:
     """Names of the ORT-only ONNX-domain ops ``model`` uses (sorted)."""
+    # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
 
     opset = _default_opset(model)
@@ -179,6 +182,7 @@ def _ort_onnx_domain_op(node: onnx.NodeProto, opset: int) -> bool:
 
 
 def _opset_imports(model: onnx.ModelProto) -> str | None:
+    # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
 
     used: dict[str, set[str]] = {}
@@ -258,6 +262,7 @@ def _sort_graph(g: onnx.GraphProto) -> bool:
 
 
 def _sort_nodes(model: onnx.ModelProto) -> str | None:
+    # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
 
     changed = sum(_sort_graph(g) for g in list(model_io.proto_graphs(model.graph)))
@@ -265,6 +270,7 @@ def _sort_nodes(model: onnx.ModelProto) -> str | None:
 
 
 def _initializer_inputs(model: onnx.ModelProto) -> str | None:
+    # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
 
     if model.ir_version >= model_io.OVERRIDABLE_IR_VERSION:
@@ -292,7 +298,9 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def _layernorm_opset(model: onnx.ModelProto) -> str | None:
+    # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
+    # import cycle (importing onnxfuse.rewrites.engine.opset imports this module); also loads graphsurgeon
     from onnxfuse.rewrites.engine.opset import ops_changed_by_raise
 
     opset = _default_opset(model)
@@ -317,6 +325,7 @@ def _layernorm_opset(model: onnx.ModelProto) -> str | None:
 
 
 def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+    # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
 
     return model_io.infer_shapes(model)

@@ -28,6 +28,7 @@ applies there).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -127,8 +128,6 @@ TUNE_TIME_S = 60.0
 
 
 def _past(deadline: float | None) -> bool:
-    import time
-
     return deadline is not None and time.monotonic() > deadline
 
 
@@ -260,3 +259,60 @@ def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Ca
         kept.append(rule)
         current_timing = trial.timing
     return trials
+
+
+# --- both in an optimize run ------------------------------------------------------------------------------
+# ``result`` is the run's OptimizeResult (its ``timing``, ``applied``, ``rules`` and ``extra`` read and set
+# here); the pipeline passes its candidate maker ``fewer(skipped, added=())`` (rewritten, then validated
+# as the first model was: (model, applied, validation) or why it cannot be kept), ``retime(model)`` (the
+# candidate timed against the original) and ``adopt(model, applied, validation, added=())`` (``result``
+# then describes that candidate), so this module never imports the pipeline above it.
+
+
+def deadline_after(tune_time: float | None) -> float:
+    """When tuning (the never-slower ladder, the measured choices) starts no new candidate: now plus
+    ``tune_time`` seconds (``--tune-time``; :data:`TUNE_TIME_S` when None)."""
+    return time.monotonic() + (TUNE_TIME_S if tune_time is None else tune_time)
+
+
+def fall_back_if_slower(result, fewer: Callable, retime: Callable, adopt: Callable, deadline: float | None = None) -> None:
+    """:func:`keep_not_slower` on the run: when the output timed slower than the original, fewer rewrites
+    (``fewer(skipped)``), each validated and timed, down to the graph as loaded; ``result`` then describes
+    the one kept (the report's ``selection``, one note)."""
+    selection = keep_not_slower(result.timing, result.applied.applied_rules(), fewer, retime, deadline)
+    if selection is None:
+        return
+    kept = selection.kept
+    adopt(kept.model, kept.applied, kept.validation)
+    if kept.timing is not None and kept.timing.status == "ok":
+        result.timing = kept.timing
+    result.timing.notes.append(selection.note())
+    result.extra["selection"] = selection.to_dict()
+
+
+def add_measured_choices(result, model, options, fewer: Callable, retime: Callable, adopt: Callable,
+                         deadline: float | None = None) -> None:
+    """:func:`try_measured` on the run: the measured choices (:data:`MEASURED`) tried on top of the output,
+    each validated and timed against the original; ``result`` then describes the output with those that
+    were faster. Their trials go in the report (``measured``) and one note each. Not with a restricting
+    ``--only`` (the user chose the rules), and only rules of the target (``--target contrib``/``onnx``,
+    ``--device cpu``: channels-last is for the CUDA provider)."""
+    # start-up: it loads numpy, onnx, graphsurgeon, which importing this module does not
+    from onnxfuse.rewrites import parse_rule_names, select_rules
+
+    if any(not name.startswith("+") for name in parse_rule_names(options.only)):
+        return
+    candidates = [name for name in measured_rules(model, result.rules, parse_rule_names(options.skip))
+                  if name in {r.name for r in select_rules(options.target, [f"+{name}"], None, options.rules)}]
+    if not candidates or result.timing is None or result.timing.status != "ok":
+        return
+    before = result.timing
+    trials = try_measured(before, candidates, lambda added: fewer(frozenset(), added=tuple(added)), retime, deadline)
+    kept = [t for t in trials if t.refused is None]
+    notes = [t.note(before) for t in trials]
+    result.extra["measured"] = [t.to_dict(before) for t in trials]
+    if kept:
+        last = kept[-1]
+        adopt(last.model, last.applied, last.validation, [t.rule for t in kept])
+        result.timing = last.timing
+    result.timing.notes.extend(notes)

@@ -32,10 +32,14 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import onnx
 
 from onnxfuse.errors import OnnxfuseError
+from onnxfuse.atomic import write_file_atomically
+from onnxfuse.runtime.env import environment, gpu_names
+from onnxfuse.selection import ALL
 
 #: the record format's version: a reader refuses a newer one (:data:`READS` lists what it reads)
 VERSION = 2
@@ -111,8 +115,6 @@ class TuningRecord:
         entry["decisions"] = [d for d in entry["decisions"] if d.get("gpu") != decision.gpu] + [decision.to_dict()]
 
     def save(self) -> Path:
-        from onnxfuse.atomic import write_file_atomically
-
         text = json.dumps({"kind": KIND, "version": VERSION, "entries": self.entries}, indent=1, sort_keys=True)
         return write_file_atomically(self.path, text + "\n", what="tuning record")
 
@@ -139,4 +141,97 @@ def today() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-__all__ = ["Decision", "TuningRecord", "TuningRecordError", "fingerprint", "load", "record_key"]
+# --- a record in an optimize run: the decision applied before timing, the one recorded after -------------
+# ``result`` is the run's OptimizeResult (its ``extra``, ``timing`` and ``model`` read and set here);
+# ``fewer`` is the pipeline's candidate maker (the never-slower ladder's), ``adopt`` makes ``result``
+# describe a candidate: both passed in, so this module never imports the pipeline above it.
+
+
+def key_for(model, options, sample) -> tuple[str, dict]:
+    """The tuning record's key for ``model`` under ``options`` (the run's OptimizeOptions) at ``sample``'s
+    shapes, and what it hashes."""
+    choices = {"target": options.target, "device": options.device, "only": options.only or [],
+               "skip": options.skip or [], "precision": options.precision, "right_padded": list(options.right_padded)}
+    shapes = {k: list(v) for k, v in sample.shapes().items()}
+    return record_key(model, choices, shapes), {"model": fingerprint(model), "choices": choices, "shapes": shapes}
+
+
+def measuring_device(options) -> str | None:
+    """What a decision measured here is keyed by: ``cpu`` for ``--device cpu``, else the GPU's name; None
+    where nothing can be measured (``--device cuda`` without a usable GPU)."""
+    if options.device == "cpu":
+        return "cpu"
+    # start-up: it loads graphsurgeon, which importing this module does not
+    from onnxfuse.timing import gpu_unavailable_reason
+
+    if gpu_unavailable_reason():
+        return None
+    names = gpu_names()
+    return names[0].split(",")[0].strip() if names else "CUDA GPU"
+
+
+def apply_decision(result, model, samples, options, fewer: Callable, adopt: Callable):
+    """``--tuning-record``: read the record; where it holds a decision for this model, options and shapes
+    (measured on this GPU, or on any when none is usable here), apply it: the rules it left out are left
+    out again (``fewer(skipped, added=...)``: the candidate validated as the first model was, or why it
+    cannot be kept), the rules it added are added, and ``adopt(model, applied, validation, added)`` makes
+    ``result`` describe that candidate. Returns ((record, key, what the key hashes, the device measuring
+    here), the decision applied or None); the report's ``tuning_record`` says which."""
+    record = load(options.tuning_record)
+    key, meta = key_for(model, options, samples[0])
+    here = measuring_device(options)
+    decision = record.lookup(key, here)
+    info = {"path": str(record.path), "key": key, "matched": decision is not None, "written": False}
+    result.extra["tuning_record"] = info
+    pending = (record, key, meta, here)
+    if decision is None:
+        where = "on this device" if here else "anywhere (no decision for this model, options and shapes)"
+        info["note"] = (f"tuning record {record.path}: nothing measured {where}" +
+                        ("; measured now and recorded" if here and options.bench else
+                         "; the rules' static defaults apply"))
+        return pending, None
+    info.update({"gpu": decision.gpu, "onnxruntime": decision.onnxruntime, "skipped_rules": decision.skipped_rules,
+                 "kept": decision.kept, "measured": decision.measured, "added_rules": decision.added_rules})
+
+    skipped = ALL if decision.skipped_rules == sorted(ALL) else frozenset(decision.skipped_rules)
+    added = tuple(decision.added_rules)
+    where = decision.gpu or "an unnamed device"
+    if skipped or added:
+        made = fewer(skipped, added=added)
+        if isinstance(made, str):
+            what = ", ".join([f"leave out {', '.join(sorted(skipped))}"] * bool(skipped) +
+                             [f"add {', '.join(added)}"] * bool(added))
+            info["note"] = (f"tuning record {record.path}: its decision (measured on {where}) to {what} "
+                            f"was not applied: {made}")
+            return pending, decision
+        adopt(*made, added)
+    info["note"] = (f"tuning record {record.path}: applied the decision measured on {where} "
+                    f"(ONNX Runtime {decision.onnxruntime or '?'}, {decision.measured or '?'}): "
+                    + (f"without {decision.kept}" if skipped else "every rewrite kept")
+                    + (f", with {', '.join(added)}" if added else ""))
+    return pending, decision
+
+
+def record_decision(result, record: TuningRecord, key: str, meta: dict, here: str | None) -> None:
+    """After timing without a matching decision: what was kept (the never-slower ladder's choice, or every
+    rewrite) becomes the record's decision for this model on this device; nothing when timing did not
+    measure."""
+    timing = result.timing
+    if here is None or timing is None or timing.status != "ok":
+        return
+    selection = result.extra.get("selection")
+    skipped = sorted(next((set(t["skipped_rules"]) for t in selection["tried"] if t["candidate"] == selection["kept"]),
+                          set())) if selection else []
+    decision = Decision(
+        skipped_rules=skipped, kept=selection["kept"] if selection else None, gpu=here,
+        onnxruntime=environment(timing.device).get("onnxruntime"), device=timing.device,
+        original_ms=round(timing.original.stats.median_ms, 6), optimized_ms=round(timing.optimized.stats.median_ms, 6),
+        measured=today(),
+        added_rules=[t["rule"] for t in result.extra.get("measured", []) if t["kept"]])
+    record.store(key, meta, decision)
+    record.save()
+    result.extra["tuning_record"]["written"] = True
+
+
+__all__ = ["Decision", "TuningRecord", "TuningRecordError", "apply_decision", "fingerprint", "key_for", "load",
+           "measuring_device", "record_decision", "record_key"]

@@ -18,9 +18,16 @@ The layers, lowest first, and why each sits where it does:
 5. the pipelines and the API: ``options`` (optimize's options, declared once: their checks use the
    parsers of the layers below), ``pipeline``, ``batch``, ``demo``, ``api``, the package itself;
 6. the command line (``cli``, ``__main__``).
+
+And imports sit at the top of a module unless there is a reason: a function-level import carries a comment
+saying why (it would load onnx, ONNX Runtime, graphsurgeon or numpy at start-up, which ``import onnxfuse``
+and the CLI's start must not; an import cycle; a test standing in for the name), on its line or the line
+above it (or above the run of imports it belongs to).
 """
 
 from __future__ import annotations
+
+import ast
 
 import pytest
 
@@ -82,3 +89,43 @@ def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "module_imports", lambda p: [("onnxfuse.cli.render", ["x"])])
     assert upward_imports(ROOT / "onnxfuse" / "runtime" / "compare.py") == [
         "onnxfuse.runtime.compare (layer 2) imports onnxfuse.cli.render (layer 6)"]
+
+
+def unexplained_lazy_imports(path) -> list[str]:
+    """``LINE: import`` for each import inside a function of ``path`` that has no comment on its line, or on
+    the line above it or above the run of import lines it belongs to."""
+    lines = path.read_text().splitlines()
+    bad = []
+    for func in ast.walk(ast.parse("\n".join(lines), str(path))):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(func):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            above = node.lineno - 2  # index of the line above
+            while above >= 0 and lines[above].lstrip().startswith(("import ", "from ")):
+                above -= 1
+            if "#" in lines[node.lineno - 1] or (above >= 0 and lines[above].lstrip().startswith("#")):
+                continue
+            bad.append(f"{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return sorted(set(bad), key=lambda b: int(b.split(":")[0]))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_function_level_import_says_why(path):
+    assert unexplained_lazy_imports(path) == []
+
+
+def test_the_check_catches_an_unexplained_function_level_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import json\n\n\n"
+                      "def explained():\n"
+                      "    # start-up: onnx is heavy\n"
+                      "    import onnx\n"
+                      "    from onnx import helper\n"
+                      "    import numpy  # start-up\n\n\n"
+                      "def unexplained():\n"
+                      "    x = 1\n"
+                      "    from onnxfuse import model_io\n"
+                      "    return model_io, x\n")
+    assert unexplained_lazy_imports(module) == ["13: from onnxfuse import model_io"]

@@ -21,7 +21,7 @@ MODEL = "bert_tiny_sdpa_opset14"
 def _measured_run(monkeypatch, path, cost):
     fake, calls = _fake_time(cost)
     monkeypatch.setattr(pipeline, "time_both", fake)
-    monkeypatch.setattr(pipeline, "_measuring_device", lambda options: "Stand-in GPU")
+    monkeypatch.setattr(tuning_record, "measuring_device", lambda options: "Stand-in GPU")
     result = onnxfuse.optimize(load_testdata(MODEL), bench=True, samples=1, tuning_record=str(path))
     monkeypatch.undo()
     return result, calls
@@ -124,7 +124,7 @@ def test_a_measured_choice_recorded_on_the_gpu_is_applied_without_one(monkeypatc
     path = tmp_path / "tuning.json"
     fake, _ = _fake_time(lambda ops: 0.5 if ops["NhwcConv"] else 0.8)
     monkeypatch.setattr(pipeline, "time_both", fake)
-    monkeypatch.setattr(pipeline, "_measuring_device", lambda options: "Stand-in GPU")
+    monkeypatch.setattr(tuning_record, "measuring_device", lambda options: "Stand-in GPU")
     measured = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1,
                                  tuning_record=str(path))
     monkeypatch.undo()

@@ -11,6 +11,7 @@ import click
 
 from onnxfuse import __version__
 from onnxfuse.cli.common import EXIT_CODES_HELP, encodable_streams
+from onnxfuse.cli import demo_cmd, optimize_cmd, rules_cmd
 
 
 class _OneLineUsageErrors(click.Group):
@@ -59,8 +60,6 @@ def main() -> None:
 
 
 def _register() -> None:
-    from onnxfuse.cli import demo_cmd, optimize_cmd, rules_cmd
-
     main.add_command(optimize_cmd.optimize)
     main.add_command(rules_cmd.rules)
     main.add_command(demo_cmd.demo_command, name="demo")

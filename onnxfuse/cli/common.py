@@ -16,6 +16,10 @@ from rich.console import Console
 
 from onnxfuse import options
 from onnxfuse.errors import InternalError, Interrupted, OnnxfuseError, ResourceError, first_line
+from onnxfuse.atomic import committed_paths
+from onnxfuse.model_io import last_model_weights
+from onnxfuse.reports.contract import failure_document
+from onnxfuse.reports.files import check_report_paths, json_text, write_text
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -42,8 +46,7 @@ def verbosity_options(command):
     second), ``debug`` is ``--verbose`` (every stage line from the start, on a terminal too). Folded into
     the command's ``quiet`` argument and the progress display's verbosity; ``-q`` with ``-v`` (or a log
     level saying otherwise) is a usage error."""
-    import functools
-
+    # import cycle: importing onnxfuse.cli.render imports this module
     from onnxfuse.cli import render
 
     @functools.wraps(command)
@@ -107,6 +110,7 @@ def check_runtime(quiet: bool = False) -> None:
     """At the start of every command that runs models: ONNX Runtime must be importable (else its one-line
     error, exit 1, through :func:`handle_errors`); a conflicting installation is one warning line on
     stderr, not shown with ``--quiet``."""
+    # start-up: the command line starts (and --help runs) without onnxfuse.ort_runtime
     from onnxfuse.ort_runtime import check_runtime as library_check
 
     warning = library_check()
@@ -137,8 +141,6 @@ def restore_signal_handlers(previous: dict) -> None:
 
 
 def _interrupted(exc: KeyboardInterrupt) -> None:
-    from onnxfuse.atomic import committed_paths
-
     signum = getattr(exc, "signum", signal.SIGINT)
     name = signal.Signals(signum).name
     if committed_paths:
@@ -149,8 +151,6 @@ def _interrupted(exc: KeyboardInterrupt) -> None:
 
 
 def _out_of_memory() -> str:
-    from onnxfuse.model_io import last_model_weights
-
     size = f" (the model holds {last_model_weights / 2**30:.2f} GiB of weights; optimize needs about 1.5x " \
         "that in memory, see docs/large-models.md)" if last_model_weights else ""
     return f"out of memory{size}"
@@ -185,8 +185,6 @@ def handle_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from onnxfuse.atomic import committed_paths
-
         committed_paths.clear()
         previous = install_signal_handlers()
         try:
@@ -245,9 +243,6 @@ def write_failure_json(json_path, command: str, exc, protected: dict | None = No
     ``protected`` (path → what) are the files the run reads: a report path naming one of them is not
     written (the error may be exactly that). An exception onnxfuse did not raise on purpose is written
     as :func:`as_error` makes it (an internal error, exit 5), as it is printed."""
-
-    from onnxfuse.reports.contract import failure_document
-    from onnxfuse.reports.files import check_report_paths, json_text, write_text
 
     exc = as_error(exc)
     if not json_path or exc is None:

@@ -42,6 +42,7 @@ def demo_command(ctx, folder, run_it, force, quiet) -> None:
             table.add_row(p.name, demo.DESCRIPTIONS[p.name])
         stdout.print(table)
     if run_it:
+        # import cycle: importing onnxfuse.cli.optimize_cmd imports this module
         from onnxfuse.cli.optimize_cmd import optimize
 
         ctx.invoke(optimize, paths=tuple(str(p) for p in paths), out_dir=str(Path(folder) / "optimized"),

@@ -4,6 +4,8 @@ library."""
 
 from __future__ import annotations
 
+import textwrap
+import time
 from pathlib import Path
 
 from rich.markup import escape
@@ -37,8 +39,6 @@ def rule_list_lines(rows: list[dict], width: int) -> list[str]:
     targets on one line, its description wrapped under it at word boundaries only. A three-column table
     at 80 columns left the description 20 characters and cut words such as ``Shape→Gather→Div→Reshape``
     in two (issue 35); a word longer than the line stays whole and runs past it."""
-    import textwrap
-
     lines = ["Rewrite rules in run order, each with the --target values that run it", ""]
     for row in rows:
         targets = ", ".join(row["targets"]) + ("; opt-in: --only +RULE" if row["opt_in"] else "")
@@ -184,6 +184,7 @@ def _ms(x: float) -> str:
 
 def latency_table(results, title: str) -> FitTable:
     """``bench``: each model's latency (ms) and, with two, the speed-up over the first."""
+    # start-up: the command line starts (and --help runs) without onnxfuse.timing.stats
     from onnxfuse.timing.stats import speedup
 
     two = len(results) > 1
@@ -248,10 +249,10 @@ class _Bar:
     beside their report or their one error line. Disabled with ``--quiet``."""
 
     def __init__(self, disabled: bool, label: str = ""):
-        import time
-
+        # start-up: the command line starts (and --help runs) without rich.progress (nor rich)
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        # import cycle: importing onnxfuse.cli.common imports this module
         from onnxfuse.cli.common import stderr
 
         self._stderr, self._started, self._clock = stderr, time.perf_counter(), time.perf_counter
@@ -322,6 +323,7 @@ class BatchProgress:
     takes. Disabled with ``--quiet``."""
 
     def __init__(self, disabled: bool):
+        # import cycle: importing onnxfuse.cli.common imports this module
         from onnxfuse.cli.common import stderr
 
         self._disabled, self._stderr, self._bar = disabled, stderr, None

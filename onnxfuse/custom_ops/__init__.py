@@ -16,9 +16,14 @@ This module imports nothing heavy: ``onnxruntime`` is imported only by :func:`se
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
+
+from onnxfuse.ort_runtime import import_onnxruntime
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -87,11 +92,10 @@ def library_path() -> str:
 
 def nvrtc_library_path() -> str | None:
     """libnvrtc from the ``nvidia-cuda-nvrtc`` wheel, if installed (else None)."""
+    # import cycle: importing onnxfuse.custom_ops.native imports this module
     from onnxfuse.custom_ops.native import NVRTC_LIBRARY_NAMES
 
     try:
-        import importlib.util
-
         spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
         return None
@@ -125,8 +129,6 @@ def session_options(base: "onnxruntime.SessionOptions | None" = None) -> "onnxru
     ``base`` is modified and returned when given. Registering twice on the same options is
     harmless to avoid but not needed: call this once per options object.
     """
-    from onnxfuse.ort_runtime import import_onnxruntime
-
     ort = import_onnxruntime()
     opts = base if base is not None else ort.SessionOptions()
     _export_nvrtc_path()
@@ -136,6 +138,7 @@ def session_options(base: "onnxruntime.SessionOptions | None" = None) -> "onnxru
 
 def opset_import() -> "onnx.OperatorSetIdProto":
     """The opset import a model using the fused op needs."""
+    # start-up: it loads numpy, onnx, which importing this module does not
     import onnx.helper
 
     return onnx.helper.make_opsetid(DOMAIN, OPSET_VERSION)
@@ -149,6 +152,7 @@ def make_node(
     **kwargs: Any,
 ) -> "onnx.NodeProto":
     """A FusedElementwise ``NodeProto`` running ``program`` (text) on ``inputs``."""
+    # start-up: it loads numpy, onnx, which importing this module does not
     import onnx.helper
 
     return onnx.helper.make_node(
@@ -165,11 +169,10 @@ def expose_fused_values(model: "onnx.ModelProto") -> tuple["onnx.ModelProto", in
     The program gains ``output`` lines for those values (the language allows any number of outputs,
     each with the broadcast shape), so the node computes exactly what it did, plus the extra stores.
     """
-    import json
-    import re
-
+    # start-up: it loads numpy, onnx, which importing this module does not
     import onnx
 
+    # import cycle (importing onnxfuse.custom_ops.expr imports this module); also loads numpy
     from onnxfuse.custom_ops import expr
 
     meta = next((p.value for p in model.metadata_props if p.key == FUSED_VALUES_KEY), None)

@@ -1137,6 +1137,7 @@ def onnx_equivalent_model(program: Program, shapes: Sequence[Sequence[int]], *, 
     Integer Relu is emitted as Max(x, 0) and bool Where as And/Or/Not (ONNX Runtime CPU has no
     kernels for those types); the values are the same.
     """
+    # start-up: it loads numpy, onnx, which importing this module does not
     import onnx
     from onnx import helper, numpy_helper
 

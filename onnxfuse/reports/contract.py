@@ -22,9 +22,11 @@ NaN and Infinity are never written (they become null).
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 
 from onnxfuse.reports.files import clean_json
+from onnxfuse import __version__
 
 SCHEMA_VERSION = 2
 COMMANDS = ("optimize", "diff", "bench")
@@ -39,12 +41,11 @@ def schema_path() -> Path:
 
 def load_schema() -> dict:
     """The report's JSON Schema as a dict (read through :mod:`importlib.resources`)."""
-    from importlib.resources import files
-
     return json.loads(files("onnxfuse.reports").joinpath("schemas", SCHEMA_FILE).read_text(encoding="utf-8"))
 
 
 def _environment() -> dict:
+    # start-up: the command line starts (and --help runs) without onnxfuse.runtime.env
     from onnxfuse.runtime.env import environment
 
     return environment()
@@ -55,7 +56,6 @@ def document(command: str, result: dict | None, *, exit_code: int = 0, error: st
     """The JSON-ready report of one run of ``command`` (strict JSON values: NaN/Inf → ``None``)."""
     if command not in COMMANDS:
         raise ValueError(f"unknown command {command!r}")
-    from onnxfuse import __version__
 
     return clean_json({
         "schema_version": SCHEMA_VERSION,

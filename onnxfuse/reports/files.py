@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from onnxfuse.errors import ModelSaveError
+from onnxfuse.atomic import OutputSet, check_file_name, destination
 
 
 def write_text(path: str | os.PathLike, text: str, what: str = "report", append: bool = False) -> Path:
@@ -21,8 +22,6 @@ def write_text(path: str | os.PathLike, text: str, what: str = "report", append:
 
     Raises :class:`ModelSaveError` (exit code 1) with one line when the file cannot be written.
     """
-    from onnxfuse.atomic import OutputSet
-
     p = Path(path)
     _check_one(p, what)
     with OutputSet() as out:
@@ -35,8 +34,6 @@ def write_text(path: str | os.PathLike, text: str, what: str = "report", append:
 
 
 def _check_one(p, what: str) -> None:
-    from onnxfuse.atomic import check_file_name, destination
-
     check_file_name(p, what)
     p = Path(p)
     if p.is_dir():

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from onnxfuse.runtime.histogram import error_histogram, log_bin_edges
+
 #: dtype name -> (rtol, atol relative to max(1, max|ref|))
 DEFAULT_TOLERANCES = {
     "float64": (1e-7, 1e-9),
@@ -37,8 +39,10 @@ DEFAULT_TOLERANCES = {
 def lowest_float_precision(model) -> str | None:
     """``"bfloat16"`` or ``"float16"`` when ``model`` holds or computes tensors of that type anywhere
     (inputs, outputs, initializers, annotated values, Cast targets, in subgraphs too), else ``None``."""
+    # start-up: it loads numpy, onnx, which importing this module does not
     import onnx
 
+    # start-up: it loads numpy, onnx, graphsurgeon, which importing this module does not
     from onnxfuse.model_io import proto_graphs
 
     found: set[int] = set()
@@ -322,8 +326,6 @@ def compare_tensor(name: str, refs: list[np.ndarray], gots: list[np.ndarray], to
         c = compare_arrays(name, ref, got, rtol=rt, atol=at)
         hist = None
         if histogram and numeric:
-            from onnxfuse.runtime.histogram import error_histogram
-
             hist = error_histogram(ref, got)
     c.cosine = min(1.0, max(-1.0, c.cosine)) if math.isfinite(c.cosine) else c.cosine  # rounding: 1+1e-16
     if len(refs) > 1 and c.error is None:
@@ -471,7 +473,6 @@ def _histogram_pieces(refs, gots, bins_per_decade: int = 2, max_bins: int = 40) 
     hist = {"zeros": zeros, "edges": [], "counts": [], "nonfinite": nonfinite}
     if hi_err == 0.0:
         return hist
-    from onnxfuse.runtime.histogram import log_bin_edges
 
     log_edges = log_bin_edges(lo_err, hi_err, bins_per_decade, max_bins)
     counts = np.zeros(len(log_edges) - 1, dtype=np.int64)

@@ -7,6 +7,10 @@ import platform
 import shutil
 import subprocess
 
+from onnxfuse import __version__
+from onnxfuse.errors import OnnxfuseError
+from onnxfuse.ort_runtime import import_onnxruntime
+
 
 def gpu_names() -> list[str]:
     """Names of the NVIDIA GPUs (``nvidia-smi``), or [] where there is none or it cannot be asked.
@@ -30,11 +34,8 @@ def _gpu_names() -> tuple[str, ...]:
 def environment(device: str | None = None) -> dict:
     """Versions and devices of this process, for every report (``onnxruntime`` is None where ONNX
     Runtime cannot be imported: a failure report must still say what it ran on)."""
+    # start-up: it loads numpy, onnx, which importing this module does not
     import onnx
-
-    from onnxfuse import __version__
-    from onnxfuse.errors import OnnxfuseError
-    from onnxfuse.ort_runtime import import_onnxruntime
 
     try:
         ort_version = import_onnxruntime().__version__

@@ -101,6 +101,7 @@ def parse_range_options(values) -> dict[str, ValueRange]:
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, list]:
+    # looked up when called: tests/test_model_io_large.py stands in for infer_shapes
     from onnxfuse.model_io import infer_shapes
 
     try:

@@ -121,6 +121,7 @@ def value_ranges(model: onnx.ModelProto, given=None) -> tuple[dict, list[str]]:
     """The ranges to draw ``model``'s inputs from: what the graph implies for integer inputs
     (:mod:`onnxfuse.runtime.input_ranges`), overridden by ``given`` (``--input-range``); and a note
     for each implied one. Unknown names in ``given`` are usage errors."""
+    # start-up: the command line starts (and --help runs) without onnxfuse.runtime.input_ranges (nor graphsurgeon)
     from onnxfuse.runtime.input_ranges import implied_ranges
 
     given = dict(given or {})
@@ -217,6 +218,7 @@ def make_samples(
     such, and given inputs must keep the promise. ``derive``: where the graph ties dynamic dimensions
     so that all at 1 cannot run (a KV-cache decoder's mask is past + sequence long), the unsized ones
     get sizes that satisfy the ties (:func:`derived_shapes`), with notes naming them."""
+    # start-up: the command line starts (and --help runs) without onnxfuse.runtime.right_padding
     from onnxfuse.runtime import right_padding
 
     specs = input_specs(model)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from onnxfuse.runtime.inputs import input_specs, random_inputs, value_ranges
+
 #: sequence lengths tried in order; the first the original model runs at is kept
 LENGTHS = (128, 64, 32, 16)
 ROWS = 3
@@ -30,8 +32,6 @@ ROWS = 3
 def token_inputs(model: onnx.ModelProto, ranges: dict) -> list[str]:
     """Rank-2 integer inputs whose values index an embedding (``ranges``: what
     :func:`~onnxfuse.runtime.inputs.value_ranges` implied, the ``Gather`` row counts)."""
-    from onnxfuse.runtime.inputs import input_specs
-
     return [s.name for s in input_specs(model) if len(s.shape) == 2 and np.issubdtype(s.dtype, np.integer)
             and s.name in ranges and ranges[s.name].indexes]
 
@@ -45,8 +45,6 @@ def realistic_sample(model: onnx.ModelProto, length: int, seed: int, right_padde
     """Three rows of ``length`` tokens with padded masks (module docstring), as an
     :class:`~onnxfuse.runtime.inputs.Inputs`; None when the model has no token input with a dynamic
     sequence dimension, or ``shapes`` (the user's ``--shape``) sizes one."""
-    from onnxfuse.runtime.inputs import input_specs, random_inputs, value_ranges
-
     specs = input_specs(model)
     ranges, _ = value_ranges(model)
     tokens = token_inputs(model, ranges)

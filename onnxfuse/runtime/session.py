@@ -26,6 +26,7 @@ _ORT_DEFAULT_SEVERITY = 2
 
 
 def _ort():
+    # start-up: the command line starts (and --help runs) without onnxfuse.ort_runtime
     from onnxfuse.ort_runtime import import_onnxruntime
 
     return import_onnxruntime()
@@ -70,6 +71,7 @@ def resolve_provider(provider: str) -> str:
 
 def uses_custom_ops(model: onnx.ModelProto) -> bool:
     """True when the model contains our FusedElementwise op (and so needs our library)."""
+    # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops
     from onnxfuse.custom_ops import DOMAIN
 
     return any(o.domain == DOMAIN for o in model.opset_import)
@@ -97,6 +99,7 @@ def make_session(
     ort = _ort()
     kind = resolve_provider(provider)
     if kind == "cpu":  # ops with a CUDA kernel only run as their standard-op definitions (stand_ins.py)
+        # start-up: the command line starts (and --help runs) without onnxfuse.runtime.stand_ins
         from onnxfuse.runtime.stand_ins import for_cpu
 
         model = for_cpu(model)
@@ -107,6 +110,7 @@ def make_session(
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }
     if uses_custom_ops(model):
+        # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops
         from onnxfuse.custom_ops import LibraryNotFoundError, session_options
 
         try:

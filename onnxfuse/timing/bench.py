@@ -24,6 +24,8 @@ from onnxfuse.timing.inputs import batch_shapes
 from onnxfuse.timing.profile import ProfileResult, profile
 from onnxfuse.timing.runner import NO_GPU_MESSAGE, BenchConfig, BenchResult, NoGPU, Progress, gpu_unavailable_reason
 from onnxfuse.timing.stats import speedup
+from onnxfuse.reports.contract import document
+from onnxfuse.runtime.env import environment
 
 
 @dataclass
@@ -59,8 +61,6 @@ class BenchReport:
     def to_json(self) -> dict:
         """The report ``onnxfuse bench --json`` writes: the one contract of every command
         (:mod:`onnxfuse.reports.contract`) with :meth:`to_dict` as its ``result``."""
-        from onnxfuse.reports.contract import document
-
         return document("bench", self.to_dict(), environment=self.environment)
 
 
@@ -78,6 +78,7 @@ def _same_signature(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
 def _load(models: list) -> tuple[list[onnx.ModelProto], list[str]]:
     """Models as ``ModelProto`` (given ones are never modified) and the path each came from
     (``<model N>`` for one given in memory)."""
+    # looked up when called: tests/cli/test_cli_lazy.py stands in for load_model
     from onnxfuse.model_io import check_given_model, load_model
 
     protos, paths = [], []
@@ -113,8 +114,6 @@ def bench_models(
     ``inputs`` (an ``.npz`` path). ``profile_ops``: also profile each model (``top`` rows in the report).
     ``progress(message, fraction)`` reports the whole job, 0..1.
     """
-    from onnxfuse.runtime.env import environment
-
     config = config or BenchConfig()
     if not 1 <= len(models) <= 2:
         raise UsageError(f"bench times one model or two side by side, got {len(models)}")

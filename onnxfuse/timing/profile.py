@@ -8,8 +8,8 @@ warm-up runs are left out of the averages.
 from __future__ import annotations
 
 import functools
-
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 
@@ -63,8 +63,6 @@ def profile(model: onnx.ModelProto, inputs: Inputs, config: BenchConfig | None =
             timer.close()
         events = load_trace(path)
         if keep_trace:
-            import shutil
-
             shutil.copyfile(path, keep_trace)
     summary = summarize_trace(events, skip_runs=cfg.effective_warmup)
     step(f"{name}: profiled", 1.0)

@@ -32,6 +32,7 @@ from onnxfuse.timing.stats import LatencyStats, should_stop, summarize
 from onnxfuse.errors import RuntimeFailure, UsageError, first_line
 from onnxfuse.runtime.inputs import Inputs
 from onnxfuse.runtime.session import cuda_available, make_session
+from onnxfuse.ort_runtime import import_onnxruntime
 
 #: The one line printed (or put in reports) where timing is impossible.
 NO_GPU_MESSAGE = "timing needs a CUDA GPU (none is usable here)"
@@ -164,8 +165,6 @@ class Timer:
 
     def __init__(self, model: onnx.ModelProto, inputs: Inputs, config: BenchConfig, name: str = "model",
                  output_specs: list[OutputSpec] | None = None, session_factory=None):
-        from onnxfuse.ort_runtime import import_onnxruntime
-
         ort = import_onnxruntime()
         config.validate()
         if config.device == "cuda":

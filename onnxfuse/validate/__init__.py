@@ -27,6 +27,7 @@ from onnxfuse.runtime.compare import Comparison, Tolerance, compare_runs, lowest
 from onnxfuse.runtime.inputs import Inputs, for_model
 from onnxfuse.runtime.session import resolve_provider, run_samples
 from onnxfuse.validate.drift_budget import Drift, PrecisionJudge, apply_budget, output_drift
+from onnxfuse.errors import RuntimeFailure
 
 
 @dataclass
@@ -66,8 +67,6 @@ def noise_floor(original: onnx.ModelProto, samples: list[Inputs], reference: lis
     provider. Differences below that are the model's own noise, not
     a rewrite's fault; a model that amplifies rounding (ids 0/1 through an embedding, say) shows a high
     floor. {} when the optimized run fails (then only the tolerances judge)."""
-    from onnxfuse.errors import RuntimeFailure
-
     kind = resolve_provider(provider)
     ways = [(kind, "all")] + ([("cpu", "disable")] if kind == "cuda" else [])  # and CPU against CUDA on a GPU
     runs = []
@@ -105,8 +104,6 @@ def conversion_drift(converted: onnx.ModelProto, samples: list[Inputs], referenc
     for float16's rounding. Per float output its :class:`~onnxfuse.validate.drift_budget.Drift`: the largest
     absolute error (what joins the noise floor), the normalized max error and the cosine (what the drift
     budget compares with). {} when the converted model does not run."""
-    from onnxfuse.errors import RuntimeFailure
-
     try:
         runs = [run_samples(converted, [for_model(converted, s) for s in samples], resolve_provider(provider),
                             name=name)]

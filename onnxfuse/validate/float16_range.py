@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 
 from onnxfuse.runtime.session import make_session, run_session
+from onnxfuse.precision import float32_values
 
 #: float16's largest finite magnitude, and the magnitude from which a float32 value is out of range.
 HALF_MAX = float(np.finfo(np.float16).max)
@@ -37,8 +38,6 @@ LIMIT = HALF_MAX / 4
 def largest_magnitudes(model: onnx.ModelProto, samples: list, provider: str = "auto",
                        name: str = "model") -> dict[str, float]:
     """Per float32 value of ``model``'s main graph, its largest finite magnitude over ``samples``."""
-    from onnxfuse.precision import float32_values
-
     written = {o for n in model.graph.node for o in n.output if o}
     values = sorted(float32_values(model) & written)  # main-graph values a node writes (the converter's view)
     if not values:

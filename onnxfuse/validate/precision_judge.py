@@ -14,7 +14,8 @@ validate/ sits below the pipeline, tests/test_layers.py).
 
 from __future__ import annotations
 
-from onnxfuse.validate import ValidationReport
+from onnxfuse.validate import FLOOR_MULTIPLE, PrecisionJudge, ValidationReport, conversion_drift
+from onnxfuse.validate.drift_budget import DEFAULT_BUDGET
 
 #: ``--precision fp16``: an output passes within this many times the drift of the model merely converted
 #: to float16. Tighter than the float32 noise floor's 10x, because float16's drift is large: on a 16-block
@@ -28,8 +29,6 @@ def precision_judge(start, samples, reference, options, source: str):
     the user's ``--max-drift`` or the default budget (none with ``--strict`` unless given), and the drift of
     the model merely converted (``start``, no rewrite) against the float32 original on the same samples,
     which the rewritten model may exceed by at most :data:`CONVERSION_MULTIPLE` times."""
-    from onnxfuse.validate import PrecisionJudge, conversion_drift
-
     conversion = conversion_drift(start, samples, reference, options.provider, name=f"{source} (float16, no rewrite)")
     return PrecisionJudge("float16", drift_budget_of(options), conversion, CONVERSION_MULTIPLE)
 
@@ -37,8 +36,6 @@ def precision_judge(start, samples, reference, options, source: str):
 def drift_budget_of(options):
     """The drift budget a precision change is judged by: ``--max-drift``, else the default one, except that
     ``--strict`` (tolerance alone) has none unless ``--max-drift`` is given."""
-    from onnxfuse.validate.drift_budget import DEFAULT_BUDGET
-
     return options.max_drift if options.max_drift is not None else (None if options.strict else DEFAULT_BUDGET)
 
 
@@ -57,8 +54,6 @@ def conversion_floor_drift(judge, options) -> dict[str, float]:
 def conversion_share(drift: float) -> float:
     """The floor a conversion ``drift`` stands for: scaled by ``CONVERSION_MULTIPLE / FLOOR_MULTIPLE``, so the
     one floor test (within ``FLOOR_MULTIPLE`` x the floor) applies :data:`CONVERSION_MULTIPLE` to it."""
-    from onnxfuse.validate import FLOOR_MULTIPLE
-
     return drift * CONVERSION_MULTIPLE / FLOOR_MULTIPLE
 
 

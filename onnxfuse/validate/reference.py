@@ -14,6 +14,8 @@ validate/ sits below the pipeline, tests/test_layers.py).
 from __future__ import annotations
 
 from onnxfuse.validate.samples import add_realistic_size, add_second_size, sample_inputs
+from onnxfuse.errors import InputsError, RuntimeFailure
+from onnxfuse.runtime.inputs import input_specs, unsized_dimensions
 
 #: Sizes tried, in order, for dynamic dimensions nobody sized when the original model cannot run at 1
 #: (a 3x3 Conv over H = W = 1, a pooling window wider than the input).
@@ -32,6 +34,7 @@ class OriginalRuns:
         self.model, self.provider, self.name, self.session = model, provider, name, None
 
     def __call__(self, samples: list) -> list:
+        # looked up when called: tests/validate/test_two_sizes.py counts make_session's calls
         from onnxfuse.runtime.session import make_session, run_session
 
         if self.session is None:
@@ -58,9 +61,6 @@ def reference_run(model, options, original: OriginalRuns):
     """The validation samples and the original's outputs on them. Unsized dynamic dimensions default
     to 1; where the original cannot run at 1, to 8, 32 and then 224 (with a note); where it runs at
     none of these, one line names the dimensions and the --shape to pass."""
-    from onnxfuse.errors import InputsError, RuntimeFailure
-    from onnxfuse.runtime.inputs import input_specs, unsized_dimensions
-
     samples = sample_inputs(model, options)
     given = options.inputs is not None or options.inputs_path is not None
     unsized = [] if given else unsized_dimensions(input_specs(model), options.shapes)

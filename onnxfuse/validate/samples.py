@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import onnx
 
-from onnxfuse.errors import UsageError
-from onnxfuse.runtime.inputs import Inputs, make_samples
+from onnxfuse.errors import RuntimeFailure, UsageError
+from onnxfuse.runtime.inputs import (Inputs, derived_shapes, input_specs, make_samples, relation_variants,
+                                     second_size_candidates)
+from onnxfuse.runtime.realistic import LENGTHS, realistic_sample
 
 
 def sample_inputs(model: onnx.ModelProto, options, default_dim: int = 1, derive: bool = True) -> list[Inputs]:
@@ -36,8 +38,6 @@ def add_second_size(model, samples: list, reference: list, options, run) -> None
     """Append a sample at a second size of every dynamic dimension (and the original's outputs on it)
     when the original runs there (:func:`onnxfuse.runtime.inputs.second_size_candidates`); else a
     note says validation ran at one size."""
-    from onnxfuse.runtime.inputs import relation_variants, second_size_candidates
-
     groups = relation_variants(model, samples[0], options.seed)
     if groups:
         add_variants(samples, reference, groups, run)
@@ -61,8 +61,6 @@ def add_variants(samples: list, reference: list, groups, run) -> None:
 
 def add_first_that_runs(draws, samples: list, reference: list, run) -> bool:
     """Append the first of ``draws`` the original model runs on (and its outputs); False when none runs."""
-    from onnxfuse.errors import RuntimeFailure
-
     for draw in draws:
         try:
             (outputs,) = run([draw])
@@ -79,10 +77,6 @@ def add_realistic_size(model, samples: list, reference: list, options, run) -> N
     128, 64, 32, 16 tokens the original runs at, masks with real padding) and the original's outputs on it;
     nothing for other models, for KV-cache decoders (sizes derived from relations: their prefill and
     decode samples do this job) or where the original runs at none of the lengths."""
-    from onnxfuse.errors import RuntimeFailure
-    from onnxfuse.runtime.inputs import derived_shapes, input_specs
-    from onnxfuse.runtime.realistic import LENGTHS, realistic_sample
-
     if derived_shapes(model, input_specs(model), options.shapes or {}) is not None:
         return
     for length in LENGTHS:

@@ -20,8 +20,8 @@ from typing import Callable
 import onnx
 
 from onnxfuse.errors import SessionRefused
-from onnxfuse.validate import PrecisionJudge, ValidationReport, validate_models
 from onnxfuse.validate.precision_judge import conversion_floor_drift, precision_judge, with_conversion
+from onnxfuse.validate import PrecisionJudge, ValidationReport, noise_floor, validate_models
 
 
 @dataclass
@@ -60,8 +60,6 @@ def make_validator(original, start, samples, reference, options, source: str, pr
     """The run's :class:`Validator`: the original's noise floor on the samples (:func:`~onnxfuse.validate.noise_floor`),
     then, for a precision change (``precision``; ``start`` is the model merely converted), its judge and
     the conversion's drift raised into the floor."""
-    from onnxfuse.validate import noise_floor
-
     floor = noise_floor(original, samples, reference, options.provider, name=source)
     judge = precision_judge(start, samples, reference, options, source) if precision else None
     drift = conversion_floor_drift(judge, options)
@@ -71,6 +69,7 @@ def make_validator(original, start, samples, reference, options, source: str, pr
 def load_problem(options) -> Callable[[onnx.ModelProto], str | None]:
     """What keeps ONNX Runtime from creating a session for a candidate, on the provider validation uses
     (None when it loads)."""
+    # looked up when called: tests/validate/test_two_sizes.py counts make_session's calls
     from onnxfuse.runtime.session import make_session
 
     def judge(candidate: onnx.ModelProto) -> str | None:

@@ -78,6 +78,7 @@ class ContribFusedConv(ContribRule):
         nodes, z, out = plan
         inputs = list(node.inputs)
         if z is not None:
+            # import cycle: importing onnxfuse.rewrites.engine.edit imports this module
             from onnxfuse.rewrites.engine.edit import empty_input
 
             while len(inputs) < 3:

@@ -97,6 +97,7 @@ class FuseElementwiseRegions(Rule):
         return Plan(match, (program, values))
 
     def rewrite(self, graph, plan: Plan):
+        # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops.expr
         from onnxfuse.custom_ops import expr
 
         match, (program, values) = plan.anchor, plan.found

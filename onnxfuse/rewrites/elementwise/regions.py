@@ -25,6 +25,7 @@ from onnxfuse.rewrites.elementwise.ort_fusions import decomposed_layernorm_nodes
 from onnxfuse.rewrites.elementwise.partition import partition
 from onnxfuse.rewrites.engine.rule import Refuse, Refused
 from onnxfuse.rewrites.facts.constants import constant_node_value
+from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.rewrites.facts.graph import constant_producer, declared_shape, is_default_domain, opset_of, subgraphs
 from onnxfuse.rewrites.facts.scopes import Scope
 
@@ -47,6 +48,7 @@ _IGNORED_ATTRS = {"Cast": {"saturate", "round_mode"}}
 
 
 def _expr():
+    # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops.expr
     from onnxfuse.custom_ops import expr
 
     return expr
@@ -101,7 +103,7 @@ def infer_value_info(graph: gs.Graph) -> dict[str, tuple[int | None, tuple | Non
     contrib = [n for n in model.graph.node if n.domain == "com.microsoft" and n.op_type in _CONTRIB_SAME_SHAPE]
     for _ in range(4):
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+            inferred = onnx_inferred(model)
         except Exception:
             break
         for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
@@ -518,6 +520,7 @@ class RegionAnalysis:
             shape = tuple(m if m is not None else t for m, t in zip(mine, theirs))
         else:
             shape = mine
+        # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops
         from onnxfuse.custom_ops import MAX_RANK
 
         rank = max([len(s) for s in shapes + [shape] if s is not None], default=0)

@@ -24,8 +24,7 @@ from onnxfuse.errors import OnnxfuseError
 from onnxfuse.rewrites.engine.cleanup import cleanup
 from onnxfuse.rewrites.engine.rule import ApplyReport, GraphPass, Refusal, Refuse, Rule, RuleFailed
 from onnxfuse.rewrites.facts.graph import is_alive
-from onnxfuse.rewrites.facts.proven_dims import prove_dims
-from onnxfuse.rewrites.facts.shapes import refresh_shapes
+from onnxfuse.rewrites.facts.inference import reinferred_and_proven
 
 #: Safety net against a rule that keeps matching its own output.
 MAX_PASSES_PER_RULE = 64
@@ -147,8 +146,7 @@ class _Run:
                 break
             self.cleanup()
         if total and rule.makes_shapes_inferable:
-            refresh_shapes(self.graph)
-            prove_dims(self.graph)
+            reinferred_and_proven(self.graph)
         return total, refused
 
     def _first_refusal_of(self, rule: Rule, match) -> bool:

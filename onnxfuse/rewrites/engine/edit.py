@@ -68,6 +68,7 @@ def set_param(graph, node, index: int, values: np.ndarray, role: str = "param") 
     export: the 2.25 GiB benchmark's rewrite peak was 1.47x its weights with all nine folded weights held,
     0.59x through this (docs/large-models.md).
     """
+    # import cycle: importing onnxfuse.model_io imports this module
     from onnxfuse.model_io import store_weight
 
     mode = _place_param(graph, node, index, values, role)

@@ -3,8 +3,11 @@ protobuf layers read, proved once.
 
 * ``constants``: the value a ``Constant`` node writes, one reader for protobuf and graphsurgeon nodes;
 * ``graph``: constants, shapes, dtypes, domains, producers, readers and subgraphs of a graphsurgeon graph;
-* ``shapes``: shape inference again mid-rewrite (``refresh_shapes``, on ``model_io.infer_shapes``, the
-  one ONNX inference entry point), symbols proved equal renamed (``unify_dims``);
+* ``inference``: the one call of ONNX's shape inference (``onnx_inferred``, its options named; under
+  ``model_io.infer_shapes``, the pipeline's), and "infer, then prove" in one step (``inferred_and_proven``,
+  ``reinferred_and_proven``);
+* ``shapes``: shape inference again mid-rewrite (``refresh_shapes``, on ``model_io.infer_shapes``), symbols
+  proved equal renamed (``unify_dims``);
 * size proofs: ``shape_values`` (what a ``Shape`` chain computes, a tensor's length along an axis),
   ``proven_dims`` (the dimensions inference leaves invented, graphsurgeon graphs), ``range_dims``
   (``Range(0, n, 1)``'s length on the protobuf model ``model_io.infer_shapes`` returns), ``row_wise``

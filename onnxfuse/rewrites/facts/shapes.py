@@ -148,6 +148,7 @@ def _identity_stand_ins(work: gs.Graph, declared: set[str]) -> None:
 
 
 def _inferred_shapes(graph: gs.Graph) -> dict[str, list | None]:
+    # import cycle: importing onnxfuse.model_io imports this module
     from onnxfuse.model_io import infer_shapes, proto_graphs
 
     work, _ = weights_as_inputs(graph)

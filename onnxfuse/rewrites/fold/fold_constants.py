@@ -35,7 +35,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.edit import replace_reads
 from onnxfuse.rewrites.engine.rule import GraphPass
 from onnxfuse.rewrites.facts.graph import graphs_within, is_default_domain
-from onnxfuse.rewrites.facts.proven_dims import prove_dims
+from onnxfuse.rewrites.facts.inference import inferred_and_proven
 from onnxfuse.rewrites.facts.shape_values import shape_value
 from onnxfuse.rewrites.facts.shapes import weights_as_inputs
 from onnxfuse.rewrites.fold import SIZE_LIMIT
@@ -57,6 +57,7 @@ def _quiet_graphsurgeon():
 
 
 def _ort_severity(level: int) -> None:
+    # start-up: the command line starts (and --help runs) without onnxfuse.ort_runtime
     from onnxfuse.ort_runtime import import_onnxruntime
 
     try:
@@ -67,6 +68,7 @@ def _ort_severity(level: int) -> None:
 
 def folded_copy(graph: gs.Graph) -> gs.Graph | None:
     """A folded copy of ``graph``, or None when folding removes no computing node."""
+    # import cycle: importing onnxfuse.model_io imports this module
     from onnxfuse.model_io import infer_shapes
 
     before = _count_compute_nodes(graph)
@@ -106,9 +108,7 @@ def folded_copy(graph: gs.Graph) -> gs.Graph | None:
     if folded is None or _count_compute_nodes(folded) >= before:
         return None
     # Re-import from a fully inferred model, so later rules see shapes on every tensor.
-    model = infer_shapes(gs.export_onnx(folded, do_type_check=False))
-    result = gs.import_onnx(model)
-    prove_dims(result)
+    result = inferred_and_proven(gs.export_onnx(folded, do_type_check=False))
     return _with_large_constants(result, graph, stand_ins)
 
 
