@@ -37,6 +37,14 @@ def test_loop_output_of_unknown_shape_feeding_a_fused_region():
     assert check_seed(60, "cuda") == ("ok", "cuda")
 
 
+def test_elementwise_op_of_a_loop_output_feeding_a_fused_region():
+    # Found by the fuzz (seed 2819): Abs of a Loop's output, whose shape ONNX's inference knew and ONNX
+    # Runtime's did not, fused into a FusedElementwise that declared itself a scalar before a ReduceMax:
+    # unloadable. A tensor computed from a Loop, Scan or If output by elementwise ops is now refused
+    # as an input of unknown rank.
+    assert check_seed(2819, "cuda") == ("ok", "cuda")
+
+
 @pytest.mark.parametrize("seed, target", [
     (894, "cuda"),     # phantom readers left by a dead If blocked a BatchNorm fold until a second run
     (2762, "onnx"),    # the same, another target

@@ -331,6 +331,9 @@ def lower_node(node, graph, dtype_of) -> Lowering:
 
 _CANDIDATES = None
 
+#: Ops whose outputs' shapes come from a subgraph (see RegionAnalysis._runtime_shape_unknown).
+_CONTROL_FLOW = frozenset({"Loop", "Scan", "If"})
+
 
 def candidate_ops() -> frozenset:
     global _CANDIDATES
@@ -452,6 +455,22 @@ class RegionAnalysis:
             return "unknown"
         return onnx.TensorProto.DataType.Name(elem).lower()
 
+    def _runtime_shape_unknown(self, t) -> bool:
+        """``t`` comes from a Loop, Scan or If output through elementwise ops only (the ops this module
+        can lower, each computing its output's shape from its inputs'): ONNX's inference may know its
+        shape from the subgraph while ONNX Runtime's leaves it unknown, which a custom op is told as rank
+        0. Memoized per tensor name."""
+        memo = self.__dict__.setdefault("_runtime_unknown", {})
+        if t.name in memo:
+            return memo[t.name]
+        memo[t.name] = False  # a cycle (none in a valid graph) stops here
+        source = t.inputs[0] if t.inputs else None
+        found = source is not None and (source.op in _CONTROL_FLOW or (
+            source.op in candidate_ops() and any(
+                self._runtime_shape_unknown(x) for x in source.inputs if x.name and not const_value(x)[1])))
+        memo[t.name] = found
+        return found
+
     def shape_of(self, t):
         if t.name in self.shapes:
             return self.shapes[t.name]
@@ -477,10 +496,12 @@ class RegionAnalysis:
             raise Refused(Refuse("all inputs are constant (constant folding, not fusion)", node))
         shapes = [self.shape_of(t) for t in low.operands]
         for t, shape, (_, is_const) in zip(low.operands, shapes, consts):
-            if shape is None and not is_const:
+            if not is_const and (shape is None or self._runtime_shape_unknown(t)):
                 # ONNX Runtime hands a custom op's shape inference an input of unknown shape as rank 0,
                 # the same as a scalar: the fused op would then declare a wrong rank (a Loop output
-                # fused before a Gather made the model unloadable, fuzz seed 60).
+                # fused before a Gather made the model unloadable, fuzz seed 60; Abs of a Loop output
+                # before a ReduceMax, seed 2819, where ONNX's inference knew the shape and ONNX
+                # Runtime's did not).
                 raise Refused(Refuse(f"input {t.name!r} has an unknown rank (the fused op's shape inference would "
                                      "take it for a scalar)", node))
         # Scalar constants fold into the program unless they would raise the op's rank.
