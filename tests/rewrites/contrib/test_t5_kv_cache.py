@@ -1,0 +1,107 @@
+"""optimum's T5 decoders with their KV cache (issue 31 item 2): ``optimum-cli export onnx --task
+text2text-generation-with-past`` of a tiny random T5 (testdata ``optimum_t5_decoder[_with_past]``,
+``export_optimum.py --t5``; transformers 4.57, torch's legacy exporter at opset 18).
+
+* ``optimum_t5_decoder`` (the first step) returns the head-split keys and values of every attention as
+  ``present`` outputs, so the splits stay (contrib-attention's ``heads.shared_splits``) and
+  MultiHeadAttention reads q, k and v as their [B, ·, E] projections: self-attention and the
+  cross-attention over ``encoder_hidden_states``;
+* ``optimum_t5_decoder_with_past`` (every later step): the self-attention's K and V are ``Concat(past,
+  new)`` (the ``present`` outputs) and the cross-attention's are the cached encoder keys and values, a
+  graph input; the op reads both as given [B, H, L, D] heads (float32 too: ``policy``'s cache heads).
+
+T5 has no 1/√d scale (``scale`` = 1) and adds its relative position bias plus the causal/padding mask,
+one tensor, which becomes ``attention_bias``. The outputs match the original on ONNX Runtime CPU and the
+original evaluated in float64 by onnx's reference evaluator, on inputs with padded encoder rows: decode
+(one new token, 6 cached), several new tokens over a cache, and the first step."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import onnxfuse
+from helpers import load_testdata, run_float64, run_ort
+from test_attention_exports import run_optimized
+
+LAYERS, HEADS, HEAD_SIZE, HIDDEN = 2, 4, 16, 64
+#: float32 fused against the original on ONNX Runtime, and against the float64 evaluation
+RTOL = ATOL = 1e-4
+
+
+def _encoder_mask(batch, length):
+    """Encoder padding: row 0 right-padded (its last 3 positions), row 1 left-padded (its first 2)."""
+    mask = np.ones((batch, length), np.int64)
+    mask[0, length - 3:] = 0
+    mask[1, :2] = 0
+    return mask
+
+
+def _feeds(rng, batch, new, past, source, with_past):
+    feeds = {"encoder_attention_mask": _encoder_mask(batch, source),
+             "input_ids": rng.integers(0, 128, (batch, new)).astype(np.int64)}
+    if not with_past:
+        feeds["encoder_hidden_states"] = rng.standard_normal((batch, source, HIDDEN)).astype(np.float32)
+        return feeds
+    for i in range(LAYERS):
+        for side, length in (("decoder", past), ("encoder", source)):
+            for kv in ("key", "value"):
+                feeds[f"past_key_values.{i}.{side}.{kv}"] = rng.standard_normal(
+                    (batch, HEADS, length, HEAD_SIZE)).astype(np.float32)
+    return feeds
+
+
+#: (testdata name, [(batch, new tokens, cached tokens, encoder length)])
+MODELS = {"optimum_t5_decoder": [(2, 5, 0, 7), (3, 1, 0, 4)],
+          "optimum_t5_decoder_with_past": [(3, 1, 6, 7), (2, 3, 4, 5), (2, 1, 1, 3)]}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def optimized(request):
+    name = request.param
+    model = load_testdata(name)
+    return name, model, onnxfuse.optimize(model, provider="cpu", samples=2)
+
+
+def test_every_t5_attention_is_one_multihead_attention(optimized):
+    name, model, result = optimized
+    assert result.validation.passed, result.validation
+    before = Counter(n.op_type for n in model.graph.node)
+    ops = Counter(n.op_type for n in result.model.graph.node)
+    assert before["Softmax"] == 2 * LAYERS
+    assert ops["MultiHeadAttention"] == 2 * LAYERS and ops["Softmax"] == 0, (ops, result.unfused)
+    assert not [r for r in result.applied.refusals if r.rule == "contrib-attention"]
+    for node in result.model.graph.node:
+        if node.op_type == "MultiHeadAttention":
+            attrs = {a.name: a for a in node.attribute}
+            assert attrs["num_heads"].i == HEADS and attrs["scale"].f == 1.0  # T5 does not scale its scores
+            assert len(node.input) == 6 and node.input[5], "the position bias + mask is the attention_bias"
+    if name.endswith("with_past"):  # the cache Concats stay: they are the present outputs the op reads
+        assert ops["Concat"] >= 2 * LAYERS
+
+
+def test_t5_decoder_outputs_equal_the_original_and_a_float64_reference(optimized):
+    name, model, result = optimized
+    rng = np.random.default_rng(312)
+    for batch, new, past, source in MODELS[name]:
+        feeds = _feeds(rng, batch, new, past, source, name.endswith("with_past"))
+        want, exact = run_ort(model, feeds), run_float64(model, feeds)
+        got = dict(zip(want, run_optimized(result.model, feeds)))
+        where = f"{name} at batch {batch}, {new} new, {past} cached, {source} encoder positions"
+        for out, value in want.items():
+            np.testing.assert_allclose(got[out], value, rtol=RTOL, atol=ATOL, err_msg=f"{out}, {where}")
+            np.testing.assert_allclose(got[out], exact[out], rtol=RTOL, atol=ATOL, err_msg=f"{out}, {where}, float64")
+
+
+def test_the_encoder_padding_reaches_the_logits():
+    """The test above can fail: the padded encoder positions change the logits (the cross-attention's
+    mask is live), and the cached self-attention keys do too."""
+    model = load_testdata("optimum_t5_decoder_with_past")
+    feeds = _feeds(np.random.default_rng(5), 3, 1, 6, 7, True)
+    base = run_ort(model, feeds)["logits"]
+    unpadded = run_ort(model, {**feeds, "encoder_attention_mask": np.ones_like(feeds["encoder_attention_mask"])})
+    assert np.abs(unpadded["logits"][:2] - base[:2]).max() > 1e-2
+    other = dict(feeds, **{"past_key_values.0.decoder.key": feeds["past_key_values.0.decoder.key"][::-1].copy()})
+    assert np.abs(run_ort(model, other)["logits"] - base).max() > 1e-2
