@@ -43,6 +43,10 @@ decoders; the first two are kept (the third, ``decoder_model_merged``, holds bot
   new ones by ``Concat`` along the sequence axis (outputs ``present.N.decoder.*``), and
   ``past_key_values.N.encoder.{key,value}`` read directly as the cross-attention's K and V.
 
+``--bart`` writes ``optimum_bart_decoder[_with_past].onnx`` the same way from a seeded
+``BartForConditionalGeneration`` of the same sizes (learned positions up to 64, GELU, ``init_std`` 0.1),
+the same inputs and outputs; its q projection is scaled by 1/√16 and its projections have biases.
+
 T5 scales no score by 1/√d and adds, before the Softmax, its relative position bias (computed in the
 first layer, reused by the second) plus the causal-and-padding mask (self-attention) or the encoder
 padding mask (cross-attention): ``(1 - m)·finfo(float32).min`` terms.
@@ -106,16 +110,30 @@ def build_t5(folder: Path, seed: int) -> None:
     T5ForConditionalGeneration(config).eval().save_pretrained(folder)
 
 
-def export_t5(out_folder: Path, seed: int) -> None:
+def build_bart(folder: Path, seed: int) -> None:
+    """A tiny random BART saved as a transformers folder: T5's sizes, ``init_std`` 0.1 (5x the default,
+    so that the attention weights differ from uniform)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = BartConfig(vocab_size=128, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                        max_position_embeddings=64, init_std=0.1, dropout=0.0, attention_dropout=0.0,
+                        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    BartForConditionalGeneration(config).eval().save_pretrained(folder)
+
+
+def export_seq2seq(out_folder: Path, seed: int, kind: str) -> None:
+    """optimum's first-step and with-past decoders of the tiny ``kind`` ("t5" or "bart")."""
     from optimum.exporters.onnx import main_export
 
     with tempfile.TemporaryDirectory() as tmp:
-        source, folder = Path(tmp) / "tiny-t5", Path(tmp) / "onnx"
-        build_t5(source, seed)
+        source, folder = Path(tmp) / f"tiny-{kind}", Path(tmp) / "onnx"
+        (build_t5 if kind == "t5" else build_bart)(source, seed)
         main_export(str(source), folder, task="text2text-generation-with-past", device="cpu",
                     library_name="transformers")
-        for exported, name in (("decoder_model.onnx", "optimum_t5_decoder.onnx"),
-                               ("decoder_with_past_model.onnx", "optimum_t5_decoder_with_past.onnx")):
+        for exported, name in (("decoder_model.onnx", f"optimum_{kind}_decoder.onnx"),
+                               ("decoder_with_past_model.onnx", f"optimum_{kind}_decoder_with_past.onnx")):
             out = out_folder / name
             model = onnx.load(str(folder / exported))
             onnx.checker.check_model(model)
@@ -128,8 +146,13 @@ def main() -> None:
     ap.add_argument("--folder", type=Path, default=Path(__file__).resolve().parent)
     ap.add_argument("--seed", type=int, default=31)
     ap.add_argument("--t5", action="store_true", help="export the tiny T5 decoders instead of the Llama")
+    ap.add_argument("--bart", action="store_true", help="export the tiny BART decoders instead of the Llama")
     args = ap.parse_args()
-    (export_t5 if args.t5 else export)(args.folder, args.seed)
+    if args.t5 or args.bart:
+        for kind in ("t5",) * args.t5 + ("bart",) * args.bart:
+            export_seq2seq(args.folder, args.seed, kind)
+    else:
+        export(args.folder, args.seed)
 
 
 if __name__ == "__main__":

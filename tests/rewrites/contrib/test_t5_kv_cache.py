@@ -1,6 +1,6 @@
-"""optimum's T5 decoders with their KV cache (issue 31 item 2): ``optimum-cli export onnx --task
-text2text-generation-with-past`` of a tiny random T5 (testdata ``optimum_t5_decoder[_with_past]``,
-``export_optimum.py --t5``; transformers 4.57, torch's legacy exporter at opset 18).
+"""optimum's T5 and BART decoders with their KV cache (issue 31 item 2): ``optimum-cli export onnx --task
+text2text-generation-with-past`` of a tiny random T5 and BART (testdata ``optimum_{t5,bart}_decoder[_with_past]``,
+``export_optimum.py --t5 --bart``; transformers 4.57, torch's legacy exporter at opset 18).
 
 * ``optimum_t5_decoder`` (the first step) returns the head-split keys and values of every attention as
   ``present`` outputs, so the splits stay (contrib-attention's ``heads.shared_splits``) and
@@ -11,7 +11,8 @@ text2text-generation-with-past`` of a tiny random T5 (testdata ``optimum_t5_deco
   graph input; the op reads both as given [B, H, L, D] heads (float32 too: ``policy``'s cache heads).
 
 T5 has no 1/√d scale (``scale`` = 1) and adds its relative position bias plus the causal/padding mask,
-one tensor, which becomes ``attention_bias``. The outputs match the original on ONNX Runtime CPU and the
+one tensor, which becomes ``attention_bias``; BART scales q by 1/√16 and adds only the mask, and its
+projection biases stay where a kept split reads them. The outputs match the original on ONNX Runtime CPU and the
 original evaluated in float64 by onnx's reference evaluator, on inputs with padded encoder rows: decode
 (one new token, 6 cached), several new tokens over a cache, and the first step."""
 
@@ -53,9 +54,11 @@ def _feeds(rng, batch, new, past, source, with_past):
     return feeds
 
 
-#: (testdata name, [(batch, new tokens, cached tokens, encoder length)])
-MODELS = {"optimum_t5_decoder": [(2, 5, 0, 7), (3, 1, 0, 4)],
-          "optimum_t5_decoder_with_past": [(3, 1, 6, 7), (2, 3, 4, 5), (2, 1, 1, 3)]}
+FIRST_STEP = [(2, 5, 0, 7), (3, 1, 0, 4)]  # (batch, new tokens, cached tokens, encoder length)
+LATER_STEPS = [(3, 1, 6, 7), (2, 3, 4, 5), (2, 1, 1, 3)]
+#: testdata name: (the steps it is run at, MultiHeadAttention's scale: T5 none, BART 1/√16 on q)
+MODELS = {"optimum_t5_decoder": (FIRST_STEP, 1.0), "optimum_t5_decoder_with_past": (LATER_STEPS, 1.0),
+          "optimum_bart_decoder": (FIRST_STEP, 0.25), "optimum_bart_decoder_with_past": (LATER_STEPS, 0.25)}
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -76,8 +79,8 @@ def test_every_t5_attention_is_one_multihead_attention(optimized):
     for node in result.model.graph.node:
         if node.op_type == "MultiHeadAttention":
             attrs = {a.name: a for a in node.attribute}
-            assert attrs["num_heads"].i == HEADS and attrs["scale"].f == 1.0  # T5 does not scale its scores
-            assert len(node.input) == 6 and node.input[5], "the position bias + mask is the attention_bias"
+            assert attrs["num_heads"].i == HEADS and attrs["scale"].f == MODELS[name][1]
+            assert len(node.input) == 6 and node.input[5], "the (position bias +) mask is the attention_bias"
     if name.endswith("with_past"):  # the cache Concats stay: they are the present outputs the op reads
         assert ops["Concat"] >= 2 * LAYERS
 
@@ -85,7 +88,7 @@ def test_every_t5_attention_is_one_multihead_attention(optimized):
 def test_t5_decoder_outputs_equal_the_original_and_a_float64_reference(optimized):
     name, model, result = optimized
     rng = np.random.default_rng(312)
-    for batch, new, past, source in MODELS[name]:
+    for batch, new, past, source in MODELS[name][0]:
         feeds = _feeds(rng, batch, new, past, source, name.endswith("with_past"))
         want, exact = run_ort(model, feeds), run_float64(model, feeds)
         got = dict(zip(want, run_optimized(result.model, feeds)))
@@ -95,10 +98,11 @@ def test_t5_decoder_outputs_equal_the_original_and_a_float64_reference(optimized
             np.testing.assert_allclose(got[out], exact[out], rtol=RTOL, atol=ATOL, err_msg=f"{out}, {where}, float64")
 
 
-def test_the_encoder_padding_reaches_the_logits():
+@pytest.mark.parametrize("name", ["optimum_t5_decoder_with_past", "optimum_bart_decoder_with_past"])
+def test_the_encoder_padding_reaches_the_logits(name):
     """The test above can fail: the padded encoder positions change the logits (the cross-attention's
     mask is live), and the cached self-attention keys do too."""
-    model = load_testdata("optimum_t5_decoder_with_past")
+    model = load_testdata(name)
     feeds = _feeds(np.random.default_rng(5), 3, 1, 6, 7, True)
     base = run_ort(model, feeds)["logits"]
     unpadded = run_ort(model, {**feeds, "encoder_attention_mask": np.ones_like(feeds["encoder_attention_mask"])})

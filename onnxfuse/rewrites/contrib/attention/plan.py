@@ -119,9 +119,10 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                       and dims_equal(tail[1], sequence_of(graph, k_source, k.layout)))
     scale = float(np.prod(factors)) if factors else 1.0
     biases = None
+    # splits kept for other readers read the projections: neither packed nor their biases folded
     packed = None if given or kept else packed_projections(graph, (q_source, k_source, v_source), q.heads * q.size,
-                                                   dtype)
-    if packed is None and q.layout == BATCH_FIRST and not given:
+                                                           dtype)
+    if packed is None and q.layout == BATCH_FIRST and not given and not kept:
         biases = fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
     key_mask = None
     fp16_fill = any(not t.absorbing for t in terms)  # a float16 masked_fill with finfo(float16).min
