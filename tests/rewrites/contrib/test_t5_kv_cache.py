@@ -21,7 +21,9 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper, numpy_helper
 
 import onnxfuse
 from helpers import load_testdata, run_float64, run_ort
@@ -109,3 +111,37 @@ def test_the_encoder_padding_reaches_the_logits(name):
     assert np.abs(unpadded["logits"][:2] - base[:2]).max() > 1e-2
     other = dict(feeds, **{"past_key_values.0.decoder.key": feeds["past_key_values.0.decoder.key"][::-1].copy()})
     assert np.abs(run_ort(model, other)["logits"] - base).max() > 1e-2
+
+
+def _with_scaled_query_read(model):
+    """``model`` with layer 0's self-attention query scaled before its head split (``q_proj(x)·2``, as
+    Whisper scales it) and the split's Reshape also a graph output: the split must stay, but it reads the
+    scaled projection, which the fused op would take the scale out of."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    prefix = "/decoder/block.0/layer.0/SelfAttention/"
+    split = next(n for n in graph.node if n.name == prefix + "Reshape")
+    graph.initializer.append(numpy_helper.from_array(np.array(2.0, np.float32), "query_scale"))
+    scaled = helper.make_node("Mul", [split.input[0], "query_scale"], ["query_scaled"], name="query_scale_mul")
+    graph.node.insert(list(graph.node).index(split), scaled)
+    split.input[0] = "query_scaled"
+    graph.output.append(helper.make_tensor_value_info(split.output[0], onnx.TensorProto.FLOAT, None))
+    return out
+
+
+def test_a_kept_split_that_reads_a_removed_scale_keeps_the_refusal():
+    """The split nodes kept for another reader must not read anything the rewrite removes: there the
+    attention stays unfused with the pattern's own reason, and the model is still right."""
+    model = _with_scaled_query_read(load_testdata("optimum_t5_decoder"))
+    result = onnxfuse.optimize(model, provider="cpu", samples=2)
+    assert result.validation.passed
+    ops = Counter(n.op_type for n in result.model.graph.node)
+    assert ops["MultiHeadAttention"] == 2 * LAYERS - 1 and ops["Softmax"] == 1
+    reasons = {r.reason for r in result.applied.refusals
+               if r.rule == "contrib-attention" and r.node == "/decoder/block.0/layer.0/SelfAttention/Softmax"}
+    assert any("is also a graph output" in reason for reason in reasons), reasons
+    feeds = _feeds(np.random.default_rng(3), 2, 4, 0, 5, False)
+    want = run_ort(model, feeds)
+    for (out, value), got in zip(want.items(), run_optimized(result.model, feeds)):
+        np.testing.assert_allclose(got, value, rtol=RTOL, atol=ATOL, err_msg=out)
