@@ -26,6 +26,30 @@ to ``[B, 1, S, past + S]`` and cut to the key's length by a ``Slice`` whose end 
 the Softmax. The float16 export computes the masked scores, the Softmax and P·V in float32 (torch's
 symbolic casts the float16 scores and values up to the float32 mask constants' type) and keeps the
 residual stream after the attention in float32.
+
+``--t5`` writes instead ``optimum_t5_decoder.onnx`` and ``optimum_t5_decoder_with_past.onnx`` (float32),
+the exports behind tests/rewrites/contrib/test_t5_kv_cache.py (issue 31 item 2), with the same versions:
+``optimum-cli export onnx --task text2text-generation-with-past`` of a seeded ``T5ForConditionalGeneration``
+(vocabulary 128, d_model 64, d_ff 128, 2 encoder and 2 decoder layers, 4 heads of 16, 8 relative-position
+buckets up to distance 16, ReLU feed-forward, T5's tied embeddings). optimum writes three
+decoders; the first two are kept (the third, ``decoder_model_merged``, holds both in an ``If``):
+
+    python testdata/export_optimum.py --t5
+
+* ``decoder_model`` (the first step): inputs ``encoder_attention_mask``, ``input_ids``,
+  ``encoder_hidden_states``; outputs ``logits`` and ``present.N.{decoder,encoder}.{key,value}``, the
+  keys and values it computed, [B, 4, ·, 16]: the head-split K and V of every attention are also outputs;
+* ``decoder_with_past_model`` (every later step): ``past_key_values.N.decoder.{key,value}`` joined to the
+  new ones by ``Concat`` along the sequence axis (outputs ``present.N.decoder.*``), and
+  ``past_key_values.N.encoder.{key,value}`` read directly as the cross-attention's K and V.
+
+``--bart`` writes ``optimum_bart_decoder[_with_past].onnx`` the same way from a seeded
+``BartForConditionalGeneration`` of the same sizes (learned positions up to 64, GELU, ``init_std`` 0.1),
+the same inputs and outputs; its q projection is scaled by 1/√16 and its projections have biases.
+
+T5 scales no score by 1/√d and adds, before the Softmax, its relative position bias (computed in the
+first layer, reused by the second) plus the causal-and-padding mask (self-attention) or the encoder
+padding mask (cross-attention): ``(1 - m)·finfo(float32).min`` terms.
 """
 
 from __future__ import annotations
@@ -74,12 +98,61 @@ def export(out_folder: Path, seed: int) -> None:
             print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(model.graph.node)} nodes)")
 
 
+def build_t5(folder: Path, seed: int) -> None:
+    """A tiny random T5 saved as a transformers folder (config and safetensors weights)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+                      num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                      feed_forward_proj="relu", dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
+                      decoder_start_token_id=0)
+    T5ForConditionalGeneration(config).eval().save_pretrained(folder)
+
+
+def build_bart(folder: Path, seed: int) -> None:
+    """A tiny random BART saved as a transformers folder: T5's sizes, ``init_std`` 0.1 (5x the default,
+    so that the attention weights differ from uniform)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = BartConfig(vocab_size=128, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                        max_position_embeddings=64, init_std=0.1, dropout=0.0, attention_dropout=0.0,
+                        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    BartForConditionalGeneration(config).eval().save_pretrained(folder)
+
+
+def export_seq2seq(out_folder: Path, seed: int, kind: str) -> None:
+    """optimum's first-step and with-past decoders of the tiny ``kind`` ("t5" or "bart")."""
+    from optimum.exporters.onnx import main_export
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source, folder = Path(tmp) / f"tiny-{kind}", Path(tmp) / "onnx"
+        (build_t5 if kind == "t5" else build_bart)(source, seed)
+        main_export(str(source), folder, task="text2text-generation-with-past", device="cpu",
+                    library_name="transformers")
+        for exported, name in (("decoder_model.onnx", f"optimum_{kind}_decoder.onnx"),
+                               ("decoder_with_past_model.onnx", f"optimum_{kind}_decoder_with_past.onnx")):
+            out = out_folder / name
+            model = onnx.load(str(folder / exported))
+            onnx.checker.check_model(model)
+            onnx.save(model, str(out))
+            print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(model.graph.node)} nodes)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--folder", type=Path, default=Path(__file__).resolve().parent)
     ap.add_argument("--seed", type=int, default=31)
+    ap.add_argument("--t5", action="store_true", help="export the tiny T5 decoders instead of the Llama")
+    ap.add_argument("--bart", action="store_true", help="export the tiny BART decoders instead of the Llama")
     args = ap.parse_args()
-    export(args.folder, args.seed)
+    if args.t5 or args.bart:
+        for kind in ("t5",) * args.t5 + ("bart",) * args.bart:
+            export_seq2seq(args.folder, args.seed, kind)
+    else:
+        export(args.folder, args.seed)
 
 
 if __name__ == "__main__":

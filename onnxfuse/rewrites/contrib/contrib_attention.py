@@ -34,7 +34,8 @@ it proves and why:
 pattern missing or shaped otherwise (a Transpose with another perm, a Reshape target that is not
 constant, not [·,·,H,D] or [S,-1,D] / [-1,H,S,D], changing the batch or sequence dimension, two -1
 entries); q, k, v of different heads or layouts; an intermediate read outside the pattern (other than
-the Shape reads of :mod:`~.attention.shape_reads`) or a graph output; element types other than float32/float16 or mixed; a mask
+the Shape reads of :mod:`~.attention.shape_reads`, and head splits that stay for their other readers:
+:func:`~.attention.heads.shared_splits`, T5's and BART's ``present`` outputs) or a graph output; element types other than float32/float16 or mixed; a mask
 of another element type or rank unknown or above 4; a mask Add whose both operands come from a MatMul;
 a Where that does not select between the scores and a scalar fill, with a condition not bool of known
 rank ≤ 4, or with a fill that is not absorbing; a scale after a mask step or not a finite non-zero

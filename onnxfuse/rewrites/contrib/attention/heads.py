@@ -46,7 +46,7 @@ from onnxfuse.rewrites.contrib.attention.layout import (
     copies_dim,
 )
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import constant_value, consumers, is_op, perm_of, producer_of, shape_of
+from onnxfuse.rewrites.facts.graph import constant_value, consumers, is_graph_output, is_op, perm_of, producer_of, shape_of
 
 @dataclass
 class Head:
@@ -239,3 +239,26 @@ def _given_kv(q, k, v, k_heads, v_heads):
     if k_given is None:
         return Refuse(f"{why}; taken as given heads, but Kᵀ is made in one step from [B, S, E] (no [B, H, L, D] key to read)")
     return q, k_given, v_given
+
+
+def shared_splits(graph, heads, nodes, merge_r) -> set:
+    """The ids of the head-splitting nodes of ``heads`` (q, k, v split batch-first) that must stay in the
+    graph because something outside the attention (``nodes`` and the merging ``merge_r``) reads them, or
+    they are graph outputs: each such node and every split node between it and the source it cuts.
+
+    A T5 or BART decoder's first step (optimum's ``decoder_model``) returns its keys and values as
+    ``present`` outputs: ``Transpose(perm=[0, 2, 1, 3])`` of the very Reshape whose ``Transpose(perm=[0, 2,
+    3, 1])`` makes Kᵀ. The fused op reads k and v as their [B, L, E] sources, so the split the outputs
+    need stays (it computes what it computed) and only the nodes the attention alone read are removed;
+    the caller checks again that nothing removed is read outside."""
+    inside = {id(n) for n in nodes} | {id(merge_r)}
+    kept = set()
+    for head in heads:
+        if head.layout != BATCH_FIRST:
+            continue
+        for i, node in enumerate(head.nodes):  # from the attention's side towards the source
+            if any(is_graph_output(graph, out) or any(id(c) not in inside for c in out.outputs)
+                   for out in node.outputs):
+                kept.update(id(n) for n in head.nodes[i:])
+                break
+    return kept

@@ -27,6 +27,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.facts import strip_scale
+from onnxfuse.rewrites.contrib.attention.heads import shared_splits
 from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask, keep_mask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, SEQ_FIRST, batch_of, sequence_of
 from onnxfuse.rewrites.contrib.attention.masks import FP16_MIN
@@ -98,14 +99,16 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     types = {dtype_of(graph, t) for t in (q_source, k_source, v_source)}
     if types != {dtype}:
         return Refuse("Q, K, V and the scores have different element types")
-    shape_reads = []
+    shape_reads, kept = [], set()
     problem = internal_problem(graph, nodes + [merge_r], merge_r)
     if problem:
-        if shape_reads_of is None:
-            return problem
-        shape_reads = shape_reads_of()
+        shape_reads = shape_reads_of() if shape_reads_of is not None else None
         if shape_reads is None:
-            return problem
+            kept = shared_splits(graph, (q, k, v), nodes, merge_r)
+            nodes = [n for n in nodes if id(n) not in kept]
+            if not kept or internal_problem(graph, nodes + [merge_r], merge_r):
+                return problem
+            shape_reads = []
     mask_rank, tail_known = 0, False
     if len(terms) == 1 and terms[0].kind == "add":
         m_shape = shape_of(graph, terms[0].mask)
@@ -116,9 +119,10 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                       and dims_equal(tail[1], sequence_of(graph, k_source, k.layout)))
     scale = float(np.prod(factors)) if factors else 1.0
     biases = None
-    packed = None if given else packed_projections(graph, (q_source, k_source, v_source), q.heads * q.size,
-                                                   dtype)
-    if packed is None and q.layout == BATCH_FIRST and not given:
+    # splits kept for other readers read the projections: neither packed nor their biases folded
+    packed = None if given or kept else packed_projections(graph, (q_source, k_source, v_source), q.heads * q.size,
+                                                           dtype)
+    if packed is None and q.layout == BATCH_FIRST and not given and not kept:
         biases = fold_biases(graph, (q_source, k_source, v_source), q.heads * q.size, dtype)
     key_mask = None
     fp16_fill = any(not t.absorbing for t in terms)  # a float16 masked_fill with finfo(float16).min
@@ -150,7 +154,7 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     # k's layout is q's unless k is given (then packed is None: no all-keys mask either way)
     verdict = speed_policy(graph, dtype=dtype, layout=k.layout if given else q.layout, key=k_source,
                            packed=packed is not None, key_mask=key_mask is not None and not keep_as_bias,
-                           masked=bool(terms))
+                           masked=bool(terms), cache_heads=given and q.layout == BATCH_FIRST)
     if isinstance(verdict, Refuse):
         return verdict
     if island and terms and key_mask is None:

@@ -40,7 +40,7 @@ def long_keys(graph, key, layout) -> bool:
     return isinstance(length, int) and length >= FP32_LONG_KEYS
 
 
-def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> Refuse | None:
+def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool, cache_heads: bool = False) -> Refuse | None:
     """Why fusing this attention would make the model slower on the GPU (measured), or None.
 
     Float16 always fuses: every fp16 row gained (BERT-base 1.68-1.70×, ViT-B/16 1.40-1.65×, Whisper-base
@@ -55,10 +55,18 @@ def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool) -> Refuse | N
       from, and only its output is transposed back;
     * a key length known to be >= :data:`FP32_LONG_KEYS`, where ONNX Runtime picks its memory-efficient
       kernel unless the mask is raw.
+
+    Given heads are refused in float32 only where the query is given too (rotated: Llama, Qwen2, Mistral,
+    the exports that measurement was of). ``cache_heads``: the query was split from [B, S, E] and only
+    key and value are given, because they are a KV cache (T5's and BART's cross-attention over the cached
+    encoder keys and values, a graph input) or joined to one (``Concat(past, new)``, self-attention with
+    past). Those fuse in float32 too: **not measured** on a GPU yet (issue 31 item 2 asked for them fused;
+    the measurement above was of rotated, repeated heads at prefill), and the cross-attention's heads have
+    no other layout the op could read without transposing the whole cache back.
     """
     if dtype != np.float32 or raw_mask:
         return None
-    if layout == GIVEN:
+    if layout == GIVEN and not cache_heads:
         return Refuse("float32 attention over given (rotated or repeated) heads is left unfused: MultiHeadAttention "
                       "with [B, H, L, D] key and value measured 0.82-1.04x the decomposed graph in float32 "
                       "(benchmarks/gqa_attention.py, H100), 1.4-2.7x in float16: a float16 export (model.half()) fuses it")
@@ -105,13 +113,15 @@ class Verdict:
     all_keys_mask: bool = False
 
 
-def speed_policy(graph, *, dtype, layout, key, packed: bool, key_mask: bool, masked: bool) -> Verdict | Refuse:
+def speed_policy(graph, *, dtype, layout, key, packed: bool, key_mask: bool, masked: bool,
+                 cache_heads: bool = False) -> Verdict | Refuse:
     """Whether this attention, once proved exact, fuses: a ``Refuse`` with the measured reason it would
     be slower (:func:`slower_than_unfused`), or a :class:`Verdict`. ``layout``: how the op reads ``key``;
     ``packed``: q, k, v go into ``Attention``; ``key_mask``: the mask is a raw keep mask; ``masked``:
-    there are mask steps. The packed op with a raw mask (a keep mask, or none) avoids both slow cases."""
+    there are mask steps; ``cache_heads``: only key and value are given heads (a KV cache,
+    :func:`slower_than_unfused`). The packed op with a raw mask (a keep mask, or none) avoids both slow cases."""
     raw_mask = packed and (key_mask or not masked)
-    slower = slower_than_unfused(graph, dtype, layout, key, raw_mask)
+    slower = slower_than_unfused(graph, dtype, layout, key, raw_mask, cache_heads)
     if slower:
         return slower
     return Verdict(all_keys_mask=raw_mask and not key_mask and dtype == np.dtype(np.float32)
