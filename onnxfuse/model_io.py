@@ -655,6 +655,19 @@ def proto_graphs(graph: onnx.GraphProto):
                     yield from proto_graphs(g)
 
 
+def names_defined_twice(graph: onnx.GraphProto) -> bool:
+    """Some tensor name is written by nodes of two different graphs of ``graph`` (itself and its
+    subgraphs): legal in ONNX (each subgraph is its own scope), and it confuses name-keyed analyses
+    that span scopes (:func:`_infer`)."""
+    seen: dict[str, int] = {}
+    for k, g in enumerate(proto_graphs(graph)):
+        for node in g.node:
+            for name in node.output:
+                if name and seen.setdefault(name, k) != k:
+                    return True
+    return False
+
+
 def _node_domains(graph: onnx.GraphProto) -> set[str]:
     return {node.domain or "" for g in proto_graphs(graph) for node in g.node}
 
@@ -789,12 +802,19 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference in memory, on the skeleton: a large in-memory model is made lazy first (its
     weights to the spill file), so what is serialized for ONNX is kilobytes, never the weights.
     ``Range(0, n, 1)`` with n a dimension gets that dimension as its length
-    (:func:`onnxfuse.rewrites.facts.range_dims.range_lengths`), which ONNX's inference does not derive."""
+    (:func:`onnxfuse.rewrites.facts.range_dims.range_lengths`), which ONNX's inference does not derive.
+
+    Data propagation (shape values through ``Shape``/``Gather``/``Concat``) is left out where two graphs
+    of the model (the main graph, If branches, loop bodies) write a tensor of the same name: ONNX keeps
+    the propagated values by name across subgraphs, so one branch's values land on the other's tensor.
+    Measured on optimum's merged T5 decoder (an If of the two decoders, tensor names shared): a
+    ``[4]`` shape vector was declared ``[unk, decoder_sequence_length, 64]`` in the other branch, and
+    ONNX Runtime refused the whole model ("Incompatible dimensions") though nothing was rewritten."""
     try:
         if not lw.has_lazy(model) and (lw.payload_bytes(model) >= lw.LAZY_MODEL_BYTES
                                        or lw.size_bound(model) >= _EXTERNAL_THRESHOLD):
             model = make_lazy(model)
-        inferred = onnx_inferred(model, data_prop=True)
+        inferred = onnx_inferred(model, data_prop=not names_defined_twice(model.graph))
         range_lengths(inferred)  # a Range's proved length, where inference left a fresh symbol
         return inferred
     except (ResourceError, ModelSaveError):

@@ -32,7 +32,8 @@ the exports behind tests/rewrites/contrib/test_t5_kv_cache.py (issue 31 item 2),
 ``optimum-cli export onnx --task text2text-generation-with-past`` of a seeded ``T5ForConditionalGeneration``
 (vocabulary 128, d_model 64, d_ff 128, 2 encoder and 2 decoder layers, 4 heads of 16, 8 relative-position
 buckets up to distance 16, ReLU feed-forward, T5's tied embeddings). optimum writes three
-decoders; the first two are kept (the third, ``decoder_model_merged``, holds both in an ``If``):
+decoders; all three are kept for T5 (the third, ``optimum_t5_decoder_merged.onnx``, holds both in an
+``If`` whose branches write tensors of the same names), the first two for BART:
 
     python testdata/export_optimum.py --t5
 
@@ -132,8 +133,11 @@ def export_seq2seq(out_folder: Path, seed: int, kind: str) -> None:
         (build_t5 if kind == "t5" else build_bart)(source, seed)
         main_export(str(source), folder, task="text2text-generation-with-past", device="cpu",
                     library_name="transformers")
-        for exported, name in (("decoder_model.onnx", f"optimum_{kind}_decoder.onnx"),
-                               ("decoder_with_past_model.onnx", f"optimum_{kind}_decoder_with_past.onnx")):
+        kept = [("decoder_model.onnx", f"optimum_{kind}_decoder.onnx"),
+                ("decoder_with_past_model.onnx", f"optimum_{kind}_decoder_with_past.onnx")]
+        if kind == "t5":  # both in an If, tensor names shared by the branches (tests/test_subgraph_names.py)
+            kept.append(("decoder_model_merged.onnx", "optimum_t5_decoder_merged.onnx"))
+        for exported, name in kept:
             out = out_folder / name
             model = onnx.load(str(folder / exported))
             onnx.checker.check_model(model)
