@@ -459,17 +459,30 @@ class RegionAnalysis:
         """``t`` comes from a Loop, Scan or If output through elementwise ops only (the ops this module
         can lower, each computing its output's shape from its inputs'): ONNX's inference may know its
         shape from the subgraph while ONNX Runtime's leaves it unknown, which a custom op is told as rank
-        0. Memoized per tensor name."""
+        0. Memoized per tensor name; walked with a stack, not recursion (a residual stream of Adds runs
+        through a whole network)."""
         memo = self.__dict__.setdefault("_runtime_unknown", {})
-        if t.name in memo:
-            return memo[t.name]
-        memo[t.name] = False  # a cycle (none in a valid graph) stops here
-        source = t.inputs[0] if t.inputs else None
-        found = source is not None and (source.op in _CONTROL_FLOW or (
-            source.op in candidate_ops() and any(
-                self._runtime_shape_unknown(x) for x in source.inputs if x.name and not const_value(x)[1])))
-        memo[t.name] = found
-        return found
+        stack, open_names = [t], set()
+        while stack:
+            cur = stack[-1]
+            if cur.name in memo:
+                stack.pop()
+                continue
+            source = cur.inputs[0] if cur.inputs else None
+            if source is None or source.op in _CONTROL_FLOW or source.op not in candidate_ops():
+                memo[cur.name] = source is not None and source.op in _CONTROL_FLOW
+                stack.pop()
+                continue
+            data = [x for x in source.inputs if x.name and not const_value(x)[1]]
+            pending = [x for x in data if x.name not in memo and x.name not in open_names]
+            if pending and cur.name not in open_names:
+                open_names.add(cur.name)
+                stack.extend(pending)
+                continue
+            memo[cur.name] = any(memo.get(x.name, False) for x in data)
+            open_names.discard(cur.name)
+            stack.pop()
+        return memo[t.name]
 
     def shape_of(self, t):
         if t.name in self.shapes:
