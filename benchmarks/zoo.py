@@ -11,7 +11,8 @@ For each model (random weights; nothing is downloaded):
    model under ONNX Runtime ``ORT_ENABLE_ALL`` (IOBinding on the GPU, interleaved rounds), PyTorch eager,
    and ``torch.compile`` (CUDA graphs: ``mode="reduce-overhead"``); failures are recorded, not fatal;
 4. an fp16 variant (the module in ``.half()`` with fp32 inputs/outputs cast inside the graph), original
-   and optimized, timed, with its drift against the fp32 model's outputs;
+   and optimized, timed, with its drift against the fp32 model's outputs, and (``--torch compile``)
+   torch.compile of that same ``.half()`` module (the "Against torch.compile" table);
 5. transformer rows (BERT-base, ViT-B/16, GPT-2 small without KV cache, a Whisper-base encoder), fp32 and
    fp16: two more columns, timed in the same rounds: onnxfuse with the opt-in ``contrib-attention`` rule,
    and the anchor, ONNX Runtime's transformers optimizer (``optimize_model`` given the model type, head
