@@ -159,9 +159,7 @@ def _nearest_resize_scales(graph, node) -> tuple[int, np.ndarray] | None:
         allowed = _RESIZE_PER_AXIS.get(name, ())
         value = value.decode() if isinstance(value, bytes) else value
         if allowed is not None and value not in allowed:
-            return None
-    if node.attrs.get("mode", "nearest") not in ("nearest", b"nearest"):
-        return None
+            return None  # mode absent is nearest, ONNX's default
     for index in (3, 2):  # sizes win when both are given (ONNX: exactly one may be)
         if len(node.inputs) > index and node.inputs[index].name:
             value = constant_value(graph, node.inputs[index])

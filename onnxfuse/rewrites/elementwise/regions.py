@@ -411,6 +411,7 @@ class RegionAnalysis:
         self.shapes: dict[str, tuple | None] = {}
         self.lowered: dict[int, Lowering] = {}
         self.refused: dict[int, Refuse] = {}
+        self.runtime_unknown: dict[str, bool] = {}  # _runtime_shape_unknown's answers, by tensor name
         self.shape_derived = _shape_derived_tensors(self.nodes)
         cands = candidate_ops()
         left_to_ort = decomposed_layernorm_nodes(graph)
@@ -461,7 +462,7 @@ class RegionAnalysis:
         shape from the subgraph while ONNX Runtime's leaves it unknown, which a custom op is told as rank
         0. Memoized per tensor name; walked with a stack, not recursion (a residual stream of Adds runs
         through a whole network)."""
-        memo = self.__dict__.setdefault("_runtime_unknown", {})
+        memo = self.runtime_unknown
         stack, open_names = [t], set()
         while stack:
             cur = stack[-1]

@@ -37,17 +37,27 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import new_constant, unique_name
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.facts.graph import constant_value, is_graph_output, is_op, opset_of, producer_of, rank_of, shape_of
+from onnxfuse.rewrites.facts.graph import constant_value, is_graph_output, is_op, opset_of, producer_of, rank_of
+from onnxfuse.rewrites.facts.shape_values import axis_length
 
 
 def _axis(graph, node, tensor) -> int | None:
     """``node``'s axis attribute as a non-negative axis of ``tensor`` (None when negative and the rank
     is unknown)."""
-    axis = int(node.attrs.get("axis", 0))
+    return _nonnegative(graph, int(node.attrs.get("axis", 0)), tensor)
+
+
+def _nonnegative(graph, axis: int, tensor) -> int | None:
     if axis >= 0:
         return axis
     rank = rank_of(graph, tensor)
     return None if rank is None else axis + rank
+
+
+def _static_length(graph, tensor, axis: int) -> int | None:
+    """``tensor``'s length along ``axis`` when proved to be a number (:func:`axis_length`)."""
+    length = axis_length(graph, tensor, axis)
+    return int(length) if isinstance(length, (int, np.integer)) else None
 
 
 def _slice_part(graph, tensor) -> tuple[Any, int, int, int] | None:
@@ -61,21 +71,10 @@ def _slice_part(graph, tensor) -> tuple[Any, int, int, int] | None:
                                                               int(values[3].reshape(-1)[0]) != 1):
         return None
     start, end, axis = (int(v.reshape(-1)[0]) for v in values[:3])
-    source = node.inputs[0]
-    rank = rank_of(graph, source)
-    if axis < 0:
-        if rank is None:
-            return None
-        axis += rank
-    if start < 0:
+    axis = _nonnegative(graph, axis, node.inputs[0])
+    if axis is None or start < 0:
         return None
-    return source, axis, start, end
-
-
-def _axis_length(graph, tensor, axis: int) -> int | None:
-    shape = shape_of(graph, tensor)
-    length = None if shape is None or axis >= len(shape) else shape[axis]
-    return int(length) if isinstance(length, (int, np.integer)) else None
+    return node.inputs[0], axis, start, end
 
 
 def _slice_run(graph, inputs, i: int, axis: int) -> int:
@@ -84,7 +83,7 @@ def _slice_run(graph, inputs, i: int, axis: int) -> int:
     if first is None or first[1] != axis or first[2] != 0:
         return 0
     source, _, _, end = first
-    length = _axis_length(graph, source, axis)
+    length = _static_length(graph, source, axis)
     count = 1
     while True:
         if end >= (length if length is not None else 2**31 - 1):
@@ -133,13 +132,12 @@ def _part_bounds(graph, split) -> list[tuple[int, int]] | None:
     elif "split" in split.attrs:
         sizes = [int(v) for v in split.attrs["split"]]
     else:
-        shape = shape_of(graph, split.inputs[0])
         axis = _axis(graph, split, split.inputs[0])
-        length = None if shape is None or axis is None or axis >= len(shape) else shape[axis]
-        if not isinstance(length, (int, np.integer)):
+        length = None if axis is None else _static_length(graph, split.inputs[0], axis)
+        if length is None:
             return None
-        step = -(-int(length) // count)  # ONNX: equal parts, the last one the remainder
-        sizes = [min(step, max(0, int(length) - k * step)) for k in range(count)]
+        step = -(-length // count)  # ONNX: equal parts, the last one the remainder
+        sizes = [min(step, max(0, length - k * step)) for k in range(count)]
     if sizes is None or len(sizes) != count:
         return None
     ends = np.cumsum(sizes).tolist()

@@ -46,7 +46,7 @@ from onnxfuse.rewrites.contrib.attention.layout import (
     copies_dim,
 )
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import constant_value, consumers, is_graph_output, is_op, perm_of, producer_of, shape_of
+from onnxfuse.rewrites.facts.graph import constant_value, consumers, is_op, only_read_by, perm_of, producer_of, shape_of
 
 @dataclass
 class Head:
@@ -251,14 +251,13 @@ def shared_splits(graph, heads, nodes, merge_r) -> set:
     3, 1])`` makes Kᵀ. The fused op reads k and v as their [B, L, E] sources, so the split the outputs
     need stays (it computes what it computed) and only the nodes the attention alone read are removed;
     the caller checks again that nothing removed is read outside."""
-    inside = {id(n) for n in nodes} | {id(merge_r)}
+    inside = [*nodes, merge_r]
     kept = set()
     for head in heads:
         if head.layout != BATCH_FIRST:
             continue
         for i, node in enumerate(head.nodes):  # from the attention's side towards the source
-            if any(is_graph_output(graph, out) or any(id(c) not in inside for c in out.outputs)
-                   for out in node.outputs):
+            if any(only_read_by(graph, out, inside) for out in node.outputs):
                 kept.update(id(n) for n in head.nodes[i:])
                 break
     return kept
