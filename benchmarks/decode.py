@@ -105,6 +105,9 @@ def options(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--with-rules", default="",
                    help="opt-in rules (comma list): a fourth column, onnxfuse's output with them besides the defaults")
+    p.add_argument("--extras-unvalidated", action="store_true",
+                   help="optimize the --with-rules column without validation (a rule whose op serves only some "
+                        "shapes, e.g. contrib-kv-cache-attention: timed at the cells it serves)")
     p.add_argument("--no-profile", action="store_true", help="skip the per-model profile (kernels per token)")
     p.add_argument("--cache", type=Path, default=None,
                    help="keep the export and onnxfuse's output (and its report) here, and reuse them when present "
@@ -141,15 +144,16 @@ def export_original(shape: str, opset: int, seed: int, folder: Path):
     return onnx.load(str(path))
 
 
-def optimize(model, device: str, with_rules: list[str] | None = None) -> tuple[object, dict]:
-    """onnxfuse's output of ``model`` (validation on) and what to report about it; ``with_rules``: opt-in
-    rules to run besides the default ones."""
+def optimize(model, device: str, with_rules: list[str] | None = None, validate: bool = True) -> tuple[object, dict]:
+    """onnxfuse's output of ``model`` (validation on unless ``validate`` is false) and what to report about
+    it; ``with_rules``: opt-in rules to run besides the default ones."""
     import onnxfuse
     from onnxfuse.errors import ValidationFailed
     only = [f"+{r}" for r in with_rules] if with_rules else None  # the defaults plus these opt-in rules
     t0 = time.perf_counter()
     try:
-        res, verdict = onnxfuse.optimize(model, target="cuda", validate=True, provider=device, only=only), "passed"
+        res = onnxfuse.optimize(model, target="cuda", validate=validate, provider=device, only=only)
+        verdict = "passed" if validate else "off (--extras-unvalidated)"
     except ValidationFailed as exc:  # still timed: the table marks it
         res, verdict = exc.report, f"FAILED ({exc}; culprit {exc.culprit})"
     fused = {k: v for k, v in res.ops_after.items() if "::" in k}  # com.microsoft and ai.onnxfuse ops
@@ -244,7 +248,7 @@ def time_cell(models: dict, sessions: dict, feeds: dict, cfg, rounds: int, want:
             t.close()
 
 
-def profile_models(models: dict, feeds: dict, cfg) -> dict:
+def profile_models(models: dict, feeds: dict, cfg, sessions: dict | None = None) -> dict:
     from onnxfuse.timing.profile import profile
 
     out = {}
@@ -256,8 +260,52 @@ def profile_models(models: dict, feeds: dict, cfg) -> dict:
                          "top_by_count": [o.to_dict() for o in s.top_by_count(8)]}
         except Exception as exc:  # recorded, never fatal
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        if sessions is not None and cfg.device == "cuda":
+            out[name].update(gpu_kernels(model, feeds[name], cfg, sessions[name], name))
         gc.collect()
     return out
+
+
+def gpu_kernels(model, inputs, cfg, session, name: str, steps: int = 20) -> dict:
+    """Kernels per step and GPU busy time per step, read by CUPTI through torch's profiler around the
+    IOBinding runs of the timing session (onnxruntime-gpu's own trace has no kernel records):
+    ``kernels_per_run`` counts every kernel and memcpy/memset the device ran; ``gpu_busy_ms`` sums their
+    durations. Busy time near the wall time per step: the GPU bounds the step; far below: the host
+    (launches) does. Left out, with the reason, where torch or CUPTI is unavailable."""
+    from onnxfuse.timing.runner import Timer
+
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+    except ImportError as exc:
+        return {"kernels_error": f"torch profiler unavailable: {exc}"}
+    timer = Timer(model, inputs, cfg, name=name, session_factory=lambda *_a, **_k: session)
+    try:
+        timer.warmup(3)
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                timer.run_once()
+            torch.cuda.synchronize()
+        events = [e for e in prof.events() if getattr(e, "device_type", None) is not None
+                  and "cuda" in str(e.device_type).lower()]
+        def took(e):
+            return getattr(e, "device_time", None) or getattr(e, "cuda_time", 0) or 0
+
+        busy_us = sum(took(e) for e in events)
+        by_name: dict[str, list] = {}
+        for e in events:
+            entry = by_name.setdefault(e.name[:90], [0, 0.0])
+            entry[0] += 1
+            entry[1] += took(e)
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:30]
+        return {"kernels_per_run": round(len(events) / steps, 1), "gpu_busy_ms": round(busy_us / steps / 1000.0, 3),
+                "kernels_by_name": [{"name": k, "per_run": round(c / steps, 2), "us_per_run": round(t / steps, 2)}
+                                    for k, (c, t) in top]}
+    except Exception as exc:  # recorded, never fatal
+        return {"kernels_error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        timer.close()
 
 
 # --------------------------------------------------------------------------------------------- report
@@ -291,16 +339,17 @@ def table(report: dict) -> list[str]:
                      f"{_fmt(None if f is None or o is None else o / f, '.2f')}× | "
                      + " | ".join(_fmt(t, ",.0f") for t in tps) + " |"
                      + "".join(f" {_fmt(_ms(row, n))} |" for n in extras))
-    lines += ["", "| model | graph nodes | nodes run on the provider per step | kernels per step |", "|---|---:|---:|---:|"]
+    lines += ["", "| model | graph nodes | nodes run on the provider per step | kernels per step | GPU busy ms per step |",
+              "|---|---:|---:|---:|---:|"]
     prof = report.get("profile") or {}
     provider = "CUDAExecutionProvider" if report["device"] == "cuda" else "CPUExecutionProvider"
     for n in names:
         p = prof.get("models", {}).get(n, {})
         lines.append(f"| {n} | {report['nodes'].get(n, '—')} | {_fmt(p.get('nodes_by_provider', {}).get(provider), ',.0f')} "
-                     f"| {_fmt(p.get('kernels_per_run'), ',.0f')} |")
+                     f"| {_fmt(p.get('kernels_per_run'), ',.0f')} | {_fmt(p.get('gpu_busy_ms'))} |")
     if prof:
         lines.append(f"\nProfile at {prof.get('cell')}: nodes from ONNX Runtime's profiler (after its own fusions); "
-                     "kernels where the trace has GPU kernel records (— otherwise).")
+                     "kernels (with memcpy/memset) and GPU busy time from CUPTI through torch's profiler (— where unavailable).")
     fx = report.get("onnxfuse")
     if fx:
         lines.append(f"\nonnxfuse: {fx['nodes_before']} → {fx['nodes_after']} nodes, validation {fx['validation']}, "
@@ -378,9 +427,10 @@ def main(argv=None) -> int:
     extra = [r for r in args.with_rules.split(",") if r]
     if extra and "onnxfuse" in models:
         name = "onnxfuse+" + "+".join(extra)
-        log(f"optimizing with onnxfuse and {', '.join(extra)} (validation on)")
+        log(f"optimizing with onnxfuse and {', '.join(extra)}")
         try:
-            models[name], report[name] = optimize(models["original"], args.device, extra)
+            models[name], report[name] = optimize(models["original"], args.device, extra,
+                                                  validate=not args.extras_unvalidated)
             log(f"{name}: {report[name]['nodes_after']} nodes, validation {report[name]['validation']}")
         except Exception as exc:
             report["errors"].append(f"{name}: {type(exc).__name__}: {exc}")
@@ -466,7 +516,7 @@ def main(argv=None) -> int:
             log(f"profiling at decode B={batch} P={past}")
             pcfg = BenchConfig(device=args.device, warmup=args.warmup, time_budget_s=None, iterations=10)
             report["profile"] = {"cell": f"decode B={batch} P={past}", "models": profile_models(
-                models, {n: feeds.inputs(m, n, batch, seq, past) for n, m in models.items()}, pcfg)}
+                models, {n: feeds.inputs(m, n, batch, seq, past) for n, m in models.items()}, pcfg, sessions)}
     sessions.clear()
     save(out, report, final=True)
     log(f"wrote {out / 'decode.json'} and {out / 'decode.md'}")

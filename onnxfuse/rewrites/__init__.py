@@ -59,6 +59,7 @@ ORDER = [
     "contrib/contrib-skip-rmsnorm",  # before contrib-rmsnorm, which would take the RMSNorm without its Add
     "contrib/contrib-rmsnorm",
     "contrib/contrib-rotary-embedding",  # after contrib-rmsnorm, whose ReduceMeans would block the opset raise
+    "contrib/contrib-kv-cache-attention",  # opt-in; after contrib-rotary-embedding: it moves the key's RotaryEmbedding onto the op's [B, S, E] input
     "contrib/contrib-fused-matmul-scale",  # before the transpose rule, which also folds into the FusedMatMul it makes
     "contrib/contrib-fused-matmul-transpose",
     "contrib/contrib-fused-conv",  # contrib-bias-softmax is CUDA-only (no CPU kernel): not registered by default

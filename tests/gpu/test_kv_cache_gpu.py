@@ -87,3 +87,34 @@ def test_optimum_float16_export_fuses_and_matches_on_cuda(batch, new, past):
         a, b = want[name].astype(np.float32), got[name].astype(np.float32)
         assert np.isfinite(b).all(), name
         np.testing.assert_allclose(b, a, rtol=2e-2, atol=2e-2 * max(1.0, float(np.abs(a).max())), err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "llama_kv_opset17_fp16", "mistral_kv_opset17_fp16"])
+def test_kv_cache_attention_as_group_query_attention_on_cuda(name):
+    """contrib-kv-cache-attention (opt-in): each layer's attention and cache append is one
+    GroupQueryAttention on CUDA; at prefill (empty cache), decode (one new token, batch 3) and a
+    batch-1 chunk over a cache, logits and presents equal the original's at every real token with a
+    left-padded row; a batch of several new tokens over a cache is what ONNX Runtime refuses (the rule's
+    documented limit), seen here as the error it is."""
+    model = load_testdata(name)
+    result = onnxfuse.optimize(model, validate=False, only=["+contrib-kv-cache-attention"])
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("GroupQueryAttention") == LAYERS and "MultiHeadAttention" not in ops, result.applied.refusals
+    original, optimized = _session(model), _session(result.model, session_options())
+    names = [o.name for o in original.get_outputs()]
+    rng = np.random.default_rng(5)
+    for batch, new, past in ((2, 6, 0), (3, 1, 9), (1, 1, 30), (1, 3, 4)):
+        feeds, real = _feeds(batch, new, past, rng)
+        want = dict(zip(names, original.run(None, feeds)))
+        got = dict(zip(names, optimized.run(None, feeds)))
+        rows = real[:, past:]
+        np.testing.assert_allclose(got["logits"][rows].astype(np.float64), want["logits"][rows].astype(np.float64),
+                                   rtol=2e-2, atol=2e-2, err_msg=f"logits {batch}x{new} past {past}")
+        for out in names[1:]:
+            keep = real[:, None, :, None]
+            np.testing.assert_allclose(np.where(keep, got[out], 0).astype(np.float64),
+                                       np.where(keep, want[out], 0).astype(np.float64), rtol=2e-2, atol=2e-2,
+                                       err_msg=f"{out} {batch}x{new} past {past}")
+    feeds, _ = _feeds(2, 3, 4, rng)
+    with pytest.raises(Exception, match="batch_size must be 1"):
+        optimized.run(None, feeds)

@@ -40,6 +40,7 @@ STR_CHECKS_NOT_ABOUT_REFUSALS = {
     ("engine/cleanup.py", "merge_duplicates"): "dim_param names",
     ("facts/graph.py", "declared_shape"): "dim_param names",
     ("facts/graph.py", "dims_equal"): "dim_param names",
+    ("contrib/contrib_kv_cache_attention.py", "_sequence_lengths"): "dim_param names",
     ("facts/proven_dims.py", "_Pass.dim"): "dim_param names",
     ("facts/proven_dims.py", "_Pass.run"): "dim_param names",
     ("facts/proven_dims.py", "_Pass.sizes"): "dim_param names",

@@ -39,28 +39,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnxfuse.rewrites.contrib.attention.heads import repeated_heads
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import constant_value, is_ms_op, is_op, producer_of, shape_of
-
-
-def _repeated_heads(graph, tensor):
-    """(x [B, H_kv, L, D], n) when ``tensor`` is ``Gather(x, [0]*n + [1]*n + …, axis=1)``, else None."""
-    node = producer_of(tensor)
-    if not is_op(node, "Gather") or int(node.attrs.get("axis", 0)) != 1 or len(node.inputs) != 2:
-        return None
-    index = constant_value(graph, node.inputs[1])
-    shape = shape_of(graph, node.inputs[0])
-    if index is None or index.ndim != 1 or shape is None or len(shape) != 4 or not isinstance(shape[1], int):
-        return None
-    kv_heads = shape[1]
-    if kv_heads <= 0 or index.size % kv_heads or index.size == kv_heads:
-        return None
-    n = index.size // kv_heads
-    if not np.array_equal(index, np.repeat(np.arange(kv_heads), n)):
-        return None
-    return node.inputs[0], n
+from onnxfuse.rewrites.facts.graph import is_ms_op, shape_of
 
 
 class ContribGroupedQueries(ContribRule):
@@ -76,7 +59,7 @@ class ContribGroupedQueries(ContribRule):
         inputs = list(node.inputs) + [gs.Variable.empty()] * (8 - len(node.inputs))
         if any(not t.is_empty() for t in (inputs[3], inputs[4], inputs[6], inputs[7])):
             return Refuse("MultiHeadAttention with a bias, key_padding_mask or past inputs")
-        found_k, found_v = _repeated_heads(graph, inputs[1]), _repeated_heads(graph, inputs[2])
+        found_k, found_v = repeated_heads(graph, inputs[1]), repeated_heads(graph, inputs[2])
         if found_k is None or found_v is None or found_k[1] != found_v[1]:
             return Refuse("key and value are not the same n-fold repeat of [B, H_kv, L, D] heads")
         (k, n), (v, _) = found_k, found_v

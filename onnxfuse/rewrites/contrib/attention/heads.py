@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.facts import strip_scale
@@ -261,3 +262,22 @@ def shared_splits(graph, heads, nodes, merge_r) -> set:
                 kept.update(id(n) for n in head.nodes[i:])
                 break
     return kept
+
+
+def repeated_heads(graph, tensor):
+    """(x [B, H_kv, L, D], n) when ``tensor`` is ``Gather(x, [0]*n + [1]*n + …, axis=1)`` (repeat_kv as
+    repeat-heads-gather leaves it: each key/value head n times, n > 1), else None."""
+    node = producer_of(tensor)
+    if not is_op(node, "Gather") or int(node.attrs.get("axis", 0)) != 1 or len(node.inputs) != 2:
+        return None
+    index = constant_value(graph, node.inputs[1])
+    shape = shape_of(graph, node.inputs[0])
+    if index is None or index.ndim != 1 or shape is None or len(shape) != 4 or not isinstance(shape[1], int):
+        return None
+    kv_heads = shape[1]
+    if kv_heads <= 0 or index.size % kv_heads or index.size == kv_heads:
+        return None
+    n = index.size // kv_heads
+    if not np.array_equal(index, np.repeat(np.arange(kv_heads), n)):
+        return None
+    return node.inputs[0], n

@@ -1,0 +1,273 @@
+"""contrib-kv-cache-attention (opt-in): a KV-cache decoder's attention, MultiHeadAttention over
+``Concat(past, new)`` keys and values, → one GroupQueryAttention that appends to the cache itself.
+
+Why
+---
+contrib-attention fuses a Llama/Qwen2-family decoder's attention core into MultiHeadAttention but leaves
+the cache around it: per layer, for each of k and v, ``Reshape`` [B, S, H_kv·D] → [B, S, H_kv, D],
+``Transpose(0, 2, 1, 3)``, ``Concat(past, ·, axis=2)`` (the ``present`` output) and, for grouped queries,
+``Gather`` repeating each key/value head n = H / H_kv times: 8 nodes beside the attention, 192 on a
+24-layer decoder, where a decode step is launch-bound (docs/benchmarks.md 5.17: 21 nodes per layer
+against onnxruntime-genai's 12). ONNX Runtime's ``GroupQueryAttention`` takes k and v as [B, S, H_kv·D],
+the past cache as [B, H_kv, P, D], writes the present cache itself and reads each key/value head for its
+n query heads without repeating it.
+
+What (exact)
+------------
+``GroupQueryAttention(q, k_rot, v, past_k, past_v, seqlens_k, total_sequence_length,
+attention_bias=M)`` with ``causal = 0``, ``num_heads = H``, ``kv_num_heads = H_kv`` and the
+MultiHeadAttention's ``scale``:
+
+* ``total_sequence_length`` = T = P + S, read as the attention bias's last dimension (MultiHeadAttention's
+  contract: [B or 1, H or 1, S, T]), so every layer shares one computation; ``seqlens_k`` = T − 1 for every
+  batch entry. The op then takes all P past positions of every entry and appends the S new ones after
+  them: ``present = Concat(past, new, axis=2)`` exactly, as the graph computed it, whatever the padding;
+* the mask is the graph's own additive bias M (padding and causality as the export computed them), and
+  ``causal = 0`` adds nothing to it, so each row's softmax is the original's;
+* a rotated key ``RotaryEmbedding(Transpose(Reshape(k)))`` becomes ``RotaryEmbedding(k, num_heads = H_kv)``
+  on the [B, S, H_kv·D] source: the same rotation of each (b, s, head) with the same caches (ONNX's
+  RotaryEmbedding takes both layouts); the op's own rotary (``do_rotary``) is not used: it needs a cache
+  table indexed by position, whose length the graph does not bound.
+
+Pure data movement around the same per-row arithmetic (the kernel may order its sums differently:
+rounding).
+
+Refused
+-------
+* no additive ``attention_bias`` (seqlens_k would have to come from somewhere else), a ``bias`` or
+  ``key_padding_mask`` input, or past inputs of its own;
+* keys and values that are not ``Concat(past [B, H_kv, P, D], Transpose(0, 2, 1, 3)(Reshape(x [B, S,
+  H_kv·D])))`` along the sequence axis (the key possibly rotated), repeated n times or not at all;
+* float32: GroupQueryAttention's CUDA kernels are float16/bfloat16 (a float32 one ran off them,
+  0.5–8 ms per op against 0.07 ms, benchmarks/gqa_kv_cache.py, docs/benchmarks.md 5.17).
+
+**Opt-in**, and why: onnxruntime-gpu 1.31 refuses a batch above 1 with several new tokens over a
+non-empty cache ("batch_size must be 1 when sequence_length > 1 and past context is given"): prefill
+(empty cache) and one token at a time (any batch) run, as in onnxruntime-genai's models, which have the
+same limit; batched chunked prefill does not. ``--only +contrib-kv-cache-attention`` opts in.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx import TensorProto
+
+from onnxfuse.rewrites.contrib.attention.heads import repeated_heads
+from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
+from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (constant_value, dtype_of, int_attr, is_ms_op, is_op, perm_of, producer_of,
+                                           shape_of)
+
+#: Element types GroupQueryAttention's CUDA kernels take.
+GQA_DTYPES = (np.dtype(np.float16),)
+try:  # bfloat16 where numpy knows it (ml_dtypes, shipped with onnx)
+    import ml_dtypes
+
+    GQA_DTYPES += (np.dtype(ml_dtypes.bfloat16),)
+except ImportError:  # an onnx without ml_dtypes: float16 only
+    pass
+
+
+def _heads_of_source(graph, tensor, kv_heads: int, size: int):
+    """x [B, S, H_kv·D] when ``tensor`` is ``Transpose(0, 2, 1, 3)(Reshape(x, [0 or B, 0 or -1 or S,
+    H_kv, D]))`` (H_kv or D may be the one -1: the element count forces it), else None: the heads of x's
+    last axis moved before its sequence axis."""
+    t = producer_of(tensor)
+    if not is_op(t, "Transpose") or perm_of(t) != [0, 2, 1, 3]:
+        return None
+    r = producer_of(t.inputs[0])
+    if not is_op(r, "Reshape") or int_attr(r, "allowzero", 0) != 0:
+        return None
+    target = constant_value(graph, r.inputs[1])
+    source = r.inputs[0]
+    shape = shape_of(graph, source)
+    if target is None or target.shape != (4,) or shape is None or len(shape) != 3 or shape[2] != kv_heads * size:
+        return None
+    b, s, h, d = (int(v) for v in target)
+    if list(target).count(-1) > 1 or b not in (0, shape[0]) or s not in (0, -1, shape[1]):
+        return None
+    if (h, d) not in ((kv_heads, size), (-1, size), (kv_heads, -1)):  # one -1 is forced by H_kv·D = E
+        return None
+    return source
+
+
+def _cache_append(graph, tensor, kv_heads: int, size: int, rotated: bool):
+    """(past, x, rotary node or None) when ``tensor`` is ``Concat(past, new, axis=2)`` with ``new`` the
+    heads of x [B, S, H_kv·D] (``rotated``: through one RotaryEmbedding), else None."""
+    concat = producer_of(tensor)
+    if not is_op(concat, "Concat") or len(concat.inputs) != 2 or int_attr(concat, "axis", 0) not in (2, -2):
+        return None
+    past, new = concat.inputs
+    rotary = None
+    if rotated:
+        rotary = producer_of(new)
+        if not is_op(rotary, "RotaryEmbedding") or rotary.domain not in ("", "ai.onnx") or len(rotary.inputs) != 3:
+            return None  # ONNX's RotaryEmbedding with its caches, no position_ids
+        new = rotary.inputs[0]
+    source = _heads_of_source(graph, new, kv_heads, size)
+    past_shape = shape_of(graph, past)
+    if source is None or past_shape is None or len(past_shape) != 4 or list(past_shape[1:2]) + list(past_shape[3:]) != [kv_heads, size]:
+        return None
+    return past, source, rotary
+
+
+class ContribKvCacheAttention(ContribRule):
+    name = "contrib-kv-cache-attention"
+    description = ("MultiHeadAttention over Concat(past, new) K/V → GroupQueryAttention writing the cache "
+                   "(opt-in: prefill or one token at a time)")
+    opt_in = True
+
+    def match(self, graph):
+        return [n for n in graph.nodes if is_ms_op(n, "MultiHeadAttention")]
+
+    def analyze(self, graph, node):
+        inputs = list(node.inputs) + [gs.Variable.empty()] * (8 - len(node.inputs))
+        if any(not t.is_empty() for t in (inputs[3], inputs[4], inputs[6], inputs[7])):
+            return Refuse("MultiHeadAttention with a bias, key_padding_mask or past inputs")
+        bias = inputs[5]
+        if bias.is_empty():
+            return Refuse("no attention_bias to read the total sequence length from")
+        problem = dtype_problem(dtype_of(graph, node.outputs[0]), GQA_DTYPES, "attention output")
+        if problem:
+            return problem
+        heads = int(node.attrs.get("num_heads", 0))
+        query_shape = shape_of(graph, inputs[0])
+        if query_shape is None or len(query_shape) != 3 or not isinstance(query_shape[2], int) or heads <= 0 \
+                or query_shape[2] % heads:
+            return Refuse("the query is not [B, S, H·D] with H·D known")
+        size = query_shape[2] // heads
+        kv = []
+        for which, tensor in (("key", inputs[1]), ("value", inputs[2])):
+            repeat = repeated_heads(graph, tensor)
+            cache, n = repeat if repeat else (tensor, 1)
+            kv_heads = heads // n
+            if kv_heads * n != heads:
+                return Refuse(f"the {which}'s {n}-fold repeat does not divide {heads} heads")
+            found = _cache_append(graph, cache, kv_heads, size, rotated=which == "key")
+            if found is None and which == "key":
+                found = _cache_append(graph, cache, kv_heads, size, rotated=False)
+            if found is None:
+                return Refuse(f"the {which} is not Concat(past [B, {kv_heads}, P, {size}], heads of [B, S, "
+                              f"{kv_heads * size}]) along the sequence axis")
+            kv.append((cache, kv_heads, *found))
+        if kv[0][1] != kv[1][1]:
+            return Refuse("key and value have different head counts")
+        caches = {id(t) for t in (kv[0][0], kv[1][0], inputs[1], inputs[2])}
+        if _reads_values_of(caches, [inputs[0], bias, kv[0][2], kv[0][3], kv[1][2], kv[1][3]]):
+            return Refuse("the query or mask reads the cache's values (only its shape can be re-derived)")
+        return kv, heads, size, bias
+
+    def apply(self, graph, node, found):
+        kv, heads, size, bias = found
+        (k_cache, kv_heads, past_k, k_source, rotary), (v_cache, _, past_v, v_source, _) = kv
+        names = NameAllocator(graph)
+        base = node.name or "kv_cache_attention"
+        if rotary is not None:  # the same rotation on the [B, S, H_kv·D] source
+            rotated = gs.Variable(names(f"{base}/key_rotated"), dtype=rotary.outputs[0].dtype)
+            attrs = dict(rotary.attrs)
+            attrs["num_heads"] = kv_heads
+            graph.nodes.append(gs.Node("RotaryEmbedding", names(f"{base}/key_rotary"), attrs,
+                                       inputs=[k_source, *rotary.inputs[1:]], outputs=[rotated]))
+            k_source = rotated
+        query = node.inputs[0]
+        for tensor, tensor_heads in ((k_cache, kv_heads), (v_cache, kv_heads), (node.inputs[1], heads),
+                                     (node.inputs[2], heads)):  # the mask's shape reads, made before the op
+            _shape_from_parts(graph, names, tensor, tensor_heads, size, past_k, k_source)
+        seqlens, total = _sequence_lengths(graph, bias, query)
+        for cache in (k_cache, v_cache):  # the op writes the presents: their Concats lose their outputs
+            producer_of(cache).outputs.clear()
+        out = node.outputs[0]
+        attrs = {"num_heads": heads, "kv_num_heads": kv_heads, "causal": 0, 
+                 "scale": float(node.attrs.get("scale", 1.0 / np.sqrt(size)))}  # MultiHeadAttention's default
+        inputs = [query, k_source, v_source, past_k, past_v, seqlens, total,
+                  gs.Variable.empty(), gs.Variable.empty(), gs.Variable.empty(), bias]
+        node.inputs.clear()
+        node.outputs.clear()
+        graph.nodes.append(gs.Node("GroupQueryAttention", names(f"{base}/GroupQueryAttention"), attrs,
+                                   inputs=inputs, outputs=[out, k_cache, v_cache], domain="com.microsoft"))
+        return {"num_heads": heads, "kv_num_heads": kv_heads, "rotary": rotary is not None}
+
+
+def _reads_values_of(caches: set, tensors) -> bool:
+    """Whether any of ``tensors`` depends on a tensor in ``caches`` (ids) other than through a Shape
+    node, which :func:`_shape_from_parts` re-derives (the mask's key length is often read so)."""
+    seen, stack = set(), list(tensors)
+    while stack:
+        tensor = stack.pop()
+        if id(tensor) in caches:
+            return True
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        node = producer_of(tensor)
+        if node is not None and not (is_op(node, "Shape") and id(node.inputs[0]) in caches):
+            stack.extend(node.inputs)
+    return False
+
+
+def _shape_from_parts(graph, names, tensor, heads: int, size: int, past, source) -> None:
+    """Every ``Shape(tensor)``, ``tensor`` a cache [B, H_kv, P + S, D] or its repeat [B, H, P + S, D],
+    reads the same vector made from the past [B, H_kv, P, D] and the new keys [B, S, E] instead: the op
+    that now writes the cache reads the mask, which may have been cut to the key length so."""
+    readers = [n for n in list(tensor.outputs) if is_op(n, "Shape")]
+    if not readers:
+        return
+    base = f"{tensor.name}/shape_from_parts"
+
+    def node(op, inputs, tag, **attrs):
+        out = gs.Variable(names(f"{base}/{tag}"), dtype=np.int64)
+        graph.nodes.append(gs.Node(op, names(f"{base}/{tag}_{op}"), attrs, inputs=inputs, outputs=[out]))
+        return out
+
+    def axis(t, i, tag):
+        return node("Gather", [node("Shape", [t], f"{tag}_shape"),
+                               new_constant(graph, f"{base}/{tag}_axis", np.array([i], np.int64))], tag, axis=0)
+
+    length = node("Add", [axis(past, 2, "past_length"), axis(source, 1, "new_length")], "length")
+    full = node("Concat", [axis(past, 0, "batch"), new_constant(graph, f"{base}/heads", np.array([heads], np.int64)),
+                           length, new_constant(graph, f"{base}/size", np.array([size], np.int64))], "shape", axis=0)
+    for reader in readers:
+        start, end = reader.attrs.get("start"), reader.attrs.get("end")
+        if start is None and end is None:
+            out = full
+        else:
+            out = node("Slice", [full, new_constant(graph, f"{base}/start", np.array([start or 0], np.int64)),
+                                 new_constant(graph, f"{base}/end", np.array([4 if end is None else end], np.int64))],
+                       "shape_part")
+        reader.op, reader.attrs = "Identity", {}
+        reader.inputs[0] = out
+
+
+def _sequence_lengths(graph, bias, query):
+    """(seqlens_k int32 [B], total_sequence_length int32 scalar): T = P + S read from ``bias`` [B or 1, ·,
+    S, T], every entry's last valid position T − 1, B read from ``query`` [B, S, E]. Made once for every
+    layer reading the same mask with a batch of the same name (a named dimension is one value, as
+    :func:`~onnxfuse.rewrites.facts.graph.dims_equal` holds), found again by name: per layer, a Shape →
+    Gather → Expand on the CPU and a copy of seqlens_k to the device would add four steps to each layer
+    of a launch-bound decode step."""
+    query_shape = shape_of(graph, query)
+    batch = query_shape[0] if query_shape else None
+    key = f"{bias.name}/kv_cache/" + (f"batch_{batch}" if isinstance(batch, str) else query.name)
+    known = graph.tensors()
+    if f"{key}/seqlens_k" in known and f"{key}/total_sequence_length" in known:
+        return known[f"{key}/seqlens_k"], known[f"{key}/total_sequence_length"]
+    names = NameAllocator(graph)
+
+    def node(op, inputs, dtype, tag, **attrs):
+        out = gs.Variable(names(f"{key}/{tag}"), dtype=dtype)  # exact names: found again by the next layer
+        graph.nodes.append(gs.Node(op, names(f"{key}/{tag}_{op}"), attrs, inputs=inputs, outputs=[out]))
+        return out
+
+    def pick(tensor, axis, tag):
+        shape = node("Shape", [tensor], np.int64, f"{tag}_shape")
+        return node("Gather", [shape, new_constant(graph, f"{key}/{tag}_axis", np.array([axis], np.int64))],
+                    np.int64, tag, axis=0)
+
+    total = node("Cast", [pick(bias, 3, "total_int64")], np.int32, "total", to=int(TensorProto.INT32))
+    last = node("Sub", [total, new_constant(graph, f"{key}/one", np.array([1], np.int32))], np.int32, "last")
+    seqlens = node("Expand", [last, pick(query, 0, "batch")], np.int32, "seqlens_k")
+    scalar = node("Reshape", [total, new_constant(graph, f"{key}/scalar", np.zeros(0, np.int64))], np.int32,
+                  "total_sequence_length")
+    return seqlens, scalar
