@@ -287,6 +287,27 @@ bool nvrtc_compile(const std::string& source, const std::string& arch, std::stri
   return ok;
 }
 
+// The NVRTC target for a device of compute capability `cc`: CUBIN for the device when NVRTC knows it,
+// else PTX for the newest virtual architecture NVRTC supports that is not newer than the device (the
+// driver JIT-compiles it).
+static std::string target_arch(Nvrtc& nv, int cc) {
+  std::string arch = "sm_" + std::to_string(cc);
+  if (nv.nvrtcGetNumSupportedArchs && nv.nvrtcGetSupportedArchs) {
+    int na = 0;
+    nv.nvrtcGetNumSupportedArchs(&na);
+    std::vector<int> archs(na > 0 ? na : 0);
+    if (na > 0) nv.nvrtcGetSupportedArchs(archs.data());
+    bool known = false;
+    int best = 0;
+    for (int a : archs) {
+      known = known || a == cc;
+      if (a <= cc && a > best) best = a;
+    }
+    if (!known && best > 0) arch = "compute_" + std::to_string(best);
+  }
+  return arch;
+}
+
 struct CudaModule {
   CUmodule module = nullptr;
   CUcontext ctx = nullptr;
@@ -336,22 +357,7 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     *err = nv.error;
     return nullptr;
   }
-  // Pick the target: CUBIN for the device when NVRTC knows it, else PTX for the newest virtual
-  // architecture NVRTC supports that is not newer than the device (the driver JIT-compiles it).
-  std::string arch = "sm_" + std::to_string(cc);
-  if (nv.nvrtcGetNumSupportedArchs && nv.nvrtcGetSupportedArchs) {
-    int na = 0;
-    nv.nvrtcGetNumSupportedArchs(&na);
-    std::vector<int> archs(na > 0 ? na : 0);
-    if (na > 0) nv.nvrtcGetSupportedArchs(archs.data());
-    bool known = false;
-    int best = 0;
-    for (int a : archs) {
-      known = known || a == cc;
-      if (a <= cc && a > best) best = a;
-    }
-    if (!known && best > 0) arch = "compute_" + std::to_string(best);
-  }
+  const std::string arch = target_arch(nv, cc);
   const std::string key = "v" + std::to_string(kKernelCacheVersion) + " " + arch + " nvrtc" + std::to_string(nv.major) + "." +
                           std::to_string(nv.minor) + " " + hash_hex(src.code);
   const std::string mkey = key + " dev" + std::to_string(device);
@@ -576,6 +582,98 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
     for (int j = 0; j < nout_; ++j) pout[j] = static_cast<char*>(out[j]) + o * inner.n * out_bytes_[j];
     if (!launch_one(pin.data(), pout.data(), inner, stream, err)) return false;
     for (int i = outer - 1; i >= 0 && ++coord[i] == L.dims[i]; --i) coord[i] = 0;
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------ fixed kernels
+// A CUDA source that does not depend on a program (AttentionInputs): compiled once per process and
+// device, kept in memory (its compile is a few hundred milliseconds, once).
+struct FixedModule {
+  CUmodule module = nullptr;
+  CUcontext ctx = nullptr;
+  std::vector<CUfunction> fns;
+};
+
+bool fixed_kernels(const std::string& source, const std::vector<std::string>& names, int device,
+                   std::vector<void*>* fns, void** ctx, std::string* err) {
+  Driver& d = driver();
+  if (!d.ok) {
+    *err = d.error;
+    return false;
+  }
+  static auto* cache = new std::map<std::string, std::shared_ptr<FixedModule>>();  // never freed: outlives ORT
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  const std::string key = hash_hex(source) + " dev" + std::to_string(device);
+  auto it = cache->find(key);
+  std::shared_ptr<FixedModule> mod;
+  if (it != cache->end()) {
+    mod = it->second;
+  } else {
+    Nvrtc& nv = nvrtc();
+    if (!nv.ok) {
+      *err = nv.error;
+      return false;
+    }
+    CUdevice dev;
+    CUresult r = d.cuDeviceGet(&dev, device);
+    if (r != 0) {
+      *err = "cuDeviceGet(" + std::to_string(device) + ") failed: " + d.err_str(r);
+      return false;
+    }
+    int maj = 0, min = 0;
+    d.cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    d.cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+    const std::string arch = target_arch(nv, maj * 10 + min);
+    std::string bin, log;
+    auto t0 = std::chrono::steady_clock::now();
+    if (!nvrtc_compile(source, arch, &bin, &log)) {
+      *err = "NVRTC could not compile a fixed kernel:\n" + log;
+      return false;
+    }
+    g_stats.compiles++;
+    g_stats.last_compile_ms = ms_since(t0);
+    g_stats.compile_ms += g_stats.last_compile_ms;
+    mod = std::make_shared<FixedModule>();
+    r = d.cuDevicePrimaryCtxRetain(&mod->ctx, dev);
+    if (r != 0) {
+      *err = "cuDevicePrimaryCtxRetain failed: " + d.err_str(r);
+      return false;
+    }
+    d.cuCtxPushCurrent(mod->ctx);
+    r = d.cuModuleLoadData(&mod->module, bin.data());
+    for (size_t i = 0; r == 0 && i < names.size(); ++i) {
+      CUfunction f = nullptr;
+      r = d.cuModuleGetFunction(&f, mod->module, names[i].c_str());
+      mod->fns.push_back(f);
+    }
+    CUcontext dummy;
+    d.cuCtxPopCurrent(&dummy);
+    if (r != 0) {
+      *err = "loading a fixed kernel failed: " + d.err_str(r) + " (arch " + arch + ")";
+      return false;
+    }
+    (*cache)[key] = mod;
+  }
+  fns->assign(mod->fns.begin(), mod->fns.end());
+  *ctx = mod->ctx;
+  return true;
+}
+
+bool launch_fixed(void* fn, void* ctx, long long blocks, unsigned threads, void* stream, void** args, std::string* err) {
+  Driver& d = driver();
+  if (blocks <= 0) return true;
+  if (blocks > 2147483647ll) {
+    *err = "tensor too large for one launch";
+    return false;
+  }
+  CUcontext cur = nullptr;
+  if (d.cuCtxGetCurrent(&cur) != 0 || cur == nullptr) d.cuCtxSetCurrent(static_cast<CUcontext>(ctx));
+  CUresult r = d.cuLaunchKernel(static_cast<CUfunction>(fn), static_cast<unsigned>(blocks), 1, 1, threads, 1, 1, 0,
+                                static_cast<CUstream>(stream), args, nullptr);
+  if (r != 0) {
+    *err = "cuLaunchKernel failed: " + d.err_str(r);
+    return false;
   }
   return true;
 }

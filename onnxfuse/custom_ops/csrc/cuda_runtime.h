@@ -39,6 +39,14 @@ class CudaKernel {
 // Compiles CUDA source to PTX (arch like "compute_90") or CUBIN ("sm_90") with NVRTC; for tests.
 bool nvrtc_compile(const std::string& source, const std::string& arch, std::string* binary, std::string* log);
 
+// A fixed CUDA source (one that does not depend on a program): compiled with NVRTC once per process and
+// device; *fns gets its kernels in the order of `names`, *ctx the device's primary context. False and
+// *err on failure.
+bool fixed_kernels(const std::string& source, const std::vector<std::string>& names, int device,
+                   std::vector<void*>* fns, void** ctx, std::string* err);
+// Launches `fn` (from fixed_kernels) on `stream` with 1-D blocks of `threads`; `args` as cuLaunchKernel.
+bool launch_fixed(void* fn, void* ctx, long long blocks, unsigned threads, void* stream, void** args, std::string* err);
+
 // JSON with counters: compiles, disk_hits, memory_hits, disk_writes, disk_rejects (entries that
 // failed verification, never loaded), last_disk_reject, disk_refused (why the cache folder was not
 // used, "" if it was), times, last_entry (file name of the last kernel's

@@ -1,5 +1,5 @@
 // ONNX Runtime custom-op library: FusedElementwise (domain ai.onnxfuse, opset 1), with a CPU
-// kernel and a CUDA kernel registered separately. Exported: RegisterCustomOps (for ONNX Runtime)
+// kernel and a CUDA kernel registered separately, and AttentionInputs (attention_inputs.cc). Exported: RegisterCustomOps (for ONNX Runtime)
 // and a few onnxfuse_* C functions for tests and tools (used through ctypes).
 //
 // Nothing may throw across the C boundary (this library carries its own static libstdc++), so
@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_inputs.h"
 #include "broadcast.h"
 #include "cpu_kernel.h"
 #include "cuda_codegen.h"
@@ -591,6 +592,8 @@ OFX_EXPORT onnxfuse_ort::OrtStatus* RegisterCustomOps(onnxfuse_ort::OrtSessionOp
   if (OrtStatus* st = api->CreateCustomOpDomain(kDomain, &domain)) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, cpu_op)) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, cuda_op)) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, attention_inputs_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, attention_inputs_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   return api->AddCustomOpDomain(options, domain);
 }
 

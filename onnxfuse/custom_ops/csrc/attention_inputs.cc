@@ -1,0 +1,509 @@
+// AttentionInputs (domain ai.onnxfuse, opset 1): the inputs of a decoder's cached attention, made in one
+// kernel from the packed q/k/v projection. Why and the maths: onnxfuse/rewrites/contrib/
+// contrib_attention_inputs.py; the contract: docs/custom-ops.md.
+//
+//   inputs   qkv [B, S, (H + 2G)·D], past_key [B, G, P, D], past_value [B, G, P, D],
+//            and with rotary_dim R > 0: cos [B, S, R/2], sin [B, S, R/2]
+//   outputs  query [B, S, H·D] (rotated), present_key [B, G, P + S, D] (the new keys rotated),
+//            present_value [B, G, P + S, D], and optionally key_heads / value_heads [B, H, P + S, D]:
+//            the presents with key/value head g repeated for query heads g·n … g·n + n − 1, n = H / G
+//   attribute spec (string): "num_heads=H kv_num_heads=G head_size=D rotary_dim=R interleaved=0|1"
+//
+// Rotation of one head x (ONNX RotaryEmbedding, opset 23, caches without position ids): for d < R,
+// halves (interleaved=0): y[d] = x[d]·c[d] − x[d + R/2]·s[d] (d < R/2), x[d]·c[d − R/2] + x[d − R/2]·s[d − R/2];
+// pairs (interleaved=1): y[2i] = x[2i]·c[i] − x[2i+1]·s[i], y[2i+1] = x[2i+1]·c[i] + x[2i]·s[i];
+// d >= R: y[d] = x[d]. Computed in float32, rounded once to the tensor type. Everything else is a copy.
+#include "attention_inputs.h"
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda_runtime.h"
+#include "ops.h"
+
+namespace onnxfuse {
+namespace {
+
+using namespace onnxfuse_ort;
+
+const char* kOpName = "AttentionInputs";
+const OrtApi* api = nullptr;
+
+// ONNX TensorProto element types this op takes.
+constexpr int kFloat = 1, kFloat16 = 10, kBFloat16 = 16;
+
+OrtStatus* fail(OrtErrorCode code, const std::string& node, const std::string& msg) {
+  return api->CreateStatus(code, (std::string(kOpName) + " node" + (node.empty() ? "" : " '" + node + "'") + ": " + msg).c_str());
+}
+
+struct Spec {
+  int64_t heads = 0, kv_heads = 0, size = 0, rotary = 0, interleaved = 0;
+};
+
+bool parse_spec(const std::string& text, Spec* s, std::string* err) {
+  std::istringstream in(text);
+  std::string item;
+  bool seen[5] = {};
+  while (in >> item) {
+    size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      *err = "bad spec item '" + item + "'";
+      return false;
+    }
+    std::string key = item.substr(0, eq);
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str() + eq + 1, &end, 10);
+    if (!end || *end || eq + 1 == item.size()) {
+      *err = "bad number in spec item '" + item + "'";
+      return false;
+    }
+    const char* keys[5] = {"num_heads", "kv_num_heads", "head_size", "rotary_dim", "interleaved"};
+    int64_t* slots[5] = {&s->heads, &s->kv_heads, &s->size, &s->rotary, &s->interleaved};
+    int k = 0;
+    while (k < 5 && key != keys[k]) ++k;
+    if (k == 5) {
+      *err = "unknown spec key '" + key + "'";
+      return false;
+    }
+    *slots[k] = v;
+    seen[k] = true;
+  }
+  for (bool b : seen)
+    if (!b) {
+      *err = "spec needs num_heads, kv_num_heads, head_size, rotary_dim and interleaved";
+      return false;
+    }
+  if (s->heads <= 0 || s->kv_heads <= 0 || s->heads % s->kv_heads || s->size <= 0 || s->rotary < 0 ||
+      s->rotary > s->size || s->rotary % 2 || (s->interleaved != 0 && s->interleaved != 1)) {
+    *err = "spec '" + text + "': needs H > 0 divisible by G > 0, D > 0, an even R in [0, D], interleaved 0 or 1";
+    return false;
+  }
+  return true;
+}
+
+std::string node_name(const OrtKernelInfo* info) {
+  size_t size = 0;
+  if (OrtStatus* st = api->KernelInfo_GetNodeName(info, nullptr, &size)) {
+    api->ReleaseStatus(st);
+    return "";
+  }
+  std::string name(size, '\0');
+  if (OrtStatus* st = api->KernelInfo_GetNodeName(info, &name[0], &size)) {
+    api->ReleaseStatus(st);
+    return "";
+  }
+  while (!name.empty() && name.back() == '\0') name.pop_back();
+  return name;
+}
+
+// The shapes of one call, checked against the spec.
+struct Shapes {
+  int64_t B = 0, S = 0, P = 0;
+  int type = 0;
+  int nout = 3;
+  std::vector<const void*> in;
+  std::vector<void*> out;
+};
+
+OrtStatus* input_shape(OrtKernelContext* ctx, size_t i, std::vector<int64_t>* dims, int* type, const void** data) {
+  const OrtValue* v = nullptr;
+  OrtStatus* st;
+  if ((st = api->KernelContext_GetInput(ctx, i, &v))) return st;
+  OrtTensorTypeAndShapeInfo* ti = nullptr;
+  if ((st = api->GetTensorTypeAndShape(v, &ti))) return st;
+  size_t nd = 0;
+  ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  st = api->GetDimensionsCount(ti, &nd);
+  if (!st) {
+    dims->assign(nd, 0);
+    if (nd) st = api->GetDimensions(ti, dims->data(), nd);
+  }
+  if (!st) st = api->GetTensorElementType(ti, &et);
+  api->ReleaseTensorTypeAndShapeInfo(ti);
+  if (st) return st;
+  *type = static_cast<int>(et);
+  void* p = nullptr;
+  if ((st = api->GetTensorMutableData(const_cast<OrtValue*>(v), &p))) return st;
+  *data = p;
+  return nullptr;
+}
+
+OrtStatus* prepare(OrtKernelContext* ctx, const Spec& sp, const std::string& node, Shapes* sh) {
+  size_t nin = 0, nout = 0;
+  OrtStatus* st;
+  if ((st = api->KernelContext_GetInputCount(ctx, &nin))) return st;
+  if ((st = api->KernelContext_GetOutputCount(ctx, &nout))) return st;
+  const size_t want_in = sp.rotary > 0 ? 5 : 3;
+  if (nin != want_in || (nout != 3 && nout != 5))
+    return fail(ORT_INVALID_GRAPH, node, "takes " + std::to_string(want_in) + " inputs (rotary_dim " +
+                                             std::to_string(sp.rotary) + ") and 3 or 5 outputs, got " +
+                                             std::to_string(nin) + " and " + std::to_string(nout));
+  const int64_t H = sp.heads, G = sp.kv_heads, D = sp.size;
+  std::vector<std::vector<int64_t>> dims(nin);
+  std::vector<int> types(nin);
+  sh->in.assign(nin, nullptr);
+  for (size_t i = 0; i < nin; ++i)
+    if ((st = input_shape(ctx, i, &dims[i], &types[i], &sh->in[i]))) return st;
+  auto shape_str = [](const std::vector<int64_t>& d) {
+    std::string s = "[";
+    for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+    return s + "]";
+  };
+  const auto& q = dims[0];
+  if (q.size() != 3 || q[2] != (H + 2 * G) * D)
+    return fail(ORT_INVALID_ARGUMENT, node, "qkv is " + shape_str(q) + ", expected [B, S, " + std::to_string((H + 2 * G) * D) + "]");
+  sh->B = q[0];
+  sh->S = q[1];
+  for (int i = 1; i <= 2; ++i) {
+    const auto& p = dims[i];
+    if (p.size() != 4 || p[0] != sh->B || p[1] != G || p[3] != D || (i == 2 && p[2] != dims[1][2]))
+      return fail(ORT_INVALID_ARGUMENT, node, std::string(i == 1 ? "past_key" : "past_value") + " is " + shape_str(p) +
+                                                  ", expected [" + std::to_string(sh->B) + ", " + std::to_string(G) + ", P, " +
+                                                  std::to_string(D) + "]");
+  }
+  sh->P = dims[1][2];
+  for (size_t i = 3; i < nin; ++i) {
+    const auto& c = dims[i];
+    if (c.size() != 3 || c[0] != sh->B || c[1] != sh->S || c[2] != sp.rotary / 2)
+      return fail(ORT_INVALID_ARGUMENT, node, std::string(i == 3 ? "cos" : "sin") + " is " + shape_str(c) + ", expected [" +
+                                                  std::to_string(sh->B) + ", " + std::to_string(sh->S) + ", " +
+                                                  std::to_string(sp.rotary / 2) + "]");
+  }
+  sh->type = types[0];
+  for (size_t i = 1; i < nin; ++i)
+    if (types[i] != sh->type) return fail(ORT_INVALID_ARGUMENT, node, "every input must have qkv's element type");
+  if (sh->type != kFloat && sh->type != kFloat16 && sh->type != kBFloat16)
+    return fail(ORT_INVALID_ARGUMENT, node, "element type " + std::to_string(sh->type) + ": float, float16 or bfloat16 only");
+  sh->nout = static_cast<int>(nout);
+  const int64_t T = sh->P + sh->S;
+  std::vector<std::vector<int64_t>> out_dims = {{sh->B, sh->S, H * D}, {sh->B, G, T, D}, {sh->B, G, T, D},
+                                                {sh->B, H, T, D}, {sh->B, H, T, D}};
+  sh->out.assign(nout, nullptr);
+  for (size_t j = 0; j < nout; ++j) {
+    OrtValue* v = nullptr;
+    if ((st = api->KernelContext_GetOutput(ctx, j, out_dims[j].data(), 4 - (j == 0), &v))) return st;
+    if ((st = api->GetTensorMutableData(v, &sh->out[j]))) return st;
+  }
+  return nullptr;
+}
+
+// ------------------------------------------------------------------ CPU
+float load(const void* p, int64_t i, int type) {
+  if (type == kFloat) return static_cast<const float*>(p)[i];
+  unsigned short h = static_cast<const unsigned short*>(p)[i];
+  return type == kFloat16 ? ofx_h2f(h) : ofx_bf2f(h);
+}
+void store(void* p, int64_t i, int type, float v) {
+  if (type == kFloat) {
+    static_cast<float*>(p)[i] = v;
+    return;
+  }
+  static_cast<unsigned short*>(p)[i] = type == kFloat16 ? ofx_f2h(v) : ofx_f2bf(v);
+}
+
+// Element d of the head starting at `head` (an element index into qkv), rotated.
+float rotated(const Spec& sp, const Shapes& sh, int64_t head, int64_t row, int64_t d) {
+  const void* x = sh.in[0];
+  const int t = sh.type;
+  if (d >= sp.rotary) return load(x, head + d, t);
+  const int64_t half = sp.rotary / 2;
+  int64_t i, partner;
+  float sign;
+  if (sp.interleaved) {
+    i = d / 2;
+    partner = d % 2 ? d - 1 : d + 1;
+    sign = d % 2 ? 1.f : -1.f;
+  } else {
+    i = d < half ? d : d - half;
+    partner = d < half ? d + half : d - half;
+    sign = d < half ? -1.f : 1.f;
+  }
+  const float c = load(sh.in[3], row * half + i, t), s = load(sh.in[4], row * half + i, t);
+  return load(x, head + d, t) * c + sign * load(x, head + partner, t) * s;
+}
+
+struct CpuAttentionInputs {
+  static const char* provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
+  Spec spec;
+  std::string node;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
+    try {
+      Shapes sh;
+      if (OrtStatus* st = prepare(ctx, spec, node, &sh)) return st;
+      const int64_t B = sh.B, S = sh.S, P = sh.P, T = P + S, H = spec.heads, G = spec.kv_heads, D = spec.size;
+      const int64_t row_len = (H + 2 * G) * D;
+      const int t = sh.type;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t s = 0; s < S; ++s)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t d = 0; d < D; ++d) {
+              const int64_t row = b * S + s;
+              float v = spec.rotary ? rotated(spec, sh, row * row_len + h * D, row, d) : load(sh.in[0], row * row_len + h * D + d, t);
+              store(sh.out[0], (row * H + h) * D + d, t, v);
+            }
+      const size_t esize = t == kFloat ? 4 : 2;
+      for (int kv = 0; kv < 2; ++kv) {
+        const void* past = sh.in[1 + kv];
+        void* present = sh.out[1 + kv];
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t dst = ((b * G + g) * T) * D, src = ((b * G + g) * P) * D;
+            std::memcpy(static_cast<char*>(present) + dst * esize, static_cast<const char*>(past) + src * esize, P * D * esize);
+            for (int64_t s = 0; s < S; ++s) {
+              const int64_t row = b * S + s, head = row * row_len + (H + kv * G + g) * D;
+              for (int64_t d = 0; d < D; ++d) {
+                float v = kv == 0 && spec.rotary ? rotated(spec, sh, head, row, d) : load(sh.in[0], head + d, t);
+                store(present, dst + (P + s) * D + d, t, v);
+              }
+            }
+          }
+        if (sh.nout == 5) {
+          const int64_t n = H / G;
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < H; ++h)
+              std::memcpy(static_cast<char*>(sh.out[3 + kv]) + ((b * H + h) * T * D) * esize,
+                          static_cast<const char*>(present) + ((b * G + h / n) * T * D) * esize, T * D * esize);
+        }
+      }
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(ORT_RUNTIME_EXCEPTION, node, e.what());
+    } catch (...) {
+      return fail(ORT_RUNTIME_EXCEPTION, node, "unknown error");
+    }
+  }
+};
+
+// ------------------------------------------------------------------ CUDA
+// One thread per output element, over the outputs in order (query, present_key, present_value,
+// key_heads, value_heads); three entry points, one per storage type. No includes: NVRTC only.
+const char* kCudaSource = R"CUDA(
+typedef unsigned short u16;
+__device__ __forceinline__ float ld_f32(const void* p, long long i) { return ((const float*)p)[i]; }
+__device__ __forceinline__ void st_f32(void* p, long long i, float v) { ((float*)p)[i] = v; }
+__device__ __forceinline__ float ld_f16(const void* p, long long i) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(((const u16*)p)[i])); return f;
+}
+__device__ __forceinline__ void st_f16(void* p, long long i, float v) {
+  u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v)); ((u16*)p)[i] = h;
+}
+__device__ __forceinline__ float ld_bf16(const void* p, long long i) {
+  return __uint_as_float(((unsigned)((const u16*)p)[i]) << 16);
+}
+__device__ __forceinline__ void st_bf16(void* p, long long i, float v) {
+  unsigned u = __float_as_uint(v);
+  u16 h = (u & 0x7fffffffu) > 0x7f800000u ? (u16)0x7fc0 : (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  ((u16*)p)[i] = h;
+}
+struct Args {
+  const void* qkv; const void* past_k; const void* past_v; const void* cos; const void* sin;
+  void* out[5];
+  long long B, S, P, H, G, D, R, interleaved, nout;
+};
+#define OFX_ATTENTION_INPUTS(NAME, LD, ST)                                                          \
+extern "C" __global__ void NAME(Args a) {                                                           \
+  const long long T = a.P + a.S, row_len = (a.H + 2 * a.G) * a.D, n = a.H / a.G;                    \
+  const long long nq = a.B * a.S * a.H * a.D, np = a.B * a.G * T * a.D, nr = a.B * a.H * T * a.D;   \
+  const long long total = nq + 2 * np + (a.nout == 5 ? 2 * nr : 0);                                 \
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;              \
+       idx += (long long)gridDim.x * blockDim.x) {                                                  \
+    long long o, e, b, s, d, head, col;                                                             \
+    bool rot;                                                                                       \
+    const void* past = 0;                                                                           \
+    if (idx < nq) {                                                                                 \
+      o = 0; e = idx; d = e % a.D; long long h = (e / a.D) % a.H; long long r = e / (a.D * a.H);    \
+      b = r / a.S; s = r % a.S; col = h * a.D; rot = a.R > 0;                                        \
+    } else {                                                                                        \
+      long long k = idx - nq, heads, kv, g;                                                         \
+      if (k < 2 * np) { kv = k / np; e = k % np; o = 1 + kv; heads = a.G; }                         \
+      else { k -= 2 * np; kv = k / nr; e = k % nr; o = 3 + kv; heads = a.H; }                       \
+      d = e % a.D; long long t = (e / a.D) % T; long long hh = (e / (a.D * T)) % heads;             \
+      b = e / (a.D * T * heads); g = heads == a.G ? hh : hh / n;                                    \
+      if (t < a.P) {                                                                                \
+        past = kv ? a.past_v : a.past_k;                                                            \
+        ST(a.out[o], e, LD(past, ((b * a.G + g) * a.P + t) * a.D + d));                             \
+        continue;                                                                                   \
+      }                                                                                             \
+      s = t - a.P; col = (a.H + kv * a.G + g) * a.D; rot = kv == 0 && a.R > 0;                      \
+    }                                                                                               \
+    const long long row = b * a.S + s;                                                              \
+    head = row * row_len + col;                                                                     \
+    float v;                                                                                        \
+    if (!rot || d >= a.R) {                                                                         \
+      v = LD(a.qkv, head + d);                                                                      \
+    } else {                                                                                        \
+      const long long half = a.R / 2;                                                               \
+      long long i, partner; float sign;                                                             \
+      if (a.interleaved) { i = d / 2; partner = d % 2 ? d - 1 : d + 1; sign = d % 2 ? 1.f : -1.f; } \
+      else { i = d < half ? d : d - half; partner = d < half ? d + half : d - half;                 \
+             sign = d < half ? -1.f : 1.f; }                                                        \
+      const float c = LD(a.cos, row * half + i), sn = LD(a.sin, row * half + i);                    \
+      v = LD(a.qkv, head + d) * c + sign * LD(a.qkv, head + partner) * sn;                          \
+    }                                                                                               \
+    ST(a.out[o], e, v);                                                                             \
+  }                                                                                                 \
+}
+OFX_ATTENTION_INPUTS(ofx_attention_inputs_f32, ld_f32, st_f32)
+OFX_ATTENTION_INPUTS(ofx_attention_inputs_f16, ld_f16, st_f16)
+OFX_ATTENTION_INPUTS(ofx_attention_inputs_bf16, ld_bf16, st_bf16)
+)CUDA";
+
+// The kernel's argument block, laid out as `struct Args` above (8-byte fields, no padding).
+struct CudaArgs {
+  const void* qkv;
+  const void* past_k;
+  const void* past_v;
+  const void* cos;
+  const void* sin;
+  void* out[5];
+  long long B, S, P, H, G, D, R, interleaved, nout;
+};
+
+int device_id(const OrtKernelInfo* info) {
+  OrtAllocator* alloc = nullptr;
+  int id = 0;
+  if (OrtStatus* st = api->KernelInfoGetAllocator(info, OrtMemTypeDefault, &alloc)) {
+    api->ReleaseStatus(st);
+    return 0;
+  }
+  const OrtMemoryInfo* mi = nullptr;
+  if (OrtStatus* st = api->AllocatorGetInfo(alloc, &mi)) {
+    api->ReleaseStatus(st);
+  } else if (OrtStatus* st2 = api->MemoryInfoGetId(mi, &id)) {
+    api->ReleaseStatus(st2);
+    id = 0;
+  }
+  api->ReleaseAllocator(alloc);
+  return id;
+}
+
+struct CudaAttentionInputs {
+  static const char* provider(const OrtCustomOp*) { return "CUDAExecutionProvider"; }
+  Spec spec;
+  std::string node;
+  std::vector<void*> fns;  // f32, f16, bf16
+  void* cu_ctx = nullptr;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
+    try {
+      Shapes sh;
+      if (OrtStatus* st = prepare(ctx, spec, node, &sh)) return st;
+      CudaArgs a{};
+      a.qkv = sh.in[0];
+      a.past_k = sh.in[1];
+      a.past_v = sh.in[2];
+      a.cos = sh.in.size() > 3 ? sh.in[3] : nullptr;
+      a.sin = sh.in.size() > 4 ? sh.in[4] : nullptr;
+      for (int j = 0; j < sh.nout; ++j) a.out[j] = sh.out[j];
+      a.B = sh.B, a.S = sh.S, a.P = sh.P, a.H = spec.heads, a.G = spec.kv_heads, a.D = spec.size;
+      a.R = spec.rotary, a.interleaved = spec.interleaved, a.nout = sh.nout;
+      const long long T = a.P + a.S;
+      const long long total = a.B * a.S * a.H * a.D + 2 * a.B * a.G * T * a.D + (a.nout == 5 ? 2 * a.B * a.H * T * a.D : 0);
+      if (total == 0) return nullptr;
+      void* stream = nullptr;
+      if (OrtStatus* st = api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
+      const unsigned threads = 256;
+      long long blocks = (total + threads - 1) / threads;
+      if (blocks > 65535ll * 32) blocks = 65535ll * 32;  // grid-stride loop covers the rest
+      void* fn = fns[sh.type == kFloat ? 0 : sh.type == kFloat16 ? 1 : 2];
+      void* args[] = {&a};
+      std::string err;
+      if (!launch_fixed(fn, cu_ctx, blocks, threads, stream, args, &err)) return fail(ORT_RUNTIME_EXCEPTION, node, err);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(ORT_RUNTIME_EXCEPTION, node, e.what());
+    } catch (...) {
+      return fail(ORT_RUNTIME_EXCEPTION, node, "unknown error");
+    }
+  }
+};
+
+template <class Kernel>
+OrtStatus* load_spec(const OrtKernelInfo* info, Kernel* k) {
+  k->node = node_name(info);
+  size_t size = 0;
+  OrtStatus* st = api->KernelInfoGetAttribute_string(info, "spec", nullptr, &size);
+  if (st) {
+    api->ReleaseStatus(st);
+    return fail(ORT_INVALID_GRAPH, k->node, "missing string attribute 'spec'");
+  }
+  std::string text(size, '\0');
+  if ((st = api->KernelInfoGetAttribute_string(info, "spec", &text[0], &size))) return st;
+  while (!text.empty() && text.back() == '\0') text.pop_back();
+  std::string err;
+  if (!parse_spec(text, &k->spec, &err)) return fail(ORT_INVALID_GRAPH, k->node, err);
+  return nullptr;
+}
+
+OrtStatusPtr create_cpu(const OrtKernelInfo* info, void** out) {
+  std::unique_ptr<CpuAttentionInputs> k(new CpuAttentionInputs());
+  if (OrtStatus* st = load_spec(info, k.get())) return st;
+  *out = k.release();
+  return nullptr;
+}
+
+OrtStatusPtr create_cuda(const OrtKernelInfo* info, void** out) {
+  std::unique_ptr<CudaAttentionInputs> k(new CudaAttentionInputs());
+  if (OrtStatus* st = load_spec(info, k.get())) return st;
+  std::string err;
+  if (!fixed_kernels(kCudaSource, {"ofx_attention_inputs_f32", "ofx_attention_inputs_f16", "ofx_attention_inputs_bf16"},
+                     device_id(info), &k->fns, &k->cu_ctx, &err))
+    return fail(ORT_FAIL, k->node, err);
+  *out = k.release();
+  return nullptr;
+}
+
+template <class Kernel, OrtStatusPtr (*Create)(const OrtKernelInfo*, void**)>
+OrtCustomOp make_attention_inputs_op(uint32_t version) {
+  OrtCustomOp op;
+  std::memset(&op, 0, sizeof(op));
+  op.version = version;
+  op.GetName = [](const OrtCustomOp*) { return kOpName; };
+  op.GetExecutionProviderType = Kernel::provider;
+  op.GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 1; };
+  op.GetInputType = [](const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; };
+  op.GetInputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_VARIADIC; };
+  op.GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
+  op.GetVariadicInputMinArity = [](const OrtCustomOp*) { return 3; };
+  op.GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
+  op.GetOutputTypeCount = [](const OrtCustomOp*) -> size_t { return 1; };
+  op.GetOutputType = [](const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; };
+  op.GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_VARIADIC; };
+  op.GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 3; };
+  op.GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
+  op.CreateKernelV2 = [](const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) -> OrtStatusPtr {
+    try {
+      return Create(info, out);
+    } catch (const std::exception& e) {
+      return fail(ORT_RUNTIME_EXCEPTION, "", e.what());
+    } catch (...) {
+      return fail(ORT_RUNTIME_EXCEPTION, "", "unknown error creating a kernel");
+    }
+  };
+  op.KernelComputeV2 = [](void* kernel, OrtKernelContext* ctx) { return static_cast<Kernel*>(kernel)->ComputeV2(ctx); };
+  op.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
+  op.GetStartVersion = [](const OrtCustomOp*) { return 1; };
+  op.GetEndVersion = [](const OrtCustomOp*) { return 2147483647; };
+  return op;
+}
+
+}  // namespace
+
+const OrtCustomOp* attention_inputs_cpu_op(const OrtApi* ort, uint32_t version) {
+  api = ort;
+  static OrtCustomOp* op = new OrtCustomOp(make_attention_inputs_op<CpuAttentionInputs, create_cpu>(version));
+  return op;
+}
+
+const OrtCustomOp* attention_inputs_cuda_op(const OrtApi* ort, uint32_t version) {
+  api = ort;
+  static OrtCustomOp* op = new OrtCustomOp(make_attention_inputs_op<CudaAttentionInputs, create_cuda>(version));
+  return op;
+}
+
+}  // namespace onnxfuse
