@@ -118,3 +118,33 @@ def test_kv_cache_attention_as_group_query_attention_on_cuda(name):
     feeds, _ = _feeds(2, 3, 4, rng)
     with pytest.raises(Exception, match="batch_size must be 1"):
         optimized.run(None, feeds)
+
+
+@pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "llama_kv_opset17_fp16", "llama_kv_dynamo_fp16"])
+def test_attention_inputs_kernel_on_cuda(name):
+    """contrib-attention-inputs: each layer's Split, rotations, head transposes, cache Concats and
+    repeated heads are one AttentionInputs node whose CUDA kernel (compiled with NVRTC) writes the
+    rotated query, the presents and the repeated heads; validated on CUDA, and at prefill, decode and a
+    batch-2 chunk over a cache the logits and presents equal the original's on CUDA at every real token
+    with a left-padded row."""
+    model = load_testdata(name)
+    result = onnxfuse.optimize(model, provider="cuda", samples=2, bench=False, only=["+contrib-attention-inputs"])
+    assert result.validation.passed and result.validation.provider == "cuda", result.validation
+    ops = [n.op_type for n in result.model.graph.node]
+    assert ops.count("AttentionInputs") == LAYERS and ops.count("MultiHeadAttention") == LAYERS, result.applied.refusals
+    assert "Concat" not in [n.op_type for n in result.model.graph.node if n.output and n.output[0].startswith("present")]
+    original, optimized = _session(model), _session(result.model, session_options())
+    names = [o.name for o in original.get_outputs()]
+    rng = np.random.default_rng(9)
+    for batch, new, past in ((2, 6, 0), (3, 1, 9), (1, 1, 30), (2, 3, 4)):
+        feeds, real = _feeds(batch, new, past, rng)
+        want = dict(zip(names, original.run(None, feeds)))
+        got = dict(zip(names, optimized.run(None, feeds)))
+        rows = real[:, past:]
+        np.testing.assert_allclose(got["logits"][rows].astype(np.float64), want["logits"][rows].astype(np.float64),
+                                   rtol=2e-2, atol=2e-2, err_msg=f"logits {batch}x{new} past {past}")
+        for out in names[1:]:
+            keep = real[:, None, :, None]
+            np.testing.assert_allclose(np.where(keep, got[out], 0).astype(np.float64),
+                                       np.where(keep, want[out], 0).astype(np.float64), rtol=2e-2, atol=2e-2,
+                                       err_msg=f"{out} {batch}x{new} past {past}")

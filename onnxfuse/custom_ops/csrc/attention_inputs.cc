@@ -303,49 +303,58 @@ __device__ __forceinline__ void st_bf16(void* p, long long i, float v) {
 struct Args {
   const void* qkv; const void* past_k; const void* past_v; const void* cos; const void* sin;
   void* out[5];
-  long long B, S, P, H, G, D, R, interleaved, nout;
+  long long B, S, P, H, G, D, R, interleaved, nout, V;
 };
+// One thread per unit of V consecutive elements of an output row (V divides D: a unit never crosses a
+// head's row). A unit copied from the past moves as one 16-byte vector when V > 1 (the host checks the
+// alignment); the units of new rows are computed element by element (rotation).
 #define OFX_ATTENTION_INPUTS(NAME, LD, ST)                                                          \
 extern "C" __global__ void NAME(Args a) {                                                           \
-  const long long T = a.P + a.S, row_len = (a.H + 2 * a.G) * a.D, n = a.H / a.G;                    \
-  const long long nq = a.B * a.S * a.H * a.D, np = a.B * a.G * T * a.D, nr = a.B * a.H * T * a.D;   \
+  const long long T = a.P + a.S, row_len = (a.H + 2 * a.G) * a.D, n = a.H / a.G, V = a.V;           \
+  const long long DV = a.D / V;                                                                     \
+  const long long nq = a.B * a.S * a.H * DV, np = a.B * a.G * T * DV, nr = a.B * a.H * T * DV;      \
   const long long total = nq + 2 * np + (a.nout == 5 ? 2 * nr : 0);                                 \
   for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;              \
        idx += (long long)gridDim.x * blockDim.x) {                                                  \
-    long long o, e, b, s, d, head, col;                                                             \
+    long long o, u, b, s, d0, col;                                                                  \
     bool rot;                                                                                       \
-    const void* past = 0;                                                                           \
     if (idx < nq) {                                                                                 \
-      o = 0; e = idx; d = e % a.D; long long h = (e / a.D) % a.H; long long r = e / (a.D * a.H);    \
+      o = 0; u = idx; d0 = (u % DV) * V; long long h = (u / DV) % a.H; long long r = u / (DV * a.H);\
       b = r / a.S; s = r % a.S; col = h * a.D; rot = a.R > 0;                                        \
     } else {                                                                                        \
       long long k = idx - nq, heads, kv, g;                                                         \
-      if (k < 2 * np) { kv = k / np; e = k % np; o = 1 + kv; heads = a.G; }                         \
-      else { k -= 2 * np; kv = k / nr; e = k % nr; o = 3 + kv; heads = a.H; }                       \
-      d = e % a.D; long long t = (e / a.D) % T; long long hh = (e / (a.D * T)) % heads;             \
-      b = e / (a.D * T * heads); g = heads == a.G ? hh : hh / n;                                    \
+      if (k < 2 * np) { kv = k / np; u = k % np; o = 1 + kv; heads = a.G; }                         \
+      else { k -= 2 * np; kv = k / nr; u = k % nr; o = 3 + kv; heads = a.H; }                      \
+      d0 = (u % DV) * V; long long t = (u / DV) % T; long long hh = (u / (DV * T)) % heads;         \
+      b = u / (DV * T * heads); g = heads == a.G ? hh : hh / n;                                     \
       if (t < a.P) {                                                                                \
-        past = kv ? a.past_v : a.past_k;                                                            \
-        ST(a.out[o], e, LD(past, ((b * a.G + g) * a.P + t) * a.D + d));                             \
+        const void* past = kv ? a.past_v : a.past_k;                                                \
+        const long long src = ((b * a.G + g) * a.P + t) * a.D + d0;                                 \
+        if (V > 1) {                                                                                \
+          ((uint4*)a.out[o])[u] = ((const uint4*)past)[src / V];                                    \
+        } else {                                                                                    \
+          ST(a.out[o], u, LD(past, src));                                                           \
+        }                                                                                           \
         continue;                                                                                   \
       }                                                                                             \
       s = t - a.P; col = (a.H + kv * a.G + g) * a.D; rot = kv == 0 && a.R > 0;                      \
     }                                                                                               \
-    const long long row = b * a.S + s;                                                              \
-    head = row * row_len + col;                                                                     \
-    float v;                                                                                        \
-    if (!rot || d >= a.R) {                                                                         \
-      v = LD(a.qkv, head + d);                                                                      \
-    } else {                                                                                        \
-      const long long half = a.R / 2;                                                               \
-      long long i, partner; float sign;                                                             \
-      if (a.interleaved) { i = d / 2; partner = d % 2 ? d - 1 : d + 1; sign = d % 2 ? 1.f : -1.f; } \
-      else { i = d < half ? d : d - half; partner = d < half ? d + half : d - half;                 \
-             sign = d < half ? -1.f : 1.f; }                                                        \
-      const float c = LD(a.cos, row * half + i), sn = LD(a.sin, row * half + i);                    \
-      v = LD(a.qkv, head + d) * c + sign * LD(a.qkv, head + partner) * sn;                          \
+    const long long row = b * a.S + s, head = row * row_len + col, half = a.R / 2;                  \
+    for (long long j = 0; j < V; ++j) {                                                             \
+      const long long d = d0 + j;                                                                   \
+      float v;                                                                                      \
+      if (!rot || d >= a.R) {                                                                       \
+        v = LD(a.qkv, head + d);                                                                    \
+      } else {                                                                                      \
+        long long i, partner; float sign;                                                           \
+        if (a.interleaved) { i = d / 2; partner = d % 2 ? d - 1 : d + 1; sign = d % 2 ? 1.f : -1.f; } \
+        else { i = d < half ? d : d - half; partner = d < half ? d + half : d - half;               \
+               sign = d < half ? -1.f : 1.f; }                                                      \
+        const float c = LD(a.cos, row * half + i), sn = LD(a.sin, row * half + i);                  \
+        v = LD(a.qkv, head + d) * c + sign * LD(a.qkv, head + partner) * sn;                        \
+      }                                                                                             \
+      ST(a.out[o], u * V + j, v);                                                                   \
     }                                                                                               \
-    ST(a.out[o], e, v);                                                                             \
   }                                                                                                 \
 }
 OFX_ATTENTION_INPUTS(ofx_attention_inputs_f32, ld_f32, st_f32)
@@ -361,7 +370,7 @@ struct CudaArgs {
   const void* cos;
   const void* sin;
   void* out[5];
-  long long B, S, P, H, G, D, R, interleaved, nout;
+  long long B, S, P, H, G, D, R, interleaved, nout, V;
 };
 
 int device_id(const OrtKernelInfo* info) {
@@ -402,8 +411,14 @@ struct CudaAttentionInputs {
       for (int j = 0; j < sh.nout; ++j) a.out[j] = sh.out[j];
       a.B = sh.B, a.S = sh.S, a.P = sh.P, a.H = spec.heads, a.G = spec.kv_heads, a.D = spec.size;
       a.R = spec.rotary, a.interleaved = spec.interleaved, a.nout = sh.nout;
-      const long long T = a.P + a.S;
-      const long long total = a.B * a.S * a.H * a.D + 2 * a.B * a.G * T * a.D + (a.nout == 5 ? 2 * a.B * a.H * T * a.D : 0);
+      // 16-byte units where every row splits into them and every pointer is 16-byte aligned.
+      const long long width = sh.type == kFloat ? 4 : 8;
+      bool aligned = a.D % width == 0;
+      for (const void* ptr : sh.in) aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+      for (void* ptr : sh.out) aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+      a.V = aligned ? width : 1;
+      const long long T = a.P + a.S, DV = a.D / a.V;
+      const long long total = a.B * a.S * a.H * DV + 2 * a.B * a.G * T * DV + (a.nout == 5 ? 2 * a.B * a.H * T * DV : 0);
       if (total == 0) return nullptr;
       void* stream = nullptr;
       if (OrtStatus* st = api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;

@@ -53,12 +53,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
-from onnxfuse.rewrites.contrib.attention.heads import repeated_heads
+from onnxfuse.rewrites.contrib.attention.heads import cache_append, repeated_heads
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import (constant_value, dtype_of, int_attr, is_ms_op, is_op, perm_of, producer_of,
-                                           shape_of)
+from onnxfuse.rewrites.facts.graph import dtype_of, is_ms_op, is_op, producer_of, shape_of
 
 #: Element types GroupQueryAttention's CUDA kernels take.
 GQA_DTYPES = (np.dtype(np.float16),)
@@ -68,49 +67,6 @@ try:  # bfloat16 where numpy knows it (ml_dtypes, shipped with onnx)
     GQA_DTYPES += (np.dtype(ml_dtypes.bfloat16),)
 except ImportError:  # an onnx without ml_dtypes: float16 only
     pass
-
-
-def _heads_of_source(graph, tensor, kv_heads: int, size: int):
-    """x [B, S, H_kv·D] when ``tensor`` is ``Transpose(0, 2, 1, 3)(Reshape(x, [0 or B, 0 or -1 or S,
-    H_kv, D]))`` (H_kv or D may be the one -1: the element count forces it), else None: the heads of x's
-    last axis moved before its sequence axis."""
-    t = producer_of(tensor)
-    if not is_op(t, "Transpose") or perm_of(t) != [0, 2, 1, 3]:
-        return None
-    r = producer_of(t.inputs[0])
-    if not is_op(r, "Reshape") or int_attr(r, "allowzero", 0) != 0:
-        return None
-    target = constant_value(graph, r.inputs[1])
-    source = r.inputs[0]
-    shape = shape_of(graph, source)
-    if target is None or target.shape != (4,) or shape is None or len(shape) != 3 or shape[2] != kv_heads * size:
-        return None
-    b, s, h, d = (int(v) for v in target)
-    if list(target).count(-1) > 1 or b not in (0, shape[0]) or s not in (0, -1, shape[1]):
-        return None
-    if (h, d) not in ((kv_heads, size), (-1, size), (kv_heads, -1)):  # one -1 is forced by H_kv·D = E
-        return None
-    return source
-
-
-def _cache_append(graph, tensor, kv_heads: int, size: int, rotated: bool):
-    """(past, x, rotary node or None) when ``tensor`` is ``Concat(past, new, axis=2)`` with ``new`` the
-    heads of x [B, S, H_kv·D] (``rotated``: through one RotaryEmbedding), else None."""
-    concat = producer_of(tensor)
-    if not is_op(concat, "Concat") or len(concat.inputs) != 2 or int_attr(concat, "axis", 0) not in (2, -2):
-        return None
-    past, new = concat.inputs
-    rotary = None
-    if rotated:
-        rotary = producer_of(new)
-        if not is_op(rotary, "RotaryEmbedding") or rotary.domain not in ("", "ai.onnx") or len(rotary.inputs) != 3:
-            return None  # ONNX's RotaryEmbedding with its caches, no position_ids
-        new = rotary.inputs[0]
-    source = _heads_of_source(graph, new, kv_heads, size)
-    past_shape = shape_of(graph, past)
-    if source is None or past_shape is None or len(past_shape) != 4 or list(past_shape[1:2]) + list(past_shape[3:]) != [kv_heads, size]:
-        return None
-    return past, source, rotary
 
 
 class ContribKvCacheAttention(ContribRule):
@@ -145,9 +101,9 @@ class ContribKvCacheAttention(ContribRule):
             kv_heads = heads // n
             if kv_heads * n != heads:
                 return Refuse(f"the {which}'s {n}-fold repeat does not divide {heads} heads")
-            found = _cache_append(graph, cache, kv_heads, size, rotated=which == "key")
+            found = cache_append(graph, cache, kv_heads, size, rotated=which == "key")
             if found is None and which == "key":
-                found = _cache_append(graph, cache, kv_heads, size, rotated=False)
+                found = cache_append(graph, cache, kv_heads, size, rotated=False)
             if found is None:
                 return Refuse(f"the {which} is not Concat(past [B, {kv_heads}, P, {size}], heads of [B, S, "
                               f"{kv_heads * size}]) along the sequence axis")

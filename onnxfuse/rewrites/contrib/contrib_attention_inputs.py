@@ -1,0 +1,189 @@
+"""contrib-attention-inputs: the data movement in front of a KV-cache decoder's MultiHeadAttention →
+one ``ai.onnxfuse.AttentionInputs`` node (one kernel).
+
+Why
+---
+A decode step is bound by kernel launches, about 7 µs each on an H100 host, not by the GPU (busy 1.5 of
+3.8 ms; docs/benchmarks.md 5.30). Per layer of a Llama/Qwen2-family decoder, between the packed q/k/v
+projection and the fused attention, onnxfuse's output launched 9 kernels: the ``Split`` of the packed
+projection, two ``RotaryEmbedding`` (q and k), the k and v head transposes (device copies), the two
+cache ``Concat`` (the ``present`` outputs) and the two ``Gather`` that repeat each key/value head for
+its query heads; onnxruntime-genai's hand-built GroupQueryAttention spends 7 there. ``AttentionInputs``
+writes all of those tensors in one launch (csrc/attention_inputs.cc; its contract in
+docs/custom-ops.md).
+
+What (exact)
+------------
+From ``qkv`` [B, S, (H + 2G)·D], the projection the ``Split`` cut into q [H·D], k [G·D], v [G·D] along
+its last axis, the op writes:
+
+* ``query`` [B, S, H·D]: q, each of its H heads rotated as ONNX's ``RotaryEmbedding`` (opset 23, caches
+  [B, S, R/2] without position ids, the node's ``interleaved`` and ``rotary_embedding_dim``) rotated it,
+  or q itself when the graph rotates nothing;
+* ``present_key`` [B, G, P + S, D] = ``Concat(past_key, heads of k rotated, axis=2)`` and
+  ``present_value`` likewise with v: the graph's presents, the same tensors, still its outputs;
+* with grouped queries (n = H / G > 1), ``key_heads`` / ``value_heads`` [B, H, P + S, D]: head h is
+  present head h // n, what repeat-heads-gather's ``Gather(present, [0]*n + [1]*n + …, axis=1)``
+  computed; without (n = 1) MultiHeadAttention reads the presents themselves.
+
+Copies, and the rotation x·cos ± partner·sin computed in float32 and rounded once (ONNX Runtime's
+RotaryEmbedding kernel rounds the same expression; within a float16 ulp).
+
+Refused (the graph is left as it is): a MultiHeadAttention with a ``bias``, ``key_padding_mask`` or past
+inputs of its own; keys or values that are not the cache ``Concat`` of a ``Split`` part's heads (possibly
+repeated by that Gather); q not the Split's first part (rotated or not); rotations of q and k that differ
+in caches or attributes, or a RotaryEmbedding with position ids; a Split that is not [H·D, G·D, G·D] along
+the last axis of a [B, S, (H + 2G)·D] tensor; element types other than float16, bfloat16 and float32; a
+graph where the op's inputs would depend on what it writes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxfuse.custom_ops import DOMAIN
+from onnxfuse.rewrites.contrib.attention.heads import cache_append, repeated_heads
+from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
+from onnxfuse.rewrites.engine.edit import NameAllocator
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import constant_value, dtype_of, int_attr, is_ms_op, is_op, producer_of, shape_of
+
+#: The op this rule writes (csrc/attention_inputs.cc).
+OP_TYPE = "AttentionInputs"
+#: Element types its kernels take.
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+try:  # bfloat16 where numpy knows it (ml_dtypes, shipped with onnx)
+    import ml_dtypes
+
+    DTYPES += (np.dtype(ml_dtypes.bfloat16),)
+except ImportError:  # an onnx without ml_dtypes: float16 and float32 only
+    pass
+
+
+def _rotation(node):
+    """(cos, sin, interleaved, rotary_dim or 0) of an ONNX RotaryEmbedding without position ids."""
+    return (node.inputs[1], node.inputs[2], int_attr(node, "interleaved", 0), int_attr(node, "rotary_embedding_dim", 0))
+
+
+def _packed_split(graph, parts, sizes):
+    """(qkv, split) when ``parts`` are the three outputs, in order, of one Split of qkv [B, S, Σ sizes]
+    along its last axis into ``sizes``; else None."""
+    split = producer_of(parts[0])
+    if not is_op(split, "Split") or list(split.outputs) != list(parts):
+        return None
+    shape = shape_of(graph, split.inputs[0])
+    if shape is None or len(shape) != 3 or int_attr(split, "axis", 0) not in (2, -1):
+        return None
+    given = split.attrs.get("split")
+    if given is None and len(split.inputs) > 1 and not split.inputs[1].is_empty():
+        given = constant_value(graph, split.inputs[1])
+    if given is None or [int(v) for v in np.asarray(given).reshape(-1)] != list(sizes) or shape[2] != sum(sizes):
+        return None
+    return split.inputs[0], split
+
+
+def _depends_on(tensors, targets: set) -> bool:
+    """Whether any of ``tensors`` is computed from a tensor whose id is in ``targets``."""
+    seen, stack = set(), list(tensors)
+    while stack:
+        tensor = stack.pop()
+        if id(tensor) in targets:
+            return True
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        node = producer_of(tensor)
+        if node is not None:
+            stack.extend(node.inputs)
+    return False
+
+
+class ContribAttentionInputs(ContribRule):
+    name = "contrib-attention-inputs"
+    description = ("the Split, rotations, head transposes, cache Concats and repeated heads in front of a "
+                   "KV-cache MultiHeadAttention → one AttentionInputs kernel (ai.onnxfuse)")
+    opt_in = True
+
+    def match(self, graph):
+        return [n for n in graph.nodes if is_ms_op(n, "MultiHeadAttention")]
+
+    def analyze(self, graph, node):
+        inputs = list(node.inputs) + [gs.Variable.empty()] * (8 - len(node.inputs))
+        if any(not t.is_empty() for t in (inputs[3], inputs[4], inputs[6], inputs[7])):
+            return Refuse("MultiHeadAttention with a bias, key_padding_mask or past inputs")
+        problem = dtype_problem(dtype_of(graph, node.outputs[0]), DTYPES, "attention output")
+        if problem:
+            return problem
+        heads = int(node.attrs.get("num_heads", 0))
+        query_shape = shape_of(graph, inputs[0])
+        if query_shape is None or len(query_shape) != 3 or not isinstance(query_shape[2], int) or heads <= 0 \
+                or query_shape[2] % heads:
+            return Refuse("the query is not [B, S, H·D] with H·D known")
+        size = query_shape[2] // heads
+        repeats = [repeated_heads(graph, t) for t in (inputs[1], inputs[2])]
+        if (repeats[0] is None) != (repeats[1] is None) or (repeats[0] and repeats[0][1] != repeats[1][1]):
+            return Refuse("key and value are not repeated alike")
+        caches = [r[0] for r in repeats] if repeats[0] else [inputs[1], inputs[2]]
+        n = repeats[0][1] if repeats[0] else 1
+        kv_heads = heads // n
+        if kv_heads * n != heads:
+            return Refuse(f"a {n}-fold repeat does not divide {heads} heads")
+        key = cache_append(graph, caches[0], kv_heads, size, rotated=True) or \
+            cache_append(graph, caches[0], kv_heads, size, rotated=False)
+        value = cache_append(graph, caches[1], kv_heads, size, rotated=False)
+        if key is None or value is None:
+            return Refuse(f"key or value is not Concat(past [B, {kv_heads}, P, {size}], the heads of a [B, S, "
+                          f"{kv_heads * size}] projection) along the sequence axis")
+        (past_k, k_source, k_rotary), (past_v, v_source, _) = key, value
+        q_rotary = producer_of(inputs[0])
+        if is_op(q_rotary, "RotaryEmbedding"):
+            if k_rotary is None or q_rotary.domain not in ("", "ai.onnx") or len(q_rotary.inputs) != 3:
+                return Refuse("q is rotated but k is not, or by a RotaryEmbedding with position ids")
+            if _rotation(q_rotary) != _rotation(k_rotary) or int_attr(q_rotary, "num_heads", heads) != heads:
+                return Refuse("q and k are rotated by different caches or attributes")
+            q_source = q_rotary.inputs[0]
+        elif k_rotary is not None:
+            return Refuse("k is rotated but q is not")
+        else:
+            q_source = inputs[0]
+        found = _packed_split(graph, [q_source, k_source, v_source], [heads * size, kv_heads * size, kv_heads * size])
+        if found is None:
+            return Refuse("q, k and v are not the three parts of one Split of the packed projection")
+        qkv, split = found
+        rotary = None
+        if k_rotary is not None:
+            cos, sin, interleaved, dim = _rotation(k_rotary)
+            dim = dim or size
+            if dim % 2 or dim > size:
+                return Refuse(f"rotary dimension {dim} of head size {size}")
+            if any(dtype_of(graph, t) != dtype_of(graph, qkv) for t in (cos, sin, past_k, past_v)):
+                return Refuse("the caches and the past are not the projection's element type")
+            rotary = (cos, sin, interleaved, dim)
+        elif any(dtype_of(graph, t) != dtype_of(graph, qkv) for t in (past_k, past_v)):
+            return Refuse("the past is not the projection's element type")
+        written = {id(t) for t in (caches[0], caches[1], inputs[1], inputs[2])}
+        if _depends_on([qkv, past_k, past_v, *(rotary[:2] if rotary else ())], written):
+            return Refuse("the projection, the past or the caches are computed from what the op would write")
+        return dict(qkv=qkv, past=(past_k, past_v), caches=caches, heads_in=(inputs[1], inputs[2]), n=n,
+                    heads=heads, kv_heads=kv_heads, size=size, rotary=rotary)
+
+    def apply(self, graph, node, found):
+        names = NameAllocator(graph)
+        base = node.name or "attention_inputs"
+        rotary = found["rotary"]
+        query = gs.Variable(names(f"{base}/query"), dtype=node.inputs[0].dtype, shape=node.inputs[0].shape)
+        outputs = [query, *found["caches"]]
+        if found["n"] > 1:
+            outputs += list(found["heads_in"])
+        for tensor in outputs[1:]:  # the op writes them now: their Concat / Gather producers lose them
+            producer = producer_of(tensor)
+            producer.outputs[producer.outputs.index(tensor)] = gs.Variable(names(f"{tensor.name}/replaced"))
+        inputs = [found["qkv"], *found["past"]] + ([rotary[0], rotary[1]] if rotary else [])
+        spec = (f"num_heads={found['heads']} kv_num_heads={found['kv_heads']} head_size={found['size']} "
+                f"rotary_dim={rotary[3] if rotary else 0} interleaved={rotary[2] if rotary else 0}")
+        graph.nodes.append(gs.Node(OP_TYPE, names(f"{base}/{OP_TYPE}"), {"spec": spec}, inputs=inputs,
+                                   outputs=outputs, domain=DOMAIN))
+        node.inputs[0] = query
+        return {"num_heads": found["heads"], "kv_num_heads": found["kv_heads"], "head_size": found["size"],
+                "rotary_dim": rotary[3] if rotary else 0, "outputs": len(outputs)}
