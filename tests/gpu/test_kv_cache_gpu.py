@@ -1,6 +1,6 @@
 """KV-cache decoders on CUDA (issue 31): testdata's float16 Llama and Qwen2 with ``past_key_values``
-optimized with validation on the GPU, every attention a MultiHeadAttention, every rotary a
-RotaryEmbedding, repeat_kv a Gather and q/k/v one packed MatMul; then prefill (empty cache) and decode
+optimized with validation on the GPU, every attention a MultiHeadAttention whose inputs (rotations,
+presents, repeated heads) one AttentionInputs kernel makes from the packed q/k/v projection; then prefill (empty cache) and decode
 (one new token over a cache) on ONNX Runtime's CUDA provider, the optimized model's logits and presents
 equal to the original's at every real token, with left padding in the batch."""
 
@@ -46,11 +46,9 @@ def test_kv_cache_decoder_fused_and_equal_on_cuda(name):
     assert result.validation.passed and result.validation.provider == "cuda", result.validation
     ops = [n.op_type for n in result.model.graph.node]
     assert ops.count("MultiHeadAttention") == LAYERS and "Softmax" not in ops, result.applied.refusals
-    assert ops.count("RotaryEmbedding") == 2 * LAYERS and "Neg" not in ops, ops
-    assert ops.count("Split") == LAYERS, ops  # q, k and v: one packed MatMul per layer
-    repeats = [n for n in result.model.graph.node if n.op_type == "Gather"  # repeat_kv along the heads axis
-               and any(a.name == "axis" and a.i == 1 for a in n.attribute)]
-    assert len(repeats) == 2 * LAYERS, [n.name for n in result.model.graph.node if n.op_type == "Gather"]
+    # the packed projection's Split, the rotations, the cache Concats and repeat_kv: one AttentionInputs
+    assert ops.count("AttentionInputs") == LAYERS and "Neg" not in ops, ops
+    assert ops.count("RotaryEmbedding") == ops.count("Split") == 0, ops
     original, optimized = _session(model), _session(result.model, session_options())
     names = [o.name for o in original.get_outputs()]
     rng = np.random.default_rng(3)

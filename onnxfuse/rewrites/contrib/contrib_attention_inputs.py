@@ -27,7 +27,9 @@ its last axis, the op writes:
   computed; without (n = 1) MultiHeadAttention reads the presents themselves.
 
 Copies, and the rotation x·cos ± partner·sin computed in float32 and rounded once (ONNX Runtime's
-RotaryEmbedding kernel rounds the same expression; within a float16 ulp).
+RotaryEmbedding kernel rounds the same expression; within a float16 ulp). A ``Shape`` of the old query
+(the mask's size, as exporters read it) reads the new one, which has its shape, so the Split and the
+rotation do not stay alive for it.
 
 Refused (the graph is left as it is): a MultiHeadAttention with a ``bias``, ``key_padding_mask`` or past
 inputs of its own; keys or values that are not the cache ``Concat`` of a ``Split`` part's heads (possibly
@@ -103,7 +105,7 @@ class ContribAttentionInputs(ContribRule):
     name = "contrib-attention-inputs"
     description = ("the Split, rotations, head transposes, cache Concats and repeated heads in front of a "
                    "KV-cache MultiHeadAttention → one AttentionInputs kernel (ai.onnxfuse)")
-    opt_in = True
+    targets = frozenset({"cuda"})  # an ai.onnxfuse op, like FusedElementwise: not for ONNX Runtime's CPU provider
 
     def match(self, graph):
         return [n for n in graph.nodes if is_ms_op(n, "MultiHeadAttention")]
@@ -184,6 +186,9 @@ class ContribAttentionInputs(ContribRule):
                 f"rotary_dim={rotary[3] if rotary else 0} interleaved={rotary[2] if rotary else 0}")
         graph.nodes.append(gs.Node(OP_TYPE, names(f"{base}/{OP_TYPE}"), {"spec": spec}, inputs=inputs,
                                    outputs=outputs, domain=DOMAIN))
+        old_query = node.inputs[0]
+        for reader in [n for n in list(old_query.outputs) if is_op(n, "Shape")]:  # the mask's shape reads: same shape
+            reader.inputs[reader.inputs.index(old_query)] = query
         node.inputs[0] = query
         return {"num_heads": found["heads"], "kv_num_heads": found["kv_heads"], "head_size": found["size"],
                 "rotary_dim": rotary[3] if rotary else 0, "outputs": len(outputs)}

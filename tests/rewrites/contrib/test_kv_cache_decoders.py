@@ -23,7 +23,8 @@ def _ops(model) -> Counter:
 
 @pytest.mark.parametrize("name", FP16)
 def test_float16_decoder_attention_rotary_and_repeats_fused(name):
-    result = onnxfuse.optimize(load_testdata(name), samples=2)
+    # without contrib-attention-inputs, to see the rules before it: each one's own fusion
+    result = onnxfuse.optimize(load_testdata(name), samples=2, skip=["contrib-attention-inputs"])
     assert result.validation.passed, result.validation
     ops = _ops(result.model)
     assert ops["MultiHeadAttention"] == LAYERS and ops["Softmax"] == 0, result.applied.refusals
@@ -34,6 +35,14 @@ def test_float16_decoder_attention_rotary_and_repeats_fused(name):
     assert len(repeats) == 2 * LAYERS, ops
     names = {o.name for o in result.model.graph.output}
     assert {f"present.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")} <= names
+    # the default: all of that data movement in front of each attention is one AttentionInputs node
+    default = onnxfuse.optimize(load_testdata(name), samples=2)
+    assert default.validation.passed, default.validation
+    ops = _ops(default.model)
+    assert ops["AttentionInputs"] == LAYERS and ops["MultiHeadAttention"] == LAYERS, default.applied.refusals
+    assert ops["RotaryEmbedding"] == ops["Split"] == 0, ops
+    produced = {o: n.op_type for n in default.model.graph.node for o in n.output}
+    assert {produced[f"present.{i}.{kv}"] for i in range(LAYERS) for kv in ("key", "value")} == {"AttentionInputs"}
 
 
 @pytest.mark.parametrize("name", ["llama_kv_opset17", "qwen2_kv_opset14"])

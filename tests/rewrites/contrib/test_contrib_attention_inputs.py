@@ -1,0 +1,149 @@
+"""contrib-attention-inputs: the Split, rotations, head transposes, cache Concats and repeated heads in
+front of a KV-cache decoder's MultiHeadAttention become one ai.onnxfuse AttentionInputs node.
+
+Two levels, each against an independent reference: the op itself (ONNX Runtime's CPU provider running
+the library's CPU kernel) against a float64 NumPy model of rotate/concat/repeat, over float32, float16
+and bfloat16, halves and pairs rotation, partial rotation, no rotation, with and without the repeated
+heads; and the rule on the float16 testdata decoders, whose logits and presents equal the original's
+at prefill, decode and a batch of several new tokens over a cache, with a left-padded row."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+
+import onnxfuse
+from helpers import load_testdata
+from onnxfuse.custom_ops import DOMAIN, session_options
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
+from test_kv_cache_gpu import LAYERS, _feeds  # noqa: E402  (the same prefill/decode feeds, run on the CPU here)
+
+RULE = "contrib-attention-inputs"
+B, S, P, H, G, D = 2, 3, 4, 4, 2, 8
+
+
+def _op_model(elem, rotary_dim, interleaved, outputs):
+    """One AttentionInputs node; bfloat16 (which numpy cannot hand to ONNX Runtime) between float32 Casts."""
+    names = ["qkv", "past_key", "past_value"] + (["cos", "sin"] if rotary_dim else [])
+    shapes = [[B, S, (H + 2 * G) * D], [B, G, P, D], [B, G, P, D], [B, S, rotary_dim // 2], [B, S, rotary_dim // 2]]
+    outs = ["query", "present_key", "present_value", "key_heads", "value_heads"][:outputs]
+    cast = elem == TP.BFLOAT16
+    nodes = [h.make_node("Cast", [n], [f"{n}_bf16"], to=TP.BFLOAT16) for n in names] if cast else []
+    nodes.append(h.make_node("AttentionInputs", [f"{n}_bf16" for n in names] if cast else names,
+                             [f"{o}_bf16" for o in outs] if cast else outs, domain=DOMAIN,
+                             spec=f"num_heads={H} kv_num_heads={G} head_size={D} rotary_dim={rotary_dim} "
+                                  f"interleaved={interleaved}"))
+    nodes += [h.make_node("Cast", [f"{o}_bf16"], [o], to=TP.FLOAT) for o in outs] if cast else []
+    io = TP.FLOAT if cast else elem
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info(n, io, s) for n, s in zip(names, shapes)],
+                         [h.make_tensor_value_info(o, io, None) for o in outs])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)], ir_version=8)
+
+
+def _reference(f, rotary_dim, interleaved):
+    x = {k: v.astype(np.float64) for k, v in f.items()}
+    q = x["qkv"][..., :H * D].reshape(B, S, H, D)
+    k = x["qkv"][..., H * D:(H + G) * D].reshape(B, S, G, D)
+    v = x["qkv"][..., (H + G) * D:].reshape(B, S, G, D)
+
+    def rotate(t):
+        if not rotary_dim:
+            return t
+        out, c, s, r = t.copy(), x["cos"][:, :, None, :], x["sin"][:, :, None, :], rotary_dim
+        a, b = (t[..., 0:r:2], t[..., 1:r:2]) if interleaved else (t[..., :r // 2], t[..., r // 2:r])
+        if interleaved:
+            out[..., 0:r:2], out[..., 1:r:2] = a * c - b * s, b * c + a * s
+        else:
+            out[..., :r // 2], out[..., r // 2:r] = a * c - b * s, b * c + a * s
+        return out
+
+    present_k = np.concatenate([x["past_key"], rotate(k).transpose(0, 2, 1, 3)], axis=2)
+    present_v = np.concatenate([x["past_value"], v.transpose(0, 2, 1, 3)], axis=2)
+    repeat = lambda t: np.repeat(t, H // G, axis=1)  # noqa: E731  (head h reads key/value head h // n)
+    return [rotate(q).reshape(B, S, H * D), present_k, present_v, repeat(present_k), repeat(present_v)]
+
+
+def _types():
+    out = [(TP.FLOAT, np.float32, 1e-6), (TP.FLOAT16, np.float16, 2e-3)]
+    try:
+        import ml_dtypes
+
+        out.append((TP.BFLOAT16, ml_dtypes.bfloat16, 2e-2))
+    except ImportError:  # pragma: no cover - onnx ships ml_dtypes
+        pass
+    return out
+
+
+@pytest.mark.parametrize("elem,dtype,tol", _types(), ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize("rotary_dim,interleaved", [(D, 0), (D, 1), (6, 0), (0, 0)])
+@pytest.mark.parametrize("outputs", [5, 3])
+def test_the_op_equals_rotate_concat_repeat_in_float64(elem, dtype, tol, rotary_dim, interleaved, outputs):
+    rng = np.random.default_rng(rotary_dim + 10 * interleaved + outputs)
+    shapes = {"qkv": (B, S, (H + 2 * G) * D), "past_key": (B, G, P, D), "past_value": (B, G, P, D)}
+    if rotary_dim:
+        shapes.update(cos=(B, S, rotary_dim // 2), sin=(B, S, rotary_dim // 2))
+    # values representable in the element type, fed as float32 where it is bfloat16 (cast in the model)
+    feeds = {k: rng.standard_normal(s).astype(np.float32).astype(dtype) for k, s in shapes.items()}
+    if elem == TP.BFLOAT16:
+        feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    session = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, outputs).SerializeToString(),
+                                   session_options(), providers=["CPUExecutionProvider"])
+    got = session.run(None, feeds)
+    for name, a, b in zip(["query", "present_key", "present_value", "key_heads", "value_heads"], got,
+                          _reference(feeds, rotary_dim, interleaved)):
+        assert a.shape == b.shape, name
+        np.testing.assert_allclose(a.astype(np.float64), b, rtol=tol, atol=tol * 4, err_msg=name)
+        if name != "query" and (name.startswith("value") or name.endswith("value") or not rotary_dim):
+            assert np.array_equal(a.astype(np.float64), b), f"{name} is a copy"  # exact where nothing rotates
+
+
+def test_a_bad_spec_is_one_clear_error():
+    model = _op_model(TP.FLOAT, D, 0, 5)
+    model.graph.node[0].attribute[0].s = b"num_heads=4 kv_num_heads=3 head_size=8 rotary_dim=8 interleaved=0"
+    with pytest.raises(Exception, match="AttentionInputs node.*divisible"):
+        ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "mistral_kv_opset17_fp16", "llama_kv_dynamo_fp16",
+                                  "optimum_llama_kv_fp16"])
+def test_decoders_equal_the_original_at_prefill_decode_and_chunks(name):
+    model = load_testdata(name)
+    result = onnxfuse.optimize(model, samples=2)
+    assert result.validation.passed and result.applied.counts[RULE] == LAYERS, result.applied.refusals
+    ops = Counter(n.op_type for n in result.model.graph.node)
+    assert ops["AttentionInputs"] == LAYERS and ops["RotaryEmbedding"] == ops["Split"] == 0, ops
+    original = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    fused = ort.InferenceSession(result.model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in original.get_outputs()]
+    inputs = {i.name for i in original.get_inputs()}
+    rng = np.random.default_rng(13)
+    for batch, new, past in ((2, 6, 0), (3, 1, 9), (2, 3, 4)):
+        feeds, real = _feeds(batch, new, past, rng)
+        feeds = {k: v for k, v in feeds.items() if k in inputs}
+        want, got = dict(zip(names, original.run(None, feeds))), dict(zip(names, fused.run(None, feeds)))
+        rows = real[:, past:]
+        np.testing.assert_allclose(got["logits"][rows].astype(np.float64), want["logits"][rows].astype(np.float64),
+                                   rtol=2e-2, atol=2e-2, err_msg=f"{batch}x{new} past {past}")
+        keep = real[:, None, :, None]
+        for out in names[1:]:
+            np.testing.assert_allclose(np.where(keep, got[out], 0).astype(np.float64),
+                                       np.where(keep, want[out], 0).astype(np.float64), rtol=2e-2, atol=2e-2,
+                                       err_msg=f"{out} {batch}x{new} past {past}")
+
+
+def test_not_for_the_cpu_provider_and_refuses_what_it_cannot_read():
+    cpu = onnxfuse.optimize(load_testdata("qwen2_kv_opset14_fp16"), validate=False, device="cpu")
+    assert RULE not in cpu.rules and "AttentionInputs" not in {n.op_type for n in cpu.model.graph.node}
+    partial = onnxfuse.optimize(load_testdata("phi3_partial_kv_opset17_fp16"), validate=False)
+    assert partial.applied.counts.get(RULE, 0) == 0  # q's partial rotation is sliced, not one RotaryEmbedding
+    assert any(r.rule == RULE for r in partial.applied.refusals)
+    bert = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), validate=False)
+    assert bert.applied.counts.get(RULE, 0) == 0
