@@ -24,6 +24,7 @@
 
 #include "cuda_runtime.h"
 #include "ops.h"
+#include "ort_util.h"
 
 namespace onnxfuse {
 namespace {
@@ -83,21 +84,6 @@ bool parse_spec(const std::string& text, Spec* s, std::string* err) {
     return false;
   }
   return true;
-}
-
-std::string node_name(const OrtKernelInfo* info) {
-  size_t size = 0;
-  if (OrtStatus* st = api->KernelInfo_GetNodeName(info, nullptr, &size)) {
-    api->ReleaseStatus(st);
-    return "";
-  }
-  std::string name(size, '\0');
-  if (OrtStatus* st = api->KernelInfo_GetNodeName(info, &name[0], &size)) {
-    api->ReleaseStatus(st);
-    return "";
-  }
-  while (!name.empty() && name.back() == '\0') name.pop_back();
-  return name;
 }
 
 // The shapes of one call, checked against the spec.
@@ -373,24 +359,6 @@ struct CudaArgs {
   long long B, S, P, H, G, D, R, interleaved, nout, V;
 };
 
-int device_id(const OrtKernelInfo* info) {
-  OrtAllocator* alloc = nullptr;
-  int id = 0;
-  if (OrtStatus* st = api->KernelInfoGetAllocator(info, OrtMemTypeDefault, &alloc)) {
-    api->ReleaseStatus(st);
-    return 0;
-  }
-  const OrtMemoryInfo* mi = nullptr;
-  if (OrtStatus* st = api->AllocatorGetInfo(alloc, &mi)) {
-    api->ReleaseStatus(st);
-  } else if (OrtStatus* st2 = api->MemoryInfoGetId(mi, &id)) {
-    api->ReleaseStatus(st2);
-    id = 0;
-  }
-  api->ReleaseAllocator(alloc);
-  return id;
-}
-
 struct CudaAttentionInputs {
   static const char* provider(const OrtCustomOp*) { return "CUDAExecutionProvider"; }
   Spec spec;
@@ -440,7 +408,7 @@ struct CudaAttentionInputs {
 
 template <class Kernel>
 OrtStatus* load_spec(const OrtKernelInfo* info, Kernel* k) {
-  k->node = node_name(info);
+  k->node = node_label(api, info);
   size_t size = 0;
   OrtStatus* st = api->KernelInfoGetAttribute_string(info, "spec", nullptr, &size);
   if (st) {
@@ -467,7 +435,7 @@ OrtStatusPtr create_cuda(const OrtKernelInfo* info, void** out) {
   if (OrtStatus* st = load_spec(info, k.get())) return st;
   std::string err;
   if (!fixed_kernels(kCudaSource, {"ofx_attention_inputs_f32", "ofx_attention_inputs_f16", "ofx_attention_inputs_bf16"},
-                     device_id(info), &k->fns, &k->cu_ctx, &err))
+                     device_of(api, info), &k->fns, &k->cu_ctx, &err))
     return fail(ORT_FAIL, k->node, err);
   *out = k.release();
   return nullptr;

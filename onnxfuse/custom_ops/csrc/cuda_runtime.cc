@@ -287,6 +287,20 @@ bool nvrtc_compile(const std::string& source, const std::string& arch, std::stri
   return ok;
 }
 
+// The device handle and compute capability (major·10 + minor) of CUDA device `device`.
+static bool device_capability(Driver& d, int device, CUdevice* dev, int* cc, std::string* err) {
+  CUresult r = d.cuDeviceGet(dev, device);
+  if (r != 0) {
+    *err = "cuDeviceGet(" + std::to_string(device) + ") failed: " + d.err_str(r);
+    return false;
+  }
+  int maj = 0, min = 0;
+  d.cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, *dev);
+  d.cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, *dev);
+  *cc = maj * 10 + min;
+  return true;
+}
+
 // The NVRTC target for a device of compute capability `cc`: CUBIN for the device when NVRTC knows it,
 // else PTX for the newest virtual architecture NVRTC supports that is not newer than the device (the
 // driver JIT-compiles it).
@@ -340,15 +354,9 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     return nullptr;
   }
   CUdevice dev;
-  CUresult r = d.cuDeviceGet(&dev, device);
-  if (r != 0) {
-    *err = "cuDeviceGet(" + std::to_string(device) + ") failed: " + d.err_str(r);
-    return nullptr;
-  }
-  int maj = 0, min = 0;
-  d.cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-  d.cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-  int cc = maj * 10 + min;
+  int cc = 0;
+  if (!device_capability(d, device, &dev, &cc, err)) return nullptr;
+  CUresult r = 0;
 
   CudaSource src = cuda_source(prog, kVariantAll);
   std::lock_guard<std::mutex> lock(g_cache_mu);
@@ -616,15 +624,10 @@ bool fixed_kernels(const std::string& source, const std::vector<std::string>& na
       return false;
     }
     CUdevice dev;
-    CUresult r = d.cuDeviceGet(&dev, device);
-    if (r != 0) {
-      *err = "cuDeviceGet(" + std::to_string(device) + ") failed: " + d.err_str(r);
-      return false;
-    }
-    int maj = 0, min = 0;
-    d.cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-    d.cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-    const std::string arch = target_arch(nv, maj * 10 + min);
+    int cc = 0;
+    if (!device_capability(d, device, &dev, &cc, err)) return false;
+    CUresult r = 0;
+    const std::string arch = target_arch(nv, cc);
     std::string bin, log;
     auto t0 = std::chrono::steady_clock::now();
     if (!nvrtc_compile(source, arch, &bin, &log)) {

@@ -30,6 +30,7 @@
 #include "cuda_codegen.h"
 #include "cuda_runtime.h"
 #include "kernel_cache.h"
+#include "ort_util.h"
 #include "program.h"
 
 #define OFX_EXPORT extern "C" __attribute__((visibility("default")))
@@ -71,20 +72,7 @@ void drop(OrtStatus* st) {
   if (st) g_api->ReleaseStatus(st);
 }
 
-std::string node_label(const OrtKernelInfo* info) {
-  size_t size = 0;
-  if (OrtStatus* st = g_api->KernelInfo_GetNodeName(info, nullptr, &size)) {
-    g_api->ReleaseStatus(st);
-    return "";
-  }
-  std::string name(size, '\0');
-  if (OrtStatus* st = g_api->KernelInfo_GetNodeName(info, &name[0], &size)) {
-    g_api->ReleaseStatus(st);
-    return "";
-  }
-  while (!name.empty() && name.back() == '\0') name.pop_back();
-  return name;
-}
+std::string node_label(const OrtKernelInfo* info) { return onnxfuse::node_label(g_api, info); }
 
 std::string error_prefix(const std::string& node) {
   return std::string(kOpType) + " node" + (node.empty() ? "" : " '" + node + "'") + ": ";
@@ -350,23 +338,7 @@ struct CudaKernelOrt {
   }
 };
 
-int device_of(const OrtKernelInfo* info) {
-  OrtAllocator* alloc = nullptr;
-  int id = 0;
-  if (OrtStatus* st = g_api->KernelInfoGetAllocator(info, OrtMemTypeDefault, &alloc)) {
-    g_api->ReleaseStatus(st);
-    return 0;
-  }
-  const OrtMemoryInfo* mi = nullptr;
-  if (OrtStatus* st = g_api->AllocatorGetInfo(alloc, &mi)) {
-    g_api->ReleaseStatus(st);
-  } else if (OrtStatus* st2 = g_api->MemoryInfoGetId(mi, &id)) {
-    g_api->ReleaseStatus(st2);
-    id = 0;
-  }
-  g_api->ReleaseAllocator(alloc);
-  return id;
-}
+int device_of(const OrtKernelInfo* info) { return onnxfuse::device_of(g_api, info); }
 
 // ------------------------------------------------------------------ shape/type inference
 // Every output has the broadcast shape of all inputs and its program dtype.

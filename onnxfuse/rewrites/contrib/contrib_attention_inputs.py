@@ -45,11 +45,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.custom_ops import DOMAIN
-from onnxfuse.rewrites.contrib.attention.heads import cache_append, repeated_heads
+from onnxfuse.rewrites.contrib.attention.heads import cache_append, plain_mha_inputs, repeated_heads
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import NameAllocator
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import constant_value, dtype_of, int_attr, is_ms_op, is_op, producer_of, shape_of
+from onnxfuse.rewrites.facts.graph import (computed_from, constant_value, dtype_of, int_attr, is_ms_op, is_op, producer_of,
+                                           shape_of)
 
 #: The op this rule writes (csrc/attention_inputs.cc).
 OP_TYPE = "AttentionInputs"
@@ -85,22 +86,6 @@ def _packed_split(graph, parts, sizes):
     return split.inputs[0], split
 
 
-def _depends_on(tensors, targets: set) -> bool:
-    """Whether any of ``tensors`` is computed from a tensor whose id is in ``targets``."""
-    seen, stack = set(), list(tensors)
-    while stack:
-        tensor = stack.pop()
-        if id(tensor) in targets:
-            return True
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        node = producer_of(tensor)
-        if node is not None:
-            stack.extend(node.inputs)
-    return False
-
-
 class ContribAttentionInputs(ContribRule):
     name = "contrib-attention-inputs"
     description = ("the Split, rotations, head transposes, cache Concats and repeated heads in front of a "
@@ -111,18 +96,13 @@ class ContribAttentionInputs(ContribRule):
         return [n for n in graph.nodes if is_ms_op(n, "MultiHeadAttention")]
 
     def analyze(self, graph, node):
-        inputs = list(node.inputs) + [gs.Variable.empty()] * (8 - len(node.inputs))
-        if any(not t.is_empty() for t in (inputs[3], inputs[4], inputs[6], inputs[7])):
-            return Refuse("MultiHeadAttention with a bias, key_padding_mask or past inputs")
+        found = plain_mha_inputs(graph, node)
+        if isinstance(found, Refuse):
+            return found
+        inputs, heads, size = found
         problem = dtype_problem(dtype_of(graph, node.outputs[0]), DTYPES, "attention output")
         if problem:
             return problem
-        heads = int(node.attrs.get("num_heads", 0))
-        query_shape = shape_of(graph, inputs[0])
-        if query_shape is None or len(query_shape) != 3 or not isinstance(query_shape[2], int) or heads <= 0 \
-                or query_shape[2] % heads:
-            return Refuse("the query is not [B, S, H·D] with H·D known")
-        size = query_shape[2] // heads
         repeats = [repeated_heads(graph, t) for t in (inputs[1], inputs[2])]
         if (repeats[0] is None) != (repeats[1] is None) or (repeats[0] and repeats[0][1] != repeats[1][1]):
             return Refuse("key and value are not repeated alike")
@@ -165,7 +145,7 @@ class ContribAttentionInputs(ContribRule):
         elif any(dtype_of(graph, t) != dtype_of(graph, qkv) for t in (past_k, past_v)):
             return Refuse("the past is not the projection's element type")
         written = {id(t) for t in (caches[0], caches[1], inputs[1], inputs[2])}
-        if _depends_on([qkv, past_k, past_v, *(rotary[:2] if rotary else ())], written):
+        if computed_from([qkv, past_k, past_v, *(rotary[:2] if rotary else ())], written):
             return Refuse("the projection, the past or the caches are computed from what the op would write")
         return dict(qkv=qkv, past=(past_k, past_v), caches=caches, heads_in=(inputs[1], inputs[2]), n=n,
                     heads=heads, kv_heads=kv_heads, size=size, rotary=rotary)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.contrib.attention.heads import repeated_heads
+from onnxfuse.rewrites.contrib.attention.heads import plain_mha_inputs, repeated_heads
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
@@ -56,9 +56,10 @@ class ContribGroupedQueries(ContribRule):
         return [n for n in graph.nodes if is_ms_op(n, "MultiHeadAttention")]
 
     def analyze(self, graph, node):
-        inputs = list(node.inputs) + [gs.Variable.empty()] * (8 - len(node.inputs))
-        if any(not t.is_empty() for t in (inputs[3], inputs[4], inputs[6], inputs[7])):
-            return Refuse("MultiHeadAttention with a bias, key_padding_mask or past inputs")
+        found = plain_mha_inputs(graph, node)
+        if isinstance(found, Refuse):
+            return found
+        inputs = found[0]
         found_k, found_v = repeated_heads(graph, inputs[1]), repeated_heads(graph, inputs[2])
         if found_k is None or found_v is None or found_k[1] != found_v[1]:
             return Refuse("key and value are not the same n-fold repeat of [B, H_kv, L, D] heads")

@@ -53,11 +53,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
-from onnxfuse.rewrites.contrib.attention.heads import cache_append, repeated_heads
+from onnxfuse.rewrites.contrib.attention.heads import cache_append, plain_mha_inputs, repeated_heads
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import dtype_of, is_ms_op, is_op, producer_of, shape_of
+from onnxfuse.rewrites.facts.graph import computed_from, dtype_of, is_ms_op, is_op, producer_of, shape_of
 
 #: Element types GroupQueryAttention's CUDA kernels take.
 GQA_DTYPES = (np.dtype(np.float16),)
@@ -79,21 +79,16 @@ class ContribKvCacheAttention(ContribRule):
         return [n for n in graph.nodes if is_ms_op(n, "MultiHeadAttention")]
 
     def analyze(self, graph, node):
-        inputs = list(node.inputs) + [gs.Variable.empty()] * (8 - len(node.inputs))
-        if any(not t.is_empty() for t in (inputs[3], inputs[4], inputs[6], inputs[7])):
-            return Refuse("MultiHeadAttention with a bias, key_padding_mask or past inputs")
+        found = plain_mha_inputs(graph, node)
+        if isinstance(found, Refuse):
+            return found
+        inputs, heads, size = found
         bias = inputs[5]
         if bias.is_empty():
             return Refuse("no attention_bias to read the total sequence length from")
         problem = dtype_problem(dtype_of(graph, node.outputs[0]), GQA_DTYPES, "attention output")
         if problem:
             return problem
-        heads = int(node.attrs.get("num_heads", 0))
-        query_shape = shape_of(graph, inputs[0])
-        if query_shape is None or len(query_shape) != 3 or not isinstance(query_shape[2], int) or heads <= 0 \
-                or query_shape[2] % heads:
-            return Refuse("the query is not [B, S, H·D] with H·D known")
-        size = query_shape[2] // heads
         kv = []
         for which, tensor in (("key", inputs[1]), ("value", inputs[2])):
             repeat = repeated_heads(graph, tensor)
@@ -111,7 +106,7 @@ class ContribKvCacheAttention(ContribRule):
         if kv[0][1] != kv[1][1]:
             return Refuse("key and value have different head counts")
         caches = {id(t) for t in (kv[0][0], kv[1][0], inputs[1], inputs[2])}
-        if _reads_values_of(caches, [inputs[0], bias, kv[0][2], kv[0][3], kv[1][2], kv[1][3]]):
+        if computed_from([inputs[0], bias, kv[0][2], kv[0][3], kv[1][2], kv[1][3]], caches, except_shape_reads=True):
             return Refuse("the query or mask reads the cache's values (only its shape can be re-derived)")
         return kv, heads, size, bias
 
@@ -144,23 +139,6 @@ class ContribKvCacheAttention(ContribRule):
         graph.nodes.append(gs.Node("GroupQueryAttention", names(f"{base}/GroupQueryAttention"), attrs,
                                    inputs=inputs, outputs=[out, k_cache, v_cache], domain="com.microsoft"))
         return {"num_heads": heads, "kv_num_heads": kv_heads, "rotary": rotary is not None}
-
-
-def _reads_values_of(caches: set, tensors) -> bool:
-    """Whether any of ``tensors`` depends on a tensor in ``caches`` (ids) other than through a Shape
-    node, which :func:`_shape_from_parts` re-derives (the mask's key length is often read so)."""
-    seen, stack = set(), list(tensors)
-    while stack:
-        tensor = stack.pop()
-        if id(tensor) in caches:
-            return True
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        node = producer_of(tensor)
-        if node is not None and not (is_op(node, "Shape") and id(node.inputs[0]) in caches):
-            stack.extend(node.inputs)
-    return False
 
 
 def _shape_from_parts(graph, names, tensor, heads: int, size: int, past, source) -> None:

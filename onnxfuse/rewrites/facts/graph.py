@@ -247,6 +247,25 @@ def producer_of(tensor):
     return tensor.inputs[0] if len(tensor.inputs) == 1 else None
 
 
+def computed_from(tensors, sources: set, except_shape_reads: bool = False) -> bool:
+    """Whether any of ``tensors`` is, or is computed from, a tensor whose ``id`` is in ``sources``;
+    ``except_shape_reads``: not counting a path through a ``Shape`` of one of them (its size only, which
+    a rewrite may re-derive). A rewrite that makes ``sources`` from ``tensors`` would otherwise close a
+    cycle."""
+    seen, stack = set(), list(tensors)
+    while stack:
+        tensor = stack.pop()
+        if id(tensor) in sources:
+            return True
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        node = producer_of(tensor)
+        if node is not None and not (except_shape_reads and is_op(node, "Shape") and id(node.inputs[0]) in sources):
+            stack.extend(node.inputs)
+    return False
+
+
 def consumers(tensor) -> list:
     """Distinct nodes reading ``tensor`` (a node reading it twice appears once)."""
     seen, out = set(), []

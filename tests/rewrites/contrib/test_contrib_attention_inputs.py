@@ -24,7 +24,7 @@ from helpers import load_testdata
 from onnxfuse.custom_ops import DOMAIN, session_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
-from test_kv_cache_gpu import LAYERS, _feeds  # noqa: E402  (the same prefill/decode feeds, run on the CPU here)
+from test_kv_cache_gpu import LAYERS, _assert_equal_at_real_tokens  # noqa: E402  (the same prefill/decode checks, run on the CPU here)
 
 RULE = "contrib-attention-inputs"
 B, S, P, H, G, D = 2, 3, 4, 4, 2, 8
@@ -122,21 +122,8 @@ def test_decoders_equal_the_original_at_prefill_decode_and_chunks(name):
     assert ops["AttentionInputs"] == LAYERS and ops["RotaryEmbedding"] == ops["Split"] == 0, ops
     original = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     fused = ort.InferenceSession(result.model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in original.get_outputs()]
-    inputs = {i.name for i in original.get_inputs()}
     rng = np.random.default_rng(13)
-    for batch, new, past in ((2, 6, 0), (3, 1, 9), (2, 3, 4)):
-        feeds, real = _feeds(batch, new, past, rng)
-        feeds = {k: v for k, v in feeds.items() if k in inputs}
-        want, got = dict(zip(names, original.run(None, feeds))), dict(zip(names, fused.run(None, feeds)))
-        rows = real[:, past:]
-        np.testing.assert_allclose(got["logits"][rows].astype(np.float64), want["logits"][rows].astype(np.float64),
-                                   rtol=2e-2, atol=2e-2, err_msg=f"{batch}x{new} past {past}")
-        keep = real[:, None, :, None]
-        for out in names[1:]:
-            np.testing.assert_allclose(np.where(keep, got[out], 0).astype(np.float64),
-                                       np.where(keep, want[out], 0).astype(np.float64), rtol=2e-2, atol=2e-2,
-                                       err_msg=f"{out} {batch}x{new} past {past}")
+    _assert_equal_at_real_tokens(original, fused, ((2, 6, 0), (3, 1, 9), (2, 3, 4)), rng)
 
 
 def test_not_for_the_cpu_provider_and_refuses_what_it_cannot_read():

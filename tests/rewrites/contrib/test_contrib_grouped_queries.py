@@ -17,7 +17,7 @@ from onnxfuse.custom_ops import session_options
 from onnxfuse.rewrites import RULES, select_rules
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
-from test_kv_cache_gpu import LAYERS, _feeds  # noqa: E402  (the same prefill/decode feeds, run on the CPU here)
+from test_kv_cache_gpu import LAYERS, _assert_equal_at_real_tokens  # noqa: E402  (the same prefill/decode checks, run on the CPU here)
 
 RULE = "contrib-grouped-queries"
 
@@ -37,18 +37,8 @@ def test_grouped_queries_equal_the_original_at_prefill_and_decode(name):
     assert all(made_by.get(n.input[i]) != "Gather" for n in mha for i in (1, 2))  # K and V no longer repeated
     original = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     grouped = ort.InferenceSession(result.model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in original.get_outputs()]
     rng = np.random.default_rng(7)
-    for batch, new, past in ((2, 6, 0), (3, 1, 9), (2, 3, 4)):
-        feeds, real = _feeds(batch, new, past, rng)
-        want, got = dict(zip(names, original.run(None, feeds))), dict(zip(names, grouped.run(None, feeds)))
-        rows = real[:, past:]
-        np.testing.assert_allclose(got["logits"][rows].astype(np.float64), want["logits"][rows].astype(np.float64),
-                                   rtol=2e-2, atol=2e-2, err_msg=f"{batch}x{new} past {past}")
-        keep = real[:, None, :, None]  # presents at real positions (their k/v rows come from the fused layers)
-        for out in names[1:]:
-            np.testing.assert_allclose(np.where(keep, got[out], 0).astype(np.float64),
-                                       np.where(keep, want[out], 0).astype(np.float64), rtol=2e-2, atol=2e-2)
+    _assert_equal_at_real_tokens(original, grouped, ((2, 6, 0), (3, 1, 9), (2, 3, 4)), rng)
 
 
 def test_grouped_queries_is_opt_in_and_refuses_attention_without_repeats():

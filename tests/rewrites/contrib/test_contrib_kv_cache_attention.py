@@ -18,7 +18,7 @@ from helpers import load_testdata
 from onnxfuse.custom_ops import session_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
-from test_kv_cache_gpu import LAYERS, _feeds  # noqa: E402  (the same prefill/decode feeds, run on the CPU here)
+from test_kv_cache_gpu import LAYERS, _assert_equal_at_real_tokens, _feeds  # noqa: E402  (the same prefill/decode feeds, run on the CPU here)
 
 RULE = "contrib-kv-cache-attention"
 
@@ -38,18 +38,8 @@ def test_group_query_attention_equals_the_original(name):
     assert {produced[o.name] for o in result.model.graph.output if o.name.startswith("present")} == {"GroupQueryAttention"}
     original = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     fused = ort.InferenceSession(result.model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in original.get_outputs()]
     rng = np.random.default_rng(11)
-    for batch, new, past in ((2, 6, 0), (3, 1, 9), (1, 3, 4)):
-        feeds, real = _feeds(batch, new, past, rng)
-        want, got = dict(zip(names, original.run(None, feeds))), dict(zip(names, fused.run(None, feeds)))
-        rows = real[:, past:]
-        np.testing.assert_allclose(got["logits"][rows].astype(np.float64), want["logits"][rows].astype(np.float64),
-                                   rtol=2e-2, atol=2e-2, err_msg=f"{batch}x{new} past {past}")
-        keep = real[:, None, :, None]
-        for out in names[1:]:
-            np.testing.assert_allclose(np.where(keep, got[out], 0).astype(np.float64),
-                                       np.where(keep, want[out], 0).astype(np.float64), rtol=2e-2, atol=2e-2)
+    _assert_equal_at_real_tokens(original, fused, ((2, 6, 0), (3, 1, 9), (1, 3, 4)), rng)
     feeds, _ = _feeds(2, 3, 4, rng)
     with pytest.raises(Exception, match="batch_size must be 1"):
         fused.run(None, feeds)

@@ -324,3 +324,19 @@ def cache_append(graph, tensor, kv_heads: int, size: int, rotated: bool):
     if source is None or past_shape is None or len(past_shape) != 4 or list(past_shape[1:2]) + list(past_shape[3:]) != [kv_heads, size]:
         return None
     return past, source, rotary
+
+
+def plain_mha_inputs(graph, node):
+    """(its 8 inputs, empty ones spelled out; H; D) for a MultiHeadAttention that the cache rules may
+    rewrite: no ``bias``, ``key_padding_mask`` or past inputs, and a query [B, S, H·D] with H·D known;
+    else a Refuse saying which."""
+    inputs = list(node.inputs) + [gs.Variable.empty()] * (8 - len(node.inputs))
+    if any(not t.is_empty() for t in (inputs[3], inputs[4], inputs[6], inputs[7])):
+        return Refuse("MultiHeadAttention with a bias, key_padding_mask or past inputs")
+    heads = int(node.attrs.get("num_heads", 0))
+    query_shape = shape_of(graph, inputs[0])
+    if query_shape is None or len(query_shape) != 3 or not isinstance(query_shape[2], int) or heads <= 0 \
+            or query_shape[2] % heads:
+        return Refuse("the query is not [B, S, H·D] with H·D known")
+    return inputs, heads, query_shape[2] // heads
+
