@@ -1,0 +1,54 @@
+"""AttentionInputs on CUDA: the NVRTC-compiled kernel against the same float64 model of rotate / concat /
+repeat as the CPU kernel's test (float32, float16 and bfloat16; halves, pairs, partial and no rotation;
+with and without the repeated heads; both the 16-byte and the element-wise paths), and a float32 T5
+decoder with a cache (no rotation, no repeats: three outputs) optimized and validated on CUDA."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+
+import onnxfuse
+from helpers import load_testdata
+from onnxfuse.custom_ops import session_options
+from onnxfuse.runtime.session import cuda_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewrites" / "contrib"))
+from test_contrib_attention_inputs import B, D, G, H, P, S, _op_model, _reference, _types  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
+
+
+@pytest.mark.parametrize("elem,dtype,tol", _types(), ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize("rotary_dim,interleaved", [(D, 0), (D, 1), (6, 0), (0, 0)])
+@pytest.mark.parametrize("outputs", [5, 3])
+def test_the_cuda_kernel_equals_rotate_concat_repeat(elem, dtype, tol, rotary_dim, interleaved, outputs):
+    rng = np.random.default_rng(rotary_dim + 10 * interleaved + outputs)
+    shapes = {"qkv": (B, S, (H + 2 * G) * D), "past_key": (B, G, P, D), "past_value": (B, G, P, D)}
+    if rotary_dim:
+        shapes.update(cos=(B, S, rotary_dim // 2), sin=(B, S, rotary_dim // 2))
+    feeds = {k: rng.standard_normal(s).astype(np.float32).astype(dtype) for k, s in shapes.items()}
+    if elem == TP.BFLOAT16:
+        feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    session = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, outputs).SerializeToString(),
+                                   session_options(), providers=["CUDAExecutionProvider"])
+    assert session.get_providers()[0] == "CUDAExecutionProvider"
+    cpu = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, outputs).SerializeToString(),
+                               session_options(), providers=["CPUExecutionProvider"])
+    got, on_cpu = session.run(None, feeds), cpu.run(None, feeds)
+    for name, a, c, want in zip(["query", "present_key", "present_value", "key_heads", "value_heads"], got, on_cpu,
+                                _reference(feeds, rotary_dim, interleaved)):
+        np.testing.assert_allclose(a.astype(np.float64), want, rtol=tol, atol=tol * 4, err_msg=name)
+        if "value" in name or not rotary_dim:  # copies: bit for bit (a rotation may round differently: FMA)
+            np.testing.assert_array_equal(a, c, err_msg=f"{name}: CUDA and CPU kernels differ")
+
+
+def test_a_float32_t5_decoder_with_a_cache_validates_on_cuda():
+    result = onnxfuse.optimize(load_testdata("optimum_t5_decoder_with_past"), provider="cuda", bench=False)
+    assert result.validation.passed and result.validation.provider == "cuda", result.validation
+    assert "AttentionInputs" in {n.op_type for n in result.model.graph.node}, result.applied.refusals
