@@ -25,7 +25,7 @@ def _session(model, options=None):
     return session
 
 
-def _feeds(batch, new, past, rng, pad=2):
+def _feeds(batch, new, past, rng, pad=2, kv_heads=KV_HEADS, head=HEAD):
     total = past + new
     mask = np.ones((batch, total), np.int64)
     mask[0, :pad] = 0  # left padding of the first sequence
@@ -35,7 +35,7 @@ def _feeds(batch, new, past, rng, pad=2):
              "position_ids": position.astype(np.int64)}
     for i in range(LAYERS):
         for kv in ("key", "value"):
-            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((batch, KV_HEADS, past, HEAD)).astype(np.float16)
+            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((batch, kv_heads, past, head)).astype(np.float16)
     return feeds, mask.astype(bool)
 
 
@@ -44,8 +44,9 @@ def _assert_equal_at_real_tokens(original, optimized, cases, rng):
     the presents at every real position equal the original session's, within float16's rounding."""
     names = [o.name for o in original.get_outputs()]
     inputs = {i.name for i in original.get_inputs()}
+    cache = next(i.shape for i in original.get_inputs() if i.name.startswith("past_key_values"))  # [B, G, P, D]
     for batch, new, past in cases:
-        feeds, real = _feeds(batch, new, past, rng)
+        feeds, real = _feeds(batch, new, past, rng, kv_heads=cache[1], head=cache[3])
         feeds = {k: v for k, v in feeds.items() if k in inputs}
         want = dict(zip(names, original.run(None, feeds)))
         got = dict(zip(names, optimized.run(None, feeds)))
@@ -113,7 +114,8 @@ def test_kv_cache_attention_as_group_query_attention_on_cuda(name):
         optimized.run(None, feeds)
 
 
-@pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "llama_kv_opset17_fp16", "llama_kv_dynamo_fp16"])
+@pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "llama_kv_opset17_fp16", "llama_kv_dynamo_fp16",
+                                  "phi3_kv_opset17_fp16"])
 def test_attention_inputs_kernel_on_cuda(name):
     """contrib-attention-inputs: each layer's Split, rotations, head transposes, cache Concats and
     repeated heads are one AttentionInputs node whose CUDA kernel (compiled with NVRTC) writes the

@@ -33,9 +33,10 @@ rotation do not stay alive for it.
 
 Refused (the graph is left as it is): a MultiHeadAttention with a ``bias``, ``key_padding_mask`` or past
 inputs of its own; keys or values that are not the cache ``Concat`` of a ``Split`` part's heads (possibly
-repeated by that Gather); q not the Split's first part (rotated or not); rotations of q and k that differ
+repeated by that Gather); q not the first part (rotated or not) of a Split or of three Slices of the packed projection (Phi-3's
+fused qkv_proj); rotations of q and k that differ
 in caches or attributes, or a RotaryEmbedding with position ids; a Split that is not [H·D, G·D, G·D] along
-the last axis of a [B, S, (H + 2G)·D] tensor; element types other than float16, bfloat16 and float32; a
+the last axis of a [B, S, (H + 2G)·D] tensor (or three Slices cutting it so); element types other than float16, bfloat16 and float32; a
 graph where the op's inputs would depend on what it writes.
 """
 
@@ -50,7 +51,7 @@ from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import NameAllocator
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import (computed_from, constant_value, dtype_of, int_attr, is_ms_op, is_op, producer_of,
-                                           shape_of)
+                                           shape_of, slice_bounds)
 
 #: The op this rule writes (csrc/attention_inputs.cc).
 OP_TYPE = "AttentionInputs"
@@ -69,10 +70,34 @@ def _rotation(node):
     return (node.inputs[1], node.inputs[2], int_attr(node, "interleaved", 0), int_attr(node, "rotary_embedding_dim", 0))
 
 
+def _sliced_parts(graph, parts, sizes):
+    """qkv when ``parts`` are three Slices of one qkv [B, S, Σ sizes] along its last axis at the offsets
+    of ``sizes`` (Phi-3's fused qkv_proj, cut by the export), each covering its part exactly; else None."""
+    slices = [producer_of(p) for p in parts]
+    if not all(is_op(n, "Slice") for n in slices) or len({id(n.inputs[0]) for n in slices}) != 1:
+        return None
+    qkv = slices[0].inputs[0]
+    shape = shape_of(graph, qkv)
+    if shape is None or len(shape) != 3 or shape[2] != sum(sizes):
+        return None
+    offset = 0
+    for node, size in zip(slices, sizes):
+        bounds = slice_bounds(graph, node)
+        if bounds is None or len(bounds[0]) != 1:
+            return None
+        (start,), (end,), (axis,), (step,) = bounds
+        if axis not in (2, -1) or step != 1 or start != offset or min(end, sum(sizes)) != offset + size:
+            return None
+        offset += size
+    return qkv
+
+
 def _packed_split(graph, parts, sizes):
-    """(qkv, split) when ``parts`` are the three outputs, in order, of one Split of qkv [B, S, Σ sizes]
-    along its last axis into ``sizes``; else None."""
+    """qkv when ``parts`` are the three outputs, in order, of one Split of qkv [B, S, Σ sizes] along its
+    last axis into ``sizes``, or three Slices cutting it so; else None."""
     split = producer_of(parts[0])
+    if is_op(split, "Slice"):
+        return _sliced_parts(graph, parts, sizes)
     if not is_op(split, "Split") or list(split.outputs) != list(parts):
         return None
     shape = shape_of(graph, split.inputs[0])
@@ -83,7 +108,7 @@ def _packed_split(graph, parts, sizes):
         given = constant_value(graph, split.inputs[1])
     if given is None or [int(v) for v in np.asarray(given).reshape(-1)] != list(sizes) or shape[2] != sum(sizes):
         return None
-    return split.inputs[0], split
+    return split.inputs[0]
 
 
 class ContribAttentionInputs(ContribRule):
@@ -129,10 +154,10 @@ class ContribAttentionInputs(ContribRule):
             return Refuse("k is rotated but q is not")
         else:
             q_source = inputs[0]
-        found = _packed_split(graph, [q_source, k_source, v_source], [heads * size, kv_heads * size, kv_heads * size])
-        if found is None:
-            return Refuse("q, k and v are not the three parts of one Split of the packed projection")
-        qkv, split = found
+        qkv = _packed_split(graph, [q_source, k_source, v_source], [heads * size, kv_heads * size, kv_heads * size])
+        if qkv is None:
+            return Refuse("q, k and v are not the three parts, in order, of one Split or three Slices of the packed "
+                          "projection")
         rotary = None
         if k_rotary is not None:
             cos, sin, interleaved, dim = _rotation(k_rotary)

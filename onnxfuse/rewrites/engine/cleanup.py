@@ -17,6 +17,11 @@
 * One-input Concats: ``Concat(x)`` is ``x`` (ONNX allows a single input and copies it); it becomes an
   Identity (then removed as above). The legacy exporter writes one for transformers' cache of the first
   layer (``Concat(past_key_values.0.key)``): a copy of that layer's whole key cache on every decode step.
+* Whole Slices and empty Concat inputs: a ``Slice`` that keeps every element of its input (static sizes,
+  step 1, clamped bounds 0 and d) becomes an Identity; a ``Concat`` input of static length 0 along the
+  axis is dropped (a one-input Concat is then an Identity). Phi-3's export slices the rotated part of
+  each head and concatenates the rest back even when the rotation covers the whole head. Reported with
+  the identity Reshapes.
 * Duplicates (common subexpressions): two ONNX-domain nodes of one graph with the same op, the same
   attributes and the same inputs compute the same outputs, so the later one's readers read the
   earlier one's outputs. Inputs count as the same when they are the same tensor or small constants
@@ -46,6 +51,7 @@ from onnxfuse.rewrites.facts.graph import (
     is_default_domain,
     is_op,
     shape_of,
+    slice_bounds,
 )
 from onnxfuse.rewrites.facts.scopes import Scope
 from onnxfuse.rewrites.facts.shapes import dims_proven_equal, unify_dims
@@ -96,6 +102,65 @@ def single_concats_to_identity(graph: gs.Graph) -> int:
                     and len(node.outputs) == 1 and not node.inputs[0].is_empty():
                 to_identity(node, node.inputs[0])
                 changed += 1
+    return changed
+
+
+def _is_whole_slice(graph: gs.Graph, node: gs.Node) -> bool:
+    """A Slice that keeps every element: on each sliced axis of static size d, step 1, the start clamps to
+    0 and the end to d (ONNX's clamping: a negative bound counts from the end)."""
+    if not is_op(node, "Slice") or len(node.outputs) != 1:
+        return False
+    bounds = slice_bounds(graph, node)
+    shape = shape_of(graph, node.inputs[0])
+    if bounds is None or shape is None:
+        return False
+    for start, end, axis, step in zip(*bounds):
+        axis = axis + len(shape) if axis < 0 else axis
+        if step != 1 or not 0 <= axis < len(shape) or not isinstance(shape[axis], int):
+            return False
+        d = shape[axis]
+        start = min(max(start + d if start < 0 else start, 0), d)
+        end = min(max(end + d if end < 0 else end, 0), d)
+        if start != 0 or end != d:
+            return False
+    return True
+
+
+def whole_slices_to_identity(graph: gs.Graph) -> int:
+    """Turn every Slice that keeps its whole input into an Identity, subgraphs included. Phi-3's export
+    rotates ``q[..., :rotary_dim]`` and concatenates ``q[..., rotary_dim:]`` back even when rotary_dim is
+    the whole head: a copy, and a pattern the rotary and attention rules then see through."""
+    changed = 0
+    for g in graphs_within(graph):
+        for node in g.nodes:
+            if _is_whole_slice(g, node):
+                to_identity(node, node.inputs[0])
+                changed += 1
+    return changed
+
+
+def empty_concat_inputs_removed(graph: gs.Graph) -> int:
+    """Drop from each Concat the inputs of static length 0 along its axis (nothing to copy), keeping at
+    least one input; subgraphs included. Phi-3's ``Concat(rotated, q[..., head:])`` then has one input."""
+    changed = 0
+    for g in graphs_within(graph):
+        for node in g.nodes:
+            if node.op != "Concat" or not is_default_domain(node) or len(node.inputs) < 2:
+                continue
+            axis = int_attr(node, "axis", 0)
+            keep = []
+            for t in node.inputs:
+                shape = shape_of(g, t)
+                a = axis + len(shape) if shape is not None and axis < 0 else axis
+                empty = shape is not None and 0 <= a < len(shape) and shape[a] == 0 and isinstance(shape[a], int)
+                if not empty:
+                    keep.append(t)
+            if not keep:
+                keep = [node.inputs[0]]
+            if len(keep) < len(node.inputs):
+                changed += len(node.inputs) - len(keep)
+                node.inputs.clear()
+                node.inputs.extend(keep)
     return changed
 
 
@@ -231,7 +296,8 @@ def cleanup(graph: gs.Graph) -> dict[str, int]:
     """Run every cleanup pass; return what each removed (for the report)."""
     before = len(graph.nodes)
     everything = _all_nodes(graph)
-    reshapes = identity_reshapes_to_identity(graph) + single_concats_to_identity(graph)
+    empty = empty_concat_inputs_removed(graph)
+    reshapes = identity_reshapes_to_identity(graph) + whole_slices_to_identity(graph) + single_concats_to_identity(graph)
     identities = max(remove_identities(graph) - reshapes, 0)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     duplicates = merge_duplicates(graph)
@@ -239,4 +305,5 @@ def cleanup(graph: gs.Graph) -> dict[str, int]:
         graph.cleanup(remove_unused_graph_inputs=False).toposort()
     forget_dead_readers(everything, graph)
     dead = before - identities - reshapes - duplicates - len(graph.nodes)
+    reshapes += empty  # reported with the identity Reshapes: each is a copy that did nothing
     return {"identity": identities, "identity-reshape": reshapes, "duplicate": duplicates, "dead-node": max(dead, 0)}

@@ -247,6 +247,25 @@ def producer_of(tensor):
     return tensor.inputs[0] if len(tensor.inputs) == 1 else None
 
 
+def slice_bounds(graph, node):
+    """(starts, ends, axes, steps) of a Slice as int lists (attributes before opset 10, constant inputs
+    from it), or None when any is not constant."""
+    if "starts" in node.attrs:
+        starts, ends = list(node.attrs["starts"]), list(node.attrs["ends"])
+        axes = list(node.attrs.get("axes", range(len(starts))))
+        return starts, ends, axes, [1] * len(starts)
+    values = [constant_value(graph, t) if i < len(node.inputs) and not t.is_empty() else None
+              for i, t in enumerate(list(node.inputs[1:5]) + [gs.Variable.empty()] * (5 - len(node.inputs)))]
+    starts, ends, axes, steps = values
+    if starts is None or ends is None or (len(node.inputs) > 3 and not node.inputs[3].is_empty() and axes is None) \
+            or (len(node.inputs) > 4 and not node.inputs[4].is_empty() and steps is None):
+        return None
+    starts, ends = [int(v) for v in starts.reshape(-1)], [int(v) for v in ends.reshape(-1)]
+    axes = list(range(len(starts))) if axes is None else [int(v) for v in axes.reshape(-1)]
+    steps = [1] * len(starts) if steps is None else [int(v) for v in steps.reshape(-1)]
+    return starts, ends, axes, steps
+
+
 def computed_from(tensors, sources: set, except_shape_reads: bool = False) -> bool:
     """Whether any of ``tensors`` is, or is computed from, a tensor whose ``id`` is in ``sources``;
     ``except_shape_reads``: not counting a path through a ``Shape`` of one of them (its size only, which

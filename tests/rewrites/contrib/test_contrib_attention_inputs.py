@@ -113,7 +113,7 @@ def test_a_bad_spec_is_one_clear_error():
 
 
 @pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "mistral_kv_opset17_fp16", "llama_kv_dynamo_fp16",
-                                  "optimum_llama_kv_fp16"])
+                                  "optimum_llama_kv_fp16", "phi3_kv_opset17_fp16"])  # Phi-3: Slices of a fused qkv_proj
 def test_decoders_equal_the_original_at_prefill_decode_and_chunks(name):
     model = load_testdata(name)
     result = onnxfuse.optimize(model, samples=2)

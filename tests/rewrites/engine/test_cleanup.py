@@ -231,3 +231,32 @@ def test_one_input_concat_is_an_identity_and_goes():
     assert op_types(out) == ["Relu", "Concat"], op_types(out)  # the two-input Concat stays
     assert list(out.graph.node[0].input) == ["x"]
     assert_same_outputs(model, out)
+
+
+def _slicing_model(starts, ends, dims=("N", 3, 16)):
+    """Relu → Slice(axis 2, starts:ends) → Concat with Slice(axis 2, 16:∞) → Sigmoid (Phi-3's rotary cut)."""
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+             (("s", starts), ("e", ends), ("a", [2]), ("rest_s", [16]), ("rest_e", [np.iinfo(np.int64).max]))]
+    nodes = [_node("Relu", ["x"], ["r"]), _node("Slice", ["r", "s", "e", "a"], ["part"]),
+             _node("Slice", ["r", "rest_s", "rest_e", "a"], ["rest"]),
+             _node("Concat", ["part", "rest"], ["c"], axis=-1), _node("Sigmoid", ["c"], ["y"])]
+    model = make_model(nodes, [vi("x", list(dims))], [vi("y", ["N", 3, "E"])], inits=inits)
+    return onnx.shape_inference.infer_shapes(model)  # the sizes the pipeline's inference gives the passes
+
+
+def test_a_whole_slice_and_an_empty_concat_input_go():
+    for starts, ends in (([0], [16]), ([-16], [np.iinfo(np.int64).max]), ([-100], [100])):  # every clamped form
+        model = _slicing_model(starts, ends)
+        out, counts = _clean(model)
+        assert op_types(out) == ["Relu", "Sigmoid"], (starts, ends, op_types(out))
+        assert counts["identity-reshape"] == 3  # the whole Slice, the empty input, the one-input Concat
+        assert_same_outputs(model, out)
+
+
+def test_a_partial_slice_or_an_unknown_size_stays():
+    out, _ = _clean(_slicing_model([0], [8]))  # keeps half: the empty rest still goes
+    assert op_types(out) == ["Relu", "Slice", "Sigmoid"]
+    assert_same_outputs(_slicing_model([0], [8]), out)
+    dynamic = _slicing_model([0], [16], dims=("N", 3, "D"))  # the axis size is not known: nothing proven
+    out, _ = _clean(dynamic)
+    assert op_types(out).count("Slice") == 2 and "Concat" in op_types(out)
