@@ -45,6 +45,11 @@ def test_ladder_only_leaves_out_rules_that_applied_and_ends_with_everything():
     rungs = ladder(["contrib-attention", "fuse-elementwise"])
     assert [name for name, _ in rungs] == ["fused attention", "FusedElementwise kernels", "every rewrite"]
     assert rungs[0][1] < rungs[1][1]  # cumulative
+    rungs = ladder(["contrib-attention", "contrib-attention-inputs"])  # a KV-cache decoder: its kernel first
+    assert rungs == [("AttentionInputs kernel", frozenset({"contrib-attention-inputs"})),
+                     ("fused attention", frozenset({"contrib-attention-inputs", "contrib-attention",
+                                                    "contrib-mask-lengths"})),
+                     ("every rewrite", ALL)]
     rungs = ladder(["contrib-channels-last", "conv-bias-into-elementwise"])
     assert rungs == [("channels-last layout", frozenset({"contrib-channels-last"})),
                      ("FusedElementwise kernels", frozenset({"contrib-channels-last", "fuse-elementwise",
