@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto as TP
 
 import onnxfuse
 from helpers import load_testdata
@@ -19,7 +18,7 @@ from onnxfuse.custom_ops import session_options
 from onnxfuse.runtime.session import cuda_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewrites" / "contrib"))
-from test_contrib_attention_inputs import B, D, G, H, P, S, _op_model, _reference, _types  # noqa: E402
+from test_contrib_attention_inputs import D, _op_feeds, _op_model, _reference, _types  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
 
@@ -28,13 +27,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="
 @pytest.mark.parametrize("rotary_dim,interleaved", [(D, 0), (D, 1), (6, 0), (0, 0)])
 @pytest.mark.parametrize("outputs", [5, 3])
 def test_the_cuda_kernel_equals_rotate_concat_repeat(elem, dtype, tol, rotary_dim, interleaved, outputs):
-    rng = np.random.default_rng(rotary_dim + 10 * interleaved + outputs)
-    shapes = {"qkv": (B, S, (H + 2 * G) * D), "past_key": (B, G, P, D), "past_value": (B, G, P, D)}
-    if rotary_dim:
-        shapes.update(cos=(B, S, rotary_dim // 2), sin=(B, S, rotary_dim // 2))
-    feeds = {k: rng.standard_normal(s).astype(np.float32).astype(dtype) for k, s in shapes.items()}
-    if elem == TP.BFLOAT16:
-        feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    feeds = _op_feeds(elem, dtype, rotary_dim, interleaved, outputs)
     session = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, outputs).SerializeToString(),
                                    session_options(), providers=["CUDAExecutionProvider"])
     assert session.get_providers()[0] == "CUDAExecutionProvider"

@@ -82,18 +82,22 @@ def _types():
     return out
 
 
-@pytest.mark.parametrize("elem,dtype,tol", _types(), ids=lambda v: getattr(v, "__name__", str(v)))
-@pytest.mark.parametrize("rotary_dim,interleaved", [(D, 0), (D, 1), (6, 0), (0, 0)])
-@pytest.mark.parametrize("outputs", [5, 3])
-def test_the_op_equals_rotate_concat_repeat_in_float64(elem, dtype, tol, rotary_dim, interleaved, outputs):
+def _op_feeds(elem, dtype, rotary_dim, interleaved, outputs):
+    """Seeded inputs of :func:`_op_model`, values representable in the element type (fed as float32 where
+    it is bfloat16: the model casts)."""
     rng = np.random.default_rng(rotary_dim + 10 * interleaved + outputs)
     shapes = {"qkv": (B, S, (H + 2 * G) * D), "past_key": (B, G, P, D), "past_value": (B, G, P, D)}
     if rotary_dim:
         shapes.update(cos=(B, S, rotary_dim // 2), sin=(B, S, rotary_dim // 2))
-    # values representable in the element type, fed as float32 where it is bfloat16 (cast in the model)
     feeds = {k: rng.standard_normal(s).astype(np.float32).astype(dtype) for k, s in shapes.items()}
-    if elem == TP.BFLOAT16:
-        feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    return {k: v.astype(np.float32) for k, v in feeds.items()} if elem == TP.BFLOAT16 else feeds
+
+
+@pytest.mark.parametrize("elem,dtype,tol", _types(), ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize("rotary_dim,interleaved", [(D, 0), (D, 1), (6, 0), (0, 0)])
+@pytest.mark.parametrize("outputs", [5, 3])
+def test_the_op_equals_rotate_concat_repeat_in_float64(elem, dtype, tol, rotary_dim, interleaved, outputs):
+    feeds = _op_feeds(elem, dtype, rotary_dim, interleaved, outputs)
     session = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, outputs).SerializeToString(),
                                    session_options(), providers=["CPUExecutionProvider"])
     got = session.run(None, feeds)
