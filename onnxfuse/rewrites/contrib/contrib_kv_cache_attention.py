@@ -130,7 +130,7 @@ class ContribKvCacheAttention(ContribRule):
         for cache in (k_cache, v_cache):  # the op writes the presents: their Concats lose their outputs
             producer_of(cache).outputs.clear()
         out = node.outputs[0]
-        attrs = {"num_heads": heads, "kv_num_heads": kv_heads, "causal": 0, 
+        attrs = {"num_heads": heads, "kv_num_heads": kv_heads, "causal": 0,
                  "scale": float(node.attrs.get("scale", 1.0 / np.sqrt(size)))}  # MultiHeadAttention's default
         inputs = [query, k_source, v_source, past_k, past_v, seqlens, total,
                   gs.Variable.empty(), gs.Variable.empty(), gs.Variable.empty(), bias]
@@ -141,6 +141,21 @@ class ContribKvCacheAttention(ContribRule):
         return {"num_heads": heads, "kv_num_heads": kv_heads, "rotary": rotary is not None}
 
 
+def _appended(graph, names, base: str, op: str, inputs, dtype, tag: str, **attrs):
+    """The output of a new ``op`` node on ``inputs``, named ``{base}/{tag}`` (the exact name when free)."""
+    out = gs.Variable(names(f"{base}/{tag}"), dtype=dtype)
+    graph.nodes.append(gs.Node(op, names(f"{base}/{tag}_{op}"), attrs, inputs=inputs, outputs=[out]))
+    return out
+
+
+def _dim(graph, names, base: str, tensor, axis: int, tag: str):
+    """``Shape(tensor)[axis]`` as an int64 [1] tensor."""
+    shape = _appended(graph, names, base, "Shape", [tensor], np.int64, f"{tag}_shape")
+    return _appended(graph, names, base, "Gather", [shape, new_constant(graph, f"{base}/{tag}_axis",
+                                                                        np.array([axis], np.int64))],
+                     np.int64, tag, axis=0)
+
+
 def _shape_from_parts(graph, names, tensor, heads: int, size: int, past, source) -> None:
     """Every ``Shape(tensor)``, ``tensor`` a cache [B, H_kv, P + S, D] or its repeat [B, H, P + S, D],
     reads the same vector made from the past [B, H_kv, P, D] and the new keys [B, S, E] instead: the op
@@ -149,27 +164,21 @@ def _shape_from_parts(graph, names, tensor, heads: int, size: int, past, source)
     if not readers:
         return
     base = f"{tensor.name}/shape_from_parts"
-
-    def node(op, inputs, tag, **attrs):
-        out = gs.Variable(names(f"{base}/{tag}"), dtype=np.int64)
-        graph.nodes.append(gs.Node(op, names(f"{base}/{tag}_{op}"), attrs, inputs=inputs, outputs=[out]))
-        return out
-
-    def axis(t, i, tag):
-        return node("Gather", [node("Shape", [t], f"{tag}_shape"),
-                               new_constant(graph, f"{base}/{tag}_axis", np.array([i], np.int64))], tag, axis=0)
-
-    length = node("Add", [axis(past, 2, "past_length"), axis(source, 1, "new_length")], "length")
-    full = node("Concat", [axis(past, 0, "batch"), new_constant(graph, f"{base}/heads", np.array([heads], np.int64)),
-                           length, new_constant(graph, f"{base}/size", np.array([size], np.int64))], "shape", axis=0)
+    length = _appended(graph, names, base, "Add", [_dim(graph, names, base, past, 2, "past_length"),
+                                                   _dim(graph, names, base, source, 1, "new_length")],
+                       np.int64, "length")
+    full = _appended(graph, names, base, "Concat", [
+        _dim(graph, names, base, past, 0, "batch"), new_constant(graph, f"{base}/heads", np.array([heads], np.int64)),
+        length, new_constant(graph, f"{base}/size", np.array([size], np.int64))], np.int64, "shape", axis=0)
     for reader in readers:
         start, end = reader.attrs.get("start"), reader.attrs.get("end")
         if start is None and end is None:
             out = full
         else:
-            out = node("Slice", [full, new_constant(graph, f"{base}/start", np.array([start or 0], np.int64)),
-                                 new_constant(graph, f"{base}/end", np.array([4 if end is None else end], np.int64))],
-                       "shape_part")
+            out = _appended(graph, names, base, "Slice", [
+                full, new_constant(graph, f"{base}/start", np.array([start or 0], np.int64)),
+                new_constant(graph, f"{base}/end", np.array([4 if end is None else end], np.int64))],
+                np.int64, "shape_part")
         reader.op, reader.attrs = "Identity", {}
         reader.inputs[0] = out
 
@@ -187,21 +196,13 @@ def _sequence_lengths(graph, bias, query):
     known = graph.tensors()
     if f"{key}/seqlens_k" in known and f"{key}/total_sequence_length" in known:
         return known[f"{key}/seqlens_k"], known[f"{key}/total_sequence_length"]
-    names = NameAllocator(graph)
-
-    def node(op, inputs, dtype, tag, **attrs):
-        out = gs.Variable(names(f"{key}/{tag}"), dtype=dtype)  # exact names: found again by the next layer
-        graph.nodes.append(gs.Node(op, names(f"{key}/{tag}_{op}"), attrs, inputs=inputs, outputs=[out]))
-        return out
-
-    def pick(tensor, axis, tag):
-        shape = node("Shape", [tensor], np.int64, f"{tag}_shape")
-        return node("Gather", [shape, new_constant(graph, f"{key}/{tag}_axis", np.array([axis], np.int64))],
-                    np.int64, tag, axis=0)
-
-    total = node("Cast", [pick(bias, 3, "total_int64")], np.int32, "total", to=int(TensorProto.INT32))
-    last = node("Sub", [total, new_constant(graph, f"{key}/one", np.array([1], np.int32))], np.int32, "last")
-    seqlens = node("Expand", [last, pick(query, 0, "batch")], np.int32, "seqlens_k")
-    scalar = node("Reshape", [total, new_constant(graph, f"{key}/scalar", np.zeros(0, np.int64))], np.int32,
-                  "total_sequence_length")
+    names = NameAllocator(graph)  # exact names where free: found again by the next layer
+    total = _appended(graph, names, key, "Cast", [_dim(graph, names, key, bias, 3, "total_int64")], np.int32,
+                      "total", to=int(TensorProto.INT32))
+    last = _appended(graph, names, key, "Sub", [total, new_constant(graph, f"{key}/one", np.array([1], np.int32))],
+                     np.int32, "last")
+    seqlens = _appended(graph, names, key, "Expand", [last, _dim(graph, names, key, query, 0, "batch")], np.int32,
+                        "seqlens_k")
+    scalar = _appended(graph, names, key, "Reshape", [total, new_constant(graph, f"{key}/scalar", np.zeros(0, np.int64))],
+                       np.int32, "total_sequence_length")
     return seqlens, scalar
