@@ -254,11 +254,11 @@ def slice_bounds(graph, node):
         starts, ends = list(node.attrs["starts"]), list(node.attrs["ends"])
         axes = list(node.attrs.get("axes", range(len(starts))))
         return starts, ends, axes, [1] * len(starts)
-    values = [constant_value(graph, t) if i < len(node.inputs) and not t.is_empty() else None
-              for i, t in enumerate(list(node.inputs[1:5]) + [gs.Variable.empty()] * (5 - len(node.inputs)))]
-    starts, ends, axes, steps = values
-    if starts is None or ends is None or (len(node.inputs) > 3 and not node.inputs[3].is_empty() and axes is None) \
-            or (len(node.inputs) > 4 and not node.inputs[4].is_empty() and steps is None):
+    given = [t if not t.is_empty() else None for t in node.inputs[1:5]]
+    given += [None] * (4 - len(given))  # axes and steps are optional
+    starts, ends, axes, steps = (None if t is None else constant_value(graph, t) for t in given)
+    if starts is None or ends is None or (given[2] is not None and axes is None) \
+            or (given[3] is not None and steps is None):  # given but computed at run time
         return None
     starts, ends = [int(v) for v in starts.reshape(-1)], [int(v) for v in ends.reshape(-1)]
     axes = list(range(len(starts))) if axes is None else [int(v) for v in axes.reshape(-1)]

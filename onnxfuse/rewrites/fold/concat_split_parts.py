@@ -37,7 +37,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import new_constant, unique_name
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.facts.graph import constant_value, is_graph_output, is_op, opset_of, producer_of, rank_of
+from onnxfuse.rewrites.facts.graph import constant_value, is_graph_output, is_op, opset_of, producer_of, rank_of, slice_bounds
 from onnxfuse.rewrites.facts.shape_values import axis_length
 
 
@@ -64,13 +64,12 @@ def _slice_part(graph, tensor) -> tuple[Any, int, int, int] | None:
     """(source, axis, start, end) when ``tensor`` is a step-1 ``Slice`` of one axis with constant bounds
     (negative axis and start resolved against the source's known rank and length); else None."""
     node = producer_of(tensor)
-    if not is_op(node, "Slice") or len(node.inputs) < 4:
+    if not is_op(node, "Slice") or len(node.inputs) < 4 or node.inputs[3].is_empty():  # axes given
         return None
-    values = [constant_value(graph, t) if t.name else None for t in node.inputs[1:]]
-    if any(v is None or v.size != 1 for v in values[:3]) or (len(values) > 3 and values[3] is not None and
-                                                              int(values[3].reshape(-1)[0]) != 1):
+    bounds = slice_bounds(graph, node)
+    if bounds is None or any(len(b) != 1 for b in bounds) or bounds[3][0] != 1:
         return None
-    start, end, axis = (int(v.reshape(-1)[0]) for v in values[:3])
+    (start,), (end,), (axis,), _ = bounds
     axis = _nonnegative(graph, axis, node.inputs[0])
     if axis is None or start < 0:
         return None
