@@ -51,9 +51,9 @@ from onnxfuse.rewrites.facts.graph import (
     is_default_domain,
     is_op,
     shape_of,
-    slice_bounds,
 )
 from onnxfuse.rewrites.facts.scopes import Scope
+from onnxfuse.rewrites.facts.shape_values import whole_slice
 from onnxfuse.rewrites.facts.shapes import dims_proven_equal, unify_dims
 
 
@@ -105,27 +105,6 @@ def single_concats_to_identity(graph: gs.Graph) -> int:
     return changed
 
 
-def _is_whole_slice(graph: gs.Graph, node: gs.Node) -> bool:
-    """A Slice that keeps every element: on each sliced axis of static size d, step 1, the start clamps to
-    0 and the end to d (ONNX's clamping: a negative bound counts from the end)."""
-    if not is_op(node, "Slice") or len(node.outputs) != 1:
-        return False
-    bounds = slice_bounds(graph, node)
-    shape = shape_of(graph, node.inputs[0])
-    if bounds is None or shape is None:
-        return False
-    for start, end, axis, step in zip(*bounds):
-        axis = axis + len(shape) if axis < 0 else axis
-        if step != 1 or not 0 <= axis < len(shape) or not isinstance(shape[axis], int):
-            return False
-        d = shape[axis]
-        start = min(max(start + d if start < 0 else start, 0), d)
-        end = min(max(end + d if end < 0 else end, 0), d)
-        if start != 0 or end != d:
-            return False
-    return True
-
-
 def whole_slices_to_identity(graph: gs.Graph) -> int:
     """Turn every Slice that keeps its whole input into an Identity, subgraphs included. Phi-3's export
     rotates ``q[..., :rotary_dim]`` and concatenates ``q[..., rotary_dim:]`` back even when rotary_dim is
@@ -133,7 +112,7 @@ def whole_slices_to_identity(graph: gs.Graph) -> int:
     changed = 0
     for g in graphs_within(graph):
         for node in g.nodes:
-            if _is_whole_slice(g, node):
+            if whole_slice(g, node):
                 to_identity(node, node.inputs[0])
                 changed += 1
     return changed

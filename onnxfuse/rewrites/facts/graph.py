@@ -247,9 +247,10 @@ def producer_of(tensor):
     return tensor.inputs[0] if len(tensor.inputs) == 1 else None
 
 
-def slice_bounds(graph, node):
+def slice_bounds(graph, node, constant_ends: bool = True):
     """(starts, ends, axes, steps) of a Slice as int lists (attributes before opset 10, constant inputs
-    from it), or None when any is not constant."""
+    from it), or None when any is not constant; with ``constant_ends=False``, ends computed at run time
+    give ``ends = None`` instead (the caller proves them otherwise)."""
     if "starts" in node.attrs:
         starts, ends = list(node.attrs["starts"]), list(node.attrs["ends"])
         axes = list(node.attrs.get("axes", range(len(starts))))
@@ -257,10 +258,11 @@ def slice_bounds(graph, node):
     given = [t if not t.is_empty() else None for t in node.inputs[1:5]]
     given += [None] * (4 - len(given))  # axes and steps are optional
     starts, ends, axes, steps = (None if t is None else constant_value(graph, t) for t in given)
-    if starts is None or ends is None or (given[2] is not None and axes is None) \
-            or (given[3] is not None and steps is None):  # given but computed at run time
-        return None
-    starts, ends = [int(v) for v in starts.reshape(-1)], [int(v) for v in ends.reshape(-1)]
+    if starts is None or (ends is None and (constant_ends or given[1] is None)) \
+            or (given[2] is not None and axes is None) or (given[3] is not None and steps is None):
+        return None  # a bound given but computed at run time
+    starts = [int(v) for v in starts.reshape(-1)]
+    ends = None if ends is None else [int(v) for v in ends.reshape(-1)]
     axes = list(range(len(starts))) if axes is None else [int(v) for v in axes.reshape(-1)]
     steps = [1] * len(starts) if steps is None else [int(v) for v in steps.reshape(-1)]
     return starts, ends, axes, steps

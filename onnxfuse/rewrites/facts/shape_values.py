@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxfuse.rewrites.facts.graph import axes_of, constant_value, is_op, producer_of, unit_range_limit
+from onnxfuse.rewrites.facts.graph import axes_of, constant_value, is_op, producer_of, shape_of, slice_bounds, unit_range_limit
 
 #: A dimension: an int, or a symbolic name ("batch").
 Dim = int | str
@@ -504,3 +504,43 @@ def _is_int64(graph, tensor) -> bool:
     value = constant_value(graph, tensor)
     dtype = value.dtype if value is not None else getattr(tensor, "dtype", None)
     return dtype is not None and np.dtype(dtype) == np.dtype(np.int64)
+
+
+#: an end at or past this keeps the whole axis of any tensor that fits in memory (torch writes INT64_MAX)
+_WHOLE_AXIS_END = 2**62
+
+
+def whole_slice(graph, node) -> bool:
+    """``node`` is a ``Slice`` that keeps every element of its input: on each sliced axis, step 1, a start
+    that is 0 (or negative past the axis' static length: ONNX clamps it to 0), and an end at or past the
+    axis' length, that is at a constant >= 2^62, at a constant >= the static length, or at a length
+    proved the same as the axis' (its end a size read from ``Shape``, both proved from how the tensors
+    are made: :func:`axis_length`). ONNX clamps an end to the axis, so the output is then the input.
+
+    Read by the attention masks (transformers' sdpa mask is cut to the key length it already has) and
+    by cleanup (Phi-3 slices the rotated part of a head even when the rotation covers all of it)."""
+    if not is_op(node, "Slice") or len(node.outputs) != 1:
+        return False
+    rank = len(shape_of(graph, node.inputs[0]) or ())
+    bounds = slice_bounds(graph, node, constant_ends=False)
+    if bounds is None or not rank:
+        return False
+    starts, ends, axes, steps = bounds
+    if len(axes) != len(starts) or len(steps) != len(starts) or any(step != 1 for step in steps):
+        return False
+    for k, (start, axis) in enumerate(zip(starts, axes)):
+        if not -rank <= axis < rank:
+            return False
+        length = axis_length(graph, node.inputs[0], axis)
+        if start != 0 and not (start < 0 and isinstance(length, int) and start + length <= 0):
+            return False
+        if ends is not None:
+            if not (ends[k] >= _WHOLE_AXIS_END or (isinstance(length, int) and ends[k] >= length)):
+                return False
+            continue
+        if len(starts) != 1:
+            return False
+        read = shape_read(graph, node.inputs[2])
+        if read is None or len(read[1]) != 1 or not same_length(axis_length(graph, read[0], read[1][0]), length):
+            return False
+    return True

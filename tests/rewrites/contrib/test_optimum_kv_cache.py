@@ -7,7 +7,7 @@ Its causal-and-padding mask is a bool tensor built from index grids (``Range(pas
 cut to the key's length by ``Slice(…, 0, Shape(key)[2])``, then ``Where(keep, 0, -inf)`` with a NaN guard
 after the Softmax. contrib-attention proves it a keep mask of [B, 1, S, L] by length
 (``shape_values.axis_length``: the grid is ``past + S`` long, the key ``Concat(past, new)``, term by term)
-and the Slice whole (``keep_masks.whole_slice``). float16: every attention fused, the export's float32
+and the Slice whole (``facts.shape_values.whole_slice``). float16: every attention fused, the export's float32
 Softmax and P·V included (keep_masks, "Float32 P·V": two float16 roundings the original does not make,
 bounded here against the original's own error); float32: left unfused by the measured policy, and said
 so. Both match the float32 export evaluated in float64 at prefill (empty cache, 5 new tokens, batch 2)

@@ -1,6 +1,6 @@
 """``facts/shape_values.axis_length``: lengths proved from how tensors are made, a KV-cache decoder's mask
 grid (``Range(0, past + S)``) against its key (``Concat(past, new)``) term by term, never from a declared
-name that reads like a sum; and ``keep_masks.whole_slice``, the Slice that cuts a mask to a length it
+name that reads like a sum; and ``whole_slice``, the Slice that cuts a mask to a length it
 already has (optimum's transformers 4.57 export: tests/rewrites/contrib/test_optimum_kv_cache.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from onnxfuse.model_io import to_graph
-from onnxfuse.rewrites.contrib.attention.keep_masks import whole_slice
+from onnxfuse.rewrites.facts.shape_values import whole_slice
 from onnxfuse.rewrites.facts.shape_values import DimSum, axis_length, same_length
 
 

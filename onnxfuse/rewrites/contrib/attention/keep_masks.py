@@ -81,7 +81,7 @@ from onnxfuse.rewrites.facts.graph import (
     scalar_constant,
     shape_of,
 )
-from onnxfuse.rewrites.facts.shape_values import axis_length, same_length, shape_read
+from onnxfuse.rewrites.facts.shape_values import axis_length, same_length, whole_slice
 
 @dataclass
 class KeepMask:
@@ -274,45 +274,3 @@ def broadcast_source(graph, tensor, depth: int = 8):
     return tensor
 
 
-#: an end at or past this keeps the whole axis of any tensor that fits in memory (torch writes INT64_MAX)
-_WHOLE_AXIS_END = 2**62
-
-
-def whole_slice(graph, node) -> bool:
-    """``node`` is a ``Slice`` that keeps every element of its input: on each sliced axis it starts at 0
-    with step 1 and ends at or past the axis' length, that is at a constant >= 2^62, at a constant
-    >= the static length, or at a length proved the same as the axis' (its end a size read from
-    ``Shape``, both proved from how the tensors are made:
-    :func:`~onnxfuse.rewrites.facts.shape_values.axis_length`). ONNX clamps an end to the axis, so
-    the output is then the input."""
-    if not is_op(node, "Slice") or len(node.inputs) < 3:
-        return False
-    bounds = [constant_value(graph, t) if t.name else None for t in node.inputs[1:5]]
-    starts = bounds[0]
-    rank = len(shape_of(graph, node.inputs[0]) or ())
-    if starts is None or not rank or np.any(starts.reshape(-1) != 0):
-        return False
-    count = starts.size
-    axes = bounds[2] if len(bounds) > 2 and bounds[2] is not None else np.arange(count)
-    steps = bounds[3] if len(bounds) > 3 and bounds[3] is not None else np.ones(count, np.int64)
-    if (len(node.inputs) > 3 and node.inputs[3].name and bounds[2] is None) or (
-            len(node.inputs) > 4 and node.inputs[4].name and bounds[3] is None):
-        return False
-    if axes.size != count or steps.size != count or np.any(steps.reshape(-1) != 1):
-        return False
-    ends = bounds[1]
-    for k, axis in enumerate(int(a) for a in axes.reshape(-1)):
-        if not -rank <= axis < rank:
-            return False
-        length = axis_length(graph, node.inputs[0], axis)
-        if ends is not None:
-            end = int(ends.reshape(-1)[k])
-            if not (end >= _WHOLE_AXIS_END or (isinstance(length, int) and end >= length)):
-                return False
-            continue
-        if count != 1:
-            return False
-        read = shape_read(graph, node.inputs[2])
-        if read is None or len(read[1]) != 1 or not same_length(axis_length(graph, read[0], read[1][0]), length):
-            return False
-    return True
