@@ -104,7 +104,8 @@ def options(p) -> None:
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--with-rules", default="",
-                   help="opt-in rules (comma list): a fourth column, onnxfuse's output with them besides the defaults")
+                   help="rules (comma list): a fourth column, onnxfuse's output with these opt-in rules besides the "
+                        "defaults, and without those written -NAME (e.g. -contrib-grouped-attention-inputs)")
     p.add_argument("--extras-unvalidated", action="store_true",
                    help="optimize the --with-rules column without validation (a rule whose op serves only some "
                         "shapes, e.g. contrib-kv-cache-attention: timed at the cells it serves)")
@@ -146,13 +147,16 @@ def export_original(shape: str, opset: int, seed: int, folder: Path):
 
 def optimize(model, device: str, with_rules: list[str] | None = None, validate: bool = True) -> tuple[object, dict]:
     """onnxfuse's output of ``model`` (validation on unless ``validate`` is false) and what to report about
-    it; ``with_rules``: opt-in rules to run besides the default ones."""
+    it; ``with_rules``: opt-in rules to run besides the default ones, and (written -NAME) default rules
+    to leave out."""
     import onnxfuse
     from onnxfuse.errors import ValidationFailed
-    only = [f"+{r}" for r in with_rules] if with_rules else None  # the defaults plus these opt-in rules
+    added = [f"+{r}" for r in with_rules or [] if not r.startswith("-")]
+    skip = [r[1:] for r in with_rules or [] if r.startswith("-")] or None
     t0 = time.perf_counter()
     try:
-        res = onnxfuse.optimize(model, target="cuda", validate=validate, provider=device, only=only)
+        res = onnxfuse.optimize(model, target="cuda", validate=validate, provider=device, only=added or None,
+                                skip=skip)
         verdict = "passed" if validate else "off (--extras-unvalidated)"
     except ValidationFailed as exc:  # still timed: the table marks it
         res, verdict = exc.report, f"FAILED ({exc}; culprit {exc.culprit})"
@@ -426,7 +430,7 @@ def main(argv=None) -> int:
             traceback.print_exc()
     extra = [r for r in args.with_rules.split(",") if r]
     if extra and "onnxfuse" in models:
-        name = "onnxfuse+" + "+".join(extra)
+        name = "onnxfuse" + "".join(r if r.startswith("-") else f"+{r}" for r in extra)
         log(f"optimizing with onnxfuse and {', '.join(extra)}")
         try:
             models[name], report[name] = optimize(models["original"], args.device, extra,

@@ -39,6 +39,8 @@ SLOWER_MARGIN = 0.03
 #: (what the rung leaves out, the rules it adds to the skipped set), tried in order, cumulatively.
 LADDER = [
     ("channels-last layout", ("contrib-channels-last",)),  # opt-in; cuDNN's NHWC kernels by GPU and shape
+    ("DecodeAttention kernel", ("contrib-decode-attention",)),  # our split-K decode kernel; MultiHeadAttention stays
+    ("grouped query rows", ("contrib-grouped-attention-inputs",)),  # back to repeated K/V heads
     ("AttentionInputs kernel", ("contrib-attention-inputs",)),  # our KV-cache kernel; the attention stays
     ("fused attention", ("contrib-attention", "contrib-mask-lengths")),
     ("FusedElementwise kernels", ("fuse-elementwise", "conv-bias-into-elementwise")),

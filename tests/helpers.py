@@ -78,6 +78,21 @@ def optimize(model: onnx.ModelProto, only=None, skip=None, target: str = "cuda",
     return to_model(graph, model), report
 
 
+def op_types_within(model: onnx.ModelProto) -> list[str]:
+    """Every node's op type, the nodes of If branches and Loop/Scan bodies included (depth first)."""
+    out = []
+
+    def walk(graph):
+        for node in graph.node:
+            out.append(node.op_type)
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    walk(sub)
+
+    walk(model.graph)
+    return out
+
+
 def op_types(model: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in model.graph.node]
 

@@ -68,6 +68,8 @@ ORDER = [
     "fold/range-by-cumsum",  # after contrib-attention, which proves mask shapes through the Range's named length
     "fold/pack-sibling-matmuls",  # after the contrib rules (Attention packs BERT's q, k, v itself), before fuse-elementwise
     "contrib/contrib-attention-inputs",  # after pack-sibling-matmuls, whose Split of the packed q/k/v it reads
+    "contrib/contrib-grouped-attention-inputs",  # after contrib-attention-inputs, whose node it regroups
+    "contrib/contrib-decode-attention",  # after contrib-grouped-attention-inputs, whose grouped rows it reads
     "elementwise/conv-bias-into-elementwise",  # decides with fuse-elementwise's own region analysis
     "elementwise/fuse-elementwise",  # last: takes whatever elementwise ops are left
 ]

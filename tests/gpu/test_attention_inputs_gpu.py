@@ -18,24 +18,24 @@ from onnxfuse.custom_ops import session_options
 from onnxfuse.runtime.session import cuda_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewrites" / "contrib"))
-from test_contrib_attention_inputs import D, _op_feeds, _op_model, _reference, _types  # noqa: E402
+from test_contrib_attention_inputs import FORMS, D, _op_feeds, _op_model, _reference, _types  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
 
 
 @pytest.mark.parametrize("elem,dtype,tol", _types(), ids=lambda v: getattr(v, "__name__", str(v)))
 @pytest.mark.parametrize("rotary_dim,interleaved", [(D, 0), (D, 1), (6, 0), (0, 0)])
-@pytest.mark.parametrize("outputs", [5, 3])
-def test_the_cuda_kernel_equals_rotate_concat_repeat(elem, dtype, tol, rotary_dim, interleaved, outputs):
-    feeds = _op_feeds(elem, dtype, rotary_dim, interleaved, outputs)
-    session = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, outputs).SerializeToString(),
+@pytest.mark.parametrize("form", FORMS)
+def test_the_cuda_kernel_equals_rotate_concat_repeat(elem, dtype, tol, rotary_dim, interleaved, form):
+    feeds = _op_feeds(elem, dtype, rotary_dim, interleaved, form)
+    session = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, form).SerializeToString(),
                                    session_options(), providers=["CUDAExecutionProvider"])
     assert session.get_providers()[0] == "CUDAExecutionProvider"
-    cpu = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, outputs).SerializeToString(),
+    cpu = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, form).SerializeToString(),
                                session_options(), providers=["CPUExecutionProvider"])
     got, on_cpu = session.run(None, feeds), cpu.run(None, feeds)
     for name, a, c, want in zip(["query", "present_key", "present_value", "key_heads", "value_heads"], got, on_cpu,
-                                _reference(feeds, rotary_dim, interleaved)):
+                                _reference(feeds, rotary_dim, interleaved, form)):
         np.testing.assert_allclose(a.astype(np.float64), want, rtol=tol, atol=tol * 4, err_msg=name)
         if "value" in name or not rotary_dim:  # copies: bit for bit (a rotation may round differently: FMA)
             np.testing.assert_array_equal(a, c, err_msg=f"{name}: CUDA and CPU kernels differ")

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 import onnxfuse
-from helpers import load_testdata
+from helpers import load_testdata, op_types_within
 from onnxfuse.custom_ops import session_options
 from onnxfuse.runtime.session import cuda_available
 
@@ -65,7 +65,7 @@ def test_kv_cache_decoder_fused_and_equal_on_cuda(name):
     model = load_testdata(name)
     result = onnxfuse.optimize(model, provider="cuda", samples=2)
     assert result.validation.passed and result.validation.provider == "cuda", result.validation
-    ops = [n.op_type for n in result.model.graph.node]
+    ops = op_types_within(result.model)  # MultiHeadAttention may be an If's prefill branch (contrib-decode-attention)
     assert ops.count("MultiHeadAttention") == LAYERS and "Softmax" not in ops, result.applied.refusals
     # the packed projection's Split, the rotations, the cache Concats and repeat_kv: one AttentionInputs
     assert ops.count("AttentionInputs") == LAYERS and "Neg" not in ops, ops
@@ -84,7 +84,7 @@ def test_optimum_float16_export_fuses_and_matches_on_cuda(batch, new, past):
     original = load_testdata("optimum_llama_kv_fp16")
     result = onnxfuse.optimize(original, provider="cuda", bench=False)
     assert result.validation.passed
-    assert [n.op_type for n in result.model.graph.node].count("MultiHeadAttention") == 2
+    assert op_types_within(result.model).count("MultiHeadAttention") == 2
     feeds = kv_cache_feeds(batch, new, past, np.float16, np.random.default_rng(4))
     names = [o.name for o in original.graph.output]
     want = dict(zip(names, _session(original).run(None, feeds)))
@@ -116,17 +116,24 @@ def test_kv_cache_attention_as_group_query_attention_on_cuda(name):
 
 @pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "llama_kv_opset17_fp16", "llama_kv_dynamo_fp16",
                                   "phi3_kv_opset17_fp16"])
-def test_attention_inputs_kernel_on_cuda(name):
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "repeated"])
+def test_attention_inputs_kernel_on_cuda(name, grouped):
     """contrib-attention-inputs: each layer's Split, rotations, head transposes, cache Concats and
     repeated heads are one AttentionInputs node whose CUDA kernel (compiled with NVRTC) writes the
-    rotated query, the presents and the repeated heads; validated on CUDA, and at prefill, decode and a
-    batch-2 chunk over a cache the logits and presents equal the original's on CUDA at every real token
-    with a left-padded row."""
+    rotated query, the presents and the repeated heads, or with contrib-grouped-attention-inputs the
+    query as n rows per key/value head for an attention over the presents themselves; validated on
+    CUDA, and at prefill, decode and a batch-2 chunk over a cache the logits and presents equal the
+    original's on CUDA at every real token with a left-padded row."""
     model = load_testdata(name)
-    result = onnxfuse.optimize(model, provider="cuda", samples=2, bench=False, only=["+contrib-attention-inputs"])
+    result = onnxfuse.optimize(model, provider="cuda", samples=2, bench=False,
+                               skip=None if grouped else ["contrib-grouped-attention-inputs"])
     assert result.validation.passed and result.validation.provider == "cuda", result.validation
-    ops = [n.op_type for n in result.model.graph.node]
+    assert result.applied.counts.get("contrib-grouped-attention-inputs", 0) == (LAYERS if grouped else 0)
+    assert result.applied.counts.get("contrib-decode-attention", 0) == (LAYERS if grouped else 0)
+    ops = op_types_within(result.model)  # with DecodeAttention, the MultiHeadAttention is an If's prefill branch
     assert ops.count("AttentionInputs") == LAYERS and ops.count("MultiHeadAttention") == LAYERS, result.applied.refusals
     assert "Concat" not in [n.op_type for n in result.model.graph.node if n.output and n.output[0].startswith("present")]
     original, optimized = _session(model), _session(result.model, session_options())
-    _assert_equal_at_real_tokens(original, optimized, ((2, 6, 0), (3, 1, 9), (1, 1, 30), (2, 3, 4)), np.random.default_rng(9))
+    # prefill of 6 and 20 tokens: with grouped rows, 12 rows per head take DecodeAttention, 40 MultiHeadAttention
+    _assert_equal_at_real_tokens(original, optimized, ((2, 6, 0), (1, 20, 0), (3, 1, 9), (1, 1, 30), (2, 3, 4)),
+                                 np.random.default_rng(9))

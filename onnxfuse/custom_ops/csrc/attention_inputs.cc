@@ -8,6 +8,9 @@
 //            present_value [B, G, P + S, D], and optionally key_heads / value_heads [B, H, P + S, D]:
 //            the presents with key/value head g repeated for query heads g·n … g·n + n − 1, n = H / G
 //   attribute spec (string): "num_heads=H kv_num_heads=G head_size=D rotary_dim=R interleaved=0|1"
+//            and optionally "grouped=1": query is then [B, S·n, G·D], the heads of each key/value head's
+//            group as rows (row s·n + j of head g is query head g·n + j at token s), and the node has
+//            exactly 3 outputs: MultiHeadAttention over G heads reads the presents themselves
 //
 // Rotation of one head x (ONNX RotaryEmbedding, opset 23, caches without position ids): for d < R,
 // halves (interleaved=0): y[d] = x[d]·c[d] − x[d + R/2]·s[d] (d < R/2), x[d]·c[d − R/2] + x[d − R/2]·s[d − R/2];
@@ -18,10 +21,10 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "attention_common.h"
 #include "cuda_runtime.h"
 #include "ops.h"
 #include "ort_util.h"
@@ -31,56 +34,40 @@ namespace {
 
 using namespace onnxfuse_ort;
 
-const char* kOpName = "AttentionInputs";
+const char* const kOpName = "AttentionInputs";
 const OrtApi* api = nullptr;
 
-// ONNX TensorProto element types this op takes.
-constexpr int kFloat = 1, kFloat16 = 10, kBFloat16 = 16;
-
 OrtStatus* fail(OrtErrorCode code, const std::string& node, const std::string& msg) {
-  return api->CreateStatus(code, (std::string(kOpName) + " node" + (node.empty() ? "" : " '" + node + "'") + ": " + msg).c_str());
+  return op_error(api, code, kOpName, node, msg);
 }
 
 struct Spec {
-  int64_t heads = 0, kv_heads = 0, size = 0, rotary = 0, interleaved = 0;
+  int64_t heads = 0, kv_heads = 0, size = 0, rotary = 0, interleaved = 0, grouped = 0;
 };
 
-bool parse_spec(const std::string& text, Spec* s, std::string* err) {
-  std::istringstream in(text);
-  std::string item;
-  bool seen[5] = {};
-  while (in >> item) {
-    size_t eq = item.find('=');
-    if (eq == std::string::npos) {
-      *err = "bad spec item '" + item + "'";
+// The spec's values, checked: H > 0 a multiple of G > 0, D > 0, R even in [0, D], flags 0 or 1.
+bool parse_spec(const std::map<std::string, std::string>& items, Spec* s, std::string* err) {
+  const char* keys[6] = {"num_heads", "kv_num_heads", "head_size", "rotary_dim", "interleaved", "grouped"};
+  int64_t* slots[6] = {&s->heads, &s->kv_heads, &s->size, &s->rotary, &s->interleaved, &s->grouped};
+  std::string text;
+  for (const auto& kv : items) text += (text.empty() ? "" : " ") + kv.first + "=" + kv.second;
+  for (int k = 0; k < 6; ++k) {
+    auto it = items.find(keys[k]);
+    if (it == items.end()) {
+      if (k < 5) {  // grouped is optional (0)
+        *err = "spec needs num_heads, kv_num_heads, head_size, rotary_dim and interleaved";
+        return false;
+      }
+      continue;
+    }
+    if (!spec_int(it->second, slots[k])) {
+      *err = "bad number in spec item '" + it->first + "=" + it->second + "'";
       return false;
     }
-    std::string key = item.substr(0, eq);
-    char* end = nullptr;
-    long long v = std::strtoll(item.c_str() + eq + 1, &end, 10);
-    if (!end || *end || eq + 1 == item.size()) {
-      *err = "bad number in spec item '" + item + "'";
-      return false;
-    }
-    const char* keys[5] = {"num_heads", "kv_num_heads", "head_size", "rotary_dim", "interleaved"};
-    int64_t* slots[5] = {&s->heads, &s->kv_heads, &s->size, &s->rotary, &s->interleaved};
-    int k = 0;
-    while (k < 5 && key != keys[k]) ++k;
-    if (k == 5) {
-      *err = "unknown spec key '" + key + "'";
-      return false;
-    }
-    *slots[k] = v;
-    seen[k] = true;
   }
-  for (bool b : seen)
-    if (!b) {
-      *err = "spec needs num_heads, kv_num_heads, head_size, rotary_dim and interleaved";
-      return false;
-    }
   if (s->heads <= 0 || s->kv_heads <= 0 || s->heads % s->kv_heads || s->size <= 0 || s->rotary < 0 ||
-      s->rotary > s->size || s->rotary % 2 || (s->interleaved != 0 && s->interleaved != 1)) {
-    *err = "spec '" + text + "': needs H > 0 divisible by G > 0, D > 0, an even R in [0, D], interleaved 0 or 1";
+      s->rotary > s->size || s->rotary % 2 || (s->interleaved != 0 && s->interleaved != 1) || (s->grouped != 0 && s->grouped != 1)) {
+    *err = "spec '" + text + "': needs H > 0 divisible by G > 0, D > 0, an even R in [0, D], interleaved and grouped 0 or 1";
     return false;
   }
   return true;
@@ -95,50 +82,24 @@ struct Shapes {
   std::vector<void*> out;
 };
 
-OrtStatus* input_shape(OrtKernelContext* ctx, size_t i, std::vector<int64_t>* dims, int* type, const void** data) {
-  const OrtValue* v = nullptr;
-  OrtStatus* st;
-  if ((st = api->KernelContext_GetInput(ctx, i, &v))) return st;
-  OrtTensorTypeAndShapeInfo* ti = nullptr;
-  if ((st = api->GetTensorTypeAndShape(v, &ti))) return st;
-  size_t nd = 0;
-  ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  st = api->GetDimensionsCount(ti, &nd);
-  if (!st) {
-    dims->assign(nd, 0);
-    if (nd) st = api->GetDimensions(ti, dims->data(), nd);
-  }
-  if (!st) st = api->GetTensorElementType(ti, &et);
-  api->ReleaseTensorTypeAndShapeInfo(ti);
-  if (st) return st;
-  *type = static_cast<int>(et);
-  void* p = nullptr;
-  if ((st = api->GetTensorMutableData(const_cast<OrtValue*>(v), &p))) return st;
-  *data = p;
-  return nullptr;
-}
-
 OrtStatus* prepare(OrtKernelContext* ctx, const Spec& sp, const std::string& node, Shapes* sh) {
   size_t nin = 0, nout = 0;
   OrtStatus* st;
   if ((st = api->KernelContext_GetInputCount(ctx, &nin))) return st;
   if ((st = api->KernelContext_GetOutputCount(ctx, &nout))) return st;
   const size_t want_in = sp.rotary > 0 ? 5 : 3;
-  if (nin != want_in || (nout != 3 && nout != 5))
+  if (nin != want_in || (nout != 3 && (nout != 5 || sp.grouped)))
     return fail(ORT_INVALID_GRAPH, node, "takes " + std::to_string(want_in) + " inputs (rotary_dim " +
-                                             std::to_string(sp.rotary) + ") and 3 or 5 outputs, got " +
+                                             std::to_string(sp.rotary) + ") and " + (sp.grouped ? "3" : "3 or 5") +
+                                             " outputs, got " +
                                              std::to_string(nin) + " and " + std::to_string(nout));
   const int64_t H = sp.heads, G = sp.kv_heads, D = sp.size;
   std::vector<std::vector<int64_t>> dims(nin);
   std::vector<int> types(nin);
   sh->in.assign(nin, nullptr);
   for (size_t i = 0; i < nin; ++i)
-    if ((st = input_shape(ctx, i, &dims[i], &types[i], &sh->in[i]))) return st;
-  auto shape_str = [](const std::vector<int64_t>& d) {
-    std::string s = "[";
-    for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-    return s + "]";
-  };
+    if ((st = read_input(api, ctx, i, &dims[i], &types[i], &sh->in[i]))) return st;
+  const auto& shape_str = shape_text;
   const auto& q = dims[0];
   if (q.size() != 3 || q[2] != (H + 2 * G) * D)
     return fail(ORT_INVALID_ARGUMENT, node, "qkv is " + shape_str(q) + ", expected [B, S, " + std::to_string((H + 2 * G) * D) + "]");
@@ -166,30 +127,17 @@ OrtStatus* prepare(OrtKernelContext* ctx, const Spec& sp, const std::string& nod
     return fail(ORT_INVALID_ARGUMENT, node, "element type " + std::to_string(sh->type) + ": float, float16 or bfloat16 only");
   sh->nout = static_cast<int>(nout);
   const int64_t T = sh->P + sh->S;
-  std::vector<std::vector<int64_t>> out_dims = {{sh->B, sh->S, H * D}, {sh->B, G, T, D}, {sh->B, G, T, D},
+  const std::vector<int64_t> query_dims = sp.grouped ? std::vector<int64_t>{sh->B, sh->S * (H / G), G * D}
+                                                     : std::vector<int64_t>{sh->B, sh->S, H * D};
+  std::vector<std::vector<int64_t>> out_dims = {query_dims, {sh->B, G, T, D}, {sh->B, G, T, D},
                                                 {sh->B, H, T, D}, {sh->B, H, T, D}};
   sh->out.assign(nout, nullptr);
-  for (size_t j = 0; j < nout; ++j) {
-    OrtValue* v = nullptr;
-    if ((st = api->KernelContext_GetOutput(ctx, j, out_dims[j].data(), 4 - (j == 0), &v))) return st;
-    if ((st = api->GetTensorMutableData(v, &sh->out[j]))) return st;
-  }
+  for (size_t j = 0; j < nout; ++j)
+    if ((st = make_output(api, ctx, j, out_dims[j], &sh->out[j]))) return st;
   return nullptr;
 }
 
 // ------------------------------------------------------------------ CPU
-float load(const void* p, int64_t i, int type) {
-  if (type == kFloat) return static_cast<const float*>(p)[i];
-  unsigned short h = static_cast<const unsigned short*>(p)[i];
-  return type == kFloat16 ? ofx_h2f(h) : ofx_bf2f(h);
-}
-void store(void* p, int64_t i, int type, float v) {
-  if (type == kFloat) {
-    static_cast<float*>(p)[i] = v;
-    return;
-  }
-  static_cast<unsigned short*>(p)[i] = type == kFloat16 ? ofx_f2h(v) : ofx_f2bf(v);
-}
 
 // Element d of the head starting at `head` (an element index into qkv), rotated.
 float rotated(const Spec& sp, const Shapes& sh, int64_t head, int64_t row, int64_t d) {
@@ -212,6 +160,12 @@ float rotated(const Spec& sp, const Shapes& sh, int64_t head, int64_t row, int64
   return load(x, head + d, t) * c + sign * load(x, head + partner, t) * s;
 }
 
+// The query head written at head slot `slot` of a token's output row: the slot itself, or grouped, slot
+// j·G + g (row s·n + j, head g of [B, S·n, G·D]) holds query head g·n + j.
+int64_t query_head(const Spec& sp, int64_t slot) {
+  return sp.grouped ? (slot % sp.kv_heads) * (sp.heads / sp.kv_heads) + slot / sp.kv_heads : slot;
+}
+
 struct CpuAttentionInputs {
   static const char* provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
   Spec spec;
@@ -226,12 +180,13 @@ struct CpuAttentionInputs {
       const int t = sh.type;
       for (int64_t b = 0; b < B; ++b)
         for (int64_t s = 0; s < S; ++s)
-          for (int64_t h = 0; h < H; ++h)
+          for (int64_t slot = 0; slot < H; ++slot) {  // the query's head slots in output order
+            const int64_t h = query_head(spec, slot), row = b * S + s;
             for (int64_t d = 0; d < D; ++d) {
-              const int64_t row = b * S + s;
               float v = spec.rotary ? rotated(spec, sh, row * row_len + h * D, row, d) : load(sh.in[0], row * row_len + h * D + d, t);
-              store(sh.out[0], (row * H + h) * D + d, t, v);
+              store(sh.out[0], (row * H + slot) * D + d, t, v);
             }
+          }
       const size_t esize = t == kFloat ? 4 : 2;
       for (int kv = 0; kv < 2; ++kv) {
         const void* past = sh.in[1 + kv];
@@ -269,27 +224,10 @@ struct CpuAttentionInputs {
 // One thread per output element, over the outputs in order (query, present_key, present_value,
 // key_heads, value_heads); three entry points, one per storage type. No includes: NVRTC only.
 const char* kCudaSource = R"CUDA(
-typedef unsigned short u16;
-__device__ __forceinline__ float ld_f32(const void* p, long long i) { return ((const float*)p)[i]; }
-__device__ __forceinline__ void st_f32(void* p, long long i, float v) { ((float*)p)[i] = v; }
-__device__ __forceinline__ float ld_f16(const void* p, long long i) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(((const u16*)p)[i])); return f;
-}
-__device__ __forceinline__ void st_f16(void* p, long long i, float v) {
-  u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v)); ((u16*)p)[i] = h;
-}
-__device__ __forceinline__ float ld_bf16(const void* p, long long i) {
-  return __uint_as_float(((unsigned)((const u16*)p)[i]) << 16);
-}
-__device__ __forceinline__ void st_bf16(void* p, long long i, float v) {
-  unsigned u = __float_as_uint(v);
-  u16 h = (u & 0x7fffffffu) > 0x7f800000u ? (u16)0x7fc0 : (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  ((u16*)p)[i] = h;
-}
 struct Args {
   const void* qkv; const void* past_k; const void* past_v; const void* cos; const void* sin;
   void* out[5];
-  long long B, S, P, H, G, D, R, interleaved, nout, V;
+  long long B, S, P, H, G, D, R, interleaved, nout, V, grouped;
 };
 // One thread per unit of V consecutive elements of an output row (V divides D: a unit never crosses a
 // head's row). A unit copied from the past moves as one 16-byte vector when V > 1 (the host checks the
@@ -306,6 +244,7 @@ extern "C" __global__ void NAME(Args a) {                                       
     bool rot;                                                                                       \
     if (idx < nq) {                                                                                 \
       o = 0; u = idx; d0 = (u % DV) * V; long long h = (u / DV) % a.H; long long r = u / (DV * a.H);\
+      if (a.grouped) h = (h % a.G) * n + h / a.G;                                                   \
       b = r / a.S; s = r % a.S; col = h * a.D; rot = a.R > 0;                                        \
     } else {                                                                                        \
       long long k = idx - nq, heads, kv, g;                                                         \
@@ -356,7 +295,7 @@ struct CudaArgs {
   const void* cos;
   const void* sin;
   void* out[5];
-  long long B, S, P, H, G, D, R, interleaved, nout, V;
+  long long B, S, P, H, G, D, R, interleaved, nout, V, grouped;
 };
 
 struct CudaAttentionInputs {
@@ -378,7 +317,7 @@ struct CudaAttentionInputs {
       a.sin = sh.in.size() > 4 ? sh.in[4] : nullptr;
       for (int j = 0; j < sh.nout; ++j) a.out[j] = sh.out[j];
       a.B = sh.B, a.S = sh.S, a.P = sh.P, a.H = spec.heads, a.G = spec.kv_heads, a.D = spec.size;
-      a.R = spec.rotary, a.interleaved = spec.interleaved, a.nout = sh.nout;
+      a.R = spec.rotary, a.interleaved = spec.interleaved, a.nout = sh.nout, a.grouped = spec.grouped;
       // 16-byte units where every row splits into them and every pointer is 16-byte aligned.
       const long long width = sh.type == kFloat ? 4 : 8;
       bool aligned = a.D % width == 0;
@@ -409,17 +348,12 @@ struct CudaAttentionInputs {
 template <class Kernel>
 OrtStatus* load_spec(const OrtKernelInfo* info, Kernel* k) {
   k->node = node_label(api, info);
-  size_t size = 0;
-  OrtStatus* st = api->KernelInfoGetAttribute_string(info, "spec", nullptr, &size);
-  if (st) {
-    api->ReleaseStatus(st);
-    return fail(ORT_INVALID_GRAPH, k->node, "missing string attribute 'spec'");
-  }
-  std::string text(size, '\0');
-  if ((st = api->KernelInfoGetAttribute_string(info, "spec", &text[0], &size))) return st;
-  while (!text.empty() && text.back() == '\0') text.pop_back();
+  std::map<std::string, std::string> items;
   std::string err;
-  if (!parse_spec(text, &k->spec, &err)) return fail(ORT_INVALID_GRAPH, k->node, err);
+  if (!read_spec_items(api, info, {"num_heads", "kv_num_heads", "head_size", "rotary_dim", "interleaved", "grouped"}, &items,
+                       &err) ||
+      !parse_spec(items, &k->spec, &err))
+    return fail(ORT_INVALID_GRAPH, k->node, err);
   return nullptr;
 }
 
@@ -434,58 +368,28 @@ OrtStatusPtr create_cuda(const OrtKernelInfo* info, void** out) {
   std::unique_ptr<CudaAttentionInputs> k(new CudaAttentionInputs());
   if (OrtStatus* st = load_spec(info, k.get())) return st;
   std::string err;
-  if (!fixed_kernels(kCudaSource, {"ofx_attention_inputs_f32", "ofx_attention_inputs_f16", "ofx_attention_inputs_bf16"},
+  if (!fixed_kernels(std::string(kCudaTypedIo) + kCudaSource, {"ofx_attention_inputs_f32", "ofx_attention_inputs_f16", "ofx_attention_inputs_bf16"},
                      device_of(api, info), &k->fns, &k->cu_ctx, &err))
     return fail(ORT_FAIL, k->node, err);
   *out = k.release();
   return nullptr;
 }
 
-template <class Kernel, OrtStatusPtr (*Create)(const OrtKernelInfo*, void**)>
-OrtCustomOp make_attention_inputs_op(uint32_t version) {
-  OrtCustomOp op;
-  std::memset(&op, 0, sizeof(op));
-  op.version = version;
-  op.GetName = [](const OrtCustomOp*) { return kOpName; };
-  op.GetExecutionProviderType = Kernel::provider;
-  op.GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 1; };
-  op.GetInputType = [](const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; };
-  op.GetInputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_VARIADIC; };
-  op.GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
-  op.GetVariadicInputMinArity = [](const OrtCustomOp*) { return 3; };
-  op.GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
-  op.GetOutputTypeCount = [](const OrtCustomOp*) -> size_t { return 1; };
-  op.GetOutputType = [](const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; };
-  op.GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_VARIADIC; };
-  op.GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 3; };
-  op.GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
-  op.CreateKernelV2 = [](const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) -> OrtStatusPtr {
-    try {
-      return Create(info, out);
-    } catch (const std::exception& e) {
-      return fail(ORT_RUNTIME_EXCEPTION, "", e.what());
-    } catch (...) {
-      return fail(ORT_RUNTIME_EXCEPTION, "", "unknown error creating a kernel");
-    }
-  };
-  op.KernelComputeV2 = [](void* kernel, OrtKernelContext* ctx) { return static_cast<Kernel*>(kernel)->ComputeV2(ctx); };
-  op.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
-  op.GetStartVersion = [](const OrtCustomOp*) { return 1; };
-  op.GetEndVersion = [](const OrtCustomOp*) { return 2147483647; };
-  return op;
-}
+OrtStatusPtr creation_error(const char* what) { return fail(ORT_RUNTIME_EXCEPTION, "", what); }
 
 }  // namespace
 
 const OrtCustomOp* attention_inputs_cpu_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  static OrtCustomOp* op = new OrtCustomOp(make_attention_inputs_op<CpuAttentionInputs, create_cpu>(version));
+  static OrtCustomOp* op =
+      new OrtCustomOp(make_variadic_op<CpuAttentionInputs, create_cpu, &kOpName, 3, 3>(version, creation_error));
   return op;
 }
 
 const OrtCustomOp* attention_inputs_cuda_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  static OrtCustomOp* op = new OrtCustomOp(make_attention_inputs_op<CudaAttentionInputs, create_cuda>(version));
+  static OrtCustomOp* op =
+      new OrtCustomOp(make_variadic_op<CudaAttentionInputs, create_cuda, &kOpName, 3, 3>(version, creation_error));
   return op;
 }
 

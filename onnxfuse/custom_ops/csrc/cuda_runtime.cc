@@ -663,17 +663,18 @@ bool fixed_kernels(const std::string& source, const std::vector<std::string>& na
   return true;
 }
 
-bool launch_fixed(void* fn, void* ctx, long long blocks, unsigned threads, void* stream, void** args, std::string* err) {
+bool launch_fixed(void* fn, void* ctx, long long blocks, unsigned threads, void* stream, void** args, std::string* err,
+                  long long blocks_y, unsigned shared_bytes) {
   Driver& d = driver();
-  if (blocks <= 0) return true;
-  if (blocks > 2147483647ll) {
+  if (blocks <= 0 || blocks_y <= 0) return true;
+  if (blocks > 2147483647ll || blocks_y > 65535) {
     *err = "tensor too large for one launch";
     return false;
   }
   CUcontext cur = nullptr;
   if (d.cuCtxGetCurrent(&cur) != 0 || cur == nullptr) d.cuCtxSetCurrent(static_cast<CUcontext>(ctx));
-  CUresult r = d.cuLaunchKernel(static_cast<CUfunction>(fn), static_cast<unsigned>(blocks), 1, 1, threads, 1, 1, 0,
-                                static_cast<CUstream>(stream), args, nullptr);
+  CUresult r = d.cuLaunchKernel(static_cast<CUfunction>(fn), static_cast<unsigned>(blocks), static_cast<unsigned>(blocks_y), 1,
+                                threads, 1, 1, shared_bytes, static_cast<CUstream>(stream), args, nullptr);
   if (r != 0) {
     *err = "cuLaunchKernel failed: " + d.err_str(r);
     return false;

@@ -44,8 +44,10 @@ bool nvrtc_compile(const std::string& source, const std::string& arch, std::stri
 // *err on failure.
 bool fixed_kernels(const std::string& source, const std::vector<std::string>& names, int device,
                    std::vector<void*>* fns, void** ctx, std::string* err);
-// Launches `fn` (from fixed_kernels) on `stream` with 1-D blocks of `threads`; `args` as cuLaunchKernel.
-bool launch_fixed(void* fn, void* ctx, long long blocks, unsigned threads, void* stream, void** args, std::string* err);
+// Launches `fn` (from fixed_kernels) on `stream`: a grid of blocks × blocks_y blocks of `threads`, with
+// `shared_bytes` of dynamic shared memory (at most 48 KiB); `args` as cuLaunchKernel.
+bool launch_fixed(void* fn, void* ctx, long long blocks, unsigned threads, void* stream, void** args, std::string* err,
+                  long long blocks_y = 1, unsigned shared_bytes = 0);
 
 // JSON with counters: compiles, disk_hits, memory_hits, disk_writes, disk_rejects (entries that
 // failed verification, never loaded), last_disk_reject, disk_refused (why the cache folder was not

@@ -56,14 +56,14 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.custom_ops import DOMAIN
 from onnxfuse.rewrites.contrib.attention.heads import cache_append, plain_mha_inputs, repeated_heads
+from onnxfuse.rewrites.contrib.attention.inputs_op import OP_TYPE, spec_text
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import NameAllocator
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import (computed_from, constant_value, dtype_of, int_attr, is_ms_op, is_op, producer_of,
                                            shape_of, slice_bounds)
+from onnxfuse.rewrites.facts.shape_values import move_shape_reads
 
-#: The op this rule writes (csrc/attention_inputs.cc).
-OP_TYPE = "AttentionInputs"
 #: Element types its kernels take.
 DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 try:  # bfloat16 where numpy knows it (ml_dtypes, shipped with onnx)
@@ -188,7 +188,8 @@ class ContribAttentionInputs(ContribRule):
         names = NameAllocator(graph)
         base = node.name or "attention_inputs"
         rotary = found["rotary"]
-        query = gs.Variable(names(f"{base}/query"), dtype=node.inputs[0].dtype, shape=node.inputs[0].shape)
+        old_query = node.inputs[0]
+        query = gs.Variable(names(f"{base}/query"), dtype=old_query.dtype, shape=old_query.shape)
         outputs = [query, *found["caches"]]
         if found["n"] > 1:
             outputs += list(found["heads_in"])
@@ -196,13 +197,11 @@ class ContribAttentionInputs(ContribRule):
             producer = producer_of(tensor)
             producer.outputs[producer.outputs.index(tensor)] = gs.Variable(names(f"{tensor.name}/replaced"))
         inputs = [found["qkv"], *found["past"]] + ([rotary[0], rotary[1]] if rotary else [])
-        spec = (f"num_heads={found['heads']} kv_num_heads={found['kv_heads']} head_size={found['size']} "
-                f"rotary_dim={rotary[3] if rotary else 0} interleaved={rotary[2] if rotary else 0}")
+        spec = spec_text(found["heads"], found["kv_heads"], found["size"], rotary[3] if rotary else 0,
+                         rotary[2] if rotary else 0)
         graph.nodes.append(gs.Node(OP_TYPE, names(f"{base}/{OP_TYPE}"), {"spec": spec}, inputs=inputs,
                                    outputs=outputs, domain=DOMAIN))
-        old_query = node.inputs[0]
-        for reader in [n for n in list(old_query.outputs) if is_op(n, "Shape")]:  # the mask's shape reads: same shape
-            reader.inputs[reader.inputs.index(old_query)] = query
+        move_shape_reads(graph, old_query, query)  # the mask's shape reads: the same shape
         node.inputs[0] = query
         return {"num_heads": found["heads"], "kv_num_heads": found["kv_heads"], "head_size": found["size"],
                 "rotary_dim": rotary[3] if rotary else 0, "outputs": len(outputs)}

@@ -285,6 +285,33 @@ def shape_read(graph, part):
     return None
 
 
+def positions_read(graph, shape_node) -> set | None:
+    """The positions of ``Shape(src)`` that its readers use, when every reader is a ``Gather`` or ``Slice``
+    that :func:`shape_read` follows (and no graph output is the shape itself); else None."""
+    out = shape_node.outputs[0]
+    if any(t is out for t in graph.outputs):
+        return None
+    read = set()
+    for reader in list(out.outputs):
+        found = shape_read(graph, reader.outputs[0]) if is_op(reader, "Gather", "Slice") and reader.outputs else None
+        if found is None or found[0] is not shape_node.inputs[0]:
+            return None
+        read.update(found[1])
+    return read
+
+
+def move_shape_reads(graph, old, new, same_axes=None) -> None:
+    """Each ``Shape(old)`` reads ``new`` instead: all of them when ``same_axes`` is None (``new`` has
+    ``old``'s shape, as the caller proved), else those whose readers use only positions in ``same_axes``
+    (axes where ``new`` has ``old``'s length); the others are left as they are. Exact: the values read
+    are the same. Why: a rewrite that replaces ``old`` would otherwise keep it, and everything that
+    makes it, alive only for a size."""
+    for reader in [n for n in list(old.outputs) if is_op(n, "Shape")]:
+        read = None if same_axes is None else positions_read(graph, reader)
+        if same_axes is None or (read is not None and read <= set(same_axes)):
+            reader.inputs[reader.inputs.index(old)] = new
+
+
 def _shape_source(shape_node):
     """``(tensor, positions)`` for a Shape node (its start/end attributes applied); (None, None) when
     the source rank is unknown."""
@@ -303,6 +330,9 @@ def _shape_source(shape_node):
 #: ONNX ops whose output has the numpy broadcast of all their inputs' shapes (the ones masks are built of).
 _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "And", "Or", "Xor", "Equal", "Less", "LessOrEqual",
                            "Greater", "GreaterOrEqual", "Where", "Max", "Min"})
+#: ONNX reductions: with keepdims=1 (the default) a reduced axis is 1 long and the others keep theirs.
+_REDUCES = frozenset({"ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2",
+                      "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
 #: ONNX ops whose output 0 has exactly their input 0's shape.
 _SAME_SHAPE = frozenset({"Identity", "Cast", "Not", "Neg", "Abs", "IsNaN", "IsInf"})
 
@@ -332,13 +362,13 @@ def axis_length(graph, tensor, axis: int, depth: int = 24, _seen: dict | None = 
     their common length); ``Range`` (:func:`range_length`, sums of sizes included);
     ``Unsqueeze``/``Squeeze`` with constant axes (an inserted axis is 1 long); ops that keep their
     input's shape (Cast, Not, ...); ``Gather`` (data's length off the axis, the indices' on it);
-    ``Transpose``; ``Reshape`` to ``Shape(t)`` read whole: t's length, where a 0 entry cannot copy the
+    ``Transpose``; reductions with keepdims=1 (a reduced axis is 1 long); ``Reshape`` to ``Shape(t)`` read whole: t's length, where a 0 entry cannot copy the
     input's dimension instead (allowzero=1, an axis at or past the input's rank, or a positive int
     length); ``Expand`` and the broadcasting ops (numpy rules, inputs right-aligned): the inputs'
     lengths there with the 1s dropped, when those left are all the same (1 when none is left). Then a
     declared known name. Anything else gives None. Each (tensor, axis) is evaluated once per call (a
     mask reads the same grid along several paths)."""
-    rank = _rank(graph, tensor)
+    rank = proved_rank(graph, tensor)
     if rank is None or not -rank <= axis < rank or depth == 0:
         return None
     axis %= rank
@@ -354,7 +384,8 @@ def _axis_length(graph, tensor, axis: int, rank: int, depth: int, seen: dict):
     value = constant_value(graph, tensor)
     if value is not None:
         return int(value.shape[axis])
-    declared = getattr(tensor, "shape", None)[axis]
+    shape = getattr(tensor, "shape", None)
+    declared = shape[axis] if shape is not None else None
     if isinstance(declared, (int, np.integer)) and declared >= 0:
         return int(declared)
     node = producer_of(tensor)
@@ -364,11 +395,29 @@ def _axis_length(graph, tensor, axis: int, rank: int, depth: int, seen: dict):
     return declared if known_name(declared) else None
 
 
-def _rank(graph, tensor):
+def proved_rank(graph, tensor):
+    """``tensor``'s rank: a constant's, the declared one, or else one proved from its producer: an
+    Expand's (the larger of its target's length and its input's rank), a reduction's that keeps its axes,
+    a broadcasting op's (the largest of its inputs'); None if unknown."""
     value = constant_value(graph, tensor)
     if value is not None:
         return value.ndim
     shape = getattr(tensor, "shape", None)
+    if shape is None:  # an Expand to a target computed at run time: the larger of its and the input's ranks
+        node = producer_of(tensor)
+        if is_op(node, *_REDUCES) and int(node.attrs.get("keepdims", 1)) == 1 and node.inputs:
+            return proved_rank(graph, node.inputs[0])  # a reduction keeping its axes keeps the rank
+        if is_op(node, *_BROADCASTING) and node.inputs:  # numpy broadcasting: the largest input rank
+            ranks = [proved_rank(graph, t) for t in node.inputs]
+            return None if None in ranks else max(ranks)
+        if is_op(node, "Expand") and len(node.inputs) == 2:
+            target, source = shape_of(graph, node.inputs[1]), proved_rank(graph, node.inputs[0])
+            length = target[0] if target is not None and len(target) == 1 and isinstance(target[0], int) else None
+            if length is None:
+                value = shape_value(graph, node.inputs[1], sums=True)
+                length = None if value is None else len(value)
+            if length is not None and source is not None:
+                return max(length, source)
     return None if shape is None else len(shape)
 
 
@@ -380,7 +429,7 @@ def _made_length(graph, node, axis: int, rank: int, depth: int, seen: dict):
             parts = [axis_length(graph, t, axis, depth, seen) for t in node.inputs]
             return parts[0] if parts and all(same_length(p, parts[0]) for p in parts) else None
         return dim_sum([axis_length(graph, t, axis, depth, seen) for t in node.inputs]) \
-            if all(_rank(graph, t) == rank for t in node.inputs) else None
+            if all(proved_rank(graph, t) == rank for t in node.inputs) else None
     if is_op(node, "Range") and len(node.inputs) == 3:
         return range_length(graph, node, sums=True)
     if is_op(node, *_SAME_SHAPE) and node.inputs:
@@ -400,12 +449,17 @@ def _made_length(graph, node, axis: int, rank: int, depth: int, seen: dict):
             if a <= axis:
                 axis += 1
         return axis_length(graph, node.inputs[0], axis, depth, seen)
+    if is_op(node, *_REDUCES) and int(node.attrs.get("keepdims", 1)) == 1 and node.inputs:
+        axes = axes_of(graph, node)
+        if axes is None:  # all axes, unless noop_with_empty_axes keeps them
+            return None if int(node.attrs.get("noop_with_empty_axes", 0)) else 1
+        return 1 if axis in {a % rank for a in axes} else axis_length(graph, node.inputs[0], axis, depth, seen)
     if is_op(node, "Transpose"):
         perm = node.attrs.get("perm")
         perm = list(perm) if perm is not None else list(range(rank))[::-1]
         return axis_length(graph, node.inputs[0], perm[axis], depth, seen) if len(perm) == rank else None
     if is_op(node, "Gather") and len(node.inputs) == 2:
-        data_rank, idx_rank = _rank(graph, node.inputs[0]), _rank(graph, node.inputs[1])
+        data_rank, idx_rank = proved_rank(graph, node.inputs[0]), proved_rank(graph, node.inputs[1])
         if data_rank is None or idx_rank is None:
             return None
         along = int(node.attrs.get("axis", 0)) % data_rank
@@ -419,7 +473,7 @@ def _made_length(graph, node, axis: int, rank: int, depth: int, seen: dict):
         if read is None or read[1] != list(range(len(getattr(read[0], "shape", None) or []))):
             return None
         length = axis_length(graph, read[0], axis, depth, seen)
-        source_rank = _rank(graph, node.inputs[0])
+        source_rank = proved_rank(graph, node.inputs[0])
         # a 0 entry copies the input's dimension at that index (allowzero=0): none to copy past its rank
         zero_copies = int(node.attrs.get("allowzero", 0)) == 0 and (source_rank is None or axis < source_rank)
         return None if zero_copies and not (isinstance(length, int) and length > 0) else length
@@ -441,7 +495,7 @@ def _made_length(graph, node, axis: int, rank: int, depth: int, seen: dict):
 def _aligned_length(graph, tensor, axis: int, rank: int, depth: int, seen: dict):
     """``tensor``'s length at the output's ``axis`` of a broadcast to ``rank`` (right-aligned: a missing
     leading axis is 1)."""
-    own = _rank(graph, tensor)
+    own = proved_rank(graph, tensor)
     if own is None:
         return None
     return 1 if axis < rank - own else axis_length(graph, tensor, axis - (rank - own), depth, seen)

@@ -30,8 +30,14 @@ RULE = "contrib-attention-inputs"
 B, S, P, H, G, D = 2, 3, 4, 4, 2, 8
 
 
-def _op_model(elem, rotary_dim, interleaved, outputs):
+#: The op's output forms: the repeated heads too (5 outputs), the presents only (3), and the grouped query
+#: with the presents (3, spec grouped=1).
+FORMS = ["repeated", "presents", "grouped"]
+
+
+def _op_model(elem, rotary_dim, interleaved, form):
     """One AttentionInputs node; bfloat16 (which numpy cannot hand to ONNX Runtime) between float32 Casts."""
+    outputs = 5 if form == "repeated" else 3
     names = ["qkv", "past_key", "past_value"] + (["cos", "sin"] if rotary_dim else [])
     shapes = [[B, S, (H + 2 * G) * D], [B, G, P, D], [B, G, P, D], [B, S, rotary_dim // 2], [B, S, rotary_dim // 2]]
     outs = ["query", "present_key", "present_value", "key_heads", "value_heads"][:outputs]
@@ -40,7 +46,7 @@ def _op_model(elem, rotary_dim, interleaved, outputs):
     nodes.append(h.make_node("AttentionInputs", [f"{n}_bf16" for n in names] if cast else names,
                              [f"{o}_bf16" for o in outs] if cast else outs, domain=DOMAIN,
                              spec=f"num_heads={H} kv_num_heads={G} head_size={D} rotary_dim={rotary_dim} "
-                                  f"interleaved={interleaved}"))
+                                  f"interleaved={interleaved}" + (" grouped=1" if form == "grouped" else "")))
     nodes += [h.make_node("Cast", [f"{o}_bf16"], [o], to=TP.FLOAT) for o in outs] if cast else []
     io = TP.FLOAT if cast else elem
     graph = h.make_graph(nodes, "g", [h.make_tensor_value_info(n, io, s) for n, s in zip(names, shapes)],
@@ -48,7 +54,7 @@ def _op_model(elem, rotary_dim, interleaved, outputs):
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)], ir_version=8)
 
 
-def _reference(f, rotary_dim, interleaved):
+def _reference(f, rotary_dim, interleaved, form="repeated"):
     x = {k: v.astype(np.float64) for k, v in f.items()}
     q = x["qkv"][..., :H * D].reshape(B, S, H, D)
     k = x["qkv"][..., H * D:(H + G) * D].reshape(B, S, G, D)
@@ -68,7 +74,11 @@ def _reference(f, rotary_dim, interleaved):
     present_k = np.concatenate([x["past_key"], rotate(k).transpose(0, 2, 1, 3)], axis=2)
     present_v = np.concatenate([x["past_value"], v.transpose(0, 2, 1, 3)], axis=2)
     repeat = lambda t: np.repeat(t, H // G, axis=1)  # noqa: E731  (head h reads key/value head h // n)
-    return [rotate(q).reshape(B, S, H * D), present_k, present_v, repeat(present_k), repeat(present_v)]
+    if form == "grouped":  # row s·n + j of head g: query head g·n + j at token s
+        query = rotate(q).reshape(B, S, G, H // G, D).transpose(0, 1, 3, 2, 4).reshape(B, S * (H // G), G * D)
+        return [query, present_k, present_v]
+    out = [rotate(q).reshape(B, S, H * D), present_k, present_v, repeat(present_k), repeat(present_v)]
+    return out if form == "repeated" else out[:3]
 
 
 def _types():
@@ -82,10 +92,10 @@ def _types():
     return out
 
 
-def _op_feeds(elem, dtype, rotary_dim, interleaved, outputs):
+def _op_feeds(elem, dtype, rotary_dim, interleaved, form):
     """Seeded inputs of :func:`_op_model`, values representable in the element type (fed as float32 where
     it is bfloat16: the model casts)."""
-    rng = np.random.default_rng(rotary_dim + 10 * interleaved + outputs)
+    rng = np.random.default_rng(rotary_dim + 10 * interleaved + 100 * FORMS.index(form))
     shapes = {"qkv": (B, S, (H + 2 * G) * D), "past_key": (B, G, P, D), "past_value": (B, G, P, D)}
     if rotary_dim:
         shapes.update(cos=(B, S, rotary_dim // 2), sin=(B, S, rotary_dim // 2))
@@ -95,14 +105,15 @@ def _op_feeds(elem, dtype, rotary_dim, interleaved, outputs):
 
 @pytest.mark.parametrize("elem,dtype,tol", _types(), ids=lambda v: getattr(v, "__name__", str(v)))
 @pytest.mark.parametrize("rotary_dim,interleaved", [(D, 0), (D, 1), (6, 0), (0, 0)])
-@pytest.mark.parametrize("outputs", [5, 3])
-def test_the_op_equals_rotate_concat_repeat_in_float64(elem, dtype, tol, rotary_dim, interleaved, outputs):
-    feeds = _op_feeds(elem, dtype, rotary_dim, interleaved, outputs)
-    session = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, outputs).SerializeToString(),
+@pytest.mark.parametrize("form", FORMS)
+def test_the_op_equals_rotate_concat_repeat_in_float64(elem, dtype, tol, rotary_dim, interleaved, form):
+    feeds = _op_feeds(elem, dtype, rotary_dim, interleaved, form)
+    session = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, form).SerializeToString(),
                                    session_options(), providers=["CPUExecutionProvider"])
     got = session.run(None, feeds)
-    for name, a, b in zip(["query", "present_key", "present_value", "key_heads", "value_heads"], got,
-                          _reference(feeds, rotary_dim, interleaved)):
+    want = _reference(feeds, rotary_dim, interleaved, form)
+    assert len(got) == len(want) == (5 if form == "repeated" else 3)
+    for name, a, b in zip(["query", "present_key", "present_value", "key_heads", "value_heads"], got, want):
         assert a.shape == b.shape, name
         np.testing.assert_allclose(a.astype(np.float64), b, rtol=tol, atol=tol * 4, err_msg=name)
         if name != "query" and (name.startswith("value") or name.endswith("value") or not rotary_dim):
@@ -110,10 +121,15 @@ def test_the_op_equals_rotate_concat_repeat_in_float64(elem, dtype, tol, rotary_
 
 
 def test_a_bad_spec_is_one_clear_error():
-    model = _op_model(TP.FLOAT, D, 0, 5)
+    model = _op_model(TP.FLOAT, D, 0, "repeated")
     model.graph.node[0].attribute[0].s = b"num_heads=4 kv_num_heads=3 head_size=8 rotary_dim=8 interleaved=0"
     with pytest.raises(Exception, match="AttentionInputs node.*divisible"):
         ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    grouped = _op_model(TP.FLOAT, D, 0, "repeated")  # grouped takes no repeated heads: 3 outputs only
+    grouped.graph.node[0].attribute[0].s += b" grouped=1"
+    session = ort.InferenceSession(grouped.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="AttentionInputs node.*and 3 outputs, got 5 and 5"):
+        session.run(None, _op_feeds(TP.FLOAT, np.float32, D, 0, "repeated"))
 
 
 @pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "mistral_kv_opset17_fp16", "llama_kv_dynamo_fp16",

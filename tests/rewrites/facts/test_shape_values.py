@@ -13,7 +13,8 @@ from onnx import helper as h
 
 from onnxfuse.model_io import to_graph
 from onnxfuse.rewrites.facts.shape_values import whole_slice
-from onnxfuse.rewrites.facts.shape_values import DimSum, axis_length, same_length
+from onnxfuse.rewrites.facts.shape_values import (DimSum, axis_length, move_shape_reads, positions_read, proved_rank,
+                                              same_length)
 
 
 def _const(name, values):
@@ -89,3 +90,55 @@ def test_a_slice_to_the_key_length_keeps_the_whole_grid():
 def test_a_slice_that_may_cut_the_grid_is_not_whole(extra, slice_from):
     graph, t = _graph(extra=extra, slice_from=slice_from)
     assert not whole_slice(graph, t["cut"].inputs[0])
+
+
+def _undeclared(model_nodes, inputs, outputs):
+    """A graph of ``model_nodes`` whose intermediate tensors carry no shapes (as a rule sees the tensors
+    earlier rules made: no inference ran since)."""
+    g = h.make_graph(model_nodes, "g", inputs, outputs)
+    return to_graph(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+
+
+def test_rank_and_lengths_proved_through_expand_reduce_and_broadcast():
+    """An Expand to a run-time [1, 1, S, T] of a [B, 1, S, T] mask, a Where over it and a keepdims
+    ReduceMax of it: rank 4 each, axis 1 one long, the reduced axis one long, without declared shapes."""
+    nodes = [h.make_node("Shape", ["q"], ["qs"], name="qs"), _const("s_at", [1]), _const("t_at", [3]),
+             _const("ones", [1, 1]), _const("z", [0.0]),
+             h.make_node("Gather", ["qs", "s_at"], ["s"], axis=0, name="s"),
+             h.make_node("Shape", ["mask"], ["ms"], name="ms"),
+             h.make_node("Gather", ["ms", "t_at"], ["t"], axis=0, name="t"),
+             h.make_node("Concat", ["ones", "s", "t"], ["target"], axis=0, name="target"),
+             h.make_node("Expand", ["mask", "target"], ["bias"], name="expand"),
+             h.make_node("Where", ["cond", "bias", "z"], ["guarded"], name="where"),
+             h.make_node("ReduceMax", ["guarded"], ["row"], axes=[-1], keepdims=1, name="row")]
+    graph = _undeclared(nodes, [h.make_tensor_value_info("q", T.FLOAT, ["B", "S", 8]),
+                                h.make_tensor_value_info("mask", T.FLOAT, ["B", 1, "S", "T"]),
+                                h.make_tensor_value_info("cond", T.BOOL, ["B", 1, "S", "T"])],
+                        [h.make_tensor_value_info("row", T.FLOAT, None)])
+    t = graph.tensors()
+    for name in ("bias", "guarded", "row"):
+        assert t[name].shape is None and proved_rank(graph, t[name]) == 4, name
+        assert axis_length(graph, t[name], 1) == 1, name
+    assert axis_length(graph, t["row"], 3) == 1 and axis_length(graph, t["row"], 0) == "B"
+    assert axis_length(graph, t["guarded"], 3) == "T"
+
+
+def test_shape_reads_move_only_where_the_axes_read_keep_their_length():
+    """Shape(x [B, S, 12]) read at axes 0 and 1 moves to y [B, S, 20]; a Shape read at axis 2, or read
+    whole, stays on x."""
+    nodes = [_const("i0", 0), _const("s0", [0]), _const("s2", [2]), _const("e2", [2]), _const("e3", [3]),
+             h.make_node("Shape", ["x"], ["sa"], name="sa"), h.make_node("Gather", ["sa", "i0"], ["b"], axis=0, name="b"),
+             h.make_node("Shape", ["x"], ["sb"], name="sb"), h.make_node("Slice", ["sb", "s0", "e2"], ["bs"], name="bs"),
+             h.make_node("Shape", ["x"], ["sc"], name="sc"), h.make_node("Slice", ["sc", "s2", "e3"], ["e"], name="e"),
+             h.make_node("Shape", ["x"], ["sd"], name="sd"), h.make_node("Identity", ["sd"], ["whole"], name="whole")]
+    graph = _undeclared(nodes, [h.make_tensor_value_info("x", T.FLOAT, ["B", "S", 12]),
+                                h.make_tensor_value_info("y", T.FLOAT, ["B", "S", 20])],
+                        [h.make_tensor_value_info(n, T.INT64, None) for n in ("b", "bs", "e", "whole")])
+    t = graph.tensors()
+    nodes = {n.name: n for n in graph.nodes}
+    assert positions_read(graph, nodes["sa"]) == {0} and positions_read(graph, nodes["sb"]) == {0, 1}
+    assert positions_read(graph, nodes["sc"]) == {2} and positions_read(graph, nodes["sd"]) is None
+    move_shape_reads(graph, t["x"], t["y"], (0, 1))
+    assert [nodes[n].inputs[0].name for n in ("sa", "sb", "sc", "sd")] == ["y", "y", "x", "x"]
+    move_shape_reads(graph, t["x"], t["y"])  # same shape, proved by the caller: every Shape moves
+    assert [nodes[n].inputs[0].name for n in ("sc", "sd")] == ["y", "y"]

@@ -16,7 +16,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, run_time_dim, sequence_of
 from onnxfuse.rewrites.engine.edit import append_axes_op, new_constant
-from onnxfuse.rewrites.facts.graph import constant_value, consumers, dims_equal, is_op, producer_of, shape_of
+from onnxfuse.rewrites.facts.graph import axes_of, constant_value, consumers, dims_equal, is_op, producer_of, shape_of
 
 def _combined_mask(graph, plan, names, base):
     """One additive mask from the terms, innermost first: ``x + M`` adds M; ``Where(c, x, f)`` is
@@ -77,6 +77,63 @@ def build_attention_bias(graph, plan, names, base, query, key):
     out = gs.Variable(names(f"{base}/attention_bias"), dtype=plan.dtype)
     graph.nodes.append(gs.Node("Expand", names(f"{base}/mask_expand"), inputs=[mask, target], outputs=[out]))
     return out
+
+
+def grouped_rows_bias(graph, names, base, bias, n: int):
+    """``bias`` [b, 1, S, L] for attention over key/value heads whose query rows are the n query heads
+    of each group, row s·n + j for token s (contrib-attention-inputs' grouped query): [b, 1, S·n, L] with
+    row s·n + j = row s, as ``Reshape(Expand(Unsqueeze(bias, 3), [1, 1, 1, n, 1]), [0, 0, -1, L])``, L
+    read from ``bias`` at run time. Copies only: exact. Every layer adds the same bias, so an earlier
+    layer's chain over the same tensor is reused (one Expand per step, not one per layer)."""
+    for unsqueeze in consumers(bias):
+        if not (is_op(unsqueeze, "Unsqueeze") and unsqueeze.inputs[0] is bias and axes_of(graph, unsqueeze) == [3]):
+            continue
+        for expand in consumers(unsqueeze.outputs[0]):
+            target = constant_value(graph, expand.inputs[1]) if is_op(expand, "Expand") else None
+            if target is None or target.tolist() != [1, 1, 1, n, 1]:
+                continue
+            for reshape in consumers(expand.outputs[0]):
+                if is_op(reshape, "Reshape") and _rows_target_of(graph, reshape, bias):
+                    return reshape.outputs[0]
+    dtype = bias.dtype
+    rows = gs.Variable(names(f"{base}/bias_unsqueezed"), dtype=dtype)
+    append_axes_op(graph, "Unsqueeze", names(f"{base}/bias_unsqueeze"), bias, [3], rows)
+    repeated = gs.Variable(names(f"{base}/bias_repeated"), dtype=dtype)
+    graph.nodes.append(gs.Node("Expand", names(f"{base}/bias_repeat"), inputs=[
+        rows, new_constant(graph, f"{base}/bias_repeats", np.array([1, 1, 1, n, 1], np.int64))], outputs=[repeated]))
+    length = run_time_dim(graph, names, base, bias, 3)
+    target = gs.Variable(names(f"{base}/bias_rows_shape"), dtype=np.int64)
+    graph.nodes.append(gs.Node("Concat", names(f"{base}/bias_rows_shape"), {"axis": 0}, inputs=[
+        new_constant(graph, f"{base}/bias_rows_lead", np.array([0, 0, -1], np.int64)), length], outputs=[target]))
+    out = gs.Variable(names(f"{base}/grouped_bias"), dtype=dtype)
+    graph.nodes.append(gs.Node("Reshape", names(f"{base}/grouped_bias_rows"), inputs=[repeated, target], outputs=[out]))
+    return out
+
+
+def grouped_rows_source(graph, tensor, n: int):
+    """The bias whose rows :func:`grouped_rows_bias` repeated n times into ``tensor``, or None when
+    ``tensor`` is not that chain."""
+    reshape = producer_of(tensor)
+    expand = producer_of(reshape.inputs[0]) if is_op(reshape, "Reshape") else None
+    unsqueeze = producer_of(expand.inputs[0]) if is_op(expand, "Expand") else None
+    if not is_op(unsqueeze, "Unsqueeze") or axes_of(graph, unsqueeze) != [3]:
+        return None
+    target = constant_value(graph, expand.inputs[1])
+    bias = unsqueeze.inputs[0]
+    if target is None or target.tolist() != [1, 1, 1, n, 1] or not _rows_target_of(graph, reshape, bias):
+        return None
+    return bias
+
+
+def _rows_target_of(graph, reshape, bias) -> bool:
+    """``reshape``'s target is ``Concat([0, 0, -1], Slice(Shape(bias), [3], [4]))``, as
+    :func:`grouped_rows_bias` writes it (allowzero 0)."""
+    target = producer_of(reshape.inputs[1])
+    if int(reshape.attrs.get("allowzero", 0)) or not is_op(target, "Concat") or len(target.inputs) != 2:
+        return False
+    lead = constant_value(graph, target.inputs[0])
+    source = _run_time_dim_source(graph, target.inputs[1])
+    return lead is not None and lead.tolist() == [0, 0, -1] and source is not None and source[0] is bias and source[1] == 3
 
 
 def build_mask_index(graph, names, base, mask: KeepMask, query, key, key_axis: int):
