@@ -78,6 +78,19 @@ def optimize(model: onnx.ModelProto, only=None, skip=None, target: str = "cuda",
     return to_model(graph, model), report
 
 
+def float_types(f32_tol: float, f16_tol: float, bf16_tol: float) -> list[tuple]:
+    """(ONNX element type, numpy dtype, tolerance) for float32, float16 and, where numpy knows it
+    (ml_dtypes, shipped with onnx), bfloat16: the parameters of a custom op's per-type tests."""
+    out = [(onnx.TensorProto.FLOAT, np.float32, f32_tol), (onnx.TensorProto.FLOAT16, np.float16, f16_tol)]
+    try:
+        import ml_dtypes
+
+        out.append((onnx.TensorProto.BFLOAT16, ml_dtypes.bfloat16, bf16_tol))
+    except ImportError:  # pragma: no cover - onnx ships ml_dtypes
+        pass
+    return out
+
+
 def op_types_within(model: onnx.ModelProto) -> list[str]:
     """Every node's op type, the nodes of If branches and Loop/Scan bodies included (depth first)."""
     out = []

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -176,6 +177,25 @@ onnxfuse_ort::OrtCustomOp make_variadic_op(uint32_t version, onnxfuse_ort::OrtSt
   op.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
   op.GetStartVersion = [](const OrtCustomOp*) { return 1; };
   op.GetEndVersion = [](const OrtCustomOp*) { return 2147483647; };
+  return op;
+}
+
+// Creates a Kernel for a node: Init reads its attributes (and, for CUDA, compiles its kernels); ONNX
+// Runtime gets the kernel only when that succeeded.
+template <class Kernel, onnxfuse_ort::OrtStatus* (*Init)(const onnxfuse_ort::OrtKernelInfo*, Kernel*)>
+onnxfuse_ort::OrtStatusPtr create_kernel(const onnxfuse_ort::OrtKernelInfo* info, void** out) {
+  std::unique_ptr<Kernel> k(new Kernel());
+  if (onnxfuse_ort::OrtStatus* st = Init(info, k.get())) return st;
+  *out = k.release();
+  return nullptr;
+}
+
+// The op's OrtCustomOp for Kernel's provider, built once (ONNX Runtime keeps the pointer).
+template <class Kernel, onnxfuse_ort::OrtStatus* (*Init)(const onnxfuse_ort::OrtKernelInfo*, Kernel*), const char* const* Name,
+          int MinIn, int MinOut>
+const onnxfuse_ort::OrtCustomOp* registered_op(uint32_t version, onnxfuse_ort::OrtStatusPtr (*on_error)(const char*)) {
+  static onnxfuse_ort::OrtCustomOp* op = new onnxfuse_ort::OrtCustomOp(
+      make_variadic_op<Kernel, create_kernel<Kernel, Init>, Name, MinIn, MinOut>(version, on_error));
   return op;
 }
 

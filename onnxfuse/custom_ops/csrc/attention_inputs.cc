@@ -357,21 +357,12 @@ OrtStatus* load_spec(const OrtKernelInfo* info, Kernel* k) {
   return nullptr;
 }
 
-OrtStatusPtr create_cpu(const OrtKernelInfo* info, void** out) {
-  std::unique_ptr<CpuAttentionInputs> k(new CpuAttentionInputs());
-  if (OrtStatus* st = load_spec(info, k.get())) return st;
-  *out = k.release();
-  return nullptr;
-}
-
-OrtStatusPtr create_cuda(const OrtKernelInfo* info, void** out) {
-  std::unique_ptr<CudaAttentionInputs> k(new CudaAttentionInputs());
-  if (OrtStatus* st = load_spec(info, k.get())) return st;
+OrtStatus* init_cuda(const OrtKernelInfo* info, CudaAttentionInputs* k) {
+  if (OrtStatus* st = load_spec(info, k)) return st;
   std::string err;
   if (!fixed_kernels(std::string(kCudaTypedIo) + kCudaSource, {"ofx_attention_inputs_f32", "ofx_attention_inputs_f16", "ofx_attention_inputs_bf16"},
                      device_of(api, info), &k->fns, &k->cu_ctx, &err))
     return fail(ORT_FAIL, k->node, err);
-  *out = k.release();
   return nullptr;
 }
 
@@ -381,16 +372,12 @@ OrtStatusPtr creation_error(const char* what) { return fail(ORT_RUNTIME_EXCEPTIO
 
 const OrtCustomOp* attention_inputs_cpu_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  static OrtCustomOp* op =
-      new OrtCustomOp(make_variadic_op<CpuAttentionInputs, create_cpu, &kOpName, 3, 3>(version, creation_error));
-  return op;
+  return registered_op<CpuAttentionInputs, load_spec<CpuAttentionInputs>, &kOpName, 3, 3>(version, creation_error);
 }
 
 const OrtCustomOp* attention_inputs_cuda_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  static OrtCustomOp* op =
-      new OrtCustomOp(make_variadic_op<CudaAttentionInputs, create_cuda, &kOpName, 3, 3>(version, creation_error));
-  return op;
+  return registered_op<CudaAttentionInputs, init_cuda, &kOpName, 3, 3>(version, creation_error);
 }
 
 }  // namespace onnxfuse

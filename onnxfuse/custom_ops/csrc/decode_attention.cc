@@ -400,16 +400,8 @@ OrtStatus* load_spec(const OrtKernelInfo* info, Kernel* k) {
   return nullptr;
 }
 
-OrtStatusPtr create_cpu(const OrtKernelInfo* info, void** out) {
-  std::unique_ptr<CpuDecodeAttention> k(new CpuDecodeAttention());
-  if (OrtStatus* st = load_spec(info, k.get())) return st;
-  *out = k.release();
-  return nullptr;
-}
-
-OrtStatusPtr create_cuda(const OrtKernelInfo* info, void** out) {
-  std::unique_ptr<CudaDecodeAttention> k(new CudaDecodeAttention());
-  if (OrtStatus* st = load_spec(info, k.get())) return st;
+OrtStatus* init_cuda(const OrtKernelInfo* info, CudaDecodeAttention* k) {
+  if (OrtStatus* st = load_spec(info, k)) return st;
   std::string err;
   if (!fixed_kernels(std::string(kCudaTypedIo) + kCudaSource,
                      {"ofx_decode_attention_f32_d64", "ofx_decode_attention_f32_d128", "ofx_decode_attention_f32_d256",
@@ -418,7 +410,6 @@ OrtStatusPtr create_cuda(const OrtKernelInfo* info, void** out) {
                       "ofx_decode_attention_bf16_d128", "ofx_decode_attention_bf16_d256", "ofx_decode_attention_bf16_combine"},
                      device_of(api, info), &k->fns, &k->cu_ctx, &err))
     return fail(ORT_FAIL, k->node, err);
-  *out = k.release();
   return nullptr;
 }
 
@@ -428,16 +419,12 @@ OrtStatusPtr creation_error(const char* what) { return fail(ORT_RUNTIME_EXCEPTIO
 
 const OrtCustomOp* decode_attention_cpu_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  static OrtCustomOp* op =
-      new OrtCustomOp(make_variadic_op<CpuDecodeAttention, create_cpu, &kOpName, 3, 2>(version, creation_error));
-  return op;
+  return registered_op<CpuDecodeAttention, load_spec<CpuDecodeAttention>, &kOpName, 3, 2>(version, creation_error);
 }
 
 const OrtCustomOp* decode_attention_cuda_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  static OrtCustomOp* op =
-      new OrtCustomOp(make_variadic_op<CudaDecodeAttention, create_cuda, &kOpName, 3, 2>(version, creation_error));
-  return op;
+  return registered_op<CudaDecodeAttention, init_cuda, &kOpName, 3, 2>(version, creation_error);
 }
 
 }  // namespace onnxfuse

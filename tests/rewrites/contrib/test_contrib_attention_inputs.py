@@ -20,7 +20,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 import onnxfuse
-from helpers import load_testdata
+from helpers import float_types, load_testdata
 from onnxfuse.custom_ops import DOMAIN, session_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
@@ -82,14 +82,7 @@ def _reference(f, rotary_dim, interleaved, form="repeated"):
 
 
 def _types():
-    out = [(TP.FLOAT, np.float32, 1e-6), (TP.FLOAT16, np.float16, 2e-3)]
-    try:
-        import ml_dtypes
-
-        out.append((TP.BFLOAT16, ml_dtypes.bfloat16, 2e-2))
-    except ImportError:  # pragma: no cover - onnx ships ml_dtypes
-        pass
-    return out
+    return float_types(1e-6, 2e-3, 2e-2)
 
 
 def _op_feeds(elem, dtype, rotary_dim, interleaved, form):

@@ -23,7 +23,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 import onnxfuse
-from helpers import load_testdata
+from helpers import float_types, load_testdata
 from onnxfuse.custom_ops import DOMAIN, session_options
 from onnxfuse.rewrites.contrib.contrib_decode_attention import max_rows
 
@@ -87,14 +87,7 @@ def reference(feeds, n, kv_heads, size, scale):
 
 
 def types():
-    out = [(TP.FLOAT, np.float32, 1e-5), (TP.FLOAT16, np.float16, 4e-3)]
-    try:
-        import ml_dtypes
-
-        out.append((TP.BFLOAT16, ml_dtypes.bfloat16, 3e-2))
-    except ImportError:  # pragma: no cover - onnx ships ml_dtypes
-        pass
-    return out
+    return float_types(1e-5, 4e-3, 3e-2)
 
 
 #: (batch, tokens, n, kv_heads, head size, keys, bias)
