@@ -25,8 +25,8 @@ the bias itself when n = 1), so the repeat only runs when the MultiHeadAttention
 Prefill stays with MultiHeadAttention (its tensor-core kernels win with many rows). The rewrite is
 ``y = DecodeAttention(q, K, V, bias)`` (spec ``max_rows=L``: above L rows it computes nothing and
 ``y`` is empty) and ``If(S ≤ L / n, then: Identity(y), else: MultiHeadAttention)``, S the step's
-tokens read at run time from the bias (shared by the layers: one condition for all of them) or R from
-the query without one, L the kernel's limit (32 rows for head size 64, 16 for 128, 8 for 256: its
+tokens read at run time from the bias's axis 2 where that is proved to be the projection's sequence
+axis (the bias is shared by the layers: one condition for all of them), else R from the query, L the kernel's limit (32 rows for head size 64, 16 for 128, 8 for 256: its
 registers) rounded down to whole tokens. One model serves prefill, decode and chunks, each on the kernel
 made for it. The op is outside the If because ONNX Runtime ran a custom op inside a branch on its CPU
 provider (measured, 5.32). An If costs about 1.7 µs of host time (benchmarks/probes/if_overhead.py).
@@ -53,7 +53,7 @@ from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import constant_value, dtype_of, int_attr, is_graph_output, is_ms_op, producer_of
-from onnxfuse.rewrites.facts.shape_values import axis_length, proved_rank
+from onnxfuse.rewrites.facts.shape_values import axis_length, proved_rank, same_length
 
 #: The op this rule writes (csrc/decode_attention.cc).
 OP_TYPE = "DecodeAttention"
@@ -136,7 +136,12 @@ class ContribDecodeAttention(ContribRule):
         if dtype_of(graph, node.outputs[0]) is None:
             return Refuse("the attention output's element type is not known")
         scale = node.attrs.get("scale")
-        return dict(spec=spec, n=n, size=size, bias=bias, scale=float(scale) if scale else 1.0 / float(np.sqrt(size)))
+        # the step's tokens from the bias (one condition for every layer sharing it) only when its axis 2 is
+        # provably the projection's sequence axis; else from this layer's query
+        tokens_from_bias = not bias.is_empty() and same_length(axis_length(graph, bias, 2),
+                                                               axis_length(graph, source.inputs[0], 1))
+        return dict(spec=spec, n=n, size=size, bias=bias, scale=float(scale) if scale else 1.0 / float(np.sqrt(size)),
+                    tokens_from_bias=tokens_from_bias)
 
     def apply(self, graph, node, found):
         names = NameAllocator(graph)
@@ -145,10 +150,10 @@ class ContribDecodeAttention(ContribRule):
         out = node.outputs[0]
         dtype = dtype_of(graph, out)
         query, key, value = node.inputs[0], node.inputs[1], node.inputs[2]
-        # the condition, read at run time: the tokens S (the bias's axis 2, shared by the layers) at most
-        # the kernel's rows // n, or without a bias the query's rows S·n at most its rows
+        # the condition, read at run time: the tokens S at most the kernel's rows // n, S read from the
+        # bias's axis 2 (shared by the layers) where it is proved to be S, else the query's rows S·n
         limit = max_rows(size) // n
-        few = (_at_most(graph, names, base, bias, 2, limit) if not bias.is_empty()
+        few = (_at_most(graph, names, base, bias, 2, limit) if found["tokens_from_bias"]
                else _at_most(graph, names, base, query, 1, limit * n))
         decoded = gs.Variable(names(f"{base}/decoded"), dtype=dtype)
         scratch = gs.Variable(names(f"{base}/decode_scratch"), dtype=dtype)

@@ -23,14 +23,17 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 import onnxfuse
+from contrib_testlib import fuse
 from helpers import float_types, load_testdata
 from onnxfuse.custom_ops import DOMAIN, session_options
+from onnxfuse.rewrites import RULES as RULE_LIST
 from onnxfuse.rewrites.contrib.contrib_decode_attention import max_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
 from test_kv_cache_gpu import LAYERS, _assert_equal_at_real_tokens  # noqa: E402  (the same checks, on the CPU here)
 
 RULE = "contrib-decode-attention"
+RULES = {r.name: r for r in RULE_LIST}
 MASKED = float(np.finfo(np.float16).min)  # what the exporters' masks add
 
 
@@ -170,3 +173,63 @@ def test_not_without_the_grouped_rows_and_not_for_the_cpu_provider():
     cpu = onnxfuse.optimize(load_testdata("qwen2_kv_opset14_fp16"), validate=False, device="cpu")
     assert RULE not in cpu.rules and not any(n.op_type in ("If", "DecodeAttention") for n in cpu.model.graph.node)
     assert onnx.checker.check_model(skipped.model) is None
+
+
+def _one_layer(bias_tokens: str):
+    """One decoder layer's attention as contrib-attention leaves it (H 4, G 2, D 8, no rotation): the
+    packed projection Split into q, k, v; k and v split into heads, appended to the cache (the presents)
+    and repeated per query head by a Gather; MultiHeadAttention; a constant out-projection. The bias is
+    a graph input [B, 1, ``bias_tokens``, T]: named like the projection's sequence axis or not."""
+    heads, kv, size = 4, 2, 8
+    rng = np.random.default_rng(3)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((heads * size, 16)).astype(np.float32), "w_o"),
+             onnx.numpy_helper.from_array(np.array([heads * size, kv * size, kv * size], np.int64), "parts"),
+             onnx.numpy_helper.from_array(np.array([0, 0, kv, size], np.int64), "to_heads"),
+             onnx.numpy_helper.from_array(np.array([0, 0, 1, 1], np.int64), "repeat")]
+    nodes = [h.make_node("Split", ["qkv", "parts"], ["q", "k", "v"], axis=2)]
+    for x in ("k", "v"):
+        cache = "key" if x == "k" else "value"
+        nodes += [h.make_node("Reshape", [x, "to_heads"], [f"{x}4"]),
+                  h.make_node("Transpose", [f"{x}4"], [f"{x}_heads"], perm=[0, 2, 1, 3]),
+                  h.make_node("Concat", [f"past_{cache}", f"{x}_heads"], [f"present_{cache}"], axis=2),
+                  h.make_node("Gather", [f"present_{cache}", "repeat"], [f"{cache}_heads"], axis=1)]
+    nodes += [h.make_node("MultiHeadAttention", ["q", "key_heads", "value_heads", "", "", "bias"], ["attended"],
+                          domain="com.microsoft", num_heads=heads),
+              h.make_node("MatMul", ["attended", "w_o"], ["y"])]
+    inputs = [h.make_tensor_value_info("qkv", TP.FLOAT, ["B", "S", (heads + 2 * kv) * size]),
+              h.make_tensor_value_info("past_key", TP.FLOAT, ["B", kv, "P", size]),
+              h.make_tensor_value_info("past_value", TP.FLOAT, ["B", kv, "P", size]),
+              h.make_tensor_value_info("bias", TP.FLOAT, ["B", 1, bias_tokens, "T"])]
+    outputs = [h.make_tensor_value_info("y", TP.FLOAT, ["B", "S", 16]),
+               h.make_tensor_value_info("present_key", TP.FLOAT, ["B", kv, "T", size]),
+               h.make_tensor_value_info("present_value", TP.FLOAT, ["B", kv, "T", size])]
+    attended = [h.make_tensor_value_info("attended", TP.FLOAT, ["B", "S", heads * size])]  # a contrib op: declared
+    graph = h.make_graph(nodes, "layer", inputs, outputs, inits, value_info=attended)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)],
+                        ir_version=8)
+
+
+@pytest.mark.parametrize("bias_tokens,from_bias", [("S", True), ("S_mask", False)])
+def test_the_condition_reads_the_bias_only_where_its_tokens_are_proved(bias_tokens, from_bias):
+    """The If's condition reads the step's tokens from the bias's axis 2 only when that axis is provably the
+    projection's sequence axis (then shared by every layer); else the query's own rows. Either way the
+    rewritten layer equals the original at one token (the kernel) and at 20 (MultiHeadAttention)."""
+    model = _one_layer(bias_tokens)  # the rules themselves: the pipeline sets a model's value_info aside
+    rules = [RULES[name] for name in ("contrib-attention-inputs", "contrib-grouped-attention-inputs", RULE)]
+    rewritten, report = fuse(model, *rules)
+    assert report.counts[RULE] == 1, report.refusals
+    shape_reader = {n.output[0]: n for n in rewritten.graph.node}
+    condition = next(n for n in rewritten.graph.node if n.op_type == "If").input[0]
+    gather = shape_reader[shape_reader[condition].input[0]]  # LessOrEqual(Gather(Shape(x), axis), limit)
+    shape = shape_reader[gather.input[0]]
+    assert (shape.input[0] == "bias") == from_bias
+    original = ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    fused = ort.InferenceSession(rewritten.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    for tokens, past in ((1, 9), (20, 0)):
+        feeds = {"qkv": rng.standard_normal((2, tokens, 64)).astype(np.float32),
+                 "past_key": rng.standard_normal((2, 2, past, 8)).astype(np.float32),
+                 "past_value": rng.standard_normal((2, 2, past, 8)).astype(np.float32),
+                 "bias": np.where(rng.random((2, 1, tokens, past + tokens)) < 0.2, MASKED, 0).astype(np.float32)}
+        for want, got in zip(original.run(None, feeds), fused.run(None, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
