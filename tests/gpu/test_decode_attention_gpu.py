@@ -17,6 +17,7 @@ from onnx import TensorProto as TP
 from onnxfuse.custom_ops import session_options
 from onnxfuse.runtime.session import cuda_available
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewrites"))  # contrib_testlib, which it imports
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewrites" / "contrib"))
 from test_contrib_decode_attention import CASES, op_feeds, op_model, reference, types  # noqa: E402
 
