@@ -43,7 +43,7 @@ inline void store(void* p, int64_t i, int type, float v) {
 // "<op> node '<name>': <msg>" as an OrtStatus.
 inline onnxfuse_ort::OrtStatus* op_error(const onnxfuse_ort::OrtApi* api, onnxfuse_ort::OrtErrorCode code, const char* op,
                                          const std::string& node, const std::string& msg) {
-  return api->CreateStatus(code, (std::string(op) + " node" + (node.empty() ? "" : " '" + node + "'") + ": " + msg).c_str());
+  return api->CreateStatus(code, (node_prefix(op, node) + msg).c_str());
 }
 
 inline std::string shape_text(const std::vector<int64_t>& d) {
@@ -141,13 +141,13 @@ inline bool spec_number(const std::string& text, double* v) {
   return true;
 }
 
-// An OrtCustomOp with variadic homogeneous inputs (at least min_in) and outputs (at least min_out) of
-// any element type, for provider Kernel::provider, created by Create and run by Kernel::ComputeV2.
+// An OrtCustomOp with variadic homogeneous inputs (at least MinIn) and outputs (at least MinOut) of
+// any element type, for provider Kernel::provider, created by Create and run by Kernel::ComputeV2; an
+// exception while creating becomes OnError's status.
 template <class Kernel, onnxfuse_ort::OrtStatusPtr (*Create)(const onnxfuse_ort::OrtKernelInfo*, void**), const char* const* Name,
-          int MinIn, int MinOut>
-onnxfuse_ort::OrtCustomOp make_variadic_op(uint32_t version, onnxfuse_ort::OrtStatusPtr (*on_error)(const char*)) {
+          int MinIn, int MinOut, onnxfuse_ort::OrtStatusPtr (*OnError)(const char*)>
+onnxfuse_ort::OrtCustomOp make_variadic_op(uint32_t version) {
   using namespace onnxfuse_ort;
-  static OrtStatusPtr (*report)(const char*) = on_error;
   OrtCustomOp op;
   std::memset(&op, 0, sizeof(op));
   op.version = version;
@@ -168,9 +168,9 @@ onnxfuse_ort::OrtCustomOp make_variadic_op(uint32_t version, onnxfuse_ort::OrtSt
     try {
       return Create(info, out);
     } catch (const std::exception& e) {
-      return report(e.what());
+      return OnError(e.what());
     } catch (...) {
-      return report("unknown error creating a kernel");
+      return OnError("unknown error creating a kernel");
     }
   };
   op.KernelComputeV2 = [](void* kernel, OrtKernelContext* ctx) { return static_cast<Kernel*>(kernel)->ComputeV2(ctx); };
@@ -192,10 +192,10 @@ onnxfuse_ort::OrtStatusPtr create_kernel(const onnxfuse_ort::OrtKernelInfo* info
 
 // The op's OrtCustomOp for Kernel's provider, built once (ONNX Runtime keeps the pointer).
 template <class Kernel, onnxfuse_ort::OrtStatus* (*Init)(const onnxfuse_ort::OrtKernelInfo*, Kernel*), const char* const* Name,
-          int MinIn, int MinOut>
-const onnxfuse_ort::OrtCustomOp* registered_op(uint32_t version, onnxfuse_ort::OrtStatusPtr (*on_error)(const char*)) {
+          int MinIn, int MinOut, onnxfuse_ort::OrtStatusPtr (*OnError)(const char*)>
+const onnxfuse_ort::OrtCustomOp* registered_op(uint32_t version) {
   static onnxfuse_ort::OrtCustomOp* op = new onnxfuse_ort::OrtCustomOp(
-      make_variadic_op<Kernel, create_kernel<Kernel, Init>, Name, MinIn, MinOut>(version, on_error));
+      make_variadic_op<Kernel, create_kernel<Kernel, Init>, Name, MinIn, MinOut, OnError>(version));
   return op;
 }
 

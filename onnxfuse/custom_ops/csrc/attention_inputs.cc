@@ -372,12 +372,12 @@ OrtStatusPtr creation_error(const char* what) { return fail(ORT_RUNTIME_EXCEPTIO
 
 const OrtCustomOp* attention_inputs_cpu_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CpuAttentionInputs, load_spec<CpuAttentionInputs>, &kOpName, 3, 3>(version, creation_error);
+  return registered_op<CpuAttentionInputs, load_spec<CpuAttentionInputs>, &kOpName, 3, 3, creation_error>(version);
 }
 
 const OrtCustomOp* attention_inputs_cuda_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CudaAttentionInputs, init_cuda, &kOpName, 3, 3>(version, creation_error);
+  return registered_op<CudaAttentionInputs, init_cuda, &kOpName, 3, 3, creation_error>(version);
 }
 
 }  // namespace onnxfuse

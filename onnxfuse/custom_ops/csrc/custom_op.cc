@@ -76,9 +76,7 @@ void drop(OrtStatus* st) {
 
 std::string node_label(const OrtKernelInfo* info) { return onnxfuse::node_label(g_api, info); }
 
-std::string error_prefix(const std::string& node) {
-  return std::string(kOpType) + " node" + (node.empty() ? "" : " '" + node + "'") + ": ";
-}
+std::string error_prefix(const std::string& node) { return onnxfuse::node_prefix(kOpType, node); }
 
 // Storage dtypes of a node's inputs and outputs: the program's, except that float16 ones may be
 // float32 on the CPU. ONNX Runtime's InsertCastTransformer runs an "isolated" float16 node on the

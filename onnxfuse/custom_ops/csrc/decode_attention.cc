@@ -419,12 +419,12 @@ OrtStatusPtr creation_error(const char* what) { return fail(ORT_RUNTIME_EXCEPTIO
 
 const OrtCustomOp* decode_attention_cpu_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CpuDecodeAttention, load_spec<CpuDecodeAttention>, &kOpName, 3, 2>(version, creation_error);
+  return registered_op<CpuDecodeAttention, load_spec<CpuDecodeAttention>, &kOpName, 3, 2, creation_error>(version);
 }
 
 const OrtCustomOp* decode_attention_cuda_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CudaDecodeAttention, init_cuda, &kOpName, 3, 2>(version, creation_error);
+  return registered_op<CudaDecodeAttention, init_cuda, &kOpName, 3, 2, creation_error>(version);
 }
 
 }  // namespace onnxfuse

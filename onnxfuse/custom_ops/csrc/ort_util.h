@@ -1,4 +1,4 @@
-// Small helpers over ONNX Runtime's C API shared by the library's ops (custom_op.cc, attention_inputs.cc).
+// Small helpers over ONNX Runtime's C API shared by the library's ops (custom_op.cc and the attention ops).
 #ifndef ONNXFUSE_ORT_UTIL_H_
 #define ONNXFUSE_ORT_UTIL_H_
 
@@ -7,6 +7,12 @@
 #include "ort_abi.h"
 
 namespace onnxfuse {
+
+// "<op> node '<name>': ", the start of every error line an op of the library writes ("<op> node: "
+// when the name is unknown).
+inline std::string node_prefix(const char* op, const std::string& node) {
+  return std::string(op) + " node" + (node.empty() ? "" : " '" + node + "'") + ": ";
+}
 
 // The node's name ("" when ONNX Runtime cannot say), for error messages.
 inline std::string node_label(const onnxfuse_ort::OrtApi* api, const onnxfuse_ort::OrtKernelInfo* info) {

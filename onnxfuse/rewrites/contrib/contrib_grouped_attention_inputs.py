@@ -52,8 +52,8 @@ from onnxfuse.rewrites.contrib.attention.inputs_op import OP_TYPE, read_spec, sp
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import (axes_of, constant_value, dtype_of, int_attr, is_graph_output, is_ms_op, is_op,
-                                           producer_of, sole_reader)
+from onnxfuse.rewrites.facts.graph import (constant_value, dtype_of, int_attr, is_graph_output, is_ms_op, is_op,
+                                           sole_reader)
 from onnxfuse.rewrites.facts.shape_values import axis_length, move_shape_reads, positions_read, proved_rank
 
 #: The axes of the query [B, S, H·D] that the packed projection [B, S, (H + 2G)·D] shares, and of the
@@ -77,18 +77,6 @@ def _other_readers_problem(graph, tensor, attention, axes) -> str | None:
     return None
 
 
-def _one_long_last_axis(graph, tensor) -> bool:
-    """``tensor``'s last axis is provably 1 long: proved by :func:`axis_length`, or made by a reduction over
-    the last axis keeping it (contrib-attention's row guard, whose rank the graph may not record), or an
-    Unsqueeze of such (an inserted axis is 1 long; otherwise the last axis is the input's)."""
-    if axis_length(graph, tensor, -1) == 1:
-        return True
-    node = producer_of(tensor)
-    if is_op(node, "ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean") and int(node.attrs.get("keepdims", 1)) == 1:
-        return axes_of(graph, node) == [-1]
-    return is_op(node, "Unsqueeze") and _one_long_last_axis(graph, node.inputs[0])
-
-
 def _out_projection(graph, out):
     """The MatMul that projects attention output ``out`` [B, S, H·D] with a constant weight, reached
     through elementwise ops whose other inputs are scalars or 1 long on the last axis (optimum's row
@@ -104,7 +92,7 @@ def _out_projection(graph, out):
         elementwise = is_op(reader, *_ELEMENTWISE) or (reader.op == "FusedElementwise" and reader.domain == DOMAIN)
         others = [t for t in reader.inputs if t is not tensor]
         if not elementwise or len(reader.outputs) != 1 or len(others) != len(reader.inputs) - 1 or not all(
-                _one_long_last_axis(graph, t) or proved_rank(graph, t) == 0 for t in others):
+                axis_length(graph, t, -1) == 1 or proved_rank(graph, t) == 0 for t in others):
             return None
         tensor = reader.outputs[0]
     return None

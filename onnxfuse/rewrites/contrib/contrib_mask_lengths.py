@@ -42,7 +42,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, append_axes_op
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import declared_shape, dtype_of, int_attr, is_ms_op, is_op, rank_of, subgraphs
+from onnxfuse.rewrites.facts.graph import declared_shape, dtype_of, int_attr, is_ms_op, is_op, subgraphs
+from onnxfuse.rewrites.facts.shape_values import proved_rank
 
 #: Ops that read only their input's shape, never its values.
 SHAPE_READS = ("Shape", "Size")
@@ -63,7 +64,7 @@ class ContribMaskLengths(ContribRule):
         if not self.right_padded:
             return []
         return [n for n in graph.nodes if is_ms_op(n, "Attention") and len(n.inputs) > 3 and not n.inputs[3].is_empty()
-                and _rank(graph, n.inputs[3]) != 1]  # lengths already: nothing to do
+                and proved_rank(graph, n.inputs[3]) != 1]  # lengths already: nothing to do
 
     def analyze(self, graph, node):
         mask = node.inputs[3]
@@ -71,7 +72,7 @@ class ContribMaskLengths(ContribRule):
             return Refuse("causal (unidirectional) Attention: lengths are verified only for bidirectional attention")
         if any(not t.is_empty() for t in node.inputs[4:]):
             return Refuse("Attention also has past or attention_bias inputs: lengths are verified without them")
-        rank = _rank(graph, mask)
+        rank = proved_rank(graph, mask)
         if rank != 2:
             return Refuse(f"mask_index is not a raw [B, L] mask (rank {rank if rank is not None else 'unknown'})")
         cast = mask.inputs[0] if mask.inputs else None
@@ -124,22 +125,6 @@ def value_sources(tensor) -> set[str] | None:
             continue
         stack.extend(i for i in node.inputs if not i.is_empty())
     return sources
-
-
-def _rank(graph, tensor) -> int | None:
-    """``tensor``'s rank: inferred, else read through rank-keeping unary ops (Cast, Not, Identity) from a
-    ``Flatten`` (rank 2, what contrib-attention writes before its Cast) or a tensor of known rank."""
-    for _ in range(8):
-        rank = rank_of(graph, tensor)
-        if rank is not None:
-            return rank
-        node = tensor.inputs[0] if tensor.inputs else None
-        if is_op(node, "Flatten"):
-            return 2
-        if not is_op(node, "Cast", "Not", "Identity"):
-            return None
-        tensor = node.inputs[0]
-    return None
 
 
 def _zero_one(mask) -> bool:

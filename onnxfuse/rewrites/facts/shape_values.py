@@ -395,30 +395,42 @@ def _axis_length(graph, tensor, axis: int, rank: int, depth: int, seen: dict):
     return declared if known_name(declared) else None
 
 
-def proved_rank(graph, tensor):
-    """``tensor``'s rank: a constant's, the declared one, or else one proved from its producer: an
-    Expand's (the larger of its target's length and its input's rank), a reduction's that keeps its axes,
-    a broadcasting op's (the largest of its inputs'); None if unknown."""
+def proved_rank(graph, tensor, depth: int = 16):
+    """``tensor``'s rank: a constant's, the declared one, or else one proved from its producer (up to
+    ``depth`` producers back): ops that keep their input's shape (Cast, Not, Identity, ...), a
+    ``Flatten`` (2), ``Unsqueeze``/``Squeeze`` with constant axes (the input's plus / minus their
+    count), a reduction that keeps its axes, a broadcasting op (the largest of its inputs'), an
+    ``Expand`` (the larger of its target's length and its input's rank); None if unknown."""
     value = constant_value(graph, tensor)
     if value is not None:
         return value.ndim
     shape = getattr(tensor, "shape", None)
-    if shape is None:  # an Expand to a target computed at run time: the larger of its and the input's ranks
-        node = producer_of(tensor)
-        if is_op(node, *_REDUCES) and int(node.attrs.get("keepdims", 1)) == 1 and node.inputs:
-            return proved_rank(graph, node.inputs[0])  # a reduction keeping its axes keeps the rank
-        if is_op(node, *_BROADCASTING) and node.inputs:  # numpy broadcasting: the largest input rank
-            ranks = [proved_rank(graph, t) for t in node.inputs]
-            return None if None in ranks else max(ranks)
-        if is_op(node, "Expand") and len(node.inputs) == 2:
-            target, source = shape_of(graph, node.inputs[1]), proved_rank(graph, node.inputs[0])
-            length = target[0] if target is not None and len(target) == 1 and isinstance(target[0], int) else None
-            if length is None:
-                value = shape_value(graph, node.inputs[1], sums=True)
-                length = None if value is None else len(value)
-            if length is not None and source is not None:
-                return max(length, source)
-    return None if shape is None else len(shape)
+    if shape is not None:
+        return len(shape)
+    node = producer_of(tensor)
+    if node is None or not node.inputs or depth == 0:
+        return None
+    if is_op(node, "Flatten"):
+        return 2
+    if is_op(node, *_SAME_SHAPE) or (is_op(node, *_REDUCES) and int(node.attrs.get("keepdims", 1)) == 1):
+        return proved_rank(graph, node.inputs[0], depth - 1)
+    if is_op(node, "Unsqueeze", "Squeeze"):
+        axes, source = axes_of(graph, node), proved_rank(graph, node.inputs[0], depth - 1)
+        if axes is None or source is None:
+            return None
+        return source + len(axes) if node.op == "Unsqueeze" else source - len(axes)
+    if is_op(node, *_BROADCASTING):  # numpy broadcasting: the largest input rank
+        ranks = [proved_rank(graph, t, depth - 1) for t in node.inputs]
+        return None if None in ranks else max(ranks)
+    if is_op(node, "Expand") and len(node.inputs) == 2:  # a target computed at run time
+        target, source = shape_of(graph, node.inputs[1]), proved_rank(graph, node.inputs[0], depth - 1)
+        length = target[0] if target is not None and len(target) == 1 and isinstance(target[0], int) else None
+        if length is None:
+            value = shape_value(graph, node.inputs[1], sums=True)
+            length = None if value is None else len(value)
+        if length is not None and source is not None:
+            return max(length, source)
+    return None
 
 
 def _made_length(graph, node, axis: int, rank: int, depth: int, seen: dict):

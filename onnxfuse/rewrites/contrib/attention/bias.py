@@ -85,15 +85,10 @@ def grouped_rows_bias(graph, names, base, bias, n: int):
     row s·n + j = row s, as ``Reshape(Expand(Unsqueeze(bias, 3), [1, 1, 1, n, 1]), [0, 0, -1, L])``, L
     read from ``bias`` at run time. Copies only: exact. Every layer adds the same bias, so an earlier
     layer's chain over the same tensor is reused (one Expand per step, not one per layer)."""
-    for unsqueeze in consumers(bias):
-        if not (is_op(unsqueeze, "Unsqueeze") and unsqueeze.inputs[0] is bias and axes_of(graph, unsqueeze) == [3]):
-            continue
+    for unsqueeze in consumers(bias):  # an earlier layer's chain: the tensor grouped_rows_source reads back
         for expand in consumers(unsqueeze.outputs[0]):
-            target = constant_value(graph, expand.inputs[1]) if is_op(expand, "Expand") else None
-            if target is None or target.tolist() != [1, 1, 1, n, 1]:
-                continue
             for reshape in consumers(expand.outputs[0]):
-                if is_op(reshape, "Reshape") and _rows_target_of(graph, reshape, bias):
+                if grouped_rows_source(graph, reshape.outputs[0], n) is bias:
                     return reshape.outputs[0]
     dtype = bias.dtype
     rows = gs.Variable(names(f"{base}/bias_unsqueezed"), dtype=dtype)
