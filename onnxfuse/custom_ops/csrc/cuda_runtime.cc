@@ -30,6 +30,7 @@ typedef struct CUfunc_st* CUfunction;
 typedef struct CUstream_st* CUstream;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 
 struct Driver {
   bool ok = false;
@@ -48,6 +49,8 @@ struct Driver {
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**);
   CUresult (*cuGetErrorString)(CUresult, const char**);
+  // Optional (nullptr when the driver lacks it): the blocks of a kernel one multiprocessor runs at once.
+  CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t) = nullptr;
   std::string err_str(CUresult r) const {
     const char* s = nullptr;
     if (cuGetErrorString && cuGetErrorString(r, &s) == 0 && s) return std::string(s) + " (" + std::to_string(r) + ")";
@@ -113,6 +116,8 @@ Driver& driver() {
             sym(h, "cuModuleLoadData", &d.cuModuleLoadData, &e) &
             sym(h, "cuModuleGetFunction", &d.cuModuleGetFunction, &e) & sym(h, "cuLaunchKernel", &d.cuLaunchKernel, &e) &
             sym(h, "cuGetErrorString", &d.cuGetErrorString, &e);
+  d.cuOccupancyMaxActiveBlocksPerMultiprocessor = reinterpret_cast<decltype(d.cuOccupancyMaxActiveBlocksPerMultiprocessor)>(
+      dlsym(h, "cuOccupancyMaxActiveBlocksPerMultiprocessor"));
   if (!ok) {
     d.error = "the CUDA driver is missing entry points: " + e;
     return d;
@@ -680,6 +685,22 @@ bool launch_fixed(void* fn, void* ctx, long long blocks, unsigned threads, void*
     return false;
   }
   return true;
+}
+
+int resident_blocks(void* fn, void* ctx, int device, unsigned threads, unsigned shared_bytes) {
+  Driver& d = driver();
+  CUdevice dev;
+  int sms = 0, per_sm = 0;
+  if (!d.ok || d.cuDeviceGet(&dev, device) != 0 || d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != 0 ||
+      !d.cuOccupancyMaxActiveBlocksPerMultiprocessor)
+    return 0;
+  d.cuCtxPushCurrent(static_cast<CUcontext>(ctx));
+  if (d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, static_cast<CUfunction>(fn), static_cast<int>(threads),
+                                                    shared_bytes) != 0)
+    per_sm = 0;
+  CUcontext dummy;
+  d.cuCtxPopCurrent(&dummy);
+  return sms > 0 && per_sm > 0 ? sms * per_sm : 0;
 }
 
 std::string cuda_stats_json() {

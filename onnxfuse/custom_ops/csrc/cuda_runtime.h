@@ -49,6 +49,11 @@ bool fixed_kernels(const std::string& source, const std::vector<std::string>& na
 bool launch_fixed(void* fn, void* ctx, long long blocks, unsigned threads, void* stream, void** args, std::string* err,
                   long long blocks_y = 1, unsigned shared_bytes = 0);
 
+// The blocks of `fn` (from fixed_kernels) that device `device` runs at once: multiprocessors × the
+// occupancy at `threads` per block and `shared_bytes` of dynamic shared memory. 0 when the driver cannot
+// say (no occupancy entry point, or a call fails).
+int resident_blocks(void* fn, void* ctx, int device, unsigned threads, unsigned shared_bytes);
+
 // JSON with counters: compiles, disk_hits, memory_hits, disk_writes, disk_rejects (entries that
 // failed verification, never loaded), last_disk_reject, disk_refused (why the cache folder was not
 // used, "" if it was), times, last_entry (file name of the last kernel's

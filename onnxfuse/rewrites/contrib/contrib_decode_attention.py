@@ -57,16 +57,17 @@ from onnxfuse.rewrites.facts.shape_values import axis_length, proved_rank, same_
 
 #: The op this rule writes (csrc/decode_attention.cc).
 OP_TYPE = "DecodeAttention"
-#: Threads per block of its CUDA kernel, which bound the head size and, with it, the rows it takes.
-KERNEL_THREADS = 256
+#: The largest head size its CUDA kernel takes (32 lanes of at most 8 dims each).
+MAX_HEAD_SIZE = 256
 
 
 def max_rows(head_size: int) -> int:
-    """Query rows per key/value head the CUDA kernel takes: 64 / its dims per lane (2 up to D = 64, 4 up to
-    128, 8 up to 256: each lane's accumulators stay in registers), fewer where its shared memory,
-    R·(D + 256 + 3) float32 values, would pass 48 KiB (as ``max_rows`` in csrc/decode_attention.cc)."""
-    lanes = 2 if head_size <= 64 else 4 if head_size <= 128 else 8
-    return min(64 // lanes, (48 * 1024 // 4) // (head_size + KERNEL_THREADS + 3))
+    """Query rows per key/value head the CUDA kernel takes, as ``max_rows`` in csrc/decode_attention.cc:
+    16 up to D = 64, else 8. Each lane keeps rows × its dims per lane (2 up to D = 64, 4 up to 128, 8 up to
+    256) accumulators in registers, within the 128 a thread has when two blocks share a multiprocessor
+    (the occupancy that lets the kernel keep two tiles of K and V in flight per multiprocessor:
+    docs/benchmarks.md 5.33; the variant above D = 128 needs more and runs one block)."""
+    return 16 if head_size <= 64 else 8
 
 
 def _at_most(graph, names, base, tensor, axis: int, limit: int):
@@ -126,7 +127,7 @@ class ContribDecodeAttention(ContribRule):
             return Refuse("a unidirectional attention")
         if any(out.outputs or is_graph_output(graph, out) for out in node.outputs[1:]):
             return Refuse("the attention's present outputs are read")
-        if size > KERNEL_THREADS or max_rows(size) < n:
+        if size > MAX_HEAD_SIZE or max_rows(size) < n:
             return Refuse(f"head size {size} with {n} query heads per key/value head: more than the kernel takes")
         bias = inputs[5]
         if not bias.is_empty():
