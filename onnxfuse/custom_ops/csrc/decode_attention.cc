@@ -254,8 +254,11 @@ __device__ __forceinline__ void decode_attention(const Args& a) {
   const long long t_begin = (long long)blockIdx.x * a.chunk;
   const long long t_end = t_begin + a.chunk < T ? t_begin + a.chunk : T;
   const bool vec = a.vec != 0;
-  float* mrow = smem; float* lrow = mrow + R; float* frow = lrow + R;
-  float* qs = frow + R; float* sc = qs + R * Dp; float* sb = sc + R * TK;
+  // q, the scores and the bias rows (the warps' reduction buffer after the last tile) from the start of
+  // shared memory (16-byte aligned: q is read as float4), then three floats per row.
+  const int region = R * (Dp + 2 * TK) > 4 * R * Dp ? R * (Dp + 2 * TK) : 4 * R * Dp;
+  float* qs = smem; float* sc = qs + R * Dp; float* sb = sc + R * TK;
+  float* mrow = smem + region; float* lrow = mrow + R; float* frow = lrow + R;
   // q's bits go to registers now; scaled and zero-padded to Dp, they go to shared memory after the first
   // tile's loads are issued, so that their latencies overlap (nothing reads a load's result early).
   unsigned qbits[QU];
@@ -445,9 +448,9 @@ int64_t tile_keys(int64_t head_size, size_t element_size) {
 
 // Keys per split: enough blocks to fill the GPU (`resident`: the blocks the device runs at once) when
 // the heads alone do not, a whole number of tiles per block.
-// Shared memory of the kernel, in floats: three per row, then q [R][Dp] (Dp: D rounded up to whole
-// 16-byte chunks), the scores [R][TK] and the tile's bias rows [≤ R][TK], which the warps' reduction
-// reuses ([4][R][Dp]) after the last tile.
+// Shared memory of the kernel, in floats: q [R][Dp] (Dp: D rounded up to whole 16-byte chunks), the
+// scores [R][TK] and the tile's bias rows [≤ R][TK], which the warps' reduction reuses ([4][R][Dp])
+// after the last tile; then three per row.
 int64_t shared_floats(int64_t rows, int64_t head_size, int64_t tile, size_t element_size) {
   const int64_t per_chunk = 16 / static_cast<int64_t>(element_size), padded = (head_size + per_chunk - 1) / per_chunk * per_chunk;
   const int64_t tiles = rows * (padded + 2 * tile), reduction = 4 * rows * padded;
