@@ -24,14 +24,15 @@ from test_contrib_decode_attention import CASES, op_feeds, op_model, reference, 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
 
-#: (batch, tokens, n, kv_heads, head size, keys, bias): the CPU cases (head sizes 8 to 32: rows narrower
-#: than a 16-byte vector, the element-by-element loads in float16), then splits over 4097 keys at batch
-#: 1 and 8, 280 heads of one block each, the largest row counts per head size (16 up to 64, 8 above),
-#: head size 100 (200-byte rows: element loads again) and 96 (Phi-3: vector loads, a quarter of the
-#: lanes idle), with tiles cut short at the split's end.
+#: (batch, tokens, n, kv_heads, head size, keys, bias): the CPU cases (head sizes 8 to 32), then splits
+#: over 4097 keys at batch 1 and 8, 280 heads of one block each, the largest row count (16) at head
+#: sizes 64, 128 and 256 (16 bias rows at 64), head size 100 (200-byte float16 rows: the element-load
+#: kernels) and 30 (element loads in float32 too), 96 (Phi-3: vector loads, a quarter of the lanes
+#: idle), with tiles cut short at the split's end.
 GPU_CASES = CASES + [(1, 1, 7, 2, 64, 4097, "tokens"), (8, 1, 7, 2, 64, 4097, "keys"), (140, 1, 1, 2, 16, 50, "none"),
-                     (1, 2, 8, 1, 64, 700, "tokens"), (1, 8, 1, 1, 128, 700, "tokens"), (2, 8, 1, 1, 256, 300, "keys"),
-                     (3, 2, 3, 2, 100, 600, "tokens"), (2, 1, 4, 2, 96, 1000, "keys"), (1, 1, 8, 1, 256, 2000, "tokens")]
+                     (1, 2, 8, 1, 64, 700, "tokens"), (1, 16, 1, 1, 128, 700, "tokens"), (2, 2, 8, 1, 256, 300, "keys"),
+                     (3, 2, 3, 2, 100, 600, "tokens"), (2, 1, 4, 2, 96, 1000, "keys"), (1, 1, 8, 1, 256, 2000, "tokens"),
+                     (1, 16, 1, 1, 64, 300, "tokens"), (2, 1, 3, 2, 30, 300, "keys")]
 
 
 def _session(elem, case, provider, max_rows=None):

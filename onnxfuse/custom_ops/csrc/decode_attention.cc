@@ -36,12 +36,14 @@ const OrtApi* api = nullptr;
 
 // Threads per block of the CUDA kernels.
 constexpr unsigned kThreads = 256;
-// Dims per lane of the kernel variant for a head size: 2 (D <= 64), 4 (D <= 128) or 8 (D <= 256).
-int64_t dims_per_lane(int64_t head_size) { return head_size <= 64 ? 2 : head_size <= 128 ? 4 : 8; }
-// Query rows per key/value head the CUDA kernel takes (RMAX of its variant: each lane's RMAX · DL
-// accumulators stay in registers, within the 128 a thread has at two blocks per multiprocessor; the
-// D <= 256 variant needs 168 and runs one): 16 for D <= 64, else 8. The rule, contrib-decode-attention, sends no more (its max_rows mirrors this one).
-int64_t max_rows(int64_t head_size) { return head_size <= 64 ? 16 : 8; }
+// The kernel variant for a head size: the widest head it takes (DMAX: 64, 128 or 256).
+int64_t variant_width(int64_t head_size) { return head_size <= 64 ? 64 : head_size <= 128 ? 128 : 256; }
+// Query rows per key/value head the CUDA kernel takes: its warps hold at most 16 (row, key subset)
+// items of p · V, and it stages at most 16 bias rows per tile. The rule, contrib-decode-attention, sends
+// no more (its max_rows mirrors this one).
+int64_t max_rows(int64_t) { return 16; }
+// Kernels per element type: the three widths with vector and with element loads, then the combine.
+constexpr int kKernelsPerType = 7;
 
 OrtStatus* fail(OrtErrorCode code, const std::string& node, const std::string& msg) {
   return op_error(api, code, kOpName, node, msg);
@@ -152,17 +154,20 @@ struct CpuDecodeAttention {
 };
 
 // ------------------------------------------------------------------ CUDA
-// Block (split, b·G + g) takes its keys [split·chunk, …) one tile of TK keys at a time. Every thread first
-// issues all of its loads for the tile: its share of one key's row (SPK threads per key, at most four
-// 16-byte chunks each) and, for p · V, the V rows of its warp's keys (KPW keys, DL dims per lane). So a
-// block has a whole tile in flight at once; the first kernel, which loaded a key's dims in dependent
-// steps, ran at 142 GB/s (118 µs per layer at B=8, P=4096 on an H200: docs/benchmarks.md 5.33). Then
-// the SPK threads of a key score the R query rows (held in shared memory, float32), the warps take the
-// rows' online softmax, and each warp adds p · V for its keys with lane l holding dims l·DL … l·DL + DL - 1
-// of every row (accumulators in registers: RMAX·DL <= 64). The warps' sums meet in a tree. One
-// split writes the output; several write partials (acc, max, sum per row) that the combine kernel merges.
-// Everything in float32. With `vec` (the host checks 16-byte alignment) the loads are 4- to 16-byte
-// vectors; otherwise they read element by element, the same layout.
+// Block (split, b·G + g) takes its keys [split·chunk, …) one tile of TK keys at a time (TK: the tile's V
+// in 16 KiB). Every thread first issues all of its loads for the tile, so that a block has the whole tile
+// in flight at once: four 16-byte chunks of one key's row (SPK threads per key, chunks interleaved), four
+// chunks of the tile's V (staged in shared memory for every warp) and its share of the bias rows. Then
+// the SPK threads of a key score the R query rows (q in shared memory, float32) one row at a time, the
+// warps take the rows' online softmax, and p · V goes to items (row, key subset): each warp takes at
+// most two, its lanes holding DL dims. The items' sums meet in shared memory. One split writes the
+// output; several write partials (acc, max, sum per row) that the combine kernel merges. Everything in
+// float32.
+//
+// The code is loops, not unrolled rows: an earlier version unrolled every row (≈7,000 instructions),
+// which each block ran once per tile with a cold instruction cache: 15-20 µs per tile whatever its size
+// (docs/benchmarks.md 5.33). With `vec` (the host checks 16-byte alignment and whole-chunk rows) K and
+// V move as 16-byte vectors (the _v kernels); otherwise element by element (_e).
 const char* kCudaSource = R"CUDA(
 #define THREADS 256
 #define WARPS (THREADS / 32)
@@ -180,144 +185,145 @@ __device__ __forceinline__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
-// Element types: ES bytes; raw() the element's bits; unpack() a 32-bit word's 4 / ES elements as floats.
+// Element types: E holds an element's bits; value() reads them as float; ld/st a tensor's element i.
 struct F32 {
+  typedef unsigned E;
   enum { ES = 4 };
-  static __device__ __forceinline__ unsigned raw(const void* p, long long i) { return ((const unsigned*)p)[i]; }
-  static __device__ __forceinline__ void unpack(unsigned w, float* f) { f[0] = __uint_as_float(w); }
   static __device__ __forceinline__ float value(unsigned bits) { return __uint_as_float(bits); }
   static __device__ __forceinline__ float ld(const void* p, long long i) { return ld_f32(p, i); }
   static __device__ __forceinline__ void st(void* p, long long i, float v) { st_f32(p, i, v); }
 };
 struct F16 {
+  typedef u16 E;
   enum { ES = 2 };
-  static __device__ __forceinline__ unsigned raw(const void* p, long long i) { return ((const u16*)p)[i]; }
-  static __device__ __forceinline__ void unpack(unsigned w, float* f) {
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f[0]) : "h"((u16)(w & 0xffffu)));
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f[1]) : "h"((u16)(w >> 16)));
+  static __device__ __forceinline__ float value(unsigned bits) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)bits)); return f;
   }
-  static __device__ __forceinline__ float value(unsigned bits) { float f[2]; unpack(bits, f); return f[0]; }
   static __device__ __forceinline__ float ld(const void* p, long long i) { return ld_f16(p, i); }
   static __device__ __forceinline__ void st(void* p, long long i, float v) { st_f16(p, i, v); }
 };
 struct BF16 {
+  typedef u16 E;
   enum { ES = 2 };
-  static __device__ __forceinline__ unsigned raw(const void* p, long long i) { return ((const u16*)p)[i]; }
-  static __device__ __forceinline__ void unpack(unsigned w, float* f) {
-    f[0] = __uint_as_float(w << 16); f[1] = __uint_as_float(w & 0xffff0000u);
-  }
   static __device__ __forceinline__ float value(unsigned bits) { return __uint_as_float(bits << 16); }
   static __device__ __forceinline__ float ld(const void* p, long long i) { return ld_bf16(p, i); }
   static __device__ __forceinline__ void st(void* p, long long i, float v) { st_bf16(p, i, v); }
 };
-// W 32-bit words of elements from element e on (byte offset 16-aligned when W >= 4 and vec); elements at
-// or past `lim` read as 0 (only the element path meets them: the host sets vec only when rows are whole
-// vectors).
-template <class Ty, int W>
-__device__ __forceinline__ void load_words(const void* p, long long e, long long lim, bool vec, unsigned* w) {
-  enum { EPW = 4 / Ty::ES };
-  if (vec) {
-    const char* c = (const char*)p + e * Ty::ES;
-    if (W == 1) {
-      w[0] = *(const unsigned*)c;
-    } else if (W == 2) {
-      const uint2 x = *(const uint2*)c; w[0] = x.x; w[1] = x.y;
+// The 16 / ES elements of a 16-byte chunk as floats.
+template <class Ty>
+__device__ __forceinline__ void unpack(const uint4& c, float* f) {
+  const unsigned w[4] = {c.x, c.y, c.z, c.w};
+  _Pragma("unroll") for (int i = 0; i < 4; ++i) {
+    if (Ty::ES == 4) {
+      f[i] = Ty::value(w[i]);
     } else {
-      _Pragma("unroll") for (int i = 0; i < W / 4; ++i) {
-        const uint4 x = ((const uint4*)c)[i];
-        w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
-      }
-    }
-  } else {
-    _Pragma("unroll") for (int i = 0; i < W; ++i) {
-      unsigned x = 0;
-      _Pragma("unroll") for (int u = 0; u < EPW; ++u)
-        if (e + i * EPW + u < lim) x |= Ty::raw(p, e + i * EPW + u) << (16 * u);
-      w[i] = x;
+      f[2 * i] = Ty::value(w[i] & 0xffffu); f[2 * i + 1] = Ty::value(w[i] >> 16);
     }
   }
 }
-template <class Ty, int DL, int RMAX>
+// Chunk c (16 bytes) of the row at element `row` of p, whose elements past `len` read as 0.
+template <class Ty, bool VEC>
+__device__ __forceinline__ uint4 load_chunk(const void* p, long long row, int c, int len) {
+  typedef typename Ty::E E;
+  if (VEC) return *(const uint4*)((const char*)p + (row + (long long)c * (16 / Ty::ES)) * Ty::ES);
+  unsigned w[4];
+  _Pragma("unroll") for (int i = 0; i < 4; ++i) {
+    if (Ty::ES == 4) {
+      const int d = c * 4 + i;
+      w[i] = d < len ? ((const unsigned*)p)[row + d] : 0u;
+    } else {
+      const int d = c * 8 + 2 * i;
+      const unsigned lo = d < len ? ((const E*)p)[row + d] : 0u, hi = d + 1 < len ? ((const E*)p)[row + d + 1] : 0u;
+      w[i] = lo | hi << 16;
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+// Shared memory, in floats (the host's shared_floats() says the same): q [R][Dp] from 0, the scores
+// [R][TK], the tile's bias rows [<= R][TK], the tile's V [TK][D] elements from a 16-byte boundary (the
+// items' sums [<= 16][Dp] reuse the scores onwards after the last tile); then max, sum and factor per row.
+struct Layout {
+  int sc, sb, vs, rows;
+  __device__ __forceinline__ Layout(int R, int Dp, int D, int TK, int ES) {
+    sc = R * Dp; sb = sc + R * TK; vs = (sb + R * TK + 3) / 4 * 4;
+    const int tile_end = vs + (TK * D * ES + 15) / 16 * 4, sums = sc + (R > WARPS ? R : WARPS) * Dp;
+    rows = tile_end > sums ? tile_end : sums;
+  }
+};
+template <class Ty, int DMAX, bool VEC>
 __device__ __forceinline__ void decode_attention(const Args& a) {
-  enum { ES = Ty::ES, EPW = 4 / ES, EPC = 16 / ES,  // elements per 32-bit word, per 16-byte chunk
-         SPK = DL * ES / 2,                         // threads per key: 4 chunks each cover the variant's widest row
-         TK = THREADS / SPK,                        // keys per tile
-         KPW = TK / WARPS,                          // keys per warp in p · V
-         VW = DL * ES / 4,                          // words of V per lane and key
-         QU = (RMAX * 32 * DL + THREADS - 1) / THREADS };  // q elements per thread
+  typedef typename Ty::E E;
+  enum { ES = Ty::ES, EPC = 16 / ES,                                // elements per 16-byte chunk
+         TK = 16384 / (DMAX * ES) < 128 ? 16384 / (DMAX * ES) : 128,  // keys per tile: its V in 16 KiB
+         SPK = THREADS / TK,                                          // threads per key in the scores
+         CPT = DMAX / EPC / SPK,                                      // K chunks per thread (4)
+         VPT = TK * DMAX * ES / 16 / THREADS,                         // V chunks per thread (4)
+         BPT = 16 * TK / THREADS,                                     // bias values per thread (<= 16 rows)
+         DL = DMAX / 32 };                                            // dims per lane in p · V
   extern __shared__ float smem[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, kk = tid / SPK, h = tid % SPK;
   const int R = (int)a.R, D = (int)a.D, n = (int)a.n;
   const long long T = a.T, bg = blockIdx.y, b = bg / a.G, g = bg % a.G;
   const int CPR = (D + EPC - 1) / EPC, Dp = CPR * EPC;  // chunks per row; q's padded row
-  const int bias_rows = a.bias_b == 0 ? 0 : a.bias_s > 1 ? R / n : 1;  // bias rows a tile reads (tokens)
+  const int bias_rows = a.bias_b == 0 ? 0 : a.bias_s > 1 ? R / n : 1;  // the bias rows a tile reads (tokens)
+  const int KS = R >= WARPS ? 1 : WARPS / R, items = R * KS;  // p · V: row r's keys in KS subsets
   const long long t_begin = (long long)blockIdx.x * a.chunk;
   const long long t_end = t_begin + a.chunk < T ? t_begin + a.chunk : T;
-  const bool vec = a.vec != 0;
-  // q, the scores and the bias rows (the warps' reduction buffer after the last tile) from the start of
-  // shared memory (16-byte aligned: q is read as float4), then three floats per row.
-  const int region = R * (Dp + 2 * TK) > 4 * R * Dp ? R * (Dp + 2 * TK) : 4 * R * Dp;
-  float* qs = smem; float* sc = qs + R * Dp; float* sb = sc + R * TK;
-  float* mrow = smem + region; float* lrow = mrow + R; float* frow = lrow + R;
-  // q's bits go to registers now; scaled and zero-padded to Dp, they go to shared memory after the first
-  // tile's loads are issued, so that their latencies overlap (nothing reads a load's result early).
-  unsigned qbits[QU];
-  _Pragma("unroll") for (int u = 0; u < QU; ++u) {
-    const int i = tid + THREADS * u, r = i / Dp, d = i % Dp;
-    qbits[u] = i < R * Dp && d < D ? Ty::raw(a.q, ((b * R + r) * a.G + g) * D + d) : 0u;
+  const Layout L(R, Dp, D, TK, ES);
+  float* qs = smem; float* sc = smem + L.sc; float* sb = smem + L.sb; E* vs = (E*)(smem + L.vs);
+  float* mrow = smem + L.rows; float* lrow = mrow + R; float* frow = lrow + R;
+  for (int i = tid; i < R * Dp; i += THREADS) {
+    const int r = i / Dp, d = i % Dp;
+    qs[i] = d < D ? Ty::ld(a.q, ((b * R + r) * a.G + g) * D + d) * a.scale : 0.f;
   }
-  float acc[RMAX][DL];
-  _Pragma("unroll") for (int r = 0; r < RMAX; ++r)
-    _Pragma("unroll") for (int i = 0; i < DL; ++i) acc[r][i] = 0.f;
-  const long long kv = (b * a.G + g) * T * D;
-  const long long bias_base = (a.bias_b > 1 ? b : 0) * a.bias_s * T;
-  bool first = true;
-  for (long long t0 = t_begin; t0 < t_end || first; t0 += TK) {
-    const long long left = t_end - t0, keys = left < 0 ? 0 : left < TK ? left : TK, t = t0 + kk;
-    unsigned kw[4][4], vw[KPW][VW];
-    _Pragma("unroll") for (int i = 0; i < 4; ++i) {
+  for (int r = tid; r < R; r += THREADS) { mrow[r] = -INFINITY; lrow[r] = 0.f; }
+  float acc[2][DL];
+  _Pragma("unroll") for (int q = 0; q < 2; ++q)
+    _Pragma("unroll") for (int i = 0; i < DL; ++i) acc[q][i] = 0.f;
+  const long long kv = (b * a.G + g) * T * D, bias_base = (a.bias_b > 1 ? b : 0) * a.bias_s * T;
+  for (long long t0 = t_begin; t0 < t_end; t0 += TK) {
+    const int keys = t_end - t0 < TK ? (int)(t_end - t0) : TK;
+    // Every load of the tile first (nothing reads a result before the last is issued).
+    uint4 kc[CPT], vc[VPT];
+    float bv[BPT];
+    _Pragma("unroll") for (int i = 0; i < CPT; ++i) {
       const int c = h + SPK * i;
-      if (kk < keys && c < CPR) load_words<Ty, 4>(a.k, kv + t * D + c * EPC, kv + (t + 1) * D, vec, kw[i]);
-      else _Pragma("unroll") for (int u = 0; u < 4; ++u) kw[i][u] = 0u;
+      kc[i] = kk < keys && c < CPR ? load_chunk<Ty, VEC>(a.k, kv + (t0 + kk) * D, c, D) : make_uint4(0, 0, 0, 0);
     }
-    _Pragma("unroll") for (int j = 0; j < KPW; ++j) {
-      const int key = warp + WARPS * j, d0 = lane * DL;
-      if (key < keys && d0 < D) load_words<Ty, VW>(a.v, kv + (t0 + key) * D + d0, kv + (t0 + key + 1) * D, vec, vw[j]);
-      else _Pragma("unroll") for (int u = 0; u < VW; ++u) vw[j][u] = 0u;
+    const int v_chunks = VEC ? keys * D * ES / 16 : 0;
+    const uint4* vsrc = (const uint4*)((const char*)a.v + (kv + t0 * D) * ES);
+    _Pragma("unroll") for (int u = 0; u < VPT; ++u)
+      vc[u] = tid + THREADS * u < v_chunks ? vsrc[tid + THREADS * u] : make_uint4(0, 0, 0, 0);
+    _Pragma("unroll") for (int u = 0; u < BPT; ++u) {
+      const int i = tid + THREADS * u, s = i / TK, j = i % TK;
+      bv[u] = s < bias_rows && j < keys ? Ty::ld(a.bias, bias_base + s * T + t0 + j) : 0.f;
     }
-    unsigned bv[RMAX];
-    _Pragma("unroll") for (int s = 0; s < RMAX; ++s)
-      bv[s] = h == 0 && s < bias_rows && kk < keys ? Ty::raw(a.bias, bias_base + s * T + t) : 0u;
-    if (first) {
-      _Pragma("unroll") for (int u = 0; u < QU; ++u)
-        if (tid + THREADS * u < R * Dp) qs[tid + THREADS * u] = Ty::value(qbits[u]) * a.scale;
-      for (int r = tid; r < R; r += THREADS) { mrow[r] = -INFINITY; lrow[r] = 0.f; }
-      first = false;
-      __syncthreads();
-      if (keys == 0) break;  /* no keys at all (T = 0): every row is 0 */
-    }
-    if (h == 0) _Pragma("unroll") for (int s = 0; s < RMAX; ++s) if (s < bias_rows) sb[s * TK + kk] = Ty::value(bv[s]);
-    float dots[RMAX];
-    _Pragma("unroll") for (int r = 0; r < RMAX; ++r) dots[r] = 0.f;
-    _Pragma("unroll") for (int i = 0; i < 4; ++i) {
-      const int c = h + SPK * i;
-      if (c < CPR) {
-        float kf[EPC];
-        _Pragma("unroll") for (int u = 0; u < 4; ++u) Ty::unpack(kw[i][u], kf + u * EPW);
-        _Pragma("unroll") for (int r = 0; r < RMAX; ++r) if (r < R) {
+    __syncthreads();  /* q and the row state written; the last tile's V, scores and bias read */
+    _Pragma("unroll") for (int u = 0; u < VPT; ++u)
+      if (tid + THREADS * u < v_chunks) ((uint4*)vs)[tid + THREADS * u] = vc[u];
+    if (!VEC)
+      for (int e = tid; e < keys * D; e += THREADS) vs[e] = ((const E*)a.v)[kv + t0 * D + e];
+    _Pragma("unroll") for (int u = 0; u < BPT; ++u)
+      if (tid + THREADS * u < bias_rows * TK) sb[tid + THREADS * u] = bv[u];
+    float kf[CPT * EPC];
+    _Pragma("unroll") for (int i = 0; i < CPT; ++i) unpack<Ty>(kc[i], kf + i * EPC);
+    __syncthreads();
+    for (int r = 0; r < R; ++r) {
+      float s = 0.f;
+      _Pragma("unroll") for (int i = 0; i < CPT; ++i) {
+        const int c = h + SPK * i;
+        if (c < CPR) {
           const float4* q4 = (const float4*)(qs + r * Dp + c * EPC);
           _Pragma("unroll") for (int u = 0; u < EPC / 4; ++u) {
             const float4 x = q4[u];
-            dots[r] += x.x * kf[4 * u] + x.y * kf[4 * u + 1] + x.z * kf[4 * u + 2] + x.w * kf[4 * u + 3];
+            const float* k4 = kf + i * EPC + 4 * u;
+            s += x.x * k4[0] + x.y * k4[1] + x.z * k4[2] + x.w * k4[3];
           }
         }
       }
-    }
-    _Pragma("unroll") for (int r = 0; r < RMAX; ++r) if (r < R) {
-      float s = dots[r];
       _Pragma("unroll") for (int o = SPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       if (h == 0) {
-        if (bias_rows) s += sb[(bias_rows > 1 ? r / n : 0) * TK + kk];  /* this thread wrote it */
+        if (bias_rows) s += sb[(bias_rows > 1 ? r / n : 0) * TK + kk];
         sc[r * TK + kk] = kk < keys ? s : -INFINITY;
       }
     }
@@ -338,53 +344,42 @@ __device__ __forceinline__ void decode_attention(const Args& a) {
       if (lane == 0) { lrow[r] = lrow[r] * f + sum; mrow[r] = m_new; frow[r] = f; }
     }
     __syncthreads();
-    _Pragma("unroll") for (int r = 0; r < RMAX; ++r) if (r < R) {
-      const float f = frow[r];
-      _Pragma("unroll") for (int i = 0; i < DL; ++i) acc[r][i] *= f;
-    }
-    _Pragma("unroll") for (int j = 0; j < KPW; ++j) {
-      const int key = warp + WARPS * j;
-      if (key < keys) {
-        float vf[DL];
-        _Pragma("unroll") for (int u = 0; u < VW; ++u) Ty::unpack(vw[j][u], vf + u * EPW);
-        _Pragma("unroll") for (int r = 0; r < RMAX; ++r) if (r < R) {
-          const float p = sc[r * TK + key];
-          _Pragma("unroll") for (int i = 0; i < DL; ++i) acc[r][i] += p * vf[i];
+    _Pragma("unroll") for (int q = 0; q < 2; ++q) {
+      const int it = warp + WARPS * q;
+      if (it < items) {
+        const int r = it % R, ks = it / R;
+        const float f = frow[r];
+        _Pragma("unroll") for (int i = 0; i < DL; ++i) acc[q][i] *= f;
+        _Pragma("unroll 4") for (int j = ks; j < keys; j += KS) {
+          const float p = sc[r * TK + j];
+          const E* vrow = vs + j * D + lane * DL;
+          _Pragma("unroll") for (int i = 0; i < DL; ++i)
+            if (lane * DL + i < D) acc[q][i] += p * Ty::value(vrow[i]);
         }
       }
     }
-    __syncthreads();
   }
-  // The warps' sums: a tree through shared memory (q, the scores and the bias rows are done with), four
-  // warps, then two, then one add another's; warp 0 ends with every row's total. (Shared float atomics
-  // are a compare-and-swap loop on sm_90: eight warps on the same addresses cost several µs.)
-  float* buf = qs;  /* [WARPS / 2][R][Dp] */
-  _Pragma("unroll") for (int half = WARPS / 2; half >= 1; half /= 2) {
-    if (warp >= half && warp < 2 * half)
-      _Pragma("unroll") for (int r = 0; r < RMAX; ++r) if (r < R)
-        _Pragma("unroll") for (int i = 0; i < DL; ++i)
-          if (lane * DL + i < D) buf[((warp - half) * R + r) * Dp + lane * DL + i] = acc[r][i];
-    __syncthreads();
-    if (warp < half)
-      _Pragma("unroll") for (int r = 0; r < RMAX; ++r) if (r < R)
-        _Pragma("unroll") for (int i = 0; i < DL; ++i)
-          if (lane * DL + i < D) acc[r][i] += buf[(warp * R + r) * Dp + lane * DL + i];
-    __syncthreads();
+  __syncthreads();
+  float* sums = sc;  /* [items][Dp]: the tile's scores, bias and V are done with */
+  _Pragma("unroll") for (int q = 0; q < 2; ++q) {
+    const int it = warp + WARPS * q;
+    if (it < items)
+      _Pragma("unroll") for (int i = 0; i < DL; ++i)
+        if (lane * DL + i < D) sums[it * Dp + lane * DL + i] = acc[q][i];
   }
-  if (warp != 0) return;
+  __syncthreads();
   const long long BG = a.B * a.G, split = blockIdx.x;
-  _Pragma("unroll") for (int r = 0; r < RMAX; ++r) if (r < R) {
-    const float m = mrow[r], l = lrow[r];
-    _Pragma("unroll") for (int i = 0; i < DL; ++i) {
-      const int d = lane * DL + i;
-      if (d >= D) continue;
-      if (a.splits == 1) {
-        Ty::st(a.out, ((b * R + r) * a.G + g) * D + d, l > 0.f ? acc[r][i] / l : 0.f);
-      } else {
-        const long long prow = (split * BG + bg) * R + r;
-        a.part[prow * D + d] = acc[r][i];
-        if (d == 0) { a.part[a.splits * BG * R * D + prow] = m; a.part[a.splits * BG * R * (D + 1) + prow] = l; }
-      }
+  for (int i = tid; i < R * D; i += THREADS) {
+    const int r = i / D, d = i % D;
+    float x = 0.f;
+    for (int ks = 0; ks < KS; ++ks) x += sums[(ks * R + r) * Dp + d];
+    if (a.splits == 1) {
+      Ty::st(a.out, ((b * R + r) * a.G + g) * D + d, lrow[r] > 0.f ? x / lrow[r] : 0.f);
+    } else {
+      const long long prow = (split * BG + bg) * R + r;
+      a.part[prow * D + d] = x;
+      if (d == 0) { a.part[a.splits * BG * R * D + prow] = mrow[r];
+                    a.part[a.splits * BG * R * (D + 1) + prow] = lrow[r]; }
     }
   }
 }
@@ -416,17 +411,20 @@ __device__ __forceinline__ void decode_combine(const Args& a) {
   }
   Ty::st(a.out, ((b * R + r) * a.G + g) * D + d, sum > 0.f ? acc / sum : 0.f);
 }
-#define OFX_DECODE_ATTENTION(T, TY)                                                                      \
-  extern "C" __global__ void __launch_bounds__(THREADS, 2) ofx_decode_attention_##T##_d64(Args a) {    \
-    decode_attention<TY, 2, 16>(a); }                                                                    \
-  extern "C" __global__ void __launch_bounds__(THREADS, 2) ofx_decode_attention_##T##_d128(Args a) {   \
-    decode_attention<TY, 4, 8>(a); }                                                                     \
-  extern "C" __global__ void __launch_bounds__(THREADS, 1) ofx_decode_attention_##T##_d256(Args a) {   \
-    decode_attention<TY, 8, 8>(a); }                                                                     \
+// Per element type: head sizes up to 64, 128 and 256, each with vector loads (_v) and element loads
+// (_e), then the combine kernel. The vector kernels fit 128 registers (two blocks per multiprocessor);
+// the element kernels of 16-bit types need more (MINB_E 1), where a bound of 128 made ptxas spill.
+#define OFX_DECODE_VARIANT(T, TY, DMAX, VEC, SUFFIX, MINB)                                              \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB) ofx_decode_attention_##T##_d##DMAX##SUFFIX(Args a) { \
+    decode_attention<TY, DMAX, VEC>(a); }
+#define OFX_DECODE_ATTENTION(T, TY, MINB_E)                                                            \
+  OFX_DECODE_VARIANT(T, TY, 64, true, _v, 2) OFX_DECODE_VARIANT(T, TY, 64, false, _e, MINB_E)          \
+  OFX_DECODE_VARIANT(T, TY, 128, true, _v, 2) OFX_DECODE_VARIANT(T, TY, 128, false, _e, MINB_E)        \
+  OFX_DECODE_VARIANT(T, TY, 256, true, _v, 2) OFX_DECODE_VARIANT(T, TY, 256, false, _e, MINB_E)        \
   extern "C" __global__ void ofx_decode_attention_##T##_combine(Args a) { decode_combine<TY>(a); }
-OFX_DECODE_ATTENTION(f32, F32)
-OFX_DECODE_ATTENTION(f16, F16)
-OFX_DECODE_ATTENTION(bf16, BF16)
+OFX_DECODE_ATTENTION(f32, F32, 2)
+OFX_DECODE_ATTENTION(f16, F16, 1)
+OFX_DECODE_ATTENTION(bf16, BF16, 1)
 )CUDA";
 
 // The kernel's argument block, laid out as `struct Args` above (8-byte fields, two floats last).
@@ -441,30 +439,32 @@ struct CudaArgs {
   float scale, pad_;
 };
 
-// Keys per tile of the kernel variant (TK above): 256 threads / (dims per lane · element size / 2).
+// Keys per tile of the kernel variant (TK above): the tile's V in 16 KiB, at most 128 keys.
 int64_t tile_keys(int64_t head_size, size_t element_size) {
-  return kThreads / (dims_per_lane(head_size) * static_cast<int64_t>(element_size) / 2);
+  const int64_t keys = 16384 / (variant_width(head_size) * static_cast<int64_t>(element_size));
+  return keys < 128 ? keys : 128;
 }
 
-// Keys per split: enough blocks to fill the GPU (`resident`: the blocks the device runs at once) when
-// the heads alone do not, a whole number of tiles per block.
-// Shared memory of the kernel, in floats: q [R][Dp] (Dp: D rounded up to whole 16-byte chunks), the
-// scores [R][TK] and the tile's bias rows [≤ R][TK], which the warps' reduction reuses ([4][R][Dp])
-// after the last tile; then three per row.
+// Shared memory of the kernel, in floats, as its `Layout`: q [R][Dp] (Dp: D rounded up to whole 16-byte
+// chunks), the scores and the bias rows [R][TK] each, the tile's V (TK·D elements, from a 16-byte
+// boundary) or the items' sums [max(R, 8)][Dp], whichever ends later; then three floats per row.
 int64_t shared_floats(int64_t rows, int64_t head_size, int64_t tile, size_t element_size) {
-  const int64_t per_chunk = 16 / static_cast<int64_t>(element_size), padded = (head_size + per_chunk - 1) / per_chunk * per_chunk;
-  const int64_t tiles = rows * (padded + 2 * tile), reduction = 4 * rows * padded;
-  return 3 * rows + (tiles > reduction ? tiles : reduction);
+  const int64_t es = static_cast<int64_t>(element_size), per_chunk = 16 / es;
+  const int64_t padded = (head_size + per_chunk - 1) / per_chunk * per_chunk;
+  const int64_t sc = rows * padded, vs = (sc + 2 * rows * tile + 3) / 4 * 4;
+  const int64_t tile_end = vs + (tile * head_size * es + 15) / 16 * 4, sums = sc + (rows > 8 ? rows : 8) * padded;
+  return (tile_end > sums ? tile_end : sums) + 3 * rows;
 }
 
-// Vector loads (4 to 16 bytes): K and V 16-byte aligned, rows whole 16-byte chunks, and whole DL-element
-// groups per lane.
-bool vector_loads(const Call& c, int64_t head_size, int64_t lanes) {
-  const size_t es = element_size(c.type);
+// Vector loads (16 bytes): K and V 16-byte aligned and rows of whole 16-byte chunks.
+bool vector_loads(const Call& c, int64_t head_size) {
   return reinterpret_cast<uintptr_t>(c.in[1]) % 16 == 0 && reinterpret_cast<uintptr_t>(c.in[2]) % 16 == 0 &&
-         (head_size * static_cast<int64_t>(es)) % 16 == 0 && head_size % lanes == 0;
+         (head_size * static_cast<int64_t>(element_size(c.type))) % 16 == 0;
 }
 
+// Keys per split, a whole number of tiles: as many splits as fit in one wave of the GPU (`resident`: the
+// blocks the device runs at once) beside the heads' blocks, at least one; a second, nearly empty wave
+// would cost a whole block's time.
 int64_t keys_per_split(int64_t blocks_without_split, int64_t keys, int64_t resident, int64_t tile) {
   int64_t splits = blocks_without_split >= resident ? 1 : (resident + blocks_without_split - 1) / blocks_without_split;
   const int64_t most = (keys + tile - 1) / tile;
@@ -478,7 +478,7 @@ struct CudaDecodeAttention {
   static const char* provider(const OrtCustomOp*) { return "CUDAExecutionProvider"; }
   Spec spec;
   std::string node;
-  std::vector<void*> fns;  // per type (f32, f16, bf16): the d64, d128 and d256 variants, then the combine
+  std::vector<void*> fns;  // per type (f32, f16, bf16): d64, d128 and d256, vector then element loads; the combine
   std::vector<int64_t> resident;  // per kernel of fns: the blocks the device runs at once
   void* cu_ctx = nullptr;
 
@@ -497,8 +497,10 @@ struct CudaDecodeAttention {
       a.B = c.B, a.R = c.R, a.S = c.S, a.T = c.T, a.G = spec.kv_heads, a.D = spec.size, a.n = spec.heads / spec.kv_heads;
       a.bias_b = c.bias_b, a.bias_s = c.bias_s, a.scale = static_cast<float>(spec.scale);
       const int64_t BG = c.B * a.G;
-      const int type = c.type == kFloat ? 0 : c.type == kFloat16 ? 1 : 2, lanes = static_cast<int>(dims_per_lane(a.D));
-      const int which = type * 4 + (lanes == 2 ? 0 : lanes == 4 ? 1 : 2);
+      const int64_t width = variant_width(a.D);
+      a.vec = vector_loads(c, a.D) ? 1 : 0;
+      const int type = c.type == kFloat ? 0 : c.type == kFloat16 ? 1 : 2;
+      const int which = type * kKernelsPerType + (width == 64 ? 0 : width == 128 ? 2 : 4) + (a.vec ? 0 : 1);
       const int64_t tile = tile_keys(a.D, element_size(c.type));
       a.chunk = keys_per_split(BG, c.T, resident[which], tile);
       a.splits = c.T > 0 ? (c.T + a.chunk - 1) / a.chunk : 1;
@@ -512,14 +514,13 @@ struct CudaDecodeAttention {
       if (BG == 0 || c.R == 0) return nullptr;
       void* stream = nullptr;
       if (OrtStatus* st = api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
-      a.vec = vector_loads(c, a.D, lanes) ? 1 : 0;
       const unsigned shared = static_cast<unsigned>(shared_floats(c.R, a.D, tile, element_size(c.type)) * sizeof(float));
       void* args[] = {&a};
       std::string err;
       if (!launch_fixed(fns[which], cu_ctx, a.splits, kThreads, stream, args, &err, BG, shared))
         return fail(ORT_RUNTIME_EXCEPTION, node, err);
       const int64_t outputs = BG * c.R * a.D;
-      if (a.splits > 1 && !launch_fixed(fns[type * 4 + 3], cu_ctx, (outputs + kThreads - 1) / kThreads, kThreads, stream,
+      if (a.splits > 1 && !launch_fixed(fns[type * kKernelsPerType + kKernelsPerType - 1], cu_ctx, (outputs + kThreads - 1) / kThreads, kThreads, stream,
                                         args, &err))
         return fail(ORT_RUNTIME_EXCEPTION, node, err);
       return nullptr;
@@ -554,20 +555,20 @@ OrtStatus* load_spec(const OrtKernelInfo* info, Kernel* k) {
 OrtStatus* init_cuda(const OrtKernelInfo* info, CudaDecodeAttention* k) {
   if (OrtStatus* st = load_spec(info, k)) return st;
   std::string err;
-  if (!fixed_kernels(std::string(kCudaTypedIo) + kCudaSource,
-                     {"ofx_decode_attention_f32_d64", "ofx_decode_attention_f32_d128", "ofx_decode_attention_f32_d256",
-                      "ofx_decode_attention_f32_combine", "ofx_decode_attention_f16_d64", "ofx_decode_attention_f16_d128",
-                      "ofx_decode_attention_f16_d256", "ofx_decode_attention_f16_combine", "ofx_decode_attention_bf16_d64",
-                      "ofx_decode_attention_bf16_d128", "ofx_decode_attention_bf16_d256", "ofx_decode_attention_bf16_combine"},
-                     device_of(api, info), &k->fns, &k->cu_ctx, &err))
+  std::vector<std::string> names;
+  for (const char* type : {"f32", "f16", "bf16"}) {
+    for (const char* width : {"64", "128", "256"})
+      for (const char* loads : {"_v", "_e"}) names.push_back(std::string("ofx_decode_attention_") + type + "_d" + width + loads);
+    names.push_back(std::string("ofx_decode_attention_") + type + "_combine");
+  }
+  if (!fixed_kernels(std::string(kCudaTypedIo) + kCudaSource, names, device_of(api, info), &k->fns, &k->cu_ctx, &err))
     return fail(ORT_FAIL, k->node, err);
-  // The blocks each variant keeps resident at its largest shared memory (the split count fills them).
+  // The blocks each kernel keeps resident at its largest shared memory (the split count fills one wave).
   // 264 (two per multiprocessor of an H100) where the driver does not say.
-  const size_t sizes[] = {4, 2, 2};
-  const int64_t heads[] = {64, 128, 256};
   for (size_t i = 0; i < k->fns.size(); ++i) {
-    const int64_t D = heads[i % 4 == 3 ? 0 : i % 4];
-    const int64_t shared = shared_floats(max_rows(D), D, tile_keys(D, sizes[i / 4]), sizes[i / 4]) * 4;
+    const size_t es = i / kKernelsPerType == 0 ? 4 : 2;
+    const int64_t D = int64_t{64} << (i % kKernelsPerType == kKernelsPerType - 1 ? 0 : i % kKernelsPerType / 2);
+    const int64_t shared = shared_floats(max_rows(D), D, tile_keys(D, es), es) * 4;
     const int n = resident_blocks(k->fns[i], k->cu_ctx, device_of(api, info), kThreads, static_cast<unsigned>(shared));
     k->resident.push_back(n > 0 ? n : 264);
   }

@@ -63,11 +63,9 @@ MAX_HEAD_SIZE = 256
 
 def max_rows(head_size: int) -> int:
     """Query rows per key/value head the CUDA kernel takes, as ``max_rows`` in csrc/decode_attention.cc:
-    16 up to D = 64, else 8. Each lane keeps rows × its dims per lane (2 up to D = 64, 4 up to 128, 8 up to
-    256) accumulators in registers, within the 128 a thread has when two blocks share a multiprocessor
-    (the occupancy that lets the kernel keep two tiles of K and V in flight per multiprocessor:
-    docs/benchmarks.md 5.33; the variant above D = 128 needs more and runs one block)."""
-    return 16 if head_size <= 64 else 8
+    16 at every head size (its warps hold at most 16 (row, key subset) items of p · V, and it stages at
+    most 16 bias rows per tile)."""
+    return 16
 
 
 def _at_most(graph, names, base, tensor, axis: int, limit: int):
