@@ -42,7 +42,8 @@ Examples:
 @input_options
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="Where to time. cpu results are labelled CPU and say nothing about the GPU.")
-@click.option("--cuda-graph", is_flag=True, help="Capture the run in a CUDA graph and replay it (CUDA only).")
+@click.option("--cuda-graph", is_flag=True, help="Capture the run in a CUDA graph and replay it (CUDA only; not for models with "
+              "If/Loop/Scan, such as KV-cache decoders optimized with DecodeAttention).")
 @click.option("--iterations", type=int, default=None, metavar="N", help="Stop after N timed runs (per model).")
 @click.option("--warmup", type=int, default=10, show_default=True, metavar="N", help="Untimed runs first.")
 @click.option("--time-budget", "time_budget", type=float, default=2.0, show_default=True, metavar="SECONDS",

@@ -160,6 +160,22 @@ def _np_type(ort_type: str) -> np.dtype:
     return np.dtype(_ORT_TYPES[ort_type])
 
 
+CONTROL_FLOW = ("If", "Loop", "Scan")
+
+
+def refuse_control_flow(model: onnx.ModelProto, name: str) -> None:
+    """One clear line instead of ONNX Runtime's session error: CUDA graphs replay a fixed sequence of
+    kernels, and ONNX Runtime refuses to capture a model with control flow (a branch chosen per run).
+    KV-cache decoders optimized with ``contrib-decode-attention`` carry one ``If`` per layer (and their
+    growing cache changes shapes every step, which a captured graph cannot follow either)."""
+    flow = [n for n in model.graph.node if n.op_type in CONTROL_FLOW and n.domain in ("", "ai.onnx")]
+    if flow:
+        kinds = "/".join(sorted({n.op_type for n in flow}))
+        raise RuntimeFailure(f"{name}: CUDA graphs cannot capture control flow, and the model has {len(flow)} "
+                             f"{kinds} node(s) (the first: {flow[0].name or flow[0].op_type}); time it without "
+                             "--cuda-graph")
+
+
 class Timer:
     """A session with its inputs and outputs bound, ready to be run and timed again and again."""
 
@@ -167,6 +183,8 @@ class Timer:
                  output_specs: list[OutputSpec] | None = None, session_factory=None):
         ort = import_onnxruntime()
         config.validate()
+        if config.cuda_graph:
+            refuse_control_flow(model, name)
         if config.device == "cuda":
             require_gpu()
         self.name = name

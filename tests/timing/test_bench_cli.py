@@ -158,3 +158,35 @@ def test_pool_sessions_statistics():
     assert pooled.stats.count == 9 and pooled.stats.median_ms == 2.0 and pooled.stats.min_ms == 1.0
     assert pooled.samples_ms == [1.0] * 3 + [2.0] * 3 + [3.0] * 3
     assert pooled.notes[-1].endswith("1.000, 2.000, 3.000")
+
+
+def test_cuda_graph_of_a_model_with_control_flow_is_one_clear_line():
+    """ONNX Runtime cannot capture an If in a CUDA graph (contrib-decode-attention writes one per layer):
+    the timer says so, naming the node, before it needs a GPU or a session."""
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    from onnxfuse.errors import RuntimeFailure
+    from onnxfuse.runtime.inputs import Inputs
+    from onnxfuse.timing.runner import BenchConfig, Timer
+
+    branch = lambda name, op: h.make_graph([h.make_node(op, ["x"], [f"{name}_y"])], name, [],  # noqa: E731
+                                           [h.make_tensor_value_info(f"{name}_y", TP.FLOAT, [2])])
+    graph = h.make_graph(
+        [h.make_node("ReduceSum", ["x"], ["s"], keepdims=0), h.make_node("Greater", ["s", "zero"], ["c"]),
+         h.make_node("If", ["c"], ["y"], name="decode_or_prefill", then_branch=branch("t", "Relu"),
+                     else_branch=branch("e", "Neg"))],
+        "g", [h.make_tensor_value_info("x", TP.FLOAT, [2])], [h.make_tensor_value_info("y", TP.FLOAT, [2])],
+        [h.make_tensor(name="zero", data_type=TP.FLOAT, dims=[], vals=[0.0])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    inputs = Inputs(feeds={"x": np.ones(2, np.float32)})
+    with pytest.raises(RuntimeFailure, match="m: CUDA graphs cannot capture control flow, and the model has 1 If "
+                                             "node\\(s\\) \\(the first: decode_or_prefill\\); time it without --cuda-graph"):
+        Timer(model, inputs, BenchConfig(device="cuda", cuda_graph=True, iterations=1), name="m")
+    # without the If, the same config gets past this check (to the GPU check on a CPU machine)
+    model.graph.node.pop()
+    model.graph.node.append(h.make_node("Relu", ["x"], ["y"]))
+    try:
+        Timer(model, inputs, BenchConfig(device="cuda", cuda_graph=True, iterations=1), name="m").close()
+    except Exception as exc:  # NoGPU here; nothing on a GPU machine
+        assert "control flow" not in str(exc)

@@ -26,14 +26,15 @@ Prefill stays with MultiHeadAttention (its tensor-core kernels win with many row
 ``y = DecodeAttention(q, K, V, bias)`` (spec ``max_rows=L``: above L rows it computes nothing and
 ``y`` is empty) and ``If(S ≤ L / n, then: Identity(y), else: MultiHeadAttention)``, S the step's
 tokens read at run time from the bias's axis 2 where that is proved to be the projection's sequence
-axis (the bias is shared by the layers: one condition for all of them), else R from the query, L the kernel's limit (32 rows for head size 64, 16 for 128, 8 for 256: its
-registers) rounded down to whole tokens. One model serves prefill, decode and chunks, each on the kernel
+axis (the bias is shared by the layers: one condition for all of them), else R from the query, L the
+kernel's limit (16 rows) rounded down to whole tokens. One model serves prefill, decode and chunks, each on the kernel
 made for it. The op is outside the If because ONNX Runtime ran a custom op inside a branch on its CPU
 provider (measured, 5.32). An If costs about 1.7 µs of host time (benchmarks/probes/if_overhead.py).
 
-Measured (docs/benchmarks.md 5.32, float16 Qwen2-0.5B-shaped decoder, H100): every decode and prefill
-cell at or below onnxruntime-genai's builder model but batch 8 with 4096 cached tokens (5.68 against
-4.55 ms; 7.09 before), 2.5-3.5x faster than the export.
+Measured (docs/benchmarks.md 5.33, float16 Qwen2-0.5B-shaped decoder, H100, one run): every decode and
+prefill cell below onnxruntime-genai's builder model (0.81-0.96x; batch 8 with 4096 cached tokens 4.31
+against 5.08 ms), 1.9-3.2x faster than the export. The kernel at that cell: 29 µs per layer, 507 GB/s
+(the first version 118 µs; 5.33 says what each change bought).
 
 Refused: a MultiHeadAttention that does not read an AttentionInputs' query and presents with grouped
 rows (spec ``grouped=1``) or n = 1, or has a ``unidirectional`` attribute, read present outputs, a
