@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""LLM decode benchmark (issue 31): per-token latency of a Qwen2-0.5B-shaped decoder with a KV cache, fp16,
+"""LLM decode benchmark (issue 31): per-token latency of a Qwen2-0.5B-shaped decoder with a KV cache, fp16
+(``--dtype fp32`` for the float32 export),
 the plain torch export against onnxfuse's output of it and onnxruntime-genai's hand-built model.
 
 Why: decode latency (time per output token) is launch-bound and is where hand-built graphs (the genai
@@ -13,7 +14,7 @@ rope theta 1e6, embeddings not tied), **random weights**: latency depends on sha
 time the same as trained ones. ``--tiny``: that script's tiny shape (vocabulary 128, hidden 64, 4/2 heads
 of 16, 2 layers), to check the whole flow on a CPU machine. Three columns, timed in one process:
 
-1. ``original``: the model in ``.half()`` exported by the legacy exporter (``dynamo=False``, opset 17,
+1. ``original``: the model in ``.half()`` (``--dtype fp32``: as created) exported by the legacy exporter (``dynamo=False``, opset 17,
    eager attention) through testdata/export_transformers.py's ``CachedDecoder``: inputs ``input_ids``,
    ``attention_mask [B, P + S]``, ``position_ids``, ``past_key_values.N.key/value [B, 2, P, 64]``;
    outputs ``logits``, ``present.N.key/value``;
@@ -102,6 +103,9 @@ def options(p) -> None:
     p.add_argument("--deadline", type=float, default=480.0,
                    help="seconds from start; no cell starts that would end later (default 480)")
     p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16",
+                   help="the export's element type (default fp16; fp32: give the builder column an fp32 skeleton, "
+                        "or --skip-builder)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--with-rules", default="",
                    help="rules (comma list): a fourth column, onnxfuse's output with these opt-in rules besides the "
@@ -118,8 +122,8 @@ def options(p) -> None:
 # --------------------------------------------------------------------------------------------- models
 
 
-def export_original(shape: str, opset: int, seed: int, folder: Path):
-    """The fp16 model exported with past by the legacy exporter, as testdata's KV-cache models are."""
+def export_original(shape: str, opset: int, seed: int, folder: Path, dtype: str = "fp16"):
+    """The model in ``dtype`` exported with past by the legacy exporter, as testdata's KV-cache models are."""
     import onnx
     import torch
     from export_transformers import CachedDecoder, kv_cache_signature
@@ -128,14 +132,16 @@ def export_original(shape: str, opset: int, seed: int, folder: Path):
     torch.manual_seed(seed)
     config = Qwen2Config(**SHAPES[shape], attn_implementation="eager")
     layers, kv, d = config.num_hidden_layers, config.num_key_value_heads, config.hidden_size // config.num_attention_heads
-    wrapper = CachedDecoder(Qwen2ForCausalLM(config).eval(), layers).eval().half()
+    wrapper = CachedDecoder(Qwen2ForCausalLM(config).eval(), layers).eval()
+    element = torch.float16 if dtype == "fp16" else torch.float32
+    wrapper = wrapper.to(element)
     names, outputs, axes = kv_cache_signature(layers)
     batch, new, cached = 2, 3, 4  # distinct, so no size is mistaken for another
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, config.vocab_size, (batch, new), generator=g)
     mask = torch.ones(batch, cached + new, dtype=torch.int64)
     position = torch.arange(cached, cached + new).expand(batch, new)
-    past = [torch.randn(batch, kv, cached, d, generator=g).half() for _ in range(2 * layers)]
+    past = [torch.randn(batch, kv, cached, d, generator=g).to(element) for _ in range(2 * layers)]
     path = folder / "original.onnx"
     with torch.no_grad():
         torch.onnx.export(wrapper, (ids, mask, position, *past), str(path), input_names=names, output_names=outputs,
@@ -326,7 +332,7 @@ def _fmt(x, spec=".3f"):
 
 def table(report: dict) -> list[str]:
     names = report["models"]
-    lines = [f"Decode benchmark ({report['shape']}, fp16, {report['device']}, ORT {report['ort_version']}); "
+    lines = [f"Decode benchmark ({report['shape']}, {report.get('dtype', 'fp16')}, {report['device']}, ORT {report['ort_version']}); "
              f"median ms per step, interleaved rounds; tokens/s = B / step (prefill: B·S / time).", "",
              "| cell | original ms | onnxfuse ms | builder ms | onnxfuse/builder | speed-up over original "
              "| tok/s original | tok/s onnxfuse | tok/s builder |",
@@ -392,21 +398,21 @@ def main(argv=None) -> int:
     prefill = args.prefill if args.prefill is not None else (8 if args.tiny else 512)
     prefill_batches = [int(x) for x in args.prefill_batches.split(",") if x] if prefill else []
     deadline = args.deadline
-    report = {"shape": shape, "config": config, "device": args.device, "ort_version": ort.__version__,
+    report = {"shape": shape, "dtype": args.dtype, "config": config, "device": args.device, "ort_version": ort.__version__,
               "time_budget_s": args.time_budget, "rounds": args.rounds, "warmup": args.warmup,
               "models": [], "nodes": {}, "ops": {}, "cells": [], "skipped": [], "errors": [],
               "note": "random weights: latency depends on shapes only"}
 
     models = {}
-    stem = f"{shape}-opset{args.opset}-seed{args.seed}"
+    stem = f"{shape}-opset{args.opset}-seed{args.seed}" + ("" if args.dtype == "fp16" else f"-{args.dtype}")
     cached = args.cache / f"{stem}-original.onnx" if args.cache else None
     if cached and cached.is_file():
         log(f"original: loading {cached}")
         models["original"] = onnx.load(str(cached))
     else:
         with tempfile.TemporaryDirectory(prefix="decode-export-") as tmp:
-            log(f"exporting {shape} (legacy exporter, opset {args.opset}, fp16)")
-            models["original"] = export_original(shape, args.opset, args.seed, Path(tmp))
+            log(f"exporting {shape} (legacy exporter, opset {args.opset}, {args.dtype})")
+            models["original"] = export_original(shape, args.opset, args.seed, Path(tmp), args.dtype)
         if cached:
             args.cache.mkdir(parents=True, exist_ok=True)
             onnx.save(models["original"], str(cached))

@@ -164,9 +164,10 @@ struct CpuDecodeAttention {
 // output; several write partials (acc, max, sum per row) that the combine kernel merges. Everything in
 // float32.
 //
-// The code is loops, not unrolled rows: an earlier version unrolled every row (≈7,000 instructions),
-// which each block ran once per tile with a cold instruction cache: 15-20 µs per tile whatever its size
-// (docs/benchmarks.md 5.33). With `vec` (the host checks 16-byte alignment and whole-chunk rows) K and
+// The code is loops, not unrolled rows: an earlier version unrolled every row (≈7,000 instructions, run
+// once per tile by each block) and took 15-20 µs per tile whatever its size; this one (≈2,300) takes
+// 11-13 µs for a single-tile block (docs/benchmarks.md 5.33). Instruction fetch is our reading of that
+// difference, not a profiler's. With `vec` (the host checks 16-byte alignment and whole-chunk rows) K and
 // V move as 16-byte vectors (the _v kernels); otherwise element by element (_e).
 const char* kCudaSource = R"CUDA(
 #define THREADS 256

@@ -72,3 +72,4 @@ def test_legacy_kv_cache_decoders_match_a_float64_reference(name):
         for out, want in exact.items():
             err = float(np.abs(got[out].astype(np.float64) - want).max()) / max(1.0, float(np.abs(want).max()))
             assert err <= tol, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e}"
+

@@ -70,7 +70,7 @@ class AttentionPlan:
 
 
 def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island, merge_r, shape_reads_of,
-                   zero_empty_rows: bool = False, float32_output: bool = False):
+                   zero_empty_rows: bool = False, float32_output: bool = False, float32_cache: bool = False):
     """The checks and the plan both forms share once q, k, v are split and the mask steps peeled:
     ``shape_reads_of`` finds the Shape readers the rewrite can recompute (None: none allowed).
 
@@ -81,7 +81,10 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     -inf (every masked weight exp(s + fill - max) is 0 in float32, as exp(-inf) is), and a row keeping
     none, NaN in the original and zeroed by the guard, is the fused op's output times
     ``max(keep over the keys)``: 0 there, 1 elsewhere (x·1 = x exactly; x·0 = 0 for finite x, and an
-    infinite or NaN value of V gives NaN in both models). Refused otherwise, with the guard's reason."""
+    infinite or NaN value of V gives NaN in both models). Refused otherwise, with the guard's reason.
+
+    ``float32_cache``: the speed policy's (:func:`~.policy.slower_than_unfused`; the opt-in rule
+    contrib-float32-cache-attention sets it)."""
     if not (q.heads == k.heads == v.heads and q.size == k.size == v.size):
         return Refuse(f"Q, K and V split into different heads ({q.heads}x{q.size}, {k.heads}x{k.size}, {v.heads}x{v.size})")
     given = k.layout == GIVEN  # heads.query_key_value: then v too; q given or batch-first
@@ -154,7 +157,8 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     # k's layout is q's unless k is given (then packed is None: no all-keys mask either way)
     verdict = speed_policy(graph, dtype=dtype, layout=k.layout if given else q.layout, key=k_source,
                            packed=packed is not None, key_mask=key_mask is not None and not keep_as_bias,
-                           masked=bool(terms), cache_heads=given and q.layout == BATCH_FIRST)
+                           masked=bool(terms), cache_heads=given and q.layout == BATCH_FIRST,
+                           float32_cache=float32_cache)
     if isinstance(verdict, Refuse):
         return verdict
     if island and terms and key_mask is None:

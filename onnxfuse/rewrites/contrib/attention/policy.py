@@ -24,8 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnxfuse.rewrites.contrib.attention.heads import repeated_heads
 from onnxfuse.rewrites.contrib.attention.layout import GIVEN, SEQ_FIRST, sequence_of
 from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import int_attr, is_op, producer_of
 
 #: float32 key length from which ONNX Runtime's CUDA attention runs its float32 memory-efficient kernel
 #: (its ``kMinSeqLenForMemoryEfficientAttentionFp32``); there that kernel was slower than the unfused GEMMs
@@ -40,7 +42,16 @@ def long_keys(graph, key, layout) -> bool:
     return isinstance(length, int) and length >= FP32_LONG_KEYS
 
 
-def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool, cache_heads: bool = False) -> Refuse | None:
+def cache_key(graph, key) -> bool:
+    """``key`` is a decoder's KV cache: ``Concat(past, new, axis=2)``, possibly with each head repeated
+    for its query heads (repeat-heads-gather's ``Gather(present, [0]*n + …, axis=1)``)."""
+    repeated = repeated_heads(graph, key)
+    concat = producer_of(repeated[0] if repeated else key)
+    return is_op(concat, "Concat") and len(concat.inputs) == 2 and int_attr(concat, "axis", 0) in (2, -2)
+
+
+def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool, cache_heads: bool = False,
+                        float32_cache: bool = False) -> Refuse | None:
     """Why fusing this attention would make the model slower on the GPU (measured), or None.
 
     Float16 always fuses: every fp16 row gained (BERT-base 1.68-1.70×, ViT-B/16 1.40-1.65×, Whisper-base
@@ -63,10 +74,14 @@ def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool, cache_heads: 
     past). Those fuse in float32 too: **not measured** on a GPU yet (issue 31 item 2 asked for them fused;
     the measurement above was of rotated, repeated heads at prefill), and the cross-attention's heads have
     no other layout the op could read without transposing the whole cache back.
+
+    ``float32_cache`` (the opt-in rule contrib-float32-cache-attention): rotated, given heads over a KV
+    cache (:func:`cache_key`) fuse in float32 too, so that a decode step can take DecodeAttention
+    (contrib-decode-attention) while prefill runs this MultiHeadAttention; **not measured** yet.
     """
     if dtype != np.float32 or raw_mask:
         return None
-    if layout == GIVEN and not cache_heads:
+    if layout == GIVEN and not cache_heads and not (float32_cache and cache_key(graph, key)):
         return Refuse("float32 attention over given (rotated or repeated) heads is left unfused: MultiHeadAttention "
                       "with [B, H, L, D] key and value measured 0.82-1.04x the decomposed graph in float32 "
                       "(benchmarks/gqa_attention.py, H100), 1.4-2.7x in float16: a float16 export (model.half()) fuses it")
@@ -114,14 +129,14 @@ class Verdict:
 
 
 def speed_policy(graph, *, dtype, layout, key, packed: bool, key_mask: bool, masked: bool,
-                 cache_heads: bool = False) -> Verdict | Refuse:
+                 cache_heads: bool = False, float32_cache: bool = False) -> Verdict | Refuse:
     """Whether this attention, once proved exact, fuses: a ``Refuse`` with the measured reason it would
     be slower (:func:`slower_than_unfused`), or a :class:`Verdict`. ``layout``: how the op reads ``key``;
     ``packed``: q, k, v go into ``Attention``; ``key_mask``: the mask is a raw keep mask; ``masked``:
     there are mask steps; ``cache_heads``: only key and value are given heads (a KV cache,
-    :func:`slower_than_unfused`). The packed op with a raw mask (a keep mask, or none) avoids both slow cases."""
+    :func:`slower_than_unfused`); ``float32_cache``: as :func:`slower_than_unfused` says. The packed op with a raw mask (a keep mask, or none) avoids both slow cases."""
     raw_mask = packed and (key_mask or not masked)
-    slower = slower_than_unfused(graph, dtype, layout, key, raw_mask, cache_heads)
+    slower = slower_than_unfused(graph, dtype, layout, key, raw_mask, cache_heads, float32_cache)
     if slower:
         return slower
     return Verdict(all_keys_mask=raw_mask and not key_mask and dtype == np.dtype(np.float32)
