@@ -521,8 +521,8 @@ struct CudaDecodeAttention {
       if (!launch_fixed(fns[which], cu_ctx, a.splits, kThreads, stream, args, &err, BG, shared))
         return fail(ORT_RUNTIME_EXCEPTION, node, err);
       const int64_t outputs = BG * c.R * a.D;
-      if (a.splits > 1 && !launch_fixed(fns[type * kKernelsPerType + kKernelsPerType - 1], cu_ctx, (outputs + kThreads - 1) / kThreads, kThreads, stream,
-                                        args, &err))
+      void* combine = fns[type * kKernelsPerType + kKernelsPerType - 1];
+      if (a.splits > 1 && !launch_fixed(combine, cu_ctx, (outputs + kThreads - 1) / kThreads, kThreads, stream, args, &err))
         return fail(ORT_RUNTIME_EXCEPTION, node, err);
       return nullptr;
     } catch (const std::exception& e) {
