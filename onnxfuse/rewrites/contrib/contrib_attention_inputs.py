@@ -19,7 +19,10 @@ its last axis, the op writes:
 
 * ``query`` [B, S, H·D]: q, each of its H heads rotated as ONNX's ``RotaryEmbedding`` (opset 23, caches
   [B, S, R/2] without position ids, the node's ``interleaved`` and ``rotary_embedding_dim``) rotated it,
-  or q itself when the graph rotates nothing;
+  or q itself when the graph rotates nothing. The query the attention reads is that RotaryEmbedding's
+  3-D output, or its 4-D output over q's heads merged back to [B, S, H·D] (``Transpose`` and
+  ``Reshape(·, [0, 0, H·D])``, where contrib-rotary-embedding kept the 4-D form: a partial rotation,
+  Phi-3 with ``partial_rotary_factor`` < 1);
 * ``present_key`` [B, G, P + S, D] = ``Concat(past_key, heads of k rotated, axis=2)`` and
   ``present_value`` likewise with v: the graph's presents, the same tensors, still its outputs;
 * with grouped queries (n = H / G > 1), ``key_heads`` / ``value_heads`` [B, H, P + S, D]: head h is
@@ -39,8 +42,7 @@ Refused (the graph is left as it is):
 * q, k and v that are not, in order, the three parts of one Split or three Slices (Phi-3's fused
   ``qkv_proj``) of a [B, S, (H + 2G)·D] projection along its last axis;
 * rotations of q and k that differ in caches or attributes, one rotated and not the other, or a
-  RotaryEmbedding with position ids (Phi-3's partial rotation, sliced and concatenated, and Qwen3's
-  per-head norms before the rotation are not this pattern);
+  RotaryEmbedding with position ids (Qwen3's per-head norms before the rotation are not this pattern);
 * element types other than float16, bfloat16 and float32;
 * a graph where the op's inputs would depend on what it writes.
 
@@ -55,12 +57,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.custom_ops import DOMAIN
-from onnxfuse.rewrites.contrib.attention.heads import cache_append, plain_mha_inputs, repeated_heads
+from onnxfuse.rewrites.contrib.attention.heads import cache_append, heads_source, plain_mha_inputs, repeated_heads
 from onnxfuse.rewrites.contrib.attention.inputs_op import OP_TYPE, spec_text
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import NameAllocator
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import (computed_from, constant_value, dtype_of, int_attr, is_ms_op, is_op, producer_of,
+from onnxfuse.rewrites.facts.graph import (computed_from, constant_value, dtype_of, int_attr, is_ms_op, is_op, perm_of, producer_of,
                                            shape_of, slice_bounds)
 from onnxfuse.rewrites.facts.shape_values import move_shape_reads
 
@@ -77,6 +79,28 @@ except ImportError:  # an onnx without ml_dtypes: float16 and float32 only
 def _rotation(node):
     """(cos, sin, interleaved, rotary_dim or 0) of an ONNX RotaryEmbedding without position ids."""
     return (node.inputs[1], node.inputs[2], int_attr(node, "interleaved", 0), int_attr(node, "rotary_embedding_dim", 0))
+
+
+def _merged_rotated_heads(graph, tensor, heads: int, size: int):
+    """(the RotaryEmbedding, x) when ``tensor`` is ``Reshape(Transpose(RotaryEmbedding(heads of x),
+    perm=[0, 2, 1, 3]), [0, 0, H·D])``: a rotation of [B, H, S, D] heads merged back to [B, S, H·D], as
+    contrib-attention writes MultiHeadAttention's query from given heads where contrib-rotary-embedding
+    kept the 4-D form (a partial rotation: Phi-3 with ``partial_rotary_factor`` < 1); else None. The op's
+    query is that value: x's heads rotated, in x's layout."""
+    merge = producer_of(tensor)
+    if not is_op(merge, "Reshape") or len(merge.inputs) != 2:
+        return None
+    target = constant_value(graph, merge.inputs[1])
+    if target is None or [int(v) for v in np.asarray(target).reshape(-1)] != [0, 0, heads * size]:
+        return None
+    move = producer_of(merge.inputs[0])
+    if not is_op(move, "Transpose") or perm_of(move) != [0, 2, 1, 3]:
+        return None
+    rotary = producer_of(move.inputs[0])
+    if not is_op(rotary, "RotaryEmbedding") or rotary.domain not in ("", "ai.onnx") or len(rotary.inputs) != 3:
+        return None
+    source = heads_source(graph, rotary.inputs[0], heads, size)
+    return None if source is None else (rotary, source)
 
 
 def _sliced_parts(graph, parts, sizes):
@@ -153,12 +177,15 @@ class ContribAttentionInputs(ContribRule):
                           f"{kv_heads * size}] projection) along the sequence axis")
         (past_k, k_source, k_rotary), (past_v, v_source, _) = key, value
         q_rotary = producer_of(inputs[0])
+        merged = None if is_op(q_rotary, "RotaryEmbedding") else _merged_rotated_heads(graph, inputs[0], heads, size)
+        if merged is not None:
+            q_rotary = merged[0]
         if is_op(q_rotary, "RotaryEmbedding"):
             if k_rotary is None or q_rotary.domain not in ("", "ai.onnx") or len(q_rotary.inputs) != 3:
                 return Refuse("q is rotated but k is not, or by a RotaryEmbedding with position ids")
             if _rotation(q_rotary) != _rotation(k_rotary) or int_attr(q_rotary, "num_heads", heads) != heads:
                 return Refuse("q and k are rotated by different caches or attributes")
-            q_source = q_rotary.inputs[0]
+            q_source = merged[1] if merged is not None else q_rotary.inputs[0]
         elif k_rotary is not None:
             return Refuse("k is rotated but q is not")
         else:

@@ -126,7 +126,8 @@ def test_a_bad_spec_is_one_clear_error():
 
 
 @pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "mistral_kv_opset17_fp16", "llama_kv_dynamo_fp16",
-                                  "optimum_llama_kv_fp16", "phi3_kv_opset17_fp16"])  # Phi-3: Slices of a fused qkv_proj
+                                  "optimum_llama_kv_fp16", "phi3_kv_opset17_fp16",  # Phi-3: Slices of a fused qkv_proj
+                                  "phi3_partial_kv_opset17_fp16"])  # q's partial rotation on [B, H, S, D] heads
 def test_decoders_equal_the_original_at_prefill_decode_and_chunks(name):
     model = load_testdata(name)
     result = onnxfuse.optimize(model, samples=2)
@@ -142,8 +143,8 @@ def test_decoders_equal_the_original_at_prefill_decode_and_chunks(name):
 def test_not_for_the_cpu_provider_and_refuses_what_it_cannot_read():
     cpu = onnxfuse.optimize(load_testdata("qwen2_kv_opset14_fp16"), validate=False, device="cpu")
     assert RULE not in cpu.rules and "AttentionInputs" not in {n.op_type for n in cpu.model.graph.node}
-    partial = onnxfuse.optimize(load_testdata("phi3_partial_kv_opset17_fp16"), validate=False)
-    assert partial.applied.counts.get(RULE, 0) == 0  # q's partial rotation is sliced, not one RotaryEmbedding
-    assert any(r.rule == RULE for r in partial.applied.refusals)
+    qwen3 = onnxfuse.optimize(load_testdata("qwen3_kv_opset17_fp16"), validate=False)
+    assert qwen3.applied.counts.get(RULE, 0) == 0  # per-head q/k norms between the projection and the heads
+    assert any(r.rule == RULE and "key or value is not Concat" in r.reason for r in qwen3.applied.refusals)
     bert = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), validate=False)
     assert bert.applied.counts.get(RULE, 0) == 0

@@ -146,7 +146,7 @@ def _branches(model):
 
 
 @pytest.mark.parametrize("name", ["qwen2_kv_opset14_fp16", "mistral_kv_opset17_fp16", "llama_kv_dynamo_fp16",
-                                  "optimum_llama_kv_fp16", "phi3_kv_opset17_fp16"])
+                                  "optimum_llama_kv_fp16", "phi3_kv_opset17_fp16", "phi3_partial_kv_opset17_fp16"])
 def test_decoders_equal_the_original_on_both_branches(name):
     """Prefill of 20 tokens (40 rows per key/value head: the MultiHeadAttention branch), decode and a
     3-token chunk over a cache (the DecodeAttention branch)."""

@@ -23,8 +23,7 @@ FAMILIES = {
     "qwen3_kv_opset17_fp16": (1 + 2 * LAYERS, True),  # the first layer norm, and q_norm, k_norm per layer
 }
 #: Families whose attention inputs contrib-attention-inputs does not take, and why.
-NO_ATTENTION_INPUTS = {"phi3_partial_kv_opset17_fp16": "q's partial rotation is a slice, rotated and concatenated",
-                       "qwen3_kv_opset17_fp16": "q and k are RMS-normalised per head before the rotation"}
+NO_ATTENTION_INPUTS = {"qwen3_kv_opset17_fp16": "q and k are RMS-normalised per head before the rotation"}
 
 
 def _ops(model) -> Counter:
