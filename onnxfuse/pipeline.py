@@ -357,7 +357,7 @@ def optimize_model(
         if options.never_slower and decided is None:
             selection.fall_back_if_slower(result, fewer, retime, adopt, deadline)
         if options.tune and decided is None and "selection" not in result.extra:
-            selection.add_measured_choices(result, model, options, fewer, retime, adopt, deadline)
+            selection.add_measured_choices(result, options, fewer, retime, adopt, deadline)
         if pending is not None and decided is None:
             tuning_record.record_decision(result, *pending)
         result.timing_seconds = time.perf_counter() - t2

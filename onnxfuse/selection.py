@@ -174,16 +174,19 @@ def keep_not_slower(timing, applied_rules, attempt: Callable, retime: Callable,
 # --- measured choices: opt-in rules a timing decides (issue 32 item 1, issue 34 item 3) -------------------
 
 #: Opt-in rules whose worth depends on the GPU and the shapes, tried on top of the output wherever the
-#: device times it: (rule, the op it rewrites, how many of them it needs to apply). contrib-channels-last
+#: device times it: (rule, the op it rewrites, how many of them the output must hold). contrib-channels-last
 #: measured 1.10-1.32x faster than the default output on ConvNeXt-T, ResNet-50 and a YOLO-style detector
 #: (H200, fp32 and fp16, batch 1 and 16, docs/benchmarks.md 5.26), not yet on depthwise nets: a measurement
-#: on the user's GPU decides.
-MEASURED = (("contrib-channels-last", "Conv", 2),)
+#: on the user's GPU decides. contrib-float32-cache-attention (a float32 KV-cache decoder's attention, left
+#: as Softmax by contrib-attention, through the decoder kernels): not measured on any GPU yet (issue 31),
+#: so the user's decides; it applies to nothing but such decoders ("does not apply", untimed, elsewhere).
+MEASURED = (("contrib-channels-last", "Conv", 2), ("contrib-float32-cache-attention", "Softmax", 1))
 
 
 def measured_rules(model, selected: list[str], skipped: list[str]) -> list[str]:
-    """The rules of :data:`MEASURED` worth a trial on ``model`` (an onnx ModelProto): not already selected
-    (``--only +rule``), not skipped, and with enough of the op they rewrite in the main graph."""
+    """The rules of :data:`MEASURED` worth a trial on ``model`` (an onnx ModelProto: the run's output): not
+    already selected (``--only +rule``), not skipped, and with enough of the op they rewrite left in its
+    main graph."""
     ops = [n.op_type for n in model.graph.node]
     return [rule for rule, op, least in MEASURED
             if rule not in selected and rule not in skipped and ops.count(op) >= least]
@@ -294,7 +297,7 @@ def fall_back_if_slower(result, fewer: Callable, retime: Callable, adopt: Callab
     result.extra["selection"] = selection.to_dict()
 
 
-def add_measured_choices(result, model, options, fewer: Callable, retime: Callable, adopt: Callable,
+def add_measured_choices(result, options, fewer: Callable, retime: Callable, adopt: Callable,
                          deadline: float | None = None) -> None:
     """:func:`try_measured` on the run: the measured choices (:data:`MEASURED`) tried on top of the output,
     each validated and timed against the original; ``result`` then describes the output with those that
@@ -306,7 +309,7 @@ def add_measured_choices(result, model, options, fewer: Callable, retime: Callab
 
     if any(not name.startswith("+") for name in parse_rule_names(options.only)):
         return
-    candidates = [name for name in measured_rules(model, result.rules, parse_rule_names(options.skip))
+    candidates = [name for name in measured_rules(result.model, result.rules, parse_rule_names(options.skip))
                   if name in {r.name for r in select_rules(options.target, [f"+{name}"], None, options.rules)}]
     if not candidates or result.timing is None or result.timing.status != "ok":
         return

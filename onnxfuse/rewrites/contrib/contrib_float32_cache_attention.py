@@ -11,8 +11,10 @@ key and value head for its query heads (a copy of the whole cache per layer and 
 piece separately; in float16 the same layer becomes one AttentionInputs kernel and, at decode, one
 DecodeAttention kernel reading the cache once (every decode cell below onnxruntime-genai's builder model,
 5.33). The op and both decoder kernels take float32 (their GPU tests cover it). Whether a float32 decoder
-gains as a whole, with prefill on float32 MultiHeadAttention, is **not measured yet**: opt-in
-(``--only +contrib-float32-cache-attention``) until it is (issue 31).
+gains as a whole, with prefill on float32 MultiHeadAttention, is **not measured yet** (issue 31). So the
+rule is opt-in (``--only +contrib-float32-cache-attention``) and a measured choice
+(:data:`onnxfuse.selection.MEASURED`): wherever optimize times on a GPU, it is tried on top of an output
+that still holds a Softmax, validated and timed, and kept only when faster there.
 
 What (exact up to float32 rounding)
 -----------------------------------
@@ -39,7 +41,7 @@ from onnxfuse.rewrites.facts.graph import is_op
 class ContribFloat32CacheAttention(Rule):
     name = "contrib-float32-cache-attention"
     description = ("float32 attention over rotated heads and a KV cache → MultiHeadAttention, for the decoder "
-                   "rules after it (opt-in: not measured yet)")
+                   "rules after it (opt-in; tried and kept when faster wherever optimize times on a GPU)")
     targets = frozenset({"contrib", "cuda"})
     opt_in = True
 
