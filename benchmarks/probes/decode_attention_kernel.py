@@ -19,7 +19,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 from onnxfuse.custom_ops import DOMAIN, session_options
-from onnxfuse.rewrites.contrib.contrib_decode_attention import max_rows
+from onnxfuse.rewrites.contrib.contrib_decode_attention import MAX_ROWS
 
 G, N, D = 2, 7, 64
 
@@ -33,7 +33,7 @@ def model(op: str, batch: int, keys: int):
         inputs.append(h.make_tensor_value_info("bias", TP.FLOAT16, [batch, 1, 1, keys]))
         node = h.make_node(op, ["query", "key", "value", "bias"], ["out", "scratch"], domain=DOMAIN,
                            spec=f"num_heads={G * N} kv_num_heads={G} head_size={D} scale=0.125 "
-                                f"max_rows={max_rows(D)}")
+                                f"max_rows={MAX_ROWS}")
     else:
         inputs.append(h.make_tensor_value_info("bias", TP.FLOAT16, [batch, 1, rows, keys]))
         node = h.make_node(op, ["query", "key", "value", "", "", "bias"], ["out"], domain="com.microsoft",

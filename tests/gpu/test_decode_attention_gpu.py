@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto as TP
 
 from onnxfuse.custom_ops import session_options
-from onnxfuse.rewrites.contrib.contrib_decode_attention import max_rows as kernel_rows
+from onnxfuse.rewrites.contrib.contrib_decode_attention import MAX_ROWS
 from onnxfuse.runtime.session import cuda_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewrites"))  # contrib_testlib, which it imports
@@ -38,7 +38,7 @@ GPU_CASES = CASES + [(1, 1, 7, 2, 64, 4097, "tokens"), (8, 1, 7, 2, 64, 4097, "k
 def _session(elem, case, provider, max_rows=None):
     batch, tokens, n, kv_heads, size, keys, bias = case
     model = op_model(elem, n * kv_heads, kv_heads, size, bias, 1 / np.sqrt(size),
-                     kernel_rows(size) if max_rows is None else max_rows)
+                     MAX_ROWS if max_rows is None else max_rows)
     session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=[provider])
     assert session.get_providers()[0] == provider
     return session

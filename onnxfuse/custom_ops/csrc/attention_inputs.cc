@@ -172,51 +172,45 @@ struct CpuAttentionInputs {
   std::string node;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
-    try {
-      Shapes sh;
-      if (OrtStatus* st = prepare(ctx, spec, node, &sh)) return st;
-      const int64_t B = sh.B, S = sh.S, P = sh.P, T = P + S, H = spec.heads, G = spec.kv_heads, D = spec.size;
-      const int64_t row_len = (H + 2 * G) * D;
-      const int t = sh.type;
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t s = 0; s < S; ++s)
-          for (int64_t slot = 0; slot < H; ++slot) {  // the query's head slots in output order
-            const int64_t h = query_head(spec, slot), row = b * S + s;
-            for (int64_t d = 0; d < D; ++d) {
-              float v = spec.rotary ? rotated(spec, sh, row * row_len + h * D, row, d) : load(sh.in[0], row * row_len + h * D + d, t);
-              store(sh.out[0], (row * H + slot) * D + d, t, v);
-            }
+    Shapes sh;
+    if (OrtStatus* st = prepare(ctx, spec, node, &sh)) return st;
+    const int64_t B = sh.B, S = sh.S, P = sh.P, T = P + S, H = spec.heads, G = spec.kv_heads, D = spec.size;
+    const int64_t row_len = (H + 2 * G) * D;
+    const int t = sh.type;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t slot = 0; slot < H; ++slot) {  // the query's head slots in output order
+          const int64_t h = query_head(spec, slot), row = b * S + s;
+          for (int64_t d = 0; d < D; ++d) {
+            float v = spec.rotary ? rotated(spec, sh, row * row_len + h * D, row, d) : load(sh.in[0], row * row_len + h * D + d, t);
+            store(sh.out[0], (row * H + slot) * D + d, t, v);
           }
-      const size_t esize = t == kFloat ? 4 : 2;
-      for (int kv = 0; kv < 2; ++kv) {
-        const void* past = sh.in[1 + kv];
-        void* present = sh.out[1 + kv];
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t g = 0; g < G; ++g) {
-            const int64_t dst = ((b * G + g) * T) * D, src = ((b * G + g) * P) * D;
-            std::memcpy(static_cast<char*>(present) + dst * esize, static_cast<const char*>(past) + src * esize, P * D * esize);
-            for (int64_t s = 0; s < S; ++s) {
-              const int64_t row = b * S + s, head = row * row_len + (H + kv * G + g) * D;
-              for (int64_t d = 0; d < D; ++d) {
-                float v = kv == 0 && spec.rotary ? rotated(spec, sh, head, row, d) : load(sh.in[0], head + d, t);
-                store(present, dst + (P + s) * D + d, t, v);
-              }
-            }
-          }
-        if (sh.nout == 5) {
-          const int64_t n = H / G;
-          for (int64_t b = 0; b < B; ++b)
-            for (int64_t h = 0; h < H; ++h)
-              std::memcpy(static_cast<char*>(sh.out[3 + kv]) + ((b * H + h) * T * D) * esize,
-                          static_cast<const char*>(present) + ((b * G + h / n) * T * D) * esize, T * D * esize);
         }
+    const size_t esize = t == kFloat ? 4 : 2;
+    for (int kv = 0; kv < 2; ++kv) {
+      const void* past = sh.in[1 + kv];
+      void* present = sh.out[1 + kv];
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t dst = ((b * G + g) * T) * D, src = ((b * G + g) * P) * D;
+          std::memcpy(static_cast<char*>(present) + dst * esize, static_cast<const char*>(past) + src * esize, P * D * esize);
+          for (int64_t s = 0; s < S; ++s) {
+            const int64_t row = b * S + s, head = row * row_len + (H + kv * G + g) * D;
+            for (int64_t d = 0; d < D; ++d) {
+              float v = kv == 0 && spec.rotary ? rotated(spec, sh, head, row, d) : load(sh.in[0], head + d, t);
+              store(present, dst + (P + s) * D + d, t, v);
+            }
+          }
+        }
+      if (sh.nout == 5) {
+        const int64_t n = H / G;
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            std::memcpy(static_cast<char*>(sh.out[3 + kv]) + ((b * H + h) * T * D) * esize,
+                        static_cast<const char*>(present) + ((b * G + h / n) * T * D) * esize, T * D * esize);
       }
-      return nullptr;
-    } catch (const std::exception& e) {
-      return fail(ORT_RUNTIME_EXCEPTION, node, e.what());
-    } catch (...) {
-      return fail(ORT_RUNTIME_EXCEPTION, node, "unknown error");
     }
+    return nullptr;
   }
 };
 
@@ -306,42 +300,36 @@ struct CudaAttentionInputs {
   void* cu_ctx = nullptr;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
-    try {
-      Shapes sh;
-      if (OrtStatus* st = prepare(ctx, spec, node, &sh)) return st;
-      CudaArgs a{};
-      a.qkv = sh.in[0];
-      a.past_k = sh.in[1];
-      a.past_v = sh.in[2];
-      a.cos = sh.in.size() > 3 ? sh.in[3] : nullptr;
-      a.sin = sh.in.size() > 4 ? sh.in[4] : nullptr;
-      for (int j = 0; j < sh.nout; ++j) a.out[j] = sh.out[j];
-      a.B = sh.B, a.S = sh.S, a.P = sh.P, a.H = spec.heads, a.G = spec.kv_heads, a.D = spec.size;
-      a.R = spec.rotary, a.interleaved = spec.interleaved, a.nout = sh.nout, a.grouped = spec.grouped;
-      // 16-byte units where every row splits into them and every pointer is 16-byte aligned.
-      const long long width = sh.type == kFloat ? 4 : 8;
-      bool aligned = a.D % width == 0;
-      for (const void* ptr : sh.in) aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
-      for (void* ptr : sh.out) aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
-      a.V = aligned ? width : 1;
-      const long long T = a.P + a.S, DV = a.D / a.V;
-      const long long total = a.B * a.S * a.H * DV + 2 * a.B * a.G * T * DV + (a.nout == 5 ? 2 * a.B * a.H * T * DV : 0);
-      if (total == 0) return nullptr;
-      void* stream = nullptr;
-      if (OrtStatus* st = api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
-      const unsigned threads = 256;
-      long long blocks = (total + threads - 1) / threads;
-      if (blocks > 65535ll * 32) blocks = 65535ll * 32;  // grid-stride loop covers the rest
-      void* fn = fns[sh.type == kFloat ? 0 : sh.type == kFloat16 ? 1 : 2];
-      void* args[] = {&a};
-      std::string err;
-      if (!launch_fixed(fn, cu_ctx, blocks, threads, stream, args, &err)) return fail(ORT_RUNTIME_EXCEPTION, node, err);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return fail(ORT_RUNTIME_EXCEPTION, node, e.what());
-    } catch (...) {
-      return fail(ORT_RUNTIME_EXCEPTION, node, "unknown error");
-    }
+    Shapes sh;
+    if (OrtStatus* st = prepare(ctx, spec, node, &sh)) return st;
+    CudaArgs a{};
+    a.qkv = sh.in[0];
+    a.past_k = sh.in[1];
+    a.past_v = sh.in[2];
+    a.cos = sh.in.size() > 3 ? sh.in[3] : nullptr;
+    a.sin = sh.in.size() > 4 ? sh.in[4] : nullptr;
+    for (int j = 0; j < sh.nout; ++j) a.out[j] = sh.out[j];
+    a.B = sh.B, a.S = sh.S, a.P = sh.P, a.H = spec.heads, a.G = spec.kv_heads, a.D = spec.size;
+    a.R = spec.rotary, a.interleaved = spec.interleaved, a.nout = sh.nout, a.grouped = spec.grouped;
+    // 16-byte units where every row splits into them and every pointer is 16-byte aligned.
+    const long long width = sh.type == kFloat ? 4 : 8;
+    bool aligned = a.D % width == 0;
+    for (const void* ptr : sh.in) aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+    for (void* ptr : sh.out) aligned = aligned && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+    a.V = aligned ? width : 1;
+    const long long T = a.P + a.S, DV = a.D / a.V;
+    const long long total = a.B * a.S * a.H * DV + 2 * a.B * a.G * T * DV + (a.nout == 5 ? 2 * a.B * a.H * T * DV : 0);
+    if (total == 0) return nullptr;
+    void* stream = nullptr;
+    if (OrtStatus* st = api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
+    const unsigned threads = 256;
+    long long blocks = (total + threads - 1) / threads;
+    if (blocks > 65535ll * 32) blocks = 65535ll * 32;  // grid-stride loop covers the rest
+    void* fn = fns[sh.type == kFloat ? 0 : sh.type == kFloat16 ? 1 : 2];
+    void* args[] = {&a};
+    std::string err;
+    if (!launch_fixed(fn, cu_ctx, blocks, threads, stream, args, &err)) return fail(ORT_RUNTIME_EXCEPTION, node, err);
+    return nullptr;
   }
 };
 
@@ -366,18 +354,19 @@ OrtStatus* init_cuda(const OrtKernelInfo* info, CudaAttentionInputs* k) {
   return nullptr;
 }
 
-OrtStatusPtr creation_error(const char* what) { return fail(ORT_RUNTIME_EXCEPTION, "", what); }
+// Creating (node "") or running a kernel threw: one status line.
+OrtStatusPtr thrown(const std::string& node, const char* what) { return fail(ORT_RUNTIME_EXCEPTION, node, what); }
 
 }  // namespace
 
 const OrtCustomOp* attention_inputs_cpu_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CpuAttentionInputs, load_spec<CpuAttentionInputs>, &kOpName, 3, 3, creation_error>(version);
+  return registered_op<CpuAttentionInputs, load_spec<CpuAttentionInputs>, &kOpName, 3, 3, thrown>(version);
 }
 
 const OrtCustomOp* attention_inputs_cuda_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CudaAttentionInputs, init_cuda, &kOpName, 3, 3, creation_error>(version);
+  return registered_op<CudaAttentionInputs, init_cuda, &kOpName, 3, 3, thrown>(version);
 }
 
 }  // namespace onnxfuse

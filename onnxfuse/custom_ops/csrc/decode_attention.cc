@@ -38,10 +38,10 @@ const OrtApi* api = nullptr;
 constexpr unsigned kThreads = 256;
 // The kernel variant for a head size: the widest head it takes (DMAX: 64, 128 or 256).
 int64_t variant_width(int64_t head_size) { return head_size <= 64 ? 64 : head_size <= 128 ? 128 : 256; }
-// Query rows per key/value head the CUDA kernel takes: its warps hold at most 16 (row, key subset)
-// items of p · V, and it stages at most 16 bias rows per tile. The rule, contrib-decode-attention, sends
-// no more (its max_rows mirrors this one).
-int64_t max_rows(int64_t) { return 16; }
+// Query rows per key/value head the CUDA kernel takes, at every head size: its warps hold at most 16
+// (row, key subset) items of p · V, and it stages at most 16 bias rows per tile. The rule,
+// contrib-decode-attention, sends no more (its MAX_ROWS mirrors this one).
+constexpr int64_t kMaxRows = 16;
 // Kernels per element type: the three widths with vector and with element loads, then the combine.
 constexpr int kKernelsPerType = 7;
 
@@ -113,43 +113,37 @@ struct CpuDecodeAttention {
   std::string node;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
-    try {
-      Call c;
-      if (OrtStatus* st = prepare(ctx, spec, node, &c)) return st;
-      void* scratch = nullptr;
-      if (OrtStatus* st = make_output(api, ctx, 1, {0}, &scratch)) return st;
-      const int64_t G = spec.kv_heads, D = spec.size, n = spec.heads / spec.kv_heads, T = c.T;
-      const float scale = static_cast<float>(spec.scale);
-      std::vector<float> scores(T), acc(D);
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t g = 0; g < G; ++g)
-          for (int64_t r = 0; r < c.R; ++r) {
-            const int64_t qi = ((b * c.R + r) * G + g) * D, kv = (b * G + g) * T * D;
-            float top = -std::numeric_limits<float>::infinity();
-            for (int64_t t = 0; t < T; ++t) {
-              float s = 0;
-              for (int64_t d = 0; d < D; ++d) s += load(c.in[0], qi + d, c.type) * scale * load(c.in[1], kv + t * D + d, c.type);
-              if (c.bias_b)
-                s += load(c.in[3], ((c.bias_b > 1 ? b : 0) * c.bias_s + (c.bias_s > 1 ? r / n : 0)) * T + t, c.type);
-              scores[t] = s;
-              top = std::max(top, s);
-            }
-            float sum = 0;
-            for (int64_t t = 0; t < T; ++t) {
-              scores[t] = top == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(scores[t] - top);
-              sum += scores[t];
-            }
-            std::fill(acc.begin(), acc.end(), 0.f);
-            for (int64_t t = 0; t < T; ++t)
-              for (int64_t d = 0; d < D; ++d) acc[d] += scores[t] * load(c.in[2], kv + t * D + d, c.type);
-            for (int64_t d = 0; d < D; ++d) store(c.out, qi + d, c.type, sum > 0 ? acc[d] / sum : 0.f);
+    Call c;
+    if (OrtStatus* st = prepare(ctx, spec, node, &c)) return st;
+    void* scratch = nullptr;
+    if (OrtStatus* st = make_output(api, ctx, 1, {0}, &scratch)) return st;
+    const int64_t G = spec.kv_heads, D = spec.size, n = spec.heads / spec.kv_heads, T = c.T;
+    const float scale = static_cast<float>(spec.scale);
+    std::vector<float> scores(T), acc(D);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t r = 0; r < c.R; ++r) {
+          const int64_t qi = ((b * c.R + r) * G + g) * D, kv = (b * G + g) * T * D;
+          float top = -std::numeric_limits<float>::infinity();
+          for (int64_t t = 0; t < T; ++t) {
+            float s = 0;
+            for (int64_t d = 0; d < D; ++d) s += load(c.in[0], qi + d, c.type) * scale * load(c.in[1], kv + t * D + d, c.type);
+            if (c.bias_b)
+              s += load(c.in[3], ((c.bias_b > 1 ? b : 0) * c.bias_s + (c.bias_s > 1 ? r / n : 0)) * T + t, c.type);
+            scores[t] = s;
+            top = std::max(top, s);
           }
-      return nullptr;
-    } catch (const std::exception& e) {
-      return fail(ORT_RUNTIME_EXCEPTION, node, e.what());
-    } catch (...) {
-      return fail(ORT_RUNTIME_EXCEPTION, node, "unknown error");
-    }
+          float sum = 0;
+          for (int64_t t = 0; t < T; ++t) {
+            scores[t] = top == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(scores[t] - top);
+            sum += scores[t];
+          }
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t d = 0; d < D; ++d) acc[d] += scores[t] * load(c.in[2], kv + t * D + d, c.type);
+          for (int64_t d = 0; d < D; ++d) store(c.out, qi + d, c.type, sum > 0 ? acc[d] / sum : 0.f);
+        }
+    return nullptr;
   }
 };
 
@@ -484,52 +478,46 @@ struct CudaDecodeAttention {
   void* cu_ctx = nullptr;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
-    try {
-      Call c;
-      if (OrtStatus* st = prepare(ctx, spec, node, &c)) return st;
-      if (spec.size > static_cast<int64_t>(kThreads))
-        return fail(ORT_INVALID_ARGUMENT, node, "head size above " + std::to_string(kThreads));
-      if (c.R > max_rows(spec.size))  // the spec's max_rows is above the kernel's
-        return fail(ORT_INVALID_ARGUMENT, node, std::to_string(c.R) + " query rows per key/value head; with head size " +
-                                                    std::to_string(spec.size) + " the kernel takes at most " +
-                                                    std::to_string(max_rows(spec.size)));
-      CudaArgs a{};
-      a.q = c.in[0], a.k = c.in[1], a.v = c.in[2], a.bias = c.in[3], a.out = c.out;
-      a.B = c.B, a.R = c.R, a.S = c.S, a.T = c.T, a.G = spec.kv_heads, a.D = spec.size, a.n = spec.heads / spec.kv_heads;
-      a.bias_b = c.bias_b, a.bias_s = c.bias_s, a.scale = static_cast<float>(spec.scale);
-      const int64_t BG = c.B * a.G;
-      const int64_t width = variant_width(a.D);
-      a.vec = vector_loads(c, a.D) ? 1 : 0;
-      const int type = c.type == kFloat ? 0 : c.type == kFloat16 ? 1 : 2;
-      const int which = type * kKernelsPerType + (width == 64 ? 0 : width == 128 ? 2 : 4) + (a.vec ? 0 : 1);
-      const int64_t tile = tile_keys(a.D, element_size(c.type));
-      a.chunk = keys_per_split(BG, c.T, resident[which], tile);
-      a.splits = c.T > 0 ? (c.T + a.chunk - 1) / a.chunk : 1;
-      if (a.splits < 1) a.splits = 1;
-      const int64_t floats = a.splits > 1 ? a.splits * BG * c.R * (a.D + 2) : 0;
-      void* scratch = nullptr;  // the partials, as elements of the query's type
-      if (OrtStatus* st = make_output(api, ctx, 1, {(floats * 4 + (int64_t)element_size(c.type) - 1) / (int64_t)element_size(c.type)},
-                                      &scratch))
-        return st;
-      a.part = static_cast<float*>(scratch);
-      if (BG == 0 || c.R == 0) return nullptr;
-      void* stream = nullptr;
-      if (OrtStatus* st = api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
-      const unsigned shared = static_cast<unsigned>(shared_floats(c.R, a.D, tile, element_size(c.type)) * sizeof(float));
-      void* args[] = {&a};
-      std::string err;
-      if (!launch_fixed(fns[which], cu_ctx, a.splits, kThreads, stream, args, &err, BG, shared))
-        return fail(ORT_RUNTIME_EXCEPTION, node, err);
-      const int64_t outputs = BG * c.R * a.D;
-      void* combine = fns[type * kKernelsPerType + kKernelsPerType - 1];
-      if (a.splits > 1 && !launch_fixed(combine, cu_ctx, (outputs + kThreads - 1) / kThreads, kThreads, stream, args, &err))
-        return fail(ORT_RUNTIME_EXCEPTION, node, err);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return fail(ORT_RUNTIME_EXCEPTION, node, e.what());
-    } catch (...) {
-      return fail(ORT_RUNTIME_EXCEPTION, node, "unknown error");
-    }
+    Call c;
+    if (OrtStatus* st = prepare(ctx, spec, node, &c)) return st;
+    if (spec.size > static_cast<int64_t>(kThreads))
+      return fail(ORT_INVALID_ARGUMENT, node, "head size above " + std::to_string(kThreads));
+    if (c.R > kMaxRows)  // the spec's max_rows is above the kernel's
+      return fail(ORT_INVALID_ARGUMENT, node, std::to_string(c.R) + " query rows per key/value head; with head size " +
+                                                  std::to_string(spec.size) + " the kernel takes at most " +
+                                                  std::to_string(kMaxRows));
+    CudaArgs a{};
+    a.q = c.in[0], a.k = c.in[1], a.v = c.in[2], a.bias = c.in[3], a.out = c.out;
+    a.B = c.B, a.R = c.R, a.S = c.S, a.T = c.T, a.G = spec.kv_heads, a.D = spec.size, a.n = spec.heads / spec.kv_heads;
+    a.bias_b = c.bias_b, a.bias_s = c.bias_s, a.scale = static_cast<float>(spec.scale);
+    const int64_t BG = c.B * a.G;
+    const int64_t width = variant_width(a.D);
+    a.vec = vector_loads(c, a.D) ? 1 : 0;
+    const int type = c.type == kFloat ? 0 : c.type == kFloat16 ? 1 : 2;
+    const int which = type * kKernelsPerType + (width == 64 ? 0 : width == 128 ? 2 : 4) + (a.vec ? 0 : 1);
+    const int64_t tile = tile_keys(a.D, element_size(c.type));
+    a.chunk = keys_per_split(BG, c.T, resident[which], tile);
+    a.splits = c.T > 0 ? (c.T + a.chunk - 1) / a.chunk : 1;
+    if (a.splits < 1) a.splits = 1;
+    const int64_t floats = a.splits > 1 ? a.splits * BG * c.R * (a.D + 2) : 0;
+    void* scratch = nullptr;  // the partials, as elements of the query's type
+    if (OrtStatus* st = make_output(api, ctx, 1, {(floats * 4 + (int64_t)element_size(c.type) - 1) / (int64_t)element_size(c.type)},
+                                    &scratch))
+      return st;
+    a.part = static_cast<float*>(scratch);
+    if (BG == 0 || c.R == 0) return nullptr;
+    void* stream = nullptr;
+    if (OrtStatus* st = api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
+    const unsigned shared = static_cast<unsigned>(shared_floats(c.R, a.D, tile, element_size(c.type)) * sizeof(float));
+    void* args[] = {&a};
+    std::string err;
+    if (!launch_fixed(fns[which], cu_ctx, a.splits, kThreads, stream, args, &err, BG, shared))
+      return fail(ORT_RUNTIME_EXCEPTION, node, err);
+    const int64_t outputs = BG * c.R * a.D;
+    void* combine = fns[type * kKernelsPerType + kKernelsPerType - 1];
+    if (a.splits > 1 && !launch_fixed(combine, cu_ctx, (outputs + kThreads - 1) / kThreads, kThreads, stream, args, &err))
+      return fail(ORT_RUNTIME_EXCEPTION, node, err);
+    return nullptr;
   }
 };
 
@@ -555,6 +543,7 @@ OrtStatus* load_spec(const OrtKernelInfo* info, Kernel* k) {
 
 OrtStatus* init_cuda(const OrtKernelInfo* info, CudaDecodeAttention* k) {
   if (OrtStatus* st = load_spec(info, k)) return st;
+  const int device = device_of(api, info);
   std::string err;
   std::vector<std::string> names;
   for (const char* type : {"f32", "f16", "bf16"}) {
@@ -562,32 +551,33 @@ OrtStatus* init_cuda(const OrtKernelInfo* info, CudaDecodeAttention* k) {
       for (const char* loads : {"_v", "_e"}) names.push_back(std::string("ofx_decode_attention_") + type + "_d" + width + loads);
     names.push_back(std::string("ofx_decode_attention_") + type + "_combine");
   }
-  if (!fixed_kernels(std::string(kCudaTypedIo) + kCudaSource, names, device_of(api, info), &k->fns, &k->cu_ctx, &err))
+  if (!fixed_kernels(std::string(kCudaTypedIo) + kCudaSource, names, device, &k->fns, &k->cu_ctx, &err))
     return fail(ORT_FAIL, k->node, err);
   // The blocks each kernel keeps resident at its largest shared memory (the split count fills one wave).
   // 264 (two per multiprocessor of an H100) where the driver does not say.
   for (size_t i = 0; i < k->fns.size(); ++i) {
     const size_t es = i / kKernelsPerType == 0 ? 4 : 2;
     const int64_t D = int64_t{64} << (i % kKernelsPerType == kKernelsPerType - 1 ? 0 : i % kKernelsPerType / 2);
-    const int64_t shared = shared_floats(max_rows(D), D, tile_keys(D, es), es) * 4;
-    const int n = resident_blocks(k->fns[i], k->cu_ctx, device_of(api, info), kThreads, static_cast<unsigned>(shared));
+    const int64_t shared = shared_floats(kMaxRows, D, tile_keys(D, es), es) * 4;
+    const int n = resident_blocks(k->fns[i], k->cu_ctx, device, kThreads, static_cast<unsigned>(shared));
     k->resident.push_back(n > 0 ? n : 264);
   }
   return nullptr;
 }
 
-OrtStatusPtr creation_error(const char* what) { return fail(ORT_RUNTIME_EXCEPTION, "", what); }
+// Creating (node "") or running a kernel threw: one status line.
+OrtStatusPtr thrown(const std::string& node, const char* what) { return fail(ORT_RUNTIME_EXCEPTION, node, what); }
 
 }  // namespace
 
 const OrtCustomOp* decode_attention_cpu_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CpuDecodeAttention, load_spec<CpuDecodeAttention>, &kOpName, 3, 2, creation_error>(version);
+  return registered_op<CpuDecodeAttention, load_spec<CpuDecodeAttention>, &kOpName, 3, 2, thrown>(version);
 }
 
 const OrtCustomOp* decode_attention_cuda_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CudaDecodeAttention, init_cuda, &kOpName, 3, 2, creation_error>(version);
+  return registered_op<CudaDecodeAttention, init_cuda, &kOpName, 3, 2, thrown>(version);
 }
 
 }  // namespace onnxfuse

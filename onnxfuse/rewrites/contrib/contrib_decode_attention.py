@@ -62,11 +62,10 @@ OP_TYPE = "DecodeAttention"
 MAX_HEAD_SIZE = 256
 
 
-def max_rows(head_size: int) -> int:
-    """Query rows per key/value head the CUDA kernel takes, as ``max_rows`` in csrc/decode_attention.cc:
-    16 at every head size (its warps hold at most 16 (row, key subset) items of p · V, and it stages at
-    most 16 bias rows per tile)."""
-    return 16
+#: Query rows per key/value head the CUDA kernel takes, as ``kMaxRows`` in csrc/decode_attention.cc, at
+#: every head size: its warps hold at most 16 (row, key subset) items of p · V, and it stages at most 16
+#: bias rows per tile.
+MAX_ROWS = 16
 
 
 def _at_most(graph, names, base, tensor, axis: int, limit: int):
@@ -126,7 +125,7 @@ class ContribDecodeAttention(ContribRule):
             return Refuse("a unidirectional attention")
         if any(out.outputs or is_graph_output(graph, out) for out in node.outputs[1:]):
             return Refuse("the attention's present outputs are read")
-        if size > MAX_HEAD_SIZE or max_rows(size) < n:
+        if size > MAX_HEAD_SIZE or MAX_ROWS < n:
             return Refuse(f"head size {size} with {n} query heads per key/value head: more than the kernel takes")
         bias = inputs[5]
         if not bias.is_empty():
@@ -152,7 +151,7 @@ class ContribDecodeAttention(ContribRule):
         query, key, value = node.inputs[0], node.inputs[1], node.inputs[2]
         # the condition, read at run time: the tokens S at most the kernel's rows // n, S read from the
         # bias's axis 2 (shared by the layers) where it is proved to be S, else the query's rows S·n
-        limit = max_rows(size) // n
+        limit = MAX_ROWS // n
         few = (_at_most(graph, names, base, bias, 2, limit) if found["tokens_from_bias"]
                else _at_most(graph, names, base, query, 1, limit * n))
         decoded = gs.Variable(names(f"{base}/decoded"), dtype=dtype)
