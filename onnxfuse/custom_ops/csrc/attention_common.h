@@ -143,10 +143,10 @@ inline bool spec_number(const std::string& text, double* v) {
 
 // An OrtCustomOp with variadic homogeneous inputs (at least MinIn) and outputs (at least MinOut) of
 // any element type, for provider Kernel::provider, created by Create and run by Kernel::ComputeV2. An
-// exception while creating becomes OnError("", what), one while running OnError(the kernel's node, what):
-// the kernels' ComputeV2 need no handler of their own.
+// exception while creating or running becomes one status line through *Api, naming the op (*Name) and,
+// while running, the kernel's node: the kernels' ComputeV2 need no handler of their own.
 template <class Kernel, onnxfuse_ort::OrtStatusPtr (*Create)(const onnxfuse_ort::OrtKernelInfo*, void**), const char* const* Name,
-          int MinIn, int MinOut, onnxfuse_ort::OrtStatusPtr (*OnError)(const std::string&, const char*)>
+          int MinIn, int MinOut, const onnxfuse_ort::OrtApi* const* Api>
 onnxfuse_ort::OrtCustomOp make_variadic_op(uint32_t version) {
   using namespace onnxfuse_ort;
   OrtCustomOp op;
@@ -169,9 +169,9 @@ onnxfuse_ort::OrtCustomOp make_variadic_op(uint32_t version) {
     try {
       return Create(info, out);
     } catch (const std::exception& e) {
-      return OnError("", e.what());
+      return op_error(*Api, ORT_RUNTIME_EXCEPTION, *Name, "", e.what());
     } catch (...) {
-      return OnError("", "unknown error creating a kernel");
+      return op_error(*Api, ORT_RUNTIME_EXCEPTION, *Name, "", "unknown error creating a kernel");
     }
   };
   op.KernelComputeV2 = [](void* kernel, OrtKernelContext* ctx) -> OrtStatusPtr {
@@ -179,9 +179,9 @@ onnxfuse_ort::OrtCustomOp make_variadic_op(uint32_t version) {
     try {
       return k->ComputeV2(ctx);
     } catch (const std::exception& e) {
-      return OnError(k->node, e.what());
+      return op_error(*Api, ORT_RUNTIME_EXCEPTION, *Name, k->node, e.what());
     } catch (...) {
-      return OnError(k->node, "unknown error");
+      return op_error(*Api, ORT_RUNTIME_EXCEPTION, *Name, k->node, "unknown error");
     }
   };
   op.KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
@@ -202,10 +202,10 @@ onnxfuse_ort::OrtStatusPtr create_kernel(const onnxfuse_ort::OrtKernelInfo* info
 
 // The op's OrtCustomOp for Kernel's provider, built once (ONNX Runtime keeps the pointer).
 template <class Kernel, onnxfuse_ort::OrtStatus* (*Init)(const onnxfuse_ort::OrtKernelInfo*, Kernel*), const char* const* Name,
-          int MinIn, int MinOut, onnxfuse_ort::OrtStatusPtr (*OnError)(const std::string&, const char*)>
+          int MinIn, int MinOut, const onnxfuse_ort::OrtApi* const* Api>
 const onnxfuse_ort::OrtCustomOp* registered_op(uint32_t version) {
   static onnxfuse_ort::OrtCustomOp* op = new onnxfuse_ort::OrtCustomOp(
-      make_variadic_op<Kernel, create_kernel<Kernel, Init>, Name, MinIn, MinOut, OnError>(version));
+      make_variadic_op<Kernel, create_kernel<Kernel, Init>, Name, MinIn, MinOut, Api>(version));
   return op;
 }
 

@@ -354,19 +354,16 @@ OrtStatus* init_cuda(const OrtKernelInfo* info, CudaAttentionInputs* k) {
   return nullptr;
 }
 
-// Creating (node "") or running a kernel threw: one status line.
-OrtStatusPtr thrown(const std::string& node, const char* what) { return fail(ORT_RUNTIME_EXCEPTION, node, what); }
-
 }  // namespace
 
 const OrtCustomOp* attention_inputs_cpu_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CpuAttentionInputs, load_spec<CpuAttentionInputs>, &kOpName, 3, 3, thrown>(version);
+  return registered_op<CpuAttentionInputs, load_spec<CpuAttentionInputs>, &kOpName, 3, 3, &api>(version);
 }
 
 const OrtCustomOp* attention_inputs_cuda_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CudaAttentionInputs, init_cuda, &kOpName, 3, 3, thrown>(version);
+  return registered_op<CudaAttentionInputs, init_cuda, &kOpName, 3, 3, &api>(version);
 }
 
 }  // namespace onnxfuse

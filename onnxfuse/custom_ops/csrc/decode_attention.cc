@@ -565,19 +565,16 @@ OrtStatus* init_cuda(const OrtKernelInfo* info, CudaDecodeAttention* k) {
   return nullptr;
 }
 
-// Creating (node "") or running a kernel threw: one status line.
-OrtStatusPtr thrown(const std::string& node, const char* what) { return fail(ORT_RUNTIME_EXCEPTION, node, what); }
-
 }  // namespace
 
 const OrtCustomOp* decode_attention_cpu_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CpuDecodeAttention, load_spec<CpuDecodeAttention>, &kOpName, 3, 2, thrown>(version);
+  return registered_op<CpuDecodeAttention, load_spec<CpuDecodeAttention>, &kOpName, 3, 2, &api>(version);
 }
 
 const OrtCustomOp* decode_attention_cuda_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return registered_op<CudaDecodeAttention, init_cuda, &kOpName, 3, 2, thrown>(version);
+  return registered_op<CudaDecodeAttention, init_cuda, &kOpName, 3, 2, &api>(version);
 }
 
 }  // namespace onnxfuse
