@@ -177,10 +177,8 @@ def keep_not_slower(timing, applied_rules, attempt: Callable, retime: Callable,
 #: device times it: (rule, the op it rewrites, how many of them the output must hold). contrib-channels-last
 #: measured 1.10-1.32x faster than the default output on ConvNeXt-T, ResNet-50 and a YOLO-style detector
 #: (H200, fp32 and fp16, batch 1 and 16, docs/benchmarks.md 5.26), not yet on depthwise nets: a measurement
-#: on the user's GPU decides. contrib-float32-cache-attention (a float32 KV-cache decoder's attention, left
-#: as Softmax by contrib-attention, through the decoder kernels): not measured on any GPU yet (issue 31),
-#: so the user's decides; it applies to nothing but such decoders ("does not apply", untimed, elsewhere).
-MEASURED = (("contrib-channels-last", "Conv", 2), ("contrib-float32-cache-attention", "Softmax", 1))
+#: on the user's GPU decides.
+MEASURED = (("contrib-channels-last", "Conv", 2),)
 
 
 def measured_rules(model, selected: list[str], skipped: list[str]) -> list[str]:

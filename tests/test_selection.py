@@ -11,7 +11,7 @@ import pytest
 
 import onnxfuse
 import onnxfuse.pipeline as pipeline
-from helpers import load_testdata, op_types_within
+from helpers import load_testdata
 from onnxfuse.selection import ALL, SLOWER_MARGIN, is_slower, ladder, slowdown
 from onnxfuse.timing.compare import ComparisonResult
 from onnxfuse.timing.runner import BenchResult
@@ -200,32 +200,3 @@ def test_measured_choices_respect_only_and_the_target(monkeypatch):
     assert "measured" not in result.extra
     result = onnxfuse.optimize(model, bench=True, samples=1, only="+contrib-fused-conv")
     assert result.extra["measured"][0]["rule"] == "contrib-channels-last"  # "+rule" only adds
-
-
-@pytest.mark.parametrize("faster", [True, False])
-def test_a_float32_decoder_tries_the_float32_cache_attention(monkeypatch, faster):
-    """contrib-float32-cache-attention (opt-in, not measured on any GPU yet) is a measured choice: a float32
-    KV-cache decoder's output still holds its Softmax (contrib-attention's measured float32 refusal), so
-    the rule is tried on top, validated and timed, and kept only when faster on this GPU."""
-    from onnxfuse.selection import MEASURED
-
-    assert ("contrib-float32-cache-attention", "Softmax", 1) in MEASURED
-    fake, calls = _fake_time(lambda ops: (0.5 if faster else 0.9) if ops["DecodeAttention"] else 0.8)
-    monkeypatch.setattr(pipeline, "time_both", fake)
-    result = onnxfuse.optimize(load_testdata("llama_kv_opset17"), bench=True, samples=1)
-    assert result.validation.passed and len(calls) == 2
-    (trial,) = [t for t in result.extra["measured"] if t["rule"] == "contrib-float32-cache-attention"]
-    assert trial["kept"] is faster
-    ops = Counter(op_types_within(result.model))
-    assert (ops["DecodeAttention"] == 2 and ops["Softmax"] == 0) if faster else (ops["Softmax"] == 2 and not ops["DecodeAttention"])
-    assert ("contrib-float32-cache-attention" in result.applied.applied_rules()) is faster
-
-
-def test_no_float32_cache_trial_where_no_softmax_is_left():
-    """A float16 decoder's output has every attention fused: nothing to try (no trial, no note)."""
-    from onnxfuse.selection import measured_rules
-
-    result = onnxfuse.optimize(load_testdata("llama_kv_opset17_fp16"), validate=False)
-    assert "contrib-float32-cache-attention" not in measured_rules(result.model, result.rules, [])
-    float32 = onnxfuse.optimize(load_testdata("llama_kv_opset17"), validate=False)
-    assert "contrib-float32-cache-attention" in measured_rules(float32.model, float32.rules, [])

@@ -47,7 +47,6 @@ ORDER = [
     "fold/fold-scale-bias",
     "contrib/contrib-channels-last",  # after the BatchNorm and scale folds (their Conv weights), before the elementwise rules fuse on NHWC tensors (opt-in, CUDA only)
     "contrib/contrib-attention",  # before the FusedMatMul rules, which would take its scale and Kᵀ (opt-in)
-    "contrib/contrib-float32-cache-attention",  # opt-in; after contrib-attention, whose float32 refusal of rotated cache heads it lifts
     "contrib/contrib-mask-lengths",
     "contrib/contrib-grouped-queries",  # opt-in; after contrib-attention, whose MultiHeadAttention over repeated K/V it regroups  # after contrib-attention, whose raw masks it reads (--right-padded only)
     "contrib/contrib-quick-gelu",

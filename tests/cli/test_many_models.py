@@ -234,7 +234,8 @@ def test_unfused_patterns_and_dropped_rules_are_said_per_model(tmp_path, monkeyp
     from test_rule_isolation import RaisingRule
 
     models = [TESTDATA / "llama_kv_opset14.onnx", TESTDATA / "conv_bn_relu.onnx"]
-    result = run(["optimize", *models, "--out-dir", tmp_path / "out", "--no-bench"])
+    # without repeat-heads-gather the float32 cache is not read as one (policy.cache_key): left, as measured
+    result = run(["optimize", *models, "--out-dir", tmp_path / "out", "--no-bench", "--skip", "repeat-heads-gather"])
     assert result.exit_code == 0, result.stderr
     assert "not fused: llama_kv_opset14.onnx: 2 Softmax left by contrib-attention" in result.output
     assert "not fused: conv_bn_relu" not in result.output

@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, run_time_dim, sequence_of
+from onnxfuse.rewrites.contrib.attention.policy import keep_bias_fill
 from onnxfuse.rewrites.engine.edit import append_axes_op, new_constant
 from onnxfuse.rewrites.facts.graph import axes_of, constant_value, consumers, dims_equal, is_op, producer_of, shape_of
 
@@ -173,7 +174,8 @@ def _spelled_out_keep(graph, names, base, keep, query, key, key_axis: int, per_q
 
 
 def build_keep_bias(graph, names, base, mask: KeepMask, query, key, key_axis: int, dtype):
-    """``Where(keep, 0, -65504)`` as the float16 op's ``attention_bias`` [B, 1, S, L] (``Not``-ed keep
+    """``Where(keep, 0, fill)`` (:func:`~onnxfuse.rewrites.contrib.attention.policy.keep_bias_fill`) as the
+    op's ``attention_bias`` [B, 1, S, L] (``Not``-ed keep
     read the other way round), ``keep`` spelled out to [B, 1, S, L] by ``Expand`` first (B and S read from
     ``query``, L from ``key``'s axis ``key_axis``): the op's bias needs S and L whole
     (:func:`~onnxfuse.rewrites.contrib.attention.policy.keep_bias_pays` says why and when it is exact).
@@ -185,7 +187,7 @@ def build_keep_bias(graph, names, base, mask: KeepMask, query, key, key_axis: in
         return shared
     full = _spelled_out_keep(graph, names, base, mask.keep, query, key, key_axis, True, "keep_bias")
     zero = new_constant(graph, f"{base}/keep_bias_zero", np.zeros((), dtype))
-    fill = new_constant(graph, f"{base}/keep_bias_fill", np.array(np.finfo(np.float16).min, dtype))
+    fill = new_constant(graph, f"{base}/keep_bias_fill", np.array(keep_bias_fill(dtype), dtype))
     out = gs.Variable(names(f"{base}/attention_bias"), dtype=dtype)
     graph.nodes.append(gs.Node("Where", names(f"{base}/keep_bias"), inputs=[
         full, *((fill, zero) if mask.negate else (zero, fill))], outputs=[out]))
@@ -329,6 +331,6 @@ def _shared_keep_bias(graph, mask: KeepMask, query, key, key_axis: int, dtype):
             zero, fill = constant_value(graph, kept), constant_value(graph, dropped)
             if (zero is not None and fill is not None and zero.dtype == np.dtype(dtype) and fill.dtype == zero.dtype
                     and zero.size == 1 and fill.size == 1 and float(zero.reshape(())) == 0.0
-                    and float(fill.reshape(())) == float(np.finfo(np.float16).min)):
+                    and float(fill.reshape(())) == keep_bias_fill(dtype)):
                 return where.outputs[0]
     return None

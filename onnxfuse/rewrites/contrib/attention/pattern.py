@@ -15,9 +15,8 @@ from onnxfuse.rewrites.contrib.attention.shape_reads import find_shape_reads
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import consumers, dtype_of, is_graph_output, is_op, producer_of, rank_of, shape_of
 
-def analyze_softmax(graph, softmax, float32_cache: bool = False) -> AttentionPlan | Refuse:
-    """The plan for the attention ending in ``softmax`` (contrib-attention's anchor), or why not.
-    ``float32_cache``: the policy's (:func:`~.attention.policy.slower_than_unfused`)."""
+def analyze_softmax(graph, softmax) -> AttentionPlan | Refuse:
+    """The plan for the attention ending in ``softmax`` (contrib-attention's anchor), or why not."""
     if len(softmax.inputs) != 1:
         return Refuse("Softmax does not have one input")
     scores_shape = shape_of(graph, softmax.inputs[0])
@@ -90,7 +89,7 @@ def analyze_softmax(graph, softmax, float32_cache: bool = False) -> AttentionPla
     q, k, v = found
     return plan_attention(graph, softmax, nodes, q, k, v, factors, terms, dtype, island, merge_r,
                           lambda: find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t),
-                          zero_empty_rows=zero_empty_rows, float32_output=wide, float32_cache=float32_cache)
+                          zero_empty_rows=zero_empty_rows, float32_output=wide)
 
 def analyze_onnx_attention(graph, op) -> AttentionPlan | Refuse:
     """ONNX's own ``Attention`` (opset 23, which torch's dynamo exporter writes for scaled_dot_product_

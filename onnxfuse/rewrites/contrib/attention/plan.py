@@ -31,7 +31,7 @@ from onnxfuse.rewrites.contrib.attention.heads import shared_splits
 from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask, keep_mask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, SEQ_FIRST, batch_of, sequence_of
 from onnxfuse.rewrites.contrib.attention.masks import FP16_MIN
-from onnxfuse.rewrites.contrib.attention.policy import keep_bias_pays, raw_mask_pays, speed_policy
+from onnxfuse.rewrites.contrib.attention.policy import cache_key, keep_bias_pays, raw_mask_pays, speed_policy
 from onnxfuse.rewrites.contrib.attention.projections import PackedProjections, fold_biases, packed_projections
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import dims_equal, dtype_of, internal_problem, rank_of, shape_of
@@ -60,7 +60,7 @@ class AttentionPlan:
     all_keys_mask: bool = False  # packed float32 over long keys: a raw mask of ones keeps the unfused kernel
     kv_heads: bool = False  # k and v are given [B, H, L, D] heads, the op's "past" layout (q: ``layout``)
     zero_empty_rows: bool = False  # the NaN guard after a -inf mask: rows with no key kept become 0
-    keep_as_bias: bool = False  # float16, zero_empty_rows: key_mask goes in as Where(keep, 0, -65504) attention_bias
+    keep_as_bias: bool = False  # zero_empty_rows, policy.keep_bias_pays: key_mask goes in as Where(keep, 0, fill) attention_bias
     float32_output: bool = False  # island whose P·V is float32 (V cast up): the op's float16 output is cast up
 
     @property
@@ -70,7 +70,7 @@ class AttentionPlan:
 
 
 def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island, merge_r, shape_reads_of,
-                   zero_empty_rows: bool = False, float32_output: bool = False, float32_cache: bool = False):
+                   zero_empty_rows: bool = False, float32_output: bool = False):
     """The checks and the plan both forms share once q, k, v are split and the mask steps peeled:
     ``shape_reads_of`` finds the Shape readers the rewrite can recompute (None: none allowed).
 
@@ -81,10 +81,7 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     -inf (every masked weight exp(s + fill - max) is 0 in float32, as exp(-inf) is), and a row keeping
     none, NaN in the original and zeroed by the guard, is the fused op's output times
     ``max(keep over the keys)``: 0 there, 1 elsewhere (x·1 = x exactly; x·0 = 0 for finite x, and an
-    infinite or NaN value of V gives NaN in both models). Refused otherwise, with the guard's reason.
-
-    ``float32_cache``: the speed policy's (:func:`~.policy.slower_than_unfused`; the opt-in rule
-    contrib-float32-cache-attention sets it)."""
+    infinite or NaN value of V gives NaN in both models). Refused otherwise, with the guard's reason."""
     if not (q.heads == k.heads == v.heads and q.size == k.size == v.size):
         return Refuse(f"Q, K and V split into different heads ({q.heads}x{q.size}, {k.heads}x{k.size}, {v.heads}x{v.size})")
     given = k.layout == GIVEN  # heads.query_key_value: then v too; q given or batch-first
@@ -153,12 +150,11 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                           "only with the mask as a raw keep mask (Attention's mask_index, MultiHeadAttention's "
                           "key_padding_mask); the mask is not a keep mask of [B, 1, S or 1, L]")
         key_mask = replace(key_mask, fill=float(np.finfo(np.float32).min))
-    keep_as_bias = key_mask is not None and keep_bias_pays(dtype, zero_empty_rows)
+    keep_as_bias = key_mask is not None and keep_bias_pays(dtype, zero_empty_rows, given and cache_key(graph, k_source))
     # k's layout is q's unless k is given (then packed is None: no all-keys mask either way)
     verdict = speed_policy(graph, dtype=dtype, layout=k.layout if given else q.layout, key=k_source,
                            packed=packed is not None, key_mask=key_mask is not None and not keep_as_bias,
-                           masked=bool(terms), cache_heads=given and q.layout == BATCH_FIRST,
-                           float32_cache=float32_cache)
+                           masked=bool(terms), cache_heads=given and q.layout == BATCH_FIRST)
     if isinstance(verdict, Refuse):
         return verdict
     if island and terms and key_mask is None:

@@ -50,8 +50,7 @@ def cache_key(graph, key) -> bool:
     return is_op(concat, "Concat") and len(concat.inputs) == 2 and int_attr(concat, "axis", 0) in (2, -2)
 
 
-def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool, cache_heads: bool = False,
-                        float32_cache: bool = False) -> Refuse | None:
+def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool, cache_heads: bool = False) -> Refuse | None:
     """Why fusing this attention would make the model slower on the GPU (measured), or None.
 
     Float16 always fuses: every fp16 row gained (BERT-base 1.68-1.70×, ViT-B/16 1.40-1.65×, Whisper-base
@@ -75,13 +74,17 @@ def slower_than_unfused(graph, dtype, layout, key, raw_mask: bool, cache_heads: 
     the measurement above was of rotated, repeated heads at prefill), and the cross-attention's heads have
     no other layout the op could read without transposing the whole cache back.
 
-    ``float32_cache`` (the opt-in rule contrib-float32-cache-attention): rotated, given heads over a KV
-    cache (:func:`cache_key`) fuse in float32 too, so that a decode step can take DecodeAttention
-    (contrib-decode-attention) while prefill runs this MultiHeadAttention; **not measured** yet.
+    Rotated, given heads over a KV cache (:func:`cache_key`: a decoder with past) fuse in float32 too:
+    the decoder rules after contrib-attention then make each layer one AttentionInputs kernel, decode
+    steps DecodeAttention (reading the cache once, no repeated heads) and prefill this MultiHeadAttention
+    over the grouped rows. The whole float32 Qwen2-0.5B-shaped decoder measured faster that way than
+    with the attention left unfused in every cell (H100, docs/benchmarks.md 5.34): decode 1.26-2.72x
+    (batch 1 and 8, 128-4096 cached tokens), prefill of 512 tokens 1.07-1.08x. The measurement that
+    refused given heads above was of MultiHeadAttention alone over repeated heads, without those rules.
     """
     if dtype != np.float32 or raw_mask:
         return None
-    if layout == GIVEN and not cache_heads and not (float32_cache and cache_key(graph, key)):
+    if layout == GIVEN and not cache_heads and not cache_key(graph, key):
         return Refuse("float32 attention over given (rotated or repeated) heads is left unfused: MultiHeadAttention "
                       "with [B, H, L, D] key and value measured 0.82-1.04x the decomposed graph in float32 "
                       "(benchmarks/gqa_attention.py, H100), 1.4-2.7x in float16: a float16 export (model.half()) fuses it")
@@ -106,17 +109,33 @@ def raw_mask_pays(dtype, packed: bool) -> bool:
     return packed and dtype == np.dtype(np.float32)
 
 
-def keep_bias_pays(dtype, zero_empty_rows: bool) -> bool:
+def keep_bias_pays(dtype, zero_empty_rows: bool, over_cache: bool = False) -> bool:
     """Whether a keep mask that must zero its empty rows (the NaN guard after an sdpa export's -inf mask)
-    goes to the float16 op as an ``attention_bias`` ``Where(keep, 0, -65504)`` rather than a raw mask:
+    goes to the op as an ``attention_bias`` ``Where(keep, 0, fill)`` (:func:`keep_bias_fill`) rather than
+    a raw mask.
+
+    Float16, always:
     in float16 the raw mask takes ONNX Runtime's unfused kernel, measured slower than the bias's
     memory-efficient one (0.096 against 0.079 ms, one BERT-base layer at batch 16, H100; BERT-base under
     ``--precision fp16``, whose islands took the raw mask, ran 1.523 ms against 0.949 ms for the float16
     export's optimized model, H200, docs/benchmarks.md 5.20). Exact there: a masked score plus -65504
     weighs exp(-65504 + s - max) = 0 in the kernel's float32 softmax, as exp(-inf) does in the graph,
     wherever a row keeps a key; a row that keeps none is zeroed after the op by the row factor, as the
-    guard zeroes it (:func:`~onnxfuse.rewrites.contrib.attention.plan.plan_attention`)."""
-    return zero_empty_rows and dtype == np.dtype(np.float16)
+    guard zeroes it (:func:`~onnxfuse.rewrites.contrib.attention.plan.plan_attention`).
+
+    Float32, where the keys are a KV cache (``over_cache``, :func:`cache_key`): the decoder rules after
+    contrib-attention (AttentionInputs, DecodeAttention) take an additive bias and no raw mask, and the
+    float32 decoder measured faster through them in every cell (docs/benchmarks.md 5.34). Elsewhere in
+    float32 the raw mask stays (MultiHeadAttention's ``key_padding_mask``)."""
+    return zero_empty_rows and (dtype == np.dtype(np.float16) or over_cache)
+
+
+def keep_bias_fill(dtype) -> float:
+    """The masked keys' value in a keep bias: -65504 (float16's lowest) in float16; half float32's lowest
+    in float32, so that a score plus the fill never overflows to -inf (|score| < 1.7e38), a row that keeps
+    no key stays finite (the row factor then zeroes it: 0 times a finite value), and a masked key still
+    weighs exp(fill + s - max) = 0 beside any kept one."""
+    return float(np.finfo(np.float16).min) if np.dtype(dtype) == np.float16 else float(np.finfo(np.float32).min) / 2
 
 
 @dataclass(frozen=True)
@@ -129,14 +148,14 @@ class Verdict:
 
 
 def speed_policy(graph, *, dtype, layout, key, packed: bool, key_mask: bool, masked: bool,
-                 cache_heads: bool = False, float32_cache: bool = False) -> Verdict | Refuse:
+                 cache_heads: bool = False) -> Verdict | Refuse:
     """Whether this attention, once proved exact, fuses: a ``Refuse`` with the measured reason it would
     be slower (:func:`slower_than_unfused`), or a :class:`Verdict`. ``layout``: how the op reads ``key``;
     ``packed``: q, k, v go into ``Attention``; ``key_mask``: the mask is a raw keep mask; ``masked``:
     there are mask steps; ``cache_heads``: only key and value are given heads (a KV cache,
-    :func:`slower_than_unfused`); ``float32_cache``: as :func:`slower_than_unfused` says. The packed op with a raw mask (a keep mask, or none) avoids both slow cases."""
+    :func:`slower_than_unfused`). The packed op with a raw mask (a keep mask, or none) avoids both slow cases."""
     raw_mask = packed and (key_mask or not masked)
-    slower = slower_than_unfused(graph, dtype, layout, key, raw_mask, cache_heads, float32_cache)
+    slower = slower_than_unfused(graph, dtype, layout, key, raw_mask, cache_heads)
     if slower:
         return slower
     return Verdict(all_keys_mask=raw_mask and not key_mask and dtype == np.dtype(np.float32)
