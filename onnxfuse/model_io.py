@@ -689,6 +689,7 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
     _externalize(graph, lazy=lw.has_lazy(template))
     _pack_sub_byte(graph)
     model = gs.export_onnx(graph, do_type_check=False)
+    _hoist_body_initializers(model.graph)
     model.ir_version = template.ir_version
     model.producer_name = template.producer_name
     model.producer_version = template.producer_version
@@ -710,6 +711,54 @@ def to_model(graph, template: onnx.ModelProto) -> onnx.ModelProto:
             continue
         model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     return model
+
+
+def _hoist_body_initializers(graph: onnx.GraphProto) -> None:
+    """Move the initializers of If/Loop/Scan bodies up to the main graph, one copy per name.
+
+    graphsurgeon exports every constant a graph's nodes read as that graph's initializer, so a weight of
+    the main graph that only bodies read went into each body that reads it: optimum's merged decoders
+    (both branches read every weight) came out with each weight twice, the file 1.7× the original's.
+    A main-graph initializer is visible in every body (ONNX scopes), so one copy there means the same.
+    Left in its body: an initializer whose name another body holds with other contents (sibling scopes
+    may reuse a name), or that the main graph defines otherwise."""
+    bodies = list(proto_graphs(graph))[1:]
+    if not bodies:
+        return
+    taken = {vi.name for vi in graph.input} | {o for n in graph.node for o in n.output if o}
+    chosen: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
+    clash: set[str] = set()
+    for body in bodies:
+        for t in body.initializer:
+            if t.name in taken:
+                clash.add(t.name)
+            elif t.name in chosen and not same_tensor(chosen[t.name], t):
+                clash.add(t.name)
+            else:
+                chosen.setdefault(t.name, t)
+    main = {t.name for t in graph.initializer}
+    hoisted = [chosen[name] for name in chosen if name not in main and name not in clash]
+    if not hoisted:
+        return
+    up = {t.name for t in hoisted}
+    graph.initializer.extend(hoisted)
+    for body in bodies:
+        kept = [t for t in body.initializer if t.name not in up and not (t.name in main and t.name not in clash
+                                                                          and same_tensor(chosen[t.name], t))]
+        if len(kept) != len(body.initializer):
+            del body.initializer[:]
+            body.initializer.extend(kept)
+
+
+def same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
+    """Two initializers hold the same value under the same name: type, dims and bytes (or the same
+    external reference)."""
+    if a.name != b.name or a.data_type != b.data_type or list(a.dims) != list(b.dims):
+        return False
+    if a.HasField("raw_data") and b.HasField("raw_data"):
+        return a.raw_data == b.raw_data
+    return a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
+
 
 
 def _externalize(graph, lazy: bool) -> None:

@@ -39,6 +39,7 @@ from typing import Callable
 import onnx
 
 from onnxfuse import model_io, repair, selection, tuning_record
+from onnxfuse.bodies import body_rules, rewrite_bodies
 from onnxfuse.custom_ops import DOMAIN, FUSED_VALUES_KEY
 from onnxfuse.declared_shapes import correct_output_shapes
 from onnxfuse.errors import (
@@ -229,9 +230,20 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
         active = [r for r in active if r.name != culprit]
 
 
-def _rewrite_once(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.ModelProto, ApplyReport]:
+def _rewrite_once(model: onnx.ModelProto, rules: list[Rule], bodies: bool = True) -> tuple[onnx.ModelProto, ApplyReport]:
+    """``rules`` applied to the main graph, after the bodies of its If/Loop/Scan nodes were rewritten
+    each as a model of its own by the rules that may run there (:mod:`onnxfuse.bodies`; ``bodies``: not
+    for a body itself)."""
+    inner = body_rules(rules) if bodies else []
+    body_reports, left = [], []
+    if inner:
+        model, body_reports, left = rewrite_bodies(model, lambda body: _rewrite_once(body, inner, bodies=False))
     graph = inferred_and_proven(model, model_io.to_graph)
     report = apply_rules(graph, rules)
+    for body in body_reports:
+        report.absorb(body.report)
+    report.bodies = [*({"node": r.node, "attribute": r.attribute, "rewrites": r.report.total} for r in body_reports),
+                     *({"node": s.node, "attribute": s.attribute, "left": s.reason} for s in left)]
     out = model_io.to_model(graph, model)
     correct_output_shapes(out)  # a declaration the rewritten graph provably contradicts (onnxfuse/declared_shapes.py)
     return out, report

@@ -7,7 +7,8 @@ The layers, lowest first, and why each sits where it does:
 0. foundation: errors, atomic output, the one import of ONNX Runtime (``ort_runtime``; graphsurgeon's
    constant folding, a rewrite, runs on it), weights kept on disk (``lazy_weights``);
 1. the graph: loading and saving (``model_io``, which repairs at load: ``repair``; output shapes checked
-   on export: ``declared_shapes``), the rewrites (with ``rewrites.facts``, the facts about a graph of
+   on export: ``declared_shapes``), the rewrites (with ``rewrites.facts``, and ``bodies``, which runs them
+   inside If/Loop bodies, each as a model of its own; the facts about a graph of
    either format that ``model_io``, ``precision`` and ``runtime`` read too), the custom ops, the float16
    conversion, what stayed unfused;
 2. running models: ``runtime`` (sessions, inputs, the comparator, its histograms, what a run ran on);
@@ -35,7 +36,7 @@ from helpers import ROOT, module_imports, module_name
 
 LAYERS = [
     ("errors", "atomic", "ort_runtime", "lazy_weights"),
-    ("model_io", "repair", "declared_shapes", "rewrites", "custom_ops", "precision", "unfused"),
+    ("model_io", "repair", "declared_shapes", "rewrites", "bodies", "custom_ops", "precision", "unfused"),
     ("runtime",),
     ("reports",),
     ("validate", "drift", "timing", "selection", "tuning_record"),

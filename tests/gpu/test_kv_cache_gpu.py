@@ -60,7 +60,7 @@ def _assert_equal_at_real_tokens(original, optimized, cases, rng):
                                        err_msg=f"{out} {batch}x{new} past {past}")
 
 
-@pytest.mark.parametrize("name", ["llama_kv_opset17_fp16", "qwen2_kv_opset14_fp16"])
+@pytest.mark.parametrize("name", ["llama_kv_opset17_fp16", "qwen2_kv_opset14_fp16", "llama_kv_opset17", "qwen2_kv_opset14"])
 def test_kv_cache_decoder_fused_and_equal_on_cuda(name):
     model = load_testdata(name)
     result = onnxfuse.optimize(model, provider="cuda", samples=2)
@@ -74,18 +74,21 @@ def test_kv_cache_decoder_fused_and_equal_on_cuda(name):
     _assert_equal_at_real_tokens(original, optimized, ((2, 6, 0), (2, 1, 9), (1, 1, 30), (3, 1, 4)), np.random.default_rng(3))
 
 
+@pytest.mark.parametrize("half", [True, False], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("batch,new,past", [(2, 5, 0), (3, 1, 6)], ids=["prefill", "decode"])
-def test_optimum_float16_export_fuses_and_matches_on_cuda(batch, new, past):
-    """optimum's float16 Llama export (float32 Softmax and P·V: the fused op takes them as a float16
-    island, tests/rewrites/contrib/test_optimum_kv_cache.py): validated on CUDA, and its logits and presents equal
+def test_optimum_export_fuses_and_matches_on_cuda(batch, new, past, half):
+    """optimum's Llama export, float16 (float32 Softmax and P·V: the fused op takes them as a float16
+    island, tests/rewrites/contrib/test_optimum_kv_cache.py) and float32 (its NaN-guarded mask as a keep
+    bias, so DecodeAttention takes decode steps): validated on CUDA, and its logits and presents equal
     the original's on CUDA at prefill and decode with a left-padded row, within float16's rounding."""
     from helpers import kv_cache_feeds
 
-    original = load_testdata("optimum_llama_kv_fp16")
+    original = load_testdata("optimum_llama_kv_fp16" if half else "optimum_llama_kv")
     result = onnxfuse.optimize(original, provider="cuda", bench=False)
     assert result.validation.passed
-    assert op_types_within(result.model).count("MultiHeadAttention") == 2
-    feeds = kv_cache_feeds(batch, new, past, np.float16, np.random.default_rng(4))
+    ops = op_types_within(result.model)
+    assert ops.count("MultiHeadAttention") == ops.count("DecodeAttention") == 2, ops
+    feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, np.random.default_rng(4))
     names = [o.name for o in original.graph.output]
     want = dict(zip(names, _session(original).run(None, feeds)))
     got = dict(zip(names, _session(result.model, session_options()).run(None, feeds)))

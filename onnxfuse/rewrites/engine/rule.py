@@ -72,6 +72,9 @@ class ApplyReport:
     details: list[dict[str, Any]] = field(default_factory=list)
     cleanup: dict[str, int] = field(default_factory=dict)
     dropped: list[dict[str, str]] = field(default_factory=list)  # {"rule": name, "reason": one line}
+    #: subgraph bodies (onnxfuse.bodies): {"node", "attribute", "rewrites": count} for each body the rules
+    #: ran in, with "left": the reason instead where it was left as it was
+    bodies: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -80,6 +83,16 @@ class ApplyReport:
     def applied_rules(self) -> list[str]:
         return [name for name, n in self.counts.items() if n > 0]
 
+    def absorb(self, other: "ApplyReport") -> None:
+        """Add what ``other`` did (a subgraph body's rewrite) to this report: counts, cleanup, refusals and
+        details; its own ``bodies`` and ``dropped`` stay its own."""
+        for name, n in other.counts.items():
+            self.counts[name] = self.counts.get(name, 0) + n
+        for name, n in other.cleanup.items():
+            self.cleanup[name] = self.cleanup.get(name, 0) + n
+        self.refusals.extend(r for r in other.refusals if r not in self.refusals)
+        self.details.extend(other.details)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "counts": dict(self.counts),
@@ -87,6 +100,7 @@ class ApplyReport:
             "refusals": [r.to_dict() for r in self.refusals],
             "details": list(self.details),
             "dropped": [dict(d) for d in self.dropped],
+            **({"bodies": [dict(b) for b in self.bodies]} if self.bodies else {}),
         }
 
 
