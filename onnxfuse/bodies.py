@@ -90,7 +90,7 @@ def rewrite_bodies(model: onnx.ModelProto, rewrite: Callable[[onnx.ModelProto], 
     types = _value_types(model_io.infer_shapes(model))
     keep = model_io.overridable_initializers(model)
     initializers = {t.name: t for t in model.graph.initializer if t.name not in keep}
-    outer = _defined(model.graph)
+    outer = model_io.defined_names(model.graph)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     reports, skipped = [], []
@@ -134,17 +134,10 @@ def _value_types(inferred: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     return types
 
 
-def _defined(graph: onnx.GraphProto) -> set[str]:
-    """Names ``graph`` itself defines: its inputs, initializers and node outputs (not its subgraphs')."""
-    return ({vi.name for vi in graph.input} | {t.name for t in graph.initializer}
-            | {t.name for t in graph.sparse_initializer if t.values.name}
-            | {o for n in graph.node for o in n.output if o})
-
-
 def free_names(graph: onnx.GraphProto) -> list[str]:
     """Names ``graph`` reads (its nodes, its outputs, its subgraphs' free names) that it does not define,
     in first-read order: the values it takes from enclosing graphs."""
-    defined, seen, order = _defined(graph), set(), []
+    defined, seen, order = model_io.defined_names(graph), set(), []
 
     def read(name):
         if name and name not in defined and name not in seen:
@@ -154,11 +147,9 @@ def free_names(graph: onnx.GraphProto) -> list[str]:
     for node in graph.node:
         for name in node.input:
             read(name)
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else
-                        attr.graphs if attr.type == onnx.AttributeProto.GRAPHS else []):
-                for name in free_names(sub):
-                    read(name)
+        for body in model_io.node_subgraphs(node):
+            for name in free_names(body):
+                read(name)
     for vi in graph.output:
         read(vi.name)
     return order
@@ -200,8 +191,8 @@ def _put_back(graph: onnx.GraphProto, added: set[str], initializers, outer: set[
     missing = [vi.name for vi in body.output if vi.name not in produced]
     if missing:
         return f"its rewrite made output {missing[0]!r} a value the body does not compute"
-    before = _defined(original)
-    clashes = sorted((_defined(body) - before) & outer)
+    before = model_io.defined_names(original)
+    clashes = sorted((model_io.defined_names(body) - before) & outer)
     if clashes:
         taken = outer | _all_names(body)
         _rename(body, {name: _fresh(name, taken) for name in clashes})
@@ -228,7 +219,7 @@ def _default_opset(model: onnx.ModelProto) -> int:
 
 def _all_names(graph: onnx.GraphProto) -> set[str]:
     names = {o for g in model_io.proto_graphs(graph) for n in g.node for o in [*n.input, *n.output] if o}
-    return names | _defined(graph) | {vi.name for vi in graph.output}
+    return names | model_io.defined_names(graph) | {vi.name for vi in graph.output}
 
 
 def _fresh(name: str, taken: set[str]) -> str:
@@ -240,8 +231,8 @@ def _fresh(name: str, taken: set[str]) -> str:
 
 
 def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
-    """Rename ``mapping``'s names where ``graph`` defines and reads them, and where its subgraphs read
-    them (a subgraph that defines such a name itself keeps its own)."""
+    """Rename ``mapping``'s names (defined by ``graph``) where ``graph`` defines and reads them, and where its
+    own bodies read them (:func:`~onnxfuse.model_io.rename_outer_reads`)."""
     for t in graph.initializer:
         t.name = mapping.get(t.name, t.name)
     for vi in [*graph.value_info, *graph.output]:
@@ -249,12 +240,8 @@ def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
     for node in graph.node:
         node.input[:] = [mapping.get(n, n) for n in node.input]
         node.output[:] = [mapping.get(n, n) for n in node.output]
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else
-                        attr.graphs if attr.type == onnx.AttributeProto.GRAPHS else []):
-                inner = {k: v for k, v in mapping.items() if k not in _defined(sub)}
-                if inner:
-                    _rename(sub, inner)
+        for body in model_io.node_subgraphs(node):
+            model_io.rename_outer_reads(body, mapping)
 
 
 def _ops_outside(graph: onnx.GraphProto, k: int, a: int) -> set[str]:

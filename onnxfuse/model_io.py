@@ -655,6 +655,39 @@ def proto_graphs(graph: onnx.GraphProto):
                     yield from proto_graphs(g)
 
 
+def node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The bodies ``node`` holds in its attributes (If branches, a Loop or Scan body)."""
+    found = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            found.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            found.extend(attr.graphs)
+    return found
+
+
+def defined_names(graph: onnx.GraphProto) -> set[str]:
+    """Names ``graph`` itself defines: its inputs, initializers and node outputs (not its subgraphs')."""
+    return ({vi.name for vi in graph.input} | {t.name for t in graph.initializer}
+            | {t.values.name for t in graph.sparse_initializer if t.values.name}
+            | {o for n in graph.node for o in n.output if o})
+
+
+def rename_outer_reads(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    """Rename ``mapping``'s names where ``graph`` (a body) reads them as values of an enclosing graph: in its
+    nodes' inputs, its outputs and, the same way, its own bodies. A graph that defines such a name itself
+    reads its own value under it (ONNX scopes), so the name stays there and in what it encloses."""
+    outer = {k: v for k, v in mapping.items() if k not in defined_names(graph)}
+    if not outer:
+        return
+    for node in graph.node:
+        node.input[:] = [outer.get(n, n) for n in node.input]
+        for body in node_subgraphs(node):
+            rename_outer_reads(body, outer)
+    for vi in graph.output:
+        vi.name = outer.get(vi.name, vi.name)
+
+
 def names_defined_twice(graph: onnx.GraphProto) -> bool:
     """Some tensor name is written by nodes of two different graphs of ``graph`` (itself and its
     subgraphs): legal in ONNX (each subgraph is its own scope), and it confuses name-keyed analyses

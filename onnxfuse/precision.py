@@ -53,7 +53,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxfuse.errors import PrecisionError
 from onnxfuse.rewrites.facts.constants import constant_node_value
 from onnxfuse.rewrites.facts.inference import onnx_inferred
-from onnxfuse.model_io import proto_graphs
+from onnxfuse.model_io import defined_names, node_subgraphs, proto_graphs, rename_outer_reads
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 #: float16's largest finite value, and the smallest positive one (a subnormal).
@@ -102,11 +102,11 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
     out.CopyFrom(model)
     notes: list[str] = []
     opsets = {o.domain or "": o.version for o in out.opset_import}
-    floats = float32_values(model)
+    scopes = float32_scopes(model)
     if not _declares_float32(model.graph):
         raise PrecisionError("the model declares no float32 input, output, weight or value: nothing to convert to "
                              "float16 (float32 steps an exporter left inside a float16 model stay as they are)")
-    _Converter(opsets, notes, floats, dict(keep_nodes or {}), float16_io).graph(out.graph, main=True)
+    _Converter(opsets, notes, scopes, dict(keep_nodes or {}), float16_io).graph(out.graph, main=True)
     try:
         onnx.checker.check_model(out)
         onnx_inferred(out, strict=True)
@@ -127,18 +127,34 @@ def _declares_float32(graph: onnx.GraphProto) -> bool:
 
 
 def float32_values(model: onnx.ModelProto) -> set[str]:
-    """Names of the float32 values of ``model`` (all graphs), from ONNX type inference."""
+    """Names of the float32 values of ``model``'s main graph, from ONNX type inference."""
+    return float32_scopes(model)[0]
+
+
+def float32_scopes(model: onnx.ModelProto) -> list[set[str]]:
+    """For each graph of ``model``, in :func:`~onnxfuse.model_io.proto_graphs` order (the main graph, then
+    each body depth first, the order the converter visits them): the names of the float32 values that
+    graph sees, from ONNX type inference: the ones it defines, and the enclosing graphs' it does not
+    redefine. Per graph because sibling bodies may give one name different types (optimum's merged
+    decoders write the same names in both branches: an int64 in one, a float in the other)."""
     try:
         inferred = onnx_inferred(model)
     except Exception:  # noqa: BLE001  (inference is a help: what it cannot type stays as it is)
         inferred = model
-    names: set[str] = set()
-    for g in proto_graphs(inferred.graph):
-        for vi in list(g.input) + list(g.output) + list(g.value_info):
-            if vi.type.tensor_type.elem_type == FLOAT:
-                names.add(vi.name)
-        names.update(t.name for t in g.initializer if t.data_type == FLOAT)
-    return names
+    scopes: list[set[str]] = []
+
+    def walk(g: onnx.GraphProto, outer: set[str]) -> None:
+        typed = list(g.input) + list(g.output) + list(g.value_info)
+        mine = (outer - defined_names(g) - {vi.name for vi in typed}) | {
+            vi.name for vi in typed if vi.type.tensor_type.elem_type == FLOAT} | {
+            t.name for t in g.initializer if t.data_type == FLOAT}
+        scopes.append(mine)
+        for node in g.node:
+            for body in node_subgraphs(node):
+                walk(body, mine)
+
+    walk(inferred.graph, set())
+    return scopes
 
 
 #: ops whose float32 computation a sentinel mask must reach in float32 (see the module docstring)
@@ -234,13 +250,15 @@ def softmax_islands(graph: onnx.GraphProto, floats: set[str]) -> tuple[set[int],
 
 
 class _Converter:
-    def __init__(self, opsets: dict[str, int], notes: list[str], floats: set[str], keep_nodes: dict[str, str],
+    def __init__(self, opsets: dict[str, int], notes: list[str], scopes: list[set[str]], keep_nodes: dict[str, str],
                  float16_io: bool = False):
         self.opsets = opsets
         self.float16_io = float16_io  # main graph's float32 inputs and outputs become float16 themselves
         self.keep_nodes = keep_nodes  # main-graph node name → why it computes in float32 (measured)
         self.notes = notes
-        self.floats = floats  # the float32 values of the original model (only these change type)
+        self.scopes = scopes  # per graph, in visiting order: the float32 values it sees (float32_scopes)
+        self.visited = 0
+        self.floats: set[str] = set()  # the graph being converted's (only these change type)
         self.counter = 0
         self.schemas: dict[str, object] = {}  # op type → its default-domain schema at the model's opset
 
@@ -258,6 +276,17 @@ class _Converter:
         return helper.make_node("Cast", [source], [dest], to=to, name=f"{source}/{suffix}_{self.counter}")
 
     def graph(self, graph: onnx.GraphProto, main: bool) -> None:
+        """Convert ``graph`` (and its bodies, as its nodes are reached) with the float32 values it sees."""
+        if self.visited >= len(self.scopes):
+            raise PrecisionError("internal error: the float16 conversion reached more graphs than the model holds")
+        outer, self.floats = self.floats, set(self.scopes[self.visited])
+        self.visited += 1
+        try:
+            self._graph(graph, main)
+        finally:
+            self.floats = outer
+
+    def _graph(self, graph: onnx.GraphProto, main: bool) -> None:
         # Node sets below are keyed by id(). protobuf (upb) hands out one Python object per node only while
         # one is alive: a node read again after its object was freed comes back as a new object, whose id
         # may be any freed object's. Holding every node's object for the whole conversion keeps each id
@@ -400,16 +429,12 @@ class _Converter:
                         renamed[vi.name] = self.exit_cast(new_nodes, producers[vi.name], vi.name, FLOAT, inner)
         del graph.node[:]
         graph.node.extend(new_nodes)
-        if renamed:  # bodies of If/Loop/Scan read outer values by name: they read the float16 one too
+        if renamed:  # bodies of If/Loop/Scan read outer values by name: they read the float16 one too (a body
+            # that writes a value of the same name reads its own: optimum's merged decoders name the branches'
+            # outputs as the If's)
             for node in graph.node:
-                for attr in node.attribute:
-                    bodies = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-                    for body in bodies:
-                        for g in proto_graphs(body):
-                            for inner in g.node:
-                                for i, name in enumerate(inner.input):
-                                    if name in renamed:
-                                        inner.input[i] = renamed[name]
+                for body in node_subgraphs(node):
+                    rename_outer_reads(body, renamed)
 
     def exit_cast(self, new_nodes, producer, name: str, to: int, inner: str | None = None) -> str:
         """Make the graph output ``name`` a ``Cast(to)`` of what ``producer`` writes, under a fresh name

@@ -467,11 +467,12 @@ KV_FAMILIES = {
 }
 
 
-def export_kv_family_models(folder: Path, seed: int, families=None) -> None:
+def export_kv_family_models(folder: Path, seed: int, families=None, half: bool = True) -> None:
     """``{mistral,phi3,phi3_partial,gemma,qwen3}_kv_opset17_fp16.onnx``: :data:`KV_FAMILIES` with past, made
     as :func:`export_kv_cache_models` makes ``*_kv_opset17_fp16`` (vocabulary 128, hidden 64, 4 query heads,
     2 key/value heads unless noted, head size 16, 2 layers, eager attention, every bias and norm weight
-    randomized, ``.half()``, legacy exporter, traced at batch 2, 3 new tokens, 4 cached)."""
+    randomized, ``.half()``, legacy exporter, traced at batch 2, 3 new tokens, 4 cached). ``half=False``
+    (``--float32``): the same weights left float32, as ``{family}_kv_opset17.onnx``."""
     import transformers
 
     batch, new, cached, layers = 2, 3, 4, 2
@@ -485,14 +486,16 @@ def export_kv_family_models(folder: Path, seed: int, families=None) -> None:
         config = getattr(transformers, config_name)(**small)
         torch.manual_seed(seed)
         model = _randomize(getattr(transformers, cls_name)(config).eval(), seed + 1)
-        wrapper = CachedDecoder(model, layers).eval().half()
+        wrapper = CachedDecoder(model, layers).eval()
+        element = torch.float16 if half else torch.float32
+        wrapper = wrapper.to(element)
         kv_heads, head = small["num_key_value_heads"], small.get("head_dim", 16)
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, 128, (batch, new), generator=g)
         mask = torch.ones(batch, cached + new, dtype=torch.int64)
         position = torch.arange(cached, cached + new).expand(batch, new)
-        past = [torch.randn(batch, kv_heads, cached, head, generator=g).half() for _ in range(2 * layers)]
-        out = folder / f"{arch}_kv_opset17_fp16.onnx"
+        past = [torch.randn(batch, kv_heads, cached, head, generator=g).to(element) for _ in range(2 * layers)]
+        out = folder / f"{arch}_kv_opset17{'_fp16' if half else ''}.onnx"
         torch.onnx.export(wrapper, (ids, mask, position, *past), str(out), input_names=names,
                           output_names=outputs, dynamic_axes=axes, opset_version=17, dynamo=False,
                           do_constant_folding=True)
@@ -552,6 +555,7 @@ def main() -> None:
     ap.add_argument("--kv-families", nargs="*", metavar="FAMILY",
                     help=f"write the float16 opset-17 decoders with past of other families ({', '.join(KV_FAMILIES)}; "
                          "all when none is named) instead")
+    ap.add_argument("--float32", action="store_true", help="with --kv-families: the float32 exports")
     ap.add_argument("--t5", action="store_true", help="write the tiny float32 T5 encoder-decoder instead")
     ap.add_argument("--kv-dynamo", action="store_true",
                     help="write the tiny Llama with its KV cache through the dynamo exporter (fp32, fp16) instead")
@@ -563,7 +567,7 @@ def main() -> None:
     elif args.kv_dynamo:
         export_kv_dynamo_models(args.folder, args.seed)
     elif args.kv_families is not None:
-        export_kv_family_models(args.folder, args.seed, args.kv_families)
+        export_kv_family_models(args.folder, args.seed, args.kv_families, half=not args.float32)
     elif args.sdpa:
         export_sdpa_models(Path(__file__).resolve().parent, args.seed)
     elif args.kv_cache:

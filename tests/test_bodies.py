@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxfuse
 from helpers import op_types_within
-from onnxfuse import bodies
+from onnxfuse import bodies, model_io
 from onnxfuse.custom_ops import session_options
 from onnxfuse.rewrites.engine.rule import ApplyReport
 
@@ -160,7 +160,7 @@ def test_names_a_body_rewrite_creates_that_the_outer_graph_defines_are_renamed()
     for node in rewritten.node:  # as if a rule had called its intermediate "y"
         node.input[:] = ["y" if n == "t/n" else n for n in node.input]
         node.output[:] = ["y" if n == "t/n" else n for n in node.output]
-    body = bodies._put_back(rewritten, set(), {}, bodies._defined(model.graph), then)
+    body = bodies._put_back(rewritten, set(), {}, model_io.defined_names(model.graph), then)
     written = [o for n in body.node for o in n.output]
     assert "y" not in written and "y__body1" in written
     assert any("y__body1" in n.input for n in body.node if n.op_type == "Mul")

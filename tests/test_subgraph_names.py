@@ -58,3 +58,21 @@ def test_the_merged_decoder_optimizes_and_both_branches_stay_equal(use_cache):
     for a, b in zip(want, got):
         assert a.shape == b.shape
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_the_merged_decoder_converts_to_float16_branch_by_branch(use_cache):
+    """--precision fp16: the two branches give some names different types (an int64 in one, a float in the
+    other), so the conversion types each graph by its own scope (precision.float32_scopes); it used to cast
+    an int64 Range input to float16 in one branch and write a model ONNX Runtime refused. Both branches
+    match the float32 original within float16's rounding."""
+    model = load_testdata(MERGED)
+    result = onnxfuse.optimize(model, bench=False, precision="fp16")
+    assert result.validation.passed
+    feeds = _feeds(use_cache)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(result.model.SerializeToString(), session_options(),
+                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(want, got):
+        assert a.shape == b.shape and b.dtype == np.float32
+        np.testing.assert_allclose(b, a, rtol=2e-2, atol=2e-2 * max(1.0, float(np.abs(a).max(initial=0.0))))

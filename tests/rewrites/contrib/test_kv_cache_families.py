@@ -1,8 +1,10 @@
-"""KV-cache decoders of the other Llama-family architectures (issue 31), float16, legacy exporter, opset 17
-(testdata ``*_kv_opset17_fp16``, made by ``export_transformers.py --kv-families``): Mistral, Phi-3 (q, k, v
-in one ``qkv_proj`` cut by Slice; full and partial rotation), Gemma (one key/value head, RMSNorm weight
-1 + w) and Qwen3 (per-head q and k RMSNorm before the rotary). Every attention, rotary embedding and
-RMSNorm fuses, validated against the original on ONNX Runtime's CPU provider at prefill and decode sizes."""
+"""KV-cache decoders of the other Llama-family architectures (issue 31), float16 and float32, legacy
+exporter, opset 17 (testdata ``*_kv_opset17_fp16`` and ``*_kv_opset17``, made by ``export_transformers.py
+--kv-families [--float32]``, the same weights): Mistral, Phi-3 (q, k, v in one ``qkv_proj`` cut by Slice;
+full and partial rotation), Gemma (one key/value head, RMSNorm weight 1 + w) and Qwen3 (per-head q and k
+RMSNorm before the rotary). Every attention, rotary embedding and RMSNorm fuses, validated against the
+original on ONNX Runtime's CPU provider at prefill and decode sizes; the float32 ones also against the
+export evaluated in float64 at prefill (both branches of the decode If) and decode."""
 
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ FAMILIES = {
     "gemma_kv_opset17_fp16": (1, True),
     "qwen3_kv_opset17_fp16": (1 + 2 * LAYERS, True),  # the first layer norm, and q_norm, k_norm per layer
 }
+FAMILIES.update({name.removesuffix("_fp16"): v for name, v in list(FAMILIES.items())})  # the float32 twins
 #: Families whose attention inputs contrib-attention-inputs does not take, and why.
-NO_ATTENTION_INPUTS = {"qwen3_kv_opset17_fp16": "q and k are RMS-normalised per head before the rotation"}
+NO_ATTENTION_INPUTS = {name: "q and k are RMS-normalised per head before the rotation"
+                       for name in ("qwen3_kv_opset17_fp16", "qwen3_kv_opset17")}
 
 
 def _ops(model) -> Counter:
@@ -65,3 +69,28 @@ def test_partial_rotary_rotates_the_sliced_part_and_passes_the_rest_through():
     assert result.validation.passed, result.validation
     details = [d for d in result.applied.details if d["rule"] == "contrib-rotary-embedding"]
     assert len(details) == 2 * LAYERS and {d.get("rotary_embedding_dim") for d in details} == {8}, details
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if not n.endswith("_fp16")])
+def test_float32_family_decoders_match_a_float64_reference(name):
+    """The float32 exports, fused (AttentionInputs, DecodeAttention and the If where the family takes them),
+    against the export evaluated in float64 (onnx's reference evaluator): a prefill long enough for the If's
+    MultiHeadAttention branch, a short one for DecodeAttention, and decode, with left padding."""
+    import numpy as np
+
+    from helpers import kv_cache_feeds, run_float64
+    from test_attention_exports import run_optimized
+
+    model = load_testdata(name)
+    result = onnxfuse.optimize(model, samples=1)
+    assert result.validation.passed, result.validation
+    past = next(i for i in model.graph.input if i.name.startswith("past_key_values"))
+    kv_heads, head = (d.dim_value for d in past.type.tensor_type.shape.dim[1::2])
+    rng = np.random.default_rng(43)
+    for batch, new, past_len in ((2, 12, 0), (2, 5, 0), (3, 1, 6)):
+        feeds = kv_cache_feeds(batch, new, past_len, np.float32, rng, kv_heads=kv_heads, head=head)
+        exact = run_float64(model, feeds)
+        got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))
+        for out, want in exact.items():
+            err = float(np.abs(got[out].astype(np.float64) - want).max()) / max(1.0, float(np.abs(want).max()))
+            assert err <= 1e-4, f"{out} at batch {batch}, {new} new, {past_len} cached: {err:.2e}"
