@@ -15,7 +15,7 @@ time the same as trained ones. ``--tiny``: that script's tiny shape (vocabulary 
 of 16, 2 layers), to check the whole flow on a CPU machine. Three columns, timed in one process:
 
 1. ``original``: the model in ``.half()`` (``--dtype fp32``: as created) exported by the legacy exporter (``dynamo=False``, opset 17,
-   eager attention) through testdata/export_transformers.py's ``CachedDecoder``: inputs ``input_ids``,
+   eager attention; ``--attention sdpa``: transformers' default) through testdata/export_transformers.py's ``CachedDecoder``: inputs ``input_ids``,
    ``attention_mask [B, P + S]``, ``position_ids``, ``past_key_values.N.key/value [B, 2, P, 64]``;
    outputs ``logits``, ``present.N.key/value``;
 2. ``onnxfuse``: that export through ``onnxfuse.optimize`` (target cuda, validation on); its node count,
@@ -106,6 +106,9 @@ def options(p) -> None:
     p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16",
                    help="the export's element type (default fp16; fp32: give the builder column an fp32 skeleton, "
                         "or --skip-builder)")
+    p.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
+                   help="transformers' attention implementation for the export (default eager; sdpa: transformers' "
+                        "default, through torch's scaled_dot_product_attention symbolic)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--with-rules", default="",
                    help="rules (comma list): a fourth column, onnxfuse's output with these opt-in rules besides the "
@@ -122,15 +125,16 @@ def options(p) -> None:
 # --------------------------------------------------------------------------------------------- models
 
 
-def export_original(shape: str, opset: int, seed: int, folder: Path, dtype: str = "fp16"):
-    """The model in ``dtype`` exported with past by the legacy exporter, as testdata's KV-cache models are."""
+def export_original(shape: str, opset: int, seed: int, folder: Path, dtype: str = "fp16", attention: str = "eager"):
+    """The model in ``dtype`` exported with past by the legacy exporter, as testdata's KV-cache models are
+    (``attention``: transformers' attention implementation)."""
     import onnx
     import torch
     from export_transformers import CachedDecoder, kv_cache_signature
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(**SHAPES[shape], attn_implementation="eager")
+    config = Qwen2Config(**SHAPES[shape], attn_implementation=attention)
     layers, kv, d = config.num_hidden_layers, config.num_key_value_heads, config.hidden_size // config.num_attention_heads
     wrapper = CachedDecoder(Qwen2ForCausalLM(config).eval(), layers).eval()
     element = torch.float16 if dtype == "fp16" else torch.float32
@@ -332,7 +336,7 @@ def _fmt(x, spec=".3f"):
 
 def table(report: dict) -> list[str]:
     names = report["models"]
-    lines = [f"Decode benchmark ({report['shape']}, {report.get('dtype', 'fp16')}, {report['device']}, ORT {report['ort_version']}); "
+    lines = [f"Decode benchmark ({report['shape']}, {report.get('dtype', 'fp16')}, {report.get('attention', 'eager')} attention, {report['device']}, ORT {report['ort_version']}); "
              f"median ms per step, interleaved rounds; tokens/s = B / step (prefill: B·S / time).", "",
              "| cell | original ms | onnxfuse ms | builder ms | onnxfuse/builder | speed-up over original "
              "| tok/s original | tok/s onnxfuse | tok/s builder |",
@@ -398,21 +402,22 @@ def main(argv=None) -> int:
     prefill = args.prefill if args.prefill is not None else (8 if args.tiny else 512)
     prefill_batches = [int(x) for x in args.prefill_batches.split(",") if x] if prefill else []
     deadline = args.deadline
-    report = {"shape": shape, "dtype": args.dtype, "config": config, "device": args.device, "ort_version": ort.__version__,
+    report = {"shape": shape, "dtype": args.dtype, "attention": args.attention, "config": config, "device": args.device, "ort_version": ort.__version__,
               "time_budget_s": args.time_budget, "rounds": args.rounds, "warmup": args.warmup,
               "models": [], "nodes": {}, "ops": {}, "cells": [], "skipped": [], "errors": [],
               "note": "random weights: latency depends on shapes only"}
 
     models = {}
-    stem = f"{shape}-opset{args.opset}-seed{args.seed}" + ("" if args.dtype == "fp16" else f"-{args.dtype}")
+    stem = (f"{shape}-opset{args.opset}-seed{args.seed}" + ("" if args.dtype == "fp16" else f"-{args.dtype}")
+            + ("" if args.attention == "eager" else f"-{args.attention}"))
     cached = args.cache / f"{stem}-original.onnx" if args.cache else None
     if cached and cached.is_file():
         log(f"original: loading {cached}")
         models["original"] = onnx.load(str(cached))
     else:
         with tempfile.TemporaryDirectory(prefix="decode-export-") as tmp:
-            log(f"exporting {shape} (legacy exporter, opset {args.opset}, {args.dtype})")
-            models["original"] = export_original(shape, args.opset, args.seed, Path(tmp), args.dtype)
+            log(f"exporting {shape} (legacy exporter, opset {args.opset}, {args.dtype}, {args.attention} attention)")
+            models["original"] = export_original(shape, args.opset, args.seed, Path(tmp), args.dtype, args.attention)
         if cached:
             args.cache.mkdir(parents=True, exist_ok=True)
             onnx.save(models["original"], str(cached))

@@ -372,7 +372,13 @@ def kv_cache_signature(layers: int) -> tuple[list[str], list[str], dict]:
     return names, outputs, axes
 
 
-def export_kv_cache_models(folder: Path, seed: int) -> None:
+#: ``--kv-cache --sdpa``: which (architecture, opset, float16) of :func:`export_kv_cache_models` are also
+#: written with transformers' default sdpa attention, as ``{arch}_sdpa_kv_opset{opset}[_fp16].onnx``: both
+#: architectures, both opsets and both element types, four files rather than eight.
+SDPA_KV = (("llama", 14, False), ("llama", 17, True), ("qwen2", 14, True), ("qwen2", 17, False))
+
+
+def export_kv_cache_models(folder: Path, seed: int, sdpa: bool = False) -> None:
     """``{llama,qwen2}_kv_opset{14,17}[_fp16].onnx``: tiny random Llama and Qwen2 causal LMs (vocabulary 128,
     hidden 64, 4 query heads sharing 2 key/value heads, 2 layers, eager attention; Qwen2 adds q/k/v
     biases) WITH their KV cache, legacy exporter, opset 14 and 17, float32 and float16 (``.half()``
@@ -381,17 +387,24 @@ def export_kv_cache_models(folder: Path, seed: int) -> None:
     [batch, sequence]``, ``past_key_values.N.key/value [batch, 2, past_sequence, 16]``; outputs
     ``logits`` and ``present.N.key/value``. Traced at batch 2, 3 new tokens, 4 cached (distinct, so no
     size is mistaken for another). The mask is ``past + sequence`` long: the model the size derivation
-    (onnxfuse/runtime/dim_relations.py) exists for, behind tests/runtime/test_dim_relations.py."""
+    (onnxfuse/runtime/dim_relations.py) exists for, behind tests/runtime/test_dim_relations.py.
+
+    ``sdpa`` (``--kv-cache --sdpa``): the :data:`SDPA_KV` ones with transformers' default sdpa attention
+    instead (the same weights): torch's scaled_dot_product_attention symbolic scales q and k by √scale
+    each, repeats the key/value heads itself (Unsqueeze, Expand, Reshape) and reshapes P·V to
+    [B, -1, S, D] before transformers merges the heads."""
     from transformers import DynamicCache  # noqa: F401  (fails early on a transformers without it)
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     small = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
+                 num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa" if sdpa else "eager")
     batch, new, cached, layers = 2, 3, 4, 2
     names, outputs, axes = kv_cache_signature(layers)
     for arch, (config, cls) in {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}.items():
         for opset in (14, 17):
             for half in (False, True):
+                if sdpa and (arch, opset, half) not in SDPA_KV:
+                    continue
                 torch.manual_seed(seed)
                 model = _randomize(cls(config(**small)).eval(), seed + 1)
                 wrapper = CachedDecoder(model, layers).eval()
@@ -403,7 +416,7 @@ def export_kv_cache_models(folder: Path, seed: int) -> None:
                 mask = torch.ones(batch, cached + new, dtype=torch.int64)
                 position = torch.arange(cached, cached + new).expand(batch, new)
                 past = [torch.randn(batch, 2, cached, 16, generator=g).to(dtype) for _ in range(2 * layers)]
-                out = folder / f"{arch}_kv_opset{opset}{'_fp16' if half else ''}.onnx"
+                out = folder / f"{arch}{'_sdpa' if sdpa else ''}_kv_opset{opset}{'_fp16' if half else ''}.onnx"
                 torch.onnx.export(wrapper, (ids, mask, position, *past), str(out), input_names=names,
                                   output_names=outputs, dynamic_axes=axes, opset_version=opset, dynamo=False,
                                   do_constant_folding=True)
@@ -549,7 +562,8 @@ def main() -> None:
                     help="write the float16 dynamo Llama (rotary, grouped key/value heads) instead")
     ap.add_argument("--sdpa", action="store_true",
                     help="write BERT, RoBERTa, DistilBERT, GPT-2, ViT and Whisper-encoder with transformers' default "
-                         "(sdpa) attention, legacy exporter, opset 14 and 17, instead")
+                         "(sdpa) attention, legacy exporter, opset 14 and 17, instead; with --kv-cache: the "
+                         "decoders SDPA_KV names with sdpa attention")
     ap.add_argument("--kv-cache", action="store_true",
                     help="write the Llama and Qwen2 decoders with past_key_values (opset 14/17, fp32/fp16) instead")
     ap.add_argument("--kv-families", nargs="*", metavar="FAMILY",
@@ -568,10 +582,10 @@ def main() -> None:
         export_kv_dynamo_models(args.folder, args.seed)
     elif args.kv_families is not None:
         export_kv_family_models(args.folder, args.seed, args.kv_families, half=not args.float32)
+    elif args.kv_cache:
+        export_kv_cache_models(Path(__file__).resolve().parent, args.seed, sdpa=args.sdpa)
     elif args.sdpa:
         export_sdpa_models(Path(__file__).resolve().parent, args.seed)
-    elif args.kv_cache:
-        export_kv_cache_models(Path(__file__).resolve().parent, args.seed)
     elif args.llama:
         export_llama_fp16(Path(__file__).resolve().parent, args.seed)
     elif args.dynamo:

@@ -70,8 +70,8 @@ def test_reason_pattern_folds_quoted_names_not_apostrophes():
 
 
 def test_a_lone_rmsnorm_left_unfused_is_reported_with_the_opset_reason():
-    """An RMSNorm at opset 12 beside a ReduceSum (whose axes became an input at 13): the raise to 23 is
-    not exact, so the norm stays decomposed, and the report says why."""
+    """An RMSNorm at opset 12 beside a Split with sizes (an attribute until 13, an input since): the raise
+    to 23 is not exact, so the norm stays decomposed, and the report says why."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -80,16 +80,17 @@ def test_a_lone_rmsnorm_left_unfused_is_reported_with_the_opset_reason():
              helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),
              helper.make_node("Add", ["ms", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["rt"]),
              helper.make_node("Div", ["x", "rt"], ["y"]),
-             helper.make_node("ReduceSum", ["x"], ["total"], axes=[-1], keepdims=1)]
+             helper.make_node("Split", ["x"], ["left", "right"], axis=-1, split=[3, 5])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8]),
-                               helper.make_tensor_value_info("total", TensorProto.FLOAT, [2, 1])],
+                               helper.make_tensor_value_info("left", TensorProto.FLOAT, [2, 3]),
+                               helper.make_tensor_value_info("right", TensorProto.FLOAT, [2, 5])],
                               [c("two", 2.0), c("eps", 1e-6)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
     result = onnxfuse.optimize(model, validate=False, bench=False, target="contrib")
     (row,) = [u for u in result.unfused if u.rule == "contrib-rmsnorm"]
     assert row.op == "ReduceMean" and row.count == 1 and "RMSNormalization needs opset 23" in row.reason
-    assert "ReduceSum" in row.reason
+    assert "Split" in row.reason
 
 
 def test_a_node_two_rules_refused_counts_once_for_the_first_listed():

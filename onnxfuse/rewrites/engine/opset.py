@@ -14,6 +14,12 @@ list of optional attributes added later whose absence keeps the old behaviour (`
 ``start``/``end``, ``ScatterND``/``ScatterElements``' ``reduction``) is accepted too. Anything else
 (BatchNormalization-15 regrouped its type constraints, RoiAlign-16 changed a default) blocks the raise,
 with the op named. Nodes inside If/Loop/Scan bodies are checked as well.
+
+One change is rewritten rather than refused: from opset 18 the Reduce ops (but ReduceSum, at 13) take
+``axes`` as an input instead of an attribute; :func:`raise_opset` moves a node's axes into a constant
+input, which means the same reduction (``noop_with_empty_axes`` defaults to 0, so no axes still reduces
+all). Without it, the ReduceMax of transformers' sdpa mask kept RotaryEmbedding (opset 23) out of every
+sdpa-exported decoder at opset 14 or 17.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
+import numpy as np
+
+from onnxfuse.rewrites.engine.edit import AXES_INPUT_SINCE, new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import graphs_within, opset_of
 
@@ -75,10 +84,29 @@ def ops_changed_by_raise(ops, current: int, target: int) -> list[str]:
     return sorted({op for op in ops if not _same_meaning(op, current, target)})
 
 
+def _upgradable(op: str, current: int, target: int) -> bool:
+    """``op`` changed between ``current`` and ``target`` only by taking ``axes`` as an input instead of an
+    attribute (the Reduce family at 18, :data:`~onnxfuse.rewrites.engine.edit.AXES_INPUT_SINCE`; later
+    schemas only accept more types), which :func:`raise_opset` rewrites node by node: the same axes as
+    a constant input mean the same reduction (``noop_with_empty_axes`` defaults to 0: no axes still
+    reduces all). The sdpa exports' mask (ReduceMax) and a lone RMSNorm (ReduceMean) at opset 14 or 17
+    otherwise kept RotaryEmbedding-23 and RMSNormalization-23 out."""
+    since = AXES_INPUT_SINCE.get(op)
+    return since is not None and current < since <= target and (since == target or _same_meaning(op, since, target))
+
+
+def _axes_to_input(graph: gs.Graph, node: gs.Node) -> None:
+    """``node``'s ``axes`` attribute as a constant int64 input (:func:`_upgradable`)."""
+    axes = node.attrs.pop("axes", None)
+    if axes is not None:
+        node.inputs.append(new_constant(graph, f"{node.name or node.op}/axes", np.asarray(axes, np.int64).reshape(-1)))
+
+
 def opset_raise_problem(graph: gs.Graph, target: int, replaced=()) -> Refuse | None:
     """Why ``graph``'s default-domain opset cannot be raised to ``target`` exactly, or ``None``.
     ``replaced``: nodes the caller's rewrite removes (an RMSNorm's own ReduceMean, whose meaning changes at
-    18, blocks nothing once it is gone)."""
+    18, blocks nothing once it is gone). Ops :func:`raise_opset` rewrites to their new form
+    (:func:`_upgradable`) block nothing either."""
     current = opset_of(graph, default=0)
     if current >= target:
         return None
@@ -86,7 +114,8 @@ def opset_raise_problem(graph: gs.Graph, target: int, replaced=()) -> Refuse | N
         return Refuse("the model's default-domain opset is unknown")
     gone = {id(n) for n in replaced}
     blocking = ops_changed_by_raise({n.op for g in graphs_within(graph) for n in g.nodes
-                                     if (n.domain or "") in ("", "ai.onnx") and id(n) not in gone}, current, target)
+                                     if (n.domain or "") in ("", "ai.onnx") and id(n) not in gone
+                                     and not _upgradable(n.op, current, target)}, current, target)
     if blocking:
         return Refuse(f"raising the model's opset {current} → {target} would change the meaning of "
                       f"{', '.join(blocking)}")
@@ -94,6 +123,12 @@ def opset_raise_problem(graph: gs.Graph, target: int, replaced=()) -> Refuse | N
 
 
 def raise_opset(graph: gs.Graph, target: int) -> None:
-    """Declare default-domain opset ``target`` (checked with :func:`opset_raise_problem` first)."""
-    if opset_of(graph, default=0) < target:
+    """Declare default-domain opset ``target`` (checked with :func:`opset_raise_problem` first), each node
+    of an op :func:`_upgradable` to it rewritten to its new form first, bodies included."""
+    current = opset_of(graph, default=0)
+    if current < target:
+        for g in graphs_within(graph):
+            for node in g.nodes:
+                if (node.domain or "") in ("", "ai.onnx") and _upgradable(node.op, current, target):
+                    _axes_to_input(g, node)
         graph.opset = target

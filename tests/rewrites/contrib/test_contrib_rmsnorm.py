@@ -163,15 +163,33 @@ def test_rmsnorm_below_opset23_raises_when_only_its_own_nodes_would_change():
 
 
 def test_rmsnorm_below_opset23_is_refused_when_another_node_would_change():
-    # Another ReduceMean (not the norm's) would be re-read at 18: the raise is refused, the norm stays, and
-    # SimplifiedLayerNormalization would make a checker-valid model invalid.
+    # A Split with no sizes (equal parts) means something else from 18 (it then needs num_outputs): the
+    # raise is refused, the norm stays, and SimplifiedLayerNormalization would make a checker-valid model
+    # invalid.
+    body = rms_body() + "\n        left, right = Split <axis = -1> (x)"
+    m = model(body, opset=17, outputs="float[2,5,8] y, float[2,5,4] left, float[2,5,4] right")
+    out, report = fuse(m, SKIP, RMS)
+    assert report.counts[RMS.name] == 0
+    assert any("RMSNormalization needs opset 23" in r and "Split" in r and "onnx.checker" in r
+               for r in refusals(report, RMS)), refusals(report)
+    assert ops(out)["ReduceMean"] == 1
+
+
+def test_rmsnorm_below_opset23_raises_past_another_reducemean_by_moving_its_axes():
+    # Another ReduceMean (not the norm's) takes its axes as an input from 18 (engine/opset.py): the raise
+    # moves them there, so the norm fuses and the other mean still reduces the last axis.
     body = rms_body() + "\n        other = ReduceMean <axes = [-1]> (x)"
     m = model(body, opset=17, outputs="float[2,5,8] y, float[2,5,1] other")
     out, report = fuse(m, SKIP, RMS)
-    assert report.counts[RMS.name] == 0
-    assert any("RMSNormalization needs opset 23" in r and "ReduceMean" in r and "onnx.checker" in r
-               for r in refusals(report, RMS)), refusals(report)
-    assert ops(out)["ReduceMean"] == 2
+    assert report.counts[RMS.name] == 1 and ops(out)["ReduceMean"] == 1
+    assert [o.version for o in out.opset_import if o.domain in ("", "ai.onnx")] == [23]
+    (mean,) = [n for n in out.graph.node if n.op_type == "ReduceMean"]
+    assert len(mean.input) == 2 and not any(a.name == "axes" for a in mean.attribute)
+    onnx.checker.check_model(out, full_check=True)
+    x = np.random.default_rng(2).standard_normal((2, 5, 8)).astype(np.float32)
+    got = run(out, {"x": x})
+    np.testing.assert_allclose(got["y"], reference(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["other"], x.mean(-1, keepdims=True), rtol=1e-6, atol=1e-6)
 
 
 def _second_norm(x="z", tail="w = Mul(gamma, n)"):
@@ -198,18 +216,21 @@ def test_rmsnorm_several_below_opset23_raise_together():
     np.testing.assert_allclose(got["w"], reference(z), rtol=1e-5, atol=1e-5)
 
 
-def test_rmsnorm_several_below_opset23_one_refused_blocks_the_raise():
-    # The second norm's γ varies outside the last axis (refused): its ReduceMean stays, the raise would
-    # change its meaning, so the first norm is refused too, naming ReduceMean.
-    inits = {"gamma": GAMMA, "gamma2": (RNG.random((5, D)) + 0.5).astype(np.float32)}
+def test_rmsnorm_several_below_opset23_one_refused_the_other_raises():
+    # The second norm's γ varies outside the last axis (refused): its ReduceMean stays and takes its axes
+    # as an input at 23, so the first norm fuses; both outputs as before.
+    gamma2 = (RNG.random((5, D)) + 0.5).astype(np.float32)
     body = rms_body() + _second_norm(tail="w = Mul(gamma2, n)")
     m = model(body, opset=17, inputs="float[2,5,8] x, float[2,5,8] z", outputs="float[2,5,8] y, float[2,5,8] w",
-              inits=inits)
+              inits={"gamma": GAMMA, "gamma2": gamma2})
     out, report = fuse(m, SKIP, RMS)
-    assert report.counts[RMS.name] == 0 and ops(out)["ReduceMean"] == 2
-    reasons = refusals(report, RMS)
-    assert any("varies outside the last axis" in r for r in reasons), reasons
-    assert any("RMSNormalization needs opset 23" in r and "ReduceMean" in r for r in reasons), reasons
+    assert report.counts[RMS.name] == 1 and ops(out)["ReduceMean"] == 1
+    assert any("varies outside the last axis" in r for r in refusals(report, RMS)), refusals(report, RMS)
+    rng = np.random.default_rng(3)
+    x, z = rng.standard_normal((2, 5, 8)).astype(np.float32), rng.standard_normal((2, 5, 8)).astype(np.float32)
+    got = run(out, {"x": x, "z": z})
+    np.testing.assert_allclose(got["y"], reference(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["w"], reference(z, gamma=gamma2), rtol=1e-5, atol=1e-5)
 
 
 def test_rmsnorm_simplified_layernorm_only_where_the_model_already_has_ort_onnx_domain_ops():

@@ -70,3 +70,54 @@ def test_legacy_kv_cache_decoders_match_a_float64_reference(name):
             err = float(np.abs(got[out].astype(np.float64) - want).max()) / max(1.0, float(np.abs(want).max()))
             assert err <= tol, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e}"
 
+
+
+SDPA = ["llama_sdpa_kv_opset14", "llama_sdpa_kv_opset17_fp16", "qwen2_sdpa_kv_opset14_fp16", "qwen2_sdpa_kv_opset17"]
+
+
+@pytest.mark.parametrize("name", SDPA)
+def test_sdpa_kv_cache_decoders_fuse_and_match_a_float64_reference(name):
+    """transformers' default (sdpa) attention through the legacy exporter (``export_transformers.py
+    --kv-cache --sdpa``): torch's symbolic scales q and k by √scale each, repeats the key/value heads
+    itself and reshapes P·V to [B, -1, S, D] (read from P·V's, q's and V's shapes) before the merge.
+    contrib-attention proves that Reshape an identity (heads.rows_reshape_problem), and each layer then
+    takes AttentionInputs and DecodeAttention as the eager exports do; the outputs match the sdpa float32
+    export of the same weights evaluated in float64 at prefill (both If branches) and decode (not the
+    eager one: with left padding their fully masked query rows differ, an average of V against zeros)."""
+    half = name.endswith("_fp16")
+    result = onnxfuse.optimize(load_testdata(name), samples=2)
+    assert result.validation.passed, result.validation
+    ops = Counter(op_types_within(result.model))
+    assert ops["MultiHeadAttention"] == ops["DecodeAttention"] == ops["AttentionInputs"] == LAYERS, result.unfused
+    assert ops["Softmax"] == 0 and ops["RotaryEmbedding"] == 0, ops
+    reference = load_testdata(next(n for n in SDPA if n.startswith(name.split("_")[0]) and not n.endswith("_fp16")))
+    rng = np.random.default_rng(23)
+    tol = 2e-2 if half else 1e-4
+    for batch, new, past in ((2, 12, 0), (2, 5, 0), (3, 1, 6)):
+        feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, rng)
+        exact = run_float64(reference, {k: v.astype(np.float32) if v.dtype == np.float16 else v
+                                        for k, v in feeds.items()})
+        got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))
+        for out, want in exact.items():
+            err = float(np.abs(got[out].astype(np.float64) - want).max()) / max(1.0, float(np.abs(want).max()))
+            assert err <= tol, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e}"
+
+
+def test_the_rows_reshape_must_read_each_dimension_where_it_is_known():
+    """The sdpa export's Reshape(P·V, [B, -1, S, D]) reads S from the query heads: without them among the
+    tensors known to hold the score rows, the proof fails at dimension 2 (and contrib-attention refuses)."""
+    from onnxfuse import model_io
+    from onnxfuse.rewrites.contrib.attention.heads import rows_reshape_problem
+    from onnxfuse.rewrites.facts.graph import consumers
+    from onnxfuse.rewrites.facts.inference import inferred_and_proven
+
+    graph = inferred_and_proven(load_testdata("llama_sdpa_kv_opset14"), model_io.to_graph)
+    softmax = next(n for n in graph.nodes if n.op == "Softmax")
+    guard = next(c for c in consumers(softmax.outputs[0]) if c.op == "Where")  # the NaN guard: Where(IsNaN(p), 0, p)
+    pv = consumers(guard.outputs[0])[0]
+    rows = next(c for c in consumers(pv.outputs[0]) if c.op == "Reshape")
+    qk = softmax.inputs[0].inputs[0].inputs[0].inputs[0]  # Softmax ← Add (the mask) ← MatMul(q·√s, kᵀ·√s)
+    query = qk.inputs[0].inputs[0].inputs[0]  # the √scale Mul's input: the rotated query heads
+    assert rows_reshape_problem(graph, rows, pv.outputs[0], [query], pv.inputs[1]) is None
+    problem = rows_reshape_problem(graph, rows, pv.outputs[0], [], pv.inputs[1])
+    assert problem is not None and "dimension 2" in problem.reason

@@ -9,7 +9,9 @@ agree on H, D and layout:
   [b, s, H, D]))``; Kᵀ by perm (0,2,3,1) or the heads Transpose then (0,1,3,2). Each of b, s is 0 or
   the static dimension it keeps; or one of them is -1 while the other keeps its dimension and H, D are
   given: the element count then forces -1 to be the dimension it replaces. H or D may be -1 instead
-  (inferred from E). The output is merged by Transpose(0,2,1,3) into [B,S,H,D].
+  (inferred from E). The output is merged by Transpose(0,2,1,3) into [B,S,H,D], possibly after a
+  Reshape of P·V to [B, -1, S, D] read from shapes (torch's scaled_dot_product_attention symbolic writes
+  it), proved an identity by :func:`rows_reshape_problem`.
 * *sequence-first* (``torch.nn.MultiheadAttention``, torchvision's ViT): ``Reshape(Transpose(1,0,2)(
   Reshape(x [S,B,E], [S, -1, D])), [-1, H, S, D])`` with S static: element (s, b, h·D+d) goes to
   (s, b·H+h, d), to (b·H+h, s, d), and row-major to (b, h, s, d), the heads of x. MultiHeadAttention
@@ -48,6 +50,7 @@ from onnxfuse.rewrites.contrib.attention.layout import (
 )
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import constant_value, consumers, int_attr, is_op, only_read_by, perm_of, producer_of, shape_of
+from onnxfuse.rewrites.facts.shape_values import shape_read
 
 @dataclass
 class Head:
@@ -196,13 +199,22 @@ def heads_of(graph, tensor, transposed: bool, which: str) -> Head | Refuse:
 
 
 def values_and_merge(graph, v_heads, out):
-    """(V's heads, Transpose, Reshape): V split into heads (or given) and the attention output ``out``
-    [B, H, S, D] merged back by a Transpose read only by a Reshape, in V's layout; or why not."""
+    """(V's heads, Transpose, Reshape, rows Reshape or None): V split into heads (or given) and the
+    attention output ``out`` [B, H, S, D] merged back by a Transpose read only by a Reshape, in V's layout,
+    possibly through a Reshape of ``out`` to [b, h, s, d] read from shapes first (torch's
+    scaled_dot_product_attention symbolic writes ``Reshape(out, [B, -1, S, D])``; the caller proves it
+    an identity with :func:`rows_reshape_problem` once q is known); or why not."""
     v = heads_of(graph, v_heads, False, "V")
     if isinstance(v, Refuse):
         return v
     merge_perm = SEQ_FIRST_MERGE if v.layout == SEQ_FIRST else HEADS
     after = consumers(out)
+    rows = None
+    reshapes = [n for n in after if not is_op(n, "Shape")]  # Shape readers: the shape reads of the rewrite
+    if (len(reshapes) == 1 and is_op(reshapes[0], "Reshape") and reshapes[0].inputs[0] is out
+            and int_attr(reshapes[0], "allowzero", 0) == 0):
+        rows = reshapes[0]
+        after = consumers(rows.outputs[0])
     if len(after) != 1 or perm_of(after[0]) != merge_perm:
         why = f"{v.why}; as given heads: " if v.layout == GIVEN else ""
         return Refuse(f"{why}the attention output is not merged back by Transpose(perm={merge_perm})")
@@ -210,7 +222,60 @@ def values_and_merge(graph, v_heads, out):
     after = consumers(merge_t.outputs[0])
     if len(after) != 1 or not is_op(after[0], "Reshape") or after[0].inputs[0] is not merge_t.outputs[0]:
         return Refuse("the attention output is not merged back by a Reshape")
-    return v, merge_t, after[0]
+    return v, merge_t, after[0], rows
+
+
+def rows_reshape_problem(graph, reshape, out, rows_from, values) -> Refuse | None:
+    """Why ``reshape`` (``Reshape(out, Concat(b, h, s, d))``, out the attention's [B, H, S, D] P·V) might
+    not give ``out`` back, or None. Each entry must keep its dimension: a 0 or the static size there, one
+    -1 (then inferred as the one dimension left), or that dimension read from a tensor that has it: ``out``
+    itself at the same position, the query heads ``rows_from`` at position 2 (the score rows are the
+    query's), ``values`` (V's heads) at position 3 (the output's columns are V's). The batch is read
+    from ``out`` only (a broadcast MatMul may have another on its inputs)."""
+    concat = producer_of(reshape.inputs[1])
+    if not is_op(concat, "Concat") or len(concat.inputs) != 4:
+        return Refuse("the Reshape after P·V has no 4-part Concat target")
+    shape = shape_of(graph, out) or [None] * 4
+    holders = {0: {id(out)}, 1: {id(out)}, 2: {id(out)} | {id(t) for t in rows_from}, 3: {id(out), id(values)}}
+    inferred = 0
+    for i, part in enumerate(concat.inputs):
+        value = constant_value(graph, part)
+        if value is not None:
+            if value.size != 1:
+                return Refuse("the Reshape after P·V has a multi-element constant part")
+            entry = int(value.reshape(-1)[0])
+            inferred += entry == -1
+            if entry != -1 and not copies_dim(entry, shape[i] if i < len(shape) else None):
+                return Refuse(f"the Reshape after P·V changes dimension {i} (to {entry})")
+            continue
+        read = shape_read(graph, part)
+        if read is None or read[1] != [i] or id(read[0]) not in holders[i]:
+            return Refuse(f"the Reshape after P·V reads dimension {i} from a tensor not known to have it")
+    if inferred > 1:
+        return Refuse("the Reshape after P·V infers more than one dimension")
+    return None
+
+
+def rows_target_nodes(reshape, out) -> list | Refuse:
+    """The nodes computing ``reshape``'s target from ``out``'s own shape (``Shape(out)`` → Gather →
+    Unsqueeze → the Concat): they go with the Reshape, so each must be read only by them and the Reshape;
+    or why not."""
+    concat = producer_of(reshape.inputs[1])
+    chain, frontier = {id(concat): concat}, [n for n in consumers(out) if is_op(n, "Shape")]
+    while frontier:
+        node = frontier.pop()
+        if id(node) in chain:
+            continue
+        chain[id(node)] = node
+        frontier.extend(c for t in node.outputs for c in consumers(t) if c is not concat)
+        if len(chain) > 16:
+            return Refuse("the P·V output's shape feeds more than the Reshape after it")
+    allowed = set(chain) | {id(reshape)}
+    for node in chain.values():
+        for t in node.outputs:
+            if any(id(c) not in allowed for c in consumers(t)):
+                return Refuse(f"the P·V output's shape is also read by {next(c for c in consumers(t) if id(c) not in allowed).name!r}")
+    return list(chain.values())
 
 
 def query_key_value(graph, query, key, key_transposed: bool, v, v_heads, nodes, factors):

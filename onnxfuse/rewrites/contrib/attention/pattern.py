@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxfuse.rewrites.contrib.attention.facts import is_downcast, is_noop_cast, is_upcast, strip_scale
-from onnxfuse.rewrites.contrib.attention.heads import query_key_value, values_and_merge
+from onnxfuse.rewrites.contrib.attention.heads import query_key_value, rows_reshape_problem, rows_target_nodes, values_and_merge
 from onnxfuse.rewrites.contrib.attention.layout import DTYPES
 from onnxfuse.rewrites.contrib.attention.masks import finite_masks, mask_terms, nan_guard
 from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan, plan_attention
@@ -61,7 +61,7 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | Refuse:
     found = values_and_merge(graph, v_heads, pv.outputs[0])
     if isinstance(found, Refuse):
         return found
-    v, merge_t, merge_r = found
+    v, merge_t, merge_r, rows = found
     nodes.append(merge_t)
     # before: mask steps (+ M, Where(c, ·, f)) ← (×/÷ s) ← MatMul(Q_heads, Kᵀ)
     found = mask_terms(graph, softmax.inputs[0], nodes, score_dtype)
@@ -83,6 +83,15 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | Refuse:
     if qk is None or not is_op(qk, "MatMul") or len(qk.inputs) != 2:
         return Refuse("no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)")
     nodes.append(qk)
+    if rows is not None:  # the sdpa symbolic's Reshape(P·V, [B, -1, S, D]): an identity, or refused
+        query = qk.inputs[0]  # the query heads, scaled or not (the sdpa symbolic scales q and k by √scale each)
+        problem = rows_reshape_problem(graph, rows, pv.outputs[0], [query, strip_scale(graph, query, [], [])], v_heads)
+        if problem is not None:
+            return problem
+        target = rows_target_nodes(rows, pv.outputs[0])
+        if isinstance(target, Refuse):
+            return target
+        nodes += [*target, rows]
     found = query_key_value(graph, qk.inputs[0], qk.inputs[1], True, v, v_heads, nodes, factors)
     if isinstance(found, Refuse):
         return found
@@ -118,7 +127,9 @@ def analyze_onnx_attention(graph, op) -> AttentionPlan | Refuse:
     found = values_and_merge(graph, inputs[2], op.outputs[0])
     if isinstance(found, Refuse):
         return found
-    v, merge_t, merge_r = found
+    v, merge_t, merge_r, rows = found
+    if rows is not None:
+        return Refuse("the Attention output is reshaped before its heads are merged back")
     nodes.append(merge_t)
     factors: list[float] = []
     found = query_key_value(graph, inputs[0], inputs[1], False, v, inputs[2], nodes, factors)
