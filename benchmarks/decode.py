@@ -109,6 +109,8 @@ def options(p) -> None:
     p.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
                    help="transformers' attention implementation for the export (default eager; sdpa: transformers' "
                         "default, through torch's scaled_dot_product_attention symbolic)")
+    p.add_argument("--exporter", choices=("legacy", "dynamo"), default="legacy",
+                   help="torch's exporter for the original (default legacy; dynamo: opset 18 at least)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--with-rules", default="",
                    help="rules (comma list): a fourth column, onnxfuse's output with these opt-in rules besides the "
@@ -125,9 +127,12 @@ def options(p) -> None:
 # --------------------------------------------------------------------------------------------- models
 
 
-def export_original(shape: str, opset: int, seed: int, folder: Path, dtype: str = "fp16", attention: str = "eager"):
+def export_original(shape: str, opset: int, seed: int, folder: Path, dtype: str = "fp16", attention: str = "eager",
+                    exporter: str = "legacy"):
     """The model in ``dtype`` exported with past by the legacy exporter, as testdata's KV-cache models are
-    (``attention``: transformers' attention implementation)."""
+    (``attention``: transformers' attention implementation); ``exporter="dynamo"``: by torch's dynamo
+    exporter instead (opset 18 at least, dynamic batch, sequence, past and total lengths), as testdata's
+    ``llama_kv_dynamo`` is."""
     import onnx
     import torch
     from export_transformers import CachedDecoder, kv_cache_signature
@@ -148,8 +153,15 @@ def export_original(shape: str, opset: int, seed: int, folder: Path, dtype: str 
     past = [torch.randn(batch, kv, cached, d, generator=g).to(element) for _ in range(2 * layers)]
     path = folder / "original.onnx"
     with torch.no_grad():
-        torch.onnx.export(wrapper, (ids, mask, position, *past), str(path), input_names=names, output_names=outputs,
-                          dynamic_axes=axes, opset_version=opset, dynamo=False, do_constant_folding=True)
+        if exporter == "dynamo":
+            b, s, p, t = (torch.export.Dim(n) for n in ("batch", "sequence", "past_sequence", "total_sequence"))
+            shapes = ({0: b, 1: s}, {0: b, 1: t}, {0: b, 1: s}, tuple({0: b, 2: p} for _ in past))
+            torch.onnx.export(wrapper, (ids, mask, position, *past), str(path), input_names=names,
+                              output_names=outputs, dynamo=True, dynamic_shapes=shapes, opset_version=max(opset, 18))
+        else:
+            torch.onnx.export(wrapper, (ids, mask, position, *past), str(path), input_names=names,
+                              output_names=outputs, dynamic_axes=axes, opset_version=opset, dynamo=False,
+                              do_constant_folding=True)
     del wrapper
     gc.collect()
     return onnx.load(str(path))
@@ -336,7 +348,7 @@ def _fmt(x, spec=".3f"):
 
 def table(report: dict) -> list[str]:
     names = report["models"]
-    lines = [f"Decode benchmark ({report['shape']}, {report.get('dtype', 'fp16')}, {report.get('attention', 'eager')} attention, {report['device']}, ORT {report['ort_version']}); "
+    lines = [f"Decode benchmark ({report['shape']}, {report.get('dtype', 'fp16')}, {report.get('attention', 'eager')} attention, {report.get('exporter', 'legacy')} exporter, {report['device']}, ORT {report['ort_version']}); "
              f"median ms per step, interleaved rounds; tokens/s = B / step (prefill: B·S / time).", "",
              "| cell | original ms | onnxfuse ms | builder ms | onnxfuse/builder | speed-up over original "
              "| tok/s original | tok/s onnxfuse | tok/s builder |",
@@ -402,22 +414,25 @@ def main(argv=None) -> int:
     prefill = args.prefill if args.prefill is not None else (8 if args.tiny else 512)
     prefill_batches = [int(x) for x in args.prefill_batches.split(",") if x] if prefill else []
     deadline = args.deadline
-    report = {"shape": shape, "dtype": args.dtype, "attention": args.attention, "config": config, "device": args.device, "ort_version": ort.__version__,
+    report = {"shape": shape, "dtype": args.dtype, "attention": args.attention, "exporter": args.exporter,
+              "config": config, "device": args.device, "ort_version": ort.__version__,
               "time_budget_s": args.time_budget, "rounds": args.rounds, "warmup": args.warmup,
               "models": [], "nodes": {}, "ops": {}, "cells": [], "skipped": [], "errors": [],
               "note": "random weights: latency depends on shapes only"}
 
     models = {}
     stem = (f"{shape}-opset{args.opset}-seed{args.seed}" + ("" if args.dtype == "fp16" else f"-{args.dtype}")
-            + ("" if args.attention == "eager" else f"-{args.attention}"))
+            + ("" if args.attention == "eager" else f"-{args.attention}")
+            + ("" if args.exporter == "legacy" else f"-{args.exporter}"))
     cached = args.cache / f"{stem}-original.onnx" if args.cache else None
     if cached and cached.is_file():
         log(f"original: loading {cached}")
         models["original"] = onnx.load(str(cached))
     else:
         with tempfile.TemporaryDirectory(prefix="decode-export-") as tmp:
-            log(f"exporting {shape} (legacy exporter, opset {args.opset}, {args.dtype}, {args.attention} attention)")
-            models["original"] = export_original(shape, args.opset, args.seed, Path(tmp), args.dtype, args.attention)
+            log(f"exporting {shape} ({args.exporter} exporter, opset {args.opset}, {args.dtype}, {args.attention} attention)")
+            models["original"] = export_original(shape, args.opset, args.seed, Path(tmp), args.dtype, args.attention,
+                                                 args.exporter)
         if cached:
             args.cache.mkdir(parents=True, exist_ok=True)
             onnx.save(models["original"], str(cached))
