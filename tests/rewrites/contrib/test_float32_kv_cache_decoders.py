@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import onnxfuse
-from helpers import kv_cache_feeds, load_testdata, op_types_within, run_float64
-from test_attention_exports import run_optimized
+from helpers import load_testdata, op_types_within
+from test_kv_cache_float64 import assert_matches_float64
 
 LAYERS = 2
 
@@ -31,11 +31,4 @@ def test_float32_decoders_take_the_decoder_kernels(name):
     ops = Counter(op_types_within(result.model))
     assert ops["Softmax"] == 0 and ops["MultiHeadAttention"] == LAYERS, ops  # inside the Ifs
     assert ops["AttentionInputs"] == ops["DecodeAttention"] == ops["If"] == LAYERS, ops
-    rng = np.random.default_rng(41)
-    for batch, new, past in ((2, 12, 0), (2, 5, 0), (3, 1, 6)):
-        feeds = kv_cache_feeds(batch, new, past, np.float32, rng)
-        exact = run_float64(model, feeds)
-        got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))
-        for out, want in exact.items():
-            err = float(np.abs(got[out].astype(np.float64) - want).max()) / max(1.0, float(np.abs(want).max()))
-            assert err <= 1e-4, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e}"
+    assert_matches_float64(result.model, model, ((2, 12, 0), (2, 5, 0), (3, 1, 6)), False, np.random.default_rng(41))

@@ -78,19 +78,12 @@ def test_float32_family_decoders_match_a_float64_reference(name):
     MultiHeadAttention branch, a short one for DecodeAttention, and decode, with left padding."""
     import numpy as np
 
-    from helpers import kv_cache_feeds, run_float64
-    from test_attention_exports import run_optimized
+    from test_kv_cache_float64 import assert_matches_float64
 
     model = load_testdata(name)
     result = onnxfuse.optimize(model, samples=1)
     assert result.validation.passed, result.validation
     past = next(i for i in model.graph.input if i.name.startswith("past_key_values"))
     kv_heads, head = (d.dim_value for d in past.type.tensor_type.shape.dim[1::2])
-    rng = np.random.default_rng(43)
-    for batch, new, past_len in ((2, 12, 0), (2, 5, 0), (3, 1, 6)):
-        feeds = kv_cache_feeds(batch, new, past_len, np.float32, rng, kv_heads=kv_heads, head=head)
-        exact = run_float64(model, feeds)
-        got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))
-        for out, want in exact.items():
-            err = float(np.abs(got[out].astype(np.float64) - want).max()) / max(1.0, float(np.abs(want).max()))
-            assert err <= 1e-4, f"{out} at batch {batch}, {new} new, {past_len} cached: {err:.2e}"
+    assert_matches_float64(result.model, model, ((2, 12, 0), (2, 5, 0), (3, 1, 6)), False, np.random.default_rng(43),
+                           kv_heads=kv_heads, head=head)

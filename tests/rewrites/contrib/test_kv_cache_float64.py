@@ -24,6 +24,21 @@ from test_attention_exports import run_optimized
 LAYERS = 2
 
 
+def assert_matches_float64(model, reference, steps, half: bool, rng, **feed_options) -> None:
+    """``model``'s outputs at each (batch, new tokens, cached tokens) of ``steps`` (kv_cache_feeds, the first
+    row left-padded) within float16's (2e-2) or float32's (1e-4) tolerance of ``reference`` (a float32
+    model) evaluated in float64 by onnx's reference evaluator, relative to max(1, |reference|)."""
+    tol = 2e-2 if half else 1e-4
+    for batch, new, past in steps:
+        feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, rng, **feed_options)
+        exact = run_float64(reference, {k: v.astype(np.float32) if v.dtype == np.float16 else v
+                                        for k, v in feeds.items()})
+        got = dict(zip([o.name for o in model.graph.output], run_optimized(model, feeds)))
+        for out, want in exact.items():
+            err = float(np.abs(got[out].astype(np.float64) - want).max()) / max(1.0, float(np.abs(want).max()))
+            assert err <= tol, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e}"
+
+
 @pytest.mark.parametrize("name", ["llama_kv_dynamo_fp16", "llama_kv_dynamo"])
 def test_dynamo_kv_cache_decoder_fuses_and_matches_a_float64_reference(name):
     half = name.endswith("fp16")
@@ -35,17 +50,7 @@ def test_dynamo_kv_cache_decoder_fuses_and_matches_a_float64_reference(name):
     assert ops["RotaryEmbedding"] + 2 * ops["AttentionInputs"] == 2 * LAYERS, ops  # or inside AttentionInputs
     assert ops["MultiHeadAttention"] == ops["DecodeAttention"] == LAYERS and ops["Softmax"] == 0, result.unfused
     reference = load_testdata("llama_kv_dynamo")  # the float32 export: the weights of both, unrounded
-    rng = np.random.default_rng(31)
-    tol = 2e-2 if half else 1e-4
-    for batch, new, past in ((2, 5, 0), (3, 1, 6)):  # prefill, decode
-        feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, rng)
-        exact = run_float64(reference, {k: v.astype(np.float32) if v.dtype == np.float16 else v
-                                        for k, v in feeds.items()})
-        got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))
-        for out, want in exact.items():
-            scale = max(1.0, float(np.abs(want).max()))
-            err = float(np.abs(got[out].astype(np.float64) - want).max()) / scale
-            assert err <= tol, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e}"
+    assert_matches_float64(result.model, reference, ((2, 5, 0), (3, 1, 6)), half, np.random.default_rng(31))
 
 
 @pytest.mark.parametrize("name", [f"{arch}_kv_opset{opset}{suffix}" for arch in ("llama", "qwen2")
@@ -59,16 +64,7 @@ def test_legacy_kv_cache_decoders_match_a_float64_reference(name):
     ops = Counter(op_types_within(result.model))
     assert ops["MultiHeadAttention"] == ops["DecodeAttention"] == LAYERS and ops["Softmax"] == 0, result.unfused
     reference = load_testdata(name.removesuffix("_fp16"))
-    rng = np.random.default_rng(17)
-    tol = 2e-2 if half else 1e-4
-    for batch, new, past in ((2, 5, 0), (3, 1, 6)):
-        feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, rng)
-        exact = run_float64(reference, {k: v.astype(np.float32) if v.dtype == np.float16 else v
-                                        for k, v in feeds.items()})
-        got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))
-        for out, want in exact.items():
-            err = float(np.abs(got[out].astype(np.float64) - want).max()) / max(1.0, float(np.abs(want).max()))
-            assert err <= tol, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e}"
+    assert_matches_float64(result.model, reference, ((2, 5, 0), (3, 1, 6)), half, np.random.default_rng(17))
 
 
 
@@ -91,16 +87,7 @@ def test_sdpa_kv_cache_decoders_fuse_and_match_a_float64_reference(name):
     assert ops["MultiHeadAttention"] == ops["DecodeAttention"] == ops["AttentionInputs"] == LAYERS, result.unfused
     assert ops["Softmax"] == 0 and ops["RotaryEmbedding"] == 0, ops
     reference = load_testdata(next(n for n in SDPA if n.startswith(name.split("_")[0]) and not n.endswith("_fp16")))
-    rng = np.random.default_rng(23)
-    tol = 2e-2 if half else 1e-4
-    for batch, new, past in ((2, 12, 0), (2, 5, 0), (3, 1, 6)):
-        feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, rng)
-        exact = run_float64(reference, {k: v.astype(np.float32) if v.dtype == np.float16 else v
-                                        for k, v in feeds.items()})
-        got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))
-        for out, want in exact.items():
-            err = float(np.abs(got[out].astype(np.float64) - want).max()) / max(1.0, float(np.abs(want).max()))
-            assert err <= tol, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e}"
+    assert_matches_float64(result.model, reference, ((2, 12, 0), (2, 5, 0), (3, 1, 6)), half, np.random.default_rng(23))
 
 
 def test_the_rows_reshape_must_read_each_dimension_where_it_is_known():
