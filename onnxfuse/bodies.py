@@ -46,7 +46,7 @@ import onnx
 
 from onnxfuse import model_io
 from onnxfuse.rewrites.engine.opset import ops_changed_by_raise
-from onnxfuse.rewrites.engine.rule import ApplyReport, Rule
+from onnxfuse.rewrites.engine.rule import ApplyReport, Rule, unnamed_label
 
 #: Bodies with fewer nodes hold no pattern a rule could take (an Identity, one op).
 MIN_BODY_NODES = 4
@@ -96,14 +96,15 @@ def rewrite_bodies(model: onnx.ModelProto, rewrite: Callable[[onnx.ModelProto], 
     reports, skipped = [], []
     for k, a in holders:
         node, attr = out.graph.node[k], out.graph.node[k].attribute[a]
+        label = node.name or unnamed_label(node.op_type, node.output[0] if node.output else "")
         standalone, added = _standalone(model, attr.g, types, initializers)
         if isinstance(standalone, str):
-            skipped.append(BodySkipped(node.name, attr.name, standalone))
+            skipped.append(BodySkipped(label, attr.name, standalone))
             continue
         rewritten, report = rewrite(standalone)
         body = _put_back(rewritten.graph, added, initializers, outer, attr.g)
         if isinstance(body, str):
-            skipped.append(BodySkipped(node.name, attr.name, body))
+            skipped.append(BodySkipped(label, attr.name, body))
             continue
         previous = onnx.GraphProto()
         previous.CopyFrom(attr.g)
@@ -113,14 +114,14 @@ def rewrite_bodies(model: onnx.ModelProto, rewrite: Callable[[onnx.ModelProto], 
             blocking = ops_changed_by_raise(_ops_outside(out.graph, k, a), current, wanted)
             if blocking:
                 attr.g.CopyFrom(previous)
-                skipped.append(BodySkipped(node.name, attr.name, f"its rewrite needs opset {wanted}, and raising the "
+                skipped.append(BodySkipped(label, attr.name, f"its rewrite needs opset {wanted}, and raising the "
                                            f"model's {current} would change the meaning of {', '.join(blocking)}"))
                 continue
             for imp in out.opset_import:
                 if imp.domain in ("", "ai.onnx"):
                     imp.version = wanted
         _add_opsets(out, rewritten)
-        reports.append(BodyRewrite(node.name, attr.name, report))
+        reports.append(BodyRewrite(label, attr.name, report))
     return (out if reports else model), reports, skipped
 
 
