@@ -72,6 +72,17 @@ class BodySkipped:
     reason: str
 
 
+def left_note(bodies: list[dict]) -> str | None:
+    """One line for the bodies the rules did not run in (``ApplyReport.bodies`` entries with ``left``), or
+    None: what a user reading the console should know, since the rule counts say nothing of them."""
+    left = [b for b in bodies if "left" in b]
+    if not left:
+        return None
+    first = left[0]
+    more = f" (and {len(left) - 1} more body)" if len(left) == 2 else f" (and {len(left) - 1} more bodies)" if len(left) > 2 else ""
+    return f"rules did not run inside {first['node']} {first['attribute']}{more}: {first['left']}"
+
+
 def body_rules(rules: list[Rule]) -> list[Rule]:
     """The rules of ``rules`` that may run inside a body: those of a target without our custom ops."""
     return [r for r in rules if r.targets & BODY_TARGETS]

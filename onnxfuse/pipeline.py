@@ -39,7 +39,7 @@ from typing import Callable
 import onnx
 
 from onnxfuse import model_io, repair, selection, tuning_record
-from onnxfuse.bodies import body_rules, rewrite_bodies
+from onnxfuse.bodies import body_rules, left_note, rewrite_bodies
 from onnxfuse.custom_ops import DOMAIN, FUSED_VALUES_KEY
 from onnxfuse.declared_shapes import correct_output_shapes
 from onnxfuse.errors import (
@@ -339,7 +339,8 @@ def optimize_model(
         except SessionRefused as exc:
             step("searching for the rule responsible")
             raise unloadable(exc, model, start, rules, applied, options, rewrite_model) from None
-        report.notes.extend(repair_notes + precision_notes + conversion_notes(report, validator.conversion))
+        body_notes = [n for n in [left_note(applied.bodies)] if n]
+        report.notes.extend(repair_notes + body_notes + precision_notes + conversion_notes(report, validator.conversion))
         result.validation = report
         if not report.passed:
             step("searching for the rule responsible")

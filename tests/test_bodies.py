@@ -136,6 +136,8 @@ def test_a_body_raises_the_opset_only_where_the_whole_model_can_follow():
     assert blocked.validation.passed and not _body_ops(blocked.model, "then_branch")["LayerNormalization"]
     (left,) = blocked.applied.bodies
     assert left["attribute"] == "then_branch" and "BatchNormalization" in left["left"], left
+    assert any(n.startswith("rules did not run inside <If → y> then_branch: its rewrite needs opset 17")
+               for n in blocked.validation.notes), blocked.validation.notes
 
 
 def test_a_body_reading_a_value_of_unknown_type_is_left():
