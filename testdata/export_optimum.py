@@ -3,7 +3,9 @@
 ``optimum_llama_kv_fp16.onnx`` (float16), the exports behind tests/rewrites/test_optimum_kv_cache.py.
 
 The committed models were made with optimum 2.1.0, optimum-onnx 0.1.0, transformers 4.57.6, torch
-2.13.0 (CPU) and onnx 1.23.2, in a venv of their own (optimum is not a dependency of onnxfuse):
+2.13.0 (CPU) and onnx 1.23.2, in a venv of their own (optimum is not a dependency of onnxfuse), which
+also needs onnxruntime (1.32.0 for the float16 seq2seq decoders: optimum's export runs it to fix the
+dynamic axes, and fails without it):
 
     python testdata/export_optimum.py                    # writes both into testdata/
     python testdata/export_optimum.py --folder /tmp/x    # elsewhere
@@ -47,6 +49,22 @@ decoders; all three are kept for T5 (the third, ``optimum_t5_decoder_merged.onnx
 ``--bart`` writes ``optimum_bart_decoder[_with_past].onnx`` the same way from a seeded
 ``BartForConditionalGeneration`` of the same sizes (learned positions up to 64, GELU, ``init_std`` 0.1),
 the same inputs and outputs; its q projection is scaled by 1/√16 and its projections have biases.
+
+``--fp16`` with ``--t5`` and/or ``--bart`` writes the same decoders in float16 instead, ``_fp16`` before
+the suffix (``optimum_bart_decoder[_with_past]_fp16.onnx``, ``optimum_t5_decoder[_with_past,_merged]_fp16.onnx``),
+the exports behind tests/rewrites/contrib/test_seq2seq_fp16_kv_cache.py: optimum's own ``--dtype fp16``
+(``main_export(..., dtype="fp16", device="cpu")``, as the Llama's float16 export; torch 2.13 runs the float16
+model on the CPU, no CUDA needed) of the same seeded model, so their weights are the float32 exports' rounded
+to float16 and the float32 files are their reference. optimum's own check of the export against the
+float16 PyTorch model warns (differences up to 4e-3 against its 1e-5 tolerance; its log line for the
+encoder prints the file's path where it means the error) and the export completes. Float16 inputs and
+outputs (``encoder_hidden_states``, ``past_key_values.*``, ``logits``, ``present.*``); T5's float16 blocks
+also clamp the residual stream (``IsInf``, ``Clip``: transformers' float16 overflow guard). Which
+decoders are kept follows the float32 pattern (T5's merged one too, BART's not). Every file is
+byte-reproducible except the merged decoders (float32 and float16): optimum's merge names the
+initializers it deduplicates in an order that changes from run to run (same size, same graph):
+
+    python testdata/export_optimum.py --t5 --bart --fp16
 
 T5 scales no score by 1/√d and adds, before the Softmax, its relative position bias (computed in the
 first layer, reused by the second) plus the causal-and-padding mask (self-attention) or the encoder
@@ -124,19 +142,21 @@ def build_bart(folder: Path, seed: int) -> None:
     BartForConditionalGeneration(config).eval().save_pretrained(folder)
 
 
-def export_seq2seq(out_folder: Path, seed: int, kind: str) -> None:
-    """optimum's first-step and with-past decoders of the tiny ``kind`` ("t5" or "bart")."""
+def export_seq2seq(out_folder: Path, seed: int, kind: str, dtype: str | None = None) -> None:
+    """optimum's first-step and with-past decoders of the tiny ``kind`` ("t5" or "bart"): float32, or
+    float16 with ``dtype`` "fp16" (optimum's ``--dtype fp16``; the files named ``…_fp16.onnx``)."""
     from optimum.exporters.onnx import main_export
 
     with tempfile.TemporaryDirectory() as tmp:
         source, folder = Path(tmp) / f"tiny-{kind}", Path(tmp) / "onnx"
         (build_t5 if kind == "t5" else build_bart)(source, seed)
-        main_export(str(source), folder, task="text2text-generation-with-past", device="cpu",
-                    library_name="transformers")
-        kept = [("decoder_model.onnx", f"optimum_{kind}_decoder.onnx"),
-                ("decoder_with_past_model.onnx", f"optimum_{kind}_decoder_with_past.onnx")]
+        main_export(str(source), folder, task="text2text-generation-with-past", dtype=dtype, device="cpu",
+                    library_name="transformers")  # dtype None: optimum's default, float32
+        suffix = "_fp16" if dtype == "fp16" else ""
+        kept = [("decoder_model.onnx", f"optimum_{kind}_decoder{suffix}.onnx"),
+                ("decoder_with_past_model.onnx", f"optimum_{kind}_decoder_with_past{suffix}.onnx")]
         if kind == "t5":  # both in an If, tensor names shared by the branches (tests/test_subgraph_names.py)
-            kept.append(("decoder_model_merged.onnx", "optimum_t5_decoder_merged.onnx"))
+            kept.append(("decoder_model_merged.onnx", f"optimum_t5_decoder_merged{suffix}.onnx"))
         for exported, name in kept:
             out = out_folder / name
             model = onnx.load(str(folder / exported))
@@ -151,10 +171,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=31)
     ap.add_argument("--t5", action="store_true", help="export the tiny T5 decoders instead of the Llama")
     ap.add_argument("--bart", action="store_true", help="export the tiny BART decoders instead of the Llama")
+    ap.add_argument("--fp16", action="store_true",
+                    help="with --t5/--bart: export their decoders in float16 (optimum's --dtype fp16), *_fp16.onnx")
     args = ap.parse_args()
+    if args.fp16 and not (args.t5 or args.bart):
+        ap.error("--fp16 goes with --t5 or --bart (the Llama export writes its float16 model already)")
     if args.t5 or args.bart:
         for kind in ("t5",) * args.t5 + ("bart",) * args.bart:
-            export_seq2seq(args.folder, args.seed, kind)
+            export_seq2seq(args.folder, args.seed, kind, "fp16" if args.fp16 else None)
     else:
         export(args.folder, args.seed)
 
