@@ -11,13 +11,11 @@ left-padded); and within twice the float16 export's own error there.
 
 * BART: every attention becomes one MultiHeadAttention (its Softmax runs in float16 like the rest), as in
   float32: 2 self- and 2 cross-attentions per decoder, the mask as ``attention_bias``, scale 1/√16.
-* T5: NOT fused. transformers' T5 attention adds the position bias and mask to the float16 scores and
-  only then takes ``softmax(scores.float()).type_as(scores)``: the export reads
-  ``Cast(float16 Q·Kᵀ + bias, float32) → Softmax → Cast(float16) → ·V``. contrib-attention's float32
-  Softmax island expects the float16 scores cast up before any mask step (the Llama exports' form,
-  test_optimum_kv_cache.py), so it finds the Add, not the Q·Kᵀ MatMul, behind the upcast and refuses
-  ("no Q·Kᵀ MatMul before the Softmax"): the 4 Softmax of each decoder (8 in the merged one's If) stay.
-  The counts below are what onnxfuse does today, not a goal; the outputs are checked all the same.
+* T5: transformers' T5 attention adds the position bias and mask to the float16 scores and only then
+  takes ``softmax(scores.float()).type_as(scores)``: the export reads ``Cast(float16 Q·Kᵀ + bias,
+  float32) → Softmax → Cast(float16) → ·V``. contrib-attention peels the float16 mask steps behind the
+  upcast too (``half_terms``, attention/plan.py) and fuses every attention, the bias and mask as a float16
+  ``attention_bias``, scale 1 (the merged decoder's inside its If, onnxfuse/bodies.py).
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ import numpy as np
 import pytest
 
 import onnxfuse
+from onnxfuse import model_io
 from helpers import load_testdata, op_types_within, run_float64, run_ort
 from test_attention_exports import run_optimized
 
@@ -44,11 +43,10 @@ LATER_STEPS = [(3, 1, 6, 7), (2, 3, 4, 5)]
 MODELS = {
     "optimum_bart_decoder_fp16": ("optimum_bart_decoder", FIRST_STEP, True, 0.25),
     "optimum_bart_decoder_with_past_fp16": ("optimum_bart_decoder_with_past", LATER_STEPS, True, 0.25),
-    "optimum_t5_decoder_fp16": ("optimum_t5_decoder", FIRST_STEP, False, None),
-    "optimum_t5_decoder_with_past_fp16": ("optimum_t5_decoder_with_past", LATER_STEPS, False, None),
-    "optimum_t5_decoder_merged_fp16": (None, FIRST_STEP + LATER_STEPS, False, None),
+    "optimum_t5_decoder_fp16": ("optimum_t5_decoder", FIRST_STEP, True, 1.0),
+    "optimum_t5_decoder_with_past_fp16": ("optimum_t5_decoder_with_past", LATER_STEPS, True, 1.0),
+    "optimum_t5_decoder_merged_fp16": (None, FIRST_STEP + LATER_STEPS, True, 1.0),
 }
-T5_REFUSAL = "no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)"
 
 
 def _encoder_mask(batch, length):
@@ -91,7 +89,7 @@ def optimized(request):
     return name, model, onnxfuse.optimize(model, provider="cpu", samples=2)
 
 
-def test_bart_attention_is_fused_and_t5_attention_is_not(optimized):
+def test_every_attention_is_fused(optimized):
     name, model, result = optimized
     assert result.validation.passed, result.validation
     _, _, fused, scale = MODELS[name]
@@ -99,19 +97,14 @@ def test_bart_attention_is_fused_and_t5_attention_is_not(optimized):
     assert softmaxes == 2 * LAYERS * (2 if "merged" in name else 1)
     ops = Counter(op_types_within(result.model))
     refusals = {r.reason for r in result.applied.refusals if r.rule == "contrib-attention"}
-    if fused:
-        assert ops["MultiHeadAttention"] == softmaxes and ops["Softmax"] == 0, (ops, result.unfused)
-        assert not refusals, refusals
-        for node in result.model.graph.node:
+    assert fused and ops["MultiHeadAttention"] == softmaxes and ops["Softmax"] == 0, (ops, result.unfused)
+    assert not refusals, refusals
+    for graph in model_io.proto_graphs(result.model.graph):
+        for node in graph.node:
             if node.op_type == "MultiHeadAttention":
                 attrs = {a.name: a for a in node.attribute}
                 assert attrs["num_heads"].i == HEADS and attrs["scale"].f == scale
                 assert len(node.input) == 6 and node.input[5], "the mask is the attention_bias"
-    else:
-        # NOT fused (see the module docstring): T5's float16 export adds bias and mask before the float32
-        # upcast. What onnxfuse does today; when contrib-attention learns this form, assert the fusion here.
-        assert ops["MultiHeadAttention"] == 0 and ops["Softmax"] == softmaxes, ops
-        assert T5_REFUSAL in refusals, refusals
 
 
 def test_outputs_match_the_float32_export_in_float64(optimized):

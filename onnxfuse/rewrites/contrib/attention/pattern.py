@@ -70,6 +70,7 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | Refuse:
     terms, x = found
     # a guard after a mask that may hold -inf zeroes the rows with every key masked: emulated, or refused
     zero_empty_rows = guard is not None and not finite_masks(graph, terms)
+    half_terms = False
     factors: list[float] = []
     x = strip_scale(graph, x, nodes, factors)
     if island:  # the float16 scores enter float32 here, before any mask step (island or float32 P·V)
@@ -78,7 +79,14 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | Refuse:
             return Refuse("a float32 Softmax of a float16 attention (its weights cast down, or its values cast up) "
                           "whose scores are not float16 cast up to float32")
         nodes.append(upcast)
-        x = strip_scale(graph, upcast.inputs[0], nodes, factors)
+        inner = upcast.inputs[0]
+        if not terms:  # mask steps before the upcast, on the float16 scores (T5's float16 export: plan.py)
+            found = mask_terms(graph, inner, nodes, np.dtype(np.float16))
+            if isinstance(found, Refuse):
+                return found
+            terms, inner = found
+            half_terms = bool(terms)
+        x = strip_scale(graph, inner, nodes, factors)
     qk = producer_of(x)
     if qk is None or not is_op(qk, "MatMul") or len(qk.inputs) != 2:
         return Refuse("no Q·Kᵀ MatMul before the Softmax (or a scale applied after the mask)")
@@ -98,7 +106,7 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | Refuse:
     q, k, v = found
     return plan_attention(graph, softmax, nodes, q, k, v, factors, terms, dtype, island, merge_r,
                           lambda: find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t),
-                          zero_empty_rows=zero_empty_rows, float32_output=wide)
+                          zero_empty_rows=zero_empty_rows, float32_output=wide, half_terms=half_terms)
 
 def analyze_onnx_attention(graph, op) -> AttentionPlan | Refuse:
     """ONNX's own ``Attention`` (opset 23, which torch's dynamo exporter writes for scaled_dot_product_

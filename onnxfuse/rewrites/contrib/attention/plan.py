@@ -70,7 +70,7 @@ class AttentionPlan:
 
 
 def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island, merge_r, shape_reads_of,
-                   zero_empty_rows: bool = False, float32_output: bool = False):
+                   zero_empty_rows: bool = False, float32_output: bool = False, half_terms: bool = False):
     """The checks and the plan both forms share once q, k, v are split and the mask steps peeled:
     ``shape_reads_of`` finds the Shape readers the rewrite can recompute (None: none allowed).
 
@@ -81,7 +81,13 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     -inf (every masked weight exp(s + fill - max) is 0 in float32, as exp(-inf) is), and a row keeping
     none, NaN in the original and zeroed by the guard, is the fused op's output times
     ``max(keep over the keys)``: 0 there, 1 elsewhere (x·1 = x exactly; x·0 = 0 for finite x, and an
-    infinite or NaN value of V gives NaN in both models). Refused otherwise, with the guard's reason."""
+    infinite or NaN value of V gives NaN in both models). Refused otherwise, with the guard's reason.
+
+    ``half_terms``: an island whose mask steps come before the upcast, added to the float16 scores
+    (transformers' float16 T5 adds its position bias and mask in float16, then runs the Softmax in
+    float32): the mask is float16 in the original too, so it goes to the op as a float16
+    ``attention_bias`` like any float16 attention's, not as a raw mask; the op then differs from the graph
+    only by not rounding the scores to float16 before the Softmax, as every float16 fusion does."""
     if not (q.heads == k.heads == v.heads and q.size == k.size == v.size):
         return Refuse(f"Q, K and V split into different heads ({q.heads}x{q.size}, {k.heads}x{k.size}, {v.heads}x{v.size})")
     given = k.layout == GIVEN  # heads.query_key_value: then v too; q given or batch-first
@@ -129,7 +135,7 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     # a raw 0/1 mask: packed Attention's mask_index (float32 too: measured faster there), or
     # MultiHeadAttention's key_padding_mask where a float16 bias would not be exact; both kernels add
     # mask_filter_value to float32 scores. Packed: B and S = L are x's; else q's B and S, k's L.
-    if (island or fp16_fill or zero_empty_rows or raw_mask_pays(dtype, packed is not None)) and (
+    if ((island and not half_terms) or fp16_fill or zero_empty_rows or raw_mask_pays(dtype, packed is not None)) and (
             packed is not None or q.layout != SEQ_FIRST):
         (qx, q_layout), (kx, k_layout) = ([(packed.x, q.layout)] * 2 if packed is not None
                                           else [(q_source, q.layout), (k_source, k.layout)])
@@ -157,7 +163,7 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                            masked=bool(terms), cache_heads=given and q.layout == BATCH_FIRST)
     if isinstance(verdict, Refuse):
         return verdict
-    if island and terms and key_mask is None:
+    if island and terms and key_mask is None and not half_terms:
         return Refuse("float16 attention with a float32 Softmax: fused only with the mask as a raw 0/1 mask "
                       "(Attention's mask_index, MultiHeadAttention's key_padding_mask: the kernel adds "
                       "mask_filter_value in float32, as the graph does); "
