@@ -24,19 +24,24 @@ from test_attention_exports import run_optimized
 LAYERS = 2
 
 
-def assert_matches_float64(model, reference, steps, half: bool, rng, **feed_options) -> None:
+def assert_matches_float64(model, reference, steps, half: bool, rng, original=None, **feed_options) -> None:
     """``model``'s outputs at each (batch, new tokens, cached tokens) of ``steps`` (kv_cache_feeds, the first
     row left-padded) within float16's (2e-2) or float32's (1e-4) tolerance of ``reference`` (a float32
-    model) evaluated in float64 by onnx's reference evaluator, relative to max(1, |reference|)."""
+    model) evaluated in float64 by onnx's reference evaluator, relative to max(1, |reference|); with
+    ``original`` (the float16 export ``model`` was optimized from), within twice that export's own error
+    where the export itself is further off (a float16 export's padded rows can be: Qwen3's are 0.17)."""
     tol = 2e-2 if half else 1e-4
     for batch, new, past in steps:
         feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, rng, **feed_options)
         exact = run_float64(reference, {k: v.astype(np.float32) if v.dtype == np.float16 else v
                                         for k, v in feeds.items()})
         got = dict(zip([o.name for o in model.graph.output], run_optimized(model, feeds)))
+        own = dict(zip([o.name for o in original.graph.output], run_optimized(original, feeds))) if original else {}
         for out, want in exact.items():
-            err = float(np.abs(got[out].astype(np.float64) - want).max()) / max(1.0, float(np.abs(want).max()))
-            assert err <= tol, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e}"
+            scale = max(1.0, float(np.abs(want).max()))
+            err = float(np.abs(got[out].astype(np.float64) - want).max()) / scale
+            allowed = max(tol, 2 * float(np.abs(own[out].astype(np.float64) - want).max()) / scale) if own else tol
+            assert err <= allowed, f"{out} at batch {batch}, {new} new, {past} cached: {err:.2e} (allowed {allowed:.2e})"
 
 
 @pytest.mark.parametrize("name", ["llama_kv_dynamo_fp16", "llama_kv_dynamo"])
