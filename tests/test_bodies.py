@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxfuse
@@ -179,3 +180,19 @@ def test_merged_decoders_attention_is_fused_in_both_branches():
         ops = _body_ops(result.model, branch)
         assert ops["MultiHeadAttention"] == 4 and ops["Softmax"] == 0, (branch, ops)
     assert Counter(op_types_within(result.model))["MultiHeadAttention"] == 8
+
+
+def test_the_report_of_bodies_follows_the_schema():
+    """``rewrites.bodies`` in the JSON report, for a body the rules ran in and one they were kept out of."""
+    import jsonschema
+
+    from onnxfuse.reports import load_schema
+
+    for model in (_if_model(opset=17), _if_model(opset=14, batchnorm=True)):
+        doc = onnxfuse.optimize(model, bench=False).to_json()
+        jsonschema.validate(doc, load_schema(), cls=jsonschema.Draft202012Validator)
+        (entry,) = doc["result"]["rewrites"]["bodies"]
+        assert entry["attribute"] == "then_branch" and ("rewrites" in entry) != ("left" in entry)
+    del entry["attribute"]  # the schema holds the entries to their fields
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, load_schema(), cls=jsonschema.Draft202012Validator)
