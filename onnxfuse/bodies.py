@@ -196,8 +196,8 @@ def _put_back(graph: onnx.GraphProto, added: set[str], initializers, outer: set[
     del body.input[:]
     body.input.extend(vi for vi in graph.input if vi.name not in added)
     del body.initializer[:]
-    body.initializer.extend(t for t in graph.initializer
-                            if not (t.name in initializers and model_io.same_tensor(t, initializers[t.name])))
+    body.initializer.extend(model_io.inline_lazy(  # the rewrite's new weights, spilled in the standalone model
+        t for t in graph.initializer if not (t.name in initializers and model_io.same_tensor(t, initializers[t.name]))))
     _outputs_as_constants(body)
     produced = {o for n in body.node for o in n.output if o} | {vi.name for vi in body.input}
     missing = [vi.name for vi in body.output if vi.name not in produced]

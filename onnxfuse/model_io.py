@@ -41,6 +41,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 from onnxfuse import lazy_weights as lw
 from onnxfuse.atomic import OutputSet, check_file_name, destination, pause_point, write_error
 from onnxfuse.errors import ModelLoadError, ModelSaveError, ResourceError, first_line
+from onnxfuse.rewrites.facts.graph import graphs_within
 from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.rewrites.facts.range_dims import range_lengths
 from onnxfuse import repair
@@ -630,8 +631,11 @@ def _densify_sparse(graph) -> None:
 
 
 def _adopt_lazy(graph) -> None:
+    """Every lazy constant as :class:`~onnxfuse.lazy_weights.MappedValues`, also those only bodies read
+    (a merged decoder's weights: each If branch reads them, the main graph's nodes do not)."""
     mapped = lw.mapped_values_class()
-    for t in graph.tensors().values():
+    seen = {id(t): t for g in graphs_within(graph) for t in g.tensors().values()}
+    for t in seen.values():
         if not isinstance(t, gs.Constant):
             continue
         values = t._values
@@ -754,7 +758,8 @@ def _hoist_body_initializers(graph: onnx.GraphProto) -> None:
     (both branches read every weight) came out with each weight twice, the file 1.7× the original's.
     A main-graph initializer is visible in every body (ONNX scopes), so one copy there means the same.
     Left in its body: an initializer whose name another body holds with other contents (sibling scopes
-    may reuse a name), or that the main graph defines otherwise."""
+    may reuse a name), or that the main graph defines otherwise; read in there if it is a lazy reference
+    (:func:`inline_lazy`)."""
     bodies = list(proto_graphs(graph))[1:]
     if not bodies:
         return
@@ -771,16 +776,21 @@ def _hoist_body_initializers(graph: onnx.GraphProto) -> None:
                 chosen.setdefault(t.name, t)
     main = {t.name for t in graph.initializer}
     hoisted = [chosen[name] for name in chosen if name not in main and name not in clash]
-    if not hoisted:
-        return
     up = {t.name for t in hoisted}
     graph.initializer.extend(hoisted)
-    for body in bodies:
+    for body in bodies:  # what stays in a body is read in if lazy: the lazy machinery looks at the main graph
         kept = [t for t in body.initializer if t.name not in up and not (t.name in main and t.name not in clash
                                                                           and same_tensor(chosen[t.name], t))]
-        if len(kept) != len(body.initializer):
+        if len(kept) != len(body.initializer) or any(lw.is_lazy(t) for t in kept):
             del body.initializer[:]
-            body.initializer.extend(kept)
+            body.initializer.extend(inline_lazy(kept))
+
+
+def inline_lazy(tensors) -> list[onnx.TensorProto]:
+    """``tensors`` with this process's lazy references read in (:func:`~onnxfuse.lazy_weights.inline_copy`):
+    for a body's own initializers, which the lazy machinery (sessions, saving) never looks at, since it
+    keeps references in the main graph only."""
+    return [lw.inline_copy(t) if lw.is_lazy(t) else t for t in tensors]
 
 
 def same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:

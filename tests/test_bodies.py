@@ -196,3 +196,48 @@ def test_the_report_of_bodies_follows_the_schema():
     del entry["attribute"]  # the schema holds the entries to their fields
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, load_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def test_a_lazily_loaded_model_whose_weights_only_branches_read(tmp_path, monkeypatch):
+    """A model large enough to load lazily (its weights stay references into the file) whose weights only
+    If branches read, as a merged decoder's are: the rules read them inside the branches
+    (model_io._adopt_lazy maps those too), pack-sibling-matmuls makes new weights in each branch under the
+    same name with other contents (so they stay in the branches, read in: model_io.inline_lazy), and the
+    written model runs equal to the original on both branches. Before: an internal error (exit 5) on
+    t5-small- and bart-base-sized merged decoders."""
+    from onnxfuse import lazy_weights as lw
+
+    monkeypatch.setattr(lw, "LAZY_MODEL_BYTES", 1 << 20)
+    rng = np.random.default_rng(9)
+    width, out = 512, 640  # 1.25 MiB per weight: over LAZY_MIN_TENSOR, so each is a reference
+    weights = {f"w{i}": (rng.standard_normal((width, out)) / 16).astype(np.float32) for i in range(6)}
+
+    def branch(name, first, second, third):  # three MatMuls of x (q, k, v-like), then an elementwise tail:
+        return helper.make_graph(  # the same node names in both branches, as a merged decoder's
+            [helper.make_node("MatMul", ["x", first], [f"{name}_a"], name="mm_a"),
+             helper.make_node("MatMul", ["x", second], [f"{name}_b"], name="mm_b"),
+             helper.make_node("MatMul", ["x", third], [f"{name}_c"], name="mm_c"),
+             helper.make_node("Relu", [f"{name}_a"], [f"{name}_r"], name="relu"),
+             helper.make_node("Mul", [f"{name}_r", f"{name}_b"], [f"{name}_m"], name="mul"),
+             helper.make_node("Add", [f"{name}_m", f"{name}_c"], [f"{name}_y"], name="add")],
+            name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [4, out])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch("then", "w0", "w1", "w2"),
+                          else_branch=branch("else", "w3", "w4", "w5"))],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width]),
+              helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, out])],
+        [numpy_helper.from_array(w, n) for n, w in weights.items()])
+    src = tmp_path / "merged.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    result = onnxfuse.optimize(str(src), tmp_path / "out.onnx", bench=False)
+    assert result.validation.passed and result.applied.counts["pack-sibling-matmuls"] == 2
+    written = onnx.load(str(tmp_path / "out.onnx"))
+    assert all(not lw.is_external(t) for g in model_io.proto_graphs(written.graph) for t in g.initializer)
+    assert all(len(a.g.initializer) == 1 for a in written.graph.node[0].attribute)  # each its own packed weight
+    x = rng.standard_normal((4, width)).astype(np.float32)
+    for c in (True, False):
+        w = [weights[f"w{i + (0 if c else 3)}"] for i in range(3)]
+        want = np.maximum(x @ w[0], 0) * (x @ w[1]) + x @ w[2]
+        np.testing.assert_allclose(_run(written, {"x": x, "c": np.array(c)}), want, rtol=1e-4, atol=1e-4)
