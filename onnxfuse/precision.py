@@ -172,7 +172,8 @@ def _sentinel_values(graph: onnx.GraphProto, floats: set[str]) -> set[str]:
             value = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
         else:
             value = constant_node_value(node)  # None for any other op
-        if value is not None and value.dtype.kind == "f" and np.any(np.abs(value) >= SENTINEL):
+        # (compared in float64: a float16 constant against 1e30 would warn of an overflow on the console)
+        if value is not None and value.dtype.kind == "f" and np.any(np.abs(value.astype(np.float64)) >= SENTINEL):
             found.add(node.output[0])
     return found & floats  # float32 values only
 

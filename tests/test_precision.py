@@ -256,3 +256,15 @@ def test_masked_fill_zeros_join_the_island():
     dv = np.array([[False, True, False, True], [True, True, True, True]])  # the second row fully masked
     np.testing.assert_allclose(run_ort(half, {"x": xv, "drop": dv})["y"], run_ort(model, {"x": xv, "drop": dv})["y"],
                                rtol=1e-2, atol=1e-3)
+
+
+def test_float16_constants_raise_no_numpy_warning():
+    """A float16 sdpa decoder whose exporter left float32 steps (testdata ``qwen2_sdpa_kv_opset14_fp16``):
+    the sentinel search compared its float16 mask constants with 1e30 in float16, and numpy printed an
+    overflow warning on the console; now in float64, silently."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        onnxfuse.optimize(load_testdata("qwen2_sdpa_kv_opset14_fp16"), precision="fp16", validate=False)
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in seen]
