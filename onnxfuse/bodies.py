@@ -21,7 +21,9 @@ How
    branch on its CPU provider (docs/benchmarks.md 5.32), so no rule that writes ours runs in a body;
    fuse-elementwise enters bodies on its own, in the main pass, as before.
 3. The result goes back as the body: the added inputs and the copied initializers that are unchanged
-   leave again (the body reads the outer values by name, as before), an output the rewrite folded to
+   leave again (the body reads the outer values by name, as before), so do the standalone inference's
+   value annotations (their invented names would meet a sibling body's; the outputs keep the original's
+   declarations), an output the rewrite folded to
    an initializer is written by a ``Constant`` node again, and any name the rewrite created that an
    enclosing graph also defines is renamed inside the body (ONNX scopes: a subgraph must not redefine
    an outer name). A rule that raised the body's opset (RMSNormalization is opset 23) raises the
@@ -199,6 +201,15 @@ def _put_back(graph: onnx.GraphProto, added: set[str], initializers, outer: set[
     body.initializer.extend(model_io.inline_lazy(  # the rewrite's new weights, spilled in the standalone model
         t for t in graph.initializer if not (t.name in initializers and model_io.same_tensor(t, initializers[t.name]))))
     _outputs_as_constants(body)
+    # The standalone model's shape inference invented its own ``unk__N`` names, which a sibling body's
+    # inference reuses for other sizes: left in, the main pass would read them as one size across both
+    # branches (a merged Whisper decoder then failed validation). The body keeps only the original's
+    # declarations of its outputs; the main pass infers the rest again.
+    del body.value_info[:]
+    declared = {vi.name: vi for vi in original.output}
+    for vi in body.output:
+        if vi.name in declared:
+            vi.CopyFrom(declared[vi.name])
     produced = {o for n in body.node for o in n.output if o} | {vi.name for vi in body.input}
     missing = [vi.name for vi in body.output if vi.name not in produced]
     if missing:
