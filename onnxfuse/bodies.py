@@ -21,9 +21,9 @@ How
    branch on its CPU provider (docs/benchmarks.md 5.32), so no rule that writes ours runs in a body;
    fuse-elementwise enters bodies on its own, in the main pass, as before.
 3. The result goes back as the body: the added inputs and the copied initializers that are unchanged
-   leave again (the body reads the outer values by name, as before), so do the standalone inference's
-   value annotations (their invented names would meet a sibling body's; the outputs keep the original's
-   declarations), an output the rewrite folded to
+   leave again (the body reads the outer values by name, as before), the standalone inference's invented
+   dimension names get the body's own prefix (they would meet a sibling body's; the outputs keep the
+   original's declarations), an output the rewrite folded to
    an initializer is written by a ``Constant`` node again, and any name the rewrite created that an
    enclosing graph also defines is renamed inside the body (ONNX scopes: a subgraph must not redefine
    an outer name). A rule that raised the body's opset (RMSNormalization is opset 23) raises the
@@ -115,7 +115,7 @@ def rewrite_bodies(model: onnx.ModelProto, rewrite: Callable[[onnx.ModelProto], 
             skipped.append(BodySkipped(label, attr.name, standalone))
             continue
         rewritten, report = rewrite(standalone)
-        body = _put_back(rewritten.graph, added, initializers, outer, attr.g)
+        body = _put_back(rewritten.graph, added, initializers, outer, attr.g, tag=f"body{k}_{a}")
         if isinstance(body, str):
             skipped.append(BodySkipped(label, attr.name, body))
             continue
@@ -191,7 +191,7 @@ def _standalone(model: onnx.ModelProto, body: onnx.GraphProto, types, initialize
 
 
 def _put_back(graph: onnx.GraphProto, added: set[str], initializers, outer: set[str],
-              original: onnx.GraphProto) -> onnx.GraphProto | str:
+              original: onnx.GraphProto, tag: str = "body") -> onnx.GraphProto | str:
     """The rewritten standalone ``graph`` as a body again (step 3), or why it cannot be one."""
     body = onnx.GraphProto()
     body.CopyFrom(graph)
@@ -202,10 +202,13 @@ def _put_back(graph: onnx.GraphProto, added: set[str], initializers, outer: set[
         t for t in graph.initializer if not (t.name in initializers and model_io.same_tensor(t, initializers[t.name]))))
     _outputs_as_constants(body)
     # The standalone model's shape inference invented its own ``unk__N`` names, which a sibling body's
-    # inference reuses for other sizes: left in, the main pass would read them as one size across both
-    # branches (a merged Whisper decoder then failed validation). The body keeps only the original's
-    # declarations of its outputs; the main pass infers the rest again.
-    del body.value_info[:]
+    # inference reuses for other sizes: left as they are, the main pass would read them as one size across
+    # both branches (proved dimensions are renamed across every graph). They get the body's own prefix;
+    # its outputs keep the original's declarations.
+    for vi in body.value_info:
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param.startswith("unk__"):
+                d.dim_param = f"{tag}_{d.dim_param}"
     declared = {vi.name: vi for vi in original.output}
     for vi in body.output:
         if vi.name in declared:
