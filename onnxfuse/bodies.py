@@ -148,27 +148,6 @@ def _value_types(inferred: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     return types
 
 
-def free_names(graph: onnx.GraphProto) -> list[str]:
-    """Names ``graph`` reads (its nodes, its outputs, its subgraphs' free names) that it does not define,
-    in first-read order: the values it takes from enclosing graphs."""
-    defined, seen, order = model_io.defined_names(graph), set(), []
-
-    def read(name):
-        if name and name not in defined and name not in seen:
-            seen.add(name)
-            order.append(name)
-
-    for node in graph.node:
-        for name in node.input:
-            read(name)
-        for body in model_io.node_subgraphs(node):
-            for name in free_names(body):
-                read(name)
-    for vi in graph.output:
-        read(vi.name)
-    return order
-
-
 def _standalone(model: onnx.ModelProto, body: onnx.GraphProto, types, initializers
                 ) -> tuple[onnx.ModelProto | str, set[str]]:
     """``body`` as a model of its own (step 1), and the names of the inputs added for outer values; or
@@ -176,7 +155,7 @@ def _standalone(model: onnx.ModelProto, body: onnx.GraphProto, types, initialize
     graph = onnx.GraphProto()
     graph.CopyFrom(body)
     added = set()
-    for name in free_names(body):
+    for name in model_io.free_names(body):
         if name in initializers:
             graph.initializer.append(initializers[name])
         elif name in types:

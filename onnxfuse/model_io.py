@@ -677,6 +677,27 @@ def defined_names(graph: onnx.GraphProto) -> set[str]:
             | {o for n in graph.node for o in n.output if o})
 
 
+def free_names(graph: onnx.GraphProto) -> list[str]:
+    """Names ``graph`` reads (its nodes, its outputs, its subgraphs' free names) that it does not define,
+    in first-read order: the values it takes from enclosing graphs."""
+    defined, seen, order = defined_names(graph), set(), []
+
+    def read(name):
+        if name and name not in defined and name not in seen:
+            seen.add(name)
+            order.append(name)
+
+    for node in graph.node:
+        for name in node.input:
+            read(name)
+        for body in node_subgraphs(node):
+            for name in free_names(body):
+                read(name)
+    for vi in graph.output:
+        read(vi.name)
+    return order
+
+
 def rename_outer_reads(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
     """Rename ``mapping``'s names where ``graph`` (a body) reads them as values of an enclosing graph: in its
     nodes' inputs, its outputs and, the same way, its own bodies. A graph that defines such a name itself

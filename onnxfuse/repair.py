@@ -205,20 +205,9 @@ def _opset_imports(model: onnx.ModelProto) -> str | None:
 
 def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
     """Names a node's subgraphs read that they do not define (outer-scope values)."""
-    reads: set[str] = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else \
-            list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
-        for g in graphs:
-            defined = {v.name for v in g.input} | {t.name for t in g.initializer} | \
-                {t.values.name for t in g.sparse_initializer}
-            for n in g.node:
-                defined.update(n.output)
-            for n in g.node:
-                reads.update(i for i in n.input if i and i not in defined)
-                reads.update(r for r in _subgraph_reads(n) if r not in defined)
-            reads.update(o.name for o in g.output if o.name not in defined)
-    return reads
+    from onnxfuse import model_io  # import cycle: model_io repairs at load
+
+    return {name for body in model_io.node_subgraphs(node) for name in model_io.free_names(body)}
 
 
 def _sort_graph(g: onnx.GraphProto) -> bool:

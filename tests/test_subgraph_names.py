@@ -46,15 +46,20 @@ def _feeds(use_cache: bool, seed: int = 0) -> dict:
     return feeds
 
 
+def both_runs(model, optimized, feeds, provider="CPUExecutionProvider"):
+    """The original's and the optimized model's outputs on ``feeds`` (our custom ops registered for the
+    second), on ONNX Runtime's ``provider``."""
+    want = ort.InferenceSession(model.SerializeToString(), providers=[provider]).run(None, feeds)
+    got = ort.InferenceSession(optimized.SerializeToString(), session_options(), providers=[provider]).run(None, feeds)
+    return want, got
+
+
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_the_merged_decoder_optimizes_and_both_branches_stay_equal(use_cache):
     model = load_testdata(MERGED)
     result = onnxfuse.optimize(model, bench=False)
     assert result.validation.passed and result.applied.counts.get("fuse-elementwise", 0) > 0
-    feeds = _feeds(use_cache)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = ort.InferenceSession(result.model.SerializeToString(), session_options(),
-                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    want, got = both_runs(model, result.model, _feeds(use_cache))
     for a, b in zip(want, got):
         assert a.shape == b.shape
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
@@ -69,10 +74,7 @@ def test_the_merged_decoder_converts_to_float16_branch_by_branch(use_cache):
     model = load_testdata(MERGED)
     result = onnxfuse.optimize(model, bench=False, precision="fp16")
     assert result.validation.passed
-    feeds = _feeds(use_cache)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = ort.InferenceSession(result.model.SerializeToString(), session_options(),
-                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    want, got = both_runs(model, result.model, _feeds(use_cache))
     for a, b in zip(want, got):
         assert a.shape == b.shape and b.dtype == np.float32
         np.testing.assert_allclose(b, a, rtol=2e-2, atol=2e-2 * max(1.0, float(np.abs(a).max(initial=0.0))))

@@ -15,7 +15,7 @@ import onnxfuse
 from helpers import load_testdata, op_types_within
 from onnxfuse.custom_ops import session_options
 from onnxfuse.runtime.session import cuda_available
-from test_subgraph_names import _feeds
+from test_subgraph_names import _feeds, both_runs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
 
@@ -43,9 +43,7 @@ def test_merged_decoder_fused_in_its_branches_and_equal_on_cuda(use_cache, tmp_p
     assert result.validation.passed and result.validation.provider == "cuda", result.validation
     assert op_types_within(result.model).count("MultiHeadAttention") == 8
     feeds = _feeds(use_cache)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"]).run(None, feeds)
-    got = ort.InferenceSession(result.model.SerializeToString(), session_options(),
-                               providers=["CUDAExecutionProvider"]).run(None, feeds)
+    want, got = both_runs(model, result.model, feeds, "CUDAExecutionProvider")
     for a, b in zip(want, got):
         assert a.shape == b.shape
         np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-4)

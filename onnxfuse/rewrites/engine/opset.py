@@ -92,7 +92,7 @@ def _upgradable(op: str, current: int, target: int) -> bool:
     reduces all). The sdpa exports' mask (ReduceMax) and a lone RMSNorm (ReduceMean) at opset 14 or 17
     otherwise kept RotaryEmbedding-23 and RMSNormalization-23 out."""
     since = AXES_INPUT_SINCE.get(op)
-    return since is not None and current < since <= target and (since == target or _same_meaning(op, since, target))
+    return since is not None and current < since <= target and _same_meaning(op, since, target)
 
 
 def _axes_to_input(graph: gs.Graph, node: gs.Node) -> None:

@@ -29,8 +29,9 @@ import onnxfuse
 from onnxfuse import model_io
 from helpers import load_testdata, op_types_within, run_float64, run_ort
 from test_attention_exports import run_optimized
+from test_t5_kv_cache import seq2seq_feeds
 
-LAYERS, HEADS, HEAD_SIZE, HIDDEN = 2, 4, 16, 64
+LAYERS, HEADS = 2, 4
 #: float16 against the float64 evaluation of the float32 twin, relative to max(1, |reference|)
 TOLERANCE = 2e-2
 #: the most the optimized model's error may exceed the float16 export's own (measured at most 1.4; both ~1e-3)
@@ -39,40 +40,14 @@ FP16_ERROR_FACTOR = 2.0
 FIRST_STEP = [(2, 5, 0, 7), (3, 1, 0, 4)]  # (batch, new tokens, cached tokens, encoder length)
 LATER_STEPS = [(3, 1, 6, 7), (2, 3, 4, 5)]
 #: float16 testdata name: (its float32 twin (the merged decoder: None, each branch's twin), the steps,
-#: whether its attention is fused, MultiHeadAttention's scale)
+#: MultiHeadAttention's scale)
 MODELS = {
-    "optimum_bart_decoder_fp16": ("optimum_bart_decoder", FIRST_STEP, True, 0.25),
-    "optimum_bart_decoder_with_past_fp16": ("optimum_bart_decoder_with_past", LATER_STEPS, True, 0.25),
-    "optimum_t5_decoder_fp16": ("optimum_t5_decoder", FIRST_STEP, True, 1.0),
-    "optimum_t5_decoder_with_past_fp16": ("optimum_t5_decoder_with_past", LATER_STEPS, True, 1.0),
-    "optimum_t5_decoder_merged_fp16": (None, FIRST_STEP + LATER_STEPS, True, 1.0),
+    "optimum_bart_decoder_fp16": ("optimum_bart_decoder", FIRST_STEP, 0.25),
+    "optimum_bart_decoder_with_past_fp16": ("optimum_bart_decoder_with_past", LATER_STEPS, 0.25),
+    "optimum_t5_decoder_fp16": ("optimum_t5_decoder", FIRST_STEP, 1.0),
+    "optimum_t5_decoder_with_past_fp16": ("optimum_t5_decoder_with_past", LATER_STEPS, 1.0),
+    "optimum_t5_decoder_merged_fp16": (None, FIRST_STEP + LATER_STEPS, 1.0),
 }
-
-
-def _encoder_mask(batch, length):
-    """Encoder padding: row 0 right-padded (its last 3 positions), row 1 left-padded (its first 2)."""
-    mask = np.ones((batch, length), np.int64)
-    mask[0, length - 3:] = 0
-    mask[1, :2] = 0
-    return mask
-
-
-def _feeds(rng, batch, new, past, source, with_past, merged=False):
-    """float16 inputs of one step. The merged decoder takes every input: at the first step
-    (``use_cache_branch`` false) a one-token dummy cache that its first-step branch does not read."""
-    feeds = {"encoder_attention_mask": _encoder_mask(batch, source),
-             "input_ids": rng.integers(0, 128, (batch, new)).astype(np.int64)}
-    if merged or not with_past:
-        feeds["encoder_hidden_states"] = rng.standard_normal((batch, source, HIDDEN)).astype(np.float16)
-    if merged or with_past:
-        for i in range(LAYERS):
-            for side, length in (("decoder", past if with_past else 1), ("encoder", source)):
-                for kv in ("key", "value"):
-                    feeds[f"past_key_values.{i}.{side}.{kv}"] = rng.standard_normal(
-                        (batch, HEADS, length, HEAD_SIZE)).astype(np.float16)
-    if merged:
-        feeds["use_cache_branch"] = np.array([with_past])
-    return feeds
 
 
 def _reference(twin, feeds):
@@ -92,12 +67,12 @@ def optimized(request):
 def test_every_attention_is_fused(optimized):
     name, model, result = optimized
     assert result.validation.passed, result.validation
-    _, _, fused, scale = MODELS[name]
+    _, _, scale = MODELS[name]
     softmaxes = Counter(op_types_within(model))["Softmax"]
     assert softmaxes == 2 * LAYERS * (2 if "merged" in name else 1)
     ops = Counter(op_types_within(result.model))
     refusals = {r.reason for r in result.applied.refusals if r.rule == "contrib-attention"}
-    assert fused and ops["MultiHeadAttention"] == softmaxes and ops["Softmax"] == 0, (ops, result.unfused)
+    assert ops["MultiHeadAttention"] == softmaxes and ops["Softmax"] == 0, (ops, result.unfused)
     assert not refusals, refusals
     for graph in model_io.proto_graphs(result.model.graph):
         for node in graph.node:
@@ -109,13 +84,13 @@ def test_every_attention_is_fused(optimized):
 
 def test_outputs_match_the_float32_export_in_float64(optimized):
     name, model, result = optimized
-    twin_name, steps, _, _ = MODELS[name]
+    twin_name, steps, _ = MODELS[name]
     merged = twin_name is None
     rng = np.random.default_rng(1607)
     for batch, new, past, source in steps:
         with_past = past > 0 if merged else name.endswith("with_past_fp16")
         twin = load_testdata(twin_name or ("optimum_t5_decoder_with_past" if with_past else "optimum_t5_decoder"))
-        feeds = _feeds(rng, batch, new, past, source, with_past, merged)
+        feeds = seq2seq_feeds(rng, batch, new, past, source, with_past, merged, np.float16)
         exact = _reference(twin, feeds)
         got = dict(zip([o.name for o in result.model.graph.output], run_optimized(result.model, feeds)))
         own = run_ort(model, feeds)

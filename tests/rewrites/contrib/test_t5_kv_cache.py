@@ -42,17 +42,22 @@ def _encoder_mask(batch, length):
     return mask
 
 
-def _feeds(rng, batch, new, past, source, with_past):
+def seq2seq_feeds(rng, batch, new, past, source, with_past, merged=False, dtype=np.float32):
+    """Inputs of one decoder step (``dtype`` floats; also test_seq2seq_fp16_kv_cache.py's). The merged
+    decoder takes every input: at the first step (``use_cache_branch`` false) a one-token dummy cache
+    that its first-step branch does not read."""
     feeds = {"encoder_attention_mask": _encoder_mask(batch, source),
              "input_ids": rng.integers(0, 128, (batch, new)).astype(np.int64)}
-    if not with_past:
-        feeds["encoder_hidden_states"] = rng.standard_normal((batch, source, HIDDEN)).astype(np.float32)
-        return feeds
-    for i in range(LAYERS):
-        for side, length in (("decoder", past), ("encoder", source)):
-            for kv in ("key", "value"):
-                feeds[f"past_key_values.{i}.{side}.{kv}"] = rng.standard_normal(
-                    (batch, HEADS, length, HEAD_SIZE)).astype(np.float32)
+    if merged or not with_past:
+        feeds["encoder_hidden_states"] = rng.standard_normal((batch, source, HIDDEN)).astype(dtype)
+    if merged or with_past:
+        for i in range(LAYERS):
+            for side, length in (("decoder", past if with_past else 1), ("encoder", source)):
+                for kv in ("key", "value"):
+                    feeds[f"past_key_values.{i}.{side}.{kv}"] = rng.standard_normal(
+                        (batch, HEADS, length, HEAD_SIZE)).astype(dtype)
+    if merged:
+        feeds["use_cache_branch"] = np.array([with_past])
     return feeds
 
 
@@ -91,7 +96,7 @@ def test_t5_decoder_outputs_equal_the_original_and_a_float64_reference(optimized
     name, model, result = optimized
     rng = np.random.default_rng(312)
     for batch, new, past, source in MODELS[name][0]:
-        feeds = _feeds(rng, batch, new, past, source, name.endswith("with_past"))
+        feeds = seq2seq_feeds(rng, batch, new, past, source, name.endswith("with_past"))
         want, exact = run_ort(model, feeds), run_float64(model, feeds)
         got = dict(zip(want, run_optimized(result.model, feeds)))
         where = f"{name} at batch {batch}, {new} new, {past} cached, {source} encoder positions"
@@ -105,7 +110,7 @@ def test_the_encoder_padding_reaches_the_logits(name):
     """The test above can fail: the padded encoder positions change the logits (the cross-attention's
     mask is live), and the cached self-attention keys do too."""
     model = load_testdata(name)
-    feeds = _feeds(np.random.default_rng(5), 3, 1, 6, 7, True)
+    feeds = seq2seq_feeds(np.random.default_rng(5), 3, 1, 6, 7, True)
     base = run_ort(model, feeds)["logits"]
     unpadded = run_ort(model, {**feeds, "encoder_attention_mask": np.ones_like(feeds["encoder_attention_mask"])})
     assert np.abs(unpadded["logits"][:2] - base[:2]).max() > 1e-2
@@ -141,7 +146,7 @@ def test_a_kept_split_that_reads_a_removed_scale_keeps_the_refusal():
     reasons = {r.reason for r in result.applied.refusals
                if r.rule == "contrib-attention" and r.node == "/decoder/block.0/layer.0/SelfAttention/Softmax"}
     assert any("is also a graph output" in reason for reason in reasons), reasons
-    feeds = _feeds(np.random.default_rng(3), 2, 4, 0, 5, False)
+    feeds = seq2seq_feeds(np.random.default_rng(3), 2, 4, 0, 5, False)
     want = run_ort(model, feeds)
     for (out, value), got in zip(want.items(), run_optimized(result.model, feeds)):
         np.testing.assert_allclose(got, value, rtol=RTOL, atol=ATOL, err_msg=out)
