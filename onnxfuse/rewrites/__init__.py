@@ -56,6 +56,7 @@ ORDER = [
     "contrib/contrib-skip-layernorm",  # before contrib-layernorm, which would take the LayerNorm without its Add
     "contrib/contrib-layernorm",
     "contrib/contrib-embed-layernorm",  # after contrib-layernorm, whose LayerNormalization it takes
+    "contrib/contrib-mixed-rmsnorm",  # before contrib-skip-rmsnorm, which would take the float32 part and leave the cast and γ
     "contrib/contrib-skip-rmsnorm",  # before contrib-rmsnorm, which would take the RMSNorm without its Add
     "contrib/contrib-rmsnorm",
     "contrib/contrib-rotary-embedding",  # after contrib-rmsnorm, whose ReduceMeans would block the opset raise

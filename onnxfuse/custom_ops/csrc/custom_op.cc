@@ -1,6 +1,6 @@
 // ONNX Runtime custom-op library: FusedElementwise (domain ai.onnxfuse, opset 1), with a CPU
 // kernel and a CUDA kernel registered separately, AttentionInputs (attention_inputs.cc) and
-// DecodeAttention (decode_attention.cc). Exported: RegisterCustomOps (for ONNX Runtime)
+// DecodeAttention (decode_attention.cc), MixedRMSNorm (mixed_rmsnorm.cc). Exported: RegisterCustomOps (for ONNX Runtime)
 // and a few onnxfuse_* C functions for tests and tools (used through ctypes).
 //
 // Nothing may throw across the C boundary (this library carries its own static libstdc++), so
@@ -31,6 +31,7 @@
 #include "cuda_codegen.h"
 #include "cuda_runtime.h"
 #include "decode_attention.h"
+#include "mixed_rmsnorm.h"
 #include "kernel_cache.h"
 #include "ort_util.h"
 #include "program.h"
@@ -568,6 +569,8 @@ OFX_EXPORT onnxfuse_ort::OrtStatus* RegisterCustomOps(onnxfuse_ort::OrtSessionOp
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, attention_inputs_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, decode_attention_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, decode_attention_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, mixed_rmsnorm_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, mixed_rmsnorm_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   return api->AddCustomOpDomain(options, domain);
 }
 

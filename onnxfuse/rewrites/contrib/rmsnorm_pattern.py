@@ -149,8 +149,10 @@ def _normalization(graph, sqrt, x32):
     return [*cast, recip, mul]
 
 
-def match_rmsnorm(graph, rm):
-    """Match the decomposed RMSNorm anchored at its ReduceMean: an ``RmsNormMatch`` or a ``Refuse``."""
+def match_rmsnorm(graph, rm, through_upcast: bool = True):
+    """Match the decomposed RMSNorm anchored at its ReduceMean: an ``RmsNormMatch`` or a ``Refuse``.
+    ``through_upcast=False``: x is the float32 tensor the statistics read, even where it is a Cast of a
+    float16 tensor (no island, no cast back looked for)."""
     if not rms_candidate(rm):
         return Refuse("not a ReduceMean of a square")
     sq = producer_of(rm.inputs[0])
@@ -183,7 +185,7 @@ def match_rmsnorm(graph, rm):
     second_cast = [n for n in norm_nodes if n.op == "Cast"]  # T5: the normalization's own upcast of x
 
     # The float32 island: x32 = Cast(x, float) read by the square and the normalization only.
-    upcast = _upcast(graph, x32)
+    upcast = _upcast(graph, x32) if through_upcast else None
     if upcast is not None:
         x, x_readers = upcast.inputs[0], [upcast, *second_cast]
         if dtype_of(graph, x) == FP32 and only_read_by(graph, x32, [sq, norm]):

@@ -91,6 +91,8 @@ def test_sdpa_kv_cache_decoders_fuse_and_match_a_float64_reference(name):
     ops = Counter(op_types_within(result.model))
     assert ops["MultiHeadAttention"] == ops["DecodeAttention"] == ops["AttentionInputs"] == LAYERS, result.unfused
     assert ops["Softmax"] == 0 and ops["RotaryEmbedding"] == 0, ops
+    # a float16 export's residual stream is float32 (the symbolic's float32 mask constants): each norm one kernel
+    assert ops["MixedRMSNorm"] == (2 * LAYERS + 1 if half else 0), ops
     reference = load_testdata(next(n for n in SDPA if n.startswith(name.split("_")[0]) and not n.endswith("_fp16")))
     assert_matches_float64(result.model, reference, ((2, 12, 0), (2, 5, 0), (3, 1, 6)), half, np.random.default_rng(23))
 
