@@ -12,7 +12,6 @@ tests/gpu/test_mixed_rmsnorm_gpu.py."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
