@@ -18,6 +18,7 @@ from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN,
 from onnxfuse.rewrites.contrib.attention.policy import keep_bias_fill
 from onnxfuse.rewrites.engine.edit import append_axes_op, new_constant
 from onnxfuse.rewrites.facts.graph import axes_of, constant_value, consumers, dims_equal, is_op, producer_of, shape_of
+from onnxfuse.rewrites.facts.shape_values import axis_length, same_length
 
 def _combined_mask(graph, plan, names, base):
     """One additive mask from the terms, innermost first: ``x + M`` adds M; ``Where(c, x, f)`` is
@@ -275,10 +276,21 @@ def _shared_expansion(graph, mask, query, key, key_layout=BATCH_FIRST):
         if not is_op(node, "Expand") or node.inputs[0] is not mask:
             continue
         sources = _expansion_sources(graph, node)
-        if sources and dims_equal(sequence_of(graph, *sources[0]), sequence_of(graph, query)) and dims_equal(
-                sequence_of(graph, *sources[1]), sequence_of(graph, key, key_layout)):
+        if sources and _same_dim(graph, sources[0][0], AXES[sources[0][1]][2], query, AXES[BATCH_FIRST][2]) and _same_dim(
+                graph, sources[1][0], AXES[sources[1][1]][2], key, AXES[key_layout][2]):
             return node.outputs[0]
     return None
+
+
+def _same_dim(graph, a, a_axis: int, b, b_axis: int) -> bool:
+    """Dimension ``a_axis`` of ``a`` and ``b_axis`` of ``b`` are provably the same size: equal static sizes
+    or the same named dimension as declared, or the same length proved from how both are made
+    (:func:`~onnxfuse.rewrites.facts.shape_values.axis_length`: each layer's key is ``Concat(past, new)``,
+    past + sequence long, where ONNX's inference names every layer's length anew)."""
+    sa, sb = shape_of(graph, a), shape_of(graph, b)
+    if sa is not None and sb is not None and a_axis < len(sa) and b_axis < len(sb) and dims_equal(sa[a_axis], sb[b_axis]):
+        return True
+    return same_length(axis_length(graph, a, a_axis), axis_length(graph, b, b_axis))
 
 
 def _run_time_dim_source(graph, dim):
@@ -303,9 +315,7 @@ def _same_run_time_dim(graph, dim, tensor, axis: int) -> bool:
         return False
     if source[0] is tensor and source[1] == axis:
         return True
-    a, b = shape_of(graph, source[0]), shape_of(graph, tensor)
-    return (a is not None and b is not None and source[1] < len(a) and axis < len(b)
-            and dims_equal(a[source[1]], b[axis]))
+    return _same_dim(graph, source[0], source[1], tensor, axis)
 
 
 def _shared_keep_bias(graph, mask: KeepMask, query, key, key_axis: int, dtype):
