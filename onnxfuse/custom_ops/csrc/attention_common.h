@@ -40,6 +40,11 @@ inline void store(void* p, int64_t i, int type, float v) {
   static_cast<unsigned short*>(p)[i] = type == kFloat16 ? ofx_f2h(v) : ofx_f2bf(v);
 }
 
+// A float rounded to `type` (to nearest even) and read back as float; float32: unchanged.
+inline float round_as(float v, int type) {
+  return type == kFloat16 ? ofx_round_f16(v) : type == kBFloat16 ? ofx_round_bf16(v) : v;
+}
+
 // "<op> node '<name>': <msg>" as an OrtStatus.
 inline onnxfuse_ort::OrtStatus* op_error(const onnxfuse_ort::OrtApi* api, onnxfuse_ort::OrtErrorCode code, const char* op,
                                          const std::string& node, const std::string& msg) {
@@ -209,8 +214,8 @@ const onnxfuse_ort::OrtCustomOp* registered_op(uint32_t version) {
   return op;
 }
 
-// CUDA source: loads and stores of float32, float16 and bfloat16 (round to nearest even) through
-// float, for the ops' NVRTC kernels (prepended to each op's own source).
+// CUDA source: loads, stores and roundings of float32, float16 and bfloat16 (round to nearest even)
+// through float, for the ops' NVRTC kernels (prepended to each op's own source).
 constexpr const char* kCudaTypedIo = R"CUDA(
 typedef unsigned short u16;
 __device__ __forceinline__ float ld_f32(const void* p, long long i) { return ((const float*)p)[i]; }
@@ -228,6 +233,17 @@ __device__ __forceinline__ void st_bf16(void* p, long long i, float v) {
   unsigned u = __float_as_uint(v);
   u16 h = (u & 0x7fffffffu) > 0x7f800000u ? (u16)0x7fc0 : (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
   ((u16*)p)[i] = h;
+}
+// A float rounded to the type (to nearest even) and read back as float, as a store and a load would.
+__device__ __forceinline__ float rnd_f32(float v) { return v; }
+__device__ __forceinline__ float rnd_f16(float v) {
+  u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ float rnd_bf16(float v) {
+  unsigned u = __float_as_uint(v);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return v;
+  return __uint_as_float(((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16);
 }
 )CUDA";
 

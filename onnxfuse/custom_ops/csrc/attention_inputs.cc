@@ -3,12 +3,13 @@
 // contrib_attention_inputs.py; the contract: docs/custom-ops.md.
 //
 //   inputs   qkv [B, S, (H + 2G)·D], past_key [B, G, P, D], past_value [B, G, P, D],
-//            and with rotary_dim R > 0: cos [B, S, R/2], sin [B, S, R/2]
+//            with rotary_dim R > 0: cos [B, S, R/2], sin [B, S, R/2], and with bias=1 last: bias [(H + 2G)·D],
+//            the projection's bias, added first (x = qkv + bias, rounded to the type as an Add would)
 //   outputs  query [B, S, H·D] (rotated), present_key [B, G, P + S, D] (the new keys rotated),
 //            present_value [B, G, P + S, D], and optionally key_heads / value_heads [B, H, P + S, D]:
 //            the presents with key/value head g repeated for query heads g·n … g·n + n − 1, n = H / G
 //   attribute spec (string): "num_heads=H kv_num_heads=G head_size=D rotary_dim=R interleaved=0|1"
-//            and optionally "grouped=1": query is then [B, S·n, G·D], the heads of each key/value head's
+//            and optionally "bias=1" and "grouped=1": query is then [B, S·n, G·D], the heads of each key/value head's
 //            group as rows (row s·n + j of head g is query head g·n + j at token s), and the node has
 //            exactly 3 outputs: MultiHeadAttention over G heads reads the presents themselves
 //
@@ -42,19 +43,19 @@ OrtStatus* fail(OrtErrorCode code, const std::string& node, const std::string& m
 }
 
 struct Spec {
-  int64_t heads = 0, kv_heads = 0, size = 0, rotary = 0, interleaved = 0, grouped = 0;
+  int64_t heads = 0, kv_heads = 0, size = 0, rotary = 0, interleaved = 0, grouped = 0, bias = 0;
 };
 
 // The spec's values, checked: H > 0 a multiple of G > 0, D > 0, R even in [0, D], flags 0 or 1.
 bool parse_spec(const std::map<std::string, std::string>& items, Spec* s, std::string* err) {
-  const char* keys[6] = {"num_heads", "kv_num_heads", "head_size", "rotary_dim", "interleaved", "grouped"};
-  int64_t* slots[6] = {&s->heads, &s->kv_heads, &s->size, &s->rotary, &s->interleaved, &s->grouped};
+  const char* keys[7] = {"num_heads", "kv_num_heads", "head_size", "rotary_dim", "interleaved", "grouped", "bias"};
+  int64_t* slots[7] = {&s->heads, &s->kv_heads, &s->size, &s->rotary, &s->interleaved, &s->grouped, &s->bias};
   std::string text;
   for (const auto& kv : items) text += (text.empty() ? "" : " ") + kv.first + "=" + kv.second;
-  for (int k = 0; k < 6; ++k) {
+  for (int k = 0; k < 7; ++k) {
     auto it = items.find(keys[k]);
     if (it == items.end()) {
-      if (k < 5) {  // grouped is optional (0)
+      if (k < 5) {  // grouped and bias are optional (0)
         *err = "spec needs num_heads, kv_num_heads, head_size, rotary_dim and interleaved";
         return false;
       }
@@ -66,8 +67,9 @@ bool parse_spec(const std::map<std::string, std::string>& items, Spec* s, std::s
     }
   }
   if (s->heads <= 0 || s->kv_heads <= 0 || s->heads % s->kv_heads || s->size <= 0 || s->rotary < 0 ||
-      s->rotary > s->size || s->rotary % 2 || (s->interleaved != 0 && s->interleaved != 1) || (s->grouped != 0 && s->grouped != 1)) {
-    *err = "spec '" + text + "': needs H > 0 divisible by G > 0, D > 0, an even R in [0, D], interleaved and grouped 0 or 1";
+      s->rotary > s->size || s->rotary % 2 || (s->interleaved != 0 && s->interleaved != 1) || (s->grouped != 0 && s->grouped != 1) ||
+      (s->bias != 0 && s->bias != 1)) {
+    *err = "spec '" + text + "': needs H > 0 divisible by G > 0, D > 0, an even R in [0, D], interleaved, grouped and bias 0 or 1";
     return false;
   }
   return true;
@@ -80,6 +82,7 @@ struct Shapes {
   int nout = 3;
   std::vector<const void*> in;
   std::vector<void*> out;
+  const void* bias = nullptr;  // the projection's bias (spec bias=1), else null
 };
 
 OrtStatus* prepare(OrtKernelContext* ctx, const Spec& sp, const std::string& node, Shapes* sh) {
@@ -87,10 +90,11 @@ OrtStatus* prepare(OrtKernelContext* ctx, const Spec& sp, const std::string& nod
   OrtStatus* st;
   if ((st = api->KernelContext_GetInputCount(ctx, &nin))) return st;
   if ((st = api->KernelContext_GetOutputCount(ctx, &nout))) return st;
-  const size_t want_in = sp.rotary > 0 ? 5 : 3;
+  const size_t want_in = (sp.rotary > 0 ? 5 : 3) + (sp.bias ? 1 : 0);
   if (nin != want_in || (nout != 3 && (nout != 5 || sp.grouped)))
     return fail(ORT_INVALID_GRAPH, node, "takes " + std::to_string(want_in) + " inputs (rotary_dim " +
-                                             std::to_string(sp.rotary) + ") and " + (sp.grouped ? "3" : "3 or 5") +
+                                             std::to_string(sp.rotary) + ", bias " + std::to_string(sp.bias) + ") and " +
+                                             (sp.grouped ? "3" : "3 or 5") +
                                              " outputs, got " +
                                              std::to_string(nin) + " and " + std::to_string(nout));
   const int64_t H = sp.heads, G = sp.kv_heads, D = sp.size;
@@ -113,7 +117,14 @@ OrtStatus* prepare(OrtKernelContext* ctx, const Spec& sp, const std::string& nod
                                                   std::to_string(D) + "]");
   }
   sh->P = dims[1][2];
-  for (size_t i = 3; i < nin; ++i) {
+  const size_t caches_end = sp.rotary > 0 ? 5 : 3;
+  if (sp.bias) {
+    const auto& bias = dims[nin - 1];
+    if (bias.size() != 1 || bias[0] != (H + 2 * G) * D)
+      return fail(ORT_INVALID_ARGUMENT, node, "bias is " + shape_str(bias) + ", expected [" + std::to_string((H + 2 * G) * D) + "]");
+    sh->bias = sh->in[nin - 1];
+  }
+  for (size_t i = 3; i < caches_end; ++i) {
     const auto& c = dims[i];
     if (c.size() != 3 || c[0] != sh->B || c[1] != sh->S || c[2] != sp.rotary / 2)
       return fail(ORT_INVALID_ARGUMENT, node, std::string(i == 3 ? "cos" : "sin") + " is " + shape_str(c) + ", expected [" +
@@ -139,11 +150,17 @@ OrtStatus* prepare(OrtKernelContext* ctx, const Spec& sp, const std::string& nod
 
 // ------------------------------------------------------------------ CPU
 
+// Element i of the projection: qkv's, plus the bias's (rounded to the type as the Add was) with one.
+float projected(const Spec& sp, const Shapes& sh, int64_t i) {
+  const float x = load(sh.in[0], i, sh.type);
+  if (!sh.bias) return x;
+  return round_as(x + load(sh.bias, i % ((sp.heads + 2 * sp.kv_heads) * sp.size), sh.type), sh.type);
+}
+
 // Element d of the head starting at `head` (an element index into qkv), rotated.
 float rotated(const Spec& sp, const Shapes& sh, int64_t head, int64_t row, int64_t d) {
-  const void* x = sh.in[0];
   const int t = sh.type;
-  if (d >= sp.rotary) return load(x, head + d, t);
+  if (d >= sp.rotary) return projected(sp, sh, head + d);
   const int64_t half = sp.rotary / 2;
   int64_t i, partner;
   float sign;
@@ -157,7 +174,7 @@ float rotated(const Spec& sp, const Shapes& sh, int64_t head, int64_t row, int64
     sign = d < half ? -1.f : 1.f;
   }
   const float c = load(sh.in[3], row * half + i, t), s = load(sh.in[4], row * half + i, t);
-  return load(x, head + d, t) * c + sign * load(x, head + partner, t) * s;
+  return projected(sp, sh, head + d) * c + sign * projected(sp, sh, head + partner) * s;
 }
 
 // The query head written at head slot `slot` of a token's output row: the slot itself, or grouped, slot
@@ -182,7 +199,7 @@ struct CpuAttentionInputs {
         for (int64_t slot = 0; slot < H; ++slot) {  // the query's head slots in output order
           const int64_t h = query_head(spec, slot), row = b * S + s;
           for (int64_t d = 0; d < D; ++d) {
-            float v = spec.rotary ? rotated(spec, sh, row * row_len + h * D, row, d) : load(sh.in[0], row * row_len + h * D + d, t);
+            float v = spec.rotary ? rotated(spec, sh, row * row_len + h * D, row, d) : projected(spec, sh, row * row_len + h * D + d);
             store(sh.out[0], (row * H + slot) * D + d, t, v);
           }
         }
@@ -197,7 +214,7 @@ struct CpuAttentionInputs {
           for (int64_t s = 0; s < S; ++s) {
             const int64_t row = b * S + s, head = row * row_len + (H + kv * G + g) * D;
             for (int64_t d = 0; d < D; ++d) {
-              float v = kv == 0 && spec.rotary ? rotated(spec, sh, head, row, d) : load(sh.in[0], head + d, t);
+              float v = kv == 0 && spec.rotary ? rotated(spec, sh, head, row, d) : projected(spec, sh, head + d);
               store(present, dst + (P + s) * D + d, t, v);
             }
           }
@@ -219,17 +236,20 @@ struct CpuAttentionInputs {
 // key_heads, value_heads); three entry points, one per storage type. No includes: NVRTC only.
 const char* kCudaSource = R"CUDA(
 struct Args {
-  const void* qkv; const void* past_k; const void* past_v; const void* cos; const void* sin;
+  const void* qkv; const void* past_k; const void* past_v; const void* cos; const void* sin; const void* bias;
   void* out[5];
   long long B, S, P, H, G, D, R, interleaved, nout, V, grouped;
 };
 // One thread per unit of V consecutive elements of an output row (V divides D: a unit never crosses a
 // head's row). A unit copied from the past moves as one 16-byte vector when V > 1 (the host checks the
 // alignment); the units of new rows are computed element by element (rotation).
-#define OFX_ATTENTION_INPUTS(NAME, LD, ST)                                                          \
+#define OFX_ATTENTION_INPUTS(NAME, LD, ST, RND)                                                     \
 extern "C" __global__ void NAME(Args a) {                                                           \
   const long long T = a.P + a.S, row_len = (a.H + 2 * a.G) * a.D, n = a.H / a.G, V = a.V;           \
   const long long DV = a.D / V;                                                                     \
+  /* element i of the projection: qkv's, plus the bias's rounded to the type as the Add was */      \
+  auto qkv_at = [&](long long i) {                                                                  \
+    return a.bias ? RND(LD(a.qkv, i) + LD(a.bias, i % row_len)) : LD(a.qkv, i); };                   \
   const long long nq = a.B * a.S * a.H * DV, np = a.B * a.G * T * DV, nr = a.B * a.H * T * DV;      \
   const long long total = nq + 2 * np + (a.nout == 5 ? 2 * nr : 0);                                 \
   for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;              \
@@ -263,22 +283,22 @@ extern "C" __global__ void NAME(Args a) {                                       
       const long long d = d0 + j;                                                                   \
       float v;                                                                                      \
       if (!rot || d >= a.R) {                                                                       \
-        v = LD(a.qkv, head + d);                                                                    \
+        v = qkv_at(head + d);                                                                       \
       } else {                                                                                      \
         long long i, partner; float sign;                                                           \
         if (a.interleaved) { i = d / 2; partner = d % 2 ? d - 1 : d + 1; sign = d % 2 ? 1.f : -1.f; } \
         else { i = d < half ? d : d - half; partner = d < half ? d + half : d - half;               \
                sign = d < half ? -1.f : 1.f; }                                                      \
         const float c = LD(a.cos, row * half + i), sn = LD(a.sin, row * half + i);                  \
-        v = LD(a.qkv, head + d) * c + sign * LD(a.qkv, head + partner) * sn;                        \
+        v = qkv_at(head + d) * c + sign * qkv_at(head + partner) * sn;                              \
       }                                                                                             \
       ST(a.out[o], u * V + j, v);                                                                   \
     }                                                                                               \
   }                                                                                                 \
 }
-OFX_ATTENTION_INPUTS(ofx_attention_inputs_f32, ld_f32, st_f32)
-OFX_ATTENTION_INPUTS(ofx_attention_inputs_f16, ld_f16, st_f16)
-OFX_ATTENTION_INPUTS(ofx_attention_inputs_bf16, ld_bf16, st_bf16)
+OFX_ATTENTION_INPUTS(ofx_attention_inputs_f32, ld_f32, st_f32, rnd_f32)
+OFX_ATTENTION_INPUTS(ofx_attention_inputs_f16, ld_f16, st_f16, rnd_f16)
+OFX_ATTENTION_INPUTS(ofx_attention_inputs_bf16, ld_bf16, st_bf16, rnd_bf16)
 )CUDA";
 
 // The kernel's argument block, laid out as `struct Args` above (8-byte fields, no padding).
@@ -288,6 +308,7 @@ struct CudaArgs {
   const void* past_v;
   const void* cos;
   const void* sin;
+  const void* bias;
   void* out[5];
   long long B, S, P, H, G, D, R, interleaved, nout, V, grouped;
 };
@@ -306,8 +327,9 @@ struct CudaAttentionInputs {
     a.qkv = sh.in[0];
     a.past_k = sh.in[1];
     a.past_v = sh.in[2];
-    a.cos = sh.in.size() > 3 ? sh.in[3] : nullptr;
-    a.sin = sh.in.size() > 4 ? sh.in[4] : nullptr;
+    a.cos = spec.rotary > 0 ? sh.in[3] : nullptr;
+    a.sin = spec.rotary > 0 ? sh.in[4] : nullptr;
+    a.bias = sh.bias;
     for (int j = 0; j < sh.nout; ++j) a.out[j] = sh.out[j];
     a.B = sh.B, a.S = sh.S, a.P = sh.P, a.H = spec.heads, a.G = spec.kv_heads, a.D = spec.size;
     a.R = spec.rotary, a.interleaved = spec.interleaved, a.nout = sh.nout, a.grouped = spec.grouped;
@@ -338,7 +360,7 @@ OrtStatus* load_spec(const OrtKernelInfo* info, Kernel* k) {
   k->node = node_label(api, info);
   std::map<std::string, std::string> items;
   std::string err;
-  if (!read_spec_items(api, info, {"num_heads", "kv_num_heads", "head_size", "rotary_dim", "interleaved", "grouped"}, &items,
+  if (!read_spec_items(api, info, {"num_heads", "kv_num_heads", "head_size", "rotary_dim", "interleaved", "grouped", "bias"}, &items,
                        &err) ||
       !parse_spec(items, &k->spec, &err))
     return fail(ORT_INVALID_GRAPH, k->node, err);

@@ -39,11 +39,6 @@ OrtStatus* fail(OrtErrorCode code, const std::string& node, const std::string& m
 
 bool float_type(int t) { return t == kFloat || t == kFloat16 || t == kBFloat16; }
 
-// A float rounded to `type` and read back (float32: unchanged).
-float round_to(float v, int type) {
-  return type == kFloat16 ? ofx_round_f16(v) : type == kBFloat16 ? ofx_round_bf16(v) : v;
-}
-
 // The tensors of one call, checked.
 struct Call {
   int64_t rows = 0, d = 0;
@@ -156,7 +151,7 @@ struct CpuMixedRMSNorm {
       const float mean = static_cast<float>(squares / static_cast<double>(c.d));
       const float inv = 1.0f / std::sqrt(mean + epsilon);
       for (int64_t i = 0; i < c.d; ++i)
-        store(c.y, r * c.d + i, c.gamma_type, round_to(s[i] * inv, c.gamma_type) * load(c.gamma, i, c.gamma_type));
+        store(c.y, r * c.d + i, c.gamma_type, round_as(s[i] * inv, c.gamma_type) * load(c.gamma, i, c.gamma_type));
     }
     return nullptr;
   }
@@ -173,16 +168,6 @@ struct Args {
   const void* x; const float* skip; const void* gamma; void* y; float* sum;
   long long d; float epsilon; float pad_;
 };
-__device__ __forceinline__ float rnd_f32(float v) { return v; }
-__device__ __forceinline__ float rnd_f16(float v) {
-  u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-}
-__device__ __forceinline__ float rnd_bf16(float v) {
-  unsigned u = __float_as_uint(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return v;
-  return __uint_as_float(((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16);
-}
 #define OFX_MIXED_RMSNORM(XN, GN)                                                                     \
   extern "C" __global__ void __launch_bounds__(THREADS) ofx_mixed_rmsnorm_##XN##_##GN(Args a) {       \
     __shared__ float part[THREADS / 32];                                                               \

@@ -29,6 +29,12 @@ its last axis, the op writes:
   present head h // n, what repeat-heads-gather's ``Gather(present, [0]*n + [1]*n + …, axis=1)``
   computed; without (n = 1) MultiHeadAttention reads the presents themselves.
 
+When the packed projection has a bias (``Add(MatMul(x, W), b)``, pack-sibling-matmuls' form of Qwen2's
+q/k/v biases) read only by the Split (and by Shape nodes), the op reads the MatMul's output and b
+(spec ``bias=1``) and adds it first, rounded to the type as the Add was (for float16 and bfloat16 the
+float32 sum rounded once equals the narrow Add's result: float32 has more than twice their precision
+plus two bits): one kernel less per layer.
+
 Copies, and the rotation x·cos ± partner·sin computed in float32 and rounded once (ONNX Runtime's
 RotaryEmbedding kernel rounds the same expression; within a float16 ulp). A ``Shape`` of the old query
 (the mask's size, as exporters read it) reads the new one, which has its shape, so the Split and the
@@ -60,10 +66,10 @@ from onnxfuse.custom_ops import DOMAIN
 from onnxfuse.rewrites.contrib.attention.heads import cache_append, heads_source, plain_mha_inputs, repeated_heads
 from onnxfuse.rewrites.contrib.attention.inputs_op import OP_TYPE, spec_text
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
-from onnxfuse.rewrites.engine.edit import NameAllocator
+from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import (computed_from, constant_value, dtype_of, int_attr, is_ms_op, is_op, perm_of, producer_of,
-                                           shape_of, slice_bounds)
+from onnxfuse.rewrites.facts.graph import (computed_from, constant_value, consumers, dtype_of, int_attr, is_graph_output,
+                                           is_ms_op, is_op, last_dim, perm_of, producer_of, rank_of, shape_of, slice_bounds)
 from onnxfuse.rewrites.facts.shape_values import move_shape_reads
 
 #: Element types its kernels take.
@@ -144,6 +150,25 @@ def _packed_split(graph, parts, sizes):
     return split.inputs[0]
 
 
+def _projection_bias(graph, qkv, parts, width: int):
+    """``(x, b)`` when ``qkv`` is ``Add(x, b)`` with b a constant of ``width`` values along the last axis only
+    (x's last dimension ``width``, so the Add does not broadcast x) and ``qkv`` is read only by ``parts``
+    (the Split or Slices cutting it) and by Shape nodes; else None. b as a (width,) array of qkv's type."""
+    add = producer_of(qkv)
+    if not is_op(add, "Add") or len(add.inputs) != 2 or is_graph_output(graph, qkv):
+        return None
+    if any(r not in parts and not is_op(r, "Shape") for r in consumers(qkv)):
+        return None
+    for x, b in (add.inputs, add.inputs[::-1]):
+        value = constant_value(graph, b)
+        rank = rank_of(graph, x)
+        if (value is None or value.size != width or value.ndim == 0 or value.shape[-1] != width or rank is None
+                or value.ndim > rank or dtype_of(graph, x) != dtype_of(graph, qkv) or last_dim(graph, x) != width):
+            continue
+        return x, value.reshape(width)
+    return None
+
+
 class ContribAttentionInputs(ContribRule):
     name = "contrib-attention-inputs"
     description = ("the Split, rotations, head transposes, cache Concats and repeated heads in front of a "
@@ -208,8 +233,10 @@ class ContribAttentionInputs(ContribRule):
         written = {id(t) for t in (caches[0], caches[1], inputs[1], inputs[2])}
         if computed_from([qkv, past_k, past_v, *(rotary[:2] if rotary else ())], written):
             return Refuse("the projection, the past or the caches are computed from what the op would write")
+        parts = [producer_of(t) for t in (q_source, k_source, v_source)]
+        bias = _projection_bias(graph, qkv, parts, (heads + 2 * kv_heads) * size)
         return dict(qkv=qkv, past=(past_k, past_v), caches=caches, heads_in=(inputs[1], inputs[2]), n=n,
-                    heads=heads, kv_heads=kv_heads, size=size, rotary=rotary)
+                    heads=heads, kv_heads=kv_heads, size=size, rotary=rotary, bias=bias)
 
     def apply(self, graph, node, found):
         names = NameAllocator(graph)
@@ -223,12 +250,18 @@ class ContribAttentionInputs(ContribRule):
         for tensor in outputs[1:]:  # the op writes them now: their Concat / Gather producers lose them
             producer = producer_of(tensor)
             producer.outputs[producer.outputs.index(tensor)] = gs.Variable(names(f"{tensor.name}/replaced"))
-        inputs = [found["qkv"], *found["past"]] + ([rotary[0], rotary[1]] if rotary else [])
+        qkv, bias = found["qkv"], found["bias"]
+        if bias is not None:  # the op adds the projection's bias itself; the mask's Shape reads read x
+            move_shape_reads(graph, qkv, bias[0])
+            qkv = bias[0]
+        inputs = [qkv, *found["past"]] + ([rotary[0], rotary[1]] if rotary else [])
+        if bias is not None:
+            inputs.append(new_constant(graph, f"{base}/qkv_bias", bias[1]))
         spec = spec_text(found["heads"], found["kv_heads"], found["size"], rotary[3] if rotary else 0,
-                         rotary[2] if rotary else 0)
+                         rotary[2] if rotary else 0, bias=int(bias is not None))
         graph.nodes.append(gs.Node(OP_TYPE, names(f"{base}/{OP_TYPE}"), {"spec": spec}, inputs=inputs,
                                    outputs=outputs, domain=DOMAIN))
         move_shape_reads(graph, old_query, query)  # the mask's shape reads: the same shape
         node.inputs[0] = query
         return {"num_heads": found["heads"], "kv_num_heads": found["kv_heads"], "head_size": found["size"],
-                "rotary_dim": rotary[3] if rotary else 0, "outputs": len(outputs)}
+                "rotary_dim": rotary[3] if rotary else 0, "outputs": len(outputs), "bias": bias is not None}

@@ -35,18 +35,22 @@ B, S, P, H, G, D = 2, 3, 4, 4, 2, 8
 FORMS = ["repeated", "presents", "grouped"]
 
 
-def _op_model(elem, rotary_dim, interleaved, form):
-    """One AttentionInputs node; bfloat16 (which numpy cannot hand to ONNX Runtime) between float32 Casts."""
+def _op_model(elem, rotary_dim, interleaved, form, bias=False):
+    """One AttentionInputs node; bfloat16 (which numpy cannot hand to ONNX Runtime) between float32 Casts.
+    ``bias``: the projection's bias as the last input (spec bias=1)."""
     outputs = 5 if form == "repeated" else 3
-    names = ["qkv", "past_key", "past_value"] + (["cos", "sin"] if rotary_dim else [])
-    shapes = [[B, S, (H + 2 * G) * D], [B, G, P, D], [B, G, P, D], [B, S, rotary_dim // 2], [B, S, rotary_dim // 2]]
+    names = ["qkv", "past_key", "past_value"] + (["cos", "sin"] if rotary_dim else []) + (["qkv_bias"] if bias else [])
+    shapes = [[B, S, (H + 2 * G) * D], [B, G, P, D], [B, G, P, D]]
+    shapes += [[B, S, rotary_dim // 2]] * 2 if rotary_dim else []
+    shapes += [[(H + 2 * G) * D]] if bias else []
     outs = ["query", "present_key", "present_value", "key_heads", "value_heads"][:outputs]
     cast = elem == TP.BFLOAT16
     nodes = [h.make_node("Cast", [n], [f"{n}_bf16"], to=TP.BFLOAT16) for n in names] if cast else []
     nodes.append(h.make_node("AttentionInputs", [f"{n}_bf16" for n in names] if cast else names,
                              [f"{o}_bf16" for o in outs] if cast else outs, domain=DOMAIN,
                              spec=f"num_heads={H} kv_num_heads={G} head_size={D} rotary_dim={rotary_dim} "
-                                  f"interleaved={interleaved}" + (" grouped=1" if form == "grouped" else "")))
+                                  f"interleaved={interleaved}" + (" grouped=1" if form == "grouped" else "")
+                                  + (" bias=1" if bias else "")))
     nodes += [h.make_node("Cast", [f"{o}_bf16"], [o], to=TP.FLOAT) for o in outs] if cast else []
     io = TP.FLOAT if cast else elem
     graph = h.make_graph(nodes, "g", [h.make_tensor_value_info(n, io, s) for n, s in zip(names, shapes)],
@@ -54,8 +58,21 @@ def _op_model(elem, rotary_dim, interleaved, form):
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)], ir_version=8)
 
 
-def _reference(f, rotary_dim, interleaved, form="repeated"):
+def _in_type(values, elem):
+    """float32 values rounded to the element type (to nearest even), as float64."""
+    v = np.asarray(values, np.float32)
+    if elem == TP.FLOAT16:
+        v = v.astype(np.float16)
+    elif elem == TP.BFLOAT16:
+        u = v.view(np.uint32).astype(np.uint64)
+        v = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    return v.astype(np.float64)
+
+
+def _reference(f, rotary_dim, interleaved, form="repeated", elem=TP.FLOAT):
     x = {k: v.astype(np.float64) for k, v in f.items()}
+    if "qkv_bias" in x:  # the projection's Add, in the element type
+        x["qkv"] = _in_type(x["qkv"] + x["qkv_bias"], elem)
     q = x["qkv"][..., :H * D].reshape(B, S, H, D)
     k = x["qkv"][..., H * D:(H + G) * D].reshape(B, S, G, D)
     v = x["qkv"][..., (H + G) * D:].reshape(B, S, G, D)
@@ -85,26 +102,31 @@ def _types():
     return float_types(1e-6, 2e-3, 2e-2)
 
 
-def _op_feeds(elem, dtype, rotary_dim, interleaved, form):
+def _op_feeds(elem, dtype, rotary_dim, interleaved, form, bias=False):
     """Seeded inputs of :func:`_op_model`, values representable in the element type (fed as float32 where
     it is bfloat16: the model casts)."""
     rng = np.random.default_rng(rotary_dim + 10 * interleaved + 100 * FORMS.index(form))
     shapes = {"qkv": (B, S, (H + 2 * G) * D), "past_key": (B, G, P, D), "past_value": (B, G, P, D)}
     if rotary_dim:
         shapes.update(cos=(B, S, rotary_dim // 2), sin=(B, S, rotary_dim // 2))
+    if bias:
+        shapes["qkv_bias"] = ((H + 2 * G) * D,)
     feeds = {k: rng.standard_normal(s).astype(np.float32).astype(dtype) for k, s in shapes.items()}
-    return {k: v.astype(np.float32) for k, v in feeds.items()} if elem == TP.BFLOAT16 else feeds
+    if elem == TP.BFLOAT16:  # values representable in bfloat16, fed as float32
+        return {k: _in_type(v.astype(np.float32), elem).astype(np.float32) for k, v in feeds.items()}
+    return feeds
 
 
 @pytest.mark.parametrize("elem,dtype,tol", _types(), ids=lambda v: getattr(v, "__name__", str(v)))
 @pytest.mark.parametrize("rotary_dim,interleaved", [(D, 0), (D, 1), (6, 0), (0, 0)])
 @pytest.mark.parametrize("form", FORMS)
-def test_the_op_equals_rotate_concat_repeat_in_float64(elem, dtype, tol, rotary_dim, interleaved, form):
-    feeds = _op_feeds(elem, dtype, rotary_dim, interleaved, form)
-    session = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, form).SerializeToString(),
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_the_op_equals_rotate_concat_repeat_in_float64(elem, dtype, tol, rotary_dim, interleaved, form, bias):
+    feeds = _op_feeds(elem, dtype, rotary_dim, interleaved, form, bias)
+    session = ort.InferenceSession(_op_model(elem, rotary_dim, interleaved, form, bias).SerializeToString(),
                                    session_options(), providers=["CPUExecutionProvider"])
     got = session.run(None, feeds)
-    want = _reference(feeds, rotary_dim, interleaved, form)
+    want = _reference(feeds, rotary_dim, interleaved, form, elem)
     assert len(got) == len(want) == (5 if form == "repeated" else 3)
     for name, a, b in zip(["query", "present_key", "present_value", "key_heads", "value_heads"], got, want):
         assert a.shape == b.shape, name
@@ -134,6 +156,10 @@ def test_decoders_equal_the_original_at_prefill_decode_and_chunks(name):
     assert result.validation.passed and result.applied.counts[RULE] == LAYERS, result.applied.refusals
     ops = Counter(n.op_type for n in result.model.graph.node)
     assert ops["AttentionInputs"] == LAYERS and ops["RotaryEmbedding"] == ops["Split"] == 0, ops
+    if name.startswith("qwen2"):  # q/k/v biases: the op adds the packed bias itself, no Add is left for it
+        specs = [a.s for n in result.model.graph.node if n.op_type == "AttentionInputs" for a in n.attribute]
+        assert all(b"bias=1" in spec for spec in specs), specs
+        assert not any(n.op_type == "Add" and "packed" in n.name for n in result.model.graph.node)
     original = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     fused = ort.InferenceSession(result.model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(13)
