@@ -50,6 +50,12 @@ decoders; all three are kept for T5 (the third, ``optimum_t5_decoder_merged.onnx
 ``BartForConditionalGeneration`` of the same sizes (learned positions up to 64, GELU, ``init_std`` 0.1),
 the same inputs and outputs; its q projection is scaled by 1/√16 and its projections have biases.
 
+``--whisper`` writes ``optimum_whisper_decoder[_with_past].onnx`` the same way (task
+``automatic-speech-recognition-with-past``) from a seeded ``WhisperForConditionalGeneration`` of the same
+sizes (16 mel bins; Whisper's 1500 encoder positions, the length optimum's dummy audio needs): inputs
+``input_ids`` and ``encoder_hidden_states`` at the first step, ``input_ids`` and the decoder and encoder
+caches after it (no encoder mask: Whisper attends to every frame).
+
 ``--fp16`` with ``--t5`` and/or ``--bart`` writes the same decoders in float16 instead, ``_fp16`` before
 the suffix (``optimum_bart_decoder[_with_past]_fp16.onnx``, ``optimum_t5_decoder[_with_past,_merged]_fp16.onnx``),
 the exports behind tests/rewrites/contrib/test_seq2seq_fp16_kv_cache.py: optimum's own ``--dtype fp16``
@@ -142,15 +148,35 @@ def build_bart(folder: Path, seed: int) -> None:
     BartForConditionalGeneration(config).eval().save_pretrained(folder)
 
 
+def build_whisper(folder: Path, seed: int) -> None:
+    """A tiny random Whisper saved as a transformers folder: T5's sizes, 16 mel bins, Whisper's 1500 encoder
+    positions (optimum's dummy audio is 3000 frames long), ``init_std`` 0.1."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = WhisperConfig(vocab_size=128, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                           decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
+                           max_source_positions=1500, max_target_positions=64, init_std=0.1, dropout=0.0,
+                           attention_dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                           decoder_start_token_id=3, suppress_tokens=[], begin_suppress_tokens=[])
+    WhisperForConditionalGeneration(config).eval().save_pretrained(folder)
+
+
+#: kind → (the folder builder, optimum's task)
+SEQ2SEQ = {"t5": (build_t5, "text2text-generation-with-past"), "bart": (build_bart, "text2text-generation-with-past"),
+           "whisper": (build_whisper, "automatic-speech-recognition-with-past")}
+
+
 def export_seq2seq(out_folder: Path, seed: int, kind: str, dtype: str | None = None) -> None:
-    """optimum's first-step and with-past decoders of the tiny ``kind`` ("t5" or "bart"): float32, or
-    float16 with ``dtype`` "fp16" (optimum's ``--dtype fp16``; the files named ``…_fp16.onnx``)."""
+    """optimum's first-step and with-past decoders of the tiny ``kind`` ("t5", "bart" or "whisper"):
+    float32, or float16 with ``dtype`` "fp16" (optimum's ``--dtype fp16``; the files named ``…_fp16.onnx``)."""
     from optimum.exporters.onnx import main_export
 
     with tempfile.TemporaryDirectory() as tmp:
         source, folder = Path(tmp) / f"tiny-{kind}", Path(tmp) / "onnx"
-        (build_t5 if kind == "t5" else build_bart)(source, seed)
-        main_export(str(source), folder, task="text2text-generation-with-past", dtype=dtype, device="cpu",
+        build, task = SEQ2SEQ[kind]
+        build(source, seed)
+        main_export(str(source), folder, task=task, dtype=dtype, device="cpu",
                     library_name="transformers")  # dtype None: optimum's default, float32
         suffix = "_fp16" if dtype == "fp16" else ""
         kept = [("decoder_model.onnx", f"optimum_{kind}_decoder{suffix}.onnx"),
@@ -171,13 +197,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=31)
     ap.add_argument("--t5", action="store_true", help="export the tiny T5 decoders instead of the Llama")
     ap.add_argument("--bart", action="store_true", help="export the tiny BART decoders instead of the Llama")
+    ap.add_argument("--whisper", action="store_true", help="export the tiny Whisper decoders instead of the Llama")
     ap.add_argument("--fp16", action="store_true",
                     help="with --t5/--bart: export their decoders in float16 (optimum's --dtype fp16), *_fp16.onnx")
     args = ap.parse_args()
-    if args.fp16 and not (args.t5 or args.bart):
-        ap.error("--fp16 goes with --t5 or --bart (the Llama export writes its float16 model already)")
-    if args.t5 or args.bart:
-        for kind in ("t5",) * args.t5 + ("bart",) * args.bart:
+    if args.fp16 and not (args.t5 or args.bart or args.whisper):
+        ap.error("--fp16 goes with --t5, --bart or --whisper (the Llama export writes its float16 model already)")
+    if args.t5 or args.bart or args.whisper:
+        for kind in ("t5",) * args.t5 + ("bart",) * args.bart + ("whisper",) * args.whisper:
             export_seq2seq(args.folder, args.seed, kind, "fp16" if args.fp16 else None)
     else:
         export(args.folder, args.seed)

@@ -405,18 +405,24 @@ def unsized_dimensions(specs: list[InputSpec], shapes: dict[str, list[int]]) -> 
 def second_size_candidates(model: onnx.ModelProto, first: Inputs, seed: int = 0) -> list[Inputs]:
     """Draws at a second size of every dynamic dimension, to run validation on as well as ``first``.
 
-    One size is blind to rewrites that specialise a shape (a Reshape target that copies a dimension
-    from another tensor because both carry the name ``N``). So every dynamic dimension is also tried
-    one larger than in ``first``: first with each (input, dimension) on its own size (dimensions
-    that share a symbolic name get different sizes: ONNX Runtime does not enforce shared names, and a
-    rewrite may not rely on them), then, for models that cannot run like that, with shared names
-    kept equal. The caller keeps the first candidate the original model runs on. Empty when the
-    model has no dynamic dimension. Values come from the ranges ``first`` was drawn with.
+    One size is blind to rewrites that specialise a shape (a Reshape target baked to the sample's
+    length, or a dimension copied from a tensor whose size differs). So every dynamic dimension is
+    also tried larger than in ``first``: first with each symbolic name, and each unnamed dimension, on
+    a size of its own (``batch`` and ``sequence`` differ, so a rewrite that confuses them is caught),
+    then, for models that cannot run like that, every dimension one larger. Dimensions that share a
+    name keep one size in both: the same ``dim_param`` on two inputs declares them equal (ONNX's
+    convention, which TensorRT checks and rewrites such as constant-reshape-target rely on), and a
+    model fed sizes that break its declaration is outside its contract. An earlier version gave them
+    different sizes too: optimum's Whisper decoder still runs with ``input_ids`` and
+    ``encoder_hidden_states`` of different batch sizes (its cross-attention's ``view(bsz, -1, H, D)``
+    folds the mismatch into the key length), so validation compared outputs the model does not define.
+    The caller keeps the first candidate the original model runs on. Empty when the model has no
+    dynamic dimension. Values come from the ranges ``first`` was drawn with.
     """
     specs = input_specs(model)
     if not any(not isinstance(d, int) for s in specs for d in s.shape):
         return []
-    seen: dict = {}
+    own: dict = {}  # a name's own size; unnamed dimensions get one each
     independent, by_name = {}, {}
     for s in specs:
         base = list(first.feeds[s.name].shape)
@@ -424,14 +430,15 @@ def second_size_candidates(model: onnx.ModelProto, first: Inputs, seed: int = 0)
         for k, d in enumerate(s.shape):
             if isinstance(d, int):
                 continue
-            n = seen.get(d or None, 0)
-            seen[d or None] = n + 1
-            ind[k] = base[k] + 1 + n
+            key = d if d else ("unnamed", s.name, k)
+            if key not in own:
+                own[key] = base[k] + 1 + len(own)
+            ind[k] = own[key]
             con[k] = base[k] + 1
         independent[s.name], by_name[s.name] = ind, con
     out = []
-    for shapes, how in ((independent, "each dynamic dimension on its own size"),
-                        (by_name, "dynamic dimensions one larger, shared names equal")):
+    for shapes, how in ((independent, "each dimension name on its own size"),
+                        (by_name, "dynamic dimensions one larger")):
         if out and shapes == by_name and by_name == independent:
             break
         draw = random_inputs(specs, shapes, seed + 1, first.ranges)

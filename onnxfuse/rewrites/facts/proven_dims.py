@@ -34,6 +34,9 @@ constant ``m >= 1``. For nodes whose outputs inference left invented or unknown,
   inference derives these too, but it does not run between the rounds of this pass, so without them a
   proved shape would stop at the first Softmax (tf2onnx's opset-11 BERT, where inference lost every
   shape after the first computed Reshape target: each layer's are proved in one pass);
+* ``Tile(x, repeats)``: x's dimension times the repeat on each axis where one of them is 1 or both are
+  ints (transformers' Whisper decoder tiles its position ids to the batch: ``repeats`` [B, 1] from
+  ``Shape(input_ids)``); ``ConstantOfShape(s)``: s's value (:func:`shape_value`);
 * ``MatMul``: the broadcast of the operands' leading (batch) dimensions, then [M, N]; ``Transpose``:
   its input's dimensions permuted (rotary frequencies ``inv_freq [B, D/2, 1] @ positions [B, 1, S]``,
   transposed, as transformers 5.17 writes them: inference names the product's batch ``unk__``);
@@ -199,6 +202,11 @@ class _Pass:
             return self.dims(node.inputs[0])
         if is_op(node, *REDUCE_OPS) and node.inputs:
             return self.reduce_result(node)
+        if is_op(node, "Tile") and len(node.inputs) == 2:
+            return self.tile_result(node)
+        if is_op(node, "ConstantOfShape") and len(node.inputs) == 1:
+            sizes = self.sizes(node.inputs[0])
+            return None if sizes is None or any(isinstance(v, int) and v < 0 for v in sizes) else sizes
         if is_op(node, "Transpose") and len(node.inputs) == 1:
             data, perm = self.dims(node.inputs[0]), node.attrs.get("perm")
             if data is None:
@@ -206,6 +214,24 @@ class _Pass:
             perm = list(perm) if perm is not None else list(range(len(data)))[::-1]
             return [data[p] for p in perm] if sorted(perm) == list(range(len(data))) else None
         return None
+
+    def tile_result(self, node) -> list | None:
+        """``Tile(x, repeats)``: axis i is x's dimension times ``repeats[i]`` (:func:`shape_value`), proved where
+        one factor is 1 (the other then) or both are ints; None elsewhere on that axis."""
+        data, repeats = self.dims(node.inputs[0]), self.sizes(node.inputs[1])
+        if data is None or repeats is None or len(repeats) != len(data):
+            return None
+        out = []
+        for d, r in zip(data, repeats):
+            if isinstance(r, int) and r < 0:
+                return None
+            if d == 1:
+                out.append(r)
+            elif r == 1:
+                out.append(d)
+            else:
+                out.append(d * r if isinstance(d, int) and isinstance(r, int) else None)
+        return out
 
     def offset_range_result(self, node) -> list | None:
         """``Range(s, Add(s, n), 1)`` over integers (a past length s and a new length n: GPT-2's position

@@ -324,3 +324,36 @@ def test_a_range_from_the_past_length_to_past_plus_sequence_has_the_sequence_len
 def test_a_range_from_another_start_is_left_alone():
     # Range(O, P + S, 1) has P + S − O elements: not a name
     assert "sequence" not in (_proved(offset_range_model(start_from="other"))["rows"] or [])
+
+
+def test_tiled_positions_take_the_batch_of_the_repeats():
+    """transformers' Whisper decoder: ``positions = Tile(Unsqueeze(Range(0, S)), [B, 1])`` with B and S read
+    from ``Shape(ids)``, added to the token embeddings ``Gather(W, ids)``: the Tile's output is [B, S], so
+    the sum keeps ``batch`` and ``sequence`` (inference invents the Tile's batch); ``ConstantOfShape`` of the
+    same shape too. Checked against ONNX Runtime's shapes at several sizes."""
+    i64 = lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)  # noqa: E731
+    inits = [i64("zero", 0), i64("one", 1), i64("axis0", [0]), i64("ones", [1]),
+             numpy_helper.from_array(np.random.default_rng(0).standard_normal((20, H)).astype(np.float32), "words")]
+    nodes = [h.make_node("Shape", ["ids"], ["shape"]),
+             h.make_node("Gather", ["shape", "zero"], ["b"], axis=0),
+             h.make_node("Gather", ["shape", "one"], ["s"], axis=0),
+             h.make_node("Range", ["zero", "s", "one"], ["arange"]),
+             h.make_node("Unsqueeze", ["arange", "axis0"], ["row"]),
+             h.make_node("Unsqueeze", ["b", "axis0"], ["b1"]),
+             h.make_node("Concat", ["b1", "ones"], ["repeats"], axis=0),
+             h.make_node("Tile", ["row", "repeats"], ["positions"]),
+             h.make_node("Cast", ["positions"], ["f_positions"], to=T.FLOAT),
+             h.make_node("Unsqueeze", ["f_positions", "minus1"], ["f_pos3"]),
+             h.make_node("Gather", ["words", "ids"], ["f_words"], axis=0),
+             h.make_node("Add", ["f_words", "f_pos3"], ["f_sum"]),
+             h.make_node("ConstantOfShape", ["shape"], ["filled"])]
+    inits.append(i64("minus1", [-1]))
+    model = _model(nodes, [h.make_tensor_value_info("ids", T.INT64, ["batch", "sequence"])],
+                   ["positions", "f_sum", "filled"], inits)
+    proved = _proved(model)
+    assert proved["positions"] == ["batch", "sequence"], proved["positions"]
+    assert proved["f_sum"] == ["batch", "sequence", H], proved["f_sum"]
+    assert proved["filled"] == ["batch", "sequence"], proved["filled"]
+    for b, s in ((1, 3), (2, 5), (4, 1)):
+        got = run_ort(model, {"ids": np.zeros((b, s), np.int64)})
+        assert got["positions"].shape == (b, s) and got["f_sum"].shape == (b, s, H) and got["filled"].shape == (b, s)
