@@ -10,7 +10,8 @@ What changes, and what deliberately does not:
 * **Interface**: float32 graph inputs keep their type and are cast to float16 once, where they enter;
   float32 graph outputs keep their type and are cast back where they leave. Callers see no change.
 * **Values**: float32 initializers and ``Constant`` / ``ConstantOfShape`` values become float16;
-  ``Cast(to=float)`` becomes ``Cast(to=float16)``; float32 value annotations follow. In subgraphs
+  ``Cast(to=float)`` becomes ``Cast(to=float16)`` (of a float16 value: a Cast to its own type, which
+  cancel-cast-roundtrip then removes); float32 value annotations follow. In subgraphs
   (If/Loop/Scan bodies) too, so outer values they read keep one type.
 * **Softmax islands**: a sentinel (a magnitude of 1e30 and more: ``finfo(float32).min`` in an attention
   mask, standing for -inf) that reaches a ``Softmax`` keeps everything on its way there in float32:

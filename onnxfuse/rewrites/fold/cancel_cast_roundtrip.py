@@ -1,5 +1,6 @@
 """Remove a Cast to a wider type followed by a Cast straight back: ``Cast(Cast(x, to=W), to=T)`` with
-T x's own type and W holding every value of T exactly is ``x``.
+T x's own type and W holding every value of T exactly is ``x``; and a Cast to x's own type, ``Cast(x,
+to=type(x))``, which is ``x`` too.
 
 Why
 ---
@@ -10,12 +11,17 @@ without a KV cache, opset 14 and 17: two Casts per layer). The pair computes not
 between the Softmax and the MatMul with V, so contrib-attention found no attention there ("Softmax
 output is not read by exactly one MatMul"), and ONNX Runtime ran two more kernels per layer.
 
+A Cast to its input's own type is what ``--precision fp16`` leaves of an exporter's float32 step in a
+float16 model (``Cast(x16, to=float)`` becomes ``Cast(x16, to=float16)``): between the sdpa export's
+repeated V heads and its attention such a Cast kept contrib-attention-inputs from seeing the repeat ("key
+and value are not repeated alike"), and each one is a kernel.
+
 Exactness
 ---------
 Widening float16 or bfloat16 to float32 or float64, float32 to float64, or an integer type to a wider
 integer of the same signedness (or a signed one wider than an unsigned one) maps every value to the
 same value (NaN stays NaN, ±inf stays ±inf; NaN payloads are not part of ONNX's semantics), and the
-Cast back then rounds nothing: the result is bitwise x. Refused: any other pair of types (a narrowing
+Cast back then rounds nothing: the result is bitwise x. A Cast to x's own type changes no value. Refused: any other pair of types (a narrowing
 step loses values), an input of unknown type and a Cast whose ``saturate`` is 0 (float8 targets only:
 never a widening here). A wide value also read elsewhere keeps its Cast; only the way back goes.
 """
@@ -49,19 +55,25 @@ def widens_exactly(source: np.dtype, wide: np.dtype) -> bool:
 
 
 class CancelCastRoundtrip(Rule):
-    """Cast(Cast(x, to=W), to=type(x)) with W wider than x's type → x."""
+    """Cast(Cast(x, to=W), to=type(x)) with W wider than x's type → x; Cast(x, to=type(x)) → x."""
 
     name = "cancel-cast-roundtrip"
-    description = "a Cast to a wider type and straight back removed (float16 → float32 → float16: the identity)"
+    description = ("a Cast to a wider type and straight back, or to its input's own type, removed (float16 → float32 → "
+                   "float16: the identity)")
     targets = frozenset(TARGETS)
 
     def match(self, graph):
         for node in graph.nodes:
-            if is_op(node, "Cast") and is_op(producer_of(node.inputs[0]) if node.inputs else None, "Cast"):
+            if is_op(node, "Cast") and node.inputs:
                 yield node
 
     def check(self, graph, back):
+        target = cast_target(back)
+        if target is not None and target == dtype_of(graph, back.inputs[0]):
+            return back  # a Cast to its input's own type
         up = producer_of(back.inputs[0])
+        if not is_op(up, "Cast"):
+            return Refuse("not a Cast of a Cast, nor a Cast to its input's own type")
         x = up.inputs[0] if up.inputs else None
         source, wide, target = dtype_of(graph, x) if x is not None else None, cast_target(up), cast_target(back)
         if source is None or wide is None or target is None:
@@ -73,6 +85,10 @@ class CancelCastRoundtrip(Rule):
         return back
 
     def rewrite(self, graph, back) -> dict[str, Any]:
+        if cast_target(back) == dtype_of(graph, back.inputs[0]):
+            report = {"node": back.name, "types": f"{cast_target(back)} → itself"}
+            to_identity(back, back.inputs[0])
+            return report
         up = producer_of(back.inputs[0])
         x, middle = up.inputs[0], up.outputs[0]
         report = {"node": back.name, "types": f"{dtype_of(graph, x)} → {cast_target(up)} → back"}

@@ -136,16 +136,20 @@ def _with_scaled_query_read(model):
 
 
 def test_a_kept_split_that_reads_a_removed_scale_keeps_the_refusal():
-    """The split nodes kept for another reader must not read anything the rewrite removes: there the
-    attention stays unfused with the pattern's own reason, and the model is still right."""
+    """The split nodes kept for another reader must not read anything the rewrite removes: the form that
+    would take the scale out of the kept split is refused with the pattern's own reason. Since
+    cancel-cast-roundtrip removes the export's Casts to their input's own type, the attention then fuses
+    in another form that leaves the split (and its scale) as it is; the model is right either way."""
     model = _with_scaled_query_read(load_testdata("optimum_t5_decoder"))
     result = onnxfuse.optimize(model, provider="cpu", samples=2)
     assert result.validation.passed
     ops = Counter(n.op_type for n in result.model.graph.node)
-    assert ops["MultiHeadAttention"] == 2 * LAYERS - 1 and ops["Softmax"] == 1
+    assert ops["MultiHeadAttention"] + ops["Softmax"] == 2 * LAYERS
     reasons = {r.reason for r in result.applied.refusals
                if r.rule == "contrib-attention" and r.node == "/decoder/block.0/layer.0/SelfAttention/Softmax"}
     assert any("is also a graph output" in reason for reason in reasons), reasons
+    split = "/decoder/block.0/layer.0/SelfAttention/Reshape_output_0"
+    assert split in {o.name for o in result.model.graph.output}  # still computed, from the scaled query
     feeds = seq2seq_feeds(np.random.default_rng(3), 2, 4, 0, 5, False)
     want = run_ort(model, feeds)
     for (out, value), got in zip(want.items(), run_optimized(result.model, feeds)):

@@ -71,3 +71,19 @@ def test_widens_exactly_table():
     assert widens_exactly(f16, f32) and widens_exactly(f32, f64) and not widens_exactly(f32, f16)
     assert widens_exactly(np.dtype(np.uint16), np.dtype(np.int32)) and not widens_exactly(np.dtype(np.uint16), np.dtype(np.int16))
     assert not widens_exactly(np.dtype(np.int64), f64)  # 2⁵³ + 1 is not a float64
+
+
+@pytest.mark.parametrize("src, np_type, to", [("float16", np.float16, 10), ("float", np.float32, 1),
+                                              ("int64", np.int64, 7)], ids=["f16", "f32", "i64"])
+def test_a_cast_to_its_own_type_goes(src, np_type, to):
+    """``Cast(x, to=type(x))`` changes no value: what --precision fp16 leaves of an exporter's float32 step."""
+    m = parse(f"g ({src}[4,6] x) => ({src}[4,6] y) {{\nc = Cast <to = {to}> (x)\ny = Abs(c)\n}}")
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 1, refusals(report)
+    assert "Cast" not in ops(out), ops(out)
+    x = (np.random.default_rng(1).standard_normal((4, 6)) * 100).astype(np_type)
+    assert np.array_equal(helpers.run_ort(m, {"x": x})["y"], helpers.run_ort(out, {"x": x})["y"])
+    # a Cast to another type stays
+    other = parse(f"g ({src}[4,6] x) => (double[4,6] y) {{\nc = Cast <to = 11> (x)\ny = Abs(c)\n}}")
+    out, report = fuse(other, RULE)
+    assert report.counts.get(RULE.name, 0) == 0 and ops(out)["Cast"] == 1
