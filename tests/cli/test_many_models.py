@@ -73,7 +73,7 @@ def test_outputs_equal_one_model_runs_byte_for_byte(models, tmp_path):
     assert [m["output"] for m in body["models"]] == [str(out / n) for n in GOOD]
     assert body["summary"] == {**body["summary"], "models": 2, "ok": 2, "failed": 0, "exit_code": 0}
     assert body["models"][0]["result"]["nodes"] == {"before": 12, "after": 8}
-    assert body["models"][1]["result"]["nodes"] == {"before": 332, "after": 39}
+    assert body["models"][1]["result"]["nodes"] == {"before": 332, "after": 37}  # 39 before its two Casts to their own type went (cancel-cast-roundtrip)
 
 
 def test_a_bad_model_does_not_stop_the_others_and_sets_the_exit_code(models, tmp_path):

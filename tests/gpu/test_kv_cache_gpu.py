@@ -64,7 +64,8 @@ def _assert_equal_at_real_tokens(original, optimized, cases, rng):
 
 
 @pytest.mark.parametrize("name", ["llama_kv_opset17_fp16", "qwen2_kv_opset14_fp16", "llama_kv_opset17", "qwen2_kv_opset14",
-                                  "llama_sdpa_kv_opset17_fp16", "qwen2_sdpa_kv_opset17", "mistral_kv_opset17"])
+                                  "llama_sdpa_kv_opset17_fp16", "qwen2_sdpa_kv_opset14_fp16", "qwen2_sdpa_kv_opset17",
+                                  "mistral_kv_opset17"])
 def test_kv_cache_decoder_fused_and_equal_on_cuda(name):
     model = load_testdata(name)
     result = onnxfuse.optimize(model, provider="cuda", samples=2)
