@@ -92,17 +92,23 @@ def test_every_t5_attention_is_one_multihead_attention(optimized):
         assert ops["Concat"] >= 2 * LAYERS
 
 
+def assert_equal_to_original_and_float64(model, fused, feeds, where: str):
+    """``fused`` (run with the custom-op library) gives ``model``'s outputs on ONNX Runtime and the float64
+    evaluation of ``model``, within RTOL/ATOL (also test_whisper_kv_cache.py's)."""
+    want, exact = run_ort(model, feeds), run_float64(model, feeds)
+    got = dict(zip(want, run_optimized(fused, feeds)))
+    for out, value in want.items():
+        np.testing.assert_allclose(got[out], value, rtol=RTOL, atol=ATOL, err_msg=f"{out}, {where}")
+        np.testing.assert_allclose(got[out], exact[out], rtol=RTOL, atol=ATOL, err_msg=f"{out}, {where}, float64")
+
+
 def test_t5_decoder_outputs_equal_the_original_and_a_float64_reference(optimized):
     name, model, result = optimized
     rng = np.random.default_rng(312)
     for batch, new, past, source in MODELS[name][0]:
         feeds = seq2seq_feeds(rng, batch, new, past, source, name.endswith("with_past"))
-        want, exact = run_ort(model, feeds), run_float64(model, feeds)
-        got = dict(zip(want, run_optimized(result.model, feeds)))
-        where = f"{name} at batch {batch}, {new} new, {past} cached, {source} encoder positions"
-        for out, value in want.items():
-            np.testing.assert_allclose(got[out], value, rtol=RTOL, atol=ATOL, err_msg=f"{out}, {where}")
-            np.testing.assert_allclose(got[out], exact[out], rtol=RTOL, atol=ATOL, err_msg=f"{out}, {where}, float64")
+        assert_equal_to_original_and_float64(model, result.model, feeds,
+                                             f"{name} at batch {batch}, {new} new, {past} cached, {source} encoder positions")
 
 
 @pytest.mark.parametrize("name", ["optimum_t5_decoder_with_past", "optimum_bart_decoder_with_past"])

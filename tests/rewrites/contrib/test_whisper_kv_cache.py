@@ -18,11 +18,10 @@ import numpy as np
 import pytest
 
 import onnxfuse
-from helpers import load_testdata, run_float64, run_ort
-from test_attention_exports import run_optimized
+from helpers import load_testdata, run_ort
+from test_t5_kv_cache import assert_equal_to_original_and_float64
 
 LAYERS, HEADS, HEAD_SIZE, HIDDEN = 2, 4, 16, 64
-RTOL = ATOL = 1e-4
 #: testdata name: the steps it is run at, (batch, new tokens, cached tokens, encoder frames)
 MODELS = {"optimum_whisper_decoder": [(2, 5, 0, 7), (3, 1, 0, 4)],
           "optimum_whisper_decoder_with_past": [(3, 1, 6, 7), (2, 3, 4, 5), (2, 1, 1, 3)]}
@@ -62,12 +61,8 @@ def test_whisper_decoder_outputs_equal_the_original_and_a_float64_reference(opti
     rng = np.random.default_rng(415)
     for batch, new, past, frames in MODELS[name]:
         feeds = whisper_feeds(model, rng, batch, new, past, frames)
-        want, exact = run_ort(model, feeds), run_float64(model, feeds)
-        got = dict(zip(want, run_optimized(result.model, feeds)))
-        where = f"{name} at batch {batch}, {new} new, {past} cached, {frames} frames"
-        for out, value in want.items():
-            np.testing.assert_allclose(got[out], value, rtol=RTOL, atol=ATOL, err_msg=f"{out}, {where}")
-            np.testing.assert_allclose(got[out], exact[out], rtol=RTOL, atol=ATOL, err_msg=f"{out}, {where}, float64")
+        assert_equal_to_original_and_float64(model, result.model, feeds,
+                                             f"{name} at batch {batch}, {new} new, {past} cached, {frames} frames")
 
 
 def test_the_tiled_positions_and_the_cache_reach_the_logits():
