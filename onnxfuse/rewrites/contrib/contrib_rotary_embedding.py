@@ -30,7 +30,8 @@ from onnxfuse.rewrites.contrib.rotary_pattern import match_rotary, rotary_candid
 from onnxfuse.rewrites.engine.edit import NameAllocator, fuse, new_constant
 from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import dtype_of
+from onnxfuse.rewrites.contrib.attention.layout import run_time_dim
+from onnxfuse.rewrites.facts.graph import dtype_of, shape_of
 
 #: Default-domain opset that introduced RotaryEmbedding.
 ROTARY_OPSET = 23
@@ -61,7 +62,11 @@ class ContribRotaryEmbedding(ContribRule):
     def apply(self, graph, node, found):
         raise_opset(graph, ROTARY_OPSET)
         names = NameAllocator(graph)
-        caches = [_first_half(graph, names, t, found.half) for t in (found.cos, found.sin)]
+        full = [found.cos, found.sin]
+        if found.broadcast_batch:  # [1, S, D] caches broadcast over x's batch: spelled out to [B, S, D]
+            batch = _run_time_batch(graph, names, found.x)
+            full = [_batch_expanded(graph, names, t, batch, shape_of(graph, found.x)[0]) for t in full]
+        caches = [_first_half(graph, names, t, found.half) for t in full]
         name = f"{found.root.name}/RotaryEmbedding" if found.root.name else None
         if found.merged is not None:  # the 3-D form: [B, S, H·D] in, the merged [B, S, H·D] out
             src, heads, merge_r, _ = found.merged
@@ -77,6 +82,33 @@ class ContribRotaryEmbedding(ContribRule):
                     "rotary_embedding_dim": 2 * found.half, "replaced": len(found.nodes)}
         fuse(graph, found.nodes, "RotaryEmbedding", [found.x, *caches], found.root.outputs[0], domain="", name=name)
         return {"input": found.x.name, "form": "4-D heads", "head_size": 2 * found.half, "replaced": len(found.nodes)}
+
+
+def _run_time_batch(graph, names, x):
+    """x's batch size at run time as a 1-element int64 tensor, read from a graph input that declares x's batch
+    name where one does (the same nodes for every layer: cleanup merges them into one), else from x."""
+    batch = shape_of(graph, x)[0]
+    source, axis = x, 0
+    if isinstance(batch, str) and batch:
+        for tensor in graph.inputs:
+            dims = list(tensor.shape or [])
+            if batch in dims:
+                source, axis = tensor, dims.index(batch)
+                break
+    return run_time_dim(graph, names, "rotary_batch", source, axis)
+
+
+def _batch_expanded(graph, names, cache, batch, batch_dim):
+    """``Expand(cache, Concat(batch, [1, 1]))``: the [1, S, D] cache copied to every row of the batch, as the
+    original's Mul broadcast it (exact: copies)."""
+    base = f"{cache.name}/batch"
+    target = gs.Variable(names(f"{base}/shape"), dtype=np.int64)
+    graph.nodes.append(gs.Node("Concat", names(f"{base}/Concat"), {"axis": 0}, inputs=[
+        batch, new_constant(graph, f"{base}/ones", np.array([1, 1], np.int64))], outputs=[target]))
+    out = gs.Variable(names(base), dtype=cache.dtype,
+                      shape=None if cache.shape is None else [batch_dim, *cache.shape[1:]])
+    graph.nodes.append(gs.Node("Expand", names(f"{base}/Expand"), inputs=[cache, target], outputs=[out]))
+    return out
 
 
 def _first_half(graph, names, cache, half: int):

@@ -11,7 +11,9 @@ with ``cos = Cos(Concat(f, f, axis=-1))`` (and ``sin`` the same with Sin), ``f =
 **What is proved** (:func:`match_rotary`): the two Slices cut x's last axis at h = D / 2 with D static and
 even (``[:h]`` and ``[h:]``, step 1); the Concat puts the negated second half first; each Mul multiplies
 by a ``Unsqueeze(·, axes=[1])`` of a rank-3 tensor whose batch and sequence dimensions are provably x's
-(ONNX's ``RotaryEmbedding`` without position ids takes a cache of exactly [B, S, D / 2]); and every
+(ONNX's ``RotaryEmbedding`` without position ids takes a cache of exactly [B, S, D / 2]), or whose batch
+is 1 and broadcast over x's (optimum's Gemma export computes its positions as [1, S]: the rewrite then
+expands both caches to x's batch first, a copy per model once duplicates merge); and every
 position of cos and sin holds the same value at i and i + h (:func:`halves_repeat`): the tensor is a
 chain of elementwise steps (Cast between float types, Cos, Sin, Identity, Neg, or a Mul/Div/Add/Sub with
 a one-element constant) over ``Concat(a, a)`` on the last axis with a's last dimension h.
@@ -47,8 +49,8 @@ rotated as it stands (a full rotation of an R-wide tensor) and the Slices and Co
 
 **Refused**, with the reason: any piece missing or shaped otherwise; cos and sin narrower than the
 rotated x; interleaved pairs (GPT-J); cos or sin not provably
-repeated in halves; a cache batch or sequence dimension not provably x's (a batch of 1 broadcast
-included); an intermediate read outside the pattern; element types other than float32, float16 or
+repeated in halves; a cache batch (other than 1) or sequence dimension not provably x's; cos broadcast
+over the batch and sin not, or the other way round; an intermediate read outside the pattern; element types other than float32, float16 or
 bfloat16, or x's and the caches' types differing.
 """
 
@@ -82,6 +84,7 @@ class Rotary:
     nodes: list
     merged: tuple | None = None  # (src [B, S, E], H, the merging Reshape) for the 3-D form: see merged_form
     partial: tuple | None = None  # (src [B, H, S, D], the pass-through Concat) for partial rotation: see partial_form
+    broadcast_batch: bool = False  # cos and sin are [1, S, D], broadcast over x's batch: expanded to it first
 
 
 def _slice_bounds(graph, node):
@@ -190,11 +193,13 @@ def match_rotary(graph, add) -> Rotary | Refuse:
 
 
 def _checked(graph, add, x, cos, sin, half, nodes, shape, unsqueezes) -> Rotary | Refuse:
+    broadcast = []
     for name, cache in (("cos", cos), ("sin", sin)):
         cache_shape = shape_of(graph, cache)
         if cache_shape[2] != 2 * half:
             return Refuse(f"{name} is {cache_shape}, not [B, S, {2 * half}] (the caches must span the rotated x exactly)")
-        if not (dims_equal(cache_shape[0], shape[0]) and dims_equal(cache_shape[1], shape[2])):
+        broadcast.append(cache_shape[0] == 1 and not dims_equal(shape[0], 1))
+        if not ((dims_equal(cache_shape[0], shape[0]) or broadcast[-1]) and dims_equal(cache_shape[1], shape[2])):
             return Refuse(f"{name}'s batch and sequence {cache_shape[:2]} are not provably x's {[shape[0], shape[2]]} "
                           "(RotaryEmbedding takes a [B, S, D/2] cache of exactly x's batch and sequence)")
         if not halves_repeat(graph, cache, half):
@@ -206,7 +211,9 @@ def _checked(graph, add, x, cos, sin, half, nodes, shape, unsqueezes) -> Rotary 
     problem = internal_problem(graph, nodes, add)
     if problem:
         return problem
-    found = Rotary(root=add, x=x, cos=cos, sin=sin, half=half, nodes=nodes)
+    if broadcast[0] != broadcast[1]:
+        return Refuse("one of cos and sin is broadcast over the batch and the other is not")
+    found = Rotary(root=add, x=x, cos=cos, sin=sin, half=half, nodes=nodes, broadcast_batch=broadcast[0])
     found.merged = merged_form(graph, found)
     if found.merged is not None:
         found.nodes = nodes + found.merged[3]

@@ -99,16 +99,35 @@ def test_rotary_float16():
 
 @pytest.mark.parametrize("variant, reason", [
     (dict(second="g"), "halves may differ"),
-    (dict(cos_batch="1"), "not provably x's"),
+    (dict(cos_batch="C"), "not provably x's"),
     (dict(slice_end=D // 2 + 2), "no operand is rotate_half"),
     (dict(neg_first=False), "no operand is rotate_half"),
-], ids=["halves-differ", "batch-1-cache", "partial-second-half", "unnegated-order"])
+], ids=["halves-differ", "other-batch-cache", "partial-second-half", "unnegated-order"])
 def test_rotary_refusals_keep_the_graph(variant, reason):
     m = rope_model(**variant)
     out, report = fuse(m, ROPE)
     assert report.counts[ROPE.name] == 0
     assert any(reason in r for r in refusals(report, ROPE)), refusals(report, ROPE)
     assert "RotaryEmbedding" not in ops(out)
+
+
+def test_rotary_with_caches_of_batch_one_expands_them_to_x_batch():
+    """optimum's Gemma export computes its positions as [1, S]: cos and sin broadcast over x's batch. The
+    rewrite spells them out with Expand (the batch read from the graph input that declares x's batch name)
+    before RotaryEmbedding, which takes [B, S, D/2] caches; the result equals the formula at batch 3."""
+    m = rope_model(cos_batch="1")
+    out, report = fuse(m, ROPE)
+    assert report.counts[ROPE.name] == 1, refusals(report)
+    found = ops(out)
+    assert found["RotaryEmbedding"] == 1 and found["Expand"] == 2 and "Neg" not in found, found
+    expand = next(n for n in out.graph.node if n.op_type == "Expand")
+    shape = next(n for n in out.graph.node if n.op_type == "Shape")
+    assert shape.input[0] == "x" and expand.input[0] in ("cr", "sr")  # x declares the batch B; cos, sin (Identity gone)
+    rng = np.random.default_rng(4)
+    x, pos = rng.standard_normal((3, H, S, D)).astype(np.float32), rng.integers(0, 4096, (1, S)).astype(np.int64)
+    got = helpers.run_ort(out, {"x": x, "pos": pos})["y"]
+    np.testing.assert_allclose(got, reference(x, pos), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(got, helpers.run_ort(m, {"x": x, "pos": pos})["y"], rtol=1e-6, atol=1e-6)
 
 
 def test_rotary_refused_when_a_piece_is_read_elsewhere():
