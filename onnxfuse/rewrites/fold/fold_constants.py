@@ -98,6 +98,7 @@ def folded_copy(graph: gs.Graph) -> gs.Graph | None:
             except Exception:  # graphsurgeon bug on an unusual graph: keep what we have
                 break
             g.cleanup(remove_unused_graph_inputs=False).toposort()
+            _body_outputs_written(g)
             folded = g
             if len(g.nodes) == n0:
                 break
@@ -110,6 +111,21 @@ def folded_copy(graph: gs.Graph) -> gs.Graph | None:
     # Re-import from a fully inferred model, so later rules see shapes on every tensor.
     result = inferred_and_proven(gs.export_onnx(folded, do_type_check=False))
     return _with_large_constants(result, graph, stand_ins)
+
+
+def _body_outputs_written(graph: gs.Graph) -> None:
+    """Each If/Loop/Scan body output that folding made a constant is written by a ``Constant`` node again
+    (the constant itself renamed): ONNX wants a body's outputs produced by its nodes, and graphsurgeon folds
+    inside bodies too. Without this fuzz seed 120249's If branch failed the checker, and the pipeline
+    dropped fold-constants for the whole model (a second optimize folded what the first had not)."""
+    for body in list(graphs_within(graph))[1:]:
+        for i, out in enumerate(body.outputs):
+            if not isinstance(out, gs.Constant):
+                continue
+            written = gs.Variable(out.name, dtype=out.dtype, shape=list(out.shape))
+            out.name = f"{out.name}/folded"
+            body.nodes.append(gs.Node("Constant", f"{written.name}/constant", {"value": out}, outputs=[written]))
+            body.outputs[i] = written
 
 
 def _with_large_constants(folded: gs.Graph, original: gs.Graph, names: list[str]) -> gs.Graph:

@@ -239,3 +239,35 @@ def test_an_op_that_cannot_be_evaluated_does_not_stop_the_rest():
     assert ops["com.microsoft:BiasSoftmax"] == 1  # left as it was
     assert "Mul" not in ops and "Concat" not in ops and "Shape" not in ops, ops  # 4·8 folded to [-1, 32]
     assert report.counts["fold-constants"] == 6  # Shape, 2 Gathers, Mul, Unsqueeze, Concat
+
+
+def test_a_branch_output_folded_to_a_constant_is_written_by_a_node():
+    """graphsurgeon folds inside If branches too; a branch output it folds to a constant must still be
+    written by a node (ONNX's rule for bodies), else the model fails the checker and the pipeline drops the
+    whole pass (fuzz seed 120249: a second optimize then folded what the first had not)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    import onnxfuse
+
+    two = onnx.numpy_helper.from_array(np.full((2, 3), 2.0, np.float32), "two")
+    # the branch passes on a value the main graph computes from constants: folded, the branch's Identity
+    # of it becomes a constant output
+    then_branch = h.make_graph([h.make_node("Identity", ["outer"], ["then_out"])], "then", [],
+                               [h.make_tensor_value_info("then_out", T.FLOAT, [2, 3])])
+    else_branch = h.make_graph([h.make_node("Abs", ["x"], ["else_out"])], "else", [],
+                               [h.make_tensor_value_info("else_out", T.FLOAT, [2, 3])])
+    graph = h.make_graph([h.make_node("Mul", ["two", "two"], ["outer"]),
+                          h.make_node("If", ["cond"], ["y"], then_branch=then_branch, else_branch=else_branch)], "g",
+                         [h.make_tensor_value_info("cond", T.BOOL, []), h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2, 3])], [two])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    result = onnxfuse.optimize(model, target="onnx")
+    assert result.validation.passed and not result.applied.dropped, result.applied.dropped
+    assert result.applied.counts["fold-constants"] == 1
+    onnx.checker.check_model(result.model, full_check=True)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 3
+    for cond in (True, False):
+        feeds = {"cond": np.array(cond), "x": x}
+        np.testing.assert_array_equal(helpers.run_ort(result.model, feeds)["y"], helpers.run_ort(model, feeds)["y"])
