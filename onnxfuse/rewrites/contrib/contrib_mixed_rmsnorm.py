@@ -73,13 +73,18 @@ def _half_tail(graph, root):
     return cast, None, None
 
 
+def _float16_upcast(graph, tensor):
+    """The node when ``tensor`` is ``Cast(h, to=float)`` of a float16 h, else None."""
+    p = producer_of(tensor)
+    if is_op(p, "Cast") and int(p.attrs.get("to", 0)) == onnx.TensorProto.FLOAT and dtype_of(graph, p.inputs[0]) == FP16:
+        return p
+    return None
+
+
 def _half_source(graph, tensor, reader):
     """The float16 tensor h when ``tensor`` is ``Cast(h, to=float)`` read by ``reader`` only, else None."""
-    p = producer_of(tensor)
-    if (is_op(p, "Cast") and int(p.attrs.get("to", 0)) == onnx.TensorProto.FLOAT and dtype_of(graph, p.inputs[0]) == FP16
-            and only_read_by(graph, tensor, [reader]) is None):
-        return p.inputs[0]
-    return None
+    p = _float16_upcast(graph, tensor)
+    return p.inputs[0] if p is not None and only_read_by(graph, tensor, [reader]) is None else None
 
 
 def _residual(graph, m):
@@ -105,10 +110,8 @@ def _stream_start(graph, m):
     to=float)`` of a float16 h and read outside the normalization too: a float32 residual stream starting
     there (the first layer of the sdpa export). None otherwise: a float32 island read by the normalization
     only is the float16 model's own RMSNorm, contrib-skip-rmsnorm's."""
-    p = producer_of(m.x)
-    if not (is_op(p, "Cast") and int(p.attrs.get("to", 0)) == onnx.TensorProto.FLOAT and dtype_of(graph, p.inputs[0]) == FP16):
-        return None
-    return p if only_read_by(graph, m.x, m.x_readers) is not None else None
+    p = _float16_upcast(graph, m.x)
+    return p if p is not None and only_read_by(graph, m.x, m.x_readers) is not None else None
 
 
 class ContribMixedRmsNorm(ContribRule):

@@ -9,8 +9,7 @@ No mean is subtracted and there is no β (Zhang & Sennrich 2019). Hugging Face's
 and T5 write it (``LlamaRMSNorm``, ``T5LayerNorm``) with the statistics in a float32 island inside a
 float16 model, which torch's exporters give as::
 
-    x32 = Cast(x, to=float)                       (optional: absent in a float32 model; to x's own
-                                                   type after --precision fp16)
+    x32 = Cast(x, to=float)                       (optional: absent in a float32 model)
     v   = ReduceMean(Pow(x32, 2) | Mul(x32, x32), axes=[-1], keepdims=1)
     s   = Sqrt(Add(v, ε))
     n   = Mul(x32, Reciprocal(s)) | Mul(x32, Div(1, s)) | Div(x32, s)
@@ -108,14 +107,9 @@ def _to_of(node) -> int:
 
 
 def _upcast(graph, tensor):
-    """The node when ``tensor`` is ``Cast(x, to=float)`` of a float16/float32 x, or a Cast of x to x's own
-    type (what ``--precision fp16`` leaves of an exporter's float32 island: ``Cast(x16, to=float16)``, the
-    island computed in float16, cast "back" to float16 after), else None."""
+    """The node when ``tensor`` is ``Cast(x, to=float)`` of a float16/float32 x, else None."""
     p = producer_of(tensor)
-    if not is_op(p, "Cast"):
-        return None
-    source = dtype_of(graph, p.inputs[0])
-    if source in RMS_DTYPES and _to_of(p) in (onnx.TensorProto.FLOAT, onnx.helper.np_dtype_to_tensor_dtype(source)):
+    if is_op(p, "Cast") and _to_of(p) == onnx.TensorProto.FLOAT and dtype_of(graph, p.inputs[0]) in RMS_DTYPES:
         return p
     return None
 

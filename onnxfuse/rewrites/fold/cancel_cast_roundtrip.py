@@ -68,9 +68,10 @@ class CancelCastRoundtrip(Rule):
                 yield node
 
     def check(self, graph, back):
-        target = cast_target(back)
-        if target is not None and target == dtype_of(graph, back.inputs[0]):
-            return back  # a Cast to its input's own type
+        """``(back, None)`` for a Cast to its input's own type, ``(back, up)`` for a widening round trip
+        ``back(up(x))``, else a ``Refuse``."""
+        if cast_target(back) is not None and cast_target(back) == dtype_of(graph, back.inputs[0]):
+            return back, None
         up = producer_of(back.inputs[0])
         if not is_op(up, "Cast"):
             return Refuse("not a Cast of a Cast, nor a Cast to its input's own type")
@@ -82,14 +83,14 @@ class CancelCastRoundtrip(Rule):
             return Refuse(f"{source} → {wide} → {target} is not a widening and its way back")
         if any(int(n.attrs.get("saturate", 1)) == 0 for n in (up, back)):
             return Refuse("a Cast with saturate=0")
-        return back
+        return back, up
 
-    def rewrite(self, graph, back) -> dict[str, Any]:
-        if cast_target(back) == dtype_of(graph, back.inputs[0]):
+    def rewrite(self, graph, plan) -> dict[str, Any]:
+        back, up = plan
+        if up is None:
             report = {"node": back.name, "types": f"{cast_target(back)} → itself"}
             to_identity(back, back.inputs[0])
             return report
-        up = producer_of(back.inputs[0])
         x, middle = up.inputs[0], up.outputs[0]
         report = {"node": back.name, "types": f"{dtype_of(graph, x)} → {cast_target(up)} → back"}
         to_identity(back, x)
