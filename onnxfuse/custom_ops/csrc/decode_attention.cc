@@ -38,8 +38,8 @@ const OrtApi* api = nullptr;
 constexpr unsigned kThreads = 256;
 // The kernel variant for a head size: the widest head it takes (DMAX: 64, 128 or 256).
 int64_t variant_width(int64_t head_size) { return head_size <= 64 ? 64 : head_size <= 128 ? 128 : 256; }
-// Query rows per key/value head the CUDA kernel takes, at every head size: its warps hold at most 16
-// (row, key subset) items of p · V, and it stages at most 16 bias rows per tile. The rule,
+// Query rows per key/value head the CUDA kernel takes, at every head size: its shared memory holds at
+// most 16 padded rows of scores, and it stages at most 16 bias rows per tile. The rule,
 // contrib-decode-attention, sends no more (its MAX_ROWS mirrors this one).
 constexpr int64_t kMaxRows = 16;
 // Kernels per element type: the three widths with vector and with element loads, then the combine.
@@ -153,16 +153,18 @@ struct CpuDecodeAttention {
 // in flight at once: four 16-byte chunks of one key's row (SPK threads per key, chunks interleaved), four
 // chunks of the tile's V (staged in shared memory for every warp) and its share of the bias rows. Then
 // the SPK threads of a key score the R query rows (q in shared memory, float32) one row at a time, the
-// warps take the rows' online softmax, and p · V goes to items (row, key subset): each warp takes at
-// most two, its lanes holding DL dims. The items' sums meet in shared memory. One split writes the
-// output; several write partials (acc, max, sum per row) that the combine kernel merges. Everything in
-// float32.
+// warps take the rows' online softmax, and p · V goes to warps by (row group, key share): a lane takes one
+// 16-byte V chunk of a key, converts it once and adds it into ROWS rows (32 floats per lane), so the
+// warps' p · V instructions are about a tenth of the multiply-adds'. Lanes of one chunk, then the warps of
+// a row group, add up in shared memory after the last tile. One split writes the output; several write
+// partials (acc, max, sum per row) that the combine kernel merges. Everything in float32.
 //
-// The code is loops, not unrolled rows: an earlier version unrolled every row (≈7,000 instructions, run
-// once per tile by each block) and took 15-20 µs per tile whatever its size; this one (≈2,300) takes
-// 11-13 µs for a single-tile block (docs/benchmarks.md 5.33). Instruction fetch is our reading of that
-// difference, not a profiler's. With `vec` (the host checks 16-byte alignment and whole-chunk rows) K and
-// V move as 16-byte vectors (the _v kernels); otherwise element by element (_e).
+// The block is bound by its instructions' latency, not by memory (Nsight Compute, docs/benchmarks.md
+// 5.38: ≈1,700 instructions per warp and tile at about 5 cycles each). p · V used to give each (row, key
+// subset) to one warp whose lanes held D / 32 dims (≈10 instructions per key and row, the largest share);
+// before that, every row unrolled (≈7,000 instructions) took 15-20 µs per tile. With `vec` (the host
+// checks 16-byte alignment and whole-chunk rows) K and V move as 16-byte vectors (the _v kernels);
+// otherwise element by element (_e).
 const char* kCudaSource = R"CUDA(
 #define THREADS 256
 #define WARPS (THREADS / 32)
@@ -235,13 +237,14 @@ __device__ __forceinline__ uint4 load_chunk(const void* p, long long row, int c,
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 // Shared memory, in floats (the host's shared_floats() says the same): q [R][Dp] from 0, the scores
-// [R][TK], the tile's bias rows [<= R][TK], the tile's V [TK][D] elements from a 16-byte boundary (the
-// items' sums [<= 16][Dp] reuse the scores onwards after the last tile); then max, sum and factor per row.
+// [Rp][TK] (Rp: the rows padded to whole row groups of p · V; the padding rows stay 0), the tile's bias
+// rows [<= R][TK], the tile's V [TK][Dp] elements from a 16-byte boundary (the rows' sums [R][Dp] reuse
+// the scores onwards after the last tile); then max, sum and factor per padded row.
 struct Layout {
   int sc, sb, vs, rows;
-  __device__ __forceinline__ Layout(int R, int Dp, int D, int TK, int ES) {
-    sc = R * Dp; sb = sc + R * TK; vs = (sb + R * TK + 3) / 4 * 4;
-    const int tile_end = vs + (TK * D * ES + 15) / 16 * 4, sums = sc + (R > WARPS ? R : WARPS) * Dp;
+  __device__ __forceinline__ Layout(int R, int Rp, int Dp, int TK, int ES) {
+    sc = R * Dp; sb = sc + Rp * TK; vs = (sb + R * TK + 3) / 4 * 4;
+    const int tile_end = vs + TK * Dp * ES / 4, sums = sc + R * Dp;
     rows = tile_end > sums ? tile_end : sums;
   }
 };
@@ -254,27 +257,35 @@ __device__ __forceinline__ void decode_attention(const Args& a) {
          CPT = DMAX / EPC / SPK,                                      // K chunks per thread (4)
          VPT = TK * DMAX * ES / 16 / THREADS,                         // V chunks per thread (4)
          BPT = 16 * TK / THREADS,                                     // bias values per thread (<= 16 rows)
-         DL = DMAX / 32 };                                            // dims per lane in p · V
+         LPK = DMAX / EPC < 32 ? DMAX / EPC : 32,                     // p · V: lanes per key (one chunk each)
+         KPI = 32 / LPK,                                              //   keys a warp takes at once
+         CPL = DMAX / EPC / LPK,                                      //   chunks per lane (1 or 2)
+         ROWS = 32 / (CPL * EPC) };                                   //   rows per warp (8 or 4)
   extern __shared__ float smem[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, kk = tid / SPK, h = tid % SPK;
   const int R = (int)a.R, D = (int)a.D, n = (int)a.n;
   const long long T = a.T, bg = blockIdx.y, b = bg / a.G, g = bg % a.G;
   const int CPR = (D + EPC - 1) / EPC, Dp = CPR * EPC;  // chunks per row; q's padded row
   const int bias_rows = a.bias_b == 0 ? 0 : a.bias_s > 1 ? R / n : 1;  // the bias rows a tile reads (tokens)
-  const int KS = R >= WARPS ? 1 : WARPS / R, items = R * KS;  // p · V: row r's keys in KS subsets
+  // p · V: the rows in groups of ROWS (a power of two groups), WPG warps per group, each a share of the keys.
+  int groups = 1;
+  while (groups * ROWS < R) groups *= 2;
+  const int WPG = WARPS / groups, row0 = warp / WPG * ROWS, wk = warp % WPG, kq = lane / LPK, cl = lane % LPK;
   const long long t_begin = (long long)blockIdx.x * a.chunk;
   const long long t_end = t_begin + a.chunk < T ? t_begin + a.chunk : T;
-  const Layout L(R, Dp, D, TK, ES);
+  const int Rp = groups * ROWS;
+  const Layout L(R, Rp, Dp, TK, ES);
   float* qs = smem; float* sc = smem + L.sc; float* sb = smem + L.sb; E* vs = (E*)(smem + L.vs);
-  float* mrow = smem + L.rows; float* lrow = mrow + R; float* frow = lrow + R;
+  float* mrow = smem + L.rows; float* lrow = mrow + Rp; float* frow = lrow + Rp;
   for (int i = tid; i < R * Dp; i += THREADS) {
     const int r = i / Dp, d = i % Dp;
     qs[i] = d < D ? Ty::ld(a.q, ((b * R + r) * a.G + g) * D + d) * a.scale : 0.f;
   }
-  for (int r = tid; r < R; r += THREADS) { mrow[r] = -INFINITY; lrow[r] = 0.f; }
-  float acc[2][DL];
-  _Pragma("unroll") for (int q = 0; q < 2; ++q)
-    _Pragma("unroll") for (int i = 0; i < DL; ++i) acc[q][i] = 0.f;
+  for (int r = tid; r < Rp; r += THREADS) { mrow[r] = -INFINITY; lrow[r] = 0.f; frow[r] = 1.f; }
+  for (int i = tid; i < (Rp - R) * TK; i += THREADS) sc[R * TK + i] = 0.f;  /* padding rows: p = 0 */
+  float acc[ROWS][CPL * EPC];
+  _Pragma("unroll") for (int rr = 0; rr < ROWS; ++rr)
+    _Pragma("unroll") for (int e = 0; e < CPL * EPC; ++e) acc[rr][e] = 0.f;
   const long long kv = (b * a.G + g) * T * D, bias_base = (a.bias_b > 1 ? b : 0) * a.bias_s * T;
   for (long long t0 = t_begin; t0 < t_end; t0 += TK) {
     const int keys = t_end - t0 < TK ? (int)(t_end - t0) : TK;
@@ -297,14 +308,14 @@ __device__ __forceinline__ void decode_attention(const Args& a) {
     _Pragma("unroll") for (int u = 0; u < VPT; ++u)
       if (tid + THREADS * u < v_chunks) ((uint4*)vs)[tid + THREADS * u] = vc[u];
     if (!VEC)
-      for (int e = tid; e < keys * D; e += THREADS) vs[e] = ((const E*)a.v)[kv + t0 * D + e];
+      for (int e = tid; e < keys * D; e += THREADS) vs[e / D * Dp + e % D] = ((const E*)a.v)[kv + t0 * D + e];
     _Pragma("unroll") for (int u = 0; u < BPT; ++u)
       if (tid + THREADS * u < bias_rows * TK) sb[tid + THREADS * u] = bv[u];
     float kf[CPT * EPC];
     _Pragma("unroll") for (int i = 0; i < CPT; ++i) unpack<Ty>(kc[i], kf + i * EPC);
     __syncthreads();
     for (int r = 0; r < R; ++r) {
-      float s = 0.f;
+      float s = 0.f, s2 = 0.f;  /* two FMA chains */
       _Pragma("unroll") for (int i = 0; i < CPT; ++i) {
         const int c = h + SPK * i;
         if (c < CPR) {
@@ -312,10 +323,11 @@ __device__ __forceinline__ void decode_attention(const Args& a) {
           _Pragma("unroll") for (int u = 0; u < EPC / 4; ++u) {
             const float4 x = q4[u];
             const float* k4 = kf + i * EPC + 4 * u;
-            s += x.x * k4[0] + x.y * k4[1] + x.z * k4[2] + x.w * k4[3];
+            s = fmaf(x.x, k4[0], s); s2 = fmaf(x.y, k4[1], s2); s = fmaf(x.z, k4[2], s); s2 = fmaf(x.w, k4[3], s2);
           }
         }
       }
+      s += s2;
       _Pragma("unroll") for (int o = SPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       if (h == 0) {
         if (bias_rows) s += sb[(bias_rows > 1 ? r / n : 0) * TK + kk];
@@ -339,35 +351,52 @@ __device__ __forceinline__ void decode_attention(const Args& a) {
       if (lane == 0) { lrow[r] = lrow[r] * f + sum; mrow[r] = m_new; frow[r] = f; }
     }
     __syncthreads();
-    _Pragma("unroll") for (int q = 0; q < 2; ++q) {
-      const int it = warp + WARPS * q;
-      if (it < items) {
-        const int r = it % R, ks = it / R;
-        const float f = frow[r];
-        _Pragma("unroll") for (int i = 0; i < DL; ++i) acc[q][i] *= f;
-        _Pragma("unroll 4") for (int j = ks; j < keys; j += KS) {
-          const float p = sc[r * TK + j];
-          const E* vrow = vs + j * D + lane * DL;
-          _Pragma("unroll") for (int i = 0; i < DL; ++i)
-            if (lane * DL + i < D) acc[q][i] += p * Ty::value(vrow[i]);
+    /* p · V: the warp's rows, its keys of the tile, one V chunk per lane and key, converted once for
+       every row. A key past `keys` is skipped (its staged V is a stale tile's, maybe not finite). */
+    _Pragma("unroll") for (int rr = 0; rr < ROWS; ++rr) {
+      const float f = frow[row0 + rr];
+      _Pragma("unroll") for (int e = 0; e < CPL * EPC; ++e) acc[rr][e] *= f;
+    }
+    for (int j = wk * KPI + kq; j - kq < keys; j += WPG * KPI) {
+      if (j < keys) {
+        float vf[CPL * EPC];
+        _Pragma("unroll") for (int c = 0; c < CPL; ++c) {
+          const int ch = cl + LPK * c;
+          const uint4 raw = ch < CPR ? ((const uint4*)(vs + j * Dp))[ch] : make_uint4(0, 0, 0, 0);
+          unpack<Ty>(raw, vf + c * EPC);
+        }
+        _Pragma("unroll") for (int rr = 0; rr < ROWS; ++rr) {
+          const float p = sc[(row0 + rr) * TK + j];  /* 0 in a padding row */
+          _Pragma("unroll") for (int e = 0; e < CPL * EPC; ++e) acc[rr][e] = fmaf(p, vf[e], acc[rr][e]);
         }
       }
     }
   }
+  /* The lanes of one chunk (one per key slot) add up, then the warps of a row group, one after another
+     (shared float atomics are a compare-and-swap loop here), into sums [R][Dp] over the finished tile. */
+  _Pragma("unroll") for (int o = LPK; o < 32; o <<= 1)
+    _Pragma("unroll") for (int rr = 0; rr < ROWS; ++rr)
+      _Pragma("unroll") for (int e = 0; e < CPL * EPC; ++e) acc[rr][e] += __shfl_xor_sync(0xffffffffu, acc[rr][e], o);
   __syncthreads();
-  float* sums = sc;  /* [items][Dp]: the tile's scores, bias and V are done with */
-  _Pragma("unroll") for (int q = 0; q < 2; ++q) {
-    const int it = warp + WARPS * q;
-    if (it < items)
-      _Pragma("unroll") for (int i = 0; i < DL; ++i)
-        if (lane * DL + i < D) sums[it * Dp + lane * DL + i] = acc[q][i];
+  float* sums = sc;
+  for (int w = 0; w < WPG; ++w) {
+    if (wk == w && kq == 0)
+      _Pragma("unroll") for (int rr = 0; rr < ROWS; ++rr)
+        if (row0 + rr < R)
+          _Pragma("unroll") for (int c = 0; c < CPL; ++c) {
+            const int ch = cl + LPK * c;
+            if (ch < CPR)
+              _Pragma("unroll") for (int e = 0; e < EPC; ++e) {
+                float* x = sums + (row0 + rr) * Dp + ch * EPC + e;
+                *x = (w == 0 ? 0.f : *x) + acc[rr][c * EPC + e];
+              }
+          }
+    __syncthreads();
   }
-  __syncthreads();
   const long long BG = a.B * a.G, split = blockIdx.x;
   for (int i = tid; i < R * D; i += THREADS) {
     const int r = i / D, d = i % D;
-    float x = 0.f;
-    for (int ks = 0; ks < KS; ++ks) x += sums[(ks * R + r) * Dp + d];
+    const float x = sums[r * Dp + d];
     if (a.splits == 1) {
       Ty::st(a.out, ((b * R + r) * a.G + g) * D + d, lrow[r] > 0.f ? x / lrow[r] : 0.f);
     } else {
@@ -440,15 +469,29 @@ int64_t tile_keys(int64_t head_size, size_t element_size) {
   return keys < 128 ? keys : 128;
 }
 
+// The rows of p · V padded to whole row groups, as the kernel's `groups * ROWS`: a warp's lanes take one
+// 16-byte V chunk per key (at most 32 lanes per key, two chunks each beyond) and hold 32 floats per lane,
+// so ROWS rows at once; the groups are a power of two (they share the eight warps).
+int64_t pv_padded_rows(int64_t rows, int64_t head_size, int64_t element_size) {
+  const int64_t per_chunk = 16 / element_size, chunks = variant_width(head_size) / per_chunk;
+  const int64_t lanes_per_key = chunks < 32 ? chunks : 32, per_lane = chunks / lanes_per_key * per_chunk;
+  const int64_t group_rows = 32 / per_lane;
+  int64_t groups = 1;
+  while (groups * group_rows < rows) groups *= 2;
+  return groups * group_rows;
+}
+
 // Shared memory of the kernel, in floats, as its `Layout`: q [R][Dp] (Dp: D rounded up to whole 16-byte
-// chunks), the scores and the bias rows [R][TK] each, the tile's V (TK·D elements, from a 16-byte
-// boundary) or the items' sums [max(R, 8)][Dp], whichever ends later; then three floats per row.
+// chunks), the scores [Rp][TK] (Rp: pv_padded_rows) and the bias rows [R][TK], the tile's V (TK·Dp
+// elements, from a 16-byte boundary) or the rows' sums [R][Dp], whichever ends later; then three floats
+// per padded row.
 int64_t shared_floats(int64_t rows, int64_t head_size, int64_t tile, size_t element_size) {
   const int64_t es = static_cast<int64_t>(element_size), per_chunk = 16 / es;
   const int64_t padded = (head_size + per_chunk - 1) / per_chunk * per_chunk;
-  const int64_t sc = rows * padded, vs = (sc + 2 * rows * tile + 3) / 4 * 4;
-  const int64_t tile_end = vs + (tile * head_size * es + 15) / 16 * 4, sums = sc + (rows > 8 ? rows : 8) * padded;
-  return (tile_end > sums ? tile_end : sums) + 3 * rows;
+  const int64_t sc = rows * padded, padded_rows = pv_padded_rows(rows, head_size, es);
+  const int64_t vs = (sc + padded_rows * tile + rows * tile + 3) / 4 * 4;
+  const int64_t tile_end = vs + tile * padded * es / 4, sums = sc + rows * padded;
+  return (tile_end > sums ? tile_end : sums) + 3 * padded_rows;
 }
 
 // Vector loads (16 bytes): K and V 16-byte aligned and rows of whole 16-byte chunks.
@@ -459,9 +502,10 @@ bool vector_loads(const Call& c, int64_t head_size) {
 
 // Keys per split, a whole number of tiles: as many splits as fit in one wave of the GPU (`resident`: the
 // blocks the device runs at once) beside the heads' blocks, at least one; a second, nearly empty wave
-// would cost a whole block's time.
+// would cost a whole block's time (rounding the split count up did that: 17 splits of 16 heads' blocks
+// on 264 resident, docs/benchmarks.md 5.38).
 int64_t keys_per_split(int64_t blocks_without_split, int64_t keys, int64_t resident, int64_t tile) {
-  int64_t splits = blocks_without_split >= resident ? 1 : (resident + blocks_without_split - 1) / blocks_without_split;
+  int64_t splits = blocks_without_split >= resident ? 1 : resident / blocks_without_split;
   const int64_t most = (keys + tile - 1) / tile;
   if (splits > most) splits = most;
   if (splits < 1) splits = 1;
