@@ -8,7 +8,9 @@ output against a float64 evaluation on the host first. The program is also the t
 
     python3 benchmarks/probes/decode_kernel_nvcc.py --out DIR [--shapes 1x1025,8x4097] [--ncu]
 
-`--define NAME=VALUE` (repeatable) passes a macro to the build, for variants the source reads.
+`--define NAME=VALUE` (repeatable) passes a macro to the build: `PROBE_KERNEL=ofx_decode_attention_f16_d64_m`
+with `PROBE_MMA=1` times the tensor-core variant (default `_v`), `PROBE_SPLITS_CEIL=1` rounds the split count up (as the op
+did before 5.38).
 Needs nvcc; the GPU machine has it.
 """
 
@@ -23,6 +25,12 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parents[2] / "onnxfuse" / "custom_ops" / "csrc"
 
 MAIN = r"""
+#ifndef PROBE_KERNEL
+#define PROBE_KERNEL ofx_decode_attention_f16_d64_v
+#endif
+#ifndef PROBE_MMA
+#define PROBE_MMA 0
+#endif
 #undef INFINITY
 #define INFINITY HUGE_VALF
 #include <cuda_runtime.h>
@@ -60,16 +68,17 @@ int main(int argc, char** argv) {
   const int TK = 16384 / (64 * 2) < 128 ? 16384 / (64 * 2) : 128;
   // Shared memory and the split count, as the op's host code computes them.
   auto shared_floats = [&](long long rows) {
-    long long groups = 1;  // p · V's row groups of 4 (float16, head size 64)
+    long long groups = 1;  // p · V's row groups of 4 (float16, head size 64); with tensor cores 16 rows
     while (groups * 4 < rows) groups *= 2;
-    const long long prows = groups * 4, padded = 64, sc = rows * padded, vs = (sc + prows * TK + rows * TK + 3) / 4 * 4;
-    const long long tile_end = vs + TK * padded * 2 / 4, sums = sc + rows * padded;
+    const long long prows = PROBE_MMA ? 16 : groups * 4, padded = 64, v_row = PROBE_MMA ? 72 : 64;
+    const long long sc = rows * padded, vs = (sc + prows * TK + rows * TK + 3) / 4 * 4;
+    const long long tile_end = vs + TK * v_row * 2 / 4, sums = sc + rows * padded + (PROBE_MMA ? 4096 : 0);
     return (tile_end > sums ? tile_end : sums) + 3 * prows;
   };
   int per_sm = 0, sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const unsigned shared = shared_floats(R) * 4;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ofx_decode_attention_f16_d64_v, 256, shared_floats(16) * 4));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PROBE_KERNEL, 256, shared_floats(16) * 4));
   const long long resident = (long long)per_sm * sms;
   long long splits = PROBE_SPLITS(BG, resident);
   const long long most = (T + TK - 1) / TK;
@@ -85,7 +94,7 @@ int main(int argc, char** argv) {
   a.splits = splits; a.chunk = chunk; a.vec = 1; a.scale = 0.125f;
   const long long outputs = BG * R * D;
   auto run = [&](bool combine) {
-    ofx_decode_attention_f16_d64_v<<<dim3(splits, BG), 256, shared>>>(a);
+    PROBE_KERNEL<<<dim3(splits, BG), 256, shared>>>(a);
     if (combine && splits > 1) ofx_decode_attention_f16_combine<<<(outputs + 255) / 256, 256>>>(a);
   };
   run(true); CK(cudaDeviceSynchronize());

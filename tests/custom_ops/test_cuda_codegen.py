@@ -529,24 +529,3 @@ def test_atan_compiles_to_ptx(dtype):
         ptx = native.compile_ptx(src, arch=arch)
         for name in ALL_KERNELS:
             assert f".entry {name}(" in ptx, (name, arch)
-
-
-def _fixed_source(cc_file: str) -> str:
-    """An attention op's NVRTC source as the library compiles it: the shared typed loads and stores
-    (attention_common.h) then the op's own kernels (its kCudaSource)."""
-    csrc = Path(__file__).resolve().parents[2] / "onnxfuse" / "custom_ops" / "csrc"
-    pattern = r'{} = R"CUDA\((.*?)\)CUDA"'
-    io = re.search(pattern.format("kCudaTypedIo"), (csrc / "attention_common.h").read_text(), re.S).group(1)
-    return io + re.search(pattern.format("kCudaSource"), (csrc / cc_file).read_text(), re.S).group(1)
-
-
-@needs_nvrtc
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("cc_file,kernels", [
-    ("attention_inputs.cc", ["ofx_attention_inputs_f32", "ofx_attention_inputs_f16", "ofx_attention_inputs_bf16"]),
-    ("decode_attention.cc", [f"ofx_decode_attention_{t}_{c}" for t in ("f32", "f16", "bf16")
-                             for c in ("d64_v", "d64_e", "d128_v", "d128_e", "d256_v", "d256_e", "combine")])])
-def test_the_attention_kernels_compile_with_their_entry_points(arch, cc_file, kernels):
-    ptx = native.compile_ptx(_fixed_source(cc_file), arch)
-    assert sorted(re.findall(r"\.entry (\w+)", ptx)) == sorted(kernels)
-    assert "ld.local" not in ptx and "st.local" not in ptx  # the accumulators and loaded tiles stay in registers

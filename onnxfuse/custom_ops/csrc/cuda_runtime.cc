@@ -687,6 +687,14 @@ bool launch_fixed(void* fn, void* ctx, long long blocks, unsigned threads, void*
   return true;
 }
 
+int compute_capability(int device) {
+  Driver& d = driver();
+  CUdevice dev;
+  int cc = 0;
+  std::string err;
+  return d.ok && device_capability(d, device, &dev, &cc, &err) ? cc : 0;
+}
+
 int resident_blocks(void* fn, void* ctx, int device, unsigned threads, unsigned shared_bytes) {
   Driver& d = driver();
   CUdevice dev;

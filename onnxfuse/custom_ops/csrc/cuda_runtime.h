@@ -53,6 +53,8 @@ bool launch_fixed(void* fn, void* ctx, long long blocks, unsigned threads, void*
 // occupancy at `threads` per block and `shared_bytes` of dynamic shared memory. 0 when the driver cannot
 // say (no occupancy entry point, or a call fails).
 int resident_blocks(void* fn, void* ctx, int device, unsigned threads, unsigned shared_bytes);
+// The compute capability of CUDA device `device` as major·10 + minor; 0 where the driver does not say.
+int compute_capability(int device);
 
 // JSON with counters: compiles, disk_hits, memory_hits, disk_writes, disk_rejects (entries that
 // failed verification, never loaded), last_disk_reject, disk_refused (why the cache folder was not
