@@ -29,6 +29,12 @@ the Softmax. The float16 export computes the masked scores, the Softmax and P·V
 symbolic casts the float16 scores and values up to the float32 mask constants' type) and keeps the
 residual stream after the attention in float32.
 
+``--gemma`` writes ``optimum_gemma_kv.onnx`` and ``optimum_gemma_kv_fp16.onnx`` the same way from a seeded
+``GemmaForCausalLM`` of the same sizes (GELU-tanh MLP, norm weights randomized around 0: Gemma scales by
+1 + w), the exports behind tests/rewrites/contrib/test_optimum_gemma.py. transformers computes Gemma's
+positions as [1, S] (rotary caches of batch 1) and, in float16, rotates every layer after the first in
+float32 (its cos/sin caches cast up to the float32 query's type).
+
 ``--t5`` writes instead ``optimum_t5_decoder.onnx`` and ``optimum_t5_decoder_with_past.onnx`` (float32),
 the exports behind tests/rewrites/contrib/test_t5_kv_cache.py (issue 31 item 2), with the same versions:
 ``optimum-cli export onnx --task text2text-generation-with-past`` of a seeded ``T5ForConditionalGeneration``
@@ -89,29 +95,36 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def build(folder: Path, seed: int) -> None:
-    """A tiny random Llama saved as a transformers folder (config and safetensors weights)."""
+def build(folder: Path, seed: int, family: str = "llama") -> None:
+    """A tiny random Llama (or Gemma: the same sizes, its GELU-tanh MLP, its RMSNorm scaling by 1 + w,
+    its embeddings scaled by √hidden) saved as a transformers folder (config and safetensors weights)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                         initializer_range=0.1, rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                         tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).eval()
+    sizes = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=64, initializer_range=0.1,
+                 rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "gemma":
+        from transformers import GemmaConfig, GemmaForCausalLM
+
+        model = GemmaForCausalLM(GemmaConfig(**sizes, hidden_activation="gelu_pytorch_tanh")).eval()
+        norm_centre = 0.0  # Gemma's norm multiplies by 1 + w
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**sizes, tie_word_embeddings=False)).eval()
+        norm_centre = 1.0
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1 and "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                p.copy_(norm_centre + 0.1 * torch.randn(p.shape, generator=g))
     model.save_pretrained(folder)
 
 
-def export(out_folder: Path, seed: int) -> None:
+def export(out_folder: Path, seed: int, family: str = "llama") -> None:
     from optimum.exporters.onnx import main_export
 
     with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / "tiny-llama"
-        build(source, seed)
-        for dtype, name in ((None, "optimum_llama_kv.onnx"), ("fp16", "optimum_llama_kv_fp16.onnx")):
+        source = Path(tmp) / f"tiny-{family}"
+        build(source, seed, family)
+        for dtype, name in ((None, f"optimum_{family}_kv.onnx"), ("fp16", f"optimum_{family}_kv_fp16.onnx")):
             folder = Path(tmp) / (dtype or "fp32")
             main_export(str(source), folder, task="text-generation-with-past", dtype=dtype, device="cpu",
                         library_name="transformers")
@@ -198,6 +211,8 @@ def main() -> None:
     ap.add_argument("--t5", action="store_true", help="export the tiny T5 decoders instead of the Llama")
     ap.add_argument("--bart", action="store_true", help="export the tiny BART decoders instead of the Llama")
     ap.add_argument("--whisper", action="store_true", help="export the tiny Whisper decoders instead of the Llama")
+    ap.add_argument("--gemma", action="store_true",
+                    help="export a tiny Gemma (float32 and float16, optimum_gemma_kv[_fp16].onnx) instead of the Llama")
     ap.add_argument("--fp16", action="store_true",
                     help="with --t5/--bart: export their decoders in float16 (optimum's --dtype fp16), *_fp16.onnx")
     args = ap.parse_args()
@@ -207,7 +222,7 @@ def main() -> None:
         for kind in ("t5",) * args.t5 + ("bart",) * args.bart + ("whisper",) * args.whisper:
             export_seq2seq(args.folder, args.seed, kind, "fp16" if args.fp16 else None)
     else:
-        export(args.folder, args.seed)
+        export(args.folder, args.seed, "gemma" if args.gemma else "llama")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx import helper
 
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.contrib.rotary_pattern import match_rotary, rotary_candidate
@@ -67,6 +68,8 @@ class ContribRotaryEmbedding(ContribRule):
             batch = _run_time_batch(graph, names, found.x)
             full = [_batch_expanded(graph, names, t, batch, shape_of(graph, found.x)[0]) for t in full]
         caches = [_first_half(graph, names, t, found.half) for t in full]
+        if found.cache_cast is not None:  # the pattern's Cast of its Unsqueezed caches, on the halves (exact: per element)
+            caches = [_cast(graph, names, t, found.cache_cast) for t in caches]
         name = f"{found.root.name}/RotaryEmbedding" if found.root.name else None
         if found.merged is not None:  # the 3-D form: [B, S, H·D] in, the merged [B, S, H·D] out
             src, heads, merge_r, _ = found.merged
@@ -108,6 +111,14 @@ def _batch_expanded(graph, names, cache, batch, batch_dim):
     out = gs.Variable(names(base), dtype=cache.dtype,
                       shape=None if cache.shape is None else [batch_dim, *cache.shape[1:]])
     graph.nodes.append(gs.Node("Expand", names(f"{base}/Expand"), inputs=[cache, target], outputs=[out]))
+    return out
+
+
+def _cast(graph, names, tensor, dtype: np.dtype):
+    """``Cast(tensor, to=dtype)``; every layer's copy is a duplicate that cleanup merges into one."""
+    out = gs.Variable(names(f"{tensor.name}/{dtype.name}"), dtype=dtype, shape=tensor.shape)
+    graph.nodes.append(gs.Node("Cast", names(f"{tensor.name}/Cast"), {"to": int(helper.np_dtype_to_tensor_dtype(dtype))},
+                               inputs=[tensor], outputs=[out]))
     return out
 
 

@@ -10,7 +10,9 @@ with ``cos = Cos(Concat(f, f, axis=-1))`` (and ``sin`` the same with Sin), ``f =
 
 **What is proved** (:func:`match_rotary`): the two Slices cut x's last axis at h = D / 2 with D static and
 even (``[:h]`` and ``[h:]``, step 1); the Concat puts the negated second half first; each Mul multiplies
-by a ``Unsqueeze(·, axes=[1])`` of a rank-3 tensor whose batch and sequence dimensions are provably x's
+by a ``Unsqueeze(·, axes=[1])`` of a rank-3 tensor (or a ``Cast`` between float types of that Unsqueeze:
+optimum's float16 Gemma export rotates its float32 layers with the float16 caches cast up) whose batch
+and sequence dimensions are provably x's
 (ONNX's ``RotaryEmbedding`` without position ids takes a cache of exactly [B, S, D / 2]), or whose batch
 is 1 and broadcast over x's (optimum's Gemma export computes its positions as [1, S]: the rewrite then
 expands both caches to x's batch first, a copy per model once duplicates merge); and every
@@ -23,7 +25,9 @@ computes, with x₁ = x[..., :h], x₂ = x[..., h:] and c, s its [B, S, h] cache
 ``Concat(x₁·c − x₂·s, x₂·c + x₁·s)``. The pattern computes ``x·cos + rotate_half(x)·sin``: its first
 half x₁·cos[:h] − x₂·sin[:h], its second x₂·cos[h:] + x₁·sin[h:]; with cos[:h] = cos[h:] = c (the
 repetition proved above) and likewise for sin, the same values. The caches are ``cos[..., :h]`` and
-``sin[..., :h]`` (one Slice each, shared by every layer once duplicates merge). Rounding: the op
+``sin[..., :h]`` (one Slice each, shared by every layer once duplicates merge), followed by the same Cast
+where the pattern cast its Unsqueeze (a Cast is per element, so casting the slice gives the values the
+pattern multiplied by: exact). Rounding: the op
 rounds once per output in x's type where the pattern rounded each product and the sum (float16: within
 a unit in the last place or two).
 
@@ -60,6 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx import TensorProto
 
 from onnxfuse.rewrites.contrib.attention.layout import HEADS, copies_dim
 from onnxfuse.rewrites.facts.graph import (axes_of, consumers, constant_value, dims_equal, dtype_of, internal_problem,
@@ -85,6 +90,7 @@ class Rotary:
     merged: tuple | None = None  # (src [B, S, E], H, the merging Reshape) for the 3-D form: see merged_form
     partial: tuple | None = None  # (src [B, H, S, D], the pass-through Concat) for partial rotation: see partial_form
     broadcast_batch: bool = False  # cos and sin are [1, S, D], broadcast over x's batch: expanded to it first
+    cache_cast: np.dtype | None = None  # the type the pattern cast both Unsqueezed caches to, if it did
 
 
 def _slice_bounds(graph, node):
@@ -120,15 +126,27 @@ def _rotate_half(graph, concat, x, half: int):
     return [concat, neg, first, second]
 
 
+#: the Casts taken between an Unsqueezed cache and its Mul: ONNX element type → the numpy type (float32
+#: and float16, the types contrib-rotary-embedding writes the op for)
+_CAST_TARGETS = {TensorProto.FLOAT: np.dtype(np.float32), TensorProto.FLOAT16: np.dtype(np.float16)}
+
+
 def _unsqueezed_cache(graph, tensor):
-    """(the rank-3 cache, its Unsqueeze) when ``tensor`` is ``Unsqueeze(cache, axes=[1])``, else None."""
-    node = producer_of(tensor)
+    """(the rank-3 cache, its Unsqueeze, the Cast's target type or None) when ``tensor`` is
+    ``Unsqueeze(cache, axes=[1])`` or a Cast between float types of one, else None."""
+    node, cast_to = producer_of(tensor), None
+    if is_op(node, "Cast") and len(node.inputs) == 1:
+        cast_to = _CAST_TARGETS.get(int(node.attrs.get("to", 0)))
+        source = producer_of(node.inputs[0])
+        if cast_to is None or dtype_of(graph, node.inputs[0]) not in _CAST_TARGETS.values():
+            return None
+        node = source
     if not is_op(node, "Unsqueeze") or axes_of(graph, node) != [1]:
         return None
     shape = shape_of(graph, node.inputs[0])
     if shape is None or len(shape) != 3:
         return None
-    return node.inputs[0], node
+    return node.inputs[0], node, cast_to
 
 
 def halves_repeat(graph, tensor, half: int, depth: int = 0) -> bool:
@@ -152,14 +170,14 @@ def halves_repeat(graph, tensor, half: int, depth: int = 0) -> bool:
 
 
 def _product(graph, mul):
-    """(the tensor multiplied, the rank-3 cache, the cache's Unsqueeze) of ``Mul(t, Unsqueeze(cache, 1))``
-    in either operand order, or None."""
+    """(the tensor multiplied, the rank-3 cache, the cache's Unsqueeze, the Cast's target or None) of
+    ``Mul(t, [Cast](Unsqueeze(cache, 1)))`` in either operand order, or None."""
     if not is_op(mul, "Mul") or len(mul.inputs) != 2:
         return None
     for i in (0, 1):
         found = _unsqueezed_cache(graph, mul.inputs[1 - i])
         if found is not None:
-            return mul.inputs[i], found[0], found[1]
+            return (mul.inputs[i], *found)
     return None
 
 
@@ -179,8 +197,10 @@ def match_rotary(graph, add) -> Rotary | Refuse:
     if any(f is None for f in found):
         return Refuse("not x·Unsqueeze(cos, 1) + rotate_half(x)·Unsqueeze(sin, 1)")
     for direct, rotated in ((0, 1), (1, 0)):
-        x, cos, cos_u = found[direct]
-        r, sin, sin_u = found[rotated]
+        x, cos, cos_u, cos_cast = found[direct]
+        r, sin, sin_u, sin_cast = found[rotated]
+        if cos_cast != sin_cast:
+            return Refuse("cos and sin are not cast alike before their Muls")
         shape = shape_of(graph, x)
         if shape is None or len(shape) != 4 or not isinstance(shape[3], int) or shape[3] % 2:
             continue
@@ -188,11 +208,11 @@ def match_rotary(graph, add) -> Rotary | Refuse:
         rotate = _rotate_half(graph, producer_of(r), x, half)
         if rotate is None:
             continue
-        return _checked(graph, add, x, cos, sin, half, [add, *products, *rotate], shape, (cos_u, sin_u))
+        return _checked(graph, add, x, cos, sin, half, [add, *products, *rotate], shape, (cos_u, sin_u), cos_cast)
     return Refuse("no operand is rotate_half(x) = Concat(Neg(x[..., D/2:]), x[..., :D/2]) of the other's x [B, H, S, D]")
 
 
-def _checked(graph, add, x, cos, sin, half, nodes, shape, unsqueezes) -> Rotary | Refuse:
+def _checked(graph, add, x, cos, sin, half, nodes, shape, unsqueezes, cache_cast=None) -> Rotary | Refuse:
     broadcast = []
     for name, cache in (("cos", cos), ("sin", sin)):
         cache_shape = shape_of(graph, cache)
@@ -204,8 +224,8 @@ def _checked(graph, add, x, cos, sin, half, nodes, shape, unsqueezes) -> Rotary 
                           "(RotaryEmbedding takes a [B, S, D/2] cache of exactly x's batch and sequence)")
         if not halves_repeat(graph, cache, half):
             return Refuse(f"{name} is not provably Concat(f, f) of frequencies f (its halves may differ)")
-    types = {dtype_of(graph, t) for t in (x, cos, sin)}
-    if len(types) != 1:
+    cache_types = {dtype_of(graph, t) for t in (cos, sin)} if cache_cast is None else {cache_cast}
+    if len(cache_types | {dtype_of(graph, x)}) != 1:
         return Refuse("x, cos and sin have different element types")
     # the Unsqueezes are shared by q's and k's rotary (and by every layer once duplicates merge): they stay
     problem = internal_problem(graph, nodes, add)
@@ -213,7 +233,8 @@ def _checked(graph, add, x, cos, sin, half, nodes, shape, unsqueezes) -> Rotary 
         return problem
     if broadcast[0] != broadcast[1]:
         return Refuse("one of cos and sin is broadcast over the batch and the other is not")
-    found = Rotary(root=add, x=x, cos=cos, sin=sin, half=half, nodes=nodes, broadcast_batch=broadcast[0])
+    found = Rotary(root=add, x=x, cos=cos, sin=sin, half=half, nodes=nodes, broadcast_batch=broadcast[0],
+                   cache_cast=cache_cast)
     found.merged = merged_form(graph, found)
     if found.merged is not None:
         found.nodes = nodes + found.merged[3]

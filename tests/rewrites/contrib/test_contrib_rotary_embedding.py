@@ -17,9 +17,12 @@ B, H, S, D = 2, 3, 5, 8
 INV_FREQ = (1.0 / (10000.0 ** (np.arange(0, D, 2) / D))).astype(np.float32)
 
 
-def rope_model(opset=17, dtype="float", second="f", scale=None, cos_batch="B", slice_end=None, neg_first=True):
+def rope_model(opset=17, dtype="float", second="f", scale=None, cos_batch="B", slice_end=None, neg_first=True,
+               half_caches=False):
     """x [B, H, S, D] rotated by cos/sin of positions [cos_batch, S]; ``second``: the Concat's second
-    operand (``g`` makes the halves differ); ``scale``: a scalar on cos and sin (attention_scaling)."""
+    operand (``g`` makes the halves differ); ``scale``: a scalar on cos and sin (attention_scaling);
+    ``half_caches`` (float32 x): the caches rounded to float16, Unsqueezed, then cast up to float32 (optimum's
+    float16 Gemma export in its float32 layers)."""
     half = D // 2
     end = slice_end if slice_end is not None else 9223372036854775807
     cast = "" if dtype == "float" else "c = Cast <to = 10> (cf)\ns = Cast <to = 10> (sf)"
@@ -27,6 +30,9 @@ def rope_model(opset=17, dtype="float", second="f", scale=None, cos_batch="B", s
     scaled = (f"k = Constant <value = float {{{scale}}}> ()\ncf = Mul(cr, k)\nsf = Mul(sr, k)" if scale is not None
               else "cf = Identity(cr)\nsf = Identity(sr)")
     rot = ("rh = Concat <axis = -1> (nx2, x1)" if neg_first else "rh = Concat <axis = -1> (x1, nx2)")
+    unsqueezed = (f"cu = Unsqueeze({cos_out}, ax1)\n        su = Unsqueeze({sin_out}, ax1)" if not half_caches else
+                  "ch = Cast <to = 10> (cf)\n        sh = Cast <to = 10> (sf)\n        cuh = Unsqueeze(ch, ax1)\n"
+                  "        suh = Unsqueeze(sh, ax1)\n        cu = Cast <to = 1> (cuh)\n        su = Cast <to = 1> (suh)")
     body = f"""
         p1 = Unsqueeze(pos, ax2)
         pf = Cast <to = 1> (p1)
@@ -37,8 +43,7 @@ def rope_model(opset=17, dtype="float", second="f", scale=None, cos_batch="B", s
         sr = Sin(emb)
         {scaled}
         {cast}
-        cu = Unsqueeze({cos_out}, ax1)
-        su = Unsqueeze({sin_out}, ax1)
+        {unsqueezed}
         xc = Mul(x, cu)
         x1 = Slice(x, zero, h, last)
         x2 = Slice(x, h, end, last)
@@ -95,6 +100,22 @@ def test_rotary_float16():
     before = helpers.run_ort(m, f)["y"].astype(np.float64)
     # float16 rounding of cos/sin and of x: both models are as far from float64 as each other
     assert np.max(np.abs(got - want)) <= 2 * np.max(np.abs(before - want)) + 1e-3
+
+
+def test_rotary_with_float16_caches_cast_up_casts_the_halves():
+    """x float32, the caches float16 cast up after their Unsqueeze: RotaryEmbedding takes the float16
+    halves cast to float32 (a Cast is per element: the values the pattern multiplied by), so it equals the
+    original to float32 rounding, and the formula within the caches' float16 rounding."""
+    m = rope_model(half_caches=True)
+    out, report = fuse(m, ROPE)
+    assert report.counts[ROPE.name] == 1, refusals(report)
+    rotary = next(n for n in out.graph.node if n.op_type == "RotaryEmbedding")
+    casts = {n.output[0]: n for n in out.graph.node if n.op_type == "Cast"}
+    assert all(casts[t].attribute[0].i == onnx.TensorProto.FLOAT for t in rotary.input[1:]), rotary.input
+    f = feeds()
+    got = helpers.run_ort(out, f)["y"]
+    np.testing.assert_allclose(got, helpers.run_ort(m, f)["y"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, reference(f["x"], f["pos"]), rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("variant, reason", [

@@ -12,7 +12,12 @@ Softmax and P·V included (keep_masks, "Float32 P·V": two float16 roundings the
 bounded here against the original's own error); float32 as well (a cache's rotated heads fuse in float32:
 docs/benchmarks.md 5.34). Both match the float32 export evaluated in float64 at prefill (empty cache, 5 new tokens, batch 2)
 and decode (6 cached, 1 new, batch 3), with the first row left-padded (at prefill its first two queries
-keep no key: rows the guard zeroes)."""
+keep no key: rows the guard zeroes).
+
+The same for a tiny Gemma (``optimum_gemma_kv[_fp16]``, ``export_optimum.py --gemma``): positions [1, S]
+(rotary caches of batch 1, expanded to the batch; no ``position_ids`` input: the positions follow the
+cache), and in float16 its second layer computes in float32
+and rotates with the float16 caches cast up (``Cast(Unsqueeze(cos))``): both layers fused all the same."""
 
 from __future__ import annotations
 
@@ -44,24 +49,28 @@ def _errors(model, reference, feeds):
             for out, want in exact.items()}
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma"])
 @pytest.mark.parametrize("half", [True, False], ids=["fp16", "fp32"])
-def test_optimum_kv_cache_attention_and_a_float64_reference(half):
-    original = load_testdata("optimum_llama_kv_fp16" if half else "optimum_llama_kv")
+def test_optimum_kv_cache_attention_and_a_float64_reference(half, family):
+    original = load_testdata(f"optimum_{family}_kv_fp16" if half else f"optimum_{family}_kv")
     result = onnxfuse.optimize(original, samples=2)
     assert result.validation.passed, result.validation
     before = Counter(n.op_type for n in original.graph.node)
     ops = Counter(op_types_within(result.model))
     assert before["Softmax"] == LAYERS
     assert ops["RotaryEmbedding"] + 2 * ops["AttentionInputs"] == 2 * LAYERS, ops  # or inside AttentionInputs
-    if half:  # the float16 export's residual stream is float32 (float32 mask constants): every norm one kernel
+    if family == "gemma":  # every rotation inside AttentionInputs, the float16 export's float32 layer's too
+        assert ops["AttentionInputs"] == LAYERS, ops
+    elif half:  # the float16 export's residual stream is float32 (float32 mask constants): every norm one kernel
         assert ops["MixedRMSNorm"] == 2 * LAYERS + 1 and ops["SkipSimplifiedLayerNormalization"] == 0, ops
     else:
         assert ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS and ops["MixedRMSNorm"] == 0, ops
     assert ops["MultiHeadAttention"] == ops["DecodeAttention"] == LAYERS and ops["Softmax"] == ops["IsNaN"] == 0, result.unfused
-    reference = load_testdata("optimum_llama_kv")  # the float32 export: the weights of both, unrounded
+    reference = load_testdata(f"optimum_{family}_kv")  # the float32 export: the weights of both, unrounded
     rng = np.random.default_rng(31)
     for batch, new, past in STEPS:
         feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, rng)
+        feeds = {k: v for k, v in feeds.items() if k in {i.name for i in original.graph.input}}  # Gemma: no position_ids
         fused, own = _errors(result.model, reference, feeds), _errors(original, reference, feeds)
         for out, err in fused.items():
             where = f"{out} at batch {batch}, {new} new, {past} cached"
