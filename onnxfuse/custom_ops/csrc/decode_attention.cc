@@ -199,6 +199,21 @@ __device__ __forceinline__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
+// A 16-bit type's tensor-core steps (PTX type T, "f16" or "bf16"). mma: c (16x8, float32) += a (16x16) ·
+// b (16x8), the products exact in float32. split2: (x0, x1) as hi + lo, each a pair of T (x0 in the low
+// half): about 22 bits of each for float16 (where lo is normal), 16 for bfloat16.
+#define OFX_TENSOR_CORE_OPS(T)                                                                                     \
+  static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {            \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
+                 "{%0,%1,%2,%3};"                                                                                  \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                                  \
+  }                                                                                                                \
+  static __device__ __forceinline__ void split2(float x0, float x1, unsigned* hi, unsigned* lo) {                \
+    asm("cvt.rn." T "x2.f32 %0, %1, %2;" : "=r"(*hi) : "f"(x1), "f"(x0));                                         \
+    const float r0 = x0 - value(*hi & 0xffffu), r1 = x1 - value(*hi >> 16);                                        \
+    asm("cvt.rn." T "x2.f32 %0, %1, %2;" : "=r"(*lo) : "f"(r1), "f"(r0));                                         \
+  }
 // Element types: E holds an element's bits; value() reads them as float; ld/st a tensor's element i.
 struct F32 {
   typedef unsigned E;
@@ -217,17 +232,7 @@ struct F16 {
   }
   static __device__ __forceinline__ float ld(const void* p, long long i) { return ld_f16(p, i); }
   static __device__ __forceinline__ void st(void* p, long long i, float v) { st_f16(p, i, v); }
-  // c (16x8, float32) += a (16x16) · b (16x8), float16 products exact in float32.
-  static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  // (x0, x1) as hi + lo, each a pair of float16 (x0 in the low half): 22 bits of each, where lo is normal.
-  static __device__ __forceinline__ void split2(float x0, float x1, unsigned* hi, unsigned* lo) {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(*hi) : "f"(x1), "f"(x0));
-    const float r0 = x0 - value(*hi & 0xffffu), r1 = x1 - value(*hi >> 16);
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(*lo) : "f"(r1), "f"(r0));
-  }
+  OFX_TENSOR_CORE_OPS("f16")
 };
 struct BF16 {
   typedef u16 E;
@@ -235,15 +240,7 @@ struct BF16 {
   static __device__ __forceinline__ float value(unsigned bits) { return __uint_as_float(bits << 16); }
   static __device__ __forceinline__ float ld(const void* p, long long i) { return ld_bf16(p, i); }
   static __device__ __forceinline__ void st(void* p, long long i, float v) { st_bf16(p, i, v); }
-  static __device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ void split2(float x0, float x1, unsigned* hi, unsigned* lo) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(*hi) : "f"(x1), "f"(x0));
-    const float r0 = x0 - value(*hi & 0xffffu), r1 = x1 - value(*hi >> 16);
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(*lo) : "f"(r1), "f"(r0));
-  }
+  OFX_TENSOR_CORE_OPS("bf16")
 };
 // 16 bytes from global to shared memory without passing registers (sm_80+), and the wait for all of them.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
