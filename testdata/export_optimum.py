@@ -29,9 +29,10 @@ the Softmax. The float16 export computes the masked scores, the Softmax and P·V
 symbolic casts the float16 scores and values up to the float32 mask constants' type) and keeps the
 residual stream after the attention in float32.
 
-``--gemma`` writes ``optimum_gemma_kv.onnx`` and ``optimum_gemma_kv_fp16.onnx`` the same way from a seeded
-``GemmaForCausalLM`` of the same sizes (GELU-tanh MLP, norm weights randomized around 0: Gemma scales by
-1 + w), the exports behind tests/rewrites/contrib/test_optimum_gemma.py. transformers computes Gemma's
+``--family gemma`` (``phi3``, ``qwen2``, ``mistral``) writes ``optimum_gemma_kv.onnx`` and
+``optimum_gemma_kv_fp16.onnx`` the same way from a seeded ``GemmaForCausalLM`` of the same sizes
+(GELU-tanh MLP, norm weights randomized around 0: Gemma scales by 1 + w), the exports behind
+tests/rewrites/contrib/test_optimum_kv_cache.py as the Llama's. transformers computes Gemma's
 positions as [1, S] (rotary caches of batch 1) and, in float16, rotates every layer after the first in
 float32 (its cos/sin caches cast up to the float32 query's type).
 
@@ -92,30 +93,41 @@ from pathlib import Path
 
 import onnx
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 
 def build(folder: Path, seed: int, family: str = "llama") -> None:
-    """A tiny random Llama (or Gemma: the same sizes, its GELU-tanh MLP, its RMSNorm scaling by 1 + w,
-    its embeddings scaled by √hidden) saved as a transformers folder (config and safetensors weights)."""
+    """A tiny random decoder of ``family`` (:data:`FAMILIES`) saved as a transformers folder (config and
+    safetensors weights): Llama's sizes for every family, each with its own layer code (Gemma: GELU-tanh
+    MLP, RMSNorm scaling by 1 + w, embeddings scaled by √hidden; Phi-3: packed qkv and gate/up projections;
+    Qwen2: biases on q, k and v; Mistral: Llama's layers under its own class)."""
+    import transformers
+
     torch.manual_seed(seed)
     sizes = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, max_position_embeddings=64, initializer_range=0.1,
+                 num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.1,
                  rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if family == "gemma":
-        from transformers import GemmaConfig, GemmaForCausalLM
-
-        model = GemmaForCausalLM(GemmaConfig(**sizes, hidden_activation="gelu_pytorch_tanh")).eval()
-        norm_centre = 0.0  # Gemma's norm multiplies by 1 + w
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**sizes, tie_word_embeddings=False)).eval()
-        norm_centre = 1.0
+    config_class, model_class, extra = FAMILIES[family]
+    if family != "phi3":  # Phi-3 takes its head size from hidden / heads (16 here too)
+        sizes["head_dim"] = 16
+    config = getattr(transformers, config_class)(**sizes, **extra)
+    model = getattr(transformers, model_class)(config).eval()
+    norm_centre = 0.0 if family == "gemma" else 1.0  # Gemma's norm multiplies by 1 + w
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1 and "norm" in name:
                 p.copy_(norm_centre + 0.1 * torch.randn(p.shape, generator=g))
     model.save_pretrained(folder)
+
+
+#: family → (config class, model class, config options beside the shared sizes)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": False}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"hidden_activation": "gelu_pytorch_tanh"}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"tie_word_embeddings": False}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": False}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"tie_word_embeddings": False}),
+}
 
 
 def export(out_folder: Path, seed: int, family: str = "llama") -> None:
@@ -211,8 +223,8 @@ def main() -> None:
     ap.add_argument("--t5", action="store_true", help="export the tiny T5 decoders instead of the Llama")
     ap.add_argument("--bart", action="store_true", help="export the tiny BART decoders instead of the Llama")
     ap.add_argument("--whisper", action="store_true", help="export the tiny Whisper decoders instead of the Llama")
-    ap.add_argument("--gemma", action="store_true",
-                    help="export a tiny Gemma (float32 and float16, optimum_gemma_kv[_fp16].onnx) instead of the Llama")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="llama",
+                    help="the decoder family of the text-generation export (optimum_FAMILY_kv[_fp16].onnx)")
     ap.add_argument("--fp16", action="store_true",
                     help="with --t5/--bart: export their decoders in float16 (optimum's --dtype fp16), *_fp16.onnx")
     args = ap.parse_args()
@@ -222,7 +234,7 @@ def main() -> None:
         for kind in ("t5",) * args.t5 + ("bart",) * args.bart + ("whisper",) * args.whisper:
             export_seq2seq(args.folder, args.seed, kind, "fp16" if args.fp16 else None)
     else:
-        export(args.folder, args.seed, "gemma" if args.gemma else "llama")
+        export(args.folder, args.seed, args.family)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,11 @@ keep no key: rows the guard zeroes).
 The same for a tiny Gemma (``optimum_gemma_kv[_fp16]``, ``export_optimum.py --gemma``): positions [1, S]
 (rotary caches of batch 1, expanded to the batch; no ``position_ids`` input: the positions follow the
 cache), and in float16 its second layer computes in float32
-and rotates with the float16 caches cast up (``Cast(Unsqueeze(cos))``): both layers fused all the same."""
+and rotates with the float16 caches cast up (``Cast(Unsqueeze(cos))``): both layers fused all the same.
+Qwen2 (biases on q, k and v: AttentionInputs' bias) and Mistral (``optimum_{qwen2,mistral}_kv[_fp16]``)
+as the Llama. (Phi-3's float16 export of this seed fails validation on the CPU, 1.14x the float16 tolerance on
+``logits``: ONNX Runtime's CPU provider rounds float16 chains once where ONNX rounds every op, as
+FusedElementwise and MixedRMSNorm do; issue 33, docs/benchmarks.md 5.38.)"""
 
 from __future__ import annotations
 
@@ -37,6 +41,12 @@ LAYERS = 2
 #: error may exceed the original export's own (the kernel's float16 weights and output: "Float32 P·V")
 TOLERANCE = {True: 2e-2, False: 1e-4}
 FP16_ERROR_FACTOR = 2.0  # measured at most 1.4
+#: Qwen2's q, k and v biases: the fused model rounds the projection to float16, then the sum with the bias,
+#: as ONNX specifies the MatMul and the Add; ONNX Runtime's CPU run of the export rounds once (ORT 1.32, a
+#: float16 MatMul + Add of 64x64 random values, optimizations off: 99.95% of the outputs equal one rounding of
+#: the exact sum, 71% two roundings), so its own error is the smaller (measured 2.26x on present.0.value,
+#: 5.4e-4 against 2.4e-4)
+FP16_ERROR_FACTORS = {"qwen2": 3.0}
 STEPS = ((2, 5, 0), (3, 1, 6))  # (batch, new tokens, cached tokens): prefill, decode
 
 
@@ -49,7 +59,7 @@ def _errors(model, reference, feeds):
             for out, want in exact.items()}
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma"])
+@pytest.mark.parametrize("family", ["llama", "gemma", "qwen2", "mistral"])
 @pytest.mark.parametrize("half", [True, False], ids=["fp16", "fp32"])
 def test_optimum_kv_cache_attention_and_a_float64_reference(half, family):
     original = load_testdata(f"optimum_{family}_kv_fp16" if half else f"optimum_{family}_kv")
@@ -76,7 +86,8 @@ def test_optimum_kv_cache_attention_and_a_float64_reference(half, family):
             where = f"{out} at batch {batch}, {new} new, {past} cached"
             assert err <= TOLERANCE[half], f"{where}: {err:.2e}"
             if half:
-                assert err <= FP16_ERROR_FACTOR * own[out], f"{where}: {err:.2e} against the export's {own[out]:.2e}"
+                factor = FP16_ERROR_FACTORS.get(family, FP16_ERROR_FACTOR)
+                assert err <= factor * own[out], f"{where}: {err:.2e} against the export's {own[out]:.2e}"
 
 
 def _with_slice_end(model, value):
