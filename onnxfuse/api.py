@@ -102,7 +102,8 @@ def optimize(
     registry (plugins, tests). ``validate=False`` skips validation. ``rtol``/``atol`` replace the
     dtype-aware default tolerances. An output also passes when its error is within
     :data:`onnxfuse.validate.FLOOR_MULTIPLE` times the original model's own noise floor (its outputs
-    with ONNX Runtime's optimizations off vs on); ``strict=True`` judges by tolerance alone. Without
+    with ONNX Runtime's optimizations off vs on, and other legitimate runs: :func:`onnxfuse.validate.noise_floor`);
+    ``strict=True`` judges by tolerance alone. Without
     ``inputs``, validation runs on ``samples`` seeded draws plus one at a second size of every dynamic
     dimension; ``save_inputs`` writes all of them to an .npz that ``inputs`` replays exactly. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
     ``precision="fp16"`` converts the model to compute in float16 with float32 inputs and outputs before the

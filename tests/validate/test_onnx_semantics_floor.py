@@ -1,0 +1,89 @@
+"""On the CPU, a small float16 model's noise floor also holds the original run as ONNX specifies it
+(:mod:`onnxfuse.validate.onnx_semantics`). ONNX rounds a float16 op's result to float16, and so does a
+``Cast`` to float32 of it; ONNX Runtime's CPU provider computes the float16 op in float32 and drops the
+rounding before the Cast (issue 33's "Add → Cast"), while FusedElementwise rounds as ONNX says. The model
+below makes the difference large on purpose: ``Cast(x·a, float32) - x·a + b`` with |x·a| near 100, where
+the rounding of x·a (float16's step there is 1/16) is all that is left beside b."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import onnxfuse
+from onnxfuse.errors import ValidationFailed
+from onnxfuse.runtime.inputs import Inputs
+from onnxfuse.runtime.session import run_samples
+from onnxfuse.validate import FLOOR_MULTIPLE, noise_floor, validate_models
+from onnxfuse.validate.onnx_semantics import onnx_semantics_runs
+
+N = 64
+
+
+def rounding_left(b_sign: float = 1.0) -> onnx.ModelProto:
+    """y = Cast(x·a [float16], float32) - x·a [float32] + b: b plus x·a's float16 rounding; ``b_sign`` -1
+    plants a wrong b."""
+    rng = np.random.default_rng(3)
+    a = rng.uniform(90, 110, N).astype(np.float16)
+    b = (b_sign * rng.uniform(1, 2, N)).astype(np.float32)
+    nodes = [h.make_node("Mul", ["x", "a"], ["xa"]), h.make_node("Cast", ["xa"], ["g"], to=T.FLOAT),
+             h.make_node("Cast", ["x"], ["x32"], to=T.FLOAT), h.make_node("Cast", ["a"], ["a32"], to=T.FLOAT),
+             h.make_node("Mul", ["x32", "a32"], ["xa32"]), h.make_node("Sub", ["g", "xa32"], ["r"]),
+             h.make_node("Add", ["r", "b"], ["y"])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT16, [4, N])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [4, N])],
+                         [numpy_helper.from_array(a, "a"), numpy_helper.from_array(b, "b")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def sample() -> Inputs:
+    return Inputs(feeds={"x": np.random.default_rng(5).uniform(0.9, 1.1, (4, N)).astype(np.float16)})
+
+
+def as_onnx_specifies(model, x):
+    """The model in numpy, x·a rounded to float16 before its Cast (ONNX's semantics), independent of ONNX."""
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    x32, a32 = x.astype(np.float32), inits["a"].astype(np.float32)
+    return ((x32 * a32).astype(np.float16).astype(np.float32) - x32 * a32) + inits["b"]
+
+
+def test_the_run_rounds_as_onnx_says_where_onnx_runtime_cpu_does_not():
+    model, s = rounding_left(), sample()
+    (as_specified,) = onnx_semantics_runs(model, [s], "cpu")
+    np.testing.assert_allclose(as_specified["y"], as_onnx_specifies(model, s.feeds["x"]), rtol=0, atol=1e-5)
+    (ort_cpu,) = run_samples(model, [s], "cpu")
+    b = numpy_helper.to_array(model.graph.initializer[1]).astype(np.float64)
+    assert np.abs(ort_cpu["y"] - b).max() < 1e-4  # x·a kept in float32 through the Cast
+    assert np.abs(as_specified["y"] - ort_cpu["y"]).max() > 0.01  # rounded: up to 1/32 off
+
+
+def test_not_for_float32_models_nor_other_providers():
+    model = rounding_left()
+    assert onnx_semantics_runs(model, [sample()], "cuda") is None
+    widened = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n'
+                                      'g (float[4] x) => (float[4] y) { y = Relu(x) }')
+    assert onnx_semantics_runs(widened, [Inputs(feeds={"x": np.ones(4, np.float32)})], "cpu") is None
+
+
+def test_onnx_rounding_passes_within_the_floor_and_a_planted_bug_does_not():
+    """FusedElementwise rounds before the Cast, as ONNX says: beyond float16's tolerance against ONNX
+    Runtime's CPU run of the original (--strict fails it), within the floor that the ONNX-semantics run
+    sets. A b of the wrong sign is still a failure."""
+    model, s = rounding_left(), sample()
+    with pytest.raises(ValidationFailed):
+        onnxfuse.optimize(model, only="fuse-elementwise", provider="cpu", strict=True, inputs=s.feeds)
+    result = onnxfuse.optimize(model, only="fuse-elementwise", provider="cpu", inputs=s.feeds)
+    (y,) = result.validation.outputs
+    assert "FusedElementwise" in [n.op_type for n in result.model.graph.node]
+    assert y.extra["passed_by"] == "noise floor" and y.extra["floor_multiple"] <= 1.5, y.extra
+    reference = run_samples(model, [s], "cpu")
+    floor = noise_floor(model, [s], reference, "cpu")
+    assert floor["y"] > 0.01
+    planted = validate_models(model, rounding_left(b_sign=-1.0), [s], "cpu", reference=reference, floor=floor)
+    assert not planted.passed and planted.outputs[0].max_abs > FLOOR_MULTIPLE * floor["y"]
