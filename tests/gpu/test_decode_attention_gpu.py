@@ -2,7 +2,9 @@
 attention as the CPU kernel's test (tests/rewrites/contrib/test_contrib_decode_attention.py), over
 float32, float16 and bfloat16, with one block per head and with the keys split over many blocks (the
 combine kernel), the row limits of head sizes 64, 128 and 256, masked keys and a fully masked row; and
-the CPU kernel on the same inputs (both are references for each other's indexing)."""
+the CPU kernel on the same inputs (both are references for each other's indexing). On a GPU of compute
+capability 8.0 or newer the float16 and bfloat16 cases of head sizes 32, 64, 96 and 128 with vector loads
+run the tensor-core kernels (``_m``), the others the CUDA-core ones."""
 
 from __future__ import annotations
 
