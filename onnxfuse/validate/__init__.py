@@ -27,7 +27,6 @@ from onnxfuse.runtime.compare import Comparison, Tolerance, compare_runs, lowest
 from onnxfuse.runtime.inputs import Inputs, for_model
 from onnxfuse.runtime.session import resolve_provider, run_samples
 from onnxfuse.validate.drift_budget import Drift, PrecisionJudge, apply_budget, output_drift
-from onnxfuse.validate.onnx_semantics import onnx_semantics_runs
 from onnxfuse.errors import RuntimeFailure
 
 
@@ -65,8 +64,8 @@ def noise_floor(original: onnx.ModelProto, samples: list[Inputs], reference: lis
     """Per output, how far two legitimate runs of the *original* model differ on the same inputs:
     ONNX Runtime with its graph optimizations off (the reference) and all on (how it is deployed:
     fusions, layout changes, reordered sums), and on a GPU also the CUDA provider against the CPU
-    provider; on the CPU, a small float16 model also as ONNX specifies it, every op rounded
-    (:mod:`onnxfuse.validate.onnx_semantics`). Differences below that are the model's own noise, not
+    provider (on the CPU, a small float16 model as ONNX specifies it joins when a candidate fails:
+    :meth:`onnxfuse.validate.verdict.Validator.validate`). Differences below that are the model's own noise, not
     a rewrite's fault; a model that amplifies rounding (ids 0/1 through an embedding, say) shows a high
     floor. {} when the optimized run fails (then only the tolerances judge)."""
     kind = resolve_provider(provider)
@@ -77,14 +76,10 @@ def noise_floor(original: onnx.ModelProto, samples: list[Inputs], reference: lis
             runs.append(run_samples(original, samples, way_provider, name=name, optimization=level))
         except RuntimeFailure:
             continue
-    if runs:
-        as_specified = onnx_semantics_runs(original, samples, kind)
-        if as_specified is not None:
-            runs.append(as_specified)
-    return _largest_errors(reference, runs)
+    return largest_errors(reference, runs)
 
 
-def _largest_errors(reference: list[dict], runs: list[list[dict]]) -> dict[str, float]:
+def largest_errors(reference: list[dict], runs: list[list[dict]]) -> dict[str, float]:
     """Per output, the largest finite absolute difference between ``reference`` and any of ``runs``."""
     floor: dict[str, float] = {}
     for ref, dep in ((r, d) for deployed in runs for r, d in zip(reference, deployed)):
@@ -184,5 +179,6 @@ def validate_models(
     return ValidationReport(provider=kind, outputs=outputs, notes=notes)
 
 
-__all__ = ["FLOOR_MULTIPLE", "Drift", "PrecisionJudge", "ValidationReport", "conversion_drift", "noise_floor",
+__all__ = ["FLOOR_MULTIPLE", "Drift", "PrecisionJudge", "ValidationReport", "conversion_drift", "largest_errors",
+           "noise_floor",
            "validate_models"]

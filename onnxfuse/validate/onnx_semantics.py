@@ -12,7 +12,10 @@ float16 Phi-3 export (two layers, hidden 64) failed on ``logits`` by 0.00354 aga
 and the original run by ONNX's reference evaluator is 0.00342 from its own CPU run (docs/benchmarks.md
 5.38). On a GPU the floor already holds the original's CPU-against-CUDA difference, which is this one.
 
-The run: ``onnx.reference.ReferenceEvaluator`` (numpy, ONNX's own semantics) on each sample. Only for
+The run: ``onnx.reference.ReferenceEvaluator`` (numpy, ONNX's own semantics) on each sample, made by
+:meth:`onnxfuse.validate.verdict.Validator.validate` when a candidate first fails (numpy's cost, about a
+third of the contrib rewrite tests' time when it ran for every float16 model, is then paid only where it
+can change a verdict). Only for
 models that compute in float16, validated on the CPU, with at most :data:`MAX_WEIGHT_BYTES` of weights
 (numpy is far slower than ONNX Runtime); a model it cannot evaluate (an op of another domain, say) gets no
 such run, as before.
