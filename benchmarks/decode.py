@@ -39,9 +39,10 @@ random past. Per cell the three models run in interleaved rounds (``--rounds``, 
 seconds split over them; warm-up first), ONNX Runtime ``ORT_ENABLE_ALL``, CUDAExecutionProvider, IOBinding
 with every input and output a GPU-resident OrtValue (``onnxfuse.timing.runner.Timer``); one session per
 model serves every cell. Reported: median ms per model, tokens/s (decode: B / step time; prefill:
-B·S / time), graph nodes per model; and once, at the first decode cell, ONNX Runtime's profiler per
-model: nodes run per step on the CUDA provider (after ONNX Runtime's own fusions) and, where the trace
-has kernel records, GPU kernels per step ("kernels per token"; ``--no-profile`` skips it).
+B·S / time), graph nodes per model; and once, at the cell ``--profile-cell`` names (default decode
+B=1 P=1024), ONNX Runtime's profiler per model: nodes run per step on the CUDA provider (after ONNX Runtime's own fusions) and, where the trace
+has kernel records, GPU kernels per step ("kernels per token") and the kernels taking the most GPU
+time (``--no-profile`` skips it).
 
 ``--deadline`` (seconds from start) stops before a cell (or the profile) that would not finish in time;
 results are written after every cell, so a cut run still leaves its tables. ``--cache DIR`` keeps the
@@ -119,6 +120,9 @@ def options(p) -> None:
                    help="optimize the --with-rules column without validation (a rule whose op serves only some "
                         "shapes, e.g. contrib-kv-cache-attention: timed at the cells it serves)")
     p.add_argument("--no-profile", action="store_true", help="skip the per-model profile (kernels per token)")
+    p.add_argument("--profile-cell", default="decode:1:1024",
+                   help="the cell profiled: decode:B:P or prefill:B (default decode:1:1024; the first decode "
+                        "cell where that one is not timed)")
     p.add_argument("--cache", type=Path, default=None,
                    help="keep the export and onnxfuse's output (and its report) here, and reuse them when present "
                         "(~1 GB each: splits export + optimize and timing over two runs)")
@@ -292,6 +296,17 @@ def profile_models(models: dict, feeds: dict, cfg, sessions: dict | None = None)
     return out
 
 
+def profiled_cell(spec: str, cells: list) -> tuple:
+    """The cell ``--profile-cell`` names (``decode:B:P`` or ``prefill:B``) among the timed ``cells``
+    (kind, batch, seq, past); the first decode cell (else the first cell) where it is not among them."""
+    parts = spec.split(":")
+    kind, nums = parts[0], [int(x) for x in parts[1:]]
+    for c in cells:
+        if c[0] == kind and c[1] == nums[0] and (kind != "decode" or len(nums) < 2 or c[3] == nums[1]):
+            return c
+    return next((c for c in cells if c[0] == "decode"), cells[0])
+
+
 def gpu_kernels(model, inputs, cfg, session, name: str, steps: int = 20) -> dict:
     """Kernels per step and GPU busy time per step, read by CUPTI through torch's profiler around the
     IOBinding runs of the timing session (onnxruntime-gpu's own trace has no kernel records):
@@ -324,10 +339,12 @@ def gpu_kernels(model, inputs, cfg, session, name: str, steps: int = 20) -> dict
             entry = by_name.setdefault(e.name[:90], [0, 0.0])
             entry[0] += 1
             entry[1] += took(e)
-        top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:30]
+        def rows(key):
+            return [{"name": k, "per_run": round(c / steps, 2), "us_per_run": round(t / steps, 2)}
+                    for k, (c, t) in sorted(by_name.items(), key=key)[:30]]
+
         return {"kernels_per_run": round(len(events) / steps, 1), "gpu_busy_ms": round(busy_us / steps / 1000.0, 3),
-                "kernels_by_name": [{"name": k, "per_run": round(c / steps, 2), "us_per_run": round(t / steps, 2)}
-                                    for k, (c, t) in top]}
+                "kernels_by_name": rows(lambda kv: -kv[1][0]), "kernels_by_time": rows(lambda kv: -kv[1][1])}
     except Exception as exc:  # recorded, never fatal
         return {"kernels_error": f"{type(exc).__name__}: {exc}"}
     finally:
@@ -376,6 +393,11 @@ def table(report: dict) -> list[str]:
     if prof:
         lines.append(f"\nProfile at {prof.get('cell')}: nodes from ONNX Runtime's profiler (after its own fusions); "
                      "kernels (with memcpy/memset) and GPU busy time from CUPTI through torch's profiler (— where unavailable).")
+        for n in names:
+            top = prof.get("models", {}).get(n, {}).get("kernels_by_time") or []
+            if top:
+                lines.append(f"\n{n}: GPU time per step by kernel (top 8, µs, calls)")
+                lines += [f"- {k['us_per_run']:.1f} µs, {k['per_run']:g}× {k['name'][:70]}" for k in top[:8]]
     fx = report.get("onnxfuse")
     if fx:
         lines.append(f"\nonnxfuse: {fx['nodes_before']} → {fx['nodes_after']} nodes, validation {fx['validation']}, "
@@ -399,7 +421,9 @@ def save(out: Path, report: dict, final: bool = False) -> None:
 # --------------------------------------------------------------------------------------------- main
 
 
-def main(argv=None) -> int:
+def main(argv=None, variants=None) -> int:
+    """The benchmark; ``variants`` (for probes): called with the models once they are made, returns more
+    columns ``{name: model}`` (variants of onnxfuse's output, say), timed and profiled like the others."""
     args, out, batches = parse_args(__doc__, 0.3, argv, batches="1,8", extra=options)
     import onnx
     import onnxruntime as ort
@@ -476,6 +500,10 @@ def main(argv=None) -> int:
         log(f"genai-builder: {len(model.graph.node)} nodes (skeleton, {len(meta['initializers'])} initializers made up)")
     else:
         report["skipped"].append("genai-builder column (no --builder-skeleton, or --skip-builder)")
+    if variants is not None:
+        for name, model in variants(models).items():
+            models[name] = model
+            log(f"{name}: {len(model.graph.node)} nodes (a probe's variant)")
     report["models"] = list(models)
     report["nodes"] = {n: len(m.graph.node) for n, m in models.items()}
     report["ops"] = {n: op_counts(m) for n, m in models.items()}
@@ -536,16 +564,17 @@ def main(argv=None) -> int:
         spent.append(time.perf_counter() - t0)
         save(out, report)
 
-    decode_cells = [c for c in cells if c[0] == "decode" and c[3] + c[2] <= limit]
-    if not args.no_profile and decode_cells:
-        kind, batch, seq, past = next((c for c in decode_cells if c[3] == 1024 and c[1] == 1), decode_cells[0])
+    timed = [c for c in cells if c[3] + c[2] <= limit]
+    if not args.no_profile and timed:
+        kind, batch, seq, past = profiled_cell(args.profile_cell, timed)
         guess = 3 * (max(spent) if spent else 10.0) + 5 * len(models)
         if time.perf_counter() - START + guess > deadline:
             report["skipped"].append("profile: deadline")
         else:
-            log(f"profiling at decode B={batch} P={past}")
+            label = f"decode B={batch} P={past}" if kind == "decode" else f"prefill B={batch} S={seq}"
+            log(f"profiling at {label}")
             pcfg = BenchConfig(device=args.device, warmup=args.warmup, time_budget_s=None, iterations=10)
-            report["profile"] = {"cell": f"decode B={batch} P={past}", "models": profile_models(
+            report["profile"] = {"cell": label, "models": profile_models(
                 models, {n: feeds.inputs(m, n, batch, seq, past) for n, m in models.items()}, pcfg, sessions)}
     sessions.clear()
     save(out, report, final=True)

@@ -23,13 +23,17 @@ order). The op reads the un-repeated bias [b, 1, S, T] (the input of the grouped
 the bias itself when n = 1), so the repeat only runs when the MultiHeadAttention does.
 
 Prefill stays with MultiHeadAttention (its tensor-core kernels win with many rows). The rewrite is
-``y = DecodeAttention(q, K, V, bias)`` (spec ``max_rows=L``: above L rows it computes nothing and
-``y`` is empty) and ``If(S ≤ L / n, then: Identity(y), else: MultiHeadAttention)``, S the step's
+``If(S ≤ L / n, then: DecodeAttention(q, K, V, bias), else: MultiHeadAttention)`` (spec ``max_rows=L``:
+above L rows the op would compute nothing and give an empty output), S the step's
 tokens read at run time from the bias's axis 2 where that is proved to be the projection's sequence
 axis (the bias is shared by the layers: one condition for all of them), else R from the query, L the
 kernel's limit (16 rows) rounded down to whole tokens. One model serves prefill, decode and chunks, each on the kernel
-made for it. The op is outside the If because ONNX Runtime ran a custom op inside a branch on its CPU
-provider (measured, 5.32). An If costs about 1.7 µs of host time (benchmarks/probes/if_overhead.py).
+made for it. An If costs about 1.7 µs of host time (benchmarks/probes/if_overhead.py). The op sits in
+the then branch, so a prefill launches none: ONNX Runtime 1.31 places it on the CUDA provider there
+(its profile, H200), and the Qwen2-0.5B-shaped decoder's step was 2.57 against 2.80 ms at batch 8 with
+1024 cached tokens, the same kernels (benchmarks/probes/if_variants.py, docs/benchmarks.md 5.39). It
+used to sit before the If, its output read by an Identity, when an early version of it inside a branch
+ran on the CPU provider (5.32).
 
 Measured (docs/benchmarks.md 5.33, float16 Qwen2-0.5B-shaped decoder, H100, one run): every decode and
 prefill cell below onnxruntime-genai's builder model (0.81-0.96x; batch 8 with 4096 cached tokens 4.31
@@ -158,15 +162,13 @@ class ContribDecodeAttention(ContribRule):
         scratch = gs.Variable(names(f"{base}/decode_scratch"), dtype=dtype)
         spec_text = (f"num_heads={spec['num_heads']} kv_num_heads={spec['kv_num_heads']} head_size={size} "
                      f"scale={_float32_text(found['scale'])} max_rows={limit * n}")
-        graph.nodes.append(gs.Node(OP_TYPE, names(f"{base}/{OP_TYPE}"), {"spec": spec_text},
-                                   inputs=[query, key, value] + ([] if bias.is_empty() else [bias]),
-                                   outputs=[decoded, scratch], domain=DOMAIN))
-        taken = gs.Variable(names(f"{base}/decoded_taken"), dtype=dtype)
+        decode = gs.Node(OP_TYPE, names(f"{base}/{OP_TYPE}"), {"spec": spec_text},
+                         inputs=[query, key, value] + ([] if bias.is_empty() else [bias]),
+                         outputs=[decoded, scratch], domain=DOMAIN)
         attended = gs.Variable(names(f"{base}/attended"), dtype=dtype)
         node.outputs[0] = attended
         graph.nodes.remove(node)
-        then_branch = gs.Graph(nodes=[gs.Node("Identity", names(f"{base}/decoded_identity"), inputs=[decoded],
-                                              outputs=[taken])], outputs=[taken], name=names(f"{base}/decode"))
+        then_branch = gs.Graph(nodes=[decode], outputs=[decoded], name=names(f"{base}/decode"))
         else_branch = gs.Graph(nodes=[node], outputs=[attended], name=names(f"{base}/prefill"))
         graph.nodes.append(gs.Node("If", names(f"{base}/If"), {"then_branch": then_branch, "else_branch": else_branch},
                                    inputs=[few], outputs=[out]))
