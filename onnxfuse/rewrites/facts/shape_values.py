@@ -9,7 +9,7 @@ static size or constant entry) or the symbolic name of a tensor's dimension (``b
 
 Only exact steps are followed, each keeping the list's meaning element by element: constants;
 ``Shape(T)`` (start/end) when T's dimensions are all known (ints or names other than ``unk__``: those
-mean nothing outside one inference); ``Gather`` on axis 0 with constant indices; ``Slice`` with constant
+mean nothing outside one inference; with ``sums``, an ``unk__`` one proved by :func:`axis_length`); ``Gather`` on axis 0 with constant indices; ``Slice`` with constant
 bounds on axis 0, step 1; ``Concat`` on axis 0; ``Unsqueeze``/``Squeeze``/``Reshape``/``Identity`` and
 integer ``Cast`` (a size fits in int32); ``Where(c, a, b)`` when c is known element by element;
 ``Equal(a, b)`` element by element, known when both are ints, or a name against a negative int (a size
@@ -123,6 +123,26 @@ def concat_length(graph, tensor, axis: int):
     return dim_sum([d[axis] for d in dims])
 
 
+def _read_dims(graph, tensor, sums: bool) -> list | None:
+    """What ``Shape(tensor)`` reads: :func:`tensor_dims`; with ``sums``, a dimension ONNX's inference
+    invented (``unk__N``) is proved from how ``tensor`` is made instead (:func:`axis_length`: a KV cache
+    ``Concat(past, new)`` that ``--precision fp16`` left unnamed, its past cast to float16, is
+    ``past_sequence + sequence`` long). None when a dimension stays unknown."""
+    dims = tensor_dims(tensor)
+    if dims is not None or not sums:
+        return dims
+    shape = getattr(tensor, "shape", None)
+    if shape is None:
+        return None
+    out = []
+    for axis, d in enumerate(shape):
+        length = (int(d) if isinstance(d, (int, np.integer)) else d) if _known(d) else axis_length(graph, tensor, axis)
+        if length is None or _sum_parts(length) is None:
+            return None
+        out.append(length)
+    return out
+
+
 def shape_value(graph, tensor, depth: int = 16, _seen: dict | None = None, sums: bool = False) -> list | None:
     """The 0-D or 1-D integer (or bool, from Equal) ``tensor`` as a list of values, or None.
 
@@ -153,10 +173,11 @@ def _evaluate(graph, tensor, depth: int, seen: dict, sums: bool = False) -> list
         return shape_value(graph, t, depth - 1, seen, sums) if t is not None and t.name else None
 
     if is_op(node, "Shape"):
-        dims = tensor_dims(node.inputs[0])
+        dims = _read_dims(graph, node.inputs[0], sums)
         if dims is None:
             return None
-        dims = [SourcedDim(d, node.inputs[0], axis) if isinstance(d, str) else d for axis, d in enumerate(dims)]
+        dims = [SourcedDim(d, node.inputs[0], axis) if isinstance(d, str) and not isinstance(d, DimSum) else d
+                for axis, d in enumerate(dims)]
         start, end = node.attrs.get("start"), node.attrs.get("end")
         return dims[slice(None if start is None else int(start), None if end is None else int(end))]
     if is_op(node, "Identity", "Unsqueeze", "Squeeze", "Reshape"):

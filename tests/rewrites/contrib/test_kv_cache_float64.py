@@ -24,13 +24,15 @@ from test_attention_exports import run_optimized
 LAYERS = 2
 
 
-def assert_matches_float64(model, reference, steps, half: bool, rng, original=None, **feed_options) -> None:
+def assert_matches_float64(model, reference, steps, half: bool, rng, original=None, tol: float | None = None,
+                           **feed_options) -> None:
     """``model``'s outputs at each (batch, new tokens, cached tokens) of ``steps`` (kv_cache_feeds, the first
     row left-padded) within float16's (2e-2) or float32's (1e-4) tolerance of ``reference`` (a float32
     model) evaluated in float64 by onnx's reference evaluator, relative to max(1, |reference|); with
     ``original`` (the float16 export ``model`` was optimized from), within twice that export's own error
-    where the export itself is further off (a float16 export's padded rows can be: Qwen3's are 0.17)."""
-    tol = 2e-2 if half else 1e-4
+    where the export itself is further off (a float16 export's padded rows can be: Qwen3's are 0.17).
+    ``tol`` overrides the tolerance (float32 feeds to a model computing in float16: ``--precision fp16``)."""
+    tol = tol if tol is not None else 2e-2 if half else 1e-4
     for batch, new, past in steps:
         feeds = kv_cache_feeds(batch, new, past, np.float16 if half else np.float32, rng, **feed_options)
         exact = run_float64(reference, {k: v.astype(np.float32) if v.dtype == np.float16 else v
@@ -115,3 +117,21 @@ def test_the_rows_reshape_must_read_each_dimension_where_it_is_known():
     assert rows_reshape_problem(graph, rows, pv.outputs[0], [query], pv.inputs[1]) is None
     problem = rows_reshape_problem(graph, rows, pv.outputs[0], [], pv.inputs[1])
     assert problem is not None and "dimension 2" in problem.reason
+
+
+@pytest.mark.parametrize("name", ["llama_kv_opset17", "qwen2_kv_opset14", "qwen2_sdpa_kv_opset17"])
+def test_precision_fp16_of_a_float32_decoder_fuses_its_attention(name):
+    """``--precision fp16`` of a float32 KV-cache export (issue 33): the conversion keeps the finfo(float32).min
+    mask and each Softmax in float32 (a softmax island, precision.py), and contrib-attention takes the island
+    as a float16 MultiHeadAttention with the mask raw (key_padding_mask, mask_filter_value added in float32:
+    fully masked rows stay uniform as in the original). That needs the keep mask's key length proved equal
+    to the cache ``Concat(past, new)``, whose length the conversion's Cast leaves to inference to invent
+    (``unk__N``): ``shape_values`` now proves such a dimension from how the tensor is made. Before, every
+    Softmax stayed. The output matches the float32 export evaluated in float64 at prefill and decode with
+    a left-padded row, within float16's tolerance."""
+    model = load_testdata(name)
+    result = onnxfuse.optimize(model, precision="fp16", samples=2)
+    assert result.validation.passed, result.validation
+    ops = Counter(op_types_within(result.model))
+    assert ops["MultiHeadAttention"] == LAYERS and ops["Softmax"] == 0, result.unfused
+    assert_matches_float64(result.model, model, ((2, 5, 0), (3, 1, 6)), False, np.random.default_rng(5), tol=2e-2)
