@@ -108,6 +108,9 @@ def options(p) -> None:
     p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16",
                    help="the export's element type (default fp16; fp32: give the builder column an fp32 skeleton, "
                         "or --skip-builder)")
+    p.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
+                   help="onnxfuse's --precision for its columns (fp16 with --dtype fp32: the float32 export computed in "
+                        "float16, issue 33; time it against a default run's onnxfuse column, the float16 export's)")
     p.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
                    help="transformers' attention implementation for the export (default eager; sdpa: transformers' "
                         "default, through torch's scaled_dot_product_attention symbolic)")
@@ -172,10 +175,11 @@ def export_original(shape: str, opset: int, seed: int, folder: Path, dtype: str 
     return onnx.load(str(path))
 
 
-def optimize(model, device: str, with_rules: list[str] | None = None, validate: bool = True) -> tuple[object, dict]:
+def optimize(model, device: str, with_rules: list[str] | None = None, validate: bool = True,
+             precision: str = "fp32") -> tuple[object, dict]:
     """onnxfuse's output of ``model`` (validation on unless ``validate`` is false) and what to report about
     it; ``with_rules``: opt-in rules to run besides the default ones, and (written -NAME) default rules
-    to leave out."""
+    to leave out; ``precision``: optimize's ``--precision``."""
     import onnxfuse
     from onnxfuse.errors import ValidationFailed
     added = [f"+{r}" for r in with_rules or [] if not r.startswith("-")]
@@ -183,7 +187,7 @@ def optimize(model, device: str, with_rules: list[str] | None = None, validate: 
     t0 = time.perf_counter()
     try:
         res = onnxfuse.optimize(model, target="cuda", validate=validate, provider=device, only=added or None,
-                                skip=skip)
+                                skip=skip, precision=precision)
         verdict = "passed" if validate else "off (--extras-unvalidated)"
     except ValidationFailed as exc:  # still timed: the table marks it
         res, verdict = exc.report, f"FAILED ({exc}; culprit {exc.culprit})"
@@ -369,7 +373,9 @@ def _fmt(x, spec=".3f"):
 
 def table(report: dict) -> list[str]:
     names = report["models"]
-    lines = [f"Decode benchmark ({report['shape']}, {report.get('dtype', 'fp16')}, {report.get('attention', 'eager')} attention, {report.get('exporter', 'legacy')} exporter, {report['device']}, ORT {report['ort_version']}); "
+    lines = [f"Decode benchmark ({report['shape']}, {report.get('dtype', 'fp16')}"
+             f"{'' if report.get('precision', 'fp32') == 'fp32' else ', onnxfuse --precision ' + report['precision']}, "
+             f"{report.get('attention', 'eager')} attention, {report.get('exporter', 'legacy')} exporter, {report['device']}, ORT {report['ort_version']}); "
              f"median ms per step, interleaved rounds; tokens/s = B / step (prefill: B·S / time).", "",
              "| cell | original ms | onnxfuse ms | builder ms | onnxfuse/builder | speed-up over original "
              "| tok/s original | tok/s onnxfuse | tok/s builder |",
@@ -442,7 +448,8 @@ def main(argv=None, variants=None) -> int:
     prefill = args.prefill if args.prefill is not None else (8 if args.tiny else 512)
     prefill_batches = [int(x) for x in args.prefill_batches.split(",") if x] if prefill else []
     deadline = args.deadline
-    report = {"shape": shape, "dtype": args.dtype, "attention": args.attention, "exporter": args.exporter,
+    report = {"shape": shape, "dtype": args.dtype, "precision": args.precision, "attention": args.attention,
+              "exporter": args.exporter,
               "config": config, "device": args.device, "ort_version": ort.__version__,
               "time_budget_s": args.time_budget, "rounds": args.rounds, "warmup": args.warmup,
               "models": [], "nodes": {}, "ops": {}, "cells": [], "skipped": [], "errors": [],
@@ -465,7 +472,8 @@ def main(argv=None, variants=None) -> int:
             args.cache.mkdir(parents=True, exist_ok=True)
             onnx.save(models["original"], str(cached))
     log(f"original: {len(models['original'].graph.node)} nodes ({time.perf_counter() - START:.0f} s)")
-    fused = args.cache / f"{stem}-onnxfuse.onnx" if args.cache else None
+    fused = (args.cache / f"{stem}-onnxfuse{'' if args.precision == 'fp32' else '-' + args.precision}.onnx"
+             if args.cache else None)
     if fused and fused.is_file() and fused.with_suffix(".json").is_file():
         log(f"onnxfuse: loading {fused} (optimized by an earlier run; see its report)")
         models["onnxfuse"] = onnx.load(str(fused))
@@ -473,7 +481,7 @@ def main(argv=None, variants=None) -> int:
     else:
         log("optimizing with onnxfuse (validation on)")
         try:
-            models["onnxfuse"], report["onnxfuse"] = optimize(models["original"], args.device)
+            models["onnxfuse"], report["onnxfuse"] = optimize(models["original"], args.device, precision=args.precision)
             log(f"onnxfuse: {report['onnxfuse']['nodes_after']} nodes, validation {report['onnxfuse']['validation']}, "
                 f"{report['onnxfuse']['seconds']} s")
             if fused:
@@ -487,7 +495,7 @@ def main(argv=None, variants=None) -> int:
         name = "onnxfuse" + "".join(r if r.startswith("-") else f"+{r}" for r in extra)
         log(f"optimizing with onnxfuse and {', '.join(extra)}")
         try:
-            models[name], report[name] = optimize(models["original"], args.device, extra,
+            models[name], report[name] = optimize(models["original"], args.device, extra, precision=args.precision,
                                                   validate=not args.extras_unvalidated)
             log(f"{name}: {report[name]['nodes_after']} nodes, validation {report[name]['validation']}")
         except Exception as exc:
