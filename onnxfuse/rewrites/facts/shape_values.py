@@ -383,6 +383,8 @@ def axis_length(graph, tensor, axis: int, depth: int = 24, _seen: dict | None = 
     their common length); ``Range`` (:func:`range_length`, sums of sizes included);
     ``Unsqueeze``/``Squeeze`` with constant axes (an inserted axis is 1 long); ops that keep their
     input's shape (Cast, Not, ...); ``Gather`` (data's length off the axis, the indices' on it);
+    ``GatherND`` (the indices' leading lengths, then data's past the batch and indexed axes: the
+    dynamo exporter gathers the padding mask by a [B, 1, S, T, 2] index grid);
     ``Transpose``; reductions with keepdims=1 (a reduced axis is 1 long); ``Reshape`` to ``Shape(t)`` read whole: t's length, where a 0 entry cannot copy the
     input's dimension instead (allowzero=1, an axis at or past the input's rank, or a positive int
     length); ``Expand`` and the broadcasting ops (numpy rules, inputs right-aligned): the inputs'
@@ -421,7 +423,8 @@ def proved_rank(graph, tensor, depth: int = 16):
     ``depth`` producers back): ops that keep their input's shape (Cast, Not, Identity, ...), a
     ``Flatten`` (2), ``Unsqueeze``/``Squeeze`` with constant axes (the input's plus / minus their
     count), a reduction that keeps its axes, a broadcasting op (the largest of its inputs'), an
-    ``Expand`` (the larger of its target's length and its input's rank); None if unknown."""
+    ``Expand`` (the larger of its target's length and its input's rank), a ``GatherND`` whose index depth
+    is static; None if unknown."""
     value = constant_value(graph, tensor)
     if value is not None:
         return value.ndim
@@ -451,6 +454,11 @@ def proved_rank(graph, tensor, depth: int = 16):
             length = None if value is None else len(value)
         if length is not None and source is not None:
             return max(length, source)
+    if is_op(node, "GatherND") and len(node.inputs) == 2:  # indices' rank - 1 + data's past batch_dims + k
+        data, indices = proved_rank(graph, node.inputs[0], depth - 1), shape_of(graph, node.inputs[1])
+        k = indices[-1] if indices else None
+        if data is not None and isinstance(k, int) and int(node.attrs.get("batch_dims", 0)) + k <= data:
+            return len(indices) - 1 + data - int(node.attrs.get("batch_dims", 0)) - k
     return None
 
 
@@ -491,6 +499,16 @@ def _made_length(graph, node, axis: int, rank: int, depth: int, seen: dict):
         perm = node.attrs.get("perm")
         perm = list(perm) if perm is not None else list(range(rank))[::-1]
         return axis_length(graph, node.inputs[0], perm[axis], depth, seen) if len(perm) == rank else None
+    if is_op(node, "GatherND") and len(node.inputs) == 2:
+        # out = indices.shape[:-1] + data.shape[batch_dims + k:], k = indices.shape[-1] (static)
+        data_rank, idx_rank = proved_rank(graph, node.inputs[0]), proved_rank(graph, node.inputs[1])
+        k = axis_length(graph, node.inputs[1], -1, depth, seen) if idx_rank else None
+        batch = int(node.attrs.get("batch_dims", 0))
+        if data_rank is None or not isinstance(k, int) or batch + k > data_rank:
+            return None
+        if axis < idx_rank - 1:
+            return axis_length(graph, node.inputs[1], axis, depth, seen)
+        return axis_length(graph, node.inputs[0], batch + k + axis - (idx_rank - 1), depth, seen)
     if is_op(node, "Gather") and len(node.inputs) == 2:
         data_rank, idx_rank = proved_rank(graph, node.inputs[0]), proved_rank(graph, node.inputs[1])
         if data_rank is None or idx_rank is None:

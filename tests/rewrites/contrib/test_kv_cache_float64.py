@@ -119,15 +119,16 @@ def test_the_rows_reshape_must_read_each_dimension_where_it_is_known():
     assert problem is not None and "dimension 2" in problem.reason
 
 
-@pytest.mark.parametrize("name", ["llama_kv_opset17", "qwen2_kv_opset14", "qwen2_sdpa_kv_opset17"])
+@pytest.mark.parametrize("name", ["llama_kv_opset17", "qwen2_kv_opset14", "qwen2_sdpa_kv_opset17", "llama_kv_dynamo"])
 def test_precision_fp16_of_a_float32_decoder_fuses_its_attention(name):
     """``--precision fp16`` of a float32 KV-cache export (issue 33): the conversion keeps the finfo(float32).min
     mask and each Softmax in float32 (a softmax island, precision.py), and contrib-attention takes the island
     as a float16 MultiHeadAttention with the mask raw (key_padding_mask, mask_filter_value added in float32:
     fully masked rows stay uniform as in the original). That needs the keep mask's key length proved equal
     to the cache ``Concat(past, new)``, whose length the conversion's Cast leaves to inference to invent
-    (``unk__N``): ``shape_values`` now proves such a dimension from how the tensor is made. Before, every
-    Softmax stayed. The output matches the float32 export evaluated in float64 at prefill and decode with
+    (``unk__N``): ``shape_values`` now proves such a dimension from how the tensor is made, and the
+    dynamo export's padding lookup (a GatherND by an index grid) along the key axis. Before, every Softmax
+    stayed. The output matches the float32 export evaluated in float64 at prefill and decode with
     a left-padded row, within float16's tolerance."""
     model = load_testdata(name)
     result = onnxfuse.optimize(model, precision="fp16", samples=2)

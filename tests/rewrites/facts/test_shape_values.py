@@ -14,7 +14,7 @@ from onnx import helper as h
 from onnxfuse.model_io import to_graph
 from onnxfuse.rewrites.facts.shape_values import whole_slice
 from onnxfuse.rewrites.facts.shape_values import (DimSum, axis_length, move_shape_reads, positions_read, proved_rank,
-                                              same_length)
+                                              same_length, shape_value)
 
 
 def _const(name, values):
@@ -121,6 +121,44 @@ def test_rank_and_lengths_proved_through_expand_reduce_and_broadcast():
         assert axis_length(graph, t[name], 1) == 1, name
     assert axis_length(graph, t["row"], 3) == 1 and axis_length(graph, t["row"], 0) == "B"
     assert axis_length(graph, t["guarded"], 3) == "T"
+
+
+def test_a_shape_read_of_an_invented_dimension_is_the_length_proved_from_how_the_tensor_is_made():
+    """``--precision fp16`` casts the past, so the cache ``Concat(Cast(past), new)`` has no declared shape and
+    ONNX's inference invents its length (``unk__N``). ``Shape`` of it read with ``sums``: the invented axis
+    is ``P + S`` proved by the Concat (and the named axes stay names); without ``sums`` nothing, as a sum
+    is only for callers that prove the other side term by term."""
+    nodes = [h.make_node("Cast", ["past"], ["past16"], to=T.FLOAT16, name="cast"),
+             h.make_node("Concat", ["past16", "new"], ["key"], axis=2, name="concat"),
+             h.make_node("Shape", ["key"], ["key_shape"], name="key_shape")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("past", T.FLOAT, ["B", 2, "P", 4]),
+                                  h.make_tensor_value_info("new", T.FLOAT16, ["B", 2, "S", 4])],
+                     [h.make_tensor_value_info("key_shape", T.INT64, None)])
+    graph = to_graph(onnx.shape_inference.infer_shapes(h.make_model(g, opset_imports=[h.make_opsetid("", 17)])))
+    t = graph.tensors()
+    assert str(t["key"].shape[2]).startswith("unk__")  # what inference leaves
+    read = shape_value(graph, t["key_shape"], sums=True)
+    assert read[:2] == ["B", 2] and read[3] == 4 and isinstance(read[2], DimSum) and read[2].terms == ("P", "S")
+    assert shape_value(graph, t["key_shape"]) is None
+
+
+def test_gather_nd_lengths_are_the_index_grids_then_the_data_past_the_indexed_axes():
+    """GatherND(data [B, T], indices [B, 1, S, T, 2]) is [B, 1, S, T] (the dynamo exporter's padding-mask
+    lookup); with one index per row (k = 1) the data's trailing axis follows; an index deeper than the
+    data, or a dynamic k, proves nothing."""
+    nodes = [h.make_node("GatherND", ["mask", "grid"], ["picked"], name="nd"),
+             h.make_node("GatherND", ["rows", "one"], ["row"], name="nd1"),
+             h.make_node("GatherND", ["mask", "dyn"], ["unknown"], name="nd2")]
+    graph = _undeclared(nodes, [h.make_tensor_value_info("mask", T.BOOL, ["B", "T"]),
+                                h.make_tensor_value_info("grid", T.INT64, ["B", 1, "S", "T", 2]),
+                                h.make_tensor_value_info("rows", T.FLOAT, ["R", "D"]),
+                                h.make_tensor_value_info("one", T.INT64, ["N", 1]),
+                                h.make_tensor_value_info("dyn", T.INT64, ["N", "K"])],
+                        [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("picked", "row", "unknown")])
+    t = graph.tensors()
+    assert [axis_length(graph, t["picked"], a) for a in range(4)] == ["B", 1, "S", "T"]
+    assert [axis_length(graph, t["row"], a) for a in range(2)] == ["N", "D"]
+    assert axis_length(graph, t["unknown"], 0) is None
 
 
 def test_shape_reads_move_only_where_the_axes_read_keep_their_length():
