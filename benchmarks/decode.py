@@ -191,10 +191,8 @@ def optimize(model, device: str, with_rules: list[str] | None = None, validate: 
         verdict = "passed" if validate else "off (--extras-unvalidated)"
     except ValidationFailed as exc:  # still timed: the table marks it
         res, verdict = exc.report, f"FAILED ({exc}; culprit {exc.culprit})"
-    from onnxfuse.model_io import proto_graphs
-    nested = Counter(f"{n.domain}::{n.op_type}" for g in proto_graphs(res.model.graph) for n in g.node
-                     if n.domain not in ("", "ai.onnx"))
-    fused = dict(sorted(nested.items()))  # com.microsoft and ai.onnxfuse ops, If branches included
+    every = Counter(res.ops_after) + Counter(res.body_ops_after)  # the If branches' ops too
+    fused = {k: v for k, v in sorted(every.items()) if "::" in k}  # com.microsoft and ai.onnxfuse ops
     info = {"nodes_before": res.nodes_before, "nodes_after": res.nodes_after, "validation": verdict,
             "fused_ops": fused, "ops_after": res.ops_after, "seconds": round(time.perf_counter() - t0, 2),
             "rewrite_s": round(res.rewrite_seconds, 2), "validation_s": round(res.validation_seconds, 2),

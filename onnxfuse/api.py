@@ -143,7 +143,8 @@ def optimize(
 
     Returns an :class:`~onnxfuse.pipeline.OptimizeResult`: ``.model`` (the optimized ``ModelProto``),
     ``.validation`` (per-output metrics), ``.applied`` (rewrites and refusals), ``.ops_before`` /
-    ``.ops_after``, ``.timing``, ``.to_json()`` (the dict ``onnxfuse optimize --json`` writes) and
+    ``.ops_after`` (the main graph's nodes by op type; ``.body_ops_before`` / ``.body_ops_after`` those in If
+    branches and Loop/Scan bodies), ``.timing``, ``.to_json()`` (the dict ``onnxfuse optimize --json`` writes) and
     ``.save(path)``. Raises :class:`~onnxfuse.errors.ValidationFailed` (``.culprit`` names the rule,
     ``.skip`` the rules to skip for a model that validates, ``.report.to_json()`` is the failure report)
     when an output drifts beyond tolerance, :class:`~onnxfuse.errors.InternalError` when the model

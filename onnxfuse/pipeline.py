@@ -122,6 +122,8 @@ class OptimizeResult:
     ops_before: dict[str, int]
     ops_after: dict[str, int]
     rewrite_seconds: float
+    body_ops_before: dict[str, int] = field(default_factory=dict)  # in If/Loop/Scan bodies (op_counts(in_bodies))
+    body_ops_after: dict[str, int] = field(default_factory=dict)
     validation: ValidationReport | None = None
     validation_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -157,6 +159,7 @@ class OptimizeResult:
             "nodes": {"before": self.nodes_before, "after": self.nodes_after},
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
+            "ops_in_bodies": {"before": self.body_ops_before, "after": self.body_ops_after},
             "custom_library": self.custom_library,
             "unfused": [u.to_dict() for u in self.unfused],
             "validation": self.validation.to_dict() if self.validation else None,
@@ -186,10 +189,14 @@ class OptimizeResult:
         return out
 
 
-def op_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Node count per op type (``domain::Op`` for non-standard domains), main graph only."""
+def op_counts(model: onnx.ModelProto, in_bodies: bool = False) -> dict[str, int]:
+    """Node count per op type (``domain::Op`` for non-standard domains), main graph only; ``in_bodies``:
+    the nodes of the If branches and Loop/Scan bodies instead, at any depth (a KV-cache decoder's
+    DecodeAttention and prefill MultiHeadAttention sit in an If per layer: without these rows the
+    report showed neither)."""
+    graphs = list(model_io.proto_graphs(model.graph))[1:] if in_bodies else [model.graph]
     counts = Counter(
-        (f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type) for n in model.graph.node
+        (f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type) for g in graphs for n in g.node
     )
     return dict(sorted(counts.items()))
 
@@ -315,7 +322,7 @@ def optimize_model(
     rewrite_seconds = time.perf_counter() - t0
     result = OptimizeResult(input_path=source, output_path=None, target=options.target, device=options.device,
                             rules=[r.name for r in rules], applied=applied, ops_before=op_counts(model), ops_after={},
-                            rewrite_seconds=rewrite_seconds)
+                            rewrite_seconds=rewrite_seconds, body_ops_before=op_counts(model, in_bodies=True))
     _set_output(result, optimized, applied)
     result.extra["repairs"] = list(repairs)  # also without validation (its note carries them otherwise)
     if precision:
@@ -414,6 +421,7 @@ def _adopt(result: OptimizeResult, repairs, model, applied, validation, added=()
 def _set_output(result: OptimizeResult, optimized, applied) -> None:
     """``result`` describes ``optimized``, written by the rewrite ``applied``."""
     result.model, result.applied, result.ops_after = optimized, applied, op_counts(optimized)
+    result.body_ops_after = op_counts(optimized, in_bodies=True)
     result.custom_library = custom_library_needed(optimized)
 
     needs_cuda = cuda_only_ops(optimized)  # only when there are some: reports without them stay as they were

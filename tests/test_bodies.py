@@ -241,3 +241,25 @@ def test_a_lazily_loaded_model_whose_weights_only_branches_read(tmp_path, monkey
         w = [weights[f"w{i + (0 if c else 3)}"] for i in range(3)]
         want = np.maximum(x @ w[0], 0) * (x @ w[1]) + x @ w[2]
         np.testing.assert_allclose(_run(written, {"x": x, "c": np.array(c)}), want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_report_counts_the_ops_inside_bodies_apart_from_the_main_graph():
+    """``ops_before``/``ops_after`` count the main graph (their sum is its node count); ``ops_in_bodies`` the
+    nodes of If branches and Loop/Scan bodies, so the merged T5 decoder's attentions, all inside its If,
+    show in the report (8 MultiHeadAttention after, 8 Softmax before, none after), and the JSON follows
+    the schema."""
+    import jsonschema
+
+    from helpers import load_testdata
+    from onnxfuse.reports import load_schema
+
+    model = load_testdata("optimum_t5_decoder_merged")
+    result = onnxfuse.optimize(model, bench=False)
+    assert sum(result.ops_after.values()) == len(result.model.graph.node) and "MultiHeadAttention" not in result.ops_after
+    within = Counter(op_types_within(result.model))
+    assert result.body_ops_after["com.microsoft::MultiHeadAttention"] == within["MultiHeadAttention"] == 8
+    assert result.body_ops_before["Softmax"] == Counter(op_types_within(model))["Softmax"] == 8
+    assert "Softmax" not in result.body_ops_after
+    doc = result.to_json()
+    jsonschema.validate(doc, load_schema(), cls=jsonschema.Draft202012Validator)
+    assert doc["result"]["ops_in_bodies"]["after"]["com.microsoft::MultiHeadAttention"] == 8

@@ -156,7 +156,7 @@ def _optimize_one(input_path, output_path, values, explain, explain_all, json_pa
         stderr.print(f"rule {dropped['rule']} was dropped ({dropped['reason']}); the other rules were applied",
                      markup=False, highlight=False, soft_wrap=True)
     stdout.print(render.rules_table(result.applied.counts, result.applied.cleanup))
-    stdout.print(render.ops_table(result.ops_before, result.ops_after))
+    stdout.print(render.ops_table(result.ops_before, result.ops_after, result.body_ops_before, result.body_ops_after))
     for row in result.unfused:
         render.print_prose(stdout, render.unfused_line(row), "not fused: ", "[yellow]not fused:[/] ")
     if explain or explain_all:

@@ -48,13 +48,21 @@ def rule_list_lines(rows: list[dict], width: int) -> list[str]:
     return lines
 
 
-def ops_table(before: dict[str, int], after: dict[str, int]) -> FitTable:
+def ops_table(before: dict[str, int], after: dict[str, int], body_before: dict[str, int] | None = None,
+              body_after: dict[str, int] | None = None) -> FitTable:
+    """The main graph's nodes by op type and their total; then, where the model has If/Loop/Scan bodies,
+    their nodes as rows ``in bodies: OP`` (outside the total, which is the main graph's node count)."""
     table = FitTable("Nodes by op type", [Column("op", "id"), Column("before", "num"), Column("after", "num")])
-    for op in sorted(set(before) | set(after), key=lambda o: (-before.get(o, 0), o)):
-        b, a = before.get(op, 0), after.get(op, 0)
-        style = "dim" if a == b else ("green" if a < b else "yellow")
-        table.add_row(escape(op), str(b), str(a), style=style)
+
+    def rows(b_counts, a_counts, label):
+        for op in sorted(set(b_counts) | set(a_counts), key=lambda o: (-b_counts.get(o, 0), o)):
+            b, a = b_counts.get(op, 0), a_counts.get(op, 0)
+            style = "dim" if a == b else ("green" if a < b else "yellow")
+            table.add_row(escape(label + op), str(b), str(a), style=style)
+
+    rows(before, after, "")
     table.add_row("[bold]total[/]", f"[bold]{sum(before.values())}[/]", f"[bold]{sum(after.values())}[/]")
+    rows(body_before or {}, body_after or {}, "in bodies: ")
     return table
 
 
