@@ -9,8 +9,8 @@ static size or constant entry) or the symbolic name of a tensor's dimension (``b
 
 Only exact steps are followed, each keeping the list's meaning element by element: constants;
 ``Shape(T)`` (start/end) when T's dimensions are all known (ints or names other than ``unk__``: those
-mean nothing outside one inference; with ``sums``, an ``unk__`` one proved by :func:`axis_length`); ``Gather`` on axis 0 with constant indices; ``Slice`` with constant
-bounds on axis 0, step 1; ``Concat`` on axis 0; ``Unsqueeze``/``Squeeze``/``Reshape``/``Identity`` and
+mean nothing outside one inference; with ``sums``, an ``unk__`` one proved by :func:`axis_length`);
+``Gather`` on axis 0 with constant indices; ``Slice`` with constant bounds on axis 0, step 1; ``Concat`` on axis 0; ``Unsqueeze``/``Squeeze``/``Reshape``/``Identity`` and
 integer ``Cast`` (a size fits in int32); ``Where(c, a, b)`` when c is known element by element;
 ``Equal(a, b)`` element by element, known when both are ints, or a name against a negative int (a size
 is never negative, so ``batch == -1`` is False); ``Mul`` by 1 and ``Add`` of 0 keep a name, ints
