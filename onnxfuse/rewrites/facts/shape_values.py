@@ -456,9 +456,9 @@ def proved_rank(graph, tensor, depth: int = 16):
             return max(length, source)
     if is_op(node, "GatherND") and len(node.inputs) == 2:  # indices' rank - 1 + data's past batch_dims + k
         data, indices = proved_rank(graph, node.inputs[0], depth - 1), shape_of(graph, node.inputs[1])
-        k = indices[-1] if indices else None
-        if data is not None and isinstance(k, int) and int(node.attrs.get("batch_dims", 0)) + k <= data:
-            return len(indices) - 1 + data - int(node.attrs.get("batch_dims", 0)) - k
+        k, batch = (indices[-1] if indices else None), int(node.attrs.get("batch_dims", 0))
+        if data is not None and isinstance(k, int) and batch + k <= data:
+            return len(indices) - 1 + data - batch - k
     return None
 
 
