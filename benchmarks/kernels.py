@@ -5,7 +5,10 @@ For float32 and float16 at 1M, 16M and 64M elements (and bfloat16 at the largest
 * ``copy``    - a device-to-device copy of the same bytes (torch ``copy_``): the memory-bound floor;
 * ``unfused`` - ``tanh(x*sigmoid(x)*0.5+1)`` as standard ONNX ops on ONNX Runtime's CUDA provider,
   ORT_ENABLE_ALL;
-* ``fused``   - the same computation as one FusedElementwise node (ORT_ENABLE_ALL);
+* ``fused``   - the same computation as one FusedElementwise node (ORT_ENABLE_ALL), its launch shape
+  tuned on the first run (block size and items per thread, ``csrc/launch_tuning.h``); also timed first
+  with the default launch (``ONNXFUSE_LAUNCH_TUNING=0``: 256 threads, one item per thread), in the same
+  process, and checked bit-equal to it;
 
 plus a broadcast case (per-channel scale and bias on NCHW: ``x*s+b``, s/b of shape [1,C,1,1]) at 16M
 and 64M elements (at 16M a run can be shorter than ONNX Runtime's per-run host overhead, ~0.09 ms,
@@ -52,6 +55,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 from onnxfuse.custom_ops import DOMAIN, OPSET_VERSION, make_node, session_options  # noqa: E402
+from onnxfuse.custom_ops import native as codegen  # noqa: E402
 
 SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20]
 DTYPES = ["float32", "float16"]
@@ -297,9 +301,19 @@ def main() -> None:
             moved = in_bytes + n * es  # bytes read + written by an ideal kernel
             copy = h.time_copy(moved // 2, args.chain)
             u = h.time_ort(unfused, False, tensors, out_shape, dtype)
+            # The default launch first (tuning off: nothing is recorded), then a session that tunes on
+            # its first run (the module's decision is kept for the rest of the process).
+            os.environ["ONNXFUSE_LAUNCH_TUNING"] = "0"
+            f0 = h.time_ort(fused, True, tensors, out_shape, dtype)
+            os.environ["ONNXFUSE_LAUNCH_TUNING"] = "1"
+            tunings = codegen.kernel_stats()["launch_tunings"]
             f = h.time_ort(fused, True, tensors, out_shape, dtype)
+            stats = codegen.kernel_stats()
+            launch = stats["last_launch_tuning"] if stats["launch_tunings"] > tunings else None
             u["gpu_ms"] /= args.chain  # per copy of the computation
             f["gpu_ms"] /= args.chain
+            f0["gpu_ms"] /= args.chain
+            same = bool(torch.equal(f["y"], f0["y"]))
             err = (f["y"].float() - u["y"].float()).abs().max().item()
             row = {
                 "case": name, "dtype": dtype, "elements": n, "bytes_moved": moved,
@@ -311,11 +325,15 @@ def main() -> None:
                 "speedup_vs_unfused": u["gpu_ms"] / f["gpu_ms"],
                 "fused_session_create_s": f["session_create_s"],
                 "max_abs_diff_vs_unfused": err,
+                "default_launch_ms": f0["gpu_ms"], "default_launch_vs_copy": copy["gpu_ms"] / f0["gpu_ms"],
+                "tuned_vs_default": f0["gpu_ms"] / f["gpu_ms"], "launch": launch,
+                "tuned_output_equals_default": same,
             }
             rows.append(row)
             print(f"{dtype:8s} {n:>10d} {name[:28]:28s} copy {row['copy_ms']:.4f} ms  unfused {row['unfused_ms']:.4f} ms"
-                  f"  fused {row['fused_ms']:.4f} ms  ({row['fused_vs_copy']:.0%} of copy speed)", flush=True)
-            del tensors, u, f
+                  f"  fused {row['fused_ms']:.4f} ms  ({row['fused_vs_copy']:.0%} of copy speed; default launch "
+                  f"{row['default_launch_vs_copy']:.0%}){'' if same else '  OUTPUT DIFFERS'}", flush=True)
+            del tensors, u, f, f0
             torch.cuda.empty_cache()
         except Exception as e:  # e.g. bfloat16 kernels ONNX Runtime's CUDA provider lacks
             print(f"{dtype:8s} {n:>10d} {name[:28]:28s} FAILED: {str(e).splitlines()[0][:200]}", flush=True)
@@ -332,12 +350,15 @@ def main() -> None:
     print(f"GPU time per {'copy of the computation' if args.chain > 1 else 'run'} (CUDA events, median); "
           "GB/s counts bytes read + written.\n")
     print("| case | dtype | elements | copy ms (GB/s) | unfused ms | fused ms (GB/s) | fused / copy speed | "
-          "speed-up vs unfused | unfused host ms | fused host ms |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "default launch / copy | launch kept | speed-up vs unfused | unfused host ms | fused host ms |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for r in rows:
+        kept = (f"{r['launch']['threads']}×{r['launch']['items_per_thread']}" if r["launch"] else "untuned")
         print(f"| {r['case']} | {r['dtype']} | {r['elements']:,} | {r['copy_ms']:.4f} ({r['copy_GBps']:.0f}) | "
               f"{r['unfused_ms']:.4f} | {r['fused_ms']:.4f} ({r['fused_GBps']:.0f}) | {r['fused_vs_copy']:.0%} | "
+              f"{r['default_launch_vs_copy']:.0%} | {kept} | "
               f"{r['speedup_vs_unfused']:.2f}x | {r['unfused_host_ms']:.3f} | {r['fused_host_ms']:.3f} |")
+    print("\nlaunch kept: threads per block × items per thread that launch tuning kept (256×1 is the default).")
     if "error" in ct:
         print(f"\ncompile-time measurement failed: {ct['error']}")
     else:

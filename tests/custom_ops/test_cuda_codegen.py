@@ -242,6 +242,10 @@ static unsigned g_grid, g_block; static void* g_stream; static unsigned char g_p
 static char g_last[64]; static int g_loads; static int g_launches; static int g_cubin;
 /* What it was asked to load (first 64 bytes of each image) and each launch's first 32 parameter bytes. */
 static unsigned char g_images[16][64]; static unsigned long long g_ptrs[4096][4];
+/* Simulated GPU time of the launches so far (read by MOCK_EVENTS' events): fewer threads in all is
+   faster, blocks of 128 faster than 256; so launch tuning must pick 128 threads, 8 items per thread. */
+static double g_cost;
+static double mock_cost(unsigned gx, unsigned bx) { return (double)gx * bx * 1e-6 + (bx == 128 ? 0.0 : 1.0); }
 CUresult cuInit(unsigned f) { return 0; }
 CUresult cuDriverGetVersion(int* v) { *v = 13000; return 0; }
 CUresult cuDeviceGet(int* d, int o) { *d = o; return 0; }
@@ -262,6 +266,7 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
   strncpy(g_last, (const char*)f, 63); g_grid = gx; g_block = bx; g_stream = stream;
   memcpy(g_params, params[0], sizeof g_params);
   if (g_launches < 4096) memcpy(g_ptrs[g_launches], params[0], sizeof g_ptrs[0]);
+  g_cost += mock_cost(gx, bx);
   g_launches++; return 0; }
 CUresult cuGetErrorString(CUresult r, const char** s) { *s = "mock error"; return 0; }
 int mock_state(char* last, unsigned* grid, unsigned* block, void** stream, unsigned char* params,
@@ -270,6 +275,19 @@ int mock_state(char* last, unsigned* grid, unsigned* block, void** stream, unsig
   memcpy(params, g_params, sizeof g_params); *loads = g_loads; *cubin = g_cubin; return g_launches; }
 int mock_images(unsigned char* out) { memcpy(out, g_images, sizeof g_images); return g_loads; }
 int mock_ptrs(unsigned long long* out) { memcpy(out, g_ptrs, sizeof g_ptrs); return g_launches; }
+"""
+
+# The same driver with CUDA events (elapsed time: the simulated cost of the launches between them) and
+# cuStreamIsCapturing (what mock_set_capturing last set): what launch tuning needs.
+MOCK_EVENTS = MOCK_DRIVER + r"""
+static double g_slots[16]; static int g_nslots; static int g_capturing;
+CUresult cuEventCreate(void** e, unsigned f) { *e = &g_slots[g_nslots++ % 16]; return 0; }
+CUresult cuEventRecord(void* e, void* s) { *(double*)e = g_cost; return 0; }
+CUresult cuEventSynchronize(void* e) { return 0; }
+CUresult cuEventElapsedTime(float* ms, void* a, void* b) { *ms = (float)(*(double*)b - *(double*)a); return 0; }
+CUresult cuEventDestroy_v2(void* e) { return 0; }
+CUresult cuStreamIsCapturing(void* s, int* status) { *status = g_capturing; return 0; }
+void mock_set_capturing(int c) { g_capturing = c; }
 """
 
 MOCK_CHILD = r"""
@@ -317,8 +335,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def mock_driver(tmp_path_factory):
+def _build_mock(tmp_path_factory, source: str):
     import shutil
     import subprocess
 
@@ -326,10 +343,20 @@ def mock_driver(tmp_path_factory):
     if cc is None:
         pytest.skip("no C compiler for the mock CUDA driver")
     d = tmp_path_factory.mktemp("mockcuda")
-    (d / "mock.c").write_text(MOCK_DRIVER)
+    (d / "mock.c").write_text(source)
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(d / "libcuda_mock.so"), str(d / "mock.c")],
                    check=True)
     return d / "libcuda_mock.so"
+
+
+@pytest.fixture(scope="module")
+def mock_driver(tmp_path_factory):
+    return _build_mock(tmp_path_factory, MOCK_DRIVER)
+
+
+@pytest.fixture(scope="module")
+def mock_driver_with_events(tmp_path_factory):
+    return _build_mock(tmp_path_factory, MOCK_EVENTS)
 
 
 def run_mock(mock, cache_home, program, launches, extra_env=None, pre: str = "") -> dict:
@@ -529,3 +556,60 @@ def test_atan_compiles_to_ptx(dtype):
         ptx = native.compile_ptx(src, arch=arch)
         for name in ALL_KERNELS:
             assert f".entry {name}(" in ptx, (name, arch)
+
+
+# ------------------------------------------------------------------ launch tuning (mock timings)
+
+TUNE_TEXT = "onnxfuse.elementwise 1\ninput x: float32\ninput s: float16\nc: float32 = Cast[to=float32](s)\n" \
+            "y: float32 = Mul(x, c)\nh: float16 = Cast[to=float16](y)\noutput y\noutput h\n"
+BIG = 1 << 22  # 4M elements: V = 8 (a float16 output), so 2^19 vector items
+
+
+@needs_nvrtc
+def test_launch_tuning_picks_the_fastest_shape_once_per_size(mock_driver_with_events, tmp_path):
+    """The first launch of a size of 1M elements or more times the candidate shapes (through the
+    mock's events, which charge fewer threads and blocks of 128 less) and launches the fastest; later
+    launches of that size reuse the decision without timing; small launches are never tuned."""
+    A, B, O1, O2 = 0x10000, 0x20000, 0x30000, 0x40000
+    launches = [
+        ([(BIG,), (BIG,)], [A, B], [O1, O2]),
+        ([(BIG,), (BIG,)], [A, B], [O1, O2]),       # same size: the recorded shape, one launch
+        ([(1000,), (1000,)], [A, B], [O1, O2]),     # small: the default, untimed
+        ([(2, BIG // 2), (2, 1)], [A, B], [O1, O2]),  # another kernel (bcast_vec), tuned on its own
+    ]
+    r = run_mock(mock_driver_with_events, tmp_path, TUNE_TEXT, launches)
+    assert r["created"], r["error"]
+    L = r["launches"]
+    items = BIG // 8
+    assert L[0]["ok"] and L[0]["kernel"] == "ofx_fast_vec_32"
+    assert L[0]["block"] == 128 and L[0]["grid"] == items // (128 * 8)
+    # 8 candidates (the default and 7 others), each timed twice with one warm-up and 3 runs, then the launch.
+    assert L[0]["count"] == 8 * 2 * 4 + 1
+    assert L[1]["count"] == L[0]["count"] + 1 and (L[1]["block"], L[1]["grid"]) == (L[0]["block"], L[0]["grid"])
+    assert L[2]["count"] == L[1]["count"] + 1 and L[2]["block"] == 256
+    assert L[2]["grid"] == (1000 // 8 + 1000 % 8 + 255) // 256
+    assert L[3]["kernel"] == "ofx_bcast_vec_32" and L[3]["count"] == L[2]["count"] + 8 * 2 * 4 + 1
+    assert (L[3]["block"], L[3]["grid"]) == (128, items // (128 * 8))
+    st = r["stats"]
+    assert st["launch_tunings"] == 2 and st["launch_tunings_changed"] == 2
+    last = st["last_launch_tuning"]
+    assert last["kernel"] == "ofx_bcast_vec_32" and last["elements"] == BIG and last["threads"] == 128
+    assert last["items_per_thread"] == 8 and last["candidates"] == 8
+    assert last["chosen_ms"] < last["default_ms"]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("why", ["capturing", "turned off", "no events"])
+def test_launch_tuning_steps_aside(why, mock_driver, mock_driver_with_events, tmp_path):
+    """While the stream is captured into a CUDA graph (no synchronisation allowed), with
+    ONNXFUSE_LAUNCH_TUNING=0, or with a driver that cannot time, the default shape is launched and
+    nothing is timed or recorded."""
+    driver = mock_driver if why == "no events" else mock_driver_with_events
+    pre = "mock.mock_set_capturing(1)" if why == "capturing" else ""
+    env = {"ONNXFUSE_LAUNCH_TUNING": "0"} if why == "turned off" else {}
+    A, B, O1, O2 = 0x10000, 0x20000, 0x30000, 0x40000
+    r = run_mock(driver, tmp_path, TUNE_TEXT, [([(BIG,), (BIG,)], [A, B], [O1, O2])] * 2, extra_env=env, pre=pre)
+    L = r["launches"]
+    assert [x["count"] for x in L] == [1, 2]
+    assert all(x["block"] == 256 and x["grid"] == BIG // 8 // 256 for x in L)
+    assert r["stats"]["launch_tunings"] == 0 and r["stats"]["last_launch_tuning"] is None

@@ -404,3 +404,73 @@ def test_kernel_cache_disabled(tmp_path):
     stats = json.loads(r.stdout.strip().splitlines()[-1])
     assert stats["compiles"] == 1 and stats["disk_writes"] == 0
     assert not (tmp_path / "onnxfuse" / "kernels").exists()
+
+
+# ------------------------------------------------------------------------------- launch tuning
+
+_TUNING_CHILD = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {root!r})
+    import numpy as np, onnxruntime as ort
+    from onnxfuse.custom_ops import native as codegen, session_options
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("h", {helpers!r})
+    h = importlib.util.module_from_spec(spec); spec.loader.exec_module(h)
+    rng = np.random.default_rng(11)
+    outs = {{}}
+    cases = {{  # fast path with a vector tail; per-channel (vectorised broadcast); general broadcast
+        "fast": ((3 * 2**20 + 5,), ()),
+        "bcast_vec": ((16, 64, 64, 64), (1, 64, 1, 1)),
+        "bcast": ((16, 63, 65, 65), (1, 63, 1, 1)),
+    }}
+    for dtype, npdt in (("float32", np.float32), ("float16", np.float16)):
+        text = h.SILU_CHAIN.replace("float32", dtype)
+        for case, (sx, ss) in cases.items():
+            x = rng.standard_normal(sx).astype(npdt); s = rng.standard_normal(ss).astype(npdt)
+            for graph in (False, True):
+                so = session_options(); so.log_severity_level = 3
+                so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+                opts = [{{"enable_cuda_graph": "1"}}] if graph else None
+                sess = ort.InferenceSession(h.fused_model(text, [sx, ss]).SerializeToString(), so,
+                                            providers=["CUDAExecutionProvider"], provider_options=opts)
+                xv = ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+                sv = ort.OrtValue.ortvalue_from_numpy(s, "cuda", 0)
+                ov = [ort.OrtValue.ortvalue_from_numpy(np.zeros(sx, npdt), "cuda", 0) for _ in range(2)]
+                io = sess.io_binding()
+                io.bind_ortvalue_input("x", xv); io.bind_ortvalue_input("s", sv)
+                io.bind_ortvalue_output("out:0", ov[0]); io.bind_ortvalue_output("out:1", ov[1])
+                for _ in range(3):  # with CUDA graphs: plain runs, the capture, then a replay
+                    sess.run_with_iobinding(io)
+                for i, o in enumerate(ov):
+                    outs[f"{{dtype}}-{{case}}-{{graph}}-{{i}}"] = o.numpy()
+    np.savez({out!r}, **outs)
+    print(json.dumps(codegen.kernel_stats()))
+""")
+
+
+def _tuning_child(tmp_path: Path, tuning: str):
+    out = tmp_path / f"tuning-{tuning}.npz"
+    env = dict(os.environ, ONNXFUSE_LAUNCH_TUNING=tuning)
+    code = _TUNING_CHILD.format(root=str(ROOT), helpers=str(ROOT / "tests/custom_ops/test_library.py"), out=str(out))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), np.load(out)
+
+
+def test_launch_tuning_changes_time_never_values(tmp_path):
+    """Launches of 1M elements and more are tuned on their first run (block size and items per thread,
+    timed on the GPU); the outputs are bit for bit those of the default launch, in plain runs and in a
+    CUDA graph captured after the tuning run. With ONNXFUSE_LAUNCH_TUNING=0 nothing is tuned."""
+    tuned, got = _tuning_child(tmp_path, "1")
+    plain, want = _tuning_child(tmp_path, "0")
+    assert plain["launch_tunings"] == 0, plain
+    # 2 dtypes x 3 layouts; the CUDA-graph session of each reuses the module's decision.
+    assert tuned["launch_tunings"] == 6, tuned
+    last = tuned["last_launch_tuning"]
+    assert last["candidates"] >= 5 and last["chosen_ms"] > 0 and last["default_ms"] > 0, last
+    assert last["chosen_ms"] <= last["default_ms"], last
+    assert sorted(got.files) == sorted(want.files) and len(got.files) == 24
+    for k in want.files:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    print(f"\nlaunch tuning: {tuned['launch_tunings_changed']} of {tuned['launch_tunings']} sizes kept "
+          f"another shape; last {last}")

@@ -293,11 +293,18 @@ CudaSource cuda_source(const Program& prog, int variants) {
   };
   auto fast_off = [](int k) { return "((p.scalar_mask >> " + std::to_string(k) + ") & 1) ? (IDX)0 : i"; };
 
+  // Every kernel walks its work items with a grid-stride loop, so any grid covers them: the host picks
+  // the grid (one item per thread by default, several when launch tuning measured that faster,
+  // CudaKernel::launch_one). For the 32-bit index, items < 2^31 and the stride is at most items + one
+  // block, so i + stride never wraps.
+  const char* grid_loop_head = "  const IDX stride = (IDX)gridDim.x * (IDX)blockDim.x;\n";
+  auto grid_loop = [](const char* var, const char* bound) {
+    return std::string("  for (IDX ") + var + " = (IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x; " + var + " < " +
+           bound + "; " + var + " += stride) {\n";
+  };
   if (variants & kVariantFastScalar) {
     s << "template <typename IDX>\n__device__ __forceinline__ void " << kKernelNames[kKernelFastScalar] << "(const OfxParams& p) {\n"
-         "  const IDX i = (IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x;\n"
-         "  if (i >= (IDX)p.n) return;\n  {\n"
-      << scalar_body(fast_off) << "  }\n}\n\n";
+      << grid_loop_head << grid_loop("i", "(IDX)p.n") << scalar_body(fast_off) << "  }\n}\n\n";
   }
   // V elements of every read input into a<k>[OFX_V]: input k's element offset is vec_off(k) (a
   // multiple of V: 128-bit loads), or scalar_off(k) when scalar_mask bit k is set (one load, V copies).
@@ -355,14 +362,15 @@ CudaSource cuda_source(const Program& prog, int variants) {
   auto off_name = [](int k) { return "off" + std::to_string(k); };
 
   if (variants & kVariantFastVec) {
+    // Items: the n / V vectors, then the n % V tail elements one per item.
     s << "template <typename IDX>\n__device__ __forceinline__ void " << kKernelNames[kKernelFastVec] << "(const OfxParams& p) {\n"
          "  const IDX nvec = (IDX)(p.n / OFX_V);\n"
-         "  const IDX t = (IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x;\n"
-         "  if (t < nvec) {\n    const IDX base = t * (IDX)OFX_V;\n";
+         "  const IDX items = nvec + (IDX)(p.n % OFX_V);\n"
+      << grid_loop_head << grid_loop("t", "items") << "  if (t < nvec) {\n    const IDX base = t * (IDX)OFX_V;\n";
     s << vec_loads([](int) { return std::string("0"); }, [](int) { return std::string("base"); });
     s << vec_eval_store();
-    s << "  } else {\n    const IDX i = nvec * (IDX)OFX_V + (t - nvec);\n    if (i >= (IDX)p.n) return;\n"
-      << scalar_body(fast_off) << "  }\n}\n\n";
+    s << "  } else {\n    const IDX i = nvec * (IDX)OFX_V + (t - nvec);\n"
+      << scalar_body(fast_off) << "  }\n  }\n}\n\n";
   }
   if (variants & kVariantBroadcastVec) {
     // Launched only when the innermost dim is a multiple of V (so the V elements of a thread share
@@ -370,16 +378,15 @@ CudaSource cuda_source(const Program& prog, int variants) {
     // stride 1 along it and all its strides multiples of V, and the pointers loaded or stored with
     // 128-bit accesses are 16-byte aligned.
     s << "template <typename IDX>\n__device__ __forceinline__ void " << kKernelNames[kKernelBroadcastVec] << "(const OfxParams& p) {\n"
-         "  const IDX base = ((IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x) * (IDX)OFX_V;\n"
-         "  if (base >= (IDX)p.n) return;\n"
+         "  const IDX items = (IDX)(p.n / OFX_V);\n"
+      << grid_loop_head << grid_loop("t", "items") << "  const IDX base = t * (IDX)OFX_V;\n"
       << broadcast_offsets("base") << "  {\n"
-      << vec_loads(off_name, off_name) << vec_eval_store() << "  }\n}\n\n";
+      << vec_loads(off_name, off_name) << vec_eval_store() << "  }\n  }\n}\n\n";
   }
   if (variants & kVariantBroadcast) {
     s << "template <typename IDX>\n__device__ __forceinline__ void " << kKernelNames[kKernelBroadcast] << "(const OfxParams& p) {\n"
-         "  const IDX i = (IDX)blockIdx.x * (IDX)blockDim.x + (IDX)threadIdx.x;\n"
-         "  if (i >= (IDX)p.n) return;\n"
-      << broadcast_offsets("i") << "  {\n" << scalar_body(off_name) << "  }\n}\n\n";
+      << grid_loop_head << grid_loop("i", "(IDX)p.n")
+      << broadcast_offsets("i") << "  {\n" << scalar_body(off_name) << "  }\n  }\n}\n\n";
   }
   const char* index_types[2] = {"unsigned int", "unsigned long long"};  // kKernelIndexBits
   static_assert(kKernelIndexBits[0] == 32 && kKernelIndexBits[1] == 64, "index types");

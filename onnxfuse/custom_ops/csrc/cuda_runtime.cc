@@ -12,8 +12,10 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <type_traits>
 
 #include "kernel_cache.h"
+#include "launch_tuning.h"
 
 namespace onnxfuse {
 
@@ -28,6 +30,7 @@ typedef struct CUctx_st* CUcontext;
 typedef struct CUmod_st* CUmodule;
 typedef struct CUfunc_st* CUfunction;
 typedef struct CUstream_st* CUstream;
+typedef struct CUevent_st* CUevent;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
@@ -51,6 +54,17 @@ struct Driver {
   CUresult (*cuGetErrorString)(CUresult, const char**);
   // Optional (nullptr when the driver lacks it): the blocks of a kernel one multiprocessor runs at once.
   CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t) = nullptr;
+  // Optional, for launch tuning (all present or no tuning): CUDA events, and whether a stream is being
+  // captured into a CUDA graph (status 0: not capturing).
+  CUresult (*cuEventCreate)(CUevent*, unsigned) = nullptr;
+  CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*cuEventSynchronize)(CUevent) = nullptr;
+  CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;
+  CUresult (*cuEventDestroy)(CUevent) = nullptr;
+  CUresult (*cuStreamIsCapturing)(CUstream, int*) = nullptr;
+  bool can_time() const {
+    return cuEventCreate && cuEventRecord && cuEventSynchronize && cuEventElapsedTime && cuEventDestroy && cuStreamIsCapturing;
+  }
   std::string err_str(CUresult r) const {
     const char* s = nullptr;
     if (cuGetErrorString && cuGetErrorString(r, &s) == 0 && s) return std::string(s) + " (" + std::to_string(r) + ")";
@@ -118,6 +132,17 @@ Driver& driver() {
             sym(h, "cuGetErrorString", &d.cuGetErrorString, &e);
   d.cuOccupancyMaxActiveBlocksPerMultiprocessor = reinterpret_cast<decltype(d.cuOccupancyMaxActiveBlocksPerMultiprocessor)>(
       dlsym(h, "cuOccupancyMaxActiveBlocksPerMultiprocessor"));
+  auto opt = [h](auto* f, const char* name, const char* alt = nullptr) {
+    void* a = dlsym(h, name);
+    if (!a && alt) a = dlsym(h, alt);
+    *f = reinterpret_cast<std::remove_pointer_t<decltype(f)>>(a);
+  };
+  opt(&d.cuEventCreate, "cuEventCreate");
+  opt(&d.cuEventRecord, "cuEventRecord");
+  opt(&d.cuEventSynchronize, "cuEventSynchronize");
+  opt(&d.cuEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime");
+  opt(&d.cuEventDestroy, "cuEventDestroy_v2", "cuEventDestroy");
+  opt(&d.cuStreamIsCapturing, "cuStreamIsCapturing");
   if (!ok) {
     d.error = "the CUDA driver is missing entry points: " + e;
     return d;
@@ -214,6 +239,9 @@ struct Stats {
   long compiles = 0, disk_hits = 0, memory_hits = 0, disk_writes = 0, disk_rejects = 0;
   double compile_ms = 0, load_ms = 0, last_compile_ms = 0, last_disk_load_ms = 0;
   std::string last_key, last_entry, last_arch, last_disk_reject, disk_refused;
+  // Launch tuning: sizes tuned, how many of them kept a shape other than the default, the last decision.
+  long launch_tunings = 0, launch_tunings_changed = 0;
+  std::string last_launch_tuning = "null";
 } g_stats;
 
 // A refused cache folder turns the disk cache off for this kernel, with one line on stderr per
@@ -331,6 +359,7 @@ struct CudaModule {
   CUmodule module = nullptr;
   CUcontext ctx = nullptr;
   CUfunction fn[kNumKernels][2] = {};  // [kernel (kKernelNames)][64-bit index]
+  LaunchTable launches;  // tuned launch shapes (launch_tuning.h), shared by the nodes of this program
 };
 
 namespace {
@@ -472,6 +501,73 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
   return k;
 }
 
+namespace {
+
+// Each candidate's time in milliseconds per launch on `stream` (CUDA events around 3 launches after one
+// warm-up, the lower of two passes so a passing stall on the GPU does not decide), -1 where a call failed.
+// The launches write the node's outputs from its inputs, as the real launch after them does again.
+std::vector<double> time_launches(Driver& d, CUfunction fn, void** args, void* stream,
+                                  const std::vector<LaunchShape>& shapes) {
+  std::vector<double> ms(shapes.size(), -1.0);
+  CUevent start = nullptr, stop = nullptr;
+  if (d.cuEventCreate(&start, 0) != 0) return ms;
+  if (d.cuEventCreate(&stop, 0) != 0) {
+    d.cuEventDestroy(start);
+    return ms;
+  }
+  const CUstream st = static_cast<CUstream>(stream);
+  auto run = [&](const LaunchShape& s) {
+    return d.cuLaunchKernel(fn, static_cast<unsigned>(s.blocks), 1, 1, s.threads, 1, 1, 0, st, args, nullptr) == 0;
+  };
+  constexpr int kRuns = 3;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      bool ok = run(shapes[i]) && d.cuEventRecord(start, st) == 0;
+      for (int k = 0; k < kRuns && ok; ++k) ok = run(shapes[i]);
+      float t = 0;
+      ok = ok && d.cuEventRecord(stop, st) == 0 && d.cuEventSynchronize(stop) == 0 &&
+           d.cuEventElapsedTime(&t, start, stop) == 0;
+      const double per = ok ? t / kRuns : -1.0;
+      if (!ok) ms[i] = -1.0;
+      else if (pass == 0 || (ms[i] > 0 && per < ms[i])) ms[i] = per;
+      if (!ok) break;
+    }
+  }
+  d.cuEventDestroy(start);
+  d.cuEventDestroy(stop);
+  return ms;
+}
+
+// The launch shape for `items` work items of a launch over n elements: the module's recorded decision,
+// else (tuning on, the driver able to time, the stream not being captured) the candidates timed now and
+// the pick recorded; else the default, not recorded (launch_tuning.h says when and why).
+LaunchShape tuned_launch(Driver& d, CudaModule& mod, int variant, bool wide, long long n, long long items, CUfunction fn,
+                         void** args, void* stream) {
+  LaunchShape shape;
+  if (mod.launches.find(variant, wide, n, &shape)) return shape;
+  const LaunchShape fallback = default_launch(items, kBlockThreads);
+  int capturing = 1;
+  if (!d.can_time() || !launch_tuning_enabled() ||
+      d.cuStreamIsCapturing(static_cast<CUstream>(stream), &capturing) != 0 || capturing != 0)
+    return fallback;
+  const std::vector<LaunchShape> shapes = launch_candidates(items, kBlockThreads);
+  const std::vector<double> ms = time_launches(d, fn, args, stream, shapes);
+  const int pick = pick_launch(ms);
+  shape = shapes[pick];
+  mod.launches.put(variant, wide, n, shape);
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  g_stats.launch_tunings++;
+  if (pick != 0) g_stats.launch_tunings_changed++;
+  std::ostringstream js;
+  js << "{\"kernel\": " << json_str(std::string(kKernelNames[variant]) + "_" + std::to_string(kKernelIndexBits[wide ? 1 : 0]))
+     << ", \"elements\": " << n << ", \"threads\": " << shape.threads << ", \"items_per_thread\": " << shape.items_per_thread
+     << ", \"default_ms\": " << ms[0] << ", \"chosen_ms\": " << ms[pick] << ", \"candidates\": " << shapes.size() << "}";
+  g_stats.last_launch_tuning = js.str();
+  return shape;
+}
+
+}  // namespace
+
 bool CudaKernel::launch_one(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream,
                             std::string* err) const {
   Driver& d = driver();
@@ -541,8 +637,8 @@ bool CudaKernel::launch_one(const void* const* in, void* const* out, const Broad
   if (variant == kKernelFastVec) threads = L.n / vec_ + L.n % vec_;
   if (variant == kKernelBroadcastVec) threads = L.n / vec_;
   const bool wide = L.n > 2147483647ll;
-  long long blocks = (threads + kBlockThreads - 1) / kBlockThreads;
-  if (blocks > 2147483647ll) {
+  LaunchShape shape = default_launch(threads, kBlockThreads);
+  if (shape.blocks > 2147483647ll) {
     *err = "tensor too large for one launch";
     return false;
   }
@@ -550,7 +646,8 @@ bool CudaKernel::launch_one(const void* const* in, void* const* out, const Broad
   CUcontext cur = nullptr;
   if (d.cuCtxGetCurrent(&cur) != 0 || cur == nullptr) d.cuCtxSetCurrent(module_->ctx);
   void* args[] = {buf};
-  CUresult r = d.cuLaunchKernel(fn, static_cast<unsigned>(blocks), 1, 1, kBlockThreads, 1, 1, 0,
+  if (L.n >= kTuneMinElements) shape = tuned_launch(d, *module_, variant, wide, L.n, threads, fn, args, stream);
+  CUresult r = d.cuLaunchKernel(fn, static_cast<unsigned>(shape.blocks), 1, 1, shape.threads, 1, 1, 0,
                                 static_cast<CUstream>(stream), args, nullptr);
   if (r != 0) {
     *err = "cuLaunchKernel failed: " + d.err_str(r);
@@ -720,6 +817,8 @@ std::string cuda_stats_json() {
     << ", \"last_disk_load_ms\": " << g_stats.last_disk_load_ms << ", \"load_ms\": " << g_stats.load_ms
     << ", \"disk_rejects\": " << g_stats.disk_rejects << ", \"last_disk_reject\": " << json_str(g_stats.last_disk_reject)
     << ", \"disk_refused\": " << json_str(g_stats.disk_refused)
+    << ", \"launch_tunings\": " << g_stats.launch_tunings << ", \"launch_tunings_changed\": " << g_stats.launch_tunings_changed
+    << ", \"last_launch_tuning\": " << g_stats.last_launch_tuning
     << ", \"last_entry\": " << json_str(g_stats.last_entry) << ", \"last_arch\": " << json_str(g_stats.last_arch) << ", \"cache_dir\": " << json_str(kernel_cache_dir()) << "}";
   return s.str();
 }
