@@ -534,8 +534,13 @@ def run_model(name: str, args, part: Path) -> None:
         if not spec.seq:
             npz = work / f"{name}.{label}.inputs.npz"
             np.savez(npz, **spec.feeds(1))
+        # The batches timed below, as --tune-shape sizes (the first timing is at batch 1 for image and
+        # audio models, at onnxfuse's own draw for token models): decisions hold at every size timed.
+        tune = [b for b in sorted(set(args.batches) | set(args.fp16_batches or [])) if spec.seq or b != 1]
+        tune_shapes = [{k: list(v.shape) for k, v in spec.feeds(b).items()} for b in tune] if args.tune_shapes else []
         opts = OptimizeOptions(target=args.target, validate=True, inputs_path=npz and str(npz), provider="auto",
-                               rtol=rtol, atol=atol, only=only, precision=precision, right_padded=list(right_padded))
+                               rtol=rtol, atol=atol, only=only, precision=precision, right_padded=list(right_padded),
+                               tune_shapes=tune_shapes)
         t0 = time.perf_counter()
         try:
             result = optimize_model(model, opts, source=label)
@@ -1030,6 +1035,9 @@ def parse_args(argv=None):
     p.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=True, help="fp16 variant")
     p.add_argument("--fp16-batches", default=None, help="batches for fp16 timing (default: --batches)")
     p.add_argument("--fp16-graph-modes", default=None, help="CUDA graph modes for fp16 (default: --graph-modes)")
+    p.add_argument("--tune-shapes", action=argparse.BooleanOptionalAction, default=True,
+                   help="optimize with --tune-shape at the batches timed, so the never-slower fallback and the "
+                        "measured choices hold at each (default on)")
     p.add_argument("--opset", type=int, default=14)
     p.add_argument("--attention", choices=["eager", "sdpa"], default=None,
                    help="transformers' attn_implementation for BERT, GPT-2, Qwen2 (default: sdpa with --exporter "

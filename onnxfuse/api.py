@@ -67,6 +67,7 @@ def optimize(
     never_slower: bool = True,
     tune: bool = True,
     tune_time: float | None = None,
+    tune_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
     tuning_record: str | os.PathLike | None = None,
     bench_config=None,
     rules: list[Rule] | None = None,
@@ -134,6 +135,10 @@ def optimize(
     each validated and timed, and kept when faster; ``result.extra["measured"]`` says what was measured.
     ``tune_time``: seconds of that tuning and of the never-slower ladder after the first timing (default
     60); past it no new candidate starts, and the ladder goes straight to the graph as loaded.
+    ``tune_shapes``: more sizes to time at, each ``{input name: [dims]}`` (other inputs as ``shapes`` gives
+    them), e.g. ``[{"input": [16, 3, 224, 224]}]`` besides the first timing at batch 1: the model is then
+    never kept slower than the original at any of them, and a measured choice is kept only when faster
+    by the geometric mean of the sizes and not slower at any (``result.timing.other_sizes``).
     ``tuning_record``: a file of measured decisions (:mod:`onnxfuse.tuning_record`): where it holds one for
     this model, options and shapes (measured on this GPU, or on any when none is usable here) it is applied
     without timing; else what this run's timing decided is added to it. ``result.extra["tuning_record"]``

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Mapping
 from typing import Callable
 
 from onnxfuse.errors import UsageError
@@ -153,6 +154,18 @@ def checked_shapes(shapes) -> dict[str, list[int]]:
     return out
 
 
+def checked_tune_shapes(value) -> list[dict[str, list[int]]]:
+    """``tune_shapes``: a list of sizes, each ``{input name: [dims]}`` (as ``shapes``), none empty."""
+    if not value:
+        return []
+    if isinstance(value, Mapping):
+        raise UsageError("tune_shapes: expected a list of sizes, each {input name: [dims]}")
+    out = [checked_shapes(size) for size in value]
+    if any(not size for size in out):
+        raise UsageError("tune_shapes: a size names no input")
+    return out
+
+
 def checked_ranges(ranges) -> dict | None:
     """``{name: (lo, hi)}`` (inclusive) → ValueRange objects, checked like ``--input-range``."""
     if not ranges:
@@ -185,6 +198,14 @@ def shapes_from_command_line(values) -> dict[str, list[int]]:
     from onnxfuse.runtime.inputs import parse_shape_options
 
     return parse_shape_options(values)
+
+
+def tune_shapes_from_command_line(values) -> list[dict[str, list[int]]]:
+    """``--tune-shape NAME:D0,D1,...[;NAME:D0,...]`` options (one size each) as the API takes them."""
+    # start-up: import onnxfuse does not load onnxfuse.runtime.inputs (nor numpy, onnx)
+    from onnxfuse.runtime.inputs import parse_shape_options
+
+    return [parse_shape_options([part.strip() for part in value.split(";") if part.strip()]) for value in values or ()]
 
 
 def ranges_from_command_line(values) -> dict[str, tuple[float, float]] | None:
@@ -223,6 +244,15 @@ def _fail_on_slowdown_needs_bench(keywords: dict) -> None:
     if keywords.get("fail_on_slowdown") is not None and not keywords.get("bench", OPTIMIZE["bench"].default):
         raise UsageError("fail_on_slowdown needs the models timed (bench=True; on the command line, drop "
                          "--no-bench)")
+
+
+def _tune_shapes_need_bench(keywords: dict) -> None:
+    """``tune_shapes`` without ``bench`` would time nothing: say so instead of ignoring them (with a
+    ``tuning_record`` they are part of the key of the decision to apply, so they mean something there)."""
+    if (keywords.get("tune_shapes") and not keywords.get("bench", OPTIMIZE["bench"].default)
+            and not keywords.get("tuning_record")):
+        raise UsageError("tune_shapes needs the models timed (bench=True; on the command line, drop --no-bench) "
+                         "or a tuning record to apply")
 
 
 # -- the declarations ----------------------------------------------------------------------------------------
@@ -339,6 +369,14 @@ _OPTIMIZE = (
                         "straight to the graph as loaded.",
            annotation="float | None", check=lambda value: checked_seconds(value, "tune_time"),
            command_line=CommandLine("--tune-time", "tune_time", value="float", minimum=0, metavar="SECONDS")),
+    Option("tune_shapes", "Also time at these input shapes (repeatable, one size each: NAME:D0,D1,... of one or "
+                          "more inputs joined by ';', other inputs as --shape gives them). The never-slower "
+                          "fallback and the measured choices then decide on every size: a model slower at any "
+                          "of them falls back, a choice is kept only when faster overall and not slower at any.",
+           annotation="Sequence[Mapping[str, Sequence[int]]] | None", check=checked_tune_shapes,
+           together=_tune_shapes_need_bench,
+           command_line=CommandLine("--tune-shape", "tune_shapes", multiple=True, metavar="NAME:D0,...[;NAME:D0,...]",
+                                    to_api=tune_shapes_from_command_line)),
     Option("tuning_record", "Read and write measured decisions here: where FILE holds one for this model, options "
                             "and shapes (measured on this GPU, or on any GPU when none is usable here, as on a CI "
                             "runner) it is applied; else what this run measures is added to FILE.",

@@ -38,7 +38,7 @@ from typing import Callable
 
 import onnx
 
-from onnxfuse import model_io, repair, selection, tuning_record
+from onnxfuse import model_io, repair, selection, tune_sizes, tuning_record
 from onnxfuse.bodies import body_rules, left_note, rewrite_bodies
 from onnxfuse.custom_ops import DOMAIN, FUSED_VALUES_KEY
 from onnxfuse.declared_shapes import correct_output_shapes
@@ -368,10 +368,15 @@ def optimize_model(
     if options.bench:
         step("timing")
         t2 = time.perf_counter()
-        result.timing = time_both(model, result.model, samples[0], options, bench_progress)
+        other_sizes = tune_sizes.tune_size_inputs(model, options)
 
-        def retime(candidate):  # a candidate of the ladder or a measured choice, timed against the original
-            return time_both(model, candidate, samples[0], options, bench_progress)
+        def time_one(candidate, inputs):
+            return time_both(model, candidate, inputs, options, bench_progress)
+
+        def retime(candidate):  # the output, a candidate of the ladder or a measured choice, against the original
+            return tune_sizes.time_at_sizes(time_one, candidate, samples[0], other_sizes)
+
+        result.timing = retime(result.model)
 
         deadline = selection.deadline_after(options.tune_time)
         if options.never_slower and decided is None:
@@ -380,6 +385,7 @@ def optimize_model(
             selection.add_measured_choices(result, options, fewer, retime, adopt, deadline)
         if pending is not None and decided is None:
             tuning_record.record_decision(result, *pending)
+        result.timing.notes.extend(tune_sizes.size_notes(result.timing))
         result.timing_seconds = time.perf_counter() - t2
         result.total_seconds = time.perf_counter() - t0
         check_slowdown(result, options.fail_on_slowdown)

@@ -200,3 +200,101 @@ def test_measured_choices_respect_only_and_the_target(monkeypatch):
     assert "measured" not in result.extra
     result = onnxfuse.optimize(model, bench=True, samples=1, only="+contrib-fused-conv")
     assert result.extra["measured"][0]["rule"] == "contrib-channels-last"  # "+rule" only adds
+
+
+# --- --tune-shape: decisions that hold at every size -----------------------------------------------------
+
+def _fake_time_by_size(cost):
+    """time_both's stand-in: the original takes 1 ms, a candidate ``cost(op counts, batch)`` ms, where batch
+    is the first dimension of the first input fed."""
+    calls = []
+
+    def time_both(original, candidate, inputs, options, progress=None):
+        batch = next(iter(inputs.feeds.values())).shape[0]
+        calls.append((Counter(n.op_type for n in candidate.graph.node), batch))
+        return _timing(1.0, cost(calls[-1][0], batch))
+    return time_both, calls
+
+
+def test_a_measured_choice_faster_at_one_size_and_slower_at_another_is_not_kept(monkeypatch):
+    """Channels-last "faster at batch 1, slower at batch 16": kept when timed at batch 1 only, not kept
+    with --tune-shape at batch 16 too (at no size may a kept choice be slower), and kept when it is
+    faster at both. The report carries both sizes (timing.other_sizes, schema-valid) and one note each."""
+    def cost(ops, batch):
+        if not ops["NhwcConv"]:
+            return 0.8
+        return 0.5 if batch == 1 else 0.9
+
+    fake, calls = _fake_time_by_size(cost)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    model = load_testdata("yolo_conv_bn_silu_opset13")
+    result = onnxfuse.optimize(model, bench=True, samples=1)
+    assert result.extra["measured"][0]["kept"] and [b for _, b in calls] == [1, 1]
+
+    calls.clear()
+    result = onnxfuse.optimize(model, bench=True, samples=1, tune_shapes=[{"input": [16, 3, 64, 64]}])
+    assert [b for _, b in calls] == [1, 16, 1, 16]
+    (trial,) = result.extra["measured"]
+    assert not trial["kept"] and trial["refused"] == "not faster"
+    assert "NhwcConv" not in {n.op_type for n in result.model.graph.node}
+    (other,) = result.timing.other_sizes
+    assert other.shapes == {"input": [16, 3, 64, 64]} and result.timing.shapes == {"input": [1, 3, 64, 64]}
+    assert any(n.startswith("also timed at input 16x3x64x64: original 1.000 ms, optimized 0.800 ms")
+               for n in result.timing.notes), result.timing.notes
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnxfuse.reports import load_schema
+
+    doc = result.to_json()
+    assert doc["result"]["timing"]["other_sizes"][0]["shapes"] == {"input": [16, 3, 64, 64]}
+    assert doc["result"]["timing"]["other_sizes"][0]["speedup"] == pytest.approx(1.25, rel=0.02)
+    jsonschema.validate(doc, load_schema(), cls=jsonschema.Draft202012Validator)
+
+    fake, calls = _fake_time_by_size(lambda ops, batch: 0.5 if ops["NhwcConv"] else 0.8)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(model, bench=True, samples=1, tune_shapes=[{"input": [16, 3, 64, 64]}])
+    assert result.extra["measured"][0]["kept"] and "NhwcConv" in {n.op_type for n in result.model.graph.node}
+
+
+def test_slower_at_a_tuned_size_only_falls_back(monkeypatch):
+    """Fused attention as fast as the original at batch 1 but 40% slower at batch 8: with --tune-shape at
+    batch 8 the ladder runs (the model is never kept slower at any size) and keeps the model without
+    it; timed at batch 1 alone, nothing falls back."""
+    fake, calls = _fake_time_by_size(lambda ops, batch: 1.4 if ATTENTION & set(ops) and batch == 8 else 0.9)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    model = load_testdata("bert_tiny_sdpa_opset14")
+    result = onnxfuse.optimize(model, bench=True, samples=1)
+    assert "selection" not in result.extra and ATTENTION & {n.op_type for n in result.model.graph.node}
+    result = onnxfuse.optimize(model, bench=True, samples=1,
+                               tune_shapes=[{"input_ids": [8, 16], "attention_mask": [8, 16]}])
+    selection = result.extra["selection"]
+    assert selection["kept"] == "fused attention" and selection["first_slowdown"] == pytest.approx(0.4, abs=0.02)
+    assert not ATTENTION & {n.op_type for n in result.model.graph.node} and result.validation.passed
+
+
+def test_tune_shape_on_the_command_line(tmp_path, monkeypatch):
+    """--tune-shape 'NAME:D0,...;NAME:D0,...' (one size per option) reaches the API; a size naming no
+    input is a usage error (exit 2, one line)."""
+    from click.testing import CliRunner
+
+    from onnxfuse import options
+    from onnxfuse.cli import main
+
+    assert options.tune_shapes_from_command_line(["input_ids:8,16; attention_mask:8,16", "x:2"]) == [
+        {"input_ids": [8, 16], "attention_mask": [8, 16]}, {"x": [2]}]
+    with pytest.raises(onnxfuse.errors.UsageError):
+        options.checked_tune_shapes([{}])
+    fake, calls = _fake_time_by_size(lambda ops, batch: 0.9)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    src = tmp_path / "in.onnx"
+    import onnx
+
+    onnx.save(load_testdata("yolo_conv_bn_silu_opset13"), str(src))
+    r = CliRunner().invoke(main, ["optimize", str(src), str(tmp_path / "out.onnx"), "--samples", "1",
+                                  "--tune-shape", "input:4,3,64,64", "--tune", "off", "-q"])
+    assert r.exit_code == 0, r.output
+    assert [b for _, b in calls] == [1, 4]
+    for bad in (["--tune-shape", "input"], ["--tune-shape", "nosuch:4,3,64,64"],
+                ["--tune-shape", "input:4,3,64,64", "--no-bench"]):
+        r = CliRunner().invoke(main, ["optimize", str(src), str(tmp_path / "out2.onnx"), "--samples", "1", *bad])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, (bad, r.output)
+        assert not (tmp_path / "out2.onnx").exists()

@@ -158,3 +158,27 @@ def test_a_version_1_record_is_still_read(tmp_path):
     path.write_text(json.dumps({"kind": tuning_record.KIND, "version": 3, "entries": {}}))
     with pytest.raises(tuning_record.TuningRecordError, match="version 3"):
         tuning_record.load(path)
+
+
+def test_the_tuned_sizes_are_part_of_the_key(monkeypatch, tmp_path):
+    """A decision measured with --tune-shape is applied only to a run that names the same sizes (it
+    decided on them); such a run on a GPU-less runner writes the GPU run's graph byte for byte."""
+    from test_selection import _fake_time_by_size
+
+    path = tmp_path / "tuning.json"
+    sizes = [{"input_ids": [8, 16], "attention_mask": [8, 16]}]
+    fake, calls = _fake_time_by_size(lambda ops, batch: 1.4 if ATTENTION & set(ops) and batch == 8 else 0.9)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    monkeypatch.setattr(tuning_record, "measuring_device", lambda options: "Stand-in GPU")
+    measured = onnxfuse.optimize(load_testdata(MODEL), bench=True, samples=1, tuning_record=str(path),
+                                 tune_shapes=sizes)
+    monkeypatch.undo()
+    assert measured.extra["selection"]["kept"] == "fused attention"
+    (entry,) = json.loads(path.read_text())["entries"].values()
+    assert entry["choices"]["tune_shapes"] == sizes
+    plain = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1, tuning_record=str(path))
+    assert not plain.extra["tuning_record"]["matched"]
+    applied = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1, tuning_record=str(path),
+                                tune_shapes=sizes)
+    assert applied.extra["tuning_record"]["matched"]
+    assert applied.model.SerializeToString() == measured.model.SerializeToString()

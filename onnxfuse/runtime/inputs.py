@@ -490,12 +490,12 @@ def checked_feeds(specs: list[InputSpec], arrays: Mapping[str, np.ndarray], wher
     return feeds
 
 
-def check_shape_names(specs: list[InputSpec], shapes: dict[str, list[int]]) -> None:
-    """Raise :class:`UsageError` (exit 2) when ``--shape`` names an input the model does not have."""
+def check_shape_names(specs: list[InputSpec], shapes: dict[str, list[int]], flag: str = "--shape") -> None:
+    """Raise :class:`UsageError` (exit 2) when ``--shape`` (or ``flag``) names an input the model does not have."""
     unknown = set(shapes or {}) - {s.name for s in specs}
     if unknown:
         raise UsageError(
-            f"--shape names unknown input(s) {', '.join(sorted(unknown))}; model inputs: "
+            f"{flag} names unknown input(s) {', '.join(sorted(unknown))}; model inputs: "
             f"{', '.join(s.name for s in specs) or '(none)'}"
         )
 

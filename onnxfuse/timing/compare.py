@@ -40,6 +40,11 @@ class ComparisonResult:
     profile_optimized: ProfileResult | None = None
     message: str | None = None
     notes: list[str] = field(default_factory=list)
+    # The input shapes timed ({input: dims}, None where not recorded), and the same two models timed at
+    # the other sizes the user asked to tune at (``--tune-shape``): each a ComparisonResult with its
+    # ``shapes`` (onnxfuse.selection judges a candidate at every size).
+    shapes: dict | None = None
+    other_sizes: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -77,7 +82,20 @@ class ComparisonResult:
                 "optimized": self.profile_optimized.to_dict() if self.profile_optimized else None,
             } if (self.profile_original or self.profile_optimized) else None,
             "notes": list(self.notes),
+            "shapes": self.shapes,
+            "other_sizes": [o.size_dict() for o in self.other_sizes],
         }
+
+    def size_dict(self) -> dict:
+        """The figures of one size, as ``other_sizes`` lists them."""
+        def ms(r, stat):
+            return round(getattr(r.stats, stat), 6) if r is not None else None
+
+        sp = self.speedup
+        return {"shapes": self.shapes, "status": self.status, "message": self.message,
+                "speedup": None if sp is None else round(sp, 4),
+                "original_median_ms": ms(self.original, "median_ms"), "optimized_median_ms": ms(self.optimized, "median_ms"),
+                "original_min_ms": ms(self.original, "min_ms"), "optimized_min_ms": ms(self.optimized, "min_ms")}
 
 
 def time_models(models: list[tuple], config: BenchConfig, rounds: int = 3,

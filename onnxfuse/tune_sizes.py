@@ -1,0 +1,63 @@
+"""``--tune-shape``: time the original and each candidate at more than one size, so that what is decided on
+timings (the never-slower fallback, the measured choices: :mod:`onnxfuse.selection`) holds at every size
+the user deploys, not only at the first (validation's) size.
+
+Why: a decision measured at one size can be wrong at another. MobileNetV3-L's ``--precision fp16`` output
+kept the channels-last layout on its batch-1 timing and then took 1.18x the time of the half() export's
+output (which had not kept it) at batch 16 (docs/benchmarks.md 5.42). The selection module judges a
+timing with ``other_sizes`` at each size (:func:`onnxfuse.selection.sizes`).
+
+A size where a model cannot be timed (the original does not run at those shapes, say) is dropped with a
+note, never silently: the decisions then rest on the sizes that were timed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from onnxfuse.runtime.inputs import Inputs, check_shape_names, input_specs
+from onnxfuse.validate.samples import sample_inputs
+
+
+def tune_size_inputs(model, options) -> list[Inputs]:
+    """One seeded draw per ``options.tune_shapes`` size: its shapes over ``options.shapes`` (other dynamic
+    dimensions as the first size has them), values drawn as validation draws them (``input_ranges``,
+    right-padded masks); never the user's ``inputs``, which have their own shapes."""
+    out = []
+    for size in options.tune_shapes or ():
+        check_shape_names(input_specs(model), size, "--tune-shape")
+        sized = replace(options, shapes={**(options.shapes or {}), **size}, inputs=None, inputs_path=None, samples=1)
+        out.append(sample_inputs(model, sized)[0])
+    return out
+
+
+def time_at_sizes(time_one: Callable, candidate, first: Inputs, others: list[Inputs]):
+    """``time_one(candidate, inputs)`` (a ComparisonResult against the original) at ``first``, then, when
+    that timed, at each of ``others`` into its ``other_sizes``; each result carries its ``shapes``."""
+    timing = time_one(candidate, first)
+    timing.shapes = first.shapes()
+    if timing.status != "ok":
+        return timing
+    for inputs in others:
+        other = time_one(candidate, inputs)
+        other.shapes = inputs.shapes()
+        if other.status == "ok":
+            timing.other_sizes.append(other)
+        else:
+            timing.notes.append(f"not timed at {shapes_text(other.shapes)}: {other.message or other.status}; "
+                                "decisions rest on the other sizes")
+    return timing
+
+
+def shapes_text(shapes: dict | None) -> str:
+    """``input 16x3x224x224, mask 16x128`` (the inputs' shapes, as notes print them)."""
+    return ", ".join(f"{name} {'x'.join(str(d) for d in dims) or 'scalar'}" for name, dims in (shapes or {}).items())
+
+
+def size_notes(timing) -> list[str]:
+    """One line per extra size of a timing that ran at several (``--tune-shape``)."""
+    if timing is None or not getattr(timing, "other_sizes", None):
+        return []
+    return [f"also timed at {shapes_text(o.shapes)}: original {o.original.stats.median_ms:.3f} ms, optimized "
+            f"{o.optimized.stats.median_ms:.3f} ms ({o.speedup:.2f}x)" for o in timing.other_sizes]
