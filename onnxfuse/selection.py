@@ -186,23 +186,58 @@ def keep_not_slower(timing, applied_rules, attempt: Callable, retime: Callable,
     return selection
 
 
-# --- measured choices: opt-in rules a timing decides (issue 32 item 1, issue 34 item 3) -------------------
+# --- measured choices: rules a timing adds or takes away (issue 32 item 1, issue 34 item 3) ---------------
 
-#: Opt-in rules whose worth depends on the GPU and the shapes, tried on top of the output wherever the
-#: device times it: (rule, the op it rewrites, how many of them the output must hold). contrib-channels-last
-#: measured 1.10-1.32x faster than the default output on ConvNeXt-T, ResNet-50 and a YOLO-style detector
-#: (H200, fp32 and fp16, batch 1 and 16, docs/benchmarks.md 5.26), not yet on depthwise nets: a measurement
-#: on the user's GPU decides.
-MEASURED = (("contrib-channels-last", "Conv", 2),)
+def _holds(op: str, least: int) -> Callable:
+    """The output's main graph holds at least ``least`` nodes of ``op``."""
+    return lambda model: [n.op_type for n in model.graph.node].count(op) >= least
 
 
-def measured_rules(model, selected: list[str], skipped: list[str]) -> list[str]:
-    """The rules of :data:`MEASURED` worth a trial on ``model`` (an onnx ModelProto: the run's output): not
-    already selected (``--only +rule``), not skipped, and with enough of the op they rewrite left in its
-    main graph."""
-    ops = [n.op_type for n in model.graph.node]
-    return [rule for rule, op, least in MEASURED
-            if rule not in selected and rule not in skipped and ops.count(op) >= least]
+#: The fused attention ops contrib-attention writes.
+_ATTENTION_OPS = {"Attention", "MultiHeadAttention"}
+
+
+def _float32_attention(model) -> bool:
+    """The output holds a fused attention op and its weights are mostly float32 (a float32 model: most
+    float initializers FLOAT). In float16 the fused kernels (flash attention) measured faster everywhere;
+    in float32 they did not (Whisper-base encoder, batch 8: 0.71x the original fused, 1.08x not, one H200
+    run; 1.10x fused on an H100, docs/benchmarks.md 5.18), so there a timing decides."""
+    if not any(n.op_type in _ATTENTION_OPS and n.domain == "com.microsoft" for n in model.graph.node):
+        return False
+    kinds = [t.data_type for t in model.graph.initializer if t.data_type in (1, 10, 16)]  # FLOAT, FLOAT16, BFLOAT16
+    return bool(kinds) and kinds.count(1) * 2 > len(kinds)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A decision a timing makes where optimize times the model: ``rule`` added on top of the output (an
+    opt-in rule, ``add``) or taken away from it, where ``worth(output model)`` says the output holds what
+    it concerns."""
+
+    rule: str
+    add: bool
+    worth: Callable
+
+    @property
+    def change(self) -> str:
+        return "add" if self.add else "remove"
+
+
+#: Rules whose worth depends on the GPU and the shapes, tried where the device times the output.
+#: contrib-channels-last (opt-in, added) measured 1.10-1.32x faster than the default output on ConvNeXt-T,
+#: ResNet-50 and a YOLO-style detector (H200, fp32 and fp16, batch 1 and 16, docs/benchmarks.md 5.26), not
+#: on depthwise nets. contrib-attention (default, taken away) in float32 models: see _float32_attention.
+#: A measurement on the user's GPU decides both.
+MEASURED = (Choice("contrib-channels-last", True, _holds("Conv", 2)),
+            Choice("contrib-attention", False, _float32_attention))
+
+
+def measured_choices(model, selected: list[str], skipped: list[str], applied: set[str]) -> list[Choice]:
+    """The choices of :data:`MEASURED` worth a trial on ``model`` (an onnx ModelProto: the run's output): an
+    addition not already selected (``--only +rule``) nor skipped; a removal of a rule that applied
+    (``applied``); each only where its ``worth`` holds."""
+    return [c for c in MEASURED
+            if (c.rule not in selected and c.rule not in skipped if c.add else c.rule in applied) and c.worth(model)]
 
 
 def speedups(timing) -> list[float] | None:
@@ -239,51 +274,59 @@ def is_faster(candidate_timing, current_timing) -> bool:
 
 @dataclass
 class Trial:
-    """One measured rule tried on top of the output: what it gave and whether it was kept."""
+    """One measured choice tried on the output: what it gave and whether it was kept."""
 
-    rule: str
+    choice: Choice
     model: object = None
     applied: object = None
     validation: object = None
     timing: object = None
     refused: str | None = None
 
+    @property
+    def rule(self) -> str:
+        return self.choice.rule
+
     def to_dict(self, current_timing) -> dict:
         new, old = speedup(self.timing), speedup(current_timing)  # None where not timed
-        return {"rule": self.rule, "kept": self.refused is None,
+        return {"rule": self.rule, "change": self.choice.change, "kept": self.refused is None,
                 "speedup": None if new is None else round(new, 4),
                 "without_speedup": None if old is None else round(old, 4), "refused": self.refused}
 
     def note(self, current_timing) -> str:
         new, old = speedup(self.timing), speedup(current_timing)
-        measured = "not timed" if new is None or old is None else f"{new:.2f}x the original against {old:.2f}x without it"
-        return f"measured choice {self.rule}: {measured}: " + ("kept" if self.refused is None else f"not kept ({self.refused})")
+        what = self.rule if self.choice.add else f"without {self.rule}"
+        measured = ("not timed" if new is None or old is None else
+                    f"{new:.2f}x the original against {old:.2f}x " + ("without it" if self.choice.add else "with it"))
+        return f"measured choice {what}: {measured}: " + ("kept" if self.refused is None else f"not kept ({self.refused})")
 
 
-def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Callable,
+def try_measured(current_timing, choices: list[Choice], attempt: Callable, retime: Callable,
                  deadline: float | None = None) -> list[Trial]:
-    """Each of ``rules`` tried in turn on top of the output timed as ``current_timing``: ``attempt(added)``
-    rewrites with the rules kept so far plus this one and validates, returning (model, applied,
-    validation) or a reason string; ``retime(model)`` times it against the original. A trial is kept when
-    its rule applied and it :func:`is_faster`; the next trial builds on the kept ones. Nothing is tried
-    when the output was not timed; none starts past ``deadline`` (``time.monotonic()``)."""
+    """Each of ``choices`` tried in turn on the output timed as ``current_timing``: ``attempt(added,
+    removed)`` rewrites with the choices kept so far plus this one (rules added, rules taken away) and
+    validates, returning (model, applied, validation) or a reason string; ``retime(model)`` times it
+    against the original. A trial is kept when it changed the model (an added rule applied) and it
+    :func:`is_faster`; the next trial builds on the kept ones. Nothing is tried when the output was not
+    timed; none starts past ``deadline`` (``time.monotonic()``)."""
     trials: list[Trial] = []
     if speedup(current_timing) is None:
         return trials
-    kept: list[str] = []
-    for rule in rules:
-        trial = Trial(rule=rule)
+    added: list[str] = []
+    removed: list[str] = []
+    for choice in choices:
+        trial = Trial(choice=choice)
         trials.append(trial)
         if _past(deadline):
             trial.refused = "not tried: tuning time spent"
             continue
         try:  # a trial is optional: whatever breaks in it costs the trial, never the run
-            made = attempt(kept + [rule])
+            made = attempt(added + [choice.rule] * choice.add, removed + [choice.rule] * (not choice.add))
             if isinstance(made, str):
                 trial.refused = made
                 continue
             trial.model, trial.applied, trial.validation = made
-            if not trial.applied.counts.get(rule):
+            if choice.add and not trial.applied.counts.get(choice.rule):
                 trial.refused = "does not apply"
                 continue
             trial.timing = retime(trial.model)
@@ -293,7 +336,7 @@ def try_measured(current_timing, rules: list[str], attempt: Callable, retime: Ca
         if not is_faster(trial.timing, current_timing):
             trial.refused = "not faster"
             continue
-        kept.append(rule)
+        (added if choice.add else removed).append(choice.rule)
         current_timing = trial.timing
     return trials
 
@@ -339,17 +382,21 @@ def add_measured_choices(result, options, fewer: Callable, retime: Callable, ado
 
     if any(not name.startswith("+") for name in parse_rule_names(options.only)):
         return
-    candidates = [name for name in measured_rules(result.model, result.rules, parse_rule_names(options.skip))
-                  if name in {r.name for r in select_rules(options.target, [f"+{name}"], None, options.rules)}]
+    target_rules = {r.name for r in select_rules(options.target, [f"+{c.rule}" for c in MEASURED if c.add], None,
+                                                 options.rules)}
+    candidates = [c for c in measured_choices(result.model, result.rules, parse_rule_names(options.skip),
+                                              set(result.applied.applied_rules()))
+                  if c.rule in target_rules]
     if not candidates or result.timing is None or result.timing.status != "ok":
         return
     before = result.timing
-    trials = try_measured(before, candidates, lambda added: fewer(frozenset(), added=tuple(added)), retime, deadline)
+    trials = try_measured(before, candidates,
+                          lambda added, removed: fewer(frozenset(removed), added=tuple(added)), retime, deadline)
     kept = [t for t in trials if t.refused is None]
     notes = [t.note(before) for t in trials]
     result.extra["measured"] = [t.to_dict(before) for t in trials]
     if kept:
         last = kept[-1]
-        adopt(last.model, last.applied, last.validation, [t.rule for t in kept])
+        adopt(last.model, last.applied, last.validation, [t.rule for t in kept if t.choice.add])
         result.timing = last.timing
     result.timing.notes.extend(notes)

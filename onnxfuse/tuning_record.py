@@ -224,12 +224,18 @@ def record_decision(result, record: TuningRecord, key: str, meta: dict, here: st
     selection = result.extra.get("selection")
     skipped = sorted(next((set(t["skipped_rules"]) for t in selection["tried"] if t["candidate"] == selection["kept"]),
                           set())) if selection else []
+    trials = result.extra.get("measured", [])
+    removed = [t["rule"] for t in trials if t["kept"] and t.get("change") == "remove"]
+    kept = selection["kept"] if selection else None
+    if removed:  # a measured choice took rules away (the ladder did not run: it runs first, and only when slower)
+        skipped = sorted(set(skipped) | set(removed))
+        kept = ", ".join(removed) + " (measured choice)"
     decision = Decision(
-        skipped_rules=skipped, kept=selection["kept"] if selection else None, gpu=here,
+        skipped_rules=skipped, kept=kept, gpu=here,
         onnxruntime=environment(timing.device).get("onnxruntime"), device=timing.device,
         original_ms=round(timing.original.stats.median_ms, 6), optimized_ms=round(timing.optimized.stats.median_ms, 6),
         measured=today(),
-        added_rules=[t["rule"] for t in result.extra.get("measured", []) if t["kept"]])
+        added_rules=[t["rule"] for t in trials if t["kept"] and t.get("change", "add") == "add"])
     record.store(key, meta, decision)
     record.save()
     result.extra["tuning_record"]["written"] = True

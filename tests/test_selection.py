@@ -104,12 +104,14 @@ def test_every_rewrite_slower_writes_the_graph_as_loaded(monkeypatch):
 def test_allow_slower_and_not_slower_keep_the_first_model(monkeypatch):
     fake, calls = _fake_time(lambda ops: 1.5)
     monkeypatch.setattr(pipeline, "time_both", fake)
-    result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1, never_slower=False)
+    result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1, never_slower=False,
+                               tune=False)
     assert "selection" not in result.extra and len(calls) == 1
     fake, calls = _fake_time(lambda ops: 0.5)
     monkeypatch.setattr(pipeline, "time_both", fake)
     result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1)
-    assert "selection" not in result.extra and len(calls) == 1
+    assert "selection" not in result.extra and len(calls) == 2  # the output, then the measured choice
+    assert result.extra["measured"][0]["refused"] == "not faster"
     assert ATTENTION & {n.op_type for n in result.model.graph.node}
 
 
@@ -119,7 +121,7 @@ def test_a_measured_choice_is_kept_only_when_faster(monkeypatch):
     way, and the report says what was measured."""
     from onnxfuse.selection import MEASURED
 
-    assert ("contrib-channels-last", "Conv", 2) in MEASURED
+    assert any(c.rule == "contrib-channels-last" and c.add for c in MEASURED)
     fake, calls = _fake_time(lambda ops: 0.5 if ops["NhwcConv"] else 0.8)
     monkeypatch.setattr(pipeline, "time_both", fake)
     result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1)
@@ -150,7 +152,34 @@ def test_a_measured_choice_is_kept_only_when_faster(monkeypatch):
     result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1, tune=False)
     assert "measured" not in result.extra and len(calls) == 1  # --tune off
     result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1)
-    assert "measured" not in result.extra  # no Conv: nothing to try
+    assert [t["rule"] for t in result.extra["measured"]] == ["contrib-attention"]  # no Conv: not channels-last
+
+
+def test_float32_fused_attention_is_a_measured_choice(monkeypatch):
+    """In a float32 transformer the output without contrib-attention is tried too (fused attention was
+    0.71x on one GPU and 1.10x on another for the same model): kept when faster beyond the margin, with
+    a note and the report's ``measured`` entry (change "remove", schema-valid); not tried under
+    --precision fp16 (float16 weights: the fused kernels measured faster everywhere)."""
+    fake, calls = _fake_time(lambda ops: 0.8 if ATTENTION & set(ops) else 0.6)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1)
+    assert len(calls) == 2 and "selection" not in result.extra  # not slower than the original: no ladder
+    assert not ATTENTION & {n.op_type for n in result.model.graph.node} and result.validation.passed
+    (trial,) = result.extra["measured"]
+    assert trial == {"rule": "contrib-attention", "change": "remove", "kept": True, "speedup": pytest.approx(1 / 0.6, rel=0.02),
+                     "without_speedup": pytest.approx(1.25, rel=0.02), "refused": None}
+    assert any(n.startswith("measured choice without contrib-attention:") and n.endswith("kept")
+               for n in result.timing.notes), result.timing.notes
+    assert result.applied.counts.get("contrib-attention", 0) == 0
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnxfuse.reports import load_schema
+
+    jsonschema.validate(result.to_json(), load_schema(), cls=jsonschema.Draft202012Validator)
+
+    calls.clear()
+    result = onnxfuse.optimize(load_testdata("bert_tiny_sdpa_opset14"), bench=True, samples=1, precision="fp16")
+    assert "measured" not in result.extra and len(calls) == 1
+    assert ATTENTION & {n.op_type for n in result.model.graph.node}
 
 
 def test_out_of_tuning_time_a_slower_model_falls_back_to_the_graph_as_loaded(monkeypatch):

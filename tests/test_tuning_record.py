@@ -182,3 +182,19 @@ def test_the_tuned_sizes_are_part_of_the_key(monkeypatch, tmp_path):
                                 tune_shapes=sizes)
     assert applied.extra["tuning_record"]["matched"]
     assert applied.model.SerializeToString() == measured.model.SerializeToString()
+
+
+def test_a_measured_removal_is_recorded_and_applied(monkeypatch, tmp_path):
+    """The float32 attention measured faster unfused (a measured choice, not the ladder): the record
+    leaves contrib-attention out, and the GPU-less run writes the same bytes."""
+    path = tmp_path / "tuning.json"
+    measured, calls = _measured_run(monkeypatch, path, lambda ops: 0.8 if ATTENTION & set(ops) else 0.6)
+    assert "selection" not in measured.extra and measured.extra["measured"][0]["kept"]
+    (entry,) = json.loads(path.read_text())["entries"].values()
+    (decision,) = entry["decisions"]
+    assert decision["skipped_rules"] == ["contrib-attention"] and decision["added_rules"] == []
+    assert decision["kept"] == "contrib-attention (measured choice)"
+    applied = onnxfuse.optimize(load_testdata(MODEL), bench=False, samples=1, tuning_record=str(path))
+    assert applied.extra["tuning_record"]["matched"]
+    assert "without contrib-attention (measured choice)" in applied.extra["tuning_record"]["note"]
+    assert applied.model.SerializeToString() == measured.model.SerializeToString()
