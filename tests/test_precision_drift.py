@@ -29,7 +29,13 @@ MAX_ERROR, MIN_COSINE = 2e-2, 0.999
 MODELS = ["bert_tiny_sdpa_opset17", "roberta_tiny_sdpa_opset17", "distilbert_tiny_sdpa_opset17",
           "gpt2_tiny_sdpa_opset17", "vit_tiny_sdpa_opset17", "whisper_encoder_tiny_sdpa_opset17",
           "convnext_blocks_opset13", "efficientnet_blocks_opset13", "yolo_conv_bn_silu_opset13", "llama_kv_opset17",
-          "t5_tiny_opset17"]
+          "t5_tiny_opset17",
+          # the same families as transformers' eager attention writes them (legacy exporter, opset 14) and as
+          # torch's default (dynamo) exporter does: issue 33 asks for both attention forms
+          "bert_tiny_opset14", "roberta_tiny_opset14", "distilbert_tiny_opset14", "gpt2_tiny_opset14",
+          "whisper_encoder_tiny_opset14", "vit_blocks_opset14", "llama_kv_opset14", "bert_tiny_dynamo",
+          "roberta_tiny_dynamo", "distilbert_tiny_dynamo", "gpt2_tiny_dynamo", "vit_tiny_dynamo",
+          "whisper_encoder_tiny_dynamo", "llama_kv_dynamo", "mobilenet_v3_small_w025_opset13"]
 
 
 def padded_mask(batch: int, length: int) -> np.ndarray:
