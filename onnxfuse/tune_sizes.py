@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+from onnxfuse.errors import UsageError
 from onnxfuse.runtime.inputs import Inputs, check_shape_names, input_specs
 from onnxfuse.validate.samples import sample_inputs
 
@@ -28,7 +29,10 @@ def tune_size_inputs(model, options) -> list[Inputs]:
     for size in options.tune_shapes or ():
         check_shape_names(input_specs(model), size, "--tune-shape")
         sized = replace(options, shapes={**(options.shapes or {}), **size}, inputs=None, inputs_path=None, samples=1)
-        out.append(sample_inputs(model, sized)[0])
+        try:
+            out.append(sample_inputs(model, sized)[0])
+        except UsageError as exc:  # the draw's checks speak of --shape; the size came from --tune-shape
+            raise UsageError(str(exc).replace("--shape", "--tune-shape", 1)) from None
     return out
 
 
