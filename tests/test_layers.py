@@ -15,7 +15,8 @@ The layers, lowest first, and why each sits where it does:
 3. the report contract (``reports``: JSON envelope, schema, Markdown, JUnit, HTML), which the results
    of the layer above serialize themselves through;
 4. judging and measuring: ``validate``, ``drift`` (diff), ``timing`` (bench), ``selection``,
-   ``tuning_record``;
+   ``tuning_record``, ``tune_sizes`` (the ``--tune-shape`` draws and timings: validation's samples at
+   other sizes);
 5. the pipelines and the API: ``options`` (optimize's options, declared once: their checks use the
    parsers of the layers below), ``pipeline``, ``batch``, ``demo``, ``api``, the package itself;
 6. the command line (``cli``, ``__main__``).
@@ -39,7 +40,7 @@ LAYERS = [
     ("model_io", "repair", "declared_shapes", "rewrites", "bodies", "custom_ops", "precision", "unfused"),
     ("runtime",),
     ("reports",),
-    ("validate", "drift", "timing", "selection", "tuning_record"),
+    ("validate", "drift", "timing", "selection", "tuning_record", "tune_sizes"),
     ("options", "pipeline", "batch", "demo", "api", "__init__"),
     ("cli", "__main__"),
 ]
