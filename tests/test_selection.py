@@ -327,3 +327,16 @@ def test_tune_shape_on_the_command_line(tmp_path, monkeypatch):
         r = CliRunner().invoke(main, ["optimize", str(src), str(tmp_path / "out2.onnx"), "--samples", "1", *bad])
         assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, (bad, r.output)
         assert not (tmp_path / "out2.onnx").exists()
+
+
+def test_a_choice_needs_its_median_and_fastest_run_to_agree():
+    """is_faster: a candidate whose fastest run beats the output's but whose median does not (or the
+    reverse) is not kept; one that wins by both is."""
+    from onnxfuse.selection import is_faster
+
+    current = _timing(1.0, 0.8)
+    assert is_faster(_timing(1.0, 0.6), current)
+    assert not is_faster(_timing(1.0, 0.85, fastest_after=0.5), current)  # one lucky run
+    lucky_current = _timing(1.0, 0.8, fastest_after=0.4)
+    assert not is_faster(_timing(1.0, 0.6), lucky_current)  # the median wins, the fastest run does not
+    assert not is_faster(None, current) and not is_faster(_timing(1.0, 0.6), None)
