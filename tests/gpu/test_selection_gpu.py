@@ -41,6 +41,9 @@ def test_a_measured_choice_is_timed_and_decided_on_cuda():
     (trial,) = result.extra["measured"]
     assert trial["rule"] == "contrib-channels-last" and trial["speedup"] > 0 and trial["without_speedup"] > 0
     beats = trial["speedup"] > trial["without_speedup"] * (1 + selection.SLOWER_MARGIN)
-    assert trial["kept"] == beats
+    # kept needs the gain by median and by fastest run alike (selection.is_faster); the report's speed-ups
+    # are the better of the two, so a kept choice beats by them, and one that does not beat is not kept
+    assert beats or not trial["kept"]
+    assert trial["kept"] or trial["refused"] == "not faster"
     has_nhwc = "NhwcConv" in {n.op_type for n in result.model.graph.node}
     assert has_nhwc == trial["kept"]
