@@ -32,7 +32,7 @@ def test_every_rung_is_validated_and_timed_on_cuda(monkeypatch):
 def test_a_measured_choice_is_timed_and_decided_on_cuda():
     """The measured choice (selection.try_measured) with real CUDA timing, at batch 16 where channels-last
     can pay: contrib-channels-last is tried on top of the YOLO block's output, validated on CUDA and timed;
-    the decision agrees with its own figures (kept exactly when its speed-up beats the output's by the
+    the decision agrees with its own figures (kept only when its speed-up beats the output's by the
     margin), and the written model is the one decided on."""
     model = load_testdata("yolo_conv_bn_silu_opset13")
     result = onnxfuse.optimize(model, provider="cuda", samples=1, bench=True, shapes={"input": [16, 3, 64, 64]},
