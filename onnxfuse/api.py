@@ -68,6 +68,7 @@ def optimize(
     tune: bool = True,
     tune_time: float | None = None,
     tune_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
+    tune_dims: Mapping[str, Sequence[int]] | None = None,
     tuning_record: str | os.PathLike | None = None,
     bench_config=None,
     rules: list[Rule] | None = None,
@@ -140,6 +141,8 @@ def optimize(
     them), e.g. ``[{"input": [16, 3, 224, 224]}]`` besides the first timing at batch 1: the model is then
     never kept slower than the original at any of them, and a measured choice is kept only when faster
     by the geometric mean of the sizes and not slower at any (``result.timing.other_sizes``).
+    ``tune_dims``: the same sizes spelled by dimension name, ``{"batch": [16]}`` (several names: every
+    combination), in every input with that dynamic dimension, other dimensions as the first timing's.
     ``tuning_record``: a file of measured decisions (:mod:`onnxfuse.tuning_record`): where it holds one for
     this model, options and shapes (measured on this GPU, or on any when none is usable here) it is applied
     without timing; else what this run's timing decided is added to it. ``result.extra["tuning_record"]``

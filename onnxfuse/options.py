@@ -166,6 +166,15 @@ def checked_tune_shapes(value) -> list[dict[str, list[int]]]:
     return out
 
 
+def checked_tune_dims(value) -> dict[str, list[int]]:
+    """``tune_dims``: ``{dimension name: [sizes]}``, each size a positive integer, none empty."""
+    out = {str(name): [int(v) for v in values] for name, values in (value or {}).items()}
+    for name, values in out.items():
+        if not values or any(v < 1 for v in values):
+            raise UsageError(f"tune_dims[{name!r}]: expected one or more positive sizes, got {values}")
+    return out
+
+
 def checked_ranges(ranges) -> dict | None:
     """``{name: (lo, hi)}`` (inclusive) → ValueRange objects, checked like ``--input-range``."""
     if not ranges:
@@ -208,6 +217,21 @@ def tune_shapes_from_command_line(values) -> list[dict[str, list[int]]]:
     return [parse_shape_options([part.strip() for part in value.split(";") if part.strip()]) for value in values or ()]
 
 
+def tune_dims_from_command_line(values) -> dict[str, list[int]]:
+    """``--tune-dim NAME=V[,V...]`` options as the API takes them (usage errors exit 2)."""
+    out: dict[str, list[int]] = {}
+    for value in values or ():
+        name, sep, sizes = value.partition("=")
+        try:
+            parsed = [int(v) for v in sizes.split(",") if v.strip()]
+        except ValueError:
+            parsed = []
+        if not sep or not name.strip() or not parsed:
+            raise UsageError(f"--tune-dim {value!r}: expected NAME=V[,V...], e.g. batch=1,16")
+        out.setdefault(name.strip(), []).extend(parsed)
+    return out
+
+
 def ranges_from_command_line(values) -> dict[str, tuple[float, float]] | None:
     """``--input-range NAME:LO,HI`` options as the API takes them (usage errors exit 2)."""
     # start-up: import onnxfuse does not load onnxfuse.runtime.input_ranges (nor numpy, onnx, graphsurgeon)
@@ -247,12 +271,14 @@ def _fail_on_slowdown_needs_bench(keywords: dict) -> None:
 
 
 def _tune_shapes_need_bench(keywords: dict) -> None:
-    """``tune_shapes`` without ``bench`` would time nothing: say so instead of ignoring them (with a
-    ``tuning_record`` they are part of the key of the decision to apply, so they mean something there)."""
-    if (keywords.get("tune_shapes") and not keywords.get("bench", OPTIMIZE["bench"].default)
-            and not keywords.get("tuning_record")):
-        raise UsageError("tune_shapes needs the models timed (bench=True; on the command line, drop --no-bench) "
-                         "or a tuning record to apply")
+    """``tune_shapes`` / ``tune_dims`` without ``bench`` would time nothing: say so instead of ignoring them
+    (with a ``tuning_record`` they are part of the key of the decision to apply, so they mean something
+    there)."""
+    for keyword in ("tune_shapes", "tune_dims"):
+        if (keywords.get(keyword) and not keywords.get("bench", OPTIMIZE["bench"].default)
+                and not keywords.get("tuning_record")):
+            raise UsageError(f"{keyword} needs the models timed (bench=True; on the command line, drop --no-bench) "
+                             "or a tuning record to apply")
 
 
 # -- the declarations ----------------------------------------------------------------------------------------
@@ -377,6 +403,14 @@ _OPTIMIZE = (
            together=_tune_shapes_need_bench,
            command_line=CommandLine("--tune-shape", "tune_shapes", multiple=True, metavar="NAME:D0,...[;NAME:D0,...]",
                                     to_api=tune_shapes_from_command_line)),
+    Option("tune_dims", "Also time with this named dynamic dimension at these sizes (repeatable: "
+                        "NAME=V[,V...], e.g. batch=1,16; several names: every combination), in every input that "
+                        "has it, other dimensions as the first timing has them. As --tune-shape, spelled by "
+                        "dimension.",
+           annotation="Mapping[str, Sequence[int]] | None", check=checked_tune_dims,
+           together=_tune_shapes_need_bench,
+           command_line=CommandLine("--tune-dim", "tune_dims", multiple=True, metavar="NAME=V[,V...]",
+                                    to_api=tune_dims_from_command_line)),
     Option("tuning_record", "Read and write measured decisions here: where FILE holds one for this model, options "
                             "and shapes (measured on this GPU, or on any GPU when none is usable here, as on a CI "
                             "runner) it is applied; else what this run measures is added to FILE.",

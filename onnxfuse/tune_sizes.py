@@ -13,6 +13,7 @@ note, never silently: the decisions then rest on the sizes that were timed.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Callable
 
@@ -21,12 +22,40 @@ from onnxfuse.runtime.inputs import Inputs, check_shape_names, input_specs
 from onnxfuse.validate.samples import sample_inputs
 
 
-def tune_size_inputs(model, options) -> list[Inputs]:
-    """One seeded draw per ``options.tune_shapes`` size: its shapes over ``options.shapes`` (other dynamic
-    dimensions as the first size has them), values drawn as validation draws them (``input_ranges``,
-    right-padded masks); never the user's ``inputs``, which have their own shapes."""
+def dim_sizes(model, options) -> list[dict[str, list[int]]]:
+    """The sizes ``options.tune_dims`` names (``{"batch": [1, 16]}``; several names: every combination), each
+    as ``{input: dims}`` for the inputs that have one of those dynamic dimensions: the named dimensions at
+    the size, every other as ``options.shapes`` gives it, else 1 (the first timing's default). A name no
+    input's dynamic dimension has is a usage error (exit 2) that lists the names there are."""
+    if not options.tune_dims:
+        return []
+    specs = input_specs(model)
+    names = {d for spec in specs for d in spec.shape if isinstance(d, str)}
+    unknown = set(options.tune_dims) - names
+    if unknown:
+        raise UsageError(f"--tune-dim names no dynamic dimension of the model's inputs: {', '.join(sorted(unknown))}; "
+                         f"named dynamic dimensions: {', '.join(sorted(names)) or '(none)'}")
+    given = options.shapes or {}
     out = []
-    for size in options.tune_shapes or ():
+    for combo in itertools.product(*([(name, v) for v in values] for name, values in options.tune_dims.items())):
+        sized = dict(combo)
+        size = {}
+        for spec in specs:
+            if not any(d in sized for d in spec.shape if isinstance(d, str)):
+                continue
+            base = given.get(spec.name) or [d if isinstance(d, int) else 1 for d in spec.shape]
+            size[spec.name] = [sized[d] if isinstance(d, str) and d in sized else base[i] for i, d in enumerate(spec.shape)]
+        out.append(size)
+    return out
+
+
+def tune_size_inputs(model, options) -> list[Inputs]:
+    """One seeded draw per ``options.tune_shapes`` size and per ``options.tune_dims`` one
+    (:func:`dim_sizes`): its shapes over ``options.shapes`` (other dynamic dimensions as the first size has
+    them), values drawn as validation draws them (``input_ranges``, right-padded masks); never the user's
+    ``inputs``, which have their own shapes."""
+    out = []
+    for size in list(options.tune_shapes or ()) + dim_sizes(model, options):
         check_shape_names(input_specs(model), size, "--tune-shape")
         sized = replace(options, shapes={**(options.shapes or {}), **size}, inputs=None, inputs_path=None, samples=1)
         try:

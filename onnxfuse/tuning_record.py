@@ -154,6 +154,8 @@ def key_for(model, options, sample) -> tuple[str, dict]:
                "skip": options.skip or [], "precision": options.precision, "right_padded": list(options.right_padded)}
     if options.tune_shapes:  # only when given: records made without them keep their keys
         choices["tune_shapes"] = [{k: list(v) for k, v in size.items()} for size in options.tune_shapes]
+    if options.tune_dims:
+        choices["tune_dims"] = {k: list(v) for k, v in options.tune_dims.items()}
     shapes = {k: list(v) for k, v in sample.shapes().items()}
     return record_key(model, choices, shapes), {"model": fingerprint(model), "choices": choices, "shapes": shapes}
 

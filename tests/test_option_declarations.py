@@ -233,7 +233,7 @@ def test_the_command_line_defaults_are_the_api_keywords_the_cli_passes():
         "input_ranges": None, "seed": 0, "right_padded": [], "rtol": None, "atol": None, "samples": 2,
         "save_inputs": None, "strict": False, "provider": "auto", "precision": "fp32", "max_drift": None,
         "bench": True, "fail_on_slowdown": None, "never_slower": True, "tune": True, "tune_time": None,
-        "tune_shapes": [],
+        "tune_shapes": [], "tune_dims": {},
         "tuning_record": None, "force": False,
     }
     flipped = options.from_command_line(command.make_context("optimize", [

@@ -340,3 +340,34 @@ def test_a_choice_needs_its_median_and_fastest_run_to_agree():
     lucky_current = _timing(1.0, 0.8, fastest_after=0.4)
     assert not is_faster(_timing(1.0, 0.6), lucky_current)  # the median wins, the fastest run does not
     assert not is_faster(None, current) and not is_faster(_timing(1.0, 0.6), None)
+
+
+def test_tune_dim_names_sizes_by_dimension(monkeypatch):
+    """--tune-dim batch=4 --tune-dim sequence=16,32: every combination, in every input with those dynamic
+    dimensions (BERT's input_ids and attention_mask alike), other dimensions as --shape gives them or 1;
+    a name the inputs do not have, or a value that is not NAME=V[,V...], is a usage error."""
+    from onnxfuse import options
+    from onnxfuse.pipeline import OptimizeOptions
+    from onnxfuse.tune_sizes import dim_sizes
+
+    model = load_testdata("bert_tiny_sdpa_opset14")
+    sizes = dim_sizes(model, OptimizeOptions(tune_dims={"batch": [4], "sequence": [16, 32]}))
+    assert sizes == [{"input_ids": [4, 16], "attention_mask": [4, 16]},
+                     {"input_ids": [4, 32], "attention_mask": [4, 32]}]
+    sizes = dim_sizes(model, OptimizeOptions(tune_dims={"batch": [8]}, shapes={"input_ids": [1, 64],
+                                                                                "attention_mask": [1, 64]}))
+    assert sizes == [{"input_ids": [8, 64], "attention_mask": [8, 64]}]
+    with pytest.raises(onnxfuse.errors.UsageError, match="named dynamic dimensions: batch, sequence"):
+        dim_sizes(model, OptimizeOptions(tune_dims={"batch_size": [8]}))
+    assert options.tune_dims_from_command_line(["batch=1,16", "sequence=128"]) == {"batch": [1, 16], "sequence": [128]}
+    for bad in ("batch", "batch=", "=4", "batch=x"):
+        with pytest.raises(onnxfuse.errors.UsageError, match="expected NAME=V"):
+            options.tune_dims_from_command_line([bad])
+    with pytest.raises(onnxfuse.errors.UsageError):
+        options.checked_tune_dims({"batch": [0]})
+
+    fake, calls = _fake_time_by_size(lambda ops, batch: 0.9)
+    monkeypatch.setattr(pipeline, "time_both", fake)
+    result = onnxfuse.optimize(model, bench=True, samples=1, tune=False, tune_dims={"batch": [8]})
+    assert [b for _, b in calls] == [1, 8]
+    assert result.timing.other_sizes[0].shapes == {"input_ids": [8, 1], "attention_mask": [8, 1]}

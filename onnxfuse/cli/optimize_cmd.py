@@ -42,6 +42,8 @@ Examples:
   onnxfuse optimize model.onnx out.onnx --target onnx  # standard ops only
   onnxfuse optimize model.onnx out.onnx --device cpu   # for the CPU provider
   onnxfuse optimize resnet.onnx out.onnx --tune-shape input:16,3,224,224
+  onnxfuse optimize bert.onnx out.onnx --shape input_ids:1,128 \\
+      --shape attention_mask:1,128 --tune-dim batch=16
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16-io  # fp16 I/O
   onnxfuse optimize model.onnx out.fp16.onnx --precision fp16 \\
@@ -78,7 +80,7 @@ def declared(*keywords):
 @input_options
 @right_padded_option
 @declared("rtol", "atol", "samples", "save_inputs", "strict", "provider", "precision", "max_drift", "bench",
-          "fail_on_slowdown", "never_slower", "tune", "tune_time", "tune_shapes", "tuning_record")
+          "fail_on_slowdown", "never_slower", "tune", "tune_time", "tune_shapes", "tune_dims", "tuning_record")
 @json_option("Also write the report as JSON to this file (schema: onnxfuse/reports/schemas/report.schema.json).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False),
               help="Also write a Markdown summary (appended when PATH is $GITHUB_STEP_SUMMARY).")
