@@ -294,7 +294,8 @@ def optimize_model(
                          "fp16-io")
     if options.right_padded:  # usage errors (unknown names) before any work, validated or not
         right_padded_draws(input_specs(model), options.right_padded)
-    # --tune-shape's draws, made now so that a size the model cannot take is a usage error before any work
+    # --tune-shape's and --tune-dim's draws, made now so that a size the model cannot take is a usage error
+    # before any work
     other_sizes = tune_sizes.tune_size_inputs(model, options) if options.bench else []
     rules = select_rules(options.target, options.only, options.skip, options.rules,
                          Assumptions(right_padded=frozenset(options.right_padded)))
@@ -370,6 +371,7 @@ def optimize_model(
     if options.bench:
         step("timing")
         t2 = time.perf_counter()
+
         def time_one(candidate, inputs):
             return time_both(model, candidate, inputs, options, bench_progress)
 
