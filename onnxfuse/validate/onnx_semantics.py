@@ -16,9 +16,13 @@ The run: ``onnx.reference.ReferenceEvaluator`` (numpy, ONNX's own semantics) on 
 :meth:`onnxfuse.validate.verdict.Validator.validate` when a candidate first fails (numpy's cost, about a
 third of the contrib rewrite tests' time when it ran for every float16 model, is then paid only where it
 can change a verdict). Only for
-models that compute in float16, validated on the CPU, with at most :data:`MAX_WEIGHT_BYTES` of weights
-(numpy is far slower than ONNX Runtime); a model it cannot evaluate (an op of another domain, say) gets no
-such run, as before.
+models that compute in float16, validated on the CPU. Up to :data:`MAX_WEIGHT_BYTES` of weights it is ONNX's
+reference evaluator; above (numpy is far slower than ONNX Runtime) it is ONNX Runtime's CPU provider on the
+model rewritten to round every float16 result explicitly (:func:`per_op_rounding`: each op computed in
+float32 from float16 values, its result rounded to float16 by a Cast pair, optimizations off so the pair
+stays), which is ONNX's semantics wherever an op's float32 result rounds to its correctly rounded float16
+one (every elementwise arithmetic op; a reduction or MatMul then accumulates in float32, as GPUs do). A model
+neither can evaluate (an op of another domain, a subgraph for the rewrite) gets no such run, as before.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ import warnings
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from onnxfuse.lazy_weights import tensor_nbytes
 from onnxfuse.model_io import proto_graphs
 from onnxfuse.runtime.compare import lowest_float_precision
+from onnxfuse.runtime.session import run_samples
 
 #: The largest model (bytes of initializers, subgraphs included) evaluated by numpy for the floor: 8 MiB of
 #: float16 weights, 4 M parameters; the 0.43 MB Phi-3 export above evaluates in 0.05 s per sample.
@@ -43,7 +49,7 @@ def onnx_semantics_runs(original: onnx.ModelProto, samples: list, provider: str)
     if provider != "cpu" or lowest_float_precision(original) != "float16":
         return None
     if sum(tensor_nbytes(t) for g in proto_graphs(original.graph) for t in g.initializer) > MAX_WEIGHT_BYTES:
-        return None
+        return _rounded_runs(original, samples)
     try:
         # start-up: onnx.reference loads every op's numpy implementation; only this run needs them
         from onnx.reference import ReferenceEvaluator
@@ -59,3 +65,87 @@ def onnx_semantics_runs(original: onnx.ModelProto, samples: list, provider: str)
         return runs
     except Exception:  # noqa: BLE001  (the evaluator raises anything an op's numpy code does)
         return None
+
+
+def _rounded_runs(original: onnx.ModelProto, samples: list) -> list[dict] | None:
+    """:func:`per_op_rounding`'s model on each sample on ONNX Runtime's CPU provider (optimizations off), or
+    None where the rewrite or the run does not apply."""
+    rounded = per_op_rounding(original)
+    if rounded is None:
+        return None
+    try:
+        return run_samples(rounded, samples, "cpu", name="the original rounded as ONNX specifies")
+    except Exception:  # noqa: BLE001  (a model ONNX Runtime refuses in float32: no such run, as before)
+        return None
+
+
+#: Attributes that name an element type (ONNX's ``dtype`` of EyeLike and the Random ops); Cast's ``to`` is
+#: handled on its own (a float16 Cast keeps its rounding).
+_DTYPE_ATTRS = {"dtype"}
+_F16, _F32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+
+
+def per_op_rounding(original: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``original`` computing in float32 with every float16 result rounded to float16 explicitly: float16
+    initializers and constants become float32 (exact), each float16 graph input is cast up, each node output
+    that is float16 in ``original`` (ONNX's shape inference) is followed by ``Cast(to=float16)`` and
+    ``Cast(to=float32)`` (a float16 ``Cast`` keeps its own rounding and gets the second only), and each float16
+    graph output is the rounded float16 tensor under its own name. None for models with subgraphs (If, Loop,
+    Scan: their bodies would need the same rewrite) or that shape inference cannot type."""
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for n in original.graph.node for a in n.attribute):
+        return None
+    try:
+        inferred = onnx.shape_inference.infer_shapes(original)
+    except Exception:  # noqa: BLE001
+        return None
+    g = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(g.value_info) + list(g.input) + list(g.output)}
+    types.update({t.name: t.data_type for t in g.initializer})
+    outputs = {o.name for o in g.output}
+    renamed: dict[str, str] = {}  # a float16 tensor's name -> its float32 copy's
+    nodes = []
+    for vi in g.input:
+        if types.get(vi.name) == _F16:
+            renamed[vi.name] = f"{vi.name}__as_f32"
+            nodes.append(onnx.helper.make_node("Cast", [vi.name], [renamed[vi.name]], to=_F32))
+    initializers = []
+    for t in g.initializer:
+        if t.data_type == _F16:
+            t = numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
+        initializers.append(t)
+    for node in g.node:
+        node = _widened(node)
+        node.input[:] = [renamed.get(i, i) for i in node.input]
+        is_half_cast = node.op_type == "Cast" and node.domain in ("", "ai.onnx") and any(
+            a.name == "to" and a.i == _F16 for a in node.attribute)
+        rounding = []
+        for k, out in enumerate(node.output):
+            if not out or types.get(out) != _F16:
+                continue
+            half = out  # a float16 Cast rounds by itself; its readers take the float32 copy below
+            if not is_half_cast:  # computed in float32, rounded by a Cast (under the output's name if a graph output)
+                node.output[k] = f"{out}__f32_result"
+                half = out if out in outputs else f"{out}__rounded"
+                rounding.append(onnx.helper.make_node("Cast", [node.output[k]], [half], to=_F16))
+            renamed[out] = f"{out}__as_f32"
+            rounding.append(onnx.helper.make_node("Cast", [half], [renamed[out]], to=_F32))
+        nodes.append(node)
+        nodes.extend(rounding)
+    graph = onnx.helper.make_graph(nodes, g.name, list(original.graph.input), list(original.graph.output),
+                                   initializers)
+    model = onnx.helper.make_model(graph, opset_imports=list(original.opset_import))
+    model.ir_version = original.ir_version
+    return model
+
+
+def _widened(node: onnx.NodeProto) -> onnx.NodeProto:
+    """A copy of ``node`` whose float16 constants (Constant's and ConstantOfShape's ``value``) and element
+    type attributes (``dtype``) are float32."""
+    node = onnx.NodeProto.FromString(node.SerializeToString())
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == _F16:
+            a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+        elif a.name in _DTYPE_ATTRS and a.type == onnx.AttributeProto.INT and a.i == _F16:
+            a.i = _F32
+    return node

@@ -7,6 +7,8 @@ the rounding of x·a (float16's step there is 1/16) is all that is left beside b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -102,3 +104,74 @@ def test_the_run_is_made_only_when_a_candidate_fails(monkeypatch):
     with pytest.raises(ValidationFailed):  # without the run, the ONNX-rounded output fails
         onnxfuse.optimize(rounding_left(), only="fuse-elementwise", provider="cpu", inputs=sample().feeds)
     assert len(calls) == 1
+
+
+# --- above MAX_WEIGHT_BYTES: ONNX Runtime on the model with every float16 result rounded explicitly ----------
+
+def test_the_rounded_model_gives_onnx_semantics_on_onnx_runtime(monkeypatch):
+    """per_op_rounding: the model in float32 with a Cast pair after each float16 result. On the planted model
+    it equals the independent numpy spelling exactly (elementwise ops round as ONNX says); above the weight
+    limit the floor comes from it, and optimize then passes the ONNX-rounded output as with numpy's run."""
+    from onnxfuse.validate import onnx_semantics
+
+    model, s = rounding_left(), sample()
+    rounded = onnx_semantics.per_op_rounding(model)
+    onnx.checker.check_model(rounded)
+    assert {i.name: i.type.tensor_type.elem_type for i in rounded.graph.input} == {"x": T.FLOAT16}
+    assert rounded.graph.output[0].type.tensor_type.elem_type == T.FLOAT
+    assert all(t.data_type != T.FLOAT16 for t in rounded.graph.initializer)
+    monkeypatch.setattr(onnx_semantics, "MAX_WEIGHT_BYTES", 0)
+    (run,) = onnx_semantics_runs(model, [s], "cpu")
+    np.testing.assert_array_equal(run["y"], as_onnx_specifies(model, s.feeds["x"]))
+    result = onnxfuse.optimize(model, only="fuse-elementwise", provider="cpu", inputs=s.feeds)
+    assert result.validation.outputs[0].extra["passed_by"] == "noise floor"
+
+
+@pytest.mark.parametrize("name", ["optimum_phi3_kv_fp16", "llama_kv_opset17_fp16", "gpt2_tiny_sdpa_opset14"])
+def test_the_rounded_model_is_close_to_the_reference_evaluator(name):
+    """On real float16 decoders the two runs of ONNX's semantics agree to float16's rounding (they differ
+    only where MatMuls and reductions accumulate in another order); a float32 model gets neither."""
+    import sys
+
+    from onnxfuse.validate import onnx_semantics
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import kv_cache_feeds, load_testdata
+
+    model = load_testdata(name)
+    if name.startswith("gpt2"):
+        assert onnx_semantics_runs(model, [], "cpu") is None
+        return
+    rng = np.random.default_rng(7)
+    feeds = kv_cache_feeds(2, 3, 4, np.float16, rng)
+    feeds = {k: v for k, v in feeds.items() if k in {i.name for i in model.graph.input}}
+    (numpy_run,) = onnx_semantics_runs(model, [feeds], "cpu")
+    (ort_run,) = onnx_semantics._rounded_runs(model, [feeds])
+    (plain,) = run_samples(model, [feeds], "cpu")
+    for out, want in numpy_run.items():
+        got = ort_run[out].astype(np.float64)
+        scale = max(1.0, float(np.abs(want).max()))
+        # a few float16 steps of the logits; at least as close as ONNX Runtime's own CPU run of the original
+        assert np.abs(got - want).max() / scale <= max(2e-3, np.abs(plain[out].astype(np.float64) - want).max() / scale), out
+
+
+def test_a_large_float16_decoder_validates_on_the_cpu_through_the_rounded_run(monkeypatch):
+    """optimum's float16 Phi-3 passes validation on the CPU only with an ONNX-semantics run in its floor
+    (module docstring): with the weight limit at 0 (a model too large for numpy) the rounded model gives it,
+    and without any such run the same optimize fails."""
+    import sys
+
+    import onnxfuse.validate.verdict as verdict
+    from onnxfuse.validate import onnx_semantics
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import load_testdata
+
+    model = load_testdata("optimum_phi3_kv_fp16")
+    monkeypatch.setattr(onnx_semantics, "MAX_WEIGHT_BYTES", 0)
+    result = onnxfuse.optimize(model, samples=2, provider="cpu")
+    assert result.validation.passed
+    assert {o.name: o.extra.get("passed_by") for o in result.validation.outputs}["logits"] == "noise floor"
+    monkeypatch.setattr(verdict, "onnx_semantics_runs", lambda *a: None)
+    with pytest.raises(ValidationFailed):
+        onnxfuse.optimize(model, samples=2, provider="cpu")
