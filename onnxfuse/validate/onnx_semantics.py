@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxfuse.lazy_weights import tensor_nbytes
+from onnxfuse.lazy_weights import is_lazy, map_tensor, tensor_nbytes
 from onnxfuse.model_io import proto_graphs
 from onnxfuse.runtime.compare import lowest_float_precision
 from onnxfuse.runtime.session import run_samples
@@ -70,7 +70,7 @@ def onnx_semantics_runs(original: onnx.ModelProto, samples: list, provider: str)
 def _rounded_runs(original: onnx.ModelProto, samples: list) -> list[dict] | None:
     """:func:`per_op_rounding`'s model on each sample on ONNX Runtime's CPU provider (optimizations off), or
     None where the rewrite or the run does not apply."""
-    try:  # weights held on disk (lazy_weights) or a model ONNX Runtime refuses in float32: no such run, as before
+    try:  # a model shape inference or ONNX Runtime refuses in float32: no such run, as before
         rounded = per_op_rounding(original)
         if rounded is None:
             return None
@@ -111,8 +111,9 @@ def per_op_rounding(original: onnx.ModelProto) -> onnx.ModelProto | None:
             nodes.append(onnx.helper.make_node("Cast", [vi.name], [renamed[vi.name]], to=_F32))
     initializers = []
     for t in g.initializer:
-        if t.data_type == _F16:
-            t = numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
+        if t.data_type == _F16:  # weights held on disk (lazy_weights) are read through their mapping
+            values = map_tensor(t) if is_lazy(t) else numpy_helper.to_array(t)
+            t = numpy_helper.from_array(np.asarray(values).astype(np.float32), t.name)
         initializers.append(t)
     for node in g.node:
         node = _widened(node)
