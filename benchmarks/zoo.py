@@ -269,13 +269,13 @@ def _qwen2(attn: str = "sdpa"):
     return Qwen2()
 
 
-def _whisper_encoder():
+def _whisper_encoder(attn: str = "eager"):
     import torch
     import transformers
 
     cfg = transformers.WhisperConfig(d_model=512, encoder_layers=6, encoder_attention_heads=8,
                                      decoder_layers=1, decoder_attention_heads=8, encoder_ffn_dim=2048)  # base
-    cfg._attn_implementation = "eager"
+    cfg._attn_implementation = attn
     encoder = transformers.WhisperModel(cfg).get_encoder()
 
     class Encoder(torch.nn.Module):
@@ -306,7 +306,7 @@ SPECS = {s.name: s for s in [
 
 #: models whose builder takes transformers' attention implementation: sdpa (transformers' default) for the
 #: dynamo exporter, as a user's ``torch.onnx.export`` of the model would write it; eager for the legacy one
-ATTN_BUILDERS = ("bert_base", "gpt2_small", "qwen2_0_5b")
+ATTN_BUILDERS = ("bert_base", "gpt2_small", "qwen2_0_5b", "whisper_base_encoder")
 
 
 def build_module(spec: Spec, seed: int = 0, exporter: str = "legacy", attention: str | None = None):
@@ -1058,7 +1058,7 @@ def parse_args(argv=None):
                         "measured choices hold at each (default on)")
     p.add_argument("--opset", type=int, default=14)
     p.add_argument("--attention", choices=["eager", "sdpa"], default=None,
-                   help="transformers' attn_implementation for BERT, GPT-2, Qwen2 (default: sdpa with --exporter "
+                   help="transformers' attn_implementation for BERT, GPT-2, Qwen2, Whisper (default: sdpa with --exporter "
                         "dynamo, eager with legacy)")
     p.add_argument("--exporter", choices=["legacy", "dynamo"], default="legacy",
                    help="legacy: TorchScript exporter, eager attention (default); dynamo: torch.onnx.export's default "
