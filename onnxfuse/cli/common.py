@@ -109,11 +109,13 @@ def fail(exc: BaseException, code: int) -> None:
 def check_runtime(quiet: bool = False) -> None:
     """At the start of every command that runs models: ONNX Runtime must be importable (else its one-line
     error, exit 1, through :func:`handle_errors`); a conflicting installation is one warning line on
-    stderr, not shown with ``--quiet``."""
+    stderr, not shown with ``--quiet``. ONNX Runtime's own log shows with ``--verbose`` only."""
     # start-up: the command line starts (and --help runs) without onnxfuse.ort_runtime
     from onnxfuse.ort_runtime import check_runtime as library_check
+    # import cycle: importing onnxfuse.cli.render imports this module
+    from onnxfuse.cli import render
 
-    warning = library_check()
+    warning = library_check(runtime_log=render.verbose())
     if warning and not quiet:
         stderr.print("[bold yellow]warning:[/] ", end="", markup=True)
         stderr.print(warning, markup=False, highlight=False, soft_wrap=True)

@@ -239,6 +239,11 @@ QUIET_FIRST_SECONDS = 1.0
 _VERBOSE = [False]
 
 
+def verbose() -> bool:
+    """Whether ``-v`` / ``--log-level debug`` was given (:func:`set_verbose`)."""
+    return _VERBOSE[0]
+
+
 def set_verbose(on: bool) -> None:
     """Every stage as one line on stderr as it starts, with the seconds since the command started, from
     the first second and on a terminal too (instead of the redrawn bar), and a last line when the command

@@ -377,3 +377,31 @@ def test_unwritable_report_path_is_one_line_not_a_traceback(model_path, tmp_path
     result = run(["optimize", model_path, tmp_path / "o.onnx", "--json", tmp_path / "no" / "r.json"])
     assert result.exit_code == 1
     one_line_error(result, "r.json", "does not exist")
+
+
+def test_onnx_runtime_log_is_silenced_unless_verbose(tmp_path, monkeypatch):
+    """The command line reports ONNX Runtime's failures itself; ONNX Runtime's default log (cuDNN's engine
+    search printed hundreds of red lines over a report) is set to fatal only, unless --verbose."""
+    import onnxruntime as ort
+    from click.testing import CliRunner
+
+    from onnxfuse import ort_runtime
+    from onnxfuse.cli import main, render
+
+    calls = []
+    monkeypatch.setattr(ort, "set_default_logger_severity", calls.append)
+    ort_runtime.check_runtime()
+    assert calls == [ort_runtime.COMMAND_LINE_LOG_SEVERITY] == [4]
+    calls.clear()
+    ort_runtime.check_runtime(runtime_log=True)
+    assert calls == []
+
+    asked = []
+    real = ort_runtime.check_runtime
+    monkeypatch.setattr(ort_runtime, "check_runtime", lambda runtime_log=False: asked.append(runtime_log) or real(runtime_log))
+    src = Path(__file__).resolve().parents[2] / "testdata" / "conv_bn_relu.onnx"
+    for flags, want in ((["-q"], False), ([], False), (["-v"], True)):
+        r = CliRunner().invoke(main, ["optimize", str(src), str(tmp_path / "out.onnx"), "--no-bench", "--force", *flags])
+        assert r.exit_code == 0, r.output
+        assert asked[-1] is want, flags
+    render.set_verbose(False)
