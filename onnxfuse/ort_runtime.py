@@ -117,9 +117,10 @@ def check_runtime(runtime_log: bool = False) -> str | None:
 
     Unless ``runtime_log`` (``--verbose``), ONNX Runtime's own default log is silenced for the process: the
     command line reports ONNX Runtime's failures itself, in one line, and its sessions already log nothing
-    (``runtime.session``), but kernels log through the default logger. Why: timing the channels-last
-    choice on float16 MobileNetV3-L printed 312 red "cudnn_frontend ... No execution plans support the
-    graph" lines (cuDNN trying its engines, harmless) over the run's report (the zoo's log, H200, 5.42).
+    (``runtime.session``), but kernels log through the default logger. Why: the float16 optimize of
+    MobileNetV3-L (its channels-last trial's NhwcConv sessions, most likely) printed 312 red "cudnn_frontend
+    ... No execution plans support the graph" lines (cuDNN trying its engines, harmless) over the run's
+    report (the zoo's log, H200, 5.42).
     The Python API leaves the process's log settings alone."""
     global _warned
     ort = import_onnxruntime()
