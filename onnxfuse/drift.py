@@ -43,6 +43,7 @@ from typing import Callable
 import onnx
 
 from onnxfuse.errors import ModelLoadError, UsageError
+from onnxfuse.model_io import value_types
 from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.runtime.compare import Comparison, Tolerance, compare_runs, compare_tensor
 from onnxfuse.runtime.inputs import cast_feeds, make_samples
@@ -184,17 +185,9 @@ def _infer(model: onnx.ModelProto, label: str, notes: list[str]) -> onnx.ModelPr
         return copy
 
 
-def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    types = {}
-    for vi in list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            types[vi.name] = vi.type.tensor_type.elem_type
-    return types
-
-
 def _pairs(model_a, model_b, notes: list[str]) -> list[_Pair]:
     """Tensors of A (top-level node outputs, topological order) paired with B's equivalents."""
-    types_a, types_b = _elem_types(model_a), _elem_types(model_b)
+    types_a, types_b = value_types(model_a.graph), value_types(model_b.graph)
     outputs_a = {o.name for o in model_a.graph.output}
     produced_b = {o for n in model_b.graph.node for o in n.output if o} | {o.name for o in model_b.graph.output}
     mapping = tensor_map(model_b)

@@ -889,6 +889,15 @@ def _restore_initializer_inputs(model: onnx.ModelProto, template: onnx.ModelProt
             model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
 
 
+def value_types(graph: onnx.GraphProto) -> dict[str, int]:
+    """The element type of each value ``graph`` records one for: its inputs, outputs and ``value_info``
+    (tensors with a known type) and its initializers."""
+    types = {v.name: v.type.tensor_type.elem_type for v in list(graph.value_info) + list(graph.output) + list(graph.input)
+             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    return types
+
+
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with ONNX shape inference applied (the model itself when inference fails).
 

@@ -55,23 +55,34 @@ def sizes(timing) -> list:
     return [timing] + list(getattr(timing, "other_sizes", None) or [])
 
 
-def _size_slowdown(timing) -> float | None:
+def _ratio(timing, stat: str) -> float | None:
+    """optimized / original by one statistic (``median_ms`` or ``min_ms``) of one size's timing; None where
+    that size did not time."""
     if timing is None or timing.status != "ok" or timing.original is None or timing.optimized is None:
         return None
-    before, after = timing.original.stats, timing.optimized.stats
-    if before.median_ms <= 0 or before.min_ms <= 0:
+    before = getattr(timing.original.stats, stat)
+    return getattr(timing.optimized.stats, stat) / before if before > 0 else None
+
+
+def _size_slowdown(timing) -> float | None:
+    ratios = [_ratio(timing, stat) for stat in ("median_ms", "min_ms")]
+    return None if None in ratios else min(ratios) - 1.0
+
+
+def _per_size_slowdowns(timing) -> list[float] | None:
+    """:func:`_size_slowdown` at each of :func:`sizes`; None when some size did not time."""
+    if timing is None:
         return None
-    return min(after.median_ms / before.median_ms, after.min_ms / before.min_ms) - 1.0
+    found = [_size_slowdown(t) for t in sizes(timing)]
+    return None if None in found else found
 
 
 def slowdown(timing) -> float | None:
     """How much slower the optimized model is (0.05 = 5%), by the smaller of the median and minimum
     ratios, at the size where it is slowest (a model timed at several sizes, ``--tune-shape``, is never
     kept slower at any of them); None when timing did not run at every size."""
-    if timing is None:
-        return None
-    found = [_size_slowdown(t) for t in sizes(timing)]
-    return None if any(f is None for f in found) else max(found)
+    found = _per_size_slowdowns(timing)
+    return None if found is None else max(found)
 
 
 def is_slower(timing) -> bool:
@@ -244,10 +255,8 @@ def speedups(timing) -> list[float] | None:
     """Per size, original / optimized by the larger of the median and the fastest run ratios (what the
     reports show; :func:`is_faster` decides on each statistic separately); None when timing did not run
     at every size."""
-    if timing is None:
-        return None
-    found = [_size_slowdown(t) for t in sizes(timing)]
-    return None if any(f is None for f in found) else [1.0 / (1.0 + f) for f in found]
+    found = _per_size_slowdowns(timing)
+    return None if found is None else [1.0 / (1.0 + f) for f in found]
 
 
 def speedup(timing) -> float | None:
@@ -275,22 +284,14 @@ def is_faster(candidate_timing, current_timing) -> bool:
     if len(new) != len(old):
         return False
     for stat in ("median_ms", "min_ms"):
-        gains = [_stat_speedup(n, stat) / _stat_speedup(o, stat) if _stat_speedup(n, stat) and _stat_speedup(o, stat)
-                 else None for n, o in zip(new, old)]
-        if any(g is None for g in gains):
+        pairs = [(_ratio(n, stat), _ratio(o, stat)) for n, o in zip(new, old)]
+        if any(not r_new or r_old is None for r_new, r_old in pairs):
             return False
+        gains = [r_old / r_new for r_new, r_old in pairs]  # the candidate's speed-up over the output's
         mean = math.prod(gains) ** (1.0 / len(gains))
         if not (mean > 1.0 + SLOWER_MARGIN and min(gains) >= 1.0 - SLOWER_MARGIN):
             return False
     return True
-
-
-def _stat_speedup(timing, stat: str) -> float | None:
-    """original / optimized by one statistic (``median_ms`` or ``min_ms``) of one size's timing."""
-    if timing is None or timing.status != "ok" or timing.original is None or timing.optimized is None:
-        return None
-    before, after = getattr(timing.original.stats, stat), getattr(timing.optimized.stats, stat)
-    return before / after if before > 0 and after > 0 else None
 
 
 @dataclass

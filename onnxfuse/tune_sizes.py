@@ -22,14 +22,15 @@ from onnxfuse.runtime.inputs import Inputs, check_shape_names, input_specs
 from onnxfuse.validate.samples import sample_inputs
 
 
-def dim_sizes(model, options) -> list[dict[str, list[int]]]:
+def dim_sizes(model, options, specs=None) -> list[dict[str, list[int]]]:
     """The sizes ``options.tune_dims`` names (``{"batch": [1, 16]}``; several names: every combination), each
     as ``{input: dims}`` for the inputs that have one of those dynamic dimensions: the named dimensions at
     the size, every other as ``options.shapes`` gives it, else 1 (the first timing's default). A name no
-    input's dynamic dimension has is a usage error (exit 2) that lists the names there are."""
+    input's dynamic dimension has is a usage error (exit 2) that lists the names there are. ``specs``: the
+    model's :func:`~onnxfuse.runtime.inputs.input_specs`, when the caller has them."""
     if not options.tune_dims:
         return []
-    specs = input_specs(model)
+    specs = specs if specs is not None else input_specs(model)
     names = {d for spec in specs for d in spec.shape if isinstance(d, str)}
     unknown = set(options.tune_dims) - names
     if unknown:
@@ -54,9 +55,12 @@ def tune_size_inputs(model, options) -> list[Inputs]:
     (:func:`dim_sizes`): its shapes over ``options.shapes`` (other dynamic dimensions as the first size has
     them), values drawn as validation draws them (``input_ranges``, right-padded masks); never the user's
     ``inputs``, which have their own shapes."""
+    if not (options.tune_shapes or options.tune_dims):
+        return []
+    specs = input_specs(model)
     out = []
-    for size in list(options.tune_shapes or ()) + dim_sizes(model, options):
-        check_shape_names(input_specs(model), size, "--tune-shape")
+    for size in list(options.tune_shapes or ()) + dim_sizes(model, options, specs):
+        check_shape_names(specs, size, "--tune-shape")
         sized = replace(options, shapes={**(options.shapes or {}), **size}, inputs=None, inputs_path=None, samples=1)
         try:
             out.append(sample_inputs(model, sized)[0])

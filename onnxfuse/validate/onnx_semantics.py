@@ -34,7 +34,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxfuse.lazy_weights import is_lazy, map_tensor, tensor_nbytes
-from onnxfuse.model_io import infer_shapes, proto_graphs
+from onnxfuse.model_io import infer_shapes, node_subgraphs, proto_graphs, value_types
 from onnxfuse.runtime.compare import lowest_float_precision
 from onnxfuse.runtime.session import run_samples
 
@@ -92,12 +92,10 @@ def per_op_rounding(original: onnx.ModelProto) -> onnx.ModelProto | None:
     ``Cast(to=float32)`` (a float16 ``Cast`` keeps its own rounding and gets the second only), and each float16
     graph output is the rounded float16 tensor under its own name. None for models with subgraphs (If, Loop,
     Scan: their bodies would need the same rewrite)."""
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-           for n in original.graph.node for a in n.attribute):
+    if any(node_subgraphs(n) for n in original.graph.node):
         return None
     g = infer_shapes(original).graph  # best effort: a tensor it cannot type is computed in float32, unrounded
-    types = {v.name: v.type.tensor_type.elem_type for v in list(g.value_info) + list(g.input) + list(g.output)}
-    types.update({t.name: t.data_type for t in g.initializer})
+    types = value_types(g)
     outputs = {o.name for o in g.output}
     renamed: dict[str, str] = {}  # a float16 tensor's name -> its float32 copy's
     nodes = []

@@ -527,10 +527,12 @@ std::vector<double> time_launches(Driver& d, CUfunction fn, void** args, void* s
       float t = 0;
       ok = ok && d.cuEventRecord(stop, st) == 0 && d.cuEventSynchronize(stop) == 0 &&
            d.cuEventElapsedTime(&t, start, stop) == 0;
-      const double per = ok ? t / kRuns : -1.0;
-      if (!ok) ms[i] = -1.0;
-      else if (pass == 0 || (ms[i] > 0 && per < ms[i])) ms[i] = per;
-      if (!ok) break;
+      if (!ok) {  // this shape's measurement failed: it never wins; the pass stops here
+        ms[i] = -1.0;
+        break;
+      }
+      const double per = t / kRuns;
+      if (pass == 0 || (ms[i] > 0 && per < ms[i])) ms[i] = per;
     }
   }
   d.cuEventDestroy(start);
