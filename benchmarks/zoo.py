@@ -622,6 +622,9 @@ def run_model(name: str, args, part: Path) -> None:
         selection = result.extra.get("selection") if hasattr(result, "extra") else None
         if selection:  # the never-slower ladder ran: what it tried and kept (onnxfuse/selection.py)
             info["selection"] = selection
+        timing = getattr(result, "timing", None)
+        if timing is not None and timing.notes:  # the measured choices and the other sizes, as decided
+            info["timing_notes"] = list(timing.notes)
         return out, info
 
     log(f"{name}: optimize + validate")
@@ -629,6 +632,9 @@ def run_model(name: str, args, part: Path) -> None:
     rec.info("optimize", info)
     log(f"  {info['nodes_before']} → {info['nodes_after']} nodes, validation {info['validation']}, attention ops "
         f"{sum(v for k, v in info['ops_after'].items() if k.endswith('Attention'))}")
+    for note in info.get("timing_notes", []):
+        if note.startswith(("measured choice", "the optimized model measured")):
+            log(f"  {note}")
 
     def anchors(model, src: Path, label: str, rtol: float) -> list:
         """For a transformer row: ONNX Runtime's transformers optimizer (given the model type, head count
