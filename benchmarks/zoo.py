@@ -23,13 +23,18 @@ For each model (random weights; nothing is downloaded):
 
 Each model runs in its own child process (``--no-isolate`` to turn that off), so a crash, a CUDA error
 or a hang in one model costs only that model; results are written after every measurement, so a run
-stopped by ``--deadline`` or killed still leaves JSON, Markdown and an SVG chart behind.
+stopped by ``--deadline`` or killed still leaves JSON, Markdown and an SVG chart behind. ``--deadline``
+is a hard limit: a model still running 30 s after it is stopped, its cells so far kept (on the full grid
+with ``--tune-shapes`` a model takes 2-5 minutes of an H200: 5.43). ``--gpus N`` runs up to N models at
+once, each child on its own GPU; ``NAME@eager`` / ``NAME@sdpa`` in ``--models`` exports a transformer
+with that attention, so one run holds both exports.
 
 Usage (repo root, onnxruntime-gpu importable, torch/torchvision/transformers installed)::
 
     python benchmarks/zoo.py --quick --out /tmp/zoo                # ~2 minutes per model (H200, 2026-11-28)
     python benchmarks/zoo.py --models resnet50,bert_base --out DIR --time-budget 1
     python benchmarks/zoo.py --report-only --out DIR --merge A/results.json B/results.json
+    python benchmarks/zoo.py --gpus 2 --models bert_base@eager,bert_base@sdpa,resnet50 --out DIR
 
 Never imported by the package.
 """
@@ -120,7 +125,58 @@ def _sort_topologically(graph) -> None:
 
 
 def log(msg: str) -> None:
-    print(f"[zoo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    # ZOO_LOG_TAG: the model a child runs, set by a parent that runs several at once (--gpus)
+    tag = os.environ.get("ZOO_LOG_TAG")
+    print(f"[zoo {time.strftime('%H:%M:%S')}{' ' + tag if tag else ''}] {msg}", flush=True)
+
+
+def gpu_slots(count: int, visible: str | None) -> list[str | None]:
+    """The ``CUDA_VISIBLE_DEVICES`` of each of ``count`` child slots: one each of the GPUs the parent may
+    use (``visible``: the parent's ``CUDA_VISIBLE_DEVICES``), else ``0 .. count-1``; ``[None]`` for one
+    slot (the child then inherits the parent's environment). Fewer GPUs visible than ``count``: ValueError."""
+    if count == 1:
+        return [None]
+    ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else [str(i) for i in range(count)]
+    if len(ids) < count:
+        raise ValueError(f"--gpus {count}, but CUDA_VISIBLE_DEVICES={visible} names {len(ids)}")
+    return ids[:count]
+
+
+def run_children(names: list[str], slots: list, deadline_at: float | None, start, on_done,
+                 poll: float = 0.2, clock=time.time) -> dict:
+    """One child per name, at most ``len(slots)`` at a time, each on a slot of its own: ``start(name,
+    slot)`` returns a running ``subprocess.Popen``-like object (``poll``, ``kill``, ``wait``). Why: a model
+    on the zoo's full grid takes 2-5 minutes of one GPU (5.43), and a machine of several GPUs times one
+    model on each at once; each GPU still times one model at a time.
+
+    A name not started by 20 s before ``deadline_at`` is skipped; a child still running 30 s after it is
+    killed ("timeout"), as the one-at-a-time loop always did. ``on_done(name, outcome, seconds)`` is
+    called as each child ends, in the order they end; returns name -> outcome (the return code,
+    "timeout" or "skipped")."""
+    pending, running, free, outcomes = list(names), {}, list(range(len(slots))), {}
+    while pending or running:
+        while pending and free:
+            name = pending.pop(0)
+            if deadline_at and clock() > deadline_at - 20:
+                outcomes[name] = "skipped"
+                on_done(name, "skipped", 0.0)
+                continue
+            slot = free.pop(0)
+            running[slot] = (name, start(name, slots[slot]), clock())
+        for slot, (name, proc, t0) in list(running.items()):
+            outcome = proc.poll()
+            if outcome is None and deadline_at and clock() > deadline_at + 30:
+                proc.kill()
+                proc.wait()
+                outcome = "timeout"
+            if outcome is not None:
+                del running[slot]
+                free = sorted(free + [slot])
+                outcomes[name] = outcome
+                on_done(name, outcome, clock() - t0)
+        if running:
+            time.sleep(poll)
+    return outcomes
 
 
 # --------------------------------------------------------------------------------------------- models
@@ -355,6 +411,27 @@ SPECS = {s.name: s for s in [
 #: models whose builder takes transformers' attention implementation: sdpa (transformers' default) for the
 #: dynamo exporter, as a user's ``torch.onnx.export`` of the model would write it; eager for the legacy one
 ATTN_BUILDERS = ("bert_base", "gpt2_small", "qwen2_0_5b", "whisper_base_encoder")
+#: transformers' attention implementations a model of ATTN_BUILDERS can be exported with
+ATTENTIONS = ("eager", "sdpa")
+
+
+def split_variant(name: str) -> tuple[str, str | None]:
+    """``bert_base@sdpa`` -> (``bert_base``, ``sdpa``): a model of ATTN_BUILDERS exported with that
+    attention whatever ``--attention`` says, so one run can time both exports (issue 32 asks for the eager
+    and the sdpa export of BERT, GPT-2 and Whisper); a plain name -> (name, None)."""
+    base, _, attention = name.partition("@")
+    return base, attention or None
+
+
+def variant_problem(name: str) -> str | None:
+    """Why ``name`` is not a model ``--models`` accepts, or None."""
+    base, attention = split_variant(name)
+    if base not in SPECS:
+        return f"unknown model {base}"
+    if attention is not None and (base not in ATTN_BUILDERS or attention not in ATTENTIONS):
+        return (f"{name}: @{attention} needs a model of {', '.join(ATTN_BUILDERS)} and one of "
+                f"{', '.join(ATTENTIONS)}")
+    return None
 
 
 def build_module(spec: Spec, seed: int = 0, exporter: str = "legacy", attention: str | None = None):
@@ -562,7 +639,9 @@ def run_model(name: str, args, part: Path) -> None:
     from onnxfuse.runtime.inputs import Inputs
 
     rec = Recorder(part, name)
-    spec = SPECS[name]
+    base_name, attention = split_variant(name)
+    spec = SPECS[base_name]
+    args.attention = attention or args.attention
     device = args.device
     deadline = args.deadline_at or float("inf")
     work = Path(args.out) / "models"
@@ -1091,7 +1170,12 @@ def collect(out: Path, models: list[str], base: dict) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma list from {', '.join(SPECS)}")
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                   help=f"comma list from {', '.join(SPECS)}; NAME@eager or NAME@sdpa exports {', '.join(ATTN_BUILDERS)} "
+                        "with that attention whatever --attention says (both in one run: bert_base@eager,bert_base@sdpa)")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="run up to this many models at once, each child on its own GPU (CUDA_VISIBLE_DEVICES: one "
+                        "of the parent's visible GPUs, else 0..N-1); each GPU times one model at a time")
     p.add_argument("--batches", default="1,16", help="comma list of batch sizes (default 1,16)")
     p.add_argument("--graph-modes", default="off,on", help="CUDA graphs: off, on or off,on")
     p.add_argument("--out", default="benchmarks/results", help="folder for results.json/.md, speedup.svg, models/")
@@ -1147,9 +1231,14 @@ def parse_args(argv=None):
         return [int(x) for x in s.split(",") if x.strip()] if s else None
 
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in args.models if m not in SPECS]
-    if unknown:
-        p.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(SPECS)}")
+    problems = [problem for problem in map(variant_problem, args.models) if problem]
+    if problems:
+        p.error(f"{'; '.join(problems)}; choose from {', '.join(SPECS)} (NAME@eager or NAME@sdpa for "
+                f"{', '.join(ATTN_BUILDERS)})")
+    if args.gpus < 1:
+        p.error("--gpus must be at least 1")
+    if args.gpus > 1 and not args.isolate:
+        p.error("--gpus needs --isolate (one child process per model, each on its own GPU)")
     args.batches = ints(args.batches)
 
     def modes(s):
@@ -1228,40 +1317,55 @@ def main(argv=None) -> int:
     base["environment"] = environment() if args.isolate else {}
     log(f"models: {', '.join(args.models)}; batches {args.batches}; CUDA graphs {args.graph_modes}; "
         f"{args.time_budget} s per cell; torch {args.torch}; fp16 {args.fp16}; deadline {args.deadline or 'none'}")
-    for name in args.models:
-        if deadline_at and time.time() > deadline_at - 20:
+    finished = []
+
+    def model_done(name: str, outcome, seconds: float) -> None:
+        part = out / "parts" / f"{name}.json"
+        if outcome == "skipped":
             log(f"{name}: skipped (deadline)")
-            (out / "parts" / f"{name}.json").write_text(json.dumps(
-                {"model": name, "info": {}, "timings": [], "errors": [{"stage": "run", "error": "skipped: deadline"}]}))
-            continue
-        t0 = time.time()
-        if args.isolate:
+            part.write_text(json.dumps({"model": name, "info": {}, "timings": [],
+                                        "errors": [{"stage": "run", "error": "skipped: deadline"}]}))
+        else:
+            if outcome != 0:
+                log(f"{name}: child exited with {outcome}")
+                if part.exists() and outcome in ("timeout", -11, -6, 139, 134):
+                    data = json.loads(part.read_text())
+                    data["errors"].append({"stage": "run", "error": f"child process ended: {outcome}"})
+                    part.write_text(json.dumps(data, indent=1, default=str))
+            log(f"{name}: {seconds:.0f} s")
+        finished.append(name)
+        write_reports(out, collect(out, [m for m in args.models if m in finished], base))
+
+    if args.isolate:
+        try:
+            slots = gpu_slots(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        except ValueError as exc:
+            log(str(exc))
+            return 2
+
+        def start(name: str, gpu: str | None):
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name,
                    *_forward(argv if argv is not None else sys.argv[1:])]
             if deadline_at:
                 cmd += ["--deadline-at", str(deadline_at)]
-            timeout = (deadline_at - time.time() + 30) if deadline_at else None
-            try:
-                rc = subprocess.run(cmd, timeout=timeout, check=False).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-            if rc != 0:
-                log(f"{name}: child exited with {rc}")
-                part = out / "parts" / f"{name}.json"
-                if part.exists() and rc in ("timeout", -11, -6, 139, 134):
-                    data = json.loads(part.read_text())
-                    data["errors"].append({"stage": "run", "error": f"child process ended: {rc}"})
-                    part.write_text(json.dumps(data, indent=1, default=str))
-        else:
-            args.deadline_at = deadline_at
+            env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "ZOO_LOG_TAG": f"{name} gpu{gpu}"}
+            return subprocess.Popen(cmd, env=env)
+
+        run_children(args.models, slots, deadline_at, start, model_done)
+    else:
+        args.deadline_at = deadline_at
+        for name in args.models:
+            if deadline_at and time.time() > deadline_at - 20:
+                model_done(name, "skipped", 0.0)
+                continue
+            t0 = time.time()
             try:
                 run_model(name, args, out / "parts" / f"{name}.json")
             except Exception as exc:
                 log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
-        log(f"{name}: {time.time() - t0:.0f} s")
-        if not args.isolate and not base.get("environment"):
-            base["environment"] = environment()
-        write_reports(out, collect(out, args.models[: args.models.index(name) + 1], base))
+            if not base.get("environment"):
+                base["environment"] = environment()
+            model_done(name, 0, time.time() - t0)
     results = collect(out, args.models, base)
     write_reports(out, results)
     log(f"done in {time.time() - t_start:.0f} s: {out}/results.md, results.json, speedup.svg")

@@ -1,5 +1,6 @@
-"""The zoo's repairs of the transformers-optimizer anchor (``benchmarks/zoo.py``): each makes ONNX
-Runtime's own output loadable without changing a value, and each is recorded in the zoo's results."""
+"""``benchmarks/zoo.py``'s own logic: the repairs of the transformers-optimizer anchor (each makes ONNX
+Runtime's own output loadable without changing a value, and each is recorded in the zoo's results), the
+runner that times models on several GPUs at once, and the NAME@attention variants."""
 
 from __future__ import annotations
 
@@ -84,3 +85,90 @@ def test_layernorm_at_opset_14_gets_opset_17():
     ref = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(y, ref, atol=1e-5)
     assert zoo._raise_opset_for_layernorm(model) is None  # already 17
+
+
+# --------------------------------------------------------------------------------------------- the zoo's runner
+
+
+class _FakeChild:
+    """A child that ends after ``ticks`` polls with ``rc``; records the clock ticks it ran at."""
+
+    def __init__(self, name, slot, ticks, rc, log):
+        self.name, self.slot, self.left, self.rc, self.log = name, slot, ticks, rc, log
+        self.killed = False
+
+    def poll(self):
+        self.log.append(("poll", self.name, self.slot))
+        if self.killed:
+            return -9
+        self.left -= 1
+        return self.rc if self.left <= 0 else None
+
+    def kill(self):
+        self.killed = True
+
+    def wait(self):
+        return -9
+
+
+def _schedule(names, slots, ticks, deadline=None, rcs=None):
+    clock = {"now": 0.0}
+    log, started, done = [], [], []
+
+    def start(name, slot):
+        started.append((name, slot, clock["now"]))
+        return _FakeChild(name, slot, ticks[name], (rcs or {}).get(name, 0), log)
+
+    def tick():
+        clock["now"] += 1.0
+        return clock["now"]
+
+    outcomes = zoo.run_children(names, slots, deadline, start, lambda n, o, s: done.append((n, o)),
+                                poll=0.0, clock=tick)
+    return outcomes, started, done
+
+
+def test_children_run_two_at_a_time_each_on_its_own_gpu():
+    outcomes, started, done = _schedule(["a", "b", "c", "d"], ["0", "1"], {"a": 3, "b": 1, "c": 1, "d": 1})
+    assert outcomes == {"a": 0, "b": 0, "c": 0, "d": 0}
+    assert [(n, s) for n, s, _ in started[:2]] == [("a", "0"), ("b", "1")]
+    # b ends first: c takes its GPU while a still runs on the other; never two children on one GPU
+    assert ("c", "1") in [(n, s) for n, s, _ in started]
+    assert [n for n, _ in done][0] == "b" and set(n for n, _ in done) == {"a", "b", "c", "d"}
+
+
+def test_one_slot_runs_the_children_in_order():
+    outcomes, started, done = _schedule(["a", "b", "c"], [None], {"a": 2, "b": 2, "c": 1}, rcs={"b": 1})
+    assert [n for n, _, _ in started] == ["a", "b", "c"] and [n for n, _ in done] == ["a", "b", "c"]
+    assert outcomes == {"a": 0, "b": 1, "c": 0}
+    assert {s for _, s, _ in started} == {None}
+
+
+def test_the_deadline_skips_late_models_and_stops_a_child_past_it():
+    # deadline at clock 25: a runs forever and is killed past 55; b and c start after 5 (too late) and are skipped
+    outcomes, started, done = _schedule(["a", "b", "c"], [None], {"a": 10 ** 6, "b": 1, "c": 1}, deadline=25.0)
+    assert outcomes == {"a": "timeout", "b": "skipped", "c": "skipped"}
+    assert [n for n, _, _ in started] == ["a"]
+
+
+def test_gpu_slots():
+    assert zoo.gpu_slots(1, "3") == [None]
+    assert zoo.gpu_slots(2, None) == ["0", "1"]
+    assert zoo.gpu_slots(2, "2,3,5") == ["2", "3"]
+    try:
+        zoo.gpu_slots(2, "1")
+    except ValueError as exc:
+        assert "--gpus 2" in str(exc)
+    else:
+        raise AssertionError("two slots from one visible GPU")
+
+
+def test_variant_names():
+    assert zoo.split_variant("bert_base@sdpa") == ("bert_base", "sdpa")
+    assert zoo.split_variant("resnet50") == ("resnet50", None)
+    assert zoo.variant_problem("bert_base@sdpa") is None and zoo.variant_problem("resnet50") is None
+    assert "unknown model" in zoo.variant_problem("resnet5")
+    assert "@sdpa needs" in zoo.variant_problem("resnet50@sdpa")
+    assert "@flash needs" in zoo.variant_problem("bert_base@flash")
+    args = zoo.parse_args(["--models", "bert_base@eager,bert_base@sdpa", "--gpus", "2"])
+    assert args.models == ["bert_base@eager", "bert_base@sdpa"] and args.gpus == 2
