@@ -359,7 +359,7 @@ _OPTIMIZE = (
                                     show_default=True),
            report="validation.provider"),
     Option("precision", "fp16: compute in float16 with float32 inputs and outputs (constants and nodes float16 "
-                        "cannot hold stay float32), validated against the float32 original at float16's "
+                        "cannot hold, and nodes whose float16 results break the drift budget, stay float32), validated against the float32 original at float16's "
                         "tolerances. fp16-io: the same, taking and returning float16 (for pipelines that feed "
                         "float16).",
            default="fp32", annotation="str",
@@ -369,7 +369,7 @@ _OPTIMIZE = (
     Option("max_drift", "The drift budget of --precision fp16/fp16-io (default 2e-2,0.999): an output beyond "
                         "tolerance also passes when its normalized max error (max |err| / max |ref|) against the "
                         "float32 original is at most ERR, its cosine at least COS, and its error within 3x the "
-                        "model merely converted to float16.",
+                        "model merely converted to float16. Nodes whose float16 results break it stay float32.",
            annotation="float | tuple[float, float] | str | None", check=checked_max_drift,
            command_line=CommandLine("--max-drift", "max_drift", metavar="ERR[,COS]")),
     # The API does not time by default (it takes seconds, and says nothing without a GPU); the command

@@ -8,7 +8,8 @@ owns it. What stays here is their order and the result they fill in.
 
 1. load (:mod:`onnxfuse.model_io`; the output path checked first) and repair (:mod:`onnxfuse.repair`);
 2. precision: the float16 conversion (:mod:`onnxfuse.precision`), the nodes kept float32 measured by
-   :mod:`onnxfuse.validate.float16_range`;
+   :mod:`onnxfuse.validate.float16_range` (values float16 cannot hold) and
+   :mod:`onnxfuse.validate.float16_drift` (float16 results that break the drift budget);
 3. rewrite: :func:`rewrite_model` on :mod:`onnxfuse.rewrites` (a broken rule is dropped), then stamped;
 4. validate (:mod:`onnxfuse.validate`): the samples and the original's outputs on them, one
    :class:`~onnxfuse.validate.verdict.Validator` for every candidate; when the output fails,
@@ -67,6 +68,7 @@ from onnxfuse.timing import BenchConfig
 from onnxfuse.unfused import unfused_patterns
 from onnxfuse.validate import ValidationReport
 from onnxfuse.validate.culprit import explain_failure, first_failing_rule, unloadable
+from onnxfuse.validate.float16_drift import drift_islands
 from onnxfuse.validate.float16_range import largest_magnitudes, out_of_range_nodes
 from onnxfuse.validate.precision_judge import conversion_notes, drift_budget_of
 from onnxfuse.validate.reference import validation_inputs
@@ -301,16 +303,23 @@ def optimize_model(
                          Assumptions(right_padded=frozenset(options.right_padded)))
     model, repairs = repair.repaired(model)  # what ONNX Runtime runs and onnx.checker refuses (onnxfuse/repair.py)
     repair_notes = [repair.note(repairs)] if repairs else []
-    start, precision, precision_notes, float32_nodes = model, None, [], {}
+    start, precision, precision_notes, float32_nodes, drift_notes = model, None, [], {}, []
     samples = reference = None
     if options.precision in FLOAT16_PRECISIONS:
         if options.validate:  # the nodes float16 cannot hold, measured on the validation inputs
             step("measuring float16 ranges")
             samples, reference = validation_inputs(model, options, source)
             float32_nodes = out_of_range_nodes(model, largest_magnitudes(model, samples, options.provider, source))
+            budget = drift_budget_of(options)
+            if budget is not None:  # the nodes whose float16 results break the drift budget
+                step("measuring float16 drift")
+                drifting, drift_notes = drift_islands(model, float32_nodes, samples, reference, budget,
+                                                      options.provider, options.precision == "fp16-io", source)
+                float32_nodes = {**float32_nodes, **drifting}
         step("converting to float16")
         start, precision_notes = convert_to_fp16(model, keep_nodes=float32_nodes,
                                                  float16_io=options.precision == "fp16-io")
+        precision_notes += drift_notes
         precision = "float16"
     elif options.precision != "fp32":
         raise UsageError(f"unknown precision {options.precision!r}; choose fp32, fp16 or fp16-io")

@@ -308,6 +308,7 @@ class _Converter:
         constants = [t.name for t in graph.initializer if t.data_type == FLOAT] + [
             n.output[0] for n in graph.node if n.op_type == "Constant" and n.output and n.output[0] in self.floats]
         island, island_values = softmax_islands(graph, self.floats)
+        softmax_island = bool(island)  # before the measured nodes join it: the note below is about softmaxes
         graph_outputs = {vi.name for vi in graph.output}
         if main and self.keep_nodes:
             island, island_values = set(island), set(island_values)
@@ -318,8 +319,9 @@ class _Converter:
                     o in graph_outputs or any(id(r) in island for r, _ in reads.get(o, []))))
             shown = ", ".join(f"{n.name!r} ({self.keep_nodes[n.name]})" for n in measured[:3])
             more = f" and {len(measured) - 3} more" if len(measured) > 3 else ""
-            self.notes.append(f"{len(measured)} node(s) stay float32, their values measured beyond float16's range "
-                              f"on the validation inputs: {shown}{more}")
+            self.notes.append(f"{len(measured)} node(s) stay float32, as measured on the validation inputs "
+                              f"(values beyond float16's range, or float16 results beyond the drift budget): "
+                              f"{shown}{more}")
         island_kept = set()  # constants an island reads: float32 there, a clamped float16 copy elsewhere
         for name in constants:
             uses = reads.get(name, [])
@@ -329,7 +331,7 @@ class _Converter:
             elif any(id(node) in island for node, _ in uses):
                 kept[name] = "is read by a float32 island"
                 island_kept.add(name)
-        if island:
+        if softmax_island:
             count = sum(1 for n in graph.node if id(n) in island and n.op_type in SOFTMAX_OPS)
             self.notes.append(f"{count} softmax(es) and the mask steps before them stay float32: their mask "
                               "holds finfo(float32).min, which float16 cannot (a clamped -65504 would change "

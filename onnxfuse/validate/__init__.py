@@ -13,6 +13,7 @@ validation around them, which the pipeline calls stage by stage:
   every candidate alike;
 * :mod:`~onnxfuse.validate.precision_judge` and :mod:`~onnxfuse.validate.drift_budget`: how a precision
   change is judged; :mod:`~onnxfuse.validate.float16_range`: the nodes float16 cannot hold;
+  :mod:`~onnxfuse.validate.float16_drift`: the nodes whose float16 results break the drift budget;
 * :mod:`~onnxfuse.validate.culprit`: the rule to blame, and a checked ``--skip``, when the output fails.
 """
 

@@ -1,0 +1,138 @@
+"""Which nodes of a float32 model must stay float32 for its float16 form to stay within the drift budget
+(``--precision fp16`` / ``fp16-io`` with the budget of ``--max-drift``, or its default; issue 33 item 2).
+
+Why: :mod:`onnxfuse.validate.float16_range` keeps the nodes whose values float16 cannot hold. A value
+float16 does hold can still lose what the model needs: ``(x + 1000) - 1000`` rounds ``x + 1000`` to
+float16's step of 0.5 there, and hands on ``x`` with an error of up to 0.25 (a planted test drifts 8% of
+its output's scale, cosine 0.997, against the default budget's 2% and 0.999). ONNX Runtime's automatic
+mixed precision and Polygraphy's precision fallbacks find such nodes by running the model; so does this,
+and only when the float16 form (with the range islands) breaks the budget: a model within it is left as
+converted, so the default costs one run of the converted model.
+
+The search: the candidate nodes (main graph, ONNX domain, named, no subgraph, writing a float32 value) in
+the graph's order, which ONNX keeps topological. Converting a prefix of them and keeping the rest float32
+drifts more as the prefix grows (more float16 rounding), so a bisection finds the shortest prefix that
+breaks the budget; its last node is the one whose float16 result breaks it, given the float16 results
+before it. That node stays float32, and the search repeats on the conversion with it kept, until the
+budget holds or :data:`MAX_NODES` are kept. Keeping a node keeps its float32 inputs' readers' values in
+float32 too where both are kept (:func:`onnxfuse.precision.convert_to_fp16`), which is why the planted
+chain needs its Add and its Sub: either alone still rounds ``x + 1000`` on the way between them. Cost: a
+run of the converted model per bisection step, about ``log2(candidates)`` per kept node.
+
+How a trial is run: on CUDA as converted (its kernels round each float16 result, as ONNX specifies); on
+the CPU through :func:`onnxfuse.validate.onnx_semantics.per_op_rounding`, because ONNX Runtime's CPU
+provider computes chains of float16 ops in float32 and rounds once, which hides exactly the rounding this
+search is for (a model with subgraphs, which that rewrite does not take, runs as converted).
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from onnxfuse.errors import RuntimeFailure
+from onnxfuse.model_io import node_subgraphs
+from onnxfuse.precision import convert_to_fp16, float32_values
+from onnxfuse.runtime.inputs import for_model
+from onnxfuse.runtime.session import resolve_provider, run_samples
+from onnxfuse.validate.drift_budget import Drift, DriftBudget, output_drift
+from onnxfuse.validate.onnx_semantics import per_op_rounding
+
+#: The most nodes kept float32 for the budget: each costs a bisection, and a model needing more is better
+#: left to the user's judgement (the validation then fails and says how far the outputs drifted).
+MAX_NODES = 8
+
+
+def within_budget(drift: dict[str, Drift], budget: DriftBudget) -> bool:
+    """Whether every float output's drift is within ``budget`` (False when the run gave no figures)."""
+    return bool(drift) and all(d.error <= budget.error and d.cosine >= budget.cosine for d in drift.values())
+
+
+def candidates(model: onnx.ModelProto) -> list[str]:
+    """The nodes the converter can keep float32 (by name: main graph, ONNX domain, no subgraph) that write
+    a float32 value, in graph order."""
+    floats = float32_values(model)
+    return [n.name for n in model.graph.node
+            if n.name and (n.domain or "") in ("", "ai.onnx") and not node_subgraphs(n)
+            and any(o in floats for o in n.output)]
+
+
+class DriftTrials:
+    """The drift of ``model`` converted to float16 with given nodes kept float32, against the float32
+    original's ``reference`` on ``samples`` (module docstring: how a trial runs)."""
+
+    def __init__(self, model: onnx.ModelProto, samples: list, reference: list[dict], provider: str = "auto",
+                 float16_io: bool = False, name: str = "model"):
+        self.model, self.samples, self.reference = model, samples, reference
+        self.provider, self.float16_io, self.name = resolve_provider(provider), float16_io, name
+        self.count = 0
+
+    def drift(self, keep: dict[str, str]) -> dict[str, Drift]:
+        """Per float output, its drift with ``keep`` float32; {} when the converted model does not run."""
+        self.count += 1
+        converted, _ = convert_to_fp16(self.model, keep_nodes=keep, float16_io=self.float16_io)
+        run = per_op_rounding(converted) if self.provider == "cpu" else None
+        try:
+            runs = run_samples(run or converted, [for_model(converted, s) for s in self.samples], self.provider,
+                               name=f"{self.name} (float16 drift search)")
+        except RuntimeFailure:
+            return {}
+        return output_drift(self.reference, runs)
+
+
+def _worst(drift: dict[str, Drift]) -> tuple[str, Drift] | None:
+    return max(drift.items(), key=lambda item: item[1].error, default=None)
+
+
+def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, reference: list[dict],
+                  budget: DriftBudget, provider: str = "auto", float16_io: bool = False, name: str = "model",
+                  max_nodes: int = MAX_NODES) -> tuple[dict[str, str], list[str]]:
+    """``({node name: why}, notes)``: the nodes besides ``keep`` (the range islands) that stay float32 so
+    that ``model``'s float16 form drifts within ``budget``, found as the module docstring says; ({}, [])
+    when the conversion is within it already. A note also says when the budget still does not hold (the
+    validation then fails and reports the drift)."""
+    trials = DriftTrials(model, samples, reference, provider, float16_io, name)
+    current = trials.drift(dict(keep))
+    if not current or within_budget(current, budget):
+        return {}, []
+    order = [n for n in candidates(model) if n not in keep]
+    ops = {n.name: n.op_type for n in model.graph.node}
+    found: dict[str, str] = {}
+
+    def breaks(prefix: int) -> bool:
+        kept = {**keep, **{n: "float16 drift search" for n in order[prefix:]}, **found}
+        return not within_budget(trials.drift(kept), budget)
+
+    lo = 0  # converting order[:lo] (the found ones kept) stays within the budget
+    if breaks(lo):
+        return {}, ["--precision fp16: the drift is beyond the budget with every candidate node kept float32 "
+                    "(it comes from nodes the converter cannot keep: other domains, subgraphs); none kept for it"]
+    while len(found) < max_nodes and lo < len(order):
+        hi = len(order)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if breaks(mid):
+                hi = mid
+            else:
+                lo = mid
+        culprit = order[hi - 1]
+        if culprit in found:  # not monotone here (a float16 rounding that cancels another): stop searching
+            break
+        before = _worst(current)
+        found[culprit] = "float16 drift search"
+        current = trials.drift({**keep, **found})
+        after = _worst(current)
+        found[culprit] = (f"{ops[culprit]}: its float16 result took {before[0]!r} beyond the drift budget "
+                          f"(normalized error {before[1].error:.3g}, cosine {before[1].cosine:.6f}; "
+                          + (f"{after[1].error:.3g}, {after[1].cosine:.6f} with it float32)" if after else
+                             "the model without it did not run)"))
+        if within_budget(current, budget):
+            break
+    # the nodes and why are in the converter's note (onnxfuse.precision); this one says what the search did
+    notes = [f"--precision fp16: {len(found)} node(s) kept float32 for the drift budget (normalized error "
+             f"{budget.error:g}, cosine {budget.cosine:g}), found in {trials.count} runs of the converted model"]
+    if not within_budget(current, budget):
+        notes.append(f"--precision fp16: still beyond the drift budget after keeping {len(found)} node(s) float32")
+    return found, notes
+
+
+__all__ = ["MAX_NODES", "DriftTrials", "candidates", "drift_islands", "within_budget"]

@@ -1,0 +1,116 @@
+"""Float32 islands for the drift budget under ``--precision fp16`` (issue 33 item 2): a node whose float16
+result is in range but loses what the output needs (a cancellation) is found by running the model,
+kept float32 by name, and the output then drifts within the budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+import onnxfuse
+from helpers import run_ort
+from onnxfuse.precision import convert_to_fp16
+from onnxfuse.runtime.session import run_samples
+from onnxfuse.validate.drift_budget import DEFAULT_BUDGET, DriftBudget
+from onnxfuse.validate.float16_drift import DriftTrials, candidates, drift_islands, within_budget
+
+
+def cancelling_model(offset: float = 1000.0) -> onnx.ModelProto:
+    """y = tanh(((x + offset) - offset) · 0.5) + z·0.1: in float16, x + 1000 is rounded to a step of 0.5 and
+    the Sub hands on x with up to 0.25 of error; every value stays far inside float16's range."""
+    nodes = [helper.make_node("Add", ["x", "c"], ["t"], name="add_offset"),
+             helper.make_node("Sub", ["t", "c"], ["u"], name="remove_offset"),
+             helper.make_node("Mul", ["u", "half"], ["v"], name="scale"),
+             helper.make_node("Tanh", ["v"], ["w"], name="squash"),
+             helper.make_node("Mul", ["z", "tenth"], ["zz"], name="scale_z"),
+             helper.make_node("Add", ["w", "zz"], ["y"], name="combine")]
+    f = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "cancel", [helper.make_tensor_value_info("x", f, ["B", 64]), helper.make_tensor_value_info("z", f, ["B", 64])],
+        [helper.make_tensor_value_info("y", f, ["B", 64])],
+        initializer=[numpy_helper.from_array(np.array(offset, np.float32), "c"),
+                     numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+                     numpy_helper.from_array(np.array(0.1, np.float32), "tenth")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _samples(n=2):
+    rng = np.random.default_rng(0)
+    return [{"x": rng.standard_normal((3, 64)).astype(np.float32),
+             "z": rng.standard_normal((3, 64)).astype(np.float32)} for _ in range(n)]
+
+
+def _reference(model, samples):
+    return [run_ort(model, s) for s in samples]
+
+
+def test_the_plain_conversion_breaks_the_default_budget():
+    model, samples = cancelling_model(), _samples()
+    drift = DriftTrials(model, samples, _reference(model, samples), "cpu").drift({})
+    assert not within_budget(drift, DEFAULT_BUDGET)
+    assert drift["y"].error > 0.03  # what float16 does to x + 1000 - 1000, not noise
+
+
+def test_the_search_keeps_the_add_and_the_sub_by_name_and_the_budget_then_holds():
+    model, samples = cancelling_model(), _samples()
+    reference = _reference(model, samples)
+    found, notes = drift_islands(model, {}, samples, reference, DEFAULT_BUDGET, "cpu")
+    assert set(found) == {"add_offset", "remove_offset"}, found
+    assert found["add_offset"].startswith("Add: its float16 result took 'y' beyond the drift budget")
+    assert "2 node(s) kept float32 for the drift budget" in notes[0] and len(notes) == 1
+    kept = DriftTrials(model, samples, reference, "cpu").drift(found)
+    assert within_budget(kept, DEFAULT_BUDGET) and kept["y"].error < 5e-3
+    # the island computes in float32 between its Add and its Sub: no Cast to float16 between them
+    converted, _ = convert_to_fp16(model, keep_nodes=found)
+    producers = {o: n for n in converted.graph.node for o in n.output}
+    sub = next(n for n in converted.graph.node if n.name == "remove_offset")
+    assert producers[sub.input[0]].name == "add_offset"
+
+
+def test_either_node_alone_is_not_enough():
+    # why the search repeats: keeping one of the two still rounds x + 1000 between them
+    model, samples = cancelling_model(), _samples()
+    trials = DriftTrials(model, samples, _reference(model, samples), "cpu")
+    for one in ("add_offset", "remove_offset"):
+        assert not within_budget(trials.drift({one: "test"}), DEFAULT_BUDGET)
+
+
+def test_a_model_within_the_budget_costs_one_run_and_keeps_nothing():
+    model, samples = cancelling_model(offset=1.0), _samples()  # x + 1 - 1: float16 keeps x to 1e-3
+    found, notes = drift_islands(model, {}, samples, _reference(model, samples), DEFAULT_BUDGET, "cpu")
+    assert found == {} and notes == []
+
+
+def test_max_nodes_stops_the_search_and_says_the_budget_still_fails():
+    model, samples = cancelling_model(), _samples()
+    found, notes = drift_islands(model, {}, samples, _reference(model, samples), DEFAULT_BUDGET, "cpu", max_nodes=1)
+    assert list(found) == ["add_offset"] and "still beyond the drift budget" in notes[-1]
+
+
+def test_a_budget_no_island_can_meet_keeps_nothing_and_says_why():
+    # 1e-9: even with every node float32 the inputs enter as float16, so keeping nodes cannot help
+    model, samples = cancelling_model(offset=1.0), _samples()
+    found, notes = drift_islands(model, {}, samples, _reference(model, samples), DriftBudget(1e-9, 1.0), "cpu")
+    assert found == {} and "with every candidate node kept float32" in notes[0]
+
+
+def test_candidates_are_the_named_float_nodes_in_order():
+    model = cancelling_model()
+    assert candidates(model) == ["add_offset", "remove_offset", "scale", "squash", "scale_z", "combine"]
+
+
+def test_optimize_keeps_the_island_reports_it_and_validates():
+    model = cancelling_model()
+    result = onnxfuse.optimize(model, provider="cpu", precision="fp16", samples=2)
+    assert result.validation.passed, result.validation
+    kept = result.extra["precision"]["float32_nodes"]
+    assert {"add_offset", "remove_offset"} <= set(kept), kept
+    assert any("kept float32 for the drift budget" in n for n in result.validation.notes)
+    # and the output is within the budget of the float32 original on fresh inputs
+    feeds = {"x": np.random.default_rng(7).standard_normal((5, 64)).astype(np.float32),
+             "z": np.random.default_rng(8).standard_normal((5, 64)).astype(np.float32)}
+    want, got = run_ort(model, feeds)["y"], run_samples(result.model, [feeds], "cpu")[0]["y"]
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-2
