@@ -105,7 +105,8 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
     lo = 0  # converting order[:lo] (the found ones kept) stays within the budget
     if breaks(lo):
         return {}, ["--precision fp16: the drift is beyond the budget with every candidate node kept float32 "
-                    "(it comes from nodes the converter cannot keep: other domains, subgraphs); none kept for it"]
+                    "(it comes from what no kept node changes: the inputs entering as float16, or nodes of other domains or "
+                    "with subgraphs); none kept for it"]
     while len(found) < max_nodes and lo < len(order):
         hi = len(order)
         while hi - lo > 1:
