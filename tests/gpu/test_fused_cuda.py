@@ -364,13 +364,19 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+def _python_child(template: str, env: dict, timeout: int, **fields) -> dict:
+    """``template`` (formatted with the repository root, the library tests' helpers and ``fields``) run in a
+    fresh Python process with ``env``; its last line of output, read as JSON."""
+    code = template.format(root=str(ROOT), helpers=str(ROOT / "tests/custom_ops/test_library.py"), **fields)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def _child(cache: Path, const: str) -> dict:
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))
     env.pop("ONNXFUSE_KERNEL_CACHE", None)
-    code = _CHILD.format(root=str(ROOT), helpers=str(ROOT / "tests/custom_ops/test_library.py"), const=const)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _python_child(_CHILD, env, 300, const=const)
 
 
 def test_disk_cache_across_processes(tmp_path):
@@ -451,10 +457,7 @@ _TUNING_CHILD = textwrap.dedent("""
 def _tuning_child(tmp_path: Path, tuning: str):
     out = tmp_path / f"tuning-{tuning}.npz"
     env = dict(os.environ, ONNXFUSE_LAUNCH_TUNING=tuning)
-    code = _TUNING_CHILD.format(root=str(ROOT), helpers=str(ROOT / "tests/custom_ops/test_library.py"), out=str(out))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=500)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1]), np.load(out)
+    return _python_child(_TUNING_CHILD, env, 500, out=str(out)), np.load(out)
 
 
 def test_launch_tuning_changes_time_never_values(tmp_path):
