@@ -38,7 +38,7 @@ from onnxfuse.validate.drift_budget import Drift, DriftBudget, output_drift
 from onnxfuse.validate.onnx_semantics import per_op_rounding
 
 #: The most nodes kept float32 for the budget: each costs a bisection, and a model needing more is better
-#: left to the user's judgement (the validation then fails and says how far the outputs drifted).
+#: left to the user's judgement (none is then kept, and the validation judges the plain conversion).
 MAX_NODES = 8
 
 
@@ -88,8 +88,9 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
                   max_nodes: int = MAX_NODES) -> tuple[dict[str, str], list[str]]:
     """``({node name: why}, notes)``: the nodes besides ``keep`` (the range islands) that stay float32 so
     that ``model``'s float16 form drifts within ``budget``, found as the module docstring says; ({}, [])
-    when the conversion is within it already. A note also says when the budget still does not hold (the
-    validation then fails and reports the drift)."""
+    when the conversion is within it already. When :data:`MAX_NODES` kept float32 still leave it beyond the
+    budget, none is kept (they would cost time and buy nothing the judge asks for) and a note says so: the
+    validation then judges the plain conversion as before."""
     trials = DriftTrials(model, samples, reference, provider, float16_io, name)
     current = trials.drift(dict(keep))
     if not current or within_budget(current, budget):
@@ -128,12 +129,14 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
                              "the model without it did not run)"))
         if within_budget(current, budget):
             break
+    if not within_budget(current, budget):  # float32 nodes that do not buy the budget would only cost time
+        worst = _worst(current)
+        figures = f"{worst[0]!r}: {worst[1].error:.3g}, {worst[1].cosine:.6f}" if worst else "the model did not run"
+        return {}, [f"--precision fp16: the drift budget (normalized error {budget.error:g}, cosine {budget.cosine:g}) "
+                    f"still failed with {len(found)} node(s) kept float32 ({figures}), so none is kept for it"]
     # the nodes and why are in the converter's note (onnxfuse.precision); this one says what the search did
-    notes = [f"--precision fp16: {len(found)} node(s) kept float32 for the drift budget (normalized error "
-             f"{budget.error:g}, cosine {budget.cosine:g}), found in {trials.count} runs of the converted model"]
-    if not within_budget(current, budget):
-        notes.append(f"--precision fp16: still beyond the drift budget after keeping {len(found)} node(s) float32")
-    return found, notes
+    return found, [f"--precision fp16: {len(found)} node(s) kept float32 for the drift budget (normalized error "
+                   f"{budget.error:g}, cosine {budget.cosine:g}), found in {trials.count} runs of the converted model"]
 
 
 __all__ = ["MAX_NODES", "DriftTrials", "candidates", "drift_islands", "within_budget"]
