@@ -29,13 +29,19 @@ from __future__ import annotations
 
 import onnx
 
-from onnxfuse.errors import RuntimeFailure
+from onnxfuse.errors import PrecisionError, RuntimeFailure
+from onnxfuse.lazy_weights import tensor_nbytes
 from onnxfuse.model_io import node_subgraphs
 from onnxfuse.precision import convert_to_fp16, float32_values
 from onnxfuse.runtime.inputs import for_model
 from onnxfuse.runtime.session import resolve_provider, run_samples
 from onnxfuse.validate.drift_budget import Drift, DriftBudget, output_drift
 from onnxfuse.validate.onnx_semantics import per_op_rounding
+
+#: Models with more weights than this get no search (a note says so): each trial converts and runs the whole
+#: model, and on the CPU the per-op rounding run of a 1 GiB model takes minutes. The range islands and the
+#: judge apply to every model as before.
+MAX_SEARCH_WEIGHT_BYTES = 1 << 30
 
 #: The most nodes kept float32 for the budget: each costs a bisection, and a model needing more is better
 #: left to the user's judgement (none is then kept, and the validation judges the plain conversion).
@@ -69,7 +75,10 @@ class DriftTrials:
     def drift(self, keep: dict[str, str]) -> dict[str, Drift]:
         """Per float output, its drift with ``keep`` float32; {} when the converted model does not run."""
         self.count += 1
-        converted, _ = convert_to_fp16(self.model, keep_nodes=keep, float16_io=self.float16_io)
+        try:
+            converted, _ = convert_to_fp16(self.model, keep_nodes=keep, float16_io=self.float16_io)
+        except PrecisionError:  # this set of kept nodes does not convert: no figures, so it counts as beyond
+            return {}
         run = per_op_rounding(converted) if self.provider == "cpu" else None
         try:
             runs = run_samples(run or converted, [for_model(converted, s) for s in self.samples], self.provider,
@@ -91,6 +100,11 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
     when the conversion is within it already. When :data:`MAX_NODES` kept float32 still leave it beyond the
     budget, none is kept (they would cost time and buy nothing the judge asks for) and a note says so: the
     validation then judges the plain conversion as before."""
+    weights = sum(tensor_nbytes(t) for t in model.graph.initializer)
+    if weights > MAX_SEARCH_WEIGHT_BYTES:
+        return {}, [f"--precision fp16: no search for nodes whose float16 results break the drift budget: the model "
+                    f"holds {weights / 2 ** 30:.1f} GiB of weights (the search converts and runs it per step; "
+                    f"the limit is {MAX_SEARCH_WEIGHT_BYTES / 2 ** 30:g} GiB)"]
     trials = DriftTrials(model, samples, reference, provider, float16_io, name)
     current = trials.drift(dict(keep))
     if not current or within_budget(current, budget):
@@ -139,4 +153,4 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
                    f"{budget.error:g}, cosine {budget.cosine:g}), found in {trials.count} runs of the converted model"]
 
 
-__all__ = ["MAX_NODES", "DriftTrials", "candidates", "drift_islands", "within_budget"]
+__all__ = ["MAX_NODES", "MAX_SEARCH_WEIGHT_BYTES", "DriftTrials", "candidates", "drift_islands", "within_budget"]

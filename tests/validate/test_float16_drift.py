@@ -97,6 +97,27 @@ def test_a_budget_no_island_can_meet_keeps_nothing_and_says_why():
     assert found == {} and "with every candidate node kept float32" in notes[0]
 
 
+def test_a_model_over_the_weight_limit_is_not_searched_and_says_so(monkeypatch):
+    import onnxfuse.validate.float16_drift as float16_drift
+
+    monkeypatch.setattr(float16_drift, "MAX_SEARCH_WEIGHT_BYTES", 4)  # the planted model holds 12 bytes
+    model, samples = cancelling_model(), _samples()
+    found, notes = drift_islands(model, {}, samples, _reference(model, samples), DEFAULT_BUDGET, "cpu")
+    assert found == {} and "no search" in notes[0] and "GiB of weights" in notes[0]
+
+
+def test_a_keep_set_that_does_not_convert_counts_as_beyond_the_budget(monkeypatch):
+    import onnxfuse.validate.float16_drift as float16_drift
+    from onnxfuse.errors import PrecisionError
+
+    def refuse(*args, **kwargs):
+        raise PrecisionError("planted")
+
+    monkeypatch.setattr(float16_drift, "convert_to_fp16", refuse)
+    model, samples = cancelling_model(), _samples()
+    assert DriftTrials(model, samples, _reference(model, samples), "cpu").drift({}) == {}
+
+
 def test_candidates_are_the_named_float_nodes_in_order():
     model = cancelling_model()
     assert candidates(model) == ["add_offset", "remove_offset", "scale", "squash", "scale_z", "combine"]
