@@ -130,6 +130,19 @@ def log(msg: str) -> None:
     print(f"[zoo {time.strftime('%H:%M:%S')}{' ' + tag if tag else ''}] {msg}", flush=True)
 
 
+def complete_part(part: Path) -> bool:
+    """Whether ``part`` (a model's results) is complete: it exists, reads, holds timings, and records no
+    error of the run as a whole (skipped, a child stopped or crashed, no results) nor a stage the deadline
+    cut; ``--resume`` runs such a model again. A cell that failed for good (ONNX Runtime refusing to capture
+    BERT's original in a CUDA graph) does not make it incomplete: it would fail again."""
+    try:
+        data = json.loads(part.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    cut = [e for e in data.get("errors", []) if e.get("stage") == "run" or "deadline" in str(e.get("error", ""))]
+    return bool(data.get("timings")) and not cut
+
+
 def gpu_slots(count: int, visible: str | None) -> list[str | None]:
     """The ``CUDA_VISIBLE_DEVICES`` of each of ``count`` child slots: one each of the GPUs the parent may
     use (``visible``: the parent's ``CUDA_VISIBLE_DEVICES``), else ``0 .. count-1``; ``[None]`` for one
@@ -1226,6 +1239,9 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a smoke test only")
     p.add_argument("--deadline", type=float, default=None,
                    help="stop starting new work after this many seconds (results so far are kept)")
+    p.add_argument("--resume", action="store_true",
+                   help="skip the models --out already holds complete results of (a part with no run error), so "
+                        "one run can span several calls of a time-limited machine with the same --out")
     p.add_argument("--quick", action="store_true",
                    help="every model, batches 1 and 16, 0.2 s per cell, eager torch only, fp16 at batch 16 "
                         "without CUDA graphs, deadline 420 s: under 8 minutes")
@@ -1344,8 +1360,11 @@ def main(argv=None) -> int:
                     part.write_text(json.dumps(data, indent=1, default=str))
             log(f"{name}: {seconds:.0f} s")
         finished.append(name)
-        write_reports(out, collect(out, [m for m in args.models if m in finished], base))
+        write_reports(out, collect(out, [m for m in args.models if m in finished or m not in todo], base))
 
+    todo = [m for m in args.models if not (args.resume and complete_part(out / "parts" / f"{m}.json"))]
+    if len(todo) < len(args.models):
+        log(f"--resume: {', '.join(m for m in args.models if m not in todo)} already done in {out}")
     if args.isolate:
         try:
             slots = gpu_slots(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -1361,10 +1380,10 @@ def main(argv=None) -> int:
             env = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "ZOO_LOG_TAG": f"{name} gpu{gpu}"}
             return subprocess.Popen(cmd, env=env)
 
-        run_children(args.models, slots, deadline_at, start, model_done)
+        run_children(todo, slots, deadline_at, start, model_done)
     else:
         args.deadline_at = deadline_at
-        for name in args.models:
+        for name in todo:
             if deadline_at and time.time() > deadline_at - 20:
                 model_done(name, "skipped", 0.0)
                 continue

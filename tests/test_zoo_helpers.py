@@ -5,6 +5,7 @@ runner that times models on several GPUs at once, and the NAME@attention variant
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import numpy as np
 import onnx
@@ -172,3 +173,22 @@ def test_variant_names():
     assert "@flash needs" in zoo.variant_problem("bert_base@flash")
     args = zoo.parse_args(["--models", "bert_base@eager,bert_base@sdpa", "--gpus", "2"])
     assert args.models == ["bert_base@eager", "bert_base@sdpa"] and args.gpus == 2
+
+
+def test_resume_reruns_only_what_the_deadline_or_a_crash_cut(tmp_path):
+    def part(name, timings, errors):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"model": name, "info": {}, "timings": timings, "errors": errors}))
+        return path
+
+    cell = [{"variant": "ort", "batch": 1}]
+    assert zoo.complete_part(part("done", cell, []))
+    refused = {"stage": "ort b1 graph=True", "error": "SessionRefused: cannot use the graph capture feature"}
+    assert zoo.complete_part(part("refused", cell, [refused]))  # fails again on a rerun: kept
+    assert not zoo.complete_part(part("cut", cell, [{"stage": "fp16", "error": "skipped: deadline reached"}]))
+    assert not zoo.complete_part(part("killed", cell, [{"stage": "run", "error": "child process ended: timeout"}]))
+    assert not zoo.complete_part(part("skipped", [], [{"stage": "run", "error": "skipped: deadline"}]))
+    assert not zoo.complete_part(part("empty", [], []))
+    assert not zoo.complete_part(tmp_path / "missing.json")
+    (tmp_path / "torn.json").write_text('{"model": ')
+    assert not zoo.complete_part(tmp_path / "torn.json")
