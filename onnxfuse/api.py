@@ -114,11 +114,13 @@ def optimize(
     the conversion is named as the culprit when it alone fails. An output of such a model also passes
     within ``max_drift``, the drift budget of a precision change (:mod:`onnxfuse.validate.drift_budget`):
     its normalized max error (max |got - ref| / max |ref|) at most ERR and its cosine at least COS against
-    the float32 original, and its normalized max error within 3x the model merely converted (no rewrite).
+    the float32 original, and its normalized max error within 3x the model merely converted (no rewrite), or,
+    validated on the CPU, no worse than that model with every float16 result rounded as ONNX specifies.
     ``max_drift``: ``(ERR, COS)``, a float ERR (COS 0.999) or the command line's ``"ERR[,COS]"``; default
     ``(2e-2, 0.999)`` (none with ``strict`` unless given); only with a precision change. Every output's
     figures, and the plain conversion's, are in the report (``drift_error``, ``drift_cosine``,
-    ``conversion_error``, ``conversion_cosine``; ``passed_by: "drift budget"``).
+    ``conversion_error``, ``conversion_cosine``, on the CPU ``conversion_error_rounded``; ``passed_by: "drift
+    budget"``).
 
     ``bench``: also time both models on the device (ORT_ENABLE_ALL on both; ``bench_config`` an
     :class:`onnxfuse.timing.runner.BenchConfig`, whose device must be ``"cpu"`` with ``device="cpu"``). Off

@@ -146,11 +146,24 @@ class PrecisionJudge:
     budget: DriftBudget | None
     conversion: dict[str, Drift] = field(default_factory=dict)
     multiple: float = 3.0
+    #: each output's Drift in the plain conversion evaluated as ONNX specifies float16, every op's result
+    #: rounded (onnx_semantics.per_op_rounding); measured on the CPU provider only, whose own run of the
+    #: conversion computes float16 chains in float32 and rounds once (empty elsewhere: CUDA rounds each op)
+    rounded: dict[str, Drift] = field(default_factory=dict)
 
-    def within(self, drift: Drift, conversion: Drift | None) -> bool:
-        """Whether ``drift`` (with the plain conversion's ``conversion``) is within the budget."""
-        return (self.budget is not None and conversion is not None and drift.error <= self.budget.error
-                and drift.cosine >= self.budget.cosine and drift.error <= self.multiple * conversion.error)
+    def within(self, drift: Drift, conversion: Drift | None, rounded: Drift | None = None) -> bool:
+        """Whether ``drift`` is within the budget: within its figures and within ``multiple`` times the plain
+        conversion's normalized max error (``conversion``), or no worse than the plain conversion rounded as
+        ONNX specifies (``rounded``: error and cosine). The second arm is what float16 itself allows where
+        ONNX Runtime's CPU run of the conversion is more precise than float16: BERT-base's rewritten model
+        drifted 1.83e-3, 3.7x the conversion's CPU run (4.9e-4) and below the conversion rounded per op
+        (3.19e-3; docs/benchmarks.md 5.45). A planted bug stays beyond it (the GELU constant 1% off: 1.57e-3
+        against at most 7.5e-4)."""
+        if self.budget is None or drift.error > self.budget.error or drift.cosine < self.budget.cosine:
+            return False
+        if conversion is not None and drift.error <= self.multiple * conversion.error:
+            return True
+        return rounded is not None and drift.error <= rounded.error and drift.cosine >= rounded.cosine
 
 
 def apply_budget(comparisons: list, references: list[dict], runs: list, judge: PrecisionJudge) -> list[str]:
@@ -160,13 +173,15 @@ def apply_budget(comparisons: list, references: list[dict], runs: list, judge: P
     figures = output_drift(references, runs)
     helped = []
     for c in comparisons:
-        drift, conv = figures.get(c.name), judge.conversion.get(c.name)
+        drift, conv, rounded = figures.get(c.name), judge.conversion.get(c.name), judge.rounded.get(c.name)
         if drift is None:
             continue
         c.extra["drift_error"], c.extra["drift_cosine"] = drift.error, drift.cosine
         if conv is not None:
             c.extra["conversion_error"], c.extra["conversion_cosine"] = conv.error, conv.cosine
-        if not c.passed and c.error is None and c.nonfinite_mismatches == 0 and judge.within(drift, conv):
+        if rounded is not None:
+            c.extra["conversion_error_rounded"] = rounded.error
+        if not c.passed and c.error is None and c.nonfinite_mismatches == 0 and judge.within(drift, conv, rounded):
             c.passed = True
             c.extra["passed_by"] = "drift budget"
             helped.append(c.name)
@@ -175,7 +190,9 @@ def apply_budget(comparisons: list, references: list[dict], runs: list, judge: P
     b = judge.budget
     return [f"output(s) {', '.join(helped)} beyond tolerance passed within the drift budget of a precision change "
             f"(normalized max error <= {b.error:g}, cosine >= {b.cosine:g}: --max-drift {b.text()}) and within "
-            f"{judge.multiple:g}x the normalized max error of the model merely converted, no rewrite"]
+            f"{judge.multiple:g}x the normalized max error of the model merely converted, no rewrite"
+            + (" (or no worse than that model with every float16 result rounded, as ONNX specifies)"
+               if judge.rounded else "")]
 
 
 def describe(c) -> str:
@@ -200,7 +217,8 @@ def failure_text(comparisons: list, judge: PrecisionJudge | None) -> str:
         return ""
     budget = ("no drift budget (--strict): tolerance alone" if judge.budget is None else
               f"budget: normalized max error <= {judge.budget.error:g} and cosine >= {judge.budget.cosine:g} "
-              f"(--max-drift {judge.budget.text()}), and within {judge.multiple:g}x the plain conversion's error")
+              f"(--max-drift {judge.budget.text()}), and within {judge.multiple:g}x the plain conversion's error"
+              + (" or no worse than it rounded per op" if judge.rounded else ""))
     return f" ({'; '.join(failing)}; {budget})"
 
 
