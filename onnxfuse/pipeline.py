@@ -304,6 +304,7 @@ def optimize_model(
     model, repairs = repair.repaired(model)  # what ONNX Runtime runs and onnx.checker refuses (onnxfuse/repair.py)
     repair_notes = [repair.note(repairs)] if repairs else []
     start, precision, precision_notes, float32_nodes, drift_notes = model, None, [], {}, []
+    measured_rounding: dict = {}  # the conversion's drift rounded per op, if the island search measured it
     samples = reference = None
     if options.precision in FLOAT16_PRECISIONS:
         if options.validate:  # the nodes float16 cannot hold, measured on the validation inputs
@@ -314,7 +315,8 @@ def optimize_model(
             if budget is not None:  # the nodes whose float16 results break the drift budget
                 step("measuring float16 drift")
                 drifting, drift_notes = drift_islands(model, float32_nodes, samples, reference, budget,
-                                                      options.provider, options.precision == "fp16-io", source)
+                                                      options.provider, options.precision == "fp16-io", source,
+                                                      rounded=measured_rounding)
                 float32_nodes = {**float32_nodes, **drifting}
         step("converting to float16")
         start, precision_notes = convert_to_fp16(model, keep_nodes=float32_nodes,
@@ -352,7 +354,8 @@ def optimize_model(
             samples, reference = validation_inputs(model, options, source)
         if options.save_inputs:
             save_samples(samples, options.save_inputs)
-        validator = make_validator(model, start, samples, reference, options, source, precision)
+        validator = make_validator(model, start, samples, reference, options, source, precision,
+                                   measured_rounding.get("drift"))
         try:
             report = validator.validate(optimized)
         except SessionRefused as exc:

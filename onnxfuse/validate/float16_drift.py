@@ -71,6 +71,7 @@ class DriftTrials:
         self.model, self.samples, self.reference = model, samples, reference
         self.provider, self.float16_io, self.name = resolve_provider(provider), float16_io, name
         self.count = 0
+        self.per_op = False  # whether the last trial ran rounded per op (the CPU)
 
     def drift(self, keep: dict[str, str]) -> dict[str, Drift]:
         """Per float output, its drift with ``keep`` float32; {} when the converted model does not run."""
@@ -80,6 +81,7 @@ class DriftTrials:
         except PrecisionError:  # this set of kept nodes does not convert: no figures, so it counts as beyond
             return {}
         run = per_op_rounding(converted) if self.provider == "cpu" else None
+        self.per_op = run is not None
         try:
             runs = run_samples(run or converted, [for_model(converted, s) for s in self.samples], self.provider,
                                name=f"{self.name} (float16 drift search)")
@@ -94,12 +96,16 @@ def _worst(drift: dict[str, Drift]) -> tuple[str, Drift] | None:
 
 def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, reference: list[dict],
                   budget: DriftBudget, provider: str = "auto", float16_io: bool = False, name: str = "model",
-                  max_nodes: int = MAX_NODES) -> tuple[dict[str, str], list[str]]:
+                  max_nodes: int = MAX_NODES, rounded: dict | None = None) -> tuple[dict[str, str], list[str]]:
     """``({node name: why}, notes)``: the nodes besides ``keep`` (the range islands) that stay float32 so
     that ``model``'s float16 form drifts within ``budget``, found as the module docstring says; ({}, [])
     when the conversion is within it already. When :data:`MAX_NODES` kept float32 still leave it beyond the
     budget, none is kept (they would cost time and buy nothing the judge asks for) and a note says so: the
-    validation then judges the plain conversion as before."""
+    validation then judges the plain conversion as before.
+
+    ``rounded``: a dict that receives, under ``"drift"``, each output's drift of the conversion kept as
+    returned, rounded per op, when the trials ran so (the CPU): the judge's rounded yardstick
+    (:class:`~onnxfuse.validate.drift_budget.PrecisionJudge`), measured once."""
     weights = sum(tensor_nbytes(t) for t in model.graph.initializer)
     if weights > MAX_SEARCH_WEIGHT_BYTES:
         return {}, [f"--precision fp16: no search for nodes whose float16 results break the drift budget: the model "
@@ -107,6 +113,8 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
                     f"the limit is {MAX_SEARCH_WEIGHT_BYTES / 2 ** 30:g} GiB)"]
     trials = DriftTrials(model, samples, reference, provider, float16_io, name)
     current = trials.drift(dict(keep))
+    if rounded is not None and trials.per_op and current:
+        rounded["drift"] = current  # the conversion with ``keep`` alone: replaced below if nodes are kept
     if not current or within_budget(current, budget):
         return {}, []
     order = [n for n in candidates(model) if n not in keep]
@@ -148,6 +156,8 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
         figures = f"{worst[0]!r}: {worst[1].error:.3g}, {worst[1].cosine:.6f}" if worst else "the model did not run"
         return {}, [f"--precision fp16: the drift budget (normalized error {budget.error:g}, cosine {budget.cosine:g}) "
                     f"still failed with {len(found)} node(s) kept float32 ({figures}), so none is kept for it"]
+    if rounded is not None and trials.per_op:
+        rounded["drift"] = current
     # the nodes and why are in the converter's note (onnxfuse.precision); this one says what the search did
     return found, [f"--precision fp16: {len(found)} node(s) kept float32 for the drift budget (normalized error "
                    f"{budget.error:g}, cosine {budget.cosine:g}), found in {trials.count} runs of the converted model"]

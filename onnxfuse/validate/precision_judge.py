@@ -27,19 +27,21 @@ from onnxfuse.validate.onnx_semantics import per_op_rounding
 CONVERSION_MULTIPLE = 3.0
 
 
-def precision_judge(start, samples, reference, options, source: str):
+def precision_judge(start, samples, reference, options, source: str, rounded: dict | None = None):
     """How a precision change is judged besides tolerance and floor (:mod:`onnxfuse.validate.drift_budget`):
     the user's ``--max-drift`` or the default budget (none with ``--strict`` unless given), and the drift of
     the model merely converted (``start``, no rewrite) against the float32 original on the same samples,
-    which the rewritten model may exceed by at most :data:`CONVERSION_MULTIPLE` times."""
+    which the rewritten model may exceed by at most :data:`CONVERSION_MULTIPLE` times. ``rounded``: that
+    conversion's drift rounded per op when already measured (the drift-island search's), else measured
+    here on the CPU."""
     conversion = conversion_drift(start, samples, reference, options.provider, name=f"{source} (float16, no rewrite)")
-    rounded = {}
-    if resolve_provider(options.provider) == "cpu":  # ONNX Runtime's CPU run rounds a float16 chain once
+    if rounded is None and resolve_provider(options.provider) == "cpu":  # its CPU run rounds a chain once
+        rounded = {}
         as_specified = per_op_rounding(start)
         if as_specified is not None:
             rounded = conversion_drift(as_specified, samples, reference, "cpu",
                                        name=f"{source} (float16 rounded per op, no rewrite)")
-    return PrecisionJudge("float16", drift_budget_of(options), conversion, CONVERSION_MULTIPLE, rounded)
+    return PrecisionJudge("float16", drift_budget_of(options), conversion, CONVERSION_MULTIPLE, rounded or {})
 
 
 def drift_budget_of(options):

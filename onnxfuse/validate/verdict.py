@@ -76,12 +76,13 @@ class Validator:
         return None if report.passed else f"still fails validation (output(s) {', '.join(report.failing())})"
 
 
-def make_validator(original, start, samples, reference, options, source: str, precision: str | None) -> Validator:
+def make_validator(original, start, samples, reference, options, source: str, precision: str | None,
+                   rounded: dict | None = None) -> Validator:
     """The run's :class:`Validator`: the original's noise floor on the samples (:func:`~onnxfuse.validate.noise_floor`),
     then, for a precision change (``precision``; ``start`` is the model merely converted), its judge and
     the conversion's drift raised into the floor."""
     floor = noise_floor(original, samples, reference, options.provider, name=source)
-    judge = precision_judge(start, samples, reference, options, source) if precision else None
+    judge = precision_judge(start, samples, reference, options, source, rounded) if precision else None
     drift = conversion_floor_drift(judge, options)
     return Validator(original, samples, reference, options, with_conversion(floor, drift), judge, drift)
 
