@@ -84,44 +84,20 @@ def _drop_device_copies(model) -> int:
     refuses ("No Op registered for MemcpyFromHost": the ViT and sdpa BERT anchors, 2026-11-28). Each is a copy between devices, the identity on values, and a new session inserts
     the copies it needs, so the anchor runs with each one's readers reading its input. Returns the count
     removed."""
-    import onnx  # the zoo imports its heavy modules where they are used (its --help needs none)
-
     copies = [n for n in model.graph.node if n.op_type in ("MemcpyFromHost", "MemcpyToHost")]
     outputs = {o.name for o in model.graph.output}
     for node in copies:
         src, dst = node.input[0], node.output[0]
-        model.graph.node.remove(node)
-        if dst in outputs:  # a graph output keeps its name: the copy becomes an Identity
-            model.graph.node.append(onnx.helper.make_node("Identity", [src], [dst], name=node.name))
+        if dst in outputs:  # a graph output keeps its name: the copy becomes an Identity where it stands
+            node.op_type, node.domain = "Identity", ""
+            del node.attribute[:]
             continue
+        model.graph.node.remove(node)
         for other in model.graph.node:
             for i, name in enumerate(other.input):
                 if name == dst:
                     other.input[i] = src
-    if copies:  # Identity appended at the end: keep the topological order ONNX requires
-        _sort_topologically(model.graph)
     return len(copies)
-
-
-def _sort_topologically(graph) -> None:
-    """Order ``graph``'s nodes so that each comes after the writers of its inputs (Kahn's algorithm;
-    names defined by graph inputs and initializers are available from the start)."""
-    ready = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    pending, ordered = list(graph.node), []
-    while pending:
-        rest = []
-        for node in pending:
-            if all(name in ready for name in node.input):
-                ordered.append(node)
-                ready.update(node.output)
-            else:
-                rest.append(node)
-        if len(rest) == len(pending):  # a cycle or an undefined name: leave the rest in place
-            ordered += rest
-            break
-        pending = rest
-    del graph.node[:]
-    graph.node.extend(ordered)
 
 
 def log(msg: str) -> None:

@@ -59,6 +59,10 @@ class DriftBudget:
     def text(self) -> str:
         return f"{self.error:g},{self.cosine:g}"
 
+    def admits(self, drift: "Drift") -> bool:
+        """Whether one output's ``drift`` is within this budget's two figures."""
+        return drift.error <= self.error and drift.cosine >= self.cosine
+
 
 #: ``--precision fp16``/``fp16-io`` without ``--max-drift`` (issue 33's figures).
 DEFAULT_BUDGET = DriftBudget()
@@ -159,7 +163,7 @@ class PrecisionJudge:
         drifted 1.83e-3, 3.7x the conversion's CPU run (4.9e-4) and below the conversion rounded per op
         (3.19e-3; docs/benchmarks.md 5.45). A planted bug stays beyond it (the GELU constant 1% off: 1.57e-3
         against at most 7.5e-4)."""
-        if self.budget is None or drift.error > self.budget.error or drift.cosine < self.budget.cosine:
+        if self.budget is None or not self.budget.admits(drift):
             return False
         if conversion is not None and drift.error <= self.multiple * conversion.error:
             return True

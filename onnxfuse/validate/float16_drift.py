@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import onnx
 
-from onnxfuse.errors import PrecisionError, RuntimeFailure
+from onnxfuse.errors import PrecisionError
 from onnxfuse.lazy_weights import tensor_nbytes
 from onnxfuse.model_io import node_subgraphs
 from onnxfuse.precision import convert_to_fp16, float32_values
-from onnxfuse.runtime.inputs import for_model
-from onnxfuse.runtime.session import resolve_provider, run_samples
-from onnxfuse.validate.drift_budget import Drift, DriftBudget, output_drift
-from onnxfuse.validate.onnx_semantics import per_op_rounding
+from onnxfuse.runtime.session import resolve_provider
+from onnxfuse.validate import conversion_drift
+from onnxfuse.validate.drift_budget import Drift, DriftBudget
+from onnxfuse.validate.precision_judge import rounded_drift
 
 #: Models with more weights than this get no search (a note says so): each trial converts and runs the whole
 #: model, and on the CPU the per-op rounding run of a 1 GiB model takes minutes. The range islands and the
@@ -50,7 +50,7 @@ MAX_NODES = 8
 
 def within_budget(drift: dict[str, Drift], budget: DriftBudget) -> bool:
     """Whether every float output's drift is within ``budget`` (False when the run gave no figures)."""
-    return bool(drift) and all(d.error <= budget.error and d.cosine >= budget.cosine for d in drift.values())
+    return bool(drift) and all(budget.admits(d) for d in drift.values())
 
 
 def candidates(model: onnx.ModelProto) -> list[str]:
@@ -80,14 +80,11 @@ class DriftTrials:
             converted, _ = convert_to_fp16(self.model, keep_nodes=keep, float16_io=self.float16_io)
         except PrecisionError:  # this set of kept nodes does not convert: no figures, so it counts as beyond
             return {}
-        run = per_op_rounding(converted) if self.provider == "cpu" else None
-        self.per_op = run is not None
-        try:
-            runs = run_samples(run or converted, [for_model(converted, s) for s in self.samples], self.provider,
-                               name=f"{self.name} (float16 drift search)")
-        except RuntimeFailure:
-            return {}
-        return output_drift(self.reference, runs)
+        name = f"{self.name} (float16 drift search)"
+        rounded = rounded_drift(converted, self.samples, self.reference, name) if self.provider == "cpu" else None
+        self.per_op = rounded is not None
+        return rounded if rounded is not None else conversion_drift(converted, self.samples, self.reference,
+                                                                    self.provider, name=name)
 
 
 def _worst(drift: dict[str, Drift]) -> tuple[str, Drift] | None:

@@ -36,12 +36,16 @@ def precision_judge(start, samples, reference, options, source: str, rounded: di
     here on the CPU."""
     conversion = conversion_drift(start, samples, reference, options.provider, name=f"{source} (float16, no rewrite)")
     if rounded is None and resolve_provider(options.provider) == "cpu":  # its CPU run rounds a chain once
-        rounded = {}
-        as_specified = per_op_rounding(start)
-        if as_specified is not None:
-            rounded = conversion_drift(as_specified, samples, reference, "cpu",
-                                       name=f"{source} (float16 rounded per op, no rewrite)")
+        rounded = rounded_drift(start, samples, reference, name=f"{source} (float16 rounded per op, no rewrite)")
     return PrecisionJudge("float16", drift_budget_of(options), conversion, CONVERSION_MULTIPLE, rounded or {})
+
+
+def rounded_drift(converted, samples, reference, name: str):
+    """Per output, the drift of ``converted`` (a float16 model) run on ONNX Runtime's CPU provider as ONNX
+    specifies float16, every op's result rounded (:func:`~onnxfuse.validate.onnx_semantics.per_op_rounding`),
+    like :func:`~onnxfuse.validate.conversion_drift`; None where that rewrite does not apply (subgraphs)."""
+    as_specified = per_op_rounding(converted)
+    return None if as_specified is None else conversion_drift(as_specified, samples, reference, "cpu", name=name)
 
 
 def drift_budget_of(options):
