@@ -126,8 +126,23 @@ def keep_bias_pays(dtype, zero_empty_rows: bool, over_cache: bool = False) -> bo
     Float32, where the keys are a KV cache (``over_cache``, :func:`cache_key`): the decoder rules after
     contrib-attention (AttentionInputs, DecodeAttention) take an additive bias and no raw mask, and the
     float32 decoder measured faster through them in every cell (docs/benchmarks.md 5.34). Elsewhere in
-    float32 the raw mask stays (MultiHeadAttention's ``key_padding_mask``)."""
+    float32 the raw mask stays (MultiHeadAttention's ``key_padding_mask``).
+
+    A float16 packed ``Attention`` whose mask would otherwise go raw (a float32 Softmax island, a float16
+    masked_fill) takes the bias too where its rows with no key kept are uniform in the original
+    (:func:`empty_rows_uniform`): the plan's ``uniform_empty_rows``, decided by
+    :func:`~onnxfuse.rewrites.contrib.attention.plan.plan_attention`, not here."""
     return zero_empty_rows and (dtype == np.dtype(np.float16) or over_cache)
+
+
+def empty_rows_uniform(fill: float) -> bool:
+    """Whether a keep mask's ``fill`` swallows every score a float16 attention can have, so that a row
+    with no key kept is uniform in the original (each masked score ``s + fill`` rounds to ``fill`` in
+    float32, the island's Softmax then weighs every key 1/L). True for |fill| >= 2**41: the float32 spacing
+    there is 2**18, twice any float16 score (|s| <= 65504) rounds away. transformers' masks fill
+    finfo(float32).min; a fill of -10000 (older BERT exports) is not absorbing, and such a row follows its
+    scores in the original, as it does in the fused op."""
+    return bool(np.isfinite(fill)) and abs(fill) >= 2.0 ** 41
 
 
 def keep_bias_fill(dtype) -> float:
