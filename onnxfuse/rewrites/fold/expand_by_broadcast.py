@@ -24,6 +24,12 @@ broadcast index whichever branch is taken: exactly Expand's result. NaN in the c
 ``Equal`` False, which selects the same x. Nothing reads ``Shape`` any more; cleanup removes the
 chain when nothing else reads it. An Expand that broadcasts nothing becomes an Identity.
 
+ONNX Runtime's ``Where`` has no bool kernel (nor int16, uint16, uint64, bfloat16 on the CPU; found by the
+fuzzer on the keep mask contrib-attention spells out): a bool x is broadcast as ``Or(x, And(cond,
+Not(cond)))`` instead, whose second operand is False everywhere and of the output's shape, so each
+element is x's at the broadcast index. Element types neither spelling serves on every provider
+(:data:`WHERE_TYPES`) are refused.
+
 Refused: a constant target (nothing runs on the CPU then); a target or x's shape not known as above;
 a named dimension whose source tensor's other dimensions are not static positive sizes (a zero-size
 axis would make the slice empty), or that is not numeric or bool; an opset below 11 (Slice with
@@ -40,10 +46,14 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.carriers import carrier_cond, carrier_problem
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant, to_identity
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
-from onnxfuse.rewrites.facts.graph import constant_value, is_op, opset_of
+from onnxfuse.rewrites.facts.graph import constant_value, dtype_of, is_op, opset_of
 from onnxfuse.rewrites.facts.proven_dims import broadcast_dims
 from onnxfuse.rewrites.facts.shape_values import shape_value, tensor_dims
 from onnxfuse.rewrites.facts.shapes import dims_proven_equal, unify_dims
+
+
+#: element types ONNX Runtime's Where runs on its CPU and CUDA providers (bool goes through Or/And/Not)
+WHERE_TYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8))
 
 
 class ExpandByBroadcast(Rule):
@@ -69,6 +79,9 @@ class ExpandByBroadcast(Rule):
         wanted = shape_value(graph, target)
         if wanted is None or any(not isinstance(d, (int, str)) or isinstance(d, bool) for d in wanted):
             return Refuse("the target shape is not computed from known dimensions (Shape, Gather, Concat, Where...)")
+        dtype = dtype_of(graph, x)
+        if dtype is None or (np.dtype(dtype) not in WHERE_TYPES and np.dtype(dtype) != np.bool_):
+            return Refuse(f"element type {dtype} has no Where kernel on every ONNX Runtime provider")
         x_dims = tensor_dims(x)
         if x_dims is None:
             return Refuse("the input's shape is not fully known")
@@ -121,5 +134,12 @@ class ExpandByBroadcast(Rule):
         result.shape = proven
         node.outputs.clear()
         node.inputs.clear()
-        graph.nodes.append(gs.Node("Where", names(f"{base}/broadcast"), inputs=[cond, x, x], outputs=[result]))
+        if np.dtype(dtype_of(graph, x)) == np.bool_:  # no bool Where kernel: x or (False of the output's shape)
+            negated = gs.Variable(names(f"{base}/cond_not"), dtype=np.bool_)
+            never = gs.Variable(names(f"{base}/never"), dtype=np.bool_)
+            graph.nodes.append(gs.Node("Not", names(f"{base}/cond_negate"), inputs=[cond], outputs=[negated]))
+            graph.nodes.append(gs.Node("And", names(f"{base}/never_and"), inputs=[cond, negated], outputs=[never]))
+            graph.nodes.append(gs.Node("Or", names(f"{base}/broadcast"), inputs=[x, never], outputs=[result]))
+        else:
+            graph.nodes.append(gs.Node("Where", names(f"{base}/broadcast"), inputs=[cond, x, x], outputs=[result]))
         return {"node": node.name, "shape": out, "carriers": [t.name for _, t, _ in carriers]}

@@ -150,3 +150,48 @@ def test_a_chain_of_where_equal_steps_is_evaluated_once_per_step(monkeypatch):
     assert report.counts[RULE] == 1
     images = np.random.default_rng(3).standard_normal((2, 3, 4, 4)).astype(np.float32)
     np.testing.assert_array_equal(run_ort(out, {"images": images})["out"], run_ort(model, {"images": images})["out"])
+
+
+def keep_expand_model(dtype=onnx.TensorProto.BOOL) -> onnx.ModelProto:
+    """A [batch, 1, 1, L] keep mask expanded to [batch, 1, L, L] by a target read from ``Shape`` (L from x
+    [1, L]), as
+    contrib-attention spells out a keep mask, then cast to float for the output."""
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "first"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    nodes = [h.make_node("Shape", ["keep"], ["keep_shape"]),
+             h.make_node("Shape", ["x"], ["shape"]),
+             h.make_node("Gather", ["keep_shape", "first"], ["b"], axis=0),
+             h.make_node("Gather", ["shape", "one"], ["l"], axis=0),
+             h.make_node("Concat", ["b", "one", "l", "l"], ["target"], axis=0),
+             h.make_node("Expand", ["keep", "target"], ["full"]),
+             h.make_node("Cast", ["full"], ["out"], to=onnx.TensorProto.FLOAT)]
+    model = helpers.make_model(nodes, [helpers.vi("x", [1, "L"]),
+                                       h.make_tensor_value_info("keep", dtype, ["batch", 1, 1, "L"])],
+                               [helpers.vi("out", ["batch", 1, "L", "L"])], inits, opset=18)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_bool_expand_is_broadcast_by_or_which_every_provider_runs():
+    """ONNX Runtime has no bool Where kernel (the fuzzer found contrib-attention's spelled-out keep mask
+    unloadable after this rule): a bool x goes through ``Or(x, And(cond, Not(cond)))``, and the model
+    loads and gives the Expand's outputs, with no Shape left."""
+    model = keep_expand_model()
+    out, report = apply(model)
+    assert report.counts[RULE] == 1
+    ops = helpers.op_types(out)
+    assert "Expand" not in ops and "Shape" not in ops and "Or" in ops and "Where" not in ops
+    rng = np.random.default_rng(0)
+    for batch, length in [(1, 3), (3, 5)]:
+        feeds = {"x": rng.standard_normal((1, length)).astype(np.float32),
+                 "keep": rng.random((batch, 1, 1, length)) > 0.4}
+        np.testing.assert_array_equal(run_ort(out, feeds)["out"], run_ort(model, feeds)["out"])
+
+
+def test_an_element_type_without_a_where_kernel_is_refused():
+    """int16 has no Where kernel in ONNX Runtime's CPU provider: the Expand stays, with that reason."""
+    model = keep_expand_model(onnx.TensorProto.INT16)
+    out, report = apply(model)
+    assert report.counts.get(RULE, 0) == 0 and "Expand" in helpers.op_types(out)
+    reasons = [r.reason for r in report.refusals if r.rule == RULE]
+    assert reasons and all("no Where kernel" in r for r in reasons), reasons
