@@ -64,6 +64,10 @@ for attention in attentions:
     for label, result in (("--precision fp16", converted), ("half() optimized", halved)):
         log(f"[{attention}] {label}: float32 nodes {sorted(result.extra.get('precision', {}).get('float32_nodes', {}))}"
             f"; notes {[n[:160] for n in result.validation.notes]}")
+        forms = [(d.get("mask_form"), d.get("empty_rows_uniform"), d.get("empty_rows_zeroed"))
+                 for d in result.applied.details if d["rule"] == "contrib-attention"]
+        log(f"[{attention}] {label}: attention (mask form, rows set to mean(V), rows zeroed): "
+            f"{sorted(set(forms), key=str)} x{len(forms)}")
     report = onnxfuse.bench(models["--precision fp16"], models["half() optimized"], batch=16, profile=True, top=12,
                             time_budget=2.0, device=device)
     log(f"[{attention}] batch 16 medians (ms): --precision fp16 {report.results[0].stats.median_ms:.3f}, "
