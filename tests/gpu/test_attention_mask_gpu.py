@@ -104,16 +104,6 @@ def with_filter_value(model, value):
     return changed
 
 
-def without_uniform_rows(model):
-    """A copy of ``model`` without the step that sets the rows keeping no key to mean(V): the fused op's
-    own output there (those rows weighted by their scores)."""
-    changed = onnx.ModelProto()
-    changed.CopyFrom(model)
-    (where,) = [n for n in changed.graph.node if n.op_type == "Where" and n.name.endswith("empty_rows_to_mean_v")]
-    where.op_type, where.input[:] = "Identity", [where.input[1]]
-    return changed
-
-
 @pytest.mark.parametrize("seq", [40, 128])
 def test_raw_mask_index_with_holes_matches_the_original_on_cuda(seq):
     model = layer(seq)
@@ -146,7 +136,7 @@ def test_float16_masked_fill_as_a_keep_bias_matches_the_original_on_cuda():
     want, got = run_cuda(model, feeds).astype(np.float64), run_cuda(out, feeds).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)  # float16 rounding
     # the tolerance sees the op alone: item 1 would then follow its scores
-    assert np.max(np.abs(run_cuda(without_uniform_rows(out), feeds).astype(np.float64)[1] - want[1])) > 5e-2
+    assert np.max(np.abs(run_cuda(helpers.without_uniform_rows(out), feeds).astype(np.float64)[1] - want[1])) > 5e-2
 
 
 def test_float32_over_many_keys_with_the_mask_of_ones_matches_the_original_on_cuda():
@@ -205,7 +195,7 @@ def test_causal_and_padding_mask_as_a_3d_mask_index_matches_the_original_on_cuda
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     # that tolerance sees a fill that does not absorb (-65504, or the island's bias without the mean(V)
     # step), which weights the fully masked rows by their scores instead of uniformly
-    weaker = without_uniform_rows(out) if island else with_filter_value(out, -65504.0)
+    weaker = helpers.without_uniform_rows(out) if island else with_filter_value(out, -65504.0)
     assert np.max(np.abs(run_cuda(weaker, feeds).astype(np.float64) - want)) > 5 * tol
 
 

@@ -947,16 +947,6 @@ def island_model(mask="keep", cross=False):
     return onnx.shape_inference.infer_shapes(model)
 
 
-def without_uniform_rows(model):
-    """A copy of ``model`` whose Attention output skips the step that sets rows with no key kept to
-    mean(V): what the fused op alone gives there (those rows weighted by their scores)."""
-    changed = onnx.ModelProto()
-    changed.CopyFrom(model)
-    (where,) = [n for n in changed.graph.node if n.op_type == "Where" and n.name.endswith("empty_rows_to_mean_v")]
-    where.op_type, where.input[:] = "Identity", [where.input[1]]
-    return changed
-
-
 def assert_keep_bias_with_uniform_rows(out, detail, rank: int):
     """The keep mask reached the float16 op as a -65504 ``attention_bias`` (faster than the raw mask in
     float16: policy.keep_bias_pays), no ``mask_index``, and the rows that keep no key are then set to
@@ -991,8 +981,27 @@ def test_float16_attention_with_a_float32_softmax_becomes_attention_with_a_keep_
     feeds["keep"][0, ..., :2] = False  # left padding: queries 0 and 1 of item 0 see no key
     want, got = run_ort(model, feeds), run_ort(out, feeds)
     np.testing.assert_allclose(got["out"].astype(np.float64), want["out"].astype(np.float64), rtol=1e-2, atol=1e-2)
-    alone = run_ort(without_uniform_rows(out), feeds)["out"].astype(np.float64)
+    alone = run_ort(helpers.without_uniform_rows(out), feeds)["out"].astype(np.float64)
     assert np.max(np.abs(alone - want["out"].astype(np.float64))) > 5e-2
+
+
+@pytest.mark.parametrize("fill", [1e35, -1e4])
+def test_an_island_fill_a_keep_bias_cannot_stand_for_keeps_the_raw_mask(fill):
+    """A -65504 keep bias computes the original only where the fill is an absorbing negative one. A
+    positive fill makes the masked keys the heaviest; -10000 leaves a fully masked row weighted by its
+    scores. Both keep the raw ``mask_index``, whose fill the kernel adds as the graph does, and give the
+    original's outputs (a keep bias gave 3.4 off with the positive fill)."""
+    model = island_model()
+    for init in model.graph.initializer:
+        if init.name == "min32":
+            init.CopyFrom(numpy_helper.from_array(np.array(fill, np.float32), "min32"))
+    out, report = apply(model)
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == "mask_index" and not detail["empty_rows_uniform"], detail
+    feeds = holey_feeds(model)
+    feeds["keep"][0, ..., :2] = False
+    want, got = run_ort(model, feeds)["out"].astype(np.float64), run_ort(out, feeds)["out"].astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
 
 
 def test_float16_masked_fill_becomes_a_keep_bias_with_uniform_empty_rows():
@@ -1010,7 +1019,7 @@ def test_float16_masked_fill_becomes_a_keep_bias_with_uniform_empty_rows():
     feeds["c"][1] = False  # item 1: every key masked
     want, got = run_ort(model, feeds)["out"].astype(np.float64), run_ort(out, feeds)["out"].astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
-    alone = run_ort(without_uniform_rows(out), feeds)["out"].astype(np.float64)
+    alone = run_ort(helpers.without_uniform_rows(out), feeds)["out"].astype(np.float64)
     assert np.max(np.abs(alone[1] - want[1])) > 5e-2
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from onnxfuse.rewrites.contrib.attention.heads import repeated_heads
 from onnxfuse.rewrites.contrib.attention.layout import GIVEN, SEQ_FIRST, sequence_of
+from onnxfuse.rewrites.contrib.attention.masks import ABSORBING_FILL
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import int_attr, is_op, producer_of
 
@@ -136,13 +137,15 @@ def keep_bias_pays(dtype, zero_empty_rows: bool, over_cache: bool = False) -> bo
 
 
 def empty_rows_uniform(fill: float) -> bool:
-    """Whether a keep mask's ``fill`` swallows every score a float16 attention can have, so that a row
-    with no key kept is uniform in the original (each masked score ``s + fill`` rounds to ``fill`` in
-    float32, the island's Softmax then weighs every key 1/L). True for |fill| >= 2**41: the float32 spacing
-    there is 2**18, twice any float16 score (|s| <= 65504) rounds away. transformers' masks fill
-    finfo(float32).min; a fill of -10000 (older BERT exports) is not absorbing, and such a row follows its
-    scores in the original, as it does in the fused op."""
-    return bool(np.isfinite(fill)) and abs(fill) >= 2.0 ** 41
+    """Whether a keep mask's ``fill`` is a finite negative value that swallows every score a float16
+    attention can have, so that a masked key weighs nothing beside a kept one and a row with no key kept
+    is uniform in the original (each masked score ``s + fill`` rounds to ``fill`` in float32, the island's
+    Softmax then weighs every key 1/L): ``fill <= ABSORBING_FILL`` (-1e30, whose float32 spacing is far
+    above any float16 score, |s| <= 65504), the bound the mask steps already use
+    (:mod:`~onnxfuse.rewrites.contrib.attention.masks`). transformers' masks fill finfo(float32).min; a
+    fill of -10000 (older BERT exports) is not absorbing, and a positive fill makes the masked keys the
+    heaviest: neither is what a -65504 keep bias computes, and both keep the raw mask."""
+    return bool(np.isfinite(fill)) and fill <= ABSORBING_FILL
 
 
 def keep_bias_fill(dtype) -> float:
