@@ -215,7 +215,7 @@ def build_row_keep_factor(graph, names, base, mask_index, rank: int, dtype):
     return factor
 
 
-def build_uniform_empty_rows(graph, names, base, out, x, packed, mask_index, rank: int, dtype):
+def build_uniform_empty_rows(graph, names, base, out, x, qkv_weight, qkv_bias, mask_index, rank: int, dtype):
     """The packed float16 ``Attention``'s output ``out`` [B, S, E] with each row that keeps no key
     replaced by the mean of V over the keys, ``Where(row keeps a key, out, mean(x)·W_v + b_v)``.
 
@@ -227,18 +227,24 @@ def build_uniform_empty_rows(graph, names, base, out, x, packed, mask_index, ran
     (:func:`~onnxfuse.rewrites.contrib.attention.policy.empty_rows_uniform`), weighs each of the L keys
     1/L: its output is mean over the keys of V = x·W_v + b_v, which is mean(x)·W_v + b_v (a linear map
     commutes with the mean; the two differ by float16 rounding only). mean(x) is one ReduceMean over the
-    sequence ([B, 1, E_in]) and one [B, 1, E_in]×[E_in, E] MatMul: no pass over V. Which rows keep a key:
+    sequence ([B, 1, E_in]); the projection reads the op's own packed ``qkv_weight`` and ``qkv_bias``
+    ([B, 1, E_in]×[E_in, 3E], then V's last third sliced out), so no copy of W_v joins the model (12 of
+    them would add 14 MB to BERT-base in float16). No pass over V. Which rows keep a key:
     :func:`build_row_keep_factor` of the raw mask, as a bool ([B, 1, 1] or [B, S, 1])."""
-    hidden = packed.weight.shape[1] // 3
-    w_v = new_constant(graph, f"{base}/uniform_rows_weight", np.ascontiguousarray(packed.weight[:, 2 * hidden:]))
-    b_v = new_constant(graph, f"{base}/uniform_rows_bias", np.ascontiguousarray(packed.bias[2 * hidden:]))
+    hidden = qkv_weight.values.shape[1] // 3
     mean_x = gs.Variable(names(f"{base}/uniform_rows_mean_x"), dtype=dtype)
     append_axes_op(graph, "ReduceMean", names(f"{base}/uniform_rows_mean"), x, [1], mean_x, {"keepdims": 1})
     projected = gs.Variable(names(f"{base}/uniform_rows_projected"), dtype=dtype)
-    graph.nodes.append(gs.Node("MatMul", names(f"{base}/uniform_rows_matmul"), inputs=[mean_x, w_v],
+    graph.nodes.append(gs.Node("MatMul", names(f"{base}/uniform_rows_matmul"), inputs=[mean_x, qkv_weight],
                                outputs=[projected]))
+    biased = gs.Variable(names(f"{base}/uniform_rows_qkv"), dtype=dtype)
+    graph.nodes.append(gs.Node("Add", names(f"{base}/uniform_rows_add"), inputs=[projected, qkv_bias],
+                               outputs=[biased]))
     mean_v = gs.Variable(names(f"{base}/uniform_rows_mean_v"), dtype=dtype)
-    graph.nodes.append(gs.Node("Add", names(f"{base}/uniform_rows_add"), inputs=[projected, b_v], outputs=[mean_v]))
+    graph.nodes.append(gs.Node("Slice", names(f"{base}/uniform_rows_v"), inputs=[
+        biased, new_constant(graph, f"{base}/uniform_rows_v_start", np.array([2 * hidden], np.int64)),
+        new_constant(graph, f"{base}/uniform_rows_v_end", np.array([3 * hidden], np.int64)),
+        new_constant(graph, f"{base}/uniform_rows_v_axis", np.array([-1], np.int64))], outputs=[mean_v]))
     factor = build_row_keep_factor(graph, names, base, mask_index, rank, dtype)
     keeps = gs.Variable(names(f"{base}/row_keeps_a_key"), dtype=np.bool_)
     graph.nodes.append(gs.Node("Cast", names(f"{base}/row_keeps_cast"), {"to": 9}, inputs=[factor], outputs=[keeps]))

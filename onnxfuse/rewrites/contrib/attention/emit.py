@@ -131,7 +131,8 @@ def _emit_packed(graph, plan: AttentionPlan, names, base):
     graph.nodes.append(gs.Node("Attention", names(f"{base}/Attention"), attrs, inputs=inputs, outputs=[out],
                                domain="com.microsoft"))
     if plan.uniform_empty_rows:
-        out = build_uniform_empty_rows(graph, names, base, out, x, packed, raw, plan.key_mask.rank, plan.dtype)
+        out = build_uniform_empty_rows(graph, names, base, out, x, weight, bias, raw, plan.key_mask.rank,
+                                       plan.dtype)
     _connect_output(graph, names, base, plan, out, raw if raw is not None else mask_index)
     return {"op": "com.microsoft.Attention", "num_heads": plan.heads, "scale": plan.scale,
             "mask": bool(plan.terms), "qkv_packed": True, "layout": plan.layout,
