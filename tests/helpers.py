@@ -155,17 +155,6 @@ def assert_same_outputs(original, optimized, rtol: float = 1e-5, atol: float | N
     return want
 
 
-def without_uniform_rows(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` without contrib-attention's step that sets the rows keeping no key to mean(V)
-    (its Where becomes an Identity of the fused op's output): what the op alone gives there, those rows
-    weighted by their scores. Tests use it to show that their comparison sees that step."""
-    changed = onnx.ModelProto()
-    changed.CopyFrom(model)
-    (where,) = [n for n in changed.graph.node if n.op_type == "Where" and n.name.endswith("empty_rows_to_mean_v")]
-    where.op_type, where.input[:] = "Identity", [where.input[1]]
-    return changed
-
-
 def make_model(nodes, inputs, outputs, inits=(), opset: int = 15) -> onnx.ModelProto:
     """A model from ``onnx.helper`` parts (IR 8, default domain at ``opset``)."""
     graph = onnx.helper.make_graph(list(nodes), "test", list(inputs), list(outputs), list(inits))

@@ -176,20 +176,21 @@ def sharpened(model: onnx.ModelProto, factor: float = 20.0) -> onnx.ModelProto:
 @pytest.mark.parametrize("name", ["bert_tiny_opset14", "bert_tiny_sdpa_opset17", "distilbert_tiny_opset14",
                                   "roberta_tiny_sdpa_opset17"])
 def test_an_item_that_keeps_no_token_stays_as_the_original_under_fp16(name):
-    """Under ``--precision fp16`` the softmax islands fuse into float16 ``Attention`` with the keep mask as a
-    -65504 bias, and an item whose attention_mask is all zeros (every key masked) is uniform in the float32
-    original of an eager export: its rows must come out as mean(V), set after the op (an sdpa export's
-    NaN guard zeroes them instead, and so must the fused model). This test's own comparison on that item
-    alone: within what float16 allows. Without that step (checked by hand, 2026-11-28: the Where that sets
-    the rows left out) the item's last_hidden_state drifted 0.5-1.2 of its scale on these models."""
+    """Under ``--precision fp16`` an item whose attention_mask is all zeros (every key masked) is uniform in
+    the float32 original of an eager export (its finfo.min fill swallows every score): the softmax islands
+    fuse into float16 ``Attention`` with the raw mask, whose float32 ``mask_filter_value`` keeps those rows
+    uniform (a -65504 keep bias would weight them by their scores: 0.5-1.2 of the output's scale on these
+    models, measured 2026-11-28). An sdpa export's NaN guard zeroes such rows, and so must the fused
+    model, which takes the keep bias. This test's own comparison on that item alone: within what float16
+    allows."""
     model = sharpened(load_testdata(name))
     result = onnxfuse.optimize(model, precision="fp16", provider="cpu")
     assert result.validation.passed
     details = [d for d in result.applied.details if d["rule"] == "contrib-attention"]
-    # eager exports (a finfo.min fill): rows set to mean(V); sdpa exports (-inf and a NaN guard): rows zeroed
-    want_uniform = "sdpa" not in name
-    assert details and all(d["mask_form"] == "keep attention_bias" and d["empty_rows_uniform"] == want_uniform
-                           and d["empty_rows_zeroed"] != want_uniform for d in details), details
+    # eager exports (a finfo.min fill): the raw mask; sdpa exports (-inf and a NaN guard): keep bias, rows zeroed
+    eager = "sdpa" not in name
+    assert details and all((d["mask_form"] == "keep attention_bias") != eager and d["empty_rows_zeroed"] != eager
+                           for d in details), details
     rng = np.random.default_rng(3)
     mask = padded_mask(3, 16)
     mask[1] = 0  # item 1 keeps no token

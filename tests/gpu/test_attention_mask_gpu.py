@@ -1,9 +1,8 @@
 """contrib-attention's raw mask_index on the CUDA kernels: a key padding mask with holes and left padding
 (not only right padding) gives the original's outputs. A kernel that read the raw mask as sequence
 lengths (as ONNX Runtime's 1-D mask_index is) would differ here. Also: float16 masked_fill with
-finfo(float16).min and a float32 softmax island as a -65504 keep bias with the rows that keep no key set
-to mean(V) after the op, and float32 self-attention over 256 keys or more with its raw mask of ones
-(which keeps ONNX Runtime on its unfused kernel)."""
+finfo(float16).min as a raw mask with the float32 fill, and float32 self-attention over 256 keys or more
+with its raw mask of ones (which keeps ONNX Runtime on its unfused kernel)."""
 
 from __future__ import annotations
 
@@ -123,20 +122,20 @@ def test_raw_mask_index_with_holes_matches_the_original_on_cuda(seq):
     assert np.max(np.abs(misread - want)) > 1e-2
 
 
-def test_float16_masked_fill_as_a_keep_bias_matches_the_original_on_cuda():
-    """finfo(float16).min is not absorbing; the op takes the keep mask as a -65504 bias (holes get weight
-    0, as in the float16 original) and a row with every key masked (item 1), uniform in the original, is
-    set to mean(V) after it."""
+def test_float16_masked_fill_as_a_raw_mask_matches_the_original_on_cuda():
+    """finfo(float16).min is not absorbing; the kernel adds finfo(float32).min in float32 instead, so a row
+    with every key masked stays uniform (item 1) and holes get weight 0, as in the float16 original."""
     seq = 64
     model = layer(seq, "fill16")
-    out = fused(model, "keep attention_bias")
+    out = fused(model, "mask_index")
     keep = padded_keep(seq)
     keep[1] = False  # item 1: every key masked
     feeds = {"x": np.random.default_rng(1).standard_normal((3, seq, E)).astype(np.float16), "keep": keep}
     want, got = run_cuda(model, feeds).astype(np.float64), run_cuda(out, feeds).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)  # float16 rounding
-    # the tolerance sees the op alone: item 1 would then follow its scores
-    assert np.max(np.abs(run_cuda(helpers.without_uniform_rows(out), feeds).astype(np.float64)[1] - want[1])) > 5e-2
+    # the tolerance sees the fill the graph holds, -65504: item 1 would then follow its scores
+    weaker = with_filter_value(out, -65504.0)
+    assert np.max(np.abs(run_cuda(weaker, feeds).astype(np.float64)[1] - want[1])) > 5e-2
 
 
 def test_float32_over_many_keys_with_the_mask_of_ones_matches_the_original_on_cuda():
@@ -180,11 +179,10 @@ def causal_layer(seq: int, island: bool) -> onnx.ModelProto:
 def test_causal_and_padding_mask_as_a_3d_mask_index_matches_the_original_on_cuda(island):
     """[B, S, L] raw mask on CUDA (float32, and the float16 layer with a float32 softmax island): left
     padding leaves the first queries of a row with no key; the original's softmax is uniform there
-    (finfo.min absorbs every score) and the kernel's float32 fill must keep it so, or, for the float16
-    island (a -65504 keep bias), the mean(V) step after the op."""
+    (finfo.min absorbs every score) and the kernel's float32 fill must keep it so."""
     seq = 64
     model = causal_layer(seq, island)
-    out = fused(model, "keep attention_bias" if island else "mask_index")
+    out = fused(model, "mask_index")
     rng = np.random.default_rng(1)
     keep = padded_keep(seq)  # left padding: queries 0..31 of item 1 see no key
     dtype = np.float16 if island else np.float32
@@ -193,9 +191,9 @@ def test_causal_and_padding_mask_as_a_3d_mask_index_matches_the_original_on_cuda
     got = run_cuda(out, feeds).astype(np.float64)
     tol = 1e-2 if island else 1e-3  # float16 rounding / TF32 rounding
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
-    # that tolerance sees a fill that does not absorb (-65504, or the island's bias without the mean(V)
-    # step), which weights the fully masked rows by their scores instead of uniformly
-    weaker = helpers.without_uniform_rows(out) if island else with_filter_value(out, -65504.0)
+    # that tolerance sees a fill that does not absorb: -65504 (all a float16 bias could hold) weights the
+    # fully masked rows by their scores instead of uniformly
+    weaker = with_filter_value(out, -65504.0)
     assert np.max(np.abs(run_cuda(weaker, feeds).astype(np.float64) - want)) > 5 * tol
 
 

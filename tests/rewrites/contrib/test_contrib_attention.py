@@ -947,80 +947,49 @@ def island_model(mask="keep", cross=False):
     return onnx.shape_inference.infer_shapes(model)
 
 
-def assert_keep_bias_with_uniform_rows(out, detail, rank: int):
-    """The keep mask reached the float16 op as a -65504 ``attention_bias`` (faster than the raw mask in
-    float16: policy.keep_bias_pays), no ``mask_index``, and the rows that keep no key are then set to
-    mean(V) by a Where over a [B, 1, 1] (rank 2) or [B, S, 1] (rank 3) row test."""
-    assert detail["mask_form"] == "keep attention_bias" and detail["empty_rows_uniform"], detail
-    assert fused(out) == ["Attention"] and "Softmax" not in helpers.op_types(out)
-    att, mask_index = mask_index_of(out)
-    assert mask_index == "" and len(att.input) == 6
-    producers = {o: n for n in out.graph.node for o in n.output}
-    bias = producers[att.input[5]]
-    assert bias.op_type == "Where"
-    fills = [numpy_helper.to_array(i).item() for i in out.graph.initializer if i.name in bias.input]
-    assert float(np.finfo(np.float16).min) in fills
-    (fix,) = [n for n in out.graph.node if n.name.endswith("empty_rows_to_mean_v")]
-    assert fix.input[1] == att.output[0]
-    test = producers[producers[fix.input[0]].input[0]]  # Cast(ReduceMax | Unsqueeze(ReduceMax))
-    assert test.op_type == {2: "Unsqueeze", 3: "ReduceMax"}[rank]
-
-
-def test_float16_attention_with_a_float32_softmax_becomes_attention_with_a_keep_bias():
-    """The float32 softmax island fuses into a float16 ``Attention`` (every float16 kernel computes the
-    softmax in float32, as the island does). Its causal-and-padding mask, finfo(float32).min, goes in as a
-    float16 keep bias Where(keep, 0, -65504): a masked weight exp(s - 65504 - max) is 0 in the kernel as in
-    the original wherever a row keeps a key. Rows with every key masked (left padding) are uniform in the
-    original: the fused op weights them by their scores, and the Where after it sets them to mean(V). Both
-    show in the outputs: with that step left out, those rows differ."""
+def test_float16_attention_with_a_float32_softmax_becomes_attention_with_a_3d_mask_index():
+    """The float32 softmax island fuses into a float16 ``Attention``: its kernel adds ``mask_filter_value``
+    in float32 as the graph does, so the causal-and-padding mask goes in as a raw [B, S, L] mask with the
+    float32 fill, and rows with every key masked (left padding) stay uniform as in the original."""
     model = island_model()
     out, report = apply(model)
     (detail,) = [d for d in report.details if d["rule"] == RULE]
-    assert_keep_bias_with_uniform_rows(out, detail, rank=3)
+    assert detail["mask_form"] == "mask_index" and fused(out) == ["Attention"]
+    assert "Softmax" not in helpers.op_types(out)
+    att, mask_index = mask_index_of(out)
+    filter_value = [a.f for a in att.attribute if a.name == "mask_filter_value"]
+    assert filter_value == [pytest.approx(float(np.finfo(np.float32).min), rel=1e-7)]
+    producers = {o: n for n in out.graph.node for o in n.output}
+    assert producers[producers[mask_index].input[0]].op_type == "Squeeze"  # [B, 1, S, L] → [B, S, L]
     feeds = holey_feeds(model)
     feeds["keep"][0, ..., :2] = False  # left padding: queries 0 and 1 of item 0 see no key
     want, got = run_ort(model, feeds), run_ort(out, feeds)
     np.testing.assert_allclose(got["out"].astype(np.float64), want["out"].astype(np.float64), rtol=1e-2, atol=1e-2)
-    alone = run_ort(helpers.without_uniform_rows(out), feeds)["out"].astype(np.float64)
-    assert np.max(np.abs(alone - want["out"].astype(np.float64))) > 5e-2
+    # float16's -65504 (a float16 attention_bias could hold no more) would weight those rows by their scores
+    weaker = run_ort(with_filter_value(out, -65504.0), feeds)["out"].astype(np.float64)
+    assert np.max(np.abs(weaker - want["out"].astype(np.float64))) > 5e-2
 
 
-@pytest.mark.parametrize("fill", [1e35, -1e4])
-def test_an_island_fill_a_keep_bias_cannot_stand_for_keeps_the_raw_mask(fill):
-    """A -65504 keep bias computes the original only where the fill is an absorbing negative one. A
-    positive fill makes the masked keys the heaviest; -10000 leaves a fully masked row weighted by its
-    scores. Both keep the raw ``mask_index``, whose fill the kernel adds as the graph does, and give the
-    original's outputs (a keep bias gave 3.4 off with the positive fill)."""
-    model = island_model()
-    for init in model.graph.initializer:
-        if init.name == "min32":
-            init.CopyFrom(numpy_helper.from_array(np.array(fill, np.float32), "min32"))
-    out, report = apply(model)
-    (detail,) = [d for d in report.details if d["rule"] == RULE]
-    assert detail["mask_form"] == "mask_index" and not detail["empty_rows_uniform"], detail
-    feeds = holey_feeds(model)
-    feeds["keep"][0, ..., :2] = False
-    want, got = run_ort(model, feeds)["out"].astype(np.float64), run_ort(out, feeds)["out"].astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
-
-
-def test_float16_masked_fill_becomes_a_keep_bias_with_uniform_empty_rows():
+def test_float16_masked_fill_becomes_a_raw_mask_with_the_float32_fill():
     """A float16 masked_fill with finfo(float16).min (-65504, not absorbing: s - 65504 != -65504 for |s| >=
-    16) fuses as a float16 keep bias: where a row keeps a key, masked weights are 0 in both (float16
-    rounds exp(-65504 + s - max) to 0 in the original); a row with every key masked is uniform in the
-    original (-65504 everywhere) and set to mean(V) after the op. An item with no key kept shows it: the
-    fused op alone weights that row by its scores."""
+    16) fuses only as a raw keep mask, whose fill the kernel adds in float32: with finfo(float32).min a
+    masked score becomes that (absorbing), a row with every key masked is uniform as in the original
+    (-65504 everywhere), and elsewhere masked weights are 0 in both. An item with no key kept shows it;
+    the fill -65504 itself would weight that row by its scores."""
     model = attention_model(mask="where", dtype=np.float16)
     out, report = apply(model)
     (detail,) = [d for d in report.details if d["rule"] == RULE]
-    assert_keep_bias_with_uniform_rows(out, detail, rank=2)
+    assert detail["mask_form"] == "mask_index" and fused(out) == ["Attention"]
+    att, _ = mask_index_of(out)
+    filter_value = [a.f for a in att.attribute if a.name == "mask_filter_value"]
+    assert filter_value == [pytest.approx(float(np.finfo(np.float32).min), rel=1e-7)]
     feeds = feeds_for(model)
     feeds["x"] = (feeds["x"] * 8).astype(np.float16)  # scores well beyond 16
     feeds["c"][1] = False  # item 1: every key masked
     want, got = run_ort(model, feeds)["out"].astype(np.float64), run_ort(out, feeds)["out"].astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
-    alone = run_ort(helpers.without_uniform_rows(out), feeds)["out"].astype(np.float64)
-    assert np.max(np.abs(alone[1] - want[1])) > 5e-2
+    weaker = run_ort(with_filter_value(out, -65504.0), feeds)["out"].astype(np.float64)
+    assert np.max(np.abs(weaker[1] - want[1])) > 5e-2
 
 
 def test_float32_softmax_island_without_a_mask_fuses_and_with_a_float_mask_is_refused():

@@ -215,45 +215,6 @@ def build_row_keep_factor(graph, names, base, mask_index, rank: int, dtype):
     return factor
 
 
-def build_uniform_empty_rows(graph, names, base, out, x, qkv_weight, qkv_bias, mask_index, rank: int, dtype):
-    """The packed float16 ``Attention``'s output ``out`` [B, S, E] with each row that keeps no key
-    replaced by the mean of V over the keys, ``Where(row keeps a key, out, mean(x)·W_v + b_v)``.
-
-    Why: the op takes the keep mask as a -65504 ``attention_bias`` (:func:`build_keep_bias`; faster than
-    the raw mask in float16, :func:`~onnxfuse.rewrites.contrib.attention.policy.keep_bias_pays`), which is
-    the original wherever a row keeps a key (each masked weight exp(s - 65504 - max) is 0 in the kernel's
-    float32 softmax, as exp(fill + s - max) is in the original's float32 island); a row that keeps none
-    follows its scores there, where the original, whose fill swallows every score
-    (:func:`~onnxfuse.rewrites.contrib.attention.policy.empty_rows_uniform`), weighs each of the L keys
-    1/L: its output is mean over the keys of V = x·W_v + b_v, which is mean(x)·W_v + b_v (a linear map
-    commutes with the mean; the two differ by float16 rounding only). mean(x) is one ReduceMean over the
-    sequence ([B, 1, E_in]); the projection reads the op's own packed ``qkv_weight`` and ``qkv_bias``
-    ([B, 1, E_in]×[E_in, 3E], then V's last third sliced out), so no copy of W_v joins the model (12 of
-    them would add 14 MB to BERT-base in float16). No pass over V. Which rows keep a key:
-    :func:`build_row_keep_factor` of the raw mask, as a bool ([B, 1, 1] or [B, S, 1])."""
-    hidden = qkv_weight.values.shape[1] // 3
-    mean_x = gs.Variable(names(f"{base}/uniform_rows_mean_x"), dtype=dtype)
-    append_axes_op(graph, "ReduceMean", names(f"{base}/uniform_rows_mean"), x, [1], mean_x, {"keepdims": 1})
-    projected = gs.Variable(names(f"{base}/uniform_rows_projected"), dtype=dtype)
-    graph.nodes.append(gs.Node("MatMul", names(f"{base}/uniform_rows_matmul"), inputs=[mean_x, qkv_weight],
-                               outputs=[projected]))
-    biased = gs.Variable(names(f"{base}/uniform_rows_qkv"), dtype=dtype)
-    graph.nodes.append(gs.Node("Add", names(f"{base}/uniform_rows_add"), inputs=[projected, qkv_bias],
-                               outputs=[biased]))
-    mean_v = gs.Variable(names(f"{base}/uniform_rows_mean_v"), dtype=dtype)
-    graph.nodes.append(gs.Node("Slice", names(f"{base}/uniform_rows_v"), inputs=[
-        biased, new_constant(graph, f"{base}/uniform_rows_v_start", np.array([2 * hidden], np.int64)),
-        new_constant(graph, f"{base}/uniform_rows_v_end", np.array([3 * hidden], np.int64)),
-        new_constant(graph, f"{base}/uniform_rows_v_axis", np.array([-1], np.int64))], outputs=[mean_v]))
-    factor = build_row_keep_factor(graph, names, base, mask_index, rank, dtype)
-    keeps = gs.Variable(names(f"{base}/row_keeps_a_key"), dtype=np.bool_)
-    graph.nodes.append(gs.Node("Cast", names(f"{base}/row_keeps_cast"), {"to": 9}, inputs=[factor], outputs=[keeps]))
-    fixed = gs.Variable(names(f"{base}/attention_output_uniform_rows"), dtype=dtype, shape=out.shape)
-    graph.nodes.append(gs.Node("Where", names(f"{base}/empty_rows_to_mean_v"), inputs=[keeps, out, mean_v],
-                               outputs=[fixed]))
-    return fixed
-
-
 def build_all_keys_mask(graph, names, base, x):
     """A raw ``mask_index`` of ones, [B, L] int32 with B and L = S x's (self-attention), computed on the
     device from x itself: ``Where(Equal(c, c), 1, 1)`` of ``c = Flatten(Slice(x, [0:1] on the last

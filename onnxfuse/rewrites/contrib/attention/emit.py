@@ -17,8 +17,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.bias import (build_all_keys_mask, build_attention_bias, build_keep_bias,
-                                                      build_mask_index, build_row_keep_factor,
-                                                      build_uniform_empty_rows)
+                                                      build_mask_index, build_row_keep_factor)
 from onnxfuse.rewrites.contrib.attention.layout import AXES, GIVEN, HEADS, SEQ_FIRST
 from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan
 from onnxfuse.rewrites.contrib.attention.shape_reads import replace_shape
@@ -130,14 +129,10 @@ def _emit_packed(graph, plan: AttentionPlan, names, base):
                       shape=_output_shape(x, plan.heads * plan.head_size))
     graph.nodes.append(gs.Node("Attention", names(f"{base}/Attention"), attrs, inputs=inputs, outputs=[out],
                                domain="com.microsoft"))
-    if plan.uniform_empty_rows:
-        out = build_uniform_empty_rows(graph, names, base, out, x, weight, bias, raw, plan.key_mask.rank,
-                                       plan.dtype)
     _connect_output(graph, names, base, plan, out, raw if raw is not None else mask_index)
     return {"op": "com.microsoft.Attention", "num_heads": plan.heads, "scale": plan.scale,
             "mask": bool(plan.terms), "qkv_packed": True, "layout": plan.layout,
             "mask_terms": [t.kind for t in plan.terms], "empty_rows_zeroed": plan.zero_empty_rows,
-            "empty_rows_uniform": plan.uniform_empty_rows,
             "mask_form": ("keep attention_bias" if plan.keep_as_bias else "all-keys mask_index" if plan.all_keys_mask
                           else "mask_index" if mask_index is not None else "attention_bias" if plan.terms
                           else "none")}

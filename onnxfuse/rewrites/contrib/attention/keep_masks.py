@@ -33,16 +33,10 @@ float16 kernels (checked on ONNX Runtime 1.32 CPU: rows with every key masked av
 type): ``Cast(to=float)`` of the float16 scaled scores, float32 mask steps, a float32 Softmax and
 ``Cast(to=float16)`` of its result for ×V. The island fuses into a float16 ``Attention`` (every
 float16 kernel of ONNX Runtime's computes the softmax in float32 and rounds the weights to float16, as
-the Casts do) only with the mask proved a keep mask: a float16 ``attention_bias`` of the mask itself
-would hold finfo(float32).min as -inf (a fully masked row becomes NaN) or, clamped, as -65504 (that row
-then follows its scores instead of being uniform). Packed q/k/v (``Attention``) whose fill swallows
-every score (:func:`~onnxfuse.rewrites.contrib.attention.policy.empty_rows_uniform`: finfo(float32).min)
-take the keep mask as a -65504 bias, the float16 form measured faster than the raw mask (0.079 against
-0.096 ms, one BERT-base layer at batch 16, H100; BERT-base under ``--precision fp16`` 0.949 against
-1.523 ms with the raw mask, H200, docs/benchmarks.md 5.20), and the rows with no key kept are then set
-to mean(V) (:func:`~onnxfuse.rewrites.contrib.attention.bias.build_uniform_empty_rows`); otherwise the
-raw ``mask_index`` or ``key_padding_mask``, whose fill the kernel adds in float32 exactly as the island
-does. Refused otherwise (a mask that is not a keep mask), with that reason.
+the Casts do) only with the mask as a raw ``mask_index``, whose fill the kernel adds in float32 exactly
+as the island does; a float16 ``attention_bias`` would hold finfo(float32).min as -inf (a fully masked
+row becomes NaN) or, clamped, as -65504 (that row then follows its scores instead of being uniform).
+Refused otherwise (a mask that is not a keep mask, q/k/v not packed), with that reason.
 
 **Float32 P·V** (optimum's float16 Llama export with transformers' sdpa attention, issue 31: torch's
 legacy symbolic of scaled_dot_product_attention promotes the float16 scores to its float32 mask
@@ -64,10 +58,10 @@ fuses only as a raw keep ``mask_index`` with ``mask_filter_value`` = finfo(float
 kernel adds in float32: a masked score becomes finfo(float32).min, so a row with every key masked is
 uniform as in the original (-65504 everywhere), and where a row keeps a key with a score above -65487
 (any a float16 model gives short of overflow) each masked weight exp(-65504 - max) < 2^-25 rounds to 0
-in the original's float16 output, as it is 0 in the kernel. Packed (``Attention``), the keep mask goes
-in as a -65504 bias instead, with the rows that keep no key set to mean(V) after the op, as for the
-island above (faster in float16); MultiHeadAttention takes the raw ``key_padding_mask``. Refused
-otherwise (not a keep mask), with that reason.
+in the original's float16 output, as it is 0 in the kernel. Slower than an ``attention_bias`` (0.096
+against 0.079 ms, one BERT-base layer at batch 16, H100, above) and below the decomposed layer (0.117
+ms, H200, "Which op" in :mod:`~onnxfuse.rewrites.contrib.attention.plan`; not measured side by side), but
+the bias is not exact here. Refused otherwise (not packed, not a keep mask), with that reason.
 """
 
 from __future__ import annotations

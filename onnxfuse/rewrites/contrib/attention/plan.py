@@ -31,13 +31,7 @@ from onnxfuse.rewrites.contrib.attention.heads import shared_splits
 from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask, keep_mask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, SEQ_FIRST, batch_of, sequence_of
 from onnxfuse.rewrites.contrib.attention.masks import FP16_MIN
-from onnxfuse.rewrites.contrib.attention.policy import (
-    cache_key,
-    empty_rows_uniform,
-    keep_bias_pays,
-    raw_mask_pays,
-    speed_policy,
-)
+from onnxfuse.rewrites.contrib.attention.policy import cache_key, keep_bias_pays, raw_mask_pays, speed_policy
 from onnxfuse.rewrites.contrib.attention.projections import PackedProjections, fold_biases, packed_projections
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import dims_equal, dtype_of, internal_problem, rank_of, shape_of
@@ -68,7 +62,6 @@ class AttentionPlan:
     zero_empty_rows: bool = False  # the NaN guard after a -inf mask: rows with no key kept become 0
     keep_as_bias: bool = False  # zero_empty_rows, policy.keep_bias_pays: key_mask goes in as Where(keep, 0, fill) attention_bias
     float32_output: bool = False  # island whose P·V is float32 (V cast up): the op's float16 output is cast up
-    uniform_empty_rows: bool = False  # packed float16 keep bias: rows with no key kept become mean(V), as in the original
 
     @property
     def key_layout(self) -> str:
@@ -94,13 +87,7 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     (transformers' float16 T5 adds its position bias and mask in float16, then runs the Softmax in
     float32): the mask is float16 in the original too, so it goes to the op as a float16
     ``attention_bias`` like any float16 attention's, not as a raw mask; the op then differs from the graph
-    only by not rounding the scores to float16 before the Softmax, as every float16 fusion does.
-
-    ``uniform_empty_rows`` (in the plan): a packed float16 op whose keep mask would otherwise go raw (a
-    float32 island, a float16 masked_fill) and whose fill swallows every float16 score
-    (:func:`~onnxfuse.rewrites.contrib.attention.policy.empty_rows_uniform`) takes the mask as the faster
-    -65504 keep bias; a row keeping no key, uniform in the original, is set to mean(V) after the op
-    (:func:`~onnxfuse.rewrites.contrib.attention.bias.build_uniform_empty_rows`)."""
+    only by not rounding the scores to float16 before the Softmax, as every float16 fusion does."""
     if not (q.heads == k.heads == v.heads and q.size == k.size == v.size):
         return Refuse(f"Q, K and V split into different heads ({q.heads}x{q.size}, {k.heads}x{k.size}, {v.heads}x{v.size})")
     given = k.layout == GIVEN  # heads.query_key_value: then v too; q given or batch-first
@@ -170,11 +157,6 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                           "key_padding_mask); the mask is not a keep mask of [B, 1, S or 1, L]")
         key_mask = replace(key_mask, fill=float(np.finfo(np.float32).min))
     keep_as_bias = key_mask is not None and keep_bias_pays(dtype, zero_empty_rows, given and cache_key(graph, k_source))
-    # a float16 packed op whose keep mask would go raw (an island, a float16 masked_fill) takes the faster
-    # bias instead where the original's rows with no key kept are uniform: those rows become mean(V) after it
-    uniform_empty_rows = (key_mask is not None and not keep_as_bias and packed is not None
-                          and dtype == np.dtype(np.float16) and empty_rows_uniform(key_mask.fill))
-    keep_as_bias = keep_as_bias or uniform_empty_rows
     # k's layout is q's unless k is given (then packed is None: no all-keys mask either way)
     verdict = speed_policy(graph, dtype=dtype, layout=k.layout if given else q.layout, key=k_source,
                            packed=packed is not None, key_mask=key_mask is not None and not keep_as_bias,
@@ -193,5 +175,4 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                          mask_rank=mask_rank, mask_tail_known=tail_known, biases=biases, shape_reads=shape_reads,
                          packed=packed, key_mask=key_mask, island=island, all_keys_mask=verdict.all_keys_mask,
                          kv_heads=given, zero_empty_rows=zero_empty_rows, keep_as_bias=keep_as_bias,
-                         uniform_empty_rows=uniform_empty_rows,
                          float32_output=float32_output)

@@ -26,7 +26,6 @@ import numpy as np
 
 from onnxfuse.rewrites.contrib.attention.heads import repeated_heads
 from onnxfuse.rewrites.contrib.attention.layout import GIVEN, SEQ_FIRST, sequence_of
-from onnxfuse.rewrites.contrib.attention.masks import ABSORBING_FILL
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import int_attr, is_op, producer_of
 
@@ -127,25 +126,8 @@ def keep_bias_pays(dtype, zero_empty_rows: bool, over_cache: bool = False) -> bo
     Float32, where the keys are a KV cache (``over_cache``, :func:`cache_key`): the decoder rules after
     contrib-attention (AttentionInputs, DecodeAttention) take an additive bias and no raw mask, and the
     float32 decoder measured faster through them in every cell (docs/benchmarks.md 5.34). Elsewhere in
-    float32 the raw mask stays (MultiHeadAttention's ``key_padding_mask``).
-
-    A float16 packed ``Attention`` whose mask would otherwise go raw (a float32 Softmax island, a float16
-    masked_fill) takes the bias too where its rows with no key kept are uniform in the original
-    (:func:`empty_rows_uniform`): the plan's ``uniform_empty_rows``, decided by
-    :func:`~onnxfuse.rewrites.contrib.attention.plan.plan_attention`, not here."""
+    float32 the raw mask stays (MultiHeadAttention's ``key_padding_mask``)."""
     return zero_empty_rows and (dtype == np.dtype(np.float16) or over_cache)
-
-
-def empty_rows_uniform(fill: float) -> bool:
-    """Whether a keep mask's ``fill`` is a finite negative value that swallows every score a float16
-    attention can have, so that a masked key weighs nothing beside a kept one and a row with no key kept
-    is uniform in the original (each masked score ``s + fill`` rounds to ``fill`` in float32, the island's
-    Softmax then weighs every key 1/L): ``fill <= ABSORBING_FILL`` (-1e30, whose float32 spacing is far
-    above any float16 score, |s| <= 65504), the bound the mask steps already use
-    (:mod:`~onnxfuse.rewrites.contrib.attention.masks`). transformers' masks fill finfo(float32).min; a
-    fill of -10000 (older BERT exports) is not absorbing, and a positive fill makes the masked keys the
-    heaviest: neither is what a -65504 keep bias computes, and both keep the raw mask."""
-    return bool(np.isfinite(fill)) and fill <= ABSORBING_FILL
 
 
 def keep_bias_fill(dtype) -> float:
