@@ -268,30 +268,53 @@ def speedup(timing) -> float | None:
 def is_faster(candidate_timing, current_timing) -> bool:
     """The candidate's speed-up over the original beats the current output's by more than
     :data:`SLOWER_MARGIN`, each measured against the original in its own interleaved run (so a drift of
-    the GPU's clock between the two runs cancels out). Timed at several sizes (``--tune-shape``): by the
-    geometric mean of the per-size gains, and at no size more than the margin slower (so a layout faster
-    at batch 1 and slower at batch 16 is not kept for both. Why: MobileNetV3-L's --precision fp16 output
-    kept channels-last on a batch-1 timing and took 1.18x the time, at batch 16, of the half() export's
-    output, which had not kept it; docs/benchmarks.md 5.42).
+    the GPU's clock between the two runs cancels out): :func:`why_not_faster` finds no reason against it."""
+    return why_not_faster(candidate_timing, current_timing) is None
+
+
+def why_not_faster(candidate_timing, current_timing) -> str | None:
+    """None when the candidate is faster than the current output (:func:`is_faster`), else the first
+    reason against it, naming the statistic and the size that refused it (the reports' speed-ups are the
+    better of two statistics, so a refusal beside a larger speed-up needs saying which one lost: the zoo's
+    ConvNeXt-T read "1.75x the original against 1.45x without it: not kept", docs/benchmarks.md 5.48).
+
+    Timed at several sizes (``--tune-shape``): by the geometric mean of the per-size gains, and at no size
+    more than the margin slower (so a layout faster at batch 1 and slower at batch 16 is not kept for
+    both. Why: MobileNetV3-L's --precision fp16 output kept channels-last on a batch-1 timing and took
+    1.18x the time, at batch 16, of the half() export's output, which had not kept it; 5.42).
 
     Both statistics must agree: the gain by median latency and the gain by fastest run each pass on their
     own, as :func:`is_slower` asks of a slowdown, so one lucky run (or one stalled stretch) of a host-bound
     timing does not decide (the zoo's MobileNetV3-L at batch 1 measured 0.87x by median and 1.27x by
     fastest run in one --quick run, 1.33x by both in another, 5.42)."""
+    # start-up: tune_sizes loads the input samplers (numpy), which importing this module does not
+    from onnxfuse.tune_sizes import shapes_text
+
     if candidate_timing is None or current_timing is None:
-        return False
+        return "not timed"
     new, old = sizes(candidate_timing), sizes(current_timing)
     if len(new) != len(old):
-        return False
-    for stat in ("median_ms", "min_ms"):
+        return "not timed at every size"
+    for stat, label in (("median_ms", "median"), ("min_ms", "fastest run")):
         pairs = [(_ratio(n, stat), _ratio(o, stat)) for n, o in zip(new, old)]
         if any(not r_new or r_old is None for r_new, r_old in pairs):
-            return False
+            return "not timed at every size"
         gains = [r_old / r_new for r_new, r_old in pairs]  # the candidate's speed-up over the output's
         mean = math.prod(gains) ** (1.0 / len(gains))
-        if not (mean > 1.0 + SLOWER_MARGIN and min(gains) >= 1.0 - SLOWER_MARGIN):
-            return False
-    return True
+        if not mean > 1.0 + SLOWER_MARGIN:
+            where = "" if len(gains) == 1 else " over the sizes"
+            return f"by {label}{where} {_percent(mean)} against the output (needs more than +{SLOWER_MARGIN:.0%})"
+        worst = min(range(len(gains)), key=gains.__getitem__)
+        if gains[worst] < 1.0 - SLOWER_MARGIN:
+            shapes = shapes_text(getattr(new[worst], "shapes", None)) or f"size {worst + 1}"
+            return (f"by {label} at {shapes} {_percent(gains[worst])} against the output (may lose at most "
+                    f"{SLOWER_MARGIN:.0%} at any size)")
+    return None
+
+
+def _percent(gain: float) -> str:
+    """A speed gain as a signed percentage of speed: 1.05 → ``+5.0%``."""
+    return f"{(gain - 1.0) * 100:+.1f}%"
 
 
 @dataclass
@@ -304,6 +327,8 @@ class Trial:
     validation: object = None
     timing: object = None
     refused: str | None = None
+    #: for ``refused == "not faster"``: which statistic at which size refused it (:func:`why_not_faster`)
+    detail: str | None = None
 
     @property
     def rule(self) -> str:
@@ -313,14 +338,16 @@ class Trial:
         new, old = speedup(self.timing), speedup(current_timing)  # None where not timed
         return {"rule": self.rule, "change": self.choice.change, "kept": self.refused is None,
                 "speedup": None if new is None else round(new, 4),
-                "without_speedup": None if old is None else round(old, 4), "refused": self.refused}
+                "without_speedup": None if old is None else round(old, 4), "refused": self.refused,
+                "refused_detail": self.detail}
 
     def note(self, current_timing) -> str:
         new, old = speedup(self.timing), speedup(current_timing)
         what = self.rule if self.choice.add else f"without {self.rule}"
         measured = ("not timed" if new is None or old is None else
                     f"{new:.2f}x the original against {old:.2f}x " + ("without it" if self.choice.add else "with it"))
-        return f"measured choice {what}: {measured}: " + ("kept" if self.refused is None else f"not kept ({self.refused})")
+        why = self.refused if self.detail is None else f"{self.refused}: {self.detail}"
+        return f"measured choice {what}: {measured}: " + ("kept" if self.refused is None else f"not kept ({why})")
 
 
 def try_measured(current_timing, choices: list[Choice], attempt: Callable, retime: Callable,
@@ -355,7 +382,8 @@ def try_measured(current_timing, choices: list[Choice], attempt: Callable, retim
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             trial.refused = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             continue
-        if not is_faster(trial.timing, current_timing):
+        trial.detail = why_not_faster(trial.timing, current_timing)
+        if trial.detail is not None:
             trial.refused = "not faster"
             continue
         (added if choice.add else removed).append(choice.rule)

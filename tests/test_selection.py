@@ -167,7 +167,7 @@ def test_float32_fused_attention_is_a_measured_choice(monkeypatch):
     assert not ATTENTION & {n.op_type for n in result.model.graph.node} and result.validation.passed
     (trial,) = result.extra["measured"]
     assert trial == {"rule": "contrib-attention", "change": "remove", "kept": True, "speedup": pytest.approx(1 / 0.6, rel=0.02),
-                     "without_speedup": pytest.approx(1.25, rel=0.02), "refused": None}
+                     "without_speedup": pytest.approx(1.25, rel=0.02), "refused": None, "refused_detail": None}
     assert any(n.startswith("measured choice without contrib-attention:") and n.endswith("kept")
                for n in result.timing.notes), result.timing.notes
     assert result.applied.counts.get("contrib-attention", 0) == 0
@@ -265,6 +265,10 @@ def test_a_measured_choice_faster_at_one_size_and_slower_at_another_is_not_kept(
     assert [b for _, b in calls] == [1, 16, 1, 16]
     (trial,) = result.extra["measured"]
     assert not trial["kept"] and trial["refused"] == "not faster"
+    # which size refused it: 0.8 / 0.9 ms at batch 16 by median (the first statistic judged)
+    assert trial["refused_detail"] == ("by median at input 16x3x64x64 -11.1% against the output "
+                                       "(may lose at most 3% at any size)")
+    assert any(n.endswith(f"not kept (not faster: {trial['refused_detail']})") for n in result.timing.notes)
     assert "NhwcConv" not in {n.op_type for n in result.model.graph.node}
     (other,) = result.timing.other_sizes
     assert other.shapes == {"input": [16, 3, 64, 64]} and result.timing.shapes == {"input": [1, 3, 64, 64]}
@@ -340,6 +344,20 @@ def test_a_choice_needs_its_median_and_fastest_run_to_agree():
     lucky_current = _timing(1.0, 0.8, fastest_after=0.4)
     assert not is_faster(_timing(1.0, 0.6), lucky_current)  # the median wins, the fastest run does not
     assert not is_faster(None, current) and not is_faster(_timing(1.0, 0.6), None)
+
+
+def test_a_refused_choice_says_which_statistic_refused_it():
+    """why_not_faster names the statistic that refused a candidate and by how much, so that a report
+    showing the better statistic's larger speed-up beside "not kept" can be read."""
+    from onnxfuse.selection import why_not_faster
+
+    current = _timing(1.0, 0.8)
+    assert why_not_faster(_timing(1.0, 0.6), current) is None
+    assert why_not_faster(_timing(1.0, 0.79), current) == "by median +1.3% against the output (needs more than +3%)"
+    lucky_current = _timing(1.0, 0.8, fastest_after=0.4)
+    assert why_not_faster(_timing(1.0, 0.6), lucky_current) == (
+        "by fastest run -33.3% against the output (needs more than +3%)")
+    assert why_not_faster(None, current) == "not timed"
 
 
 def test_tune_dim_names_sizes_by_dimension(monkeypatch):
