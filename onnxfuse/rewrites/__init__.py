@@ -30,6 +30,7 @@ from onnxfuse.rewrites.engine.rule import TARGETS, ApplyReport, GraphPass, Plan,
 #   whatever elementwise ops are left.
 ORDER = [
     "fold/fold-constants",  # first: static sizes and constants let the pattern rules below match
+    "fold/fold-weight-upcast",  # early: the pattern rules match constant weights, not Casts of float16 ones
     "fold/reshape-allowzero",  # early: the pattern rules match allowzero=0 Reshapes (dynamo writes 1)
     "fold/cancel-cast-roundtrip",  # before contrib-attention: float16 Llama's Softmax → Cast ↑ → Cast ↓ → MatMul
     "fold/fold-weight-transpose",  # before contrib-fused-matmul-transpose would absorb it as transB
@@ -47,8 +48,8 @@ ORDER = [
     "fold/fold-scale-bias",
     "contrib/contrib-channels-last",  # after the BatchNorm and scale folds (their Conv weights), before the elementwise rules fuse on NHWC tensors (opt-in, CUDA only)
     "contrib/contrib-attention",  # before the FusedMatMul rules, which would take its scale and Kᵀ (opt-in)
-    "contrib/contrib-mask-lengths",
-    "contrib/contrib-grouped-queries",  # opt-in; after contrib-attention, whose MultiHeadAttention over repeated K/V it regroups  # after contrib-attention, whose raw masks it reads (--right-padded only)
+    "contrib/contrib-mask-lengths",  # after contrib-attention, whose raw masks it reads (--right-padded only)
+    "contrib/contrib-grouped-queries",  # opt-in; after contrib-attention, whose MultiHeadAttention over repeated K/V it regroups
     "contrib/contrib-quick-gelu",
     "contrib/contrib-gelu",
     "contrib/contrib-fast-gelu",
