@@ -203,6 +203,19 @@ def op_counts(model: onnx.ModelProto, in_bodies: bool = False) -> dict[str, int]
     return dict(sorted(counts.items()))
 
 
+def growth_note(applied: ApplyReport) -> str | None:
+    """One line naming the rules that made the stored weights larger by more than 1 MiB in all (a file
+    twice the input's size should not come as a surprise), with the ``--skip`` that avoids it; None
+    otherwise."""
+    grown = applied.bytes_added()
+    if sum(total for total, _ in grown.values()) <= 1 << 20:
+        return None
+    parts = [f"{rule} {total / 1e6:.1f} MB ({count} tensor{'s' if count != 1 else ''})"
+             for rule, (total, count) in sorted(grown.items())]
+    return (f"the output stores more weight bytes than the input: {', '.join(parts)}; "
+            f"--skip {','.join(sorted(grown))} keeps the file smaller")
+
+
 def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.ModelProto, ApplyReport]:
     """Apply ``rules`` to a copy of ``model``; the input proto is never modified.
 
@@ -361,7 +374,7 @@ def optimize_model(
         except SessionRefused as exc:
             step("searching for the rule responsible")
             raise unloadable(exc, model, start, rules, applied, options, rewrite_model) from None
-        body_notes = [n for n in [left_note(applied.bodies)] if n]
+        body_notes = [n for n in [left_note(applied.bodies), growth_note(applied)] if n]
         report.notes.extend(repair_notes + body_notes + precision_notes + conversion_notes(report, validator.conversion))
         result.validation = report
         if not report.passed:

@@ -83,6 +83,18 @@ class ApplyReport:
     def applied_rules(self) -> list[str]:
         return [name for name, n in self.counts.items() if n > 0]
 
+    def bytes_added(self) -> dict[str, tuple[int, int]]:
+        """Per rule whose rewrites stored more weight bytes than they replaced (their details'
+        ``bytes_added``, e.g. fold-weight-upcast's float32 copies): (bytes, rewrites). A user who sees
+        the output file larger than the input should be told which rule did it."""
+        grown: dict[str, tuple[int, int]] = {}
+        for detail in self.details:
+            added = detail.get("bytes_added")
+            if added:
+                total, count = grown.get(detail["rule"], (0, 0))
+                grown[detail["rule"]] = (total + int(added), count + 1)
+        return grown
+
     def absorb(self, other: "ApplyReport") -> None:
         """Add what ``other`` did (a subgraph body's rewrite) to this report: counts, cleanup, refusals and
         details; its own ``bodies`` and ``dropped`` stay its own."""

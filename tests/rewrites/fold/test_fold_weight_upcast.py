@@ -94,3 +94,16 @@ def _weights_read_through_casts(model):
     del graph.node[:]
     graph.node.extend(nodes)
     return copy
+
+
+def test_the_user_is_told_the_file_grows_and_how_to_keep_it_small():
+    """A 2 MB float16 weight stored in float32 adds its 2 MB: optimize says so in a note, with the --skip
+    that avoids it; a model that grows by less than 1 MiB gets no such note."""
+    model, w = upcast_linear(n=2048)
+    result = onnxfuse.optimize(model, provider="cpu", bench=False)
+    assert result.applied.bytes_added() == {RULE: (w.nbytes, 1)}
+    want = (f"the output stores more weight bytes than the input: {RULE} {w.nbytes / 1e6:.1f} MB (1 tensor); "
+            f"--skip {RULE} keeps the file smaller")
+    assert want in result.validation.notes, result.validation.notes
+    small, _ = upcast_linear(n=8)
+    assert not any("more weight bytes" in n for n in onnxfuse.optimize(small, provider="cpu", bench=False).validation.notes)
