@@ -202,3 +202,28 @@ def test_an_item_that_keeps_no_token_stays_as_the_original_under_fp16(name):
     for out, ref in run_ort(model, feeds).items():
         err, cos = drift(ref[1], got[out][1])
         assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}, item 1: normalized max error {err:.3g}, cosine {cos:.6f}"
+
+
+def test_transformers_4_bert_under_fp16_fuses_its_attention_on_the_right_padded_promise():
+    """transformers 4.57's eager BERT adds (1 - mask)·finfo(float32).min, a keep mask only where the mask
+    holds 0 and 1. Under --precision fp16 its softmax islands stay unfused without a promise (the refusal
+    names --right-padded); with ``right_padded=["attention_mask"]`` both attentions fuse, their masks
+    become 1-D key lengths, validation (right-padded draws) passes, and this test's own right-padded
+    inputs drift within what float16 allows."""
+    model = load_testdata("bert_tiny_tx457_opset14")
+    plain = onnxfuse.optimize(model, precision="fp16", provider="cpu")
+    assert plain.applied.counts["contrib-attention"] == 0
+    assert any("--right-padded NAME" in r.reason for r in plain.applied.refusals if r.rule == "contrib-attention")
+    result = onnxfuse.optimize(model, precision="fp16", provider="cpu", right_padded=["attention_mask"])
+    assert result.validation.passed
+    assert result.applied.counts["contrib-attention"] == 2 and result.applied.counts["contrib-mask-lengths"] == 2
+    session = ort.InferenceSession(result.model.SerializeToString(), session_options(),
+                                   providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(5)
+    mask = (np.arange(16)[None, :] < np.array([16, 10, 3])[:, None]).astype(np.int64)  # right-padded rows
+    feeds = {"input_ids": rng.integers(0, 100, (3, 16)).astype(np.int64), "attention_mask": mask}
+    got = dict(zip(names, session.run(names, feeds)))
+    for out, ref in run_ort(model, feeds).items():
+        err, cos = drift(ref, got[out])
+        assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}: normalized max error {err:.3g}, cosine {cos:.6f}"

@@ -46,6 +46,8 @@ Both ops run on ONNX Runtime's CPU provider, so validation needs no GPU.
 
 from __future__ import annotations
 
+import copy
+
 from onnxfuse.rewrites.contrib.attention.emit import emit
 from onnxfuse.rewrites.contrib.attention.pattern import analyze_onnx_attention, analyze_softmax
 from onnxfuse.rewrites.contrib.attention.plan import AttentionPlan
@@ -58,12 +60,21 @@ class ContribAttention(Rule):
     description = ("softmax(s·QKᵀ + mask)·V over Reshape/Transpose-split heads → com.microsoft "
                    "Attention (packed q/k/v projections) or MultiHeadAttention (heads read from the graph)")
     targets = frozenset({"contrib", "cuda"})
+    #: inputs promised right-padded (``--right-padded``), hence 0/1: a ``(1 - m)·c`` mask over them is a keep mask
+    right_padded: frozenset[str] = frozenset()
+
+    def under(self, assumptions):
+        rule = copy.copy(self)
+        rule.right_padded = assumptions.right_padded
+        return rule
 
     def match(self, graph):
         return [n for n in graph.nodes if is_op(n, "Softmax", "Attention")]
 
     def check(self, graph, anchor):
-        return analyze_onnx_attention(graph, anchor) if is_op(anchor, "Attention") else analyze_softmax(graph, anchor)
+        if is_op(anchor, "Attention"):
+            return analyze_onnx_attention(graph, anchor)
+        return analyze_softmax(graph, anchor, zero_one_inputs=self.right_padded)
 
     def rewrite(self, graph, plan: AttentionPlan):
         return emit(graph, plan)

@@ -42,12 +42,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, append_axes_op
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import declared_shape, dtype_of, int_attr, is_ms_op, is_op, subgraphs
+from onnxfuse.rewrites.facts.graph import declared_shape, dtype_of, int_attr, is_ms_op, is_op, value_sources
 from onnxfuse.rewrites.facts.shape_values import proved_rank
-
-#: Ops that read only their input's shape, never its values.
-SHAPE_READS = ("Shape", "Size")
-
 
 class ContribMaskLengths(ContribRule):
     name = "contrib-mask-lengths"
@@ -100,31 +96,6 @@ class ContribMaskLengths(ContribRule):
         append_axes_op(graph, "ReduceSum", names(f"{base}/key_lengths"), counted, [1], lengths, {"keepdims": 0})
         node.inputs[3] = lengths
         return {"op": "com.microsoft.Attention", "mask_form": "1-D key lengths", "right_padded": promised}
-
-
-def value_sources(tensor) -> set[str] | None:
-    """The graph inputs whose values ``tensor`` is computed from (constants and initializers are not
-    inputs; the input of a Shape or Size contributes only its shape, so it is not followed), or None
-    when the computation passes through a node with subgraphs (their outer-scope reads are implicit)."""
-    sources: set[str] = set()
-    seen: set[int] = set()
-    stack = [tensor]
-    while stack:
-        t = stack.pop()
-        if id(t) in seen or isinstance(t, gs.Constant):
-            continue
-        seen.add(id(t))
-        if not t.inputs:
-            if t.name:
-                sources.add(t.name)
-            continue
-        node = t.inputs[0]
-        if next(subgraphs(node), None) is not None:
-            return None
-        if is_op(node, *SHAPE_READS):
-            continue
-        stack.extend(i for i in node.inputs if not i.is_empty())
-    return sources
 
 
 def _zero_one(mask) -> bool:

@@ -11,7 +11,9 @@ producers, readers and subgraphs.
 * :func:`is_default_domain` is the ONNX-domain test (``""``, ``"ai.onnx"`` or unset).
 * :func:`producer_of`, :func:`consumers`, :func:`sole_consumer_problem`, :func:`only_read_by`,
   :func:`internal_problem` describe the structure a rewrite relies on; :func:`subgraphs` and
-  :func:`graphs_within` the If/Loop/Scan bodies (which graph owns which node: :mod:`.scopes`).
+  :func:`graphs_within` the If/Loop/Scan bodies (which graph owns which node: :mod:`.scopes`);
+  :func:`value_sources` the graph inputs whose values a tensor is computed from (what a user's promise
+  about an input, ``--right-padded``, can vouch for).
 """
 
 from __future__ import annotations
@@ -285,6 +287,35 @@ def computed_from(tensors, sources: set, except_shape_reads: bool = False) -> bo
         if node is not None and not (except_shape_reads and is_op(node, "Shape") and id(node.inputs[0]) in sources):
             stack.extend(node.inputs)
     return False
+
+
+#: Ops that read only their input's shape, never its values.
+SHAPE_READS = ("Shape", "Size")
+
+
+def value_sources(tensor) -> set[str] | None:
+    """The graph inputs whose values ``tensor`` is computed from (constants and initializers are not
+    inputs; the input of a Shape or Size contributes only its shape, so it is not followed), or None
+    when the computation passes through a node with subgraphs (their outer-scope reads are implicit)."""
+    sources: set[str] = set()
+    seen: set[int] = set()
+    stack = [tensor]
+    while stack:
+        t = stack.pop()
+        if id(t) in seen or isinstance(t, gs.Constant):
+            continue
+        seen.add(id(t))
+        if not t.inputs:
+            if t.name:
+                sources.add(t.name)
+            continue
+        node = t.inputs[0]
+        if next(subgraphs(node), None) is not None:
+            return None
+        if is_op(node, *SHAPE_READS):
+            continue
+        stack.extend(i for i in node.inputs if not i.is_empty())
+    return sources
 
 
 def consumers(tensor) -> list:

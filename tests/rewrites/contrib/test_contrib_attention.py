@@ -899,7 +899,8 @@ def island_model(mask="keep", cross=False):
     """GPT-2's float16 export: float16 projections and heads, the scaled scores cast up to float32, a
     float32 mask ``Where(Not(And(causal, keep)), finfo(float32).min, ConstantOfShape(zeros))`` added
     there, a float32 Softmax, and its result cast back to float16 for ×V. ``mask``: "keep" (that form),
-    "float" (a float32 mask input added as it is) or None. ``cross``: keys and values from a second input
+    "float" (a float32 mask input added as it is), "one_minus" (transformers 4's ``(1 - m)·finfo.min`` of
+    an int64 [B, S] input m) or None. ``cross``: keys and values from a second input
     of L positions (MultiHeadAttention, not packed), the mask ``Where(Not(keep), ...)`` of keep [B,1,1,L]."""
     model = attention_model(mask="full", dtype=np.float16, cross=cross)
     graph = model.graph
@@ -938,6 +939,18 @@ def island_model(mask="keep", cross=False):
                   h.make_node("Where", ["dropped", "min32", "zeros"], ["madd"])]
     elif mask == "float":
         graph.input.append(h.make_tensor_value_info("madd", T.FLOAT, ["B", 1, S, S]))
+    elif mask in ("one_minus", "one_minus_half"):  # transformers 4: (1 - m[:, None, None, :].to(float)) * finfo.min
+        # "one_minus_half": the Sub in float16 and cast up, as --precision fp16 leaves it
+        graph.input.append(h.make_tensor_value_info("m", T.INT64, ["B", S]))
+        sub_type, sub_np = (T.FLOAT16, np.float16) if mask == "one_minus_half" else (T.FLOAT, np.float32)
+        graph.initializer.extend([numpy_helper.from_array(np.array([1, 2], np.int64), "m_axes"),
+                                  numpy_helper.from_array(np.array(1.0, sub_np), "one"),
+                                  numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "min32")])
+        extra += [h.make_node("Unsqueeze", ["m", "m_axes"], ["m4"]),
+                  h.make_node("Cast", ["m4"], ["m4f"], to=sub_type),
+                  h.make_node("Sub", ["one", "m4f"], ["dropped_sub"]),
+                  h.make_node("Cast", ["dropped_sub"], ["dropped_f"], to=T.FLOAT),
+                  h.make_node("Mul", ["dropped_f", "min32"], ["madd"])]
     else:
         add.op_type, add.input[:] = "Identity", ["scaled32"]
     del graph.node[:]
@@ -1002,6 +1015,50 @@ def test_float32_softmax_island_without_a_mask_fuses_and_with_a_float_mask_is_re
     assert fused(out) == []
     (refusal,) = [r for r in report.refusals if r.rule == RULE]
     assert "float32 Softmax" in refusal.reason and "not a 0/fill keep mask" in refusal.reason
+
+
+@pytest.mark.parametrize("form", ["one_minus", "one_minus_half"])
+def test_transformers_4_mask_in_a_float32_island_fuses_under_the_right_padded_promise(form):
+    """transformers 4's extended mask (1 - m)·finfo(float32).min is a keep mask only where m holds 0 and
+    1: without a promise the island is refused, naming --right-padded; with ``--right-padded m`` (0/1,
+    right-padded) it fuses with the raw mask Cast(m, int32) and the float32 fill, equal to the original on
+    right-padded rows (an item with no key kept too: uniform in both). An m holding 2 (outside the
+    promise) shows why the promise is needed: the original then adds -finfo.min."""
+    model = island_model(mask=form)
+    out, report = apply(model)
+    assert fused(out) == []
+    (refusal,) = [r for r in report.refusals if r.rule == RULE]
+    assert "(1 - m)·c" in refusal.reason and "--right-padded NAME" in refusal.reason
+    out, report = helpers.optimize(model, only=[RULE], right_padded=["m"])
+    onnx.checker.check_model(out, full_check=True)
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == "mask_index" and fused(out) == ["Attention"]
+    att, _ = mask_index_of(out)
+    filter_value = [a.f for a in att.attribute if a.name == "mask_filter_value"]
+    assert filter_value == [pytest.approx(float(np.finfo(np.float32).min), rel=1e-7)]
+    feeds = feeds_for(model)
+    feeds["x"] = (feeds["x"] * 4).astype(np.float16)
+    lengths = [S, S - 2, 1, 0][:len(feeds["m"])]
+    feeds["m"] = (np.arange(S)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+    want, got = run_ort(model, feeds)["out"].astype(np.float64), run_ort(out, feeds)["out"].astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+    feeds["m"][0, 0] = 2  # outside the promise: key 0 of item 0 takes every weight in the original
+    want, got = run_ort(model, feeds)["out"].astype(np.float64), run_ort(out, feeds)["out"].astype(np.float64)
+    assert np.max(np.abs(got[0] - want[0])) > 5e-2
+
+
+def test_a_float32_one_minus_mask_over_a_promised_input_becomes_a_raw_mask():
+    """In float32 (packed Attention) the (1 - m)·c padding mask over an input promised right-padded goes
+    raw like a keep mask (measured faster in float32, keep_masks) and then to 1-D key lengths
+    (contrib-mask-lengths); without the promise it stays an additive attention_bias."""
+    model = attention_model(mask="padding")
+    out, _ = apply(model)
+    att, mask_index = mask_index_of(out)
+    assert not mask_index and len(att.input) > 5 and att.input[5]  # attention_bias
+    out, report = helpers.optimize(model, only=[RULE, "contrib-mask-lengths"], right_padded=["m"])
+    assert report.counts["contrib-mask-lengths"] == 1
+    feeds = feeds_for(model)  # m right-padded 0/1
+    np.testing.assert_allclose(run_ort(out, feeds)["out"], run_ort(model, feeds)["out"], rtol=1e-5, atol=1e-6)
 
 
 def test_float16_where_fill_on_multihead_attention_becomes_a_key_padding_mask():

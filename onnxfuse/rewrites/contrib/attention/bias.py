@@ -17,7 +17,7 @@ from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, run_time_dim, sequence_of
 from onnxfuse.rewrites.contrib.attention.policy import keep_bias_fill
 from onnxfuse.rewrites.engine.edit import append_axes_op, new_constant
-from onnxfuse.rewrites.facts.graph import axes_of, constant_value, consumers, dims_equal, is_op, producer_of, shape_of
+from onnxfuse.rewrites.facts.graph import axes_of, constant_value, consumers, dims_equal, dtype_of, is_op, producer_of, shape_of
 from onnxfuse.rewrites.facts.shape_values import axis_length, same_length
 
 def _combined_mask(graph, plan, names, base):
@@ -135,7 +135,7 @@ def _rows_target_of(graph, reshape, bias) -> bool:
 
 def build_mask_index(graph, names, base, mask: KeepMask, query, key, key_axis: int):
     """``Attention``'s raw ``mask_index`` (MultiHeadAttention's ``key_padding_mask``) of 0 and 1 from the
-    bool ``keep``: 2-D [B, L] as
+    bool ``keep`` (or a 0/1 one of another type, ``zero_one``): 2-D [B, L] as
     ``Cast(Flatten(keep, axis=1), int32)`` for a key padding mask, 3-D [B, S, L] as ``Cast(Squeeze(keep,
     [1]), int32)`` for one per query (``Not`` first when the mask drops where ``keep`` is True). A
     broadcast dimension of ``keep`` (a causal mask shared across the batch, [1, 1, S, L]) is spelled out
@@ -144,7 +144,8 @@ def build_mask_index(graph, names, base, mask: KeepMask, query, key, key_axis: i
     keep = mask.keep
     if mask.expand:
         keep = _spelled_out_keep(graph, names, base, mask.keep, query, key, key_axis, mask.rank == 3, "keep")
-    flat = gs.Variable(names(f"{base}/key_keep"), dtype=np.bool_)
+    # a 0/1 keep of another type (KeepMask.zero_one) is cast to int32 as it is: 1 keeps, 0 drops
+    flat = gs.Variable(names(f"{base}/key_keep"), dtype=dtype_of(graph, mask.keep) if mask.zero_one else np.bool_)
     if mask.rank == 2:
         graph.nodes.append(gs.Node("Flatten", names(f"{base}/key_keep_flatten"), {"axis": 1},
                                    inputs=[keep], outputs=[flat]))
@@ -169,7 +170,7 @@ def _spelled_out_keep(graph, names, base, keep, query, key, key_axis: int, per_q
     target = gs.Variable(names(f"{base}/{tag}_shape"), dtype=np.int64)
     graph.nodes.append(gs.Node("Concat", names(f"{base}/{tag}_shape"), {"axis": 0},
                                inputs=[batch, one, seq if per_query else one, length], outputs=[target]))
-    full = gs.Variable(names(f"{base}/{tag}_full"), dtype=np.bool_)
+    full = gs.Variable(names(f"{base}/{tag}_full"), dtype=keep.dtype if keep.dtype is not None else np.bool_)
     graph.nodes.append(gs.Node("Expand", names(f"{base}/{tag}_expand"), inputs=[keep, target], outputs=[full]))
     return full
 

@@ -23,7 +23,10 @@ finfo.min, as in the graph). A raw mask takes ONNX Runtime's unfused CUDA path (
 and TensorRT kernels take no raw mask; ``attention.cc``). Measured (one BERT-base layer, H100): 0.069
 against 0.076 ms at fp32 batch 1. Not in float16: there the raw mask was slower (0.096 against 0.079 ms
 at batch 16) than ``attention_bias``, which reaches the memory-efficient kernel. A ``(1 - m)·c`` float
-mask is not converted: it equals a keep/drop mask only for m in {0, 1}. MultiHeadAttention (q, k, v not
+mask (transformers 4's extended mask) equals a keep/drop mask only for m in {0, 1}: it is converted only
+where m is an input the user promised right-padded (``--right-padded``, which promises 0/1 values; the
+raw mask is then m itself cast to int32), else it stays an additive bias (refused in a float32 softmax
+island, with a reason naming the promise). MultiHeadAttention (q, k, v not
 packed: given heads, cross-attention) takes the same raw mask as its ``key_padding_mask`` with the same
 ``mask_filter_value``, B and S read from its query, L from its key; only where a float16 bias would not be
 exact (a float32 softmax island, a float16 masked_fill of -65504), since the raw mask leaves the fused
@@ -96,9 +99,13 @@ class KeepMask:
     fill: float
     rank: int = 2
     expand: bool = False
+    #: ``keep`` is not bool but a tensor proved to hold only 0 and 1 (:func:`promised_zero_one`): keys are
+    #: kept where it is 1; a raw mask only (its Cast to int32 is the mask itself), never a Where's condition
+    zero_one: bool = False
 
 
-def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, lengths=None) -> KeepMask | None:
+def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, lengths=None,
+              zero_one_inputs: frozenset[str] = frozenset()) -> KeepMask | None:
     """The mask steps ``terms`` (:func:`mask_terms`) as a :class:`KeepMask`, or None.
 
     Accepted: one term, either ``x + Where(c, 0, f)`` / ``x + Where(c, f, 0)`` (one branch a scalar
@@ -113,6 +120,12 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
     float mask computed as ``(1 - m)·c``) gives None: the mask then stays an additive bias.
     ``infinite_fill``: f may be -inf too (torch's legacy export of scaled_dot_product_attention,
     ``Where(keep, 0, -inf)``, whose NaN guard the caller emulates; the fill is then replaced).
+    ``zero_one_inputs``: graph inputs the user promised hold only 0 and 1 (``--right-padded``); then a
+    ``(1 - m)·c`` mask (transformers 4's extended attention mask, :func:`one_minus_mask`) whose m is
+    one of them, rearranged only (:func:`promised_zero_one`), is a keep mask too: it adds c where m is 0
+    and nothing where m is 1, which is what the raw mask ``Cast(m, int32)`` with ``mask_filter_value`` c
+    makes the kernel add (without the promise it is not one: m = 2 would add -c), a 0/1 m of any type
+    cast to int32 being 0/1 too.
     ``lengths``: ``(tensor, axis)`` where B, S and L are read at run time; a dimension of ``keep`` that
     is not provably 1 or its name is then compared by length, both proved from how the tensors are made
     (:func:`~onnxfuse.rewrites.facts.shape_values.axis_length`): a KV-cache decoder's causal and padding
@@ -121,9 +134,15 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
     if len(terms) != 1:
         return None
     term = terms[0]
-    if term.kind == "add":
+    zero_one = False
+    if term.kind == "add" and not is_op(producer_of(term.mask), "Where"):
+        found = one_minus_mask(graph, term.mask)
+        if found is None or infinite_fill or not promised_zero_one(graph, found[0], zero_one_inputs):
+            return None
+        (cond, fill), keep_if_true, zero_one = found, True, True
+    elif term.kind == "add":
         where = producer_of(term.mask)
-        if not is_op(where, "Where") or len(where.inputs) != 3:
+        if len(where.inputs) != 3:
             return None
         cond, a, b = where.inputs
         va, vb = scalar_constant(graph, a), scalar_constant(graph, b)
@@ -142,12 +161,12 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
             return None  # a shaped zeros branch must not make the mask larger than the scores
     else:
         cond, keep_if_true, fill = term.cond, term.scores_if_true, term.fill
-    keep, negate = broadcast_source(graph, cond), not keep_if_true
+    keep, negate = (cond if zero_one else broadcast_source(graph, cond)), not keep_if_true
     inverse = producer_of(keep)
     if negate and is_op(inverse, "Not") and inverse.inputs:  # Where(Not(k), f, 0) keeps where k
         keep, negate = broadcast_source(graph, inverse.inputs[0]), False
     shape = shape_of(graph, keep)
-    if dtype_of(graph, keep) != np.dtype(bool) or shape is None or len(shape) > 4:
+    if (dtype_of(graph, keep) != np.dtype(bool) and not zero_one) or shape is None or len(shape) > 4:
         return None
     dims = [1] * (4 - len(shape)) + list(shape)
     wants, pad = [batch, 1, queries, keys], 4 - len(shape)
@@ -165,7 +184,45 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
         return None
     rank = 2 if ones[2] else 3
     expand = len(shape) != 4 or not (equal[0] and equal[3])
-    return KeepMask(keep, negate, fill, rank, expand)
+    return KeepMask(keep, negate, fill, rank, expand, zero_one)
+
+
+def one_minus_mask(graph, tensor) -> tuple[gs.Tensor, float] | None:
+    """(m, c) when ``tensor`` is ``Mul(Sub(1, m), c)`` (either operand order of the Mul; Casts between the
+    Sub and the Mul, as ``--precision fp16`` leaves them, seen through: for m in {0, 1}, 1 - m is 0 or 1
+    in every float type), c a finite scalar constant: transformers 4's extended attention mask ``(1.0 -
+    mask.to(dtype)) * finfo.min``, m being the ``Cast``; else None."""
+    mul = producer_of(tensor)
+    if not is_op(mul, "Mul") or len(mul.inputs) != 2:
+        return None
+    for sub_out, scale in (mul.inputs, mul.inputs[::-1]):
+        c, sub = scalar_constant(graph, scale), producer_of(sub_out)
+        while is_op(sub, "Cast") and sub.inputs:  # --precision fp16: the Sub in float16, cast up (1 - m is 0 or 1)
+            sub = producer_of(sub.inputs[0])
+        if c is None or not is_op(sub, "Sub") or len(sub.inputs) != 2:
+            continue
+        c, one = float(np.asarray(c, np.float64).reshape(())), scalar_constant(graph, sub.inputs[0])
+        if np.isfinite(c) and one is not None and float(np.asarray(one).reshape(())) == 1.0:
+            return sub.inputs[1], c
+    return None
+
+
+#: Ops that move or copy their first input's values without changing one: 0/1 in, 0/1 out.
+_VALUE_KEEPING = ("Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Slice", "Transpose")
+
+
+def promised_zero_one(graph, tensor, inputs: frozenset[str]) -> bool:
+    """``tensor`` holds only 0 and 1 because it is one of ``inputs`` (promised 0/1) rearranged by ops
+    that keep values (:data:`_VALUE_KEEPING`) and Casts (0 and 1 stay 0 and 1, or False and True)."""
+    seen = 0
+    while inputs and seen < 16:
+        if any(t is tensor for t in graph.inputs):
+            return tensor.name in inputs
+        node = producer_of(tensor)
+        if node is None or not node.inputs or not (is_op(node, *_VALUE_KEEPING) or is_op(node, "Cast")):
+            return False
+        tensor, seen = node.inputs[0], seen + 1
+    return False
 
 
 def _same_length(graph, keep, pad: int, i: int, source) -> bool:

@@ -15,8 +15,10 @@ from onnxfuse.rewrites.contrib.attention.shape_reads import find_shape_reads
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import consumers, dtype_of, is_graph_output, is_op, producer_of, rank_of, shape_of
 
-def analyze_softmax(graph, softmax) -> AttentionPlan | Refuse:
-    """The plan for the attention ending in ``softmax`` (contrib-attention's anchor), or why not."""
+def analyze_softmax(graph, softmax, zero_one_inputs: frozenset[str] = frozenset()) -> AttentionPlan | Refuse:
+    """The plan for the attention ending in ``softmax`` (contrib-attention's anchor), or why not.
+    ``zero_one_inputs``: graph inputs the user promised to hold only 0 and 1 (``--right-padded``), which
+    a ``(1 - m)·c`` mask may read (:func:`~onnxfuse.rewrites.contrib.attention.keep_masks.keep_mask`)."""
     if len(softmax.inputs) != 1:
         return Refuse("Softmax does not have one input")
     scores_shape = shape_of(graph, softmax.inputs[0])
@@ -106,7 +108,8 @@ def analyze_softmax(graph, softmax) -> AttentionPlan | Refuse:
     q, k, v = found
     return plan_attention(graph, softmax, nodes, q, k, v, factors, terms, dtype, island, merge_r,
                           lambda: find_shape_reads(graph, nodes, merge_r, q, k, v, qk, pv, merge_t),
-                          zero_empty_rows=zero_empty_rows, float32_output=wide, half_terms=half_terms)
+                          zero_empty_rows=zero_empty_rows, float32_output=wide, half_terms=half_terms,
+                          zero_one_inputs=zero_one_inputs)
 
 def analyze_onnx_attention(graph, op) -> AttentionPlan | Refuse:
     """ONNX's own ``Attention`` (opset 23, which torch's dynamo exporter writes for scaled_dot_product_

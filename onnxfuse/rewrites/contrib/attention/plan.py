@@ -28,7 +28,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.facts import strip_scale
 from onnxfuse.rewrites.contrib.attention.heads import shared_splits
-from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask, keep_mask
+from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask, keep_mask, one_minus_mask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, SEQ_FIRST, batch_of, sequence_of
 from onnxfuse.rewrites.contrib.attention.masks import FP16_MIN
 from onnxfuse.rewrites.contrib.attention.policy import cache_key, keep_bias_pays, raw_mask_pays, speed_policy
@@ -70,7 +70,8 @@ class AttentionPlan:
 
 
 def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island, merge_r, shape_reads_of,
-                   zero_empty_rows: bool = False, float32_output: bool = False, half_terms: bool = False):
+                   zero_empty_rows: bool = False, float32_output: bool = False, half_terms: bool = False,
+                   zero_one_inputs: frozenset[str] = frozenset()):
     """The checks and the plan both forms share once q, k, v are split and the mask steps peeled:
     ``shape_reads_of`` finds the Shape readers the rewrite can recompute (None: none allowed).
 
@@ -142,6 +143,7 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
         if rank_of(graph, qx) == AXES[q_layout][0] and rank_of(graph, kx) == AXES[k_layout][0]:
             key_mask = keep_mask(graph, terms, batch_of(graph, qx, q_layout), sequence_of(graph, qx, q_layout),
                                  sequence_of(graph, kx, k_layout), infinite_fill=zero_empty_rows,
+                                 zero_one_inputs=zero_one_inputs,
                                  lengths=((qx, AXES[q_layout][1]), (qx, AXES[q_layout][2]), (kx, AXES[k_layout][2])))
     if zero_empty_rows:
         if key_mask is None or q.layout == SEQ_FIRST:
@@ -156,7 +158,7 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
                           "only with the mask as a raw keep mask (Attention's mask_index, MultiHeadAttention's "
                           "key_padding_mask); the mask is not a keep mask of [B, 1, S or 1, L]")
         key_mask = replace(key_mask, fill=float(np.finfo(np.float32).min))
-    keep_as_bias = key_mask is not None and keep_bias_pays(dtype, zero_empty_rows, given and cache_key(graph, k_source))
+    keep_as_bias = key_mask is not None and not key_mask.zero_one and keep_bias_pays(dtype, zero_empty_rows, given and cache_key(graph, k_source))
     # k's layout is q's unless k is given (then packed is None: no all-keys mask either way)
     verdict = speed_policy(graph, dtype=dtype, layout=k.layout if given else q.layout, key=k_source,
                            packed=packed is not None, key_mask=key_mask is not None and not keep_as_bias,
@@ -164,12 +166,15 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
     if isinstance(verdict, Refuse):
         return verdict
     if island and terms and key_mask is None and not half_terms:
+        one_minus = len(terms) == 1 and terms[0].kind == "add" and one_minus_mask(graph, terms[0].mask) is not None
         return Refuse("float16 attention with a float32 Softmax: fused only with the mask as a raw 0/1 mask "
                       "(Attention's mask_index, MultiHeadAttention's key_padding_mask: the kernel adds "
                       "mask_filter_value in float32, as the graph does); "
                       + ("the sequence-first layout takes no raw mask unless packed" if q.layout == SEQ_FIRST
                          and packed is None else "the mask is not a 0/fill keep mask of [B, 1, S or 1, L] (a "
-                      "float16 attention_bias would round the float32 mask)"))
+                      "float16 attention_bias would round the float32 mask)")
+                      + ("; it is (1 - m)·c, a keep mask only where m holds 0 and 1: --right-padded NAME promises "
+                         "that of input NAME (transformers 4's attention_mask)" if one_minus else ""))
     return AttentionPlan(anchor=anchor, nodes=nodes, q=q_source, k=k_source, v=v_source, heads=q.heads,
                          head_size=q.size, scale=scale, layout=q.layout, dtype=dtype, merge=merge_r, terms=terms,
                          mask_rank=mask_rank, mask_tail_known=tail_known, biases=biases, shape_reads=shape_reads,
