@@ -338,7 +338,9 @@ _OPTIMIZE = (
     Option("right_padded", "Promise that input NAME (an attention mask) holds right-padded rows: n >= 1 "
                            "ones, then zeros, as a tokenizer that pads on the right writes (repeatable). "
                            "Attention then reads it as 1-D lengths (ReduceSum of the mask), as ONNX "
-                           "Runtime's transformers optimizer writes it; random inputs keep the promise. "
+                           "Runtime's transformers optimizer writes it, and a (1 - mask)·c mask "
+                           "(transformers 4's eager BERT) counts as a 0/1 keep mask, so its float32 "
+                           "softmax under --precision fp16 fuses; random inputs keep the promise. "
                            "Wrong for left-padded masks.",
            annotation="str | Sequence[str] | None", check=input_names,
            command_line=CommandLine("--right-padded", "right_padded", multiple=True, metavar="NAME", to_api=list),
