@@ -839,6 +839,15 @@ def fully_masked_feeds(model, seed=2):
     return feeds
 
 
+def assert_raw_mask_with_float32_fill(out, report):
+    """One packed Attention whose mask went raw (``mask_index``) with finfo(float32).min as its fill."""
+    (detail,) = [d for d in report.details if d["rule"] == RULE]
+    assert detail["mask_form"] == "mask_index" and fused(out) == ["Attention"]
+    att, _ = mask_index_of(out)
+    filter_value = [a.f for a in att.attribute if a.name == "mask_filter_value"]
+    assert filter_value == [pytest.approx(float(np.finfo(np.float32).min), rel=1e-7)]
+
+
 def with_filter_value(model, value):
     """A copy of ``model`` whose Attention adds ``value`` where the mask is 0."""
     changed = onnx.ModelProto()
@@ -991,11 +1000,7 @@ def test_float16_masked_fill_becomes_a_raw_mask_with_the_float32_fill():
     the fill -65504 itself would weight that row by its scores."""
     model = attention_model(mask="where", dtype=np.float16)
     out, report = apply(model)
-    (detail,) = [d for d in report.details if d["rule"] == RULE]
-    assert detail["mask_form"] == "mask_index" and fused(out) == ["Attention"]
-    att, _ = mask_index_of(out)
-    filter_value = [a.f for a in att.attribute if a.name == "mask_filter_value"]
-    assert filter_value == [pytest.approx(float(np.finfo(np.float32).min), rel=1e-7)]
+    assert_raw_mask_with_float32_fill(out, report)
     feeds = feeds_for(model)
     feeds["x"] = (feeds["x"] * 8).astype(np.float16)  # scores well beyond 16
     feeds["c"][1] = False  # item 1: every key masked
@@ -1031,11 +1036,7 @@ def test_transformers_4_mask_in_a_float32_island_fuses_under_the_right_padded_pr
     assert "(1 - m)·c" in refusal.reason and "--right-padded NAME" in refusal.reason
     out, report = helpers.optimize(model, only=[RULE], right_padded=["m"])
     onnx.checker.check_model(out, full_check=True)
-    (detail,) = [d for d in report.details if d["rule"] == RULE]
-    assert detail["mask_form"] == "mask_index" and fused(out) == ["Attention"]
-    att, _ = mask_index_of(out)
-    filter_value = [a.f for a in att.attribute if a.name == "mask_filter_value"]
-    assert filter_value == [pytest.approx(float(np.finfo(np.float32).min), rel=1e-7)]
+    assert_raw_mask_with_float32_fill(out, report)
     feeds = feeds_for(model)
     feeds["x"] = (feeds["x"] * 4).astype(np.float16)
     lengths = [S, S - 2, 1, 0][:len(feeds["m"])]
