@@ -694,6 +694,9 @@ def run_model(name: str, args, part: Path) -> None:
         selection = result.extra.get("selection") if hasattr(result, "extra") else None
         if selection:  # the never-slower ladder ran: what it tried and kept (onnxfuse/selection.py)
             info["selection"] = selection
+        measured = result.extra.get("measured") if hasattr(result, "extra") else None
+        if measured:  # the measured choices, with the statistic and size that refused one (refused_detail)
+            info["measured"] = measured
         timing = getattr(result, "timing", None)
         if timing is not None and timing.notes:  # the measured choices and the other sizes, as decided
             info["timing_notes"] = list(timing.notes)
