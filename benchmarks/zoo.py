@@ -912,6 +912,17 @@ def run_model(name: str, args, part: Path) -> None:
                 extra16.append(("precision", converted))
             except Exception as exc:
                 rec.error("optimize_precision_fp16", exc)
+            if args.right_padded and "attention_mask" in spec.input_names:
+                # the same under the promise: transformers 4's (1 - m)·c mask fuses only then (5.48)
+                try:
+                    promised16, info_pr = optimize(original, "precision-fp16-right-padded", precision="fp16",
+                                                   right_padded=["attention_mask"])
+                    rec.info("optimize_precision_fp16_right_padded", info_pr)
+                    log(f"  --precision fp16 --right-padded attention_mask: {info_pr['nodes_after']} nodes, "
+                        f"validation {info_pr['validation']}")
+                    extra16.append(("precision-right-padded", promised16))
+                except Exception as exc:
+                    rec.error("optimize_precision_fp16_right_padded", exc)
             keep = args.graph_modes
             args.graph_modes = args.fp16_graph_modes or args.graph_modes
             try:
@@ -1214,7 +1225,8 @@ def parse_args(argv=None):
                         "fp32 and fp16, column +rules")
     p.add_argument("--right-padded", action="store_true",
                    help="models fed an attention_mask: also time onnxfuse under --right-padded attention_mask "
-                        "(column right-padded; the zoo's masks are all ones, which keeps that promise)")
+                        "(column right-padded; the zoo's masks are all ones, which keeps that promise), and "
+                        "--precision fp16 under it (variant ort-fp16-precision-right-padded)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a smoke test only")
     p.add_argument("--deadline", type=float, default=None,
                    help="stop starting new work after this many seconds (results so far are kept)")
