@@ -214,3 +214,40 @@ def test_right_padded_lengths_match_the_original_on_cuda_and_left_padding_would_
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     left = dict(feeds, keep=keep[:, ::-1].copy())
     assert np.max(np.abs(run_cuda(out, left).astype(np.float64)[1:] - run_cuda(model, left).astype(np.float64)[1:])) > 5 * tol
+
+
+def transformers4_island_layer(seq: int) -> onnx.ModelProto:
+    """One float16 self-attention layer as ``--precision fp16`` leaves transformers 4's eager BERT: the
+    scaled scores cast up to float32, the extended mask ``(1 - Cast(m))·finfo(float32).min`` of an int64
+    [B, L] mask added there, a float32 Softmax, its weights cast back to float16 for ×V."""
+    nodes, inits, const = heads(seq, np.float16)
+    nodes += [h.make_node("MatMul", ["qh", "kh"], ["scores"]),
+              h.make_node("Mul", ["scores", const("scale", np.array(D ** -0.5, np.float16))], ["scaled16"]),
+              h.make_node("Cast", ["scaled16"], ["scaled"], to=T.FLOAT),
+              h.make_node("Unsqueeze", ["m", const("axes", np.array([1, 2], np.int64))], ["m4"]),
+              h.make_node("Cast", ["m4"], ["m4f"], to=T.FLOAT),
+              h.make_node("Sub", [const("one", np.array(1.0, np.float32)), "m4f"], ["dropped"]),
+              h.make_node("Mul", ["dropped", const("min", np.array(np.finfo(np.float32).min, np.float32))], ["bias"]),
+              h.make_node("Add", ["scaled", "bias"], ["masked"]),
+              h.make_node("Softmax", ["masked"], ["probs32"], axis=-1),
+              h.make_node("Cast", ["probs32"], ["probs"], to=T.FLOAT16),
+              h.make_node("MatMul", ["probs", "vh"], ["ctx"]),
+              h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["ctx_t", const("merge", np.array([0, 0, E], np.int64))], ["out"])]
+    model = helpers.make_model(nodes, [helpers.vi("x", ["B", seq, E], T.FLOAT16), helpers.vi("m", ["B", seq], T.INT64)],
+                               [helpers.vi("out", ["B", seq, E], T.FLOAT16)], inits, opset=17)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_transformers_4_mask_under_the_promise_matches_the_original_on_cuda():
+    """Under ``--right-padded m`` the (1 - m)·c island fuses into float16 Attention and its mask into 1-D
+    lengths (ONNX Runtime's fused float16 kernels); on right-padded 0/1 rows the CUDA outputs equal the
+    original's (float16 rounding), an item that keeps one key included."""
+    seq = 128
+    model = transformers4_island_layer(seq)
+    out, report = helpers.optimize(model, only=["contrib-attention", "contrib-mask-lengths"], right_padded=["m"])
+    assert report.counts["contrib-attention"] == 1 and report.counts["contrib-mask-lengths"] == 1
+    m = (np.arange(seq)[None, :] < np.array([seq, 77, 1, 100])[:, None]).astype(np.int64)
+    feeds = {"x": np.random.default_rng(3).standard_normal((4, seq, E)).astype(np.float16), "m": m}
+    want, got = run_cuda(model, feeds).astype(np.float64), run_cuda(out, feeds).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
