@@ -990,6 +990,7 @@ def _cells(models: dict):
                              att=m("ort-attention"), tx=m("ort-tx"),
                              fp16_att=m("ort-fp16-attention"), fp16_tx=m("ort-fp16-tx"),
                              fp16_prec=m("ort-fp16-precision"), with_rules=m("ort-with-rules"),
+                             fp16_prec_rp=m("ort-fp16-precision-right-padded"),
                              fp16_with_rules=m("ort-fp16-with-rules"),
                              fp16_compile=m("torch-fp16-compile-cudagraphs") if graph else m("torch-fp16-compile")))
     return rows
@@ -1036,6 +1037,7 @@ def markdown(results: dict) -> str:
 
     added = results.get("config", {}).get("with_rules") or []
     extra_rows = [r for r in _cells(results["models"]) if any(r[k] for k in ("fp16_prec", "with_rules", "fp16_with_rules"))]
+    promised = any(r["fp16_prec_rp"] for r in extra_rows)  # zoo --right-padded: --precision fp16 under the promise
     if extra_rows:
         lines += ["", "## Every model: --precision fp16" + (f" and +{', +'.join(added)}" if added else ""), "",
                   "Speed-up over the original of the same precision. fp16 half(): the module exported in "
@@ -1044,14 +1046,16 @@ def markdown(results: dict) -> str:
                   "exporting in float16 (issue 33: within 5%)."
                   + (f" +rules: onnxfuse with `--only +{',+'.join(added)}`." if added else ""), "",
                   "| model | batch | CUDA graph | onnxfuse | +rules | fp16 half() | fp16 half() +rules "
-                  "| --precision fp16 | --precision fp16 / half() |",
-                  "|---|---:|:---:|---:|---:|---:|---:|---:|---:|"]
+                  "| --precision fp16 | --precision fp16 / half() |" + (" --right-padded / half() |" if promised else ""),
+                  "|---|---:|:---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if promised else "")]
         for r in extra_rows:
             vs_half = _ratio(r["fp16_prec"], r["fp16_opt"])
+            rp_half = _ratio(r["fp16_prec_rp"], r["fp16_opt"])
             lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} "
                          f"| {speedup(r['orig'], r['opt'])} | {speedup(r['orig'], r['with_rules'])} "
                          f"| {speedup(r['fp16_orig'], r['fp16_opt'])} | {speedup(r['fp16_orig'], r['fp16_with_rules'])} "
-                         f"| {speedup(r['fp16_orig'], r['fp16_prec'])} | {_f(vs_half, 3) if vs_half else '–'} |")
+                         f"| {speedup(r['fp16_orig'], r['fp16_prec'])} | {_f(vs_half, 3) if vs_half else '–'} |"
+                         + (f" {_f(rp_half, 3) if rp_half else '–'} |" if promised else ""))
     transformer_rows = [r for r in _cells(results["models"]) if any(r[k] for k in ("att", "tx", "fp16_att", "fp16_tx", "fp16_prec"))]
     if transformer_rows:
         lines += ["", "## Transformers: against ONNX Runtime's transformers optimizer", "",
