@@ -903,26 +903,23 @@ def run_model(name: str, args, part: Path) -> None:
                 original16, "fp16-right-padded", rtol=1e-2, atol=1e-2) + with_rules_column(
                 original16, "fp16-with-rules", rtol=1e-2, atol=1e-2)
             # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute): what a user
-            # without a half-precision export gets (issue 33: every zoo model, CNNs included).
-            try:
-                converted, info_p = optimize(original, "precision-fp16", precision="fp16")
-                rec.info("optimize_precision_fp16", info_p)
-                log(f"  --precision fp16: {info_p['nodes_after']} nodes, "
-                    f"validation {info_p['validation']}")
-                extra16.append(("precision", converted))
-            except Exception as exc:
-                rec.error("optimize_precision_fp16", exc)
+            # without a half-precision export gets (issue 33: every zoo model, CNNs included); with
+            # --right-padded, the same under the promise too (transformers 4's (1 - m)·c mask fuses only
+            # then, 5.48)
+            # (promised inputs, cell variant, optimize label and info key, log suffix)
+            runs = [((), "precision", "precision-fp16", "")]
             if args.right_padded and "attention_mask" in spec.input_names:
-                # the same under the promise: transformers 4's (1 - m)·c mask fuses only then (5.48)
+                runs.append((["attention_mask"], "precision-right-padded", "precision-fp16-right-padded",
+                             " --right-padded attention_mask"))
+            for right_padded, variant, label, flag in runs:
+                key = "optimize_" + label.replace("-", "_")
                 try:
-                    promised16, info_pr = optimize(original, "precision-fp16-right-padded", precision="fp16",
-                                                   right_padded=["attention_mask"])
-                    rec.info("optimize_precision_fp16_right_padded", info_pr)
-                    log(f"  --precision fp16 --right-padded attention_mask: {info_pr['nodes_after']} nodes, "
-                        f"validation {info_pr['validation']}")
-                    extra16.append(("precision-right-padded", promised16))
+                    converted, info_p = optimize(original, label, precision="fp16", right_padded=right_padded)
+                    rec.info(key, info_p)
+                    log(f"  --precision fp16{flag}: {info_p['nodes_after']} nodes, validation {info_p['validation']}")
+                    extra16.append((variant, converted))
                 except Exception as exc:
-                    rec.error("optimize_precision_fp16_right_padded", exc)
+                    rec.error(key, exc)
             keep = args.graph_modes
             args.graph_modes = args.fp16_graph_modes or args.graph_modes
             try:
