@@ -170,7 +170,7 @@ def _spelled_out_keep(graph, names, base, keep, query, key, key_axis: int, per_q
     target = gs.Variable(names(f"{base}/{tag}_shape"), dtype=np.int64)
     graph.nodes.append(gs.Node("Concat", names(f"{base}/{tag}_shape"), {"axis": 0},
                                inputs=[batch, one, seq if per_query else one, length], outputs=[target]))
-    full = gs.Variable(names(f"{base}/{tag}_full"), dtype=keep.dtype if keep.dtype is not None else np.bool_)
+    full = gs.Variable(names(f"{base}/{tag}_full"), dtype=dtype_of(graph, keep) or np.bool_)
     graph.nodes.append(gs.Node("Expand", names(f"{base}/{tag}_expand"), inputs=[keep, target], outputs=[full]))
     return full
 
