@@ -69,7 +69,12 @@ class FoldWeightUpcast(Rule):
 
     def rewrite(self, graph, plan: Plan) -> dict[str, Any]:
         node = plan.anchor
-        value = constant_value(graph, node.inputs[0])
-        folded = new_constant(graph, f"{node.inputs[0].name}/float32", value.astype(np.float32))
+        weight = node.inputs[0]
+        value = constant_value(graph, weight)
+        # the float16 copy goes where this Cast was its only reader (the model grows by its bytes), else
+        # both stay (a small shared weight: the model grows by the float32 copy's)
+        shared = any(r is not node for r in consumers(weight))
+        folded = new_constant(graph, f"{weight.name}/float32", value.astype(np.float32))
         to_identity(node, folded)
-        return {"node": node.name, "shape": list(folded.shape), "bytes_added": int(value.nbytes)}
+        return {"node": node.name, "shape": list(folded.shape),
+                "bytes_added": int(folded.values.nbytes if shared else value.nbytes)}

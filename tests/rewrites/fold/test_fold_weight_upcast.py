@@ -48,10 +48,12 @@ def test_a_large_weight_read_elsewhere_too_is_not_stored_twice():
 
 
 def test_a_small_shared_weight_is_folded():
-    model, _ = upcast_linear(shared=True, n=8)
+    model, w = upcast_linear(shared=True, n=8)
     out, report = helpers.optimize(model, only=[RULE])
     assert report.counts[RULE] == 1 and "Cast" not in helpers.op_types(out)
     helpers.assert_same_outputs(model, out)
+    # the float16 weight stays for its other reader: the model grows by the whole float32 copy
+    assert report.bytes_added() == {RULE: (w.size * 4, 1)}
 
 
 def test_a_cast_to_another_type_is_left():
