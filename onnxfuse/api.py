@@ -109,7 +109,8 @@ def optimize(
     ``inputs``, validation runs on ``samples`` seeded draws plus one at a second size of every dynamic
     dimension; ``save_inputs`` writes all of them to an .npz that ``inputs`` replays exactly. ``provider``: ``"auto"``, ``"cpu"`` or ``"cuda"`` for validation.
     ``precision="fp16"`` converts the model to compute in float16 with float32 inputs and outputs before the
-    rewrites (:mod:`onnxfuse.precision`; ``"fp16-io"``: float16 inputs and outputs too) and validates it
+    rewrites (:mod:`onnxfuse.precision`; ``"fp16-io"``: float16 inputs and outputs too; ``"bf16"``: bfloat16,
+    for ONNX Runtime's CUDA provider, validated there only: :mod:`onnxfuse.precision_kernels`) and validates it
     against the float32 original at float16's tolerances (its inputs cast to float16 for an fp16-io model);
     the conversion is named as the culprit when it alone fails. An output of such a model also passes
     within ``max_drift``, the drift budget of a precision change (:mod:`onnxfuse.validate.drift_budget`):

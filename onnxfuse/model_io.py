@@ -25,6 +25,7 @@ model over protobuf's 2 GiB limit must work like any other.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -518,6 +519,20 @@ def overridable_initializers(model: onnx.ModelProto) -> set[str]:
         return set()
     inputs = {vi.name for vi in model.graph.input}
     return {t.name for t in model.graph.initializer if t.name in inputs}
+
+
+@contextlib.contextmanager
+def quiet_graphsurgeon():
+    """onnx-graphsurgeon's warnings off for the block, its level restored after. It warns for every bfloat16
+    tensor it imports or reads ("could not be converted to a NumPy type": onnx hands ml_dtypes' bfloat16,
+    and the tensor exports as bfloat16 again; ``--precision bf16`` printed 600 lines on a 2-layer BERT) and
+    for every subgraph constant folding cannot evaluate: expected, and onnxfuse reports what matters itself."""
+    level = gs.logger.G_LOGGER.severity
+    gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
+    try:
+        yield
+    finally:
+        gs.logger.G_LOGGER.severity = level
 
 
 def to_graph(model: onnx.ModelProto):

@@ -363,12 +363,13 @@ _OPTIMIZE = (
     Option("precision", "fp16: compute in float16 with float32 inputs and outputs (constants and nodes float16 "
                         "cannot hold, and nodes whose float16 results break the drift budget, stay float32), validated against the float32 original at float16's "
                         "tolerances. fp16-io: the same, taking and returning float16 (for pipelines that feed "
-                        "float16).",
+                        "float16). bf16: compute in bfloat16 with float32 inputs and outputs, for ONNX Runtime's "
+                        "CUDA provider (ops it has no bfloat16 kernel for stay float32); validated on CUDA only.",
            default="fp32", annotation="str",
-           command_line=CommandLine("--precision", value="choice", choices=("fp32", "fp16", "fp16-io"),
+           command_line=CommandLine("--precision", value="choice", choices=("fp32", "fp16", "fp16-io", "bf16"),
                                     show_default=True),
            report="precision.precision"),
-    Option("max_drift", "The drift budget of --precision fp16/fp16-io (default 2e-2,0.999): an output beyond "
+    Option("max_drift", "The drift budget of --precision fp16/fp16-io/bf16 (default 2e-2,0.999): an output beyond "
                         "tolerance also passes when its normalized max error (max |err| / max |ref|) against the "
                         "float32 original is at most ERR, its cosine at least COS, and its error within 3x the "
                         "model merely converted to float16. Nodes whose float16 results break it stay float32.",

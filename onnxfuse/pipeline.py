@@ -53,7 +53,8 @@ from onnxfuse.errors import (
     UsageError,
     ValidationFailed,
 )
-from onnxfuse.precision import convert_to_fp16
+from onnxfuse.precision import BFLOAT16, FLOAT16, PRECISIONS, TARGETS, convert_to_fp16
+from onnxfuse.precision_kernels import bfloat16_usable, installed_kernel_islands, kernel_islands
 from onnxfuse.reports.jsonreport import optimize_json
 from onnxfuse.rewrites import (ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, rule_names, select_rules,
                                target_for_device)
@@ -77,8 +78,6 @@ from onnxfuse.validate.verdict import make_validator, refusal_reason
 
 #: Metadata key recording which onnxfuse produced a model (and with which rules).
 METADATA_KEY = "onnxfuse"
-#: the ``--precision`` values that convert the model to compute in float16 (fp16-io: float16 I/O too)
-FLOAT16_PRECISIONS = ("fp16", "fp16-io")
 
 
 from onnxfuse.options import declared_fields  # noqa: E402  (beside the one class it shapes)
@@ -232,7 +231,8 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
     dropped: list[dict[str, str]] = []
     while True:
         try:
-            out, report = _rewrite_once(model, active)
+            with model_io.quiet_graphsurgeon():  # (bfloat16 tensors: a warning per tensor, expected)
+                out, report = _rewrite_once(model, active)
         except RuleFailed as e:
             culprit, reason = e.rule, f"raised {type(e.error).__name__}: {first_line(e.error)}"
         else:
@@ -304,9 +304,9 @@ def optimize_model(
     step = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     options = for_device(options)
-    if options.max_drift is not None and options.precision not in FLOAT16_PRECISIONS:
-        raise UsageError("--max-drift is the drift budget of a precision change: use it with --precision fp16 or "
-                         "fp16-io")
+    if options.max_drift is not None and options.precision not in TARGETS:
+        raise UsageError("--max-drift is the drift budget of a precision change: use it with --precision fp16, "
+                         "fp16-io or bf16")
     if options.right_padded:  # usage errors (unknown names) before any work, validated or not
         right_padded_draws(input_specs(model), options.right_padded)
     # --tune-shape's and --tune-dim's draws, made now so that a size the model cannot take is a usage error
@@ -319,25 +319,33 @@ def optimize_model(
     start, precision, precision_notes, float32_nodes, drift_notes = model, None, [], {}, []
     measured_rounding: dict = {}  # the conversion's drift rounded per op, if the island search measured it
     samples = reference = None
-    if options.precision in FLOAT16_PRECISIONS:
-        if options.validate:  # the nodes float16 cannot hold, measured on the validation inputs
-            step("measuring float16 ranges")
+    target = TARGETS.get(options.precision)
+    if target is not None:
+        if target is BFLOAT16:
+            bfloat16_usable(options)
+            float32_nodes = kernel_islands(model, target)  # ops ONNX Runtime's CUDA provider has no bfloat16 for
+        if options.validate:
+            if target is BFLOAT16:  # what the installed ONNX Runtime lacks beside the table (on CUDA: checked)
+                step("loading the bfloat16 conversion on CUDA")
+                float32_nodes, drift_notes = installed_kernel_islands(model, target, float32_nodes, source)
             samples, reference = validation_inputs(model, options, source)
-            float32_nodes = out_of_range_nodes(model, largest_magnitudes(model, samples, options.provider, source))
+            if target is FLOAT16:  # the nodes float16 cannot hold (bfloat16 holds float32's range)
+                step("measuring float16 ranges")
+                float32_nodes = out_of_range_nodes(model, largest_magnitudes(model, samples, options.provider, source))
             budget = drift_budget_of(options)
-            if budget is not None:  # the nodes whose float16 results break the drift budget
-                step("measuring float16 drift")
-                drifting, drift_notes = drift_islands(model, float32_nodes, samples, reference, budget,
+            if budget is not None:  # the nodes whose float16 (bfloat16) results break the drift budget
+                step(f"measuring {target.name} drift")
+                drifting, search_notes = drift_islands(model, float32_nodes, samples, reference, budget,
                                                       options.provider, options.precision == "fp16-io", source,
-                                                      rounded=measured_rounding)
-                float32_nodes = {**float32_nodes, **drifting}
-        step("converting to float16")
+                                                      rounded=measured_rounding, target=target)
+                float32_nodes, drift_notes = {**float32_nodes, **drifting}, drift_notes + search_notes
+        step(f"converting to {target.name}")
         start, precision_notes = convert_to_fp16(model, keep_nodes=float32_nodes,
-                                                 float16_io=options.precision == "fp16-io")
+                                                 float16_io=options.precision == "fp16-io", target=target)
         precision_notes += drift_notes
-        precision = "float16"
+        precision = target.name
     elif options.precision != "fp32":
-        raise UsageError(f"unknown precision {options.precision!r}; choose fp32, fp16 or fp16-io")
+        raise UsageError(f"unknown precision {options.precision!r}; choose one of {', '.join(PRECISIONS)}")
     step("rewriting")
     optimized, applied = rewrite_model(start, rules)  # checked there: it returns a valid model or raises
     # The rewrites' graphsurgeon graphs are reference cycles (nodes <-> tensors) holding weight arrays (a

@@ -47,6 +47,8 @@ one whose converted form fails ONNX's type inference (the node is named).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -56,40 +58,90 @@ from onnxfuse.rewrites.facts.constants import constant_node_value
 from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.model_io import defined_names, node_subgraphs, proto_graphs, rename_outer_reads
 
-FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
+FLOAT, HALF, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 #: float16's largest finite value, and the smallest positive one (a subnormal).
 HALF_MAX = float(np.finfo(np.float16).max)
 HALF_TINY = 2.0 ** -24
 #: Magnitudes at least this large are sentinels for infinity (finfo(float32).min/max), clamped to ±HALF_MAX.
 SENTINEL = 1e30
 #: ``--precision`` values: fp16 computes in float16 with float32 inputs and outputs; fp16-io also takes and
-#: returns float16 (``convert_to_fp16(float16_io=True)``), for pipelines that feed float16.
-PRECISIONS = ("fp32", "fp16", "fp16-io")
+#: returns float16 (``convert_to_fp16(float16_io=True)``), for pipelines that feed float16; bf16 computes in
+#: bfloat16 with float32 inputs and outputs (``convert_precision(target=BFLOAT16)``).
+PRECISIONS = ("fp32", "fp16", "fp16-io", "bf16")
+
+
+@dataclass(frozen=True)
+class LowFloat:
+    """A type a float32 model can be converted to compute in: what it is called, its ONNX element type,
+    its largest finite magnitude and its smallest positive one (a subnormal).
+
+    Both clamp a sentinel (|v| >= 1e30, infinity's stand-in) to ``largest``: for bfloat16 too, because
+    round-to-nearest takes ``finfo(float32).min`` (0xFF7FFFFF) up to bfloat16's -inf (0xFF80), and a
+    fully masked softmax row of -inf is NaN where the original's is uniform; bfloat16's largest (3.39e38)
+    absorbs any score as float32's does (``s - 3.39e38`` rounds to -3.39e38)."""
+    name: str  # "float16", "bfloat16": as validation and the reports spell a type
+    short: str  # "fp16", "bf16": in the names of the values and nodes the converter makes
+    elem: int  # its ONNX TensorProto element type
+    largest: float
+    tiny: float
+
+    def problem(self, values: np.ndarray) -> str | None:
+        """Why the float32 ``values`` cannot take this type within its rounding, or None when they can
+        (sentinels clamp, tiny non-zero values become the smallest positive value: see :meth:`tensor`)."""
+        finite = values[np.isfinite(values)]
+        big = np.abs(finite)
+        if np.any((big > self.largest) & (big < SENTINEL)):
+            return f"holds {float(finite[np.argmax(big * (big < SENTINEL))]):g}, beyond {self.name}'s range"
+        return None
+
+    def clamped(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (float32) with sentinels clamped to ±largest and non-zero magnitudes below ``tiny``
+        raised to it, sign kept, instead of flushed to 0: such a value is an epsilon (LayerNorm's 1e-12)
+        whose job is to be non-zero. Still float32: :meth:`tensor` rounds."""
+        values = np.asarray(values, np.float32)
+        small = (values != 0) & (np.abs(values) < self.tiny)
+        values = np.where(small, np.copysign(np.float32(self.tiny), values), values)
+        return np.clip(values, -self.largest, self.largest).astype(np.float32)
+
+    def tensor(self, values: np.ndarray, name: str = "") -> TensorProto:
+        """A TensorProto of this type holding the float32 ``values`` (:meth:`clamped`), rounded to nearest
+        even. bfloat16 is written as its bits (the top half of float32's, rounded), so that no numpy
+        bfloat16 type is needed: onnx's own handling of one changed across the versions we accept."""
+        values = self.clamped(values)
+        if self.elem == HALF:
+            return numpy_helper.from_array(values.astype(np.float16), name)
+        bits = values.view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # (no NaN: clamped finite)
+        out = TensorProto(name=name, data_type=self.elem, dims=list(values.shape))
+        out.raw_data = rounded.tobytes()
+        return out
+
+
+FLOAT16 = LowFloat("float16", "fp16", HALF, HALF_MAX, HALF_TINY)
+BFLOAT16 = LowFloat("bfloat16", "bf16", BF16, 3.3895313892515355e38, 2.0 ** -133)
+#: the target type of each ``--precision`` value that converts (fp32 does not)
+TARGETS = {"fp16": FLOAT16, "fp16-io": FLOAT16, "bf16": BFLOAT16}
 
 
 def half_problem(values: np.ndarray) -> str | None:
     """Why a float32 constant cannot become float16 within float16's rounding, or None when it can
     (sentinels clamp, tiny non-zero values become the smallest float16: see :func:`to_half`)."""
-    finite = values[np.isfinite(values)]
-    big = np.abs(finite)
-    if np.any((big > HALF_MAX) & (big < SENTINEL)):
-        return f"holds {float(finite[np.argmax(big * (big < SENTINEL))]):g}, beyond float16's range"
-    return None
+    return FLOAT16.problem(values)
 
 
 def to_half(values: np.ndarray) -> np.ndarray:
     """float32 → float16: sentinels (|v| >= 1e30) clamped to ±65504, and non-zero values below float16's
     smallest subnormal (2⁻²⁴) raised to it, sign kept, instead of flushed to 0: such a value is an
     epsilon (LayerNorm's 1e-12) whose job is to be non-zero."""
-    tiny = (values != 0) & (np.abs(values) < HALF_TINY)
-    values = np.where(tiny, np.copysign(HALF_TINY, values), values)
-    return np.clip(values, -HALF_MAX, HALF_MAX).astype(np.float16)
+    return FLOAT16.clamped(values).astype(np.float16)
 
 
 def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = None,
-                    float16_io: bool = False) -> tuple[onnx.ModelProto, list[str]]:
+                    float16_io: bool = False, target: LowFloat = FLOAT16) -> tuple[onnx.ModelProto, list[str]]:
     """A copy of ``model`` computing in float16 with float32 inputs and outputs, and notes (what stayed
-    float32 and why). The input is never modified.
+    float32 and why). The input is never modified. ``target``: :data:`BFLOAT16` converts to bfloat16 the
+    same way (everything below that says float16 says the target type; ``float16_io`` then means bfloat16
+    inputs and outputs).
 
     ``keep_nodes``: ``{node name: why}`` of main-graph nodes that compute in float32 as in the original
     (:mod:`onnxfuse.validate.float16_range` measures the nodes whose values float16 cannot hold), held as
@@ -106,13 +158,14 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
     scopes = float32_scopes(model)
     if not _declares_float32(model.graph):
         raise PrecisionError("the model declares no float32 input, output, weight or value: nothing to convert to "
-                             "float16 (float32 steps an exporter left inside a float16 model stay as they are)")
-    _Converter(opsets, notes, scopes, dict(keep_nodes or {}), float16_io).graph(out.graph, main=True)
+                             f"{target.name} (float32 steps an exporter left inside a lower-precision model stay as "
+                             "they are)")
+    _Converter(opsets, notes, scopes, dict(keep_nodes or {}), float16_io, target).graph(out.graph, main=True)
     try:
         onnx.checker.check_model(out)
         onnx_inferred(out, strict=True)
     except Exception as exc:  # noqa: BLE001  (onnx raises several types)
-        raise PrecisionError("the float16 form of the model fails ONNX type inference: "
+        raise PrecisionError(f"the {target.name} form of the model fails ONNX type inference: "
                              + " ".join(str(exc).split())[:300]) from None
     return out, notes
 
@@ -253,8 +306,9 @@ def softmax_islands(graph: onnx.GraphProto, floats: set[str]) -> tuple[set[int],
 
 class _Converter:
     def __init__(self, opsets: dict[str, int], notes: list[str], scopes: list[set[str]], keep_nodes: dict[str, str],
-                 float16_io: bool = False):
+                 float16_io: bool = False, target: LowFloat = FLOAT16):
         self.opsets = opsets
+        self.target = target  # the type the model computes in
         self.float16_io = float16_io  # main graph's float32 inputs and outputs become float16 themselves
         self.keep_nodes = keep_nodes  # main-graph node name → why it computes in float32 (measured)
         self.notes = notes
@@ -267,14 +321,14 @@ class _Converter:
     def fresh(self, base: str) -> str:
         """A new float value name (every value this converter creates is a float one)."""
         self.counter += 1
-        name = f"{base}/fp16_{self.counter}"
+        name = f"{base}/{self.target.short}_{self.counter}"
         self.floats.add(name)
         return name
 
     def cast(self, source: str, to: int, dest: str) -> onnx.NodeProto:
         """``Cast(source) → dest`` to float16 or float32, with a node name of its own."""
         self.counter += 1
-        suffix = "to_fp16" if to == HALF else "to_fp32"
+        suffix = f"to_{self.target.short}" if to == self.target.elem else "to_fp32"
         return helper.make_node("Cast", [source], [dest], to=to, name=f"{source}/{suffix}_{self.counter}")
 
     def graph(self, graph: onnx.GraphProto, main: bool) -> None:
@@ -319,9 +373,9 @@ class _Converter:
                     o in graph_outputs or any(id(r) in island for r, _ in reads.get(o, []))))
             shown = ", ".join(f"{n.name!r} ({self.keep_nodes[n.name]})" for n in measured[:3])
             more = f" and {len(measured) - 3} more" if len(measured) > 3 else ""
-            self.notes.append(f"{len(measured)} node(s) stay float32, as measured on the validation inputs "
-                              f"(values beyond float16's range, or float16 results beyond the drift budget): "
-                              f"{shown}{more}")
+            self.notes.append(f"{len(measured)} node(s) stay float32 (values beyond {self.target.name}'s range or "
+                              f"results beyond the drift budget, measured on the validation inputs, or ops without "
+                              f"a {self.target.name} kernel): {shown}{more}")
         island_kept = set()  # constants an island reads: float32 there, a clamped float16 copy elsewhere
         for name in constants:
             uses = reads.get(name, [])
@@ -334,7 +388,7 @@ class _Converter:
         if softmax_island:
             count = sum(1 for n in graph.node if id(n) in island and n.op_type in SOFTMAX_OPS)
             self.notes.append(f"{count} softmax(es) and the mask steps before them stay float32: their mask "
-                              "holds finfo(float32).min, which float16 cannot (a clamped -65504 would change "
+                              f"holds finfo(float32).min, which {self.target.name} cannot (clamped, it would change "
                               "rows whose every key is masked)")
         for t in graph.initializer:
             if t.data_type != FLOAT or t.name in kept:
@@ -346,19 +400,19 @@ class _Converter:
                 kept[t.name] = "is also a graph input (an overridable initializer)"
                 continue
             values = numpy_helper.to_array(t)
-            why = half_problem(values)
+            why = self.target.problem(values)
             if why:
                 kept[t.name] = why
                 continue
-            t.CopyFrom(numpy_helper.from_array(to_half(values), t.name))
+            t.CopyFrom(self.target.tensor(values, t.name))
         # value annotations of float tensors (intermediates, and subgraph inputs/outputs) follow
         for vi in graph.value_info:
             if vi.type.tensor_type.elem_type == FLOAT and vi.name not in kept and vi.name not in island_values:
-                vi.type.tensor_type.elem_type = HALF
+                vi.type.tensor_type.elem_type = self.target.elem
         if not main:
             for vi in list(graph.input) + list(graph.output):
                 if vi.type.tensor_type.elem_type == FLOAT and vi.name not in inits:
-                    vi.type.tensor_type.elem_type = HALF
+                    vi.type.tensor_type.elem_type = self.target.elem
         for node in graph.node:  # Constant nodes whose value float16 cannot hold stay float32
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output and node.output[0] not in kept:
                 why = self.constant_problem(node)
@@ -371,10 +425,10 @@ class _Converter:
             for vi in graph.input:
                 if vi.type.tensor_type.elem_type == FLOAT and vi.name not in inits:
                     if self.float16_io:
-                        vi.type.tensor_type.elem_type = HALF
+                        vi.type.tensor_type.elem_type = self.target.elem
                         continue
                     half = self.fresh(vi.name)
-                    new_nodes.append(self.cast(vi.name, HALF, half))
+                    new_nodes.append(self.cast(vi.name, self.target.elem, half))
                     renamed[vi.name] = half
         half_of_kept: dict[str, str] = {}
         half_of_island: dict[str, str] = {}  # an island's float32 value → its float16 copy, for other readers
@@ -403,7 +457,7 @@ class _Converter:
                         if name in island_kept:  # clamped as any other sentinel (a Cast would make it -inf)
                             new_nodes.append(self.half_constant(name, half_of_kept[name], graph, nodes))
                         else:
-                            new_nodes.append(self.cast(name, HALF, half_of_kept[name]))
+                            new_nodes.append(self.cast(name, self.target.elem, half_of_kept[name]))
                     node.input[i] = half_of_kept[name]
             if fp32_inputs and self.outputs_follow(node):
                 new_nodes.append(node)
@@ -411,21 +465,22 @@ class _Converter:
                     if name in self.floats:
                         wide = self.fresh(name)
                         node.output[j] = wide
-                        new_nodes.append(self.cast(wide, HALF, name))
+                        new_nodes.append(self.cast(wide, self.target.elem, name))
             else:
                 new_nodes.append(node)
             if not (node.op_type == "Constant" and node.output and node.output[0] in kept):
                 self.attributes(node, graph)
         self.note_kept({k: v for k, v in kept.items() if k not in schema_kept and k not in island_kept})
+        self.note_schema_float32(nodes, island)
         if main:  # float32 outputs leave as float32 (float16_io: as float16, a float32 island's cast down)
             producers = {o: n for n in new_nodes for o in n.output}
             for vi in graph.output:
                 if vi.type.tensor_type.elem_type != FLOAT or vi.name in kept:
                     continue
                 if self.float16_io:
-                    vi.type.tensor_type.elem_type = HALF
+                    vi.type.tensor_type.elem_type = self.target.elem
                     if vi.name in island_values and vi.name in producers:  # island readers keep float32
-                        self.exit_cast(new_nodes, producers[vi.name], vi.name, HALF)
+                        self.exit_cast(new_nodes, producers[vi.name], vi.name, self.target.elem)
                 elif vi.name not in island_values:  # (an island's is float32 already)
                     inner = self.fresh(vi.name)  # (named first, as the converter always has: names stay as they were)
                     if vi.name in producers:  # (an input passed straight through stays as it is)
@@ -476,10 +531,10 @@ class _Converter:
             if name not in island_values:  # leaves the island: float16 under its own name
                 wide = self.fresh(name)
                 node.output[j] = wide
-                out.append(self.cast(wide, HALF, name))
+                out.append(self.cast(wide, self.target.elem, name))
             elif outside:
                 half_of_island[name] = self.fresh(name)
-                out.append(self.cast(name, HALF, half_of_island[name]))
+                out.append(self.cast(name, self.target.elem, half_of_island[name]))
         return out
 
     def half_constant(self, name: str, dest: str, graph: onnx.GraphProto, nodes) -> onnx.NodeProto:
@@ -490,8 +545,8 @@ class _Converter:
         else:
             producer = next(n for n in nodes if n.output and n.output[0] == name)
             values = constant_node_value(producer)
-        return helper.make_node("Constant", [], [dest], value=numpy_helper.from_array(to_half(values)),
-                                name=f"{name}/fp16_copy")
+        return helper.make_node("Constant", [], [dest], value=self.target.tensor(values),
+                                name=f"{name}/{self.target.short}_copy")
 
     def schema(self, node: onnx.NodeProto):
         """``node``'s schema at the model's opset; None for another domain or an unknown op."""
@@ -516,7 +571,7 @@ class _Converter:
             formal = schema.inputs[min(i, len(schema.inputs) - 1)]
             allowed = set(formal.types) or {
                 t for c in schema.type_constraints if c.type_param_str == formal.type_str for t in c.allowed_type_strs}
-            if allowed and "tensor(float)" in allowed and "tensor(float16)" not in allowed:
+            if allowed and "tensor(float)" in allowed and f"tensor({self.target.name})" not in allowed:
                 stay.add(i)
         return stay
 
@@ -547,6 +602,21 @@ class _Converter:
         in_vars = {f.type_str for f in schema.inputs}
         return any(o.type_str in in_vars for o in schema.outputs)
 
+    def note_schema_float32(self, nodes, island) -> None:
+        """One note per op whose nodes compute wholly in float32 because ONNX's schema at the model's opset
+        takes no value of the target type there (every float input kept: ``Conv`` before opset 22 has no
+        bfloat16), so that a conversion that converts little says why; a node that keeps only some inputs
+        (``Resize``'s scales) still computes in the target type and is not counted."""
+        whole: dict[str, int] = {}
+        for node in nodes:
+            floats = [i for i, name in enumerate(node.input) if name in self.floats]
+            if id(node) not in island and floats and set(floats) <= self.schema_fp32(node):
+                whole[node.op_type] = whole.get(node.op_type, 0) + 1
+        version = self.opsets.get("", 17)
+        for op, count in sorted(whole.items()):
+            self.notes.append(f"{count} {op} node(s) compute in float32: ONNX's {op} at opset {version} takes no "
+                              f"{self.target.name} (a later opset may; the model's opset is kept)")
+
     def note_kept(self, kept: dict[str, str]) -> None:
         """One note per reason (its count and an example), not one per constant: a 12-layer model keeps
         24 LayerNorm epsilons."""
@@ -560,13 +630,12 @@ class _Converter:
             self.notes.append(f"{len(items)} constant(s) stay float32 ({name!r}{more}): {kind}"
                               + (f" ({why.split(',', 1)[0]})" if "," in why else ""))
 
-    @staticmethod
-    def constant_problem(node: onnx.NodeProto) -> str | None:
+    def constant_problem(self, node: onnx.NodeProto) -> str | None:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT:
-                return half_problem(numpy_helper.to_array(attr.t))
+                return self.target.problem(numpy_helper.to_array(attr.t))
             if attr.name in ("value_float", "value_floats"):
-                return half_problem(np.asarray(onnx.helper.get_attribute_value(attr), np.float32))
+                return self.target.problem(np.asarray(onnx.helper.get_attribute_value(attr), np.float32))
         return None
 
     def attributes(self, node: onnx.NodeProto, graph: onnx.GraphProto) -> None:
@@ -574,16 +643,16 @@ class _Converter:
             for attr in list(node.attribute):  # value_float(s) give float32: write them as a float16 tensor
                 if attr.name in ("value_float", "value_floats"):
                     values = np.asarray(onnx.helper.get_attribute_value(attr), np.float32)
-                    if half_problem(values) is None:
+                    if self.target.problem(values) is None:
                         node.attribute.remove(attr)
-                        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(to_half(values))))
+                        node.attribute.append(helper.make_attribute("value", self.target.tensor(values)))
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT:
                 values = numpy_helper.to_array(attr.t)
-                if half_problem(values) is None:
-                    attr.t.CopyFrom(numpy_helper.from_array(to_half(values), attr.t.name))
+                if self.target.problem(values) is None:
+                    attr.t.CopyFrom(self.target.tensor(values, attr.t.name))
             elif attr.type == onnx.AttributeProto.INT and attr.name in ("to", "dtype") and attr.i == FLOAT:
-                attr.i = HALF
+                attr.i = self.target.elem
             elif attr.type == onnx.AttributeProto.GRAPH:
                 self.graph(attr.g, main=False)
             elif attr.type == onnx.AttributeProto.GRAPHS:
@@ -591,4 +660,5 @@ class _Converter:
                     self.graph(g, main=False)
 
 
-__all__ = ["PRECISIONS", "convert_to_fp16", "float32_values", "half_problem", "to_half"]
+__all__ = ["BFLOAT16", "FLOAT16", "PRECISIONS", "TARGETS", "LowFloat", "convert_to_fp16", "float32_values",
+           "half_problem", "to_half"]

@@ -16,7 +16,8 @@ The layers, lowest first, and why each sits where it does:
    of the layer above serialize themselves through;
 4. judging and measuring: ``validate``, ``drift`` (diff), ``timing`` (bench), ``selection``,
    ``tuning_record``, ``tune_sizes`` (the ``--tune-shape`` draws and timings: validation's samples at
-   other sizes);
+   other sizes), ``precision_kernels`` (which nodes stay float32 under ``--precision bf16``, and whether
+   this run can check bfloat16: it asks ``runtime`` for a usable CUDA provider);
 5. the pipelines and the API: ``options`` (optimize's options, declared once: their checks use the
    parsers of the layers below), ``pipeline``, ``batch``, ``demo``, ``api``, the package itself;
 6. the command line (``cli``, ``__main__``).
@@ -40,7 +41,7 @@ LAYERS = [
     ("model_io", "repair", "declared_shapes", "rewrites", "bodies", "custom_ops", "precision", "unfused"),
     ("runtime",),
     ("reports",),
-    ("validate", "drift", "timing", "selection", "tuning_record", "tune_sizes"),
+    ("validate", "drift", "timing", "selection", "tuning_record", "tune_sizes", "precision_kernels"),
     ("options", "pipeline", "batch", "demo", "api", "__init__"),
     ("cli", "__main__"),
 ]

@@ -32,7 +32,7 @@ import onnx
 from onnxfuse.errors import PrecisionError
 from onnxfuse.lazy_weights import tensor_nbytes
 from onnxfuse.model_io import node_subgraphs
-from onnxfuse.precision import convert_to_fp16, float32_values
+from onnxfuse.precision import FLOAT16, LowFloat, convert_to_fp16, float32_values
 from onnxfuse.runtime.session import resolve_provider
 from onnxfuse.validate import conversion_drift
 from onnxfuse.validate.drift_budget import Drift, DriftBudget
@@ -67,8 +67,8 @@ class DriftTrials:
     original's ``reference`` on ``samples`` (module docstring: how a trial runs)."""
 
     def __init__(self, model: onnx.ModelProto, samples: list, reference: list[dict], provider: str = "auto",
-                 float16_io: bool = False, name: str = "model"):
-        self.model, self.samples, self.reference = model, samples, reference
+                 float16_io: bool = False, name: str = "model", target: LowFloat = FLOAT16):
+        self.model, self.samples, self.reference, self.target = model, samples, reference, target
         self.provider, self.float16_io, self.name = resolve_provider(provider), float16_io, name
         self.count = 0
         self.per_op = False  # whether the last trial ran rounded per op (the CPU)
@@ -77,10 +77,10 @@ class DriftTrials:
         """Per float output, its drift with ``keep`` float32; {} when the converted model does not run."""
         self.count += 1
         try:
-            converted, _ = convert_to_fp16(self.model, keep_nodes=keep, float16_io=self.float16_io)
+            converted, _ = convert_to_fp16(self.model, keep_nodes=keep, float16_io=self.float16_io, target=self.target)
         except PrecisionError:  # this set of kept nodes does not convert: no figures, so it counts as beyond
             return {}
-        name = f"{self.name} (float16 drift search)"
+        name = f"{self.name} ({self.target.name} drift search)"
         rounded = rounded_drift(converted, self.samples, self.reference, name) if self.provider == "cpu" else None
         self.per_op = rounded is not None
         return rounded if rounded is not None else conversion_drift(converted, self.samples, self.reference,
@@ -93,7 +93,8 @@ def _worst(drift: dict[str, Drift]) -> tuple[str, Drift] | None:
 
 def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, reference: list[dict],
                   budget: DriftBudget, provider: str = "auto", float16_io: bool = False, name: str = "model",
-                  max_nodes: int = MAX_NODES, rounded: dict | None = None) -> tuple[dict[str, str], list[str]]:
+                  max_nodes: int = MAX_NODES, rounded: dict | None = None,
+                  target: LowFloat = FLOAT16) -> tuple[dict[str, str], list[str]]:
     """``({node name: why}, notes)``: the nodes besides ``keep`` (the range islands) that stay float32 so
     that ``model``'s float16 form drifts within ``budget``, found as the module docstring says; ({}, [])
     when the conversion is within it already. When :data:`MAX_NODES` kept float32 still leave it beyond the
@@ -102,13 +103,15 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
 
     ``rounded``: a dict that receives, under ``"drift"``, each output's drift of the conversion kept as
     returned, rounded per op, when the trials ran so (the CPU): the judge's rounded yardstick
-    (:class:`~onnxfuse.validate.drift_budget.PrecisionJudge`), measured once."""
+    (:class:`~onnxfuse.validate.drift_budget.PrecisionJudge`), measured once. ``target``: the type the
+    model is converted to (``--precision bf16``: bfloat16, whose trials run on CUDA as converted)."""
+    flag = "--precision bf16" if target.name == "bfloat16" else "--precision fp16"
     weights = sum(tensor_nbytes(t) for t in model.graph.initializer)
     if weights > MAX_SEARCH_WEIGHT_BYTES:
-        return {}, [f"--precision fp16: no search for nodes whose float16 results break the drift budget: the model "
+        return {}, [f"{flag}: no search for nodes whose {target.name} results break the drift budget: the model "
                     f"holds {weights / 2 ** 30:.1f} GiB of weights (the search converts and runs it per step; "
                     f"the limit is {MAX_SEARCH_WEIGHT_BYTES / 2 ** 30:g} GiB)"]
-    trials = DriftTrials(model, samples, reference, provider, float16_io, name)
+    trials = DriftTrials(model, samples, reference, provider, float16_io, name, target)
     current = trials.drift(dict(keep))
     if rounded is not None and trials.per_op and current:
         rounded["drift"] = current  # the conversion with ``keep`` alone: replaced below if nodes are kept
@@ -119,13 +122,14 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
     found: dict[str, str] = {}
 
     def breaks(prefix: int) -> bool:
-        kept = {**keep, **{n: "float16 drift search" for n in order[prefix:]}, **found}
+        kept = {**keep, **{n: f"{target.name} drift search" for n in order[prefix:]}, **found}
         return not within_budget(trials.drift(kept), budget)
 
     lo = 0  # converting order[:lo] (the found ones kept) stays within the budget
     if breaks(lo):
-        return {}, ["--precision fp16: the drift is beyond the budget with every candidate node kept float32 "
-                    "(it comes from what no kept node changes: the inputs entering as float16, or nodes of other domains or "
+        return {}, [f"{flag}: the drift is beyond the budget with every candidate node kept float32 "
+                    f"(it comes from what no kept node changes: the inputs entering as {target.name}, or nodes of "
+                    "other domains or "
                     "with subgraphs); none kept for it"]
     while len(found) < max_nodes and lo < len(order):
         hi = len(order)
@@ -139,10 +143,10 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
         if culprit in found:  # not monotone here (a float16 rounding that cancels another): stop searching
             break
         before = _worst(current)
-        found[culprit] = "float16 drift search"
+        found[culprit] = f"{target.name} drift search"
         current = trials.drift({**keep, **found})
         after = _worst(current)
-        found[culprit] = (f"{ops[culprit]}: its float16 result took {before[0]!r} beyond the drift budget "
+        found[culprit] = (f"{ops[culprit]}: its {target.name} result took {before[0]!r} beyond the drift budget "
                           f"(normalized error {before[1].error:.3g}, cosine {before[1].cosine:.6f}; "
                           + (f"{after[1].error:.3g}, {after[1].cosine:.6f} with it float32)" if after else
                              "the model without it did not run)"))
@@ -151,12 +155,12 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
     if not within_budget(current, budget):  # float32 nodes that do not buy the budget would only cost time
         worst = _worst(current)
         figures = f"{worst[0]!r}: {worst[1].error:.3g}, {worst[1].cosine:.6f}" if worst else "the model did not run"
-        return {}, [f"--precision fp16: the drift budget (normalized error {budget.error:g}, cosine {budget.cosine:g}) "
+        return {}, [f"{flag}: the drift budget (normalized error {budget.error:g}, cosine {budget.cosine:g}) "
                     f"still failed with {len(found)} node(s) kept float32 ({figures}), so none is kept for it"]
     if rounded is not None and trials.per_op:
         rounded["drift"] = current
     # the nodes and why are in the converter's note (onnxfuse.precision); this one says what the search did
-    return found, [f"--precision fp16: {len(found)} node(s) kept float32 for the drift budget (normalized error "
+    return found, [f"{flag}: {len(found)} node(s) kept float32 for the drift budget (normalized error "
                    f"{budget.error:g}, cosine {budget.cosine:g}), found in {trials.count} runs of the converted model"]
 
 

@@ -15,6 +15,7 @@ validate/ sits below the pipeline, tests/test_layers.py).
 
 from __future__ import annotations
 
+from onnxfuse.precision import TARGETS
 from onnxfuse.validate import FLOOR_MULTIPLE, PrecisionJudge, ValidationReport, conversion_drift
 from onnxfuse.runtime.session import resolve_provider
 from onnxfuse.validate.drift_budget import DEFAULT_BUDGET
@@ -34,10 +35,12 @@ def precision_judge(start, samples, reference, options, source: str, rounded: di
     which the rewritten model may exceed by at most :data:`CONVERSION_MULTIPLE` times. ``rounded``: that
     conversion's drift rounded per op when already measured (the drift-island search's), else measured
     here on the CPU."""
-    conversion = conversion_drift(start, samples, reference, options.provider, name=f"{source} (float16, no rewrite)")
-    if rounded is None and resolve_provider(options.provider) == "cpu":  # its CPU run rounds a chain once
+    low = TARGETS[options.precision].name  # float16, bfloat16
+    conversion = conversion_drift(start, samples, reference, options.provider, name=f"{source} ({low}, no rewrite)")
+    if rounded is None and low == "float16" and resolve_provider(options.provider) == "cpu":
+        # its CPU run rounds a chain once (bfloat16 is validated on CUDA only: the pipeline refuses the CPU)
         rounded = rounded_drift(start, samples, reference, name=f"{source} (float16 rounded per op, no rewrite)")
-    return PrecisionJudge("float16", drift_budget_of(options), conversion, CONVERSION_MULTIPLE, rounded or {})
+    return PrecisionJudge(low, drift_budget_of(options), conversion, CONVERSION_MULTIPLE, rounded or {})
 
 
 def rounded_drift(converted, samples, reference, name: str):

@@ -49,13 +49,6 @@ def _count_compute_nodes(graph: gs.Graph) -> int:
     return sum(1 for n in graph.nodes if n.op != "Constant")
 
 
-def _quiet_graphsurgeon():
-    """onnx-graphsurgeon warns for every subgraph it cannot evaluate; those are expected here."""
-    level = gs.logger.G_LOGGER.severity
-    gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
-    return level
-
-
 def _ort_severity(level: int) -> None:
     # start-up: the command line starts (and --help runs) without onnxfuse.ort_runtime
     from onnxfuse.ort_runtime import import_onnxruntime
@@ -69,42 +62,41 @@ def _ort_severity(level: int) -> None:
 def folded_copy(graph: gs.Graph) -> gs.Graph | None:
     """A folded copy of ``graph``, or None when folding removes no computing node."""
     # import cycle: importing onnxfuse.model_io imports this module
-    from onnxfuse.model_io import infer_shapes
+    from onnxfuse.model_io import infer_shapes, quiet_graphsurgeon
 
     before = _count_compute_nodes(graph)
     work, stand_ins = weights_as_inputs(graph, SIZE_LIMIT)
     model = gs.export_onnx(work, do_type_check=False)
     del work
     del model.graph.value_info[:]
-    level = _quiet_graphsurgeon()
     _ort_severity(3)  # graphsurgeon's evaluation sessions would print ONNX Runtime's warnings
     try:
-        folded = None
-        for _ in range(MAX_ROUNDS):
-            model = infer_shapes(model)
-            g = gs.import_onnx(model)
-            n0 = len(g.nodes)
-            try:
-                # All foldable nodes in one evaluation. Ops outside the ONNX domain are never
-                # evaluated (ONNX Runtime's CPU provider lacks some com.microsoft kernels, and ours
-                # needs a library): one failure would stop the whole evaluation. graphsurgeon's
-                # partition-by-partition mode copies the graph per partition and recursed without
-                # end on such a failure here, so it is not used. Loop and Scan are never evaluated
-                # either: graphsurgeon's copy of a Loop whose inputs are all constant gave ONNX Runtime a
-                # body with the wrong number of inputs, and that one failure left every other
-                # constant chain unfolded until a second optimize (fuzz seed 3358).
-                g.fold_constants(fold_shapes=True, partitioning=None, error_ok=True, size_threshold=SIZE_LIMIT,
-                                 should_exclude_node=lambda n: not is_default_domain(n) or n.op in ("Loop", "Scan"))
-            except Exception:  # graphsurgeon bug on an unusual graph: keep what we have
-                break
-            g.cleanup(remove_unused_graph_inputs=False).toposort()
-            _body_outputs_written(g)
-            folded = g
-            if len(g.nodes) == n0:
-                break
-            model = gs.export_onnx(g, do_type_check=False)
+        with quiet_graphsurgeon():  # it warns for every subgraph it cannot evaluate: expected here
+            folded = None
+            for _ in range(MAX_ROUNDS):
+                model = infer_shapes(model)
+                g = gs.import_onnx(model)
+                n0 = len(g.nodes)
+                try:
+                    # All foldable nodes in one evaluation. Ops outside the ONNX domain are never
+                    # evaluated (ONNX Runtime's CPU provider lacks some com.microsoft kernels, and ours
+                    # needs a library): one failure would stop the whole evaluation. graphsurgeon's
+                    # partition-by-partition mode copies the graph per partition and recursed without
+                    # end on such a failure here, so it is not used. Loop and Scan are never evaluated
+                    # either: graphsurgeon's copy of a Loop whose inputs are all constant gave ONNX Runtime a
+                    # body with the wrong number of inputs, and that one failure left every other
+                    # constant chain unfolded until a second optimize (fuzz seed 3358).
+                    g.fold_constants(fold_shapes=True, partitioning=None, error_ok=True, size_threshold=SIZE_LIMIT,
+                                     should_exclude_node=lambda n: not is_default_domain(n) or n.op in ("Loop", "Scan"))
+                except Exception:  # graphsurgeon bug on an unusual graph: keep what we have
+                    break
+                g.cleanup(remove_unused_graph_inputs=False).toposort()
+                _body_outputs_written(g)
+                folded = g
+                if len(g.nodes) == n0:
+                    break
+                model = gs.export_onnx(g, do_type_check=False)
     finally:
-        gs.logger.G_LOGGER.severity = level
         _ort_severity(2)  # ONNX Runtime's default
     if folded is None or _count_compute_nodes(folded) >= before:
         return None

@@ -1,0 +1,213 @@
+"""``optimize --precision bf16``: the bfloat16 conversion (onnxfuse/precision.py with ``target=BFLOAT16``),
+the nodes kept float32 for want of a bfloat16 CUDA kernel (onnxfuse/precision_kernels.py), and the refusals
+of runs that cannot check a bfloat16 model. The conversion's numbers are checked with ONNX's reference
+evaluator (numpy, ml_dtypes' bfloat16), independent of ONNX Runtime, whose CPU provider has almost no
+bfloat16 kernels; tests/gpu/test_precision_bf16_gpu.py checks it on CUDA."""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import onnxfuse
+from helpers import load_testdata
+from onnxfuse import precision_kernels
+from onnxfuse.cli import main
+from onnxfuse.errors import InternalError, PrecisionError, SessionRefused
+from onnxfuse.precision import BFLOAT16, convert_to_fp16
+from onnxfuse.precision_kernels import has_bfloat16_kernel, installed_kernel_islands, kernel_islands
+from onnxfuse.runtime.session import cuda_available
+
+BF16_MAX_BITS = 0x7F7F  # bfloat16's largest finite value, 3.3895e38
+
+
+def _bits(tensor: onnx.TensorProto) -> np.ndarray:
+    return np.frombuffer(tensor.raw_data, np.uint16)
+
+
+def test_bfloat16_tensors_round_to_nearest_even_as_ml_dtypes_does():
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.standard_normal(4000).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 4000),
+                             # exact ties between two bfloat16 values: 1 + 2^-8 (to even: 1) and 1 + 3·2^-8 (up)
+                             np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8)], np.float32)])
+    values = values.astype(np.float32)
+    want = values.astype(ml_dtypes.bfloat16).view(np.uint16)
+    got = _bits(BFLOAT16.tensor(values, "w"))
+    assert BFLOAT16.tensor(values).data_type == T.BFLOAT16
+    np.testing.assert_array_equal(got, want)
+    assert got[-3] == np.array([1.0], np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)[0]  # tie to even
+
+
+def test_bfloat16_sentinels_clamp_to_its_largest_and_epsilons_stay_non_zero():
+    values = np.array([np.finfo(np.float32).min, np.finfo(np.float32).max, 1e-45, -1e-45, 0.0], np.float32)
+    naive = values.astype(ml_dtypes.bfloat16)
+    assert np.isinf(naive[0]) and np.isinf(naive[1])  # why the clamp: finfo.min rounds to -inf
+    bits = _bits(BFLOAT16.tensor(values))
+    assert list(bits[:2]) == [0x8000 | BF16_MAX_BITS, BF16_MAX_BITS]
+    assert list(bits[2:]) == [0x0001, 0x8001, 0x0000]  # ± the smallest subnormal (2^-133), and 0 stays 0
+
+
+def _mlp(extra_op: str = "Clip", name_it: bool = True) -> onnx.ModelProto:
+    """x·W + b, Erf, Tanh, then ``extra_op`` (one without a bfloat16 CUDA kernel), then Softmax."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "hi")]
+    nodes = [h.make_node("MatMul", ["x", "W"], ["m"], name="mm"), h.make_node("Add", ["m", "b"], ["a"], name="add"),
+             h.make_node("Erf", ["a"], ["e"], name="erf"), h.make_node("Tanh", ["e"], ["t"], name="tanh"),
+             h.make_node(extra_op, ["t", "lo", "hi"], ["c"], name="clip" if name_it else ""),
+             h.make_node("Softmax", ["c"], ["y"], axis=-1, name="softmax")]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [4, 16])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [4, 16])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_ops_without_a_bfloat16_cuda_kernel_stay_float32_by_name():
+    model = _mlp()
+    kept = kernel_islands(model, BFLOAT16)
+    assert set(kept) == {"clip"} and "Clip has no bfloat16 kernel" in kept["clip"]
+    assert all(has_bfloat16_kernel(n) for n in model.graph.node if n.name != "clip")
+    converted, notes = convert_to_fp16(model, keep_nodes=kept, target=BFLOAT16)
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in onnx.shape_inference.infer_shapes(converted, strict_mode=True).graph.value_info}
+    clip = next(n for n in converted.graph.node if n.name == "clip")
+    assert [types.get(i) for i in clip.input[:1]] == [T.FLOAT]  # computes in float32, its input cast up
+    mm = next(n for n in converted.graph.node if n.name == "mm")
+    assert types[mm.output[0]] == T.BFLOAT16
+    assert {t.name: t.data_type for t in converted.graph.initializer}["W"] == T.BFLOAT16
+    assert any("'clip' (Clip has no bfloat16 kernel" in n for n in notes)
+
+
+def test_the_bfloat16_conversion_matches_float32_within_bfloat16_rounding():
+    model = _mlp()
+    converted, _ = convert_to_fp16(model, keep_nodes=kernel_islands(model, BFLOAT16), target=BFLOAT16)
+    assert [vi.type.tensor_type.elem_type for vi in converted.graph.input] == [T.FLOAT]  # float32 interface
+    assert [vi.type.tensor_type.elem_type for vi in converted.graph.output] == [T.FLOAT]
+    x = np.random.default_rng(2).standard_normal((4, 16)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = np.asarray(ReferenceEvaluator(converted).run(None, {"x": x})[0], np.float32)
+    error = float(np.abs(got - want).max() / np.abs(want).max())
+    assert 0 < error < 2e-2  # rounded (bfloat16 has 8 bits of mantissa), and only that
+    cosine = float(got.ravel() @ want.ravel() / np.linalg.norm(got) / np.linalg.norm(want))
+    assert cosine > 0.999
+
+
+def test_an_unnamed_node_without_a_kernel_is_refused_with_one_line():
+    with pytest.raises(PrecisionError, match="unnamed Clip node has no bfloat16 kernel"):
+        kernel_islands(_mlp(name_it=False), BFLOAT16)
+
+
+def test_a_body_op_without_a_kernel_is_refused_naming_the_if():
+    then = h.make_graph([h.make_node("Clip", ["x"], ["c"], name="inner_clip")], "then", [],
+                        [h.make_tensor_value_info("c", T.FLOAT, [2])])
+    other = h.make_graph([h.make_node("Identity", ["x"], ["d"], name="inner_id")], "else", [],
+                         [h.make_tensor_value_info("d", T.FLOAT, [2])])
+    graph = h.make_graph([h.make_node("If", ["cond"], ["y"], name="branch", then_branch=then, else_branch=other)], "g",
+                         [h.make_tensor_value_info("cond", T.BOOL, []), h.make_tensor_value_info("x", T.FLOAT, [2])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    with pytest.raises(PrecisionError, match="If 'branch' holds a Clip node"):
+        kernel_islands(model, BFLOAT16)
+
+
+def _refusing(ops: list[str], calls: list):
+    """A stand-in for make_session refusing the conversion as ONNX Runtime words it, once per op in ``ops``
+    (the first that still has a bfloat16 node), then loading it."""
+    def make_session(model, provider, name="model"):
+        calls.append(model)
+        for op in ops:
+            node = next((n for n in model.graph.node if n.op_type == op and _reads_bfloat16(model, n)), None)
+            if node is not None:
+                raise SessionRefused(f"{name}: ONNX Runtime cannot load the model: [ONNXRuntimeError] : 9 : "
+                                     f"NOT_IMPLEMENTED : Could not find an implementation for {op}(13) node with "
+                                     f"name '{node.name}'")
+        return object()
+    return make_session
+
+
+def _reads_bfloat16(model, node) -> bool:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    return any(types.get(i) == T.BFLOAT16 for i in node.input)
+
+
+def test_what_the_installed_runtime_lacks_is_kept_float32_by_op(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(precision_kernels, "make_session", _refusing(["Erf", "Tanh"], calls))
+    model = _mlp()
+    keep, notes = installed_kernel_islands(model, BFLOAT16, kernel_islands(model, BFLOAT16))
+    assert set(keep) == {"clip", "erf", "tanh"} and len(calls) == 3
+    assert "Erf(13)" in keep["erf"] or "opset 13" in keep["erf"]
+    assert [n.split(" node(s)")[0] for n in notes] == ["--precision bf16: 1 Erf", "--precision bf16: 1 Tanh"]
+
+
+def test_a_conversion_refused_for_another_reason_is_our_internal_error(monkeypatch):
+    def refuse(model, provider, name="model"):
+        raise SessionRefused(f"{name}: ONNX Runtime cannot load the model: Type Error: Type (tensor(bfloat16)) of "
+                             "input parameter (x) of operator (Foo) in node (n) is invalid.")
+    monkeypatch.setattr(precision_kernels, "make_session", refuse)
+    with pytest.raises(InternalError, match="conversion of the model .onnxfuse's own"):
+        installed_kernel_islands(_mlp(), BFLOAT16, {})
+
+
+@pytest.mark.skipif(cuda_available(), reason="the refusal is for machines without a usable CUDA GPU")
+def test_bf16_without_a_gpu_is_refused_in_one_line_and_writes_nothing(tmp_path):
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_mlp(), src)
+    before = src.read_bytes()
+    result = CliRunner().invoke(main, ["optimize", str(src), str(out), "--precision", "bf16"])
+    assert result.exit_code == 1, result.output
+    assert "no usable CUDA GPU" in result.output and "--no-validate" in result.output
+    assert "Traceback" not in result.output and not out.exists() and src.read_bytes() == before
+
+
+@pytest.mark.parametrize("flags, words", [(["--device", "cpu"], "its CPU provider has almost no bfloat16"),
+                                          (["--provider", "cpu"], "--provider cpu cannot run")])
+def test_bf16_for_the_cpu_provider_is_a_usage_error(tmp_path, flags, words):
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_mlp(), src)
+    result = CliRunner().invoke(main, ["optimize", str(src), str(out), "--precision", "bf16", *flags])
+    assert result.exit_code == 2, result.output
+    assert words in result.output and not out.exists()
+
+
+@pytest.mark.parametrize("name", ["bert_tiny_opset14", "distilbert_tiny_sdpa_opset17", "yolo_conv_bn_silu_opset13"])
+def test_unvalidated_bf16_output_is_well_typed_and_keeps_the_interface(tmp_path, name):
+    src, out, report = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    model = load_testdata(name)
+    onnx.save(model, src)
+    before = src.read_bytes()
+    result = CliRunner().invoke(main, ["optimize", str(src), str(out), "--precision", "bf16", "--no-validate",
+                                       "--no-bench", "--json", str(report), "-q"])
+    assert result.exit_code == 0, result.output
+    assert src.read_bytes() == before
+    written = onnx.load(str(out))
+    onnx.shape_inference.infer_shapes(written, strict_mode=True, check_type=True)  # every op's types agree
+    sig = [(v.name, v.type.tensor_type.elem_type) for v in list(written.graph.input) + list(written.graph.output)]
+    assert sig == [(v.name, v.type.tensor_type.elem_type) for v in list(model.graph.input) + list(model.graph.output)]
+    data = json.loads(report.read_text())["result"]["precision"]
+    assert data["precision"] == "bf16"
+    if name.startswith("yolo"):  # opset 13: ONNX's Conv takes no bfloat16 before opset 22, and the notes say so
+        assert not any(t.data_type == T.BFLOAT16 and len(t.dims) == 4 for t in written.graph.initializer)
+        assert any("23 Conv node(s) compute in float32: ONNX's Conv at opset 13 takes no bfloat16" in n
+                   for n in data["notes"])
+    else:
+        assert any(t.data_type == T.BFLOAT16 for t in written.graph.initializer)
+
+
+def test_the_api_takes_bf16_and_max_drift_with_it():
+    result = onnxfuse.optimize(_mlp(), precision="bf16", validate=False, max_drift="3e-2")
+    assert result.extra["precision"]["max_drift"]["normalized_error"] == pytest.approx(3e-2)
