@@ -459,7 +459,7 @@ class _Converter:
                         else:
                             new_nodes.append(self.cast(name, self.target.elem, half_of_kept[name]))
                     node.input[i] = half_of_kept[name]
-            if fp32_inputs and self.outputs_follow(node):
+            if fp32_inputs and self.outputs_follow(node, fp32_inputs):
                 new_nodes.append(node)
                 for j, name in enumerate(node.output):
                     if name in self.floats:
@@ -593,13 +593,16 @@ class _Converter:
                 stay |= {j for j in by_var.get(formal.type_str, ()) if node.input[j] in self.floats}
         return stay
 
-    def outputs_follow(self, node: onnx.NodeProto) -> bool:
-        """Whether a node computing in float32 (some inputs kept) writes float32 outputs that float16
-        readers need cast: true when an output shares a type variable with a kept input (Add, Mul, ...)."""
+    def outputs_follow(self, node: onnx.NodeProto, kept_inputs: set[int]) -> bool:
+        """Whether a node computing in float32 (the inputs at ``kept_inputs`` kept) writes float32 outputs that
+        float16 readers need cast: true when an output shares a type variable with a kept input (Add, Mul,
+        ...). Only the kept inputs' variables count: Pow-13's exponent (T1, no bfloat16 there) stays float32
+        while its base and result (T) are bfloat16, and a Cast of its result to its own type hid the
+        LayerNorm pattern from contrib-layernorm."""
         schema = self.schema(node)
         if schema is None:
             return False
-        in_vars = {f.type_str for f in schema.inputs}
+        in_vars = {schema.inputs[min(i, len(schema.inputs) - 1)].type_str for i in kept_inputs}
         return any(o.type_str in in_vars for o in schema.outputs)
 
     def note_schema_float32(self, nodes, island) -> None:

@@ -23,8 +23,10 @@ from helpers import load_testdata
 from onnxfuse import precision_kernels
 from onnxfuse.cli import main
 from onnxfuse.errors import InternalError, PrecisionError, SessionRefused
+from onnxfuse.model_io import to_graph
 from onnxfuse.precision import BFLOAT16, convert_to_fp16
 from onnxfuse.precision_kernels import has_bfloat16_kernel, installed_kernel_islands, kernel_islands
+from onnxfuse.rewrites.facts.graph import scalar_constant
 from onnxfuse.runtime.session import cuda_available
 
 BF16_MAX_BITS = 0x7F7F  # bfloat16's largest finite value, 3.3895e38
@@ -211,3 +213,47 @@ def test_unvalidated_bf16_output_is_well_typed_and_keeps_the_interface(tmp_path,
 def test_the_api_takes_bf16_and_max_drift_with_it():
     result = onnxfuse.optimize(_mlp(), precision="bf16", validate=False, max_drift="3e-2")
     assert result.extra["precision"]["max_drift"]["normalized_error"] == pytest.approx(3e-2)
+
+
+def _layernorm(opset: int) -> onnx.ModelProto:
+    """A decomposed LayerNorm (torch's opset-14 export): Pow(x - mean, 2), whose exponent ONNX's Pow-13 takes
+    in no bfloat16."""
+    nodes = [h.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], name="mean"),
+             h.make_node("Sub", ["x", "mu"], ["d"], name="sub"),
+             h.make_node("Pow", ["d", "two"], ["d2"], name="pow"),
+             h.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], name="var"),
+             h.make_node("Add", ["var", "eps"], ["ve"], name="eps_add"), h.make_node("Sqrt", ["ve"], ["sd"], name="sqrt"),
+             h.make_node("Div", ["d", "sd"], ["y"], name="div")]
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-12, np.float32), "eps")]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2, 8])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2, 8])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_float32_exponent_leaves_pows_bfloat16_result_uncast():
+    # Pow-13's exponent stays float32 (no bfloat16 in its type list); the base and result are bfloat16, so
+    # the result reaches the ReduceMean directly, as the LayerNorm pattern needs (it gained a Cast to its own
+    # type once, which left the pattern unrecognised)
+    converted, _ = convert_to_fp16(_layernorm(14), target=BFLOAT16)
+    pow_node = next(n for n in converted.graph.node if n.name == "pow")
+    readers = [n for n in converted.graph.node if pow_node.output[0] in n.input]
+    assert [n.name for n in readers] == ["var"]
+    inits = {t.name: t.data_type for t in converted.graph.initializer}
+    assert inits["two"] == T.FLOAT and inits["eps"] == T.BFLOAT16
+    onnx.shape_inference.infer_shapes(converted, strict_mode=True, check_type=True)
+    x = np.random.default_rng(4).standard_normal((2, 8)).astype(np.float32)
+    want = ReferenceEvaluator(_layernorm(14)).run(None, {"x": x})[0]
+    got = np.asarray(ReferenceEvaluator(converted).run(None, {"x": x})[0], np.float32)
+    assert np.abs(got - want).max() < 3e-2 * np.abs(want).max()
+
+
+def test_rules_read_a_bfloat16_scalar_as_its_number():
+    converted, _ = convert_to_fp16(_layernorm(17), target=BFLOAT16)
+    graph = to_graph(converted)  # as a rule sees it
+    eps = next(n for n in graph.nodes if n.name == "eps_add").inputs[1]
+    value = scalar_constant(graph, eps)
+    assert value is not None and value.dtype == np.float32
+    assert float(value) == float(np.float32(1e-12).astype(ml_dtypes.bfloat16))  # bfloat16's 1e-12, exactly

@@ -84,8 +84,12 @@ def constant_value(graph, tensor) -> np.ndarray | None:
 
 
 def scalar_constant(graph, tensor) -> np.ndarray | None:
-    """The value of a size-1 float constant (any rank), else ``None``."""
+    """The value of a size-1 float constant (any rank), else ``None``. A bfloat16 one (onnx reads it as
+    ml_dtypes' bfloat16, whose numpy kind is "V", not "f") comes as float32, which holds it exactly: its
+    readers use the number (an ε, an exponent, a scale), and the constant itself stays as it is."""
     value = constant_value(graph, tensor)
+    if value is not None and value.dtype.name == "bfloat16":
+        value = value.astype(np.float32)
     if value is None or value.size != 1 or value.dtype.kind != "f":
         return None
     return value
