@@ -906,17 +906,21 @@ def run_model(name: str, args, part: Path) -> None:
             # without a half-precision export gets (issue 33: every zoo model, CNNs included); with
             # --right-padded, the same under the promise too (transformers 4's (1 - m)·c mask fuses only
             # then, 5.48)
-            # (promised inputs, cell variant, optimize label and info key, log suffix)
-            runs = [((), "precision", "precision-fp16", "")]
+            # (promised inputs, cell variant, optimize label and info key, log suffix, precision); --bf16 adds
+            # `optimize --precision bf16` (bfloat16 compute, float32 I/O), timed beside the float16 cells
+            runs = [((), "precision", "precision-fp16", "", "fp16")]
             if args.right_padded and "attention_mask" in spec.input_names:
                 runs.append((["attention_mask"], "precision-right-padded", "precision-fp16-right-padded",
-                             " --right-padded attention_mask"))
-            for right_padded, variant, label, flag in runs:
+                             " --right-padded attention_mask", "fp16"))
+            if args.bf16:
+                runs.append(((), "precision-bf16", "precision-bf16", "", "bf16"))
+            for right_padded, variant, label, flag, precision in runs:
                 key = "optimize_" + label.replace("-", "_")
                 try:
-                    converted, info_p = optimize(original, label, precision="fp16", right_padded=right_padded)
+                    converted, info_p = optimize(original, label, precision=precision, right_padded=right_padded)
                     rec.info(key, info_p)
-                    log(f"  --precision fp16{flag}: {info_p['nodes_after']} nodes, validation {info_p['validation']}")
+                    log(f"  --precision {precision}{flag}: {info_p['nodes_after']} nodes, "
+                        f"validation {info_p['validation']}")
                     extra16.append((variant, converted))
                 except Exception as exc:
                     rec.error(key, exc)
@@ -988,6 +992,7 @@ def _cells(models: dict):
                              fp16_att=m("ort-fp16-attention"), fp16_tx=m("ort-fp16-tx"),
                              fp16_prec=m("ort-fp16-precision"), with_rules=m("ort-with-rules"),
                              fp16_prec_rp=m("ort-fp16-precision-right-padded"),
+                             bf16_prec=m("ort-fp16-precision-bf16"),
                              fp16_with_rules=m("ort-fp16-with-rules"),
                              fp16_compile=m("torch-fp16-compile-cudagraphs") if graph else m("torch-fp16-compile")))
     return rows
@@ -1033,26 +1038,35 @@ def markdown(results: dict) -> str:
         return _f(r, 2) + "×" if r else "–"
 
     added = results.get("config", {}).get("with_rules") or []
-    extra_rows = [r for r in _cells(results["models"]) if any(r[k] for k in ("fp16_prec", "with_rules", "fp16_with_rules"))]
+    extra_rows = [r for r in _cells(results["models"])
+                  if any(r[k] for k in ("fp16_prec", "with_rules", "fp16_with_rules", "bf16_prec"))]
     promised = any(r["fp16_prec_rp"] for r in extra_rows)  # zoo --right-padded: --precision fp16 under the promise
+    bf16 = any(r["bf16_prec"] for r in extra_rows)  # zoo --bf16: --precision bf16's cells
     if extra_rows:
         lines += ["", "## Every model: --precision fp16" + (f" and +{', +'.join(added)}" if added else ""), "",
                   "Speed-up over the original of the same precision. fp16 half(): the module exported in "
                   "float16 and optimized; --precision fp16: `optimize --precision fp16` on the float32 export "
                   "(float32 I/O), timed against the float16 original; its ratio to half() is the cost of not "
                   "exporting in float16 (issue 33: within 5%)."
-                  + (f" +rules: onnxfuse with `--only +{',+'.join(added)}`." if added else ""), "",
+                  + (f" +rules: onnxfuse with `--only +{',+'.join(added)}`." if added else "")
+                  + (" --precision bf16: `optimize --precision bf16` on the float32 export, its speed-up over the "
+                     "float32 original, and its time over the optimized half() export." if bf16 else ""), "",
                   "| model | batch | CUDA graph | onnxfuse | +rules | fp16 half() | fp16 half() +rules "
-                  "| --precision fp16 | --precision fp16 / half() |" + (" --right-padded / half() |" if promised else ""),
-                  "|---|---:|:---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if promised else "")]
+                  "| --precision fp16 | --precision fp16 / half() |" + (" --right-padded / half() |" if promised else "")
+                  + (" --precision bf16 | bf16 / half() |" if bf16 else ""),
+                  "|---|---:|:---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if promised else "")
+                  + ("---:|---:|" if bf16 else "")]
         for r in extra_rows:
             vs_half = _ratio(r["fp16_prec"], r["fp16_opt"])
             rp_half = _ratio(r["fp16_prec_rp"], r["fp16_opt"])
+            bf_half = _ratio(r["bf16_prec"], r["fp16_opt"])  # bfloat16 against the float16 export optimized
             lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} "
                          f"| {speedup(r['orig'], r['opt'])} | {speedup(r['orig'], r['with_rules'])} "
                          f"| {speedup(r['fp16_orig'], r['fp16_opt'])} | {speedup(r['fp16_orig'], r['fp16_with_rules'])} "
                          f"| {speedup(r['fp16_orig'], r['fp16_prec'])} | {_f(vs_half, 3) if vs_half else '–'} |"
-                         + (f" {_f(rp_half, 3) if rp_half else '–'} |" if promised else ""))
+                         + (f" {_f(rp_half, 3) if rp_half else '–'} |" if promised else "")
+                         + (f" {speedup(r['orig'], r['bf16_prec'])} | {_f(bf_half, 3) if bf_half else '–'} |"
+                            if bf16 else ""))
     transformer_rows = [r for r in _cells(results["models"]) if any(r[k] for k in ("att", "tx", "fp16_att", "fp16_tx", "fp16_prec"))]
     if transformer_rows:
         lines += ["", "## Transformers: against ONNX Runtime's transformers optimizer", "",
@@ -1228,6 +1242,10 @@ def parse_args(argv=None):
                    help="models fed an attention_mask: also time onnxfuse under --right-padded attention_mask "
                         "(column right-padded; the zoo's masks are all ones, which keeps that promise), and "
                         "--precision fp16 under it (variant ort-fp16-precision-right-padded)")
+    p.add_argument("--bf16", action="store_true",
+                   help="with the fp16 cells: also time `optimize --precision bf16` on the float32 export (variant "
+                        "ort-fp16-precision-bf16, timed with the float16 cells; its columns: speed-up over the "
+                        "float32 original, and time over the optimized half() export)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a smoke test only")
     p.add_argument("--deadline", type=float, default=None,
                    help="stop starting new work after this many seconds (results so far are kept)")

@@ -192,3 +192,21 @@ def test_resume_reruns_only_what_the_deadline_or_a_crash_cut(tmp_path):
     assert not zoo.complete_part(tmp_path / "missing.json")
     (tmp_path / "torn.json").write_text('{"model": ')
     assert not zoo.complete_part(tmp_path / "torn.json")
+
+
+def test_the_bf16_cells_get_their_columns_against_fp32_and_half():
+    def cell(variant, ms, batch=1, graph=False):
+        return {"variant": variant, "batch": batch, "cuda_graph": graph, "status": "ok",
+                "latency_ms": {"median_ms": ms}}
+
+    timings = [cell("ort-original", 4.0), cell("ort-optimized", 2.0), cell("ort-fp16-original", 3.0),
+               cell("ort-fp16-optimized", 1.0), cell("ort-fp16-precision", 1.2),
+               cell("ort-fp16-precision-bf16", 1.6)]
+    text = zoo.markdown({"config": {}, "env": {}, "models": {"bert_base@eager": {"timings": timings, "info": {}}}})
+    header = next(line for line in text.splitlines() if "--precision bf16 |" in line)
+    row = next(line for line in text.splitlines() if line.startswith("| bert_base@eager | 1 | no | 2.00×"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert header.count("|") == row.count("|")
+    assert cells[-2:] == ["2.50×", "1.600"]  # 4.0 / 1.6 over the fp32 original; 1.6 / 1.0 over half() optimized
+    args = zoo.parse_args(["--models", "bert_base@eager", "--bf16"])
+    assert args.bf16
