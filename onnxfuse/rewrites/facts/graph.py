@@ -183,8 +183,9 @@ def last_dim(graph, tensor) -> int | None:
     return None
 
 
-#: Ops whose output elements are elements of their first input (or, for Concat, of any input).
-_REARRANGING = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten", "Gather", "Slice", "Expand",
+#: Ops whose output elements are elements of their first input: a property of the values that holds
+#: through them (non-negative sizes here; 0/1 keep masks in ``attention/keep_masks.promised_zero_one``).
+REARRANGING = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten", "Gather", "Slice", "Expand",
                           "Transpose", "Tile"})
 
 
@@ -207,7 +208,7 @@ def provably_nonnegative(graph, tensor, depth: int = 0) -> bool:
         start, delta = constant_value(graph, node.inputs[0]), constant_value(graph, node.inputs[2])
         return (start is not None and delta is not None and start.size == 1 and delta.size == 1
                 and start.dtype.kind in "iu" and float(start.reshape(-1)[0]) >= 0 and float(delta.reshape(-1)[0]) > 0)
-    if node.op in _REARRANGING:
+    if node.op in REARRANGING:
         return provably_nonnegative(graph, node.inputs[0], depth + 1)
     if node.op in ("Concat", "Add", "Mul", "Max", "Div"):  # integer Div of sizes: ≥ 0, or a division error
         return all(provably_nonnegative(graph, t, depth + 1) for t in node.inputs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -19,6 +20,7 @@ from onnx import numpy_helper
 
 import helpers
 from helpers import load_testdata, run_ort
+from onnxfuse.rewrites.contrib.attention.keep_masks import promised_zero_one
 
 B, S, L, H, D = 2, 5, 7, 2, 4
 E = H * D
@@ -1102,3 +1104,34 @@ def test_float32_softmax_island_of_a_cross_attention_becomes_multihead_attention
         feeds["keep"][1] = False  # item 1: no key kept
     want, got = run_ort(model, feeds)["out"].astype(np.float64), run_ort(out, feeds)["out"].astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def _mask_path(ops: list[str]):
+    """A graphsurgeon graph: int64 input m [2, 8] through ``ops`` in turn (each reading the previous value
+    first), then Cast to float; returns (graph, the cast's output)."""
+    m = gs.Variable("m", dtype=np.int64, shape=[2, 8])
+    graph = gs.Graph(inputs=[m])
+    value = m
+    for k, op in enumerate(ops):
+        out = gs.Variable(f"v{k}", dtype=np.int64)
+        extra = {"Gather": [gs.Constant(f"i{k}", np.array([1, 0], np.int64))],
+                 "Tile": [gs.Constant(f"r{k}", np.array([1, 2], np.int64))],
+                 "Mul": [gs.Constant(f"two{k}", np.array(2, np.int64))],
+                 "Unsqueeze": [gs.Constant(f"a{k}", np.array([1], np.int64))]}.get(op, [])
+        graph.nodes.append(gs.Node(op, inputs=[value] + extra, outputs=[out]))
+        value = out
+    cast = gs.Variable("keep", dtype=np.float32)
+    graph.nodes.append(gs.Node("Cast", inputs=[value], outputs=[cast], attrs={"to": T.FLOAT}))
+    return graph, cast
+
+
+@pytest.mark.parametrize("ops, promised", [
+    (["Unsqueeze"], True),
+    (["Gather", "Unsqueeze"], True),  # rows picked: each element is one of m's (facts.graph.REARRANGING)
+    (["Tile"], True),
+    (["Mul"], False),  # 2·m holds 2: not a 0/1 mask whatever the promise
+])
+def test_a_promised_mask_stays_zero_one_through_ops_that_only_rearrange_it(ops, promised):
+    graph, keep = _mask_path(ops)
+    assert promised_zero_one(graph, keep, frozenset({"m"})) is promised
+    assert promised_zero_one(graph, keep, frozenset({"other"})) is False  # no promise for m

@@ -75,6 +75,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.facts.graph import (
+    REARRANGING,
     constant_value,
     dims_equal,
     dtype_of,
@@ -207,19 +208,16 @@ def one_minus_mask(graph, tensor) -> tuple[gs.Tensor, float] | None:
     return None
 
 
-#: Ops that move or copy their first input's values without changing one: 0/1 in, 0/1 out.
-_VALUE_KEEPING = ("Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Slice", "Transpose")
-
-
 def promised_zero_one(graph, tensor, inputs: frozenset[str]) -> bool:
     """``tensor`` holds only 0 and 1 because it is one of ``inputs`` (promised 0/1) rearranged by ops
-    that keep values (:data:`_VALUE_KEEPING`) and Casts (0 and 1 stay 0 and 1, or False and True)."""
+    whose output elements are elements of their first input (:data:`~onnxfuse.rewrites.facts.graph.REARRANGING`:
+    Gather and Tile too) and Casts (0 and 1 stay 0 and 1, or False and True)."""
     seen = 0
     while inputs and seen < 16:
         if any(t is tensor for t in graph.inputs):
             return tensor.name in inputs
         node = producer_of(tensor)
-        if node is None or not node.inputs or not (is_op(node, *_VALUE_KEEPING) or is_op(node, "Cast")):
+        if node is None or not node.inputs or not (is_op(node, *REARRANGING) or is_op(node, "Cast")):
             return False
         tensor, seen = node.inputs[0], seen + 1
     return False
