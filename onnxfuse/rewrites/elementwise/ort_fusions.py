@@ -7,8 +7,10 @@ contrib-layernorm's on purpose (:func:`decomposed_layernorm_nodes`).
 
 from __future__ import annotations
 
+import onnx
+
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import constant_value, consumers, is_op, producer_of
+from onnxfuse.rewrites.facts.graph import constant_value, consumers, dtype_of, is_op, producer_of
 
 #: Ops a decomposed LayerNorm is made of (PyTorch's fp16 exports add Casts to float and back).
 _LN_CORE = {"Cast", "Pow", "Mul", "ReduceMean", "Add", "Sqrt", "Reciprocal", "Div"}
@@ -66,6 +68,18 @@ def _layernorm_like_nodes(graph, rm1) -> list | None:
     return found
 
 
+def _holds_bfloat16(graph, tensor) -> bool:
+    """Whether ``tensor`` is bfloat16. ONNX Runtime's LayerNormFusion takes float16, float and double only
+    (``supported_data_types`` in core/optimizer/layer_norm_fusion.cc, checked on every input of the
+    pattern's nodes), so a bfloat16 LayerNorm (``--precision bf16``, or a bfloat16 export) stays eight
+    kernels unless the elementwise fusion takes its pieces: it is not reserved. (graphsurgeon types a
+    bfloat16 variable by the ONNX enum, numpy having no bfloat16; a constant reads as ml_dtypes'.)"""
+    if getattr(tensor, "dtype", None) == onnx.TensorProto.BFLOAT16:
+        return True
+    dtype = dtype_of(graph, tensor)
+    return dtype is not None and dtype.name == "bfloat16"
+
+
 def _reserve_residual_add(graph, layernorm_input_reader, reserved: dict) -> None:
     p = producer_of(layernorm_input_reader.inputs[0])
     if is_op(p, "Add") and all(constant_value(graph, t) is None for t in p.inputs):
@@ -88,7 +102,7 @@ def decomposed_layernorm_nodes(graph) -> dict[int, Refuse]:
         if not is_op(node, "ReduceMean"):
             continue
         nodes = _layernorm_like_nodes(graph, node)
-        if not nodes:
+        if not nodes or any(_holds_bfloat16(graph, t) for n in nodes for t in n.inputs if t is not None):
             continue
         why = "part of a decomposed LayerNorm that ONNX Runtime fuses itself (LayerNormFusion)"
         for n in nodes:

@@ -7,6 +7,7 @@ import onnx
 from onnx import parser
 
 from onnxfuse.pipeline import rewrite_model
+from onnxfuse.precision import BFLOAT16, convert_to_fp16
 from onnxfuse.rewrites import select_rules
 
 MODEL = """
@@ -104,3 +105,16 @@ def test_residual_add_before_an_onnx_layernorm_is_left_for_skip_layernorm_fusion
     assert [n.op_type for n in out.graph.node] == ["Add", "Add", "LayerNormalization"]
     reasons = [r.reason for r in report.refusals]
     assert any("SkipLayerNormFusion" in why for why in reasons), reasons
+
+
+def test_a_bfloat16_layernorm_is_fused_in_pieces_since_onnx_runtime_does_not_fuse_it():
+    # ONNX Runtime's LayerNormFusion takes float16/float/double only: in bfloat16 the decomposed LayerNorm
+    # would run as eight kernels, so the elementwise fusion takes its pieces around the two ReduceMeans
+    model, _ = convert_to_fp16(parser.parse_model(MODEL), target=BFLOAT16)
+    out, report = rewrite_model(model, select_rules("cuda", only="fuse-elementwise"))
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count("ReduceMean") == 2
+    assert not {"Sub", "Pow", "Sqrt", "Div", "Relu"} & set(ops), ops
+    assert ops.count("FusedElementwise") >= 2
+    assert not any("LayerNormFusion" in r.reason for r in report.refusals)
+    onnx.shape_inference.infer_shapes(out, strict_mode=True, check_type=True)
