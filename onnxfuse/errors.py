@@ -100,7 +100,7 @@ class InternalError(OnnxfuseError):
     the ``--precision fp16`` conversion) that ONNX Runtime cannot load, or an unexpected exception in the
     command line. Its own exit code (5), so that CI tells a bug to report from a model to fix (exit 1);
     the message names the rules applied where they are known and asks for a report. ``rules``: the rules
-    (or ``precision-fp16``, the conversion) the failure is traced to, in run order."""
+    (or ``precision-fp16`` / ``precision-bf16``, the conversion) the failure is traced to, in run order."""
 
     exit_code = EXIT_INTERNAL
 

@@ -7,6 +7,7 @@ bfloat16 kernels; tests/gpu/test_precision_bf16_gpu.py checks it on CUDA."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
@@ -24,10 +25,13 @@ from onnxfuse import precision_kernels
 from onnxfuse.cli import main
 from onnxfuse.errors import InternalError, PrecisionError, SessionRefused
 from onnxfuse.model_io import to_graph
+from onnxfuse.pipeline import rewrite_model
 from onnxfuse.precision import BFLOAT16, convert_to_fp16
 from onnxfuse.precision_kernels import has_bfloat16_kernel, installed_kernel_islands, kernel_islands
+from onnxfuse.rewrites import ApplyReport
 from onnxfuse.rewrites.facts.graph import scalar_constant
 from onnxfuse.runtime.session import cuda_available
+from onnxfuse.validate.culprit import precision_culprit, unloadable
 
 BF16_MAX_BITS = 0x7F7F  # bfloat16's largest finite value, 3.3895e38
 
@@ -257,3 +261,16 @@ def test_rules_read_a_bfloat16_scalar_as_its_number():
     value = scalar_constant(graph, eps)
     assert value is not None and value.dtype == np.float32
     assert float(value) == float(np.float32(1e-12).astype(ml_dtypes.bfloat16))  # bfloat16's 1e-12, exactly
+
+
+def test_a_bfloat16_conversion_onnx_runtime_cannot_load_is_named_as_such():
+    # The CPU provider has no bfloat16 MatMul: the conversion itself does not load there, so the exit-5 error
+    # blames the bfloat16 conversion by its own name (the float16 wording and culprit once served both)
+    model = _mlp()
+    start, _ = convert_to_fp16(model, keep_nodes=kernel_islands(model, BFLOAT16), target=BFLOAT16)
+    options = SimpleNamespace(precision="bf16", provider="cpu")
+    error = unloadable(SessionRefused("model: ONNX Runtime cannot load the model: no kernel"), model, start, [],
+                       ApplyReport(), options, rewrite_model)
+    assert isinstance(error, InternalError) and error.rules == ["precision-bf16"]
+    assert str(error).startswith("internal error: onnxfuse's bfloat16 conversion (--precision bf16) wrote a model")
+    assert precision_culprit("bfloat16") == "precision-bf16" and precision_culprit("float16") == "precision-fp16"

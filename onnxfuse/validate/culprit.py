@@ -16,14 +16,21 @@ from typing import Callable
 import onnx
 
 from onnxfuse.errors import InternalError, SessionRefused
+from onnxfuse.precision import TARGETS
 from onnxfuse.rewrites import ApplyReport, Rule
 from onnxfuse.validate import ValidationReport
 from onnxfuse.validate.drift_budget import failure_text
 from onnxfuse.validate.precision_judge import precision_drift
 from onnxfuse.validate.verdict import Validator, load_problem, refusal_reason
 
-#: The culprit named when ``--precision fp16``'s conversion alone makes validation fail.
+#: The culprit named when ``--precision fp16``'s conversion alone makes validation fail (``precision-bf16`` for
+#: ``--precision bf16``'s: :func:`precision_culprit`).
 PRECISION_CULPRIT = "precision-fp16"
+
+
+def precision_culprit(precision: str | None) -> str:
+    """The culprit name of the conversion to ``precision`` ("float16", "bfloat16")."""
+    return "precision-bf16" if precision == "bfloat16" else PRECISION_CULPRIT
 #: The most rules a suggested ``--skip`` names: each one more costs a bisection of rewrites and validations.
 MAX_SKIPS = 3
 
@@ -41,7 +48,7 @@ def find_culprit(validator: Validator, rules: list[Rule], applied: ApplyReport, 
     (``precision-fp16``)."""
     problem = validator.problem
     if start is not None and problem(start) is not None:
-        return PRECISION_CULPRIT
+        return precision_culprit(validator.judge.precision if validator.judge is not None else None)
     active = [r for r in rules if applied.counts.get(r.name, 0) > 0]
     return first_failing_rule(validator.original if start is None else start, active, problem, rewrite)
 
@@ -96,14 +103,16 @@ def explain_failure(validator: Validator, report: ValidationReport, start: onnx.
     culprit = find_culprit(validator, rules, applied, rewrite, start=start if precision else None)
     skip = None
     failing = ", ".join(report.failing())
-    if culprit == PRECISION_CULPRIT:
-        blame = "; culprit: the float16 conversion itself, before any rule" + precision_drift(report, validator.judge)
+    conversion = precision_culprit(precision)
+    if culprit == conversion:
+        blame = (f"; culprit: the {precision} conversion itself, before any rule"
+                 + precision_drift(report, validator.judge))
     elif culprit:
         skip, failures = working_skip(start, rules, culprit, validator.problem, rewrite)
         blame = f"; culprit rule: {culprit}" + skip_advice(culprit, skip, failures)
     else:
         blame = ""
-    figures = "" if culprit == PRECISION_CULPRIT else failure_text(report.outputs, validator.judge)
+    figures = "" if culprit == conversion else failure_text(report.outputs, validator.judge)
     message = (f"validation failed: output(s) {failing} differ beyond tolerance{figures}{blame}; nothing was "
                "written")
     return culprit, skip, message
@@ -130,9 +139,10 @@ def unloadable(exc: SessionRefused, model, start, rules: list[Rule], applied: Ap
     report_it = "; nothing was written. This is onnxfuse's fault, not the model's: please report it"
     judge = load_problem(options)
     if start is not model and judge(start) is not None:
-        return InternalError(f"internal error: onnxfuse's float16 conversion (--precision fp16) wrote a model ONNX "
-                             f"Runtime cannot load ({reason}), before any rule; keep --precision fp32{report_it}",
-                             rules=[PRECISION_CULPRIT])
+        low = TARGETS[options.precision].name if options.precision in TARGETS else "float16"
+        return InternalError(f"internal error: onnxfuse's {low} conversion (--precision {options.precision}) wrote a "
+                             f"model ONNX Runtime cannot load ({reason}), before any rule; keep --precision "
+                             f"fp32{report_it}", rules=[precision_culprit(low)])
     applied_rules = applied.applied_rules()
     changed = [r for r in rules if applied.counts.get(r.name, 0) > 0]
     culprit = first_failing_rule(start, changed, judge, rewrite)
