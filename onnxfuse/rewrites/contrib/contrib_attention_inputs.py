@@ -68,18 +68,13 @@ from onnxfuse.rewrites.contrib.attention.inputs_op import OP_TYPE, spec_text
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import (computed_from, constant_value, consumers, dtype_of, int_attr, is_graph_output,
-                                           is_ms_op, is_op, last_dim, perm_of, producer_of, rank_of, shape_of, slice_bounds)
+from onnxfuse.rewrites.facts.graph import (BF16, FP16, FP32, computed_from, constant_value, consumers, dtype_of, int_attr,
+                                           is_graph_output, is_ms_op, is_op, last_dim, perm_of, producer_of, rank_of,
+                                           shape_of, slice_bounds)
 from onnxfuse.rewrites.facts.shape_values import move_shape_reads
 
 #: Element types its kernels take.
-DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
-try:  # bfloat16 where numpy knows it (ml_dtypes, shipped with onnx)
-    import ml_dtypes
-
-    DTYPES += (np.dtype(ml_dtypes.bfloat16),)
-except ImportError:  # an onnx without ml_dtypes: float16 and float32 only
-    pass
+DTYPES = (FP16, FP32) + BF16
 
 
 def _rotation(node):

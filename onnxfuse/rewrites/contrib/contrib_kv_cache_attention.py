@@ -57,16 +57,10 @@ from onnxfuse.rewrites.contrib.attention.heads import cache_append, plain_mha_in
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import computed_from, dtype_of, is_ms_op, is_op, producer_of, shape_of
+from onnxfuse.rewrites.facts.graph import BF16, FP16, computed_from, dtype_of, is_ms_op, is_op, producer_of, shape_of
 
 #: Element types GroupQueryAttention's CUDA kernels take.
-GQA_DTYPES = (np.dtype(np.float16),)
-try:  # bfloat16 where numpy knows it (ml_dtypes, shipped with onnx)
-    import ml_dtypes
-
-    GQA_DTYPES += (np.dtype(ml_dtypes.bfloat16),)
-except ImportError:  # an onnx without ml_dtypes: float16 only
-    pass
+GQA_DTYPES = (FP16,) + BF16
 
 
 class ContribKvCacheAttention(ContribRule):

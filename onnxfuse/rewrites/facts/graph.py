@@ -28,6 +28,14 @@ from onnxfuse.rewrites.facts.constants import constant_node_value
 MS_DOMAIN = "com.microsoft"
 
 FP16, FP32, FP64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
+try:  # bfloat16 where numpy knows it (ml_dtypes, shipped with onnx)
+    import ml_dtypes
+
+    #: bfloat16's numpy dtype, as onnx reads a bfloat16 tensor; the tuple is empty without ml_dtypes, so that a
+    #: rule's dtype list can always say ``(FP16, FP32) + BF16``.
+    BF16: tuple[np.dtype, ...] = (np.dtype(ml_dtypes.bfloat16),)
+except ImportError:  # an onnx without ml_dtypes: no rule takes bfloat16
+    BF16 = ()
 
 
 # --- domains and ops -------------------------------------------------------------------------------
