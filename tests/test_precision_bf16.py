@@ -274,3 +274,19 @@ def test_a_bfloat16_conversion_onnx_runtime_cannot_load_is_named_as_such():
     assert isinstance(error, InternalError) and error.rules == ["precision-bf16"]
     assert str(error).startswith("internal error: onnxfuse's bfloat16 conversion (--precision bf16) wrote a model")
     assert precision_culprit("bfloat16") == "precision-bf16" and precision_culprit("float16") == "precision-fp16"
+
+
+def test_bfloat16_layernorms_fuse_to_the_ops_whose_cuda_kernels_take_bfloat16():
+    # ONNX Runtime's CUDA LayerNormalization and SkipLayerNormalization take bfloat16 (its CPU kernels do
+    # not; a bfloat16 model is one for CUDA): the tiny BERT's 5 LayerNorms become 1 + 4 fused ops in bfloat16
+    result = onnxfuse.optimize(load_testdata("bert_tiny_opset14"), precision="bf16", validate=False)
+    out = result.model
+    onnx.shape_inference.infer_shapes(out, strict_mode=True, check_type=True)
+    ops = [n.op_type for n in out.graph.node]
+    assert ops.count("LayerNormalization") == 1 and ops.count("SkipLayerNormalization") == 4
+    assert "ReduceMean" not in ops
+    types = {t.name: t.data_type for t in out.graph.initializer}
+    for node in out.graph.node:
+        if node.op_type in ("LayerNormalization", "SkipLayerNormalization"):
+            assert [types[name] for name in node.input if name in types] and all(
+                types[name] == T.BFLOAT16 for name in node.input if name in types)  # γ, β (and bias) in bfloat16

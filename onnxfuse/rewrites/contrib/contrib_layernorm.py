@@ -20,7 +20,7 @@ from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import FP16, FP32, FP64
+from onnxfuse.rewrites.facts.graph import BF16, FP16, FP32, FP64
 
 #: Default-domain opset that introduced LayerNormalization.
 LAYERNORM_OPSET = 17
@@ -40,7 +40,9 @@ class ContribLayerNorm(ContribRule):
         problem = opset_raise_problem(graph, LAYERNORM_OPSET)
         if problem:
             return Refuse(f"ONNX LayerNormalization needs opset {LAYERNORM_OPSET}, and {problem.reason}")
-        problem = dtype_problem(m.dtype, (FP16, FP32, FP64), "LayerNormalization input")
+        # bfloat16: ONNX Runtime's CUDA kernel takes it (its CPU kernel does not; a bfloat16 model is one for CUDA:
+        # --precision bf16 validates there only, and the CPU provider runs no bfloat16 MatMul either)
+        problem = dtype_problem(m.dtype, (FP16, FP32, FP64) + BF16, "LayerNormalization input")
         if problem:
             return problem
         params = layernorm_params(graph, m, m.dtype)

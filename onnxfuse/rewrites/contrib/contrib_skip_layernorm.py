@@ -38,7 +38,7 @@ from onnxfuse.rewrites.engine.edit import NameAllocator, empty_input, fuse, new_
 from onnxfuse.rewrites.engine.polynomial import cast_target
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import (
-    FP16, FP32, constant_value, dims_equal, dtype_of, first_known_dtype, is_ms_op, is_op, only_read_by,
+    BF16, FP16, FP32, constant_value, dims_equal, dtype_of, first_known_dtype, is_ms_op, is_op, only_read_by,
     producer_of, shape_of, shapes_equal,
 )
 
@@ -93,7 +93,8 @@ class ContribSkipLayerNorm(ContribRule):
         if not isinstance(d, (int, np.integer)):
             return Refuse("hidden size (last dimension) unknown")
         dtype = FP32 if widen else m.dtype or first_known_dtype(graph, a, b)
-        problem = dtype_problem(dtype, (FP16, FP32), "SkipLayerNormalization input")
+        # bfloat16: ONNX Runtime's CUDA kernel takes it (as contrib-layernorm's: a bfloat16 model is one for CUDA)
+        problem = dtype_problem(dtype, (FP16, FP32) + BF16, "SkipLayerNormalization input")
         if problem:
             return problem
         broadcast = not shapes_equal(sa, shape_of(graph, b))  # only the full input may carry the bias
