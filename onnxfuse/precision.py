@@ -66,7 +66,7 @@ HALF_TINY = 2.0 ** -24
 SENTINEL = 1e30
 #: ``--precision`` values: fp16 computes in float16 with float32 inputs and outputs; fp16-io also takes and
 #: returns float16 (``convert_to_fp16(float16_io=True)``), for pipelines that feed float16; bf16 computes in
-#: bfloat16 with float32 inputs and outputs (``convert_precision(target=BFLOAT16)``).
+#: bfloat16 with float32 inputs and outputs (``convert_to_fp16(target=BFLOAT16)``).
 PRECISIONS = ("fp32", "fp16", "fp16-io", "bf16")
 
 
@@ -111,7 +111,9 @@ class LowFloat:
         if self.elem == HALF:
             return numpy_helper.from_array(values.astype(np.float16), name)
         bits = values.view(np.uint32).astype(np.uint64)
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # (no NaN: clamped finite)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # (±inf were clamped)
+        # a NaN stays a NaN (rounding a payload held in the low bits only would carry it into infinity)
+        rounded = np.where(np.isnan(values), np.uint16(0x7FC0) | (rounded & np.uint16(0x8000)), rounded)
         out = TensorProto(name=name, data_type=self.elem, dims=list(values.shape))
         out.raw_data = rounded.tobytes()
         return out

@@ -290,3 +290,12 @@ def test_bfloat16_layernorms_fuse_to_the_ops_whose_cuda_kernels_take_bfloat16():
         if node.op_type in ("LayerNormalization", "SkipLayerNormalization"):
             assert [types[name] for name in node.input if name in types] and all(
                 types[name] == T.BFLOAT16 for name in node.input if name in types)  # γ, β (and bias) in bfloat16
+
+
+def test_a_nan_weight_stays_nan_in_bfloat16():
+    # a NaN whose payload sits in the low 16 bits only would round up into the exponent's carry: infinity
+    quiet_low = np.array([0x7F800001, 0xFF800001, 0x7FC00000], np.uint32).view(np.float32)
+    bits = _bits(BFLOAT16.tensor(quiet_low))
+    as_float = (bits.astype(np.uint32) << 16).view(np.float32)
+    assert np.isnan(as_float).all(), [hex(b) for b in bits]
+    assert list(bits >> 15) == [0, 1, 0]  # the sign kept
