@@ -328,16 +328,18 @@ def optimize_model(
             if target is BFLOAT16:  # what the installed ONNX Runtime lacks beside the table (on CUDA: checked)
                 step("loading the bfloat16 conversion on CUDA")
                 float32_nodes, drift_notes = installed_kernel_islands(model, target, float32_nodes, source)
-            samples, reference = validation_inputs(model, options, source)
             if target is FLOAT16:  # the nodes float16 cannot hold (bfloat16 holds float32's range)
                 step("measuring float16 ranges")
+                samples, reference = validation_inputs(model, options, source)
                 float32_nodes = out_of_range_nodes(model, largest_magnitudes(model, samples, options.provider, source))
+            else:
+                samples, reference = validation_inputs(model, options, source)
             budget = drift_budget_of(options)
             if budget is not None:  # the nodes whose float16 (bfloat16) results break the drift budget
                 step(f"measuring {target.name} drift")
                 drifting, search_notes = drift_islands(model, float32_nodes, samples, reference, budget,
-                                                      options.provider, options.precision == "fp16-io", source,
-                                                      rounded=measured_rounding, target=target)
+                                                       options.provider, options.precision == "fp16-io", source,
+                                                       rounded=measured_rounding, target=target)
                 float32_nodes, drift_notes = {**float32_nodes, **drifting}, drift_notes + search_notes
         step(f"converting to {target.name}")
         start, precision_notes = convert_to_fp16(model, keep_nodes=float32_nodes,

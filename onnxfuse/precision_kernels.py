@@ -82,16 +82,16 @@ def kernel_islands(model: onnx.ModelProto, target: LowFloat) -> dict[str, str]:
     """``{node name: why}``: the main-graph nodes that read or write a float32 value and whose op has no
     bfloat16 CUDA kernel, to stay float32 (module docstring). Refused with one line
     (:class:`~onnxfuse.errors.PrecisionError`) when such a node has no name (the converter keeps nodes by
-    name) or sits in a subgraph (If/Loop/Scan bodies: the converter keeps main-graph nodes only)."""
-    scopes = float32_scopes(model)
-    floats = scopes[0]
+    name) or sits in a subgraph (If/Loop/Scan bodies: the converter keeps main-graph nodes only). Which
+    values are float32 is ONNX type inference's word, per graph (:func:`~onnxfuse.precision.float32_scopes`,
+    in the order the converter visits the graphs), as the converter reads them."""
+    scopes = iter(float32_scopes(model))
+    floats = next(scopes)
     kept: dict[str, str] = {}
     for node in model.graph.node:
         if node_subgraphs(node):
-            _check_bodies(node, target)
-            continue
-        touches = any(v in floats for v in list(node.input) + list(node.output) if v)
-        if not touches or node.op_type in FOLDED_AT_LOAD or has_bfloat16_kernel(node):
+            _check_bodies(node, target, scopes)
+        if not _touches(node, floats) or node.op_type in FOLDED_AT_LOAD or has_bfloat16_kernel(node):
             continue
         if not node.name:
             raise PrecisionError(f"an unnamed {node.op_type} node has no {target.name} kernel in ONNX Runtime's "
@@ -100,27 +100,25 @@ def kernel_islands(model: onnx.ModelProto, target: LowFloat) -> dict[str, str]:
     return kept
 
 
-def _check_bodies(node: onnx.NodeProto, target: LowFloat) -> None:
-    """Refuse a body holding a float op without a bfloat16 kernel (only main-graph nodes can be kept)."""
+def _touches(node: onnx.NodeProto, floats: set[str]) -> bool:
+    """Whether ``node`` reads or writes one of the float32 values ``floats``."""
+    return any(v in floats for v in list(node.input) + list(node.output) if v)
+
+
+def _check_bodies(node: onnx.NodeProto, target: LowFloat, scopes) -> None:
+    """Refuse a body holding a float op without a bfloat16 kernel (only main-graph nodes can be kept).
+    ``scopes``: the remaining per-graph float32 value sets, consumed in the converter's order (each body,
+    then the bodies within it, depth first)."""
     for body in node_subgraphs(node):
+        floats = next(scopes, set())
         for inner in body.node:
             if node_subgraphs(inner):
-                _check_bodies(inner, target)
-            elif not has_bfloat16_kernel(inner) and _reads_or_writes_float(inner, body):
+                _check_bodies(inner, target, scopes)
+            if _touches(inner, floats) and inner.op_type not in FOLDED_AT_LOAD and not has_bfloat16_kernel(inner):
                 raise PrecisionError(
                     f"{node.op_type} {node.name!r} holds a {inner.op_type} node, which has no {target.name} kernel "
                     f"in ONNX Runtime's CUDA provider; nodes inside If/Loop/Scan bodies cannot be kept float32 "
                     "(use --precision fp16, or fp32)")
-
-
-def _reads_or_writes_float(node: onnx.NodeProto, body: onnx.GraphProto) -> bool:
-    """Whether ``node`` (in ``body``) is typed as touching float32, by the body's declared types; a node
-    whose values are untyped there counts as touching it (the safe side: it is refused, not guessed)."""
-    typed = {vi.name: vi.type.tensor_type.elem_type for vi in list(body.input) + list(body.output)
-             + list(body.value_info)}
-    typed.update({t.name: t.data_type for t in body.initializer})
-    names = [v for v in list(node.input) + list(node.output) if v]
-    return any(typed.get(v, onnx.TensorProto.FLOAT) == onnx.TensorProto.FLOAT for v in names)
 
 
 #: ONNX Runtime's words when no provider has a kernel for a node's op at its version and types

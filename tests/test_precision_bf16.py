@@ -299,3 +299,22 @@ def test_a_nan_weight_stays_nan_in_bfloat16():
     as_float = (bits.astype(np.uint32) << 16).view(np.float32)
     assert np.isnan(as_float).all(), [hex(b) for b in bits]
     assert list(bits >> 15) == [0, 1, 0]  # the sign kept
+
+
+def test_an_integer_op_without_a_kernel_in_a_body_is_not_a_reason_to_refuse():
+    # Less has no bfloat16 CUDA kernel, but on int64 values it is never converted: only float32 values count,
+    # per graph, as ONNX type inference gives them (an untyped body value once counted as float)
+    less = h.make_node("Less", ["n", "limit"], ["c"], name="inner_less")
+    then = h.make_graph([less], "then", [], [h.make_tensor_value_info("c", T.BOOL, [])],
+                        [numpy_helper.from_array(np.array(3, np.int64), "limit")])
+    other = h.make_graph([h.make_node("Not", ["cond"], ["d"], name="inner_not")], "else", [],
+                         [h.make_tensor_value_info("d", T.BOOL, [])])
+    nodes = [h.make_node("If", ["cond"], ["flag"], name="branch", then_branch=then, else_branch=other),
+             h.make_node("Cast", ["flag"], ["f"], to=T.FLOAT, name="cast"),
+             h.make_node("Mul", ["x", "f"], ["y"], name="mul")]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("cond", T.BOOL, []),
+                                      h.make_tensor_value_info("n", T.INT64, []),
+                                      h.make_tensor_value_info("x", T.FLOAT, [2])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    assert kernel_islands(model, BFLOAT16) == {}
