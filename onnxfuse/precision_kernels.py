@@ -87,17 +87,42 @@ def kernel_islands(model: onnx.ModelProto, target: LowFloat) -> dict[str, str]:
     in the order the converter visits the graphs), as the converter reads them."""
     scopes = iter(float32_scopes(model))
     floats = next(scopes)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     kept: dict[str, str] = {}
     for node in model.graph.node:
         if node_subgraphs(node):
-            _check_bodies(node, target, scopes)
-        if not _touches(node, floats) or node.op_type in FOLDED_AT_LOAD or has_bfloat16_kernel(node):
+            _check_bodies(node, target, scopes, opset)
+        why = _why_float32(node, floats, target, opset)
+        if why is None:
             continue
         if not node.name:
-            raise PrecisionError(f"an unnamed {node.op_type} node has no {target.name} kernel in ONNX Runtime's "
-                                 "CUDA provider and cannot be kept float32 (the converter keeps nodes by name)")
-        kept[node.name] = f"{node.op_type} has no {target.name} kernel in ONNX Runtime's CUDA provider"
+            raise PrecisionError(f"an unnamed {node.op_type} node cannot compute in {target.name} ({why}) and cannot "
+                                 "be kept float32 (the converter keeps nodes by name)")
+        kept[node.name] = why
     return kept
+
+
+def _why_float32(node: onnx.NodeProto, floats: set[str], target: LowFloat, opset: int) -> str | None:
+    """Why ``node`` must compute in float32 under ``target``, or None: its op has no CUDA kernel for the
+    type, or (a node that reads no float32 value but writes one: ``ConstantOfShape``, ``RandomNormal``)
+    ONNX's schema at the model's opset gives its output no such type, which the converter's input-side
+    schema check cannot see (``ConstantOfShape`` writes bfloat16 only from opset 20)."""
+    if not _touches(node, floats) or node.op_type in FOLDED_AT_LOAD:
+        return None
+    if not has_bfloat16_kernel(node):
+        return f"{node.op_type} has no {target.name} kernel in ONNX Runtime's CUDA provider"
+    if any(v in floats for v in node.input if v) or (node.domain or "") not in ("", "ai.onnx"):
+        return None
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+    for formal in schema.outputs:
+        allowed = set(formal.types) or {t for c in schema.type_constraints if c.type_param_str == formal.type_str
+                                        for t in c.allowed_type_strs}
+        if "tensor(float)" in allowed and f"tensor({target.name})" not in allowed:
+            return f"ONNX's {node.op_type} at opset {opset} writes no {target.name}"
+    return None
 
 
 def _touches(node: onnx.NodeProto, floats: set[str]) -> bool:
@@ -105,7 +130,7 @@ def _touches(node: onnx.NodeProto, floats: set[str]) -> bool:
     return any(v in floats for v in list(node.input) + list(node.output) if v)
 
 
-def _check_bodies(node: onnx.NodeProto, target: LowFloat, scopes) -> None:
+def _check_bodies(node: onnx.NodeProto, target: LowFloat, scopes, opset: int) -> None:
     """Refuse a body holding a float op without a bfloat16 kernel (only main-graph nodes can be kept).
     ``scopes``: the remaining per-graph float32 value sets, consumed in the converter's order (each body,
     then the bodies within it, depth first)."""
@@ -113,12 +138,13 @@ def _check_bodies(node: onnx.NodeProto, target: LowFloat, scopes) -> None:
         floats = next(scopes, set())
         for inner in body.node:
             if node_subgraphs(inner):
-                _check_bodies(inner, target, scopes)
-            if _touches(inner, floats) and inner.op_type not in FOLDED_AT_LOAD and not has_bfloat16_kernel(inner):
+                _check_bodies(inner, target, scopes, opset)
+            why = _why_float32(inner, floats, target, opset)
+            if why is not None:
                 raise PrecisionError(
-                    f"{node.op_type} {node.name!r} holds a {inner.op_type} node, which has no {target.name} kernel "
-                    f"in ONNX Runtime's CUDA provider; nodes inside If/Loop/Scan bodies cannot be kept float32 "
-                    "(use --precision fp16, or fp32)")
+                    f"{node.op_type} {node.name!r} holds a {inner.op_type} node that cannot compute in {target.name} "
+                    f"({why}); nodes inside If/Loop/Scan bodies cannot be kept float32 (use --precision fp16, or "
+                    "fp32)")
 
 
 #: ONNX Runtime's words when no provider has a kernel for a node's op at its version and types
