@@ -57,6 +57,7 @@ from onnxfuse.errors import PrecisionError
 from onnxfuse.rewrites.facts.constants import constant_node_value
 from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.model_io import defined_names, node_subgraphs, proto_graphs, rename_outer_reads
+from onnxfuse.repair import read_as_ort
 
 FLOAT, HALF, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 #: float16's largest finite value, and the smallest positive one (a subnormal).
@@ -163,13 +164,23 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
                              f"{target.name} (float32 steps an exporter left inside a lower-precision model stay as "
                              "they are)")
     _Converter(opsets, notes, scopes, dict(keep_nodes or {}), float16_io, target).graph(out.graph, main=True)
-    try:
-        onnx.checker.check_model(out)
-        onnx_inferred(out, strict=True)
-    except Exception as exc:  # noqa: BLE001  (onnx raises several types)
-        raise PrecisionError(f"the {target.name} form of the model fails ONNX type inference: "
-                             + " ".join(str(exc).split())[:300]) from None
+    problem = _type_problem(out)
+    if problem is not None and _type_problem(model) is None:  # (an input that fails alike: not the conversion's)
+        raise PrecisionError(f"the {target.name} form of the model fails ONNX type inference: {problem}")
     return out, notes
+
+
+def _type_problem(model: onnx.ModelProto) -> str | None:
+    """What ONNX's checker or its strict type inference says is wrong with ``model`` read as ONNX Runtime
+    reads it (:func:`onnxfuse.repair.read_as_ort`: ORT's contrib ops in the ONNX domain, as
+    onnxruntime-genai's builder writes them), in one line; None when nothing is."""
+    try:
+        with read_as_ort(model):
+            onnx.checker.check_model(model)
+            onnx_inferred(model, strict=True)
+    except Exception as exc:  # noqa: BLE001  (onnx raises several types)
+        return " ".join(str(exc).split())[:300]
+    return None
 
 
 def _declares_float32(graph: onnx.GraphProto) -> bool:

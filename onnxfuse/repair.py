@@ -53,6 +53,7 @@ Anything else the checker refuses is still refused with its one line; so is anyt
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 
 import onnx
@@ -118,8 +119,21 @@ def note(repairs: list[str]) -> str:
 
 def validity_problem(model: onnx.ModelProto) -> str | None:
     """``onnx.checker``'s one-line complaint about ``model`` read as ONNX Runtime reads it (None when
-    valid): ORT's contrib ops in the ONNX domain are checked as contrib ops (their domain is switched
-    during the check and restored; no copy of the weights)."""
+    valid): ORT's contrib ops in the ONNX domain are checked as contrib ops (:func:`read_as_ort`)."""
+    # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
+    from onnxfuse import model_io
+
+    with read_as_ort(model):
+        return model_io.validity_problem(model)
+
+
+@contextlib.contextmanager
+def read_as_ort(model: onnx.ModelProto):
+    """For the block, ``model`` as ONNX's checker and type inference can read what ONNX Runtime runs: ORT's
+    contrib ops in the ONNX domain (``SimplifiedLayerNormalization``, as onnxruntime-genai's builder writes
+    it) moved to com.microsoft, which ONNX has no schemas for and leaves alone, and graph inputs and outputs
+    without a shape given an empty one (the checker wants the field; ORT reads its absence as "any shape").
+    Restored after, in place: no copy of the weights."""
     # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
 
@@ -128,17 +142,15 @@ def validity_problem(model: onnx.ModelProto) -> str | None:
     shapeless = [v.type.tensor_type for v in list(model.graph.input) + list(model.graph.output)
                  if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type
                  and not v.type.tensor_type.HasField("shape")]
-    if not moved and not shapeless:
-        return model_io.validity_problem(model)
     added = None
     if moved and "com.microsoft" not in {o.domain for o in model.opset_import}:
         added = model.opset_import.add(domain="com.microsoft", version=1)
     try:
         for n in moved:
             n.domain = "com.microsoft"
-        for t in shapeless:  # the checker wants the field; ORT reads its absence as "any shape"
+        for t in shapeless:
             t.shape.SetInParent()
-        return model_io.validity_problem(model)
+        yield model
     finally:
         for n in moved:
             n.domain = ""

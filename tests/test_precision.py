@@ -18,6 +18,7 @@ import onnxfuse
 from helpers import load_testdata, op_types_within, random_feeds, run_ort
 from onnxfuse.cli import main
 from onnxfuse.custom_ops import session_options
+from onnxfuse import precision
 from onnxfuse.precision import HALF_TINY, convert_to_fp16
 
 MODELS = ["conv_bn_relu", "mobilenet_v2_w035", "efficientnet_blocks_opset13", "yolo_conv_bn_silu_opset13",
@@ -284,3 +285,28 @@ def test_an_sdpa_decoders_float32_islands_fuse_after_the_conversion():
     assert ops["SkipSimplifiedLayerNormalization"] == 4 and ops["ReduceMean"] == 0, ops
     assert ops["AttentionInputs"] == ops["DecodeAttention"] == 2, ops
 
+
+
+def test_a_genai_builder_float32_decoder_converts_to_float16_and_validates():
+    # onnxruntime-genai's builder writes SimplifiedLayerNormalization in the ONNX domain (ORT runs it; ONNX's
+    # checker has no schema) and value annotations its own Constants contradict: the conversion is judged by
+    # what it changes, so neither refuses it any more (it exited 1, "fails ONNX type inference")
+    model = load_testdata("qwen2_genai_builder_fp32")
+    result = onnxfuse.optimize(model, precision="fp16", provider="cpu", bench=False)
+    assert result.validation.passed
+    weights = [t for t in result.model.graph.initializer if len(t.dims) == 2 and min(t.dims) > 8]
+    assert weights and all(t.data_type == T.FLOAT16 for t in weights)
+
+
+def test_a_type_error_the_conversion_makes_is_still_refused(monkeypatch):
+    # the input passes ONNX's checks and the converted form does not: the conversion's own fault, refused
+    convert_graph = precision._Converter.graph
+
+    def broken(self, graph, main):
+        convert_graph(self, graph, main)
+        if main:
+            graph.node.append(h.make_node("Frobnicate", ["x"], ["junk"], name="junk"))
+
+    monkeypatch.setattr(precision._Converter, "graph", broken)
+    with pytest.raises(onnxfuse.PrecisionError, match="float16 form of the model fails ONNX type inference"):
+        convert_to_fp16(_masked_softmax(-1e4, 1e-5))
