@@ -14,9 +14,12 @@ bfloat16 kernels exist: a rewrite whose op has none refuses bfloat16 by its own 
 
 The table (:data:`CUDA_BFLOAT16_OPS`) is ONNX Runtime's ``docs/OperatorKernels.md`` (CUDA provider, the
 latest version row of each op; :data:`TABLE_SOURCE`): an op not in it stays float32. It is static so that a
-GPU-less run (``--no-validate``) writes the same graph as one on the GPU; the validation on CUDA is what
-checks it against the installed ONNX Runtime (a refused session is an internal error naming the
-conversion, never a silent fallback).
+GPU-less run (``--no-validate``) writes the graph a GPU run starts from. A validated run (on CUDA) then loads
+the conversion before any rewrite (:func:`installed_kernel_islands`): an op the installed ONNX Runtime
+names as unimplemented stays float32 too, with a note; any other refusal is an internal error naming the
+conversion. Also kept float32: a node that reads no float32 value but writes one that ONNX's schema at the
+model's opset cannot type in bfloat16 (``ConstantOfShape`` before opset 20); the converter's own schema check
+covers inputs only.
 
 bfloat16 needs CUDA to be checked: ONNX Runtime's CPU provider cannot run the converted model, so
 :func:`bfloat16_usable` refuses ``--device cpu``, ``--provider cpu``, and validation without a usable GPU
