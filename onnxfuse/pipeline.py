@@ -385,7 +385,8 @@ def optimize_model(
             step("searching for the rule responsible")
             raise unloadable(exc, model, start, rules, applied, options, rewrite_model) from None
         body_notes = [n for n in [left_note(applied.bodies), growth_note(applied)] if n]
-        report.notes.extend(repair_notes + body_notes + precision_notes + conversion_notes(report, validator.conversion))
+        converted = conversion_notes(report, validator.conversion, precision or "float16")
+        report.notes.extend(repair_notes + body_notes + precision_notes + converted)
         result.validation = report
         if not report.passed:
             step("searching for the rule responsible")

@@ -32,6 +32,7 @@ from onnxfuse.rewrites import ApplyReport
 from onnxfuse.rewrites.facts.graph import scalar_constant
 from onnxfuse.runtime.session import cuda_available
 from onnxfuse.validate.culprit import precision_culprit, unloadable
+from onnxfuse.validate.precision_judge import conversion_notes
 
 BF16_MAX_BITS = 0x7F7F  # bfloat16's largest finite value, 3.3895e38
 
@@ -361,3 +362,13 @@ def test_every_testdata_model_gives_a_well_typed_bf16_output_or_one_line():
             continue
         onnx.shape_inference.infer_shapes(result.model, strict_mode=True, check_type=True)
     assert "bert_tiny_opset14.onnx" not in refused and "gpt2_tiny_opset14.onnx" not in refused
+
+
+def test_the_note_for_an_output_passed_within_the_conversion_drift_names_bfloat16():
+    output = SimpleNamespace(name="logits", max_abs=0.03, extra={"passed_by": "noise floor", "noise_floor": 1e-3})
+    report = SimpleNamespace(outputs=[output])
+    notes = conversion_notes(report, {"logits": 0.02}, "bfloat16")
+    assert notes and notes[0].startswith("--precision bf16: logits beyond bfloat16's default tolerance but within 3x "
+                                         "the drift of the model merely converted to bfloat16")
+    assert output.extra["conversion_drift"] == 0.02
+    assert conversion_notes(report, {"logits": 0.02})[0].startswith("--precision fp16: logits beyond float16's")

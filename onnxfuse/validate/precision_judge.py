@@ -80,9 +80,9 @@ def with_conversion(floor: dict[str, float], drift: dict[str, float]) -> dict[st
     return {k: max(floor.get(k, 0.0), conversion_share(drift.get(k, 0.0))) for k in floor.keys() | drift.keys()}
 
 
-def conversion_notes(report: ValidationReport, drift: dict[str, float]) -> list[str]:
+def conversion_notes(report: ValidationReport, drift: dict[str, float], precision: str = "float16") -> list[str]:
     """Each output's conversion drift in the report (``extra["conversion_drift"]``) and one note when an output
-    passed only within it."""
+    passed only within it. ``precision``: the type converted to ("float16", "bfloat16"), as the note names it."""
     for c in report.outputs:
         if c.name in drift:
             c.extra["conversion_drift"] = drift[c.name]
@@ -91,8 +91,10 @@ def conversion_notes(report: ValidationReport, drift: dict[str, float]) -> list[
     if not helped:
         return []
     worst = max(helped, key=lambda c: c.max_abs)
-    return [f"--precision fp16: {', '.join(c.name for c in helped)} beyond float16's default tolerance but within "
-            f"{CONVERSION_MULTIPLE:g}x the drift of the model merely converted to float16, no rewrite ({worst.name}: "
+    flag = "--precision bf16" if precision == "bfloat16" else "--precision fp16"
+    return [f"{flag}: {', '.join(c.name for c in helped)} beyond {precision}'s default tolerance but within "
+            f"{CONVERSION_MULTIPLE:g}x the drift of the model merely converted to {precision}, no rewrite "
+            f"({worst.name}: "
             f"max abs {worst.max_abs:.3g} against {drift[worst.name]:.3g}); explicit --rtol/--atol judge by tolerance "
             "and the drift budget (--max-drift), --strict by tolerance alone"]
 
