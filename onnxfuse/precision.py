@@ -126,6 +126,20 @@ BFLOAT16 = LowFloat("bfloat16", "bf16", BF16, 3.3895313892515355e38, 2.0 ** -133
 TARGETS = {"fp16": FLOAT16, "fp16-io": FLOAT16, "bf16": BFLOAT16}
 
 
+def target_named(name: str | None) -> LowFloat:
+    """The target type a judge or a report names ("float16", "bfloat16"); float16 for None (a run whose
+    precision was not said: the float16 path's wording, as before bfloat16). Its ``short`` spells the flag
+    (``--precision bf16``) and the conversion's culprit (``precision-bf16``)."""
+    return BFLOAT16 if name == BFLOAT16.name else FLOAT16
+
+
+def formal_types(schema, formal) -> set[str]:
+    """The type strings an ONNX ``schema``'s formal input or output ``formal`` allows (its own list, else
+    its type constraint's)."""
+    return set(formal.types) or {t for c in schema.type_constraints if c.type_param_str == formal.type_str
+                                 for t in c.allowed_type_strs}
+
+
 def half_problem(values: np.ndarray) -> str | None:
     """Why a float32 constant cannot become float16 within float16's rounding, or None when it can
     (sentinels clamp, tiny non-zero values become the smallest float16: see :func:`to_half`)."""
@@ -581,9 +595,7 @@ class _Converter:
         for i, name in enumerate(node.input):
             if not name or name not in self.floats:
                 continue
-            formal = schema.inputs[min(i, len(schema.inputs) - 1)]
-            allowed = set(formal.types) or {
-                t for c in schema.type_constraints if c.type_param_str == formal.type_str for t in c.allowed_type_strs}
+            allowed = formal_types(schema, schema.inputs[min(i, len(schema.inputs) - 1)])
             if allowed and "tensor(float)" in allowed and f"tensor({self.target.name})" not in allowed:
                 stay.add(i)
         return stay
@@ -677,4 +689,4 @@ class _Converter:
 
 
 __all__ = ["BFLOAT16", "FLOAT16", "PRECISIONS", "TARGETS", "LowFloat", "convert_to_fp16", "float32_values",
-           "half_problem", "to_half"]
+           "formal_types", "half_problem", "target_named", "to_half"]

@@ -34,7 +34,7 @@ import onnx
 
 from onnxfuse.errors import InternalError, PrecisionError, RuntimeFailure, SessionRefused, UsageError
 from onnxfuse.model_io import node_subgraphs
-from onnxfuse.precision import LowFloat, convert_to_fp16, float32_scopes
+from onnxfuse.precision import LowFloat, convert_to_fp16, float32_scopes, formal_types
 from onnxfuse.runtime.session import make_session, resolve_provider
 
 #: Where :data:`CUDA_BFLOAT16_OPS` comes from: ONNX Runtime's ``docs/OperatorKernels.md``, CUDA provider, the
@@ -121,8 +121,7 @@ def _why_float32(node: onnx.NodeProto, floats: set[str], target: LowFloat, opset
     except onnx.defs.SchemaError:
         return None
     for formal in schema.outputs:
-        allowed = set(formal.types) or {t for c in schema.type_constraints if c.type_param_str == formal.type_str
-                                        for t in c.allowed_type_strs}
+        allowed = formal_types(schema, formal)
         if "tensor(float)" in allowed and f"tensor({target.name})" not in allowed:
             return f"ONNX's {node.op_type} at opset {opset} writes no {target.name}"
     return None
@@ -182,14 +181,15 @@ def installed_kernel_islands(model: onnx.ModelProto, target: LowFloat, keep: dic
                 n.name: f"{n.op_type} has no {target.name} kernel at opset {found.group(2)} in the installed "
                         "ONNX Runtime's CUDA provider (its session said so)"
                 for n in model.graph.node if n.op_type == found.group(1) and n.name and n.name not in keep
-                and any(v in floats for v in list(n.input) + list(n.output) if v)}
+                and _touches(n, floats)}
             if not added:
                 raise InternalError(f"the {target.name} conversion of the model (onnxfuse's own, before any rewrite) "
                                     f"cannot be loaded by ONNX Runtime's CUDA provider: {exc}") from None
             keep.update(added)
-            notes.append(f"--precision bf16: {len(added)} {found.group(1)} node(s) stay float32: the installed ONNX "
-                         f"Runtime has no CUDA {target.name} kernel for {found.group(1)}({found.group(2)}) "
-                         "(the static table lists one for the op's latest version)")
+            op, version = found.group(1), found.group(2)
+            notes.append(f"--precision {target.short}: {len(added)} {op} node(s) stay float32: the installed ONNX "
+                         f"Runtime has no CUDA {target.name} kernel for {op}({version}) (the static table lists one "
+                         "for the op's latest version)")
     raise InternalError(f"the {target.name} conversion still cannot be loaded on CUDA after {MAX_ROUNDS} op types "
                         "were kept float32")
 

@@ -16,7 +16,7 @@ from typing import Callable
 import onnx
 
 from onnxfuse.errors import InternalError, SessionRefused
-from onnxfuse.precision import TARGETS
+from onnxfuse.precision import FLOAT16, TARGETS, target_named
 from onnxfuse.rewrites import ApplyReport, Rule
 from onnxfuse.validate import ValidationReport
 from onnxfuse.validate.drift_budget import failure_text
@@ -25,12 +25,12 @@ from onnxfuse.validate.verdict import Validator, load_problem, refusal_reason
 
 #: The culprit named when ``--precision fp16``'s conversion alone makes validation fail (``precision-bf16`` for
 #: ``--precision bf16``'s: :func:`precision_culprit`).
-PRECISION_CULPRIT = "precision-fp16"
+PRECISION_CULPRIT = f"precision-{FLOAT16.short}"
 
 
 def precision_culprit(precision: str | None) -> str:
     """The culprit name of the conversion to ``precision`` ("float16", "bfloat16")."""
-    return "precision-bf16" if precision == "bfloat16" else PRECISION_CULPRIT
+    return f"precision-{target_named(precision).short}"
 #: The most rules a suggested ``--skip`` names: each one more costs a bisection of rewrites and validations.
 MAX_SKIPS = 3
 
@@ -139,7 +139,7 @@ def unloadable(exc: SessionRefused, model, start, rules: list[Rule], applied: Ap
     report_it = "; nothing was written. This is onnxfuse's fault, not the model's: please report it"
     judge = load_problem(options)
     if start is not model and judge(start) is not None:
-        low = TARGETS[options.precision].name if options.precision in TARGETS else "float16"
+        low = TARGETS.get(options.precision, FLOAT16).name
         return InternalError(f"internal error: onnxfuse's {low} conversion (--precision {options.precision}) wrote a "
                              f"model ONNX Runtime cannot load ({reason}), before any rule; keep --precision "
                              f"fp32{report_it}", rules=[precision_culprit(low)])

@@ -105,7 +105,7 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
     returned, rounded per op, when the trials ran so (the CPU): the judge's rounded yardstick
     (:class:`~onnxfuse.validate.drift_budget.PrecisionJudge`), measured once. ``target``: the type the
     model is converted to (``--precision bf16``: bfloat16, whose trials run on CUDA as converted)."""
-    flag = "--precision bf16" if target.name == "bfloat16" else "--precision fp16"
+    flag = f"--precision {target.short}"
     weights = sum(tensor_nbytes(t) for t in model.graph.initializer)
     if weights > MAX_SEARCH_WEIGHT_BYTES:
         return {}, [f"{flag}: no search for nodes whose {target.name} results break the drift budget: the model "

@@ -15,7 +15,7 @@ validate/ sits below the pipeline, tests/test_layers.py).
 
 from __future__ import annotations
 
-from onnxfuse.precision import TARGETS
+from onnxfuse.precision import TARGETS, target_named
 from onnxfuse.validate import FLOOR_MULTIPLE, PrecisionJudge, ValidationReport, conversion_drift
 from onnxfuse.runtime.session import resolve_provider
 from onnxfuse.validate.drift_budget import DEFAULT_BUDGET
@@ -91,7 +91,7 @@ def conversion_notes(report: ValidationReport, drift: dict[str, float], precisio
     if not helped:
         return []
     worst = max(helped, key=lambda c: c.max_abs)
-    flag = "--precision bf16" if precision == "bfloat16" else "--precision fp16"
+    flag = f"--precision {target_named(precision).short}"
     return [f"{flag}: {', '.join(c.name for c in helped)} beyond {precision}'s default tolerance but within "
             f"{CONVERSION_MULTIPLE:g}x the drift of the model merely converted to {precision}, no rewrite "
             f"({worst.name}: "
