@@ -372,3 +372,86 @@ def test_the_note_for_an_output_passed_within_the_conversion_drift_names_bfloat1
                                          "the drift of the model merely converted to bfloat16")
     assert output.extra["conversion_drift"] == 0.02
     assert conversion_notes(report, {"logits": 0.02})[0].startswith("--precision fp16: logits beyond float16's")
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True)
+    g = inferred.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.value_info, *g.input, *g.output]}
+    types.update({t.name: t.data_type for t in g.initializer})
+    return types
+
+
+def test_dtype_of_reads_a_bfloat16_variable_through_onnx_s_table():
+    # graphsurgeon keeps bfloat16 as its ONNX enum (16); the rules read it as ml_dtypes' bfloat16
+    import onnx_graphsurgeon as gs
+
+    from onnxfuse.rewrites.facts.graph import BF16, dtype_of, float_eps, is_float_dtype
+
+    graph = gs.Graph()
+    assert dtype_of(graph, gs.Variable("x", dtype=T.BFLOAT16)) == np.dtype(ml_dtypes.bfloat16) == BF16[0]
+    assert dtype_of(graph, gs.Variable("y", dtype=np.float16)) == np.dtype(np.float16)
+    assert dtype_of(graph, gs.Variable("z", dtype=T.UNDEFINED)) is None
+    assert is_float_dtype(BF16[0]) and not is_float_dtype(np.dtype(np.int64))
+    assert float_eps(BF16[0]) == 2.0 ** -7 and float_eps(np.dtype(np.float16)) == 2.0 ** -10
+
+
+@pytest.mark.parametrize("name,attentions", [("bert_tiny_opset14", 2), ("bert_tiny_sdpa_opset17", 2),
+                                             ("whisper_encoder_tiny_sdpa_opset17", 2)])
+def test_bfloat16_softmax_islands_fuse_into_bfloat16_attention(name, attentions):
+    # the conversion keeps each Softmax and its finfo(float32).min mask a float32 island between a bfloat16
+    # upcast and a Cast down to bfloat16: that island is a bfloat16 attention (ONNX Runtime 1.31.1's CUDA
+    # Attention and MultiHeadAttention have BFloat16 kernels)
+    out = onnxfuse.optimize(load_testdata(name), precision="bf16", validate=False).model
+    types = _value_types(out)
+    fused = [n for n in out.graph.node if n.op_type in ("Attention", "MultiHeadAttention")]
+    assert len(fused) == attentions and not [n for n in out.graph.node if n.op_type == "Softmax"]
+    for node in fused:
+        assert types[node.input[0]] == T.BFLOAT16 and types[node.output[0]] == T.BFLOAT16
+
+
+def test_a_keep_bias_below_opset_16_is_built_in_float32_and_cast_down():
+    # ONNX's Where takes bfloat16 from opset 16: at opset 14 the sdpa export's keep bias Where(keep, 0, fill)
+    # runs in float32 and is cast to bfloat16 (exact: each element is 0 or the fill); both layers share it.
+    # (contrib-layernorm raises the opset to 17 afterwards; the bias was built at 14.)
+    model = load_testdata("bert_tiny_sdpa_opset14")
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [14]
+    out = onnxfuse.optimize(model, precision="bf16", validate=False, skip="fuse-elementwise").model  # (it takes the pair)
+    types = _value_types(out)
+    fused = [n for n in out.graph.node if n.op_type == "Attention"]
+    biases = {n.input[5] for n in fused}
+    assert len(fused) == 2 and len(biases) == 1  # one bias for both layers
+    (bias,) = biases
+    assert types[bias] == T.BFLOAT16
+    producers = {o: n for n in out.graph.node for o in n.output}
+    cast = producers[bias]
+    assert cast.op_type == "Cast" and producers[cast.input[0]].op_type == "Where"
+    assert types[cast.input[0]] == T.FLOAT
+    where = producers[cast.input[0]]
+    values = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    fill = [values[i].reshape(-1)[0] for i in where.input[1:] if i in values and values[i].reshape(-1)[0] != 0]
+    assert fill and fill[0].dtype == np.float32 and float(fill[0]) == float(np.finfo(np.float32).min) / 2
+    assert float(np.array(fill[0], ml_dtypes.bfloat16)) == -(2.0 ** 127)  # finite in bfloat16
+
+
+def test_fast_gelu_takes_its_constants_rounded_to_bfloat16_and_no_others():
+    # --precision bf16 writes √(2/π) as 0.796875 (1.3e-3 below): within bfloat16's 2·eps, so FastGelu; a
+    # coefficient 2% off (beyond bfloat16's rounding) stays unfused
+    def gelu_model(k):
+        c = lambda v, n: numpy_helper.from_array(np.array(v, ml_dtypes.bfloat16), n)
+        nodes = [h.make_node("Mul", ["x", "x"], ["x2"]), h.make_node("Mul", ["x2", "x"], ["x3"]),
+                 h.make_node("Mul", ["x3", "c3"], ["a"]), h.make_node("Add", ["x", "a"], ["b"]),
+                 h.make_node("Mul", ["b", "k"], ["u"]), h.make_node("Tanh", ["u"], ["t"]),
+                 h.make_node("Add", ["t", "one"], ["p"]), h.make_node("Mul", ["x", "p"], ["q"]),
+                 h.make_node("Mul", ["q", "half"], ["y"])]
+        g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.BFLOAT16, [4, 64])],
+                         [h.make_tensor_value_info("y", T.BFLOAT16, [4, 64])],
+                         [c(0.044715, "c3"), c(k, "k"), c(1.0, "one"), c(0.5, "half")])
+        return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+    def ops(k):
+        out = onnxfuse.optimize(gelu_model(k), validate=False, only="contrib-fast-gelu").model
+        return [n.op_type for n in out.graph.node]
+
+    assert ops(float(np.sqrt(2 / np.pi))) == ["FastGelu"]
+    assert "FastGelu" not in ops(float(np.sqrt(2 / np.pi)) * 1.02)

@@ -14,7 +14,7 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 import onnxfuse
-from helpers import load_testdata, run_ort
+from helpers import load_testdata, op_types_within, run_ort
 from onnxfuse.custom_ops import session_options
 from onnxfuse.precision import BFLOAT16, convert_to_fp16
 from onnxfuse.precision_kernels import installed_kernel_islands, kernel_islands
@@ -22,16 +22,40 @@ from onnxfuse.runtime.session import cuda_available
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
 
-MODELS = ["bert_tiny_opset14", "bert_tiny_sdpa_opset17", "distilbert_tiny_sdpa_opset17", "gpt2_tiny_sdpa_opset14",
-          "vit_blocks_opset14", "llama_kv_opset17", "convnext_blocks_opset13"]
+#: test model -> ops its bf16 optimization must hold (the bfloat16 contrib fusions, each checked on CUDA here)
+MODELS = {
+    "bert_tiny_opset14": ["Attention", "SkipLayerNormalization"],
+    "bert_tiny_sdpa_opset14": ["Attention"],  # Where-14 takes no bfloat16: the keep bias in float32, cast down
+    "bert_tiny_sdpa_opset17": ["Attention"],
+    "distilbert_tiny_sdpa_opset17": ["Attention"],
+    "roberta_tiny_sdpa_opset14": ["Attention"],
+    "gpt2_tiny_sdpa_opset14": ["FastGelu", "SkipLayerNormalization"],
+    "vit_blocks_opset14": [],
+    "whisper_encoder_tiny_sdpa_opset17": ["Attention"],
+    "t5_tiny_opset17": ["MultiHeadAttention", "SkipSimplifiedLayerNormalization"],
+    "llama_kv_opset17": ["MultiHeadAttention", "RotaryEmbedding", "SkipSimplifiedLayerNormalization"],
+    "llama_sdpa_kv_opset14": ["MultiHeadAttention", "AttentionInputs"],
+    "qwen3_kv_opset17": ["MultiHeadAttention", "RotaryEmbedding", "RMSNormalization"],
+    "gemma_kv_opset17": ["MultiHeadAttention", "FastGelu"],
+    "optimum_llama_kv": ["MultiHeadAttention", "AttentionInputs"],
+    "convnext_blocks_opset13": [],
+}
+PAST, NEW = 5, 3  # a decoder with past: cached and new tokens of the random feeds
 
 
 def _feeds(model):
     names = {i.name for i in model.graph.input}
     rng = np.random.default_rng(7)
     feeds = {}
+    past = any(name.startswith("past") for name in names)
     for vi in model.graph.input:
         dims = [d.dim_value or (2 if k == 0 else 12) for k, d in enumerate(vi.type.tensor_type.shape.dim)]
+        if past:  # [B, new], the mask over past + new, positions after the cache, caches [B, H, past, D]
+            dims = ([2, PAST + NEW] if vi.name == "attention_mask" else [2, NEW] if len(dims) == 2
+                    else [2, dims[1], PAST, dims[3]])
+            if vi.name == "position_ids":
+                feeds[vi.name] = np.tile(np.arange(PAST, PAST + NEW, dtype=np.int64), (2, 1))
+                continue
         if vi.type.tensor_type.elem_type == T.INT64:
             feeds[vi.name] = (np.ones(dims, np.int64) if "mask" in vi.name
                               else rng.integers(0, 100, dims).astype(np.int64))
@@ -39,6 +63,8 @@ def _feeds(model):
             feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
     if "attention_mask" in names and feeds["attention_mask"].ndim == 2 and feeds["attention_mask"].shape[1] > 8:
         feeds["attention_mask"][1, 8:] = 0  # a padded row
+    if past:
+        feeds["attention_mask"][1, :2] = 0  # a left-padded row
     return feeds
 
 
@@ -58,15 +84,15 @@ def _drift(want, got):
     return error, cosine
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", list(MODELS))
 def test_bf16_loads_validates_and_stays_within_bfloat16_rounding(name):
     model = load_testdata(name)
-    if any(vi.name.startswith("past") for vi in model.graph.input):
-        pytest.skip("a decoder with past: its random feeds need declared sizes (covered by test_kv_cache_gpu)")
     result = onnxfuse.optimize(model, precision="bf16", provider="cuda")
     assert result.validation.passed
     out = result.model
     assert any(t.data_type == T.BFLOAT16 for t in out.graph.initializer)
+    ops = op_types_within(out)
+    assert all(op in ops for op in MODELS[name]), (MODELS[name], sorted(set(ops)), result.applied.refusals)
     feeds = _feeds(model)
     want = run_ort(model, feeds)  # the float32 original on the CPU provider
     plain_keep, _ = installed_kernel_islands(model, BFLOAT16, kernel_islands(model, BFLOAT16))

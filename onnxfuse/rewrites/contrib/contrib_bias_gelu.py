@@ -19,7 +19,7 @@ from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import (
-    FP16, FP32, FP64, constant_value, dtype_of, is_ms_op, is_op, last_dim, only_read_by, producer_of, shape_of,
+    BF16, FP16, FP32, FP64, constant_value, dtype_of, is_ms_op, is_op, last_dim, only_read_by, producer_of, shape_of,
 )
 
 
@@ -49,7 +49,7 @@ class ContribBiasGelu(ContribRule):
             return Refuse(f"last dimension of {x.name!r} unknown; cannot prove the bias covers it")
         if n != d:
             return Refuse(f"bias has {n} entries, {x.name!r} has last dimension {d}")
-        allowed = (FP16, FP32, FP64) if node.op == "Gelu" else (FP16, FP32)
+        allowed = ((FP16, FP32, FP64) if node.op == "Gelu" else (FP16, FP32)) + BF16
         problem = dtype_problem(bias_dtype, allowed, f"{node.op} bias")
         if problem:
             return problem

@@ -15,7 +15,7 @@ from onnxfuse.rewrites.contrib.activation import (
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import FP16, FP32, is_op, nodes_of
+from onnxfuse.rewrites.facts.graph import BF16, FP16, FP32, is_op, nodes_of
 
 
 class ContribFastGelu(ContribRule):
@@ -32,7 +32,7 @@ class ContribFastGelu(ContribRule):
             plan = match_activation(graph, node, fast_gelu_inner, HALF_X_ONE_PLUS_T, through_casts=True)
         if isinstance(plan, Refuse):
             return plan
-        problem = dtype_problem(activation_dtype(graph, plan), (FP16, FP32), "FastGelu input")
+        problem = dtype_problem(activation_dtype(graph, plan), (FP16, FP32) + BF16, "FastGelu input")
         return problem or plan
 
     def apply(self, graph, node, plan):

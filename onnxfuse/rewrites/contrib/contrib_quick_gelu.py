@@ -11,7 +11,7 @@ from onnxfuse.rewrites.contrib.activation import activation_dtype, any_scaled_x,
 from onnxfuse.rewrites.contrib.matching import ContribRule, dtype_problem
 from onnxfuse.rewrites.engine.edit import fuse
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import FP16, FP32, FP64, nodes_of
+from onnxfuse.rewrites.facts.graph import BF16, FP16, FP32, FP64, nodes_of
 
 
 class ContribQuickGelu(ContribRule):
@@ -31,7 +31,7 @@ class ContribQuickGelu(ContribRule):
             return plan
         dtype = activation_dtype(graph, plan)
         if dtype is not None:  # Sigmoid only takes float types, all of which QuickGelu's kernels take
-            problem = dtype_problem(dtype, (FP16, FP32, FP64), "QuickGelu input")
+            problem = dtype_problem(dtype, (FP16, FP32, FP64) + BF16, "QuickGelu input")
             if problem:
                 return problem
         return plan

@@ -32,12 +32,13 @@ from onnxfuse.rewrites.engine.edit import NameAllocator, fuse, new_constant
 from onnxfuse.rewrites.engine.opset import opset_raise_problem, raise_opset
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.contrib.attention.layout import run_time_dim
-from onnxfuse.rewrites.facts.graph import dtype_of, shape_of
+from onnxfuse.rewrites.facts.graph import BF16, dtype_of, shape_of
 
 #: Default-domain opset that introduced RotaryEmbedding.
 ROTARY_OPSET = 23
-#: the element types ONNX Runtime's CPU and CUDA kernels both take (bfloat16: CUDA only, not taken)
-ROTARY_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+#: the element types ONNX Runtime's CPU and CUDA kernels both take, and bfloat16, which its CUDA kernel takes
+#: (:data:`~onnxfuse.rewrites.facts.graph.BF16`; a bfloat16 model is one for CUDA)
+ROTARY_DTYPES = (np.dtype(np.float32), np.dtype(np.float16)) + BF16
 
 
 class ContribRotaryEmbedding(ContribRule):

@@ -54,12 +54,16 @@ import onnx
 from onnxfuse.rewrites.engine.edit import new_constant
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import (
-    FP16, FP32, axes_of, constant_value, dtype_of, int_attr, internal_problem,
+    BF16, FP16, FP32, axes_of, constant_value, dtype_of, int_attr, internal_problem,
     is_op, last_dim, only_read_by, other_input, producer_of, rank_of, scalar_constant, sole_reader,
 )
 
-#: Element types the fused RMSNorm ops take here (ONNX Runtime's CPU and CUDA kernels both have them).
-RMS_DTYPES = (FP16, FP32)
+#: Element types of x an upcast RMSNorm (``Cast(x, float)`` first) reads: ONNX Runtime's CPU and CUDA
+#: kernels both have them.
+UPCAST_DTYPES = (FP16, FP32)
+#: Element types the fused RMSNorm ops take here: those, and bfloat16, which their CUDA kernels take
+#: (:data:`~onnxfuse.rewrites.facts.graph.BF16`; a bfloat16 model is one for CUDA).
+RMS_DTYPES = UPCAST_DTYPES + BF16
 
 
 class RmsNormMatch(NamedTuple):
@@ -109,7 +113,7 @@ def _to_of(node) -> int:
 def _upcast(graph, tensor):
     """The node when ``tensor`` is ``Cast(x, to=float)`` of a float16/float32 x, else None."""
     p = producer_of(tensor)
-    if is_op(p, "Cast") and _to_of(p) == onnx.TensorProto.FLOAT and dtype_of(graph, p.inputs[0]) in RMS_DTYPES:
+    if is_op(p, "Cast") and _to_of(p) == onnx.TensorProto.FLOAT and dtype_of(graph, p.inputs[0]) in UPCAST_DTYPES:
         return p
     return None
 

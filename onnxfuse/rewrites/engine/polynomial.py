@@ -133,7 +133,8 @@ def eval_expression(graph, tensor, symbols, nsym: int, is_leaf=None, max_nodes: 
             return Poly.symbol(symbols[id(t)], nsym)
         c = scalar_constant(graph, t)
         if c is not None:
-            expr.const_dtype = expr.const_dtype or c.dtype
+            # the type the constant is stored in (a bfloat16 one reads as float32: scalar_constant)
+            expr.const_dtype = expr.const_dtype or dtype_of(graph, t)
             return Poly.const(float(c.reshape(())), nsym)
         if is_leaf is not None:
             idx = is_leaf(t)

@@ -19,6 +19,7 @@ producers, readers and subgraphs.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.rule import Refuse
@@ -32,10 +33,33 @@ try:  # bfloat16 where numpy knows it (ml_dtypes, shipped with onnx)
     import ml_dtypes
 
     #: bfloat16's numpy dtype, as onnx reads a bfloat16 tensor; the tuple is empty without ml_dtypes, so that a
-    #: rule's dtype list can always say ``(FP16, FP32) + BF16``.
+    #: rule's dtype list can always say ``(FP16, FP32) + BF16``. A contrib rule lists it where ONNX Runtime's
+    #: CUDA provider has a bfloat16 kernel of the op it writes: read from onnxruntime-gpu 1.31.1's
+    #: ``libonnxruntime_providers_cuda.so``, whose kernel classes' type names (``strings``) show the
+    #: instantiations for ``BFloat16``: Attention, MultiHeadAttention, FastGelu, BiasGelu (its kernels),
+    #: QuickGelu, SkipLayerNorm (plain and simplified), LayerNorm (LayerNormalization and
+    #: SimplifiedLayerNormalization), RMSNorm, RotaryEmbedding and GroupQueryAttention; not com.microsoft
+    #: Gelu. Their CPU kernels take no bfloat16, and a bfloat16 model is validated on CUDA only
+    #: (:mod:`onnxfuse.precision_kernels`).
     BF16: tuple[np.dtype, ...] = (np.dtype(ml_dtypes.bfloat16),)
 except ImportError:  # an onnx without ml_dtypes: no rule takes bfloat16
     BF16 = ()
+
+#: The narrow float types a softmax island (a float32 Softmax between Casts) or a fused op computes in:
+#: float16, and bfloat16 where numpy knows it.
+LOW_FLOATS: tuple[np.dtype, ...] = (FP16,) + BF16
+
+
+def is_float_dtype(dtype) -> bool:
+    """A floating-point element type: numpy's kind "f", or bfloat16 (ml_dtypes' kind is "V")."""
+    return dtype is not None and (np.dtype(dtype).kind == "f" or np.dtype(dtype) in BF16)
+
+
+def float_eps(dtype) -> float:
+    """The machine epsilon of a float element type (bfloat16's is 2⁻⁷), float32's for anything else."""
+    if dtype is not None and np.dtype(dtype) in BF16:
+        return float(ml_dtypes.finfo(np.dtype(dtype)).eps)
+    return float(np.finfo(dtype if is_float_dtype(dtype) else FP32).eps)
 
 
 # --- domains and ops -------------------------------------------------------------------------------
@@ -229,12 +253,19 @@ def provably_nonnegative(graph, tensor, depth: int = 0) -> bool:
 
 
 def dtype_of(graph, tensor) -> np.dtype | None:
+    """The numpy element type of ``tensor``, or None where unknown. graphsurgeon keeps a type numpy lacks
+    as its ONNX enum (bfloat16: 16), which is read through onnx's own table (ml_dtypes' bfloat16)."""
     value = constant_value(graph, tensor)
     if value is not None:
         return value.dtype
     dtype = getattr(tensor, "dtype", None)
     if dtype is None:
         return None
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        try:
+            return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dtype))
+        except (KeyError, TypeError, ValueError):
+            return None
     try:
         return np.dtype(dtype)
     except TypeError:

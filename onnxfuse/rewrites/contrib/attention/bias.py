@@ -11,14 +11,51 @@ and M's last two dimensions can only be 1 or S and L (it broadcast against the s
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.attention.keep_masks import KeepMask
 from onnxfuse.rewrites.contrib.attention.layout import AXES, BATCH_FIRST, GIVEN, run_time_dim, sequence_of
 from onnxfuse.rewrites.contrib.attention.policy import keep_bias_fill
 from onnxfuse.rewrites.engine.edit import append_axes_op, new_constant
-from onnxfuse.rewrites.facts.graph import axes_of, constant_value, consumers, dims_equal, dtype_of, is_op, producer_of, shape_of
+from onnxfuse.rewrites.facts.graph import (
+    BF16, FP32, axes_of, constant_value, consumers, dims_equal, dtype_of, is_op, opset_of, producer_of, shape_of,
+)
 from onnxfuse.rewrites.facts.shape_values import axis_length, same_length
+
+#: The default-domain opset from which ONNX's ``Where`` takes bfloat16 (Where-16).
+WHERE_BFLOAT16_OPSET = 16
+
+
+def _where(graph, names, base, tag, cond, a, b, dtype):
+    """``Where(cond, a, b)`` of element type ``dtype``, its output; ``a`` and ``b`` are tensors of ``dtype``
+    or numbers (made constants). ONNX's ``Where`` takes bfloat16 only from opset 16: below it the ``Where``
+    runs in float32, on its tensor inputs cast up (exact: every bfloat16 value is a float32 value) and
+    numbers as float32 constants, and its result is cast down to bfloat16 (each element is one of a's or
+    b's, so the Cast rounds only a number that bfloat16 does not hold, as a bfloat16 constant would)."""
+    compute = dtype
+    if np.dtype(dtype) in BF16 and opset_of(graph) < WHERE_BFLOAT16_OPSET:
+        compute = FP32
+    operands = []
+    for k, value in enumerate((a, b)):
+        if not isinstance(value, gs.Tensor):
+            operands.append(new_constant(graph, f"{base}/{tag}_{'ab'[k]}", np.array(value, compute)))
+        elif compute != dtype:
+            up = gs.Variable(names(f"{base}/{tag}_{'ab'[k]}_float"), dtype=compute)
+            graph.nodes.append(gs.Node("Cast", names(f"{base}/{tag}_{'ab'[k]}_up"), {"to": onnx.TensorProto.FLOAT},
+                                       inputs=[value], outputs=[up]))
+            operands.append(up)
+        else:
+            operands.append(value)
+    out = gs.Variable(names(f"{base}/{tag}"), dtype=compute)
+    graph.nodes.append(gs.Node("Where", names(f"{base}/{tag}"), inputs=[cond, *operands], outputs=[out]))
+    if compute == dtype:
+        return out
+    down = gs.Variable(names(f"{base}/{tag}_{np.dtype(dtype).name}"), dtype=dtype)
+    graph.nodes.append(gs.Node("Cast", names(f"{base}/{tag}_down"), {"to": onnx.helper.np_dtype_to_tensor_dtype(
+        np.dtype(dtype))}, inputs=[out], outputs=[down]))
+    return down
+
 
 def _combined_mask(graph, plan, names, base):
     """One additive mask from the terms, innermost first: ``x + M`` adds M; ``Where(c, x, f)`` is
@@ -35,12 +72,9 @@ def _combined_mask(graph, plan, names, base):
                                            outputs=[out]))
                 bias = out
             continue
-        kept = bias if bias is not None else new_constant(graph, f"{base}/zero", np.zeros((), plan.dtype))
-        fill = new_constant(graph, f"{base}/fill", np.array(term.fill, plan.dtype))
-        out = gs.Variable(names(f"{base}/mask_where"), dtype=plan.dtype)
-        graph.nodes.append(gs.Node("Where", names(f"{base}/mask_where"), inputs=[
-            term.cond, *((kept, fill) if term.scores_if_true else (fill, kept))], outputs=[out]))
-        bias = out
+        kept = bias if bias is not None else 0.0
+        bias = _where(graph, names, base, "mask_where", term.cond,
+                      *((kept, term.fill) if term.scores_if_true else (term.fill, kept)), plan.dtype)
     return bias
 
 def _unsqueeze(graph, names, base, mask, axes_values, dtype):
@@ -188,12 +222,8 @@ def build_keep_bias(graph, names, base, mask: KeepMask, query, key, key_axis: in
     if shared is not None:
         return shared
     full = _spelled_out_keep(graph, names, base, mask.keep, query, key, key_axis, True, "keep_bias")
-    zero = new_constant(graph, f"{base}/keep_bias_zero", np.zeros((), dtype))
-    fill = new_constant(graph, f"{base}/keep_bias_fill", np.array(keep_bias_fill(dtype), dtype))
-    out = gs.Variable(names(f"{base}/attention_bias"), dtype=dtype)
-    graph.nodes.append(gs.Node("Where", names(f"{base}/keep_bias"), inputs=[
-        full, *((fill, zero) if mask.negate else (zero, fill))], outputs=[out]))
-    return out
+    fill = keep_bias_fill(dtype)
+    return _where(graph, names, base, "keep_bias", full, *((fill, 0.0) if mask.negate else (0.0, fill)), dtype)
 
 
 def build_row_keep_factor(graph, names, base, mask_index, rank: int, dtype):
@@ -205,7 +235,7 @@ def build_row_keep_factor(graph, names, base, mask_index, rank: int, dtype):
     every provider's kernel list."""
     as_float = gs.Variable(names(f"{base}/row_keep_values"), dtype=dtype)
     graph.nodes.append(gs.Node("Cast", names(f"{base}/row_keep_cast"),
-                               {"to": 10 if np.dtype(dtype) == np.float16 else 1},
+                               {"to": onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))},
                                inputs=[mask_index], outputs=[as_float]))
     kept = gs.Variable(names(f"{base}/row_keep"), dtype=dtype)
     append_axes_op(graph, "ReduceMax", names(f"{base}/row_keep_max"), as_float, [-1], kept, {"keepdims": 1})
@@ -340,8 +370,14 @@ def _shared_keep_bias(graph, mask: KeepMask, query, key, key_axis: int, dtype):
                 continue
             kept, dropped = (where.inputs[2], where.inputs[1]) if mask.negate else (where.inputs[1], where.inputs[2])
             zero, fill = constant_value(graph, kept), constant_value(graph, dropped)
-            if (zero is not None and fill is not None and zero.dtype == np.dtype(dtype) and fill.dtype == zero.dtype
-                    and zero.size == 1 and fill.size == 1 and float(zero.reshape(())) == 0.0
-                    and float(fill.reshape(())) == keep_bias_fill(dtype)):
+            if not (zero is not None and fill is not None and fill.dtype == zero.dtype and zero.size == 1
+                    and fill.size == 1 and float(zero.reshape(())) == 0.0
+                    and float(fill.reshape(())) == float(np.array(keep_bias_fill(dtype), zero.dtype))):
+                continue
+            if zero.dtype == np.dtype(dtype):
                 return where.outputs[0]
+            down = [c for c in consumers(where.outputs[0]) if is_op(c, "Cast")  # _where's float32 Where, cast down
+                    and dtype_of(graph, c.outputs[0]) == np.dtype(dtype)]
+            if zero.dtype == FP32 and down:
+                return down[0].outputs[0]
     return None

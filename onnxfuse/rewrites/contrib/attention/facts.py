@@ -14,7 +14,7 @@ import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.contrib.matmul import scale_of
 from onnxfuse.rewrites.engine.polynomial import cast_target
-from onnxfuse.rewrites.facts.graph import dtype_of, is_op, producer_of, sole_reader
+from onnxfuse.rewrites.facts.graph import FP32, LOW_FLOATS, dtype_of, is_op, producer_of, sole_reader
 
 def cast_types(graph, node) -> tuple[np.dtype, np.dtype] | None:
     """(input element type, target element type) of a Cast whose input type is known, else None."""
@@ -30,15 +30,20 @@ def is_noop_cast(graph, node) -> bool:
     return types is not None and types[0] == types[1]
 
 
-def is_upcast(graph, node) -> bool:
-    """A float16 → float32 Cast: exact (every float16 value is a float32 value), the step into a float32
-    softmax island (:mod:`~onnxfuse.rewrites.contrib.attention.keep_masks`)."""
-    return cast_types(graph, node) == (np.dtype(np.float16), np.dtype(np.float32))
+def is_upcast(graph, node, low=None) -> bool:
+    """A float16 (or bfloat16) → float32 Cast: exact (every float16 or bfloat16 value is a float32 value),
+    the step into a float32 softmax island (:mod:`~onnxfuse.rewrites.contrib.attention.keep_masks`);
+    ``low``: from that type only."""
+    types = cast_types(graph, node)
+    return (types is not None and types[1] == FP32 and types[0] in LOW_FLOATS
+            and (low is None or types[0] == np.dtype(low)))
 
 
-def is_downcast(graph, node) -> bool:
-    """A float32 → float16 Cast, the step out of a float32 softmax island."""
-    return cast_types(graph, node) == (np.dtype(np.float32), np.dtype(np.float16))
+def downcast_type(graph, node) -> np.dtype | None:
+    """The type a float32 → float16 (or bfloat16) Cast writes, the step out of a float32 softmax island
+    (the attention's element type); None for any other node."""
+    types = cast_types(graph, node)
+    return types[1] if types is not None and types[0] == FP32 and types[1] in LOW_FLOATS else None
 
 
 def scalar_factor(graph, node) -> tuple[float, gs.Tensor] | None:

@@ -11,9 +11,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import new_constant
-from onnxfuse.rewrites.facts.graph import shape_of
+from onnxfuse.rewrites.facts.graph import BF16, shape_of
 
-DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+#: The element types the fused ops take: float32, float16, and bfloat16 (ONNX Runtime's CUDA kernels of
+#: MultiHeadAttention and Attention: :data:`~onnxfuse.rewrites.facts.graph.BF16`).
+DTYPES = (np.dtype(np.float32), np.dtype(np.float16)) + BF16
 #: perm of the Transpose that splits heads: [B, S, H, D] → [B, H, S, D]
 HEADS = [0, 2, 1, 3]
 #: perm that gives Kᵀ in one step: [B, L, H, D] → [B, H, D, L]

@@ -42,6 +42,8 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.contrib.attention.facts import is_noop_cast, is_upcast, scalar_factor, single_reader
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import (
+    BF16,
+    FP32,
     constant_value,
     consumers,
     dtype_of,
@@ -124,7 +126,8 @@ def mask_terms(graph, tensor, nodes, dtype) -> tuple[list[MaskTerm], gs.Tensor] 
                 return Refuse("the Where on the scores does not select between the scores and a scalar fill")
             scores_if_true = fill_b is not None
             fill = float(np.asarray(fill_b if scores_if_true else fill_a, np.float64).reshape(()))
-            absorbing = dtype == np.dtype(np.float32) and np.isfinite(fill) and fill <= ABSORBING_FILL
+            # bfloat16 scores too: f is a float32 value, and s + f rounds to f in bfloat16 as in float32
+            absorbing = dtype in (FP32,) + BF16 and np.isfinite(fill) and fill <= ABSORBING_FILL
             if not absorbing and not (dtype == np.dtype(np.float16) and fill == FP16_MIN):
                 return Refuse(f"Where-mask fill {fill:g} ({dtype}) is not absorbing: Where(c, s, f) = s + Where(c, 0, f) "
                               f"needs s + f == f, proved only for a finite float32 f <= {ABSORBING_FILL:g}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxfuse.rewrites.contrib.attention.facts import is_downcast, is_noop_cast, is_upcast, strip_scale
+from onnxfuse.rewrites.contrib.attention.facts import cast_types, downcast_type, is_noop_cast, is_upcast, strip_scale
 from onnxfuse.rewrites.contrib.attention.heads import query_key_value, rows_reshape_problem, rows_target_nodes, values_and_merge
 from onnxfuse.rewrites.contrib.attention.layout import DTYPES
 from onnxfuse.rewrites.contrib.attention.masks import finite_masks, mask_terms, nan_guard
@@ -28,36 +28,38 @@ def analyze_softmax(graph, softmax, zero_one_inputs: frozenset[str] = frozenset(
         return Refuse("Softmax is not over the last axis")
     score_dtype = dtype = dtype_of(graph, softmax.inputs[0])
     if dtype not in DTYPES:
-        return Refuse(f"element type {dtype} (MultiHeadAttention: float32, float16)")
+        return Refuse(f"element type {dtype} (MultiHeadAttention: float32, float16, bfloat16)")
     nodes = [softmax]
-    # after: (no-op Cast, or the float32 → float16 Cast that ends an island) → MatMul(P, V_heads)
+    # after: (no-op Cast, or the float32 → float16 or bfloat16 Cast that ends an island) → MatMul(P, V_heads)
     # → Transpose → Reshape
     probs = softmax.outputs[0]
     readers = consumers(probs)
-    island = False
+    island, low = False, None  # low: the island's narrow type, the fused op's
     guard = None  # the dynamo exporter's Where(IsNaN(p), 0, p)
     while True:
         if guard is None and (guard := nan_guard(graph, probs)) is not None:
             nodes += guard
             probs = guard[1].outputs[0]
         elif len(readers) == 1 and (is_noop_cast(graph, readers[0])
-                                    or (not island and is_downcast(graph, readers[0]))):
-            island = island or is_downcast(graph, readers[0])
+                                    or (not island and downcast_type(graph, readers[0]) is not None)):
+            if not island and downcast_type(graph, readers[0]) is not None:
+                island, low = True, downcast_type(graph, readers[0])
             nodes.append(readers[0])
             probs = readers[0].outputs[0]
         else:
             break
         readers = consumers(probs)
     if island:
-        dtype = np.dtype(np.float16)
+        dtype = low
     if len(readers) != 1 or not is_op(readers[0], "MatMul") or readers[0].inputs[0] is not probs:
         return Refuse("Softmax output is not read by exactly one MatMul (× V)")
     pv = readers[0]
     nodes.append(pv)
     v_heads, wide = pv.inputs[1], False
-    # float32 P·V over float16 values (keep_masks, "Float32 P·V"): the weights stay float32 up to ×V
+    # float32 P·V over float16 (or bfloat16) values (keep_masks, "Float32 P·V"): the weights stay float32 up to ×V
     if not island and score_dtype == np.dtype(np.float32) and is_upcast(graph, producer_of(v_heads)):
-        wide, island, dtype = True, True, np.dtype(np.float16)
+        low = cast_types(graph, producer_of(v_heads))[0]
+        wide, island, dtype = True, True, low
         nodes.append(producer_of(v_heads))
         v_heads = producer_of(v_heads).inputs[0]
     found = values_and_merge(graph, v_heads, pv.outputs[0])
@@ -75,15 +77,15 @@ def analyze_softmax(graph, softmax, zero_one_inputs: frozenset[str] = frozenset(
     half_terms = False
     factors: list[float] = []
     x = strip_scale(graph, x, nodes, factors)
-    if island:  # the float16 scores enter float32 here, before any mask step (island or float32 P·V)
+    if island:  # the low-precision scores enter float32 here, before any mask step (island or float32 P·V)
         upcast = producer_of(x)
-        if not is_upcast(graph, upcast):
-            return Refuse("a float32 Softmax of a float16 attention (its weights cast down, or its values cast up) "
-                          "whose scores are not float16 cast up to float32")
+        if not is_upcast(graph, upcast, low):
+            return Refuse(f"a float32 Softmax of a {low.name} attention (its weights cast down, or its values cast up) "
+                          f"whose scores are not {low.name} cast up to float32")
         nodes.append(upcast)
         inner = upcast.inputs[0]
         if not terms:  # mask steps before the upcast, on the float16 scores (T5's float16 export: plan.py)
-            found = mask_terms(graph, inner, nodes, np.dtype(np.float16))
+            found = mask_terms(graph, inner, nodes, low)
             if isinstance(found, Refuse):
                 return found
             terms, inner = found
@@ -131,7 +133,7 @@ def analyze_onnx_attention(graph, op) -> AttentionPlan | Refuse:
         return Refuse("ONNX Attention with is_causal or softcap")
     dtype = dtype_of(graph, op.outputs[0])
     if dtype not in DTYPES:
-        return Refuse(f"element type {dtype} (Attention: float32, float16)")
+        return Refuse(f"element type {dtype} (Attention: float32, float16, bfloat16)")
     if any(rank_of(graph, t) != 4 for t in inputs[:3]):
         return Refuse("ONNX Attention on 3-D (packed heads) inputs")
     nodes = [op]

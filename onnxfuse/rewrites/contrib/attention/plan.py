@@ -167,12 +167,12 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
         return verdict
     if island and terms and key_mask is None and not half_terms:
         one_minus = len(terms) == 1 and terms[0].kind == "add" and one_minus_mask(graph, terms[0].mask) is not None
-        return Refuse("float16 attention with a float32 Softmax: fused only with the mask as a raw 0/1 mask "
+        return Refuse(f"{np.dtype(dtype).name} attention with a float32 Softmax: fused only with the mask as a raw 0/1 mask "
                       "(Attention's mask_index, MultiHeadAttention's key_padding_mask: the kernel adds "
                       "mask_filter_value in float32, as the graph does); "
                       + ("the sequence-first layout takes no raw mask unless packed" if q.layout == SEQ_FIRST
                          and packed is None else "the mask is not a 0/fill keep mask of [B, 1, S or 1, L] (a "
-                      "float16 attention_bias would round the float32 mask)")
+                      f"{np.dtype(dtype).name} attention_bias would round the float32 mask)")
                       + ("; it is (1 - m)·c, a keep mask only where m holds 0 and 1: --right-padded NAME promises "
                          "that of input NAME (transformers 4's attention_mask)" if one_minus else ""))
     return AttentionPlan(anchor=anchor, nodes=nodes, q=q_source, k=k_source, v=v_source, heads=q.heads,

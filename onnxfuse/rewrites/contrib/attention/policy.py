@@ -27,7 +27,7 @@ import numpy as np
 from onnxfuse.rewrites.contrib.attention.heads import repeated_heads
 from onnxfuse.rewrites.contrib.attention.layout import GIVEN, SEQ_FIRST, sequence_of
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import int_attr, is_op, producer_of
+from onnxfuse.rewrites.facts.graph import LOW_FLOATS, int_attr, is_op, producer_of
 
 #: float32 key length from which ONNX Runtime's CUDA attention runs its float32 memory-efficient kernel
 #: (its ``kMinSeqLenForMemoryEfficientAttentionFp32``); there that kernel was slower than the unfused GEMMs
@@ -121,18 +121,19 @@ def keep_bias_pays(dtype, zero_empty_rows: bool, over_cache: bool = False) -> bo
     export's optimized model, H200, docs/benchmarks.md 5.20). Exact there: a masked score plus -65504
     weighs exp(-65504 + s - max) = 0 in the kernel's float32 softmax, as exp(-inf) does in the graph,
     wherever a row keeps a key; a row that keeps none is zeroed after the op by the row factor, as the
-    guard zeroes it (:func:`~onnxfuse.rewrites.contrib.attention.plan.plan_attention`).
+    guard zeroes it (:func:`~onnxfuse.rewrites.contrib.attention.plan.plan_attention`). Bfloat16 is taken as
+    float16 is (not timed on its own: its raw mask takes the same unfused kernel path).
 
     Float32, where the keys are a KV cache (``over_cache``, :func:`cache_key`): the decoder rules after
     contrib-attention (AttentionInputs, DecodeAttention) take an additive bias and no raw mask, and the
     float32 decoder measured faster through them in every cell (docs/benchmarks.md 5.34). Elsewhere in
     float32 the raw mask stays (MultiHeadAttention's ``key_padding_mask``)."""
-    return zero_empty_rows and (dtype == np.dtype(np.float16) or over_cache)
+    return zero_empty_rows and (np.dtype(dtype) in LOW_FLOATS or over_cache)
 
 
 def keep_bias_fill(dtype) -> float:
     """The masked keys' value in a keep bias: -65504 (float16's lowest) in float16; half float32's lowest
-    in float32, so that a score plus the fill never overflows to -inf (|score| < 1.7e38), a row that keeps
+    in float32 and bfloat16 (which holds it as -2¹²⁷, finite), so that a score plus the fill never overflows to -inf (|score| < 1.7e38), a row that keeps
     no key stays finite (the row factor then zeroes it: 0 times a finite value), and a masked key still
     weighs exp(fill + s - max) = 0 beside any kept one."""
     return float(np.finfo(np.float16).min) if np.dtype(dtype) == np.float16 else float(np.finfo(np.float32).min) / 2
