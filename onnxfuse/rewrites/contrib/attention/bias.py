@@ -232,13 +232,22 @@ def build_row_keep_factor(graph, names, base, mask_index, rank: int, dtype):
     row that keeps a key, 0 for a row that keeps none: multiplying the output by it zeroes exactly the
     rows a NaN guard after the original's Softmax zeroed (:func:`~onnxfuse.rewrites.contrib.attention.
     plan.plan_attention`, ``zero_empty_rows``). The Cast comes first: ReduceMax over a float mask is in
-    every provider's kernel list."""
-    as_float = gs.Variable(names(f"{base}/row_keep_values"), dtype=dtype)
+    every provider's kernel list, but not for bfloat16 (ONNX Runtime 1.31.1 has no bfloat16 ReduceMax on
+    CUDA nor on the CPU: a session refuses the model): there the maximum is taken in float32 and the 0/1
+    factor cast to bfloat16 (exact)."""
+    compute = FP32 if np.dtype(dtype) in BF16 else np.dtype(dtype)
+    as_float = gs.Variable(names(f"{base}/row_keep_values"), dtype=compute)
     graph.nodes.append(gs.Node("Cast", names(f"{base}/row_keep_cast"),
-                               {"to": onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))},
+                               {"to": onnx.helper.np_dtype_to_tensor_dtype(compute)},
                                inputs=[mask_index], outputs=[as_float]))
-    kept = gs.Variable(names(f"{base}/row_keep"), dtype=dtype)
+    kept = gs.Variable(names(f"{base}/row_keep"), dtype=compute)
     append_axes_op(graph, "ReduceMax", names(f"{base}/row_keep_max"), as_float, [-1], kept, {"keepdims": 1})
+    if compute != np.dtype(dtype):
+        low = gs.Variable(names(f"{base}/row_keep_{np.dtype(dtype).name}"), dtype=dtype)
+        graph.nodes.append(gs.Node("Cast", names(f"{base}/row_keep_down"),
+                                   {"to": onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))},
+                                   inputs=[kept], outputs=[low]))
+        kept = low
     if rank == 3:
         return kept
     factor = gs.Variable(names(f"{base}/row_keep_factor"), dtype=dtype)
