@@ -547,6 +547,29 @@ def export_kv_dynamo_models(folder: Path, seed: int) -> None:
                           dynamo=True, dynamic_shapes=shapes, opset_version=18)
         _inline(out)
         print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+def export_unfolded_models(folder: Path, seed: int) -> None:
+    """``gpt2_tiny_sdpa_unfolded_opset14.onnx``: the tiny sdpa GPT-2 of :func:`export_sdpa_models` exported
+    with ``do_constant_folding=False``, as the zoo exports (benchmarks/zoo.py): the sdpa symbolic's scale
+    stays the size arithmetic ``Sqrt(1 / Sqrt(Cast(D)))``, which ``--precision bf16`` must fold without
+    ONNX Runtime's CPU kernels (onnxfuse/rewrites/fold/bfloat16_scalars.py)."""
+    import transformers.masking_utils as masking
+    from transformers import GPT2Config, GPT2Model
+
+    if hasattr(masking, "sdpa_mask_older_torch"):  # transformers < 5.2x: no vmap, traceable
+        masking.sdpa_mask = masking.sdpa_mask_older_torch
+    torch.manual_seed(seed)
+    model = GPT2Model(GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=2,
+                                 attn_implementation="sdpa", use_cache=False))
+    ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
+            "last_hidden_state": {0: "batch", 1: "sequence"}}
+    out = folder / "gpt2_tiny_sdpa_unfolded_opset14.onnx"
+    torch.onnx.export(_Decoder(_randomize(model.eval(), seed + 1)).eval(), (ids, mask), str(out),
+                      input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
+                      dynamic_axes=axes, opset_version=14, dynamo=False, do_constant_folding=False)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -571,6 +594,8 @@ def main() -> None:
                          "all when none is named) instead")
     ap.add_argument("--float32", action="store_true", help="with --kv-families: the float32 exports")
     ap.add_argument("--t5", action="store_true", help="write the tiny float32 T5 encoder-decoder instead")
+    ap.add_argument("--unfolded", action="store_true",
+                    help="write the tiny sdpa GPT-2 exported with do_constant_folding=False instead")
     ap.add_argument("--kv-dynamo", action="store_true",
                     help="write the tiny Llama with its KV cache through the dynamo exporter (fp32, fp16) instead")
     ap.add_argument("--folder", type=Path, default=Path(__file__).resolve().parent,
@@ -578,6 +603,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.t5:
         export_t5(args.folder, args.seed)
+    elif args.unfolded:
+        export_unfolded_models(args.folder, args.seed)
     elif args.kv_dynamo:
         export_kv_dynamo_models(args.folder, args.seed)
     elif args.kv_families is not None:

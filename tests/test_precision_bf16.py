@@ -473,3 +473,99 @@ def test_fast_gelu_takes_its_constants_rounded_to_bfloat16_and_no_others():
 
     assert ops(float(np.sqrt(2 / np.pi))) == ["FastGelu"]
     assert "FastGelu" not in ops(float(np.sqrt(2 / np.pi)) * 1.02)
+
+
+def _nearest_bfloat16(x: float) -> float:
+    """x rounded to the nearest bfloat16, ties to even: the reference, by searching the neighbours of
+    float32(x)'s top 16 bits (independent of ml_dtypes' conversion)."""
+    top = int(np.array(x, np.float32).view(np.uint32)) >> 16
+    candidates = [np.array([(b & 0xFFFF) << 16], np.uint32).view(np.float32)[0] for b in (top - 1, top, top + 1)]
+    best = min(candidates, key=lambda c: (abs(float(c) - x), (int(np.array(c).view(np.uint32)) >> 16) & 1))
+    return float(best)
+
+
+def test_bfloat16_scalar_chains_fold_to_the_correctly_rounded_values():
+    # the sdpa symbolic's scale Sqrt(1 / Sqrt(Cast(D, bfloat16))), each step rounded to bfloat16 as ONNX
+    # Runtime's CUDA kernels round it; the reference rounds each exact (float64) step to the nearest bfloat16
+    import onnx_graphsurgeon as gs
+
+    from onnxfuse.rewrites.fold.bfloat16_scalars import fold_bfloat16_scalars
+
+    for d in (48, 64, 80, 96, 100, 128):
+        nodes = [h.make_node("Cast", ["d"], ["df"], to=T.BFLOAT16), h.make_node("Sqrt", ["df"], ["s"]),
+                 h.make_node("Div", ["one", "s"], ["r"]), h.make_node("Sqrt", ["r"], ["scale"]),
+                 h.make_node("Mul", ["x", "scale"], ["y"])]
+        inits = [numpy_helper.from_array(np.array(d, np.int64), "d"),
+                 numpy_helper.from_array(np.array(1.0, ml_dtypes.bfloat16), "one")]
+        model = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.BFLOAT16, [4])],
+                                          [h.make_tensor_value_info("y", T.BFLOAT16, [4])], inits),
+                             opset_imports=[h.make_opsetid("", 14)], ir_version=8)
+        graph = gs.import_onnx(model)
+        assert fold_bfloat16_scalars(graph) == 4
+        (mul,) = graph.nodes
+        step = _nearest_bfloat16(float(d))
+        for f in (np.sqrt, lambda v: 1.0 / v, np.sqrt):  # each step exact in float64, then rounded
+            step = _nearest_bfloat16(float(f(step)))
+        got = np.asarray(mul.inputs[1].values)
+        assert got.dtype == np.dtype(ml_dtypes.bfloat16) and float(got) == step, d
+
+
+def test_bfloat16_scalar_folding_leaves_what_it_cannot_compute_exactly():
+    # an integer float32 does not hold (2**24 + 1: its float32 step would round twice), a run-time input, a
+    # graph output, and float16 arithmetic (ONNX Runtime's CPU provider folds that) stay as they are
+    import onnx_graphsurgeon as gs
+
+    from onnxfuse.rewrites.fold.bfloat16_scalars import fold_bfloat16_scalars
+
+    nodes = [h.make_node("Cast", ["big"], ["bigf"], to=T.BFLOAT16), h.make_node("Sqrt", ["x"], ["sx"]),
+             h.make_node("Neg", ["c"], ["out"]), h.make_node("Sqrt", ["h"], ["hs"]),
+             h.make_node("Add", ["bigf", "sx"], ["a"]), h.make_node("Cast", ["hs"], ["hb"], to=T.BFLOAT16),
+             h.make_node("Add", ["a", "hb"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(2 ** 24 + 1, np.int64), "big"),
+             numpy_helper.from_array(np.array(2.0, ml_dtypes.bfloat16), "c"),
+             numpy_helper.from_array(np.array(2.0, np.float16), "h")]
+    model = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.BFLOAT16, [4])],
+                                      [h.make_tensor_value_info("y", T.BFLOAT16, [4]),
+                                       h.make_tensor_value_info("out", T.BFLOAT16, [])], inits),
+                         opset_imports=[h.make_opsetid("", 14)], ir_version=8)
+    graph = gs.import_onnx(model)
+    assert fold_bfloat16_scalars(graph) == 0
+    assert [n.op for n in graph.nodes] == ["Cast", "Sqrt", "Neg", "Sqrt", "Add", "Cast", "Add"]
+
+
+def test_an_unfolded_sdpa_export_fuses_in_bfloat16_as_in_float16():
+    # do_constant_folding=False leaves the sdpa scale as size arithmetic; under bf16 ONNX Runtime's CPU provider
+    # cannot evaluate it (and one bfloat16 node in its evaluation stopped all folding): 107 nodes, no attention
+    path = TESTDATA / "gpt2_tiny_sdpa_unfolded_opset14.onnx"
+    counts = {}
+    for precision in ("fp16", "bf16"):
+        out = onnxfuse.optimize(onnx.load(str(path)), precision=precision, validate=False,
+                                right_padded="attention_mask").model
+        ops = [n.op_type for n in out.graph.node]
+        assert ops.count("Attention") == 2 and ops.count("FastGelu") == 2 and "Sqrt" not in ops, (precision, ops)
+        counts[precision] = len(ops)
+    assert counts["bf16"] == counts["fp16"]
+
+
+@pytest.mark.parametrize("op,exact", [("Add", lambda a, b: a + b), ("Sub", lambda a, b: a - b),
+                                      ("Mul", lambda a, b: a * b), ("Div", lambda a, b: a / b)])
+def test_bfloat16_scalar_arithmetic_folds_correctly_rounded(op, exact):
+    # 8 random pairs of bfloat16 vectors: every element the nearest bfloat16 to the exact (float64) result
+    import onnx_graphsurgeon as gs
+
+    from onnxfuse.rewrites.fold.bfloat16_scalars import fold_bfloat16_scalars
+
+    rng = np.random.default_rng(11)
+    for _ in range(8):
+        a = (rng.standard_normal(16) * 10).astype(ml_dtypes.bfloat16)
+        b = (rng.standard_normal(16) * 10).astype(ml_dtypes.bfloat16)
+        nodes = [h.make_node(op, ["a", "b"], ["c"]), h.make_node("Mul", ["x", "c"], ["y"])]
+        model = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.BFLOAT16, [16])],
+                                          [h.make_tensor_value_info("y", T.BFLOAT16, [16])],
+                                          [numpy_helper.from_array(a, "a"), numpy_helper.from_array(b, "b")]),
+                             opset_imports=[h.make_opsetid("", 14)], ir_version=8)
+        graph = gs.import_onnx(model)
+        assert fold_bfloat16_scalars(graph) == 1
+        got = np.asarray(graph.nodes[0].inputs[1].values).astype(np.float64)
+        want = [_nearest_bfloat16(float(exact(float(x), float(y)))) for x, y in zip(a, b)]
+        assert got.tolist() == want
