@@ -27,32 +27,33 @@ from onnxfuse.rewrites.facts.shape_values import axis_length, same_length
 WHERE_BFLOAT16_OPSET = 16
 
 
-def _where(graph, names, base, tag, cond, a, b, dtype):
-    """``Where(cond, a, b)`` of element type ``dtype``, its output; ``a`` and ``b`` are tensors of ``dtype``
-    or numbers (made constants). ONNX's ``Where`` takes bfloat16 only from opset 16: below it the ``Where``
-    runs in float32, on its tensor inputs cast up (exact: every bfloat16 value is a float32 value) and
-    numbers as float32 constants, and its result is cast down to bfloat16 (each element is one of a's or
-    b's, so the Cast rounds only a number that bfloat16 does not hold, as a bfloat16 constant would)."""
-    compute = dtype
-    if np.dtype(dtype) in BF16 and opset_of(graph) < WHERE_BFLOAT16_OPSET:
-        compute = FP32
+def _where_dtype(graph, dtype) -> np.dtype:
+    """The type a ``Where`` of ``dtype`` values computes in: ``dtype``, or float32 for bfloat16 below opset
+    16, whose ``Where`` takes no bfloat16 (:func:`_where`)."""
+    return FP32 if np.dtype(dtype) in BF16 and opset_of(graph) < WHERE_BFLOAT16_OPSET else np.dtype(dtype)
+
+
+def _where(graph, names, base, node_tag, out_tag, cond, a, b, dtype):
+    """``Where(cond, a, b)`` of element type ``dtype``, its output. ONNX's ``Where`` takes bfloat16 only from
+    opset 16: below it the ``Where`` runs in float32 (:func:`_where_dtype`; the callers make their constants
+    in that type), on bfloat16 tensor inputs cast up (exact: every bfloat16 value is a float32 value), and its
+    result is cast down to bfloat16 (each element is one of a's or b's, so the Cast rounds only a constant
+    that bfloat16 does not hold, as a bfloat16 constant would)."""
+    compute = _where_dtype(graph, dtype)
     operands = []
     for k, value in enumerate((a, b)):
-        if not isinstance(value, gs.Tensor):
-            operands.append(new_constant(graph, f"{base}/{tag}_{'ab'[k]}", np.array(value, compute)))
-        elif compute != dtype:
-            up = gs.Variable(names(f"{base}/{tag}_{'ab'[k]}_float"), dtype=compute)
-            graph.nodes.append(gs.Node("Cast", names(f"{base}/{tag}_{'ab'[k]}_up"), {"to": onnx.TensorProto.FLOAT},
-                                       inputs=[value], outputs=[up]))
-            operands.append(up)
-        else:
-            operands.append(value)
-    out = gs.Variable(names(f"{base}/{tag}"), dtype=compute)
-    graph.nodes.append(gs.Node("Where", names(f"{base}/{tag}"), inputs=[cond, *operands], outputs=[out]))
-    if compute == dtype:
+        if compute != np.dtype(dtype) and dtype_of(graph, value) != compute:
+            up = gs.Variable(names(f"{base}/{out_tag}_{'ab'[k]}_float"), dtype=compute)
+            graph.nodes.append(gs.Node("Cast", names(f"{base}/{out_tag}_{'ab'[k]}_up"),
+                                       {"to": onnx.TensorProto.FLOAT}, inputs=[value], outputs=[up]))
+            value = up
+        operands.append(value)
+    out = gs.Variable(names(f"{base}/{out_tag}"), dtype=compute)
+    graph.nodes.append(gs.Node("Where", names(f"{base}/{node_tag}"), inputs=[cond, *operands], outputs=[out]))
+    if compute == np.dtype(dtype):
         return out
-    down = gs.Variable(names(f"{base}/{tag}_{np.dtype(dtype).name}"), dtype=dtype)
-    graph.nodes.append(gs.Node("Cast", names(f"{base}/{tag}_down"), {"to": onnx.helper.np_dtype_to_tensor_dtype(
+    down = gs.Variable(names(f"{base}/{out_tag}_{np.dtype(dtype).name}"), dtype=dtype)
+    graph.nodes.append(gs.Node("Cast", names(f"{base}/{node_tag}_down"), {"to": onnx.helper.np_dtype_to_tensor_dtype(
         np.dtype(dtype))}, inputs=[out], outputs=[down]))
     return down
 
@@ -72,9 +73,11 @@ def _combined_mask(graph, plan, names, base):
                                            outputs=[out]))
                 bias = out
             continue
-        kept = bias if bias is not None else 0.0
-        bias = _where(graph, names, base, "mask_where", term.cond,
-                      *((kept, term.fill) if term.scores_if_true else (term.fill, kept)), plan.dtype)
+        compute = _where_dtype(graph, plan.dtype)
+        kept = bias if bias is not None else new_constant(graph, f"{base}/zero", np.zeros((), compute))
+        fill = new_constant(graph, f"{base}/fill", np.array(term.fill, compute))
+        bias = _where(graph, names, base, "mask_where", "mask_where", term.cond,
+                      *((kept, fill) if term.scores_if_true else (fill, kept)), plan.dtype)
     return bias
 
 def _unsqueeze(graph, names, base, mask, axes_values, dtype):
@@ -222,8 +225,11 @@ def build_keep_bias(graph, names, base, mask: KeepMask, query, key, key_axis: in
     if shared is not None:
         return shared
     full = _spelled_out_keep(graph, names, base, mask.keep, query, key, key_axis, True, "keep_bias")
-    fill = keep_bias_fill(dtype)
-    return _where(graph, names, base, "keep_bias", full, *((fill, 0.0) if mask.negate else (0.0, fill)), dtype)
+    compute = _where_dtype(graph, dtype)
+    zero = new_constant(graph, f"{base}/keep_bias_zero", np.zeros((), compute))
+    fill = new_constant(graph, f"{base}/keep_bias_fill", np.array(keep_bias_fill(dtype), compute))
+    return _where(graph, names, base, "keep_bias", "attention_bias", full,
+                  *((fill, zero) if mask.negate else (zero, fill)), dtype)
 
 
 def build_row_keep_factor(graph, names, base, mask_index, rank: int, dtype):
