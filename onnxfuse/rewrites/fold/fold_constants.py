@@ -23,6 +23,9 @@ Safety
 * Results over :data:`SIZE_LIMIT` bytes stay unfolded, so a model never grows by more than that per
   folded tensor (ONNX Runtime folds those itself at session start).
 * Only ONNX-domain ops are evaluated; if the evaluation fails, the graph stays as it was.
+* Nodes that read or write bfloat16 are not given to ONNX Runtime's CPU provider, which has almost no
+  bfloat16 kernels (one such node failed the whole evaluation); small bfloat16 arithmetic is folded by
+  :mod:`~onnxfuse.rewrites.fold.bfloat16_scalars` instead, to the values ONNX Runtime's CUDA kernels give.
 """
 
 from __future__ import annotations
@@ -33,13 +36,13 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.engine.edit import replace_reads
-from onnxfuse.rewrites.fold.bfloat16_scalars import fold_bfloat16_scalars
 from onnxfuse.rewrites.engine.rule import GraphPass
 from onnxfuse.rewrites.facts.graph import BF16, dtype_of, graphs_within, is_default_domain
 from onnxfuse.rewrites.facts.inference import inferred_and_proven
 from onnxfuse.rewrites.facts.shape_values import shape_value
 from onnxfuse.rewrites.facts.shapes import weights_as_inputs
 from onnxfuse.rewrites.fold import SIZE_LIMIT
+from onnxfuse.rewrites.fold.bfloat16_scalars import fold_bfloat16_scalars
 
 #: Rounds of (shape inference, constant folding); each round can uncover sizes for the next.
 MAX_ROUNDS = 6
