@@ -339,7 +339,7 @@ def optimize_model(
                 step(f"measuring {target.name} drift")
                 drifting, search_notes = drift_islands(model, float32_nodes, samples, reference, budget,
                                                        options.provider, options.precision == "fp16-io", source,
-                                                       rounded=measured_rounding, target=target)
+                                                       rounded=measured_rounding, target=target, progress=step)
                 float32_nodes, drift_notes = {**float32_nodes, **drifting}, drift_notes + search_notes
         step(f"converting to {target.name}")
         start, precision_notes = convert_to_fp16(model, keep_nodes=float32_nodes,

@@ -27,6 +27,8 @@ search is for (a model with subgraphs, which that rewrite does not take, runs as
 
 from __future__ import annotations
 
+from typing import Callable
+
 import onnx
 
 from onnxfuse.errors import PrecisionError
@@ -94,7 +96,8 @@ def _worst(drift: dict[str, Drift]) -> tuple[str, Drift] | None:
 def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, reference: list[dict],
                   budget: DriftBudget, provider: str = "auto", float16_io: bool = False, name: str = "model",
                   max_nodes: int = MAX_NODES, rounded: dict | None = None,
-                  target: LowFloat = FLOAT16) -> tuple[dict[str, str], list[str]]:
+                  target: LowFloat = FLOAT16,
+                  progress: Callable[[str], None] | None = None) -> tuple[dict[str, str], list[str]]:
     """``({node name: why}, notes)``: the nodes besides ``keep`` (the range islands) that stay float32 so
     that ``model``'s float16 form drifts within ``budget``, found as the module docstring says; ({}, [])
     when the conversion is within it already. When :data:`MAX_NODES` kept float32 still leave it beyond the
@@ -104,7 +107,11 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
     ``rounded``: a dict that receives, under ``"drift"``, each output's drift of the conversion kept as
     returned, rounded per op, when the trials ran so (the CPU): the judge's rounded yardstick
     (:class:`~onnxfuse.validate.drift_budget.PrecisionJudge`), measured once. ``target``: the type the
-    model is converted to (``--precision bf16``: bfloat16, whose trials run on CUDA as converted)."""
+    model is converted to (``--precision bf16``: bfloat16, whose trials run on CUDA as converted).
+    ``progress``: told when a search starts (how many candidates) and each node it keeps, the run count so
+    far with it: a search costs a run of the converted model per bisection step (128 s on a GPT-2 small in
+    bfloat16, docs/benchmarks.md 5.51), which a user should see moving."""
+    say = progress or (lambda _message: None)
     flag = f"--precision {target.short}"
     weights = sum(tensor_nbytes(t) for t in model.graph.initializer)
     if weights > MAX_SEARCH_WEIGHT_BYTES:
@@ -119,6 +126,7 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
         return {}, []
     order = [n for n in candidates(model) if n not in keep]
     ops = {n.name: n.op_type for n in model.graph.node}
+    say(f"{target.name} drift beyond the budget: searching {len(order)} candidate node(s), up to {max_nodes} kept")
     found: dict[str, str] = {}
 
     def breaks(prefix: int) -> bool:
@@ -144,6 +152,7 @@ def drift_islands(model: onnx.ModelProto, keep: dict[str, str], samples: list, r
             break
         before = _worst(current)
         found[culprit] = f"{target.name} drift search"
+        say(f"kept float32 for the drift budget: {culprit} ({ops[culprit]}), after {trials.count} runs")
         current = trials.drift({**keep, **found})
         after = _worst(current)
         found[culprit] = (f"{ops[culprit]}: its {target.name} result took {before[0]!r} beyond the drift budget "

@@ -168,3 +168,13 @@ def test_the_budget_passes_what_is_no_worse_than_the_conversion_rounded_per_op()
     assert not judge.within(Drift(1.0, 3e-2, 1.0), bert_cpu, Drift(1.0, 5e-2, 0.99))
     assert not judge.within(Drift(1.0, 2e-3, 0.9999985), bert_cpu, Drift(1.0, 3e-3, 0.999999))
     assert not PrecisionJudge("float16", None).within(bert, bert_cpu, bert_rounded)  # --strict: no budget
+
+
+def test_the_search_says_when_it_starts_and_each_node_it_keeps():
+    model, samples = cancelling_model(), _samples()
+    said: list[str] = []
+    found, _ = drift_islands(model, {}, samples, _reference(model, samples), DEFAULT_BUDGET, "cpu", progress=said.append)
+    assert said[0].startswith("float16 drift beyond the budget: searching ") and "up to 8 kept" in said[0]
+    kept = [m for m in said[1:] if m.startswith("kept float32 for the drift budget: ")]
+    assert len(kept) == len(found) == len(said) - 1
+    assert {m.split(": ", 1)[1].split(" (")[0] for m in kept} == set(found)
