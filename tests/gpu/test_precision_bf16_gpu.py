@@ -24,9 +24,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="
 
 #: test model -> ops its bf16 optimization must hold (the bfloat16 contrib fusions, each checked on CUDA here)
 MODELS = {
-    "bert_tiny_opset14": ["Attention", "SkipLayerNormalization"],
+    "bert_tiny_opset14": ["Attention", "SkipLayerNormalization", "BiasGelu"],
     "bert_tiny_sdpa_opset14": ["Attention"],  # Where-14 takes no bfloat16: the keep bias in float32, cast down
-    "bert_tiny_sdpa_opset17": ["Attention"],
+    "bert_tiny_sdpa_opset17": ["Attention", "BiasGelu"],
     "distilbert_tiny_sdpa_opset17": ["Attention"],
     "roberta_tiny_sdpa_opset14": ["Attention"],
     "gpt2_tiny_sdpa_opset14": ["FastGelu", "SkipLayerNormalization"],

@@ -56,7 +56,7 @@ from onnxfuse.rewrites.engine.polynomial import POLY_OPS, cast_target, eval_expr
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import (
     FP32, consumers, constant_value, dtype_of, float_eps, internal_problem, is_float_dtype, is_graph_output, is_op,
-    producer_of,
+    last_dim, only_read_by, producer_of, shape_of,
 )
 
 SQRT_HALF = 1.0 / math.sqrt(2.0)
@@ -294,3 +294,46 @@ def gelu_mode(node) -> str:
     """An ONNX ``Gelu``'s ``approximate`` attribute ("none" by default, or "tanh")."""
     mode = node.attrs.get("approximate", "none")
     return mode.decode() if isinstance(mode, bytes) else str(mode)
+
+
+def _bias_and_x(graph, add):
+    """``(bias, x, entries, dtype)`` for the Add's 1-D operand: a constant first, else a run-time tensor of
+    known shape ``[n]`` (n static) beside a non-constant x; ``None`` when neither operand is one."""
+    for i in (1, 0):
+        bias_t, x = add.inputs[i], add.inputs[1 - i]
+        b = constant_value(graph, bias_t)
+        if b is not None and b.ndim == 1 and constant_value(graph, x) is None:
+            return bias_t, x, b.shape[0], b.dtype
+    for i in (1, 0):
+        bias_t, x = add.inputs[i], add.inputs[1 - i]
+        shape = shape_of(graph, bias_t)
+        if (constant_value(graph, bias_t) is None and constant_value(graph, x) is None and shape is not None
+                and len(shape) == 1 and isinstance(shape[0], int)):
+            return bias_t, x, shape[0], dtype_of(graph, bias_t)
+    return None
+
+
+def bias_add(graph, tensor, readers, what: str):
+    """``(add, x, bias, bias dtype)`` when ``tensor`` is ``Add(x, b)`` with ``b`` a 1-D vector over x's last
+    axis, read only by ``readers``; else a ``Refuse``. ``b`` is a constant, or a tensor computed at run time
+    (a graph input, as in ONNX Runtime's bias_gelu_fusion*.onnx test models) whose shape is known to be
+    ``[d]`` with d the static last dimension of x: ONNX Runtime checks a graph input's declared static
+    dimensions when it runs, and an inferred shape of an intermediate holds whenever the model runs. The
+    contrib ops' kernels add ``b`` along the last axis as the Add broadcast it. ``what`` names the reader
+    in the refusals."""
+    add = producer_of(tensor)
+    if not is_op(add, "Add") or len(add.inputs) != 2:
+        return Refuse(f"{what} input is not produced by an Add")
+    problem = only_read_by(graph, add.outputs[0], readers)
+    if problem:
+        return problem
+    found = _bias_and_x(graph, add)
+    if found is None:
+        return Refuse("the Add has no 1-D bias operand (a constant, or a tensor of known shape [d])")
+    bias_t, x, n, bias_dtype = found
+    d = last_dim(graph, x)
+    if d is None:
+        return Refuse(f"last dimension of {x.name!r} unknown; cannot prove the bias covers it")
+    if n != d:
+        return Refuse(f"bias has {n} entries, {x.name!r} has last dimension {d}")
+    return add, x, bias_t, bias_dtype
