@@ -511,17 +511,21 @@ def test_bfloat16_scalar_chains_fold_to_the_correctly_rounded_values():
 
 
 def test_bfloat16_scalar_folding_leaves_what_it_cannot_compute_exactly():
-    # an integer float32 does not hold (2**24 + 1: its float32 step would round twice), a run-time input, a
-    # graph output, and float16 arithmetic (ONNX Runtime's CPU provider folds that) stay as they are
+    # an integer float32 does not hold (2**24 + 1: its float32 step would round twice), a float64 (the same),
+    # the Add of those (its inputs are not constants), a run-time input, a graph output, and float16
+    # arithmetic (ONNX Runtime's CPU provider folds that) stay as they are
     import onnx_graphsurgeon as gs
 
     from onnxfuse.rewrites.fold.bfloat16_scalars import fold_bfloat16_scalars
 
-    nodes = [h.make_node("Cast", ["big"], ["bigf"], to=T.BFLOAT16), h.make_node("Sqrt", ["x"], ["sx"]),
+    nodes = [h.make_node("Cast", ["big"], ["bigf0"], to=T.BFLOAT16),
+             h.make_node("Cast", ["wide"], ["widef"], to=T.BFLOAT16),
+             h.make_node("Add", ["bigf0", "widef"], ["bigf"]), h.make_node("Sqrt", ["x"], ["sx"]),
              h.make_node("Neg", ["c"], ["out"]), h.make_node("Sqrt", ["h"], ["hs"]),
              h.make_node("Add", ["bigf", "sx"], ["a"]), h.make_node("Cast", ["hs"], ["hb"], to=T.BFLOAT16),
              h.make_node("Add", ["a", "hb"], ["y"])]
     inits = [numpy_helper.from_array(np.array(2 ** 24 + 1, np.int64), "big"),
+             numpy_helper.from_array(np.array(1.0 + 2.0 ** -30, np.float64), "wide"),
              numpy_helper.from_array(np.array(2.0, ml_dtypes.bfloat16), "c"),
              numpy_helper.from_array(np.array(2.0, np.float16), "h")]
     model = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.BFLOAT16, [4])],
@@ -530,7 +534,7 @@ def test_bfloat16_scalar_folding_leaves_what_it_cannot_compute_exactly():
                          opset_imports=[h.make_opsetid("", 14)], ir_version=8)
     graph = gs.import_onnx(model)
     assert fold_bfloat16_scalars(graph) == 0
-    assert [n.op for n in graph.nodes] == ["Cast", "Sqrt", "Neg", "Sqrt", "Add", "Cast", "Add"]
+    assert [n.op for n in graph.nodes] == ["Cast", "Cast", "Add", "Sqrt", "Neg", "Sqrt", "Add", "Cast", "Add"]
 
 
 def test_an_unfolded_sdpa_export_fuses_in_bfloat16_as_in_float16():

@@ -17,8 +17,8 @@ these ops in bfloat16 compute each element in float32 (or bfloat16's native inst
 nearest; float32's ``+ − × ÷`` and ``√`` are correctly rounded, and rounding a correctly rounded float32
 result again to bfloat16's 8 bits is the correctly rounded bfloat16 result (24 ≥ 2·8 + 2 bits: the double
 rounding is innocuous), so the constant is the value the kernel gives. ``Cast`` to bfloat16 of a float or of
-an integer below 2²⁴ in magnitude (exact in float32) rounds once, as the kernel does; a larger integer is
-left to the run time (its float32 step would round twice).
+an integer below 2²⁴ in magnitude (exact in float32) rounds once, as the kernel does; a larger integer, and
+a float64, are left to the run time (their float32 step would round twice).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def _float32_result(node, values: list[np.ndarray]) -> np.ndarray | None:
     """The node's result in float32 from float32 inputs, or None when it is not computed here."""
     if node.op == "Cast":
         source = values[0]
+        if source.dtype == np.float64:  # float64 → float32 → bfloat16 would round twice
+            return None
         if source.dtype.kind in "iu" and np.abs(source.astype(np.float64)).max(initial=0) >= EXACT_INTEGER:
             return None
         return source.astype(np.float32)
