@@ -47,6 +47,7 @@ from typing import Callable
 import onnx
 
 from onnxfuse import model_io
+from onnxfuse.repair import default_opset
 from onnxfuse.rewrites.engine.opset import ops_changed_by_raise
 from onnxfuse.rewrites.engine.rule import ApplyReport, Rule, unnamed_label
 
@@ -122,7 +123,7 @@ def rewrite_bodies(model: onnx.ModelProto, rewrite: Callable[[onnx.ModelProto], 
         previous = onnx.GraphProto()
         previous.CopyFrom(attr.g)
         attr.g.CopyFrom(body)
-        current, wanted = _default_opset(out), _default_opset(rewritten)
+        current, wanted = default_opset(out), default_opset(rewritten)
         if wanted > current:  # a rule raised the body's opset (RMSNormalization is opset 23): the whole model's
             blocking = ops_changed_by_raise(_ops_outside(out.graph, k, a), current, wanted)
             if blocking:
@@ -216,10 +217,6 @@ def _outputs_as_constants(body: onnx.GraphProto) -> None:
     body.initializer.extend(kept)
     for t in constant:
         body.node.append(onnx.helper.make_node("Constant", [], [t.name], name=f"{t.name}/constant", value=t))
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
 def _all_names(graph: onnx.GraphProto) -> set[str]:

@@ -35,6 +35,7 @@ import onnx
 from onnxfuse.errors import InternalError, PrecisionError, RuntimeFailure, SessionRefused, UsageError
 from onnxfuse.model_io import node_subgraphs
 from onnxfuse.precision import LowFloat, convert_to_fp16, float32_scopes, formal_types
+from onnxfuse.repair import default_opset
 from onnxfuse.runtime.session import make_session, resolve_provider
 
 #: Where :data:`CUDA_BFLOAT16_OPS` comes from: ONNX Runtime's ``docs/OperatorKernels.md``, CUDA provider, the
@@ -90,7 +91,7 @@ def kernel_islands(model: onnx.ModelProto, target: LowFloat) -> dict[str, str]:
     in the order the converter visits the graphs), as the converter reads them."""
     scopes = iter(float32_scopes(model))
     floats = next(scopes)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    opset = default_opset(model) or 17  # none imported (load's repair adds one): a current opset's schemas
     kept: dict[str, str] = {}
     for node in model.graph.node:
         if node_subgraphs(node):

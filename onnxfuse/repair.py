@@ -137,7 +137,7 @@ def read_as_ort(model: onnx.ModelProto):
     # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
 
-    opset = _default_opset(model)
+    opset = default_opset(model)
     moved = [n for g in model_io.proto_graphs(model.graph) for n in g.node if _ort_onnx_domain_op(n, opset)]
     shapeless = [v.type.tensor_type for v in list(model.graph.input) + list(model.graph.output)
                  if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type
@@ -165,7 +165,7 @@ def ort_onnx_domain_ops(model: onnx.ModelProto) -> list[str]:
     # import cycle (importing onnxfuse.model_io imports this module); also loads graphsurgeon
     from onnxfuse import model_io
 
-    opset = _default_opset(model)
+    opset = default_opset(model)
     return sorted({n.op_type for g in model_io.proto_graphs(model.graph) for n in g.node
                    if _ort_onnx_domain_op(n, opset)})
 
@@ -173,7 +173,8 @@ def ort_onnx_domain_ops(model: onnx.ModelProto) -> list[str]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _default_opset(model: onnx.ModelProto) -> int:
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain (ONNX) opset version, 0 when it imports none."""
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
@@ -304,7 +305,7 @@ def _layernorm_opset(model: onnx.ModelProto) -> str | None:
     # import cycle (importing onnxfuse.rewrites.engine.opset imports this module); also loads graphsurgeon
     from onnxfuse.rewrites.engine.opset import ops_changed_by_raise
 
-    opset = _default_opset(model)
+    opset = default_opset(model)
     if not 0 < opset < LAYERNORM_OPSET:
         return None
     graphs = list(model_io.proto_graphs(model.graph))
@@ -379,7 +380,7 @@ def _stand_in(n: onnx.NodeProto, opset: int):
 
 def _mixed_norms(model: onnx.ModelProto, inferred: onnx.ModelProto) -> set[str]:
     """Output names of ORT's ONNX-domain normalizations whose X and Scale dtypes differ (or are unknown)."""
-    opset = _default_opset(model)
+    opset = default_opset(model)
     types = {}
     for v in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
         types[v.name] = v.type.tensor_type.elem_type
@@ -397,7 +398,7 @@ def _with_identity_stand_ins(model: onnx.ModelProto, skip=frozenset()) -> onnx.M
     work = onnx.ModelProto()
     work.CopyFrom(model)
     g = work.graph
-    opset = _default_opset(model)
+    opset = default_opset(model)
     read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
     nodes = []
     for n in g.node:
