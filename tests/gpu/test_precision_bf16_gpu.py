@@ -30,6 +30,8 @@ MODELS = {
     "distilbert_tiny_sdpa_opset17": ["Attention"],
     "roberta_tiny_sdpa_opset14": ["Attention"],
     "gpt2_tiny_sdpa_opset14": ["FastGelu", "SkipLayerNormalization"],
+    # do_constant_folding=False: the sdpa scale Sqrt(1/Sqrt(Cast(D))) folded in bfloat16 (bfloat16_scalars)
+    "gpt2_tiny_sdpa_unfolded_opset14": ["FastGelu", "SkipLayerNormalization"],
     "vit_blocks_opset14": [],
     "whisper_encoder_tiny_sdpa_opset17": ["Attention"],
     "t5_tiny_opset17": ["MultiHeadAttention", "SkipSimplifiedLayerNormalization"],
