@@ -2,7 +2,8 @@
 
 For every ``testdata/*.onnx`` (a file that fails to load or optimize is recorded with its error, as it
 fails today) and target ``cuda`` and ``contrib`` and each again with ``precision="fp16"`` (a model
-that refuses it, a float16 one, is recorded with the error), and for ``tests/fuzz_attention_graphs.random_attention_model(seed)``, seeds 0..199 by default, and
+that refuses it, a float16 one, is recorded with the error), and target ``cuda`` with ``precision="bf16"``
+(unvalidated, as every record: a bfloat16 model cannot run on this CPU), and for ``tests/fuzz_attention_graphs.random_attention_model(seed)``, seeds 0..199 by default, and
 a few hand-picked ``tests/rewrites/test_contrib_attention.attention_model`` graphs (:data:`EXTRA`), it
 runs ``onnxfuse.optimize(model, target=T, validate=False, bench=False)`` and records the sha256 of
 ``result.model.SerializeToString()``, the refusals (rule, node, reason), the per-rewrite details and the
@@ -75,6 +76,8 @@ def _file_case(path: str) -> dict:
     for target in TARGETS:
         out[f"{Path(path).name}|{target}"] = _record(model, target=target)
         out[f"{Path(path).name}|{target}|fp16"] = _record(model, target=target, precision="fp16")
+    # bfloat16 is a CUDA precision (its ops' kernels are CUDA's): one record, target cuda
+    out[f"{Path(path).name}|cuda|bf16"] = _record(model, target="cuda", precision="bf16")
     return out
 
 
