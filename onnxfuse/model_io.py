@@ -237,7 +237,9 @@ def check_given_model(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     """Refuse, with one :class:`ModelLoadError` line, a ``ModelProto`` handed to the API whose external
     data could not be read safely: an absolute location this process did not make (it could name any
     file the process can read; onnx and ONNX Runtime refuse it too), or a relative one (a proto in
-    memory has no folder to resolve it against: pass the path, or ``onnx.load`` it with its data)."""
+    memory has no folder to resolve it against: pass the path, or ``onnx.load`` it with its data). Then the
+    load check a file gets (:func:`load_model`): a model ONNX's checker refuses even once repaired is the
+    caller's error (exit 1), not, as it was when only the output was checked, onnxfuse's own (exit 5)."""
     for t, _main in _all_tensors(model):
         if not lw.is_external(t) or lw.is_lazy(t):
             continue
@@ -247,6 +249,7 @@ def check_given_model(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
                                  "it must be relative to the model's folder")
         raise ModelLoadError(f"{name}: tensor {t.name!r} keeps its data in {location!r}, which a model in memory "
                              "cannot resolve: pass the model's path, or load it with onnx.load(path)")
+    _check_repairable(model, name)
     return model
 
 

@@ -400,3 +400,23 @@ def test_bench_stays_the_function_after_the_timing_package_is_imported():
     import onnxfuse.timing.bench  # noqa: F401
 
     assert callable(onnxfuse.bench) and onnxfuse.bench.__module__ == "onnxfuse.api"
+
+
+def test_an_invalid_modelproto_is_the_callers_error_as_an_invalid_file_is(tmp_path):
+    # the load check a file gets (onnx.checker on the repaired model) applies to a proto handed to the API,
+    # to optimize, diff and bench alike: exit 1, the checker's reason, nothing written. Before, optimize only
+    # checked its own output, and called the model's fault its internal error (exit 5).
+    from onnxfuse.errors import ModelLoadError
+
+    path = Path(__file__).resolve().parent.parent / "testdata" / "bad_undefined_input.onnx"
+    model = onnx.load(str(path))
+    for call in (lambda: onnxfuse.optimize(model, tmp_path / "out.onnx", validate=False),
+                 lambda: onnxfuse.diff(model, model),
+                 lambda: onnxfuse.bench(model, device="cpu")):
+        with pytest.raises(ModelLoadError, match=r"^<model[^>]*>: invalid ONNX model: Nodes in a graph must be "
+                                                 r"topologically sorted") as info:
+            call()
+        assert info.value.exit_code == 1
+    assert not (tmp_path / "out.onnx").exists()
+    with pytest.raises(ModelLoadError, match="invalid ONNX model: Nodes in a graph must be topologically sorted"):
+        onnxfuse.optimize(path, validate=False)  # the same words for the file
