@@ -343,15 +343,21 @@ def test_a_constant_of_shape_below_opset_20_writes_float32_and_is_cast():
     assert kernel_islands(model, BFLOAT16) == {}
 
 
-def _nodes_without_a_bfloat16_kernel(model: onnx.ModelProto) -> list[str]:
-    """The main-graph nodes that read or write a bfloat16 value whose op ONNX Runtime's CUDA provider runs in
-    no bfloat16 kernel (precision_kernels' table; onnxfuse's own ops take bfloat16): a session would refuse
-    the model. Found a ReduceMax of the attention's row factor this way, first on a GPU."""
+def _value_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Every value's element type by ONNX's strict type inference (which raises on a type error)."""
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True)
     g = inferred.graph
     types = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.value_info, *g.input, *g.output]}
     types.update({t.name: t.data_type for t in g.initializer})
-    return [f"{n.op_type} {n.name}" for n in g.node
+    return types
+
+
+def _nodes_without_a_bfloat16_kernel(model: onnx.ModelProto) -> list[str]:
+    """The main-graph nodes that read or write a bfloat16 value whose op ONNX Runtime's CUDA provider runs in
+    no bfloat16 kernel (precision_kernels' table; onnxfuse's own ops take bfloat16): a session would refuse
+    the model. Found a ReduceMax of the attention's row factor this way, first on a GPU."""
+    types = _value_types(model)
+    return [f"{n.op_type} {n.name}" for n in model.graph.node
             if any(types.get(t) == T.BFLOAT16 for t in [*n.input, *n.output] if t)
             and n.domain != "ai.onnxfuse" and n.op_type not in precision_kernels.FOLDED_AT_LOAD
             and not has_bfloat16_kernel(n)]
@@ -390,14 +396,6 @@ def test_the_note_for_an_output_passed_within_the_conversion_drift_names_bfloat1
                                          "the drift of the model merely converted to bfloat16")
     assert output.extra["conversion_drift"] == 0.02
     assert conversion_notes(report, {"logits": 0.02})[0].startswith("--precision fp16: logits beyond float16's")
-
-
-def _value_types(model: onnx.ModelProto) -> dict[str, int]:
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True)
-    g = inferred.graph
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.value_info, *g.input, *g.output]}
-    types.update({t.name: t.data_type for t in g.initializer})
-    return types
 
 
 def test_dtype_of_reads_a_bfloat16_variable_through_onnx_s_table():

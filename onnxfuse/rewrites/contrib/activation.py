@@ -49,8 +49,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from onnxfuse.rewrites.contrib.matching import constants_rank_problem
 from onnxfuse.rewrites.engine.polynomial import POLY_OPS, cast_target, eval_expression, exact_cast_problem
 from onnxfuse.rewrites.engine.rule import Refuse

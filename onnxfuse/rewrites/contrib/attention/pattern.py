@@ -37,13 +37,13 @@ def analyze_softmax(graph, softmax, zero_one_inputs: frozenset[str] = frozenset(
     island, low = False, None  # low: the island's narrow type, the fused op's
     guard = None  # the dynamo exporter's Where(IsNaN(p), 0, p)
     while True:
+        down = downcast_type(graph, readers[0]) if len(readers) == 1 and not island else None
         if guard is None and (guard := nan_guard(graph, probs)) is not None:
             nodes += guard
             probs = guard[1].outputs[0]
-        elif len(readers) == 1 and (is_noop_cast(graph, readers[0])
-                                    or (not island and downcast_type(graph, readers[0]) is not None)):
-            if not island and downcast_type(graph, readers[0]) is not None:
-                island, low = True, downcast_type(graph, readers[0])
+        elif len(readers) == 1 and (is_noop_cast(graph, readers[0]) or down is not None):
+            if down is not None:
+                island, low = True, down
             nodes.append(readers[0])
             probs = readers[0].outputs[0]
         else:
