@@ -118,7 +118,8 @@ def optimize(
     the float32 original, and its normalized max error within 3x the model merely converted (no rewrite), or,
     validated on the CPU, no worse than that model with every float16 result rounded as ONNX specifies.
     ``max_drift``: ``(ERR, COS)``, a float ERR (COS 0.999) or the command line's ``"ERR[,COS]"``; default
-    ``(2e-2, 0.999)`` (none with ``strict`` unless given); only with a precision change. Every output's
+    ``(2e-2, 0.999)``, ``(0.16, 0.999)`` for bfloat16, whose rounding is 8x coarser (none with ``strict``
+    unless given); only with a precision change. Every output's
     figures, and the plain conversion's, are in the report (``drift_error``, ``drift_cosine``,
     ``conversion_error``, ``conversion_cosine``, on the CPU ``conversion_error_rounded``; ``passed_by: "drift
     budget"``).

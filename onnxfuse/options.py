@@ -369,7 +369,8 @@ _OPTIMIZE = (
            command_line=CommandLine("--precision", value="choice", choices=("fp32", "fp16", "fp16-io", "bf16"),
                                     show_default=True),
            report="precision.precision"),
-    Option("max_drift", "The drift budget of --precision fp16/fp16-io/bf16 (default 2e-2,0.999): an output beyond "
+    Option("max_drift", "The drift budget of --precision fp16/fp16-io/bf16 (default 2e-2,0.999; 0.16,0.999 for bf16, "
+                        "whose rounding is 8x coarser): an output beyond "
                         "tolerance also passes when its normalized max error (max |err| / max |ref|) against the "
                         "float32 original is at most ERR, its cosine at least COS, and its error within 3x the "
                         "model merely converted to float16. Nodes whose float16 results break it stay float32.",

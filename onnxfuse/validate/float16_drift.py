@@ -22,7 +22,8 @@ run of the converted model per bisection step, about ``log2(candidates)`` per ke
 How a trial is run: on CUDA as converted (its kernels round each float16 result, as ONNX specifies); on
 the CPU through :func:`onnxfuse.validate.onnx_semantics.per_op_rounding`, because ONNX Runtime's CPU
 provider computes chains of float16 ops in float32 and rounds once, which hides exactly the rounding this
-search is for (a model with subgraphs, which that rewrite does not take, runs as converted).
+search is for (a model with subgraphs, which that rewrite does not take, runs as converted); a bfloat16
+trial likewise, which is also the only way the CPU provider runs one (it lacks most bfloat16 kernels).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ class DriftTrials:
         except PrecisionError:  # this set of kept nodes does not convert: no figures, so it counts as beyond
             return {}
         name = f"{self.name} ({self.target.name} drift search)"
-        rounded = rounded_drift(converted, self.samples, self.reference, name) if self.provider == "cpu" else None
+        rounded = (rounded_drift(converted, self.samples, self.reference, name, self.target.elem)
+                   if self.provider == "cpu" else None)
         self.per_op = rounded is not None
         return rounded if rounded is not None else conversion_drift(converted, self.samples, self.reference,
                                                                     self.provider, name=name)

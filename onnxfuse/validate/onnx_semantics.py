@@ -85,13 +85,17 @@ _DTYPE_ATTRS = {"dtype"}
 _F16, _F32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
 
 
-def per_op_rounding(original: onnx.ModelProto) -> onnx.ModelProto | None:
+def per_op_rounding(original: onnx.ModelProto, low: int = _F16) -> onnx.ModelProto | None:
     """``original`` computing in float32 with every float16 result rounded to float16 explicitly: float16
     initializers and constants become float32 (exact), each float16 graph input is cast up, each node output
     that is float16 in ``original`` (ONNX's shape inference) is followed by ``Cast(to=float16)`` and
     ``Cast(to=float32)`` (a float16 ``Cast`` keeps its own rounding and gets the second only), and each float16
     graph output is the rounded float16 tensor under its own name. None for models with subgraphs (If, Loop,
-    Scan: their bodies would need the same rewrite)."""
+    Scan: their bodies would need the same rewrite).
+
+    ``low``: the low type's ONNX element type, ``TensorProto.BFLOAT16`` for a bfloat16 model: the same
+    rewrite, which is also how a bfloat16 model runs on ONNX Runtime's CPU provider at all (it has bfloat16
+    ``Cast`` but few bfloat16 kernels besides), each result rounded as CUDA's bfloat16 kernels round it."""
     if any(node_subgraphs(n) for n in original.graph.node):
         return None
     g = infer_shapes(original).graph  # best effort: a tensor it cannot type is computed in float32, unrounded
@@ -100,29 +104,29 @@ def per_op_rounding(original: onnx.ModelProto) -> onnx.ModelProto | None:
     renamed: dict[str, str] = {}  # a float16 tensor's name -> its float32 copy's
     nodes = []
     for vi in g.input:
-        if types.get(vi.name) == _F16:
+        if types.get(vi.name) == low:
             renamed[vi.name] = f"{vi.name}__as_f32"
             nodes.append(onnx.helper.make_node("Cast", [vi.name], [renamed[vi.name]], to=_F32))
     initializers = []
     for t in g.initializer:
-        if t.data_type == _F16:  # weights held on disk (lazy_weights) are read through their mapping
+        if t.data_type == low:  # weights held on disk (lazy_weights) are read through their mapping
             values = map_tensor(t) if is_lazy(t) else numpy_helper.to_array(t)
             t = numpy_helper.from_array(np.asarray(values).astype(np.float32), t.name)
         initializers.append(t)
     for node in g.node:
-        node = _widened(node)
+        node = _widened(node, low)
         node.input[:] = [renamed.get(i, i) for i in node.input]
         is_half_cast = node.op_type == "Cast" and node.domain in ("", "ai.onnx") and any(
-            a.name == "to" and a.i == _F16 for a in node.attribute)
+            a.name == "to" and a.i == low for a in node.attribute)
         rounding = []
         for k, out in enumerate(node.output):
-            if not out or types.get(out) != _F16:
+            if not out or types.get(out) != low:
                 continue
             half = out  # a float16 Cast rounds by itself; its readers take the float32 copy below
             if not is_half_cast:  # computed in float32, rounded by a Cast (under the output's name if a graph output)
                 node.output[k] = f"{out}__f32_result"
                 half = out if out in outputs else f"{out}__rounded"
-                rounding.append(onnx.helper.make_node("Cast", [node.output[k]], [half], to=_F16))
+                rounding.append(onnx.helper.make_node("Cast", [node.output[k]], [half], to=low))
             renamed[out] = f"{out}__as_f32"
             rounding.append(onnx.helper.make_node("Cast", [half], [renamed[out]], to=_F32))
         nodes.append(node)
@@ -134,13 +138,13 @@ def per_op_rounding(original: onnx.ModelProto) -> onnx.ModelProto | None:
     return model
 
 
-def _widened(node: onnx.NodeProto) -> onnx.NodeProto:
-    """A copy of ``node`` whose float16 constants (Constant's and ConstantOfShape's ``value``) and element
-    type attributes (``dtype``) are float32."""
+def _widened(node: onnx.NodeProto, low: int = _F16) -> onnx.NodeProto:
+    """A copy of ``node`` whose float16 (``low``) constants (Constant's and ConstantOfShape's ``value``) and
+    element type attributes (``dtype``) are float32."""
     node = onnx.NodeProto.FromString(node.SerializeToString())
     for a in node.attribute:
-        if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == _F16:
+        if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == low:
             a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
-        elif a.name in _DTYPE_ATTRS and a.type == onnx.AttributeProto.INT and a.i == _F16:
+        elif a.name in _DTYPE_ATTRS and a.type == onnx.AttributeProto.INT and a.i == low:
             a.i = _F32
     return node

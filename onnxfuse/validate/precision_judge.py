@@ -15,10 +15,10 @@ validate/ sits below the pipeline, tests/test_layers.py).
 
 from __future__ import annotations
 
-from onnxfuse.precision import TARGETS, target_named
+from onnxfuse.precision import FLOAT16, TARGETS, target_named
 from onnxfuse.validate import FLOOR_MULTIPLE, PrecisionJudge, ValidationReport, conversion_drift
 from onnxfuse.runtime.session import resolve_provider
-from onnxfuse.validate.drift_budget import DEFAULT_BUDGET
+from onnxfuse.validate.drift_budget import default_budget
 from onnxfuse.validate.onnx_semantics import per_op_rounding
 
 #: ``--precision fp16``: an output passes within this many times the drift of the model merely converted
@@ -43,18 +43,22 @@ def precision_judge(start, samples, reference, options, source: str, rounded: di
     return PrecisionJudge(low, drift_budget_of(options), conversion, CONVERSION_MULTIPLE, rounded or {})
 
 
-def rounded_drift(converted, samples, reference, name: str):
-    """Per output, the drift of ``converted`` (a float16 model) run on ONNX Runtime's CPU provider as ONNX
-    specifies float16, every op's result rounded (:func:`~onnxfuse.validate.onnx_semantics.per_op_rounding`),
-    like :func:`~onnxfuse.validate.conversion_drift`; None where that rewrite does not apply (subgraphs)."""
-    as_specified = per_op_rounding(converted)
+def rounded_drift(converted, samples, reference, name: str, low: int = FLOAT16.elem):
+    """Per output, the drift of ``converted`` (a float16 model; ``low``: the element type it computes in,
+    bfloat16's for a bfloat16 one) run on ONNX Runtime's CPU provider as ONNX specifies, every op's result
+    rounded (:func:`~onnxfuse.validate.onnx_semantics.per_op_rounding`), like
+    :func:`~onnxfuse.validate.conversion_drift`; None where that rewrite does not apply (subgraphs)."""
+    as_specified = per_op_rounding(converted, low)
     return None if as_specified is None else conversion_drift(as_specified, samples, reference, "cpu", name=name)
 
 
 def drift_budget_of(options):
-    """The drift budget a precision change is judged by: ``--max-drift``, else the default one, except that
+    """The drift budget a precision change is judged by: ``--max-drift``, else the default one of the target
+    type (float16's or bfloat16's, :func:`~onnxfuse.validate.drift_budget.default_budget`), except that
     ``--strict`` (tolerance alone) has none unless ``--max-drift`` is given."""
-    return options.max_drift if options.max_drift is not None else (None if options.strict else DEFAULT_BUDGET)
+    if options.max_drift is not None:
+        return options.max_drift
+    return None if options.strict else default_budget(TARGETS[options.precision].name)
 
 
 def conversion_floor_drift(judge, options) -> dict[str, float]:

@@ -178,3 +178,68 @@ def test_the_search_says_when_it_starts_and_each_node_it_keeps():
     kept = [m for m in said[1:] if m.startswith("kept float32 for the drift budget: ")]
     assert len(kept) == len(found) == len(said) - 1
     assert {m.split(": ", 1)[1].split(" (")[0] for m in kept} == set(found)
+
+
+# ---- bfloat16 (--precision bf16): its own default budget, and its trials on the CPU rounded per op
+
+
+def test_the_default_budget_is_the_target_types():
+    from onnxfuse.pipeline import OptimizeOptions
+    from onnxfuse.validate.drift_budget import BFLOAT16_BUDGET
+    from onnxfuse.validate.precision_judge import drift_budget_of
+
+    assert drift_budget_of(OptimizeOptions(precision="fp16")) == DEFAULT_BUDGET == DriftBudget(2e-2, 0.999)
+    assert drift_budget_of(OptimizeOptions(precision="fp16-io")) == DEFAULT_BUDGET
+    assert drift_budget_of(OptimizeOptions(precision="bf16")) == BFLOAT16_BUDGET == DriftBudget(0.16, 0.999)
+    assert drift_budget_of(OptimizeOptions(precision="bf16", strict=True)) is None
+    given = DriftBudget(1e-2, 0.9999)
+    assert drift_budget_of(OptimizeOptions(precision="bf16", max_drift=given)) == given
+
+
+def _bf16(values) -> np.ndarray:
+    """float32 values rounded to bfloat16, to nearest even, back in float32 (ml_dtypes: independent of
+    onnxfuse's bit arithmetic and of ONNX Runtime)."""
+    import ml_dtypes
+
+    return np.asarray(values, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def test_a_bfloat16_trial_on_the_cpu_rounds_every_result_as_bfloat16():
+    # the planted model step by step in numpy, each result rounded to bfloat16, against the trial's run
+    from onnxfuse.precision import BFLOAT16
+    from onnxfuse.validate.onnx_semantics import per_op_rounding
+
+    model, samples = cancelling_model(), _samples(1)
+    converted, _ = convert_to_fp16(model, target=BFLOAT16)
+    got = run_samples(per_op_rounding(converted, onnx.TensorProto.BFLOAT16), samples, "cpu")[0]["y"]
+    x, z = _bf16(samples[0]["x"]), _bf16(samples[0]["z"])
+    c, half, tenth = _bf16(1000.0), _bf16(0.5), _bf16(0.1)
+    w = _bf16(np.tanh(_bf16(_bf16(_bf16(x + c) - c) * half)))
+    want = _bf16(w + _bf16(z * tenth))
+    # tanh in float32 may differ from ONNX Runtime's by a float32 ulp, which can move a bfloat16 rounding
+    # by one bfloat16 step (2^-8 relative at most): everything else is exact
+    assert np.mean(got == want) > 0.95
+    assert np.all(np.abs(got - want) <= np.abs(want) * 2.0 ** -7 + 1e-30)
+    # bfloat16's step at 1000 is 4: the Sub hands x on with errors far beyond float16's 0.25
+    assert np.abs(_bf16(_bf16(x + c) - c) - x).max() > 0.5
+
+
+def test_the_search_keeps_the_planted_sum_float32_in_bfloat16_too():
+    from onnxfuse.precision import BFLOAT16
+    from onnxfuse.validate.drift_budget import BFLOAT16_BUDGET
+
+    model, samples = cancelling_model(), _samples()
+    reference = _reference(model, samples)
+    trials = DriftTrials(model, samples, reference, "cpu", target=BFLOAT16)
+    plain = trials.drift({})
+    assert not within_budget(plain, BFLOAT16_BUDGET) and plain["y"].error > 0.3, plain
+    found, notes = drift_islands(model, {}, samples, reference, BFLOAT16_BUDGET, "cpu", target=BFLOAT16)
+    assert set(found) == {"add_offset", "remove_offset"}, found
+    assert found["add_offset"].startswith("Add: its bfloat16 result took 'y' beyond the drift budget")
+    kept = trials.drift(found)
+    assert within_budget(kept, BFLOAT16_BUDGET) and kept["y"].error < 3e-2, kept
+    # x + 16 - 16 rounds x to bfloat16's step at 16 (1/8): ordinary bfloat16 rounding, 3.5e-2 of the output's
+    # scale, which float16's budget would send the search after and bfloat16's takes
+    gentle = cancelling_model(offset=16.0)
+    drift = DriftTrials(gentle, samples, _reference(gentle, samples), "cpu", target=BFLOAT16).drift({})
+    assert within_budget(drift, BFLOAT16_BUDGET) and not within_budget(drift, DEFAULT_BUDGET), drift
