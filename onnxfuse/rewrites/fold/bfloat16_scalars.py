@@ -16,9 +16,14 @@ values) and rounded once to bfloat16, to nearest even (ml_dtypes' conversion). O
 these ops in bfloat16 compute each element in float32 (or bfloat16's native instructions) and round to
 nearest; float32's ``+ − × ÷`` and ``√`` are correctly rounded, and rounding a correctly rounded float32
 result again to bfloat16's 8 bits is the correctly rounded bfloat16 result (24 ≥ 2·8 + 2 bits: the double
-rounding is innocuous), so the constant is the value the kernel gives. ``Cast`` to bfloat16 of a float or of
-an integer below 2²⁴ in magnitude (exact in float32) rounds once, as the kernel does; a larger integer, and
-a float64, are left to the run time (their float32 step would round twice).
+rounding is innocuous), so the constant is the value the kernel gives. ``Cast`` to bfloat16 goes through
+float32 as the kernel's does: ONNX Runtime's CUDA ``Cast`` (``OP_Cast`` in ``cast_op.cu``) converts with
+``(BFloat16)a``, and its ``BFloat16`` has a ``float`` constructor only, so a float64 or an integer is first
+converted to float32 (to nearest) and that is rounded to bfloat16 (``__float2bfloat16``). For a float64
+or an integer beyond 2²⁴ that rounds twice, and the folded constant rounds the same twice: the kernel's
+value, not the single correctly rounded one (1 + 2⁻⁸ + 2⁻³⁰ is 1.0 both ways here, 1.0078125 rounded once).
+Leaving those to the run time instead kept torch 2.11's sdpa scale, a float64 constant cast down, as a
+run-time node in GPT-2 small under ``--precision bf16``: no attention fused (docs/benchmarks.md 5.52).
 """
 
 from __future__ import annotations
@@ -34,19 +39,13 @@ from onnxfuse.rewrites.facts.graph import BF16, constant_value, dtype_of, is_op
 OPS = ("Cast", "Sqrt", "Reciprocal", "Neg", "Add", "Sub", "Mul", "Div", "Identity")
 #: the most elements a folded result may hold (scales and sizes, not weights)
 MAX_ELEMENTS = 64
-#: integers float32 holds exactly (a Cast from a larger one would round twice)
-EXACT_INTEGER = 1 << 24
 
 
 def _float32_result(node, values: list[np.ndarray]) -> np.ndarray | None:
     """The node's result in float32 from float32 inputs, or None when it is not computed here."""
-    if node.op == "Cast":
+    if node.op == "Cast":  # through float32, as the CUDA kernel converts (module docstring)
         source = values[0]
-        if source.dtype == np.float64:  # float64 → float32 → bfloat16 would round twice
-            return None
-        if source.dtype.kind in "iu" and np.abs(source.astype(np.float64)).max(initial=0) >= EXACT_INTEGER:
-            return None
-        return source.astype(np.float32)
+        return None if source.dtype.kind not in "fiub" and source.dtype not in BF16 else source.astype(np.float32)
     x = [v.astype(np.float32) for v in values]
     with np.errstate(all="ignore"):
         return {
