@@ -914,6 +914,9 @@ def run_model(name: str, args, part: Path) -> None:
                              " --right-padded attention_mask", "fp16"))
             if args.bf16:
                 runs.append(((), "precision-bf16", "precision-bf16", "", "bf16"))
+                if args.right_padded and "attention_mask" in spec.input_names:  # (1 - m)·c masks fuse only so
+                    runs.append((["attention_mask"], "precision-bf16-right-padded", "precision-bf16-right-padded",
+                                 " --right-padded attention_mask", "bf16"))
             for right_padded, variant, label, flag, precision in runs:
                 key = "optimize_" + label.replace("-", "_")
                 try:
@@ -993,6 +996,7 @@ def _cells(models: dict):
                              fp16_prec=m("ort-fp16-precision"), with_rules=m("ort-with-rules"),
                              fp16_prec_rp=m("ort-fp16-precision-right-padded"),
                              bf16_prec=m("ort-fp16-precision-bf16"),
+                             bf16_prec_rp=m("ort-fp16-precision-bf16-right-padded"),
                              fp16_with_rules=m("ort-fp16-with-rules"),
                              fp16_compile=m("torch-fp16-compile-cudagraphs") if graph else m("torch-fp16-compile")))
     return rows
@@ -1042,6 +1046,7 @@ def markdown(results: dict) -> str:
                   if any(r[k] for k in ("fp16_prec", "with_rules", "fp16_with_rules", "bf16_prec"))]
     promised = any(r["fp16_prec_rp"] for r in extra_rows)  # zoo --right-padded: --precision fp16 under the promise
     bf16 = any(r["bf16_prec"] for r in extra_rows)  # zoo --bf16: --precision bf16's cells
+    bf16_promised = any(r["bf16_prec_rp"] for r in extra_rows)  # zoo --bf16 --right-padded: the same promised
     if extra_rows:
         lines += ["", "## Every model: --precision fp16" + (f" and +{', +'.join(added)}" if added else ""), "",
                   "Speed-up over the original of the same precision. fp16 half(): the module exported in "
@@ -1053,20 +1058,24 @@ def markdown(results: dict) -> str:
                      "float32 original, and its time over the optimized half() export." if bf16 else ""), "",
                   "| model | batch | CUDA graph | onnxfuse | +rules | fp16 half() | fp16 half() +rules "
                   "| --precision fp16 | --precision fp16 / half() |" + (" --right-padded / half() |" if promised else "")
-                  + (" --precision bf16 | bf16 / half() |" if bf16 else ""),
+                  + (" --precision bf16 | bf16 / half() |" if bf16 else "")
+                  + (" bf16 --right-padded | bf16 --right-padded / half() |" if bf16_promised else ""),
                   "|---|---:|:---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if promised else "")
-                  + ("---:|---:|" if bf16 else "")]
+                  + ("---:|---:|" if bf16 else "") + ("---:|---:|" if bf16_promised else "")]
         for r in extra_rows:
             vs_half = _ratio(r["fp16_prec"], r["fp16_opt"])
             rp_half = _ratio(r["fp16_prec_rp"], r["fp16_opt"])
             bf_half = _ratio(r["bf16_prec"], r["fp16_opt"])  # bfloat16 against the float16 export optimized
+            bf_rp_half = _ratio(r["bf16_prec_rp"], r["fp16_opt"])
             lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} "
                          f"| {speedup(r['orig'], r['opt'])} | {speedup(r['orig'], r['with_rules'])} "
                          f"| {speedup(r['fp16_orig'], r['fp16_opt'])} | {speedup(r['fp16_orig'], r['fp16_with_rules'])} "
                          f"| {speedup(r['fp16_orig'], r['fp16_prec'])} | {_f(vs_half, 3) if vs_half else '–'} |"
                          + (f" {_f(rp_half, 3) if rp_half else '–'} |" if promised else "")
                          + (f" {speedup(r['orig'], r['bf16_prec'])} | {_f(bf_half, 3) if bf_half else '–'} |"
-                            if bf16 else ""))
+                            if bf16 else "")
+                         + (f" {speedup(r['orig'], r['bf16_prec_rp'])} | {_f(bf_rp_half, 3) if bf_rp_half else '–'} |"
+                            if bf16_promised else ""))
     transformer_rows = [r for r in _cells(results["models"]) if any(r[k] for k in ("att", "tx", "fp16_att", "fp16_tx", "fp16_prec"))]
     if transformer_rows:
         lines += ["", "## Transformers: against ONNX Runtime's transformers optimizer", "",
@@ -1245,7 +1254,8 @@ def parse_args(argv=None):
     p.add_argument("--bf16", action="store_true",
                    help="with the fp16 cells: also time `optimize --precision bf16` on the float32 export (variant "
                         "ort-fp16-precision-bf16, timed with the float16 cells; its columns: speed-up over the "
-                        "float32 original, and time over the optimized half() export)")
+                        "float32 original, and time over the optimized half() export); with --right-padded also under that "
+                        "promise (ort-fp16-precision-bf16-right-padded)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a smoke test only")
     p.add_argument("--deadline", type=float, default=None,
                    help="stop starting new work after this many seconds (results so far are kept)")

@@ -210,3 +210,11 @@ def test_the_bf16_cells_get_their_columns_against_fp32_and_half():
     assert cells[-2:] == ["2.50×", "1.600"]  # 4.0 / 1.6 over the fp32 original; 1.6 / 1.0 over half() optimized
     args = zoo.parse_args(["--models", "bert_base@eager", "--bf16"])
     assert args.bf16
+    # with --right-padded, bf16 under the promise gets its own two columns: 4.0 / 0.8, and 0.8 / 1.0
+    timings.append(cell("ort-fp16-precision-bf16-right-padded", 0.8))
+    text = zoo.markdown({"config": {}, "env": {}, "models": {"bert_base@eager": {"timings": timings, "info": {}}}})
+    header = next(line for line in text.splitlines() if "bf16 --right-padded |" in line)
+    row = next(line for line in text.splitlines() if line.startswith("| bert_base@eager | 1 | no | 2.00×"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert header.count("|") == row.count("|")
+    assert cells[-4:] == ["2.50×", "1.600", "5.00×", "0.800"]
