@@ -386,8 +386,11 @@ def _shared_keep_bias(graph, mask: KeepMask, query, key, key_axis: int, dtype):
             kept, dropped = (where.inputs[2], where.inputs[1]) if mask.negate else (where.inputs[1], where.inputs[2])
             zero, fill = constant_value(graph, kept), constant_value(graph, dropped)
             if not (zero is not None and fill is not None and fill.dtype == zero.dtype and zero.size == 1
-                    and fill.size == 1 and float(zero.reshape(())) == 0.0
-                    and float(fill.reshape(())) == float(np.array(keep_bias_fill(dtype), zero.dtype))):
+                    and fill.size == 1 and float(zero.reshape(())) == 0.0):
+                continue
+            with np.errstate(over="ignore"):  # float32's fill in a float16 bias: -inf, which no fill equals
+                wanted = float(np.array(keep_bias_fill(dtype), zero.dtype))
+            if float(fill.reshape(())) != wanted:
                 continue
             if zero.dtype == np.dtype(dtype):
                 return where.outputs[0]
