@@ -57,7 +57,7 @@ from onnxfuse.errors import PrecisionError
 from onnxfuse.rewrites.facts.constants import constant_node_value
 from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.model_io import defined_names, node_subgraphs, proto_graphs, rename_outer_reads
-from onnxfuse.repair import read_as_ort
+from onnxfuse.repair import default_opset, read_as_ort
 
 FLOAT, HALF, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 #: float16's largest finite value, and the smallest positive one (a subnormal).
@@ -120,6 +120,10 @@ class LowFloat:
         return out
 
 
+#: The first ONNX opset whose Cast, arithmetic, MatMul and most other ops take bfloat16 (before it, a bfloat16
+#: model fails ONNX's type check: 43 of ONNX Runtime's test models, at opsets 7 to 12).
+BFLOAT16_OPSET = 13
+
 FLOAT16 = LowFloat("float16", "fp16", HALF, HALF_MAX, HALF_TINY)
 BFLOAT16 = LowFloat("bfloat16", "bf16", BF16, 3.3895313892515355e38, 2.0 ** -133)
 #: the target type of each ``--precision`` value that converts (fp32 does not)
@@ -173,6 +177,10 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
     notes: list[str] = []
     opsets = {o.domain or "": o.version for o in out.opset_import}
     scopes = float32_scopes(model)
+    if target.elem == BF16 and 0 < default_opset(model) < BFLOAT16_OPSET:
+        raise PrecisionError(f"--precision bf16 needs ONNX opset {BFLOAT16_OPSET} or later, where Cast and the arithmetic "
+                             f"ops take bfloat16; the model imports opset {default_opset(model)} (--precision fp16 "
+                             "works at any opset)")
     if not _declares_float32(model.graph):
         raise PrecisionError("the model declares no float32 input, output, weight or value: nothing to convert to "
                              f"{target.name} (float32 steps an exporter left inside a lower-precision model stay as "
@@ -185,13 +193,13 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
 
 
 def _type_problem(model: onnx.ModelProto) -> str | None:
-    """What ONNX's checker or its strict type inference says is wrong with ``model`` read as ONNX Runtime
-    reads it (:func:`onnxfuse.repair.read_as_ort`: ORT's contrib ops in the ONNX domain, as
+    """What ONNX's checker or its strict, type-checking inference says is wrong with ``model`` read as ONNX
+    Runtime reads it (:func:`onnxfuse.repair.read_as_ort`: ORT's contrib ops in the ONNX domain, as
     onnxruntime-genai's builder writes them), in one line; None when nothing is."""
     try:
         with read_as_ort(model):
             onnx.checker.check_model(model)
-            onnx_inferred(model, strict=True)
+            onnx_inferred(model, strict=True, check_type=True)
     except Exception as exc:  # noqa: BLE001  (onnx raises several types)
         return " ".join(str(exc).split())[:300]
     return None
@@ -240,6 +248,12 @@ def float32_scopes(model: onnx.ModelProto) -> list[set[str]]:
 
 #: ops whose float32 computation a sentinel mask must reach in float32 (see the module docstring)
 SOFTMAX_OPS = ("Softmax", "LogSoftmax")
+
+#: Ops whose output is float32 when an attribute is absent (found on ONNX Runtime's test models, whose float16
+#: forms failed ONNX's type check at the op's reader). ConstantOfShape's ``value`` (float32 zeros) is written
+#: as the target type's zeros; the random generators' ``dtype`` is left absent and their float32 output cast
+#: down (ONNX Runtime's CPU provider has no float16 RandomUniform).
+DEFAULT_FLOAT32_ATTRIBUTE = {"ConstantOfShape": "value", "RandomUniform": "dtype", "RandomNormal": "dtype"}
 
 
 def _sentinel_values(graph: onnx.GraphProto, floats: set[str]) -> set[str]:
@@ -495,20 +509,27 @@ class _Converter:
                         new_nodes.append(self.cast(wide, self.target.elem, name))
             else:
                 new_nodes.append(node)
+                for j in self.schema_fp32_outputs(node):  # float32 by the schema whatever the inputs
+                    wide = self.fresh(node.output[j])
+                    new_nodes.append(self.cast(wide, self.target.elem, node.output[j]))
+                    node.output[j] = wide
             if not (node.op_type == "Constant" and node.output and node.output[0] in kept):
                 self.attributes(node, graph)
         self.note_kept({k: v for k, v in kept.items() if k not in schema_kept and k not in island_kept})
         self.note_schema_float32(nodes, island)
         if main:  # float32 outputs leave as float32 (float16_io: as float16, a float32 island's cast down)
             producers = {o: n for n in new_nodes for o in n.output}
+            cast = set()  # a value listed twice among the outputs (ORT's test models have one) is cast once
             for vi in graph.output:
                 if vi.type.tensor_type.elem_type != FLOAT or vi.name in kept:
                     continue
+                first = vi.name not in cast
+                cast.add(vi.name)
                 if self.float16_io:
                     vi.type.tensor_type.elem_type = self.target.elem
-                    if vi.name in island_values and vi.name in producers:  # island readers keep float32
+                    if first and vi.name in island_values and vi.name in producers:  # island readers keep float32
                         self.exit_cast(new_nodes, producers[vi.name], vi.name, self.target.elem)
-                elif vi.name not in island_values:  # (an island's is float32 already)
+                elif first and vi.name not in island_values:  # (an island's is float32 already)
                     inner = self.fresh(vi.name)  # (named first, as the converter always has: names stay as they were)
                     if vi.name in producers:  # (an input passed straight through stays as it is)
                         # readers inside bodies read the float16 value too (below)
@@ -600,6 +621,33 @@ class _Converter:
                 stay.add(i)
         return stay
 
+    def absent_default(self, node: onnx.NodeProto) -> str | None:
+        """The attribute of :data:`DEFAULT_FLOAT32_ATTRIBUTE` that ``node`` leaves absent, its float32 output
+        being converted; None otherwise."""
+        default = DEFAULT_FLOAT32_ATTRIBUTE.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if default and node.output and node.output[0] in self.floats and not any(
+                a.name == default for a in node.attribute):
+            return default
+        return None
+
+    def schema_fp32_outputs(self, node: onnx.NodeProto) -> set[int]:
+        """Positions of float32 outputs that ``node``'s schema writes as float32 only, whatever its inputs
+        (``DynamicQuantizeLinear``'s ``y_scale``), or that an absent ``dtype`` makes float32 (a random
+        generator's): their readers compute in the target type, so they are cast down (left float32, a
+        ``Mul`` of it and a converted input failed ONNX's type check)."""
+        if self.absent_default(node) == "dtype":
+            return {0}
+        schema = self.schema(node)
+        if schema is None or not schema.outputs:
+            return set()
+        fixed = set()
+        for j, name in enumerate(node.output):
+            if name and name in self.floats:
+                allowed = formal_types(schema, schema.outputs[min(j, len(schema.outputs) - 1)])
+                if allowed == {"tensor(float)"}:
+                    fixed.add(j)
+        return fixed
+
     def fp32_inputs(self, node: onnx.NodeProto, kept: dict[str, str]) -> set[int]:
         """Input positions that must stay float32 at ``node``: its schema does not take float16 there,
         the node has no schema here (another domain), or it reads a constant float16 cannot hold."""
@@ -667,6 +715,8 @@ class _Converter:
         return None
 
     def attributes(self, node: onnx.NodeProto, graph: onnx.GraphProto) -> None:
+        if self.absent_default(node) == "value":  # float32 zeros by ONNX's default: the target type's zeros
+            node.attribute.append(helper.make_attribute("value", self.target.tensor(np.zeros(1, np.float32))))
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for attr in list(node.attribute):  # value_float(s) give float32: write them as a float16 tensor
                 if attr.name in ("value_float", "value_floats"):
@@ -688,5 +738,5 @@ class _Converter:
                     self.graph(g, main=False)
 
 
-__all__ = ["BFLOAT16", "FLOAT16", "PRECISIONS", "TARGETS", "LowFloat", "convert_to_fp16", "float32_values",
+__all__ = ["BFLOAT16", "BFLOAT16_OPSET", "FLOAT16", "PRECISIONS", "TARGETS", "LowFloat", "convert_to_fp16", "float32_values",
            "formal_types", "half_problem", "target_named", "to_half"]

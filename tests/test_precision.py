@@ -310,3 +310,122 @@ def test_a_type_error_the_conversion_makes_is_still_refused(monkeypatch):
     monkeypatch.setattr(precision._Converter, "graph", broken)
     with pytest.raises(onnxfuse.PrecisionError, match="float16 form of the model fails ONNX type inference"):
         convert_to_fp16(_masked_softmax(-1e4, 1e-5))
+
+
+def _twice_listed_output_model(opset: int = 17) -> onnx.ModelProto:
+    """x → Relu → Flatten → y, y listed twice among the graph outputs (as in ONNX Runtime's test model
+    fuse-conv-bn-mul-add-unsqueeze.onnx)."""
+    nodes = [h.make_node("Relu", ["x"], ["r"], name="relu"), h.make_node("Flatten", ["r"], ["y"], name="flat")]
+    out = h.make_tensor_value_info("y", T.FLOAT, [2, 12])
+    graph = h.make_graph(nodes, "twice", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4])], [out, out])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=8)
+
+
+@pytest.mark.parametrize("io", ["fp16", "fp16-io"])
+def test_an_output_listed_twice_is_cast_once_and_both_read_it(io):
+    # the converter cast the output once per listing and failed on the second ("'y' is not in list")
+    model = _twice_listed_output_model()
+    converted, _ = convert_to_fp16(model, float16_io=io == "fp16-io")
+    onnx.checker.check_model(converted, full_check=True)
+    assert [n.op_type for n in converted.graph.node].count("Cast") == (2 if io == "fp16" else 0)  # x in, y out
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    feed = x.astype(np.float16) if io == "fp16-io" else x
+    got = run_ort(converted, {"x": feed})
+    want = np.maximum(x, 0).reshape(2, 12)
+    assert set(got) == {"y"} and np.allclose(np.asarray(got["y"], np.float32), want, atol=2e-3, rtol=1e-3)
+    result = onnxfuse.optimize(model, precision=io, provider="cpu", samples=2)
+    assert result.validation.passed
+
+
+def test_bf16_below_opset_13_is_refused_in_one_line(tmp_path):
+    # Cast takes bfloat16 from opset 13: below it the conversion failed ONNX's type check (43 of ONNX Runtime's
+    # test models, opsets 7 to 12); fp16 converts them
+    model = _twice_listed_output_model(opset=12)
+    with pytest.raises(onnxfuse.errors.PrecisionError, match=r"needs ONNX opset 13 or later.*imports opset 12") as exc:
+        convert_to_fp16(model, target=precision.BFLOAT16)
+    assert "\n" not in str(exc.value)
+    convert_to_fp16(model)  # float16: fine
+    source, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(model, str(source))
+    run = CliRunner().invoke(main, ["optimize", str(source), str(out), "--precision", "bf16", "--no-validate",
+                                    "--no-bench"])
+    assert run.exit_code == onnxfuse.errors.PrecisionError.exit_code != 0, run.output
+    assert "needs ONNX opset 13 or later" in run.output and "Traceback" not in run.output
+    assert not out.exists()
+
+
+def _strictly_typed(model: onnx.ModelProto) -> None:
+    onnx.checker.check_model(model)
+    onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True)
+
+
+def test_a_schema_float32_output_is_cast_down_for_its_float16_readers():
+    # DynamicQuantizeLinear's y_scale is float32 whatever the model computes in: its float16 reader (the Mul
+    # with the weights' scale, a converted graph input) failed ONNX's type check (ONNX Runtime's test model
+    # dynamic_quantize_matmul.onnx); now it is cast down and the model runs within float16's rounding
+    rng = np.random.default_rng(0)
+    w = rng.integers(0, 255, (4, 3)).astype(np.uint8)
+    nodes = [h.make_node("DynamicQuantizeLinear", ["x"], ["q", "scale", "zp"], name="quantize"),
+             h.make_node("MatMulInteger", ["q", "w", "zp", "w_zp"], ["acc"], name="matmul"),
+             h.make_node("Mul", ["scale", "w_scale"], ["multiplier"], name="mul_right"),
+             h.make_node("Cast", ["acc"], ["accf"], to=T.FLOAT, name="cast"),
+             h.make_node("Mul", ["accf", "multiplier"], ["y"], name="mul_bottom")]
+    graph = h.make_graph(nodes, "dq", [h.make_tensor_value_info("x", T.FLOAT, [2, 4]),
+                                       h.make_tensor_value_info("w_scale", T.FLOAT, [])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2, 3])],
+                         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(128, np.uint8), "w_zp")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+    converted, _ = convert_to_fp16(model)
+    _strictly_typed(converted)
+    feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32), "w_scale": np.array(0.01, np.float32)}
+    want, got = run_ort(model, feeds)["y"], run_ort(converted, feeds)["y"]
+    assert got.dtype == np.float32 and np.allclose(got, want, rtol=2e-3, atol=1e-3 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_constant_of_shape_without_a_value_writes_the_target_types_zeros(target):
+    # no value attribute: float32 zeros by ONNX's definition, which the converter left float32 beside a
+    # converted Add (ONNX Runtime's constant_folding_with_scalar_shape_to_initializer.onnx)
+    nodes = [h.make_node("Shape", ["x"], ["s"], name="shape"), h.make_node("ConstantOfShape", ["s"], ["z"], name="zeros"),
+             h.make_node("Add", ["x", "z"], ["y"], name="add")]
+    graph = h.make_graph(nodes, "cos", [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2, 3])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 21)], ir_version=10)
+    converted, _ = convert_to_fp16(model, target=precision.target_named(target))
+    _strictly_typed(converted)
+    zeros = next(n for n in converted.graph.node if n.op_type == "ConstantOfShape")
+    value = next(a.t for a in zeros.attribute if a.name == "value")
+    assert value.data_type == (T.FLOAT16 if target == "float16" else T.BFLOAT16) and not any(value.raw_data or b"\0")
+    if target == "float16":
+        x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+        assert np.allclose(run_ort(converted, {"x": x})["y"], x, rtol=2 ** -11, atol=0)
+
+
+def test_a_random_generator_without_dtype_is_cast_down():
+    # RandomUniform's dtype defaults to float32 (ONNX Runtime's constant_folding_remove_dangling_inputs.onnx):
+    # it stays float32 (no float16 RandomUniform on ONNX Runtime's CPU provider) and is cast down
+    nodes = [h.make_node("RandomUniform", [], ["r"], shape=[2, 3], seed=1.0, name="random"),
+             h.make_node("Add", ["r", "x"], ["y"], name="add")]
+    graph = h.make_graph(nodes, "ru", [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2, 3])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    converted, _ = convert_to_fp16(model)
+    _strictly_typed(converted)
+    random = next(n for n in converted.graph.node if n.op_type == "RandomUniform")
+    assert not any(a.name == "dtype" for a in random.attribute)
+    reader = next(n for n in converted.graph.node if random.output[0] in n.input)
+    assert reader.op_type == "Cast" and [a.i for a in reader.attribute] == [T.FLOAT16]
+    y = run_ort(converted, {"x": np.zeros((2, 3), np.float32)})["y"]
+    assert y.dtype == np.float32 and np.all((y >= 0) & (y <= 1))  # uniform in [0, 1], its default range
+
+
+def test_a_conversion_onnx_type_checks_as_inconsistent_is_refused_not_written(monkeypatch):
+    # the converter's last check now asks ONNX to check types too: a float16 and a float32 input of one
+    # type variable (what the three fixes above would otherwise have written) is refused in one line
+    monkeypatch.setattr(precision._Converter, "schema_fp32_outputs", lambda self, node: set())
+    model = h.make_model(h.make_graph(
+        [h.make_node("DynamicQuantizeLinear", ["x"], ["q", "scale", "zp"]), h.make_node("Mul", ["scale", "s"], ["y"])],
+        "dq", [h.make_tensor_value_info("x", T.FLOAT, [4]), h.make_tensor_value_info("s", T.FLOAT, [])],
+        [h.make_tensor_value_info("y", T.FLOAT, [])]), opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+    with pytest.raises(onnxfuse.errors.PrecisionError, match="fails ONNX type inference.*inconsistent type"):
+        convert_to_fp16(model)

@@ -23,13 +23,15 @@ from onnxfuse.rewrites.facts.proven_dims import prove_dims
 from onnxfuse.rewrites.facts.shapes import refresh_shapes
 
 
-def onnx_inferred(model: onnx.ModelProto, *, strict: bool = False, data_prop: bool = False) -> onnx.ModelProto:
+def onnx_inferred(model: onnx.ModelProto, *, strict: bool = False, data_prop: bool = False,
+                  check_type: bool = False) -> onnx.ModelProto:
     """A copy of ``model`` with ONNX's shape inference applied; raises what ONNX raises (callers decide
     what a failure means). ``strict``: an op whose inference fails raises instead of being skipped (a
     check, as :func:`onnxfuse.precision.convert_to_fp16` makes one); ``data_prop``: shape values are
-    propagated through ``Shape``/``Gather``/``Concat`` chains (the pipeline's inference). Types are not
-    checked against the schemas (``check_type=False``, ONNX's default)."""
-    return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=strict, data_prop=data_prop)
+    propagated through ``Shape``/``Gather``/``Concat`` chains (the pipeline's inference); ``check_type``:
+    the inputs' types are checked against the schemas too (two inputs of one type variable that differ:
+    ONNX's default does not look)."""
+    return onnx.shape_inference.infer_shapes(model, check_type=check_type, strict_mode=strict, data_prop=data_prop)
 
 
 def inferred_and_proven(model: onnx.ModelProto, importer=gs.import_onnx) -> gs.Graph:
