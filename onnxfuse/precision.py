@@ -57,6 +57,7 @@ from onnxfuse.errors import PrecisionError
 from onnxfuse.rewrites.facts.constants import constant_node_value
 from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.model_io import defined_names, node_subgraphs, proto_graphs, rename_outer_reads
+from onnxfuse.ort_types import with_ort_types
 from onnxfuse.repair import default_opset, read_as_ort
 
 FLOAT, HALF, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
@@ -144,6 +145,11 @@ def formal_types(schema, formal) -> set[str]:
                                  for t in c.allowed_type_strs}
 
 
+def _formal_type(formals, position: int) -> str:
+    """The type string of the formal parameter at ``position`` (a variadic last one covers the rest)."""
+    return formals[min(position, len(formals) - 1)].type_str
+
+
 def half_problem(values: np.ndarray) -> str | None:
     """Why a float32 constant cannot become float16 within float16's rounding, or None when it can
     (sentinels clamp, tiny non-zero values become the smallest float16: see :func:`to_half`)."""
@@ -223,13 +229,18 @@ def float32_values(model: onnx.ModelProto) -> set[str]:
 def float32_scopes(model: onnx.ModelProto) -> list[set[str]]:
     """For each graph of ``model``, in :func:`~onnxfuse.model_io.proto_graphs` order (the main graph, then
     each body depth first, the order the converter visits them): the names of the float32 values that
-    graph sees, from ONNX type inference: the ones it defines, and the enclosing graphs' it does not
+    graph sees, from ONNX type inference (through ONNX Runtime's own ops too: :mod:`onnxfuse.ort_types`):
+    the ones it defines, and the enclosing graphs' it does not
     redefine. Per graph because sibling bodies may give one name different types (optimum's merged
     decoders write the same names in both branches: an int64 in one, a float in the other)."""
     try:
         inferred = onnx_inferred(model)
     except Exception:  # noqa: BLE001  (inference is a help: what it cannot type stays as it is)
         inferred = model
+    try:  # what ONNX Runtime's own ops write (ONNX has no schemas for them), and the values after them
+        inferred = with_ort_types(inferred, onnx_inferred)
+    except Exception:  # noqa: BLE001  (as above: what it types before a failure is kept)
+        pass
     scopes: list[set[str]] = []
 
     def walk(g: onnx.GraphProto, outer: set[str]) -> None:
@@ -563,8 +574,9 @@ class _Converter:
         (a ``Cast(to=float)`` stays one), and a float output read outside the island is cast down for those
         readers (the Softmax's result, under its own name; a mask value also read elsewhere, as a copy)."""
         out = []
+        floats = self.float_inputs(node)
         for i, name in enumerate(node.input):
-            if not name or name not in self.floats or name in island_values or name in kept:
+            if not name or i not in floats or name in island_values or name in kept:
                 continue
             if name in float32_inputs:
                 continue  # a float32 graph input: read as it is
@@ -572,8 +584,9 @@ class _Converter:
             out.append(self.cast(name, FLOAT, up))
             node.input[i] = up
         out.append(node)
+        float_outputs = self.float_outputs(node, floats)
         for j, name in enumerate(node.output):
-            if name not in self.floats:
+            if j not in float_outputs:
                 continue
             outside = [r for r, _ in reads.get(name, []) if id(r) not in island]
             if name not in island_values:  # leaves the island: float16 under its own name
@@ -584,6 +597,31 @@ class _Converter:
                 half_of_island[name] = self.fresh(name)
                 out.append(self.cast(name, self.target.elem, half_of_island[name]))
         return out
+
+    def float_inputs(self, node: onnx.NodeProto) -> set[int]:
+        """Positions of ``node``'s float inputs: typed float32 by inference, or of the type variable of one
+        that is (an ``Add`` of an untyped value and a float32 one: the untyped one is float too). ONNX's
+        inference leaves a value untyped after a node it cannot infer, and an island node reading such a
+        float16 value uncast was refused by ONNX Runtime (its test model gpt2_past_mask_one_layer.onnx)."""
+        known = {i for i, name in enumerate(node.input) if name and name in self.floats}
+        schema = self.schema(node)
+        if not known or schema is None or not schema.inputs:
+            return known
+        float_vars = {_formal_type(schema.inputs, i) for i in known}
+        return known | {i for i, name in enumerate(node.input)
+                        if name and _formal_type(schema.inputs, i) in float_vars
+                        and not _formal_type(schema.inputs, i).startswith("tensor(")}
+
+    def float_outputs(self, node: onnx.NodeProto, float_inputs: set[int]) -> set[int]:
+        """Positions of ``node``'s float outputs: typed float32 by inference, or of the type variable of a
+        float input (``float_inputs``: :meth:`float_inputs`), for the same reason."""
+        known = {j for j, name in enumerate(node.output) if name and name in self.floats}
+        schema = self.schema(node)
+        if schema is None or not schema.outputs or not float_inputs:
+            return known
+        float_vars = {_formal_type(schema.inputs, i) for i in float_inputs} - {"tensor(float)"}
+        return known | {j for j, name in enumerate(node.output)
+                        if name and _formal_type(schema.outputs, j) in float_vars}
 
     def half_constant(self, name: str, dest: str, graph: onnx.GraphProto, nodes) -> onnx.NodeProto:
         """A ``Constant`` node writing the float32 constant ``name`` as float16 (:func:`to_half`: clamped)."""

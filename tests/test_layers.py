@@ -10,7 +10,8 @@ The layers, lowest first, and why each sits where it does:
    on export: ``declared_shapes``), the rewrites (with ``rewrites.facts``, and ``bodies``, which runs them
    inside If/Loop bodies, each as a model of its own; the facts about a graph of
    either format that ``model_io``, ``precision`` and ``runtime`` read too), the custom ops, the float16
-   conversion, what stayed unfused;
+   conversion (with ``ort_types``: the types ONNX Runtime's own ops write, from its schemas), what stayed
+   unfused;
 2. running models: ``runtime`` (sessions, inputs, the comparator, its histograms, what a run ran on);
 3. the report contract (``reports``: JSON envelope, schema, Markdown, JUnit, HTML), which the results
    of the layer above serialize themselves through;
@@ -38,7 +39,8 @@ from helpers import ROOT, module_imports, module_name
 
 LAYERS = [
     ("errors", "atomic", "ort_runtime", "lazy_weights"),
-    ("model_io", "repair", "declared_shapes", "rewrites", "bodies", "custom_ops", "precision", "unfused"),
+    ("model_io", "repair", "declared_shapes", "rewrites", "bodies", "custom_ops", "precision", "ort_types",
+     "unfused"),
     ("runtime",),
     ("reports",),
     ("validate", "drift", "timing", "selection", "tuning_record", "tune_sizes", "precision_kernels"),
