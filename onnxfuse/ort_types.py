@@ -60,8 +60,9 @@ def _element(type_str: str) -> int | None:
     return None
 
 
-def _formal(formals, position: int):
-    """The formal parameter at ``position`` (a variadic last one covers the rest); None past the end."""
+def formal_at(formals, position: int):
+    """The formal parameter of an op schema (ONNX's or ONNX Runtime's) at input or output ``position``, a
+    variadic last one covering the rest; None when there are none."""
     if not formals:
         return None
     return formals[min(position, len(formals) - 1)]
@@ -72,13 +73,13 @@ def output_types(node: onnx.NodeProto, schema, known: dict[str, int]) -> dict[st
     type or the known type (``known``) of an input of the same type variable."""
     found = {}
     for j, name in enumerate(node.output):
-        formal = _formal(schema.outputs, j)
+        formal = formal_at(schema.outputs, j)
         if not name or name in known or formal is None:
             continue
         elem = _element(formal.typeStr)
         if elem is None:
             elem = next((known[i] for k, i in enumerate(node.input)
-                         if i in known and getattr(_formal(schema.inputs, k), "typeStr", None) == formal.typeStr),
+                         if i in known and getattr(formal_at(schema.inputs, k), "typeStr", None) == formal.typeStr),
                         None)
         if elem is not None:
             found[name] = elem
@@ -110,4 +111,4 @@ def with_ort_types(inferred: onnx.ModelProto, infer) -> onnx.ModelProto:
     return inferred
 
 
-__all__ = ["MAX_ROUNDS", "ort_schemas", "output_types", "with_ort_types"]
+__all__ = ["MAX_ROUNDS", "formal_at", "ort_schemas", "output_types", "with_ort_types"]

@@ -57,7 +57,7 @@ from onnxfuse.errors import PrecisionError
 from onnxfuse.rewrites.facts.constants import constant_node_value
 from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.model_io import defined_names, node_subgraphs, proto_graphs, rename_outer_reads
-from onnxfuse.ort_types import with_ort_types
+from onnxfuse.ort_types import formal_at, with_ort_types
 from onnxfuse.repair import default_opset, read_as_ort
 
 FLOAT, HALF, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
@@ -143,11 +143,6 @@ def formal_types(schema, formal) -> set[str]:
     its type constraint's)."""
     return set(formal.types) or {t for c in schema.type_constraints if c.type_param_str == formal.type_str
                                  for t in c.allowed_type_strs}
-
-
-def _formal_type(formals, position: int) -> str:
-    """The type string of the formal parameter at ``position`` (a variadic last one covers the rest)."""
-    return formals[min(position, len(formals) - 1)].type_str
 
 
 def half_problem(values: np.ndarray) -> str | None:
@@ -607,10 +602,10 @@ class _Converter:
         schema = self.schema(node)
         if not known or schema is None or not schema.inputs:
             return known
-        float_vars = {_formal_type(schema.inputs, i) for i in known}
+        float_vars = {formal_at(schema.inputs, i).type_str for i in known}
         return known | {i for i, name in enumerate(node.input)
-                        if name and _formal_type(schema.inputs, i) in float_vars
-                        and not _formal_type(schema.inputs, i).startswith("tensor(")}
+                        if name and formal_at(schema.inputs, i).type_str in float_vars
+                        and not formal_at(schema.inputs, i).type_str.startswith("tensor(")}
 
     def float_outputs(self, node: onnx.NodeProto, float_inputs: set[int]) -> set[int]:
         """Positions of ``node``'s float outputs: typed float32 by inference, or of the type variable of a
@@ -619,9 +614,9 @@ class _Converter:
         schema = self.schema(node)
         if schema is None or not schema.outputs or not float_inputs:
             return known
-        float_vars = {_formal_type(schema.inputs, i) for i in float_inputs} - {"tensor(float)"}
+        float_vars = {formal_at(schema.inputs, i).type_str for i in float_inputs} - {"tensor(float)"}
         return known | {j for j, name in enumerate(node.output)
-                        if name and _formal_type(schema.outputs, j) in float_vars}
+                        if name and formal_at(schema.outputs, j).type_str in float_vars}
 
     def half_constant(self, name: str, dest: str, graph: onnx.GraphProto, nodes) -> onnx.NodeProto:
         """A ``Constant`` node writing the float32 constant ``name`` as float16 (:func:`to_half`: clamped)."""
@@ -654,7 +649,7 @@ class _Converter:
         for i, name in enumerate(node.input):
             if not name or name not in self.floats:
                 continue
-            allowed = formal_types(schema, schema.inputs[min(i, len(schema.inputs) - 1)])
+            allowed = formal_types(schema, formal_at(schema.inputs, i))
             if allowed and "tensor(float)" in allowed and f"tensor({self.target.name})" not in allowed:
                 stay.add(i)
         return stay
@@ -681,7 +676,7 @@ class _Converter:
         fixed = set()
         for j, name in enumerate(node.output):
             if name and name in self.floats:
-                allowed = formal_types(schema, schema.outputs[min(j, len(schema.outputs) - 1)])
+                allowed = formal_types(schema, formal_at(schema.outputs, j))
                 if allowed == {"tensor(float)"}:
                     fixed.add(j)
         return fixed
@@ -697,10 +692,10 @@ class _Converter:
             # A type variable shared with a float16 input must match: keep every input of that variable
             by_var: dict[str, set[int]] = {}
             for i in range(len(node.input)):
-                formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+                formal = formal_at(schema.inputs, i)
                 by_var.setdefault(formal.type_str, set()).add(i)
             for i in list(stay):
-                formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+                formal = formal_at(schema.inputs, i)
                 stay |= {j for j in by_var.get(formal.type_str, ()) if node.input[j] in self.floats}
         return stay
 
@@ -713,7 +708,7 @@ class _Converter:
         schema = self.schema(node)
         if schema is None:
             return False
-        in_vars = {schema.inputs[min(i, len(schema.inputs) - 1)].type_str for i in kept_inputs}
+        in_vars = {formal_at(schema.inputs, i).type_str for i in kept_inputs}
         return any(o.type_str in in_vars for o in schema.outputs)
 
     def note_schema_float32(self, nodes, island) -> None:
