@@ -27,8 +27,10 @@ import onnx
 _ELEMENT = {onnx.helper.tensor_dtype_to_string(t).removeprefix("TensorProto."): t
             for t in onnx.TensorProto.DataType.values() if t != onnx.TensorProto.UNDEFINED}
 
-#: Rounds of "type what the schemas say, infer again": each types at least one more contrib op's outputs.
-MAX_ROUNDS = 16
+#: Rounds of "type what the schemas say, infer again": each types at least one more contrib op's outputs (a
+#: chain of contrib ops with ONNX ops between them takes a round per link; each is an inference of the graph
+#: without its weights).
+MAX_ROUNDS = 64
 
 
 @functools.lru_cache(maxsize=1)
@@ -86,28 +88,50 @@ def output_types(node: onnx.NodeProto, schema, known: dict[str, int]) -> dict[st
     return found
 
 
+def _typed(graph: onnx.GraphProto) -> dict[str, int]:
+    """``{value name: element type}`` of what ``graph`` types: inputs, annotations, outputs, initializers."""
+    known = {vi.name: vi.type.tensor_type.elem_type for vi in [*graph.input, *graph.value_info, *graph.output]
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
+    known.update({t.name: t.data_type for t in graph.initializer})
+    return known
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without its main graph's weights: each initializer a graph input of its type and shape. Types
+    do not depend on weight values, and the rounds below infer a model up to :data:`MAX_ROUNDS` times: on a
+    model of a gigabyte of weights each inference would copy them all."""
+    g = model.graph
+    inputs = list(g.input) + [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                              for t in g.initializer if t.name not in {i.name for i in g.input}]
+    graph = onnx.helper.make_graph(list(g.node), g.name, inputs, list(g.output), value_info=list(g.value_info))
+    skeleton = onnx.helper.make_model(graph, opset_imports=list(model.opset_import))
+    skeleton.ir_version = model.ir_version
+    return skeleton
+
+
 def with_ort_types(inferred: onnx.ModelProto, infer) -> onnx.ModelProto:
     """``inferred`` (a model through ONNX's inference) with the outputs of its main graph's non-ONNX ops typed
-    by ONNX Runtime's schemas and ``infer`` (ONNX's inference, the caller's) run again after each round
-    (module docstring). Returns ``inferred`` itself when there is nothing to type."""
+    by ONNX Runtime's schemas and ``infer`` (ONNX's inference, the caller's) run again after each round, on a
+    weightless copy (:func:`_skeleton`), and what that types annotated on ``inferred`` (module docstring).
+    Returns ``inferred`` itself, unchanged when there is nothing to type."""
     if all((n.domain or "") in ("", "ai.onnx") for n in inferred.graph.node):
         return inferred
     schemas = ort_schemas()
+    before = _typed(inferred.graph)
+    skeleton = _skeleton(inferred)
     for _ in range(MAX_ROUNDS):
-        g = inferred.graph
-        known = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.input, *g.value_info, *g.output]
-                 if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
-        known.update({t.name: t.data_type for t in g.initializer})
-        added = {}
-        for node in g.node:
+        known = _typed(skeleton.graph)
+        added: dict[str, int] = {}
+        for node in skeleton.graph.node:
             schema = schemas.get((node.domain, node.op_type)) if (node.domain or "") not in ("", "ai.onnx") else None
             if schema is not None:
-                new = output_types(node, schema, {**known, **added})
-                added.update(new)
+                added.update(output_types(node, schema, {**known, **added}))
         if not added:
             break
-        g.value_info.extend(onnx.helper.make_tensor_value_info(name, elem, None) for name, elem in added.items())
-        inferred = infer(inferred)
+        skeleton.graph.value_info.extend(onnx.helper.make_tensor_value_info(n, e, None) for n, e in added.items())
+        skeleton = infer(skeleton)
+    found = {name: elem for name, elem in _typed(skeleton.graph).items() if name not in before}
+    inferred.graph.value_info.extend(onnx.helper.make_tensor_value_info(n, e, None) for n, e in found.items())
     return inferred
 
 

@@ -508,3 +508,25 @@ def test_a_conversion_whose_rounded_drift_breaks_the_budget_is_blamed_not_the_ru
     assert "culprit: the float16 conversion itself, before any rule" in message, message
     assert "with every float16 result rounded as ONNX specifies, the conversion alone drifts" in message
     assert "culprit rule" not in message and "--skip" not in message
+
+
+def test_types_are_carried_through_a_chain_of_ort_ops_with_onnx_ops_between_them():
+    # FastGelu → Relu → BiasGelu → Neg: ONNX types none of the four; two rounds of "what ONNX Runtime's schema
+    # says, then ONNX's inference" type all of them, annotated on the model given (its weights left alone)
+    from onnxfuse.ort_types import with_ort_types
+    from onnxfuse.rewrites.facts.inference import onnx_inferred
+
+    nodes = [h.make_node("FastGelu", ["x"], ["g"], domain="com.microsoft"), h.make_node("Relu", ["g"], ["r"]),
+             h.make_node("BiasGelu", ["r", "b"], ["bg"], domain="com.microsoft"), h.make_node("Neg", ["bg"], ["y"])]
+    graph = h.make_graph(nodes, "chain", [h.make_tensor_value_info("x", T.FLOAT16, [2, 8])],
+                         [h.make_tensor_value_info("y", T.FLOAT16, [2, 8])],
+                         [numpy_helper.from_array(np.ones(8, np.float16), "b")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)],
+                         ir_version=8)
+    inferred = onnx_inferred(model)
+    untyped = {"g", "r", "bg"} - {vi.name for vi in inferred.graph.value_info if vi.type.tensor_type.elem_type}
+    assert untyped == {"g", "r", "bg"}
+    typed = with_ort_types(inferred, onnx_inferred)
+    assert typed is inferred and len(typed.graph.initializer) == 1
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in typed.graph.value_info}
+    assert {name: types.get(name) for name in ("g", "r", "bg")} == {"g": T.FLOAT16, "r": T.FLOAT16, "bg": T.FLOAT16}
