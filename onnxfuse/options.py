@@ -364,7 +364,8 @@ _OPTIMIZE = (
                         "cannot hold, and nodes whose float16 results break the drift budget, stay float32), validated against the float32 original at float16's "
                         "tolerances. fp16-io: the same, taking and returning float16 (for pipelines that feed "
                         "float16). bf16: compute in bfloat16 with float32 inputs and outputs, for ONNX Runtime's "
-                        "CUDA provider (ops it has no bfloat16 kernel for stay float32); validated on CUDA only.",
+                        "CUDA provider (ops it has no bfloat16 kernel for stay float32; opset 13 or later); "
+                        "validated on CUDA only.",
            default="fp32", annotation="str",
            command_line=CommandLine("--precision", value="choice", choices=("fp32", "fp16", "fp16-io", "bf16"),
                                     show_default=True),
