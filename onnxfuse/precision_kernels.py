@@ -195,6 +195,24 @@ def installed_kernel_islands(model: onnx.ModelProto, target: LowFloat, keep: dic
                         "were kept float32")
 
 
+def nodes_without_a_bfloat16_kernel(model: onnx.ModelProto) -> list[str]:
+    """``"op name"`` of each main-graph node of ``model`` (a ``--precision bf16`` output) that reads or writes a
+    bfloat16 value by ONNX's strict, type-checking inference (which raises on an ill-typed model) and whose op
+    ONNX Runtime's CUDA provider runs in no bfloat16 kernel (:data:`CUDA_BFLOAT16_OPS`; onnxfuse's own ops
+    take bfloat16, a ``Constant`` is folded at load): a session would refuse the model. Found a ``ReduceMax``
+    of the attention's row factor this way, first on a GPU; checks GPU-less runs (the tests,
+    ``tools/precision_corpus_check.py``)."""
+    # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops
+    from onnxfuse.custom_ops import DOMAIN
+
+    g = onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True).graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.value_info, *g.input, *g.output]}
+    types.update({t.name: t.data_type for t in g.initializer})
+    return [f"{n.op_type} {n.name}" for n in model.graph.node
+            if any(types.get(t) == onnx.TensorProto.BFLOAT16 for t in [*n.input, *n.output] if t)
+            and n.domain != DOMAIN and n.op_type not in FOLDED_AT_LOAD and not has_bfloat16_kernel(n)]
+
+
 def bfloat16_usable(options) -> None:
     """Refuse a ``--precision bf16`` run that cannot check its result (module docstring). ``options``: the
     run's :class:`onnxfuse.pipeline.OptimizeOptions` (read here, never imported)."""
@@ -212,4 +230,4 @@ def bfloat16_usable(options) -> None:
 
 
 __all__ = ["CUDA_BFLOAT16_OPS", "MAX_ROUNDS", "TABLE_SOURCE", "bfloat16_usable", "has_bfloat16_kernel",
-           "installed_kernel_islands", "kernel_islands"]
+           "installed_kernel_islands", "kernel_islands", "nodes_without_a_bfloat16_kernel"]

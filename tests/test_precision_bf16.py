@@ -27,7 +27,8 @@ from onnxfuse.errors import InternalError, PrecisionError, SessionRefused
 from onnxfuse.model_io import to_graph
 from onnxfuse.pipeline import rewrite_model
 from onnxfuse.precision import BFLOAT16, convert_to_fp16
-from onnxfuse.precision_kernels import has_bfloat16_kernel, installed_kernel_islands, kernel_islands
+from onnxfuse.precision_kernels import (has_bfloat16_kernel, installed_kernel_islands, kernel_islands,
+                                        nodes_without_a_bfloat16_kernel)
 from onnxfuse.rewrites import ApplyReport
 from onnxfuse.rewrites.facts.graph import scalar_constant
 from onnxfuse.runtime.session import cuda_available
@@ -352,17 +353,6 @@ def _value_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def _nodes_without_a_bfloat16_kernel(model: onnx.ModelProto) -> list[str]:
-    """The main-graph nodes that read or write a bfloat16 value whose op ONNX Runtime's CUDA provider runs in
-    no bfloat16 kernel (precision_kernels' table; onnxfuse's own ops take bfloat16): a session would refuse
-    the model. Found a ReduceMax of the attention's row factor this way, first on a GPU."""
-    types = _value_types(model)
-    return [f"{n.op_type} {n.name}" for n in model.graph.node
-            if any(types.get(t) == T.BFLOAT16 for t in [*n.input, *n.output] if t)
-            and n.domain != "ai.onnxfuse" and n.op_type not in precision_kernels.FOLDED_AT_LOAD
-            and not has_bfloat16_kernel(n)]
-
-
 def test_every_testdata_model_gives_a_well_typed_bf16_output_or_one_line():
     # the whole pipeline without validation (no GPU here): each output passes ONNX's strict type check, or the
     # model is refused with a PrecisionError; found seven models whose ConstantOfShape wrote bfloat16 at opset 14.
@@ -381,7 +371,7 @@ def test_every_testdata_model_gives_a_well_typed_bf16_output_or_one_line():
             assert ("declares no float32" in str(exc) or "inside If/Loop/Scan bodies" in str(exc)
                     or "No Op registered for SimplifiedLayerNormalization" in str(exc)), (path.name, str(exc))
             continue
-        missing = _nodes_without_a_bfloat16_kernel(result.model)
+        missing = nodes_without_a_bfloat16_kernel(result.model)
         if missing:
             unrunnable[path.name] = missing
     assert unrunnable == {}

@@ -33,13 +33,13 @@ Defaults (:func:`default_budget`): for float16 (:data:`DEFAULT_BUDGET`) 2e-2 and
 for what a plain float16 cast of the zoo's models gives; for bfloat16 (:data:`BFLOAT16_BUDGET`) 0.16 and
 0.999. bfloat16 keeps 8 significant bits to float16's 11, so its rounding is 8 times coarser, and float16's
 budget sits on a plain bfloat16 cast's ordinary drift. Measured on the CPU with every op's result rounded
-(``onnx_semantics.per_op_rounding``), the zoo's exports with random weights, one full and one padded sample:
-GPT-2 small sdpa drifts 2.1e-3 (cosine 0.999999) in float16 and 1.71e-2 (0.99993) in bfloat16, BERT-base
-eager 3.0e-3 to 3.1e-3 (0.999998) and 2.10e-2 to 2.36e-2 (0.99985); on the GPU both bfloat16 conversions
-were beyond 2e-2 (their drift-island searches ran), and the search kept nodes that were only rounding,
-for 111 s and 327 s (docs/benchmarks.md 5.52). Scaled by the same 8, bfloat16's error budget keeps float16's
-margin over the plain cast (7 to 9 times); the cosine stays 0.999, which bfloat16's 0.99985 meets 7 times
-over in 1 - cosine. The planted hostile sum ``(x + 1000) - 1000`` errs by up to 2 in bfloat16 (its step at
+(``benchmarks/precision_drift.py``: the zoo's exports with random weights, one full and one padded sample):
+GPT-2 small sdpa drifts 2.15e-3 (cosine 0.999999) in float16 and 1.71e-2 (0.99993) in bfloat16, BERT-base
+eager 2.9e-3 (0.999998) and 2.53e-2 (0.99985); on the GPU both bfloat16 conversions were beyond 2e-2
+(their drift-island searches ran), and the search kept nodes that were only rounding, for 111 s and 327 s
+(docs/benchmarks.md 5.52). Scaled by the same 8, bfloat16's error budget keeps float16's margin over the
+plain cast (6 to 9 times); the cosine stays 0.999, which bfloat16's 0.99985 meets 6 times over in
+1 - cosine. The planted hostile sum ``(x + 1000) - 1000`` errs by up to 2 in bfloat16 (its step at
 1000 is 4), far beyond either figure. ``--strict`` judges by tolerance alone and turns the default budget off;
 an explicit ``--max-drift`` is honoured with it.
 """
