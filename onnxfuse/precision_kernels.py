@@ -36,6 +36,7 @@ from onnxfuse.errors import InternalError, PrecisionError, RuntimeFailure, Sessi
 from onnxfuse.model_io import node_subgraphs
 from onnxfuse.precision import LowFloat, convert_to_fp16, float32_scopes, formal_types
 from onnxfuse.repair import default_opset
+from onnxfuse.rewrites.facts.inference import onnx_inferred
 from onnxfuse.runtime.session import make_session, resolve_provider
 
 #: Where :data:`CUDA_BFLOAT16_OPS` comes from: ONNX Runtime's ``docs/OperatorKernels.md``, CUDA provider, the
@@ -205,7 +206,7 @@ def nodes_without_a_bfloat16_kernel(model: onnx.ModelProto) -> list[str]:
     # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops
     from onnxfuse.custom_ops import DOMAIN
 
-    g = onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True).graph
+    g = onnx_inferred(model, strict=True, check_type=True).graph
     types = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.value_info, *g.input, *g.output]}
     types.update({t.name: t.data_type for t in g.initializer})
     return [f"{n.op_type} {n.name}" for n in model.graph.node

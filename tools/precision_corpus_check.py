@@ -41,6 +41,7 @@ def converted(path: Path, precision: str) -> tuple[str, str]:
     import onnxfuse
     from onnxfuse.errors import OnnxfuseError
     from onnxfuse.precision_kernels import nodes_without_a_bfloat16_kernel
+    from onnxfuse.rewrites.facts.inference import onnx_inferred
 
     try:
         model = onnx.load(str(path))
@@ -60,7 +61,7 @@ def converted(path: Path, precision: str) -> tuple[str, str]:
             if missing:
                 return "no bf16 kernel", ", ".join(missing[:5])
         else:
-            onnx.shape_inference.infer_shapes(result.model, strict_mode=True, check_type=True)
+            onnx_inferred(result.model, strict=True, check_type=True)
     except Exception as exc:  # noqa: BLE001  (onnx raises several types)
         return "ill-typed output", " ".join(str(exc).split())[:300]
     return "ok", ""
