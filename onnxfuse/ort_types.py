@@ -23,6 +23,8 @@ import functools
 
 import onnx
 
+from onnxfuse.model_io import value_types
+
 #: ONNX's element type of each ``tensor(...)`` type string an ONNX Runtime schema may name.
 _ELEMENT = {onnx.helper.tensor_dtype_to_string(t).removeprefix("TensorProto."): t
             for t in onnx.TensorProto.DataType.values() if t != onnx.TensorProto.UNDEFINED}
@@ -88,21 +90,14 @@ def output_types(node: onnx.NodeProto, schema, known: dict[str, int]) -> dict[st
     return found
 
 
-def _typed(graph: onnx.GraphProto) -> dict[str, int]:
-    """``{value name: element type}`` of what ``graph`` types: inputs, annotations, outputs, initializers."""
-    known = {vi.name: vi.type.tensor_type.elem_type for vi in [*graph.input, *graph.value_info, *graph.output]
-             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
-    known.update({t.name: t.data_type for t in graph.initializer})
-    return known
-
-
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` without its main graph's weights: each initializer a graph input of its type and shape. Types
     do not depend on weight values, and the rounds below infer a model up to :data:`MAX_ROUNDS` times: on a
     model of a gigabyte of weights each inference would copy them all."""
     g = model.graph
+    declared = {i.name for i in g.input}
     inputs = list(g.input) + [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                              for t in g.initializer if t.name not in {i.name for i in g.input}]
+                              for t in g.initializer if t.name not in declared]
     graph = onnx.helper.make_graph(list(g.node), g.name, inputs, list(g.output), value_info=list(g.value_info))
     skeleton = onnx.helper.make_model(graph, opset_imports=list(model.opset_import))
     skeleton.ir_version = model.ir_version
@@ -117,10 +112,10 @@ def with_ort_types(inferred: onnx.ModelProto, infer) -> onnx.ModelProto:
     if all((n.domain or "") in ("", "ai.onnx") for n in inferred.graph.node):
         return inferred
     schemas = ort_schemas()
-    before = _typed(inferred.graph)
+    before = value_types(inferred.graph)
     skeleton = _skeleton(inferred)
     for _ in range(MAX_ROUNDS):
-        known = _typed(skeleton.graph)
+        known = value_types(skeleton.graph)
         added: dict[str, int] = {}
         for node in skeleton.graph.node:
             schema = schemas.get((node.domain, node.op_type)) if (node.domain or "") not in ("", "ai.onnx") else None
@@ -130,7 +125,7 @@ def with_ort_types(inferred: onnx.ModelProto, infer) -> onnx.ModelProto:
             break
         skeleton.graph.value_info.extend(onnx.helper.make_tensor_value_info(n, e, None) for n, e in added.items())
         skeleton = infer(skeleton)
-    found = {name: elem for name, elem in _typed(skeleton.graph).items() if name not in before}
+    found = {name: elem for name, elem in value_types(skeleton.graph).items() if name not in before}
     inferred.graph.value_info.extend(onnx.helper.make_tensor_value_info(n, e, None) for n, e in found.items())
     return inferred
 

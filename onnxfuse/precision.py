@@ -173,15 +173,15 @@ def convert_to_fp16(model: onnx.ModelProto, keep_nodes: dict[str, str] | None = 
     ``float16_io``: the main graph's float32 inputs and outputs become float16 themselves (no Cast where
     they enter or leave), for pipelines that feed and read float16; a kept float32 value leaving as an
     output is cast down there."""
+    opset = default_opset(model)
+    if target.elem == BF16 and 0 < opset < BFLOAT16_OPSET:  # (refused before the copy and the type inference)
+        raise PrecisionError(f"--precision bf16 needs ONNX opset {BFLOAT16_OPSET} or later, where Cast and the arithmetic "
+                             f"ops take bfloat16; the model imports opset {opset} (--precision fp16 works at any opset)")
     out = onnx.ModelProto()
     out.CopyFrom(model)
     notes: list[str] = []
     opsets = {o.domain or "": o.version for o in out.opset_import}
     scopes = float32_scopes(model)
-    if target.elem == BF16 and 0 < default_opset(model) < BFLOAT16_OPSET:
-        raise PrecisionError(f"--precision bf16 needs ONNX opset {BFLOAT16_OPSET} or later, where Cast and the arithmetic "
-                             f"ops take bfloat16; the model imports opset {default_opset(model)} (--precision fp16 "
-                             "works at any opset)")
     if not _declares_float32(model.graph):
         raise PrecisionError("the model declares no float32 input, output, weight or value: nothing to convert to "
                              f"{target.name} (float32 steps an exporter left inside a lower-precision model stay as "

@@ -33,7 +33,7 @@ import re
 import onnx
 
 from onnxfuse.errors import InternalError, PrecisionError, RuntimeFailure, SessionRefused, UsageError
-from onnxfuse.model_io import node_subgraphs
+from onnxfuse.model_io import node_subgraphs, value_types
 from onnxfuse.precision import LowFloat, convert_to_fp16, float32_scopes, formal_types
 from onnxfuse.repair import default_opset
 from onnxfuse.rewrites.facts.inference import onnx_inferred
@@ -206,9 +206,7 @@ def nodes_without_a_bfloat16_kernel(model: onnx.ModelProto) -> list[str]:
     # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops
     from onnxfuse.custom_ops import DOMAIN
 
-    g = onnx_inferred(model, strict=True, check_type=True).graph
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*g.value_info, *g.input, *g.output]}
-    types.update({t.name: t.data_type for t in g.initializer})
+    types = value_types(onnx_inferred(model, strict=True, check_type=True).graph)
     return [f"{n.op_type} {n.name}" for n in model.graph.node
             if any(types.get(t) == onnx.TensorProto.BFLOAT16 for t in [*n.input, *n.output] if t)
             and n.domain != DOMAIN and n.op_type not in FOLDED_AT_LOAD and not has_bfloat16_kernel(n)]
