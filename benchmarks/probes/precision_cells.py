@@ -17,7 +17,8 @@ Run on the GPU machine from the repository root (transformers on the path; trans
 
     python3 benchmarks/probes/precision_cells.py --models gpt2_small@sdpa,bert_base@eager --out $OUT/cells
 
-Writes ``cells.json`` (every optimize report and bench result) and ``cells.md`` (the table) in --out.
+Writes ``cells.json`` (every optimize report and bench result, rewritten after each step), ``cells.md``
+(the table) and each bench's JSON report in --out; the models go to --out/models.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def shapes(spec, batch: int) -> list[str]:
 
 
 def run_model(name: str, work: Path, batches: list[int], budget: float, record: dict, log, device: str,
-              right_padded: bool) -> None:
+              right_padded: bool, save) -> None:
+    """Export, optimize and time ``name``; ``save()`` after every step, so a run cut short by a deadline
+    keeps every cell it finished (the first GPU run of this probe lost its profile that way)."""
     import torch
 
     base, attention = zoo.split_variant(name)
@@ -90,6 +93,7 @@ def run_model(name: str, work: Path, batches: list[int], budget: float, record: 
             "nodes_after": (result.get("nodes") or {}).get("after"), "ops_after": result.get("ops_after"),
             "validation_passed": (result.get("validation") or {}).get("passed"), "timings": result.get("timings")}
         log(f"{name}: {label} exit {rc} in {seconds:.0f} s, {(result.get('nodes') or {}).get('after')} nodes")
+        save()
         if rc == 0:
             made[label] = out
     pairs = [("half-opt", "precision-fp16"), ("half-opt", "precision-bf16"), ("fp32", "precision-bf16")]
@@ -99,7 +103,7 @@ def run_model(name: str, work: Path, batches: list[int], budget: float, record: 
             for a, b in pairs:
                 if a not in made or b not in made:
                     continue
-                js = work / f"bench-{base}-{a}-{b}-{batch}-{int(graph)}.json"
+                js = work.parent / f"bench-{base}-{a}-{b}-{batch}-{int(graph)}.json"
                 profile = ["--profile"] if batch == 1 and not graph and a == "half-opt" else []
                 rc, tail = cli("bench", str(made[a]), str(made[b]), *shapes(spec, batch), *ranges, "--time-budget",
                                str(budget), "--sessions", "2", *(["--cuda-graph"] if graph else []), *profile,
@@ -111,6 +115,7 @@ def run_model(name: str, work: Path, batches: list[int], budget: float, record: 
                     cell["profiles"] = res["profiles"]
                 record[name][f"bench {a} vs {b} b{batch} graph={graph}"] = cell
                 log(f"{name}: b{batch}{' graph' if graph else ''} {a} vs {b}: exit {rc} {ms}")
+                save()
 
 
 def markdown(record: dict) -> str:
@@ -129,7 +134,9 @@ def markdown(record: dict) -> str:
                         f"{fmt(p16[1] / p16[0] if p16 else None)} | {fmt(b16[1] if b16 else None)} | "
                         f"{fmt(b16[1] / b16[0] if b16 else None)} | {fmt(f32[0] if f32 else None)} | "
                         f"{fmt(f32[0] / f32[1] if f32 else None)} |")
-    return "\n".join(rows) + "\n"
+    note = ("\nEach ratio is within one interleaved `onnxfuse bench` pair: the half() column is the fp16 pair's (the "
+            "bf16 pair times half() again), the fp32 column the bf16 pair's.\n")
+    return "\n".join(rows) + "\n" + note
 
 
 def main(argv=None) -> int:
@@ -152,15 +159,18 @@ def main(argv=None) -> int:
     def log(msg: str) -> None:
         print(f"[cells {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
+    def save() -> None:
+        (args.out / "cells.json").write_text(json.dumps(record, indent=1))
+        (args.out / "cells.md").write_text(markdown(record))
+
     for name in args.models.split(","):
         try:
             run_model(name, work, [int(b) for b in args.batches.split(",")], args.time_budget, record, log,
-                      args.device, name in args.right_padded.split(","))
+                      args.device, name in args.right_padded.split(","), save)
         except Exception as exc:  # one model's failure should not hide the other's cells
             record.setdefault(name, {})["error"] = repr(exc)[:500]
             log(f"{name}: failed: {exc!r}"[:300])
-        (args.out / "cells.json").write_text(json.dumps(record, indent=1))
-        (args.out / "cells.md").write_text(markdown(record))
+        save()
     return 0
 
 
