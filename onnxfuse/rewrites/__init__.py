@@ -72,6 +72,7 @@ ORDER = [
     "contrib/contrib-attention-inputs",  # after pack-sibling-matmuls, whose Split of the packed q/k/v it reads
     "contrib/contrib-grouped-attention-inputs",  # after contrib-attention-inputs, whose node it regroups
     "contrib/contrib-decode-attention",  # after contrib-grouped-attention-inputs, whose grouped rows it reads
+    "contrib/contrib-channel-transpose",  # opt-in; after contrib-channels-last, whose boundary transposes it takes
     "elementwise/conv-bias-into-elementwise",  # decides with fuse-elementwise's own region analysis
     "elementwise/fuse-elementwise",  # last: takes whatever elementwise ops are left
 ]

@@ -1,6 +1,7 @@
 // ONNX Runtime custom-op library: FusedElementwise (domain ai.onnxfuse, opset 1), with a CPU
 // kernel and a CUDA kernel registered separately, AttentionInputs (attention_inputs.cc) and
-// DecodeAttention (decode_attention.cc), MixedRMSNorm (mixed_rmsnorm.cc). Exported: RegisterCustomOps (for ONNX Runtime)
+// DecodeAttention (decode_attention.cc), MixedRMSNorm (mixed_rmsnorm.cc), ChannelTranspose
+// (channel_transpose.cc). Exported: RegisterCustomOps (for ONNX Runtime)
 // and a few onnxfuse_* C functions for tests and tools (used through ctypes).
 //
 // Nothing may throw across the C boundary (this library carries its own static libstdc++), so
@@ -27,6 +28,7 @@
 
 #include "attention_inputs.h"
 #include "broadcast.h"
+#include "channel_transpose.h"
 #include "cpu_kernel.h"
 #include "cuda_codegen.h"
 #include "cuda_runtime.h"
@@ -571,6 +573,8 @@ OFX_EXPORT onnxfuse_ort::OrtStatus* RegisterCustomOps(onnxfuse_ort::OrtSessionOp
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, decode_attention_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, mixed_rmsnorm_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, mixed_rmsnorm_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, channel_transpose_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, channel_transpose_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   return api->AddCustomOpDomain(options, domain);
 }
 
