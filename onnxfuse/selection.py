@@ -234,23 +234,12 @@ class Choice:
         return "add" if self.add else "remove"
 
 
-def _few_channel_transposes(model) -> bool:
-    """The output holds an NCHW ↔ NHWC Transpose (contrib-channel-transpose's), or two convolutions, around
-    which a kept contrib-channels-last trial (tried before it) writes them."""
-    layouts = {(0, 2, 3, 1), (0, 3, 1, 2)}
-    return _holds("Conv", 2)(model) or any(
-        n.op_type == "Transpose" and any(a.name == "perm" and tuple(a.ints) in layouts for a in n.attribute)
-        for n in model.graph.node)
-
-
 #: Rules whose worth depends on the GPU and the shapes, tried where the device times the output.
 #: contrib-channels-last (opt-in, added) measured 1.10-1.32x faster than the default output on ConvNeXt-T,
 #: ResNet-50 and a YOLO-style detector (H200, fp32 and fp16, batch 1 and 16, docs/benchmarks.md 5.26), not
-#: on depthwise nets. contrib-channel-transpose (opt-in, added; after it, on the transposes it writes): not
-#: yet timed on a GPU. contrib-attention (default, taken away) in float32 models: see _float32_attention.
-#: A measurement on the user's GPU decides all three.
+#: on depthwise nets. contrib-attention (default, taken away) in float32 models: see _float32_attention.
+#: A measurement on the user's GPU decides both.
 MEASURED = (Choice("contrib-channels-last", True, _holds("Conv", 2)),
-            Choice("contrib-channel-transpose", True, _few_channel_transposes),
             Choice("contrib-attention", False, _float32_attention))
 
 

@@ -125,16 +125,11 @@ def test_a_measured_choice_is_kept_only_when_faster(monkeypatch):
     fake, calls = _fake_time(lambda ops: 0.5 if ops["NhwcConv"] else 0.8)
     monkeypatch.setattr(pipeline, "time_both", fake)
     result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1)
-    # the output, channels-last on it, then contrib-channel-transpose on top of the kept channels-last (its
-    # boundary transposes): no faster under this stand-in, so not kept
-    assert len(calls) == 3 and result.validation.passed
-    assert calls[2]["ChannelTranspose"] == 2 and calls[2]["NhwcConv"] == calls[1]["NhwcConv"] > 0
+    assert len(calls) == 2 and result.validation.passed
     assert result.ops_after.get("com.microsoft::NhwcConv", 0) > 0 or "NhwcConv" in {
         n.op_type for n in result.model.graph.node}
     assert "contrib-channels-last" in result.rules and "contrib-channels-last" in result.applied.applied_rules()
-    trial, transposes = result.extra["measured"]
-    assert transposes["rule"] == "contrib-channel-transpose" and transposes["refused"] == "not faster"
-    assert "ChannelTranspose" not in {n.op_type for n in result.model.graph.node}
+    (trial,) = result.extra["measured"]
     assert trial["kept"] and trial["speedup"] == pytest.approx(2.0, rel=0.02)
     assert trial["without_speedup"] == pytest.approx(1.25, rel=0.02)
     assert any("measured choice contrib-channels-last" in n and "kept" in n for n in result.timing.notes)
@@ -204,23 +199,6 @@ def test_out_of_tuning_time_a_slower_model_falls_back_to_the_graph_as_loaded(mon
         onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, tune_time=-1)
 
 
-def test_channel_transposes_are_tried_on_top_of_a_kept_channels_last(monkeypatch):
-    """contrib-channel-transpose comes after contrib-channels-last in the measured choices: its trial builds
-    on the kept channels-last model (the boundary transposes it takes), and it is kept when that times
-    faster; the output validates (the ChannelTranspose CPU kernel)."""
-    from onnxfuse.selection import MEASURED
-
-    rules = [c.rule for c in MEASURED]
-    assert rules.index("contrib-channels-last") < rules.index("contrib-channel-transpose")
-    fake, calls = _fake_time(lambda ops: 0.4 if ops["ChannelTranspose"] else 0.5 if ops["NhwcConv"] else 0.8)
-    monkeypatch.setattr(pipeline, "time_both", fake)
-    result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1)
-    ops = Counter(n.op_type for n in result.model.graph.node)
-    assert ops["ChannelTranspose"] == 2 and ops["NhwcConv"] > 0 and ops["Transpose"] == 0, ops
-    assert [t["kept"] for t in result.extra["measured"]] == [True, True] and result.validation.passed
-    assert result.timing.optimized.stats.median_ms == pytest.approx(0.4, rel=0.02)
-
-
 def test_a_measured_choice_that_breaks_costs_only_itself(monkeypatch):
     """A trial whose timing raises (a kernel that fails at run time on this GPU, say) is reported as
     failed and the output stays the one already validated and timed."""
@@ -234,10 +212,8 @@ def test_a_measured_choice_that_breaks_costs_only_itself(monkeypatch):
 
     monkeypatch.setattr(pipeline, "time_both", time_both)
     result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1)
-    trial, transposes = result.extra["measured"]
+    (trial,) = result.extra["measured"]
     assert not trial["kept"] and trial["refused"].startswith("failed: RuntimeFailure")
-    # contrib-channel-transpose, tried next on the output as it stayed, finds no NCHW <-> NHWC transpose
-    assert transposes["rule"] == "contrib-channel-transpose" and transposes["refused"] == "does not apply"
     assert "NhwcConv" not in {n.op_type for n in result.model.graph.node} and len(calls) == 2
 
 
@@ -282,14 +258,12 @@ def test_a_measured_choice_faster_at_one_size_and_slower_at_another_is_not_kept(
     monkeypatch.setattr(pipeline, "time_both", fake)
     model = load_testdata("yolo_conv_bn_silu_opset13")
     result = onnxfuse.optimize(model, bench=True, samples=1)
-    # the output, channels-last (kept), contrib-channel-transpose on top of it (no faster here)
-    assert result.extra["measured"][0]["kept"] and [b for _, b in calls] == [1, 1, 1]
+    assert result.extra["measured"][0]["kept"] and [b for _, b in calls] == [1, 1]
 
     calls.clear()
     result = onnxfuse.optimize(model, bench=True, samples=1, tune_shapes=[{"input": [16, 3, 64, 64]}])
-    assert [b for _, b in calls] == [1, 16, 1, 16]  # channel-transpose then finds no boundary transposes
-    trial, transposes = result.extra["measured"]
-    assert transposes["refused"] == "does not apply"
+    assert [b for _, b in calls] == [1, 16, 1, 16]
+    (trial,) = result.extra["measured"]
     assert not trial["kept"] and trial["refused"] == "not faster"
     # which size refused it: 0.8 / 0.9 ms at batch 16 by median (the first statistic judged)
     assert trial["refused_detail"] == ("by median at input 16x3x64x64 -11.1% against the output "

@@ -17,10 +17,12 @@ Refusals: another perm or rank; an element type other than float32, float16 or b
 a channel count (axis 1 going to NHWC, axis 3 coming back) unknown or at least :data:`MAX_CHANNELS`,
 where ONNX Runtime's tiles are full and its kernel is the one measured.
 
-**For the CUDA provider, opt-in**, and a measured choice (``selection.MEASURED``) tried after
-``contrib-channels-last``, whose boundary transposes it takes: where optimize times the model on a GPU it
-is kept only when faster. Not yet timed on a GPU: its kernel was compiled (NVRTC, for Turing and Hopper)
-and its CPU twin run, on a machine without one; until a timing shows it, no run uses it unasked.
+**For the CUDA provider, opt-in** (``--only +contrib-channels-last,+contrib-channel-transpose``): its CUDA
+kernel has been compiled (NVRTC, for Turing and Hopper) and its CPU twin run, on a machine without a GPU,
+but it has not yet run on one (tests/gpu/test_channel_transpose_gpu.py is written for that). A kernel that
+faulted would leave the process's CUDA context unusable, so it becomes a measured choice (tried after
+``contrib-channels-last`` where optimize times on a GPU, ``selection.MEASURED``) only once those tests have
+passed on a GPU and a timing has shown it faster.
 """
 
 from __future__ import annotations
