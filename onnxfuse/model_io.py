@@ -907,6 +907,21 @@ def _restore_initializer_inputs(model: onnx.ModelProto, template: onnx.ModelProt
             model.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
 
 
+def weightless(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without its main graph's weights: each initializer a graph input of its type and shape (the
+    nodes, outputs, annotations and subgraphs as they are). For what needs types only: types do not depend
+    on weight values, and ONNX's inference of a model copies every weight twice (serialized to it, and
+    back), 0.7-0.9 s per call on BERT-base (docs/benchmarks.md 5.56)."""
+    g = model.graph
+    declared = {i.name for i in g.input}
+    inputs = list(g.input) + [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                              for t in g.initializer if t.name not in declared]
+    graph = onnx.helper.make_graph(list(g.node), g.name, inputs, list(g.output), value_info=list(g.value_info))
+    skeleton = onnx.helper.make_model(graph, opset_imports=list(model.opset_import))
+    skeleton.ir_version = model.ir_version
+    return skeleton
+
+
 def value_types(graph: onnx.GraphProto) -> dict[str, int]:
     """The element type of each value ``graph`` records one for: its inputs, outputs and ``value_info``
     (tensors with a known type) and its initializers."""

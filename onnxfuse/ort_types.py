@@ -23,7 +23,7 @@ import functools
 
 import onnx
 
-from onnxfuse.model_io import value_types
+from onnxfuse.model_io import value_types, weightless
 
 #: ONNX's element type of each ``tensor(...)`` type string an ONNX Runtime schema may name.
 _ELEMENT = {onnx.helper.tensor_dtype_to_string(t).removeprefix("TensorProto."): t
@@ -90,30 +90,18 @@ def output_types(node: onnx.NodeProto, schema, known: dict[str, int]) -> dict[st
     return found
 
 
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` without its main graph's weights: each initializer a graph input of its type and shape. Types
-    do not depend on weight values, and the rounds below infer a model up to :data:`MAX_ROUNDS` times: on a
-    model of a gigabyte of weights each inference would copy them all."""
-    g = model.graph
-    declared = {i.name for i in g.input}
-    inputs = list(g.input) + [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                              for t in g.initializer if t.name not in declared]
-    graph = onnx.helper.make_graph(list(g.node), g.name, inputs, list(g.output), value_info=list(g.value_info))
-    skeleton = onnx.helper.make_model(graph, opset_imports=list(model.opset_import))
-    skeleton.ir_version = model.ir_version
-    return skeleton
-
-
 def with_ort_types(inferred: onnx.ModelProto, infer) -> onnx.ModelProto:
     """``inferred`` (a model through ONNX's inference) with the outputs of its main graph's non-ONNX ops typed
     by ONNX Runtime's schemas and ``infer`` (ONNX's inference, the caller's) run again after each round, on a
-    weightless copy (:func:`_skeleton`), and what that types annotated on ``inferred`` (module docstring).
+    weightless copy (:func:`onnxfuse.model_io.weightless`: the rounds below infer a model up to
+    :data:`MAX_ROUNDS` times, and types do not depend on weight values), and what that types annotated on
+    ``inferred`` (module docstring).
     Returns ``inferred`` itself, unchanged when there is nothing to type."""
     if all((n.domain or "") in ("", "ai.onnx") for n in inferred.graph.node):
         return inferred
     schemas = ort_schemas()
     before = value_types(inferred.graph)
-    skeleton = _skeleton(inferred)
+    skeleton = weightless(inferred)
     for _ in range(MAX_ROUNDS):
         known = value_types(skeleton.graph)
         added: dict[str, int] = {}

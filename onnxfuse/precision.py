@@ -56,7 +56,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxfuse.errors import PrecisionError
 from onnxfuse.rewrites.facts.constants import constant_node_value
 from onnxfuse.rewrites.facts.inference import onnx_inferred
-from onnxfuse.model_io import defined_names, node_subgraphs, proto_graphs, rename_outer_reads
+from onnxfuse.model_io import defined_names, node_subgraphs, proto_graphs, rename_outer_reads, weightless
 from onnxfuse.ort_types import formal_at, with_ort_types
 from onnxfuse.repair import default_opset, read_as_ort
 
@@ -227,9 +227,12 @@ def float32_scopes(model: onnx.ModelProto) -> list[set[str]]:
     graph sees, from ONNX type inference (through ONNX Runtime's own ops too: :mod:`onnxfuse.ort_types`):
     the ones it defines, and the enclosing graphs' it does not
     redefine. Per graph because sibling bodies may give one name different types (optimum's merged
-    decoders write the same names in both branches: an int64 in one, a float in the other)."""
+    decoders write the same names in both branches: an int64 in one, a float in the other). Inferred on the
+    weightless copy (:func:`onnxfuse.model_io.weightless`: its initializers as typed inputs, which count as
+    float32 values of the main graph as the initializers would): types only, and every conversion asks
+    (the drift search's trials included)."""
     try:
-        inferred = onnx_inferred(model)
+        inferred = onnx_inferred(weightless(model))
     except Exception:  # noqa: BLE001  (inference is a help: what it cannot type stays as it is)
         inferred = model
     try:  # what ONNX Runtime's own ops write (ONNX has no schemas for them), and the values after them
