@@ -18,8 +18,9 @@ a channel count (axis 1 going to NHWC, axis 3 coming back) unknown or at least :
 where ONNX Runtime's tiles are full and its kernel is the one measured.
 
 **For the CUDA provider, opt-in** (``--only +contrib-channels-last,+contrib-channel-transpose``): its CUDA
-kernel has been compiled (NVRTC, for Turing and Hopper) and its CPU twin run, on a machine without a GPU,
-but it has not yet run on one (tests/gpu/test_channel_transpose_gpu.py is written for that). A kernel that
+kernel has been compiled (NVRTC, for Turing and Hopper), its source run under an emulation of CUDA's
+threads on the CPU (tests/custom_ops/test_channel_transpose_emulated.py) and its CPU twin run, on a machine
+without a GPU, but it has not yet run on one (tests/gpu/test_channel_transpose_gpu.py is written for that). A kernel that
 faulted would leave the process's CUDA context unusable, so it becomes a measured choice (tried after
 ``contrib-channels-last`` where optimize times on a GPU, ``selection.MEASURED``) only once those tests have
 passed on a GPU and a timing has shown it faster.
