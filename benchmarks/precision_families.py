@@ -77,11 +77,11 @@ def _hf_encoder(kind: str, attn: str):
 def _llama(attn: str):
     """A float32 Llama-family decoder without a cache: grouped key/value heads (16 query heads on 4), rotary
     embeddings, RMSNorm, SwiGLU; 8 layers of 1024 (TinyLlama's form at a size a CPU validates in minutes).
-    The causal and padding mask goes in as one additive [B, 1, S, S] tensor, which transformers passes
-    through to either attention (its own mask builder uses vmap, which the TorchScript exporter cannot
-    trace; the zoo's GPT-2 does the same)."""
+    The causal and padding mask goes in as one additive [B, 1, S, S] tensor, as the zoo's GPT-2 does
+    (``zoo.causal_padding_bias``)."""
     import torch
     import transformers
+    import zoo
 
     cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                                    num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
@@ -95,10 +95,7 @@ def _llama(attn: str):
             self.model = model
 
         def forward(self, input_ids, attention_mask):
-            s = input_ids.shape[1]
-            causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
-            keep = causal[None, None] & attention_mask[:, None, None, :].bool()
-            bias = torch.zeros(keep.shape, device=input_ids.device).masked_fill(~keep, torch.finfo(torch.float32).min)
+            bias = zoo.causal_padding_bias(input_ids, attention_mask)
             return self.model(input_ids=input_ids, attention_mask=bias, use_cache=False).last_hidden_state
 
     return Decoder()

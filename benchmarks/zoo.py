@@ -310,6 +310,18 @@ def _bert(attn: str = "eager"):
     return Bert()
 
 
+def causal_padding_bias(input_ids, attention_mask):
+    """The causal and padding mask as one additive [B, 1, S, S] float32 tensor (0 kept, finfo(float32).min
+    masked), as transformers' eager attention adds it; transformers passes a 4-D mask through unchanged to
+    either attention (its own mask builder uses vmap, which the TorchScript exporter cannot trace)."""
+    import torch
+
+    s = input_ids.shape[1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
+    keep = causal[None, None] & attention_mask[:, None, None, :].bool()
+    return torch.zeros(keep.shape, device=input_ids.device).masked_fill(~keep, torch.finfo(torch.float32).min)
+
+
 def _gpt2(attn: str = "eager"):
     import torch
     import transformers
@@ -326,13 +338,7 @@ def _gpt2(attn: str = "eager"):
         def forward(self, input_ids, attention_mask):
             if attn == "sdpa" and not torch.jit.is_tracing():  # dynamo traces transformers' own mask builder
                 return self.gpt2(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-            # The causal and padding mask as one additive [B, 1, S, S] tensor, as GPT-2's eager attention
-            # adds it; transformers passes a 4-D mask through unchanged to either attention (its own mask
-            # builder uses vmap, which the TorchScript exporter cannot trace).
-            s = input_ids.shape[1]
-            causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
-            keep = causal[None, None] & attention_mask[:, None, None, :].bool()
-            bias = torch.zeros(keep.shape, device=input_ids.device).masked_fill(~keep, torch.finfo(torch.float32).min)
+            bias = causal_padding_bias(input_ids, attention_mask)  # (traced: no vmap)
             return self.gpt2(input_ids=input_ids, attention_mask=bias, use_cache=False).last_hidden_state
 
     return Gpt2()

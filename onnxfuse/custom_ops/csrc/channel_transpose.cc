@@ -184,23 +184,19 @@ OrtStatus* init_cuda(const OrtKernelInfo* info, CudaChannelTranspose* k) {
   return nullptr;
 }
 
-// The registration: one input and one output of the same type (ONNX Runtime types the output from the
-// input; its shape comes from the kernel's output at run time).
-template <class Kernel, OrtStatus* (*Init)(const OrtKernelInfo*, Kernel*)>
-const OrtCustomOp* transpose_op(uint32_t version) {
-  return registered_op<Kernel, Init, &kOpName, 1, 1, &api>(version);
-}
-
 }  // namespace
+
+// The registrations: one input and one output of the same type (ONNX Runtime types the output from the
+// input; its shape comes from the kernel's output at run time).
 
 const OrtCustomOp* channel_transpose_cpu_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return transpose_op<CpuChannelTranspose, load_spec<CpuChannelTranspose>>(version);
+  return registered_op<CpuChannelTranspose, load_spec<CpuChannelTranspose>, &kOpName, 1, 1, &api>(version);
 }
 
 const OrtCustomOp* channel_transpose_cuda_op(const OrtApi* ort, uint32_t version) {
   api = ort;
-  return transpose_op<CudaChannelTranspose, init_cuda>(version);
+  return registered_op<CudaChannelTranspose, init_cuda, &kOpName, 1, 1, &api>(version);
 }
 
 }  // namespace onnxfuse

@@ -1,5 +1,5 @@
 """contrib-channel-transpose: a ``Transpose`` between NCHW and NHWC of a tensor with few channels → one
-``ai.onnxfuse.ChannelTranspose`` (issue 34; CUDA only, opt-in, a measured choice).
+``ai.onnxfuse.ChannelTranspose`` (issue 34; CUDA only, opt-in: not yet a measured choice, below).
 
 Why: ONNX Runtime's CUDA ``Transpose`` moves an [N, C, P] ↔ [N, P, C] transpose through 32 × 32 tiles,
 of which only C rows (or columns) hold data when C is small. At the input of a channels-last region,
