@@ -389,7 +389,7 @@ _OPTIMIZE = (
            default=True, annotation="bool",
            command_line=CommandLine("--allow-slower", value="flag", to_api=_absent),
            report="selection"),
-    Option("tune", "on: with timing, also try the measured choices (channels-last added for conv nets, fused attention taken away in float32 transformers) on the output, each validated and timed, and "
+    Option("tune", "on: with timing, also try the measured choices (channels-last added for conv nets, then its few-channel transposes as ChannelTranspose; fused attention taken away in float32 transformers) on the output, each validated and timed beside the output, and "
                    "keep what is faster. off: the rules' static choices.",
            default=True, annotation="bool",
            command_line=CommandLine("--tune", value="choice", choices=("on", "off"), default="on",

@@ -411,7 +411,14 @@ def optimize_model(
         def time_one(candidate, inputs):
             return time_both(model, candidate, inputs, options, bench_progress)
 
-        def retime(candidate):  # the output, a candidate of the ladder or a measured choice, against the original
+        def time_two(candidate, incumbent, inputs):
+            return time_both(model, candidate, inputs, options, bench_progress, beside=incumbent)
+
+        def retime(candidate, beside=None):
+            """The output or a candidate against the original; with ``beside`` (the incumbent a measured
+            choice must beat) both in one run: (candidate's timing, incumbent's)."""
+            if beside is not None:
+                return tune_sizes.time_beside_at_sizes(time_two, candidate, beside, samples[0], other_sizes)
             return tune_sizes.time_at_sizes(time_one, candidate, samples[0], other_sizes)
 
         result.timing = retime(result.model)
@@ -508,13 +515,17 @@ def _fewer_rewrites(start, rules, validator, options, notes, step, skipped, adde
 
 
 
-def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None):
+def time_both(original, optimized, inputs: Inputs, options: OptimizeOptions, progress=None, beside=None):
     """Time both models under ORT_ENABLE_ALL on ``options.bench_config``'s device (the GPU by default,
-    ``status='no-gpu'`` where there is none; the CPU for ``--device cpu``, :func:`for_device`)."""
+    ``status='no-gpu'`` where there is none; the CPU for ``--device cpu``, :func:`for_device`). With
+    ``beside`` (a measured choice's incumbent), that model too, in the same interleaved run: (optimized's
+    timing, beside's), both against the original (``timing.compare_beside``)."""
     # looked up when called: tests/test_device_cpu.py stands in for compare_models
-    from onnxfuse.timing import compare_models
+    from onnxfuse.timing import compare_beside, compare_models
 
     config = options.bench_config if options.bench_config is not None else BenchConfig()
+    if beside is not None:
+        return compare_beside(original, optimized, beside, inputs, config, progress=progress)
     return compare_models(original, optimized, inputs, config, progress=progress)
 
 

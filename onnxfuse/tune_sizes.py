@@ -72,19 +72,32 @@ def tune_size_inputs(model, options) -> list[Inputs]:
 def time_at_sizes(time_one: Callable, candidate, first: Inputs, others: list[Inputs]):
     """``time_one(candidate, inputs)`` (a ComparisonResult against the original) at ``first``, then, when
     that timed, at each of ``others`` into its ``other_sizes``; each result carries its ``shapes``."""
-    timing = time_one(candidate, first)
-    timing.shapes = first.shapes()
-    if timing.status != "ok":
-        return timing
+    return _at_sizes(lambda inputs: [time_one(candidate, inputs)], first, others)[0]
+
+
+def time_beside_at_sizes(time_two: Callable, candidate, incumbent, first: Inputs, others: list[Inputs]):
+    """``time_two(candidate, incumbent, inputs)`` (both against the original, in one run:
+    ``timing.compare_beside``) at every size, as :func:`time_at_sizes` does: (candidate's, incumbent's)."""
+    return tuple(_at_sizes(lambda inputs: list(time_two(candidate, incumbent, inputs)), first, others))
+
+
+def _at_sizes(time_all: Callable, first: Inputs, others: list[Inputs]) -> list:
+    """``time_all(inputs)`` (ComparisonResults) at ``first``, then, when all of them timed, at each of
+    ``others``, each size's results into the first's ``other_sizes`` in order."""
+    timings = time_all(first)
+    for timing in timings:
+        timing.shapes = first.shapes()
+    if any(timing.status != "ok" for timing in timings):
+        return timings
     for inputs in others:
-        other = time_one(candidate, inputs)
-        other.shapes = inputs.shapes()
-        if other.status == "ok":
-            timing.other_sizes.append(other)
-        else:
-            timing.notes.append(f"not timed at {shapes_text(other.shapes)}: {other.message or other.status}; "
-                                "decisions rest on the other sizes")
-    return timing
+        for timing, other in zip(timings, time_all(inputs)):
+            other.shapes = inputs.shapes()
+            if other.status == "ok":
+                timing.other_sizes.append(other)
+            else:
+                timing.notes.append(f"not timed at {shapes_text(other.shapes)}: {other.message or other.status}; "
+                                    "decisions rest on the other sizes")
+    return timings
 
 
 def shapes_text(shapes: dict | None) -> str:

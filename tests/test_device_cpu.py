@@ -50,10 +50,13 @@ def _stand_in(cost):
     ``cost(op counts)`` ms."""
     calls = []
 
-    def time_both(original, candidate, inputs, options, progress=None):
+    def time_both(original, candidate, inputs, options, progress=None, beside=None):
         device = options.bench_config.device if options.bench_config is not None else "cuda"
         calls.append((device, Counter(n.op_type for n in candidate.graph.node)))
-        return _timing(1.0, cost(calls[-1][1]), device)
+        timing = _timing(1.0, cost(calls[-1][1]), device)
+        if beside is None:
+            return timing
+        return timing, _timing(1.0, cost(Counter(n.op_type for n in beside.graph.node)), device)
     return time_both, calls
 
 

@@ -46,7 +46,8 @@ def one_node(direction: str, shape, dtype: str, ours: bool) -> onnx.ModelProto:
             else helper.make_node("Transpose", ["x"], ["y"], perm=PERMS[direction]))
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", ELEM[dtype], list(shape))],
                               [helper.make_tensor_value_info("y", ELEM[dtype], out)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)],
+                             ir_version=8)
 
 
 def main(argv=None) -> int:

@@ -7,12 +7,13 @@ is the API function, and importing a subpackage of that name would replace it.) 
 * :func:`time_model` — one model, one configuration → :class:`BenchResult`;
 * :func:`time_models` — several models interleaved under one configuration;
 * :func:`compare_models` — original vs optimized → :class:`ComparisonResult` (the ``optimize`` hook);
+* :func:`compare_beside` — a candidate and the incumbent each against the original, in one run (measured choices);
 * :func:`profile` — per-op time and node/kernel counts from ONNX Runtime's profiler;
 * :func:`gpu_unavailable_reason` — None, or the one line saying timing needs a CUDA GPU.
 """
 
 from onnxfuse.timing.bench import BenchReport, bench_models
-from onnxfuse.timing.compare import ComparisonResult, compare_models, time_models
+from onnxfuse.timing.compare import ComparisonResult, compare_beside, compare_models, time_models
 from onnxfuse.timing.inputs import batch_shapes
 from onnxfuse.timing.profile import ProfileResult, profile
 from onnxfuse.timing.runner import (
@@ -32,7 +33,7 @@ from onnxfuse.timing.trace import OpStat, TraceSummary, load_trace, summarize_tr
 
 __all__ = [
     "NO_GPU_MESSAGE", "BenchConfig", "BenchReport", "BenchResult", "bench_models", "ComparisonResult", "LatencyStats", "NoGPU", "OpStat",
-    "OutputSpec", "ProfileResult", "Timer", "TraceSummary", "batch_shapes", "compare_models",
+    "OutputSpec", "ProfileResult", "Timer", "TraceSummary", "batch_shapes", "compare_beside", "compare_models",
     "gpu_unavailable_reason", "load_trace", "percentile", "probe_output_specs", "profile", "require_gpu",
     "speedup", "summarize", "summarize_trace", "time_model", "time_models",
 ]

@@ -1,5 +1,5 @@
 """GPU tests for onnxfuse.timing: IOBinding timing on the CUDA provider, CUDA-graph mode (outputs at
-fixed addresses must hold the right values), profiling, compare_models and the bench CLI on CUDA.
+fixed addresses must hold the right values), profiling, compare_models, compare_beside and the bench CLI on CUDA.
 Skipped where ONNX Runtime has no usable CUDA GPU."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "timing"))
 import tiny_models  # noqa: E402
 from helpers import outputs_on_cuda  # noqa: E402
 
-from onnxfuse.timing import BenchConfig, compare_models, profile, time_model  # noqa: E402
+from onnxfuse.timing import BenchConfig, compare_beside, compare_models, profile, time_model  # noqa: E402
 from onnxfuse.cli import main  # noqa: E402
 from onnxfuse.runtime.session import run_model  # noqa: E402
 from onnxfuse.runtime.inputs import make_inputs  # noqa: E402
@@ -80,6 +80,15 @@ def test_compare_models_cuda(model, inputs, cuda_graph):
     assert r.status == "ok", r.message
     assert r.speedup is not None and 0.3 < r.speedup < 3.0  # same model twice
     json.dumps(r.to_dict())
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_compare_beside_cuda(model, inputs, cuda_graph):
+    """A measured choice's run: candidate and incumbent beside the original, one run, one original figure."""
+    ours, theirs = compare_beside(model, model, model, inputs, BenchConfig(device="cuda", cuda_graph=cuda_graph, **FAST))
+    assert ours.status == theirs.status == "ok", ours.message
+    assert ours.original is theirs.original
+    assert 0.3 < ours.optimized.stats.median_ms / theirs.optimized.stats.median_ms < 3.0  # the same model
 
 
 def test_custom_op_model_registers_library(inputs):

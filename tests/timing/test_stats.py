@@ -17,6 +17,7 @@ from onnxfuse.timing import (
     BenchResult,
     ComparisonResult,
     batch_shapes,
+    compare_beside,
     compare_models,
     load_trace,
     percentile,
@@ -244,6 +245,26 @@ def test_compare_models_on_cpu(tiny_model):
     assert seen and seen[-1] == 1.0 and all(0.0 <= f <= 1.0 for f in seen)
     assert seen == sorted(seen)
     json.dumps(r.to_dict())
+
+
+def test_compare_beside_times_three_models_in_one_run_sharing_the_original(monkeypatch, tiny_model):
+    """A candidate and the incumbent each against the original, all three in one interleaved run: both
+    results hold the same original samples; a missing GPU or a broken model is both results' status."""
+    inputs = make_inputs(tiny_model, {"x": [2, 3, 8, 8]})
+    cfg = BenchConfig(device="cpu", warmup=1, iterations=12, time_budget_s=None)
+    seen = []
+    ours, theirs = compare_beside(tiny_model, tiny_model, tiny_model, inputs, cfg, progress=lambda m, f: seen.append(m))
+    assert ours.status == theirs.status == "ok"
+    assert ours.original is theirs.original and ours.optimized is not theirs.optimized
+    assert ours.original.stats.count == ours.optimized.stats.count == theirs.optimized.stats.count == 12
+    assert any(m.startswith("incumbent") for m in seen) and any(m.startswith("candidate") for m in seen)
+    broken = tiny_models.conv_relu_add()
+    broken.graph.node[1].input[0] = "missing"
+    ours, theirs = compare_beside(tiny_model, broken, tiny_model, inputs, cfg)
+    assert ours.status == theirs.status == "failed" and "candidate" in ours.message
+    monkeypatch.setattr(runner, "cuda_available", lambda: False)
+    ours, theirs = compare_beside(tiny_model, tiny_model, tiny_model, inputs, BenchConfig(device="cuda"))
+    assert ours.status == theirs.status == "no-gpu" and theirs.message == NO_GPU_MESSAGE
 
 
 def test_compare_models_failure_is_a_status(tiny_model):

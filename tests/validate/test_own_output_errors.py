@@ -252,10 +252,12 @@ def test_a_never_slower_candidate_onnx_runtime_cannot_load_is_refused_not_kept(m
         return BenchResult(name=name, device="cuda", cuda_graph=False, optimization="all", stats=summarize([ms] * 4),
                            warmup=1, shapes={}, nodes=1, providers=["CUDAExecutionProvider"], samples_ms=[ms] * 4)
 
-    def time_both(original, candidate, inputs, options, progress=None):
-        fused = any(n.op_type == "FusedElementwise" for n in candidate.graph.node)
-        return ComparisonResult(status="ok", device="cuda", cuda_graph=False, original=bench("original", 1.0),
-                                optimized=bench("optimized", 2.0 if fused else 1.0))
+    def time_both(original, candidate, inputs, options, progress=None, beside=None):
+        def timing(model):
+            fused = any(n.op_type == "FusedElementwise" for n in model.graph.node)
+            return ComparisonResult(status="ok", device="cuda", cuda_graph=False, original=bench("original", 1.0),
+                                    optimized=bench("optimized", 2.0 if fused else 1.0))
+        return timing(candidate) if beside is None else (timing(candidate), timing(beside))
 
     monkeypatch.setattr(pipeline, "time_both", time_both)
     model = onnx.load(MODEL)

@@ -39,7 +39,7 @@ def op_model(direction: str, elem: int) -> onnx.ModelProto:
     if elem == TP.BFLOAT16:
         nodes.append(h.make_node("Cast", ["y16"], ["y"], to=TP.FLOAT))
     graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", io, None)], [h.make_tensor_value_info("y", io, None)])
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)], ir_version=8)
 
 
 def run(model, feeds, provider="CPUExecutionProvider"):
