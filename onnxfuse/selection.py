@@ -223,43 +223,49 @@ def _float32_attention(model) -> bool:
 class Choice:
     """A decision a timing makes where optimize times the model: ``rule`` added on top of the output (an
     opt-in rule, ``add``) or taken away from it, where ``worth(output model)`` says the output holds what
-    it concerns."""
+    it concerns, or, with ``after``, where the choice of that rule comes first and may write it (the
+    trial then runs only when that one was kept or the model it would build on holds it already)."""
 
     rule: str
     add: bool
     worth: Callable
+    after: str | None = None
 
     @property
     def change(self) -> str:
         return "add" if self.add else "remove"
 
 
-def _few_channel_transposes(model) -> bool:
-    """The output holds an NCHW ↔ NHWC Transpose (contrib-channel-transpose's), or two convolutions, around
-    which a kept contrib-channels-last trial (tried before it) writes them."""
+def _layout_transposes(model) -> bool:
+    """The model holds an NCHW ↔ NHWC Transpose (what contrib-channel-transpose takes): an exporter's (a
+    converted TensorFlow model's input), or a kept contrib-channels-last's boundary."""
     layouts = {(0, 2, 3, 1), (0, 3, 1, 2)}
-    return _holds("Conv", 2)(model) or any(
-        n.op_type == "Transpose" and any(a.name == "perm" and tuple(a.ints) in layouts for a in n.attribute)
-        for n in model.graph.node)
+    return any(n.op_type == "Transpose" and any(a.name == "perm" and tuple(a.ints) in layouts for a in n.attribute)
+               for n in model.graph.node)
 
 
 #: Rules whose worth depends on the GPU and the shapes, tried where the device times the output.
 #: contrib-channels-last (opt-in, added) measured 1.10-1.32x faster than the default output on ConvNeXt-T,
 #: ResNet-50 and a YOLO-style detector (H200, fp32 and fp16, batch 1 and 16, docs/benchmarks.md 5.26), not
 #: on depthwise nets. contrib-channel-transpose (opt-in, added; after it, on the transposes it writes): the
-#: YOLO-style detector 4% faster in fp32 and 8% in fp16 at batch 16 (H200, 5.57). contrib-attention (default, taken away) in float32 models: see _float32_attention.
-#: A measurement on the user's GPU decides all three.
+#: YOLO-style detector 4% faster in fp32 and 8% in fp16 at batch 16 (H200, 5.57). contrib-attention
+#: (default, taken away) in float32 models: see _float32_attention. A measurement on the user's GPU
+#: decides all three.
 MEASURED = (Choice("contrib-channels-last", True, _holds("Conv", 2)),
-            Choice("contrib-channel-transpose", True, _few_channel_transposes),
+            Choice("contrib-channel-transpose", True, _layout_transposes, after="contrib-channels-last"),
             Choice("contrib-attention", False, _float32_attention))
 
 
 def measured_choices(model, selected: list[str], skipped: list[str], applied: set[str]) -> list[Choice]:
     """The choices of :data:`MEASURED` worth a trial on ``model`` (an onnx ModelProto: the run's output): an
     addition not already selected (``--only +rule``) nor skipped; a removal of a rule that applied
-    (``applied``); each only where its ``worth`` holds."""
-    return [c for c in MEASURED
-            if (c.rule not in selected and c.rule not in skipped if c.add else c.rule in applied) and c.worth(model)]
+    (``applied``); each only where its ``worth`` holds, or its ``after`` choice is tried before it."""
+    chosen: list[Choice] = []
+    for c in MEASURED:
+        eligible = c.rule not in selected and c.rule not in skipped if c.add else c.rule in applied
+        if eligible and (c.worth(model) or any(k.rule == c.after for k in chosen)):
+            chosen.append(c)
+    return chosen
 
 
 def speedups(timing) -> list[float] | None:
@@ -392,6 +398,10 @@ def try_measured(current_timing, choices: list[Choice], attempt: Callable, retim
         trials.append(trial)
         if _past(deadline):
             trial.refused = "not tried: tuning time spent"
+            continue
+        if choice.after is not None and choice.after not in added and incumbent is not None \
+                and not choice.worth(incumbent):  # saves a rewrite and a validation that would change nothing
+            trial.refused = f"not tried: {choice.after} not kept"
             continue
         try:  # a trial is optional: whatever breaks in it costs the trial, never the run
             made = attempt(added + [choice.rule] * choice.add, removed + [choice.rule] * (not choice.add))

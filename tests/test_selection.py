@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
 
 import onnxfuse
 import onnxfuse.pipeline as pipeline
 from helpers import load_testdata
-from onnxfuse.selection import ALL, SLOWER_MARGIN, is_slower, ladder, slowdown
+from onnxfuse.selection import ALL, SLOWER_MARGIN, is_slower, ladder, measured_choices, slowdown
 from onnxfuse.timing.compare import ComparisonResult
 from onnxfuse.timing.runner import BenchResult
 from onnxfuse.timing.stats import summarize
@@ -253,6 +257,30 @@ def test_a_measured_choice_is_judged_against_the_incumbent_timed_in_its_own_run(
     assert result.timing.optimized.stats.median_ms == pytest.approx(0.6, rel=0.02)
 
 
+def test_channel_transposes_are_worth_a_trial_after_channels_last_or_where_the_model_has_them():
+    """contrib-channel-transpose is a candidate where the output already holds an NCHW <-> NHWC Transpose
+    (a converted TensorFlow model's input: no convolution needed) or where channels-last is tried before
+    it; a net with one Conv and no layout Transpose gets neither."""
+    def model(nodes, inits=()):
+        graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 8, 3])],
+                             [h.make_tensor_value_info("y", TP.FLOAT, None)], list(inits))
+        return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+    w = onnx.numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")
+    w2 = onnx.numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "w2")
+    to_nchw = h.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2])
+    tf_style = model([to_nchw, h.make_node("Relu", ["t"], ["y"])])
+    one_conv = model([h.make_node("Conv", ["x", "w"], ["y"])], [w])
+    two_convs = model([h.make_node("Conv", ["x", "w"], ["c"]), h.make_node("Conv", ["c", "w2"], ["y"])], [w, w2])
+
+    def rules(m):
+        return [c.rule for c in measured_choices(m, [], [], set())]
+    assert rules(tf_style) == ["contrib-channel-transpose"]
+    assert rules(one_conv) == []
+    assert rules(two_convs) == ["contrib-channels-last", "contrib-channel-transpose"]
+    assert "contrib-channel-transpose" not in [c.rule for c in measured_choices(tf_style, [], ["contrib-channel-transpose"], set())]
+
+
 def test_a_measured_choice_that_breaks_costs_only_itself(monkeypatch):
     """A trial whose timing raises (a kernel that fails at run time on this GPU, say) is reported as
     failed and the output stays the one already validated and timed."""
@@ -269,7 +297,9 @@ def test_a_measured_choice_that_breaks_costs_only_itself(monkeypatch):
     trial, transposes = result.extra["measured"]
     assert not trial["kept"] and trial["refused"].startswith("failed: RuntimeFailure")
     # contrib-channel-transpose, tried next on the output as it stayed, finds no NCHW <-> NHWC transpose
-    assert transposes["rule"] == "contrib-channel-transpose" and transposes["refused"] == "does not apply"
+    # contrib-channel-transpose, which builds on a kept channels-last, is not tried (no rewrite, no timing)
+    assert transposes["rule"] == "contrib-channel-transpose"
+    assert transposes["refused"] == "not tried: contrib-channels-last not kept" and len(calls) == 2
     assert "NhwcConv" not in {n.op_type for n in result.model.graph.node} and len(calls) == 2
 
 
@@ -324,7 +354,7 @@ def test_a_measured_choice_faster_at_one_size_and_slower_at_another_is_not_kept(
     result = onnxfuse.optimize(model, bench=True, samples=1, tune_shapes=[{"input": [16, 3, 64, 64]}])
     assert [b for _, b in calls] == [1, 16, 1, 16]  # channel-transpose then finds no boundary transposes
     trial, transposes = result.extra["measured"]
-    assert transposes["refused"] == "does not apply"
+    assert transposes["refused"] == "not tried: contrib-channels-last not kept"
     assert not trial["kept"] and trial["refused"] == "not faster"
     # which size refused it: 0.8 / 0.9 ms at batch 16 by median (the first statistic judged)
     assert trial["refused_detail"] == ("by median at input 16x3x64x64 -11.1% against the output "
