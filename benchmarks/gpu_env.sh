@@ -1,9 +1,6 @@
 # Sourced on the GPU machine (repo root) after onnxruntime-gpu was installed to /tmp/ort-site
 # (../shared/gpu/README.md): makes the package, pytest and libnvrtc findable. Idempotent.
 export PYTHONPATH=/tmp/ort-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-if [ -d .gpu-carry/5/wheels ] && ! python3 -c "import pytest" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ort-site .gpu-carry/5/wheels/*.whl
-fi
 if [ -z "${ONNXFUSE_NVRTC_PATH:-}" ]; then
   nvrtc=$(ls /usr/local/cuda/lib64/libnvrtc.so.1* /usr/local/cuda/targets/x86_64-linux/lib/libnvrtc.so.1* 2>/dev/null | head -1)
   [ -n "$nvrtc" ] && export ONNXFUSE_NVRTC_PATH=$nvrtc
