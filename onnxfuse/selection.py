@@ -326,7 +326,35 @@ def why_not_faster(candidate_timing, current_timing) -> str | None:
             shapes = shapes_text(getattr(new[worst], "shapes", None)) or f"size {worst + 1}"
             return (f"by {label} at {shapes} {_percent(gains[worst])} against the output (may lose at most "
                     f"{SLOWER_MARGIN:.0%} at any size)")
+    for index, per_session in enumerate(session_gains(candidate_timing, current_timing) or []):
+        for s, gain in enumerate(per_session):
+            if not gain > 1.0:
+                shapes = shapes_text(getattr(new[index], "shapes", None)) or f"size {index + 1}"
+                return (f"in session {s + 1} of {len(per_session)} at {shapes} {_percent(gain)} against the output "
+                        "(must be faster in every session)")
     return None
+
+
+def session_gains(candidate_timing, current_timing) -> list[list[float]] | None:
+    """Per size, per fresh session, the candidate's gain over the incumbent (the incumbent's median over
+    the candidate's, both from that session) where both were timed side by side in several sessions
+    (``timing.compare_beside``: one original shared), else None. Pooled samples can hide a session in
+    which the candidate lost; a choice kept on them would rest on one session's level (module docstring
+    of :mod:`onnxfuse.timing.compare`, ``compare_beside``)."""
+    if candidate_timing is None or current_timing is None:
+        return None
+    new, old = sizes(candidate_timing), sizes(current_timing)
+    if len(new) != len(old):
+        return None
+    found = []
+    for n, o in zip(new, old):
+        if n.original is None or n.original is not o.original or n.optimized is None or o.optimized is None:
+            return None
+        ours, theirs = n.optimized.session_medians_ms, o.optimized.session_medians_ms
+        if len(ours) < 2 or len(ours) != len(theirs) or min(ours) <= 0:
+            return None
+        found.append([t / c for c, t in zip(ours, theirs)])
+    return found
 
 
 def _percent(gain: float) -> str:
@@ -360,10 +388,12 @@ class Trial:
 
     def to_dict(self, current_timing) -> dict:
         new, old = speedup(self.timing), speedup(self.against(current_timing))  # None where not timed
+        per_session = session_gains(self.timing, self.without) if self.without is not None else None
         return {"rule": self.rule, "change": self.choice.change, "kept": self.refused is None,
                 "speedup": None if new is None else round(new, 4),
                 "without_speedup": None if old is None else round(old, 4), "refused": self.refused,
-                "refused_detail": self.detail}
+                "refused_detail": self.detail,
+                "session_gains": None if per_session is None else [[round(g, 4) for g in s] for s in per_session]}
 
     def note(self, current_timing) -> str:
         new, old = speedup(self.timing), speedup(self.against(current_timing))

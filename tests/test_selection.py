@@ -178,7 +178,8 @@ def test_float32_fused_attention_is_a_measured_choice(monkeypatch):
     assert not ATTENTION & {n.op_type for n in result.model.graph.node} and result.validation.passed
     (trial,) = result.extra["measured"]
     assert trial == {"rule": "contrib-attention", "change": "remove", "kept": True, "speedup": pytest.approx(1 / 0.6, rel=0.02),
-                     "without_speedup": pytest.approx(1.25, rel=0.02), "refused": None, "refused_detail": None}
+                     "without_speedup": pytest.approx(1.25, rel=0.02), "refused": None, "refused_detail": None,
+                     "session_gains": None}
     assert any(n.startswith("measured choice without contrib-attention:") and n.endswith("kept")
                for n in result.timing.notes), result.timing.notes
     assert result.applied.counts.get("contrib-attention", 0) == 0
@@ -255,6 +256,41 @@ def test_a_measured_choice_is_judged_against_the_incumbent_timed_in_its_own_run(
     assert transposes["refused"] == "not faster"  # 0.6 beside 0.6
     assert "NhwcConv" in {n.op_type for n in result.model.graph.node} and result.validation.passed
     assert result.timing.optimized.stats.median_ms == pytest.approx(0.6, rel=0.02)
+
+
+@pytest.mark.parametrize("second_session_ms,kept", [(0.6, True), (0.85, False)])
+def test_a_measured_choice_must_win_in_every_session(monkeypatch, second_session_ms, kept):
+    """Timed side by side in two fresh sessions: channels-last's pooled median beats the output's by 33%,
+    but where one session has it slower (0.85 against 0.8 ms) it is not kept, and the refusal names that
+    session; the report holds each session's gain. Winning in both, it is kept."""
+    def bench(name, ms, sessions):
+        result = _bench(name, ms)
+        result.session_medians_ms = list(sessions)
+        return result
+
+    def time_both(original, candidate, inputs, options, progress=None, beside=None):
+        if beside is None:
+            return _timing(1.0, 0.8)
+        shared = _bench("original", 1.0)
+        nhwc = "NhwcConv" in {n.op_type for n in candidate.graph.node}
+        ours = bench("candidate", 0.6, [0.55, second_session_ms]) if nhwc else bench("candidate", 0.8, [0.8, 0.8])
+        theirs = bench("incumbent", 0.8, [0.8, 0.8]) if not {"NhwcConv"} & {n.op_type for n in beside.graph.node} \
+            else bench("incumbent", 0.6, [0.55, second_session_ms])
+        return (ComparisonResult(status="ok", device="cuda", cuda_graph=False, original=shared, optimized=ours),
+                ComparisonResult(status="ok", device="cuda", cuda_graph=False, original=shared, optimized=theirs))
+
+    monkeypatch.setattr(pipeline, "time_both", time_both)
+    result = onnxfuse.optimize(load_testdata("yolo_conv_bn_silu_opset13"), bench=True, samples=1)
+    trial = result.extra["measured"][0]
+    assert trial["rule"] == "contrib-channels-last" and trial["kept"] is kept
+    assert trial["session_gains"] == [[pytest.approx(0.8 / 0.55, abs=1e-3), pytest.approx(0.8 / second_session_ms, abs=1e-3)]]
+    if not kept:
+        assert trial["refused_detail"].startswith("in session 2 of 2 at ") and "-5.9% against the output" in trial["refused_detail"]
+        assert "NhwcConv" not in {n.op_type for n in result.model.graph.node}
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnxfuse.reports import load_schema
+
+    jsonschema.validate(result.to_json(), load_schema(), cls=jsonschema.Draft202012Validator)
 
 
 def test_channel_transposes_are_worth_a_trial_after_channels_last_or_where_the_model_has_them():

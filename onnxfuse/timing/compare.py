@@ -134,7 +134,8 @@ def pool_sessions(results: list[BenchResult]) -> BenchResult:
     samples = [x for r in results for x in r.samples_ms]
     medians = ", ".join(f"{r.stats.median_ms:.3f}" for r in results)
     notes = list(first.notes) + [f"{len(results)} sessions pooled; per-session medians (ms): {medians}"]
-    return replace(first, stats=summarize(samples), samples_ms=samples, notes=notes)
+    return replace(first, stats=summarize(samples), samples_ms=samples, notes=notes,
+                   session_medians_ms=[r.stats.median_ms for r in results])
 
 
 def _time_session(models: list[tuple], config: BenchConfig, rounds: int, step: Progress) -> list[BenchResult]:
@@ -218,10 +219,14 @@ def compare_beside(
     config: BenchConfig | None = None,
     *,
     rounds: int = 3,
+    sessions: int = 2,
     progress: Progress | None = None,
 ) -> tuple[ComparisonResult, ComparisonResult]:
     """``candidate`` and ``incumbent`` each against ``original``, all three timed in one interleaved run
     (original, incumbent, candidate, in ``rounds`` rounds): the two results share the original's samples.
+    The run is repeated in at least ``sessions`` fresh sessions of each model (``config.sessions`` if more;
+    the time budget split between them), samples pooled and each session's median kept
+    (``BenchResult.session_medians_ms``), so a decision can ask that the candidate win in every session.
 
     Why one run: a measured choice is kept when the candidate's speed-up beats the incumbent's. Taken in two
     runs, each ratio carries its own run's spread of the original (a fresh session each time: cuDNN picks
@@ -229,9 +234,14 @@ def compare_beside(
     the YOLO-style detector's output measured 1.31x the original at the validation shape in one run and
     1.73x in another, minutes apart, which flipped the channels-last choice (docs/benchmarks.md 5.57). In
     one run the original's figure is the same for both, so the gain is the incumbent's time over the
-    candidate's, taken side by side. Never raises for a missing GPU (both results carry the status)."""
+    candidate's, taken side by side. Two sessions at least, because a session's own level moves by more
+    than a choice's gain: BERT-base's optimized half() export timed 0.823 and 1.100 ms (medians) in two
+    sessions of one ``onnxfuse bench`` run at batch 1 (docs/benchmarks.md 5.57; cuDNN's per-session
+    algorithm choice does the same to conv nets, ``BenchConfig.sessions``). Never raises for a missing
+    GPU (both results carry the status)."""
     config = config or BenchConfig()
     config.validate()
+    config = replace(config, sessions=max(config.sessions, sessions))
     step = _monotonic(progress)
     ours, theirs = _new_result(original, candidate, config), _new_result(original, incumbent, config)
 

@@ -130,6 +130,9 @@ class BenchResult:
     samples_ms: list[float] = field(default_factory=list, repr=False)
     notes: list[str] = field(default_factory=list)
     output_specs: list[OutputSpec] = field(default_factory=list, repr=False)
+    #: each fresh session's median where several were pooled (``BenchConfig.sessions``), in order: the
+    #: spread between them is the noise a comparison made within one session cannot see
+    session_medians_ms: list[float] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -143,6 +146,8 @@ class BenchResult:
         }
         if samples:
             d["samples_ms"] = [round(s, 6) for s in self.samples_ms]
+        if self.session_medians_ms:
+            d["session_medians_ms"] = [round(m, 6) for m in self.session_medians_ms]
         return d
 
 

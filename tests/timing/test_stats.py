@@ -248,8 +248,9 @@ def test_compare_models_on_cpu(tiny_model):
 
 
 def test_compare_beside_times_three_models_in_one_run_sharing_the_original(monkeypatch, tiny_model):
-    """A candidate and the incumbent each against the original, all three in one interleaved run: both
-    results hold the same original samples; a missing GPU or a broken model is both results' status."""
+    """A candidate and the incumbent each against the original, all three in one interleaved run of two
+    fresh sessions: both results hold the same original samples and each session's median; a missing GPU
+    or a broken model is both results' status."""
     inputs = make_inputs(tiny_model, {"x": [2, 3, 8, 8]})
     cfg = BenchConfig(device="cpu", warmup=1, iterations=12, time_budget_s=None)
     seen = []
@@ -257,7 +258,10 @@ def test_compare_beside_times_three_models_in_one_run_sharing_the_original(monke
     assert ours.status == theirs.status == "ok"
     assert ours.original is theirs.original and ours.optimized is not theirs.optimized
     assert ours.original.stats.count == ours.optimized.stats.count == theirs.optimized.stats.count == 12
-    assert any(m.startswith("incumbent") for m in seen) and any(m.startswith("candidate") for m in seen)
+    assert any("incumbent" in m for m in seen) and any("candidate" in m for m in seen)
+    # two fresh sessions at least (the iterations split between them), each one's median kept
+    assert all(len(r.session_medians_ms) == 2 for r in (ours.original, ours.optimized, theirs.optimized))
+    assert any(m.startswith("session 2/2") for m in seen)
     broken = tiny_models.conv_relu_add()
     broken.graph.node[1].input[0] = "missing"
     ours, theirs = compare_beside(tiny_model, broken, tiny_model, inputs, cfg)
