@@ -138,7 +138,8 @@ def optimize(
     ``tune`` (default): with ``bench``, the measured choices (rules whose worth depends on the GPU and the
     shapes, ``selection.MEASURED``: channels-last added for conv nets, then its few-channel transposes as
     ChannelTranspose; contrib-attention taken away in float32 transformers) are tried on the output,
-    each validated and timed beside it in one run, and kept when faster; ``result.extra["measured"]`` says what was measured.
+    each validated and timed beside it in one run of two fresh sessions, and kept when faster (in each
+    session too); ``result.extra["measured"]`` says what was measured.
     ``tune_time``: seconds of that tuning and of the never-slower ladder after the first timing (default
     60); past it no new candidate starts, and the ladder goes straight to the graph as loaded.
     ``tune_shapes``: more sizes to time at, each ``{input name: [dims]}`` (other inputs as ``shapes`` gives

@@ -303,7 +303,10 @@ def why_not_faster(candidate_timing, current_timing) -> str | None:
     Both statistics must agree: the gain by median latency and the gain by fastest run each pass on their
     own, as :func:`is_slower` asks of a slowdown, so one lucky run (or one stalled stretch) of a host-bound
     timing does not decide (the zoo's MobileNetV3-L at batch 1 measured 0.87x by median and 1.27x by
-    fastest run in one --quick run, 1.33x by both in another, 5.42)."""
+    fastest run in one --quick run, 1.33x by both in another, 5.42).
+
+    Timed side by side in several fresh sessions (:func:`session_gains`), the candidate must also be
+    faster in every session, at every size: pooled samples can hide a session it lost."""
     # start-up: tune_sizes loads the input samplers (numpy), which importing this module does not
     from onnxfuse.tune_sizes import shapes_text
 

@@ -31,15 +31,21 @@ def test_every_rung_is_validated_and_timed_on_cuda(monkeypatch):
 
 def test_a_measured_choice_is_timed_and_decided_on_cuda():
     """The measured choice (selection.try_measured) with real CUDA timing, at batch 16 where channels-last
-    can pay: contrib-channels-last is tried on top of the YOLO block's output, validated on CUDA and timed;
-    the decision agrees with its own figures (kept only when its speed-up beats the output's by the
-    margin), and the written model is the one decided on."""
+    can pay: contrib-channels-last is tried on top of the YOLO block's output, validated on CUDA and timed
+    beside it in two fresh sessions; the decision agrees with its own figures (kept only when its speed-up
+    beats the output's by the margin and it wins in both sessions), and the written model is the one
+    decided on; contrib-channel-transpose is tried after it only when it was kept."""
     model = load_testdata("yolo_conv_bn_silu_opset13")
     result = onnxfuse.optimize(model, provider="cuda", samples=1, bench=True, shapes={"input": [16, 3, 64, 64]},
                                bench_config=BenchConfig(device="cuda", warmup=5, time_budget_s=0.3, min_iterations=20))
     assert result.validation.passed and result.validation.provider == "cuda"
-    (trial,) = result.extra["measured"]
+    trial, transposes = result.extra["measured"]
     assert trial["rule"] == "contrib-channels-last" and trial["speedup"] > 0 and trial["without_speedup"] > 0
+    (gains,) = trial["session_gains"]  # one size, two sessions, side by side
+    assert len(gains) == 2 and all(g > 0 for g in gains)
+    assert not trial["kept"] or all(g > 1 for g in gains)
+    assert transposes["rule"] == "contrib-channel-transpose"
+    assert trial["kept"] or transposes["refused"] == "not tried: contrib-channels-last not kept"
     beats = trial["speedup"] > trial["without_speedup"] * (1 + selection.SLOWER_MARGIN)
     # kept needs the gain by median and by fastest run alike (selection.is_faster); the report's speed-ups
     # are the better of the two, so a kept choice beats by them, and one that does not beat is not kept
