@@ -334,6 +334,21 @@ _CANDIDATES = None
 #: Ops whose outputs' shapes come from a subgraph (see RegionAnalysis._runtime_shape_unknown).
 _CONTROL_FLOW = frozenset({"Loop", "Scan", "If"})
 
+#: Ops whose output rank ONNX's inference knows whatever its data inputs' shapes (Shape: 1, Size: 0,
+#: Range: 1, NonZero: 2; Reshape when its target is a constant: the target's length): an unknown shape
+#: upstream of them does not reach their consumers (RegionAnalysis._runtime_shape_unknown).
+_RANK_FIXING = frozenset({"Shape", "Size", "Range", "NonZero"})
+
+
+def _fixes_rank(node) -> bool:
+    """ONNX Runtime knows ``node``'s output rank whatever its data inputs' shapes (:data:`_RANK_FIXING`, a
+    Reshape to a constant target), or it has no data input to take an unknown shape from."""
+    if node.op in _RANK_FIXING:
+        return True
+    if node.op == "Reshape" and len(node.inputs) > 1:
+        return const_value(node.inputs[1])[1]
+    return not any(x.name and not const_value(x)[1] for x in node.inputs)
+
 
 def candidate_ops() -> frozenset:
     global _CANDIDATES
@@ -457,11 +472,14 @@ class RegionAnalysis:
         return onnx.TensorProto.DataType.Name(elem).lower()
 
     def _runtime_shape_unknown(self, t) -> bool:
-        """``t`` comes from a Loop, Scan or If output through elementwise ops only (the ops this module
-        can lower, each computing its output's shape from its inputs'): ONNX's inference may know its
-        shape from the subgraph while ONNX Runtime's leaves it unknown, which a custom op is told as rank
-        0. Memoized per tensor name; walked with a stack, not recursion (a residual stream of Adds runs
-        through a whole network)."""
+        """``t`` comes from a Loop, Scan or If output through ops whose output shape ONNX Runtime infers
+        from their inputs' shapes (every op but :data:`_RANK_FIXING` and a Reshape to a constant target):
+        ONNX's inference may know its shape from the subgraph, or a graph output's declaration may state
+        it, while ONNX Runtime's inference leaves it unknown, which a custom op is told as rank 0.
+        Through reductions and MatMuls too: fuzz seed 342992's Loop output went through ReduceMean and
+        MatMul (a graph output declared rank 4) into a fused Sigmoid, declared a scalar, and the Conv after
+        it made the model unloadable. Memoized per tensor name; walked with a stack, not recursion (a
+        residual stream of Adds runs through a whole network)."""
         memo = self.runtime_unknown
         stack, open_names = [t], set()
         while stack:
@@ -470,7 +488,7 @@ class RegionAnalysis:
                 stack.pop()
                 continue
             source = cur.inputs[0] if cur.inputs else None
-            if source is None or source.op in _CONTROL_FLOW or source.op not in candidate_ops():
+            if source is None or source.op in _CONTROL_FLOW or _fixes_rank(source):
                 memo[cur.name] = source is not None and source.op in _CONTROL_FLOW
                 stack.pop()
                 continue
