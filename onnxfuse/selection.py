@@ -391,7 +391,7 @@ class Trial:
 
     def to_dict(self, current_timing) -> dict:
         new, old = speedup(self.timing), speedup(self.against(current_timing))  # None where not timed
-        per_session = session_gains(self.timing, self.without) if self.without is not None else None
+        per_session = session_gains(self.timing, self.without)  # None unless timed side by side
         return {"rule": self.rule, "change": self.choice.change, "kept": self.refused is None,
                 "speedup": None if new is None else round(new, 4),
                 "without_speedup": None if old is None else round(old, 4), "refused": self.refused,
