@@ -293,6 +293,46 @@ def test_a_measured_choice_must_win_in_every_session(monkeypatch, second_session
     jsonschema.validate(result.to_json(), load_schema(), cls=jsonschema.Draft202012Validator)
 
 
+@pytest.mark.parametrize("second_session,kept", [
+    ((0.9928, 1.1776), True),  # the YOLO-style detector's float32 channels-last trial, docs/benchmarks.md 5.59
+    ((0.95, 1.02), False),  # session 2 over the sizes: sqrt(0.95 × 1.02) = 0.984
+])
+def test_every_session_must_win_over_the_sizes_not_at_each_size(second_session, kept):
+    """Timed at two sizes (the validation shape and a --tune-shape) in two sessions: a session's gain is
+    the geometric mean of its per-size gains. Losing 0.7% at the host-bound size in one session while
+    winning 18% at batch 16 in both is a win in every session (kept); a session that loses over the sizes
+    refuses the choice and names it."""
+    from onnxfuse.selection import session_gains, why_not_faster
+
+    def size(shapes, candidate_gains):
+        original = _bench("original", 1.0)
+        incumbent, candidate = _bench("incumbent", 0.8), _bench("candidate", 0.8 / 1.12)
+        incumbent.session_medians_ms = [0.8, 0.8]
+        candidate.session_medians_ms = [0.8 / g for g in candidate_gains]
+        pair = [ComparisonResult(status="ok", device="cuda", cuda_graph=False, original=original, optimized=b,
+                                 shapes=shapes) for b in (candidate, incumbent)]
+        return pair
+
+    small = size({"images": [1, 3, 640, 640]}, (1.142, second_session[0]))
+    large = size({"images": [16, 3, 640, 640]}, (1.1835, second_session[1]))
+    candidate, incumbent = small[0], small[1]
+    candidate.other_sizes, incumbent.other_sizes = [large[0]], [large[1]]
+    gains = session_gains(candidate, incumbent)
+    assert gains == [[pytest.approx(1.142), pytest.approx(second_session[0])],
+                     [pytest.approx(1.1835), pytest.approx(second_session[1])]]
+    detail = why_not_faster(candidate, incumbent)
+    if kept:
+        assert detail is None
+    else:
+        assert detail == "in session 2 of 2 over the sizes -1.6% against the output (must be faster in every session)"
+    # one size: that size's session gain decides, and the refusal names the size
+    small[0].other_sizes, small[1].other_sizes = [], []
+    one = why_not_faster(small[0], small[1])
+    assert (one is None) == (second_session[0] > 1.0)
+    if one is not None:
+        assert one.startswith("in session 2 of 2 at images 1x3x640x640 ")
+
+
 def test_channel_transposes_are_worth_a_trial_after_channels_last_or_where_the_model_has_them():
     """contrib-channel-transpose is a candidate where the output already holds an NCHW <-> NHWC Transpose
     (a converted TensorFlow model's input: no convolution needed) or where channels-last is tried before
