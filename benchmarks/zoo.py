@@ -660,7 +660,8 @@ def run_model(name: str, args, part: Path) -> None:
     def inputs_for(batch: int) -> Inputs:
         return Inputs(feeds=spec.feeds(batch), seed=batch, source="zoo")
 
-    def optimize(model, label: str, rtol=None, atol=None, only=None, precision="fp32", right_padded=()):
+    def optimize(model, label: str, rtol=None, atol=None, only=None, precision="fp32", right_padded=(),
+                 tune_sizes=True):
         """onnxfuse with validation on. Image and audio models are validated on the zoo's own inputs; token
         models on onnxfuse's own draws (ids in the embedding's range, random 0/1 masks, two sizes), as a
         user's run would be: the zoo's masks are all ones, which hides a mask form wrong for padding
@@ -674,7 +675,8 @@ def run_model(name: str, args, part: Path) -> None:
         # The batches timed below, as --tune-shape sizes (the first timing is at batch 1 for image and
         # audio models, at onnxfuse's own draw for token models): decisions hold at every size timed.
         tune = [b for b in sorted(set(args.batches) | set(args.fp16_batches or [])) if spec.seq or b != 1]
-        tune_shapes = [{k: list(v.shape) for k, v in spec.feeds(b).items()} for b in tune] if args.tune_shapes else []
+        tune_shapes = [{k: list(v.shape) for k, v in spec.feeds(b).items()} for b in tune] \
+            if args.tune_shapes and tune_sizes else []
         opts = OptimizeOptions(target=args.target, validate=True, inputs_path=npz and str(npz), provider="auto",
                                rtol=rtol, atol=atol, only=only, precision=precision, right_padded=list(right_padded),
                                tune_shapes=tune_shapes)
@@ -819,8 +821,27 @@ def run_model(name: str, args, part: Path) -> None:
             f"applied {used}" + ("" if used else " (the same graph as optimized: not timed)"))
         return [("with-rules", added)] if used else []
 
+    def first_size_column(model, label: str, reference, **tolerances) -> list:
+        """With ``--first-size-choice``: onnxfuse with its measured choices decided at the first timed size
+        alone (no --tune-shape: batch 1 for image and audio models), a column of its own ("first-size"),
+        so the output decided at every batch can be checked against it at each batch (issue 34: "never
+        slower than at batch 1's choice"); not timed where it made the same choices (same op counts as
+        ``reference``)."""
+        if not args.first_size_choice:
+            return []
+        first, info_f = optimize(model, label, tune_sizes=False, **tolerances)
+        rec.info(f"optimize_{label}", info_f)
+        same = info_f["ops_after"] == op_counts(reference)
+        log(f"  first size's choice: {info_f['nodes_after']} nodes, validation {info_f['validation']}"
+            + (" (the same choices as optimized: not timed)" if same else ""))
+        for note in info_f.get("timing_notes", []):
+            if note.startswith("measured choice"):
+                log(f"    {note}")
+        return [] if same else [("first-size", first)]
+
     fp32_anchors = (anchors(original, path, "fp32", 1e-3) + right_padded_column(original, "fp32-right-padded")
-                    + with_rules_column(original, "fp32-with-rules"))
+                    + with_rules_column(original, "fp32-with-rules") + first_size_column(original, "fp32-first-size",
+                                                                                        optimized))
     ort_cells("ort", [("original", original), ("optimized", optimized)] + fp32_anchors, args.batches)
     del fp32_anchors
 
@@ -907,7 +928,8 @@ def run_model(name: str, args, part: Path) -> None:
                 f"cosine {drift['optimized']['cosine']:.6f}")
             extra16 = anchors(original16, path16, "fp16", 1e-2) + right_padded_column(
                 original16, "fp16-right-padded", rtol=1e-2, atol=1e-2) + with_rules_column(
-                original16, "fp16-with-rules", rtol=1e-2, atol=1e-2)
+                original16, "fp16-with-rules", rtol=1e-2, atol=1e-2) + first_size_column(
+                original16, "fp16-first-size", optimized16, rtol=1e-2, atol=1e-2)
             # `optimize --precision fp16` on the fp32 export (fp32 I/O, fp16 compute): what a user
             # without a half-precision export gets (issue 33: every zoo model, CNNs included); with
             # --right-padded, the same under the promise too (transformers 4's (1 - m)·c mask fuses only
@@ -1004,6 +1026,7 @@ def _cells(models: dict):
                              bf16_prec=m("ort-fp16-precision-bf16"),
                              bf16_prec_rp=m("ort-fp16-precision-bf16-right-padded"),
                              fp16_with_rules=m("ort-fp16-with-rules"),
+                             first=m("ort-first-size"), fp16_first=m("ort-fp16-first-size"),
                              fp16_compile=m("torch-fp16-compile-cudagraphs") if graph else m("torch-fp16-compile")))
     return rows
 
@@ -1119,6 +1142,19 @@ def markdown(results: dict) -> str:
             lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} | {_f(r['compile'])} "
                          f"| {_f(best)} | {_f(_ratio(r['compile'], best), 2)} | {_f(r['fp16_compile'])} "
                          f"| {_f(best16)} | {_f(_ratio(r['fp16_compile'], best16), 2)} |")
+    first_rows = [r for r in _cells(results["models"]) if r["first"] or r["fp16_first"]]
+    if first_rows:  # zoo --first-size-choice, where the first size alone chose differently
+        lines += ["", "## Against the first size's choice", "",
+                  "Median ms. onnxfuse: the output whose measured choices were timed at the first size and at "
+                  "every batch (--tune-shape); first size's choice: the same decided at the first size alone. "
+                  "ratio = first size's choice / onnxfuse (at least 1: never slower than that choice).", "",
+                  "| model | batch | CUDA graph | onnxfuse | first size's choice | ratio | fp16 onnxfuse "
+                  "| fp16 first size's choice | fp16 ratio |",
+                  "|---|---:|:---:|---:|---:|---:|---:|---:|---:|"]
+        for r in first_rows:
+            lines.append(f"| {r['model']} | {r['batch']} | {'yes' if r['graph'] else 'no'} | {_f(r['opt'])} "
+                         f"| {_f(r['first'])} | {_f(_ratio(r['first'], r['opt']), 2)} | {_f(r['fp16_opt'])} "
+                         f"| {_f(r['fp16_first'])} | {_f(_ratio(r['fp16_first'], r['fp16_opt']), 2)} |")
     lines += ["", "## Per model", ""]
     for name, data in results["models"].items():
         info = data.get("info", {})
@@ -1253,6 +1289,10 @@ def parse_args(argv=None):
     p.add_argument("--with-rules", type=lambda v: [r for r in v.split(",") if r], default=[],
                    help="comma list of opt-in rules: also time onnxfuse with them added (--only +RULE), "
                         "fp32 and fp16, column +rules")
+    p.add_argument("--first-size-choice", action="store_true",
+                   help="also optimize with the measured choices decided at the first timed size alone (no "
+                        "--tune-shape) and time that output beside the default one (issue 34: never slower "
+                        "than at batch 1's choice), fp32 and fp16, where its choices differ")
     p.add_argument("--right-padded", action="store_true",
                    help="models fed an attention_mask: also time onnxfuse under --right-padded attention_mask "
                         "(column right-padded; the zoo's masks are all ones, which keeps that promise), and "

@@ -218,3 +218,26 @@ def test_the_bf16_cells_get_their_columns_against_fp32_and_half():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert header.count("|") == row.count("|")
     assert cells[-4:] == ["2.50×", "1.600", "5.00×", "0.800"]
+
+
+def test_the_first_size_choice_gets_its_table_with_the_ratio_to_the_default_output():
+    """zoo --first-size-choice: the output decided at the first size alone, timed beside the default one,
+    gets its own table; the ratio is its median over the default output's (above 1: the default, decided
+    at every batch, is faster), fp32 and fp16 each where timed."""
+    def cell(variant, ms, batch=16):
+        return {"variant": variant, "batch": batch, "cuda_graph": False, "status": "ok",
+                "latency_ms": {"median_ms": ms}}
+
+    timings = [cell("ort-original", 8.0), cell("ort-optimized", 5.0), cell("ort-first-size", 6.0),
+               cell("ort-fp16-original", 6.0), cell("ort-fp16-optimized", 3.0)]
+    text = zoo.markdown({"config": {}, "env": {}, "models": {"yolo_silu": {"timings": timings, "info": {}}}})
+    lines = text.splitlines()
+    start = lines.index("## Against the first size's choice")
+    header = next(line for line in lines[start:] if line.startswith("| model |"))
+    row = next(line for line in lines[start:] if line.startswith("| yolo_silu | 16 |"))
+    assert header.count("|") == row.count("|")
+    assert [c.strip() for c in row.strip("|").split("|")][3:] == ["5.000", "6.000", "1.20", "3.000", "–", "–"]
+    assert zoo.parse_args(["--models", "yolo_silu", "--first-size-choice"]).first_size_choice
+    timings = [t for t in timings if t["variant"] != "ort-first-size"]
+    text = zoo.markdown({"config": {}, "env": {}, "models": {"yolo_silu": {"timings": timings, "info": {}}}})
+    assert "## Against the first size's choice" not in text
