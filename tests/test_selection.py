@@ -301,12 +301,14 @@ def test_every_session_must_win_over_the_sizes_not_at_each_size(second_session, 
     """Timed at two sizes (the validation shape and a --tune-shape) in two sessions: a session's gain is
     the geometric mean of its per-size gains. Losing 0.7% at the host-bound size in one session while
     winning 18% at batch 16 in both is a win in every session (kept); a session that loses over the sizes
-    refuses the choice and names it."""
+    refuses the choice and names it. With sessions the median decides: the incumbent's one fast run
+    does not refuse the choice, as it does where only one session was timed."""
     from onnxfuse.selection import session_gains, why_not_faster
 
     def size(shapes, candidate_gains):
         original = _bench("original", 1.0)
-        incumbent, candidate = _bench("incumbent", 0.8), _bench("candidate", 0.8 / 1.12)
+        # one rare fast run of the incumbent (0.6 ms against its 0.8 median): by fastest run it wins
+        incumbent, candidate = _bench("incumbent", 0.8, fastest=0.6), _bench("candidate", 0.8 / 1.12)
         incumbent.session_medians_ms = [0.8, 0.8]
         candidate.session_medians_ms = [0.8 / g for g in candidate_gains]
         pair = [ComparisonResult(status="ok", device="cuda", cuda_graph=False, original=original, optimized=b,
@@ -331,6 +333,11 @@ def test_every_session_must_win_over_the_sizes_not_at_each_size(second_session, 
     assert (one is None) == (second_session[0] > 1.0)
     if one is not None:
         assert one.startswith("in session 2 of 2 at images 1x3x640x640 ")
+    # timed in one session, the fastest run must agree too: the incumbent's one fast run refuses it
+    for timing in (candidate, incumbent, large[0], large[1]):
+        timing.optimized.session_medians_ms = []
+    candidate.other_sizes, incumbent.other_sizes = [large[0]], [large[1]]
+    assert why_not_faster(candidate, incumbent).startswith("by fastest run over the sizes")
 
 
 def test_channel_transposes_are_worth_a_trial_after_channels_last_or_where_the_model_has_them():
