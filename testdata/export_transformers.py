@@ -180,6 +180,33 @@ def export_attention_models(folder: Path, seed: int) -> None:
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
+def export_distilbert_unfolded(folder: Path, seed: int) -> None:
+    """``distilbert_tiny_unfolded_opset14.onnx`` and ``distilbert_tiny_sdpa_unfolded_opset14.onnx``:
+    ``distilbert_tiny_opset14``'s model, with eager and with sdpa attention, exported with constant folding
+    off (``do_constant_folding=False``) and a fixed sequence length (only the batch dynamic), as the zoo and
+    many pipelines export, in a venv with transformers 4.57.6. Eager attention keeps
+    ``mask.view(bs, 1, 1, k_length).expand_as(scores)`` ahead of the masked_fill (in float16, -65504: not
+    absorbing), which expand-by-broadcast writes as ``Or(mask, never)``; sdpa attention adds transformers 4's
+    ``_prepare_4d_attention_mask_for_sdpa`` mask, the inverted ``1 - m`` masked_filled with finfo(float32).min
+    where nonzero, which ``--precision fp16`` keeps in a float32 softmax island. Before their keep masks were
+    found, neither fused its attention under ``--precision fp16`` (DistilBERT-base: 137 and 144 nodes).
+    Behind ``tests/test_precision_drift.py::test_transformers_4_distilbert_under_fp16_fuses_its_attention``."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    axes = {"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "last_hidden_state": {0: "batch"}}
+    for suffix, attention in (("", "eager"), ("_sdpa", "sdpa")):
+        torch.manual_seed(seed)
+        model = DistilBertModel(DistilBertConfig(vocab_size=1000, max_position_embeddings=64, dim=64, n_layers=2,
+                                                 n_heads=2, hidden_dim=128, attn_implementation=attention))
+        out = folder / f"distilbert_tiny{suffix}_unfolded_opset14.onnx"
+        torch.onnx.export(_Encoder(_randomize(model.eval(), seed + 1)).eval(), (ids, mask), str(out),
+                          input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
+                          dynamic_axes=axes, opset_version=14, dynamo=False, do_constant_folding=False)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+
+
 def export_sdpa_models(folder: Path, seed: int) -> None:
     """``{bert,roberta,distilbert,gpt2,vit,whisper_encoder}_tiny_sdpa_opset{14,17}.onnx``: the same tiny
     architectures as :func:`export_attention_models` (plus BERT and ViT) with transformers' *default*
@@ -598,11 +625,15 @@ def main() -> None:
                     help="write the tiny sdpa GPT-2 exported with do_constant_folding=False instead")
     ap.add_argument("--kv-dynamo", action="store_true",
                     help="write the tiny Llama with its KV cache through the dynamo exporter (fp32, fp16) instead")
+    ap.add_argument("--distilbert-unfolded", action="store_true",
+                    help="write distilbert_tiny{,_sdpa}_unfolded_opset14.onnx (constant folding off) instead")
     ap.add_argument("--folder", type=Path, default=Path(__file__).resolve().parent,
                     help="where --kv-families, --dynamo, --t5 and --kv-dynamo write (default: testdata)")
     args = ap.parse_args()
     if args.t5:
         export_t5(args.folder, args.seed)
+    elif args.distilbert_unfolded:
+        export_distilbert_unfolded(args.folder, args.seed)
     elif args.unfolded:
         export_unfolded_models(args.folder, args.seed)
     elif args.kv_dynamo:

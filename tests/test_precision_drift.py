@@ -227,3 +227,35 @@ def test_transformers_4_bert_under_fp16_fuses_its_attention_on_the_right_padded_
     for out, ref in run_ort(model, feeds).items():
         err, cos = drift(ref, got[out])
         assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}: normalized max error {err:.3g}, cosine {cos:.6f}"
+
+
+@pytest.mark.parametrize("name,before", [("distilbert_tiny_unfolded_opset14", 49),
+                                         ("distilbert_tiny_sdpa_unfolded_opset14", 52)])
+def test_transformers_4_distilbert_under_fp16_fuses_its_attention(name, before):
+    """transformers 4.57's DistilBERT, exported with constant folding off and a fixed sequence length, under
+    --precision fp16, no promise needed. Eager: the keep mask is expanded to the scores' shape before a
+    masked_fill that writes -65504 in float16 (not absorbing: it fuses only as a raw keep mask), and
+    expand-by-broadcast writes that bool Expand as ``Or(mask, never)``, which the keep-mask search sees
+    through. sdpa: the mask is the inverted ``1 - m`` masked_filled with finfo(float32).min where nonzero,
+    a float32 softmax island that fuses only with a raw mask, and a keep mask (where m is 1) for any m.
+    Both attentions fuse with a raw ``mask_index`` and the float32 fill, validation passes, and this
+    test's own masks (holes, a row with every key masked, a 2 where the models keep or drop alike) drift
+    within what float16 allows. Before: no attention fused (``before`` nodes, 21 or 22 now)."""
+    model = load_testdata(name)
+    result = onnxfuse.optimize(model, precision="fp16", provider="cpu")
+    assert result.validation.passed and result.applied.counts["contrib-attention"] == 2
+    assert result.nodes_after < before // 2
+    attention = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    assert len(attention) == 2 and all(len(n.input) > 3 and n.input[3] for n in attention)  # mask_index
+    session = ort.InferenceSession(result.model.SerializeToString(), session_options(),
+                                   providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(6)
+    mask = (np.arange(8)[None, :] < np.array([8, 5, 1, 0])[:, None]).astype(np.int64)
+    mask[2, 3] = 1  # not right-padded: a keep mask needs no promise
+    mask[0, 0] = 2  # eager keeps it (m != 0), sdpa drops it (m != 1): the raw mask reads the same test
+    feeds = {"input_ids": rng.integers(0, 1000, (4, 8)).astype(np.int64), "attention_mask": mask}
+    got = dict(zip(names, session.run(names, feeds)))
+    for out, ref in run_ort(model, feeds).items():
+        err, cos = drift(ref, got[out])
+        assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}: normalized max error {err:.3g}, cosine {cos:.6f}"

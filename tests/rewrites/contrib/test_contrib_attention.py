@@ -1012,6 +1012,47 @@ def test_float16_masked_fill_becomes_a_raw_mask_with_the_float32_fill():
     assert np.max(np.abs(weaker[1] - want[1])) > 5e-2
 
 
+def test_always_false_sees_the_contradiction_and_nothing_less():
+    """always_false: And(x, Not(x)) whatever x is, an all-False constant, Or of two such, Not of an
+    all-True constant; not And(x, Not(y)) for another y, nor a plain input."""
+    from onnxfuse.rewrites.contrib.attention.keep_masks import always_false
+
+    x, y = gs.Variable("x", dtype=np.bool_, shape=[2, 3]), gs.Variable("y", dtype=np.bool_, shape=[2, 3])
+    graph = gs.Graph(inputs=[x, y])
+
+    def node(op, *inputs):
+        out = gs.Variable(f"t{len(graph.nodes)}", dtype=np.bool_)
+        graph.nodes.append(gs.Node(op, inputs=list(inputs), outputs=[out]))
+        return out
+
+    never = node("And", x, node("Not", x))
+    assert always_false(graph, never) and always_false(graph, node("And", node("Not", y), y))
+    assert always_false(graph, node("Or", never, gs.Constant("f", np.zeros((1, 3), np.bool_))))
+    assert always_false(graph, node("Not", gs.Constant("t", np.ones((2, 1), np.bool_))))
+    assert not always_false(graph, node("And", x, node("Not", y)))
+    assert not always_false(graph, x) and not always_false(graph, node("Or", never, y))
+
+
+def test_zero_where_false_needs_the_condition_to_be_the_cast_of_the_same_tensor():
+    """zero_where_false: Where(Cast(t, bool), f, Cast*(t)) adds 0 where the condition is False (t is 0
+    there, and so is any Cast of it); not for another tensor, nor for a condition that is not a bool Cast."""
+    from onnxfuse.rewrites.contrib.attention.keep_masks import zero_where_false
+
+    t = gs.Variable("t", dtype=np.float16, shape=[2, 3])
+    u = gs.Variable("u", dtype=np.float16, shape=[2, 3])
+    graph = gs.Graph(inputs=[t, u])
+
+    def cast(x, to, dtype):
+        out = gs.Variable(f"c{len(graph.nodes)}", dtype=dtype)
+        graph.nodes.append(gs.Node("Cast", attrs={"to": to}, inputs=[x], outputs=[out]))
+        return out
+
+    cond = cast(t, 9, np.bool_)
+    assert zero_where_false(graph, cond, t) and zero_where_false(graph, cond, cast(cast(t, 1, np.float32), 10, np.float16))
+    assert not zero_where_false(graph, cond, cast(u, 1, np.float32))
+    assert not zero_where_false(graph, cast(t, 1, np.float32), t)
+
+
 def test_float32_softmax_island_without_a_mask_fuses_and_with_a_float_mask_is_refused():
     out, _ = apply(island_model(mask=None))
     assert fused(out) == ["Attention"]

@@ -106,7 +106,7 @@ class KeepMask:
 
 
 def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, lengths=None,
-              zero_one_inputs: frozenset[str] = frozenset()) -> KeepMask | None:
+              zero_one_inputs: frozenset[str] = frozenset(), inverted: bool = False) -> KeepMask | None:
     """The mask steps ``terms`` (:func:`mask_terms`) as a :class:`KeepMask`, or None.
 
     Accepted: one term, either ``x + Where(c, 0, f)`` / ``x + Where(c, f, 0)`` (one branch a scalar
@@ -127,6 +127,12 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
     and nothing where m is 1, which is what the raw mask ``Cast(m, int32)`` with ``mask_filter_value`` c
     makes the kernel add (without the promise it is not one: m = 2 would add -c), a 0/1 m of any type
     cast to int32 being 0/1 too.
+    ``inverted``: also ``x + Where(Cast(t, bool), f, Cast*(t))``, transformers 4's sdpa mask
+    (``_prepare_4d_attention_mask_for_sdpa``: the inverted mask ``1 - m`` masked_filled with finfo.min
+    where it is nonzero), a keep mask for any m: where the condition is False, t is 0 and so is every
+    Cast of it (:func:`zero_where_false`); keep = Not(condition), per query when the mask was expanded to
+    [B, 1, S, L] before the Sub. Only where a raw mask is the one way to fuse (a float32 softmax island, a
+    float16 fill): elsewhere its additive bias is exact, and the raw per-query mask was not timed.
     ``lengths``: ``(tensor, axis)`` where B, S and L are read at run time; a dimension of ``keep`` that
     is not provably 1 or its name is then compared by length, both proved from how the tensors are made
     (:func:`~onnxfuse.rewrites.facts.shape_values.axis_length`): a KV-cache decoder's causal and padding
@@ -152,7 +158,7 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
         usable = (lambda f: f is not None and (np.isfinite(f) or (infinite_fill and f == -np.inf)))
         if is_zeros(graph, a) and usable(vb):
             keep_if_true, fill = True, vb
-        elif is_zeros(graph, b) and usable(va):
+        elif (is_zeros(graph, b) or (inverted and zero_where_false(graph, cond, b))) and usable(va):
             keep_if_true, fill = False, va
         else:
             return None
@@ -186,6 +192,23 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
     rank = 2 if ones[2] else 3
     expand = len(shape) != 4 or not (equal[0] and equal[3])
     return KeepMask(keep, negate, fill, rank, expand, zero_one)
+
+
+def zero_where_false(graph, cond, tensor) -> bool:
+    """``tensor`` is 0 wherever the bool ``cond`` is False: cond is ``Cast(t, to=bool)`` and tensor is t or
+    Casts of it (Cast(t, bool) is False only where t is 0, and any Cast of 0 is 0)."""
+    cast = producer_of(cond)
+    if not is_op(cast, "Cast") or int(cast.attrs.get("to", 0)) != 9 or not cast.inputs:
+        return False
+    source = cast.inputs[0]
+    for _ in range(4):
+        if tensor is source:
+            return True
+        p = producer_of(tensor)
+        if not is_op(p, "Cast") or not p.inputs:
+            return False
+        tensor = p.inputs[0]
+    return tensor is source
 
 
 def one_minus_mask(graph, tensor) -> tuple[gs.Tensor, float] | None:
@@ -299,10 +322,37 @@ def always_true(graph, tensor, depth: int = 8) -> bool:
     return bool(np.all(bound < 0) if strict else np.all(bound <= 0)) and provably_nonnegative(graph, big)
 
 
+def always_false(graph, tensor, depth: int = 8) -> bool:
+    """Every element of the bool ``tensor`` is False whatever the inputs: an all-False constant; ``And(x,
+    Not(x))``, the contradiction expand-by-broadcast writes to broadcast a bool tensor (``Or(x, never)``,
+    never = ``And(cond, Not(cond))`` of the Expand's shape: DistilBERT's float16 ``mask.expand_as(scores)``
+    becomes that); ``And`` with one such operand, ``Or`` of two, ``Not`` of :func:`always_true`, and
+    bool-to-bool ``Cast``, ``Expand`` and ``Identity`` of one."""
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return value.dtype == np.bool_ and value.size > 0 and not bool(np.any(value))
+    p = producer_of(tensor)
+    if depth == 0 or p is None or not p.inputs:
+        return False
+    if is_op(p, "Expand", "Identity") or (is_op(p, "Cast") and int(p.attrs.get("to", 0)) == 9
+                                          and dtype_of(graph, p.inputs[0]) == np.dtype(bool)):
+        return always_false(graph, p.inputs[0], depth - 1)
+    if is_op(p, "Not"):
+        return always_true(graph, p.inputs[0], depth - 1)
+    if is_op(p, "And", "Or") and len(p.inputs) == 2:
+        a, b = p.inputs
+        if p.op == "And":
+            return any(is_op(producer_of(y), "Not") and producer_of(y).inputs[0] is x for x, y in ((a, b), (b, a))) \
+                or always_false(graph, a, depth - 1) or always_false(graph, b, depth - 1)
+        return always_false(graph, a, depth - 1) and always_false(graph, b, depth - 1)
+    return False
+
+
 def broadcast_source(graph, tensor, depth: int = 8):
     """The tensor that ``tensor`` is a broadcast of: back through ``Expand`` (it only broadcasts),
     ``And`` with an all-True operand (a constant, or :func:`always_true`) and ``Or`` with an all-False
-    constant (the identities of bool logic, which then only broadcast the other operand), bool-to-bool
+    one (a constant, or :func:`always_false`: expand-by-broadcast's form of a bool Expand) (the
+    identities of bool logic, which then only broadcast the other operand), bool-to-bool
     ``Cast``, ``Identity`` and a ``Slice`` that keeps every element (:func:`whole_slice`: transformers'
     sdpa attention cuts its mask to the key's length, ``mask[:, :, :, :L]``, which it already is).
     Each step keeps every element of the result equal to the source's element at the broadcast index."""
@@ -319,7 +369,7 @@ def broadcast_source(graph, tensor, depth: int = 8):
             for this, other in (p.inputs, p.inputs[::-1]):
                 value = constant_value(graph, other)
                 if (value is not None and value.dtype == np.bool_ and bool(np.all(value == identity))) \
-                        or (identity and always_true(graph, other)):
+                        or (identity and always_true(graph, other)) or (not identity and always_false(graph, other)):
                     tensor = this
                     break
             else:

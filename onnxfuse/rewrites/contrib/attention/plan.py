@@ -144,6 +144,7 @@ def plan_attention(graph, anchor, nodes, q, k, v, factors, terms, dtype, island,
             key_mask = keep_mask(graph, terms, batch_of(graph, qx, q_layout), sequence_of(graph, qx, q_layout),
                                  sequence_of(graph, kx, k_layout), infinite_fill=zero_empty_rows,
                                  zero_one_inputs=zero_one_inputs,
+                                 inverted=(island and not half_terms) or fp16_fill or zero_empty_rows,
                                  lengths=((qx, AXES[q_layout][1]), (qx, AXES[q_layout][2]), (kx, AXES[k_layout][2])))
     if zero_empty_rows:
         if key_mask is None or q.layout == SEQ_FIRST:
