@@ -21,13 +21,27 @@ the second row's last 48) or two random images / spectrograms.
     python benchmarks/precision_families.py --out /tmp/families            # every family
     python benchmarks/precision_families.py --models bert_pooler@sdpa,llama@eager --out /tmp/families
 
+``--latency`` (on a GPU machine) is the done-when's other half, for the same families: optimize and
+the drift check run on CUDA, each family is also exported as its ``.half()`` twin (float32 I/O, the
+zoo's ``HalfIO``) and optimized as a user would (``optimize half.onnx --no-bench``), and ``onnxfuse bench
+HALF_OPT FP16`` times the two outputs in one interleaved run (two fresh sessions, all-ones masks) at
+each ``--batches`` size with CUDA graphs off and on; the ratio --precision fp16 / half() is the
+issue's "within 5%". ``--right-padded NAMES`` optimizes both under ``--right-padded attention_mask``
+(transformers 4's eager BERT fuses its attention only so, docs/benchmarks.md 5.48). ``--jobs N``
+prepares N families at once (export, optimize, drift), then times them one after another, so no
+timing shares the GPU:
+
+    python benchmarks/precision_families.py --latency --jobs 6 --out $OUT/families
+
 Writes ``families.json`` (rewritten after every model) and ``families.md`` in --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 import subprocess
 import sys
 import time
@@ -136,18 +150,39 @@ def samples(kind: str) -> tuple[list[str], list[dict]]:
     return [name], [{name: rng.standard_normal(shape, dtype=np.float32)} for _ in range(2)]
 
 
-def export(module, path: Path, input_names: list[str], output_names: list[str], example: dict) -> None:
+def export(module, path: Path, input_names: list[str], output_names: list[str], example: dict,
+           device: str = "cpu") -> None:
+    """Traced on ``device`` (a ``.half()`` module on the GPU: the CPU lacks some float16 kernels)."""
     import torch
     import warnings
 
     torch.manual_seed(0)
     torch.backends.mha.set_fastpath_enabled(False)  # nn.MultiheadAttention's fused path has no ONNX export (ViT)
-    args = tuple(torch.from_numpy(example[n][:1]) for n in input_names)
+    args = tuple(torch.from_numpy(example[n][:1]).to(device) for n in input_names)
     axes = {n: {0: "batch"} for n in input_names + output_names}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, str(path), dynamo=False, opset_version=14, do_constant_folding=False,
-                          input_names=input_names, output_names=output_names, dynamic_axes=axes)
+        torch.onnx.export(module.eval().to(device), args, str(path), dynamo=False, opset_version=14,
+                          do_constant_folding=False, input_names=input_names, output_names=output_names,
+                          dynamic_axes=axes)
+    module.to("cpu")
+
+
+def half_io(module):
+    """``module.half()`` behind float32 inputs and outputs, as the zoo's ``HalfIO`` (float inputs cast to
+    float16 going in, every output cast to float32 coming out), for one output or several."""
+    import torch
+
+    class Half(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = module.half()
+
+        def forward(self, *args):
+            out = self.m(*[a.half() if a.is_floating_point() else a for a in args])
+            return tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
+
+    return Half()
 
 
 def drift(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
@@ -159,7 +194,11 @@ def drift(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
     return float(np.max(np.abs(g - r))) / scale, cos
 
 
-def check(name: str, build, kind: str, output_names: list[str], work: Path, log) -> dict:
+def check(name: str, build, kind: str, output_names: list[str], work: Path, log, device: str = "cpu",
+          promise: tuple = ()) -> dict:
+    """Export ``name``, ``optimize --precision fp16`` it through the CLI (validated on ``device``'s provider,
+    under ``promise``, extra optimize arguments) and measure the output's drift from the float32 original
+    on ``device``."""
     import onnx
     import torch
 
@@ -173,7 +212,7 @@ def check(name: str, build, kind: str, output_names: list[str], work: Path, log)
     row = {"export_s": round(time.perf_counter() - t0, 1)}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "onnxfuse", "optimize", str(src), str(dst), "--precision", "fp16",
-                           "--no-bench", "--provider", "cpu", "-q", "--json", str(report)],
+                           "--no-bench", "--provider", device, *promise, "-q", "--json", str(report)],
                           capture_output=True, text=True)
     row.update(exit=proc.returncode, optimize_s=round(time.perf_counter() - t0, 1))
     if proc.returncode:
@@ -184,8 +223,8 @@ def check(name: str, build, kind: str, output_names: list[str], work: Path, log)
     row.update(nodes=result["nodes"], fused={k: v for k, v in result["ops_after"].items() if "::" in k},
                float32_nodes=len((result.get("precision") or {}).get("float32_nodes") or {}))
     original, optimized = onnx.load(str(src)), onnx.load(str(dst))
-    refs = run_samples(original, feeds, "cpu", name="float32 original")
-    gots = run_samples(optimized, feeds, "cpu", name="optimized")
+    refs = run_samples(original, feeds, device, name="float32 original")
+    gots = run_samples(optimized, feeds, device, name="optimized")
     worst = {}
     for sample, (ref, got) in enumerate(zip(refs, gots)):
         for out in ref:
@@ -198,6 +237,96 @@ def check(name: str, build, kind: str, output_names: list[str], work: Path, log)
         + ", ".join(f"{o} {w['error']:.2e} / {w['cosine']:.6f}" for o, w in worst.items())
         + ("" if row["within_budget"] else "  BEYOND THE BUDGET"))
     return row
+
+
+def bench_shapes(kind: str, batch: int) -> list[str]:
+    """``--shape`` arguments of one family's inputs at ``batch``."""
+    names, feeds = samples(kind)
+    dims = {n: (batch,) + feeds[0][n].shape[1:] for n in names}
+    return [arg for n in names for arg in ("--shape", f"{n}:{','.join(str(d) for d in dims[n])}")]
+
+
+def prepare(name: str, out: str, latency: bool, promise: tuple, device: str = "cuda") -> dict:
+    """One family, in a worker process of its own under ``--jobs``: :func:`check` (on CUDA with
+    ``--latency``), then the ``.half()`` export and its optimization for the latency pair. The row holds
+    the models' paths for :func:`time_pair`."""
+    import torch
+
+    work = Path(out) / "models"
+    build, kind, outputs = families()[name]
+
+    def log(msg: str) -> None:
+        print(f"[families {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    device = device if latency else "cpu"
+    row = check(name, build, kind, outputs, work, log, device, promise)
+    if not latency or row.get("exit") != 0:
+        return row
+    row["right_padded"] = bool(promise)
+    half, half_opt, report = work / f"{name}.half.onnx", work / f"{name}.half-opt.onnx", work / f"{name}.half.json"
+    torch.manual_seed(0)
+    export(half_io(build()), half, *samples(kind)[:1], outputs, samples(kind)[1][0], device=device)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "onnxfuse", "optimize", str(half), str(half_opt), "--no-bench",
+                           "--provider", device, *promise, "-q", "--json", str(report)], capture_output=True,
+                          text=True)
+    row["half_opt"] = {"exit": proc.returncode, "optimize_s": round(time.perf_counter() - t0, 1)}
+    if proc.returncode:
+        row["half_opt"]["message"] = (proc.stdout + proc.stderr).strip()[-600:]
+    else:
+        result = json.loads(report.read_text())["result"]
+        row["half_opt"].update(nodes=result["nodes"], fused={k: v for k, v in result["ops_after"].items() if "::" in k})
+        row["paths"] = {"half_opt": str(half_opt), "fp16": str(work / f"{name}.fp16.onnx")}
+    for done in (work / f"{name}.onnx", half):
+        done.unlink(missing_ok=True)  # only the two optimized models are timed: keep the disk free
+    log(f"{name}: half() export optimized, exit {proc.returncode}")
+    return row
+
+
+def time_pair(name: str, row: dict, kind: str, batches: list[int], graph_modes: list[bool], budget: float,
+              out: Path, log, device: str = "cuda") -> None:
+    """``onnxfuse bench HALF_OPT FP16`` at each batch and CUDA-graph mode, into ``row["latency"]``:
+    {"b16 graph=False": {"exit", "ms": [half() optimized, --precision fp16], "ratio"}}."""
+    paths = row.get("paths")
+    if not paths:
+        return
+    ranges = ["--input-range", "attention_mask:1,1"] if kind == "tokens" else []  # all ones keeps any promise
+    for batch in batches:
+        for graph in graph_modes:
+            js = out / f"bench-{name}-b{batch}-{int(graph)}.json"
+            proc = subprocess.run([sys.executable, "-m", "onnxfuse", "bench", paths["half_opt"], paths["fp16"],
+                                   *bench_shapes(kind, batch), *ranges, "--time-budget", str(budget),
+                                   "--sessions", "2", *(["--cuda-graph"] if graph else []), "--device", device,
+                                   "-q", "--json", str(js)], capture_output=True, text=True)
+            try:
+                result = json.loads(js.read_text()).get("result") or {}
+            except (OSError, ValueError):
+                result = {}
+            ms = [m["latency_ms"]["median_ms"] for m in result.get("models", [])]
+            cell = {"exit": proc.returncode, "ms": ms}
+            if proc.returncode == 0 and len(ms) == 2:
+                cell["ratio"] = ms[1] / ms[0]
+            else:
+                cell["message"] = (proc.stdout + proc.stderr).strip()[-400:]
+            row.setdefault("latency", {})[f"b{batch} graph={graph}"] = cell
+            log(f"{name}: b{batch}{' graph' if graph else ''}: half() optimized, --precision fp16: {ms}"
+                + (f" ({cell['ratio']:.3f})" if "ratio" in cell else f" exit {proc.returncode}"))
+
+
+def latency_markdown(record: dict) -> str:
+    rows = ["| model | batch | CUDA graph | half() optimized | --precision fp16 | fp16 / half() | within 5% |",
+            "|---|---:|:---:|---:|---:|---:|:---:|"]
+    for name, row in record.items():
+        for key, cell in (row.get("latency") or {}).items():
+            batch, graph = key.split(" ")
+            ms = cell.get("ms") or []
+            ratio = cell.get("ratio")
+            rows.append(f"| {name}{' (right-padded)' if row.get('right_padded') else ''} | {batch[1:]} | "
+                        f"{'yes' if graph.endswith('True') else 'no'} | "
+                        + (f"{ms[0]:.3f} | {ms[1]:.3f} | {ratio:.3f} | {'yes' if ratio <= 1.05 else '**no**'} |"
+                           if ratio is not None else f"exit {cell.get('exit')} | | | |"))
+    return ("\n## Latency: --precision fp16 against the half() export, both optimized\n\nMedian ms, each pair "
+            "timed in one interleaved `onnxfuse bench` run of two fresh sessions.\n\n" + "\n".join(rows) + "\n")
 
 
 def markdown(record: dict) -> str:
@@ -214,7 +343,8 @@ def markdown(record: dict) -> str:
                     f"{fused} " if i == 0 else "| | | | | ")
             rows.append(f"{lead}| {out} | {w['error']:.2e} | {w['cosine']:.6f} | "
                         f"{'yes' if w['error'] <= BUDGET_ERROR and w['cosine'] >= BUDGET_COSINE else '**no**'} |")
-    return "\n".join(rows) + "\n"
+    latency = any(row.get("latency") for row in record.values())
+    return "\n".join(rows) + "\n" + (latency_markdown(record) if latency else "")
 
 
 def main(argv=None) -> int:
@@ -222,6 +352,17 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None, help="comma list (default: every family); see --list")
     ap.add_argument("--list", action="store_true", help="print the family names and exit")
     ap.add_argument("--out", type=Path, default=Path("precision-families"))
+    ap.add_argument("--latency", action="store_true",
+                    help="on a GPU: optimize and check on CUDA, and time --precision fp16 against the optimized "
+                         ".half() export (onnxfuse bench)")
+    ap.add_argument("--batches", default="1,16", help="--latency: batch sizes (default 1,16)")
+    ap.add_argument("--graph-modes", default="off,on", help="--latency: CUDA graphs off, on or off,on")
+    ap.add_argument("--time-budget", type=float, default=0.5, help="--latency: seconds per model and session")
+    ap.add_argument("--right-padded", default="",
+                    help="families (comma list) optimized under --right-padded attention_mask")
+    ap.add_argument("--jobs", type=int, default=1, help="families prepared at once (timing is one at a time)")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="--latency on the CPU provider: a smoke test of the script (times mean nothing there)")
     args = ap.parse_args(argv)
     table = families()
     if args.list:
@@ -238,17 +379,52 @@ def main(argv=None) -> int:
     def log(msg: str) -> None:
         print(f"[families {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
-    for name in names:
-        build, kind, outputs = table[name]
-        try:
-            record[name] = check(name, build, kind, outputs, work, log)
-        except Exception as exc:  # an export the exporter refuses should not hide the other families
-            record[name] = {"error": repr(exc)[:500]}
-            log(f"{name}: failed: {exc!r}"[:300])
-        for f in work.glob(f"{name}*.onnx*"):
-            f.unlink()  # exports of a few hundred MB each: keep the disk free
+    promised = set(filter(None, args.right_padded.split(",")))
+    batches = [int(b) for b in args.batches.split(",")]
+    graph_modes = [{"off": False, "on": True}[m] for m in args.graph_modes.split(",")]
+
+    def save() -> None:
         (args.out / "families.json").write_text(json.dumps(record, indent=1))
         (args.out / "families.md").write_text(markdown(record))
+
+    def finish(name: str, row: dict) -> None:
+        record[name] = row
+        if args.latency:
+            time_pair(name, row, table[name][1], batches, [g for g in graph_modes if args.device == "cuda" or not g],
+                      args.time_budget, args.out, log, args.device)
+        for f in work.glob(f"{name}.*"):
+            f.unlink()  # exports of a few hundred MB each: keep the disk free
+        save()
+
+    def prepared(name: str, row: dict) -> None:
+        record[name] = row
+        save()
+
+    def failed(name: str, exc: BaseException) -> dict:  # an export the exporter refuses should not hide the others
+        log(f"{name}: failed: {exc!r}"[:300])
+        return {"error": repr(exc)[:500]}
+
+    promise = lambda n: ("--right-padded", "attention_mask") if n in promised else ()  # noqa: E731
+    if args.jobs > 1:
+        # workers prepare every family first; the timings follow one at a time, with nothing else on the GPU
+        spawn = multiprocessing.get_context("spawn")  # CUDA in forked workers fails
+        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
+            futures = {pool.submit(prepare, n, str(args.out), args.latency, promise(n), args.device): n for n in names}
+            for future in concurrent.futures.as_completed(futures):
+                name = futures[future]
+                try:
+                    prepared(name, future.result())
+                except Exception as exc:
+                    prepared(name, failed(name, exc))
+        for name in names:
+            finish(name, record[name])
+    else:
+        for name in names:
+            try:
+                row = prepare(name, str(args.out), args.latency, promise(name), args.device)
+            except Exception as exc:
+                row = failed(name, exc)
+            finish(name, row)
     bad = [n for n, r in record.items() if r.get("exit") != 0 or not r.get("within_budget")]
     log(f"{len(record) - len(bad)} of {len(record)} exit 0 within the budget" + (f"; not: {', '.join(bad)}" if bad else ""))
     return 1 if bad else 0

@@ -10,6 +10,9 @@ or a ``masked_fill``), the op gets ``mask_index`` = ``Cast(Flatten(keep), int32)
 mask) or ``Cast(Squeeze(keep, [1]), int32)`` ([B, S, L], a mask per query: causal and padding), with a
 batch of 1 spelled out by ``Expand`` first and ``Not`` first when the Where fills where the condition is
 True, and ``mask_filter_value`` = the fill, instead of the expanded [B, 1, S, L] ``attention_bias``.
+Where a raw mask is the only way to fuse (below), transformers 4's sdpa mask is one too: the inverted
+``1 - m`` masked_filled with finfo.min where nonzero, ``Where(Cast(t, bool), f, t)``, adds 0 exactly
+where its condition is False (:func:`zero_where_false`), whatever m holds.
 "Provably" is by name (the same static size or ``dim_param``) or, where inference invented the
 dimension, by length proved from how keep and the query or key are made
 (:func:`~onnxfuse.rewrites.facts.shape_values.axis_length`: a KV-cache mask grid ``Range(0, past + S)``
