@@ -1,7 +1,9 @@
 """Issue 33's precision cells for one transformer, without the zoo's full grid: the float32 export and
 its ``.half()`` twin (the zoo's builders and exporter), then ``onnxfuse optimize`` three ways through the
 CLI a user runs (the half() export as it is; the float32 export with ``--precision fp16`` and with
-``--precision bf16``, under ``--right-padded attention_mask`` where the model takes a mask), each pair
+``--precision bf16``; all three under ``--right-padded attention_mask`` for the models of
+``--right-padded``: until 2026-11-29 the half() export was optimized without it, so its attention took
+the additive bias while the precision variants took 1-D lengths, docs/benchmarks.md 5.60), each pair
 timed with ``onnxfuse bench`` (interleaved rounds, IOBinding on the GPU) at batch 1 and 16, CUDA graphs
 off and on, and profiled at batch 1 without graphs: nodes and kernels per run and the ops whose
 host-side time differs, the question of the zoo's one slow cell (docs/benchmarks.md 5.52: ``--precision
@@ -76,7 +78,7 @@ def run_model(name: str, work: Path, batches: list[int], budget: float, record: 
     promise = ["--right-padded", "attention_mask"] if mask and right_padded else []
     unchecked = ["--no-validate"] if device == "cpu" else []  # bf16 validates on CUDA only
     variants = {
-        "half-opt": (half, []),
+        "half-opt": (half, [*promise]),  # the same user, the same promise: the pair differs by precision only
         "precision-fp16": (fp32, ["--precision", "fp16", *promise]),
         "precision-bf16": (fp32, ["--precision", "bf16", *promise, *unchecked]),
     }
