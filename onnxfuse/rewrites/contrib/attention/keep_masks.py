@@ -296,6 +296,13 @@ def is_zeros(graph, tensor) -> bool:
         return False
 
 
+def _bool_values_kept(graph, node) -> bool:
+    """``node``'s output holds its first input's bool values, at most broadcast: ``Expand``, ``Identity``,
+    a bool-to-bool ``Cast``."""
+    return node is not None and bool(node.inputs) and (is_op(node, "Expand", "Identity") or (
+        is_op(node, "Cast") and int(node.attrs.get("to", 0)) == 9 and dtype_of(graph, node.inputs[0]) == np.dtype(bool)))
+
+
 def always_true(graph, tensor, depth: int = 8) -> bool:
     """Every element of the bool ``tensor`` is True whatever the inputs: an all-True constant; ``x >= c``
     (``c <= x``) with x provably non-negative (:func:`~onnxfuse.rewrites.facts.graph.provably_nonnegative`)
@@ -309,8 +316,7 @@ def always_true(graph, tensor, depth: int = 8) -> bool:
     p = producer_of(tensor)
     if depth == 0 or p is None or not p.inputs:
         return False
-    if is_op(p, "Expand", "Identity") or (is_op(p, "Cast") and int(p.attrs.get("to", 0)) == 9
-                                          and dtype_of(graph, p.inputs[0]) == np.dtype(bool)):
+    if _bool_values_kept(graph, p):
         return always_true(graph, p.inputs[0], depth - 1)
     if is_op(p, "And", "Or") and len(p.inputs) == 2:
         parts = [always_true(graph, t, depth - 1) for t in p.inputs]
@@ -337,8 +343,7 @@ def always_false(graph, tensor, depth: int = 8) -> bool:
     p = producer_of(tensor)
     if depth == 0 or p is None or not p.inputs:
         return False
-    if is_op(p, "Expand", "Identity") or (is_op(p, "Cast") and int(p.attrs.get("to", 0)) == 9
-                                          and dtype_of(graph, p.inputs[0]) == np.dtype(bool)):
+    if _bool_values_kept(graph, p):
         return always_false(graph, p.inputs[0], depth - 1)
     if is_op(p, "Not"):
         return always_true(graph, p.inputs[0], depth - 1)
@@ -361,11 +366,7 @@ def broadcast_source(graph, tensor, depth: int = 8):
     Each step keeps every element of the result equal to the source's element at the broadcast index."""
     for _ in range(depth):
         p = producer_of(tensor)
-        if is_op(p, "Expand", "Identity") and p.inputs:
-            tensor = p.inputs[0]
-        elif is_op(p, "Slice") and whole_slice(graph, p):
-            tensor = p.inputs[0]
-        elif is_op(p, "Cast") and dtype_of(graph, p.inputs[0]) == np.dtype(bool) and int(p.attrs.get("to", 0)) == 9:
+        if _bool_values_kept(graph, p) or (is_op(p, "Slice") and whole_slice(graph, p)):
             tensor = p.inputs[0]
         elif is_op(p, "And", "Or") and len(p.inputs) == 2:
             identity = p.op == "And"
