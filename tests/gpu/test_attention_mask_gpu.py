@@ -251,3 +251,46 @@ def test_transformers_4_mask_under_the_promise_matches_the_original_on_cuda():
     feeds = {"x": np.random.default_rng(3).standard_normal((4, seq, E)).astype(np.float16), "m": m}
     want, got = run_cuda(model, feeds).astype(np.float64), run_cuda(out, feeds).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("name,fused", [("distilbert_tiny_unfolded_opset14", "Attention"),
+                                        ("distilbert_tiny_sdpa_unfolded_opset14", "Attention"),
+                                        ("bert_tiny_dynamo", "Attention"),
+                                        ("optimum_bart_decoder", "MultiHeadAttention")])
+def test_precision_fp16_keep_masks_without_a_promise_match_the_float32_original_on_cuda(name, fused):
+    """The keep masks --precision fp16 finds without a promise (keep_masks.always_false: DistilBERT eager's
+    expanded masked_fill; zero_where_false: transformers 4's sdpa mask; docs/benchmarks.md 5.60), first
+    validated on the CPU: on CUDA the output loads, holds the fused op, validates, and its outputs on masks
+    with holes and a row with every key masked stay within float16's drift budget of the float32
+    original (normalized max error 2e-2, cosine 0.999)."""
+    import onnxruntime as ort
+
+    import onnxfuse
+    from onnxfuse.custom_ops import session_options
+
+    model = helpers.load_testdata(name)
+    result = onnxfuse.optimize(model, precision="fp16", provider="cuda")
+    assert result.validation.passed
+    assert fused in [n.op_type for n in result.model.graph.node], result.applied.refusals
+    rng = np.random.default_rng(11)
+    feeds = {}
+    for vi in model.graph.input:
+        dims = [d.dim_value or 4 for d in vi.type.tensor_type.shape.dim]
+        if vi.type.tensor_type.elem_type == T.INT64 and "mask" in vi.name:
+            mask = (np.arange(dims[1])[None, :] < np.array([dims[1], 3, 1, 0])[:, None]).astype(np.int64)
+            mask[2, dims[1] - 1] = 1  # a hole: not right-padded
+            feeds[vi.name] = mask
+        elif vi.type.tensor_type.elem_type == T.INT64:
+            feeds[vi.name] = rng.integers(0, 100, dims).astype(np.int64)
+        else:
+            feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
+    want = helpers.run_ort(model, feeds)  # the float32 original on the CPU provider
+    session = ort.InferenceSession(result.model.SerializeToString(), session_options(),
+                                   providers=[("CUDAExecutionProvider", {"use_tf32": "0"})])
+    names = [o.name for o in session.get_outputs()]
+    got = dict(zip(names, session.run(names, feeds)))
+    for key, ref in want.items():
+        ref, out = ref.astype(np.float64), got[key].astype(np.float64)
+        error = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+        cosine = float(out.ravel() @ ref.ravel() / max(np.linalg.norm(out) * np.linalg.norm(ref), 1e-30))
+        assert error <= 2e-2 and cosine >= 0.999, (key, error, cosine)
