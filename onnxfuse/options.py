@@ -396,7 +396,8 @@ _OPTIMIZE = (
                                     show_default=True, to_api=_on),
            report="measured"),
     Option("tune_time", "Seconds of tuning after the first timing (the never-slower fallbacks and the measured "
-                        "choices; default 60): past it no new candidate starts, and a slower model falls back "
+                        "choices; default 60): past it no new candidate starts, no measured choice starts that "
+                        "the longest trial so far says would end past it, and a slower model falls back "
                         "straight to the graph as loaded.",
            annotation="float | None", check=lambda value: checked_seconds(value, "tune_time"),
            command_line=CommandLine("--tune-time", "tune_time", value="float", minimum=0, metavar="SECONDS")),

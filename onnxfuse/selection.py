@@ -429,7 +429,9 @@ def try_measured(current_timing, choices: list[Choice], attempt: Callable, retim
     validates, returning (model, applied, validation) or a reason string; ``retime(model)`` times it
     against the original. A trial is kept when it changed the model (an added rule applied) and it
     :func:`is_faster`; the next trial builds on the kept ones. Nothing is tried when the output was not
-    timed; none starts past ``deadline`` (``time.monotonic()``).
+    timed; none starts past ``deadline`` (``time.monotonic()``), nor where the longest trial so far would
+    end past it (EfficientNet-B0's float16 trial took most of the 60 s on an H200, docs/benchmarks.md
+    5.59: ``--tune-time`` is then overrun by at most one trial, the first).
 
     Given ``current_model`` (the output ``current_timing`` timed), each trial is timed beside the
     incumbent, ``retime(model, beside=incumbent)`` → (trial's timing, incumbent's), in one run, and judged
@@ -441,12 +443,17 @@ def try_measured(current_timing, choices: list[Choice], attempt: Callable, retim
     incumbent = current_model
     added: list[str] = []
     removed: list[str] = []
+    longest = 0.0  # the longest trial so far, in seconds: one that would not end before the deadline is not started
     for choice in choices:
         trial = Trial(choice=choice)
         trials.append(trial)
         if _past(deadline):
             trial.refused = "not tried: tuning time spent"
             continue
+        if deadline is not None and time.monotonic() + longest > deadline:
+            trial.refused = f"not tried: tuning time spent (a trial took {longest:.0f} s, less is left)"
+            continue
+        started = time.monotonic()
         if choice.after is not None and choice.after not in added and incumbent is not None \
                 and not choice.worth(incumbent):  # saves a rewrite and a validation that would change nothing
             trial.refused = f"not tried: {choice.after} not kept"
@@ -467,6 +474,7 @@ def try_measured(current_timing, choices: list[Choice], attempt: Callable, retim
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             trial.refused = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             continue
+        longest = max(longest, time.monotonic() - started)
         trial.detail = why_not_faster(trial.timing, trial.against(current_timing))
         if trial.detail is not None:
             trial.refused = "not faster"

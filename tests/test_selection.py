@@ -563,3 +563,31 @@ def test_tune_dim_names_sizes_by_dimension(monkeypatch):
     result = onnxfuse.optimize(model, bench=True, samples=1, tune=False, tune_dims={"batch": [8]})
     assert [b for _, b in calls] == [1, 8]
     assert result.timing.other_sizes[0].shapes == {"input_ids": [8, 1], "attention_mask": [8, 1]}
+
+
+def test_a_trial_that_would_end_past_the_tuning_time_is_not_started(monkeypatch):
+    """try_measured starts no trial when the longest one so far would end past the deadline: the first
+    trial's timing takes 5 s (a stand-in clock), 3 s are left, so the second is refused naming both; with
+    time for it, it runs."""
+    import onnxfuse.selection as selection
+    from onnxfuse.selection import Choice, try_measured
+
+    clock = [100.0]
+    monkeypatch.setattr(selection.time, "monotonic", lambda: clock[0])
+
+    class Applied:
+        counts = {"contrib-channels-last": 1, "contrib-channel-transpose": 1}
+
+    def retime(model, beside=None):
+        clock[0] += 5.0
+        return _timing(1.0, 0.9), _timing(1.0, 0.9)
+
+    choices = [Choice("contrib-channels-last", add=True, worth=lambda m: True),
+               Choice("contrib-channel-transpose", add=True, worth=lambda m: True)]
+    attempt = lambda added, removed: ("model", Applied(), None)  # noqa: E731
+    trials = try_measured(_timing(1.0, 0.9), choices, attempt, retime, deadline=108.0, current_model="output")
+    assert trials[0].refused == "not faster" and trials[0].timing is not None
+    assert trials[1].refused == "not tried: tuning time spent (a trial took 5 s, less is left)"
+    clock[0] = 100.0
+    trials = try_measured(_timing(1.0, 0.9), choices, attempt, retime, deadline=111.0, current_model="output")
+    assert [t.refused for t in trials] == ["not faster", "not faster"]
