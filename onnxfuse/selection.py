@@ -307,16 +307,18 @@ def why_not_faster(candidate_timing, current_timing) -> str | None:
     by both in another, 5.42).
 
     Timed side by side in several fresh sessions (:func:`session_gains`), the median decides, pooled and
-    session by session: the candidate must also be faster in every session, by that session's geometric
-    mean over the sizes, since pooled samples can hide a session it lost. The sessions are the
-    replication the fastest run stood in for, and the fastest of some hundred pooled runs is the one
-    statistic a rare fast run of either model sets: the YOLO-style detector's channels-last, float32,
-    read +15% and +10% by session median at the validation shape and +17.6% and +17.8% at batch 16, and
-    was refused "by fastest run over the sizes -0.6%" (5.59). Not at every size of every session: a host-bound size moves by more than a choice's
-    gain from one session to the next, and asking each (size, session) cell to win refused gains the
-    other sizes showed in every session (the YOLO-style detector's channels-last, float32, in one zoo run:
-    +14.2% and -0.7% in the two sessions at 1 × 3 × 640 × 640, +18.4% and +17.8% at batch 16; refused
-    there, kept in the run before, and the output 1.29× slower at batch 16; docs/benchmarks.md 5.59).
+    session by session, and the candidate must be faster in every session (pooled samples can hide a
+    session it lost). docs/benchmarks.md 5.59, the YOLO-style detector's channels-last in float32:
+
+    - The fastest run does not decide there: the sessions are the replication it stood in for, and the
+      fastest of some hundred pooled runs is set by one rare run of either model. The trial read +15% and
+      +10% by session median at the validation shape, +17.6% and +17.8% at batch 16, and was refused "by
+      fastest run over the sizes -0.6%".
+    - A session's gain is its geometric mean over the sizes, not each size's: a host-bound size moves by
+      more than a choice's gain from one session to the next. Asking every (size, session) cell to win
+      refused +14.2% and -0.7% at 1 × 3 × 640 × 640 with +18.4% and +17.8% at batch 16, and that output
+      ran 1.29× slower at batch 16 than the run that kept it.
+
     A size that loses beyond the margin by the pooled figures still refuses it (above)."""
     # start-up: tune_sizes loads the input samplers (numpy), which importing this module does not
     from onnxfuse.tune_sizes import shapes_text

@@ -350,8 +350,12 @@ def always_false(graph, tensor, depth: int = 8) -> bool:
     if is_op(p, "And", "Or") and len(p.inputs) == 2:
         a, b = p.inputs
         if p.op == "And":
-            return any(is_op(producer_of(y), "Not") and producer_of(y).inputs[0] is x for x, y in ((a, b), (b, a))) \
-                or always_false(graph, a, depth - 1) or always_false(graph, b, depth - 1)
+            def negates(y, x) -> bool:  # y = Not(x)
+                n = producer_of(y)
+                return is_op(n, "Not") and bool(n.inputs) and n.inputs[0] is x
+
+            return negates(b, a) or negates(a, b) or always_false(graph, a, depth - 1) \
+                or always_false(graph, b, depth - 1)
         return always_false(graph, a, depth - 1) and always_false(graph, b, depth - 1)
     return False
 
