@@ -313,18 +313,24 @@ def time_pair(name: str, row: dict, kind: str, batches: list[int], graph_modes: 
                 + (f" ({cell['ratio']:.3f})" if "ratio" in cell else f" exit {proc.returncode}"))
 
 
+def attention_ops(fused: dict | None) -> int:
+    """How many fused attention ops (Attention, MultiHeadAttention, GroupQueryAttention) an output holds."""
+    return sum(v for k, v in (fused or {}).items() if k.endswith("Attention"))
+
+
 def latency_markdown(record: dict) -> str:
-    rows = ["| model | batch | CUDA graph | half() optimized | --precision fp16 | fp16 / half() | within 5% |",
-            "|---|---:|:---:|---:|---:|---:|:---:|"]
+    rows = ["| model | batch | CUDA graph | half() optimized | --precision fp16 | fp16 / half() | within 5% | "
+            "attention ops (half() / fp16) |", "|---|---:|:---:|---:|---:|---:|:---:|---:|"]
     for name, row in record.items():
+        attention = f"{attention_ops((row.get('half_opt') or {}).get('fused'))} / {attention_ops(row.get('fused'))}"
         for key, cell in (row.get("latency") or {}).items():
             batch, graph = key.split(" ")
             ms = cell.get("ms") or []
             ratio = cell.get("ratio")
             rows.append(f"| {name}{' (right-padded)' if row.get('right_padded') else ''} | {batch[1:]} | "
                         f"{'yes' if graph.endswith('True') else 'no'} | "
-                        + (f"{ms[0]:.3f} | {ms[1]:.3f} | {ratio:.3f} | {'yes' if ratio <= 1.05 else '**no**'} |"
-                           if ratio is not None else f"exit {cell.get('exit')} | | | |"))
+                        + (f"{ms[0]:.3f} | {ms[1]:.3f} | {ratio:.3f} | {'yes' if ratio <= 1.05 else '**no**'} | "
+                           if ratio is not None else f"exit {cell.get('exit')} | | | | ") + f"{attention} |")
     return ("\n## Latency: --precision fp16 against the half() export, both optimized\n\nMedian ms, each pair "
             "timed in one interleaved `onnxfuse bench` run of two fresh sessions.\n\n" + "\n".join(rows) + "\n")
 
