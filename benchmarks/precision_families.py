@@ -29,9 +29,10 @@ each ``--batches`` size with CUDA graphs off and on; the ratio --precision fp16 
 issue's "within 5%". ``--right-padded NAMES`` optimizes both under ``--right-padded attention_mask``
 (transformers 4's eager BERT fuses its attention only so, docs/benchmarks.md 5.48). ``--jobs N``
 prepares N families at once (export, optimize, drift), then times them one after another, so no
-timing shares the GPU:
+timing shares the GPU. ``--bf16 NAMES`` (or ``all``) also optimizes those with ``--precision bf16`` and
+times that output against the same half() model (issue 33's bf16 rows):
 
-    python benchmarks/precision_families.py --latency --jobs 6 --out $OUT/families
+    python benchmarks/precision_families.py --latency --jobs 6 --bf16 bert_pooler@sdpa,gpt2_small@sdpa --out $OUT/families
 
 Writes ``families.json`` (rewritten after every model) and ``families.md`` in --out.
 """
@@ -246,10 +247,11 @@ def bench_shapes(kind: str, batch: int) -> list[str]:
     return [arg for n in names for arg in ("--shape", f"{n}:{','.join(str(d) for d in dims[n])}")]
 
 
-def prepare(name: str, out: str, latency: bool, promise: tuple, device: str = "cuda") -> dict:
+def prepare(name: str, out: str, latency: bool, promise: tuple, device: str = "cuda", bf16: bool = False) -> dict:
     """One family, in a worker process of its own under ``--jobs``: :func:`check` (on CUDA with
     ``--latency``), then the ``.half()`` export and its optimization for the latency pair. The row holds
-    the models' paths for :func:`time_pair`."""
+    the models' paths for :func:`time_pair`. ``bf16``: ``optimize --precision bf16`` of the float32 export
+    too (validated on CUDA; unvalidated in a ``--device cpu`` smoke test), timed against half() as well."""
     import torch
 
     work = Path(out) / "models"
@@ -277,24 +279,46 @@ def prepare(name: str, out: str, latency: bool, promise: tuple, device: str = "c
         result = json.loads(report.read_text())["result"]
         row["half_opt"].update(nodes=result["nodes"], fused={k: v for k, v in result["ops_after"].items() if "::" in k})
         row["paths"] = {"half_opt": str(half_opt), "fp16": str(work / f"{name}.fp16.onnx")}
+    if bf16 and "paths" in row:
+        made, report = work / f"{name}.bf16.onnx", work / f"{name}.bf16.json"
+        unchecked = ["--no-validate"] if device == "cpu" else []  # bfloat16 validates on CUDA only
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "onnxfuse", "optimize", str(work / f"{name}.onnx"), str(made),
+                               "--precision", "bf16", "--no-bench", "--provider", device, *promise, *unchecked, "-q",
+                               "--json", str(report)], capture_output=True, text=True)
+        row["bf16"] = {"exit": proc.returncode, "optimize_s": round(time.perf_counter() - t0, 1)}
+        if proc.returncode:
+            row["bf16"]["message"] = (proc.stdout + proc.stderr).strip()[-600:]
+        else:
+            result = json.loads(report.read_text())["result"]
+            row["bf16"].update(nodes=result["nodes"], fused={k: v for k, v in result["ops_after"].items() if "::" in k})
+            row["paths"]["bf16"] = str(made)
+        log(f"{name}: --precision bf16 exit {proc.returncode}")
     for done in (work / f"{name}.onnx", half):
-        done.unlink(missing_ok=True)  # only the two optimized models are timed: keep the disk free
+        done.unlink(missing_ok=True)  # only the optimized models are timed: keep the disk free
     log(f"{name}: half() export optimized, exit {proc.returncode}")
     return row
 
 
 def time_pair(name: str, row: dict, kind: str, batches: list[int], graph_modes: list[bool], budget: float,
               out: Path, log, device: str = "cuda") -> None:
-    """``onnxfuse bench HALF_OPT FP16`` at each batch and CUDA-graph mode, into ``row["latency"]``:
-    {"b16 graph=False": {"exit", "ms": [half() optimized, --precision fp16], "ratio"}}."""
+    """``onnxfuse bench HALF_OPT FP16`` (and ``HALF_OPT BF16`` where made) at each batch and CUDA-graph mode,
+    into ``row["latency"]`` (``row["latency_bf16"]``): {"b16 graph=False": {"exit", "ms": [half() optimized,
+    --precision fp16], "ratio"}}."""
     paths = row.get("paths")
     if not paths:
         return
     ranges = ["--input-range", "attention_mask:1,1"] if kind == "tokens" else []  # all ones keeps any promise
+    for variant, key in (("fp16", "latency"), ("bf16", "latency_bf16")):
+        if variant in paths:
+            _time_variant(name, row, paths, variant, key, ranges, kind, batches, graph_modes, budget, out, log, device)
+
+
+def _time_variant(name, row, paths, variant, key, ranges, kind, batches, graph_modes, budget, out, log, device):
     for batch in batches:
         for graph in graph_modes:
-            js = out / f"bench-{name}-b{batch}-{int(graph)}.json"
-            proc = subprocess.run([sys.executable, "-m", "onnxfuse", "bench", paths["half_opt"], paths["fp16"],
+            js = out / f"bench-{name}-{variant}-b{batch}-{int(graph)}.json"
+            proc = subprocess.run([sys.executable, "-m", "onnxfuse", "bench", paths["half_opt"], paths[variant],
                                    *bench_shapes(kind, batch), *ranges, "--time-budget", str(budget),
                                    "--sessions", "2", *(["--cuda-graph"] if graph else []), "--device", device,
                                    "-q", "--json", str(js)], capture_output=True, text=True)
@@ -308,8 +332,8 @@ def time_pair(name: str, row: dict, kind: str, batches: list[int], graph_modes: 
                 cell["ratio"] = ms[1] / ms[0]
             else:
                 cell["message"] = (proc.stdout + proc.stderr).strip()[-400:]
-            row.setdefault("latency", {})[f"b{batch} graph={graph}"] = cell
-            log(f"{name}: b{batch}{' graph' if graph else ''}: half() optimized, --precision fp16: {ms}"
+            row.setdefault(key, {})[f"b{batch} graph={graph}"] = cell
+            log(f"{name}: b{batch}{' graph' if graph else ''}: half() optimized, --precision {variant}: {ms}"
                 + (f" ({cell['ratio']:.3f})" if "ratio" in cell else f" exit {proc.returncode}"))
 
 
@@ -318,20 +342,22 @@ def attention_ops(fused: dict | None) -> int:
     return sum(v for k, v in (fused or {}).items() if k.endswith("Attention"))
 
 
-def latency_markdown(record: dict) -> str:
-    rows = ["| model | batch | CUDA graph | half() optimized | --precision fp16 | fp16 / half() | within 5% | "
-            "attention ops (half() / fp16) |", "|---|---:|:---:|---:|---:|---:|:---:|---:|"]
+def latency_markdown(record: dict, variant: str = "fp16") -> str:
+    key = "latency" if variant == "fp16" else f"latency_{variant}"
+    rows = [f"| model | batch | CUDA graph | half() optimized | --precision {variant} | {variant} / half() | within 5% | "
+            f"attention ops (half() / {variant}) |", "|---|---:|:---:|---:|---:|---:|:---:|---:|"]
     for name, row in record.items():
-        attention = f"{attention_ops((row.get('half_opt') or {}).get('fused'))} / {attention_ops(row.get('fused'))}"
-        for key, cell in (row.get("latency") or {}).items():
-            batch, graph = key.split(" ")
+        mine = row.get("fused") if variant == "fp16" else (row.get(variant) or {}).get("fused")
+        attention = f"{attention_ops((row.get('half_opt') or {}).get('fused'))} / {attention_ops(mine)}"
+        for cell_key, cell in (row.get(key) or {}).items():
+            batch, graph = cell_key.split(" ")
             ms = cell.get("ms") or []
             ratio = cell.get("ratio")
             rows.append(f"| {name}{' (right-padded)' if row.get('right_padded') else ''} | {batch[1:]} | "
                         f"{'yes' if graph.endswith('True') else 'no'} | "
                         + (f"{ms[0]:.3f} | {ms[1]:.3f} | {ratio:.3f} | {'yes' if ratio <= 1.05 else '**no**'} | "
                            if ratio is not None else f"exit {cell.get('exit')} | | | | ") + f"{attention} |")
-    return ("\n## Latency: --precision fp16 against the half() export, both optimized\n\nMedian ms, each pair "
+    return (f"\n## Latency: --precision {variant} against the half() export, both optimized\n\nMedian ms, each pair "
             "timed in one interleaved `onnxfuse bench` run of two fresh sessions.\n\n" + "\n".join(rows) + "\n")
 
 
@@ -349,8 +375,9 @@ def markdown(record: dict) -> str:
                     f"{fused} " if i == 0 else "| | | | | ")
             rows.append(f"{lead}| {out} | {w['error']:.2e} | {w['cosine']:.6f} | "
                         f"{'yes' if w['error'] <= BUDGET_ERROR and w['cosine'] >= BUDGET_COSINE else '**no**'} |")
-    latency = any(row.get("latency") for row in record.values())
-    return "\n".join(rows) + "\n" + (latency_markdown(record) if latency else "")
+    tables = "".join(latency_markdown(record, variant) for variant, key in (("fp16", "latency"), ("bf16", "latency_bf16"))
+                     if any(row.get(key) for row in record.values()))
+    return "\n".join(rows) + "\n" + tables
 
 
 def main(argv=None) -> int:
@@ -367,6 +394,9 @@ def main(argv=None) -> int:
     ap.add_argument("--right-padded", default="",
                     help="families (comma list) optimized under --right-padded attention_mask")
     ap.add_argument("--jobs", type=int, default=1, help="families prepared at once (timing is one at a time)")
+    ap.add_argument("--bf16", default="",
+                    help="--latency: families (comma list, or 'all') also optimized with --precision bf16 and timed "
+                         "against half() (issue 33's bf16 rows, for the transformers)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="--latency on the CPU provider: a smoke test of the script (times mean nothing there)")
     args = ap.parse_args(argv)
@@ -411,11 +441,14 @@ def main(argv=None) -> int:
         return {"error": repr(exc)[:500]}
 
     promise = lambda n: ("--right-padded", "attention_mask") if n in promised else ()  # noqa: E731
+    with_bf16 = set(filter(None, args.bf16.split(",")))
+    bf16 = lambda n: "all" in with_bf16 or n in with_bf16  # noqa: E731
     if args.jobs > 1:
         # workers prepare every family first; the timings follow one at a time, with nothing else on the GPU
         spawn = multiprocessing.get_context("spawn")  # CUDA in forked workers fails
         with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
-            futures = {pool.submit(prepare, n, str(args.out), args.latency, promise(n), args.device): n for n in names}
+            futures = {pool.submit(prepare, n, str(args.out), args.latency, promise(n), args.device, bf16(n)): n
+                       for n in names}
             for future in concurrent.futures.as_completed(futures):
                 name = futures[future]
                 try:
@@ -427,7 +460,7 @@ def main(argv=None) -> int:
     else:
         for name in names:
             try:
-                row = prepare(name, str(args.out), args.latency, promise(name), args.device)
+                row = prepare(name, str(args.out), args.latency, promise(name), args.device, bf16(name))
             except Exception as exc:
                 row = failed(name, exc)
             finish(name, row)
