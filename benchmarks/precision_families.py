@@ -195,6 +195,22 @@ def drift(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
     return float(np.max(np.abs(g - r))) / scale, cos
 
 
+def optimize_cli(src: Path, dst: Path, report: Path, *args: str) -> tuple[dict, dict | None]:
+    """``python -m onnxfuse optimize SRC DST --no-bench -q --json REPORT ARGS``, as a user runs it: (a record of
+    its exit code and seconds, with the output's node counts and fused ops when it wrote one, else the
+    message's tail; the report's ``result``, None when it failed)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "onnxfuse", "optimize", str(src), str(dst), "--no-bench", *args,
+                           "-q", "--json", str(report)], capture_output=True, text=True)
+    record = {"exit": proc.returncode, "optimize_s": round(time.perf_counter() - t0, 1)}
+    if proc.returncode:
+        record["message"] = (proc.stdout + proc.stderr).strip()[-600:]
+        return record, None
+    result = json.loads(report.read_text())["result"]
+    record.update(nodes=result["nodes"], fused={k: v for k, v in result["ops_after"].items() if "::" in k})
+    return record, result
+
+
 def check(name: str, build, kind: str, output_names: list[str], work: Path, log, device: str = "cpu",
           promise: tuple = ()) -> dict:
     """Export ``name``, ``optimize --precision fp16`` it through the CLI (validated on ``device``'s provider,
@@ -211,18 +227,12 @@ def check(name: str, build, kind: str, output_names: list[str], work: Path, log,
     t0 = time.perf_counter()
     export(build(), src, inputs, output_names, feeds[0])
     row = {"export_s": round(time.perf_counter() - t0, 1)}
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "onnxfuse", "optimize", str(src), str(dst), "--precision", "fp16",
-                           "--no-bench", "--provider", device, *promise, "-q", "--json", str(report)],
-                          capture_output=True, text=True)
-    row.update(exit=proc.returncode, optimize_s=round(time.perf_counter() - t0, 1))
-    if proc.returncode:
-        row["message"] = (proc.stdout + proc.stderr).strip()[-600:]
-        log(f"{name}: exit {proc.returncode}: {row['message'][-200:]}")
+    record, result = optimize_cli(src, dst, report, "--precision", "fp16", "--provider", device, *promise)
+    row.update(record)
+    if result is None:
+        log(f"{name}: exit {row['exit']}: {row['message'][-200:]}")
         return row
-    result = json.loads(report.read_text())["result"]
-    row.update(nodes=result["nodes"], fused={k: v for k, v in result["ops_after"].items() if "::" in k},
-               float32_nodes=len((result.get("precision") or {}).get("float32_nodes") or {}))
+    row["float32_nodes"] = len((result.get("precision") or {}).get("float32_nodes") or {})
     original, optimized = onnx.load(str(src)), onnx.load(str(dst))
     refs = run_samples(original, feeds, device, name="float32 original")
     gots = run_samples(optimized, feeds, device, name="optimized")
@@ -268,35 +278,20 @@ def prepare(name: str, out: str, latency: bool, promise: tuple, device: str = "c
     half, half_opt, report = work / f"{name}.half.onnx", work / f"{name}.half-opt.onnx", work / f"{name}.half.json"
     torch.manual_seed(0)
     export(half_io(build()), half, *samples(kind)[:1], outputs, samples(kind)[1][0], device=device)
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "onnxfuse", "optimize", str(half), str(half_opt), "--no-bench",
-                           "--provider", device, *promise, "-q", "--json", str(report)], capture_output=True,
-                          text=True)
-    row["half_opt"] = {"exit": proc.returncode, "optimize_s": round(time.perf_counter() - t0, 1)}
-    if proc.returncode:
-        row["half_opt"]["message"] = (proc.stdout + proc.stderr).strip()[-600:]
-    else:
-        result = json.loads(report.read_text())["result"]
-        row["half_opt"].update(nodes=result["nodes"], fused={k: v for k, v in result["ops_after"].items() if "::" in k})
+    row["half_opt"], result = optimize_cli(half, half_opt, report, "--provider", device, *promise)
+    log(f"{name}: half() export optimized, exit {row['half_opt']['exit']}")
+    if result is not None:
         row["paths"] = {"half_opt": str(half_opt), "fp16": str(work / f"{name}.fp16.onnx")}
     if bf16 and "paths" in row:
         made, report = work / f"{name}.bf16.onnx", work / f"{name}.bf16.json"
         unchecked = ["--no-validate"] if device == "cpu" else []  # bfloat16 validates on CUDA only
-        t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "onnxfuse", "optimize", str(work / f"{name}.onnx"), str(made),
-                               "--precision", "bf16", "--no-bench", "--provider", device, *promise, *unchecked, "-q",
-                               "--json", str(report)], capture_output=True, text=True)
-        row["bf16"] = {"exit": proc.returncode, "optimize_s": round(time.perf_counter() - t0, 1)}
-        if proc.returncode:
-            row["bf16"]["message"] = (proc.stdout + proc.stderr).strip()[-600:]
-        else:
-            result = json.loads(report.read_text())["result"]
-            row["bf16"].update(nodes=result["nodes"], fused={k: v for k, v in result["ops_after"].items() if "::" in k})
+        row["bf16"], result = optimize_cli(work / f"{name}.onnx", made, report, "--precision", "bf16", "--provider",
+                                           device, *promise, *unchecked)
+        if result is not None:
             row["paths"]["bf16"] = str(made)
-        log(f"{name}: --precision bf16 exit {proc.returncode}")
+        log(f"{name}: --precision bf16 exit {row['bf16']['exit']}")
     for done in (work / f"{name}.onnx", half):
         done.unlink(missing_ok=True)  # only the optimized models are timed: keep the disk free
-    log(f"{name}: half() export optimized, exit {proc.returncode}")
     return row
 
 
