@@ -259,3 +259,32 @@ def test_transformers_4_distilbert_under_fp16_fuses_its_attention(name, before):
     for out, ref in run_ort(model, feeds).items():
         err, cos = drift(ref, got[out])
         assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}: normalized max error {err:.3g}, cosine {cos:.6f}"
+
+
+def test_transformers_4_sdpa_mask_is_one_row_per_item_and_takes_the_right_padded_promise():
+    """transformers 4's sdpa mask expands the [B, 1, 1, L] padding mask to [B, 1, S, L] before inverting
+    it, so the keep mask the raw ``mask_index`` reads is the same for every query: the mask is its
+    first query's row, [B, L], not [B, S, L]. Then ``--right-padded`` makes it 1-D key lengths
+    (contrib-mask-lengths refused the 3-D mask), the form ONNX Runtime's fused float16 kernels take
+    (on an H200 the [B, S, L] mask left BERT-base sdpa under --precision fp16 1.20-1.29x slower than its
+    optimized half() export, promise or not: docs/benchmarks.md 5.61). Validation passes, and this
+    test's own right-padded masks (an item of one token among them) drift within what float16 allows."""
+    model = load_testdata("distilbert_tiny_sdpa_unfolded_opset14")
+    plain = onnxfuse.optimize(model, precision="fp16", provider="cpu")
+    inferred = onnx.shape_inference.infer_shapes(plain.model).graph
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in inferred.value_info}
+    masks = [n.input[3] for n in inferred.node if n.op_type == "Attention"]
+    assert len(masks) == 2 and all(ranks.get(m) == 2 for m in masks), (masks, [ranks.get(m) for m in masks])
+    result = onnxfuse.optimize(model, precision="fp16", provider="cpu", right_padded=["attention_mask"])
+    assert result.validation.passed
+    assert result.applied.counts["contrib-attention"] == 2 and result.applied.counts["contrib-mask-lengths"] == 2
+    session = ort.InferenceSession(result.model.SerializeToString(), session_options(),
+                                   providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(7)
+    mask = (np.arange(8)[None, :] < np.array([8, 5, 1])[:, None]).astype(np.int64)  # right-padded rows
+    feeds = {"input_ids": rng.integers(0, 1000, (3, 8)).astype(np.int64), "attention_mask": mask}
+    got = dict(zip(names, session.run(names, feeds)))
+    for out, ref in run_ort(model, feeds).items():
+        err, cos = drift(ref, got[out])
+        assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}: normalized max error {err:.3g}, cosine {cos:.6f}"

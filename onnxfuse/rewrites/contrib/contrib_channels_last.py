@@ -59,7 +59,7 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.engine.edit import append_axes_op, new_constant, replace_reads, unique_name
 from onnxfuse.rewrites.engine.rule import Refuse, Rule
 from onnxfuse.rewrites.facts.graph import (
-    FP16, FP32, MS_DOMAIN, constant_value, first_known_dtype, is_default_domain, is_graph_output, is_op,
+    FP16, FP32, MS_DOMAIN, POINTWISE, constant_value, first_known_dtype, is_default_domain, is_graph_output, is_op,
     perm_of, producer_of, rank_of, shape_of,
 )
 
@@ -69,15 +69,6 @@ TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 #: Fewest convolutions a region needs: with one, the two boundary transposes cost as much as the
 #: layout gains.
 MIN_CONVS = 2
-
-#: Pointwise ops of the ONNX domain: numpy broadcasting, no axis attribute, any layout.
-POINTWISE = frozenset({
-    "Abs", "Add", "BitShift", "Cast", "Ceil", "Celu", "Clip", "Cos", "Div", "Elu", "Equal", "Erf", "Exp",
-    "Floor", "Gelu", "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish", "Identity", "IsInf", "IsNaN",
-    "LeakyRelu", "Less", "LessOrEqual", "Log", "Max", "Mean", "Min", "Mish", "Mod", "Mul", "Neg", "Not",
-    "Pow", "PRelu", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin", "Softplus",
-    "Softsign", "Sqrt", "Sub", "Sum", "Tan", "Tanh", "ThresholdedRelu", "Where", "And", "Or", "Xor",
-})
 
 
 def _rank4(graph, tensor) -> bool:

@@ -215,6 +215,17 @@ def last_dim(graph, tensor) -> int | None:
     return None
 
 
+#: Pointwise ops of the ONNX domain: each output element is a function of the inputs' elements at its
+#: broadcast index alone (numpy broadcasting, no axis attribute, any layout).
+POINTWISE = frozenset({
+    "Abs", "Add", "BitShift", "Cast", "Ceil", "Celu", "Clip", "Cos", "Div", "Elu", "Equal", "Erf", "Exp",
+    "Floor", "Gelu", "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish", "Identity", "IsInf", "IsNaN",
+    "LeakyRelu", "Less", "LessOrEqual", "Log", "Max", "Mean", "Min", "Mish", "Mod", "Mul", "Neg", "Not",
+    "Pow", "PRelu", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin", "Softplus",
+    "Softsign", "Sqrt", "Sub", "Sum", "Tan", "Tanh", "ThresholdedRelu", "Where", "And", "Or", "Xor",
+})
+
+
 #: Ops whose output elements are elements of their first input: a property of the values that holds
 #: through them (non-negative sizes here; 0/1 keep masks in ``attention/keep_masks.promised_zero_one``).
 REARRANGING = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten", "Gather", "Slice", "Expand",

@@ -1053,6 +1053,38 @@ def test_zero_where_false_needs_the_condition_to_be_the_cast_of_the_same_tensor(
     assert not zero_where_false(graph, cast(t, 1, np.float32), t)
 
 
+def test_constant_along_proves_a_mask_the_same_for_every_query_and_nothing_that_varies():
+    """constant_along(., ., 2): a [B, 1, 1, L] mask expanded to [B, 1, S, L] (as Expand or as
+    expand-by-broadcast's Where(c, x, x)), then pointwise steps with constants (transformers 4's sdpa
+    mask: 1 - m, Cast to bool, Not) is the same for every query; a constant is by its values; a causal
+    grid (a per-query input, a constant whose rows differ) is not, and an op that is not pointwise is not
+    proved (Softmax over the keys)."""
+    from onnxfuse.rewrites.contrib.attention.keep_masks import constant_along
+
+    m = gs.Variable("m", dtype=np.float32, shape=["B", 1, 1, 8])
+    per_query = gs.Variable("q", dtype=np.float32, shape=["B", 1, 4, 8])
+    graph = gs.Graph(inputs=[m, per_query])
+
+    def node(op, *inputs, dtype=np.float32, shape=None, **attrs):
+        out = gs.Variable(f"t{len(graph.nodes)}", dtype=dtype, shape=shape)
+        graph.nodes.append(gs.Node(op, attrs=attrs, inputs=list(inputs), outputs=[out]))
+        return out
+
+    full = ["B", 1, 4, 8]
+    expanded = node("Expand", m, gs.Constant("s", np.array([1, 1, 4, 8], np.int64)), shape=full)
+    where = node("Where", gs.Constant("c", np.ones((1, 1, 4, 1), np.bool_)), m, m, shape=full)
+    for spread in (expanded, where):
+        inverted = node("Sub", gs.Constant("one", np.array(1.0, np.float32)), spread, shape=full)
+        keep = node("Not", node("Cast", inverted, dtype=np.bool_, shape=full, to=9), dtype=np.bool_, shape=full)
+        assert constant_along(graph, keep, 2)
+    rows_alike = gs.Constant("alike", np.tile(np.array([1.0, 0.0] * 4, np.float32), (1, 1, 4, 1)))
+    rows_differ = gs.Constant("differ", np.tril(np.ones((4, 8), np.float32))[None, None])
+    assert constant_along(graph, node("Add", expanded, rows_alike, shape=full), 2)
+    assert not constant_along(graph, node("Add", expanded, rows_differ, shape=full), 2)
+    assert not constant_along(graph, node("Add", expanded, per_query, shape=full), 2)
+    assert not constant_along(graph, node("Softmax", expanded, shape=full, axis=-1), 2)
+
+
 def test_float32_softmax_island_without_a_mask_fuses_and_with_a_float_mask_is_refused():
     out, _ = apply(island_model(mask=None))
     assert fused(out) == ["Attention"]

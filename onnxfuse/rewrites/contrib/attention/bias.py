@@ -177,10 +177,19 @@ def build_mask_index(graph, names, base, mask: KeepMask, query, key, key_axis: i
     [1]), int32)`` for one per query (``Not`` first when the mask drops where ``keep`` is True). A
     broadcast dimension of ``keep`` (a causal mask shared across the batch, [1, 1, S, L]) is spelled out
     first by ``Expand`` to [B, 1, S or 1, L] (:func:`_spelled_out_keep`).
+    A ``keep`` that is the same for every query (``first_query``: [·, 1, S, L], transformers 4's sdpa mask)
+    gives its first query's row, ``Slice(keep, [0:1])`` on the query axis, as the [B, L] mask.
     Every layer builds the same nodes from the same ``keep``; cleanup's duplicate merge leaves one set."""
     keep = mask.keep
+    if mask.first_query:
+        row = gs.Variable(names(f"{base}/keep_first_query"), dtype=dtype_of(graph, keep) or (None if mask.zero_one else np.bool_))
+        graph.nodes.append(gs.Node("Slice", names(f"{base}/keep_first_query"), inputs=[
+            keep, new_constant(graph, f"{base}/first_query_start", np.array([0], np.int64)),
+            new_constant(graph, f"{base}/first_query_end", np.array([1], np.int64)),
+            new_constant(graph, f"{base}/query_axis", np.array([-2], np.int64))], outputs=[row]))
+        keep = row
     if mask.expand:
-        keep = _spelled_out_keep(graph, names, base, mask.keep, query, key, key_axis, mask.rank == 3, "keep")
+        keep = _spelled_out_keep(graph, names, base, keep, query, key, key_axis, mask.rank == 3, "keep")
     # a 0/1 keep of another type (KeepMask.zero_one) is cast to int32 as it is: 1 keeps, 0 drops
     flat = gs.Variable(names(f"{base}/key_keep"), dtype=dtype_of(graph, mask.keep) if mask.zero_one else np.bool_)
     if mask.rank == 2:

@@ -78,6 +78,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxfuse.rewrites.facts.graph import (
+    POINTWISE,
     REARRANGING,
     constant_value,
     dims_equal,
@@ -106,6 +107,10 @@ class KeepMask:
     #: ``keep`` is not bool but a tensor proved to hold only 0 and 1 (:func:`promised_zero_one`): keys are
     #: kept where it is 1; a raw mask only (its Cast to int32 is the mask itself), never a Where's condition
     zero_one: bool = False
+    #: ``keep`` is ``[·, 1, S, L]`` but provably the same for every query (:func:`constant_along`: a key
+    #: padding mask expanded to the scores' shape before the steps that made it a condition, transformers
+    #: 4's sdpa mask): ``rank`` is 2 and the raw mask is its first query's row
+    first_query: bool = False
 
 
 def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, lengths=None,
@@ -193,8 +198,47 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
     if not ones[1]:
         return None
     rank = 2 if ones[2] else 3
+    # the same row for every query: the [B, L] mask of its first query (S = L, so a Slice of an empty
+    # query axis is the [B, 0] mask of no keys, not a wrong-shaped one)
+    self_attention = dims_equal(queries, keys) or (lengths is not None and lengths[1][0] is lengths[2][0]
+                                                   and lengths[1][1] == lengths[2][1])
+    first_query = rank == 3 and len(shape) >= 2 and self_attention and constant_along(graph, keep, 2)
+    rank = 2 if first_query else rank
     expand = len(shape) != 4 or not (equal[0] and equal[3])
-    return KeepMask(keep, negate, fill, rank, expand, zero_one)
+    return KeepMask(keep, negate, fill, rank, expand, zero_one, first_query)
+
+
+def constant_along(graph, tensor, back: int, depth: int = 12) -> bool:
+    """Every slice of ``tensor`` along its axis ``-back`` (counted from the end, the axis broadcasting
+    aligns) holds the same values, by construction: that axis is 1 or absent; a constant whose slices
+    are equal; ``Expand``, ``Identity`` or a whole ``Slice`` of such a tensor (Expand aligns from the end
+    too: a broadcast axis repeats one slice); ``Where(c, x, x)`` of one (expand-by-broadcast's form of an
+    Expand, whatever c holds); a pointwise op (:data:`~onnxfuse.rewrites.facts.graph.POINTWISE`: each
+    output element a function of its inputs' elements at the broadcast index) of such tensors. Anything
+    else is not proved. transformers 4's sdpa mask expands the [B, 1, 1, L] padding mask to [B, 1, S, L]
+    first and then inverts and casts it: the same keys for every query."""
+    shape = shape_of(graph, tensor)
+    if shape is not None and (len(shape) < back or shape[-back] == 1):
+        return True
+    value = constant_value(graph, tensor)
+    if value is not None:
+        if value.ndim < back or value.size == 0:
+            return True
+        first = np.take(value, [0], axis=value.ndim - back)
+        same = value == first
+        if value.dtype.kind in "fc":
+            same |= np.isnan(value) & np.isnan(first)
+        return bool(np.all(same))
+    p = producer_of(tensor)
+    if depth == 0 or p is None or not p.inputs:
+        return False
+    if is_op(p, "Expand", "Identity") or (is_op(p, "Slice") and whole_slice(graph, p)):
+        return constant_along(graph, p.inputs[0], back, depth - 1)
+    if is_op(p, "Where") and len(p.inputs) == 3 and p.inputs[1] is p.inputs[2]:
+        return constant_along(graph, p.inputs[1], back, depth - 1)
+    if is_op(p, *POINTWISE) and len(p.outputs) == 1:
+        return all(constant_along(graph, t, back, depth - 1) for t in p.inputs if t.name)
+    return False
 
 
 def zero_where_false(graph, cond, tensor) -> bool:
