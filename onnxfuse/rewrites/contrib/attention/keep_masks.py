@@ -10,6 +10,13 @@ or a ``masked_fill``), the op gets ``mask_index`` = ``Cast(Flatten(keep), int32)
 mask) or ``Cast(Squeeze(keep, [1]), int32)`` ([B, S, L], a mask per query: causal and padding), with a
 batch of 1 spelled out by ``Expand`` first and ``Not`` first when the Where fills where the condition is
 True, and ``mask_filter_value`` = the fill, instead of the expanded [B, 1, S, L] ``attention_bias``.
+A [B, 1, S, L] keep that is provably the same for every query (:func:`constant_along`: transformers 4's
+sdpa mask expands the padding mask before inverting it) is a key padding mask: its first query's row,
+[B, L]. ONNX Runtime runs a [B, S, L] and a [B, L] raw mask on the same unfused kernel, but only the
+[B, L] one becomes 1-D key lengths under ``--right-padded`` (contrib-mask-lengths), which the fused
+float16 kernels take: with the [B, S, L] mask, BERT-base sdpa under ``--precision fp16`` ran 1.20-1.29x
+its optimized ``.half()`` export on an H200, promise or not, where eager BERT with 1-D lengths ran
+1.03-1.07x (docs/benchmarks.md 5.61).
 Where a raw mask is the only way to fuse (below), transformers 4's sdpa mask is one too: the inverted
 ``1 - m`` masked_filled with finfo.min where nonzero, ``Where(Cast(t, bool), f, t)``, adds 0 exactly
 where its condition is False (:func:`zero_where_false`), whatever m holds.
