@@ -232,7 +232,8 @@ def check(name: str, build, kind: str, output_names: list[str], work: Path, log,
     if result is None:
         log(f"{name}: exit {row['exit']}: {row['message'][-200:]}")
         return row
-    row["float32_nodes"] = len((result.get("precision") or {}).get("float32_nodes") or {})
+    kept = result.get("precision") or {}
+    row["float32_nodes"] = len(kept.get("float32_nodes_left", kept.get("float32_nodes")) or {})  # in the output
     original, optimized = onnx.load(str(src)), onnx.load(str(dst))
     refs = run_samples(original, feeds, device, name="float32 original")
     gots = run_samples(optimized, feeds, device, name="optimized")

@@ -53,7 +53,7 @@ from onnxfuse.errors import (
     UsageError,
     ValidationFailed,
 )
-from onnxfuse.precision import BFLOAT16, FLOAT16, PRECISIONS, TARGETS, convert_to_fp16
+from onnxfuse.precision import BFLOAT16, FLOAT16, PRECISIONS, TARGETS, convert_to_fp16, float32_nodes_left
 from onnxfuse.precision_kernels import bfloat16_usable, installed_kernel_islands, kernel_islands
 from onnxfuse.reports.jsonreport import optimize_json
 from onnxfuse.rewrites import (ApplyReport, Assumptions, Rule, RuleFailed, apply_rules, rule_names, select_rules,
@@ -364,8 +364,10 @@ def optimize_model(
     result.extra["repairs"] = list(repairs)  # also without validation (its note carries them otherwise)
     if precision:
         budget = drift_budget_of(options)
+        left, fused_note = float32_nodes_left(float32_nodes, optimized)
+        precision_notes += [fused_note] if fused_note else []
         result.extra["precision"] = {"precision": options.precision, "notes": precision_notes,
-                                     "float32_nodes": float32_nodes,
+                                     "float32_nodes": float32_nodes, "float32_nodes_left": left,
                                      "max_drift": budget.to_dict() if budget is not None else None}
     if options.right_padded:
         result.extra["assumptions"] = {"right_padded": list(options.right_padded)}

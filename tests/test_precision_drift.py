@@ -275,6 +275,12 @@ def test_transformers_4_sdpa_mask_is_one_row_per_item_and_takes_the_right_padded
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in inferred.value_info}
     masks = [n.input[3] for n in inferred.node if n.op_type == "Attention"]
     assert len(masks) == 2 and all(ranks.get(m) == 2 for m in masks), (masks, [ranks.get(m) for m in masks])
+    # the mask nodes the conversion kept float32 (finfo(float32).min) all went into the raw mask: the
+    # report says so instead of leaving "6 node(s) stay float32" of an output without them
+    kept = plain.extra["precision"]
+    assert kept["float32_nodes"] and kept["float32_nodes_left"] == []
+    assert f"of the {len(kept['float32_nodes'])} node(s) kept float32, {len(kept['float32_nodes'])} were folded" \
+        in " ".join(plain.validation.notes)
     result = onnxfuse.optimize(model, precision="fp16", provider="cpu", right_padded=["attention_mask"])
     assert result.validation.passed
     assert result.applied.counts["contrib-attention"] == 2 and result.applied.counts["contrib-mask-lengths"] == 2
