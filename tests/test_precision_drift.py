@@ -267,8 +267,9 @@ def test_transformers_4_sdpa_mask_is_one_row_per_item_and_takes_the_right_padded
     first query's row, [B, L], not [B, S, L]. Then ``--right-padded`` makes it 1-D key lengths
     (contrib-mask-lengths refused the 3-D mask), the form ONNX Runtime's fused float16 kernels take
     (on an H200 the [B, S, L] mask left BERT-base sdpa under --precision fp16 1.20-1.29x slower than its
-    optimized half() export, promise or not: docs/benchmarks.md 5.61). Validation passes, and this
-    test's own right-padded masks (an item of one token among them) drift within what float16 allows."""
+    optimized half() export, promise or not: docs/benchmarks.md 5.61). Without the promise the output's
+    "not fused" line names it; with it, validation passes, and this test's own right-padded masks (an
+    item of one token among them) drift within what float16 allows."""
     model = load_testdata("distilbert_tiny_sdpa_unfolded_opset14")
     plain = onnxfuse.optimize(model, precision="fp16", provider="cpu")
     inferred = onnx.shape_inference.infer_shapes(plain.model).graph
@@ -281,8 +282,11 @@ def test_transformers_4_sdpa_mask_is_one_row_per_item_and_takes_the_right_padded
     assert kept["float32_nodes"] and kept["float32_nodes_left"] == []
     assert f"of the {len(kept['float32_nodes'])} node(s) kept float32, {len(kept['float32_nodes'])} were folded" \
         in " ".join(plain.validation.notes)
+    # without the promise the output's "not fused" line names it, for both float16 attentions
+    (hint,) = [u for u in plain.unfused if u.rule == "contrib-mask-lengths"]
+    assert hint.op == "Attention" and hint.count == 2 and "--right-padded attention_mask" in hint.reason
     result = onnxfuse.optimize(model, precision="fp16", provider="cpu", right_padded=["attention_mask"])
-    assert result.validation.passed
+    assert result.validation.passed and not result.unfused
     assert result.applied.counts["contrib-attention"] == 2 and result.applied.counts["contrib-mask-lengths"] == 2
     session = ort.InferenceSession(result.model.SerializeToString(), session_options(),
                                    providers=["CPUExecutionProvider"])

@@ -26,7 +26,14 @@ keys. The promise is about input NAME; the rule does not prove that the mask's r
 and it need not: validation draws right-padded values for NAME (:mod:`onnxfuse.runtime.right_padding`),
 so a model whose mask rearranges NAME's rows fails validation, and this rule is named.
 
-Refused: no promise given (the rule then matches nothing); a ``mask_index`` that is not 2-D int32 (3-D
+Without a promise the rule changes nothing: it refuses each float16 and bfloat16 ``Attention`` whose
+mask derives from one input alone and would take key lengths under that input's promise, with a reason
+naming it, which the output's "not fused" line shows (the promise is the user's to give: a
+left-padded mask breaks it). Measured there, not here: the BERT-base rows of docs/benchmarks.md 5.61,
+eager BERT with 1-D lengths at 1.03-1.07x its optimized ``.half()`` export against sdpa BERT's raw mask at
+1.20-1.29x (ONNX Runtime runs float16 attention with a raw mask on its unfused kernel).
+
+Refused: no promise given (above); a ``mask_index`` that is not 2-D int32 (3-D
 causal masks: lengths cannot say which query sees which key); one that also reads another input's values,
 or passes through control flow; a causal (``unidirectional``) or ``past`` Attention, or one with an
 ``attention_bias`` (lengths are verified without them).
@@ -42,13 +49,15 @@ import onnx_graphsurgeon as gs
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, append_axes_op
 from onnxfuse.rewrites.engine.rule import Refuse
-from onnxfuse.rewrites.facts.graph import declared_shape, dtype_of, int_attr, is_ms_op, is_op, value_sources
+from onnxfuse.rewrites.facts.graph import (
+    LOW_FLOATS, declared_shape, dtype_of, int_attr, is_ms_op, is_op, value_sources,
+)
 from onnxfuse.rewrites.facts.shape_values import proved_rank
 
 class ContribMaskLengths(ContribRule):
     name = "contrib-mask-lengths"
     description = ("Attention's raw [B, L] mask → 1-D key lengths, when it derives from an input promised "
-                   "right-padded (--right-padded NAME; matches nothing without it)")
+                   "right-padded (--right-padded NAME; without it, names the float16 ones it would change)")
     right_padded: frozenset[str] = frozenset()
 
     def under(self, assumptions):
@@ -57,13 +66,35 @@ class ContribMaskLengths(ContribRule):
         return rule
 
     def match(self, graph):
-        if not self.right_padded:
-            return []
-        return [n for n in graph.nodes if is_ms_op(n, "Attention") and len(n.inputs) > 3 and not n.inputs[3].is_empty()
-                and proved_rank(graph, n.inputs[3]) != 1]  # lengths already: nothing to do
+        candidates = [n for n in graph.nodes if is_ms_op(n, "Attention") and len(n.inputs) > 3
+                      and not n.inputs[3].is_empty() and proved_rank(graph, n.inputs[3]) != 1]  # 1-D: lengths already
+        if self.right_padded:
+            return candidates
+        # no promise: only the float16 and bfloat16 ops that the promise of their mask's one input would
+        # change, each refused with a reason that names the promise (the output's "not fused" line)
+        return [n for n in candidates if self._promisable(graph, n) is not None]
+
+    def _promisable(self, graph, node) -> str | None:
+        """The one input whose values ``node``'s mask derives from, where ``node`` computes in float16 or
+        bfloat16 and would take 1-D key lengths under ``--right-padded`` of that input; else None. Float32
+        is left out: there the lengths measured 0-0.4% faster (module docstring)."""
+        if dtype_of(graph, node.inputs[0]) not in LOW_FLOATS:
+            return None
+        sources = value_sources(node.inputs[3])
+        if sources is None or len(sources) != 1:
+            return None
+        promised = copy.copy(self)
+        promised.right_padded = frozenset(sources)
+        return None if isinstance(promised.analyze(graph, node), Refuse) else next(iter(sources))
 
     def analyze(self, graph, node):
         mask = node.inputs[3]
+        if not self.right_padded:
+            name = self._promisable(graph, node)
+            return Refuse(f"no promise about input {name}: in float16 a raw mask takes ONNX Runtime's unfused attention "
+                          f"kernel; if {name} holds right-padded rows (n >= 1 ones, then zeros), --right-padded {name} "
+                          "makes it 1-D key lengths, which the fused kernels take (BERT-base, H200: 1.03-1.07x its "
+                          ".half() export's time with them, 1.20-1.29x with a raw mask; docs/benchmarks.md 5.61)")
         if int_attr(node, "unidirectional", 0):
             return Refuse("causal (unidirectional) Attention: lengths are verified only for bidirectional attention")
         if any(not t.is_empty() for t in node.inputs[4:]):
