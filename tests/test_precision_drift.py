@@ -70,6 +70,17 @@ def drift(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
     return float(np.abs(g - r).max() / scale), float(r @ g / (np.linalg.norm(r) * np.linalg.norm(g)))
 
 
+def assert_drift_within_float16(model: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict) -> None:
+    """Run ``optimized`` (onnxfuse's custom ops registered) and the float32 ``model`` on ``feeds``, on the
+    CPU: every output within float16's budget (normalized max error and cosine, :func:`drift`)."""
+    session = ort.InferenceSession(optimized.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    got = dict(zip(names, session.run(names, feeds)))
+    for out, ref in run_ort(model, feeds).items():
+        err, cos = drift(ref, got[out])
+        assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}: normalized max error {err:.3g}, cosine {cos:.6f}"
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_fp16_of_every_family_passes_and_drifts_as_float16_does(name):
     model = load_testdata(name)
@@ -217,16 +228,10 @@ def test_transformers_4_bert_under_fp16_fuses_its_attention_on_the_right_padded_
     result = onnxfuse.optimize(model, precision="fp16", provider="cpu", right_padded=["attention_mask"])
     assert result.validation.passed
     assert result.applied.counts["contrib-attention"] == 2 and result.applied.counts["contrib-mask-lengths"] == 2
-    session = ort.InferenceSession(result.model.SerializeToString(), session_options(),
-                                   providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
     rng = np.random.default_rng(5)
     mask = (np.arange(16)[None, :] < np.array([16, 10, 3])[:, None]).astype(np.int64)  # right-padded rows
     feeds = {"input_ids": rng.integers(0, 100, (3, 16)).astype(np.int64), "attention_mask": mask}
-    got = dict(zip(names, session.run(names, feeds)))
-    for out, ref in run_ort(model, feeds).items():
-        err, cos = drift(ref, got[out])
-        assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}: normalized max error {err:.3g}, cosine {cos:.6f}"
+    assert_drift_within_float16(model, result.model, feeds)
 
 
 @pytest.mark.parametrize("name,before", [("distilbert_tiny_unfolded_opset14", 49),
@@ -247,18 +252,12 @@ def test_transformers_4_distilbert_under_fp16_fuses_its_attention(name, before):
     assert result.nodes_after < before // 2
     attention = [n for n in result.model.graph.node if n.op_type == "Attention"]
     assert len(attention) == 2 and all(len(n.input) > 3 and n.input[3] for n in attention)  # mask_index
-    session = ort.InferenceSession(result.model.SerializeToString(), session_options(),
-                                   providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
     rng = np.random.default_rng(6)
     mask = (np.arange(8)[None, :] < np.array([8, 5, 1, 0])[:, None]).astype(np.int64)
     mask[2, 3] = 1  # not right-padded: a keep mask needs no promise
     mask[0, 0] = 2  # eager keeps it (m != 0), sdpa drops it (m != 1): the raw mask reads the same test
     feeds = {"input_ids": rng.integers(0, 1000, (4, 8)).astype(np.int64), "attention_mask": mask}
-    got = dict(zip(names, session.run(names, feeds)))
-    for out, ref in run_ort(model, feeds).items():
-        err, cos = drift(ref, got[out])
-        assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}: normalized max error {err:.3g}, cosine {cos:.6f}"
+    assert_drift_within_float16(model, result.model, feeds)
 
 
 def test_transformers_4_sdpa_mask_is_one_row_per_item_and_takes_the_right_padded_promise():
@@ -288,13 +287,7 @@ def test_transformers_4_sdpa_mask_is_one_row_per_item_and_takes_the_right_padded
     result = onnxfuse.optimize(model, precision="fp16", provider="cpu", right_padded=["attention_mask"])
     assert result.validation.passed and not result.unfused
     assert result.applied.counts["contrib-attention"] == 2 and result.applied.counts["contrib-mask-lengths"] == 2
-    session = ort.InferenceSession(result.model.SerializeToString(), session_options(),
-                                   providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
     rng = np.random.default_rng(7)
     mask = (np.arange(8)[None, :] < np.array([8, 5, 1])[:, None]).astype(np.int64)  # right-padded rows
     feeds = {"input_ids": rng.integers(0, 1000, (3, 8)).astype(np.int64), "attention_mask": mask}
-    got = dict(zip(names, session.run(names, feeds)))
-    for out, ref in run_ort(model, feeds).items():
-        err, cos = drift(ref, got[out])
-        assert err <= MAX_ERROR and cos >= MIN_COSINE, f"{out}: normalized max error {err:.3g}, cosine {cos:.6f}"
+    assert_drift_within_float16(model, result.model, feeds)
