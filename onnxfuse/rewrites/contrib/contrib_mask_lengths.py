@@ -26,7 +26,7 @@ keys. The promise is about input NAME; the rule does not prove that the mask's r
 and it need not: validation draws right-padded values for NAME (:mod:`onnxfuse.runtime.right_padding`),
 so a model whose mask rearranges NAME's rows fails validation, and this rule is named.
 
-Without a promise the rule changes nothing: it refuses each float16 and bfloat16 ``Attention`` whose
+Without a promise the rule changes nothing: it refuses each float16 ``Attention`` whose
 mask derives from one input alone and would take key lengths under that input's promise, with a reason
 naming it, which the output's "not fused" line shows (the promise is the user's to give: a
 left-padded mask breaks it). Measured there, not here: the BERT-base rows of docs/benchmarks.md 5.61,
@@ -50,7 +50,7 @@ from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, append_axes_op
 from onnxfuse.rewrites.engine.rule import Refuse
 from onnxfuse.rewrites.facts.graph import (
-    LOW_FLOATS, declared_shape, dtype_of, int_attr, is_ms_op, is_op, value_sources,
+    FP16, declared_shape, dtype_of, int_attr, is_ms_op, is_op, value_sources,
 )
 from onnxfuse.rewrites.facts.shape_values import proved_rank
 
@@ -70,15 +70,15 @@ class ContribMaskLengths(ContribRule):
                       and not n.inputs[3].is_empty() and proved_rank(graph, n.inputs[3]) != 1]  # 1-D: lengths already
         if self.right_padded:
             return candidates
-        # no promise: only the float16 and bfloat16 ops that the promise of their mask's one input would
-        # change, each refused with a reason that names the promise (the output's "not fused" line)
+        # no promise: only the float16 ops that the promise of their mask's one input would change, each
+        # refused with a reason that names the promise (the output's "not fused" line)
         return [n for n in candidates if self._promisable(graph, n) is not None]
 
     def _promisable(self, graph, node) -> str | None:
-        """The one input whose values ``node``'s mask derives from, where ``node`` computes in float16 or
-        bfloat16 and would take 1-D key lengths under ``--right-padded`` of that input; else None. Float32
-        is left out: there the lengths measured 0-0.4% faster (module docstring)."""
-        if dtype_of(graph, node.inputs[0]) not in LOW_FLOATS:
+        """The one input whose values ``node``'s mask derives from, where ``node`` computes in float16 and
+        would take 1-D key lengths under ``--right-padded`` of that input; else None. Float32 is left out:
+        there the lengths measured 0-0.4% faster (module docstring); bfloat16 too, not measured with them."""
+        if dtype_of(graph, node.inputs[0]) != FP16:
             return None
         sources = value_sources(node.inputs[3])
         if sources is None or len(sources) != 1:
