@@ -215,7 +215,7 @@ def keep_mask(graph, terms, batch, queries, keys, infinite_fill: bool = False, l
     return KeepMask(keep, negate, fill, rank, expand, zero_one, first_query)
 
 
-def constant_along(graph, tensor, back: int, depth: int = 12) -> bool:
+def constant_along(graph, tensor, back: int, depth: int = 12, _seen: dict | None = None) -> bool:
     """Every slice of ``tensor`` along its axis ``-back`` (counted from the end, the axis broadcasting
     aligns) holds the same values, by construction: that axis is 1 or absent; a constant whose slices
     are equal; ``Expand``, ``Identity`` or a whole ``Slice`` of such a tensor (Expand aligns from the end
@@ -223,7 +223,15 @@ def constant_along(graph, tensor, back: int, depth: int = 12) -> bool:
     Expand, whatever c holds); a pointwise op (:data:`~onnxfuse.rewrites.facts.graph.POINTWISE`: each
     output element a function of its inputs' elements at the broadcast index) of such tensors. Anything
     else is not proved. transformers 4's sdpa mask expands the [B, 1, 1, L] padding mask to [B, 1, S, L]
-    first and then inverts and casts it: the same keys for every query."""
+    first and then inverts and casts it: the same keys for every query. Each tensor is answered once per
+    call (``_seen``): a hostile graph of reconverging pointwise ops would otherwise cost 3^depth visits."""
+    seen = {} if _seen is None else _seen
+    if id(tensor) not in seen:
+        seen[id(tensor)] = _constant_along(graph, tensor, back, depth, seen)
+    return seen[id(tensor)]
+
+
+def _constant_along(graph, tensor, back: int, depth: int, seen: dict) -> bool:
     shape = shape_of(graph, tensor)
     if shape is not None and (len(shape) < back or shape[-back] == 1):
         return True
@@ -240,11 +248,11 @@ def constant_along(graph, tensor, back: int, depth: int = 12) -> bool:
     if depth == 0 or p is None or not p.inputs:
         return False
     if is_op(p, "Expand", "Identity") or (is_op(p, "Slice") and whole_slice(graph, p)):
-        return constant_along(graph, p.inputs[0], back, depth - 1)
+        return constant_along(graph, p.inputs[0], back, depth - 1, seen)
     if is_op(p, "Where") and len(p.inputs) == 3 and p.inputs[1] is p.inputs[2]:
-        return constant_along(graph, p.inputs[1], back, depth - 1)
+        return constant_along(graph, p.inputs[1], back, depth - 1, seen)
     if is_op(p, *POINTWISE) and len(p.outputs) == 1:
-        return all(constant_along(graph, t, back, depth - 1) for t in p.inputs if t.name)
+        return all(constant_along(graph, t, back, depth - 1, seen) for t in p.inputs if t.name)
     return False
 
 
