@@ -440,14 +440,6 @@ def optimize_model(
     return result
 
 
-
-
-
-
-
-
-
-
 def _stamp(optimized, applied, repairs) -> None:
     """The metadata every output carries: the rules that applied, the repairs, FusedElementwise values."""
     model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
