@@ -397,7 +397,8 @@ _OPTIMIZE = (
            report="measured"),
     Option("tune_time", "Seconds of tuning after the first timing (the never-slower fallbacks and the measured "
                         "choices; default 60): past it no new candidate starts, no measured choice starts that "
-                        "the longest trial so far says would end past it, and a slower model falls back "
+                        "the longest trial so far says would end past it, one whose timing reaches it between two "
+                        "sizes stops there (refused), and a slower model falls back "
                         "straight to the graph as loaded.",
            annotation="float | None", check=lambda value: checked_seconds(value, "tune_time"),
            command_line=CommandLine("--tune-time", "tune_time", value="float", minimum=0, metavar="SECONDS")),

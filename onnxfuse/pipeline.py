@@ -419,10 +419,12 @@ def optimize_model(
         def retime(candidate, beside=None):
             """The output or a candidate against the original; with ``beside`` (the incumbent a measured
             choice must beat) both in one run: (candidate's timing, incumbent's)."""
-            if beside is not None:
-                return tune_sizes.time_beside_at_sizes(time_two, candidate, beside, samples[0], other_sizes)
+            if beside is not None:  # a measured choice's trial: stopped between sizes at the deadline
+                return tune_sizes.time_beside_at_sizes(time_two, candidate, beside, samples[0], other_sizes,
+                                                       deadline)
             return tune_sizes.time_at_sizes(time_one, candidate, samples[0], other_sizes)
 
+        deadline = None  # (set below, before any trial: the output's own timing is never cut)
         result.timing = retime(result.model)
 
         deadline = selection.deadline_after(options.tune_time)

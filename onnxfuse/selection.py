@@ -161,6 +161,12 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() > deadline
 
 
+class TrialCut(Exception):
+    """A measured choice's timing stopped at the tuning deadline between two sizes
+    (:func:`onnxfuse.tune_sizes.time_beside_at_sizes`): the trial is refused, not decided on fewer sizes
+    than the user named. The message says how far it got."""
+
+
 def keep_not_slower(timing, applied_rules, attempt: Callable, retime: Callable,
                     deadline: float | None = None) -> Selection | None:
     """None when the first model is not slower (or was not timed); else the :class:`Selection` whose
@@ -433,7 +439,8 @@ def try_measured(current_timing, choices: list[Choice], attempt: Callable, retim
     :func:`is_faster`; the next trial builds on the kept ones. Nothing is tried when the output was not
     timed; none starts past ``deadline`` (``time.monotonic()``), nor where the longest trial so far would
     end past it (EfficientNet-B0's float16 trial took most of the 60 s on an H200, docs/benchmarks.md
-    5.59: ``--tune-time`` is then overrun by at most one trial, the first).
+    5.59), and a ``retime`` that stops a trial between two sizes at the deadline (:class:`TrialCut`: the
+    pipeline's does) refuses it: ``--tune-time`` is then overrun by at most one size of one trial.
 
     Given ``current_model`` (the output ``current_timing`` timed), each trial is timed beside the
     incumbent, ``retime(model, beside=incumbent)`` → (trial's timing, incumbent's), in one run, and judged
@@ -473,6 +480,9 @@ def try_measured(current_timing, choices: list[Choice], attempt: Callable, retim
                 trial.timing = retime(trial.model)
             else:
                 trial.timing, trial.without = retime(trial.model, beside=incumbent)
+        except TrialCut as exc:
+            trial.refused = f"not finished: tuning time spent ({exc})"
+            continue
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             trial.refused = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             continue

@@ -14,11 +14,13 @@ note, never silently: the decisions then rest on the sizes that were timed.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import replace
 from typing import Callable
 
 from onnxfuse.errors import UsageError
 from onnxfuse.runtime.inputs import Inputs, check_shape_names, input_specs
+from onnxfuse.selection import TrialCut
 from onnxfuse.validate.samples import sample_inputs
 
 
@@ -75,21 +77,27 @@ def time_at_sizes(time_one: Callable, candidate, first: Inputs, others: list[Inp
     return _at_sizes(lambda inputs: [time_one(candidate, inputs)], first, others)[0]
 
 
-def time_beside_at_sizes(time_two: Callable, candidate, incumbent, first: Inputs, others: list[Inputs]):
+def time_beside_at_sizes(time_two: Callable, candidate, incumbent, first: Inputs, others: list[Inputs],
+                         deadline: float | None = None):
     """``time_two(candidate, incumbent, inputs)`` (both against the original, in one run:
-    ``timing.compare_beside``) at every size, as :func:`time_at_sizes` does: (candidate's, incumbent's)."""
-    return tuple(_at_sizes(lambda inputs: list(time_two(candidate, incumbent, inputs)), first, others))
+    ``timing.compare_beside``) at every size, as :func:`time_at_sizes` does: (candidate's, incumbent's).
+    A measured choice's trial: past ``deadline`` (``time.monotonic()``) before a further size it stops
+    with :class:`~onnxfuse.selection.TrialCut` (the trial is refused, not decided on fewer sizes)."""
+    return tuple(_at_sizes(lambda inputs: list(time_two(candidate, incumbent, inputs)), first, others, deadline))
 
 
-def _at_sizes(time_all: Callable, first: Inputs, others: list[Inputs]) -> list:
+def _at_sizes(time_all: Callable, first: Inputs, others: list[Inputs], deadline: float | None = None) -> list:
     """``time_all(inputs)`` (ComparisonResults) at ``first``, then, when all of them timed, at each of
-    ``others``, each size's results into the first's ``other_sizes`` in order."""
+    ``others``, each size's results into the first's ``other_sizes`` in order; past ``deadline`` before
+    one of ``others``, :class:`~onnxfuse.selection.TrialCut`."""
     timings = time_all(first)
     for timing in timings:
         timing.shapes = first.shapes()
     if any(timing.status != "ok" for timing in timings):
         return timings
-    for inputs in others:
+    for done, inputs in enumerate(others, start=1):
+        if deadline is not None and time.monotonic() > deadline:
+            raise TrialCut(f"timed at {done} of {len(others) + 1} sizes when the deadline passed")
         for timing, other in zip(timings, time_all(inputs)):
             other.shapes = inputs.shapes()
             if other.status == "ok":

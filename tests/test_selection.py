@@ -591,3 +591,52 @@ def test_a_trial_that_would_end_past_the_tuning_time_is_not_started(monkeypatch)
     clock[0] = 100.0
     trials = try_measured(_timing(1.0, 0.9), choices, attempt, retime, deadline=111.0, current_model="output")
     assert [t.refused for t in trials] == ["not faster", "not faster"]
+
+
+def test_a_trial_stopped_between_sizes_at_the_deadline_is_refused_not_decided_on_fewer_sizes(monkeypatch):
+    """``--tune-time``: a measured choice's timing at the sizes (``tune_sizes.time_beside_at_sizes``) stops
+    before a further size once the deadline has passed, with TrialCut; try_measured refuses that trial
+    ("not finished", how far it got) and the next one is not started. Without a deadline, or before it,
+    every size is timed. Stand-in clock: each size's timing takes 5 s."""
+    import onnxfuse.selection as selection
+    import onnxfuse.tune_sizes as tune_sizes
+    from onnxfuse.selection import Choice, TrialCut, try_measured
+
+    clock = [100.0]
+    monkeypatch.setattr(selection.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(tune_sizes.time, "monotonic", lambda: clock[0])
+
+    class Size:
+        def __init__(self, n):
+            self.n = n
+
+        def shapes(self):
+            return {"x": [self.n, 3]}
+
+    sizes = []
+
+    def time_two(candidate, incumbent, inputs):
+        clock[0] += 5.0
+        sizes.append(inputs.n)
+        return _timing(1.0, 0.9), _timing(1.0, 0.9)
+
+    first, others = Size(1), [Size(16), Size(32)]
+    with pytest.raises(TrialCut, match="timed at 1 of 3 sizes"):
+        tune_sizes.time_beside_at_sizes(time_two, "trial", "output", first, others, deadline=103.0)
+    assert sizes == [1]
+    sizes.clear()
+    timed, _ = tune_sizes.time_beside_at_sizes(time_two, "trial", "output", first, others, deadline=None)
+    assert sizes == [1, 16, 32] and [t.shapes for t in timed.other_sizes] == [{"x": [16, 3]}, {"x": [32, 3]}]
+
+    class Applied:
+        counts = {"contrib-channels-last": 1, "contrib-channel-transpose": 1}
+
+    clock[0], sizes[:] = 100.0, []
+    retime = lambda model, beside=None: tune_sizes.time_beside_at_sizes(  # noqa: E731
+        time_two, model, beside, first, others, deadline=108.0)
+    choices = [Choice("contrib-channels-last", add=True, worth=lambda m: True),
+               Choice("contrib-channel-transpose", add=True, worth=lambda m: True)]
+    attempt = lambda added, removed: ("model", Applied(), None)  # noqa: E731
+    trials = try_measured(_timing(1.0, 0.9), choices, attempt, retime, deadline=108.0, current_model="output")
+    assert trials[0].refused == "not finished: tuning time spent (timed at 2 of 3 sizes when the deadline passed)"
+    assert trials[1].refused.startswith("not tried: tuning time spent") and sizes == [1, 16]
