@@ -157,7 +157,9 @@ def ladder(applied_rules) -> list[tuple[str, frozenset]]:
 TUNE_TIME_S = 60.0
 
 
-def _past(deadline: float | None) -> bool:
+def deadline_passed(deadline: float | None) -> bool:
+    """``deadline`` (``time.monotonic()``, None: none) is behind us: the one test of the tuning deadline,
+    here and between the sizes of a trial's timing (:mod:`onnxfuse.tune_sizes`)."""
     return deadline is not None and time.monotonic() > deadline
 
 
@@ -178,7 +180,7 @@ def keep_not_slower(timing, applied_rules, attempt: Callable, retime: Callable,
         return None
     selection = Selection(first_slowdown=slowdown(timing), device=getattr(timing, "device", "cuda"))
     for name, skipped in ladder(applied_rules):
-        if skipped != ALL and _past(deadline):  # out of tuning time: the graph as loaded is never slower
+        if skipped != ALL and deadline_passed(deadline):  # out of tuning time: the graph as loaded is never slower
             selection.tried.append(Candidate(name=name, skipped=skipped, refused="not tried: tuning time spent"))
             continue
         candidate = Candidate(name=name, skipped=skipped)
@@ -456,7 +458,7 @@ def try_measured(current_timing, choices: list[Choice], attempt: Callable, retim
     for choice in choices:
         trial = Trial(choice=choice)
         trials.append(trial)
-        if _past(deadline):
+        if deadline_passed(deadline):
             trial.refused = "not tried: tuning time spent"
             continue
         if deadline is not None and time.monotonic() + longest > deadline:

@@ -14,13 +14,12 @@ note, never silently: the decisions then rest on the sizes that were timed.
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import replace
 from typing import Callable
 
 from onnxfuse.errors import UsageError
 from onnxfuse.runtime.inputs import Inputs, check_shape_names, input_specs
-from onnxfuse.selection import TrialCut
+from onnxfuse.selection import TrialCut, deadline_passed
 from onnxfuse.validate.samples import sample_inputs
 
 
@@ -96,7 +95,7 @@ def _at_sizes(time_all: Callable, first: Inputs, others: list[Inputs], deadline:
     if any(timing.status != "ok" for timing in timings):
         return timings
     for done, inputs in enumerate(others, start=1):
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline_passed(deadline):
             raise TrialCut(f"timed at {done} of {len(others) + 1} sizes when the deadline passed")
         for timing, other in zip(timings, time_all(inputs)):
             other.shapes = inputs.shapes()

@@ -89,8 +89,8 @@ class ContribMaskLengths(ContribRule):
 
     def analyze(self, graph, node):
         mask = node.inputs[3]
-        if not self.right_padded:
-            name = self._promisable(graph, node)
+        if not self.right_padded:  # match kept only the ops the promise of their mask's one input changes
+            (name,) = value_sources(mask)
             return Refuse(f"no promise about input {name}: in float16 a raw mask takes ONNX Runtime's unfused attention "
                           f"kernel; if {name} holds right-padded rows (n >= 1 ones, then zeros), --right-padded {name} "
                           "makes it 1-D key lengths, which the fused kernels take (BERT-base, H200: 1.03-1.07x its "
