@@ -34,6 +34,10 @@ times that output against the same half() model (issue 33's bf16 rows):
 
     python benchmarks/precision_families.py --latency --jobs 6 --bf16 bert_pooler@sdpa,gpt2_small@sdpa --out $OUT/families
 
+``--also-skip RULES`` also optimizes each family with ``--precision fp16 --skip RULES`` and times that output
+against the same half() model (the "fp16-skip" rows): what those rules buy, in the same session
+(docs/benchmarks.md 5.63 times contrib-promised-keep-bias' bias against the 1-D lengths so).
+
 Writes ``families.json`` (rewritten after every model) and ``families.md`` in --out.
 """
 
@@ -258,11 +262,14 @@ def bench_shapes(kind: str, batch: int) -> list[str]:
     return [arg for n in names for arg in ("--shape", f"{n}:{','.join(str(d) for d in dims[n])}")]
 
 
-def prepare(name: str, out: str, latency: bool, promise: tuple, device: str = "cuda", bf16: bool = False) -> dict:
+def prepare(name: str, out: str, latency: bool, promise: tuple, device: str = "cuda", bf16: bool = False,
+            skip: str = "") -> dict:
     """One family, in a worker process of its own under ``--jobs``: :func:`check` (on CUDA with
     ``--latency``), then the ``.half()`` export and its optimization for the latency pair. The row holds
     the models' paths for :func:`time_pair`. ``bf16``: ``optimize --precision bf16`` of the float32 export
-    too (validated on CUDA; unvalidated in a ``--device cpu`` smoke test), timed against half() as well."""
+    too (validated on CUDA; unvalidated in a ``--device cpu`` smoke test), timed against half() as well.
+    ``skip``: ``optimize --precision fp16 --skip SKIP`` too, the "fp16-skip" variant, timed against half() in
+    its own pairs: what those rules buy on the GPU, same export, same session."""
     import torch
 
     work = Path(out) / "models"
@@ -291,9 +298,20 @@ def prepare(name: str, out: str, latency: bool, promise: tuple, device: str = "c
         if result is not None:
             row["paths"]["bf16"] = str(made)
         log(f"{name}: --precision bf16 exit {row['bf16']['exit']}")
+    if skip and "paths" in row:
+        made, report = work / f"{name}.fp16-skip.onnx", work / f"{name}.fp16-skip.json"
+        row["fp16-skip"], result = optimize_cli(work / f"{name}.onnx", made, report, "--precision", "fp16", "--provider",
+                                                device, *promise, "--skip", skip)
+        if result is not None:
+            row["paths"]["fp16-skip"] = str(made)
+        log(f"{name}: --precision fp16 --skip {skip} exit {row['fp16-skip']['exit']}")
     for done in (work / f"{name}.onnx", half):
         done.unlink(missing_ok=True)  # only the optimized models are timed: keep the disk free
     return row
+
+
+#: the models timed against the optimized half() export: (variant, its latency key in a row)
+VARIANTS = (("fp16", "latency"), ("bf16", "latency_bf16"), ("fp16-skip", "latency_fp16-skip"))
 
 
 def time_pair(name: str, row: dict, kind: str, batches: list[int], graph_modes: list[bool], budget: float,
@@ -305,7 +323,7 @@ def time_pair(name: str, row: dict, kind: str, batches: list[int], graph_modes: 
     if not paths:
         return
     ranges = ["--input-range", "attention_mask:1,1"] if kind == "tokens" else []  # all ones keeps any promise
-    for variant, key in (("fp16", "latency"), ("bf16", "latency_bf16")):
+    for variant, key in VARIANTS:
         if variant in paths:
             _time_variant(name, row, paths, variant, key, ranges, kind, batches, graph_modes, budget, out, log, device)
 
@@ -340,7 +358,8 @@ def attention_ops(fused: dict | None) -> int:
 
 def latency_markdown(record: dict, variant: str = "fp16") -> str:
     key = "latency" if variant == "fp16" else f"latency_{variant}"
-    rows = [f"| model | batch | CUDA graph | half() optimized | --precision {variant} | {variant} / half() | within 5% | "
+    label = "fp16 --skip (--also-skip)" if variant == "fp16-skip" else variant
+    rows = [f"| model | batch | CUDA graph | half() optimized | --precision {label} | {variant} / half() | within 5% | "
             f"attention ops (half() / {variant}) |", "|---|---:|:---:|---:|---:|---:|:---:|---:|"]
     for name, row in record.items():
         mine = row.get("fused") if variant == "fp16" else (row.get(variant) or {}).get("fused")
@@ -353,7 +372,7 @@ def latency_markdown(record: dict, variant: str = "fp16") -> str:
                         f"{'yes' if graph.endswith('True') else 'no'} | "
                         + (f"{ms[0]:.3f} | {ms[1]:.3f} | {ratio:.3f} | {'yes' if ratio <= 1.05 else '**no**'} | "
                            if ratio is not None else f"exit {cell.get('exit')} | | | | ") + f"{attention} |")
-    return (f"\n## Latency: --precision {variant} against the half() export, both optimized\n\nMedian ms, each pair "
+    return (f"\n## Latency: --precision {label} against the half() export, both optimized\n\nMedian ms, each pair "
             "timed in one interleaved `onnxfuse bench` run of two fresh sessions.\n\n" + "\n".join(rows) + "\n")
 
 
@@ -371,7 +390,7 @@ def markdown(record: dict) -> str:
                     f"{fused} " if i == 0 else "| | | | | ")
             rows.append(f"{lead}| {out} | {w['error']:.2e} | {w['cosine']:.6f} | "
                         f"{'yes' if w['error'] <= BUDGET_ERROR and w['cosine'] >= BUDGET_COSINE else '**no**'} |")
-    tables = "".join(latency_markdown(record, variant) for variant, key in (("fp16", "latency"), ("bf16", "latency_bf16"))
+    tables = "".join(latency_markdown(record, variant) for variant, key in VARIANTS
                      if any(row.get(key) for row in record.values()))
     return "\n".join(rows) + "\n" + tables
 
@@ -390,6 +409,9 @@ def main(argv=None) -> int:
     ap.add_argument("--right-padded", default="",
                     help="families (comma list) optimized under --right-padded attention_mask")
     ap.add_argument("--jobs", type=int, default=1, help="families prepared at once (timing is one at a time)")
+    ap.add_argument("--also-skip", default="", metavar="RULES",
+                    help="--latency: also time --precision fp16 with --skip RULES (comma list) against half(), "
+                         "the 'fp16-skip' rows: what those rules buy")
     ap.add_argument("--bf16", default="",
                     help="--latency: families (comma list, or 'all') also optimized with --precision bf16 and timed "
                          "against half() (issue 33's bf16 rows, for the transformers)")
@@ -443,7 +465,8 @@ def main(argv=None) -> int:
         # workers prepare every family first; the timings follow one at a time, with nothing else on the GPU
         spawn = multiprocessing.get_context("spawn")  # CUDA in forked workers fails
         with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
-            futures = {pool.submit(prepare, n, str(args.out), args.latency, promise(n), args.device, bf16(n)): n
+            futures = {pool.submit(prepare, n, str(args.out), args.latency, promise(n), args.device, bf16(n),
+                                   args.also_skip): n
                        for n in names}
             for future in concurrent.futures.as_completed(futures):
                 name = futures[future]
@@ -456,7 +479,8 @@ def main(argv=None) -> int:
     else:
         for name in names:
             try:
-                row = prepare(name, str(args.out), args.latency, promise(name), args.device, bf16(name))
+                row = prepare(name, str(args.out), args.latency, promise(name), args.device, bf16(name),
+                              args.also_skip)
             except Exception as exc:
                 row = failed(name, exc)
             finish(name, row)
