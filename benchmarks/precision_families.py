@@ -36,7 +36,8 @@ times that output against the same half() model (issue 33's bf16 rows):
 
 ``--also-skip RULES`` also optimizes each family with ``--precision fp16 --skip RULES`` and times that output
 against the same half() model (the "fp16-skip" rows): what those rules buy, in the same session
-(docs/benchmarks.md 5.63 times contrib-promised-keep-bias' bias against the 1-D lengths so).
+(docs/benchmarks.md 5.63 timed a float16 keep bias, rule contrib-promised-keep-bias of `48e9b96`, since
+backed out, against the 1-D lengths so).
 
 Writes ``families.json`` (rewritten after every model) and ``families.md`` in --out.
 """

@@ -43,7 +43,7 @@ LADDER = [
     ("DecodeAttention kernel", ("contrib-decode-attention",)),  # our split-K decode kernel; MultiHeadAttention stays
     ("grouped query rows", ("contrib-grouped-attention-inputs",)),  # back to repeated K/V heads
     ("AttentionInputs kernel", ("contrib-attention-inputs",)),  # our KV-cache kernel; the attention stays
-    ("fused attention", ("contrib-attention", "contrib-promised-keep-bias", "contrib-mask-lengths")),
+    ("fused attention", ("contrib-attention", "contrib-mask-lengths")),
     ("FusedElementwise kernels", ("fuse-elementwise", "conv-bias-into-elementwise")),
     ("every rewrite", None),  # None: all rules
 ]

@@ -28,9 +28,9 @@ LEFT_BEHIND: dict[str, tuple[str, ...]] = {
     "contrib-gelu": ("Erf",),
     "contrib-layernorm": ("ReduceMean",),
     "contrib-rmsnorm": ("ReduceMean",),  # a lone RMSNorm (one after a residual Add is contrib-skip-rmsnorm's)
-    # a fused float16 Attention left on a raw mask: without a promise, the ones --right-padded would give a
-    # keep attention_bias (the reason names the input); with one, why the promise did not apply
-    "contrib-promised-keep-bias": ("Attention",),
+    # a fused Attention left on a raw mask: without a promise, the float16 ones --right-padded would give key
+    # lengths (the reason names the input); with one, why the promise did not apply
+    "contrib-mask-lengths": ("Attention",),
 }
 
 #: Quoted names inside a refusal reason ('/layers.0/Add_output_0'): replaced to group alike reasons.

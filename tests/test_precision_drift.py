@@ -219,15 +219,15 @@ def test_transformers_4_bert_under_fp16_fuses_its_attention_on_the_right_padded_
     """transformers 4.57's eager BERT adds (1 - mask)·finfo(float32).min, a keep mask only where the mask
     holds 0 and 1. Under --precision fp16 its softmax islands stay unfused without a promise (the refusal
     names --right-padded); with ``right_padded=["attention_mask"]`` both attentions fuse, their masks
-    become a keep attention_bias (contrib-promised-keep-bias), validation (right-padded draws) passes,
-    and this test's own right-padded inputs drift within what float16 allows."""
+    become 1-D key lengths, validation (right-padded draws) passes, and this test's own right-padded
+    inputs drift within what float16 allows."""
     model = load_testdata("bert_tiny_tx457_opset14")
     plain = onnxfuse.optimize(model, precision="fp16", provider="cpu")
     assert plain.applied.counts["contrib-attention"] == 0
     assert any("--right-padded NAME" in r.reason for r in plain.applied.refusals if r.rule == "contrib-attention")
     result = onnxfuse.optimize(model, precision="fp16", provider="cpu", right_padded=["attention_mask"])
     assert result.validation.passed
-    assert result.applied.counts["contrib-attention"] == 2 and result.applied.counts["contrib-promised-keep-bias"] == 2
+    assert result.applied.counts["contrib-attention"] == 2 and result.applied.counts["contrib-mask-lengths"] == 2
     rng = np.random.default_rng(5)
     mask = (np.arange(16)[None, :] < np.array([16, 10, 3])[:, None]).astype(np.int64)  # right-padded rows
     feeds = {"input_ids": rng.integers(0, 100, (3, 16)).astype(np.int64), "attention_mask": mask}
@@ -263,10 +263,10 @@ def test_transformers_4_distilbert_under_fp16_fuses_its_attention(name, before):
 def test_transformers_4_sdpa_mask_is_one_row_per_item_and_takes_the_right_padded_promise():
     """transformers 4's sdpa mask expands the [B, 1, 1, L] padding mask to [B, 1, S, L] before inverting
     it, so the keep mask the raw ``mask_index`` reads is the same for every query: the mask is its
-    first query's row, [B, L], not [B, S, L]. Then ``--right-padded`` makes it a keep attention_bias
-    (contrib-promised-keep-bias; the promise refused the 3-D mask), the form ONNX Runtime's fused
-    float16 kernels take (on an H200 the [B, S, L] mask left BERT-base sdpa under --precision fp16
-    1.20-1.29x slower than its optimized half() export, promise or not: docs/benchmarks.md 5.61). Without the promise the output's
+    first query's row, [B, L], not [B, S, L]. Then ``--right-padded`` makes it 1-D key lengths
+    (contrib-mask-lengths refused the 3-D mask), the form ONNX Runtime's fused float16 kernels take
+    (on an H200 the [B, S, L] mask left BERT-base sdpa under --precision fp16 1.20-1.29x slower than its
+    optimized half() export, promise or not: docs/benchmarks.md 5.61). Without the promise the output's
     "not fused" line names it; with it, validation passes, and this test's own right-padded masks (an
     item of one token among them) drift within what float16 allows."""
     model = load_testdata("distilbert_tiny_sdpa_unfolded_opset14")
@@ -282,11 +282,11 @@ def test_transformers_4_sdpa_mask_is_one_row_per_item_and_takes_the_right_padded
     assert f"of the {len(kept['float32_nodes'])} node(s) kept float32, {len(kept['float32_nodes'])} were folded" \
         in " ".join(plain.validation.notes)
     # without the promise the output's "not fused" line names it, for both float16 attentions
-    (hint,) = [u for u in plain.unfused if u.rule == "contrib-promised-keep-bias"]
+    (hint,) = [u for u in plain.unfused if u.rule == "contrib-mask-lengths"]
     assert hint.op == "Attention" and hint.count == 2 and "--right-padded attention_mask" in hint.reason
     result = onnxfuse.optimize(model, precision="fp16", provider="cpu", right_padded=["attention_mask"])
     assert result.validation.passed and not result.unfused
-    assert result.applied.counts["contrib-attention"] == 2 and result.applied.counts["contrib-promised-keep-bias"] == 2
+    assert result.applied.counts["contrib-attention"] == 2 and result.applied.counts["contrib-mask-lengths"] == 2
     rng = np.random.default_rng(7)
     mask = (np.arange(8)[None, :] < np.array([8, 5, 1])[:, None]).astype(np.int64)  # right-padded rows
     feeds = {"input_ids": rng.integers(0, 1000, (3, 8)).astype(np.int64), "attention_mask": mask}

@@ -48,8 +48,7 @@ ORDER = [
     "fold/fold-scale-bias",
     "contrib/contrib-channels-last",  # after the BatchNorm and scale folds (their Conv weights), before the elementwise rules fuse on NHWC tensors (opt-in, CUDA only)
     "contrib/contrib-attention",  # before the FusedMatMul rules, which would take its scale and Kᵀ (opt-in)
-    "contrib/contrib-promised-keep-bias",  # after contrib-attention, whose float16 raw masks it reads (--right-padded)
-    "contrib/contrib-mask-lengths",  # after contrib-promised-keep-bias, which takes the float16 raw masks first
+    "contrib/contrib-mask-lengths",  # after contrib-attention, whose raw masks it reads (--right-padded only)
     "contrib/contrib-grouped-queries",  # opt-in; after contrib-attention, whose MultiHeadAttention over repeated K/V it regroups
     "contrib/contrib-quick-gelu",
     "contrib/contrib-gelu",

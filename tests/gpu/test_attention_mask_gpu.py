@@ -197,17 +197,15 @@ def test_causal_and_padding_mask_as_a_3d_mask_index_matches_the_original_on_cuda
     assert np.max(np.abs(run_cuda(weaker, feeds).astype(np.float64) - want)) > 5 * tol
 
 
-@pytest.mark.parametrize("form,rule", [("bias", "contrib-mask-lengths"), ("fill16", "contrib-mask-lengths"),
-                                       ("fill16", "contrib-promised-keep-bias")])
-def test_right_padded_lengths_match_the_original_on_cuda_and_left_padding_would_not(form, rule):
-    """Under the promise ``keep`` is right-padded, contrib-mask-lengths' 1-D lengths (float32 and the float16
-    masked_fill) and contrib-promised-keep-bias' -65504 attention_bias (float16: the memory-efficient
-    kernel) give the original's outputs on right-padded rows, an item that keeps one key included; the
-    same masks padded on the left do not."""
+@pytest.mark.parametrize("form", ["bias", "fill16"])
+def test_right_padded_lengths_match_the_original_on_cuda_and_left_padding_would_not(form):
+    """contrib-mask-lengths under the promise ``keep`` is right-padded: the 1-D lengths ONNX Runtime reads
+    fastest give the original's outputs on right-padded rows (float32 and the float16 masked_fill, where
+    lengths may take ONNX Runtime's fused float16 kernels); the same counts padded on the left do not."""
     seq = 128
     model = layer(seq, form)
-    out, report = helpers.optimize(model, only=["contrib-attention", rule], right_padded=["keep"])
-    assert report.counts[rule] == 1
+    out, report = helpers.optimize(model, only=["contrib-attention", "contrib-mask-lengths"], right_padded=["keep"])
+    assert report.counts["contrib-mask-lengths"] == 1
     dtype = np.float16 if form == "fill16" else np.float32
     keep = np.arange(seq)[None, :] < np.array([seq, 77, 1, 100])[:, None]
     feeds = {"x": np.random.default_rng(1).standard_normal((4, seq, E)).astype(dtype), "keep": keep}
@@ -241,15 +239,14 @@ def transformers4_island_layer(seq: int) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model)
 
 
-@pytest.mark.parametrize("rule", ["contrib-mask-lengths", "contrib-promised-keep-bias"])
-def test_transformers_4_mask_under_the_promise_matches_the_original_on_cuda(rule):
+def test_transformers_4_mask_under_the_promise_matches_the_original_on_cuda():
     """Under ``--right-padded m`` the (1 - m)·c island fuses into float16 Attention and its mask into 1-D
-    lengths or a -65504 attention_bias (ONNX Runtime's fused float16 kernels); on right-padded 0/1 rows
-    the CUDA outputs equal the original's (float16 rounding), an item that keeps one key included."""
+    lengths (ONNX Runtime's fused float16 kernels); on right-padded 0/1 rows the CUDA outputs equal the
+    original's (float16 rounding), an item that keeps one key included."""
     seq = 128
     model = transformers4_island_layer(seq)
-    out, report = helpers.optimize(model, only=["contrib-attention", rule], right_padded=["m"])
-    assert report.counts["contrib-attention"] == 1 and report.counts[rule] == 1
+    out, report = helpers.optimize(model, only=["contrib-attention", "contrib-mask-lengths"], right_padded=["m"])
+    assert report.counts["contrib-attention"] == 1 and report.counts["contrib-mask-lengths"] == 1
     m = (np.arange(seq)[None, :] < np.array([seq, 77, 1, 100])[:, None]).astype(np.int64)
     feeds = {"x": np.random.default_rng(3).standard_normal((4, seq, E)).astype(np.float16), "m": m}
     want, got = run_cuda(model, feeds).astype(np.float64), run_cuda(out, feeds).astype(np.float64)

@@ -15,23 +15,28 @@ ids have different batch sizes.)
 
 What
 ----
-With ``--right-padded NAME``, every packed ``Attention`` whose ``mask_index`` the promise covers
-(:func:`~onnxfuse.rewrites.contrib.attention.promised_masks.promised_mask`: a 2-D int32 tensor computed
-from input NAME and from no other input's values, shape reads aside; bidirectional, no ``past``, no
-``attention_bias``) reads ``ReduceSum(mask_index, axes=[1])`` instead. When the mask is ``Cast(to=int32)``
-of a bool tensor (what contrib-attention writes), it holds only 0 and 1; otherwise it is first made 0/1
-by ``Cast(Cast(mask_index, bool), int32)`` (the kernels keep a key where the mask is nonzero).
+With ``--right-padded NAME``, every packed ``Attention`` whose ``mask_index`` is a 2-D int32 tensor
+computed from input NAME (and from no other input's values: shape reads do not count) reads
+``ReduceSum(mask_index, axes=[1])`` instead. When the mask is ``Cast(to=int32)`` of a bool tensor (what
+contrib-attention writes), it holds only 0 and 1; otherwise it is first made 0/1 by
+``Cast(Cast(mask_index, bool), int32)`` (the kernels keep a key where the mask is nonzero).
 
 Exact when each mask row is n ≥ 1 ones followed by zeros: keeping "the first n keys" then keeps the same
-keys (validation draws such rows for NAME, and fails, naming this rule, if the mask is not NAME's rows).
+keys. The promise is about input NAME; the rule does not prove that the mask's rows are NAME's rows,
+and it need not: validation draws right-padded values for NAME (:mod:`onnxfuse.runtime.right_padding`),
+so a model whose mask rearranges NAME's rows fails validation, and this rule is named.
 
-Float16 ``Attention`` takes the promise through contrib-promised-keep-bias first, which runs before this
-rule and writes the mask as a keep ``attention_bias`` (ONNX Runtime's memory-efficient kernel; measured
-faster there than the lengths, which take its fused runner: docs/benchmarks.md 5.63); this rule then
-writes lengths for the others (float32, bfloat16) and for float16 where that rule is skipped. Without a
-promise it changes nothing.
+Without a promise the rule changes nothing: it refuses each float16 ``Attention`` whose
+mask derives from one input alone and would take key lengths under that input's promise, with a reason
+naming it, which the output's "not fused" line shows (the promise is the user's to give: a
+left-padded mask breaks it). Measured there, not here: the BERT-base rows of docs/benchmarks.md 5.61,
+eager BERT with 1-D lengths at 1.03-1.07x its optimized ``.half()`` export against sdpa BERT's raw mask at
+1.20-1.29x (ONNX Runtime runs float16 attention with a raw mask on its unfused kernel).
 
-Refused: a mask the promise does not cover (above, with the reason).
+Refused: no promise given (above); a ``mask_index`` that is not 2-D int32 (3-D
+causal masks: lengths cannot say which query sees which key); one that also reads another input's values,
+or passes through control flow; a causal (``unidirectional``) or ``past`` Attention, or one with an
+``attention_bias`` (lengths are verified without them).
 """
 
 from __future__ import annotations
@@ -41,15 +46,18 @@ import copy
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.contrib.attention.promised_masks import bool_keep_source, promised_mask, raw_mask_attentions
 from onnxfuse.rewrites.contrib.matching import ContribRule
 from onnxfuse.rewrites.engine.edit import NameAllocator, append_axes_op
-from onnxfuse.rewrites.facts.graph import declared_shape
+from onnxfuse.rewrites.engine.rule import Refuse
+from onnxfuse.rewrites.facts.graph import (
+    FP16, declared_shape, dtype_of, int_attr, is_ms_op, is_op, value_sources,
+)
+from onnxfuse.rewrites.facts.shape_values import proved_rank
 
 class ContribMaskLengths(ContribRule):
     name = "contrib-mask-lengths"
     description = ("Attention's raw [B, L] mask → 1-D key lengths, when it derives from an input promised "
-                   "right-padded (--right-padded NAME)")
+                   "right-padded (--right-padded NAME; without it, names the float16 ones it would change)")
     right_padded: frozenset[str] = frozenset()
 
     def under(self, assumptions):
@@ -58,21 +66,74 @@ class ContribMaskLengths(ContribRule):
         return rule
 
     def match(self, graph):
-        return raw_mask_attentions(graph) if self.right_padded else []
+        candidates = [n for n in graph.nodes if is_ms_op(n, "Attention") and len(n.inputs) > 3
+                      and not n.inputs[3].is_empty() and proved_rank(graph, n.inputs[3]) != 1]  # 1-D: lengths already
+        if self.right_padded:
+            return candidates
+        # no promise: only the float16 ops that the promise of their mask's one input would change, each
+        # refused with a reason that names the promise (the output's "not fused" line)
+        return [n for n in candidates if self._promisable(graph, n) is not None]
+
+    def _promisable(self, graph, node) -> str | None:
+        """The one input whose values ``node``'s mask derives from, where ``node`` computes in float16 and
+        would take 1-D key lengths under ``--right-padded`` of that input; else None. Float32 is left out:
+        there the lengths measured 0-0.4% faster (module docstring); bfloat16 too, not measured with them."""
+        if dtype_of(graph, node.inputs[0]) != FP16:
+            return None
+        sources = value_sources(node.inputs[3])
+        if sources is None or len(sources) != 1:
+            return None
+        promised = copy.copy(self)
+        promised.right_padded = frozenset(sources)
+        return None if isinstance(promised.analyze(graph, node), Refuse) else next(iter(sources))
 
     def analyze(self, graph, node):
-        return promised_mask(graph, node, self.right_padded)
+        mask = node.inputs[3]
+        if not self.right_padded:  # match kept only the ops the promise of their mask's one input changes
+            (name,) = value_sources(mask)
+            return Refuse(f"no promise about input {name}: in float16 a raw mask takes ONNX Runtime's unfused attention "
+                          f"kernel; if {name} holds right-padded rows (n >= 1 ones, then zeros), --right-padded {name} "
+                          "makes it 1-D key lengths, which the fused kernels take (BERT-base, H200: 1.03-1.07x its "
+                          ".half() export's time with them, 1.20-1.29x with a raw mask; docs/benchmarks.md 5.61)")
+        if int_attr(node, "unidirectional", 0):
+            return Refuse("causal (unidirectional) Attention: lengths are verified only for bidirectional attention")
+        if any(not t.is_empty() for t in node.inputs[4:]):
+            return Refuse("Attention also has past or attention_bias inputs: lengths are verified without them")
+        rank = proved_rank(graph, mask)
+        if rank != 2:
+            return Refuse(f"mask_index is not a raw [B, L] mask (rank {rank if rank is not None else 'unknown'})")
+        cast = mask.inputs[0] if mask.inputs else None
+        if dtype_of(graph, mask) != np.dtype(np.int32) and not (is_op(cast, "Cast") and int_attr(cast, "to", 0) == 6):
+            return Refuse("mask_index is not int32")
+        sources = value_sources(mask)
+        if sources is None:
+            return Refuse("mask_index is computed through control flow (If/Loop/Scan): its inputs are not traced")
+        promised = sorted(sources & self.right_padded)
+        others = sorted(sources - self.right_padded)
+        if not promised:
+            return Refuse(f"mask_index does not derive from an input promised right-padded "
+                          f"(--right-padded {', '.join(sorted(self.right_padded))})")
+        if others:
+            return Refuse(f"mask_index also reads input(s) {', '.join(others)}, not promised right-padded")
+        return (mask, promised)
 
     def apply(self, graph, node, found):
         mask, promised = found
         names = NameAllocator(graph)
         base = node.name or "attention"
-        counted = mask if bool_keep_source(mask) is not None else _as_zero_one(graph, names, base, mask)
+        counted = mask if _zero_one(mask) else _as_zero_one(graph, names, base, mask)
         batch = (declared_shape(mask) or (None,))[0]
         lengths = gs.Variable(names(f"{base}/key_lengths"), dtype=np.int32, shape=[batch])
         append_axes_op(graph, "ReduceSum", names(f"{base}/key_lengths"), counted, [1], lengths, {"keepdims": 0})
         node.inputs[3] = lengths
         return {"op": "com.microsoft.Attention", "mask_form": "1-D key lengths", "right_padded": promised}
+
+
+def _zero_one(mask) -> bool:
+    """``mask`` is ``Cast(to=int32)`` of a bool tensor: it holds only 0 and 1."""
+    cast = mask.inputs[0] if mask.inputs else None
+    return (is_op(cast, "Cast") and int_attr(cast, "to", 0) == 6
+            and cast.inputs[0].dtype is not None and np.dtype(cast.inputs[0].dtype) == np.bool_)
 
 
 def _as_zero_one(graph, names, base, mask):

@@ -170,3 +170,21 @@ def test_pipeline_names_the_rule_when_the_mask_is_not_the_inputs_rows(tmp_path):
     assert caught.value.culprit == RULE
     result = api.optimize(model, provider="cpu")  # no promise: nothing relies on one, validation passes
     assert result.applied.counts.get(RULE, 0) == 0 and result.validation.passed
+
+
+def test_without_a_promise_float16_attention_on_a_raw_mask_is_refused_naming_the_input_and_float32_is_not():
+    """No promise: nothing changes. A float16 Attention whose raw mask derives from one input alone is
+    refused with a reason naming ``--right-padded`` of that input (the output's "not fused" line); a
+    float32 one is not looked at (the lengths measured 0-0.4% faster there)."""
+    import onnxfuse
+
+    fp32 = load_testdata("distilbert_tiny_opset14")
+    plain = onnxfuse.optimize(fp32, provider="cpu", validate=False)
+    assert any(n.op_type == "Attention" and len(n.input) > 3 and n.input[3] for n in plain.model.graph.node)
+    assert not [r for r in plain.applied.refusals if r.rule == "contrib-mask-lengths"] and not plain.unfused
+    half = onnxfuse.optimize(fp32, provider="cpu", precision="fp16", validate=False)
+    refusals = [r for r in half.applied.refusals if r.rule == "contrib-mask-lengths"]
+    assert len(refusals) == 2 and all("--right-padded attention_mask" in r.reason for r in refusals)
+    assert half.applied.counts.get("contrib-mask-lengths", 0) == 0
+    attention = [n for n in half.model.graph.node if n.op_type == "Attention"]
+    assert all(n.input[3].endswith("mask_index") for n in attention)  # the raw mask, unchanged

@@ -80,12 +80,7 @@ def _combined_mask(graph, plan, names, base):
                       *((kept, fill) if term.scores_if_true else (fill, kept)), plan.dtype)
     return bias
 
-def unsqueezed(graph, names, base, mask, axes_values, dtype):
-    """``Unsqueeze(mask, axes_values)``: an existing one with these constant axes (:func:`_shared_unsqueeze`:
-    every layer reads the same mask), else a new one."""
-    shared = _shared_unsqueeze(graph, mask, axes_values)
-    if shared is not None:
-        return shared
+def _unsqueeze(graph, names, base, mask, axes_values, dtype):
     out = gs.Variable(names(f"{base}/mask_rank4"), dtype=dtype)
     append_axes_op(graph, "Unsqueeze", names(f"{base}/mask_unsqueeze"), mask, axes_values, out)
     return out
@@ -96,12 +91,13 @@ def build_attention_bias(graph, plan, names, base, query, key):
     both are static sizes, so no Shape, Slice and Concat run on the CPU at every inference) unless
     they are provably there. Every layer of a transformer adds the same mask: the Unsqueeze and the Expand an
     earlier layer's rewrite made are reused when they provably give the same tensor
-    (:func:`unsqueezed`, :func:`_shared_expansion`), instead of one Shape, Slice, Concat and
+    (:func:`_shared_unsqueeze`, :func:`_shared_expansion`), instead of one Shape, Slice, Concat and
     Expand per layer."""
     mask = _combined_mask(graph, plan, names, base)
     if plan.mask_rank and plan.mask_rank < 4:
         axes_values = np.arange(4 - plan.mask_rank, dtype=np.int64)
-        mask = unsqueezed(graph, names, base, mask, axes_values, plan.dtype)
+        mask = _shared_unsqueeze(graph, mask, axes_values) or _unsqueeze(graph, names, base, mask,
+                                                                               axes_values, plan.dtype)
     if plan.mask_tail_known:
         return mask
     key_layout = plan.key_layout  # L of [B, L, E], or of [B, H, L, D] heads
