@@ -31,7 +31,10 @@ mask derives from one input alone and would take key lengths under that input's 
 naming it, which the output's "not fused" line shows (the promise is the user's to give: a
 left-padded mask breaks it). Measured there, not here: the BERT-base rows of docs/benchmarks.md 5.61,
 eager BERT with 1-D lengths at 1.03-1.07x its optimized ``.half()`` export against sdpa BERT's raw mask at
-1.20-1.29x (ONNX Runtime runs float16 attention with a raw mask on its unfused kernel).
+1.20-1.29x (ONNX Runtime runs float16 attention with a raw mask on its unfused kernel); and 5.63, sdpa
+BERT, RoBERTa and DistilBERT with the lengths at 1.05-1.06x at batch 16 (1.09-1.12x at batch 1, host-bound).
+The ``.half()`` export's own form, a -65504 ``attention_bias``, exact under the promise, was tried in its
+place (5.63): no faster than the lengths (1.058 against 1.051 at batch 16), five nodes more; backed out.
 
 Refused: no promise given (above); a ``mask_index`` that is not 2-D int32 (3-D
 causal masks: lengths cannot say which query sees which key); one that also reads another input's values,
@@ -94,7 +97,8 @@ class ContribMaskLengths(ContribRule):
             return Refuse(f"no promise about input {name}: in float16 a raw mask takes ONNX Runtime's unfused attention "
                           f"kernel; if {name} holds right-padded rows (n >= 1 ones, then zeros), --right-padded {name} "
                           "makes it 1-D key lengths, which the fused kernels take (BERT-base, H200: 1.03-1.07x its "
-                          ".half() export's time with them, 1.20-1.29x with a raw mask; docs/benchmarks.md 5.61)")
+                          ".half() export's time with them at batch 16, 1.20-1.29x with a raw mask; docs/benchmarks.md "
+                          "5.61, 5.63)")
         if int_attr(node, "unidirectional", 0):
             return Refuse("causal (unidirectional) Attention: lengths are verified only for bidirectional attention")
         if any(not t.is_empty() for t in node.inputs[4:]):

@@ -16,7 +16,7 @@ sdpa mask expands the padding mask before inverting it) is a key padding mask: i
 [B, L] one becomes 1-D key lengths under ``--right-padded`` (contrib-mask-lengths), which the fused
 float16 kernels take: with the [B, S, L] mask, BERT-base sdpa under ``--precision fp16`` ran 1.20-1.29x
 its optimized ``.half()`` export on an H200, promise or not, where eager BERT with 1-D lengths ran
-1.03-1.07x (docs/benchmarks.md 5.61).
+1.03-1.07x (docs/benchmarks.md 5.61); with this [B, L] row and the promise, 1.05-1.06x at batch 16 (5.63).
 Where a raw mask is the only way to fuse (below), transformers 4's sdpa mask is one too: the inverted
 ``1 - m`` masked_filled with finfo.min where nonzero, ``Where(Cast(t, bool), f, t)``, adds 0 exactly
 where its condition is False (:func:`zero_where_false`), whatever m holds.
