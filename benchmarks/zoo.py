@@ -27,7 +27,9 @@ stopped by ``--deadline`` or killed still leaves JSON, Markdown and an SVG chart
 is a hard limit: a model still running 30 s after it is stopped, its cells so far kept (on the full grid
 with ``--tune-shapes`` a model takes 2-5 minutes of an H200: 5.43). ``--gpus N`` runs up to N models at
 once, each child on its own GPU; ``NAME@eager`` / ``NAME@sdpa`` in ``--models`` exports a transformer
-with that attention, so one run holds both exports.
+with that attention, so one run holds both exports. ``results.md``'s "Never slower" table is issue 32's
+grid: per model, the configured cells measured, the lowest speed-up and its cell, the cells the original
+could not be timed in, the cells not measured (cut, failed), and the optimize calls' seconds.
 
 Usage (repo root, onnxruntime-gpu importable, torch/torchvision/transformers installed)::
 
@@ -1039,6 +1041,40 @@ def _ratio(a, b):
     return None if not a or not b else a / b
 
 
+def never_slower_rows(results: dict) -> list[dict]:
+    """Issue 32's grid, one row per model: every cell the run was configured to time (``batches`` x
+    ``graph_modes`` in float32, ``fp16_batches`` x ``fp16_graph_modes`` for the ``.half()`` export) is
+    ``measured`` (original and optimized both timed: their ratio), ``optimized only`` (ONNX Runtime could not
+    time the original there, e.g. it cannot capture it in a CUDA graph) or ``missing`` (cut by the deadline,
+    failed, or not run); with the lowest ratio, the cell it is in, and the optimize calls' seconds (the
+    tuning time: validation, timing at the sizes, the measured choices)."""
+    config = results.get("config", {})
+    fp32 = [(b, g) for b in config.get("batches") or [] for g in config.get("graph_modes") or [False]]
+    fp16 = ([(b, g) for b in config.get("fp16_batches") or [] for g in config.get("fp16_graph_modes") or [False]]
+            if config.get("fp16", True) else [])
+    rows = []
+    for name, data in results.get("models", {}).items():
+        t = data.get("timings", [])
+        row = {"model": name, "measured": 0, "optimized_only": [], "missing": [], "lowest": None, "lowest_cell": None}
+        for prefix, label, cells in (("ort-", "", fp32), ("ort-fp16-", "fp16 ", fp16)):
+            for batch, graph in cells:
+                cell = f"{label}b{batch}{' graph' if graph else ''}"
+                orig, opt = _median(t, prefix + "original", batch, graph), _median(t, prefix + "optimized", batch, graph)
+                if orig and opt:
+                    row["measured"] += 1
+                    if row["lowest"] is None or orig / opt < row["lowest"]:
+                        row["lowest"], row["lowest_cell"] = orig / opt, cell
+                elif opt:
+                    row["optimized_only"].append(cell)
+                else:
+                    row["missing"].append(cell)
+        info = data.get("info", {})
+        row["optimize_s"] = [(info.get(k) or {}).get("seconds") for k in
+                             ("optimize", "optimize_fp16", "optimize_precision_fp16")]
+        rows.append(row)
+    return rows
+
+
 def markdown(results: dict) -> str:
     env = results.get("environment", {})
     lines = [
@@ -1127,6 +1163,24 @@ def markdown(results: dict) -> str:
                          f"| {sp(r['orig'], r['opt'])} | {sp(r['orig'], r['att'])} | {sp(r['fp16_orig'], r['fp16_tx'])} "
                          f"| {sp(r['fp16_orig'], r['fp16_opt'])} | {sp(r['fp16_orig'], r['fp16_att'])} "
                          f"| {sp(r['fp16_orig'], r['fp16_prec'])} |")
+    grid = never_slower_rows(results)
+    if grid:
+        everything = [r["lowest"] for r in grid if r["lowest"] is not None]
+        lines += ["", "## Never slower: every cell of the grid (issue 32)", "",
+                  "Each model's cells as configured (float32 and the .half() export; batches x CUDA graphs): how many "
+                  "were measured, the lowest speed-up among them and where; optimized only: the original could "
+                  "not be timed there (ONNX Runtime cannot capture it in a CUDA graph); not measured: cut by the "
+                  "deadline, failed or not run. optimize s: the optimize calls of the float32 export, the half() "
+                  "export and --precision fp16, each with its validation, timing and measured choices (the "
+                  "tuning time)."
+                  + (f" Lowest of the run: {min(everything):.2f}×." if everything else ""), "",
+                  "| model | cells measured | lowest speed-up | optimized only | not measured | optimize s (fp32 / half() "
+                  "/ --precision fp16) |", "|---|---:|---:|---|---|---|"]
+        for r in grid:
+            low = f"{r['lowest']:.2f}× ({r['lowest_cell']})" if r["lowest"] is not None else "–"
+            secs = " / ".join("–" if v is None else f"{v:.0f}" for v in r["optimize_s"])
+            lines.append(f"| {r['model']} | {r['measured']} | {low} | {', '.join(r['optimized_only']) or '–'} "
+                         f"| {', '.join(r['missing']) or '–'} | {secs} |")
     compile_rows = [r for r in _cells(results["models"]) if r["compile"] or r["fp16_compile"]]
     if compile_rows:
         lines += ["", "## Against torch.compile", "",

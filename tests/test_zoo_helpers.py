@@ -241,3 +241,31 @@ def test_the_first_size_choice_gets_its_table_with_the_ratio_to_the_default_outp
     timings = [t for t in timings if t["variant"] != "ort-first-size"]
     text = zoo.markdown({"config": {}, "env": {}, "models": {"yolo_silu": {"timings": timings, "info": {}}}})
     assert "## Against the first size's choice" not in text
+
+
+def test_the_never_slower_table_counts_every_configured_cell():
+    """Issue 32's grid: each configured cell is measured (both models timed: the ratio), optimized only
+    (the original could not be timed there) or not measured; the lowest ratio names its cell; the
+    optimize calls' seconds are the tuning time."""
+    def cell(variant, ms, batch, graph=False, status="ok"):
+        return {"variant": variant, "batch": batch, "cuda_graph": graph, "status": status,
+                "latency_ms": {"median_ms": ms}}
+
+    timings = [cell("ort-original", 4.0, 1), cell("ort-optimized", 2.0, 1),
+               cell("ort-original", 9.0, 16), cell("ort-optimized", 6.0, 16),
+               cell("ort-optimized", 1.0, 1, graph=True),  # original not capturable
+               cell("ort-fp16-original", 3.0, 1), cell("ort-fp16-optimized", 1.5, 1),
+               cell("ort-fp16-original", 5.0, 16, status="failed"), cell("ort-fp16-optimized", 2.0, 16)]
+    results = {"config": {"batches": [1, 16], "graph_modes": [False, True], "fp16_batches": [1, 16],
+                          "fp16_graph_modes": [False], "fp16": True},
+               "models": {"resnet50": {"timings": timings,
+                                       "info": {"optimize": {"seconds": 38.2}, "optimize_fp16": {"seconds": 40.0}}}}}
+    (row,) = zoo.never_slower_rows(results)
+    assert row["measured"] == 3 and row["lowest_cell"] == "b16" and abs(row["lowest"] - 1.5) < 1e-12
+    assert row["optimized_only"] == ["b1 graph", "fp16 b16"]  # the failed fp16 original counts as not timed
+    assert row["missing"] == ["b16 graph"]
+    assert row["optimize_s"] == [38.2, 40.0, None]
+    text = zoo.markdown(results)
+    line = next(x for x in text.splitlines() if x.startswith("| resnet50 | 3 |"))
+    assert "1.50× (b16)" in line and line.endswith("| 38 / 40 / – |")
+    assert "Lowest of the run: 1.50×." in text
