@@ -414,6 +414,65 @@ def _close(ref: np.ndarray, got: np.ndarray, half: bool) -> bool:
     return bool(np.allclose(r[finite], g[finite], rtol=tol, atol=tol * scale))
 
 
+def as_float32(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every float16 tensor made float32 (initializers, Constant values, inputs, outputs,
+    value infos, loop-carried and branch values, Casts to float16), in every subgraph: the same
+    computation without float16's roundings, the reference a float16 model's own rounding error is
+    measured against (:func:`_no_farther_from_float32`)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+
+    def tensor32(t: onnx.TensorProto) -> None:
+        if t.data_type == TensorProto.FLOAT16:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+
+    def walk(g: onnx.GraphProto) -> None:
+        for init in g.initializer:
+            tensor32(init)
+        for v in [*g.input, *g.output, *g.value_info]:
+            if v.type.tensor_type.elem_type == TensorProto.FLOAT16:
+                v.type.tensor_type.elem_type = TensorProto.FLOAT
+        for n in g.node:
+            for a in n.attribute:
+                if n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT16:
+                    a.i = TensorProto.FLOAT
+                elif a.type == onnx.AttributeProto.TENSOR:
+                    tensor32(a.t)
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sub in a.graphs:
+                        walk(sub)
+
+    walk(out.graph)
+    return out
+
+
+def _no_farther_from_float32(model: onnx.ModelProto, feeds: dict, index: int, ref: np.ndarray,
+                             got: np.ndarray) -> bool:
+    """For a float16 model whose output ``index`` differs between the original (``ref``) and the optimized
+    model (``got``) beyond the float16 tolerance: whether that is the model's own float16 rounding, not the
+    rewrite. The reference is the same model computed in float32 (:func:`as_float32`). The optimized
+    output passes when it is no farther from it than 1.5 times the original's own distance (plus 1e-3 of
+    the output's scale): a graph that amplifies rounding (a Loop of Min and Tanh over a folded Conv, seed
+    413024: both 0.036 off the float32 model, in opposite directions, 0.073 apart) is then told from a
+    rewrite that moves the result away from the exact one. Same NaN and infinity positions required (the
+    caller's check); False when the float32 model cannot be run."""
+    try:
+        feeds32 = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()}
+        truth = np.asarray(_run(as_float32(model), feeds32, custom=False)[index], np.float64)
+    except Exception:
+        return False
+    r, g = ref.astype(np.float64), got.astype(np.float64)
+    finite = np.isfinite(r) & np.isfinite(g) & np.isfinite(truth)
+    if truth.shape != r.shape or not np.array_equal(finite, np.isfinite(r)) or not finite.any():
+        return False
+    scale = max(1.0, float(np.abs(truth[finite]).max()))
+    own = float(np.abs(r[finite] - truth[finite]).max())
+    ours = float(np.abs(g[finite] - truth[finite]).max())
+    return ours <= 1.5 * own + 1e-3 * scale
+
+
 def _computes_in_half(model: onnx.ModelProto) -> bool:
     def walk(g: onnx.GraphProto) -> bool:
         if any(t.data_type == TensorProto.FLOAT16 for t in g.initializer):
@@ -467,6 +526,9 @@ def check_seed(seed: int, target: str | None = None, make=None, inputs=None, onl
     half = _computes_in_half(model)
     for i, (r, g) in enumerate(zip(ref, got)):
         if not _close(r, g, half):
+            if half and r.shape == g.shape and r.dtype == g.dtype and r.dtype.kind == "f" and np.array_equal(
+                    np.isfinite(r), np.isfinite(g)) and _no_farther_from_float32(model, feeds, i, r, g):
+                continue  # the float16 model's own rounding, amplified: as near the float32 result as the original
             err = float(np.nanmax(np.abs(r.astype(np.float64) - g.astype(np.float64)))) if r.shape == g.shape else -1
             return "wrong", f"{target}: output {i} ({out.graph.output[i].name}) max abs err {err:.3g}"
     again = onnxfuse.optimize(out, target=target, validate=False, only=only)

@@ -87,3 +87,24 @@ def test_conv_net_generator_reaches_the_rule_and_its_boundaries():
         applied += result.applied.counts.get("contrib-channels-last", 0) > 0
     assert applied >= 16
     assert {"Conv", "Split", "Concat", "Slice", "MaxPool", "Resize", "If", "Add"} <= ops
+
+
+def test_a_float16_graph_that_amplifies_rounding_is_judged_against_its_float32_twin():
+    """Seed 413024: a float16 Conv, BatchNorm and Mul, folded into one Conv (one float16 rounding instead
+    of three), feed nested Loops of Add, Min and Tanh. The original and the optimized model end 0.073 apart
+    (beyond float16's 2e-2), but each is 0.036 from the same model computed in float32, in opposite
+    directions: the fold is as exact as the original. The oracle now asks that, and still fails an output
+    moved away from the float32 result."""
+    import numpy as np
+    import onnxfuse
+    from fuzz_graphs import _no_farther_from_float32, _run, random_inputs
+
+    assert check_seed(413024, "onnx") == ("ok", "onnx")
+    model = random_model(413024)
+    feeds = random_inputs(model, 413024)
+    ref = _run(model, feeds, custom=False)[0]
+    got = _run(onnxfuse.optimize(model, target="onnx", validate=False).model, feeds, custom=False)[0]
+    assert np.abs(ref.astype(np.float64) - got).max() > 0.05  # what the plain tolerance rejected
+    assert _no_farther_from_float32(model, feeds, 0, ref, got)
+    moved = (got.astype(np.float32) + 0.1).astype(np.float16)  # a rewrite that shifts the result
+    assert not _no_farther_from_float32(model, feeds, 0, ref, moved)
