@@ -317,9 +317,9 @@ VARIANTS = (("fp16", "latency"), ("bf16", "latency_bf16"), ("fp16-skip", "latenc
 
 def time_pair(name: str, row: dict, kind: str, batches: list[int], graph_modes: list[bool], budget: float,
               out: Path, log, device: str = "cuda") -> None:
-    """``onnxfuse bench HALF_OPT FP16`` (and ``HALF_OPT BF16`` where made) at each batch and CUDA-graph mode,
-    into ``row["latency"]`` (``row["latency_bf16"]``): {"b16 graph=False": {"exit", "ms": [half() optimized,
-    --precision fp16], "ratio"}}."""
+    """``onnxfuse bench HALF_OPT FP16`` (and ``HALF_OPT BF16``, ``HALF_OPT FP16-SKIP`` where made) at each batch
+    and CUDA-graph mode, into ``row["latency"]`` (``row["latency_bf16"]``, ``row["latency_fp16-skip"]``):
+    {"b16 graph=False": {"exit", "ms": [half() optimized, --precision fp16], "ratio"}}."""
     paths = row.get("paths")
     if not paths:
         return
