@@ -536,3 +536,78 @@ def check_seed(seed: int, target: str | None = None, make=None, inputs=None, onl
     if changed:
         return "not-idempotent", f"{target}: second pass applied {changed}"
     return "ok", target
+
+
+def _normalized_error(ref: np.ndarray, got: np.ndarray) -> float:
+    """max |got - ref| / max(1, max |ref|) over ref's finite entries (float64)."""
+    r, g = ref.astype(np.float64), got.astype(np.float64)
+    finite = np.isfinite(r)
+    if not finite.any():
+        return 0.0
+    return float(np.abs(g[finite] - r[finite]).max() / max(1.0, float(np.abs(r[finite]).max())))
+
+
+def check_precision_seed(seed: int, target: str | None = None) -> tuple[str, str]:
+    """``optimize --precision fp16`` of a float32 random graph (``random_model``; graphs that already
+    compute in float16 are skipped): ('ok' | 'refused' | 'skip' | 'invalid' | 'unloadable' | 'wrong' |
+    'error', detail). Validation is on, as a user runs it: a ``ValidationFailed`` or another
+    ``OnnxfuseError`` is 'refused' (one clear line, nothing written: an allowed outcome), any other exception
+    'error'. A model it writes must pass the checker, load, keep float32 inputs and outputs, be finite
+    wherever the float32 original is, and be no farther from the float32 original than 3x the plain
+    float16 conversion's own distance (the same model converted with no rewrite, ``rules=[]``) or the default
+    budget's 2e-2 of normalized error: computed here, independently of optimize's own judge. The plain
+    conversion is evaluated by ONNX's reference evaluator, which rounds to float16 after every op as ONNX
+    specifies; ONNX Runtime's CPU provider runs float16 ops in float32 and drops the Cast pairs around them
+    even with its optimizations off (seed 502770: ``Cast(x, float16)·4`` cast to int64 gave 4 there,
+    float16's 1.0·4 is 5 with the offset, where onnxfuse's output rounds as specified)."""
+    from onnx.reference import ReferenceEvaluator
+
+    import onnxfuse
+    from onnxfuse.errors import OnnxfuseError
+
+    target = target or TARGETS[seed % len(TARGETS)]
+    try:
+        model = random_model(seed)
+    except Exception as e:
+        return "skip", f"generator: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    if _computes_in_half(model):
+        return "skip", "computes in float16 already"
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        feeds = random_inputs(model, seed)
+        ref = _run(model, feeds, custom=False)
+        plain = onnxfuse.optimize(model, rules=[], precision="fp16", validate=False).model
+        with np.errstate(all="ignore"):  # float16 overflow in the reference's numpy: inf, as the model says
+            base = [np.asarray(v) for v in ReferenceEvaluator(plain).run(None, feeds)]
+    except Exception as e:  # the original, or its plain conversion, does not run: not a rewrite's doing
+        return "skip", f"original or plain conversion: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    try:
+        result = onnxfuse.optimize(model, target=target, precision="fp16", provider="cpu")
+    except OnnxfuseError as e:
+        return "refused", f"{target}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    except Exception as e:
+        return "error", f"optimize ({target}, fp16): {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    out = result.model
+    try:
+        onnx.checker.check_model(out, full_check=True)
+    except Exception as e:
+        return "invalid", f"{target}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    types = lambda vs: [v.type.tensor_type.elem_type for v in vs]  # noqa: E731
+    if types(out.graph.input) != types(model.graph.input) or types(out.graph.output) != types(model.graph.output):
+        return "wrong", f"{target}: input or output types changed"
+    try:
+        got = _run(out, feeds, custom=target == "cuda")
+    except Exception as e:
+        return "unloadable", f"{target}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    for i, (r, g, b) in enumerate(zip(ref, got, base)):
+        if r.dtype.kind != "f":
+            if not np.array_equal(r, g):
+                return "wrong", f"{target}: output {i} ({out.graph.output[i].name}) differs (integer)"
+            continue
+        if r.shape != g.shape or not np.isfinite(g[np.isfinite(r)]).all():
+            return "wrong", f"{target}: output {i} ({out.graph.output[i].name}) shape or non-finite values"
+        ours, floor = _normalized_error(r, g), _normalized_error(r, b) if b.shape == r.shape else np.inf
+        if ours > max(2e-2, 3 * floor):
+            return "wrong", (f"{target}: output {i} ({out.graph.output[i].name}) normalized error {ours:.3g}, "
+                             f"the plain conversion's {floor:.3g}")
+    return "ok", target

@@ -108,3 +108,14 @@ def test_a_float16_graph_that_amplifies_rounding_is_judged_against_its_float32_t
     assert _no_farther_from_float32(model, feeds, 0, ref, got)
     moved = (got.astype(np.float32) + 0.1).astype(np.float16)  # a rewrite that shifts the result
     assert not _no_farther_from_float32(model, feeds, 0, ref, moved)
+
+
+@pytest.mark.parametrize("seed", range(500000, 500060, 4))
+def test_precision_fp16_of_a_random_graph_validates_or_refuses_and_stays_within_float16(seed):
+    """``optimize --precision fp16`` with validation on, as a user runs it (``tools/fuzz_optimize.py
+    --precision`` for the big version): refused with one clear error, or a valid, loadable model with float32
+    I/O within 3x the drift of the plain float16 conversion computed as ONNX specifies (the fuzz's own check)."""
+    from fuzz_graphs import check_precision_seed
+
+    status, detail = check_precision_seed(seed)
+    assert status in ("ok", "skip", "refused"), f"seed {seed}: {status}: {detail}"
