@@ -486,6 +486,15 @@ def _computes_in_half(model: onnx.ModelProto) -> bool:
     return walk(model.graph) or any(v.type.tensor_type.elem_type == TensorProto.FLOAT16 for v in model.graph.input)
 
 
+def _invalid(out: onnx.ModelProto, target: str) -> tuple[str, str] | None:
+    """('invalid', detail) when ONNX's full checker refuses an optimized model, else None."""
+    try:
+        onnx.checker.check_model(out, full_check=True)
+    except Exception as e:
+        return "invalid", f"{target}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    return None
+
+
 def check_seed(seed: int, target: str | None = None, make=None, inputs=None, only=None) -> tuple[str, str]:
     """('ok' | 'skip' | 'ort-bug' | 'invalid' | 'unloadable' | 'wrong' | 'not-idempotent' | 'error',
     detail) for one seed. 'skip': ONNX Runtime cannot run the generated model itself; 'ort-bug': it
@@ -510,10 +519,9 @@ def check_seed(seed: int, target: str | None = None, make=None, inputs=None, onl
     except Exception as e:
         return "error", f"optimize ({target}): {type(e).__name__}: {str(e).splitlines()[0][:300]}"
     out = result.model
-    try:
-        onnx.checker.check_model(out, full_check=True)
-    except Exception as e:
-        return "invalid", f"{target}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    invalid = _invalid(out, target)
+    if invalid:
+        return invalid
     try:
         got = _run(out, feeds, custom=target == "cuda")
     except Exception as e:
@@ -589,10 +597,9 @@ def check_precision_seed(seed: int, target: str | None = None) -> tuple[str, str
     except Exception as e:
         return "error", f"optimize ({target}, fp16): {type(e).__name__}: {str(e).splitlines()[0][:300]}"
     out = result.model
-    try:
-        onnx.checker.check_model(out, full_check=True)
-    except Exception as e:
-        return "invalid", f"{target}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    invalid = _invalid(out, target)
+    if invalid:
+        return invalid
     types = lambda vs: [v.type.tensor_type.elem_type for v in vs]  # noqa: E731
     if types(out.graph.input) != types(model.graph.input) or types(out.graph.output) != types(model.graph.output):
         return "wrong", f"{target}: input or output types changed"
