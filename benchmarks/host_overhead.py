@@ -21,6 +21,7 @@ Never imported by the package.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import time
 
@@ -51,6 +52,22 @@ def spin(stop_at: float) -> None:
     x = 0
     while time.time() < stop_at:
         x += 1
+
+
+@contextlib.contextmanager
+def spinning(count: int, limit_s: float = 600.0):
+    """``count`` processes spinning on the CPU (:func:`spin`) for the ``with`` block, stopped when it ends
+    (``limit_s``: they stop by themselves after that, should the block's process die first). Used by
+    ``probes/host_contention.py`` too."""
+    procs = [multiprocessing.Process(target=spin, args=(time.time() + limit_s,), daemon=True) for _ in range(count)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+            p.join()
 
 
 def per_node_us(model: onnx.ModelProto, fused: bool, device: str, nodes: int, reps: int = 5) -> tuple[float, float]:
@@ -85,16 +102,9 @@ def main() -> int:
               f"(+{fused - native:.3f} us), onnxruntime {ort.__version__}")
         return 0
     for hogs in [int(h) for h in args.hogs.split(",")]:
-        procs = [multiprocessing.Process(target=spin, args=(time.time() + 300,), daemon=True) for _ in range(hogs)]
-        for p in procs:
-            p.start()
-        try:
+        with spinning(hogs):
             native = per_node_us(chain(args.nodes, False), False, args.device, args.nodes, reps=60)
             fused = per_node_us(chain(args.nodes, True), True, args.device, args.nodes, reps=60)
-        finally:
-            for p in procs:
-                p.terminate()
-                p.join()
         print(f"{args.device}, {hogs} spinning: native Neg {native[1]:.3f} us/node median ({native[0]:.3f} best), "
               f"FusedElementwise {fused[1]:.3f} ({fused[0]:.3f}), onnxruntime {ort.__version__}", flush=True)
     return 0

@@ -23,23 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import zoo  # noqa: E402  (benchmarks/zoo.py: the builders and the exporter the zoo's numbers come from)
-
-
-def spin(stop_at: float) -> None:
-    """Busy-loop on one core until ``stop_at`` (time.time())."""
-    x = 0
-    while time.time() < stop_at:
-        x += 1
+from host_overhead import spinning  # noqa: E402  (the CPU load both scripts time beside)
 
 
 def bench(original: Path, optimized: Path, batch: int, budget: float, report: Path) -> dict:
@@ -76,16 +68,8 @@ def main(argv=None) -> int:
     record = {"model": args.model, "cells": []}
     for hogs in [int(h) for h in args.hogs.split(",")]:
         for batch in [int(b) for b in args.batches.split(",")]:
-            stop_at = time.time() + 120  # longer than one bench pair; the hogs are stopped after it anyway
-            procs = [multiprocessing.Process(target=spin, args=(stop_at,), daemon=True) for _ in range(hogs)]
-            for p in procs:
-                p.start()
-            try:
+            with spinning(hogs):
                 cell = bench(original, optimized, batch, args.time_budget, args.out / f"bench-b{batch}-h{hogs}.json")
-            finally:
-                for p in procs:
-                    p.terminate()
-                    p.join()
             cell.update(batch=batch, hogs=hogs)
             record["cells"].append(cell)
             print(json.dumps(cell), flush=True)
