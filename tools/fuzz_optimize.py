@@ -23,15 +23,15 @@ from fuzz_graphs import check_seed  # noqa: E402
 
 
 def _one(args):
-    seed, target, attention, only = args
-    if attention == "precision":
+    seed, target, kind, only = args  # kind: "precision", "cnn", True (attention graphs) or False (op graphs)
+    if kind == "precision":
         from fuzz_graphs import check_precision_seed
         return seed, *check_precision_seed(seed, target)
-    if attention == "cnn":
+    if kind == "cnn":
         from fuzz_cnn_graphs import check_cnn_seed
 
         return seed, *check_cnn_seed(seed, target)
-    if attention:
+    if kind:
         from fuzz_attention_graphs import check_attention_seed
 
         return seed, *check_attention_seed(seed, target)

@@ -54,8 +54,9 @@ def rounded_drift(converted, samples, reference, name: str, low: int = FLOAT16.e
     (:func:`~onnxfuse.validate.onnx_semantics.onnx_semantics_runs`, small models only). None where neither
     applies. Without it a model with a Loop was judged against its conversion's plain CPU run, which rounds
     a float16 chain once: the fuzz (``tests/fuzz_graphs.check_precision_seed``) found 5 of 4,000 random
-    graphs refused so, each rewritten output nearer the float32 original than the conversion computed as
-    specified (seed 502221: 0.0030 against 0.0043 of normalized error; the CPU run's 0.00023)."""
+    graphs refused, each rewritten output nearer the float32 original than the conversion computed as
+    specified; this passes 3 of them (seed 501606: 0.0059 against 0.0062 of normalized error, the CPU
+    run's 0.0003)."""
     as_specified = per_op_rounding(converted, low)
     if as_specified is not None:
         return conversion_drift(as_specified, samples, reference, "cpu", name=name)
