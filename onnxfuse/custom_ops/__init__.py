@@ -46,6 +46,25 @@ LANGUAGE_VERSION = 1
 #: checks the two agree). fuse-elementwise leaves ops of higher rank unfused.
 MAX_RANK = 16
 
+#: ONNX op type of the concatenating form of the fused op (same domain and opset). A ``FusedConcat`` node
+#: holds K programs (string attributes ``program_0`` .. ``program_{K-1}``, :func:`concat_program_attr`)
+#: and an int attribute :data:`CONCAT_AXIS_ATTR` (non-negative). Its inputs are segment 0's program
+#: inputs, then segment 1's, and so on (as many as each program declares). Output 0 is the
+#: concatenation along the axis of every segment's program output 0, each segment evaluated over its own
+#: inputs exactly as a FusedElementwise node of that program would; then, segment by segment, each
+#: program's outputs 1.. (with that segment's shape). Why: a Concat of FusedElementwise results costs a
+#: read and a write of everything it concatenates; writing each result into its slice of the
+#: concatenation costs nothing more than writing it (issue 34; inductor does the same).
+CONCAT_OP_TYPE = "FusedConcat"
+#: Name of a FusedConcat node's int attribute: the axis (non-negative, below the rank).
+CONCAT_AXIS_ATTR = "axis"
+
+
+def concat_program_attr(k: int) -> str:
+    """Name of a FusedConcat node's string attribute holding segment ``k``'s program."""
+    return f"program_{k}"
+
+
 #: Model metadata key written by ``onnxfuse optimize``: JSON ``{fused node name: {original tensor name:
 #: program value}}``, the tensors of the original model that each FusedElementwise node computes
 #: internally. ``onnxfuse diff --intermediates`` uses it to compare through fused regions.
@@ -59,7 +78,7 @@ NVRTC_ENV = "ONNXFUSE_NVRTC_PATH"
 _LIBRARY_NAME = "_fused_ops.so"
 
 __all__ = [
-    "DOMAIN", "OP_TYPE", "OPSET_VERSION", "PROGRAM_ATTR", "LANGUAGE_VERSION", "MAX_RANK",
+    "DOMAIN", "OP_TYPE", "CONCAT_OP_TYPE", "CONCAT_AXIS_ATTR", "concat_program_attr", "OPSET_VERSION", "PROGRAM_ATTR", "LANGUAGE_VERSION", "MAX_RANK",
     "LibraryNotFoundError", "library_path", "session_options", "make_node", "opset_import",
     "nvrtc_library_path", "FUSED_VALUES_KEY", "expose_fused_values",
 ]
