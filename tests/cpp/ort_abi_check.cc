@@ -75,6 +75,7 @@ OFX_CHECK(OrtApi, GetSymbolicDimensions, true)
 OFX_CHECK(OrtApi, GetTensorTypeAndShape, true)
 OFX_CHECK(OrtApi, MemoryInfoGetId, true)
 OFX_CHECK(OrtApi, AllocatorGetInfo, true)
+OFX_CHECK(OrtApi, KernelInfoGetAttribute_int64, true)
 OFX_CHECK(OrtApi, KernelInfoGetAttribute_string, true)
 OFX_CHECK(OrtApi, KernelContext_GetInputCount, true)
 OFX_CHECK(OrtApi, KernelContext_GetOutputCount, true)
@@ -136,5 +137,6 @@ static_assert(static_cast<long long>(ours::ORT_RUNTIME_EXCEPTION) == static_cast
 static_assert(sizeof(ours::OrtMemType) == sizeof(::OrtMemType), "size of OrtMemType");
 static_assert(static_cast<long long>(ours::OrtMemTypeDefault) == static_cast<long long>(::OrtMemTypeDefault), "value of OrtMemTypeDefault");
 static_assert(sizeof(ours::OrtOpAttrType) == sizeof(::OrtOpAttrType), "size of OrtOpAttrType");
+static_assert(static_cast<long long>(ours::ORT_OP_ATTR_INT) == static_cast<long long>(::ORT_OP_ATTR_INT), "value of ORT_OP_ATTR_INT");
 static_assert(static_cast<long long>(ours::ORT_OP_ATTR_STRING) == static_cast<long long>(::ORT_OP_ATTR_STRING), "value of ORT_OP_ATTR_STRING");
 static_assert(sizeof(ours::OrtApiBase) == sizeof(::OrtApiBase), "size of OrtApiBase");

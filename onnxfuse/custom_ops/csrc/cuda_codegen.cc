@@ -141,7 +141,7 @@ const char* fast_cfunc(const Instr& ins, DType result) {
 
 }  // namespace
 
-CudaSource cuda_source(const Program& prog, int variants) {
+CudaSource cuda_source(const Program& prog, int variants, bool placed) {
   CudaSource out;
   const int nin = static_cast<int>(prog.inputs.size());
   const int nout = static_cast<int>(prog.outputs.size());
@@ -174,12 +174,15 @@ CudaSource cuda_source(const Program& prog, int variants) {
     }
   }
   s << kOpsHeaderSource << "\n" << kPrelude << "\n" << kFastPrelude << "\n";  // fast maths: op_table.gen.h
-  out.max_dims = std::max(1, cuda_max_dims(nin, nout));
+  out.max_dims = std::max(1, cuda_max_dims(nin, nout + (placed ? kPlacedParamSlots : 0)));
   s << "#define OFX_NIN " << nin << "\n#define OFX_NOUT " << nout << "\n#define OFX_V " << V << "\n#define OFX_D "
     << out.max_dims << "\n";
   s << "struct OfxParams {\n  const void* in[OFX_NIN];\n  void* out[OFX_NOUT];\n  long long n;\n"
        "  long long scalar_mask;\n  int ndim;\n  int pad_;\n  long long dims[OFX_D];\n"
-       "  long long strides[OFX_NIN][OFX_D];\n};\n\n";
+       "  long long strides[OFX_NIN][OFX_D];\n"
+    << (placed ? "  long long place_inner;\n  long long place_pitch;\n  long long place_off;\n" : "") << "};\n\n";
+  if (placed)  // output 0's element i in the larger tensor it is a slice of (IDX: the kernel's index type)
+    s << "#define OFX_PLACE(i) (((i) / (IDX)p.place_inner) * (IDX)p.place_pitch + (IDX)p.place_off + (i) % (IDX)p.place_inner)\n\n";
 
   // ofx_eval: inputs (used ones) by value in compute types, outputs by reference.
   s << "__device__ __forceinline__ void ofx_eval(";
@@ -255,6 +258,8 @@ CudaSource cuda_source(const Program& prog, int variants) {
   auto out_ptr = [&](int j) {
     return std::string("((") + stype(prog.values[prog.outputs[j]].dtype) + "*)p.out[" + std::to_string(j) + "])";
   };
+  // index expression of element `i` of output j in its buffer (output 0 of a placed kernel: OFX_PLACE)
+  auto out_at = [&](int j, const std::string& i) { return placed && j == 0 ? "OFX_PLACE(" + i + ")" : i; };
   auto eval_call = [&](const std::string& sfx) {
     std::string c = "ofx_eval(";
     bool f = true;
@@ -288,7 +293,7 @@ CudaSource cuda_source(const Program& prog, int variants) {
     b += decl_outs("");
     b += "    " + eval_call("") + "\n";
     for (int j = 0; j < nout; ++j)
-      b += "    " + out_ptr(j) + "[i] = " + store_conv(prog.values[prog.outputs[j]].dtype, "o" + std::to_string(j)) + ";\n";
+      b += "    " + out_ptr(j) + "[" + out_at(j, "i") + "] = " + store_conv(prog.values[prog.outputs[j]].dtype, "o" + std::to_string(j)) + ";\n";
     return b;
   };
   auto fast_off = [](int k) { return "((p.scalar_mask >> " + std::to_string(k) + ") & 1) ? (IDX)0 : i"; };
@@ -339,11 +344,11 @@ CudaSource cuda_source(const Program& prog, int variants) {
              "#pragma unroll\n      for (int k = 0; k < OFX_V / 2; ++k) w[k] = " +
              std::string(t == DType::F16 ? "ofx_f2h2" : "ofx_f2bf2") + "(o" + js + "[2 * k], o" + js +
              "[2 * k + 1]);\n      ofx_stv<unsigned int, OFX_V / 2>((unsigned int*)(" + out_ptr(j) +
-             " + base), w);\n    }\n";
+             " + " + out_at(j, "base") + "), w);\n    }\n";
       } else {
         b += std::string("    {\n      ") + stype(t) + " w[OFX_V];\n" +
              "#pragma unroll\n      for (int k = 0; k < OFX_V; ++k) w[k] = " + store_conv(t, "o" + js + "[k]") + ";\n" +
-             "      ofx_stv<" + stype(t) + ", OFX_V>(" + out_ptr(j) + " + base, w);\n    }\n";
+             "      ofx_stv<" + stype(t) + ", OFX_V>(" + out_ptr(j) + " + " + out_at(j, "base") + ", w);\n    }\n";
       }
     }
     return b;

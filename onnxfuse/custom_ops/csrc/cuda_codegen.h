@@ -36,6 +36,10 @@ inline int cuda_max_dims(int nin, int nout) {
   return d < 0 ? 0 : (d > kMaxRank ? kMaxRank : static_cast<int>(d));
 }
 
+// Extra 8-byte slots a placed kernel's parameter block holds after strides[][] (place_inner,
+// place_pitch, place_off: see cuda_source). Counted like outputs in cuda_max_dims/cuda_params_size.
+constexpr int kPlacedParamSlots = 3;
+
 struct CudaSource {
   std::string code;
   int vec = 4;   // elements per thread of the vectorized kernel
@@ -50,7 +54,14 @@ struct CudaSource {
 // Exp, Sigmoid, Tanh, Reciprocal, Div, Softsign, Gelu[approximate=tanh]) call the ofx_fast_* functions of
 // the prelude (hardware approximations, errors
 // stated there, all far below half precision's rounding); float32 ops call the ops.h functions.
-CudaSource cuda_source(const Program& prog, int variants);
+//
+// `placed`: output 0 is stored into a slice of a larger tensor (FusedConcat's segments): element i of
+// the program's output goes to index (i / place_inner) * place_pitch + place_off + i % place_inner of
+// out[0], three long longs appended to the parameter struct after strides[][] (kPlacedParamSlots; the
+// dims a kernel takes are then cuda_max_dims(nin, nout + kPlacedParamSlots)). Other outputs are
+// contiguous. The vectorised kernels are launched for a placed output only when place_inner, place_pitch
+// and place_off are multiples of V (a thread's V elements then land in one row, contiguous).
+CudaSource cuda_source(const Program& prog, int variants, bool placed = false);
 
 // Byte size of the kernel-parameter struct for nin inputs and nout outputs; its layout, with
 // D = cuda_max_dims(nin, nout), is

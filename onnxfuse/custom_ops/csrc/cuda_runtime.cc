@@ -374,15 +374,16 @@ std::map<std::string, std::string>& binary_cache() {
 std::mutex g_cache_mu;
 }  // namespace
 
-std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, std::string* err) {
+std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, std::string* err, bool placed) {
   Driver& d = driver();
   if (!d.ok) {
     *err = d.error;
     return nullptr;
   }
   const int nin = static_cast<int>(prog.inputs.size()), nout = static_cast<int>(prog.outputs.size());
-  if (nin > kCudaMaxInputs || nout > kCudaMaxOutputs || cuda_max_dims(nin, nout) < 1 ||
-      cuda_params_size(nin, nout) > static_cast<size_t>(kCudaParamBytes)) {
+  const int slots = nout + (placed ? kPlacedParamSlots : 0);  // outputs and a placement's three fields
+  if (nin > kCudaMaxInputs || nout > kCudaMaxOutputs || cuda_max_dims(nin, slots) < 1 ||
+      cuda_params_size(nin, slots) > static_cast<size_t>(kCudaParamBytes)) {
     *err = "too many inputs/outputs for one CUDA kernel (at most " + std::to_string(kCudaMaxInputs) + " inputs and " +
            std::to_string(kCudaMaxOutputs) + " outputs)";
     return nullptr;
@@ -392,7 +393,7 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
   if (!device_capability(d, device, &dev, &cc, err)) return nullptr;
   CUresult r = 0;
 
-  CudaSource src = cuda_source(prog, kVariantAll);
+  CudaSource src = cuda_source(prog, kVariantAll, placed);
   std::lock_guard<std::mutex> lock(g_cache_mu);
   Nvrtc& nv = nvrtc();
   if (!nv.ok) {
@@ -497,6 +498,7 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
   for (int i = 0; i < nin; ++i) k->in_bytes_.push_back(static_cast<int64_t>(dtype_size(prog.values[prog.inputs[i]].dtype)));
   for (int j = 0; j < nout; ++j) k->out_bytes_.push_back(static_cast<int64_t>(dtype_size(prog.values[prog.outputs[j]].dtype)));
   k->device_ = device;
+  k->placed_ = placed;
   k->used_ = src.used_inputs;
   return k;
 }
@@ -571,11 +573,15 @@ LaunchShape tuned_launch(Driver& d, CudaModule& mod, int variant, bool wide, lon
 }  // namespace
 
 bool CudaKernel::launch_one(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream,
-                            std::string* err) const {
+                            std::string* err, const OutputPlacement* place) const {
   Driver& d = driver();
-  // Kernel-parameter struct, laid out as in cuda_params_size().
+  if (placed_ && !place) {
+    *err = "internal error: a placed kernel launched without its placement";
+    return false;
+  }
+  // Kernel-parameter struct, laid out as in cuda_params_size() (a placed kernel's three fields last).
   alignas(16) unsigned char buf[kCudaParamBytes];
-  const size_t size = cuda_params_size(nin_, nout_);
+  const size_t size = cuda_params_size(nin_, nout_ + (placed_ ? kPlacedParamSlots : 0));
   std::memset(buf, 0, size);
   unsigned char* p = buf;
   std::memcpy(p, in, 8 * nin_);
@@ -633,12 +639,24 @@ bool CudaKernel::launch_one(const void* const* in, void* const* out, const Broad
       mask = vmask;
     }
   }
+  if (placed_) {
+    // A thread of a vectorised kernel stores V consecutive elements with one 128-bit store: they must
+    // land in one row of the larger tensor, at a 16-byte aligned place (V elements are 16 bytes at least).
+    const bool vec_place = place->inner % vec_ == 0 && place->pitch % vec_ == 0 && place->off % vec_ == 0;
+    if (!vec_place && variant == kKernelFastVec) variant = kKernelFastScalar;
+    if (!vec_place && variant == kKernelBroadcastVec) {
+      variant = kKernelBroadcast;
+      mask = 0;  // ofx_bcast ignores it
+    }
+    long long fields[kPlacedParamSlots] = {place->inner, place->pitch, place->off};
+    std::memcpy(p + 24 + 8 * max_dims_ + 8 * static_cast<size_t>(max_dims_) * nin_, fields, sizeof(fields));
+  }
   std::memcpy(p, &n, 8);
   std::memcpy(p + 8, &mask, 8);
   long long threads = L.n;
   if (variant == kKernelFastVec) threads = L.n / vec_ + L.n % vec_;
   if (variant == kKernelBroadcastVec) threads = L.n / vec_;
-  const bool wide = L.n > 2147483647ll;
+  const bool wide = L.n > 2147483647ll || (placed_ && place->total > 2147483647ll);
   LaunchShape shape = default_launch(threads, kBlockThreads);
   if (shape.blocks > 2147483647ll) {
     *err = "tensor too large for one launch";
@@ -659,14 +677,18 @@ bool CudaKernel::launch_one(const void* const* in, void* const* out, const Broad
 }
 
 bool CudaKernel::launch(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream,
-                        std::string* err) const {
+                        std::string* err, const OutputPlacement* place) const {
   if (L.n == 0) return true;
   const int nd = static_cast<int>(L.dims.size());
   if (nd > kMaxRank) {  // make_layout refuses these; nothing below is sized for them
     *err = rank_limit_error(nd);
     return false;
   }
-  if (nd <= max_dims_) return launch_one(in, out, L, stream, err);
+  if (nd <= max_dims_) return launch_one(in, out, L, stream, err, place);
+  if (placed_) {  // FusedConcat's rule keeps its programs within the dims one launch takes
+    *err = "internal error: " + std::to_string(nd) + " dimensions for a placed kernel that takes " + std::to_string(max_dims_);
+    return false;
+  }
   // More merged dims than this kernel's parameter block holds (programs with many inputs, see
   // cuda_max_dims): one launch per coordinate of the `outer` outermost dims, each over the inner
   // max_dims_ dims with the data pointers moved to that coordinate (outputs are contiguous, so
@@ -692,7 +714,7 @@ bool CudaKernel::launch(const void* const* in, void* const* out, const Broadcast
       pin[k] = static_cast<const char*>(in[k]) + off * in_bytes_[k];
     }
     for (int j = 0; j < nout_; ++j) pout[j] = static_cast<char*>(out[j]) + o * inner.n * out_bytes_[j];
-    if (!launch_one(pin.data(), pout.data(), inner, stream, err)) return false;
+    if (!launch_one(pin.data(), pout.data(), inner, stream, err, nullptr)) return false;
     for (int i = outer - 1; i >= 0 && ++coord[i] == L.dims[i]; --i) coord[i] = 0;
   }
   return true;

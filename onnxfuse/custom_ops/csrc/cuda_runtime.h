@@ -15,23 +15,35 @@ namespace onnxfuse {
 
 struct CudaModule;  // a loaded CUmodule with its kernels
 
+// Where a placed kernel stores output 0 (FusedConcat's segments, cuda_source's `placed`): element i of
+// the program's output goes to out[0][(i / inner) * pitch + off + i % inner]; `total` is out[0]'s
+// element count (it decides the index width).
+struct OutputPlacement {
+  int64_t inner = 1, pitch = 1, off = 0, total = 0;
+};
+
 class CudaKernel {
  public:
   // Generates, compiles (NVRTC, cached in memory and on disk) and loads the kernels of `prog` for
   // CUDA device `device`. Returns nullptr and sets *err (with the NVRTC log) on failure.
-  static std::unique_ptr<CudaKernel> create(const Program& prog, int device, std::string* err);
+  // `placed`: output 0 is stored through an OutputPlacement given to every launch.
+  static std::unique_ptr<CudaKernel> create(const Program& prog, int device, std::string* err, bool placed = false);
   // Launches on `stream` (a CUstream / cudaStream_t). No host synchronisation, no allocation on
   // the device. A layout with more merged dims than max_dims_ (at most kMaxRank) takes several
   // launches, one per coordinate of its outer dims.
-  bool launch(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream, std::string* err) const;
+  // `place`: required by a placed kernel, ignored otherwise.
+  bool launch(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream, std::string* err,
+              const OutputPlacement* place = nullptr) const;
 
  private:
-  bool launch_one(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream, std::string* err) const;
+  bool launch_one(const void* const* in, void* const* out, const BroadcastLayout& L, void* stream, std::string* err,
+                  const OutputPlacement* place) const;
 
   std::shared_ptr<CudaModule> module_;
   int nin_ = 0, nout_ = 0, vec_ = 4;
   int max_dims_ = 8;  // dims the broadcast kernels take (cuda_max_dims)
   int device_ = 0;
+  bool placed_ = false;
   std::vector<bool> used_;  // per input: read by the program
   std::vector<int64_t> in_bytes_, out_bytes_;  // element sizes (pointer offsets when a launch is split)
 };

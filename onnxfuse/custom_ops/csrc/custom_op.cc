@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_common.h"
 #include "attention_inputs.h"
 #include "broadcast.h"
 #include "channel_transpose.h"
@@ -110,32 +111,30 @@ IoDTypes io_dtypes(const Program& prog, const std::vector<int>& et) {
   return io;
 }
 
-// Reads the program attribute and checks it against the node's inputs and outputs; *io gets the
-// storage dtypes (float16 as float32 only with `allow_f16_as_f32`, see IoDTypes).
-OrtStatus* load_program(const OrtKernelInfo* info, Program* prog, std::string* node, IoDTypes* io,
-                        bool allow_f16_as_f32) {
-  *node = node_label(info);
+// The node's string attribute `name` in *text; false when it is missing.
+bool read_string_attr(const OrtKernelInfo* info, const char* name, std::string* text) {
   size_t size = 0;
-  OrtStatus* st = g_api->KernelInfoGetAttribute_string(info, kProgramAttr, nullptr, &size);
+  OrtStatus* st = g_api->KernelInfoGetAttribute_string(info, name, nullptr, &size);
   if (st) {
     g_api->ReleaseStatus(st);
-    return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + "missing string attribute 'program'");
+    return false;
   }
-  std::string text(size, '\0');
-  if ((st = g_api->KernelInfoGetAttribute_string(info, kProgramAttr, &text[0], &size))) return st;
-  while (!text.empty() && text.back() == '\0') text.pop_back();
-  std::string err;
-  if (!parse_program(text, prog, &err))
-    return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + "invalid program: " + err);
-  size_t nin = 0, nout = 0;
+  text->assign(size, '\0');
+  if ((st = g_api->KernelInfoGetAttribute_string(info, name, &(*text)[0], &size))) {
+    g_api->ReleaseStatus(st);
+    return false;
+  }
+  while (!text->empty() && text->back() == '\0') text->pop_back();
+  return true;
+}
+
+// The node's input element types (ONNX; UNDEFINED when unknown). A known rank above the limit fails
+// when the session is created (ONNX Runtime only logs shape inference's error), not at the first run.
+OrtStatus* read_input_types(const OrtKernelInfo* info, const char* op, const std::string& node, std::vector<int>* types) {
+  size_t nin = 0;
+  OrtStatus* st;
   if ((st = g_api->KernelInfo_GetInputCount(info, &nin))) return st;
-  if ((st = g_api->KernelInfo_GetOutputCount(info, &nout))) return st;
-  if (nin != prog->inputs.size() || nout != prog->outputs.size())
-    return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + "the node has " + std::to_string(nin) + " inputs and " +
-                                              std::to_string(nout) + " outputs but its program declares " +
-                                              std::to_string(prog->inputs.size()) + " inputs and " +
-                                              std::to_string(prog->outputs.size()) + " outputs");
-  std::vector<int> types(nin, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
+  types->assign(nin, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
   for (size_t i = 0; i < nin; ++i) {
     OrtTypeInfo* ti = nullptr;
     if ((st = g_api->KernelInfo_GetInputTypeInfo(info, i, &ti))) return st;
@@ -147,24 +146,54 @@ OrtStatus* load_program(const OrtKernelInfo* info, Program* prog, std::string* n
       if (OrtStatus* s2 = g_api->GetDimensionsCount(tsi, &rank)) g_api->ReleaseStatus(s2);
     }
     g_api->ReleaseTypeInfo(ti);
-    // A known rank above the limit fails when the session is created (ONNX Runtime only logs
-    // shape inference's error), not at the first run.
     if (rank > static_cast<size_t>(kMaxRank))
-      return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + rank_limit_error(rank) + " (input " +
+      return make_status(ORT_INVALID_GRAPH, node_prefix(op, node) + rank_limit_error(rank) + " (input " +
                                                 std::to_string(i) + " has " + std::to_string(rank) + " dimensions)");
-    types[i] = static_cast<int>(et);
-  }
-  *io = io_dtypes(*prog, allow_f16_as_f32 ? types : std::vector<int>());
-  for (size_t i = 0; i < nin; ++i) {
-    DType want = io->in[i];
-    if (types[i] != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED && types[i] != dtype_to_onnx(want))
-      return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + "input " + std::to_string(i) + " ('" +
-                                                prog->values[prog->inputs[i]].name + "') is declared " +
-                                                dtype_name(prog->values[prog->inputs[i]].dtype) + " in the program" +
-                                                (want != prog->values[prog->inputs[i]].dtype ? " (stored as float32)" : "") +
-                                                " but the tensor has ONNX type " + std::to_string(types[i]));
+    (*types)[i] = static_cast<int>(et);
   }
   return nullptr;
+}
+
+// Checks that node inputs [first, first + program inputs) have the storage types io says.
+OrtStatus* check_input_types(const Program& prog, const IoDTypes& io, const std::vector<int>& types, size_t first,
+                             const std::string& prefix) {
+  for (size_t i = 0; i < prog.inputs.size(); ++i) {
+    DType want = io.in[i];
+    int have = first + i < types.size() ? types[first + i] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (have != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED && have != dtype_to_onnx(want))
+      return make_status(ORT_INVALID_GRAPH, prefix + "input " + std::to_string(first + i) + " ('" +
+                                                prog.values[prog.inputs[i]].name + "') is declared " +
+                                                dtype_name(prog.values[prog.inputs[i]].dtype) + " in the program" +
+                                                (want != prog.values[prog.inputs[i]].dtype ? " (stored as float32)" : "") +
+                                                " but the tensor has ONNX type " + std::to_string(have));
+  }
+  return nullptr;
+}
+
+// Reads the program attribute and checks it against the node's inputs and outputs; *io gets the
+// storage dtypes (float16 as float32 only with `allow_f16_as_f32`, see IoDTypes).
+OrtStatus* load_program(const OrtKernelInfo* info, Program* prog, std::string* node, IoDTypes* io,
+                        bool allow_f16_as_f32) {
+  *node = node_label(info);
+  std::string text;
+  if (!read_string_attr(info, kProgramAttr, &text))
+    return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + "missing string attribute 'program'");
+  std::string err;
+  if (!parse_program(text, prog, &err))
+    return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + "invalid program: " + err);
+  size_t nin = 0, nout = 0;
+  OrtStatus* st;
+  if ((st = g_api->KernelInfo_GetInputCount(info, &nin))) return st;
+  if ((st = g_api->KernelInfo_GetOutputCount(info, &nout))) return st;
+  if (nin != prog->inputs.size() || nout != prog->outputs.size())
+    return make_status(ORT_INVALID_GRAPH, error_prefix(*node) + "the node has " + std::to_string(nin) + " inputs and " +
+                                              std::to_string(nout) + " outputs but its program declares " +
+                                              std::to_string(prog->inputs.size()) + " inputs and " +
+                                              std::to_string(prog->outputs.size()) + " outputs");
+  std::vector<int> types;
+  if ((st = read_input_types(info, kOpType, *node, &types))) return st;
+  *io = io_dtypes(*prog, allow_f16_as_f32 ? types : std::vector<int>());
+  return check_input_types(*prog, *io, types, 0, error_prefix(*node));
 }
 
 // The broadcast layout of the last input shapes a kernel saw. Computing a layout allocates a
@@ -209,19 +238,19 @@ void unpack_key(const int64_t* key, size_t len, std::vector<std::vector<int64_t>
   }
 }
 
-OrtStatus* prepare_io(OrtKernelContext* ctx, LayoutCache* cache, const std::string& node, Io* io) {
-  size_t nin = 0, nout = 0;
+// Inputs [first, first + count) of the call: their data pointers in io->in and their broadcast layout
+// in io->layout (cached while their shapes stay the same). `prefix` starts error lines.
+OrtStatus* read_inputs(OrtKernelContext* ctx, size_t first, size_t count, LayoutCache* cache, const std::string& prefix,
+                       Io* io) {
   OrtStatus* st;
-  if ((st = g_api->KernelContext_GetInputCount(ctx, &nin))) return st;
-  if ((st = g_api->KernelContext_GetOutputCount(ctx, &nout))) return st;
   int64_t key[kKeyMax];
   size_t klen = 0;
   bool keyed = true;
   std::vector<std::vector<int64_t>> shapes;  // filled only when the key does not fit
-  io->in.resize(nin);
-  for (size_t i = 0; i < nin; ++i) {
+  io->in.resize(count);
+  for (size_t i = 0; i < count; ++i) {
     const OrtValue* v = nullptr;
-    if ((st = g_api->KernelContext_GetInput(ctx, i, &v))) return st;
+    if ((st = g_api->KernelContext_GetInput(ctx, first + i, &v))) return st;
     OrtTensorTypeAndShapeInfo* ti = nullptr;
     if ((st = g_api->GetTensorTypeAndShape(v, &ti))) return st;
     size_t nd = 0;
@@ -248,23 +277,69 @@ OrtStatus* prepare_io(OrtKernelContext* ctx, LayoutCache* cache, const std::stri
     if (keyed) unpack_key(key, klen, &shapes);
     auto layout = std::make_shared<BroadcastLayout>();
     std::string err;
-    if (!make_layout(shapes, layout.get(), &err)) return make_status(ORT_INVALID_ARGUMENT, error_prefix(node) + err);
+    if (!make_layout(shapes, layout.get(), &err)) return make_status(ORT_INVALID_ARGUMENT, prefix + err);
     io->layout = layout;
     if (keyed) cache->store(key, klen, layout);
-  }
-  const BroadcastLayout& L = *io->layout;
-  io->out.resize(nout);
-  for (size_t j = 0; j < nout; ++j) {
-    OrtValue* v = nullptr;
-    if ((st = g_api->KernelContext_GetOutput(ctx, j, L.out_shape.data(), L.out_shape.size(), &v))) return st;
-    void* data = nullptr;
-    if ((st = g_api->GetTensorMutableData(v, &data))) return st;
-    io->out[j] = data;
   }
   return nullptr;
 }
 
+// Output j of the call with `dims`: its data pointer in *data.
+OrtStatus* alloc_output(OrtKernelContext* ctx, size_t j, const std::vector<int64_t>& dims, void** data) {
+  OrtValue* v = nullptr;
+  if (OrtStatus* st = g_api->KernelContext_GetOutput(ctx, j, dims.data(), dims.size(), &v)) return st;
+  return g_api->GetTensorMutableData(v, data);
+}
+
+OrtStatus* prepare_io(OrtKernelContext* ctx, LayoutCache* cache, const std::string& node, Io* io) {
+  size_t nin = 0, nout = 0;
+  OrtStatus* st;
+  if ((st = g_api->KernelContext_GetInputCount(ctx, &nin))) return st;
+  if ((st = g_api->KernelContext_GetOutputCount(ctx, &nout))) return st;
+  if ((st = read_inputs(ctx, 0, nin, cache, error_prefix(node), io))) return st;
+  const BroadcastLayout& L = *io->layout;
+  io->out.resize(nout);
+  for (size_t j = 0; j < nout; ++j)
+    if ((st = alloc_output(ctx, j, L.out_shape, &io->out[j]))) return st;
+  return nullptr;
+}
+
 // ------------------------------------------------------------------ CPU kernel
+// Runs `eval` over the whole layout, split over ONNX Runtime's intra-op thread pool for large tensors.
+struct CpuRun {
+  const CpuEvaluator* eval;
+  const void* const* in;
+  void* const* out;
+  const BroadcastLayout* layout;
+  int64_t nblocks, per_batch;
+  static void batch(void* p, size_t b) {
+    const CpuRun* t = static_cast<const CpuRun*>(p);
+    int64_t b0 = static_cast<int64_t>(b) * t->per_batch;
+    int64_t b1 = std::min(t->nblocks, b0 + t->per_batch);
+    t->eval->run_blocks(t->in, t->out, *t->layout, b0, b1);
+  }
+};
+
+OrtStatus* run_on_cpu(OrtKernelContext* ctx, const CpuEvaluator& eval, const void* const* in, void* const* out,
+                      const BroadcastLayout& L, const std::string& prefix) {
+  if (L.n == 0) return nullptr;
+  // make_layout already refuses ranks above kMaxRank; checked again here, outside the thread
+  // pool, because run_block throws on such a layout and must not do so inside ParallelFor.
+  if (L.dims.size() > static_cast<size_t>(kMaxRank))
+    return make_status(ORT_INVALID_ARGUMENT, prefix + rank_limit_error(L.dims.size()));
+  const int64_t nblocks = (L.n + CpuEvaluator::kBlock - 1) / CpuEvaluator::kBlock;
+  const int64_t per_batch = 16;  // 32K elements per task
+  const int64_t nbatches = (nblocks + per_batch - 1) / per_batch;
+  if (nbatches > 1) {
+    CpuRun t{&eval, in, out, &L, nblocks, per_batch};
+    OrtStatus* st = g_api->KernelContext_ParallelFor(ctx, &CpuRun::batch, static_cast<size_t>(nbatches), 0, &t);
+    if (!st) return nullptr;
+    g_api->ReleaseStatus(st);  // no thread pool: fall through to a serial run
+  }
+  eval.run_blocks(in, out, L, 0, nblocks);
+  return nullptr;
+}
+
 struct CpuKernel {
   static const char* provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
   Program prog;
@@ -272,40 +347,11 @@ struct CpuKernel {
   std::unique_ptr<CpuEvaluator> eval;
   LayoutCache layouts;
 
-  struct Task {
-    const CpuKernel* self;
-    const Io* io;
-    int64_t nblocks, per_batch;
-  };
-  static void run_batch(void* p, size_t b) {
-    const Task* t = static_cast<const Task*>(p);
-    int64_t b0 = static_cast<int64_t>(b) * t->per_batch;
-    int64_t b1 = std::min(t->nblocks, b0 + t->per_batch);
-    t->self->eval->run_blocks(t->io->in.data(), t->io->out.data(), *t->io->layout, b0, b1);
-  }
-
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
     try {
       Io io;
       if (OrtStatus* st = prepare_io(ctx, &layouts, node, &io)) return st;
-      const int64_t n = io.layout->n;
-      if (n == 0) return nullptr;
-      // make_layout already refuses ranks above kMaxRank; checked again here, outside the thread
-      // pool, because run_block throws on such a layout and must not do so inside ParallelFor.
-      if (io.layout->dims.size() > static_cast<size_t>(kMaxRank))
-        return make_status(ORT_INVALID_ARGUMENT, error_prefix(node) + rank_limit_error(io.layout->dims.size()));
-      const int64_t nblocks = (n + CpuEvaluator::kBlock - 1) / CpuEvaluator::kBlock;
-      // Parallelise over ONNX Runtime's intra-op thread pool for large tensors.
-      const int64_t per_batch = 16;  // 32K elements per task
-      const int64_t nbatches = (nblocks + per_batch - 1) / per_batch;
-      if (nbatches > 1) {
-        Task t{this, &io, nblocks, per_batch};
-        OrtStatus* st = g_api->KernelContext_ParallelFor(ctx, &CpuKernel::run_batch, static_cast<size_t>(nbatches), 0, &t);
-        if (!st) return nullptr;
-        g_api->ReleaseStatus(st);  // no thread pool: fall through to a serial run
-      }
-      eval->run_blocks(io.in.data(), io.out.data(), *io.layout, 0, nblocks);
-      return nullptr;
+      return run_on_cpu(ctx, *eval, io.in.data(), io.out.data(), *io.layout, error_prefix(node));
     } catch (const std::exception& e) {
       return make_status(ORT_RUNTIME_EXCEPTION, error_prefix(node) + e.what());
     } catch (...) {
@@ -344,140 +390,455 @@ struct CudaKernelOrt {
 int device_of(const OrtKernelInfo* info) { return onnxfuse::device_of(g_api, info); }
 
 // ------------------------------------------------------------------ shape/type inference
+// The string attribute `name` of the node being inferred; false when it is missing.
+bool read_infer_string(OrtShapeInferContext* ctx, const char* name, std::string* text) {
+  const OrtOpAttr* attr = nullptr;
+  OrtStatus* st = g_api->ShapeInferContext_GetAttribute(ctx, name, &attr);
+  if (st || !attr) {
+    if (st) g_api->ReleaseStatus(st);
+    return false;
+  }
+  size_t need = 0;
+  char c = 0;
+  st = g_api->ReadOpAttr(attr, ORT_OP_ATTR_STRING, &c, 1, &need);
+  if (st) {
+    g_api->ReleaseStatus(st);
+    std::vector<char> buf(need + 1, '\0');
+    if ((st = g_api->ReadOpAttr(attr, ORT_OP_ATTR_STRING, buf.data(), need, &need))) {
+      g_api->ReleaseStatus(st);
+      return false;
+    }
+    text->assign(buf.data(), need);
+  } else {
+    text->assign(&c, need);
+  }
+  while (!text->empty() && text->back() == '\0') text->pop_back();
+  return true;
+}
+
+// What shape inference knows of a broadcast shape: per dim a value (-1 unknown) and a symbol ("" none).
+struct InferredShape {
+  bool known = false;  // every input's shape was given
+  std::vector<int64_t> dims;
+  std::vector<std::string> syms;
+};
+
+std::string fresh_symbol() {
+  static std::atomic<long> counter{0};
+  return "onnxfuse_dim_" + std::to_string(counter++);
+}
+
+// The broadcast shape of inputs [first, first + count) as shape inference knows them; (*types)[first + i]
+// gets input i's element type.
+OrtStatus* infer_broadcast(OrtShapeInferContext* ctx, size_t first, size_t count, const char* op, InferredShape* out,
+                           std::vector<int>* types) {
+  struct Dim {
+    int64_t v;
+    std::string sym;
+  };
+  std::vector<std::vector<Dim>> shapes(count);
+  bool have_all = true;
+  OrtStatus* st;
+  for (size_t i = 0; i < count; ++i) {
+    OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by ONNX Runtime
+    if ((st = g_api->ShapeInferContext_GetInputTypeShape(ctx, first + i, &info)) || !info) {
+      if (st) g_api->ReleaseStatus(st);
+      have_all = false;
+      continue;
+    }
+    ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    drop(g_api->GetTensorElementType(info, &et));
+    (*types)[first + i] = static_cast<int>(et);
+    size_t nd = 0;
+    drop(g_api->GetDimensionsCount(info, &nd));
+    // ONNX Runtime reports an input whose shape it does not know (a Loop's output, say) as rank 0,
+    // the same as a true scalar, and leaving the output undeclared fails its type inference for
+    // bfloat16: rank 0 is taken as a scalar here, and fuse-elementwise never fuses an input of
+    // unknown rank (a Loop output declared rank 0 broke the Gather after it, fuzz seed 60).
+    std::vector<int64_t> d(nd);
+    std::vector<const char*> sy(nd, nullptr);
+    if (nd) {
+      drop(g_api->GetDimensions(info, d.data(), nd));
+      drop(g_api->GetSymbolicDimensions(info, sy.data(), nd));
+    }
+    for (size_t k = 0; k < nd; ++k) shapes[i].push_back({d[k], sy[k] ? std::string(sy[k]) : std::string()});
+  }
+  out->known = have_all;
+  if (!have_all) return nullptr;
+  size_t rank = 0;
+  for (const auto& sh : shapes) rank = std::max(rank, sh.size());
+  // No output shape for ranks above the limit (ONNX Runtime logs this error; the kernel's
+  // creation fails with it too, see load_program).
+  if (rank > static_cast<size_t>(kMaxRank)) return make_status(ORT_INVALID_GRAPH, std::string(op) + ": " + rank_limit_error(rank));
+  for (size_t a = 0; a < rank; ++a) {
+    bool have_int = false, have_unknown = false;
+    int64_t ival = 1;
+    std::string sym;
+    bool sym_conflict = false;
+    for (const auto& sh : shapes) {
+      if (a + sh.size() < rank) continue;
+      const Dim& dm = sh[a + sh.size() - rank];
+      if (!dm.sym.empty()) {
+        if (sym.empty()) sym = dm.sym;
+        else if (sym != dm.sym) sym_conflict = true;
+      } else if (dm.v < 0) {
+        have_unknown = true;
+      } else if (dm.v != 1) {
+        if (have_int && dm.v != ival)
+          return make_status(ORT_INVALID_GRAPH, std::string(op) + ": input shapes do not broadcast (dimension " +
+                                                    std::to_string(dm.v) + " vs " + std::to_string(ival) + ")");
+        have_int = true;
+        ival = dm.v;
+      }
+    }
+    if (have_int) {
+      out->dims.push_back(ival);
+      out->syms.push_back("");
+    } else if (!sym.empty() && !sym_conflict && !have_unknown) {
+      out->dims.push_back(-1);
+      out->syms.push_back(sym);
+    } else if (sym.empty() && !have_unknown) {
+      out->dims.push_back(1);
+      out->syms.push_back("");
+    } else {
+      out->dims.push_back(-1);
+      out->syms.push_back(fresh_symbol());
+    }
+  }
+  return nullptr;
+}
+
+// Declares output j: element type `t` and, when known, `shape`. Without input shapes the type alone
+// is not declared either (setting a rank-0 shape would be wrong).
+OrtStatus* declare_output(OrtShapeInferContext* ctx, size_t j, DType t, const InferredShape& shape) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  OrtStatus* st;
+  if ((st = g_api->CreateTensorTypeAndShapeInfo(&info))) return st;
+  st = g_api->SetTensorElementType(info, static_cast<ONNXTensorElementDataType>(dtype_to_onnx(t)));
+  if (!st && shape.known) {
+    std::vector<const char*> sp;
+    for (const auto& sy : shape.syms) sp.push_back(sy.c_str());
+    st = g_api->SetDimensions(info, shape.dims.data(), shape.dims.size());
+    if (!st) st = g_api->SetSymbolicDimensions(info, sp.data(), sp.size());
+  }
+  if (!st && shape.known) st = g_api->ShapeInferContext_SetOutputTypeShape(ctx, j, info);
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  return st;
+}
+
 // Every output has the broadcast shape of all inputs and its program dtype.
 OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
   try {
-    const OrtOpAttr* attr = nullptr;
-    OrtStatus* st = g_api->ShapeInferContext_GetAttribute(ctx, kProgramAttr, &attr);
-    if (st || !attr) {
-      if (st) g_api->ReleaseStatus(st);
-      return make_status(ORT_INVALID_GRAPH, std::string(kOpType) + ": missing string attribute 'program'");
-    }
-    size_t need = 0;
-    char c = 0;
-    st = g_api->ReadOpAttr(attr, ORT_OP_ATTR_STRING, &c, 1, &need);
     std::string text;
-    if (st) {
-      g_api->ReleaseStatus(st);
-      std::vector<char> buf(need + 1, '\0');
-      if ((st = g_api->ReadOpAttr(attr, ORT_OP_ATTR_STRING, buf.data(), need, &need))) return st;
-      text.assign(buf.data(), need);
-    } else {
-      text.assign(&c, need);
-    }
-    while (!text.empty() && text.back() == '\0') text.pop_back();
+    if (!read_infer_string(ctx, kProgramAttr, &text))
+      return make_status(ORT_INVALID_GRAPH, std::string(kOpType) + ": missing string attribute 'program'");
     Program prog;
     std::string err;
     if (!parse_program(text, &prog, &err))
       return make_status(ORT_INVALID_GRAPH, std::string(kOpType) + ": invalid program: " + err);
-
     size_t nin = 0;
+    OrtStatus* st;
     if ((st = g_api->ShapeInferContext_GetInputCount(ctx, &nin))) return st;
     if (nin != prog.inputs.size())
       return make_status(ORT_INVALID_GRAPH, std::string(kOpType) + ": the node has " + std::to_string(nin) +
                                                 " inputs but its program declares " + std::to_string(prog.inputs.size()));
-    // Gather input shapes: known ints, named symbols, or unknown (-1 without a name).
-    struct Dim {
-      int64_t v;
-      std::string sym;
-    };
-    std::vector<std::vector<Dim>> shapes(nin);
     std::vector<int> types(nin, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
-    bool have_all = true;
-    for (size_t i = 0; i < nin; ++i) {
-      OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by ONNX Runtime
-      if ((st = g_api->ShapeInferContext_GetInputTypeShape(ctx, i, &info)) || !info) {
-        if (st) g_api->ReleaseStatus(st);
-        have_all = false;
-        continue;
-      }
-      ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-      drop(g_api->GetTensorElementType(info, &et));
-      types[i] = static_cast<int>(et);
-      size_t nd = 0;
-      drop(g_api->GetDimensionsCount(info, &nd));
-      // ONNX Runtime reports an input whose shape it does not know (a Loop's output, say) as rank 0,
-      // the same as a true scalar, and leaving the output undeclared fails its type inference for
-      // bfloat16: rank 0 is taken as a scalar here, and fuse-elementwise never fuses an input of
-      // unknown rank (a Loop output declared rank 0 broke the Gather after it, fuzz seed 60).
-      std::vector<int64_t> d(nd);
-      std::vector<const char*> s(nd, nullptr);
-      if (nd) {
-        drop(g_api->GetDimensions(info, d.data(), nd));
-        drop(g_api->GetSymbolicDimensions(info, s.data(), nd));
-      }
-      for (size_t k = 0; k < nd; ++k) shapes[i].push_back({d[k], s[k] ? std::string(s[k]) : std::string()});
-    }
-    std::vector<int64_t> odims;
-    std::vector<std::string> osyms;
-    if (have_all) {
-      size_t rank = 0;
-      for (const auto& s : shapes) rank = std::max(rank, s.size());
-      // No output shape for ranks above the limit (ONNX Runtime logs this error; the kernel's
-      // creation fails with it too, see load_program).
-      if (rank > static_cast<size_t>(kMaxRank))
-        return make_status(ORT_INVALID_GRAPH, std::string(kOpType) + ": " + rank_limit_error(rank));
-      static std::atomic<long> counter{0};
-      for (size_t a = 0; a < rank; ++a) {
-        bool have_int = false, have_unknown = false;
-        int64_t ival = 1;
-        std::string sym;
-        bool sym_conflict = false;
-        for (const auto& s : shapes) {
-          if (a + s.size() < rank) continue;
-          const Dim& dm = s[a + s.size() - rank];
-          if (!dm.sym.empty()) {
-            if (sym.empty()) sym = dm.sym;
-            else if (sym != dm.sym) sym_conflict = true;
-          } else if (dm.v < 0) {
-            have_unknown = true;
-          } else if (dm.v != 1) {
-            if (have_int && dm.v != ival)
-              return make_status(ORT_INVALID_GRAPH, std::string(kOpType) + ": input shapes do not broadcast (dimension " +
-                                                        std::to_string(dm.v) + " vs " + std::to_string(ival) + ")");
-            have_int = true;
-            ival = dm.v;
-          }
-        }
-        if (have_int) {
-          odims.push_back(ival);
-          osyms.push_back("");
-        } else if (!sym.empty() && !sym_conflict && !have_unknown) {
-          odims.push_back(-1);
-          osyms.push_back(sym);
-        } else if (sym.empty() && !have_unknown) {
-          odims.push_back(1);
-          osyms.push_back("");
-        } else {
-          odims.push_back(-1);
-          osyms.push_back("onnxfuse_dim_" + std::to_string(counter++));
-        }
-      }
-    }
+    InferredShape shape;
+    if ((st = infer_broadcast(ctx, 0, nin, kOpType, &shape, &types))) return st;
     const IoDTypes io = io_dtypes(prog, types);  // float16 outputs are float32 where ONNX Runtime forces it
-    for (size_t j = 0; j < prog.outputs.size(); ++j) {
-      OrtTensorTypeAndShapeInfo* info = nullptr;
-      if ((st = g_api->CreateTensorTypeAndShapeInfo(&info))) return st;
-      DType t = io.out[j];
-      st = g_api->SetTensorElementType(info, static_cast<ONNXTensorElementDataType>(dtype_to_onnx(t)));
-      if (!st && have_all) {
-        std::vector<const char*> sp;
-        for (const auto& s : osyms) sp.push_back(s.c_str());
-        st = g_api->SetDimensions(info, odims.data(), odims.size());
-        if (!st) st = g_api->SetSymbolicDimensions(info, sp.data(), sp.size());
-      }
-      // Without input shapes we can still give the type, but setting a rank-0 shape would be
-      // wrong: only set the type+shape when all input shapes are known.
-      if (!st && have_all) st = g_api->ShapeInferContext_SetOutputTypeShape(ctx, j, info);
-      g_api->ReleaseTensorTypeAndShapeInfo(info);
-      if (st) return st;
-    }
+    for (size_t j = 0; j < prog.outputs.size(); ++j)
+      if ((st = declare_output(ctx, j, io.out[j], shape))) return st;
     return nullptr;
   } catch (const std::exception& e) {
     return make_status(ORT_RUNTIME_EXCEPTION, std::string(kOpType) + " shape inference: " + e.what());
   } catch (...) {
     return make_status(ORT_RUNTIME_EXCEPTION, std::string(kOpType) + " shape inference failed");
   }
+}
+
+// ------------------------------------------------------------------ FusedConcat
+// FusedElementwise's concatenating form (custom_ops.CONCAT_OP_TYPE; docs/custom-ops.md): K programs
+// ("program_0" .. "program_{K-1}") and an int attribute "axis" (A >= 0). Node inputs: segment 0's program inputs,
+// then segment 1's, ...; output 0: the concatenation along A of every segment's program output 0, each
+// segment computed over its own inputs exactly as a FusedElementwise node of that program; then each
+// segment's program outputs 1.. with its own shape. Each segment stores its output 0 straight into its
+// slice of output 0 (CUDA: a placed kernel, OutputPlacement; CPU: into a buffer, then copied), so a
+// Concat of fused results costs no read and write of its own. Written by concat-into-elementwise.
+const char* kConcatOpType = "FusedConcat";
+
+std::string concat_prefix(const std::string& node) { return node_prefix(kConcatOpType, node); }
+
+struct ConcatSegment {
+  Program prog;
+  IoDTypes io;
+  size_t in_first = 0;    // node input of the program's input 0
+  size_t out_first = 0;   // node output of the program's output 1 (its outputs 2.. follow)
+  std::unique_ptr<CpuEvaluator> eval;
+  std::unique_ptr<CudaKernel> kernel;
+  LayoutCache layouts;
+};
+
+struct ConcatNode {
+  std::string node;
+  int64_t axis = 0;
+  std::vector<std::unique_ptr<ConcatSegment>> segs;
+};
+
+// Reads spec and programs and checks them against the node's inputs and outputs.
+OrtStatus* load_concat(const OrtKernelInfo* info, ConcatNode* c, bool allow_f16_as_f32) {
+  c->node = node_label(info);
+  const std::string prefix = concat_prefix(c->node);
+  std::string err;
+  if (OrtStatus* st = g_api->KernelInfoGetAttribute_int64(info, "axis", &c->axis)) {
+    g_api->ReleaseStatus(st);
+    return make_status(ORT_INVALID_GRAPH, prefix + "missing int attribute 'axis'");
+  }
+  if (c->axis < 0 || c->axis >= kMaxRank)
+    return make_status(ORT_INVALID_GRAPH, prefix + "attribute axis is " + std::to_string(c->axis) +
+                                              "; it must be at least 0 and below " + std::to_string(kMaxRank));
+  std::vector<int> types;
+  OrtStatus* st;
+  if ((st = read_input_types(info, kConcatOpType, c->node, &types))) return st;
+  size_t nin = 0, nout = 0, in_at = 0, out_at = 1;
+  if ((st = g_api->KernelInfo_GetInputCount(info, &nin))) return st;
+  if ((st = g_api->KernelInfo_GetOutputCount(info, &nout))) return st;
+  for (int k = 0;; ++k) {
+    const std::string name = "program_" + std::to_string(k);
+    std::string text;
+    if (!read_string_attr(info, name.c_str(), &text)) break;
+    std::unique_ptr<ConcatSegment> seg(new ConcatSegment());
+    if (!parse_program(text, &seg->prog, &err))
+      return make_status(ORT_INVALID_GRAPH, prefix + "invalid " + name + ": " + err);
+    if (seg->prog.outputs.empty()) return make_status(ORT_INVALID_GRAPH, prefix + name + " has no output");
+    seg->in_first = in_at;
+    seg->out_first = out_at;
+    in_at += seg->prog.inputs.size();
+    out_at += seg->prog.outputs.size() - 1;
+    if (in_at <= nin) {
+      std::vector<int> mine(types.begin() + seg->in_first, types.begin() + in_at);
+      seg->io = io_dtypes(seg->prog, allow_f16_as_f32 ? mine : std::vector<int>());
+      if ((st = check_input_types(seg->prog, seg->io, types, seg->in_first, prefix + name + ": "))) return st;
+      if (!c->segs.empty() && seg->io.out[0] != c->segs[0]->io.out[0])
+        return make_status(ORT_INVALID_GRAPH, prefix + name + "'s output 0 is " + dtype_name(seg->io.out[0]) +
+                                                  ", program_0's " + dtype_name(c->segs[0]->io.out[0]));
+    }
+    c->segs.push_back(std::move(seg));
+  }
+  if (c->segs.empty()) return make_status(ORT_INVALID_GRAPH, prefix + "missing string attribute 'program_0'");
+  if (in_at != nin || out_at != nout)
+    return make_status(ORT_INVALID_GRAPH, prefix + "the node has " + std::to_string(nin) + " inputs and " +
+                                              std::to_string(nout) + " outputs but its programs declare " +
+                                              std::to_string(in_at) + " inputs and " + std::to_string(out_at) + " outputs");
+  return nullptr;
+}
+
+// One call: every segment's inputs and layout, the outputs allocated, and where each segment's output 0
+// goes in output 0.
+struct ConcatCall {
+  std::vector<Io> io;                   // per segment: inputs, layout, outputs (out[0]: output 0's base)
+  std::vector<OutputPlacement> place;   // per segment
+};
+
+OrtStatus* prepare_concat(OrtKernelContext* ctx, ConcatNode* c, size_t elem_bytes, ConcatCall* call) {
+  const std::string prefix = concat_prefix(c->node);
+  const size_t K = c->segs.size();
+  const size_t a = static_cast<size_t>(c->axis);
+  call->io.resize(K);
+  call->place.resize(K);
+  OrtStatus* st;
+  for (size_t k = 0; k < K; ++k) {
+    ConcatSegment& seg = *c->segs[k];
+    if ((st = read_inputs(ctx, seg.in_first, seg.prog.inputs.size(), &seg.layouts, prefix, &call->io[k]))) return st;
+  }
+  const std::vector<int64_t>& first = call->io[0].layout->out_shape;
+  if (a >= first.size())
+    return make_status(ORT_INVALID_ARGUMENT, prefix + "axis " + std::to_string(a) + " but program_0's result has rank " +
+                                                 std::to_string(first.size()));
+  std::vector<int64_t> shape = first;
+  shape[a] = 0;
+  for (size_t k = 0; k < K; ++k) {
+    const std::vector<int64_t>& sk = call->io[k].layout->out_shape;
+    bool fits = sk.size() == first.size();
+    for (size_t d = 0; fits && d < sk.size(); ++d) fits = d == a || sk[d] == first[d];
+    if (!fits) {
+      std::string a_text, b_text;
+      for (size_t d = 0; d < sk.size(); ++d) a_text += (d ? "," : "") + std::to_string(sk[d]);
+      for (size_t d = 0; d < first.size(); ++d) b_text += (d ? "," : "") + std::to_string(first[d]);
+      return make_status(ORT_INVALID_ARGUMENT, prefix + "program_" + std::to_string(k) + "'s result [" + a_text +
+                                                   "] does not concatenate with program_0's [" + b_text + "] along axis " +
+                                                   std::to_string(a));
+    }
+    shape[a] += sk[a];
+  }
+  int64_t pitch = 1, total = 1;
+  for (size_t d = a; d < shape.size(); ++d) pitch *= shape[d];
+  for (int64_t v : shape) total *= v;
+  void* out0 = nullptr;
+  if ((st = alloc_output(ctx, 0, shape, &out0))) return st;
+  int64_t offset = 0;  // elements of the axis before this segment's, times the dims after the axis
+  for (size_t k = 0; k < K; ++k) {
+    ConcatSegment& seg = *c->segs[k];
+    Io& io = call->io[k];
+    const std::vector<int64_t>& sk = io.layout->out_shape;
+    int64_t inner = 1, after = 1;
+    for (size_t d = a; d < sk.size(); ++d) inner *= sk[d];
+    for (size_t d = a + 1; d < sk.size(); ++d) after *= sk[d];
+    call->place[k].inner = inner > 0 ? inner : 1;
+    call->place[k].pitch = pitch;
+    call->place[k].off = offset;
+    call->place[k].total = total;
+    offset += sk[a] * after;
+    io.out.assign(seg.prog.outputs.size(), nullptr);
+    io.out[0] = out0;
+    for (size_t j = 1; j < seg.prog.outputs.size(); ++j)
+      if ((st = alloc_output(ctx, seg.out_first + j - 1, sk, &io.out[j]))) return st;
+  }
+  (void)elem_bytes;
+  return nullptr;
+}
+
+struct CpuConcatKernel {
+  static const char* provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
+  ConcatNode c;
+  std::string node;  // for make_variadic_op's messages
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
+    const size_t es = dtype_size(c.segs[0]->io.out[0]);
+    ConcatCall call;
+    if (OrtStatus* st = prepare_concat(ctx, &c, es, &call)) return st;
+    for (size_t k = 0; k < c.segs.size(); ++k) {
+      ConcatSegment& seg = *c.segs[k];
+      Io& io = call.io[k];
+      const OutputPlacement& pl = call.place[k];
+      const BroadcastLayout& L = *io.layout;
+      if (L.n == 0) continue;
+      // The interpreter writes whole outputs: output 0 goes to a buffer, then row by row into its slice.
+      std::vector<unsigned char> buf(static_cast<size_t>(L.n) * es);
+      unsigned char* out0 = static_cast<unsigned char*>(io.out[0]);
+      io.out[0] = buf.data();
+      if (OrtStatus* st = run_on_cpu(ctx, *seg.eval, io.in.data(), io.out.data(), L, concat_prefix(c.node))) return st;
+      const int64_t rows = L.n / pl.inner;
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(out0 + (r * pl.pitch + pl.off) * es, buf.data() + r * pl.inner * es, static_cast<size_t>(pl.inner) * es);
+    }
+    return nullptr;
+  }
+};
+
+struct CudaConcatKernel {
+  static const char* provider(const OrtCustomOp*) { return "CUDAExecutionProvider"; }
+  ConcatNode c;
+  std::string node;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
+    ConcatCall call;
+    if (OrtStatus* st = prepare_concat(ctx, &c, dtype_size(c.segs[0]->io.out[0]), &call)) return st;
+    void* stream = nullptr;
+    if (OrtStatus* st = g_api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
+    for (size_t k = 0; k < c.segs.size(); ++k) {
+      Io& io = call.io[k];
+      if (io.layout->n == 0) continue;
+      std::string err;
+      if (!c.segs[k]->kernel->launch(io.in.data(), io.out.data(), *io.layout, stream, &err, &call.place[k]))
+        return make_status(ORT_RUNTIME_EXCEPTION, concat_prefix(c.node) + "program_" + std::to_string(k) + ": " + err);
+    }
+    return nullptr;
+  }
+};
+
+OrtStatus* init_cpu_concat(const OrtKernelInfo* info, CpuConcatKernel* k) {
+  if (OrtStatus* st = load_concat(info, &k->c, true)) return st;
+  k->node = k->c.node;
+  for (auto& seg : k->c.segs) seg->eval.reset(new CpuEvaluator(seg->prog, seg->io.in, seg->io.out));
+  return nullptr;
+}
+
+OrtStatus* init_cuda_concat(const OrtKernelInfo* info, CudaConcatKernel* k) {
+  if (OrtStatus* st = load_concat(info, &k->c, false)) return st;
+  k->node = k->c.node;
+  for (size_t i = 0; i < k->c.segs.size(); ++i) {
+    std::string err;
+    ConcatSegment& seg = *k->c.segs[i];
+    seg.kernel = CudaKernel::create(seg.prog, device_of(info), &err, true);
+    if (!seg.kernel) return make_status(ORT_FAIL, concat_prefix(k->node) + "program_" + std::to_string(i) + ": " + err);
+  }
+  return nullptr;
+}
+
+// Output types (and shapes where every input's is known): output 0 has program_0's output-0 type and
+// the segments' common shape with the axis dim summed (a fresh symbol where a segment's is unknown);
+// segment k's outputs 1.. have its own broadcast shape.
+OrtStatusPtr infer_concat_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  try {
+    int64_t axis = -1;
+    const OrtOpAttr* axis_attr = nullptr;
+    size_t got = 0;
+    OrtStatus* ast = g_api->ShapeInferContext_GetAttribute(ctx, "axis", &axis_attr);
+    if (!ast && axis_attr) ast = g_api->ReadOpAttr(axis_attr, ORT_OP_ATTR_INT, &axis, sizeof(axis), &got);
+    if (ast) {
+      g_api->ReleaseStatus(ast);
+      axis = -1;  // unknown: output 0 gets its type only
+    }
+    size_t nin = 0;
+    OrtStatus* st;
+    if ((st = g_api->ShapeInferContext_GetInputCount(ctx, &nin))) return st;
+    std::vector<int> types(nin, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
+    InferredShape concat;
+    DType out0 = DType::F32;
+    size_t in_at = 0, out_at = 1;
+    for (int k = 0;; ++k) {
+      std::string text, err;
+      if (!read_infer_string(ctx, ("program_" + std::to_string(k)).c_str(), &text)) break;
+      Program prog;
+      if (!parse_program(text, &prog, &err) || prog.outputs.empty() || in_at + prog.inputs.size() > nin)
+        return make_status(ORT_INVALID_GRAPH, std::string(kConcatOpType) + ": invalid program_" + std::to_string(k));
+      InferredShape shape;
+      if ((st = infer_broadcast(ctx, in_at, prog.inputs.size(), kConcatOpType, &shape, &types))) return st;
+      std::vector<int> mine(types.begin() + in_at, types.begin() + in_at + prog.inputs.size());
+      const IoDTypes io = io_dtypes(prog, mine);
+      for (size_t j = 1; j < prog.outputs.size(); ++j)
+        if ((st = declare_output(ctx, out_at + j - 1, io.out[j], shape))) return st;
+      if (k == 0) {
+        out0 = io.out[0];
+        concat = shape;
+      } else if (concat.known && shape.known && axis >= 0 && static_cast<size_t>(axis) < concat.dims.size() &&
+                 shape.dims.size() == concat.dims.size()) {
+        int64_t& d = concat.dims[axis];
+        if (d >= 0 && shape.dims[axis] >= 0) {
+          d += shape.dims[axis];
+        } else {
+          d = -1;
+          concat.syms[axis] = fresh_symbol();
+        }
+      } else {
+        concat.known = false;
+      }
+      if (k == 0 && concat.known && (axis < 0 || static_cast<size_t>(axis) >= concat.dims.size())) concat.known = false;
+      if (k == 0 && concat.known && concat.dims[axis] < 0) concat.syms[axis] = fresh_symbol();
+      in_at += prog.inputs.size();
+      out_at += prog.outputs.size() - 1;
+    }
+    return declare_output(ctx, 0, out0, concat);
+  } catch (const std::exception& e) {
+    return make_status(ORT_RUNTIME_EXCEPTION, std::string(kConcatOpType) + " shape inference: " + e.what());
+  } catch (...) {
+    return make_status(ORT_RUNTIME_EXCEPTION, std::string(kConcatOpType) + " shape inference failed");
+  }
+}
+
+// Registrations: variadic inputs and outputs of mixed element types (a program mixes dtypes), typed by
+// infer_concat_shapes.
+template <class Kernel, OrtStatus* (*Init)(const OrtKernelInfo*, Kernel*)>
+const OrtCustomOp* concat_op(uint32_t version) {
+  static OrtCustomOp* op = [version] {
+    OrtCustomOp* o = new OrtCustomOp(
+        make_variadic_op<Kernel, create_kernel<Kernel, Init>, &kConcatOpType, 1, 1, &g_api>(version));
+    o->GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 0; };
+    o->GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 0; };
+    o->InferOutputShapeFn = &infer_concat_shapes;
+    return o;
+  }();
+  return op;
 }
 
 // ------------------------------------------------------------------ op definitions
@@ -567,6 +928,8 @@ OFX_EXPORT onnxfuse_ort::OrtStatus* RegisterCustomOps(onnxfuse_ort::OrtSessionOp
   if (OrtStatus* st = api->CreateCustomOpDomain(kDomain, &domain)) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, cpu_op)) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, cuda_op)) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, concat_op<CpuConcatKernel, init_cpu_concat>(ONNXFUSE_ORT_API_VERSION))) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, concat_op<CudaConcatKernel, init_cuda_concat>(ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, attention_inputs_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, attention_inputs_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, decode_attention_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;

@@ -41,7 +41,7 @@ enum ONNXTensorElementDataType : int { ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED =
 enum OrtCustomOpInputOutputCharacteristic : int { INPUT_OUTPUT_VARIADIC = 2 };
 enum OrtErrorCode : int { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2, ORT_INVALID_GRAPH = 10, ORT_RUNTIME_EXCEPTION = 6 };
 enum OrtMemType : int { OrtMemTypeDefault = 0 };
-enum OrtOpAttrType : int { ORT_OP_ATTR_STRING = 5 };
+enum OrtOpAttrType : int { ORT_OP_ATTR_INT = 1, ORT_OP_ATTR_STRING = 5 };
 
 struct OrtApiBase {
   const OrtApi*(* GetApi)(uint32_t version)noexcept;
@@ -72,7 +72,8 @@ struct OrtApi {
   OrtStatusPtr(* MemoryInfoGetId)( const OrtMemoryInfo* ptr, int* out) noexcept;  // [72] no since note: older than the 1.14 entries after it
   void* unused_73_to_76[4];
   OrtStatusPtr(* AllocatorGetInfo)( const OrtAllocator* ort_allocator, const struct OrtMemoryInfo** out) noexcept;  // [77] no since note: older than the 1.14 entries after it
-  void* unused_78_to_86[9];
+  void* unused_78_to_85[8];
+  OrtStatusPtr(* KernelInfoGetAttribute_int64)( const OrtKernelInfo* info, const char* name, int64_t* out) noexcept;  // [86] no since note: older than the 1.14 entries after it
   OrtStatusPtr(* KernelInfoGetAttribute_string)( const OrtKernelInfo* info, const char* name, char* out, size_t* size) noexcept;  // [87] no since note: older than the 1.14 entries after it
   OrtStatusPtr(* KernelContext_GetInputCount)( const OrtKernelContext* context, size_t* out) noexcept;  // [88] no since note: older than the 1.14 entries after it
   OrtStatusPtr(* KernelContext_GetOutputCount)( const OrtKernelContext* context, size_t* out) noexcept;  // [89] no since note: older than the 1.14 entries after it
