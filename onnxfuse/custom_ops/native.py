@@ -105,6 +105,9 @@ def _lib() -> ctypes.CDLL:
     lib.onnxfuse_check_program.restype = ctypes.c_int
     lib.onnxfuse_cuda_source.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     lib.onnxfuse_cuda_source.restype = ctypes.c_long
+    lib.onnxfuse_cuda_source_placed.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                                                ctypes.c_size_t]
+    lib.onnxfuse_cuda_source_placed.restype = ctypes.c_long
     lib.onnxfuse_cuda_stats.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.onnxfuse_cuda_stats.restype = ctypes.c_long
     lib.onnxfuse_op_table.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -137,15 +140,16 @@ def check_program(program: str) -> str | None:
     return None if ok else err.value.decode(errors="backslashreplace")
 
 
-def cuda_source(program: str, variant: int = VARIANT_ALL) -> str:
-    """The CUDA source the library generates for ``program`` (``variant``: bit mask of kernels)."""
+def cuda_source(program: str, variant: int = VARIANT_ALL, placed: bool = False) -> str:
+    """The CUDA source the library generates for ``program`` (``variant``: bit mask of kernels;
+    ``placed``: the kernels of a FusedConcat segment, storing output 0 into its slice)."""
     lib = _lib()
     data = program.encode()
-    need = lib.onnxfuse_cuda_source(data, variant, None, 0)
+    need = lib.onnxfuse_cuda_source_placed(data, variant, int(placed), None, 0)
     if need < 0:
         raise ValueError(f"invalid program: {check_program(program)}")
     buf = ctypes.create_string_buffer(need + 1)
-    lib.onnxfuse_cuda_source(data, variant, buf, len(buf))
+    lib.onnxfuse_cuda_source_placed(data, variant, int(placed), buf, len(buf))
     return buf.value.decode()
 
 

@@ -613,3 +613,96 @@ def test_launch_tuning_steps_aside(why, mock_driver, mock_driver_with_events, tm
     assert [x["count"] for x in L] == [1, 2]
     assert all(x["block"] == 256 and x["grid"] == BIG // 8 // 256 for x in L)
     assert r["stats"]["launch_tunings"] == 0 and r["stats"]["last_launch_tuning"] is None
+
+
+# ------------------------------------------------------------------ placed kernels (FusedConcat)
+def test_placed_source_stores_output_0_through_the_placement_only():
+    """A FusedConcat segment's kernels store output 0 at OFX_PLACE(i) and its other outputs at i; the
+    parameter struct ends with the three placement fields; a plain program's source has none of it."""
+    text = "onnxfuse.elementwise 1\ninput x: float32\ns: float32 = Sigmoid(x)\ny: float32 = Mul(x, s)\noutput y\noutput s\n"
+    plain, placed = native.cuda_source(text), native.cuda_source(text, placed=True)
+    assert "OFX_PLACE" not in plain and "place_inner" not in plain
+    assert "long long place_inner;\n  long long place_pitch;\n  long long place_off;\n};" in placed
+    assert placed.count("[OFX_PLACE(i)] = ") == 3  # fast scalar, fast vector's tail, broadcast
+    assert placed.count("+ OFX_PLACE(base)") == 2  # fast vector, broadcast vector
+    assert "p.out[1])[i] = " in placed and "p.out[1]) + base" in placed  # output 1 stays contiguous
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_placed_kernels_compile(dtype):
+    text = (f"onnxfuse.elementwise 1\ninput x: {dtype}\ninput b: {dtype}\ns: {dtype} = Sigmoid(x)\n"
+            f"y: {dtype} = Mul(x, s)\nz: {dtype} = Add(y, b)\noutput z\noutput y\n")
+    ptx = native.compile_ptx(native.cuda_source(text, placed=True), arch="compute_90")
+    for name in ("ofx_fast_vec_32", "ofx_fast_scalar_64", "ofx_bcast_32", "ofx_bcast_vec_64"):
+        assert f".entry {name}" in ptx
+
+
+def run_mock_placed(mock, cache_home, program, launches) -> dict:
+    """run_mock for a placed kernel: each launch is (shapes, in_ptrs, out_ptrs, (inner, pitch, off, total))."""
+    child = MOCK_CHILD.replace(
+        "k = lib.onnxfuse_test_cuda_create(programs[0].encode(), 0, err, len(err))",
+        "lib.onnxfuse_test_cuda_create_placed.restype = ctypes.c_void_p\n"
+        "lib.onnxfuse_test_cuda_create_placed.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]\n"
+        "k = lib.onnxfuse_test_cuda_create_placed(programs[0].encode(), 0, 1, err, len(err))").replace(
+        "for shapes, in_ptrs, out_ptrs in LAUNCHES:", "for shapes, in_ptrs, out_ptrs, place in LAUNCHES:").replace(
+        "ok = lib.onnxfuse_test_cuda_launch(k, len(shapes), ranks, dims, ins, len(out_ptrs), outs, 0x77, err, len(err))",
+        "pl = (ctypes.c_int64 * 4)(*place)\n"
+        "    ok = lib.onnxfuse_test_cuda_launch_placed(ctypes.c_void_p(k), len(shapes), ranks, dims, ins, len(out_ptrs), outs, "
+        "ctypes.c_void_p(0x77), pl, err, len(err))")
+    assert child.count("placed") >= 3 and "pl = (ctypes.c_int64" in child
+    saved = globals()["MOCK_CHILD"]
+    globals()["MOCK_CHILD"] = child
+    try:
+        return run_mock(mock, cache_home, program, launches)
+    finally:
+        globals()["MOCK_CHILD"] = saved
+
+
+def unpack_placement(hexstr: str, nin: int, nout: int) -> tuple[int, int, int]:
+    """The three fields after strides[nin][D], D = cuda_max_dims(nin, nout + 3)."""
+    import struct
+
+    d = max_dims(nin, nout + 3)
+    return struct.unpack_from("<3q", bytes.fromhex(hexstr), 8 * (nin + nout) + 24 + 8 * d + 8 * d * nin)
+
+
+@needs_nvrtc
+def test_placed_launches_carry_the_placement_and_vectorise_only_whole_rows(mock_driver, tmp_path):
+    text = "onnxfuse.elementwise 1\ninput x: float32\ninput b: float32\ny: float32 = Add(x, b)\noutput y\noutput x\n"
+    A, B, O1, O2 = 0x10000, 0x20000, 0x30000, 0x40000
+    launches = [
+        # [2, 8, 4] into a [2, 24, 4] concatenation at channel 8: rows of 32, pitch 96, offset 32 -> vector
+        ([(2, 8, 4), (2, 8, 4)], [A, B], [O1, O2], (32, 96, 32, 192)),
+        # rows of 12 (3 channels x 4), pitch 20, offset 4: all multiples of V = 4 -> vector
+        ([(2, 3, 4), (2, 3, 4)], [A, B], [O1, O2], (12, 20, 4, 40)),
+        # rows of 6: not a multiple of 4 -> scalar
+        ([(2, 3, 2), (2, 3, 2)], [A, B], [O1, O2], (6, 10, 2, 20)),
+        # per-channel bias: broadcast kernel; rows of 8 -> broadcast vector
+        ([(2, 2, 8), (2, 1, 1)], [A, B], [O1, O2], (16, 40, 8, 80)),
+        # the same with an offset of 6 -> plain broadcast
+        ([(2, 2, 8), (2, 1, 1)], [A, B], [O1, O2], (16, 40, 6, 80)),
+        # a small segment of a concatenation past 2^31 elements -> 64-bit index
+        ([(2, 8), (2, 8)], [A, B], [O1, O2], (8, 2**30 + 8, 0, 2**31 + 16)),
+    ]
+    r = run_mock_placed(mock_driver, tmp_path, text, launches)
+    assert r["created"], r["error"]
+    L = r["launches"]
+    assert all(x["ok"] for x in L), L
+    assert [x["kernel"] for x in L] == ["ofx_fast_vec_32", "ofx_fast_vec_32", "ofx_fast_scalar_32",
+                                        "ofx_bcast_vec_32", "ofx_bcast_32", "ofx_fast_vec_64"]
+    for x, (_, _, _, place) in zip(L, launches):
+        assert unpack_placement(x["params"], 2, 2) == place[:3]
+    assert L[0]["grid"] == (64 // 4 + 255) // 256  # V = 4 float32 elements per thread
+
+
+@needs_nvrtc
+def test_a_placed_kernel_launched_without_its_placement_is_an_error(mock_driver, tmp_path):
+    text = "onnxfuse.elementwise 1\ninput x: float32\ny: float32 = Relu(x)\noutput y\n"
+    child_launches = [([(4,)], [0x10000], [0x30000])]
+    r = run_mock(mock_driver, tmp_path, text, child_launches,
+                 pre="lib.onnxfuse_test_cuda_create = lambda p, d, e, n: lib.onnxfuse_test_cuda_create_placed("
+                     "ctypes.c_char_p(p), ctypes.c_int(d), ctypes.c_int(1), e, ctypes.c_size_t(n))\n"
+                     "lib.onnxfuse_test_cuda_create_placed.restype = ctypes.c_void_p\n")
+    assert r["created"]
+    assert not r["launches"][0]["ok"] and "without its placement" in r["launches"][0]["error"]

@@ -971,20 +971,25 @@ OFX_EXPORT int onnxfuse_check_program(const char* program, char* err, size_t err
 // CUDA source for a program; variants: bit mask (1 fast-vector, 2 fast-scalar, 4 broadcast; 0 or
 // 7 = all, as compiled at run time). Returns the length needed (excluding NUL); writes up to
 // out_size-1 chars. Returns -1 for an invalid program (message in out).
-OFX_EXPORT long onnxfuse_cuda_source(const char* program, int variants, char* out, size_t out_size) {
+// CUDA source of a placed kernel (placed != 0: FusedConcat's segments, see cuda_source) or a plain one.
+OFX_EXPORT long onnxfuse_cuda_source_placed(const char* program, int variants, int placed, char* out, size_t out_size) {
   try {
     Program p;
     std::string e, code;
     if (!parse_program(program ? program : "", &p, &e)) {
       code = e;
     } else {
-      code = cuda_source(p, variants == 0 ? kVariantAll : variants).code;
+      code = cuda_source(p, variants == 0 ? kVariantAll : variants, placed != 0).code;
     }
     copy_out(code, out, out_size);
     return e.empty() ? static_cast<long>(code.size()) : -1;
   } catch (...) {
     return -1;
   }
+}
+
+OFX_EXPORT long onnxfuse_cuda_source(const char* program, int variants, char* out, size_t out_size) {
+  return onnxfuse_cuda_source_placed(program, variants, 0, out, out_size);
 }
 
 // Kernel-cache and compile counters as JSON (see cuda_stats_json).
@@ -1083,6 +1088,22 @@ OFX_EXPORT long onnxfuse_op_table(char* out, size_t out_size) {
 // ONNX Runtime. Used by tests with a mock CUDA driver (ONNXFUSE_CUDA_DRIVER) to check NVRTC
 // compilation, the kernel caches, kernel selection and the parameter block on machines without a
 // GPU. Not part of the library's interface.
+OFX_EXPORT void* onnxfuse_test_cuda_create_placed(const char* program, int device, int placed, char* err, size_t err_size) {
+  try {
+    Program p;
+    std::string e;
+    std::unique_ptr<CudaKernel> k;
+    if (parse_program(program ? program : "", &p, &e)) k = CudaKernel::create(p, device, &e, placed != 0);
+    if (!k && err && err_size) {
+      std::strncpy(err, e.c_str(), err_size - 1);
+      err[err_size - 1] = '\0';
+    }
+    return k.release();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 OFX_EXPORT void* onnxfuse_test_cuda_create(const char* program, int device, char* err, size_t err_size) {
   try {
     Program p;
@@ -1099,16 +1120,19 @@ OFX_EXPORT void* onnxfuse_test_cuda_create(const char* program, int device, char
   }
 }
 
-OFX_EXPORT int onnxfuse_test_cuda_launch(void* kernel, int nin, const int* ranks, const int64_t* dims,
-                                         const void* const* in, int nout, void* const* out, void* stream,
-                                         char* err, size_t err_size) {
+// `place`: null, or inner, pitch, off, total of a placed kernel's OutputPlacement.
+OFX_EXPORT int onnxfuse_test_cuda_launch_placed(void* kernel, int nin, const int* ranks, const int64_t* dims,
+                                                const void* const* in, int nout, void* const* out, void* stream,
+                                                const int64_t* place, char* err, size_t err_size) {
   try {
     std::vector<std::vector<int64_t>> shapes(nin);
     for (int i = 0, off = 0; i < nin; off += ranks[i], ++i) shapes[i].assign(dims + off, dims + off + ranks[i]);
     BroadcastLayout L;
     std::string e;
+    OutputPlacement pl;
+    if (place) pl.inner = place[0], pl.pitch = place[1], pl.off = place[2], pl.total = place[3];
     bool ok = make_layout(shapes, &L, &e) &&
-              static_cast<CudaKernel*>(kernel)->launch(in, out, L, stream, &e);
+              static_cast<CudaKernel*>(kernel)->launch(in, out, L, stream, &e, place ? &pl : nullptr);
     (void)nout;
     if (!ok && err && err_size) {
       std::strncpy(err, e.c_str(), err_size - 1);
@@ -1118,6 +1142,12 @@ OFX_EXPORT int onnxfuse_test_cuda_launch(void* kernel, int nin, const int* ranks
   } catch (...) {
     return 0;
   }
+}
+
+OFX_EXPORT int onnxfuse_test_cuda_launch(void* kernel, int nin, const int* ranks, const int64_t* dims,
+                                         const void* const* in, int nout, void* const* out, void* stream,
+                                         char* err, size_t err_size) {
+  return onnxfuse_test_cuda_launch_placed(kernel, nin, ranks, dims, in, nout, out, stream, nullptr, err, err_size);
 }
 
 OFX_EXPORT void onnxfuse_test_cuda_destroy(void* kernel) { delete static_cast<CudaKernel*>(kernel); }
