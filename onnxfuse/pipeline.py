@@ -447,7 +447,15 @@ def _stamp(optimized, applied, repairs) -> None:
     model_io.set_metadata(optimized, METADATA_KEY, ",".join(applied.applied_rules()) or "none")
     if repairs:
         model_io.set_metadata(optimized, repair.METADATA_KEY, "; ".join(repairs))
-    fused_values = {d["node"]: d["values"] for d in applied.details if d.get("values")}
+    fused_values: dict = {}
+    for d in applied.details:  # in the order the rewrites happened
+        if d.get("values"):
+            fused_values[d["node"]] = d["values"]
+        # concat-into-elementwise removed these FusedElementwise nodes (their values are computed inside a
+        # FusedConcat now, where expose_fused_values does not look): no entry names a node that is gone. A
+        # later node given the same name brings its own entry after this.
+        for name in d.get("absorbed_nodes", ()):
+            fused_values.pop(name, None)
     if fused_values:
         model_io.set_metadata(optimized, FUSED_VALUES_KEY, json.dumps(fused_values, sort_keys=True))
 

@@ -27,7 +27,8 @@ from onnxfuse.rewrites.engine.rule import TARGETS, ApplyReport, GraphPass, Plan,
 #   elementwise region, so these patterns take their nodes before fuse-elementwise can.
 # * elementwise last: conv-bias-into-elementwise decides with fuse-elementwise's own region analysis,
 #   so it runs right before it, after the folds gave the Conv its final bias; fuse-elementwise takes
-#   whatever elementwise ops are left.
+#   whatever elementwise ops are left; concat-into-elementwise then moves the Concats of its results
+#   into FusedConcat nodes (it needs fuse-elementwise's nodes).
 ORDER = [
     "fold/fold-constants",  # first: static sizes and constants let the pattern rules below match
     "fold/fold-weight-upcast",  # early: the pattern rules match constant weights, not Casts of float16 ones
@@ -74,7 +75,8 @@ ORDER = [
     "contrib/contrib-decode-attention",  # after contrib-grouped-attention-inputs, whose grouped rows it reads
     "contrib/contrib-channel-transpose",  # opt-in; after contrib-channels-last, whose boundary transposes it takes
     "elementwise/conv-bias-into-elementwise",  # decides with fuse-elementwise's own region analysis
-    "elementwise/fuse-elementwise",  # last: takes whatever elementwise ops are left
+    "elementwise/fuse-elementwise",  # takes whatever elementwise ops are left
+    "elementwise/concat-into-elementwise",  # right after fuse-elementwise: it absorbs the FusedElementwise nodes that one writes
 ]
 # ---------------------------------------------------------------------------------------------------
 

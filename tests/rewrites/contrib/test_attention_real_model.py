@@ -57,12 +57,15 @@ def test_scale_folds_into_attention_matmul():
     # token's Expand, is carried from the input by expand-by-broadcast: no Shape is left to run on the CPU.
     assert after["Shape"] == 0 and after["Expand"] == 0
     assert len(out.graph.node) < len(model.graph.node) // 2
-    # FusedElementwise got only that broadcast, Where(Equal(c, c), token, token): what is left is ONNX
-    # Runtime's own fused ops and glue.
-    fused = [n for n in out.graph.node if n.op_type == "FusedElementwise"]
+    # FusedElementwise got only that broadcast, Where(Equal(c, c), token, token), and concat-into-elementwise
+    # wrote it straight into the class token's slice of the Concat beside the patches (one FusedConcat, the
+    # patches a copy segment): what is left is ONNX Runtime's own fused ops and glue.
+    assert not [n for n in out.graph.node if n.op_type == "FusedElementwise"]
+    fused = [n for n in out.graph.node if n.op_type == "FusedConcat"]
     assert len(fused) == 1 and report.counts["expand-by-broadcast"] == 1
-    program = next(a.s for a in fused[0].attribute if a.name == "program").decode()
+    program = next(a.s for a in fused[0].attribute if a.name == "program_0").decode()
     assert "Where" in program and "Equal" in program and program.count(" = ") == 2
+    assert "Identity" in next(a.s for a in fused[0].attribute if a.name == "program_1").decode()
 
 
 @needs_library
