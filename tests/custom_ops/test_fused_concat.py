@@ -45,7 +45,7 @@ def concat_model(programs: list[str], input_shapes: list[list[list[int]]], axis:
         nodes.append(h.make_node(consumer, ["y"], ["z"]))
         graph_outputs = ["z"] + outputs[1:]
     g = h.make_graph(nodes, "g", inputs, [h.make_tensor_value_info(n, ONNX_TYPE[dtype], None) for n in graph_outputs])
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 17), opset_import()])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17), opset_import()], ir_version=8)
 
 
 def feeds_for(model: onnx.ModelProto, seed: int = 0) -> dict:

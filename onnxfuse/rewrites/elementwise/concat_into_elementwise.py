@@ -66,6 +66,7 @@ from typing import Any
 
 import onnx_graphsurgeon as gs
 
+from onnxfuse.custom_ops import MAX_RANK
 from onnxfuse.rewrites.engine.edit import fresh_name
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule, unnamed_label
 from onnxfuse.rewrites.facts.graph import (
@@ -87,8 +88,6 @@ def placed_kernel_dims(n_inputs: int, n_outputs: int) -> int:
     dims[] and strides[nin][] must fit in the parameter block). A FusedElementwise kernel with more merged
     dims launches once per outer coordinate; a placed one cannot, and the library counts on this rule to
     keep every segment within it (``CudaKernel::launch``)."""
-    from onnxfuse.custom_ops import MAX_RANK
-
     fixed = 8 * (n_inputs + n_outputs + PLACED_PARAM_SLOTS) + 24
     return max(0, min(MAX_RANK, (KERNEL_PARAM_BYTES - fixed) // (8 * (n_inputs + 1))))
 
