@@ -54,6 +54,11 @@ def test_ladder_only_leaves_out_rules_that_applied_and_ends_with_everything():
                      ("fused attention", frozenset({"contrib-attention-inputs", "contrib-attention",
                                                     "contrib-mask-lengths"})),
                      ("every rewrite", ALL)]
+    rungs = ladder(["fuse-elementwise", "concat-into-elementwise"])  # FusedConcat goes before every kernel
+    assert rungs == [("concatenation writes", frozenset({"concat-into-elementwise"})),
+                     ("FusedElementwise kernels", frozenset({"concat-into-elementwise", "fuse-elementwise",
+                                                             "conv-bias-into-elementwise"})),
+                     ("every rewrite", ALL)]
     rungs = ladder(["contrib-channels-last", "conv-bias-into-elementwise"])
     assert rungs == [("channels-last layout", frozenset({"contrib-channels-last"})),
                      ("FusedElementwise kernels", frozenset({"contrib-channels-last", "fuse-elementwise",
