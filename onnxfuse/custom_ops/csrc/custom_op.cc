@@ -639,7 +639,7 @@ struct ConcatCall {
   std::vector<OutputPlacement> place;   // per segment
 };
 
-OrtStatus* prepare_concat(OrtKernelContext* ctx, ConcatNode* c, size_t elem_bytes, ConcatCall* call) {
+OrtStatus* prepare_concat(OrtKernelContext* ctx, ConcatNode* c, ConcatCall* call) {
   const std::string prefix = concat_prefix(c->node);
   const size_t K = c->segs.size();
   const size_t a = static_cast<size_t>(c->axis);
@@ -693,7 +693,6 @@ OrtStatus* prepare_concat(OrtKernelContext* ctx, ConcatNode* c, size_t elem_byte
     for (size_t j = 1; j < seg.prog.outputs.size(); ++j)
       if ((st = alloc_output(ctx, seg.out_first + j - 1, sk, &io.out[j]))) return st;
   }
-  (void)elem_bytes;
   return nullptr;
 }
 
@@ -705,7 +704,7 @@ struct CpuConcatKernel {
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
     const size_t es = dtype_size(c.segs[0]->io.out[0]);
     ConcatCall call;
-    if (OrtStatus* st = prepare_concat(ctx, &c, es, &call)) return st;
+    if (OrtStatus* st = prepare_concat(ctx, &c, &call)) return st;
     for (size_t k = 0; k < c.segs.size(); ++k) {
       ConcatSegment& seg = *c.segs[k];
       Io& io = call.io[k];
@@ -732,7 +731,7 @@ struct CudaConcatKernel {
 
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
     ConcatCall call;
-    if (OrtStatus* st = prepare_concat(ctx, &c, dtype_size(c.segs[0]->io.out[0]), &call)) return st;
+    if (OrtStatus* st = prepare_concat(ctx, &c, &call)) return st;
     void* stream = nullptr;
     if (OrtStatus* st = g_api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
     for (size_t k = 0; k < c.segs.size(); ++k) {
@@ -1105,19 +1104,7 @@ OFX_EXPORT void* onnxfuse_test_cuda_create_placed(const char* program, int devic
 }
 
 OFX_EXPORT void* onnxfuse_test_cuda_create(const char* program, int device, char* err, size_t err_size) {
-  try {
-    Program p;
-    std::string e;
-    std::unique_ptr<CudaKernel> k;
-    if (parse_program(program ? program : "", &p, &e)) k = CudaKernel::create(p, device, &e);
-    if (!k && err && err_size) {
-      std::strncpy(err, e.c_str(), err_size - 1);
-      err[err_size - 1] = '\0';
-    }
-    return k.release();
-  } catch (...) {
-    return nullptr;
-  }
+  return onnxfuse_test_cuda_create_placed(program, device, 0, err, err_size);
 }
 
 // `place`: null, or inner, pitch, off, total of a placed kernel's OutputPlacement.
