@@ -1,7 +1,8 @@
 """Random conv nets for the equality and idempotence fuzzer with contrib-channels-last
 (``tools/fuzz_optimize.py --cnn``): chains of Conv (grouped, depthwise, strided, dilated, padded or
 ``auto_pad``, with or without a bias) joined by the ops a channels-last region takes (pointwise ops with
-constants of every broadcast rank, residual Adds, Concat / Split / Slice over channels, global pools,
+constants of every broadcast rank, residual Adds, Concat / Split / Slice over channels (a Concat of
+pointwise results, as a C2f block's, becomes a FusedConcat), global pools,
 nearest Resize) and by the ops it does not (MaxPool, linear Resize, Reshape, a non-constant rank-2 operand), with tensors read from
 the middle as graph outputs and by an If branch. The optimized model runs on the CPU with every NhwcConv
 as its definition (runtime/stand_ins.py) and must equal the original.
@@ -92,6 +93,10 @@ def random_cnn_model(seed: int) -> onnx.ModelProto:
         elif step < 0.78 and c % 2 == 0:  # Split over channels, one half through a Conv, Concat back
             a, b = net.node("Split", [x], outputs=2, axis=1)
             a2, _, _, _ = _conv(net, a, c // 2, h, w, keep=True)
+            if rng.random() < 0.5:  # C2f-like: SiLU results concatenated (a FusedConcat, concat-into-elementwise)
+                a2 = net.node("Mul", [a2, net.node("Sigmoid", [a2])])
+                if rng.random() < 0.5:
+                    b = net.node("Mul", [b, net.node("Sigmoid", [b])])
             x = net.node("Concat", [a2, b] if rng.random() < 0.5 else [b, a2], axis=int(rng.choice([1, -3])))
         elif step < 0.82 and c > 2:  # Slice of channels
             stop = int(rng.integers(2, c + 1))
