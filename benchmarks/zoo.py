@@ -731,7 +731,7 @@ def run_model(name: str, args, part: Path) -> None:
         and hidden size it needs), its output checked against the original's on ``device``. A failure is
         recorded as the row's result, not hidden. (contrib-attention is a default rule: the optimized
         column has it.)"""
-        if not spec.transformer:
+        if not spec.transformer or not args.anchors:
             return []
         extra = []
         try:
@@ -938,11 +938,11 @@ def run_model(name: str, args, part: Path) -> None:
             # then, 5.48)
             # (promised inputs, cell variant, optimize label and info key, log suffix, precision); --bf16 adds
             # `optimize --precision bf16` (bfloat16 compute, float32 I/O), timed beside the float16 cells
-            runs = [((), "precision", "precision-fp16", "", "fp16")]
-            if args.right_padded and "attention_mask" in spec.input_names:
+            runs = [((), "precision", "precision-fp16", "", "fp16")] if args.precision_cells else []
+            if args.precision_cells and args.right_padded and "attention_mask" in spec.input_names:
                 runs.append((["attention_mask"], "precision-right-padded", "precision-fp16-right-padded",
                              " --right-padded attention_mask", "fp16"))
-            if args.bf16:
+            if args.bf16 and args.precision_cells:
                 runs.append(((), "precision-bf16", "precision-bf16", "", "bf16"))
                 if args.right_padded and "attention_mask" in spec.input_names:  # (1 - m)·c masks fuse only so
                     runs.append((["attention_mask"], "precision-bf16-right-padded", "precision-bf16-right-padded",
@@ -1362,6 +1362,13 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true",
                    help="skip the models --out already holds complete results of (a part with no run error), so "
                         "one run can span several calls of a time-limited machine with the same --out")
+    p.add_argument("--anchors", action=argparse.BooleanOptionalAction, default=True,
+                   help="transformer rows: also run ONNX Runtime's transformers optimizer (the anchor column); "
+                        "--no-anchors saves its optimize and timing (issue 32's grid does not need it)")
+    p.add_argument("--precision-cells", action=argparse.BooleanOptionalAction, default=True,
+                   help="with the fp16 cells: also `optimize --precision fp16` the float32 export and time it "
+                        "beside the half() export (issue 33); --no-precision-cells saves that optimize call "
+                        "(30-140 s a model on an H200, 5.63) where only issue 32's grid is wanted")
     p.add_argument("--quick", action="store_true",
                    help="every model, batches 1 and 16, 0.2 s per cell, eager torch only, fp16 at batch 16 "
                         "without CUDA graphs, deadline 420 s: under 8 minutes")

@@ -269,3 +269,14 @@ def test_the_never_slower_table_counts_every_configured_cell():
     line = next(x for x in text.splitlines() if x.startswith("| resnet50 | 3 |"))
     assert "1.50× (b16)" in line and line.endswith("| 38 / 40 / – |")
     assert "Lowest of the run: 1.50×." in text
+
+
+def test_the_grid_can_leave_out_the_anchor_and_the_precision_cells():
+    """Issue 32's grid on fewer GPUs: --no-anchors and --no-precision-cells reach the child (they are not
+    --models) and default on."""
+    args = zoo.parse_args(["--models", "bert_base@sdpa", "--no-anchors", "--no-precision-cells"])
+    assert not args.anchors and not args.precision_cells
+    defaults = zoo.parse_args(["--models", "resnet50"])
+    assert defaults.anchors and defaults.precision_cells
+    assert zoo._forward(["--models", "resnet50", "--no-anchors", "--no-precision-cells"]) == [
+        "--no-anchors", "--no-precision-cells"]
