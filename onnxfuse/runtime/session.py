@@ -70,7 +70,7 @@ def resolve_provider(provider: str) -> str:
 
 
 def uses_custom_ops(model: onnx.ModelProto) -> bool:
-    """True when the model contains our FusedElementwise op (and so needs our library)."""
+    """True when the model imports our domain (FusedElementwise, FusedConcat and our other ops: it needs our library)."""
     # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops
     from onnxfuse.custom_ops import DOMAIN
 
