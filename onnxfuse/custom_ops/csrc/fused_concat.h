@@ -1,0 +1,17 @@
+// FusedConcat (domain ai.onnxfuse, opset 1): FusedElementwise's concatenating form (fused_concat.cc;
+// contract: docs/custom-ops.md).
+#ifndef ONNXFUSE_FUSED_CONCAT_H_
+#define ONNXFUSE_FUSED_CONCAT_H_
+
+#include "ort_abi.h"
+
+namespace onnxfuse {
+
+// The op's CPU and CUDA registrations, built once; `version`: the OrtCustomOp version the library
+// registers with. `api` is ONNX Runtime's (elementwise_io.h's g_api, already set).
+const onnxfuse_ort::OrtCustomOp* fused_concat_cpu_op(const onnxfuse_ort::OrtApi* api, uint32_t version);
+const onnxfuse_ort::OrtCustomOp* fused_concat_cuda_op(const onnxfuse_ort::OrtApi* api, uint32_t version);
+
+}  // namespace onnxfuse
+
+#endif  // ONNXFUSE_FUSED_CONCAT_H_
