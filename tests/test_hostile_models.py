@@ -91,6 +91,37 @@ def test_foreign_program_bytes_give_one_line(tmp_path, program, command):
     assert not (tmp_path / "out.onnx").exists()
 
 
+def _fused_concat_model(change: str) -> onnx.ModelProto:
+    """Two copy segments concatenated along axis 0, broken one way."""
+    copy = b"onnxfuse.elementwise 1\ninput x: float32\noutput x\n"
+    programs = {"bad-program": [copy, "onnxfuse.elementwise 1\ninput x: float32\nt: float32 = Neg(té)\noutput t\n".encode()],
+                "not-utf8": [copy, b"onnxfuse.elementwise 1\ninput x: float32\nt: float32 = Neg(t\xff)\noutput t\n"]}
+    node = helper.make_node("FusedConcat", ["x", "x2"] + (["x"] if change == "extra-input" else []), ["y"],
+                            domain="ai.onnxfuse", axis=99 if change == "axis" else 0)
+    for k, text in enumerate(programs.get(change, [copy, copy])):
+        node.attribute.append(onnx.AttributeProto(name=f"program_{k}", type=onnx.AttributeProto.STRING, s=text))
+    second = [3] if change == "shapes" else [4]
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                                        helper.make_tensor_value_info("x2", TensorProto.FLOAT, [2] + second)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnxfuse", 1)],
+                             ir_version=8)
+
+
+@pytest.mark.parametrize("change", ["bad-program", "not-utf8", "extra-input", "axis", "shapes"])
+def test_a_broken_fused_concat_gives_one_line_and_no_output(tmp_path, change):
+    """A model that holds a malformed FusedConcat (ours or a hostile file's): one clear line naming the node
+    (or the program), exit 1, nothing written."""
+    src = tmp_path / "concat.onnx"
+    onnx.save(_fused_concat_model(change), src)
+    result = run(["optimize", src, tmp_path / "out.onnx", "--no-bench"])
+    err = result.stderr.strip()
+    assert result.exit_code == 1, err
+    assert "internal error" not in err and "UnicodeDecodeError" not in err, err
+    assert err.startswith("error:") and len(err.splitlines()) == 1 and "FusedConcat" in err, err
+    assert not (tmp_path / "out.onnx").exists()
+
+
 def test_junit_is_well_formed_with_control_characters_in_names(tmp_path):
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"]), helper.make_node("Neg", ["t"], ["y\x01\x1b"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
