@@ -795,9 +795,8 @@ def test_limits_agree_with_the_cuda_kernel():
     found = re.search(r"kCudaMaxInputs = (\d+), kCudaMaxOutputs = (\d+);", header)
     assert found and (int(found[1]), int(found[2])) == (rule.MAX_PROGRAM_INPUTS, rule.MAX_PROGRAM_OUTPUTS)
     assert int(re.search(r"kCudaParamBytes = (\d+);", header)[1]) == rule.KERNEL_PARAM_BYTES
-    # The placed kernels came with the library's FusedConcat (a later commit than this branch's base).
     slots = re.search(r"kPlacedParamSlots = (\d+);", header)
-    assert slots is None or int(slots[1]) == rule.PLACED_PARAM_SLOTS
+    assert slots and int(slots[1]) == rule.PLACED_PARAM_SLOTS
     assert "(8L * (nin + 1))" in header and "8L * (nin + nout) + 24" in header  # cuda_max_dims, mirrored
     assert [rule.placed_kernel_dims(n, 1) for n in (1, 28, 29, 48)] == [16, 16, 15, 9]
 
