@@ -103,11 +103,8 @@ def _lib() -> ctypes.CDLL:
     lib = ctypes.CDLL(library_path())
     lib.onnxfuse_check_program.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.onnxfuse_check_program.restype = ctypes.c_int
-    lib.onnxfuse_cuda_source.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    lib.onnxfuse_cuda_source.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     lib.onnxfuse_cuda_source.restype = ctypes.c_long
-    lib.onnxfuse_cuda_source_placed.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
-                                                ctypes.c_size_t]
-    lib.onnxfuse_cuda_source_placed.restype = ctypes.c_long
     lib.onnxfuse_cuda_stats.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.onnxfuse_cuda_stats.restype = ctypes.c_long
     lib.onnxfuse_op_table.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -145,11 +142,11 @@ def cuda_source(program: str, variant: int = VARIANT_ALL, placed: bool = False) 
     ``placed``: the kernels of a FusedConcat segment, storing output 0 into its slice)."""
     lib = _lib()
     data = program.encode()
-    need = lib.onnxfuse_cuda_source_placed(data, variant, int(placed), None, 0)
+    need = lib.onnxfuse_cuda_source(data, variant, int(placed), None, 0)
     if need < 0:
         raise ValueError(f"invalid program: {check_program(program)}")
     buf = ctypes.create_string_buffer(need + 1)
-    lib.onnxfuse_cuda_source_placed(data, variant, int(placed), buf, len(buf))
+    lib.onnxfuse_cuda_source(data, variant, int(placed), buf, len(buf))
     return buf.value.decode()
 
 

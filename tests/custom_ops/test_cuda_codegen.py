@@ -297,24 +297,25 @@ from onnxfuse.custom_ops import library_path, native
 lib = ctypes.CDLL(library_path())
 mock = ctypes.CDLL(MOCK) if os.path.exists(MOCK) else None
 lib.onnxfuse_test_cuda_create.restype = ctypes.c_void_p
-lib.onnxfuse_test_cuda_create.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+lib.onnxfuse_test_cuda_create.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
 lib.onnxfuse_test_cuda_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
     ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-    ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, ctypes.c_size_t]
 err = ctypes.create_string_buffer(8192)
 exec(PRE)
 programs = PROGRAM if isinstance(PROGRAM, list) else [PROGRAM]
-k = lib.onnxfuse_test_cuda_create(programs[0].encode(), 0, err, len(err))
+k = lib.onnxfuse_test_cuda_create(programs[0].encode(), 0, int(PLACED), err, len(err))
 out = {"created": bool(k), "error": err.value.decode(), "launches": []}
 for extra in programs[1:]:
-    out.setdefault("more_created", []).append(bool(lib.onnxfuse_test_cuda_create(extra.encode(), 0, err, len(err))))
-for shapes, in_ptrs, out_ptrs in LAUNCHES:
+    out.setdefault("more_created", []).append(bool(lib.onnxfuse_test_cuda_create(extra.encode(), 0, int(PLACED), err, len(err))))
+for shapes, in_ptrs, out_ptrs, *place in LAUNCHES:  # place: (inner, pitch, off, total) for a placed kernel
     ranks = (ctypes.c_int * len(shapes))(*[len(s) for s in shapes])
     flat = [d for s in shapes for d in s]
     dims = (ctypes.c_int64 * max(1, len(flat)))(*flat)
     ins = (ctypes.c_void_p * len(in_ptrs))(*in_ptrs)
     outs = (ctypes.c_void_p * len(out_ptrs))(*out_ptrs)
-    ok = lib.onnxfuse_test_cuda_launch(k, len(shapes), ranks, dims, ins, len(out_ptrs), outs, 0x77, err, len(err))
+    pl = (ctypes.c_int64 * 4)(*place[0]) if place else None
+    ok = lib.onnxfuse_test_cuda_launch(k, len(shapes), ranks, dims, ins, len(out_ptrs), outs, 0x77, pl, err, len(err))
     last = ctypes.create_string_buffer(64); grid = ctypes.c_uint(); block = ctypes.c_uint()
     stream = ctypes.c_void_p(); params = ctypes.create_string_buffer(4096); loads = ctypes.c_int()
     cubin = ctypes.c_int()
@@ -359,10 +360,11 @@ def mock_driver_with_events(tmp_path_factory):
     return _build_mock(tmp_path_factory, MOCK_EVENTS)
 
 
-def run_mock(mock, cache_home, program, launches, extra_env=None, pre: str = "") -> dict:
+def run_mock(mock, cache_home, program, launches, extra_env=None, pre: str = "", placed: bool = False) -> dict:
     """Runs MOCK_CHILD in a fresh process: creates a kernel for ``program`` (or one per program of a
-    list; launches use the first), after running ``pre`` (Python) there; the child's stderr is
-    returned as "stderr"."""
+    list; launches use the first; ``placed``: a FusedConcat segment's kernel, each launch then
+    ``(shapes, in_ptrs, out_ptrs, (inner, pitch, off, total))`` or without its placement), after running
+    ``pre`` (Python) there; the child's stderr is returned as "stderr"."""
     import json
     import os
     import subprocess
@@ -377,7 +379,7 @@ def run_mock(mock, cache_home, program, launches, extra_env=None, pre: str = "")
     env.update(extra_env or {})
     root = str(Path(native.__file__).resolve().parents[2])
     code = (f"ROOT = {root!r}\nMOCK = {str(mock)!r}\nPROGRAM = {program!r}\nLAUNCHES = {launches!r}\n"
-            f"PRE = {pre!r}\n" + MOCK_CHILD)
+            f"PRE = {pre!r}\nPLACED = {placed!r}\n" + MOCK_CHILD)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -638,27 +640,6 @@ def test_placed_kernels_compile(dtype):
         assert f".entry {name}" in ptx
 
 
-def run_mock_placed(mock, cache_home, program, launches) -> dict:
-    """run_mock for a placed kernel: each launch is (shapes, in_ptrs, out_ptrs, (inner, pitch, off, total))."""
-    child = MOCK_CHILD.replace(
-        "k = lib.onnxfuse_test_cuda_create(programs[0].encode(), 0, err, len(err))",
-        "lib.onnxfuse_test_cuda_create_placed.restype = ctypes.c_void_p\n"
-        "lib.onnxfuse_test_cuda_create_placed.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]\n"
-        "k = lib.onnxfuse_test_cuda_create_placed(programs[0].encode(), 0, 1, err, len(err))").replace(
-        "for shapes, in_ptrs, out_ptrs in LAUNCHES:", "for shapes, in_ptrs, out_ptrs, place in LAUNCHES:").replace(
-        "ok = lib.onnxfuse_test_cuda_launch(k, len(shapes), ranks, dims, ins, len(out_ptrs), outs, 0x77, err, len(err))",
-        "pl = (ctypes.c_int64 * 4)(*place)\n"
-        "    ok = lib.onnxfuse_test_cuda_launch_placed(ctypes.c_void_p(k), len(shapes), ranks, dims, ins, len(out_ptrs), outs, "
-        "ctypes.c_void_p(0x77), pl, err, len(err))")
-    assert child.count("placed") >= 3 and "pl = (ctypes.c_int64" in child
-    saved = globals()["MOCK_CHILD"]
-    globals()["MOCK_CHILD"] = child
-    try:
-        return run_mock(mock, cache_home, program, launches)
-    finally:
-        globals()["MOCK_CHILD"] = saved
-
-
 def unpack_placement(hexstr: str, nin: int, nout: int) -> tuple[int, int, int]:
     """The three fields after strides[nin][D], D = cuda_max_dims(nin, nout + 3)."""
     import struct
@@ -685,7 +666,7 @@ def test_placed_launches_carry_the_placement_and_vectorise_only_whole_rows(mock_
         # a small segment of a concatenation past 2^31 elements -> 64-bit index
         ([(2, 8), (2, 8)], [A, B], [O1, O2], (8, 2**30 + 8, 0, 2**31 + 16)),
     ]
-    r = run_mock_placed(mock_driver, tmp_path, text, launches)
+    r = run_mock(mock_driver, tmp_path, text, launches, placed=True)
     assert r["created"], r["error"]
     L = r["launches"]
     assert all(x["ok"] for x in L), L
@@ -700,9 +681,6 @@ def test_placed_launches_carry_the_placement_and_vectorise_only_whole_rows(mock_
 def test_a_placed_kernel_launched_without_its_placement_is_an_error(mock_driver, tmp_path):
     text = "onnxfuse.elementwise 1\ninput x: float32\ny: float32 = Relu(x)\noutput y\n"
     child_launches = [([(4,)], [0x10000], [0x30000])]
-    r = run_mock(mock_driver, tmp_path, text, child_launches,
-                 pre="lib.onnxfuse_test_cuda_create = lambda p, d, e, n: lib.onnxfuse_test_cuda_create_placed("
-                     "ctypes.c_char_p(p), ctypes.c_int(d), ctypes.c_int(1), e, ctypes.c_size_t(n))\n"
-                     "lib.onnxfuse_test_cuda_create_placed.restype = ctypes.c_void_p\n")
+    r = run_mock(mock_driver, tmp_path, text, child_launches, placed=True)
     assert r["created"]
     assert not r["launches"][0]["ok"] and "without its placement" in r["launches"][0]["error"]

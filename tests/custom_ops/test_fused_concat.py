@@ -131,7 +131,8 @@ def test_a_standard_op_reads_the_output_through_shape_inference():
 def test_segments_that_do_not_concatenate_fail_with_one_line_naming_the_node():
     programs = [RELU.format(t="float32")] * 2
     model = concat_model(programs, [[[2, 3, 4]], [[2, 3, 5]]], 1)
-    with pytest.raises(Exception, match=r"FusedConcat node 'cat': program_1's result \[2,3,5\] does not concatenate"):
+    with pytest.raises(Exception, match=r"FusedConcat node 'cat': program_1's result \[2, 3, 5\] does not concatenate "
+                                        r"with program_0's \[2, 3, 4\] along axis 1"):
         run_concat(model, feeds_for(model))
 
 

@@ -174,7 +174,7 @@ CudaSource cuda_source(const Program& prog, int variants, bool placed) {
     }
   }
   s << kOpsHeaderSource << "\n" << kPrelude << "\n" << kFastPrelude << "\n";  // fast maths: op_table.gen.h
-  out.max_dims = std::max(1, cuda_max_dims(nin, nout + (placed ? kPlacedParamSlots : 0)));
+  out.max_dims = std::max(1, cuda_max_dims(nin, cuda_out_slots(nout, placed)));
   s << "#define OFX_NIN " << nin << "\n#define OFX_NOUT " << nout << "\n#define OFX_V " << V << "\n#define OFX_D "
     << out.max_dims << "\n";
   s << "struct OfxParams {\n  const void* in[OFX_NIN];\n  void* out[OFX_NOUT];\n  long long n;\n"

@@ -40,6 +40,9 @@ inline int cuda_max_dims(int nin, int nout) {
 // place_pitch, place_off: see cuda_source). Counted like outputs in cuda_max_dims/cuda_params_size.
 constexpr int kPlacedParamSlots = 3;
 
+// The `nout` cuda_max_dims and cuda_params_size take for a kernel with nout outputs, placed or not.
+inline int cuda_out_slots(int nout, bool placed) { return nout + (placed ? kPlacedParamSlots : 0); }
+
 struct CudaSource {
   std::string code;
   int vec = 4;   // elements per thread of the vectorized kernel

@@ -381,7 +381,7 @@ std::unique_ptr<CudaKernel> CudaKernel::create(const Program& prog, int device, 
     return nullptr;
   }
   const int nin = static_cast<int>(prog.inputs.size()), nout = static_cast<int>(prog.outputs.size());
-  const int slots = nout + (placed ? kPlacedParamSlots : 0);  // outputs and a placement's three fields
+  const int slots = cuda_out_slots(nout, placed);
   if (nin > kCudaMaxInputs || nout > kCudaMaxOutputs || cuda_max_dims(nin, slots) < 1 ||
       cuda_params_size(nin, slots) > static_cast<size_t>(kCudaParamBytes)) {
     *err = "too many inputs/outputs for one CUDA kernel (at most " + std::to_string(kCudaMaxInputs) + " inputs and " +
@@ -581,7 +581,7 @@ bool CudaKernel::launch_one(const void* const* in, void* const* out, const Broad
   }
   // Kernel-parameter struct, laid out as in cuda_params_size() (a placed kernel's three fields last).
   alignas(16) unsigned char buf[kCudaParamBytes];
-  const size_t size = cuda_params_size(nin_, nout_ + (placed_ ? kPlacedParamSlots : 0));
+  const size_t size = cuda_params_size(nin_, cuda_out_slots(nout_, placed_));
   std::memset(buf, 0, size);
   unsigned char* p = buf;
   std::memcpy(p, in, 8 * nin_);
@@ -649,7 +649,7 @@ bool CudaKernel::launch_one(const void* const* in, void* const* out, const Broad
       mask = 0;  // ofx_bcast ignores it
     }
     long long fields[kPlacedParamSlots] = {place->inner, place->pitch, place->off};
-    std::memcpy(p + 24 + 8 * max_dims_ + 8 * static_cast<size_t>(max_dims_) * nin_, fields, sizeof(fields));
+    std::memcpy(buf + size - sizeof(fields), fields, sizeof(fields));  // the block's last three slots
   }
   std::memcpy(p, &n, 8);
   std::memcpy(p + 8, &mask, 8);

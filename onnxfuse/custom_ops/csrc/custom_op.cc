@@ -20,7 +20,6 @@
 #include <iterator>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -265,8 +264,8 @@ OFX_EXPORT onnxfuse_ort::OrtStatus* RegisterCustomOps(onnxfuse_ort::OrtSessionOp
   if (OrtStatus* st = api->CreateCustomOpDomain(kDomain, &domain)) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, cpu_op)) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, cuda_op)) return st;
-  if (OrtStatus* st = api->CustomOpDomain_Add(domain, fused_concat_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
-  if (OrtStatus* st = api->CustomOpDomain_Add(domain, fused_concat_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, fused_concat_cpu_op(ONNXFUSE_ORT_API_VERSION))) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, fused_concat_cuda_op(ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, attention_inputs_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, attention_inputs_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, decode_attention_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
@@ -308,8 +307,8 @@ OFX_EXPORT int onnxfuse_check_program(const char* program, char* err, size_t err
 // CUDA source for a program; variants: bit mask (1 fast-vector, 2 fast-scalar, 4 broadcast; 0 or
 // 7 = all, as compiled at run time). Returns the length needed (excluding NUL); writes up to
 // out_size-1 chars. Returns -1 for an invalid program (message in out).
-// CUDA source of a placed kernel (placed != 0: FusedConcat's segments, see cuda_source) or a plain one.
-OFX_EXPORT long onnxfuse_cuda_source_placed(const char* program, int variants, int placed, char* out, size_t out_size) {
+// CUDA source of a program's kernels (`placed` != 0: a FusedConcat segment's, see cuda_source).
+OFX_EXPORT long onnxfuse_cuda_source(const char* program, int variants, int placed, char* out, size_t out_size) {
   try {
     Program p;
     std::string e, code;
@@ -323,10 +322,6 @@ OFX_EXPORT long onnxfuse_cuda_source_placed(const char* program, int variants, i
   } catch (...) {
     return -1;
   }
-}
-
-OFX_EXPORT long onnxfuse_cuda_source(const char* program, int variants, char* out, size_t out_size) {
-  return onnxfuse_cuda_source_placed(program, variants, 0, out, out_size);
 }
 
 // Kernel-cache and compile counters as JSON (see cuda_stats_json).
@@ -425,7 +420,8 @@ OFX_EXPORT long onnxfuse_op_table(char* out, size_t out_size) {
 // ONNX Runtime. Used by tests with a mock CUDA driver (ONNXFUSE_CUDA_DRIVER) to check NVRTC
 // compilation, the kernel caches, kernel selection and the parameter block on machines without a
 // GPU. Not part of the library's interface.
-OFX_EXPORT void* onnxfuse_test_cuda_create_placed(const char* program, int device, int placed, char* err, size_t err_size) {
+// `placed` != 0: the kernels of a FusedConcat segment (launched with a placement).
+OFX_EXPORT void* onnxfuse_test_cuda_create(const char* program, int device, int placed, char* err, size_t err_size) {
   try {
     Program p;
     std::string e;
@@ -441,14 +437,10 @@ OFX_EXPORT void* onnxfuse_test_cuda_create_placed(const char* program, int devic
   }
 }
 
-OFX_EXPORT void* onnxfuse_test_cuda_create(const char* program, int device, char* err, size_t err_size) {
-  return onnxfuse_test_cuda_create_placed(program, device, 0, err, err_size);
-}
-
 // `place`: null, or inner, pitch, off, total of a placed kernel's OutputPlacement.
-OFX_EXPORT int onnxfuse_test_cuda_launch_placed(void* kernel, int nin, const int* ranks, const int64_t* dims,
-                                                const void* const* in, int nout, void* const* out, void* stream,
-                                                const int64_t* place, char* err, size_t err_size) {
+OFX_EXPORT int onnxfuse_test_cuda_launch(void* kernel, int nin, const int* ranks, const int64_t* dims,
+                                         const void* const* in, int nout, void* const* out, void* stream,
+                                         const int64_t* place, char* err, size_t err_size) {
   try {
     std::vector<std::vector<int64_t>> shapes(nin);
     for (int i = 0, off = 0; i < nin; off += ranks[i], ++i) shapes[i].assign(dims + off, dims + off + ranks[i]);
@@ -467,12 +459,6 @@ OFX_EXPORT int onnxfuse_test_cuda_launch_placed(void* kernel, int nin, const int
   } catch (...) {
     return 0;
   }
-}
-
-OFX_EXPORT int onnxfuse_test_cuda_launch(void* kernel, int nin, const int* ranks, const int64_t* dims,
-                                         const void* const* in, int nout, void* const* out, void* stream,
-                                         char* err, size_t err_size) {
-  return onnxfuse_test_cuda_launch_placed(kernel, nin, ranks, dims, in, nout, out, stream, nullptr, err, err_size);
 }
 
 OFX_EXPORT void onnxfuse_test_cuda_destroy(void* kernel) { delete static_cast<CudaKernel*>(kernel); }

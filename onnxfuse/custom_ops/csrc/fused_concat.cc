@@ -39,6 +39,8 @@ struct ConcatSegment {
   LayoutCache layouts;
 };
 
+// What a kernel of either provider holds: its node's name (make_variadic_op's messages read it), axis and
+// segments.
 struct ConcatNode {
   std::string node;
   int64_t axis = 0;
@@ -121,14 +123,10 @@ OrtStatus* prepare_concat(OrtKernelContext* ctx, ConcatNode* c, ConcatCall* call
     const std::vector<int64_t>& sk = call->io[k].layout->out_shape;
     bool fits = sk.size() == first.size();
     for (size_t d = 0; fits && d < sk.size(); ++d) fits = d == a || sk[d] == first[d];
-    if (!fits) {
-      std::string a_text, b_text;
-      for (size_t d = 0; d < sk.size(); ++d) a_text += (d ? "," : "") + std::to_string(sk[d]);
-      for (size_t d = 0; d < first.size(); ++d) b_text += (d ? "," : "") + std::to_string(first[d]);
-      return make_status(ORT_INVALID_ARGUMENT, prefix + "program_" + std::to_string(k) + "'s result [" + a_text +
-                                                   "] does not concatenate with program_0's [" + b_text + "] along axis " +
-                                                   std::to_string(a));
-    }
+    if (!fits)
+      return make_status(ORT_INVALID_ARGUMENT, prefix + "program_" + std::to_string(k) + "'s result " + shape_text(sk) +
+                                                   " does not concatenate with program_0's " + shape_text(first) +
+                                                   " along axis " + std::to_string(a));
     shape[a] += sk[a];
   }
   int64_t pitch = 1, total = 1;
@@ -157,17 +155,15 @@ OrtStatus* prepare_concat(OrtKernelContext* ctx, ConcatNode* c, ConcatCall* call
   return nullptr;
 }
 
-struct CpuConcatKernel {
+struct CpuConcatKernel : ConcatNode {
   static const char* provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
-  ConcatNode c;
-  std::string node;  // for make_variadic_op's messages
 
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
-    const size_t es = dtype_size(c.segs[0]->io.out[0]);
+    const size_t es = dtype_size(segs[0]->io.out[0]);
     ConcatCall call;
-    if (OrtStatus* st = prepare_concat(ctx, &c, &call)) return st;
-    for (size_t k = 0; k < c.segs.size(); ++k) {
-      ConcatSegment& seg = *c.segs[k];
+    if (OrtStatus* st = prepare_concat(ctx, this, &call)) return st;
+    for (size_t k = 0; k < segs.size(); ++k) {
+      ConcatSegment& seg = *segs[k];
       Io& io = call.io[k];
       const OutputPlacement& pl = call.place[k];
       const BroadcastLayout& L = *io.layout;
@@ -176,7 +172,7 @@ struct CpuConcatKernel {
       std::vector<unsigned char> buf(static_cast<size_t>(L.n) * es);
       unsigned char* out0 = static_cast<unsigned char*>(io.out[0]);
       io.out[0] = buf.data();
-      if (OrtStatus* st = run_on_cpu(ctx, *seg.eval, io.in.data(), io.out.data(), L, concat_prefix(c.node))) return st;
+      if (OrtStatus* st = run_on_cpu(ctx, *seg.eval, io.in.data(), io.out.data(), L, concat_prefix(node))) return st;
       const int64_t rows = L.n / pl.inner;
       for (int64_t r = 0; r < rows; ++r)
         std::memcpy(out0 + (r * pl.pitch + pl.off) * es, buf.data() + r * pl.inner * es, static_cast<size_t>(pl.inner) * es);
@@ -185,40 +181,36 @@ struct CpuConcatKernel {
   }
 };
 
-struct CudaConcatKernel {
+struct CudaConcatKernel : ConcatNode {
   static const char* provider(const OrtCustomOp*) { return "CUDAExecutionProvider"; }
-  ConcatNode c;
-  std::string node;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) {
     ConcatCall call;
-    if (OrtStatus* st = prepare_concat(ctx, &c, &call)) return st;
+    if (OrtStatus* st = prepare_concat(ctx, this, &call)) return st;
     void* stream = nullptr;
     if (OrtStatus* st = g_api->KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
-    for (size_t k = 0; k < c.segs.size(); ++k) {
+    for (size_t k = 0; k < segs.size(); ++k) {
       Io& io = call.io[k];
       if (io.layout->n == 0) continue;
       std::string err;
-      if (!c.segs[k]->kernel->launch(io.in.data(), io.out.data(), *io.layout, stream, &err, &call.place[k]))
-        return make_status(ORT_RUNTIME_EXCEPTION, concat_prefix(c.node) + "program_" + std::to_string(k) + ": " + err);
+      if (!segs[k]->kernel->launch(io.in.data(), io.out.data(), *io.layout, stream, &err, &call.place[k]))
+        return make_status(ORT_RUNTIME_EXCEPTION, concat_prefix(node) + "program_" + std::to_string(k) + ": " + err);
     }
     return nullptr;
   }
 };
 
 OrtStatus* init_cpu_concat(const OrtKernelInfo* info, CpuConcatKernel* k) {
-  if (OrtStatus* st = load_concat(info, &k->c, true)) return st;
-  k->node = k->c.node;
-  for (auto& seg : k->c.segs) seg->eval.reset(new CpuEvaluator(seg->prog, seg->io.in, seg->io.out));
+  if (OrtStatus* st = load_concat(info, k, true)) return st;
+  for (auto& seg : k->segs) seg->eval.reset(new CpuEvaluator(seg->prog, seg->io.in, seg->io.out));
   return nullptr;
 }
 
 OrtStatus* init_cuda_concat(const OrtKernelInfo* info, CudaConcatKernel* k) {
-  if (OrtStatus* st = load_concat(info, &k->c, false)) return st;
-  k->node = k->c.node;
-  for (size_t i = 0; i < k->c.segs.size(); ++i) {
+  if (OrtStatus* st = load_concat(info, k, false)) return st;
+  for (size_t i = 0; i < k->segs.size(); ++i) {
     std::string err;
-    ConcatSegment& seg = *k->c.segs[i];
+    ConcatSegment& seg = *k->segs[i];
     seg.kernel = CudaKernel::create(seg.prog, device_of(g_api, info), &err, true);
     if (!seg.kernel) return make_status(ORT_FAIL, concat_prefix(k->node) + "program_" + std::to_string(i) + ": " + err);
   }
@@ -258,11 +250,12 @@ OrtStatusPtr infer_concat_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
       const IoDTypes io = io_dtypes(prog, mine);
       for (size_t j = 1; j < prog.outputs.size(); ++j)
         if ((st = declare_output(ctx, out_at + j - 1, io.out[j], shape))) return st;
-      if (k == 0) {
+      if (k == 0) {  // output 0 has segment 0's shape but its own axis dim
         out0 = io.out[0];
         concat = shape;
-      } else if (concat.known && shape.known && axis >= 0 && static_cast<size_t>(axis) < concat.dims.size() &&
-                 shape.dims.size() == concat.dims.size()) {
+        if (axis < 0 || static_cast<size_t>(axis) >= concat.dims.size()) concat.known = false;
+        else if (concat.known && concat.dims[axis] < 0) concat.syms[axis] = fresh_symbol();
+      } else if (concat.known && shape.known && shape.dims.size() == concat.dims.size()) {
         int64_t& d = concat.dims[axis];
         if (d >= 0 && shape.dims[axis] >= 0) {
           d += shape.dims[axis];
@@ -273,8 +266,6 @@ OrtStatusPtr infer_concat_shapes(const OrtCustomOp*, OrtShapeInferContext* ctx) 
       } else {
         concat.known = false;
       }
-      if (k == 0 && concat.known && (axis < 0 || static_cast<size_t>(axis) >= concat.dims.size())) concat.known = false;
-      if (k == 0 && concat.known && concat.dims[axis] < 0) concat.syms[axis] = fresh_symbol();
       in_at += prog.inputs.size();
       out_at += prog.outputs.size() - 1;
     }
@@ -303,11 +294,11 @@ const OrtCustomOp* concat_op(uint32_t version) {
 
 }  // namespace
 
-const OrtCustomOp* fused_concat_cpu_op(const OrtApi*, uint32_t version) {
+const OrtCustomOp* fused_concat_cpu_op(uint32_t version) {
   return concat_op<CpuConcatKernel, init_cpu_concat>(version);
 }
 
-const OrtCustomOp* fused_concat_cuda_op(const OrtApi*, uint32_t version) {
+const OrtCustomOp* fused_concat_cuda_op(uint32_t version) {
   return concat_op<CudaConcatKernel, init_cuda_concat>(version);
 }
 

@@ -8,9 +8,9 @@
 namespace onnxfuse {
 
 // The op's CPU and CUDA registrations, built once; `version`: the OrtCustomOp version the library
-// registers with. `api` is ONNX Runtime's (elementwise_io.h's g_api, already set).
-const onnxfuse_ort::OrtCustomOp* fused_concat_cpu_op(const onnxfuse_ort::OrtApi* api, uint32_t version);
-const onnxfuse_ort::OrtCustomOp* fused_concat_cuda_op(const onnxfuse_ort::OrtApi* api, uint32_t version);
+// registers with. They call ONNX Runtime through elementwise_io.h's g_api, which must be set first.
+const onnxfuse_ort::OrtCustomOp* fused_concat_cpu_op(uint32_t version);
+const onnxfuse_ort::OrtCustomOp* fused_concat_cuda_op(uint32_t version);
 
 }  // namespace onnxfuse
 
