@@ -48,7 +48,7 @@ output of its graph that can be absorbed; an input's rank is unknown, ranks diff
 :data:`~onnxfuse.custom_ops.MAX_RANK`; the axis is out of range; an absorbed output's dtype or shape is
 unknown; the dtypes differ or one is not in the program language; a copied tensor is computed from a
 Loop/Scan/If output (ONNX Runtime may not know its rank, and hands a custom op an unknown shape as a
-scalar's: see fuse-elementwise's region analysis); a program would exceed what one CUDA kernel takes
+scalar's: ``regions.runtime_shape_unknown``, the walk fuse-elementwise's region analysis makes); a program would exceed what one CUDA kernel takes
 (:data:`MAX_PROGRAM_INPUTS` inputs, :data:`MAX_PROGRAM_OUTPUTS` outputs, and the rank within the dimensions
 one launch of its placed kernel takes, :func:`placed_kernel_dims`: 16 up to 28 inputs, 9 at 48).
 
@@ -68,11 +68,14 @@ from typing import Any
 
 import onnx_graphsurgeon as gs
 
-from onnxfuse.custom_ops import MAX_RANK
+from onnxfuse.custom_ops import (
+    CONCAT_AXIS_ATTR, CONCAT_OP_TYPE, DOMAIN, MAX_RANK, OP_TYPE, PROGRAM_ATTR, concat_program_attr,
+)
+from onnxfuse.rewrites.elementwise.regions import runtime_shape_unknown
 from onnxfuse.rewrites.engine.edit import fresh_name
 from onnxfuse.rewrites.engine.rule import Plan, Refuse, Rule, unnamed_label
 from onnxfuse.rewrites.facts.graph import (
-    constant_value, dtype_of, graphs_within, is_alive, is_graph_output, is_op, producer_of, shape_of,
+    dtype_of, graphs_within, is_alive, is_graph_output, is_op, shape_of,
 )
 from onnxfuse.rewrites.facts.scopes import Scope
 
@@ -94,23 +97,15 @@ def placed_kernel_dims(n_inputs: int, n_outputs: int) -> int:
     return max(0, min(MAX_RANK, (KERNEL_PARAM_BYTES - fixed) // (8 * (n_inputs + 1))))
 
 
-#: Ops whose output shape comes from a subgraph: ONNX Runtime's own inference may not know it.
-_CONTROL_FLOW = frozenset({"Loop", "Scan", "If"})
-#: Ops whose output rank ONNX Runtime knows whatever their data inputs' shapes (as in regions.py).
-_RANK_FIXING = frozenset({"Shape", "Size", "Range", "NonZero"})
-
-
-def _ops():
-    # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops and its expr
-    import onnxfuse.custom_ops as ops
+def _expr():
+    # start-up: the command line starts (and --help runs) without onnxfuse.custom_ops.expr
     from onnxfuse.custom_ops import expr
 
-    return ops, expr
+    return expr
 
 
 def _is_fused(node) -> bool:
-    ops, _ = _ops()
-    return node is not None and node.op == ops.OP_TYPE and node.domain == ops.DOMAIN
+    return node is not None and node.op == OP_TYPE and node.domain == DOMAIN
 
 
 def _label(node) -> str:
@@ -119,8 +114,8 @@ def _label(node) -> str:
 
 def _program(node):
     """The parsed program of the FusedElementwise ``node``, or the Refuse saying why it cannot be used."""
-    ops, expr = _ops()
-    text = node.attrs.get(ops.PROGRAM_ATTR)
+    expr = _expr()
+    text = node.attrs.get(PROGRAM_ATTR)
     if text is None:
         return Refuse(f"FusedElementwise {_label(node)} has no program", node)
     if isinstance(text, bytes):
@@ -137,7 +132,7 @@ def _program(node):
 def _with_outputs(program, outputs):
     """``program`` computing ``outputs`` (value names, a name may repeat) in that order, without the
     operations and constants none of them needs. Every input stays: each takes part in the broadcast shape."""
-    _, expr = _ops()
+    expr = _expr()
     needed = set(outputs)
     for op in reversed(program.ops):
         if op.name in needed:
@@ -148,7 +143,7 @@ def _with_outputs(program, outputs):
 
 
 def _identity_program(dtype: str):
-    _, expr = _ops()
+    expr = _expr()
     b = expr.ProgramBuilder()
     b.output(b.op("Identity", [b.input(dtype)]))
     return b.build()
@@ -185,34 +180,6 @@ def _way_back(scope: Scope, fused, concat):
     return None
 
 
-def _from_control_flow(graph, tensor, memo: dict[int, bool]) -> bool:
-    """``tensor`` is computed from a Loop/Scan/If output through ops whose output shape ONNX Runtime infers
-    from their inputs' (all but :data:`_RANK_FIXING` and a Reshape to a constant target), so ONNX Runtime
-    may not know its rank. A stack walk, ``memo`` by tensor id."""
-    stack, open_ids = [tensor], set()
-    while stack:
-        t = stack[-1]
-        if id(t) in memo:
-            stack.pop()
-            continue
-        node = producer_of(t)
-        if node is None or node.op in _CONTROL_FLOW or node.op in _RANK_FIXING or (
-                node.op == "Reshape" and len(node.inputs) > 1 and constant_value(graph, node.inputs[1]) is not None):
-            memo[id(t)] = node is not None and node.op in _CONTROL_FLOW
-            stack.pop()
-            continue
-        data = [x for x in node.inputs if not x.is_empty() and constant_value(graph, x) is None]
-        todo = [x for x in data if id(x) not in memo and id(x) not in open_ids]
-        if todo and id(t) not in open_ids:
-            open_ids.add(id(t))
-            stack.extend(todo)
-            continue
-        memo[id(t)] = any(memo.get(id(x), False) for x in data)
-        open_ids.discard(id(t))
-        stack.pop()
-    return memo[id(tensor)]
-
-
 @dataclass
 class _Segment:
     """One Concat input as a program. ``kind``: ``absorbed`` (``node``'s program, ``node`` removed),
@@ -230,7 +197,7 @@ class _Segment:
 
 def _dtype_name(graph, tensor):
     """``tensor``'s program dtype name, None when unknown, or a Refuse for a dtype the language lacks."""
-    _, expr = _ops()
+    expr = _expr()
     dt = dtype_of(graph, tensor)
     if dt is None:
         return None
@@ -242,7 +209,6 @@ def _dtype_name(graph, tensor):
 
 def _plan(graph, concat) -> dict[str, Any] | Refuse:
     """``concat``'s segments and what the new node needs, or why it is refused."""
-    ops, _ = _ops()
     inputs = list(concat.inputs)
     if len(inputs) < 2:
         return Refuse("the Concat has a single input: nothing to save")
@@ -267,8 +233,8 @@ def _plan(graph, concat) -> dict[str, Any] | Refuse:
     if len(set(ranks)) != 1:
         return Refuse(f"the inputs' ranks differ ({', '.join(str(r) for r in ranks)})")
     rank = ranks[0]
-    if rank > ops.MAX_RANK:
-        return Refuse(f"rank {rank} exceeds the library's limit of {ops.MAX_RANK}")
+    if rank > MAX_RANK:
+        return Refuse(f"rank {rank} exceeds the library's limit of {MAX_RANK}")
     axis = int(concat.attrs["axis"])
     if not -rank <= axis < rank:
         return Refuse(f"axis {axis} is out of range for rank {rank}")
@@ -278,7 +244,7 @@ def _plan(graph, concat) -> dict[str, Any] | Refuse:
     absorbed: dict[int, _Segment] = {}
     segments: list[_Segment] = []
     dtypes: list[str | None] = []
-    memo: dict[int, bool] = {}
+    memo: dict[str, bool] = {}  # runtime_shape_unknown's answers
     for t, p in zip(inputs, producers):
         fused = _is_fused(p)
         if fused and id(p) in absorbed:  # another output of an absorbed node, or the same tensor again
@@ -314,7 +280,7 @@ def _plan(graph, concat) -> dict[str, Any] | Refuse:
         name = _dtype_name(graph, t)
         if isinstance(name, Refuse):
             return name
-        if _from_control_flow(graph, t, memo):
+        if runtime_shape_unknown(t, memo):
             return Refuse(f"input {t.name!r} is computed from a Loop, Scan or If output, whose shape ONNX Runtime "
                           "may not know")
         segments.append(_Segment("copy", t, [t]))
@@ -370,24 +336,24 @@ class ConcatIntoElementwise(Rule):
         return found if isinstance(found, Refuse) else Plan(concat, (g, found))
 
     def rewrite(self, graph, plan: Plan):
-        ops, expr = _ops()
+        expr = _expr()
         concat, (g, found) = plan.anchor, plan.found
         segments: list[_Segment] = found["segments"]
         out = concat.outputs[0]
         taken = {n.name for sub in graphs_within(graph) for n in sub.nodes if n.name}
-        name = fresh_name(taken, f"{concat.name or out.name}/{ops.CONCAT_OP_TYPE}")
+        name = fresh_name(taken, f"{concat.name or out.name}/{CONCAT_OP_TYPE}")
         if out.dtype is None:
             out.dtype = expr.numpy_dtype(found["dtype"])
-        attrs: dict[str, Any] = {ops.CONCAT_AXIS_ATTR: found["axis"]}
+        attrs: dict[str, Any] = {CONCAT_AXIS_ATTR: found["axis"]}
         for k, seg in enumerate(segments):
-            attrs[ops.concat_program_attr(k)] = expr.print_program(seg.program)
+            attrs[concat_program_attr(k)] = expr.print_program(seg.program)
         inputs = [t for seg in segments for t in seg.inputs]
         outputs = [out] + [t for seg in segments for t in seg.extras]
         absorbed = [seg.node for seg in segments if seg.kind == "absorbed"]
         for node in [concat, *absorbed]:
             node.inputs.clear()
             node.outputs.clear()
-        new = gs.Node(op=ops.CONCAT_OP_TYPE, name=name, domain=ops.DOMAIN, attrs=attrs, inputs=inputs,
+        new = gs.Node(op=CONCAT_OP_TYPE, name=name, domain=DOMAIN, attrs=attrs, inputs=inputs,
                       outputs=outputs)
         g.nodes.insert(next(i for i, n in enumerate(g.nodes) if n is concat) + 1, new)
         # The new node writes the absorbed nodes' other outputs where the Concat was: a reader of them

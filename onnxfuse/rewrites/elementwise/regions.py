@@ -331,12 +331,12 @@ def lower_node(node, graph, dtype_of) -> Lowering:
 
 _CANDIDATES = None
 
-#: Ops whose outputs' shapes come from a subgraph (see RegionAnalysis._runtime_shape_unknown).
+#: Ops whose outputs' shapes come from a subgraph (see runtime_shape_unknown).
 _CONTROL_FLOW = frozenset({"Loop", "Scan", "If"})
 
 #: Ops whose output rank ONNX's inference knows whatever its data inputs' shapes (Shape: 1, Size: 0,
 #: Range: 1, NonZero: 2; Reshape when its target is a constant: the target's length): an unknown shape
-#: upstream of them does not reach their consumers (RegionAnalysis._runtime_shape_unknown).
+#: upstream of them does not reach their consumers (runtime_shape_unknown).
 _RANK_FIXING = frozenset({"Shape", "Size", "Range", "NonZero"})
 
 
@@ -347,6 +347,39 @@ def _fixes_rank(node) -> bool:
     if node.op in _RANK_FIXING:
         return True
     return node.op == "Reshape" and len(node.inputs) > 1 and const_value(node.inputs[1])[1]
+
+
+def runtime_shape_unknown(t, memo: dict[str, bool]) -> bool:
+    """``t`` comes from a Loop, Scan or If output through ops whose output shape ONNX Runtime infers
+    from their inputs' shapes (every op but :data:`_RANK_FIXING` and a Reshape to a constant target):
+    ONNX's inference may know its shape from the subgraph, or a graph output's declaration may state
+    it, while ONNX Runtime's inference leaves it unknown, which a custom op is told as rank 0.
+    Through reductions and MatMuls too: fuzz seed 342992's Loop output went through ReduceMean and
+    MatMul (a graph output declared rank 4) into a fused Sigmoid, declared a scalar, and the Conv after
+    it made the model unloadable. Walked with a stack, not recursion (a residual stream of Adds runs
+    through a whole network). ``memo``: the answers so far by tensor name, shared by the calls of one
+    region analysis (or one rule's plan)."""
+    stack, open_names = [t], set()
+    while stack:
+        cur = stack[-1]
+        if cur.name in memo:
+            stack.pop()
+            continue
+        source = cur.inputs[0] if cur.inputs else None
+        if source is None or source.op in _CONTROL_FLOW or _fixes_rank(source):
+            memo[cur.name] = source is not None and source.op in _CONTROL_FLOW
+            stack.pop()
+            continue
+        data = [x for x in source.inputs if x.name and not const_value(x)[1]]
+        pending = [x for x in data if x.name not in memo and x.name not in open_names]
+        if pending and cur.name not in open_names:
+            open_names.add(cur.name)
+            stack.extend(pending)
+            continue
+        memo[cur.name] = any(memo.get(x.name, False) for x in data)
+        open_names.discard(cur.name)
+        stack.pop()
+    return memo[t.name]
 
 
 def candidate_ops() -> frozenset:
@@ -471,36 +504,8 @@ class RegionAnalysis:
         return onnx.TensorProto.DataType.Name(elem).lower()
 
     def _runtime_shape_unknown(self, t) -> bool:
-        """``t`` comes from a Loop, Scan or If output through ops whose output shape ONNX Runtime infers
-        from their inputs' shapes (every op but :data:`_RANK_FIXING` and a Reshape to a constant target):
-        ONNX's inference may know its shape from the subgraph, or a graph output's declaration may state
-        it, while ONNX Runtime's inference leaves it unknown, which a custom op is told as rank 0.
-        Through reductions and MatMuls too: fuzz seed 342992's Loop output went through ReduceMean and
-        MatMul (a graph output declared rank 4) into a fused Sigmoid, declared a scalar, and the Conv after
-        it made the model unloadable. Memoized per tensor name; walked with a stack, not recursion (a
-        residual stream of Adds runs through a whole network)."""
-        memo = self.runtime_unknown
-        stack, open_names = [t], set()
-        while stack:
-            cur = stack[-1]
-            if cur.name in memo:
-                stack.pop()
-                continue
-            source = cur.inputs[0] if cur.inputs else None
-            if source is None or source.op in _CONTROL_FLOW or _fixes_rank(source):
-                memo[cur.name] = source is not None and source.op in _CONTROL_FLOW
-                stack.pop()
-                continue
-            data = [x for x in source.inputs if x.name and not const_value(x)[1]]
-            pending = [x for x in data if x.name not in memo and x.name not in open_names]
-            if pending and cur.name not in open_names:
-                open_names.add(cur.name)
-                stack.extend(pending)
-                continue
-            memo[cur.name] = any(memo.get(x.name, False) for x in data)
-            open_names.discard(cur.name)
-            stack.pop()
-        return memo[t.name]
+        """:func:`runtime_shape_unknown`, memoized for this analysis."""
+        return runtime_shape_unknown(t, self.runtime_unknown)
 
     def shape_of(self, t):
         if t.name in self.shapes:
