@@ -48,8 +48,8 @@ output of its graph that can be absorbed; an input's rank is unknown, ranks diff
 :data:`~onnxfuse.custom_ops.MAX_RANK`; the axis is out of range; an absorbed output's dtype or shape is
 unknown; the dtypes differ or one is not in the program language; a copied tensor is computed from a
 Loop/Scan/If output (ONNX Runtime may not know its rank, and hands a custom op an unknown shape as a
-scalar's: ``regions.runtime_shape_unknown``, the walk fuse-elementwise's region analysis makes); a program would exceed what one CUDA kernel takes
-(:data:`MAX_PROGRAM_INPUTS` inputs, :data:`MAX_PROGRAM_OUTPUTS` outputs, and the rank within the dimensions
+scalar's: ``regions.runtime_shape_unknown``, the walk fuse-elementwise's region analysis makes); a
+program would exceed what one CUDA kernel takes (:data:`MAX_PROGRAM_INPUTS` inputs, :data:`MAX_PROGRAM_OUTPUTS` outputs, and the rank within the dimensions
 one launch of its placed kernel takes, :func:`placed_kernel_dims`: 16 up to 28 inputs, 9 at 48).
 
 Exact: every segment computes what the FusedElementwise node computed (the same program, its outputs in
