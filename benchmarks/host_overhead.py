@@ -95,16 +95,17 @@ def main() -> int:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--hogs", default=None, help="comma list: time beside N CPU-spinning processes (0: alone)")
     args = ap.parse_args()
+    plain, fusedm = chain(args.nodes, False), chain(args.nodes, True)
     if args.hogs is None:
-        native, _ = per_node_us(chain(args.nodes, False), False, args.device, args.nodes)
-        fused, _ = per_node_us(chain(args.nodes, True), True, args.device, args.nodes)
+        native, _ = per_node_us(plain, False, args.device, args.nodes)
+        fused, _ = per_node_us(fusedm, True, args.device, args.nodes)
         print(f"{args.device}: native Neg {native:.3f} us/node, FusedElementwise {fused:.3f} us/node "
               f"(+{fused - native:.3f} us), onnxruntime {ort.__version__}")
         return 0
     for hogs in [int(h) for h in args.hogs.split(",")]:
         with spinning(hogs):
-            native = per_node_us(chain(args.nodes, False), False, args.device, args.nodes, reps=60)
-            fused = per_node_us(chain(args.nodes, True), True, args.device, args.nodes, reps=60)
+            native = per_node_us(plain, False, args.device, args.nodes, reps=60)
+            fused = per_node_us(fusedm, True, args.device, args.nodes, reps=60)
         print(f"{args.device}, {hogs} spinning: native Neg {native[1]:.3f} us/node median ({native[0]:.3f} best), "
               f"FusedElementwise {fused[1]:.3f} ({fused[0]:.3f}), onnxruntime {ort.__version__}", flush=True)
     return 0
