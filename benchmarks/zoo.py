@@ -938,16 +938,16 @@ def run_model(name: str, args, part: Path) -> None:
             # then, 5.48)
             # (promised inputs, cell variant, optimize label and info key, log suffix, precision); --bf16 adds
             # `optimize --precision bf16` (bfloat16 compute, float32 I/O), timed beside the float16 cells
-            runs = [((), "precision", "precision-fp16", "", "fp16")] if args.precision_cells else []
-            if args.precision_cells and args.right_padded and "attention_mask" in spec.input_names:
+            runs = [((), "precision", "precision-fp16", "", "fp16")]
+            if args.right_padded and "attention_mask" in spec.input_names:
                 runs.append((["attention_mask"], "precision-right-padded", "precision-fp16-right-padded",
                              " --right-padded attention_mask", "fp16"))
-            if args.bf16 and args.precision_cells:
+            if args.bf16:
                 runs.append(((), "precision-bf16", "precision-bf16", "", "bf16"))
                 if args.right_padded and "attention_mask" in spec.input_names:  # (1 - m)·c masks fuse only so
                     runs.append((["attention_mask"], "precision-bf16-right-padded", "precision-bf16-right-padded",
                                  " --right-padded attention_mask", "bf16"))
-            for right_padded, variant, label, flag, precision in runs:
+            for right_padded, variant, label, flag, precision in runs if args.precision_cells else []:
                 key = "optimize_" + label.replace("-", "_")
                 try:
                     converted, info_p = optimize(original, label, precision=precision, right_padded=right_padded)

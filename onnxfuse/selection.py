@@ -14,10 +14,10 @@ agree, so one lucky or unlucky burst does not decide). Then each rung of :data:`
 applied is tried in order, cumulatively leaving out more rules: the kernels whose speed depends on the
 GPU and shapes first (the channels-last layout, which chose cuDNN's NHWC convolutions; the
 AttentionInputs kernel of a KV-cache decoder, whose float32 and bfloat16 speed was not measured; the
-fused attention ops, which chose ONNX Runtime's attention kernels), then
-FusedConcat (its placed kernels store through a division per element or row, measured only on the
-YOLO-style detector, docs/benchmarks.md 5.65), then FusedElementwise (the generated kernels), and last every rule (the graph as loaded, after repairs and
-any precision conversion). Each candidate is rewritten, validated like the first model and timed against
+fused attention ops, which chose ONNX Runtime's attention kernels), then FusedConcat (its placed kernels
+store through a division per element or row, measured only on the YOLO-style detector,
+docs/benchmarks.md 5.65), then FusedElementwise (the generated kernels), and last every rule (the graph
+as loaded, after repairs and any precision conversion). Each candidate is rewritten, validated like the first model and timed against
 the original again (interleaved, same inputs); the first that is not slower is kept. The original graph
 is not slower than itself by definition, so the ladder always ends. What was measured and what was
 kept go in the report (``selection``) and in one note.
