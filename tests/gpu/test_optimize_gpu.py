@@ -58,8 +58,40 @@ def test_optimize_validates_and_times_on_cuda(name, tmp_path):
     ops = [n.op_type for n in onnx.load(out).graph.node]
     assert "BatchNormalization" not in ops
     if name in ATTENTION:
+        # The default output times fused attention against its absence (a measured choice for float32
+        # transformers): on a 4x32 input either may win, so the structure must match the report's decision.
         op, count = ATTENTION[name]
-        assert ops.count(op) == count and "Softmax" not in ops, ops
+        taken_away = [t for t in data["result"].get("measured", [])
+                      if t["rule"] == "contrib-attention" and t["change"] == "remove" and t["kept"]]
+        ladder = data["result"].get("selection") or {}
+        kept_rung = [r for r in ladder.get("tried", []) if r["candidate"] == ladder.get("kept")]
+        if taken_away:
+            assert taken_away[0]["speedup"] > taken_away[0]["without_speedup"], taken_away
+            assert op not in ops and "Softmax" in ops, ops
+        elif kept_rung and "contrib-attention" in kept_rung[0]["skipped_rules"]:  # the never-slower fallback
+            assert kept_rung[0]["slowdown"] is not None and op not in ops, (ladder, ops)
+        else:
+            assert ops.count(op) == count and "Softmax" not in ops, ops
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION))
+def test_static_attention_fusion_validates_on_cuda(name, tmp_path):
+    """With no timing decisions (``--tune off --allow-slower``) every attention block is fused, whatever
+    the GPU measures, and the fused model validates on the CUDA kernels."""
+    src = TESTDATA / name
+    if not src.exists():
+        pytest.skip(f"{name} not in testdata")
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    args = ["optimize", str(src), str(out), "--json", str(report), "--tune", "off", "--allow-slower"]
+    for s in MODELS[name]:
+        args += ["--shape", s]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output + result.stderr
+    data = json.loads(report.read_text())
+    assert data["result"]["validation"]["provider"] == "cuda" and data["result"]["validation"]["passed"] is True
+    op, count = ATTENTION[name]
+    ops = [n.op_type for n in onnx.load(out).graph.node]
+    assert ops.count(op) == count and "Softmax" not in ops, ops
 
 
 def test_noise_floor_on_cuda_includes_cpu_against_cuda():
