@@ -256,6 +256,85 @@ def _yolo_module():
     return Detector()
 
 
+def _yolo_decode_module(image: int = 640, nc: int = 80, reg: int = 16):
+    """The detector above with the decoding an exported YOLOv8 carries (ultralytics' ``Detect`` in
+    export mode): the distribution focal loss (a softmax over ``reg`` bins per box side, read out by a
+    1x1 Conv holding 0..reg-1), distances to boxes around the anchor points, scaled by each level's
+    stride, and the class sigmoid, concatenated to [B, 4 + nc, anchors]: the shape of a real detector's
+    export, its head's Split, Softmax, Conv and elementwise tail included."""
+    import torch
+    from torch import nn
+
+    body = _yolo_module()
+    points, strides = [], []
+    for stride in (8, 16, 32):
+        size = image // stride
+        ys, xs = torch.meshgrid(torch.arange(size) + 0.5, torch.arange(size) + 0.5, indexing="ij")
+        points.append(torch.stack((xs, ys), -1).reshape(-1, 2))
+        strides.append(torch.full((size * size, 1), float(stride)))
+
+    class Decoded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = body
+            self.dfl = nn.Conv2d(reg, 1, 1, bias=False).requires_grad_(False)
+            self.dfl.weight.data[:] = torch.arange(reg, dtype=torch.float).view(1, reg, 1, 1)
+            self.register_buffer("anchors", torch.cat(points).transpose(0, 1).unsqueeze(0))
+            self.register_buffer("strides", torch.cat(strides).transpose(0, 1))
+
+        def forward(self, x):
+            y = self.body(x)
+            box, cls = y.split((4 * reg, nc), 1)
+            b, _, a = box.shape
+            dist = self.dfl(box.view(b, 4, reg, a).transpose(2, 1).softmax(1)).view(b, 4, a)
+            lt, rb = dist.chunk(2, 1)
+            x1y1, x2y2 = self.anchors - lt, self.anchors + rb
+            xywh = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
+            return torch.cat((xywh, cls.sigmoid()), 1)
+
+    return Decoded()
+
+
+def _dbnet_module():
+    """A DB text detector (PaddleOCR's PP-OCR det: MobileNetV3 backbone, FPN, DB head), random weights:
+    the OCR detector issue 34 names. torchvision's MobileNetV3-Large features at strides 4, 8, 16 and 32;
+    each 1x1 to 256 channels, top-down nearest upsampling and adds, a 3x3 to 64 channels per level,
+    upsampled to stride 4 and concatenated; the head a 3x3 Conv-BN-ReLU, two 2x2 ConvTransposes (the
+    first with BN-ReLU) and a sigmoid: the probability map at the input's size."""
+    import torch
+    import torchvision
+    from torch import nn
+
+    class DBNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            features = torchvision.models.mobilenet_v3_large(weights=None).features
+            self.stages = nn.ModuleList([features[:4], features[4:7], features[7:13], features[13:]])
+            self.ins = nn.ModuleList(nn.Conv2d(c, 256, 1, bias=False) for c in (24, 40, 112, 960))
+            self.outs = nn.ModuleList(nn.Conv2d(256, 64, 3, padding=1, bias=False) for _ in range(4))
+            self.head = nn.Sequential(
+                nn.Conv2d(256, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                nn.ConvTranspose2d(64, 64, 2, 2), nn.BatchNorm2d(64), nn.ReLU(),
+                nn.ConvTranspose2d(64, 1, 2, 2), nn.Sigmoid())
+
+        def forward(self, x):
+            feats = []
+            for stage in self.stages:
+                x = stage(x)
+                feats.append(x)
+            c2, c3, c4, c5 = (conv(f) for conv, f in zip(self.ins, feats))
+            up = nn.functional.interpolate
+            p4 = c4 + up(c5, scale_factor=2.0, mode="nearest")
+            p3 = c3 + up(p4, scale_factor=2.0, mode="nearest")
+            p2 = c2 + up(p3, scale_factor=2.0, mode="nearest")
+            maps = [conv(p) for conv, p in zip(self.outs, (p2, p3, p4, c5))]
+            fused = torch.cat([maps[0]] + [up(m, scale_factor=float(2 ** i), mode="nearest")
+                                           for i, m in enumerate(maps[1:], 1)], 1)
+            return self.head(fused)
+
+    return DBNet()
+
+
 class Spec:
     """How to build, export and feed one model."""
 
@@ -396,6 +475,8 @@ SPECS = {s.name: s for s in [
     Spec("efficientnet_b0", _torchvision("efficientnet_b0"), ["input"], image=224),
     Spec("convnext_tiny", _torchvision("convnext_tiny"), ["input"], image=224),
     Spec("yolo_silu", _yolo_module, ["images"], image=640),
+    Spec("yolo_decode", _yolo_decode_module, ["images"], image=640),
+    Spec("dbnet_mbv3", _dbnet_module, ["x"], image=640),
     Spec("bert_base", _bert, ["input_ids", "attention_mask"], seq=BERT_SEQ, transformer=("bert", 12, 768)),
     Spec("vit_b_16", _torchvision("vit_b_16"), ["input"], image=224, transformer=("vit", 12, 768)),
     Spec("gpt2_small", _gpt2, ["input_ids", "attention_mask"], seq=BERT_SEQ, transformer=("gpt2", 12, 768)),

@@ -15,6 +15,9 @@ exporter folds BatchNorm into Conv), with a dynamic batch dimension named ``batc
   squeeze-excite and residual adds.
 * ``yolo_conv_bn_silu_opset13.onnx``: a YOLO-style backbone/neck: Conv-BN-SiLU (``nn.SiLU`` exports
   as ``Sigmoid`` + ``Mul`` at opset 13), C2f-like split/concat bottlenecks, an upsample path.
+* ``yolo_decode_head_opset13.onnx``: two detection levels and a YOLOv8 export's box decoding
+  (distribution softmax read by a fixed 1x1 Conv, ``chunk``, anchors, strides, class sigmoid), whose
+  dynamic batch makes the head read its sizes from ``Shape``.
 * ``convnext_blocks_opset13.onnx``: ConvNeXt blocks: depthwise 7x7 conv, channels-last LayerNorm
   (decomposed at opset 13: ReduceMean, Sub, Pow, Add, Sqrt, Div, Mul, Add), Linear, exact GELU
   (decomposed: Div, Erf, Add, Mul, Mul), Linear, layer-scale Mul and the residual Add.
@@ -166,6 +169,44 @@ class YoloNet(nn.Module):
         return self.head(y)
 
 
+class YoloDecodeHead(nn.Module):
+    """Two detection levels and the decoding an exported YOLOv8 carries (ultralytics' ``Detect`` in
+    export mode), small: each level's head flattened to [N, 4 * reg + nc, anchors] and concatenated,
+    the box part read as a softmax over ``reg`` bins per side by a fixed 1x1 Conv (0..reg-1), split
+    into left-top and right-bottom distances (``chunk``), turned into centre and size around constant
+    anchor points, scaled by each level's stride, concatenated with the class sigmoid. Exported with a
+    dynamic batch, the head reads its sizes from ``Shape`` (``view(b, 4, reg, a)``, ``chunk``)."""
+
+    def __init__(self, reg=4, nc=3, image=64):
+        super().__init__()
+        self.reg, self.nc = reg, nc
+        self.b0, self.b1, self.b2 = YConv(3, 8, 3, 2), YConv(8, 16, 3, 2), YConv(16, 16, 3, 2)
+        self.b3 = YConv(16, 16, 3, 2)
+        self.heads = nn.ModuleList(nn.Sequential(YConv(16, 16, 3), nn.Conv2d(16, 4 * reg + nc, 1)) for _ in range(2))
+        self.dfl = nn.Conv2d(reg, 1, 1, bias=False).requires_grad_(False)
+        self.dfl.weight.data[:] = torch.arange(reg, dtype=torch.float).view(1, reg, 1, 1)
+        points, strides = [], []
+        for stride in (8, 16):
+            size = image // stride
+            ys, xs = torch.meshgrid(torch.arange(size) + 0.5, torch.arange(size) + 0.5, indexing="ij")
+            points.append(torch.stack((xs, ys), -1).reshape(-1, 2))
+            strides.append(torch.full((size * size, 1), float(stride)))
+        self.register_buffer("anchors", torch.cat(points).transpose(0, 1).unsqueeze(0))
+        self.register_buffer("strides", torch.cat(strides).transpose(0, 1))
+
+    def forward(self, x):
+        p3 = self.b2(self.b1(self.b0(x)))
+        p4 = self.b3(p3)
+        y = torch.cat([h(f).flatten(2) for h, f in zip(self.heads, (p3, p4))], 2)
+        box, cls = y.split((4 * self.reg, self.nc), 1)
+        b, _, a = box.shape
+        dist = self.dfl(box.view(b, 4, self.reg, a).transpose(2, 1).softmax(1)).view(b, 4, a)
+        lt, rb = dist.chunk(2, 1)
+        x1y1, x2y2 = self.anchors - lt, self.anchors + rb
+        xywh = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
+        return torch.cat((xywh, cls.sigmoid()), 1)
+
+
 # ---- ConvNeXt -----------------------------------------------------------------------------------
 
 
@@ -250,6 +291,7 @@ MODELS = {
     "yolo_conv_bn_silu_opset13": (YoloNet, (1, 3, 64, 64)),
     "convnext_blocks_opset13": (ConvNeXtBlocks, (1, 3, 32, 32)),
     "vit_blocks_opset14": (ViTBlocks, (1, 3, 32, 32)),
+    "yolo_decode_head_opset13": (YoloDecodeHead, (1, 3, 64, 64)),
 }
 
 

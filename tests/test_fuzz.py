@@ -112,6 +112,36 @@ def test_a_float16_graph_that_amplifies_rounding_is_judged_against_its_float32_t
     assert not _no_farther_from_float32(model, feeds, 0, ref, moved)
 
 
+@pytest.mark.parametrize("seed", [581108, 581359])
+def test_a_comparison_a_rounding_from_its_threshold_is_not_a_wrong_result(seed):
+    """Seeds 581108 and 581359: a Greater of a float output with 0 flips where the value sits within a
+    rounding of 0 (ONNX Runtime's CPU Erf gives 6e-8 for erf(0), FusedElementwise 0; a float16 chain
+    rounded once instead of twice). The oracle judges such a flip by the operands' distance."""
+    assert check_seed(seed, "cuda") == ("ok", "cuda")
+
+
+def test_the_threshold_oracle_still_fails_a_flip_far_from_the_threshold():
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from fuzz_graphs import _flips_at_threshold
+
+    graph = helper.make_graph(
+        [helper.make_node("Greater", ["x", "zero"], ["gt"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("gt", TensorProto.BOOL, [4])],
+        [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"x": np.array([1e-6, 0.5, -0.3, -1e-7], np.float32)}
+    ref = feeds["x"] > 0
+    near = ref.copy()
+    near[[0, 3]] = ~near[[0, 3]]  # both within 2e-4 of 0
+    assert _flips_at_threshold(model, feeds, 0, ref, near, half=False)
+    far = ref.copy()
+    far[1] = ~far[1]  # 0.5 is not a rounding from 0
+    assert not _flips_at_threshold(model, feeds, 0, ref, far, half=False)
+
+
 @pytest.mark.parametrize("seed", range(500000, 500060, 4))
 def test_precision_fp16_of_a_random_graph_validates_or_refuses_and_stays_within_float16(seed):
     """``optimize --precision fp16`` with validation on, as a user runs it (``tools/fuzz_optimize.py

@@ -42,6 +42,7 @@ STR_CHECKS_NOT_ABOUT_REFUSALS = {
     ("facts/graph.py", "dims_equal"): "dim_param names",
     ("contrib/contrib_kv_cache_attention.py", "_sequence_lengths"): "dim_param names",
     ("facts/proven_dims.py", "_Pass.dim"): "dim_param names",
+    ("facts/shape_values.py", "_partly_known_shape"): "dim_param names",
     ("contrib/contrib_rotary_embedding.py", "_run_time_batch"): "dim_param names",
     ("facts/proven_dims.py", "_Pass.run"): "dim_param names",
     ("facts/proven_dims.py", "_Pass.sizes"): "dim_param names",

@@ -8,7 +8,11 @@
   the list runs again (at most :data:`MAX_ROUNDS` rounds) from the first rule that refused something
   before a later rule changed the graph; rules that saw no change since their last run are skipped.
 * After a rule that ``makes_shapes_inferable`` changed the graph, shapes are inferred again
-  (:mod:`onnxfuse.rewrites.facts.shapes`).
+  (:mod:`onnxfuse.rewrites.facts.shapes`), and a whole-graph pass before it that has work again runs
+  again at once, before the rules after it: fold-constants reads the new shapes from an ONNX model
+  and ONNX's inference stops at the custom ops the fusions write (a YOLOv8 head's dynamic-batch
+  ``Shape → Gather`` reads became static only after ``constant-reshape-target``, and folded only if
+  fold-constants ran again before ``fuse-elementwise``).
 * A candidate whose anchor an earlier match of the same pass rewrote (disconnected) is skipped, not
   refused: it is no candidate any more, and every rule would otherwise repeat that check.
 * Refusals are reported once per (rule, node name, reason).
@@ -47,7 +51,8 @@ def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
     seen_at: dict[str, int] = {}
     for _ in range(MAX_ROUNDS):
         applied, refused = [], set()
-        for rule in tail:
+        restart = None
+        for i, rule in enumerate(tail):
             if seen_at.get(rule.name) == changes:  # nothing changed since this rule last ran
                 applied.append(0)
                 continue
@@ -62,6 +67,16 @@ def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
             applied.append(n)
             if had_refusals:
                 refused.add(rule.name)
+            if n and getattr(rule, "makes_shapes_inferable", False):
+                restart = next((k for k, earlier in enumerate(tail[:i])
+                                if isinstance(earlier, GraphPass) and earlier.pending(graph)), None)
+                if restart is not None:
+                    break
+        if restart is not None:  # a whole-graph pass has work again before the fusions after this rule
+            run.passes_run.discard(tail[restart].name)
+            seen_at.pop(tail[restart].name, None)
+            tail = tail[restart:]
+            continue
         # A rule that refused a candidate may accept it once a later rule has rewritten its
         # surroundings (a Transpose absorbed into a FusedMatMul exposes the scale before it): run again
         # from the first such rule, so that a second optimize finds nothing (idempotence). Rules that

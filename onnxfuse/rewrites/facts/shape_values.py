@@ -143,6 +143,25 @@ def _read_dims(graph, tensor, sums: bool) -> list | None:
     return out
 
 
+def _partly_known_shape(tensor, depth: int) -> list | None:
+    """What ``Shape`` (start/end) computes in ``tensor`` when its input's rank is known but not every
+    dimension: the known ones (:func:`_known`), None in place of the others. Only ``Gather`` reads it,
+    and only where every index it picks is known: a YOLOv8 head exported with a dynamic batch reads
+    its anchor count ``Shape(x)[2]`` (static, 8400) beside the batch (named ``unk__N`` by ONNX's
+    inference once a Reshape lost the input's name), and the static one makes its Reshape target
+    constant."""
+    node = producer_of(tensor)
+    if node is None or depth <= 0 or not is_op(node, "Shape"):
+        return None
+    shape = getattr(node.inputs[0], "shape", None)
+    if shape is None:
+        return None
+    dims = [(int(d) if isinstance(d, (int, np.integer)) else d) if _known(d) else None for d in shape]
+    dims = [SourcedDim(d, node.inputs[0], axis) if isinstance(d, str) else d for axis, d in enumerate(dims)]
+    start, end = node.attrs.get("start"), node.attrs.get("end")
+    return dims[slice(None if start is None else int(start), None if end is None else int(end))]
+
+
 def shape_value(graph, tensor, depth: int = 16, _seen: dict | None = None, sums: bool = False) -> list | None:
     """The 0-D or 1-D integer (or bool, from Equal) ``tensor`` as a list of values, or None.
 
@@ -186,10 +205,12 @@ def _evaluate(graph, tensor, depth: int, seen: dict, sums: bool = False) -> list
         return arg(0) if int(node.attrs.get("to", 0)) in (6, 7) else None
     if is_op(node, "Gather"):
         values, idx = arg(0), constant_value(graph, node.inputs[1])
+        if values is None:
+            values = _partly_known_shape(node.inputs[0], depth - 1)
         if values is None or idx is None or int(node.attrs.get("axis", 0)) != 0 or idx.ndim > 1:
             return None
         picked = [int(i) for i in idx.reshape(-1)]
-        if any(not -len(values) <= i < len(values) for i in picked):
+        if any(not -len(values) <= i < len(values) or values[i] is None for i in picked):
             return None
         return [values[i] for i in picked]
     if is_op(node, "Slice"):

@@ -25,6 +25,8 @@ computed values (or a target a Shape chain computes whole, one part), the target
   ``Shape(idx)`` of transformers 5's mask index grid, [batch, 1, 1, 128]) contributes its static sizes
   as constants (the values the original computes, so the same meaning) and its names as copies when x
   has that name at the same position, else as computed entries;
+* a one-element computed part whose value the Shape chain determines as a static size (``Gather(Shape(y),
+  2)`` where y's dimension 2 is 8400, the rest of y's shape dynamic) becomes that size;
 * then, if exactly one computed part is left and no constant is ``-1``, it becomes ``-1`` ("infer").
 
 Exactness: ``0`` reproduces the copied value by definition. ``-1`` is inferred as the element count of
@@ -156,6 +158,12 @@ class ConstantReshapeTarget(Rule):
                 entries.extend(["copy"] * len(dims[1]))
                 continue
             n = _num_elements(graph, part)
+            if n == 1:
+                value = shape_value(graph, part)  # a static size read from a Shape: that size
+                if value is not None and isinstance(value[0], int) and not isinstance(value[0], bool) \
+                        and value[0] > 0:
+                    entries.append(value[0])
+                    continue
             if n != 1:
                 values = shape_value(graph, part)
                 if values is None or any(isinstance(v, bool) for v in values):

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.edit import replace_reads
+from onnxfuse.rewrites.engine.edit import NameAllocator, replace_reads, to_identity
 from onnxfuse.rewrites.engine.rule import GraphPass
-from onnxfuse.rewrites.facts.graph import BF16, dtype_of, graphs_within, is_default_domain
+from onnxfuse.rewrites.facts.graph import BF16, constant_value, dtype_of, graphs_within, is_default_domain
 from onnxfuse.rewrites.facts.inference import inferred_and_proven
 from onnxfuse.rewrites.facts.shape_values import shape_value
 from onnxfuse.rewrites.facts.shapes import weights_as_inputs
@@ -169,6 +169,8 @@ def _install(graph: gs.Graph, new: gs.Graph) -> None:
 
 #: Where a graph keeps the nodes fold-constants left after its last run (``pending`` looks past them).
 _LEFT = "onnxfuse_fold_constants_left"
+#: Where a graph keeps the nodes that read static sizes at fold-constants' last run (and were left).
+_STATIC_LEFT = "onnxfuse_fold_constants_static_left"
 
 
 def _result_bytes(node) -> int:
@@ -200,6 +202,37 @@ def _reads_static_dims(graph, node) -> bool:
     return bool(values) and all(isinstance(v, (int, np.integer)) for v in values)
 
 
+def _static_size_reads_to_constants(graph, candidates: set[int]) -> int:
+    """Each ``Slice`` or ``Gather`` of a ``Shape`` chain among ``candidates`` (node ids) that reads
+    static sizes only (:func:`_reads_static_dims`) becomes an ``Identity`` of those sizes, for the
+    evaluation after it to fold. The shapes it reads are the graph's own facts, which the ONNX model
+    that evaluation infers again without its value_info can lack: a YOLOv8 head's ``Shape(view(b, 4,
+    a))[1]`` is 4 by the graph's facts and unknown to the plain inference, and stayed computed. Exact: a
+    static dimension is the value ``Shape`` gives at run time.
+
+    ``candidates`` are the reads this pass left at its last run that read static sizes only since: the
+    shapes they read then come from onnxfuse's own inference (:func:`~onnxfuse.rewrites.facts.inference.
+    reinferred_and_proven`, value_info dropped), never from an exporter's annotation, which can be
+    stale (traced at batch 1, it would freeze a dynamic batch to 1: test_fold_constants'
+    stale-value_info test)."""
+    changed = 0
+    for node in list(graph.nodes):
+        if id(node) not in candidates or not _reads_static_dims(graph, node):
+            continue
+        out = node.outputs[0]
+        values = np.asarray(shape_value(graph, out), dtype=np.int64)
+        if node.op == "Gather":  # a Gather of a 1-D shape has its index's rank: a scalar index gives a scalar
+            index = constant_value(graph, node.inputs[1])
+            if index is None or index.ndim > 1:
+                continue
+            values = values.reshape(index.shape)
+        # not new_constant: np.ascontiguousarray makes a scalar 1-D (an Unsqueeze after it then gave
+        # a Qwen2 decoder's Concat of sizes a rank-2 part)
+        to_identity(node, gs.Constant(NameAllocator(graph)(f"{out.name}/static"), values))
+        changed += 1
+    return changed
+
+
 class FoldConstants(GraphPass):
     """Evaluate every subgraph whose inputs are constant or static sizes, once, at optimization time.
 
@@ -214,9 +247,17 @@ class FoldConstants(GraphPass):
         """A node of the ONNX domain whose inputs are all constants and whose result (estimated: an
         Expand's broadcast shape, else its largest input) stays within :data:`SIZE_LIMIT`: what a
         later rule can leave (contrib-attention expanding a constant mask to a static shape) and a
-        second optimize would fold (issue 29: 6.5% of random attention graphs were not idempotent)."""
+        second optimize would fold (issue 29: 6.5% of random attention graphs were not idempotent).
+        Also a size read (``Shape → Gather``) this pass left that reads static sizes now: a later rule
+        made the shape inferable (``constant-reshape-target``): a YOLOv8-style head exported with a
+        dynamic batch reads its box distances' sizes from ``Shape`` of a Reshape whose computed target
+        only that rule makes constant, and the ``chunk`` Slices reading them kept an unknown rank, so the
+        box decoding after them stayed unfused."""
         left = {id(n) for n in graph.__dict__.get(_LEFT, ())}  # this pass already saw them and kept them
+        static_left = graph.__dict__.get(_STATIC_LEFT, set())
         for node in graph.nodes:
+            if id(node) in left and id(node) not in static_left and _reads_static_dims(graph, node):
+                return True  # a size read that became static since: a later rule made its shape inferable
             if node.op in ("Constant", "Loop", "Scan", "If") or not is_default_domain(node) or not node.inputs \
                     or id(node) in left:
                 continue
@@ -228,21 +269,25 @@ class FoldConstants(GraphPass):
         return False
 
     def run(self, graph) -> tuple[int, dict[str, Any] | None]:
-        n, detail = self._fold(graph)
+        became_static = {id(n) for n in graph.__dict__.get(_LEFT, ())} - graph.__dict__.get(_STATIC_LEFT, set())
+        n, detail = self._fold(graph, became_static)
         graph.__dict__[_LEFT] = list(graph.nodes)  # the objects themselves: their ids stay theirs
+        graph.__dict__[_STATIC_LEFT] = {id(n) for n in graph.nodes if _reads_static_dims(graph, n)}
         return n, detail
 
-    def _fold(self, graph) -> tuple[int, dict[str, Any] | None]:
-        new = folded_copy(graph)
-        if new is None:
-            return 0, None
-        removed = _count_compute_nodes(graph) - _count_compute_nodes(new)
-        if removed <= 0:
-            return 0, None
+    def _fold(self, graph, became_static: set[int]) -> tuple[int, dict[str, Any] | None]:
+        before = _count_compute_nodes(graph)
         old_ops = {}
         for n in graph.nodes:
             if n.op != "Constant":
                 old_ops[n.op] = old_ops.get(n.op, 0) + 1
+        _static_size_reads_to_constants(graph, became_static)
+        new = folded_copy(graph)  # folds the Identities of constants the line above left, and what they feed
+        if new is None:
+            return 0, None
+        removed = before - _count_compute_nodes(new)
+        if removed <= 0:
+            return 0, None
         for n in new.nodes:
             if n.op in old_ops:
                 old_ops[n.op] -= 1

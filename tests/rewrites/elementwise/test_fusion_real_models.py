@@ -106,3 +106,32 @@ def test_bert_tiny_fuses_elementwise_regions():
     _assert_every_leftover_reported(out, report)
     if needs_library.args[0] is False:
         assert_same(model, out, rtol=1e-4, atol=1e-5)
+
+
+YOLO_DECODE = "yolo_decode_head_opset13"
+
+
+@needs_library
+def test_yolo_decode_head_with_a_dynamic_batch_is_fused_through():
+    """A YOLOv8 export's box decoding behind a dynamic batch: the head reads its sizes from ``Shape``
+    (``view(b, 4, reg, a)``, ``view(b, 4, a)``, ``chunk``). constant-reshape-target makes the first
+    target constant only once the anchor count (a static dimension of a tensor whose batch is not) is
+    read as a constant; fold-constants then runs again before the fusions (the engine's restart) and folds
+    the size reads the new shapes make static, so the chunk's Slices take constant bounds and the
+    decoding (anchors minus and plus the distances, centre, size, stride) fuses. Before, the Slices kept
+    an unknown rank and six elementwise ops, the Shape, Gather and integer arithmetic stayed."""
+    import onnxfuse
+
+    model = _load(YOLO_DECODE)
+    result = onnxfuse.optimize(model, validate=False, bench=False)  # the pipeline: shapes inferred at load
+    out = result.model
+    onnx.checker.check_model(out)
+    ops = op_types(out)
+    for op in ("Shape", "Gather", "Sub", "Add", "Div"):
+        assert op not in ops, (op, ops)
+    assert ops.count("FusedConcat") == 1, ops
+    assert result.applied.counts["constant-reshape-target"] == 4
+    for batch in (1, 3):
+        assert_same(model, out, rtol=1e-4, atol=1e-4, dims={"batch": batch})
+    again = onnxfuse.optimize(out, validate=False, bench=False)
+    assert not any(again.applied.counts.values()), {k: v for k, v in again.applied.counts.items() if v}

@@ -119,6 +119,32 @@ g (float[batch,seq,32] x, float[batch,seq] z) => (float[batch,seq,4,8] y) {
 """
 
 
+def test_a_static_size_read_from_another_tensor_is_that_constant():
+    # A YOLOv8 head's box.view(b, 4, reg, a) with b and a read from another tensor, z: its batch p is
+    # not proven to be x's (no copy, computed), but its dimension 2 is static (12): wherever the model
+    # runs that part is 12, a constant, which leaves b the one -1. Two computed sizes before.
+    m = parse("""
+    g (float[batch,16,12] box, float[p,16,12] z) => (float[batch,4,4,12] y) {
+        s = Shape(z)
+        i0 = Constant <value = int64 {0}> ()
+        i2 = Constant <value = int64 {2}> ()
+        b = Gather <axis = 0> (s, i0)
+        a = Gather <axis = 0> (s, i2)
+        ax = Constant <value = int64[1] {0}> ()
+        b1 = Unsqueeze(b, ax)
+        a1 = Unsqueeze(a, ax)
+        mid = Constant <value = int64[2] {4, 4}> ()
+        shp = Concat <axis = 0> (b1, mid, a1)
+        y = Reshape(box, shp)
+    }
+    """)
+    out, report = fuse(m, RULE)
+    assert report.counts[RULE.name] == 1, refusals(report, RULE)
+    assert _target(out) == [-1, 4, 4, 12]
+    for batch in (1, 3):
+        same_at(m, out, {"batch": batch, "p": batch})
+
+
 def test_two_unproven_sizes_are_refused():
     # z's sizes carry their own symbols: nothing proves they are x's, and only one could be -1.
     m = parse(TWO_COMPUTED.replace("float[batch,seq] z", "float[p,q] z"))
