@@ -19,7 +19,11 @@ For each model (random weights; nothing is downloaded):
    count and hidden size it needs). Its output is checked (ONNX checker, a session, the original's
    outputs at 1e-3 / 1e-2); an invalid model is recorded as that cell's result, not hidden. Not a default
    row: ``qwen2_0_5b`` (Qwen2-0.5B's decoder shape, the Llama family's rotary and grouped-KV attention;
-   ``--exporter dynamo`` only: torch's TorchScript exporter fails on it).
+   ``--exporter dynamo`` only: torch's TorchScript exporter fails on it). Not default rows either, the
+   held-out-style models issue 34 names: ``yolo_decode`` (the YOLO-style detector with a YOLOv8 export's
+   box decoding: distribution softmax, anchors, strides, class sigmoid) and ``dbnet_mbv3`` (a DB text
+   detector, PP-OCR's shape: MobileNetV3 backbone, FPN with nearest upsampling, DB head with
+   ConvTransposes).
 
 Each model runs in its own child process (``--no-isolate`` to turn that off), so a crash, a CUDA error
 or a hang in one model costs only that model; results are written after every measurement, so a run
