@@ -91,6 +91,21 @@ def body_rules(rules: list[Rule]) -> list[Rule]:
     return [r for r in rules if r.targets & BODY_TARGETS]
 
 
+def bodies_read_new_constants(before: onnx.ModelProto, after: onnx.ModelProto) -> bool:
+    """Whether a body of ``after``'s main graph (one :func:`rewrite_bodies` rewrites) reads an outer value
+    that is an initializer of ``after`` and was computed in ``before``: the main pass folded what the body
+    reads, after the body was rewritten with it as an input. Rewritten again, the body folds what reads it:
+    fuzz seed 573593's If branch took Abs, Add and Log of a main-graph Mul of constants only on a second
+    optimize (graphsurgeon's folding inside the branch gives up on its nested Loop)."""
+    was = {t.name for t in before.graph.initializer}
+    now = {t.name for t in after.graph.initializer} - was
+    if not now:
+        return False
+    return any(name in now for node in after.graph.node for attr in node.attribute
+               if attr.type == onnx.AttributeProto.GRAPH and len(attr.g.node) >= MIN_BODY_NODES
+               for name in model_io.free_names(attr.g))
+
+
 def rewrite_bodies(model: onnx.ModelProto, rewrite: Callable[[onnx.ModelProto], tuple[onnx.ModelProto, ApplyReport]]
                    ) -> tuple[onnx.ModelProto, list[BodyRewrite], list[BodySkipped]]:
     """``model`` with the body of every main-graph node that holds one (at least :data:`MIN_BODY_NODES`

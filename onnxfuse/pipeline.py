@@ -40,7 +40,7 @@ from typing import Callable
 import onnx
 
 from onnxfuse import model_io, repair, selection, tune_sizes, tuning_record
-from onnxfuse.bodies import body_rules, left_note, rewrite_bodies
+from onnxfuse.bodies import bodies_read_new_constants, body_rules, left_note, rewrite_bodies
 from onnxfuse.custom_ops import DOMAIN, FUSED_VALUES_KEY
 from onnxfuse.declared_shapes import correct_output_shapes
 from onnxfuse.errors import (
@@ -252,10 +252,12 @@ def rewrite_model(model: onnx.ModelProto, rules: list[Rule]) -> tuple[onnx.Model
         active = [r for r in active if r.name != culprit]
 
 
-def _rewrite_once(model: onnx.ModelProto, rules: list[Rule], bodies: bool = True) -> tuple[onnx.ModelProto, ApplyReport]:
+def _rewrite_once(model: onnx.ModelProto, rules: list[Rule], bodies: bool = True,
+                  again: bool = True) -> tuple[onnx.ModelProto, ApplyReport]:
     """``rules`` applied to the main graph, after the bodies of its If/Loop/Scan nodes were rewritten
     each as a model of its own by the rules that may run there (:mod:`onnxfuse.bodies`; ``bodies``: not
-    for a body itself)."""
+    for a body itself). Where the main pass made a value a body reads a constant, the whole is
+    rewritten once more (``again``), so that a second optimize finds nothing to do."""
     inner = body_rules(rules) if bodies else []
     body_reports, left = [], []
     if inner:
@@ -268,6 +270,10 @@ def _rewrite_once(model: onnx.ModelProto, rules: list[Rule], bodies: bool = True
                      *({"node": s.node, "attribute": s.attribute, "left": s.reason} for s in left)]
     out = model_io.to_model(graph, model)
     correct_output_shapes(out)  # a declaration the rewritten graph provably contradicts (onnxfuse/declared_shapes.py)
+    if inner and again and bodies_read_new_constants(model, out):
+        out, more = _rewrite_once(out, rules, bodies=True, again=False)
+        report.absorb(more)
+        report.bodies.extend(more.bodies)
     return out, report
 
 

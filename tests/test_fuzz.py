@@ -59,6 +59,7 @@ def test_a_loop_output_through_reductions_and_a_matmul_feeding_a_fused_region():
     (3358, "contrib"), # a failing Loop evaluation left every constant chain for a second run
     (8136, "cuda"),    # a Transpose absorbed into FusedMatMul exposed a scale only a second run folded
     (7721, "onnx"),    # ONNX Runtime's LayerNormFusion rejects the input's own live graph: classified
+    (573593, "onnx"),  # an If branch read a Mul of constants the main pass folded after the branch's rewrite
 ])
 def test_seeds_the_fuzz_found(seed, target):
     status, detail = check_seed(seed, target)
