@@ -18,6 +18,8 @@ exporter folds BatchNorm into Conv), with a dynamic batch dimension named ``batc
 * ``yolo_decode_head_opset13.onnx``: two detection levels and a YOLOv8 export's box decoding
   (distribution softmax read by a fixed 1x1 Conv, ``chunk``, anchors, strides, class sigmoid), whose
   dynamic batch makes the head read its sizes from ``Shape``.
+* ``timm_vit_blocks_opset17.onnx``: two timm ViT blocks whose attention cuts q, k and v from one packed
+  [B, N, 3, H, D] projection (by indexing in the first block, ``unbind`` in the second).
 * ``convnext_blocks_opset13.onnx``: ConvNeXt blocks: depthwise 7x7 conv, channels-last LayerNorm
   (decomposed at opset 13: ReduceMean, Sub, Pow, Add, Sqrt, Div, Mul, Add), Linear, exact GELU
   (decomposed: Div, Erf, Add, Mul, Mul), Linear, layer-scale Mul and the residual Add.
@@ -207,6 +209,43 @@ class YoloDecodeHead(nn.Module):
         return torch.cat((xywh, cls.sigmoid()), 1)
 
 
+class TimmAttention(nn.Module):
+    """timm's ``Attention``: one qkv Linear, ``reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4)``, then q, k,
+    v by indexing (older timm) or ``unbind(0)`` (newer)."""
+
+    def __init__(self, dim, heads, unbind):
+        super().__init__()
+        self.heads, self.size, self.unbind = heads, dim // heads, unbind
+        self.scale = self.size ** -0.5
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, self.size).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0) if self.unbind else (qkv[0], qkv[1], qkv[2])
+        a = ((q @ k.transpose(-2, -1)) * self.scale).softmax(-1)
+        return self.proj((a @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class TimmBlocks(nn.Module):
+    """Two pre-norm timm ViT blocks (LayerNorm, the attention above, LayerNorm, GELU MLP, residuals) on
+    [batch, 17, 32] tokens: the first cuts q, k, v by indexing, the second by ``unbind``."""
+
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.attn = nn.ModuleList(TimmAttention(dim, heads, unbind) for unbind in (False, True))
+        self.n1 = nn.ModuleList(nn.LayerNorm(dim) for _ in range(2))
+        self.n2 = nn.ModuleList(nn.LayerNorm(dim) for _ in range(2))
+        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+                                 for _ in range(2))
+
+    def forward(self, x):
+        for attn, n1, n2, mlp in zip(self.attn, self.n1, self.n2, self.mlp):
+            x = x + attn(n1(x))
+            x = x + mlp(n2(x))
+        return x
+
+
 # ---- ConvNeXt -----------------------------------------------------------------------------------
 
 
@@ -292,6 +331,7 @@ MODELS = {
     "convnext_blocks_opset13": (ConvNeXtBlocks, (1, 3, 32, 32)),
     "vit_blocks_opset14": (ViTBlocks, (1, 3, 32, 32)),
     "yolo_decode_head_opset13": (YoloDecodeHead, (1, 3, 64, 64)),
+    "timm_vit_blocks_opset17": (TimmBlocks, (1, 17, 32)),
 }
 
 

@@ -38,6 +38,7 @@ ORDER = [
     "fold/fold-size-sentinel",  # before constant-reshape-target: the sizes it keeps can then be copies
     "fold/constant-reshape-target",
     "fold/merged-axes-transpose",  # before contrib-attention: dynamo's Kᵀ through rank 3 becomes one Transpose
+    "fold/unpack-qkv-heads",  # after constant-reshape-target (its constant target), before contrib-attention: timm's packed q, k, v
     "fold/repeat-heads-gather",  # before expand-by-broadcast, which would turn repeat_kv's Expand into a Where
     "fold/expand-by-broadcast",  # like constant-reshape-target: no Shape chain left on the CPU
     "fold/gemm-rows-to-matmul",  # after constant-reshape-target: it reads the unflatten's constant [-1, S, N]
