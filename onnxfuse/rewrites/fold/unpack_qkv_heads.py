@@ -10,7 +10,8 @@ timm's vision transformers (ViT, DeiT, BEiT, EVA) and many models built on their
 
 which exports as ``Reshape(x, [b, n, 3, H, D])``, ``Transpose(perm=[2, 0, 3, 1, 4])`` and three
 ``Gather(axis=0)`` of the indices 0, 1, 2 (``unbind``: a ``Split`` on axis 0 in three, each part
-``Squeeze``-d). contrib-attention traces heads to the [B, S, E] tensor they were cut from only through
+``Squeeze``-d; the dynamo exporter's unbind: three ``Slice`` [i, i+1) on axis 0, each ``Squeeze``-d).
+contrib-attention traces heads to the [B, S, E] tensor they were cut from only through
 ``Transpose(perm=[0, 2, 1, 3])(Reshape(·, [b, s, H, D]))`` (BERT's and GPT-2's split): these heads it
 could only take "as given", which it refuses in float32 (measured slower there), so a timm transformer
 kept every attention decomposed in float32. Written as GPT-2's form (a Split of the packed projection,
@@ -21,9 +22,9 @@ What (exact)
 ------------
 ``x`` [B, N, 3E] (E = H·D static), ``R = Reshape(x, [t₀, t₁, 3, H, D])`` (constant target, allowzero 0),
 ``T = Transpose(R, perm=[2, 0, 3, 1, 4])`` read only by three part extractors, one per index i in
-{0, 1, 2}: ``Gather(T, i, axis=0)`` with a scalar i, or ``Squeeze(P_i, axes=[0])`` of part i of a
-``Split(T, axis=0)`` in three parts of 1. Element (b, n, j, h, d) of R is x[b, n, j·E + h·D + d]; T puts it
-at (j, b, h, n, d), and part i holds (b, h, n, d) = x[b, n, i·E + h·D + d]. The rewrite: ``Split(x,
+{0, 1, 2}: ``Gather(T, i, axis=0)`` with a scalar i, ``Squeeze(P_i, axes=[0])`` of part i of a
+``Split(T, axis=0)`` in three parts of 1, or ``Squeeze(Slice(T, [i], [i + 1], axes=[0]), axes=[0])``.
+Element (b, n, j, h, d) of R is x[b, n, j·E + h·D + d]; T puts it at (j, b, h, n, d), and part i holds (b, h, n, d) = x[b, n, i·E + h·D + d]. The rewrite: ``Split(x,
 [E, E, E], axis=-1)``, part x_i [B, N, E] with x_i[b, n, e] = x[b, n, i·E + e]; ``Reshape(x_i, [t₀, t₁,
 H, D])`` gives (b, n, h, d) = x_i[b, n, h·D + d]; ``Transpose(perm=[0, 2, 1, 3])`` gives (b, h, n, d): the
 same values. t₀ and t₁ keep their meaning: a 0 copies x's dimension, which x_i shares; a -1 is inferred
@@ -52,6 +53,7 @@ from onnxfuse.rewrites.facts.graph import (
     perm_of,
     producer_of,
     shape_of,
+    slice_bounds,
 )
 
 #: timm's ``permute(2, 0, 3, 1, 4)`` of [B, N, 3, H, D]: the three parts first, then [B, H, N, D]
@@ -65,6 +67,17 @@ def _part_index(graph, reader, packed) -> tuple[int, gs.Tensor, list] | None:
         if index is not None and index.ndim == 0 and int(index) in (0, 1, 2):
             return int(index), reader.outputs[0], [reader]
         return None
+    if is_op(reader, "Slice") and reader.inputs[0] is packed:  # the dynamo exporter's unbind: Slice [i, i+1) on axis 0
+        bounds = slice_bounds(graph, reader)
+        readers = consumers(reader.outputs[0])
+        if bounds is None or bounds[2] != [0] or bounds[3] != [1] or len(readers) != 1 \
+                or not is_op(readers[0], "Squeeze") or axes_of(graph, readers[0]) != [0] \
+                or is_graph_output(graph, reader.outputs[0]):
+            return None
+        start, end = bounds[0][0] + (3 if bounds[0][0] < 0 else 0), bounds[1][0]
+        if start not in (0, 1, 2) or min(end + (3 if end < 0 else 0), 3) != start + 1:
+            return None
+        return start, readers[0].outputs[0], [reader, readers[0]]
     if is_op(reader, "Split") and int_attr(reader, "axis", 0) == 0 and len(reader.outputs) == 3:
         sizes = constant_value(graph, reader.inputs[1]) if len(reader.inputs) > 1 and reader.inputs[1].name else None
         if sizes is None and "split" in reader.attrs:
@@ -101,15 +114,18 @@ def _parts(graph, t) -> dict[int, tuple[gs.Tensor, list]] | Refuse:
 
 
 class UnpackQkvHeads(Rule):
-    """Gather(Transpose[2,0,3,1,4](Reshape(x, [b, n, 3, H, D])), i) → Transpose[0,2,1,3](Reshape(Split(x)[i], [b, n, H, D]))."""
+    """Gather(Transpose[2,0,3,1,4](Reshape(x, [b, n, 3, H, D])), i)
+    → Transpose[0,2,1,3](Reshape(Split(x)[i], [b, n, H, D]))."""
 
     name = "unpack-qkv-heads"
-    description = "q, k, v cut from one packed [B, N, 3, H, D] tensor (timm's Attention) become a Split and three head splits"
+    description = ("q, k, v cut from one packed [B, N, 3, H, D] tensor (timm's Attention) become a Split "
+                   "and three head splits")
     targets = frozenset(TARGETS)
 
     def match(self, graph):
         for node in graph.nodes:
-            if is_op(node, "Transpose") and perm_of(node) == PACKED_HEADS and is_op(producer_of(node.inputs[0]), "Reshape"):
+            if is_op(node, "Transpose") and perm_of(node) == PACKED_HEADS \
+                    and is_op(producer_of(node.inputs[0]), "Reshape"):
                 yield node
 
     def check(self, graph, t):

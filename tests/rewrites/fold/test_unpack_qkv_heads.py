@@ -47,11 +47,31 @@ g (float[batch,5,24] x) => (float[batch,2,5,4] q, float[batch,2,5,4] k, float[ba
 """
 
 
+SLICED = """
+g (float[batch,5,24] x) => (float[batch,2,5,4] q, float[batch,2,5,4] k, float[batch,2,5,4] v) {
+    t = Constant <value = int64[5] {0, 0, 3, 2, 4}> ()
+    r = Reshape(x, t)
+    p = Transpose <perm = [2, 0, 3, 1, 4]> (r)
+    ax = Constant <value = int64[1] {0}> ()
+    s0 = Constant <value = int64[1] {0}> ()
+    s1 = Constant <value = int64[1] {1}> ()
+    s2 = Constant <value = int64[1] {2}> ()
+    s3 = Constant <value = int64[1] {3}> ()
+    a = Slice(p, s0, s1, ax)
+    b = Slice(p, s1, s2, ax)
+    c = Slice(p, s2, s3, ax)
+    q = Squeeze(a, ax)
+    k = Squeeze(b, ax)
+    v = Squeeze(c, ax)
+}
+"""
+
+
 def _ops(model) -> Counter:
     return Counter(n.op_type for n in model.graph.node)
 
 
-@pytest.mark.parametrize("text", [GATHERED, UNBOUND], ids=["indexed", "unbind"])
+@pytest.mark.parametrize("text", [GATHERED, UNBOUND, SLICED], ids=["indexed", "unbind", "dynamo-unbind"])
 def test_packed_heads_become_a_split_and_three_head_splits(text):
     m = parse(text)
     out, report = fuse(m, RULE)
