@@ -23,7 +23,8 @@ For each model (random weights; nothing is downloaded):
    held-out-style models issue 34 names: ``yolo_decode`` (the YOLO-style detector with a YOLOv8 export's
    box decoding: distribution softmax, anchors, strides, class sigmoid) and ``dbnet_mbv3`` (a DB text
    detector, PP-OCR's shape: MobileNetV3 backbone, FPN with nearest upsampling, DB head with
-   ConvTransposes).
+   ConvTransposes); and ``vit_timm_b16``, ViT-B/16 as timm writes it (q, k, v cut from one packed
+   projection), the form of most vision transformers users export.
 
 Each model runs in its own child process (``--no-isolate`` to turn that off), so a crash, a CUDA error
 or a hang in one model costs only that model; results are written after every measurement, so a run
@@ -339,6 +340,52 @@ def _dbnet_module():
     return DBNet()
 
 
+def _timm_vit_module(dim: int = 768, depth: int = 12, heads: int = 12, patch: int = 16, image: int = 224):
+    """A ViT-B/16 written as timm writes it (timm is not needed): patch Conv, class token, position
+    embedding, pre-norm blocks whose attention computes q, k and v with one Linear and cuts them from a
+    packed ``reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4)`` by ``unbind`` (DeiT, BEiT, EVA and PP-OCR's
+    SVTR share the module), exact GELU MLP, final LayerNorm and the class token's head."""
+    import torch
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+        def forward(self, x):
+            b, n, c = x.shape
+            q, k, v = self.qkv(x).reshape(b, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4).unbind(0)
+            a = ((q @ k.transpose(-2, -1)) * (c // heads) ** -0.5).softmax(-1)
+            return self.proj((a @ v).transpose(1, 2).reshape(b, n, c))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.attn, self.norm2 = nn.LayerNorm(dim, eps=1e-6), Attention(), nn.LayerNorm(dim, eps=1e-6)
+            self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+        def forward(self, x):
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    class ViT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, dim, patch, patch)
+            self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+            self.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim) * 0.02)
+            self.blocks = nn.Sequential(*(Block() for _ in range(depth)))
+            self.norm, self.head = nn.LayerNorm(dim, eps=1e-6), nn.Linear(dim, 1000)
+
+        def forward(self, x):
+            x = self.patch(x).flatten(2).transpose(1, 2)
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
+            return self.head(self.norm(self.blocks(x))[:, 0])
+
+    return ViT()
+
+
 class Spec:
     """How to build, export and feed one model."""
 
@@ -483,6 +530,7 @@ SPECS = {s.name: s for s in [
     Spec("dbnet_mbv3", _dbnet_module, ["x"], image=640),
     Spec("bert_base", _bert, ["input_ids", "attention_mask"], seq=BERT_SEQ, transformer=("bert", 12, 768)),
     Spec("vit_b_16", _torchvision("vit_b_16"), ["input"], image=224, transformer=("vit", 12, 768)),
+    Spec("vit_timm_b16", _timm_vit_module, ["input"], image=224, transformer=("vit", 12, 768)),
     Spec("gpt2_small", _gpt2, ["input_ids", "attention_mask"], seq=BERT_SEQ, transformer=("gpt2", 12, 768)),
     Spec("whisper_base_encoder", _whisper_encoder, ["input_features"], features=(80, 3000),
          transformer=("bart", 8, 512)),
