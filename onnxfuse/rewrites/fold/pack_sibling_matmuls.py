@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
-from onnxfuse.rewrites.facts.graph import (consumers, constant_value, dtype_of, is_graph_output, is_op, opset_of,
+from onnxfuse.rewrites.engine.edit import NameAllocator, append_split, new_constant
+from onnxfuse.rewrites.facts.graph import (consumers, constant_value, dtype_of, is_graph_output, is_op,
                                             other_input, shape_of)
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 
@@ -121,12 +121,5 @@ class PackSiblingMatmuls(Rule):
         for node in dropped:
             node.outputs.clear()
             node.inputs.clear()
-        sizes = np.array(widths, np.int64)
-        if opset_of(graph) >= 13:
-            split = gs.Node("Split", names(f"{base}/Split"), {"axis": -1},
-                            inputs=[packed, new_constant(graph, f"{base}/sizes", sizes)], outputs=outs)
-        else:
-            split = gs.Node("Split", names(f"{base}/Split"), {"axis": -1, "split": [int(s) for s in sizes]},
-                            inputs=[packed], outputs=outs)
-        graph.nodes.append(split)
+        append_split(graph, names(f"{base}/Split"), packed, widths, outs)
         return {"input": x.name, "matmuls": len(group), "biases": biases is not None, "widths": widths}

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxfuse.rewrites.engine.edit import NameAllocator, new_constant
+from onnxfuse.rewrites.engine.edit import NameAllocator, append_split, new_constant
 from onnxfuse.rewrites.engine.rule import TARGETS, Plan, Refuse, Rule
 from onnxfuse.rewrites.facts.graph import (
     axes_of,
@@ -49,7 +49,6 @@ from onnxfuse.rewrites.facts.graph import (
     int_attr,
     is_graph_output,
     is_op,
-    opset_of,
     perm_of,
     producer_of,
     shape_of,
@@ -156,14 +155,7 @@ class UnpackQkvHeads(Rule):
         width = target[2] * target[3]
         lead = list(x.shape[:2]) if x.shape is not None else None
         pieces = [gs.Variable(names(f"{base}/part{i}"), dtype=x.dtype, shape=lead and [*lead, width]) for i in range(3)]
-        if opset_of(graph) >= 13:
-            split = gs.Node("Split", names(f"{base}/Split"), {"axis": -1},
-                            inputs=[x, new_constant(graph, f"{base}/sizes", np.full(3, width, np.int64))],
-                            outputs=pieces)
-        else:
-            split = gs.Node("Split", names(f"{base}/Split"), {"axis": -1, "split": [width] * 3},
-                            inputs=[x], outputs=pieces)
-        graph.nodes.append(split)
+        append_split(graph, names(f"{base}/Split"), x, [width] * 3, pieces)
         shape = new_constant(graph, f"{base}/heads_target", np.asarray(target, np.int64))
         for i, piece in enumerate(pieces):
             out, nodes = parts[i]
