@@ -398,6 +398,13 @@ def _run(model: onnx.ModelProto, feeds, custom: bool):
     return sess.run(None, feeds)
 
 
+def _tolerance(half: bool) -> float:
+    """The relative (and, times the output's scale, absolute) tolerance of the oracle's comparisons. A
+    model that computes in float16 anywhere carries float16 rounding into its float32 outputs, and a
+    fused float16 chain rounds once at its end where ONNX Runtime rounds after every op."""
+    return 2e-2 if half else 2e-4
+
+
 def _close(ref: np.ndarray, got: np.ndarray, half: bool) -> bool:
     if ref.shape != got.shape or ref.dtype != got.dtype:
         return False
@@ -407,9 +414,7 @@ def _close(ref: np.ndarray, got: np.ndarray, half: bool) -> bool:
     finite = np.isfinite(r)
     if not np.array_equal(finite, np.isfinite(g)) or not np.array_equal(r[~finite], g[~finite], equal_nan=True):
         return False  # NaN and ±inf must sit at the same places with the same values
-    # A model that computes in float16 anywhere carries float16 rounding into its float32 outputs, and
-    # a fused float16 chain rounds once at its end where ONNX Runtime rounds after every op.
-    tol = 2e-2 if half or ref.dtype == np.float16 else 2e-4
+    tol = _tolerance(half or ref.dtype == np.float16)
     scale = max(1.0, float(np.abs(r[finite]).max()) if finite.any() else 1.0)
     return bool(np.allclose(r[finite], g[finite], rtol=tol, atol=tol * scale))
 
@@ -500,7 +505,7 @@ def _flips_at_threshold(model: onnx.ModelProto, feeds: dict, index: int, ref: np
     except Exception:
         return False
     flipped = ref != got
-    tol = 2e-2 if half else 2e-4
+    tol = _tolerance(half)
     scale = np.maximum(1.0, np.maximum(np.abs(a), np.abs(b)))
     return bool(np.all(np.abs(a - b)[flipped] <= tol * scale[flipped]))
 

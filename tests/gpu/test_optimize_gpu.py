@@ -36,18 +36,24 @@ ATTENTION = {"bert_tiny_opset14.onnx": ("Attention", 2), "distilbert_tiny_opset1
              "gpt2_tiny_opset14.onnx": ("Attention", 2)}
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_optimize_validates_and_times_on_cuda(name, tmp_path):
+def _optimize(name, tmp_path, *options) -> tuple[dict, Path]:
+    """``onnxfuse optimize`` of testdata ``name`` with its shapes and ``options``: (the JSON report, the
+    output path); asserts exit 0."""
     src = TESTDATA / name
     if not src.exists():
         pytest.skip(f"{name} not in testdata")
     out, report = tmp_path / "out.onnx", tmp_path / "r.json"
-    args = ["optimize", str(src), str(out), "--json", str(report)]
+    args = ["optimize", str(src), str(out), "--json", str(report), *options]
     for s in MODELS[name]:
         args += ["--shape", s]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output + result.stderr
-    data = json.loads(report.read_text())
+    return json.loads(report.read_text()), out
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_optimize_validates_and_times_on_cuda(name, tmp_path):
+    data, out = _optimize(name, tmp_path)
     assert data["result"]["validation"]["provider"] == "cuda"
     assert data["result"]["validation"]["passed"] is True
     assert data["result"]["timing"]["status"] == "ok", data["result"]["timing"]
@@ -78,16 +84,7 @@ def test_optimize_validates_and_times_on_cuda(name, tmp_path):
 def test_static_attention_fusion_validates_on_cuda(name, tmp_path):
     """With no timing decisions (``--tune off --allow-slower``) every attention block is fused, whatever
     the GPU measures, and the fused model validates on the CUDA kernels."""
-    src = TESTDATA / name
-    if not src.exists():
-        pytest.skip(f"{name} not in testdata")
-    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
-    args = ["optimize", str(src), str(out), "--json", str(report), "--tune", "off", "--allow-slower"]
-    for s in MODELS[name]:
-        args += ["--shape", s]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output + result.stderr
-    data = json.loads(report.read_text())
+    data, out = _optimize(name, tmp_path, "--tune", "off", "--allow-slower")
     assert data["result"]["validation"]["provider"] == "cuda" and data["result"]["validation"]["passed"] is True
     op, count = ATTENTION[name]
     ops = [n.op_type for n in onnx.load(out).graph.node]

@@ -49,10 +49,21 @@ def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
     tail = list(rules)
     changes = 0  # rewrites made so far: a rule whose last run saw the same count sees the same graph
     seen_at: dict[str, int] = {}
+
+    def reopened_pass() -> int | None:
+        """The index in ``tail`` of the first whole-graph pass that a rule after it (this round) gave work
+        again (:meth:`~.rule.GraphPass.pending`), made runnable again; None when there is none."""
+        k = next((k for k, rule in enumerate(tail) if isinstance(rule, GraphPass) and any(applied[k + 1:])
+                  and rule.pending(graph)), None)
+        if k is not None:
+            run.passes_run.discard(tail[k].name)
+            seen_at.pop(tail[k].name, None)
+        return k
+
     for _ in range(MAX_ROUNDS):
         applied, refused = [], set()
         restart = None
-        for i, rule in enumerate(tail):
+        for rule in tail:
             if seen_at.get(rule.name) == changes:  # nothing changed since this rule last ran
                 applied.append(0)
                 continue
@@ -68,13 +79,10 @@ def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
             if had_refusals:
                 refused.add(rule.name)
             if n and getattr(rule, "makes_shapes_inferable", False):
-                restart = next((k for k, earlier in enumerate(tail[:i])
-                                if isinstance(earlier, GraphPass) and earlier.pending(graph)), None)
+                restart = reopened_pass()  # one before this rule: it runs again before the fusions after it
                 if restart is not None:
                     break
-        if restart is not None:  # a whole-graph pass has work again before the fusions after this rule
-            run.passes_run.discard(tail[restart].name)
-            seen_at.pop(tail[restart].name, None)
+        if restart is not None:
             tail = tail[restart:]
             continue
         # A rule that refused a candidate may accept it once a later rule has rewritten its
@@ -84,11 +92,8 @@ def apply_rules(graph, rules: list[Rule]) -> ApplyReport:
         again = next((k for k, rule in enumerate(tail) if rule.name in refused and any(applied[k + 1:])), None)
         # A whole-graph pass whose work a later rule recreated (contrib-attention's Expand of a constant
         # mask to a static [1, 1, S, L]: fold-constants' work) runs again from there too.
-        rerun = next((k for k, rule in enumerate(tail) if isinstance(rule, GraphPass) and any(applied[k + 1:])
-                      and rule.pending(graph)), None)
+        rerun = reopened_pass()
         if rerun is not None:
-            run.passes_run.discard(tail[rerun].name)
-            seen_at.pop(tail[rerun].name, None)
             again = rerun if again is None else min(again, rerun)
         if again is None:
             break

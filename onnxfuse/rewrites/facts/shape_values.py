@@ -156,8 +156,15 @@ def _partly_known_shape(tensor, depth: int) -> list | None:
     shape = getattr(node.inputs[0], "shape", None)
     if shape is None:
         return None
-    dims = [(int(d) if isinstance(d, (int, np.integer)) else d) if _known(d) else None for d in shape]
-    dims = [SourcedDim(d, node.inputs[0], axis) if isinstance(d, str) else d for axis, d in enumerate(dims)]
+    return _shape_output(node, [(int(d) if isinstance(d, (int, np.integer)) else d) if _known(d) else None
+                                for d in shape])
+
+
+def _shape_output(node, dims: list) -> list:
+    """What ``Shape`` ``node`` gives of its input's ``dims``: its ``start``/``end`` slice, each name a
+    :class:`SourcedDim` of the input's axis (a :class:`DimSum` stays as it is)."""
+    dims = [SourcedDim(d, node.inputs[0], axis) if isinstance(d, str) and not isinstance(d, DimSum) else d
+            for axis, d in enumerate(dims)]
     start, end = node.attrs.get("start"), node.attrs.get("end")
     return dims[slice(None if start is None else int(start), None if end is None else int(end))]
 
@@ -193,12 +200,7 @@ def _evaluate(graph, tensor, depth: int, seen: dict, sums: bool = False) -> list
 
     if is_op(node, "Shape"):
         dims = _read_dims(graph, node.inputs[0], sums)
-        if dims is None:
-            return None
-        dims = [SourcedDim(d, node.inputs[0], axis) if isinstance(d, str) and not isinstance(d, DimSum) else d
-                for axis, d in enumerate(dims)]
-        start, end = node.attrs.get("start"), node.attrs.get("end")
-        return dims[slice(None if start is None else int(start), None if end is None else int(end))]
+        return None if dims is None else _shape_output(node, dims)
     if is_op(node, "Identity", "Unsqueeze", "Squeeze", "Reshape"):
         return arg(0)
     if is_op(node, "Cast"):

@@ -202,7 +202,7 @@ def _reads_static_dims(graph, node) -> bool:
     return bool(values) and all(isinstance(v, (int, np.integer)) for v in values)
 
 
-def _static_size_reads_to_constants(graph, candidates: set[int]) -> int:
+def _static_size_reads_to_constants(graph, candidates: set[int]) -> None:
     """Each ``Slice`` or ``Gather`` of a ``Shape`` chain among ``candidates`` (node ids) that reads
     static sizes only (:func:`_reads_static_dims`) becomes an ``Identity`` of those sizes, for the
     evaluation after it to fold. The shapes it reads are the graph's own facts, which the ONNX model
@@ -215,7 +215,7 @@ def _static_size_reads_to_constants(graph, candidates: set[int]) -> int:
     reinferred_and_proven`, value_info dropped), never from an exporter's annotation, which can be
     stale (traced at batch 1, it would freeze a dynamic batch to 1: test_fold_constants'
     stale-value_info test)."""
-    changed = 0
+    names = NameAllocator(graph)
     for node in list(graph.nodes):
         if id(node) not in candidates or not _reads_static_dims(graph, node):
             continue
@@ -228,9 +228,7 @@ def _static_size_reads_to_constants(graph, candidates: set[int]) -> int:
             values = values.reshape(index.shape)
         # not new_constant: np.ascontiguousarray makes a scalar 1-D (an Unsqueeze after it then gave
         # a Qwen2 decoder's Concat of sizes a rank-2 part)
-        to_identity(node, gs.Constant(NameAllocator(graph)(f"{out.name}/static"), values))
-        changed += 1
-    return changed
+        to_identity(node, gs.Constant(names(f"{out.name}/static"), values))
 
 
 class FoldConstants(GraphPass):
@@ -256,15 +254,13 @@ class FoldConstants(GraphPass):
         left = {id(n) for n in graph.__dict__.get(_LEFT, ())}  # this pass already saw them and kept them
         static_left = graph.__dict__.get(_STATIC_LEFT, set())
         for node in graph.nodes:
-            if id(node) in left and id(node) not in static_left and _reads_static_dims(graph, node):
-                return True  # a size read that became static since: a later rule made its shape inferable
+            if id(node) not in static_left and _reads_static_dims(graph, node):
+                return True  # a new size read, or one left that a later rule made static since
             if node.op in ("Constant", "Loop", "Scan", "If") or not is_default_domain(node) or not node.inputs \
                     or id(node) in left:
                 continue
             present = [t for t in node.inputs if not (isinstance(t, gs.Variable) and not t.name)]
             if present and all(isinstance(t, gs.Constant) for t in present) and _result_bytes(node) <= SIZE_LIMIT:
-                return True
-            if _reads_static_dims(graph, node):
                 return True
         return False
 

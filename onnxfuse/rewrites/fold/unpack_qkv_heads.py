@@ -59,32 +59,44 @@ from onnxfuse.rewrites.facts.graph import (
 PACKED_HEADS = [2, 0, 3, 1, 4]
 
 
-def _part_index(graph, reader, packed) -> tuple[int, gs.Tensor, list] | None:
-    """(index, the part's [B, H, N, D] tensor, the extractor's nodes) of one reader of the packed heads."""
+def _squeezed(graph, tensor):
+    """(the Squeeze, its output) when ``tensor`` (a part of size 1 on axis 0) is read only by a
+    ``Squeeze`` of axis 0 and is no graph output; else None."""
+    readers = consumers(tensor)
+    if is_graph_output(graph, tensor) or len(readers) != 1 or not is_op(readers[0], "Squeeze") \
+            or axes_of(graph, readers[0]) != [0]:
+        return None
+    return readers[0], readers[0].outputs[0]
+
+
+def _cuts(graph, reader, packed) -> list[tuple[int, gs.Tensor, list]] | Refuse:
+    """(index, the part's [B, H, N, D] tensor, the nodes that cut it) for each part ``reader`` of the
+    packed heads cuts: one for a Gather or a Slice, three for a Split."""
+    also = Refuse(f"the packed heads are also read by {reader.op} {reader.name!r}")
     if is_op(reader, "Gather") and int_attr(reader, "axis", 0) == 0 and reader.inputs[0] is packed:
         index = constant_value(graph, reader.inputs[1])
-        if index is not None and index.ndim == 0 and int(index) in (0, 1, 2):
-            return int(index), reader.outputs[0], [reader]
-        return None
+        if index is None or index.ndim != 0 or int(index) not in (0, 1, 2):
+            return also
+        return [(int(index), reader.outputs[0], [reader])]
     if is_op(reader, "Slice") and reader.inputs[0] is packed:  # the dynamo exporter's unbind: Slice [i, i+1) on axis 0
-        bounds = slice_bounds(graph, reader)
-        readers = consumers(reader.outputs[0])
-        if bounds is None or bounds[2] != [0] or bounds[3] != [1] or len(readers) != 1 \
-                or not is_op(readers[0], "Squeeze") or axes_of(graph, readers[0]) != [0] \
-                or is_graph_output(graph, reader.outputs[0]):
-            return None
+        bounds, squeeze = slice_bounds(graph, reader), _squeezed(graph, reader.outputs[0])
+        if bounds is None or bounds[2] != [0] or bounds[3] != [1] or squeeze is None:
+            return also
         start, end = bounds[0][0] + (3 if bounds[0][0] < 0 else 0), bounds[1][0]
         if start not in (0, 1, 2) or min(end + (3 if end < 0 else 0), 3) != start + 1:
-            return None
-        return start, readers[0].outputs[0], [reader, readers[0]]
+            return also
+        return [(start, squeeze[1], [reader, squeeze[0]])]
     if is_op(reader, "Split") and int_attr(reader, "axis", 0) == 0 and len(reader.outputs) == 3:
         sizes = constant_value(graph, reader.inputs[1]) if len(reader.inputs) > 1 and reader.inputs[1].name else None
         if sizes is None and "split" in reader.attrs:
             sizes = np.asarray(reader.attrs["split"])
-        if sizes is not None and [int(s) for s in np.asarray(sizes).reshape(-1)] != [1, 1, 1]:
-            return None
-        return -1, None, [reader]  # the Squeezes after it are the parts: _parts reads them
-    return None
+        if sizes is not None and [int(v) for v in np.asarray(sizes).reshape(-1)] != [1, 1, 1]:
+            return also
+        squeezes = [_squeezed(graph, piece) for piece in reader.outputs]  # unbind: each part Squeezed on axis 0
+        if any(sq is None for sq in squeezes):
+            return Refuse("a part of the Split on the packed axis is not Squeezed on axis 0 alone")
+        return [(i, out, [reader, sq]) for i, (sq, out) in enumerate(squeezes)]
+    return also
 
 
 def _parts(graph, t) -> dict[int, tuple[gs.Tensor, list]] | Refuse:
@@ -92,21 +104,13 @@ def _parts(graph, t) -> dict[int, tuple[gs.Tensor, list]] | Refuse:
     packed = t.outputs[0]
     parts: dict[int, tuple[gs.Tensor, list]] = {}
     for reader in consumers(packed):
-        found = _part_index(graph, reader, packed)
-        if found is None:
-            return Refuse(f"the packed heads are also read by {reader.op} {reader.name!r}")
-        index, tensor, nodes = found
-        if index >= 0:
+        cuts = _cuts(graph, reader, packed)
+        if isinstance(cuts, Refuse):
+            return cuts
+        for index, tensor, nodes in cuts:
             if index in parts:
                 return Refuse(f"part {index} is cut twice")
             parts[index] = (tensor, nodes)
-            continue
-        for i, piece in enumerate(nodes[0].outputs):  # unbind: Split in three, each part Squeezed on axis 0
-            readers = consumers(piece)
-            if is_graph_output(graph, piece) or len(readers) != 1 or not is_op(readers[0], "Squeeze") \
-                    or axes_of(graph, readers[0]) != [0] or i in parts:
-                return Refuse("a part of the Split on the packed axis is not Squeezed on axis 0 alone")
-            parts[i] = (readers[0].outputs[0], [nodes[0], readers[0]])
     if sorted(parts) != [0, 1, 2]:
         return Refuse("the packed heads are not cut into exactly q, k and v")
     return parts
@@ -159,10 +163,9 @@ class UnpackQkvHeads(Rule):
         shape = new_constant(graph, f"{base}/heads_target", np.asarray(target, np.int64))
         for i, piece in enumerate(pieces):
             out, nodes = parts[i]
-            for node in nodes:  # the extractor no longer writes the part (cleanup removes it)
-                for k, o in enumerate(node.outputs):
-                    if o is out:
-                        node.outputs[k] = gs.Variable(names(f"{o.name}/unused"))
+            for node in nodes:  # the extractors go (a Split of unbind is listed with each of its parts)
+                node.inputs.clear()
+                node.outputs.clear()
             split4 = gs.Variable(names(f"{base}/heads{i}"), dtype=x.dtype,
                                  shape=lead and [*lead, target[2], target[3]])
             graph.nodes.append(gs.Node("Reshape", names(f"{base}/Reshape{i}"), inputs=[piece, shape], outputs=[split4]))
