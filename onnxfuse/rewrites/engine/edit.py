@@ -178,14 +178,15 @@ def append_axes_op(graph, op: str, name: str, data, axes, output, attrs=None) ->
     return node
 
 
-def append_split(graph, name: str, data, sizes, outputs, axis: int = -1) -> gs.Node:
-    """Append ``Split(data)`` along ``axis`` into parts of ``sizes`` writing ``outputs``: the sizes a
-    constant int64 input from opset 13, the ``split`` attribute below it (one call for every opset)."""
+def append_split(graph, base: str, data, sizes, outputs, names: "NameAllocator", axis: int = -1) -> gs.Node:
+    """Append ``Split(data)`` along ``axis`` into parts of ``sizes`` writing ``outputs``, named
+    ``base/Split`` (by ``names``): the sizes a constant int64 input ``base/sizes`` from opset 13, the
+    ``split`` attribute below it (one call for every opset)."""
     sizes = [int(v) for v in sizes]
     if opset_of(graph) >= 13:
-        node = gs.Node("Split", name, {"axis": axis},
-                       inputs=[data, new_constant(graph, f"{name}/sizes", np.array(sizes, np.int64))], outputs=outputs)
+        node = gs.Node("Split", names(f"{base}/Split"), {"axis": axis},
+                       inputs=[data, new_constant(graph, f"{base}/sizes", np.array(sizes, np.int64))], outputs=outputs)
     else:
-        node = gs.Node("Split", name, {"axis": axis, "split": sizes}, inputs=[data], outputs=outputs)
+        node = gs.Node("Split", names(f"{base}/Split"), {"axis": axis, "split": sizes}, inputs=[data], outputs=outputs)
     graph.nodes.append(node)
     return node

@@ -121,5 +121,5 @@ class PackSiblingMatmuls(Rule):
         for node in dropped:
             node.outputs.clear()
             node.inputs.clear()
-        append_split(graph, names(f"{base}/Split"), packed, widths, outs)
+        append_split(graph, base, packed, widths, outs, names)
         return {"input": x.name, "matmuls": len(group), "biases": biases is not None, "widths": widths}

@@ -159,7 +159,7 @@ class UnpackQkvHeads(Rule):
         width = target[2] * target[3]
         lead = list(x.shape[:2]) if x.shape is not None else None
         pieces = [gs.Variable(names(f"{base}/part{i}"), dtype=x.dtype, shape=lead and [*lead, width]) for i in range(3)]
-        append_split(graph, names(f"{base}/Split"), x, [width] * 3, pieces)
+        append_split(graph, base, x, [width] * 3, pieces, names)
         shape = new_constant(graph, f"{base}/heads_target", np.asarray(target, np.int64))
         for i, piece in enumerate(pieces):
             out, nodes = parts[i]
