@@ -10,7 +10,10 @@ script is the target that ``ncu`` runs, and it summarises ncu's CSV:
     python3 benchmarks/kernel_times.py summarize model.ncu.csv [other.ncu.csv] --top 20
 
 ``run`` makes two inferences (cuDNN's heuristic algorithm choice, so no benchmark kernels pollute the
-trace); ``summarize`` keeps the second one and prints µs per kernel name, summed over calls. This is
+trace); ``summarize`` keeps the second one and prints µs per kernel name, summed over calls. A model with
+FusedElementwise nodes needs ``run --warmup 8`` and ``ncu --profile-from-start off``: its kernels tune
+their launch shapes on the first runs (hundreds of trial launches, which would fill the trace), so the
+warm-up runs go unprofiled and only the two runs after them are traced (cudaProfilerStart/Stop). This is
 how docs/benchmarks.md found cuDNN's separate bias-add kernel after every Conv. Never imported by the
 package.
 """
@@ -40,9 +43,27 @@ def run(args) -> int:
     feeds = make_inputs(model, batch_shapes(model, args.batch)[0]).feeds
     sess = ort.InferenceSession(args.model, session_options(),
                                 providers=[("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})])
+    for _ in range(args.warmup):  # FusedElementwise tunes its launches on the first runs: keep them out
+        sess.run(None, feeds)
+    profiler = _cuda_profiler() if args.warmup else None
+    if profiler is not None:
+        profiler.cudaProfilerStart()
     for _ in range(2):
         sess.run(None, feeds)
+    if profiler is not None:
+        profiler.cudaProfilerStop()
     return 0
+
+
+def _cuda_profiler():
+    """The CUDA runtime, for cudaProfilerStart/Stop (ncu --profile-from-start off), loaded by ctypes."""
+    import ctypes
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise SystemExit("kernel_times: no libcudart to start the profiler with; use --warmup 0")
 
 
 def _rows(path: str) -> list[dict]:
@@ -73,6 +94,8 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="two inferences of MODEL on CUDA (the target ncu profiles)")
     r.add_argument("model")
     r.add_argument("--batch", type=int, default=1)
+    r.add_argument("--warmup", type=int, default=0,
+                   help="unprofiled runs first (run ncu with --profile-from-start off); 0: profile from the start")
     s = sub.add_parser("summarize", help="µs per kernel name from ncu --csv output")
     s.add_argument("csv", nargs="+")
     s.add_argument("--top", type=int, default=20)

@@ -409,6 +409,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-budget", type=float, default=0.5, help="--latency: seconds per model and session")
     ap.add_argument("--right-padded", default="",
                     help="families (comma list) optimized under --right-padded attention_mask")
+    ap.add_argument("--keep-models", action="store_true",
+                    help="keep the optimized models under OUT/models (for ncu: benchmarks/kernel_times.py)")
     ap.add_argument("--jobs", type=int, default=1, help="families prepared at once (timing is one at a time)")
     ap.add_argument("--also-skip", default="", metavar="RULES",
                     help="--latency: also time --precision fp16 with --skip RULES (comma list) against half(), "
@@ -447,7 +449,7 @@ def main(argv=None) -> int:
         if args.latency:
             time_pair(name, row, table[name][1], batches, [g for g in graph_modes if args.device == "cuda" or not g],
                       args.time_budget, args.out, log, args.device)
-        for f in work.glob(f"{name}.*"):
+        for f in work.glob(f"{name}.*") if not args.keep_models else ():
             f.unlink()  # exports of a few hundred MB each: keep the disk free
         save()
 
