@@ -1,5 +1,5 @@
 """The fixed CUDA sources of the library's other ops (AttentionInputs, DecodeAttention, MixedRMSNorm,
-ChannelTranspose),
+ChannelTranspose, ChannelsLastMean),
 checked without a GPU: each one's raw-string source, behind the shared typed loads and stores
 (``kCudaTypedIo`` in attention_common.h) as ``fixed_kernels`` compiles it, compiles to PTX with NVRTC
 (the nvidia-cuda-nvrtc wheel runs on the CPU) and defines every kernel the op's ``init_cuda`` asks for, for
@@ -31,6 +31,7 @@ KERNELS = {
                             for v in ("_v", "_e")] + [f"ofx_decode_attention_{t}_combine" for t in ("f32", "f16", "bf16")]
                            + [f"ofx_decode_attention_{t}_d{w}_m" for t in ("f16", "bf16") for w in (64, 128)],
     "channel_transpose.cc": [f"ofx_to_{d}_{b}" for d in ("nhwc", "nchw") for b in ("b16", "b32")],
+    "channels_last_mean.cc": [f"ofx_channels_last_mean_{t}" for t in ("f32", "f16", "bf16")],
     "mixed_rmsnorm.cc": [f"ofx_mixed_rmsnorm_{x}_{g}" for x in ("f32", "f16", "bf16") for g in ("f32", "f16", "bf16")],
 }
 

@@ -2,7 +2,7 @@
 // kernel and a CUDA kernel registered separately (its glue shared with FusedConcat: elementwise_io.h),
 // FusedConcat (fused_concat.cc), AttentionInputs (attention_inputs.cc) and
 // DecodeAttention (decode_attention.cc), MixedRMSNorm (mixed_rmsnorm.cc), ChannelTranspose
-// (channel_transpose.cc). Exported: RegisterCustomOps (for ONNX Runtime)
+// (channel_transpose.cc), ChannelsLastMean (channels_last_mean.cc). Exported: RegisterCustomOps (for ONNX Runtime)
 // and a few onnxfuse_* C functions for tests and tools (used through ctypes).
 //
 // Nothing may throw across the C boundary (this library carries its own static libstdc++), so
@@ -29,6 +29,7 @@
 #include "attention_inputs.h"
 #include "broadcast.h"
 #include "channel_transpose.h"
+#include "channels_last_mean.h"
 #include "cpu_kernel.h"
 #include "cuda_codegen.h"
 #include "cuda_runtime.h"
@@ -274,6 +275,8 @@ OFX_EXPORT onnxfuse_ort::OrtStatus* RegisterCustomOps(onnxfuse_ort::OrtSessionOp
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, mixed_rmsnorm_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, channel_transpose_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   if (OrtStatus* st = api->CustomOpDomain_Add(domain, channel_transpose_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, channels_last_mean_cpu_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, channels_last_mean_cuda_op(api, ONNXFUSE_ORT_API_VERSION))) return st;
   return api->AddCustomOpDomain(options, domain);
 }
 

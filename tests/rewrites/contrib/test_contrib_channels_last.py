@@ -117,8 +117,10 @@ def test_a_region_of_one_conv_is_refused_with_the_reason():
     assert reasons and "a region of 1 Conv" in reasons[0]
 
 
-def test_axis_ops_are_renumbered():
-    """Split and Slice over channels, Concat of the pieces, GlobalAveragePool: axes 1 → 3, pool → ReduceMean."""
+@pytest.mark.parametrize("pool, written", [("GlobalAveragePool", "ChannelsLastMean"), ("GlobalMaxPool", "ReduceMax")])
+def test_axis_ops_are_renumbered(pool, written):
+    """Split and Slice over channels, Concat of the pieces, a global pool: axes 1 → 3, GlobalAveragePool →
+    our ChannelsLastMean (its CPU kernel runs here), GlobalMaxPool → ReduceMax over [1, 2]."""
     rng = np.random.default_rng(3)
     inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w1"),
              numpy_helper.from_array(rng.standard_normal((4, 8, 1, 1)).astype(np.float32), "w2"),
@@ -132,11 +134,12 @@ def test_axis_ops_are_renumbered():
              helper.make_node("Concat", ["q", "p"], ["pq"], axis=-3),
              helper.make_node("Conv", ["pq", "w2"], ["c2"]),
              helper.make_node("Concat", ["c2", "r"], ["cr"], axis=1),
-             helper.make_node("GlobalAveragePool", ["cr"], ["y"])]
+             helper.make_node(pool, ["cr"], ["y"])]
     model = make_model(nodes, [vi("x", [2, 3, 6, 6])], [vi("y", [2, 8, 1, 1])], inits, opset=17)
     result = channels_last(model)
     ops = op_types(result.model)
-    assert ops.count("NhwcConv") == 2 and ops.count("Transpose") == 2 and "GlobalAveragePool" not in ops
+    assert ops.count("NhwcConv") == 2 and ops.count("Transpose") == 2 and pool not in ops
+    assert ops.count(written) == 1 and "ReduceMean" not in ops
     x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
     np.testing.assert_allclose(run(nchw_stand_in(result.model), {"x": x})[0], run(model, {"x": x})[0],
                                rtol=1e-5, atol=1e-5)
