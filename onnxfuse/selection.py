@@ -45,6 +45,7 @@ LADDER = [
     ("grouped query rows", ("contrib-grouped-attention-inputs",)),  # back to repeated K/V heads
     ("AttentionInputs kernel", ("contrib-attention-inputs",)),  # our KV-cache kernel; the attention stays
     ("fused attention", ("contrib-attention", "contrib-mask-lengths")),
+    ("upsampled reads", ("upsample-by-broadcast",)),  # the Resize's copy again; its readers on the full map
     ("concatenation writes", ("concat-into-elementwise",)),  # FusedConcat's placed kernels; Concat again
     ("FusedElementwise kernels", ("fuse-elementwise", "conv-bias-into-elementwise")),
     ("every rewrite", None),  # None: all rules

@@ -59,6 +59,11 @@ def test_ladder_only_leaves_out_rules_that_applied_and_ends_with_everything():
                      ("FusedElementwise kernels", frozenset({"concat-into-elementwise", "fuse-elementwise",
                                                              "conv-bias-into-elementwise"})),
                      ("every rewrite", ALL)]
+    rungs = ladder(["fuse-elementwise", "upsample-by-broadcast"])  # a feature pyramid's views go first
+    assert rungs == [("upsampled reads", frozenset({"upsample-by-broadcast"})),
+                     ("FusedElementwise kernels", frozenset({"upsample-by-broadcast", "fuse-elementwise",
+                                                             "conv-bias-into-elementwise"})),
+                     ("every rewrite", ALL)]
     rungs = ladder(["contrib-channels-last", "conv-bias-into-elementwise"])
     assert rungs == [("channels-last layout", frozenset({"contrib-channels-last"})),
                      ("FusedElementwise kernels", frozenset({"contrib-channels-last", "fuse-elementwise",

@@ -76,6 +76,7 @@ ORDER = [
     "contrib/contrib-decode-attention",  # after contrib-grouped-attention-inputs, whose grouped rows it reads
     "contrib/contrib-channel-transpose",  # opt-in; after contrib-channels-last, whose boundary transposes it takes
     "elementwise/conv-bias-into-elementwise",  # decides with fuse-elementwise's own region analysis
+    "elementwise/upsample-by-broadcast",  # after conv-bias-into-elementwise, whose bias Add it views too; before fuse-elementwise fuses the view
     "elementwise/fuse-elementwise",  # takes whatever elementwise ops are left
     "elementwise/concat-into-elementwise",  # right after fuse-elementwise: it absorbs the FusedElementwise nodes that one writes
 ]
