@@ -29,7 +29,9 @@ The dimensions before the first upsampled axis are copied by the Reshapes (targe
 keeps its own there and the op broadcasts them as before (a dynamic batch stays dynamic). Refused: a
 Resize that is not such an upsample (modes, lengths: see the facts module); an op the elementwise
 language does not take; a dimension from the first upsampled axis on that is not a static size, or an
-upsampled map or operand whose sizes there are not the output's; an operand that is none of the above.
+upsampled map or operand whose sizes there are not the output's; an operand that is none of the above;
+an op whose other operands are all coarse or one element (``Relu(Resize(x))``, ``Max(Resize(x), 0)``): its
+result in the view would be the coarse map's size, so the upsampled map would be written anyway.
 Resize's other readers keep it.
 """
 
@@ -96,6 +98,21 @@ class _View:
         """The view's dims for the new tensors' declared shapes (leading ones as the output's)."""
         return list(self.dims[:self.first]) + self.target(coarse=False)[self.first:]
 
+    def full(self, viewed: np.ndarray) -> bool:
+        """A viewed constant spans each upsampled axis's s (so the op's result in the view is full size)."""
+        shape = (1,) * (len(self.shape()) - viewed.ndim) + viewed.shape
+        return all(shape[k] == s for k, s in self._factor_positions())
+
+    def _factor_positions(self):
+        """(position in the view, s) of each upsampled axis's s."""
+        k = 0
+        for s in self.factors:
+            if s > 1:
+                yield k + 1, s
+                k += 2
+            else:
+                k += 1
+
     def constant(self, value: np.ndarray) -> np.ndarray | None:
         """A constant operand in the view, or None when it does not broadcast there (a length other than
         1 or the full L along an upsampled axis, or more dimensions than the output)."""
@@ -156,6 +173,10 @@ class UpsampleByBroadcast(Rule):
         why = self._collect(graph, reader, resize.outputs[0], view, region, operands)
         if why is not None:
             return Refuse(why)
+        if not any(kind in ("same", "hoist") or (kind == "constant" and view.full(value))
+                   for t in reader.inputs for kind, value in [operands.get(id(t), ("as is", None))]):
+            return Refuse("no other operand has the upsampled size: the view of the coarse map alone would stay "
+                          "coarse, and the map would have to be written anyway")
         region.append(reader)
         self._extend_down(graph, region, resize.outputs[0], view, operands)
         return Plan(reader, (resize, view, region, operands))
@@ -169,7 +190,7 @@ class UpsampleByBroadcast(Rule):
             below = sole_reader(graph, out)
             if below is None or not _elementwise(below) or not view.spans(shape_of(graph, below.outputs[0])):
                 return
-            trial, kept = {**operands, id(out): "hoist"}, len(region)
+            trial, kept = {**operands, id(out): ("hoist", None)}, len(region)
             if self._collect(graph, below, upsampled, view, region, trial) is not None:
                 del region[kept:]
                 return
@@ -185,19 +206,19 @@ class UpsampleByBroadcast(Rule):
             if not t.name or id(t) in operands:
                 continue
             if t is upsampled:
-                operands[id(t)] = "up"
+                operands[id(t)] = ("up", None)
                 continue
             value = constant_value(graph, t)
             if value is not None:
                 viewed = view.constant(value) if value.size > 1 else value
                 if viewed is None:
                     return f"constant operand {t.name!r} {list(value.shape)} does not broadcast in the view"
-                operands[id(t)] = viewed
+                operands[id(t)] = ("constant", viewed)
                 continue
             shape = shape_of(graph, t)
             if shape is not None and len(shape) <= len(view.dims) and all(
                     isinstance(d, (int, np.integer)) and d == 1 for d in shape):
-                operands[id(t)] = "as is"
+                operands[id(t)] = ("as is", None)
                 continue
             if not view.spans(shape):
                 return f"operand {t.name!r} {list(shape) if shape else '?'} is neither the output's shape, a constant nor one element"
@@ -208,11 +229,11 @@ class UpsampleByBroadcast(Rule):
                 if self._collect(graph, producer, upsampled, view, region, trial) is None:
                     operands.clear()
                     operands.update(trial)
-                    operands[id(t)] = "hoist"
+                    operands[id(t)] = ("hoist", None)
                     region.append(producer)
                     continue
                 del region[kept:]  # what the failed attempt hoisted below it
-            operands[id(t)] = "same"
+            operands[id(t)] = ("same", None)
         return None
 
     def rewrite(self, graph, plan: Plan):
@@ -231,13 +252,13 @@ class UpsampleByBroadcast(Rule):
             return out
 
         def operand(t):
-            kind = operands.get(id(t))
-            if kind is None or (isinstance(kind, str) and kind == "as is"):
+            kind, value = operands.get(id(t), ("as is", None))
+            if kind == "as is":
                 return t
             if id(t) in viewed:
                 return viewed[id(t)]
-            if isinstance(kind, np.ndarray):
-                made = gs.Constant(names(f"{t.name}/view"), np.ascontiguousarray(kind))
+            if kind == "constant":
+                made = gs.Constant(names(f"{t.name}/view"), np.ascontiguousarray(value))
             elif kind == "up":
                 made = reshape(resize.inputs[0], view.target(coarse=True))
             else:  # "same": a tensor of the output's shape ("hoist" is set by its producer below)

@@ -199,3 +199,20 @@ def test_an_operand_broadcast_along_an_upsampled_axis_is_refused():
     out, report = optimize(model, only=RULE)
     assert "Resize" in ops(out)
     assert any(r.rule == RULE and "operand 'gate'" in r.reason for r in report.refusals)
+
+
+@pytest.mark.parametrize("second", [None, "zero"])
+def test_an_op_with_nothing_of_the_full_size_is_refused(second):
+    """Relu(Resize(y)) or Max(Resize(y), 0): in the view the result would keep the coarse size (found by the
+    fuzzer: the Reshape back then fails), so the Resize stays."""
+    inits = [nh.from_array(np.array([1, 1, 2, 2], np.float32), "scales"), nh.from_array(np.array([], np.float32), "roi"),
+             nh.from_array(np.array(0, np.float32), "zero")]
+    tail = h.make_node("Relu", ["u"], ["out"]) if second is None else h.make_node("Max", ["u", "zero"], ["out"])
+    nodes = [h.make_node("Resize", ["y", "roi", "scales"], ["u"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"), tail]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("y", T.FLOAT, ["batch", 8, 6, 4])],
+                     [h.make_tensor_value_info("out", T.FLOAT, ["batch", 8, 12, 8])], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 14)], ir_version=8)
+    out, report = optimize(model, only=RULE)
+    assert "Resize" in ops(out)
+    assert any(r.rule == RULE and "no other operand has the upsampled size" in r.reason for r in report.refusals)
