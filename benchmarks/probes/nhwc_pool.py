@@ -11,7 +11,8 @@ MobileNetV3 and EfficientNet, where the measured choice refused channels-last (5
 For each squeeze-excitation shape, one-node (or few-node) models computing y = mean over H, W of x
 [N, H, W, C] as [N, 1, 1, C]:
 
-* ``reduce_mean``: ``ReduceMean(axes=[1, 2], keepdims=1)``, what the rule writes today;
+* ``reduce_mean``: ``ReduceMean(axes=[1, 2], keepdims=1)``, what the rule wrote before ``ChannelsLastMean``;
+* ``channels_last_mean``: onnxfuse's ``ChannelsLastMean`` (csrc/channels_last_mean.cc), what it writes now;
 * ``nhwc_gap``: ``GlobalAveragePool`` in ONNX Runtime's internal ``com.ms.internal.nhwc`` domain, the
   kernel its own ``prefer_nhwc`` layout pass uses (present only in builds with CUDA NHWC ops; an internal
   domain, so a rule would need a CPU stand-in: onnxfuse/runtime/stand_ins.py);
@@ -21,7 +22,9 @@ For each squeeze-excitation shape, one-node (or few-node) models computing y = m
   a batched GEMV; in float32 ONNX Runtime's default TF32 math rounds x to 10 mantissa bits: its error
   is reported);
 
-beside the original's own cost, ``nchw_gap``: ``GlobalAveragePool`` of the same values in NCHW, and a
+beside the original's own cost, ``nchw_gap``: ``GlobalAveragePool`` of the same values in NCHW (and
+``nchw_reduce_mean``, ``ReduceMean`` over [2, 3] of them: ONNX Runtime's reduction over trailing axes,
+a candidate for the NCHW outputs' pools), and a
 device copy of x's bytes (a read and a write of x: twice the floor of a read). Each result is compared
 with torch's float64 mean (max relative error). Shapes: the DB detector's (MobileNetV3-L at 640) and
 EfficientNet-B0's (224) squeeze-excitation inputs at batch 16, float32 and float16.
@@ -49,6 +52,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1]))
 
 from kernels import Harness  # noqa: E402  (benchmarks/kernels.py: the timing harness)
+from onnxfuse.custom_ops import DOMAIN  # noqa: E402
 
 #: [N, H, W, C] inputs of squeeze-excitation blocks at batch 16: the DB detector's MobileNetV3-L at 640,
 #: then EfficientNet-B0's at 224.
@@ -56,16 +60,21 @@ SHAPES = [(16, 80, 80, 72), (16, 80, 80, 120), (16, 40, 40, 480), (16, 40, 40, 6
           (16, 112, 112, 32), (16, 56, 56, 144), (16, 28, 28, 240), (16, 14, 14, 480), (16, 7, 7, 1152)]
 ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 NHWC_DOMAIN = "com.ms.internal.nhwc"
-FORMS = ("reduce_mean", "nhwc_gap", "transpose_gap", "matmul", "nchw_gap")
+FORMS = ("reduce_mean", "channels_last_mean", "nhwc_gap", "transpose_gap", "matmul", "nchw_gap", "nchw_reduce_mean")
 
 
 def model(form: str, shape, dtype: str) -> onnx.ModelProto:
     """``form``'s graph from x to y (see the module docstring); ``nchw_gap`` reads x in NCHW."""
     n, h, w, c = shape
     elem, inits = ELEM[dtype], []
-    x_shape, y_shape = ([n, c, h, w], [n, c, 1, 1]) if form == "nchw_gap" else (list(shape), [n, 1, 1, c])
+    nchw = form.startswith("nchw")
+    x_shape, y_shape = ([n, c, h, w], [n, c, 1, 1]) if nchw else (list(shape), [n, 1, 1, c])
     if form == "reduce_mean":
         nodes = [helper.make_node("ReduceMean", ["x"], ["y"], axes=[1, 2], keepdims=1)]
+    elif form == "channels_last_mean":
+        nodes = [helper.make_node("ChannelsLastMean", ["x"], ["y"], domain=DOMAIN)]
+    elif form == "nchw_reduce_mean":
+        nodes = [helper.make_node("ReduceMean", ["x"], ["y"], axes=[2, 3], keepdims=1)]
     elif form == "nhwc_gap":
         nodes = [helper.make_node("GlobalAveragePool", ["x"], ["y"], domain=NHWC_DOMAIN)]
     elif form == "transpose_gap":
@@ -84,7 +93,8 @@ def model(form: str, shape, dtype: str) -> onnx.ModelProto:
         nodes = [helper.make_node("GlobalAveragePool", ["x"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, x_shape)],
                               [helper.make_tensor_value_info("y", elem, y_shape)], initializer=inits)
-    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(NHWC_DOMAIN, 1)] if form == "nhwc_gap" else [])
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(NHWC_DOMAIN, 1)] if form == "nhwc_gap" else []) + (
+        [helper.make_opsetid(DOMAIN, 1)] if form == "channels_last_mean" else [])
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
@@ -104,10 +114,11 @@ def main(argv=None) -> int:
             want = x.double().mean(dim=(1, 2), keepdim=True)
             row = {"dtype": dtype, "shape": list(shape), "copy_ms": h.time_copy(x.numel() * x.element_size())["gpu_ms"]}
             for form in FORMS:
-                feed = x.permute(0, 3, 1, 2).contiguous() if form == "nchw_gap" else x
-                out_shape = (shape[0], shape[3], 1, 1) if form == "nchw_gap" else (shape[0], 1, 1, shape[3])
+                nchw = form.startswith("nchw")
+                feed = x.permute(0, 3, 1, 2).contiguous() if nchw else x
+                out_shape = (shape[0], shape[3], 1, 1) if nchw else (shape[0], 1, 1, shape[3])
                 try:
-                    r = h.time_ort(model(form, shape, dtype), False, {"x": feed}, out_shape, dtype)
+                    r = h.time_ort(model(form, shape, dtype), form == "channels_last_mean", {"x": feed}, out_shape, dtype)
                 except Exception as e:  # noqa: BLE001 (an op this build lacks: recorded, the others still run)
                     row[form] = {"error": str(e).splitlines()[0][:200]}
                     continue
