@@ -94,13 +94,9 @@ class _View:
     def back(self) -> list[int]:
         return [0] * self.first + [int(d) for d in self.dims[self.first:]]
 
-    def shape(self) -> list:
-        """The view's dims for the new tensors' declared shapes (leading ones as the output's)."""
-        return list(self.dims[:self.first]) + self.target(coarse=False)[self.first:]
-
     def full(self, viewed: np.ndarray) -> bool:
         """A viewed constant spans each upsampled axis's s (so the op's result in the view is full size)."""
-        shape = (1,) * (len(self.shape()) - viewed.ndim) + viewed.shape
+        shape = (1,) * (len(self.target(coarse=False)) - viewed.ndim) + viewed.shape
         return all(shape[k] == s for k, s in self._factor_positions())
 
     def _factor_positions(self):
@@ -209,8 +205,11 @@ class UpsampleByBroadcast(Rule):
                 operands[id(t)] = ("up", None)
                 continue
             value = constant_value(graph, t)
+            if value is not None and value.size == 1 and value.ndim <= len(view.dims):
+                operands[id(t)] = ("as is", None)  # broadcasts the same way in the view
+                continue
             if value is not None:
-                viewed = view.constant(value) if value.size > 1 else value
+                viewed = view.constant(value)
                 if viewed is None:
                     return f"constant operand {t.name!r} {list(value.shape)} does not broadcast in the view"
                 operands[id(t)] = ("constant", viewed)
@@ -240,11 +239,16 @@ class UpsampleByBroadcast(Rule):
         reader = plan.anchor
         resize, view, region, operands = plan.found
         names = NameAllocator(graph)
-        shape = view.shape()
         viewed: dict[int, gs.Tensor] = {}
 
+        def in_view(t, target):
+            """``t``'s declared shape in the view: its own leading dimensions (a broadcast 1 stays 1), the
+            view's from the first upsampled axis on."""
+            own = shape_of(graph, t)
+            return list(own[:view.first]) + target[view.first:] if own is not None else None
+
         def reshape(t, target):
-            out = gs.Variable(names(f"{t.name}/view"), dtype=t.dtype, shape=list(view.dims[:view.first]) + target[view.first:])
+            out = gs.Variable(names(f"{t.name}/view"), dtype=t.dtype, shape=in_view(t, target))
             graph.nodes.append(gs.Node("Reshape", names(f"{t.name}/to_view"),
                                        inputs=[t, gs.Constant(names(f"{t.name}/view_shape"),
                                                               np.array(target, np.int64))],
@@ -269,7 +273,7 @@ class UpsampleByBroadcast(Rule):
         for node in region:  # producers first: graph order
             node.inputs = [operand(t) for t in node.inputs]
             out = node.outputs[0]
-            twin = gs.Variable(names(f"{out.name}/view"), dtype=out.dtype, shape=shape)
+            twin = gs.Variable(names(f"{out.name}/view"), dtype=out.dtype, shape=in_view(out, view.target(False)))
             node.outputs = [twin]
             if node is region[-1]:
                 graph.nodes.append(gs.Node("Reshape", names(f"{out.name}/from_view"),

@@ -162,6 +162,19 @@ def test_a_batch_the_add_broadcasts_stays_broadcast():
     assert np.array_equal(run(out, feeds), run(model, feeds))
 
 
+def test_a_static_batch_of_one_broadcast_against_three():
+    """Static shapes: the lateral map's batch is 1, the coarse map's 3. The lateral map's view keeps its
+    1 (declared so, as ONNX Runtime infers it: a declared 3 there made an invalid model)."""
+    model = fpn_model("nchw", bias=True, tail="Relu", batch=3)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    out, report = optimize(model)
+    assert report.counts[RULE] == 1
+    onnx.checker.check_model(out, full_check=True)
+    feeds = feeds_for(model)
+    feeds["x"] = feeds["x"][:1]
+    np.testing.assert_allclose(run(out, feeds), run(model, feeds), rtol=1e-6, atol=1e-5)
+
+
 @pytest.mark.parametrize("change, reason", [
     (dict(mode="asymmetric", rounding="round_prefer_floor"), "not a nearest Resize by whole factors"),
     (dict(mode="align_corners", rounding="floor"), "not a nearest Resize by whole factors"),
