@@ -8,43 +8,14 @@ runs the same cases on a GPU. A planted index error in the source is caught, so 
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
 
-from onnxfuse.custom_ops import native
+from cuda_emulation import emulate, kernels_source, needs_cxx
 
-SOURCE = Path(native.__file__).resolve().parent / "csrc" / "channel_transpose.cc"
-CXX = shutil.which("g++") or shutil.which("c++")
+SOURCE = "channel_transpose.cc"
 
-HARNESS = r"""
-#include <barrier>
-#include <cstdio>
-#include <random>
-#include <thread>
-#include <vector>
-struct Dim3 { unsigned x; };
-static thread_local Dim3 threadIdx;
-static Dim3 blockIdx;
-static std::barrier<>* block_barrier;
-#define __global__
-#define __launch_bounds__(n)
-#define __shared__ static
-#define __syncthreads() block_barrier->arrive_and_wait()
-@KERNELS@
-template <class F> void launch(F kernel, Args a, long long blocks) {
-  for (long long b = 0; b < blocks; ++b) {
-    blockIdx.x = (unsigned)b;
-    std::barrier<> bar(THREADS);
-    block_barrier = &bar;
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < THREADS; ++t) threads.emplace_back([&, t] { threadIdx.x = t; kernel(a); });
-    for (auto& t : threads) t.join();
-  }
-}
+#: The checks (after the kernels and ``launch``, tests/custom_ops/cuda_emulation.py).
+CHECKS = r"""
 template <class T> int check(long long n, long long c, long long p, bool to_nhwc, void (*kernel)(Args)) {
   std::mt19937 rng(static_cast<unsigned>(n * 131 + c * 7 + p));
   const long long total = n * c * p;
@@ -80,34 +51,17 @@ int main() {
 """
 
 
-def kernels_source() -> str:
-    (cuda,) = re.findall(r'R"CUDA\((.*?)\)CUDA"', SOURCE.read_text(), re.S)
-    return cuda
-
-
-def emulate(tmp_path: Path, cuda: str) -> subprocess.CompletedProcess:
-    cc, exe = tmp_path / "emulated.cc", tmp_path / "emulated"
-    cc.write_text(HARNESS.replace("@KERNELS@", cuda))
-    built = subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", str(cc), "-o", str(exe)], capture_output=True,
-                           text=True)
-    if built.returncode:
-        if "barrier" in built.stderr:
-            pytest.skip(f"{CXX} has no C++20 <barrier>")
-        raise AssertionError(built.stderr[-2000:])
-    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-
-
-pytestmark = pytest.mark.skipif(CXX is None, reason="needs a C++ compiler")
+pytestmark = needs_cxx
 
 
 def test_the_cuda_kernels_transpose_every_element_under_emulation(tmp_path):
-    run = emulate(tmp_path, kernels_source())
+    run = emulate(tmp_path, kernels_source(SOURCE), CHECKS)
     assert run.returncode == 0 and run.stdout.strip() == "0 wrong elements", run.stdout + run.stderr
 
 
 def test_a_planted_index_error_is_caught(tmp_path):
-    cuda = kernels_source()
+    cuda = kernels_source(SOURCE)
     planted = cuda.replace("tile[q * c + ch] = x[", "tile[q * c + (ch + 1) % c] = x[", 1)
     assert planted != cuda
-    run = emulate(tmp_path, planted)
+    run = emulate(tmp_path, planted, CHECKS)
     assert run.returncode == 1 and run.stdout.strip() != "0 wrong elements", run.stdout

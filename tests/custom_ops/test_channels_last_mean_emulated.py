@@ -10,56 +10,23 @@ check can fail."""
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
 
-from onnxfuse.custom_ops import native
+from cuda_emulation import emulate, kernels_source, needs_cxx
 
-SOURCE = Path(native.__file__).resolve().parent / "csrc" / "channels_last_mean.cc"
-CXX = shutil.which("g++") or shutil.which("c++")
+SOURCE = "channels_last_mean.cc"
 
-HARNESS = r"""
-#include <barrier>
-#include <cmath>
-#include <cstdio>
-#include <random>
-#include <thread>
-#include <vector>
-struct Dim3 { unsigned x; };
-static thread_local Dim3 threadIdx;
-static Dim3 blockIdx;
-static std::barrier<>* block_barrier;
-#define __global__
-#define __launch_bounds__(n)
-#define __shared__ static
-#define __syncthreads() block_barrier->arrive_and_wait()
-static float exchange[1024];
-static float __shfl_xor_sync(unsigned, float v, int o) {
-  exchange[threadIdx.x] = v;
-  block_barrier->arrive_and_wait();
-  const float got = exchange[threadIdx.x ^ o];
-  block_barrier->arrive_and_wait();
-  return got;
-}
+#: The typed loads and stores the kernels call (kCudaTypedIo on a GPU), all as float32 here: the checks
+#: run the float32 kernel.
+TYPED_IO = r"""
 #define OFX_IO(T) \
   static float ld_##T(const void* p, long long i) { return ((const float*)p)[i]; } \
   static void st_##T(void* p, long long i, float v) { ((float*)p)[i] = v; }
 OFX_IO(f32) OFX_IO(f16) OFX_IO(bf16)
-@KERNELS@
-void launch(Args a, long long blocks) {
-  for (long long b = 0; b < blocks; ++b) {
-    blockIdx.x = (unsigned)b;
-    std::barrier<> bar(THREADS);
-    block_barrier = &bar;
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < THREADS; ++t) threads.emplace_back([&, t] { threadIdx.x = t; ofx_channels_last_mean_f32(a); });
-    for (auto& t : threads) t.join();
-  }
-}
+"""
+
+#: The checks (after the kernels and ``launch``, tests/custom_ops/cuda_emulation.py).
+CHECKS = r"""
 int check(long long n, long long p, long long c, int lanes) {
   std::mt19937 rng(static_cast<unsigned>(n * 131 + p * 7 + c + lanes));
   std::normal_distribution<float> normal(0.5f, 1.0f);
@@ -68,7 +35,7 @@ int check(long long n, long long p, long long c, int lanes) {
   Args a{};
   a.x = x.data(), a.y = y.data(), a.n = n, a.p = p, a.c = c, a.lanes = lanes;
   a.groups = (c + lanes - 1) / lanes;  // as CudaChannelsLastMean::ComputeV2 sets it
-  launch(a, n * a.groups);
+  launch(ofx_channels_last_mean_f32, a, n * a.groups);
   int bad = 0;
   for (long long b = 0; b < n; ++b)
     for (long long ch = 0; ch < c; ++ch) {
@@ -92,36 +59,19 @@ int main() {
 """
 
 
-def kernels_source() -> str:
-    (cuda,) = re.findall(r'R"CUDA\((.*?)\)CUDA"', SOURCE.read_text(), re.S)
-    return cuda
-
-
-def emulate(tmp_path: Path, cuda: str) -> subprocess.CompletedProcess:
-    cc, exe = tmp_path / "emulated.cc", tmp_path / "emulated"
-    cc.write_text(HARNESS.replace("@KERNELS@", cuda))
-    built = subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", str(cc), "-o", str(exe)], capture_output=True,
-                           text=True)
-    if built.returncode:
-        if "barrier" in built.stderr:
-            pytest.skip(f"{CXX} has no C++20 <barrier>")
-        raise AssertionError(built.stderr[-2000:])
-    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-
-
-pytestmark = pytest.mark.skipif(CXX is None, reason="needs a C++ compiler")
+pytestmark = needs_cxx
 
 
 def test_the_cuda_kernel_averages_every_channel_under_emulation(tmp_path):
-    run = emulate(tmp_path, kernels_source())
+    run = emulate(tmp_path, kernels_source(SOURCE), CHECKS, before=TYPED_IO)
     assert run.returncode == 0 and run.stdout.strip() == "0 wrong means", run.stdout + run.stderr
 
 
 @pytest.mark.parametrize("plant", [("s += v0; s += v1;", "s += v0;"),  # a load of the unrolled loop lost
                                    ("o >= lanes", "o > lanes")])  # one lane of a channel left out
 def test_a_planted_error_is_caught(tmp_path, plant):
-    cuda = kernels_source()
+    cuda = kernels_source(SOURCE)
     planted = cuda.replace(*plant, 1)
     assert planted != cuda
-    run = emulate(tmp_path, planted)
+    run = emulate(tmp_path, planted, CHECKS, before=TYPED_IO)
     assert run.returncode == 1 and run.stdout.strip() != "0 wrong means", run.stdout
