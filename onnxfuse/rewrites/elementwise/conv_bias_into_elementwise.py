@@ -16,7 +16,11 @@ the region keeps the sum in float until its output (one rounding fewer), well wi
 half-precision tolerance validation applies.
 
 Which Convs: default-domain Conv, or com.microsoft ``NhwcConv`` (channels-last: its bias is added in a
-second cuDNN pass too, and broadcasts on the last axis as it is), with a constant 1-D bias of length C (the output channels), output of
+second cuDNN pass too, and broadcasts on the last axis as it is), or default-domain ``ConvTranspose``
+(ONNX Runtime's CUDA kernel runs cuDNN's backward-data convolution, then ``cudnnAddTensor`` for the bias,
+and its CPU kernel adds the bias after the column-to-image pass: a separate addition on both providers,
+so the lifted Add is the same single rounding; its output channels are the weight's second dimension
+times ``group``: a DB text detector's head, a UNet decoder), with a constant 1-D bias of length C (the output channels), output of
 known rank ≥ 3 and float element type, not a graph output, read only by default-domain ops the
 elementwise language has. Whether those readers really become one fused region is decided by running
 the region analysis of fuse-elementwise (:mod:`onnxfuse.rewrites.elementwise.regions`) on a trial graph with every candidate
@@ -50,6 +54,18 @@ def is_nhwc_conv(node) -> bool:
 _NO_BIAS = Refuse("no bias")
 
 
+def _is_conv(node) -> bool:
+    """A convolution whose bias ONNX Runtime adds in a pass of its own (module docstring)."""
+    return (node.op in ("Conv", "ConvTranspose") and is_default_domain(node)) or is_nhwc_conv(node)
+
+
+def _output_channels(conv, weight) -> int:
+    """Conv and NhwcConv: the weight's first dimension; ConvTranspose: its second times ``group``."""
+    if conv.op == "ConvTranspose":
+        return int(weight.shape[1]) * int(conv.attrs.get("group", 1))
+    return int(weight.shape[0])
+
+
 def _candidate_problem(graph, conv) -> Refuse | None:
     """Why ``conv`` cannot have its bias lifted (before the trial), or ``None``."""
     if len(conv.inputs) < 3 or conv.inputs[2].is_empty():
@@ -58,7 +74,7 @@ def _candidate_problem(graph, conv) -> Refuse | None:
     weight = constant_value(graph, conv.inputs[1])
     if bias is None or weight is None:
         return Refuse("bias or weight is not a constant")
-    if bias.ndim != 1 or weight.ndim < 3 or bias.shape[0] != weight.shape[0]:
+    if bias.ndim != 1 or weight.ndim < 3 or bias.shape[0] != _output_channels(conv, weight):
         return Refuse("bias is not one value per output channel")
     if bias.dtype.type not in _FLOAT and str(bias.dtype) != "bfloat16":
         return Refuse(f"bias dtype {bias.dtype}")
@@ -120,7 +136,7 @@ class LiftConvBiasIntoElementwise(Rule):
     def match(self, graph):
         found = []
         for g in graphs_within(graph):
-            convs = [n for n in g.nodes if (n.op == "Conv" and is_default_domain(n)) or is_nhwc_conv(n)]
+            convs = [n for n in g.nodes if _is_conv(n)]
             if not convs:
                 continue
             problems = {id(c): _candidate_problem(g, c) for c in convs}

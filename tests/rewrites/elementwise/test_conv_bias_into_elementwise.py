@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import numpy_helper
 from test_fuse_elementwise import assert_same, fused_nodes, needs_library, parse, program_of
 
@@ -165,3 +166,39 @@ def test_lifted_adds_of_unnamed_convs_get_distinct_names():
     adds = [n.name for n in out.graph.node if n.op_type == "Add"]
     assert len(adds) == 2 and len(set(adds)) == 2, adds
     assert sorted(d["add"] for d in report.details if d["rule"] == RULE) == sorted(adds)
+
+
+@needs_library
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_conv_transpose_bias_moves_into_its_activation(group):
+    """ConvTranspose's bias is a pass of its own too (cuDNN's AddTensor after the backward-data
+    convolution): it moves into the Relu's region. Output channels are the weight's second dimension times
+    ``group`` (a DB detector's head upsamples 64 → 64 channels by 2)."""
+    wt = numpy_helper.from_array(RNG.standard_normal((4, 6 // group, 2, 2)).astype(np.float32), "WT")
+    bt = numpy_helper.from_array(RNG.standard_normal(6).astype(np.float32), "BT")
+    m = parse(f"""
+        g (float[2,4,8,8] x) => (float[2,6,16,16] y) {{
+            c = ConvTranspose <strides = [2, 2], group = {group}> (x, WT, BT)
+            y = Relu(c)
+        }}
+    """, inits=[wt, bt])
+    out, report = lift(m)
+    assert report.counts[RULE] == 1
+    assert [n.op_type for n in out.graph.node] == ["ConvTranspose", "FusedElementwise"]
+    assert [list(n.input) for n in out.graph.node if n.op_type == "ConvTranspose"] == [["x", "WT"]]
+    assert "Add(" in program_of(fused_nodes(out)[0])
+    assert_same(m, out, rtol=1e-6, atol=1e-5)
+
+
+def test_a_conv_transpose_bias_of_the_wrong_length_is_refused():
+    wt = numpy_helper.from_array(RNG.standard_normal((4, 6, 2, 2)).astype(np.float32), "WT")
+    bt = numpy_helper.from_array(RNG.standard_normal(4).astype(np.float32), "BT")  # the input channels' count
+    m = parse("""
+        g (float[2,4,8,8] x) => (float[2,6,16,16] y) {
+            c = ConvTranspose <strides = [2, 2]> (x, WT, BT)
+            y = Relu(c)
+        }
+    """, inits=[wt, bt])
+    out, report = optimize(m, only=f"{RULE},fuse-elementwise")
+    assert RULE not in report.counts or report.counts[RULE] == 0
+    assert "bias is not one value per output channel" in reasons(report).values()
