@@ -266,9 +266,12 @@ def _yolo_decode_module(image: int = 640, nc: int = 80, reg: int = 16):
     export mode): the distribution focal loss (a softmax over ``reg`` bins per box side, read out by a
     1x1 Conv holding 0..reg-1), distances to boxes around the anchor points, scaled by each level's
     stride, and the class sigmoid, concatenated to [B, 4 + nc, anchors]: the shape of a real detector's
-    export, its head's Split, Softmax, Conv and elementwise tail included."""
+    export, its head's Split, Softmax, Conv and elementwise tail included. The decoding is the testdata
+    exporter's (``testdata/export_fusion_models.py: yolo_decode``), as its small head uses it."""
     import torch
     from torch import nn
+
+    from testdata.export_fusion_models import yolo_decode
 
     body = _yolo_module()
     points, strides = [], []
@@ -288,14 +291,7 @@ def _yolo_decode_module(image: int = 640, nc: int = 80, reg: int = 16):
             self.register_buffer("strides", torch.cat(strides).transpose(0, 1))
 
         def forward(self, x):
-            y = self.body(x)
-            box, cls = y.split((4 * reg, nc), 1)
-            b, _, a = box.shape
-            dist = self.dfl(box.view(b, 4, reg, a).transpose(2, 1).softmax(1)).view(b, 4, a)
-            lt, rb = dist.chunk(2, 1)
-            x1y1, x2y2 = self.anchors - lt, self.anchors + rb
-            xywh = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
-            return torch.cat((xywh, cls.sigmoid()), 1)
+            return yolo_decode(self.body(x), reg, nc, self.dfl, self.anchors, self.strides)
 
     return Decoded()
 
@@ -344,25 +340,19 @@ def _timm_vit_module(dim: int = 768, depth: int = 12, heads: int = 12, patch: in
     """A ViT-B/16 written as timm writes it (timm is not needed): patch Conv, class token, position
     embedding, pre-norm blocks whose attention computes q, k and v with one Linear and cuts them from a
     packed ``reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4)`` by ``unbind`` (DeiT, BEiT, EVA and PP-OCR's
-    SVTR share the module), exact GELU MLP, final LayerNorm and the class token's head."""
+    SVTR share the module), exact GELU MLP, final LayerNorm and the class token's head. The attention is
+    the testdata exporter's ``TimmAttention`` (``testdata/export_fusion_models.py``), by ``unbind``."""
     import torch
     from torch import nn
 
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-
-        def forward(self, x):
-            b, n, c = x.shape
-            q, k, v = self.qkv(x).reshape(b, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4).unbind(0)
-            a = ((q @ k.transpose(-2, -1)) * (c // heads) ** -0.5).softmax(-1)
-            return self.proj((a @ v).transpose(1, 2).reshape(b, n, c))
+    from testdata.export_fusion_models import TimmAttention
 
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.norm1, self.attn, self.norm2 = nn.LayerNorm(dim, eps=1e-6), Attention(), nn.LayerNorm(dim, eps=1e-6)
+            self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+            self.attn = TimmAttention(dim, heads, unbind=True)
+            self.norm2 = nn.LayerNorm(dim, eps=1e-6)
             self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
         def forward(self, x):

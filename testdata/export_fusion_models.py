@@ -200,18 +200,26 @@ class YoloDecodeHead(nn.Module):
         p3 = self.b2(self.b1(self.b0(x)))
         p4 = self.b3(p3)
         y = torch.cat([h(f).flatten(2) for h, f in zip(self.heads, (p3, p4))], 2)
-        box, cls = y.split((4 * self.reg, self.nc), 1)
-        b, _, a = box.shape
-        dist = self.dfl(box.view(b, 4, self.reg, a).transpose(2, 1).softmax(1)).view(b, 4, a)
-        lt, rb = dist.chunk(2, 1)
-        x1y1, x2y2 = self.anchors - lt, self.anchors + rb
-        xywh = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
-        return torch.cat((xywh, cls.sigmoid()), 1)
+        return yolo_decode(y, self.reg, self.nc, self.dfl, self.anchors, self.strides)
+
+
+def yolo_decode(y, reg, nc, dfl, anchors, strides):
+    """A YOLOv8 export's decoding of its concatenated head output y [B, 4 * reg + nc, anchors]: the box
+    part a softmax over ``reg`` bins per side read out by ``dfl`` (a fixed 1x1 Conv holding 0..reg-1),
+    split into left-top and right-bottom distances, boxes around the anchor points scaled by each
+    anchor's stride, concatenated with the class sigmoid. Shared with benchmarks/zoo.py's detector."""
+    box, cls = y.split((4 * reg, nc), 1)
+    b, _, a = box.shape
+    dist = dfl(box.view(b, 4, reg, a).transpose(2, 1).softmax(1)).view(b, 4, a)
+    lt, rb = dist.chunk(2, 1)
+    x1y1, x2y2 = anchors - lt, anchors + rb
+    xywh = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * strides
+    return torch.cat((xywh, cls.sigmoid()), 1)
 
 
 class TimmAttention(nn.Module):
     """timm's ``Attention``: one qkv Linear, ``reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4)``, then q, k,
-    v by indexing (older timm) or ``unbind(0)`` (newer)."""
+    v by indexing (older timm) or ``unbind(0)`` (newer). Shared with benchmarks/zoo.py's timm-style ViT."""
 
     def __init__(self, dim, heads, unbind):
         super().__init__()
