@@ -52,6 +52,10 @@ from onnxfuse.rewrites.facts.resize import nearest_upsample_factors
 #: Elementwise producers followed upward through the view, at most (a bias Add, an activation, ...).
 MAX_HOISTED = 8
 
+#: The highest rank of the view: a lone op stays ONNX Runtime's, whose CUDA broadcasting kernels index
+#: through fixed arrays of 8 dimensions (``TArray``); a 4-D tensor upsampled on two axes is 6.
+MAX_VIEW_RANK = 8
+
 
 def _elementwise(node) -> bool:
     return (is_default_domain(node) and node.op in POINTWISE and node.op in candidate_ops()
@@ -68,6 +72,9 @@ class _View:
         self.first = next(i for i, s in enumerate(factors) if s > 1)
 
     def problem(self) -> str | None:
+        rank = len(self.dims) + sum(1 for s in self.factors if s > 1)
+        if rank > MAX_VIEW_RANK:
+            return f"the view would have rank {rank}, above the {MAX_VIEW_RANK} ONNX Runtime's broadcasting kernels take"
         for i in range(self.first, len(self.dims)):
             d = self.dims[i]
             if not isinstance(d, (int, np.integer)) or d <= 0:

@@ -229,3 +229,19 @@ def test_an_op_with_nothing_of_the_full_size_is_refused(second):
     out, report = optimize(model, only=RULE)
     assert "Resize" in ops(out)
     assert any(r.rule == RULE and "no other operand has the upsampled size" in r.reason for r in report.refusals)
+
+
+def test_a_view_above_rank_eight_is_refused():
+    """A rank-7 tensor upsampled on two axes would be viewed at rank 9, beyond ONNX Runtime's broadcasting
+    kernels (a lone op stays theirs)."""
+    coarse, factors = [2, 2, 2, 2, 2, 3, 4], [1, 1, 1, 1, 1, 2, 2]
+    full = [c * f for c, f in zip(coarse, factors)]
+    inits = [nh.from_array(np.array(factors, np.float32), "scales"), nh.from_array(np.array([], np.float32), "roi")]
+    nodes = [h.make_node("Resize", ["y", "roi", "scales"], ["u"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             h.make_node("Add", ["u", "x"], ["out"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("y", T.FLOAT, coarse), h.make_tensor_value_info("x", T.FLOAT, full)],
+                     [h.make_tensor_value_info("out", T.FLOAT, full)], inits)
+    out, report = optimize(h.make_model(g, opset_imports=[h.make_opsetid("", 14)], ir_version=8), only=RULE)
+    assert "Resize" in ops(out)
+    assert any(r.rule == RULE and "rank 9" in r.reason for r in report.refusals)
