@@ -12,6 +12,7 @@ protobuf layers read, proved once.
   ``proven_dims`` (the dimensions inference leaves invented, graphsurgeon graphs), ``range_dims``
   (``Range(0, n, 1)``'s length on the protobuf model ``model_io.infer_shapes`` returns), ``row_wise``
   (a Gemm applied row by row through two Reshapes);
+* ``resize``: the whole factors of a nearest ``Resize`` that repeats each input element (``nearest_upsample_factors``);
 * ``scopes``: which graph owns a node, which defines a tensor.
 
 From the engine these modules read only the rule contract's ``Refuse`` and ``edit.replace_reads``; no
