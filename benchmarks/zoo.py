@@ -23,7 +23,8 @@ For each model (random weights; nothing is downloaded):
    held-out-style models issue 34 names: ``yolo_decode`` (the YOLO-style detector with a YOLOv8 export's
    box decoding: distribution softmax, anchors, strides, class sigmoid) and ``dbnet_mbv3`` (a DB text
    detector, PP-OCR's shape: MobileNetV3 backbone, FPN with nearest upsampling, DB head with
-   ConvTransposes); and ``vit_timm_b16``, ViT-B/16 as timm writes it (q, k, v cut from one packed
+   ConvTransposes), ``fpn_resnet50`` (torchvision's detection backbone, ResNet-50 with its feature
+   pyramid, the finest level as output); and ``vit_timm_b16``, ViT-B/16 as timm writes it (q, k, v cut from one packed
    projection), the form of most vision transformers users export.
 
 Each model runs in its own child process (``--no-isolate`` to turn that off), so a crash, a CUDA error
@@ -336,6 +337,26 @@ def _dbnet_module():
     return DBNet()
 
 
+def _fpn_resnet50_module():
+    """torchvision's feature pyramid on ResNet-50 (``resnet_fpn_backbone``, the backbone of its Faster,
+    Mask and Keypoint R-CNN and RetinaNet: frozen BatchNorm, lateral 1x1 Convs, top-down nearest
+    upsampling by ``F.interpolate(size=...)`` added to each lateral map, 3x3 output Convs), random weights;
+    its finest level [N, 256, H/4, W/4] as the output, which reads every top-down Add. A held-out-style
+    model for issue 34's FPN path beside the DB detector's."""
+    import torch
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
+    class FPN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = resnet_fpn_backbone(backbone_name="resnet50", weights=None, trainable_layers=5)
+
+        def forward(self, x):
+            return self.body(x)["0"]
+
+    return FPN()
+
+
 def _timm_vit_module(dim: int = 768, depth: int = 12, heads: int = 12, patch: int = 16, image: int = 224):
     """A ViT-B/16 written as timm writes it (timm is not needed): patch Conv, class token, position
     embedding, pre-norm blocks whose attention computes q, k and v with one Linear and cuts them from a
@@ -518,6 +539,7 @@ SPECS = {s.name: s for s in [
     Spec("yolo_silu", _yolo_module, ["images"], image=640),
     Spec("yolo_decode", _yolo_decode_module, ["images"], image=640),
     Spec("dbnet_mbv3", _dbnet_module, ["x"], image=640),
+    Spec("fpn_resnet50", _fpn_resnet50_module, ["images"], image=640),
     Spec("bert_base", _bert, ["input_ids", "attention_mask"], seq=BERT_SEQ, transformer=("bert", 12, 768)),
     Spec("vit_b_16", _torchvision("vit_b_16"), ["input"], image=224, transformer=("vit", 12, 768)),
     Spec("vit_timm_b16", _timm_vit_module, ["input"], image=224, transformer=("vit", 12, 768)),

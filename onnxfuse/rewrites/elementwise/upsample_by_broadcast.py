@@ -141,6 +141,9 @@ class UpsampleByBroadcast(Rule):
     description = ("An elementwise op reading a nearest Resize by whole factors reads the Resize's input by "
                    "broadcasting in a finer view: the upsampled map is never written (for CUDA)")
     targets = frozenset({"cuda"})
+    #: the view's Reshape back has a static target where a Resize by computed sizes had none: shapes below
+    #: become inferable, and the next level of a feature pyramid (whose input they are) can be matched
+    makes_shapes_inferable = True
 
     def match(self, graph):
         for node in list(graph.nodes):
@@ -170,7 +173,10 @@ class UpsampleByBroadcast(Rule):
         view = _View(dims, factors)
         if (why := view.problem()) is not None:
             return Refuse(why)
-        if not view.spans(shape_of(graph, resize.outputs[0])):
+        coarse = shape_of(graph, resize.inputs[0])
+        upsampled = None if coarse is None or len(coarse) != len(factors) else [
+            d * s if isinstance(d, (int, np.integer)) else d for d, s in zip(coarse, factors)]
+        if not view.spans(upsampled):  # (from the coarse map: inference may not know a Resize by computed sizes)
             return Refuse("the upsampled map's shape is not known to be the output's")
         region, operands = [], {}
         why = self._collect(graph, reader, resize.outputs[0], view, region, operands)

@@ -14,15 +14,20 @@ on) maps o to the input coordinate x and rounds x by ``nearest_mode``; with o = 
 An axis with s = 1 maps o to itself under each of these. ``align_corners``, ``half_pixel_symmetric`` and
 ``tf_crop_and_resize`` depend on the lengths or a region of interest: refused. So does opset 18's
 ``axes`` attribute and a ``keep_aspect_ratio_policy`` other than ``stretch``. The factors come from
-constant ``scales`` that are whole numbers, or constant ``sizes`` that are whole multiples of a static
-input shape (the output length is then exactly in·s, as ``floor(in · s)`` is for scales).
+constant ``scales`` that are whole numbers, or from ``sizes`` (the output length is then exactly in·s,
+as ``floor(in · s)`` is for scales): each size a whole multiple of the input's static length on that
+axis, or the input's own length on that axis read by a ``Shape`` chain (factor 1). That second form is
+what ``F.interpolate(x, size=(h, w))`` exports with a dynamic batch (torchvision's feature pyramid):
+``Concat(Slice(Shape(x), 0, 2), [h, w])`` (read by ``_size_entries``: ``Shape`` of the Resize's own input,
+whatever name inference gave the dimension); a size that only carries the same dimension name as the
+input, read from another tensor, is not proof.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from onnxfuse.rewrites.facts.graph import constant_value, is_op, opset_of, shape_of
+from onnxfuse.rewrites.facts.graph import constant_value, is_op, opset_of, producer_of, shape_of
 
 #: (coordinate_transformation_mode, nearest_mode) pairs under which integer factors read floor(o / s)
 FLOOR_MAPPINGS = frozenset({("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"),
@@ -52,13 +57,9 @@ def nearest_upsample_factors(graph, node) -> list[int] | None:
         return None
     rank = len(shape_of(graph, node.inputs[0]) or ())
     if len(node.inputs) > 3 and node.inputs[3].name:
-        sizes, dims = constant_value(graph, node.inputs[3]), shape_of(graph, node.inputs[0])
-        if sizes is None or dims is None or sizes.size != len(dims) or not all(
-                isinstance(d, (int, np.integer)) and d > 0 for d in dims):
+        factors = _factors_from_sizes(graph, node)
+        if factors is None:
             return None
-        if any(int(out) % int(d) for out, d in zip(sizes.reshape(-1), dims)):
-            return None
-        factors = [int(out) // int(d) for out, d in zip(sizes.reshape(-1), dims)]
     else:
         scales = constant_value(graph, node.inputs[2]) if node.inputs[2].name else None
         if scales is None or scales.size != rank or rank == 0:
@@ -68,3 +69,54 @@ def nearest_upsample_factors(graph, node) -> list[int] | None:
             return None
         factors = [int(v) for v in values]
     return factors if any(f > 1 for f in factors) else None
+
+
+def _factors_from_sizes(graph, node) -> list[int] | None:
+    """The factor per axis that ``node``'s ``sizes`` input gives (see the module docstring), or None."""
+    data = node.inputs[0]
+    dims, sizes = shape_of(graph, data), _size_entries(graph, node.inputs[3], data, 8)
+    if dims is None or sizes is None or len(sizes) != len(dims):
+        return None
+    factors = []
+    for axis, (size, dim) in enumerate(zip(sizes, dims)):
+        if size == ("own", axis):
+            factors.append(1)  # the input's own length on this axis: output length = input length
+        elif (isinstance(size, int) and isinstance(dim, (int, np.integer)) and dim > 0 and size % int(dim) == 0
+              and size >= dim):
+            factors.append(size // int(dim))
+        else:
+            return None
+    return factors
+
+
+def _size_entries(graph, tensor, data, depth: int) -> list | None:
+    """The 1-D int64 ``tensor`` as a list of its entries, each an int or ``("own", axis)``: ``data``'s own
+    length along ``axis``, read by ``Shape(data)`` (whatever name shape inference gave that dimension, or
+    none). Through constants, ``Concat``, ``Cast``, ``Shape``'s start/end, and a ``Slice`` of such a list
+    by constant bounds on axis 0 with step 1; None for anything else."""
+    value = constant_value(graph, tensor)
+    if value is not None:
+        return [int(v) for v in value.reshape(-1)] if np.issubdtype(value.dtype, np.integer) and value.ndim <= 1 else None
+    node = producer_of(tensor)
+    if node is None or depth == 0:
+        return None
+    if is_op(node, "Shape") and node.inputs[0] is data:
+        rank = len(shape_of(graph, data) or ())
+        start, end = node.attrs.get("start"), node.attrs.get("end")
+        return [("own", a) for a in range(rank)][slice(start, end)] if rank else None
+    if is_op(node, "Cast"):
+        return _size_entries(graph, node.inputs[0], data, depth - 1)
+    if is_op(node, "Concat") and int(node.attrs.get("axis", 0)) in (0, -1):
+        parts = [_size_entries(graph, t, data, depth - 1) for t in node.inputs]
+        return None if any(p is None for p in parts) else [e for p in parts for e in p]
+    if is_op(node, "Slice") and len(node.inputs) >= 3:
+        entries = _size_entries(graph, node.inputs[0], data, depth - 1)
+        bounds = [constant_value(graph, t) if t.name else None for t in node.inputs[1:5]]
+        if entries is None or any(b is None for b in bounds[:2]):
+            return None
+        axes, steps = (bounds + [None, None])[2:4]
+        if (axes is not None and [int(a) for a in axes.reshape(-1)] not in ([0], [-1])) or (
+                steps is not None and [int(v) for v in steps.reshape(-1)] != [1]):
+            return None
+        return entries[int(bounds[0].reshape(-1)[0]):int(bounds[1].reshape(-1)[0])]
+    return None

@@ -320,3 +320,41 @@ def test_random_graphs_around_an_upsample_keep_their_bits(seed):
 def test_the_random_graphs_reach_the_rule():
     applied = sum(optimize(random_upsample_graph(seed), only=RULE)[1].counts.get(RULE, 0) for seed in range(40))
     assert applied >= 30
+
+
+def interpolate_by_size_model(own_shape: bool = True):
+    """``Add(x, Resize(y, sizes=Concat(Slice(Shape(y), 0, 2), [h, w])))``: torchvision's feature pyramid
+    (``F.interpolate(y, size=x.shape[-2:])``) exported with a dynamic batch. ``own_shape=False`` reads the
+    leading sizes from ``x`` instead, which carries the same dimension names but is not the Resize's input."""
+    inits = [nh.from_array(np.array([0], np.int64), "zero"), nh.from_array(np.array([2], np.int64), "two"),
+             nh.from_array(np.array([12, 8], np.int64), "hw"), nh.from_array(np.array([], np.float32), "roi"),
+             nh.from_array(np.array([], np.float32), "no_scales")]
+    nodes = [h.make_node("Shape", ["y" if own_shape else "x"], ["shape"]),
+             h.make_node("Slice", ["shape", "zero", "two", "zero"], ["lead"]),
+             h.make_node("Concat", ["lead", "hw"], ["sizes"], axis=0),
+             h.make_node("Resize", ["y", "roi", "no_scales", "sizes"], ["u"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             h.make_node("Add", ["x", "u"], ["s"]), h.make_node("Relu", ["s"], ["out"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["batch", 8, 12, 8]),
+                                  h.make_tensor_value_info("y", T.FLOAT, ["batch", 8, 6, 4])],
+                     [h.make_tensor_value_info("out", T.FLOAT, ["batch", 8, 12, 8])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 14)], ir_version=8)
+
+
+def test_sizes_read_from_the_resizes_own_shape_give_factors_and_the_same_bits():
+    model = interpolate_by_size_model()
+    graph = to_graph(model)
+    resize = next(n for n in graph.nodes if n.op == "Resize")
+    assert nearest_upsample_factors(graph, resize) == [1, 1, 2, 2]
+    out, report = optimize(model, only=RULE)
+    assert report.counts[RULE] == 1 and "Resize" not in ops(out) and "Shape" not in ops(out)
+    feeds = feeds_for(model, batch=3)
+    assert np.array_equal(run(out, feeds), run(model, feeds))
+
+
+def test_sizes_read_from_another_tensor_are_not_proof():
+    """x shares y's dimension names but is another tensor: ONNX Runtime does not check declared names,
+    so its leading sizes are not proven to be y's (the Resize could change y's batch); refused."""
+    graph = to_graph(interpolate_by_size_model(own_shape=False))
+    resize = next(n for n in graph.nodes if n.op == "Resize")
+    assert nearest_upsample_factors(graph, resize) is None
