@@ -17,7 +17,9 @@ from onnxfuse.custom_ops import DOMAIN, session_options
 SHAPES = [(2, 5, 7, 11), (1, 1, 1, 3), (3, 13, 1, 64), (2, 4, 4, 1)]
 
 
-def model(elem: int, rank4: bool = True):
+def model(elem: int):
+    """One ChannelsLastMean node named "mean"; a bfloat16 tensor (which numpy cannot hand to ONNX Runtime)
+    behind float32 Casts, exact for values that are bfloat16 already. The GPU test runs it too."""
     nodes, x, y = [], "x", "y"
     io = T.FLOAT if elem == T.BFLOAT16 else elem
     if elem == T.BFLOAT16:

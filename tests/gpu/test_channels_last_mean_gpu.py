@@ -8,15 +8,19 @@ tests/rewrites/contrib/test_contrib_channels_last.py."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
-from onnx import helper as h
 
-from onnxfuse.custom_ops import DOMAIN, session_options
+from onnxfuse.custom_ops import session_options
 from onnxfuse.runtime.session import cuda_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "custom_ops"))
+from test_channels_last_mean import model as op_model  # noqa: E402  (the CPU kernel's test's one-node model)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU usable by ONNX Runtime")]
 
@@ -26,21 +30,6 @@ SHAPES = [(16, 20, 20, 960), (16, 9, 11, 300), (2, 13, 17, 70), (3, 1, 1, 40), (
 #: the largest error against the float64 mean rounded to the type: float32 sums in another order; the
 #: half types may round the float32 sum's quotient the other way (one unit in the last place)
 ULP = {TP.FLOAT: 2.0 ** -20, TP.FLOAT16: 2.0 ** -10, TP.BFLOAT16: 2.0 ** -7}
-
-
-def op_model(elem: int) -> onnx.ModelProto:
-    """One ChannelsLastMean node; a bfloat16 tensor (which numpy cannot hand to ONNX Runtime) behind
-    float32 Casts, exact for values that are bfloat16 already."""
-    nodes, x, y = [], "x", "y"
-    io = TP.FLOAT if elem == TP.BFLOAT16 else elem
-    if elem == TP.BFLOAT16:
-        nodes.append(h.make_node("Cast", ["x"], ["x16"], to=TP.BFLOAT16))
-        x, y = "x16", "y16"
-    nodes.append(h.make_node("ChannelsLastMean", [x], [y], domain=DOMAIN, name="mean"))
-    if elem == TP.BFLOAT16:
-        nodes.append(h.make_node("Cast", ["y16"], ["y"], to=TP.FLOAT))
-    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", io, None)], [h.make_tensor_value_info("y", io, None)])
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(DOMAIN, 1)], ir_version=8)
 
 
 def sample(shape, elem, seed=0) -> np.ndarray:
