@@ -199,13 +199,21 @@ class UpsampleByBroadcast(Rule):
             below = sole_reader(graph, out)
             if below is None or not _elementwise(below) or not view.spans(shape_of(graph, below.outputs[0])):
                 return
-            trial, kept = {**operands, id(out): ("hoist", None)}, len(region)
-            if self._collect(graph, below, upsampled, view, region, trial) is not None:
-                del region[kept:]
+            if not self._join(graph, below, upsampled, view, region, operands, {id(out): ("hoist", None)}):
                 return
-            operands.clear()
-            operands.update(trial)
             region.append(below)
+
+    def _join(self, graph, node, upsampled, view, region, operands, known) -> bool:
+        """Classify ``node``'s operands (:meth:`_collect`) on a copy of ``operands`` with ``known`` added:
+        where every one fits, keep what it found (the copy, and the producers it added to ``region``) and
+        say True; else leave both as they were."""
+        trial, kept = {**operands, **known}, len(region)
+        if self._collect(graph, node, upsampled, view, region, trial) is not None:
+            del region[kept:]  # what the failed attempt hoisted above it
+            return False
+        operands.clear()
+        operands.update(trial)
+        return True
 
     def _collect(self, graph, node, upsampled, view, region, operands) -> str | None:
         """Classify every operand of ``node`` (adding hoisted producers to ``region`` first, so that it
@@ -217,34 +225,27 @@ class UpsampleByBroadcast(Rule):
             if t is upsampled:
                 operands[id(t)] = ("up", None)
                 continue
-            value = constant_value(graph, t)
-            if value is not None and value.size == 1 and value.ndim <= len(view.dims):
-                operands[id(t)] = ("as is", None)  # broadcasts the same way in the view
+            shape = shape_of(graph, t)  # (a constant's own)
+            if shape is not None and len(shape) <= len(view.dims) and all(
+                    isinstance(d, (int, np.integer)) and d == 1 for d in shape):
+                operands[id(t)] = ("as is", None)  # one element: broadcasts the same way in the view
                 continue
+            value = constant_value(graph, t)
             if value is not None:
                 viewed = view.constant(value)
                 if viewed is None:
                     return f"constant operand {t.name!r} {list(value.shape)} does not broadcast in the view"
                 operands[id(t)] = ("constant", viewed)
                 continue
-            shape = shape_of(graph, t)
-            if shape is not None and len(shape) <= len(view.dims) and all(
-                    isinstance(d, (int, np.integer)) and d == 1 for d in shape):
-                operands[id(t)] = ("as is", None)
-                continue
             if not view.spans(shape):
                 return f"operand {t.name!r} {list(shape) if shape else '?'} is neither the output's shape, a constant nor one element"
             producer = producer_of(t)
             if (producer is not None and _elementwise(producer) and sole_reader(graph, t) is node
-                    and len(region) < MAX_HOISTED and not any(u is upsampled for u in producer.inputs)):
-                trial, kept = dict(operands), len(region)
-                if self._collect(graph, producer, upsampled, view, region, trial) is None:
-                    operands.clear()
-                    operands.update(trial)
-                    operands[id(t)] = ("hoist", None)
-                    region.append(producer)
-                    continue
-                del region[kept:]  # what the failed attempt hoisted below it
+                    and len(region) < MAX_HOISTED and not any(u is upsampled for u in producer.inputs)
+                    and self._join(graph, producer, upsampled, view, region, operands, {})):
+                operands[id(t)] = ("hoist", None)
+                region.append(producer)
+                continue
             operands[id(t)] = ("same", None)
         return None
 
